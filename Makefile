@@ -1,0 +1,81 @@
+# hwFSDP in C — build, grade, test.
+#   make                 build the runtime, the baseline, every solution and starter
+#   make run             the main job: train the debugmodel with FSDP (solution 04) on 4 thread-ranks
+#   make test            every test (C unit tests, PyTorch parity, solutions, grader)
+#   make grade [STAGE=03] [SOLUTIONS=1]   grade your stages/ (or solutions/)
+#   make reference       rebuild logs/reference/ from solutions/ (instructors)
+#   make plots RUN=dir [REF=dir]          PNGs for a run directory
+#   make handout         the student tarball (no solutions/)
+#   make bench           benchmarks (prints a table, writes results/bench.json)
+# Optional parts are detected; override with NO_MPI=1, NO_CUDA=1.
+
+CC      ?= gcc
+PYTHON  ?= /usr/bin/python3
+BUILD   ?= build
+OPT     ?= -O2
+CFLAGS  := -std=c11 $(OPT) -g -Wall -Wextra -Werror -Wno-unused-parameter -D_GNU_SOURCE -pthread -Icommon $(EXTRA_CFLAGS)
+LDFLAGS := -pthread $(EXTRA_LDFLAGS)
+LDLIBS  := -lopenblas -lm
+
+# ---- optional parts -------------------------------------------------------
+HAVE_MPICC := $(if $(NO_MPI),,$(shell command -v mpicc >/dev/null 2>&1 && echo 1))
+ifeq ($(HAVE_MPICC),1)
+  CFLAGS  += -DHAVE_MPI $(shell mpicc --showme:compile)
+  LDLIBS  += $(shell mpicc --showme:link)
+endif
+NVCC      := $(if $(NO_CUDA),,$(shell command -v nvcc 2>/dev/null || (test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc)))
+CUDA_HOME ?= $(if $(NVCC),$(patsubst %/bin/nvcc,%,$(NVCC)),/usr/local/cuda)
+HAVE_NCCL := $(if $(NVCC),$(shell test -e $(CUDA_HOME)/include/nccl.h -o -e /usr/include/nccl.h && echo 1))
+
+# ---- sources ----------------------------------------------------------------
+COMMON_SRC := $(filter-out common/train_main.c common/baseline.c,$(wildcard common/*.c))
+COMMON_OBJ := $(patsubst common/%.c,$(BUILD)/common/%.o,$(COMMON_SRC))
+LIB        := $(BUILD)/libhwfsdp.a
+TEST_SRC   := $(wildcard tests/test_*.c)
+TEST_BIN   := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
+SOLUTIONS  := $(sort $(notdir $(wildcard solutions/[0-9]*)))
+STAGES     := $(sort $(notdir $(wildcard stages/[0-9]*)))
+SOL_BIN    := $(patsubst %,$(BUILD)/solutions/%/train,$(SOLUTIONS))
+STAGE_BIN  := $(patsubst %,$(BUILD)/stages/%/train,$(STAGES))
+BASELINE   := $(BUILD)/baseline/train
+
+.PHONY: all detect run test test-c test-py grade reference plots handout bench clean tsan asan
+
+all: detect $(LIB) $(BASELINE) $(SOL_BIN) $(STAGE_BIN) $(TEST_BIN)
+
+detect:
+	@printf 'optional parts: MPI %s  CUDA %s  NCCL %s  (a GPU is never needed to build)\n' \
+	  "$(if $(HAVE_MPICC),✓,✗)" "$(if $(NVCC),✓ ($(NVCC)),✗)" "$(if $(HAVE_NCCL),✓,✗)"
+
+$(BUILD)/common/%.o: common/%.c $(wildcard common/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(LIB): $(COMMON_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/common/train_main.o: common/train_main.c $(wildcard common/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+# Every FSDP implementation (baseline, solution, starter) is one hw_fsdp.c
+# linked with the runtime and the training driver.
+$(BASELINE): common/baseline.c $(BUILD)/common/train_main.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/common/train_main.o $(LIB) $(LDFLAGS) $(LDLIBS)
+
+$(BUILD)/solutions/%/train: solutions/%/hw_fsdp.c $(BUILD)/common/train_main.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/common/train_main.o $(LIB) $(LDFLAGS) $(LDLIBS)
+
+$(BUILD)/stages/%/train: stages/%/hw_fsdp.c $(BUILD)/common/train_main.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/common/train_main.o $(LIB) $(LDFLAGS) $(LDLIBS)
+
+$(BUILD)/tests/%: tests/%.c $(LIB) $(wildcard tests/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests -o $@ $< $(LIB) $(LDFLAGS) $(LDLIBS)
+
+clean:
+	rm -rf $(BUILD)

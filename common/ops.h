@@ -1,0 +1,77 @@
+/* ops.h — the Llama kernels on the CPU: each op a *_forward / *_backward pair.
+ *
+ * Plain synchronous C on fp32, row-major. The model (model.c) queues them on a
+ * stream; tests call them directly. Deterministic: fixed loop and reduction
+ * order, matmuls through cblas_sgemm, no -ffast-math.
+ *
+ * Gradient convention: every *_backward ACCUMULATES (+=) into the gradient
+ * buffers it is given (dinp, dweight, ...); callers zero them first. This is
+ * what lets residual branches and shared inputs add their contributions.
+ *
+ * Shapes: N = rows (B*T tokens), D = model dim, H = heads, KV = kv heads,
+ * hd = head dim, F = FFN hidden, V = vocab. Sizes are size_t throughout.
+ */
+#ifndef HWFSDP_OPS_H
+#define HWFSDP_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* out[N,D] = wte[tokens[n], :] ; tokens are checked < V by the data loader */
+void embedding_forward(float *out, const int32_t *tokens, const float *wte, size_t N, size_t D);
+/* dwte[tokens[n], :] += dout[n, :]  (in token order n = 0..N-1) */
+void embedding_backward(float *dwte, const float *dout, const int32_t *tokens, size_t N, size_t D);
+
+/* RMSNorm as torchtitan: out = x * rsqrt(mean(x^2) + eps) * weight.
+ * rstd[N] is saved for the backward. */
+void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, size_t N, size_t D, float eps);
+void rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
+                      const float *rstd, size_t N, size_t D);
+
+/* nn.Linear without bias: out[N,OC] = inp[N,C] @ weight[OC,C]^T (weight as [out, in]). */
+void matmul_forward(float *out, const float *inp, const float *weight, size_t N, size_t C, size_t OC);
+/* dinp[N,C] += dout @ weight ; dweight[OC,C] += dout^T @ inp. Either may be NULL. */
+void matmul_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
+                     size_t N, size_t C, size_t OC);
+
+/* RoPE tables for positions 0..T-1: angle[t,i] = t * theta^(-2i/hd), i < hd/2. */
+void rope_tables(float *cos_tab /* [T, hd/2] */, float *sin_tab /* [T, hd/2] */, size_t T, size_t hd, float theta);
+/* In-place rotation of ADJACENT pairs (x[2i], x[2i+1]) by angle[t,i], as
+ * Meta/torchtitan's complex-number RoPE. x is [B, T, nh, hd]. */
+void rope_forward(float *x, const float *cos_tab, const float *sin_tab, size_t B, size_t T, size_t nh, size_t hd);
+/* In-place: turns dL/d(rotated x) into dL/dx (rotation by -angle). */
+void rope_backward(float *dx, const float *cos_tab, const float *sin_tab, size_t B, size_t T, size_t nh, size_t hd);
+
+/* Causal self-attention with grouped KV heads (head h reads kv head h / (H/KV)).
+ * q [B,T,H,hd], k and v [B,T,KV,hd] (rows of the projections, RoPE applied),
+ * out [B,T,H,hd], probs [B,H,T,T] softmax(q k^T / sqrt(hd)) with the causal
+ * mask (entries above the diagonal are 0), saved for the backward. */
+void attention_forward(float *out, float *probs, const float *q, const float *k, const float *v,
+                       size_t B, size_t T, size_t H, size_t KV, size_t hd);
+/* dq, dk, dv accumulate. scratch needs T floats. */
+void attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
+                        const float *v, const float *probs, float *scratch, size_t B, size_t T, size_t H, size_t KV,
+                        size_t hd);
+
+/* SwiGLU gate: out[n] = silu(a[n]) * b[n], silu(x) = x * sigmoid(x). */
+void swiglu_forward(float *out, const float *a, const float *b, size_t n);
+void swiglu_backward(float *da, float *db, const float *dout, const float *a, const float *b, size_t n);
+
+/* out[i] = a[i] + b[i] (out may alias a or b). */
+void add_forward(float *out, const float *a, const float *b, size_t n);
+/* y[i] += x[i] */
+void add_inplace(float *y, const float *x, size_t n);
+
+/* Mean cross-entropy over N rows of logits[N,V] with targets[N]:
+ * returns mean_n( logsumexp(logits[n]) - logits[n, target[n]] ), summed in
+ * double in row order. */
+float crossentropy_forward(const float *logits, const int32_t *targets, size_t N, size_t V);
+/* dlogits[n, :] += (softmax(logits[n]) - onehot(target[n])) * dloss_scale
+ * (dloss_scale = 1/N for the mean over N rows). */
+void crossentropy_backward(float *dlogits, const float *logits, const int32_t *targets, size_t N, size_t V,
+                           float dloss_scale);
+
+/* sum of x[i]^2 in double, in index order */
+double sumsq(const float *x, size_t n);
+
+#endif

@@ -1,0 +1,40 @@
+/* optim.h — AdamW (torch.optim.AdamW semantics), LR warmup, grad clipping.
+ *
+ * The update works on any (param, grad, state) arrays: a full tensor or one
+ * rank's shard, so FSDP steps each local shard with its own sharded state. */
+#ifndef HWFSDP_OPTIM_H
+#define HWFSDP_OPTIM_H
+
+#include <stddef.h>
+
+typedef struct {
+    float lr;            /* peak learning rate (torchtitan default 8e-4) */
+    float beta1, beta2;  /* 0.9, 0.95 */
+    float eps;           /* 1e-8 */
+    float weight_decay;  /* 0.1, decoupled */
+    int warmup_steps;    /* linear warmup length */
+    float max_norm;      /* global-norm clipping threshold (<= 0: off) */
+} AdamWConfig;
+
+/* Defaults above. */
+AdamWConfig adamw_default_config(void);
+
+/* LR for 0-based step s: linear warmup as torchtitan's
+ * lr * (s + 1) / (warmup_steps + 1) for s < warmup_steps, then lr
+ * (warmup_steps = 0: constant lr). */
+float lr_at_step(const AdamWConfig *c, int step);
+
+/* clip_grad_norm_ factor: min(1, max_norm / (total_norm + 1e-6)); 1 when
+ * clipping is off. Multiply every grad by it before the update. */
+float clip_coefficient(const AdamWConfig *c, float total_norm);
+
+/* One AdamW update of n elements, t = 1-based step count for bias correction:
+ *   g = grad * grad_scale
+ *   param *= 1 - lr * weight_decay
+ *   m = beta1 m + (1 - beta1) g ;  v = beta2 v + (1 - beta2) g^2
+ *   param -= lr * (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps)
+ * computed in the same order as torch's single-tensor AdamW. */
+void adamw_update(float *param, const float *grad, float *exp_avg, float *exp_avg_sq, size_t n,
+                  const AdamWConfig *c, float lr, int t, float grad_scale);
+
+#endif

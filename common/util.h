@@ -1,0 +1,43 @@
+/* util.h — small helpers shared by every part of the runtime.
+ *
+ * Errors: the runtime never crashes on bad input; it prints one line
+ * "error: <what went wrong>" to stderr and exits with status 2 (fatal).
+ * Student TODO stubs exit with status 3 (see hw_todo in hw_fsdp.h). */
+#ifndef HWFSDP_UTIL_H
+#define HWFSDP_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define EXIT_FATAL 2   /* bad input or misuse of the runtime */
+#define EXIT_TODO 3    /* a student TODO stub was reached */
+
+/* Print "error: ..." and exit(EXIT_FATAL). Safe to call from any thread. */
+void fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+
+/* malloc/calloc that never return NULL (fatal on failure). Host memory that is
+ * NOT counted by the device allocator: use only for runtime bookkeeping. */
+void *xmalloc(size_t bytes);
+void *xcalloc(size_t n, size_t size);
+void *xrealloc(void *p, size_t bytes);
+char *xstrdup(const char *s);
+
+/* Monotonic wall clock in microseconds (CLOCK_MONOTONIC; common to all threads). */
+double now_us(void);
+
+/* Deterministic random numbers (xorshift64*; no global state). */
+typedef struct { uint64_t s; } Rng;
+void rng_seed(Rng *r, uint64_t seed);
+uint64_t rng_u64(Rng *r);
+float rng_uniform(Rng *r);                     /* in [0, 1) */
+float rng_normal(Rng *r);                      /* standard normal (Box-Muller) */
+
+/* Write a whole file atomically: write to "<path>.tmp.<pid>", fsync, rename.
+ * A crash mid-write leaves any previous file at <path> intact. */
+void write_file_atomic(const char *path, const void *data, size_t bytes);
+/* Read a whole file; fatal with a clear message if it cannot. */
+void *read_file_all(const char *path, size_t *bytes_out);
+/* mkdir -p */
+void make_dirs(const char *path);
+
+#endif

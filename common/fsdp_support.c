@@ -1,0 +1,37 @@
+/* fsdp_support.c — runtime helpers declared in hw_fsdp.h. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "hw_fsdp.h"
+#include "util.h"
+
+void hw_todo(const char *what, const char *where) {
+    fflush(stdout);
+    fprintf(stderr, "TODO not implemented: %s (see %s)\n", what, where);
+    fflush(stderr);
+    exit(EXIT_TODO);
+}
+
+typedef struct {
+    float *param;
+    const float *grad;
+    float *m, *v;
+    size_t n;
+    AdamWConfig c;
+    float lr;
+    int t;
+    const float *total_sumsq;
+} AdamArgs;
+
+static void k_adamw(void *a) {
+    AdamArgs *x = a;
+    float norm = sqrtf(*x->total_sumsq);
+    adamw_update(x->param, x->grad, x->m, x->v, x->n, &x->c, x->lr, x->t, clip_coefficient(&x->c, norm));
+}
+
+void launch_adamw(Stream *s, float *param, const float *grad, float *exp_avg, float *exp_avg_sq, size_t n,
+                  const AdamWConfig *c, float lr, int t, const float *total_sumsq) {
+    AdamArgs a = {param, grad, exp_avg, exp_avg_sq, n, *c, lr, t, total_sumsq};
+    dev_launch(s, "adamw", k_adamw, &a, sizeof a);
+}

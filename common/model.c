@@ -1,0 +1,526 @@
+/* model.c — torchtitan's Llama 3 as modules with explicit forward/backward.
+ *
+ * Every kernel call is queued on the compute stream (dev_launch), so the host
+ * only allocates, queues and moves on, exactly as with CUDA. The kernels
+ * themselves are plain C in ops.c.
+ *
+ * Block math (x is the block input, N = B*T rows):
+ *   xn  = RMSNorm(x) * attention_norm              [N, D]
+ *   q   = RoPE(xn Wq^T), k = RoPE(xn Wk^T), v = xn Wv^T
+ *   att = softmax(q k^T / sqrt(hd) + causal) v     [N, H*hd]
+ *   h   = x + att Wo^T                             [N, D]
+ *   hn  = RMSNorm(h) * ffn_norm
+ *   g   = silu(hn W1^T) * (hn W3^T)                [N, F]
+ *   out = h + g W2^T
+ */
+#include "model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops.h"
+#include "util.h"
+
+/* ------------------------------------------------------------ configuration */
+
+int model_flavor(ModelConfig *c, const char *name) {
+    memset(c, 0, sizeof *c);
+    c->norm_eps = 1e-5f;
+    c->rope_theta = 500000.0f;
+    c->multiple_of = 256;
+    if (strcmp(name, "tiny") == 0) {
+        /* Small enough that 4 ranks x 10 steps take about a second on 2 cores.
+         * vocab 259 is not divisible by 2, 3 or 4, so sharding pads at every
+         * grading world size; n_kv_heads < n_heads exercises GQA. */
+        c->dim = 64;
+        c->n_layers = 2;
+        c->n_heads = 4;
+        c->n_kv_heads = 2;
+        c->vocab_size = 259;
+        c->multiple_of = 32;
+    } else if (strcmp(name, "debugmodel") == 0) {
+        c->dim = 256;
+        c->n_layers = 6;
+        c->n_heads = 16;
+        c->vocab_size = 2048;
+    } else if (strcmp(name, "1B") == 0) {
+        c->dim = 2048;
+        c->n_layers = 18;
+        c->n_heads = 16;
+        c->vocab_size = 2048;
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
+void model_config_finalize(ModelConfig *c) {
+    if (c->dim <= 0 || c->n_layers <= 0 || c->n_heads <= 0 || c->vocab_size <= 0 || c->multiple_of <= 0)
+        fatal("model sizes must be positive (dim %d, n-layers %d, n-heads %d, vocab-size %d, multiple-of %d)",
+              c->dim, c->n_layers, c->n_heads, c->vocab_size, c->multiple_of);
+    if (c->n_kv_heads == 0) c->n_kv_heads = c->n_heads;
+    if (c->n_kv_heads < 0) fatal("n-kv-heads must be positive (got %d)", c->n_kv_heads);
+    if (c->dim % c->n_heads != 0) fatal("dim %d is not divisible by n-heads %d", c->dim, c->n_heads);
+    if (c->n_heads % c->n_kv_heads != 0)
+        fatal("n-heads %d is not divisible by n-kv-heads %d", c->n_heads, c->n_kv_heads);
+    c->head_dim = c->dim / c->n_heads;
+    if (c->head_dim % 2 != 0) fatal("head dim %d (dim / n-heads) must be even for RoPE", c->head_dim);
+    if (c->ffn_dim_multiplier < 0) fatal("ffn-dim-multiplier must be positive");
+    /* torchtitan: hidden = int(2 * 4d / 3); times multiplier; round up to multiple_of */
+    long hidden = (long)(2 * (4 * (long)c->dim) / 3);
+    if (c->ffn_dim_multiplier > 0) hidden = (long)(c->ffn_dim_multiplier * (float)hidden);
+    hidden = c->multiple_of * ((hidden + c->multiple_of - 1) / c->multiple_of);
+    c->hidden_dim = (int)hidden;
+}
+
+/* ---------------------------------------------------------------- structure */
+
+static void set_param(Param *p, const char *name, int ndim, size_t d0, size_t d1) {
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "%s", name);
+    p->ndim = ndim;
+    p->shape[0] = d0;
+    p->shape[1] = ndim == 2 ? d1 : 1;
+    p->numel = d0 * p->shape[1];
+}
+
+/* Block parameter order (index into Module.params). */
+enum { P_ATTN_NORM, P_WQ, P_WK, P_WV, P_WO, P_FFN_NORM, P_W1, P_W2, P_W3, P_BLOCK_COUNT };
+enum { P_HEAD_NORM, P_OUTPUT, P_HEAD_COUNT };
+
+Model *model_create(const ModelConfig *cin) {
+    Model *m = xcalloc(1, sizeof *m);
+    m->cfg = *cin;
+    model_config_finalize(&m->cfg);
+    const ModelConfig *c = &m->cfg;
+    size_t D = (size_t)c->dim, V = (size_t)c->vocab_size, F = (size_t)c->hidden_dim;
+    size_t Hq = (size_t)c->n_heads * (size_t)c->head_dim, Hkv = (size_t)c->n_kv_heads * (size_t)c->head_dim;
+    m->n_modules = c->n_layers + 2;
+    m->modules = xcalloc((size_t)m->n_modules, sizeof(Module));
+    char nm[64];
+    for (int i = 0; i < m->n_modules; i++) {
+        Module *mod = &m->modules[i];
+        mod->index = i;
+        mod->layer = -1;
+        if (i == 0) {
+            mod->kind = MOD_EMBEDDING;
+            snprintf(mod->name, sizeof mod->name, "embedding");
+            mod->n_params = 1;
+            mod->params = xcalloc(1, sizeof(Param));
+            set_param(&mod->params[0], "tok_embeddings.weight", 2, V, D);
+        } else if (i == m->n_modules - 1) {
+            mod->kind = MOD_HEAD;
+            snprintf(mod->name, sizeof mod->name, "head");
+            mod->n_params = P_HEAD_COUNT;
+            mod->params = xcalloc(P_HEAD_COUNT, sizeof(Param));
+            set_param(&mod->params[P_HEAD_NORM], "norm.weight", 1, D, 1);
+            set_param(&mod->params[P_OUTPUT], "output.weight", 2, V, D);
+        } else {
+            int l = i - 1;
+            mod->kind = MOD_BLOCK;
+            mod->layer = l;
+            snprintf(mod->name, sizeof mod->name, "block%d", l);
+            mod->n_params = P_BLOCK_COUNT;
+            mod->params = xcalloc(P_BLOCK_COUNT, sizeof(Param));
+#define BP(idx, suffix, nd, a, b)                                 \
+    snprintf(nm, sizeof nm, "layers.%d.%s", l, suffix);           \
+    set_param(&mod->params[idx], nm, nd, a, b)
+            BP(P_ATTN_NORM, "attention_norm.weight", 1, D, 1);
+            BP(P_WQ, "attention.wq.weight", 2, Hq, D);
+            BP(P_WK, "attention.wk.weight", 2, Hkv, D);
+            BP(P_WV, "attention.wv.weight", 2, Hkv, D);
+            BP(P_WO, "attention.wo.weight", 2, D, Hq);
+            BP(P_FFN_NORM, "ffn_norm.weight", 1, D, 1);
+            BP(P_W1, "feed_forward.w1.weight", 2, F, D);
+            BP(P_W2, "feed_forward.w2.weight", 2, D, F);
+            BP(P_W3, "feed_forward.w3.weight", 2, F, D);
+#undef BP
+        }
+        mod->acts = xcalloc(1, sizeof(ModuleActs));
+        for (int j = 0; j < mod->n_params; j++) m->n_params_total += mod->params[j].numel;
+    }
+    return m;
+}
+
+void model_destroy(Model *m) {
+    if (!m) return;
+    for (int i = 0; i < m->n_modules; i++) {
+        free(m->modules[i].params);
+        free(m->modules[i].acts);
+    }
+    free(m->modules);
+    free(m);
+}
+
+Param *model_find_param(Model *m, const char *name) {
+    for (int i = 0; i < m->n_modules; i++)
+        for (int j = 0; j < m->modules[i].n_params; j++)
+            if (strcmp(m->modules[i].params[j].name, name) == 0) return &m->modules[i].params[j];
+    return NULL;
+}
+
+size_t model_param_offset(const Model *m, const Param *p) {
+    size_t off = 0;
+    for (int i = 0; i < m->n_modules; i++)
+        for (int j = 0; j < m->modules[i].n_params; j++) {
+            if (&m->modules[i].params[j] == p) return off;
+            off += m->modules[i].params[j].numel;
+        }
+    fatal("model_param_offset: parameter not in model");
+}
+
+/* Truncated normal by rejection: N(0, std) restricted to [lo, hi]. */
+static void trunc_normal(Rng *r, float *out, size_t n, float std, float lo, float hi) {
+    for (size_t i = 0; i < n; i++) {
+        float v;
+        do v = rng_normal(r) * std;
+        while (v < lo || v > hi);
+        out[i] = v;
+    }
+}
+
+void model_init_host(const Model *m, uint64_t seed, float *out) {
+    /* torchtitan's init: embeddings N(0, 1); wq, wk, wv, w1 trunc N(0, 0.02);
+     * wo, w2, w3 trunc N(0, 0.02 / sqrt(2 (layer + 1))) (depth init); norms 1;
+     * output trunc N(0, dim^-0.5) cut at 3 std. Each parameter draws from its
+     * own stream so the values do not depend on anything but (seed, name). */
+    size_t off = 0;
+    int pidx = 0;
+    for (int i = 0; i < m->n_modules; i++) {
+        const Module *mod = &m->modules[i];
+        for (int j = 0; j < mod->n_params; j++, pidx++) {
+            const Param *p = &mod->params[j];
+            float *w = out + off;
+            Rng r;
+            rng_seed(&r, seed * 1000003ull + (uint64_t)pidx);
+            if (p->ndim == 1) {
+                for (size_t e = 0; e < p->numel; e++) w[e] = 1.0f;
+            } else if (mod->kind == MOD_EMBEDDING) {
+                for (size_t e = 0; e < p->numel; e++) w[e] = rng_normal(&r);
+            } else if (mod->kind == MOD_HEAD) {
+                float std = 1.0f / sqrtf((float)m->cfg.dim);
+                trunc_normal(&r, w, p->numel, std, -3 * std, 3 * std);
+            } else {
+                float depth_std = 0.02f / sqrtf(2.0f * (float)(mod->layer + 1));
+                float std = (j == P_WO || j == P_W2 || j == P_W3) ? depth_std : 0.02f;
+                trunc_normal(&r, w, p->numel, std, -2.0f, 2.0f);
+            }
+            off += p->numel;
+        }
+    }
+}
+
+/* ----------------------------------------------------------- queued kernels */
+
+struct ModuleActs {
+    float *x;      /* [N, D] module input (blocks, head); owned, freed in backward */
+    float *xn;     /* [N, D] first RMSNorm output */
+    float *rstd1;  /* [N] */
+    float *q;      /* [N, H*hd] after RoPE */
+    float *k;      /* [N, KV*hd] after RoPE */
+    float *v;      /* [N, KV*hd] */
+    float *probs;  /* [B, H, T, T] */
+    float *att;    /* [N, H*hd] attention output before wo */
+    float *h;      /* [N, D] x + attention branch */
+    float *hn;     /* [N, D] ffn RMSNorm output */
+    float *rstd2;  /* [N] */
+    float *a;      /* [N, F] hn W1^T */
+    float *b;      /* [N, F] hn W3^T */
+    float *g;      /* [N, F] silu(a) * b */
+    float *logits; /* [N, V] (head) */
+};
+
+typedef struct { float *out; const int32_t *tok; const float *w; size_t N, D; } EmbArgs;
+static void k_emb_fwd(void *a) { EmbArgs *x = a; embedding_forward(x->out, x->tok, x->w, x->N, x->D); }
+static void k_emb_bwd(void *a) { EmbArgs *x = a; embedding_backward(x->out, x->w, x->tok, x->N, x->D); }
+
+typedef struct { float *out, *rstd; const float *in, *w; size_t N, D; float eps; } NormArgs;
+static void k_norm_fwd(void *a) { NormArgs *x = a; rmsnorm_forward(x->out, x->rstd, x->in, x->w, x->N, x->D, x->eps); }
+typedef struct { float *dinp, *dw; const float *dout, *in, *w, *rstd; size_t N, D; } NormBwdArgs;
+static void k_norm_bwd(void *a) {
+    NormBwdArgs *x = a;
+    rmsnorm_backward(x->dinp, x->dw, x->dout, x->in, x->w, x->rstd, x->N, x->D);
+}
+
+typedef struct { float *out; const float *in, *w; size_t N, C, OC; } MmArgs;
+static void k_mm_fwd(void *a) { MmArgs *x = a; matmul_forward(x->out, x->in, x->w, x->N, x->C, x->OC); }
+typedef struct { float *dinp, *dw; const float *dout, *in, *w; size_t N, C, OC; } MmBwdArgs;
+static void k_mm_bwd(void *a) {
+    MmBwdArgs *x = a;
+    matmul_backward(x->dinp, x->dw, x->dout, x->in, x->w, x->N, x->C, x->OC);
+}
+
+typedef struct { float *x; const float *cos, *sin; size_t B, T, nh, hd; int backward; } RopeArgs;
+static void k_rope(void *a) {
+    RopeArgs *r = a;
+    if (r->backward) rope_backward(r->x, r->cos, r->sin, r->B, r->T, r->nh, r->hd);
+    else rope_forward(r->x, r->cos, r->sin, r->B, r->T, r->nh, r->hd);
+}
+typedef struct { float *cos, *sin; size_t T, hd; float theta; } RopeTabArgs;
+static void k_rope_tab(void *a) { RopeTabArgs *r = a; rope_tables(r->cos, r->sin, r->T, r->hd, r->theta); }
+
+typedef struct { float *out, *probs; const float *q, *k, *v; size_t B, T, H, KV, hd; } AttArgs;
+static void k_att_fwd(void *a) {
+    AttArgs *x = a;
+    attention_forward(x->out, x->probs, x->q, x->k, x->v, x->B, x->T, x->H, x->KV, x->hd);
+}
+typedef struct { float *dq, *dk, *dv, *scratch; const float *dout, *q, *k, *v, *probs; size_t B, T, H, KV, hd; } AttBwdArgs;
+static void k_att_bwd(void *a) {
+    AttBwdArgs *x = a;
+    attention_backward(x->dq, x->dk, x->dv, x->dout, x->q, x->k, x->v, x->probs, x->scratch, x->B, x->T, x->H, x->KV,
+                       x->hd);
+}
+
+typedef struct { float *out; const float *a, *b; size_t n; } SwiArgs;
+static void k_swi_fwd(void *a) { SwiArgs *x = a; swiglu_forward(x->out, x->a, x->b, x->n); }
+typedef struct { float *da, *db; const float *dout, *a, *b; size_t n; } SwiBwdArgs;
+static void k_swi_bwd(void *a) { SwiBwdArgs *x = a; swiglu_backward(x->da, x->db, x->dout, x->a, x->b, x->n); }
+
+typedef struct { float *out; const float *a, *b; size_t n; } AddArgs;
+static void k_add(void *a) { AddArgs *x = a; add_forward(x->out, x->a, x->b, x->n); }
+
+typedef struct { float *loss; float *dlogits; const float *logits; const int32_t *tgt; size_t N, V; } CeArgs;
+static void k_ce_fwd(void *a) { CeArgs *x = a; *x->loss = crossentropy_forward(x->logits, x->tgt, x->N, x->V); }
+static void k_ce_bwd(void *a) {
+    CeArgs *x = a;
+    crossentropy_backward(x->dlogits, x->logits, x->tgt, x->N, x->V, 1.0f / (float)x->N);
+}
+
+typedef struct { float *acc; const float *x; size_t n; } SumsqArgs;
+static void k_sumsq(void *a) { SumsqArgs *s = a; *s->acc += (float)sumsq(s->x, s->n); }
+void launch_sumsq_accumulate(Stream *s, float *acc, const float *x, size_t n) {
+    SumsqArgs a = {acc, x, n};
+    dev_launch(s, "grad_sumsq", k_sumsq, &a, sizeof a);
+}
+
+/* Small helpers so the module code reads like the math. */
+typedef struct {
+    Dev *dev;
+    Stream *s;
+    const char *mod;
+} Q;
+
+static float *act(Q *q, size_t n, const char *what) {
+    char nm[64];
+    snprintf(nm, sizeof nm, "%s.%s", q->mod, what);
+    return dev_alloc_f32(q->dev, n, MEM_ACTIVATION, nm);
+}
+static float *zeros(Q *q, size_t n, const char *what) {
+    char nm[64];
+    snprintf(nm, sizeof nm, "%s.%s", q->mod, what);
+    float *p = dev_alloc_f32(q->dev, n, MEM_TEMP, nm);
+    dev_memset_async(q->s, p, 0, n * sizeof(float));
+    return p;
+}
+static void rmsnorm_q(Q *q, float *out, float *rstd, const float *in, const float *w, size_t N, size_t D, float eps) {
+    NormArgs a = {out, rstd, in, w, N, D, eps};
+    dev_launch(q->s, "rmsnorm", k_norm_fwd, &a, sizeof a);
+}
+static void rmsnorm_bwd_q(Q *q, float *dinp, float *dw, const float *dout, const float *in, const float *w,
+                          const float *rstd, size_t N, size_t D) {
+    NormBwdArgs a = {dinp, dw, dout, in, w, rstd, N, D};
+    dev_launch(q->s, "rmsnorm_bwd", k_norm_bwd, &a, sizeof a);
+}
+static void matmul_q(Q *q, const char *name, float *out, const float *in, const float *w, size_t N, size_t C,
+                     size_t OC) {
+    MmArgs a = {out, in, w, N, C, OC};
+    dev_launch(q->s, name, k_mm_fwd, &a, sizeof a);
+}
+static void matmul_bwd_q(Q *q, const char *name, float *dinp, float *dw, const float *dout, const float *in,
+                         const float *w, size_t N, size_t C, size_t OC) {
+    MmBwdArgs a = {dinp, dw, dout, in, w, N, C, OC};
+    dev_launch(q->s, name, k_mm_bwd, &a, sizeof a);
+}
+static void rope_q(Q *q, float *x, const ModelRun *run, size_t nh, size_t hd, int backward) {
+    RopeArgs a = {x, run->rope_cos, run->rope_sin, run->B, run->T, nh, hd, backward};
+    dev_launch(q->s, backward ? "rope_bwd" : "rope", k_rope, &a, sizeof a);
+}
+static void add_q(Q *q, float *out, const float *a_, const float *b_, size_t n) {
+    AddArgs a = {out, a_, b_, n};
+    dev_launch(q->s, "residual_add", k_add, &a, sizeof a);
+}
+
+static void free_acts(Dev *dev, ModuleActs *A, int keep_input) {
+    float **all[] = {&A->xn, &A->rstd1, &A->q, &A->k, &A->v, &A->probs, &A->att, &A->h,
+                     &A->hn, &A->rstd2, &A->a, &A->b, &A->g, &A->logits};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        dev_free(dev, *all[i]);
+        *all[i] = NULL;
+    }
+    if (!keep_input) {
+        dev_free(dev, A->x);
+        A->x = NULL;
+    }
+}
+
+/* ------------------------------------------------------------------- running */
+
+void model_run_begin(Model *m, ModelRun *run) {
+    size_t hd = (size_t)m->cfg.head_dim;
+    Q q = {run->dev, run->stream, "rope"};
+    run->rope_cos = act(&q, run->T * hd / 2, "cos");
+    run->rope_sin = act(&q, run->T * hd / 2, "sin");
+    RopeTabArgs a = {run->rope_cos, run->rope_sin, run->T, hd, m->cfg.rope_theta};
+    dev_launch(run->stream, "rope_tables", k_rope_tab, &a, sizeof a);
+    Q ql = {run->dev, run->stream, "head"};
+    run->loss = act(&ql, 1, "loss");
+    run->h = run->dh = NULL;
+}
+
+void model_discard_activations(Model *m, ModelRun *run) {
+    /* a block or the head owns its input, which may be run->h */
+    int owned = 0;
+    for (int i = 0; i < m->n_modules; i++)
+        if (run->h && m->modules[i].acts->x == run->h) owned = 1;
+    if (!owned) dev_free(run->dev, run->h);
+    for (int i = 0; i < m->n_modules; i++) free_acts(run->dev, m->modules[i].acts, 0);
+    dev_free(run->dev, run->dh);
+    run->h = run->dh = NULL;
+}
+
+void model_run_end(Model *m, ModelRun *run) {
+    model_discard_activations(m, run);
+    dev_free(run->dev, run->rope_cos);
+    dev_free(run->dev, run->rope_sin);
+    dev_free(run->dev, run->loss);
+    run->h = run->dh = run->rope_cos = run->rope_sin = run->loss = NULL;
+}
+
+/* The block forward up to g (everything the backward needs). */
+static void block_forward_saved(Model *m, Module *mod, ModelRun *run, Q *q) {
+    const ModelConfig *c = &m->cfg;
+    size_t N = run->B * run->T, D = (size_t)c->dim, F = (size_t)c->hidden_dim, hd = (size_t)c->head_dim;
+    size_t H = (size_t)c->n_heads, KV = (size_t)c->n_kv_heads;
+    ModuleActs *A = mod->acts;
+    Param *P = mod->params;
+    A->xn = act(q, N * D, "xn");
+    A->rstd1 = act(q, N, "rstd1");
+    rmsnorm_q(q, A->xn, A->rstd1, A->x, P[P_ATTN_NORM].data, N, D, c->norm_eps);
+    A->q = act(q, N * H * hd, "q");
+    A->k = act(q, N * KV * hd, "k");
+    A->v = act(q, N * KV * hd, "v");
+    matmul_q(q, "wq", A->q, A->xn, P[P_WQ].data, N, D, H * hd);
+    matmul_q(q, "wk", A->k, A->xn, P[P_WK].data, N, D, KV * hd);
+    matmul_q(q, "wv", A->v, A->xn, P[P_WV].data, N, D, KV * hd);
+    rope_q(q, A->q, run, H, hd, 0);
+    rope_q(q, A->k, run, KV, hd, 0);
+    A->probs = act(q, run->B * H * run->T * run->T, "probs");
+    A->att = act(q, N * H * hd, "att");
+    AttArgs aa = {A->att, A->probs, A->q, A->k, A->v, run->B, run->T, H, KV, hd};
+    dev_launch(q->s, "attention", k_att_fwd, &aa, sizeof aa);
+    A->h = act(q, N * D, "h");
+    matmul_q(q, "wo", A->h, A->att, P[P_WO].data, N, H * hd, D);
+    add_q(q, A->h, A->h, A->x, N * D);
+    A->hn = act(q, N * D, "hn");
+    A->rstd2 = act(q, N, "rstd2");
+    rmsnorm_q(q, A->hn, A->rstd2, A->h, P[P_FFN_NORM].data, N, D, c->norm_eps);
+    A->a = act(q, N * F, "w1_out");
+    A->b = act(q, N * F, "w3_out");
+    matmul_q(q, "w1", A->a, A->hn, P[P_W1].data, N, D, F);
+    matmul_q(q, "w3", A->b, A->hn, P[P_W3].data, N, D, F);
+    A->g = act(q, N * F, "swiglu");
+    SwiArgs sa = {A->g, A->a, A->b, N * F};
+    dev_launch(q->s, "swiglu", k_swi_fwd, &sa, sizeof sa);
+}
+
+void module_forward(Model *m, Module *mod, ModelRun *run) {
+    const ModelConfig *c = &m->cfg;
+    size_t N = run->B * run->T, D = (size_t)c->dim, V = (size_t)c->vocab_size;
+    Q q = {run->dev, run->stream, mod->name};
+    ModuleActs *A = mod->acts;
+    Param *P = mod->params;
+    if (mod->kind == MOD_EMBEDDING) {
+        float *out = act(&q, N * D, "out");
+        EmbArgs a = {out, run->inputs, P[0].data, N, D};
+        dev_launch(run->stream, "embedding", k_emb_fwd, &a, sizeof a);
+        run->h = out;
+    } else if (mod->kind == MOD_BLOCK) {
+        A->x = run->h; /* the block owns its input until its backward */
+        block_forward_saved(m, mod, run, &q);
+        float *out = act(&q, N * D, "out");
+        matmul_q(&q, "w2", out, A->g, P[P_W2].data, N, (size_t)c->hidden_dim, D);
+        add_q(&q, out, out, A->h, N * D);
+        if (run->recompute) free_acts(run->dev, A, 1); /* keep only the input */
+        run->h = out;
+    } else {
+        A->x = run->h;
+        A->xn = act(&q, N * D, "xn");
+        A->rstd1 = act(&q, N, "rstd");
+        rmsnorm_q(&q, A->xn, A->rstd1, A->x, P[P_HEAD_NORM].data, N, D, c->norm_eps);
+        A->logits = act(&q, N * V, "logits");
+        matmul_q(&q, "output", A->logits, A->xn, P[P_OUTPUT].data, N, D, V);
+        CeArgs ce = {run->loss, NULL, A->logits, run->targets, N, V};
+        dev_launch(run->stream, "cross_entropy", k_ce_fwd, &ce, sizeof ce);
+        run->h = NULL;
+    }
+}
+
+void module_recompute(Model *m, Module *mod, ModelRun *run) {
+    if (mod->kind != MOD_BLOCK || !run->recompute || !mod->acts->x)
+        fatal("module_recompute: %s has no checkpointed input (not a block run with --ac?)", mod->name);
+    Q q = {run->dev, run->stream, mod->name};
+    block_forward_saved(m, mod, run, &q);
+}
+
+void module_backward(Model *m, Module *mod, ModelRun *run) {
+    const ModelConfig *c = &m->cfg;
+    size_t N = run->B * run->T, D = (size_t)c->dim, V = (size_t)c->vocab_size, F = (size_t)c->hidden_dim;
+    size_t H = (size_t)c->n_heads, KV = (size_t)c->n_kv_heads, hd = (size_t)c->head_dim;
+    Q q = {run->dev, run->stream, mod->name};
+    ModuleActs *A = mod->acts;
+    Param *P = mod->params;
+    for (int j = 0; j < mod->n_params; j++)
+        if (!P[j].grad) fatal("module_backward: %s has no grad buffer for %s", mod->name, P[j].name);
+    if (mod->kind == MOD_HEAD) {
+        float *dlogits = zeros(&q, N * V, "dlogits");
+        CeArgs ce = {NULL, dlogits, A->logits, run->targets, N, V};
+        dev_launch(run->stream, "cross_entropy_bwd", k_ce_bwd, &ce, sizeof ce);
+        float *dxn = zeros(&q, N * D, "dxn");
+        matmul_bwd_q(&q, "output_bwd", dxn, P[P_OUTPUT].grad, dlogits, A->xn, P[P_OUTPUT].data, N, D, V);
+        float *dx = zeros(&q, N * D, "dx");
+        rmsnorm_bwd_q(&q, dx, P[P_HEAD_NORM].grad, dxn, A->x, P[P_HEAD_NORM].data, A->rstd1, N, D);
+        dev_free(run->dev, dlogits);
+        dev_free(run->dev, dxn);
+        free_acts(run->dev, A, 0);
+        run->dh = dx;
+    } else if (mod->kind == MOD_BLOCK) {
+        float *dout = run->dh; /* [N, D]; becomes dL/dh below (the residual passes it through) */
+        /* out = h + g W2^T */
+        float *dg = zeros(&q, N * F, "dswiglu");
+        matmul_bwd_q(&q, "w2_bwd", dg, P[P_W2].grad, dout, A->g, P[P_W2].data, N, F, D);
+        float *da = zeros(&q, N * F, "dw1_out"), *db = zeros(&q, N * F, "dw3_out");
+        SwiBwdArgs sb = {da, db, dg, A->a, A->b, N * F};
+        dev_launch(run->stream, "swiglu_bwd", k_swi_bwd, &sb, sizeof sb);
+        float *dhn = zeros(&q, N * D, "dhn");
+        matmul_bwd_q(&q, "w1_bwd", dhn, P[P_W1].grad, da, A->hn, P[P_W1].data, N, D, F);
+        matmul_bwd_q(&q, "w3_bwd", dhn, P[P_W3].grad, db, A->hn, P[P_W3].data, N, D, F);
+        float *dh = dout; /* dL/dh = dout (residual) + RMSNorm backward of dhn */
+        rmsnorm_bwd_q(&q, dh, P[P_FFN_NORM].grad, dhn, A->h, P[P_FFN_NORM].data, A->rstd2, N, D);
+        /* h = x + att Wo^T */
+        float *datt = zeros(&q, N * H * hd, "datt");
+        matmul_bwd_q(&q, "wo_bwd", datt, P[P_WO].grad, dh, A->att, P[P_WO].data, N, H * hd, D);
+        float *dq = zeros(&q, N * H * hd, "dq"), *dk = zeros(&q, N * KV * hd, "dk"), *dv = zeros(&q, N * KV * hd, "dv");
+        float *scratch = zeros(&q, run->T, "att_scratch");
+        AttBwdArgs ab = {dq, dk, dv, scratch, datt, A->q, A->k, A->v, A->probs, run->B, run->T, H, KV, hd};
+        dev_launch(run->stream, "attention_bwd", k_att_bwd, &ab, sizeof ab);
+        rope_q(&q, dq, run, H, hd, 1);
+        rope_q(&q, dk, run, KV, hd, 1);
+        float *dxn = zeros(&q, N * D, "dxn");
+        matmul_bwd_q(&q, "wq_bwd", dxn, P[P_WQ].grad, dq, A->xn, P[P_WQ].data, N, D, H * hd);
+        matmul_bwd_q(&q, "wk_bwd", dxn, P[P_WK].grad, dk, A->xn, P[P_WK].data, N, D, KV * hd);
+        matmul_bwd_q(&q, "wv_bwd", dxn, P[P_WV].grad, dv, A->xn, P[P_WV].data, N, D, KV * hd);
+        /* x feeds both the residual (dh) and the attention norm (dxn) */
+        rmsnorm_bwd_q(&q, dh, P[P_ATTN_NORM].grad, dxn, A->x, P[P_ATTN_NORM].data, A->rstd1, N, D);
+        float *frees[] = {dg, da, db, dhn, datt, dq, dk, dv, scratch, dxn};
+        for (size_t i = 0; i < sizeof frees / sizeof frees[0]; i++) dev_free(run->dev, frees[i]);
+        free_acts(run->dev, A, 0);
+        run->dh = dh; /* now dL/dx */
+    } else {
+        EmbArgs a = {P[0].grad, run->inputs, run->dh, N, D};
+        dev_launch(run->stream, "embedding_bwd", k_emb_bwd, &a, sizeof a);
+        dev_free(run->dev, run->dh);
+        run->dh = NULL;
+    }
+}

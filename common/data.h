@@ -18,6 +18,7 @@ typedef struct {
     int32_t *tokens;   /* [n] */
     size_t n;
     int32_t max_token; /* largest token id present */
+    char *path;        /* the file it came from, for messages (owned; may be NULL) */
 } TokenData;
 
 /* Load; fatal with one clear line on a missing, empty, truncated or malformed

@@ -75,6 +75,25 @@ void model_config_finalize(ModelConfig *c) {
     c->hidden_dim = (int)hidden;
 }
 
+/* Saved activations of one module (what its backward needs). */
+struct ModuleActs {
+    float *x;      /* [N, D] module input (blocks, head); owned, freed in backward */
+    float *xn;     /* [N, D] first RMSNorm output */
+    float *rstd1;  /* [N] */
+    float *q;      /* [N, H*hd] after RoPE */
+    float *k;      /* [N, KV*hd] after RoPE */
+    float *v;      /* [N, KV*hd] */
+    float *probs;  /* [B, H, T, T] */
+    float *att;    /* [N, H*hd] attention output before wo */
+    float *h;      /* [N, D] x + attention branch */
+    float *hn;     /* [N, D] ffn RMSNorm output */
+    float *rstd2;  /* [N] */
+    float *a;      /* [N, F] hn W1^T */
+    float *b;      /* [N, F] hn W3^T */
+    float *g;      /* [N, F] silu(a) * b */
+    float *logits; /* [N, V] (head) */
+};
+
 /* ---------------------------------------------------------------- structure */
 
 static void set_param(Param *p, const char *name, int ndim, size_t d0, size_t d1) {
@@ -214,23 +233,7 @@ void model_init_host(const Model *m, uint64_t seed, float *out) {
 
 /* ----------------------------------------------------------- queued kernels */
 
-struct ModuleActs {
-    float *x;      /* [N, D] module input (blocks, head); owned, freed in backward */
-    float *xn;     /* [N, D] first RMSNorm output */
-    float *rstd1;  /* [N] */
-    float *q;      /* [N, H*hd] after RoPE */
-    float *k;      /* [N, KV*hd] after RoPE */
-    float *v;      /* [N, KV*hd] */
-    float *probs;  /* [B, H, T, T] */
-    float *att;    /* [N, H*hd] attention output before wo */
-    float *h;      /* [N, D] x + attention branch */
-    float *hn;     /* [N, D] ffn RMSNorm output */
-    float *rstd2;  /* [N] */
-    float *a;      /* [N, F] hn W1^T */
-    float *b;      /* [N, F] hn W3^T */
-    float *g;      /* [N, F] silu(a) * b */
-    float *logits; /* [N, V] (head) */
-};
+
 
 typedef struct { float *out; const int32_t *tok; const float *w; size_t N, D; } EmbArgs;
 static void k_emb_fwd(void *a) { EmbArgs *x = a; embedding_forward(x->out, x->tok, x->w, x->N, x->D); }

@@ -1,0 +1,359 @@
+/* ops.c — the Llama kernels on the CPU (the contract is in ops.h).
+ *
+ * Each op is a *_forward / *_backward pair in plain C on fp32, row-major.
+ * Conventions used throughout:
+ *   - every size and offset is a size_t (no int overflow on big tensors);
+ *   - every *_backward ACCUMULATES (+=) into its gradient buffers;
+ *   - deterministic: each reduction runs in a fixed order, matmuls go through
+ *     OpenBLAS cblas_sgemm (whose threads split the output, not the sum), and
+ *     nothing here is compiled with -ffast-math or uses OpenMP.
+ * The comments give the math next to the code; x, w, g are one row of the
+ * input, the weight and the upstream gradient dL/dout.
+ */
+#include "ops.h"
+
+#include <cblas.h>
+#include <limits.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util.h"
+
+/* cblas takes int dimensions: refuse sizes it cannot represent instead of
+ * silently truncating them. */
+static blasint blas_dim(size_t n, const char *what) {
+    if (n > (size_t)INT_MAX) fatal("%s: dimension %zu is too large for cblas (max %d)", what, n, INT_MAX);
+    return (blasint)n;
+}
+
+/* ------------------------------------------------------------------ embedding */
+
+/* out[n, :] = wte[tokens[n], :] */
+void embedding_forward(float *out, const int32_t *tokens, const float *wte, size_t N, size_t D) {
+    for (size_t n = 0; n < N; n++) {
+        if (tokens[n] < 0) fatal("embedding_forward: negative token id %d at row %zu", (int)tokens[n], n);
+        memcpy(out + n * D, wte + (size_t)tokens[n] * D, D * sizeof(float));
+    }
+}
+
+/* dwte[tokens[n], :] += dout[n, :], rows in order n = 0..N-1 (a repeated token
+ * sums its rows in that fixed order). */
+void embedding_backward(float *dwte, const float *dout, const int32_t *tokens, size_t N, size_t D) {
+    for (size_t n = 0; n < N; n++) {
+        if (tokens[n] < 0) fatal("embedding_backward: negative token id %d at row %zu", (int)tokens[n], n);
+        float *dw = dwte + (size_t)tokens[n] * D;
+        const float *g = dout + n * D;
+        for (size_t i = 0; i < D; i++) dw[i] += g[i];
+    }
+}
+
+/* -------------------------------------------------------------------- rmsnorm */
+
+/* r = 1 / sqrt(mean(x^2) + eps);  out = (x * r) * w.
+ * The sum of squares is accumulated in double (then the mean is rounded to
+ * float, as torch computes it in fp32): this is within 1 ulp of torch's fp32
+ * reduction and does not depend on D's rounding order. */
+void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, size_t N, size_t D, float eps) {
+    for (size_t n = 0; n < N; n++) {
+        const float *x = inp + n * D;
+        float *o = out + n * D;
+        double ss = 0.0;
+        for (size_t i = 0; i < D; i++) ss += (double)x[i] * (double)x[i];
+        float ms = (float)(ss / (double)D);
+        float r = 1.0f / sqrtf(ms + eps);
+        for (size_t i = 0; i < D; i++) o[i] = (x[i] * r) * weight[i];
+        rstd[n] = r;
+    }
+}
+
+/* With y_i = x_i r w_i and dr/dx_j = -r^3 x_j / D:
+ *   dL/dw_i += g_i x_i r
+ *   dL/dx_j += r (g_j w_j) - x_j r^3 / D * sum_i(g_i w_i x_i)
+ * One reduction pass over the row (sum_i g_i w_i x_i, in double), then one
+ * pass that writes both gradients. */
+void rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
+                      const float *rstd, size_t N, size_t D) {
+    for (size_t n = 0; n < N; n++) {
+        const float *x = inp + n * D;
+        const float *g = dout + n * D;
+        float *dx = dinp + n * D;
+        float r = rstd[n];
+        double dot = 0.0;
+        for (size_t i = 0; i < D; i++) dot += (double)(g[i] * weight[i]) * (double)x[i];
+        float c = (float)(dot * (double)r * (double)r * (double)r / (double)D); /* r^3/D * sum(g w x) */
+        for (size_t i = 0; i < D; i++) {
+            dx[i] += r * (g[i] * weight[i]) - c * x[i];
+            dweight[i] += g[i] * (x[i] * r);
+        }
+    }
+}
+
+/* --------------------------------------------------------------------- matmul */
+
+/* out[N,OC] = inp[N,C] @ weight[OC,C]^T */
+void matmul_forward(float *out, const float *inp, const float *weight, size_t N, size_t C, size_t OC) {
+    if (N == 0 || OC == 0) return;
+    if (C == 0) { memset(out, 0, N * OC * sizeof(float)); return; }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blas_dim(N, "matmul"), blas_dim(OC, "matmul"),
+                blas_dim(C, "matmul"), 1.0f, inp, blas_dim(C, "matmul"), weight, blas_dim(C, "matmul"), 0.0f, out,
+                blas_dim(OC, "matmul"));
+}
+
+/* dinp[N,C]   += dout[N,OC] @ weight[OC,C]
+ * dweight[OC,C] += dout^T[OC,N] @ inp[N,C]      (beta = 1 accumulates) */
+void matmul_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
+                     size_t N, size_t C, size_t OC) {
+    if (N == 0 || C == 0 || OC == 0) return; /* every product is empty or zero */
+    blasint n = blas_dim(N, "matmul"), c = blas_dim(C, "matmul"), oc = blas_dim(OC, "matmul");
+    if (dinp) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, c, oc, 1.0f, dout, oc, weight, c, 1.0f, dinp, c);
+    if (dweight)
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, oc, c, n, 1.0f, dout, oc, inp, c, 1.0f, dweight, c);
+}
+
+/* ----------------------------------------------------------------------- rope */
+
+/* As torch does it, all in fp32:
+ *   freq[i]  = 1 / theta^((2i)/hd)        (float exponent, float pow)
+ *   angle    = (float)t * freq[i]         (float multiply)
+ *   cos/sin of that float angle. */
+void rope_tables(float *cos_tab, float *sin_tab, size_t T, size_t hd, float theta) {
+    if (hd % 2 != 0) fatal("rope_tables: head dim %zu is odd", hd);
+    size_t half = hd / 2;
+    for (size_t i = 0; i < half; i++) {
+        float freq = 1.0f / powf(theta, (float)(2 * i) / (float)hd);
+        for (size_t t = 0; t < T; t++) {
+            float angle = (float)t * freq;
+            cos_tab[t * half + i] = cosf(angle);
+            sin_tab[t * half + i] = sinf(angle);
+        }
+    }
+}
+
+/* Rotate each ADJACENT pair (x0, x1) = (x[2i], x[2i+1]) of every head by
+ * angle[t, i]; it is the complex product (x0 + i x1)(cos + i sin):
+ *   out0 = x0 cos - x1 sin,   out1 = x0 sin + x1 cos.
+ * sign = +1 rotates by +angle (forward), -1 by -angle (the inverse = the
+ * transpose of the rotation, which is the backward). */
+static void rope_rotate(float *x, const float *cos_tab, const float *sin_tab, size_t B, size_t T, size_t nh,
+                        size_t hd, float sign) {
+    if (hd % 2 != 0) fatal("rope: head dim %zu is odd", hd);
+    size_t half = hd / 2;
+    for (size_t b = 0; b < B; b++) {
+        for (size_t t = 0; t < T; t++) {
+            const float *c = cos_tab + t * half;
+            const float *s = sin_tab + t * half;
+            for (size_t h = 0; h < nh; h++) {
+                float *xh = x + ((b * T + t) * nh + h) * hd;
+                for (size_t i = 0; i < half; i++) {
+                    float x0 = xh[2 * i], x1 = xh[2 * i + 1];
+                    float si = sign * s[i];
+                    xh[2 * i] = x0 * c[i] - x1 * si;
+                    xh[2 * i + 1] = x0 * si + x1 * c[i];
+                }
+            }
+        }
+    }
+}
+
+void rope_forward(float *x, const float *cos_tab, const float *sin_tab, size_t B, size_t T, size_t nh, size_t hd) {
+    rope_rotate(x, cos_tab, sin_tab, B, T, nh, hd, 1.0f);
+}
+
+/* out = R x with R orthogonal, so dL/dx = R^T dL/dout = rotation by -angle:
+ *   dx0 = g0 cos + g1 sin,   dx1 = -g0 sin + g1 cos.   (in place, not +=) */
+void rope_backward(float *dx, const float *cos_tab, const float *sin_tab, size_t B, size_t T, size_t nh, size_t hd) {
+    rope_rotate(dx, cos_tab, sin_tab, B, T, nh, hd, -1.0f);
+}
+
+/* ------------------------------------------------------------------ attention */
+
+/* For each batch b and head h (kv head kh = h / (H/KV)), with Q = q[b,:,h,:],
+ * K = k[b,:,kh,:], V = v[b,:,kh,:] viewed as [T, hd] matrices whose rows are
+ * H*hd (resp. KV*hd) floats apart, and P = probs[b,h] [T,T]:
+ *   S = Q K^T / sqrt(hd)                          (one sgemm)
+ *   P[t,j] = exp(S[t,j] - m_t) / sum_{j'<=t} exp(S[t,j'] - m_t) for j <= t,
+ *            0 for j > t, m_t = max_{j<=t} S[t,j]  (row softmax, float sums)
+ *   O = P V                                       (one sgemm)
+ * The sgemm computes the masked upper triangle too; it is then overwritten. */
+void attention_forward(float *out, float *probs, const float *q, const float *k, const float *v,
+                       size_t B, size_t T, size_t H, size_t KV, size_t hd) {
+    if (KV == 0 || H % KV != 0) fatal("attention_forward: n_heads %zu is not a multiple of n_kv_heads %zu", H, KV);
+    if (B == 0 || T == 0 || H == 0 || hd == 0) return;
+    size_t group = H / KV;
+    float scale = 1.0f / sqrtf((float)hd);
+    blasint t_ = blas_dim(T, "attention"), hd_ = blas_dim(hd, "attention");
+    blasint qs = blas_dim(H * hd, "attention"), ks = blas_dim(KV * hd, "attention");
+    for (size_t b = 0; b < B; b++) {
+        for (size_t h = 0; h < H; h++) {
+            size_t kh = h / group;
+            const float *Q = q + b * T * H * hd + h * hd;
+            const float *K = k + b * T * KV * hd + kh * hd;
+            const float *Vm = v + b * T * KV * hd + kh * hd;
+            float *O = out + b * T * H * hd + h * hd;
+            float *P = probs + (b * H + h) * T * T;
+            /* S = scale * Q K^T */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, t_, t_, hd_, scale, Q, qs, K, ks, 0.0f, P, t_);
+            /* causal softmax, row by row */
+            for (size_t t = 0; t < T; t++) {
+                float *p = P + t * T;
+                float m = p[0];
+                for (size_t j = 1; j <= t; j++) m = p[j] > m ? p[j] : m;
+                float sum = 0.0f;
+                for (size_t j = 0; j <= t; j++) {
+                    p[j] = expf(p[j] - m);
+                    sum += p[j];
+                }
+                float inv = 1.0f / sum;
+                for (size_t j = 0; j <= t; j++) p[j] *= inv;
+                for (size_t j = t + 1; j < T; j++) p[j] = 0.0f;
+            }
+            /* O = P V */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, t_, hd_, t_, 1.0f, P, t_, Vm, ks, 0.0f, O, qs);
+        }
+    }
+}
+
+/* With G = dout[b,:,h,:] and the same views as the forward:
+ *   dV  += P^T G                                     (sgemm)
+ *   dP   = G V^T                                     (sgemm into a T x T buffer)
+ *   dS[t,j] = P[t,j] (dP[t,j] - sum_j' P[t,j'] dP[t,j'])   (softmax backward)
+ *   dQ  += scale * dS K                              (sgemm)
+ *   dK  += scale * dS^T Q                            (sgemm)
+ * Heads sharing a kv head add into dK, dV in head order h = 0..H-1.
+ * The T x T buffer for dP/dS is allocated here, once per call (see the note
+ * on `scratch` in the report: the T floats of ops.h cannot hold it); scratch
+ * keeps the row sums sum_j P dP. */
+void attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
+                        const float *v, const float *probs, float *scratch, size_t B, size_t T, size_t H, size_t KV,
+                        size_t hd) {
+    if (KV == 0 || H % KV != 0) fatal("attention_backward: n_heads %zu is not a multiple of n_kv_heads %zu", H, KV);
+    if (B == 0 || T == 0 || H == 0 || hd == 0) return;
+    size_t group = H / KV;
+    float scale = 1.0f / sqrtf((float)hd);
+    blasint t_ = blas_dim(T, "attention"), hd_ = blas_dim(hd, "attention");
+    blasint qs = blas_dim(H * hd, "attention"), ks = blas_dim(KV * hd, "attention");
+    if (T > SIZE_MAX / sizeof(float) / T) fatal("attention_backward: T = %zu is too large", T);
+    float *dS = xmalloc(T * T * sizeof(float));
+    for (size_t b = 0; b < B; b++) {
+        for (size_t h = 0; h < H; h++) {
+            size_t kh = h / group;
+            size_t qoff = b * T * H * hd + h * hd, koff = b * T * KV * hd + kh * hd;
+            const float *P = probs + (b * H + h) * T * T;
+            const float *G = dout + qoff;
+            /* dV += P^T G */
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, t_, hd_, t_, 1.0f, P, t_, G, qs, 1.0f, dv + koff, ks);
+            /* dP = G V^T */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, t_, t_, hd_, 1.0f, G, qs, v + koff, ks, 0.0f, dS, t_);
+            /* dS = P * (dP - rowsum(P * dP)), masked entries exactly 0 */
+            for (size_t t = 0; t < T; t++) {
+                const float *p = P + t * T;
+                float *ds = dS + t * T;
+                float dot = 0.0f;
+                for (size_t j = 0; j <= t; j++) dot += p[j] * ds[j];
+                scratch[t] = dot;
+                for (size_t j = 0; j <= t; j++) ds[j] = p[j] * (ds[j] - dot);
+                for (size_t j = t + 1; j < T; j++) ds[j] = 0.0f;
+            }
+            /* dQ += scale * dS K ;  dK += scale * dS^T Q */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, t_, hd_, t_, scale, dS, t_, k + koff, ks, 1.0f,
+                        dq + qoff, qs);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, t_, hd_, t_, scale, dS, t_, q + qoff, qs, 1.0f,
+                        dk + koff, ks);
+        }
+    }
+    free(dS);
+}
+
+/* --------------------------------------------------------------------- swiglu */
+
+/* sig(a) = 1 / (1 + exp(-a)), silu(a) = a * sig(a) = a / (1 + exp(-a));
+ * out = silu(a) * b. For a -> -inf, exp(-a) = inf and silu = -0 (no NaN). */
+void swiglu_forward(float *out, const float *a, const float *b, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        float silu = a[i] / (1.0f + expf(-a[i]));
+        out[i] = silu * b[i];
+    }
+}
+
+/* d silu/da = sig + a sig (1 - sig) = sig (1 + a (1 - sig))
+ *   da += g * b * sig (1 + a (1 - sig)),   db += g * silu(a) */
+void swiglu_backward(float *da, float *db, const float *dout, const float *a, const float *b, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        float sig = 1.0f / (1.0f + expf(-a[i]));
+        float silu = a[i] * sig;
+        da[i] += dout[i] * b[i] * (sig * (1.0f + a[i] * (1.0f - sig)));
+        db[i] += dout[i] * silu;
+    }
+}
+
+/* ------------------------------------------------------------------------ add */
+
+void add_forward(float *out, const float *a, const float *b, size_t n) {
+    for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
+void add_inplace(float *y, const float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) y[i] += x[i];
+}
+
+/* -------------------------------------------------------------- cross-entropy */
+
+/* logsumexp of one row in ONE pass (online): keep the running max m and
+ * s = sum_j exp(x_j - m) (in double); when a new max arrives, rescale s by
+ * exp(m_old - m_new). lse = m + log(s). */
+static float row_logsumexp(const float *x, size_t V) {
+    float m = -INFINITY;
+    double s = 0.0;
+    for (size_t j = 0; j < V; j++) {
+        if (x[j] > m) {
+            s = s * exp((double)m - (double)x[j]) + 1.0; /* exp(-inf) = 0 on the first element */
+            m = x[j];
+        } else {
+            s += (double)expf(x[j] - m);
+        }
+    }
+    return (float)((double)m + log(s));
+}
+
+static void check_target(int32_t tgt, size_t n, size_t V, const char *who) {
+    if (tgt < 0 || (size_t)tgt >= V) fatal("%s: target %d at row %zu is outside the vocab [0, %zu)", who, (int)tgt, n, V);
+}
+
+/* loss = mean_n( lse(logits[n]) - logits[n, target[n]] ), rows summed in double. */
+float crossentropy_forward(const float *logits, const int32_t *targets, size_t N, size_t V) {
+    if (N == 0) return 0.0f;
+    double total = 0.0;
+    for (size_t n = 0; n < N; n++) {
+        const float *x = logits + n * V;
+        check_target(targets[n], n, V, "crossentropy_forward");
+        total += (double)row_logsumexp(x, V) - (double)x[targets[n]];
+    }
+    return (float)(total / (double)N);
+}
+
+/* d loss_n / d x_j = softmax(x)_j - [j == target] = exp(x_j - lse) - onehot;
+ * scaled by dloss_scale (1/N for the mean) and accumulated. */
+void crossentropy_backward(float *dlogits, const float *logits, const int32_t *targets, size_t N, size_t V,
+                           float dloss_scale) {
+    for (size_t n = 0; n < N; n++) {
+        const float *x = logits + n * V;
+        float *dx = dlogits + n * V;
+        check_target(targets[n], n, V, "crossentropy_backward");
+        float lse = row_logsumexp(x, V);
+        size_t tgt = (size_t)targets[n];
+        for (size_t j = 0; j < V; j++) {
+            float p = expf(x[j] - lse);
+            dx[j] += (j == tgt ? p - 1.0f : p) * dloss_scale;
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------- sumsq */
+
+double sumsq(const float *x, size_t n) {
+    double s = 0.0;
+    for (size_t i = 0; i < n; i++) s += (double)x[i] * (double)x[i];
+    return s;
+}

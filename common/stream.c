@@ -1,0 +1,347 @@
+/* stream.c — streams (a worker thread per stream executing a FIFO of ops),
+ * events, launches, async copies and host synchronization. */
+#include "device_internal.h"
+#include "util.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* ----------------------------------------------------------------- trace */
+
+void dev_trace_add(Dev *d, const TraceRec *r) {
+    pthread_mutex_lock(&d->trace_mu);
+    if (d->n_trace == d->trace_cap) {
+        d->trace_cap = d->trace_cap ? d->trace_cap * 2 : 1024;
+        d->trace = xrealloc(d->trace, d->trace_cap * sizeof *d->trace);
+    }
+    d->trace[d->n_trace++] = *r;
+    pthread_mutex_unlock(&d->trace_mu);
+}
+
+static void trace_op(Stream *s, const Op *op, const char *prefix, const char *cat, double t0, double t1) {
+    if (!op->traced) return;
+    TraceRec r = {prefix, op->name, op->module, op->phase, cat, s->index, op->step,
+                  t0 - s->dev->world->epoch_us, t1 - t0, op->bytes};
+    dev_trace_add(s->dev, &r);
+}
+
+/* ---------------------------------------------------------------- events */
+
+static void event_unref(Event *e) {
+    pthread_mutex_lock(&e->mu);
+    int last = --e->refs == 0 && e->destroyed;
+    pthread_mutex_unlock(&e->mu);
+    if (last) {
+        pthread_mutex_destroy(&e->mu);
+        pthread_cond_destroy(&e->cv);
+        free(e->name);
+        free(e);
+    }
+}
+
+static void run_record(Stream *s, const Op *op) {
+    Event *e = op->event;
+    double t0 = now_us();
+    pthread_mutex_lock(&e->mu);
+    if (op->record_no > e->completed) e->completed = op->record_no;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    trace_op(s, op, op->module, "event", t0, now_us());
+    event_unref(e);
+}
+
+static void run_wait(Stream *s, const Op *op) {
+    Event *e = op->event;
+    double t0 = now_us(), t1 = t0;
+    pthread_mutex_lock(&e->mu);
+    if (e->completed < op->record_no) {
+        while (e->completed < op->record_no) pthread_cond_wait(&e->cv, &e->mu);
+        t1 = now_us();
+    }
+    pthread_mutex_unlock(&e->mu);
+    if (t1 - t0 > 1.0) trace_op(s, op, NULL, "wait", t0, t1);
+    event_unref(e);
+}
+
+/* ---------------------------------------------------------------- worker */
+
+static void execute(Stream *s, Op *op) {
+    double t0, t1;
+    switch (op->kind) {
+    case OP_LAUNCH:
+        t0 = now_us();
+        op->fn(op->args);
+        t1 = now_us();
+        trace_op(s, op, op->module, "compute", t0, t1);
+        break;
+    case OP_COPY:
+        t0 = now_us();
+        if (op->bytes && op->dst != op->src) memmove(op->dst, op->src, op->bytes);
+        t1 = now_us();
+        trace_op(s, op, op->module, "copy", t0, t1);
+        break;
+    case OP_MEMSET:
+        t0 = now_us();
+        if (op->bytes) memset(op->dst, op->fill, op->bytes);
+        t1 = now_us();
+        trace_op(s, op, op->module, "copy", t0, t1);
+        break;
+    case OP_RECORD: run_record(s, op); break;
+    case OP_WAIT: run_wait(s, op); break;
+    case OP_COLL:
+        t0 = now_us();
+        coll_execute(s, op);
+        t1 = now_us();
+        trace_op(s, op, op->label, "collective", t0, t1);
+        break;
+    }
+}
+
+static void *stream_worker(void *p) {
+    Stream *s = p;
+    Op op;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (s->count == 0 && !s->stop) pthread_cond_wait(&s->cv_work, &s->mu);
+        if (s->count == 0) break; /* stop requested and queue drained */
+        memcpy(&op, &s->ring[s->head], sizeof op);
+        pthread_mutex_unlock(&s->mu);
+        execute(s, &op);
+        pthread_mutex_lock(&s->mu);
+        s->head = (s->head + 1) % s->ring_cap;
+        s->count--;
+        s->completed++;
+        pthread_cond_broadcast(&s->cv_done);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+/* Fill the scope fields of op from the host's current scope. */
+static void op_init(Stream *s, Op *op, OpKind kind, const char *name) {
+    Dev *d = s->dev;
+    memset(op, 0, offsetof(Op, args));
+    op->kind = kind;
+    op->traced = d->tracing;
+    op->name = dev_intern(d, name ? name : "op");
+    op->module = d->module;
+    op->phase = d->phase;
+    op->step = d->step;
+}
+
+static void enqueue(Stream *s, const Op *op, size_t args_size) {
+    pthread_mutex_lock(&s->mu);
+    if (s->count == s->ring_cap) {
+        size_t ncap = s->ring_cap ? s->ring_cap * 2 : 64;
+        Op *nr = xmalloc(ncap * sizeof *nr);
+        for (size_t i = 0; i < s->count; i++) memcpy(&nr[i], &s->ring[(s->head + i) % s->ring_cap], sizeof *nr);
+        free(s->ring);
+        s->ring = nr;
+        s->ring_cap = ncap;
+        s->head = 0;
+    }
+    Op *slot = &s->ring[(s->head + s->count) % s->ring_cap];
+    memcpy(slot, op, offsetof(Op, args) + args_size);
+    s->count++;
+    s->enqueued++;
+    pthread_cond_signal(&s->cv_work);
+    pthread_mutex_unlock(&s->mu);
+}
+
+uint64_t stream_completed(Stream *s) {
+    pthread_mutex_lock(&s->mu);
+    uint64_t c = s->completed;
+    pthread_mutex_unlock(&s->mu);
+    return c;
+}
+
+/* --------------------------------------------------------------- streams */
+
+Stream *dev_compute_stream(Dev *d) { return d->streams[0]; }
+
+Stream *dev_stream_create(Dev *d, const char *name) {
+    Stream *s = xcalloc(1, sizeof *s);
+    s->dev = d;
+    s->index = d->nstreams;
+    s->name = xstrdup(name ? name : "stream");
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv_work, NULL);
+    pthread_cond_init(&s->cv_done, NULL);
+    if (d->world->cfg.backend == BACKEND_LOCAL) s->chan = world_channel(d->world, s->index);
+#ifdef HAVE_MPI
+    else MPI_Comm_dup(MPI_COMM_WORLD, &s->comm); /* collective: streams are created in the same order on every rank */
+#endif
+    if (d->nstreams == d->streams_cap) {
+        d->streams_cap = d->streams_cap ? d->streams_cap * 2 : 4;
+        d->streams = xrealloc(d->streams, (size_t)d->streams_cap * sizeof *d->streams);
+    }
+    d->streams[d->nstreams++] = s;
+    if (pthread_create(&s->thread, NULL, stream_worker, s) != 0)
+        fatal("cannot start the worker thread of stream '%s'", s->name);
+    return s;
+}
+
+void stream_destroy(Stream *s) {
+    pthread_mutex_lock(&s->mu);
+    s->stop = 1;
+    pthread_cond_signal(&s->cv_work);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->thread, NULL);
+#ifdef HAVE_MPI
+    if (s->dev->world->cfg.backend == BACKEND_MPI) MPI_Comm_free(&s->comm);
+#endif
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv_work);
+    pthread_cond_destroy(&s->cv_done);
+    free(s->ring);
+    free(s->name);
+    free(s);
+}
+
+int stream_index(const Stream *s) { return s->index; }
+const char *stream_name(const Stream *s) { return s->name; }
+
+void dev_launch(Stream *s, const char *name, void (*fn)(void *args), const void *args, size_t args_size) {
+    if (!fn) fatal("dev_launch('%s'): no function", name ? name : "?");
+    if (args_size > DEV_ARGS_MAX)
+        fatal("dev_launch('%s'): %zu bytes of arguments, at most %d allowed", name ? name : "?", args_size, DEV_ARGS_MAX);
+    Op op;
+    op_init(s, &op, OP_LAUNCH, name);
+    op.fn = fn;
+    if (args_size) memcpy(op.args, args, args_size);
+    enqueue(s, &op, args_size);
+}
+
+void dev_memcpy_async(Stream *s, void *dst, const void *src, size_t bytes) {
+    if (bytes && (!dst || !src)) fatal("dev_memcpy_async: NULL pointer with %zu bytes", bytes);
+    Op op;
+    op_init(s, &op, OP_COPY, "copy");
+    op.dst = dst;
+    op.src = src;
+    op.bytes = bytes;
+    enqueue(s, &op, 0);
+}
+
+void dev_memset_async(Stream *s, void *dst, int byte, size_t bytes) {
+    if (bytes && !dst) fatal("dev_memset_async: NULL pointer with %zu bytes", bytes);
+    Op op;
+    op_init(s, &op, OP_MEMSET, "memset");
+    op.dst = dst;
+    op.fill = byte;
+    op.bytes = bytes;
+    enqueue(s, &op, 0);
+}
+
+/* Used by collectives.c to enqueue a collective op. */
+void stream_enqueue_op(Stream *s, const Op *op) { enqueue(s, op, 0); }
+void stream_op_init(Stream *s, Op *op, int kind, const char *name) { op_init(s, op, (OpKind)kind, name); }
+
+void dev_stream_synchronize(Stream *s) {
+    pthread_mutex_lock(&s->mu);
+    uint64_t target = s->enqueued;
+    while (s->completed < target) pthread_cond_wait(&s->cv_done, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+    dev_release_pending_frees(s->dev, 0);
+}
+
+void dev_synchronize(Dev *d) {
+    for (int i = 0; i < d->nstreams; i++) {
+        Stream *s = d->streams[i];
+        pthread_mutex_lock(&s->mu);
+        uint64_t target = s->enqueued;
+        while (s->completed < target) pthread_cond_wait(&s->cv_done, &s->mu);
+        pthread_mutex_unlock(&s->mu);
+    }
+    dev_release_pending_frees(d, 0);
+}
+
+/* ---------------------------------------------------------------- events */
+
+Event *dev_event_create(Dev *d, const char *name) {
+    Event *e = xcalloc(1, sizeof *e);
+    e->dev = d;
+    e->name = xstrdup(name ? name : "event");
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    if (d->nevents == d->events_cap) {
+        d->events_cap = d->events_cap ? d->events_cap * 2 : 16;
+        d->events = xrealloc(d->events, (size_t)d->events_cap * sizeof *d->events);
+    }
+    d->events[d->nevents++] = e;
+    return e;
+}
+
+void dev_event_destroy(Event *e) {
+    if (!e) return;
+    Dev *d = e->dev;
+    for (int i = 0; i < d->nevents; i++)
+        if (d->events[i] == e) {
+            d->events[i] = d->events[--d->nevents];
+            break;
+        }
+    /* queued records/waits may still point at it: the last one frees it */
+    pthread_mutex_lock(&e->mu);
+    e->destroyed = 1;
+    int last = e->refs == 0;
+    pthread_mutex_unlock(&e->mu);
+    if (last) {
+        pthread_mutex_destroy(&e->mu);
+        pthread_cond_destroy(&e->cv);
+        free(e->name);
+        free(e);
+    }
+}
+
+void dev_event_record(Event *e, Stream *s) {
+    if (e->dev != s->dev) fatal("event '%s' of rank %d recorded on a stream of rank %d", e->name, e->dev->rank, s->dev->rank);
+    Op op;
+    char name[300];
+    snprintf(name, sizeof name, "record:%s", e->name);
+    op_init(s, &op, OP_RECORD, name);
+    pthread_mutex_lock(&e->mu);
+    op.record_no = ++e->recorded;
+    e->refs++;
+    pthread_mutex_unlock(&e->mu);
+    op.event = e;
+    enqueue(s, &op, 0);
+}
+
+/* The record number a wait/sync/query refers to; fatal if never recorded. */
+static uint64_t last_record(Event *e) {
+    pthread_mutex_lock(&e->mu);
+    uint64_t n = e->recorded;
+    pthread_mutex_unlock(&e->mu);
+    if (n == 0) fatal("event '%s' waited on but never recorded", e->name);
+    return n;
+}
+
+void dev_stream_wait_event(Stream *s, Event *e) {
+    if (e->dev != s->dev) fatal("event '%s' of rank %d waited on by a stream of rank %d", e->name, e->dev->rank, s->dev->rank);
+    uint64_t n = last_record(e);
+    Op op;
+    char name[300];
+    snprintf(name, sizeof name, "wait:%s", e->name);
+    op_init(s, &op, OP_WAIT, name);
+    op.event = e;
+    op.record_no = n;
+    pthread_mutex_lock(&e->mu);
+    e->refs++;
+    pthread_mutex_unlock(&e->mu);
+    enqueue(s, &op, 0);
+}
+
+void dev_event_synchronize(Event *e) {
+    uint64_t n = last_record(e);
+    pthread_mutex_lock(&e->mu);
+    while (e->completed < n) pthread_cond_wait(&e->cv, &e->mu);
+    pthread_mutex_unlock(&e->mu);
+    dev_release_pending_frees(e->dev, 0);
+}
+
+int dev_event_query(Event *e) {
+    uint64_t n = last_record(e);
+    pthread_mutex_lock(&e->mu);
+    int done = e->completed >= n;
+    pthread_mutex_unlock(&e->mu);
+    return done;
+}

@@ -1,0 +1,276 @@
+/* world.c — the World (ranks as threads or MPI processes), each rank's Dev,
+ * scope, string interning and the host-side barrier/allgather. */
+#include "device_internal.h"
+#include "util.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+void openblas_set_num_threads(int num_threads); /* OpenBLAS; no header needed */
+
+/* ------------------------------------------------------------- interning */
+
+static uint64_t hash_str(const char *s) {
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+const char *dev_intern(Dev *d, const char *s) {
+    InternTable *t = &d->strings;
+    if (!s) s = "";
+    if ((t->count + 1) * 2 > t->cap) {
+        size_t ncap = t->cap ? t->cap * 2 : 256;
+        char **slots = xcalloc(ncap, sizeof *slots);
+        for (size_t i = 0; i < t->cap; i++) {
+            if (!t->slots[i]) continue;
+            size_t j = hash_str(t->slots[i]) & (ncap - 1);
+            while (slots[j]) j = (j + 1) & (ncap - 1);
+            slots[j] = t->slots[i];
+        }
+        free(t->slots);
+        t->slots = slots;
+        t->cap = ncap;
+    }
+    size_t j = hash_str(s) & (t->cap - 1);
+    while (t->slots[j]) {
+        if (strcmp(t->slots[j], s) == 0) return t->slots[j];
+        j = (j + 1) & (t->cap - 1);
+    }
+    t->slots[j] = xstrdup(s);
+    t->count++;
+    return t->slots[j];
+}
+
+static void intern_free(InternTable *t) {
+    for (size_t i = 0; i < t->cap; i++) free(t->slots[i]);
+    free(t->slots);
+    memset(t, 0, sizeof *t);
+}
+
+/* ----------------------------------------------------------------- world */
+
+World *world_create(const WorldConfig *cfg) {
+    if (!cfg) fatal("world_create: no config");
+    if (cfg->world_size < 1 || cfg->world_size > WORLD_MAX_RANKS)
+        fatal("world size %d is out of range (1..%d ranks)", cfg->world_size, WORLD_MAX_RANKS);
+    if (cfg->link_gbps < 0 || cfg->link_latency_us < 0)
+        fatal("link model: --link-gbps and --link-latency-us must be >= 0");
+    World *w = xcalloc(1, sizeof *w);
+    w->cfg = *cfg;
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_mutex_init(&w->host_mu, NULL);
+    pthread_cond_init(&w->host_cv, NULL);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (cores < 1) cores = 1;
+    if (cfg->backend == BACKEND_LOCAL) {
+        w->local_ranks = cfg->world_size;
+        w->first_local_rank = 0;
+        w->epoch_us = now_us();
+    } else if (cfg->backend == BACKEND_MPI) {
+#ifdef HAVE_MPI
+        int inited = 0, provided = 0;
+        MPI_Initialized(&inited);
+        if (!inited) {
+            MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
+            w->mpi_initialized_here = 1;
+        } else {
+            MPI_Query_thread(&provided);
+        }
+        if (provided < MPI_THREAD_MULTIPLE)
+            fatal("MPI does not provide MPI_THREAD_MULTIPLE (got level %d); streams need it", provided);
+        int size = 0, rank = 0;
+        MPI_Comm_size(MPI_COMM_WORLD, &size);
+        MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+        if (size != cfg->world_size)
+            fatal("--world %d but mpirun started %d processes", cfg->world_size, size);
+        MPI_Comm_dup(MPI_COMM_WORLD, &w->host_comm);
+        w->local_ranks = 1;
+        w->first_local_rank = rank;
+        /* ranks on this node share its cores */
+        MPI_Comm node;
+        int node_size = 1;
+        MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+        MPI_Comm_size(node, &node_size);
+        MPI_Comm_free(&node);
+        cores = cores / node_size;
+        MPI_Barrier(w->host_comm);
+        w->epoch_us = now_us(); /* same machine: CLOCK_MONOTONIC is shared, ranks line up */
+#else
+        fatal("this build has no MPI support (rebuild with OpenMPI installed)");
+#endif
+    } else {
+        fatal("unknown collective backend %d", (int)cfg->backend);
+    }
+    int blas = cfg->blas_threads > 0 ? cfg->blas_threads : (int)(cores / (cfg->backend == BACKEND_LOCAL ? w->local_ranks : 1));
+    if (blas < 1) blas = 1;
+    openblas_set_num_threads(blas);
+    return w;
+}
+
+int world_local_ranks(const World *w) { return w->local_ranks; }
+int world_first_local_rank(const World *w) { return w->first_local_rank; }
+
+CollChannel *world_channel(World *w, int stream_index) {
+    pthread_mutex_lock(&w->mu);
+    while (w->nchans <= stream_index) {
+        if (w->nchans == w->chans_cap) {
+            w->chans_cap = w->chans_cap ? w->chans_cap * 2 : 8;
+            w->chans = xrealloc(w->chans, (size_t)w->chans_cap * sizeof *w->chans);
+        }
+        CollChannel *c = xcalloc(1, sizeof *c);
+        pthread_mutex_init(&c->mu, NULL);
+        pthread_cond_init(&c->cv, NULL);
+        w->chans[w->nchans++] = c;
+    }
+    CollChannel *c = w->chans[stream_index];
+    pthread_mutex_unlock(&w->mu);
+    return c;
+}
+
+void world_destroy(World *w) {
+    if (!w) return;
+    for (int i = 0; i < w->nchans; i++) {
+        pthread_mutex_destroy(&w->chans[i]->mu);
+        pthread_cond_destroy(&w->chans[i]->cv);
+        free(w->chans[i]);
+    }
+    free(w->chans);
+#ifdef HAVE_MPI
+    if (w->cfg.backend == BACKEND_MPI) {
+        MPI_Comm_free(&w->host_comm);
+        if (w->mpi_initialized_here) MPI_Finalize();
+    }
+#endif
+    pthread_mutex_destroy(&w->mu);
+    pthread_mutex_destroy(&w->host_mu);
+    pthread_cond_destroy(&w->host_cv);
+    free(w);
+}
+
+/* ------------------------------------------------------------------ Dev */
+
+static Dev *dev_create(World *w, int rank) {
+    Dev *d = xcalloc(1, sizeof *d);
+    d->world = w;
+    d->rank = rank;
+    d->world_size = w->cfg.world_size;
+    d->step = -1;
+    d->module = dev_intern(d, "");
+    d->phase = dev_intern(d, "");
+    d->tracing = w->cfg.trace != 0;
+    d->prio_state = 0x9E3779B97F4A7C15ull ^ (uint64_t)(rank + 1);
+    pthread_mutex_init(&d->trace_mu, NULL);
+    dev_stream_create(d, "compute");
+    return d;
+}
+
+static void dev_destroy(Dev *d) {
+    dev_synchronize(d);
+    for (int i = 0; i < d->nstreams; i++) stream_destroy(d->streams[i]);
+    free(d->streams);
+    for (int i = 0; i < d->nevents; i++) {
+        Event *e = d->events[i];
+        pthread_mutex_destroy(&e->mu);
+        pthread_cond_destroy(&e->cv);
+        free(e->name);
+        free(e);
+    }
+    free(d->events);
+    dev_alloc_destroy(d);
+    free(d->trace);
+    pthread_mutex_destroy(&d->trace_mu);
+    intern_free(&d->strings);
+    free(d);
+}
+
+typedef struct {
+    World *w;
+    int rank;
+    void (*fn)(Dev *, void *);
+    void *arg;
+} RankStart;
+
+static void *rank_thread(void *p) {
+    RankStart *rs = p;
+    Dev *d = dev_create(rs->w, rs->rank);
+    rs->w->devs[rs->rank - rs->w->first_local_rank] = d;
+    rs->fn(d, rs->arg);
+    /* nobody may still be reading this rank's trace (dev_write_artifacts ends with a barrier) */
+    rs->w->devs[rs->rank - rs->w->first_local_rank] = NULL;
+    dev_destroy(d);
+    return NULL;
+}
+
+void world_run(World *w, void (*rank_main)(Dev *dev, void *arg), void *arg) {
+    int n = w->local_ranks;
+    RankStart *rs = xcalloc((size_t)n, sizeof *rs);
+    for (int i = 0; i < n; i++) rs[i] = (RankStart){w, w->first_local_rank + i, rank_main, arg};
+    if (w->cfg.backend == BACKEND_MPI) {
+        rank_thread(&rs[0]);
+    } else {
+        pthread_t *th = xcalloc((size_t)n, sizeof *th);
+        for (int i = 0; i < n; i++)
+            if (pthread_create(&th[i], NULL, rank_thread, &rs[i]) != 0) fatal("cannot start the thread of rank %d", i);
+        for (int i = 0; i < n; i++) pthread_join(th[i], NULL);
+        free(th);
+    }
+    free(rs);
+}
+
+int dev_rank(const Dev *d) { return d->rank; }
+int dev_world_size(const Dev *d) { return d->world_size; }
+
+/* ---------------------------------------------------------------- scope */
+
+void dev_set_scope(Dev *d, int step, const char *module, const char *phase) {
+    d->step = step;
+    d->module = dev_intern(d, module ? module : "");
+    d->phase = dev_intern(d, phase ? phase : "");
+}
+const char *dev_scope_module(const Dev *d) { return d->module; }
+const char *dev_scope_phase(const Dev *d) { return d->phase; }
+int dev_scope_step(const Dev *d) { return d->step; }
+void dev_set_tracing(Dev *d, int on) { d->tracing = on != 0; }
+
+/* ------------------------------------------------- host barrier / gather */
+
+/* Local backend: a generation barrier; values are double-buffered by
+ * generation parity so a fast rank's next call cannot overwrite values a
+ * slow rank has not read yet. */
+static void local_host_exchange(Dev *d, double value, double *out) {
+    World *w = d->world;
+    pthread_mutex_lock(&w->host_mu);
+    uint64_t gen = w->host_gen;
+    w->host_vals[gen & 1][d->rank] = value;
+    if (++w->host_arrived == w->cfg.world_size) {
+        w->host_arrived = 0;
+        w->host_gen++;
+        pthread_cond_broadcast(&w->host_cv);
+    } else {
+        while (w->host_gen == gen) pthread_cond_wait(&w->host_cv, &w->host_mu);
+    }
+    if (out) memcpy(out, w->host_vals[gen & 1], (size_t)w->cfg.world_size * sizeof *out);
+    pthread_mutex_unlock(&w->host_mu);
+}
+
+void dev_host_allgather_f64(Dev *d, double value, double *out) {
+#ifdef HAVE_MPI
+    if (d->world->cfg.backend == BACKEND_MPI) {
+        MPI_Allgather(&value, 1, MPI_DOUBLE, out, 1, MPI_DOUBLE, d->world->host_comm);
+        return;
+    }
+#endif
+    local_host_exchange(d, value, out);
+}
+
+void dev_host_barrier(Dev *d) {
+#ifdef HAVE_MPI
+    if (d->world->cfg.backend == BACKEND_MPI) {
+        MPI_Barrier(d->world->host_comm);
+        return;
+    }
+#endif
+    local_host_exchange(d, 0.0, NULL);
+}

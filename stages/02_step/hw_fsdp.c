@@ -1,0 +1,172 @@
+/* STARTER for stage 02 — this is your file. Fill every TODO(stage 02) below
+ * (each one stops the run until you do; see HANDOUT.md#stage-02).
+ * Generated from the instructors' solution by tools/make_starters.py. */
+/* hw_fsdp.c — stage 02: a full FSDP training step, blocking, one stream.
+ *
+ * Everything (copies, collectives, compute) is queued on the compute stream,
+ * so stream order alone makes it correct: no events needed yet.
+ *
+ *   fsdp_init          shard every parameter into a DTensor (Shard(0), padded)
+ *   pre_forward        unshard: copy-in -> all-gather -> copy-out
+ *   post_forward       reshard: free the unsharded params
+ *   pre_backward       unshard again
+ *   post_backward      reduce-scatter the grads (average), free them, reshard
+ *   optimizer_step     global grad norm (all-reduce), clip, AdamW on shards
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hw_fsdp.h"
+#include "util.h"
+
+/* One FSDP unit: a module and the flat layout of its parameters. */
+typedef struct {
+    Module *mod;
+    size_t shard_numel;   /* per-rank segment: sum of every param's padded shard */
+    size_t offsets[16];   /* where param j's padded shard starts in a segment */
+    float *grad_shards;   /* [shard_numel] reduce-scatter output; DTensor.grad are views */
+} Group;
+
+struct Fsdp {
+    Dev *dev;
+    Model *model;
+    const DeviceMesh *mesh;
+    int rank, world;
+    Stream *compute;
+    AdamWConfig optim;
+    Group *groups;        /* [n_modules] */
+};
+
+/* Rows of a dim-0 split that rank r owns: torch.chunk gives every rank
+ * ceil(rows / world) rows until they run out (5 rows, 4 ranks: 2, 2, 1, 0). */
+static size_t chunk_rows(size_t rows, int world) { return (rows + (size_t)world - 1) / (size_t)world; }
+static size_t rows_of_rank(size_t rows, int world, int r) {
+    size_t chunk = chunk_rows(rows, world), start = chunk * (size_t)r;
+    return start >= rows ? 0 : (rows - start < chunk ? rows - start : chunk);
+}
+
+Fsdp *fsdp_init(const FsdpConfig *cfg) {
+    Fsdp *f = xcalloc(1, sizeof *f);
+    f->dev = cfg->dev;
+    f->model = cfg->model;
+    f->mesh = cfg->mesh;
+    f->rank = dev_rank(cfg->dev);
+    f->world = dev_world_size(cfg->dev);
+    f->compute = dev_compute_stream(cfg->dev);
+    f->optim = cfg->optim;
+    f->groups = xcalloc((size_t)f->model->n_modules, sizeof(Group));
+    for (int i = 0; i < f->model->n_modules; i++) {
+        Module *mod = &f->model->modules[i];
+        Group *g = &f->groups[i];
+        g->mod = mod;
+        mod->fsdp = g;
+        for (int j = 0; j < mod->n_params; j++) {
+            Param *p = &mod->params[j];
+            DTensor *dt = &p->dt;
+            dt->global_rows = p->shape[0];
+            dt->row_numel = p->numel / p->shape[0];
+            dt->padded_rows = chunk_rows(p->shape[0], f->world);
+            dt->local_rows = rows_of_rank(p->shape[0], f->world, f->rank);
+            dt->row_offset = dt->local_rows ? dt->padded_rows * (size_t)f->rank : p->shape[0];
+            dt->mesh = f->mesh;
+            dt->placement = PLACEMENT_SHARD0;
+            size_t padded = dt->padded_rows * dt->row_numel, local = dt->local_rows * dt->row_numel;
+            dt->local = dev_alloc_f32(f->dev, padded, MEM_PARAM_SHARD, p->name);
+            dev_memcpy_async(f->compute, dt->local, p->data + dt->row_offset * dt->row_numel, local * sizeof(float));
+            dev_memset_async(f->compute, dt->local + local, 0, (padded - local) * sizeof(float));
+            dev_free(f->dev, p->data); /* the full tensor is gone: only the shard remains */
+            p->data = NULL;
+            g->offsets[j] = g->shard_numel;
+            g->shard_numel += padded;
+        }
+    }
+    return f;
+}
+
+/* unshard: every rank contributes its padded shards as one flat segment;
+ * after the all-gather the buffer holds [r0: p0|p1|..][r1: p0|p1|..]..;
+ * param j's full value is rank r's rows of j, for r = 0..world-1. */
+static void unshard(Fsdp *f, Group *g) {
+    Module *mod = g->mod;
+    if (mod->params[0].data) return; /* already unsharded */
+    size_t S = g->shard_numel;
+    char name[64];
+    snprintf(name, sizeof name, "%s.all_gather_buffer", mod->name);
+    float *flat = dev_alloc_f32(f->dev, S * (size_t)f->world, MEM_COMM_BUFFER, name);
+    float *mine = flat + (size_t)f->rank * S;
+    for (int j = 0; j < mod->n_params; j++) {
+        DTensor *dt = &mod->params[j].dt;
+        dev_memcpy_async(f->compute, mine + g->offsets[j], dt->local, dt->padded_rows * dt->row_numel * sizeof(float));
+    }
+    coll_all_gather(f->dev, mine, flat, S, f->compute, mod->name);
+    for (int j = 0; j < mod->n_params; j++) {
+        Param *p = &mod->params[j];
+        size_t chunk = p->dt.padded_rows, rn = p->dt.row_numel;
+        p->data = dev_alloc_f32(f->dev, p->numel, MEM_UNSHARDED_PARAM, p->name);
+        for (int r = 0; r < f->world; r++) {
+            size_t rows = rows_of_rank(p->shape[0], f->world, r);
+            if (rows)
+                dev_memcpy_async(f->compute, p->data + chunk * (size_t)r * rn, flat + (size_t)r * S + g->offsets[j],
+                                 rows * rn * sizeof(float));
+        }
+    }
+    dev_free(f->dev, flat);
+}
+
+/* reshard: free the unsharded params; the DTensor shards stay. */
+static void reshard(Fsdp *f, Group *g) {
+    for (int j = 0; j < g->mod->n_params; j++) {
+        dev_free(f->dev, g->mod->params[j].data);
+        g->mod->params[j].data = NULL;
+    }
+}
+
+/* reduce-scatter: row r of the (world, S) input holds chunk r of every grad
+ * (FSDP2's chunk-cat, zero padded); rank r receives the average of row r. */
+static void reduce_grads(Fsdp *f, Group *g) {
+    Module *mod = g->mod;
+    /* TODO(stage 02): chunk-cat the grads, free them, reduce-scatter with an average, DTensor.grad as views. */
+    hw_todo("chunk-cat the grads, free them, reduce-scatter with an average, DTensor.grad as views", "HANDOUT.md#stage-02");
+}
+
+void fsdp_pre_forward(Fsdp *f, Module *mod) { unshard(f, mod->fsdp); }
+
+void fsdp_post_forward(Fsdp *f, Module *mod) { reshard(f, mod->fsdp); }
+
+void fsdp_pre_backward(Fsdp *f, Module *mod) {
+    /* TODO(stage 02): the backward needs the params again. */
+    hw_todo("the backward needs the params again", "HANDOUT.md#stage-02");
+}
+
+void fsdp_post_backward(Fsdp *f, Module *mod) {
+    /* TODO(stage 02): reduce-scatter this module's grads, then reshard. */
+    hw_todo("reduce-scatter this module's grads, then reshard", "HANDOUT.md#stage-02");
+}
+
+void fsdp_finish_backward(Fsdp *f) {
+    (void)f; /* one stream: every reduce-scatter is already ordered before the optimizer */
+}
+
+float fsdp_optimizer_step(Fsdp *f, float lr, int t) {
+    /* TODO(stage 02): global grad norm = sqrt(all-reduce of local sums of squares); clip; AdamW on local rows. */
+    hw_todo("global grad norm = sqrt(all-reduce of local sums of squares); clip; AdamW on local rows", "HANDOUT.md#stage-02");
+}
+
+void fsdp_destroy(Fsdp *f) {
+    Model *m = f->model;
+    for (int i = 0; i < m->n_modules; i++) {
+        for (int j = 0; j < m->modules[i].n_params; j++) {
+            Param *p = &m->modules[i].params[j];
+            dev_free(f->dev, p->data);
+            dev_free(f->dev, p->dt.local);
+            dev_free(f->dev, p->dt.exp_avg);
+            dev_free(f->dev, p->dt.exp_avg_sq);
+            p->data = p->dt.local = p->dt.exp_avg = p->dt.exp_avg_sq = NULL;
+        }
+        dev_free(f->dev, f->groups[i].grad_shards);
+    }
+    free(f->groups);
+    free(f);
+}

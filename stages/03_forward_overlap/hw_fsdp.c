@@ -1,0 +1,230 @@
+/* STARTER for stage 03 — this is your file. Fill every TODO(stage 03) below
+ * (each one stops the run until you do; see HANDOUT.md#stage-03).
+ * Generated from the instructors' solution by tools/make_starters.py. */
+/* hw_fsdp.c — stage 03: forward all-gathers overlapped with compute.
+ *
+ * Streams (as FSDP2):
+ *   compute         module forward/backward, copy-out, reduce-scatter (still blocking)
+ *   all_gather      copy-in of the shards + the all-gather
+ * Events order them.
+ *
+ *   forward:  pre_forward(i) waits for i's all-gather (issued as a prefetch by
+ *             pre_forward(i-1)), then prefetches i+1: i+1's all-gather runs
+ *             while i computes. At most modules i and i+1 are unsharded.
+ *   backward: as stage 02 (unshard when needed, reduce-scatter on compute);
+ *             stage 04 overlaps it.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hw_fsdp.h"
+#include "util.h"
+
+/* One FSDP unit: a module and the flat layout of its parameters. */
+typedef struct {
+    Module *mod;
+    size_t shard_numel;   /* per-rank segment: sum of every param's padded shard */
+    size_t offsets[16];   /* where param j's padded shard starts in a segment */
+    float *ag_flat;       /* [world * shard_numel] all-gather output while in flight */
+    Event *ag_done;       /* recorded on the all-gather stream after the all-gather */
+    float *grad_shards;   /* [shard_numel] reduce-scatter output; DTensor.grad are views */
+} Group;
+
+struct Fsdp {
+    Dev *dev;
+    Model *model;
+    const DeviceMesh *mesh;
+    int rank, world;
+    Stream *compute, *ag_stream;
+    Event *shards_ready;  /* compute: the shards were last written (init, optimizer) */
+    AdamWConfig optim;
+    Group *groups;        /* [n_modules] */
+};
+
+/* Rows of a dim-0 split that rank r owns: torch.chunk gives every rank
+ * ceil(rows / world) rows until they run out (5 rows, 4 ranks: 2, 2, 1, 0). */
+static size_t chunk_rows(size_t rows, int world) { return (rows + (size_t)world - 1) / (size_t)world; }
+static size_t rows_of_rank(size_t rows, int world, int r) {
+    size_t chunk = chunk_rows(rows, world), start = chunk * (size_t)r;
+    return start >= rows ? 0 : (rows - start < chunk ? rows - start : chunk);
+}
+
+Fsdp *fsdp_init(const FsdpConfig *cfg) {
+    Fsdp *f = xcalloc(1, sizeof *f);
+    f->dev = cfg->dev;
+    f->model = cfg->model;
+    f->mesh = cfg->mesh;
+    f->rank = dev_rank(cfg->dev);
+    f->world = dev_world_size(cfg->dev);
+    f->compute = dev_compute_stream(cfg->dev);
+    f->optim = cfg->optim;
+    f->groups = xcalloc((size_t)f->model->n_modules, sizeof(Group));
+    for (int i = 0; i < f->model->n_modules; i++) {
+        Module *mod = &f->model->modules[i];
+        Group *g = &f->groups[i];
+        g->mod = mod;
+        mod->fsdp = g;
+        for (int j = 0; j < mod->n_params; j++) {
+            Param *p = &mod->params[j];
+            DTensor *dt = &p->dt;
+            dt->global_rows = p->shape[0];
+            dt->row_numel = p->numel / p->shape[0];
+            dt->padded_rows = chunk_rows(p->shape[0], f->world);
+            dt->local_rows = rows_of_rank(p->shape[0], f->world, f->rank);
+            dt->row_offset = dt->local_rows ? dt->padded_rows * (size_t)f->rank : p->shape[0];
+            dt->mesh = f->mesh;
+            dt->placement = PLACEMENT_SHARD0;
+            size_t padded = dt->padded_rows * dt->row_numel, local = dt->local_rows * dt->row_numel;
+            dt->local = dev_alloc_f32(f->dev, padded, MEM_PARAM_SHARD, p->name);
+            dev_memcpy_async(f->compute, dt->local, p->data + dt->row_offset * dt->row_numel, local * sizeof(float));
+            dev_memset_async(f->compute, dt->local + local, 0, (padded - local) * sizeof(float));
+            dev_free(f->dev, p->data); /* the full tensor is gone: only the shard remains */
+            p->data = NULL;
+            g->offsets[j] = g->shard_numel;
+            g->shard_numel += padded;
+        }
+    }
+    /* TODO(stage 03): create the all-gather stream and the events that order it with compute. */
+    hw_todo("create the all-gather stream and the events that order it with compute", "HANDOUT.md#stage-03");
+    return f;
+}
+
+static int is_unsharded(const Group *g) { return g->mod->params[0].data != NULL; }
+
+/* Issue g's all-gather on the all-gather stream (returns at once): copy-in
+ * this rank's padded shards into its segment of the flat output, all-gather
+ * in place, record ag_done. The output is [r0: p0|p1|..][r1: p0|p1|..].. */
+static void issue_all_gather(Fsdp *f, Group *g) {
+    if (g->ag_flat || is_unsharded(g)) return; /* already in flight or done */
+    Module *mod = g->mod;
+    /* TODO(stage 03): copy-in + all-gather on the all-gather stream, after the shards are ready; record ag_done. */
+    hw_todo("copy-in + all-gather on the all-gather stream, after the shards are ready; record ag_done", "HANDOUT.md#stage-03");
+}
+
+/* Make g's params usable by compute: the compute stream waits for the
+ * all-gather, then copies each param's rows out of every rank's segment. */
+static void wait_all_gather(Fsdp *f, Group *g) {
+    if (!g->ag_flat) return;
+    Module *mod = g->mod;
+    /* TODO(stage 03): compute waits on ag_done, copy-out into each Param.data, free the flat buffer. */
+    hw_todo("compute waits on ag_done, copy-out into each Param.data, free the flat buffer", "HANDOUT.md#stage-03");
+}
+
+/* reshard: free the unsharded params; the DTensor shards stay. */
+static void reshard(Fsdp *f, Group *g) {
+    for (int j = 0; j < g->mod->n_params; j++) {
+        dev_free(f->dev, g->mod->params[j].data);
+        g->mod->params[j].data = NULL;
+    }
+}
+
+/* reduce-scatter: row r of the (world, S) input holds chunk r of every grad
+ * (FSDP2's chunk-cat, zero padded); rank r receives the average of row r. */
+static void reduce_grads(Fsdp *f, Group *g) {
+    Module *mod = g->mod;
+    size_t S = g->shard_numel;
+    char name[64];
+    snprintf(name, sizeof name, "%s.reduce_scatter_input", mod->name);
+    float *in = dev_alloc_f32(f->dev, S * (size_t)f->world, MEM_COMM_BUFFER, name);
+    dev_memset_async(f->compute, in, 0, S * (size_t)f->world * sizeof(float));
+    for (int j = 0; j < mod->n_params; j++) {
+        Param *p = &mod->params[j];
+        size_t chunk = p->dt.padded_rows, rn = p->dt.row_numel;
+        for (int r = 0; r < f->world; r++) {
+            size_t rows = rows_of_rank(p->shape[0], f->world, r);
+            if (rows)
+                dev_memcpy_async(f->compute, in + (size_t)r * S + g->offsets[j], p->grad + chunk * (size_t)r * rn,
+                                 rows * rn * sizeof(float));
+        }
+        dev_free(f->dev, p->grad); /* the unsharded grad is not needed any more */
+        p->grad = NULL;
+    }
+    snprintf(name, sizeof name, "%s.grad_shards", mod->name);
+    g->grad_shards = dev_alloc_f32(f->dev, S, MEM_GRAD_SHARD, name);
+    coll_reduce_scatter(f->dev, in, g->grad_shards, S, RED_AVG, f->compute, mod->name);
+    dev_free(f->dev, in);
+    for (int j = 0; j < mod->n_params; j++) mod->params[j].dt.grad = g->grad_shards + g->offsets[j];
+}
+
+void fsdp_pre_forward(Fsdp *f, Module *mod) {
+    Group *g = mod->fsdp;
+    /* TODO(stage 03): unshard (unless prefetched), wait, then prefetch the next module in forward order. */
+    hw_todo("unshard (unless prefetched), wait, then prefetch the next module in forward order", "HANDOUT.md#stage-03");
+}
+
+void fsdp_post_forward(Fsdp *f, Module *mod) { reshard(f, mod->fsdp); }
+
+void fsdp_pre_backward(Fsdp *f, Module *mod) {
+    Group *g = mod->fsdp;
+    issue_all_gather(f, g); /* no backward prefetch yet: stage 04 */
+    wait_all_gather(f, g);
+}
+
+void fsdp_post_backward(Fsdp *f, Module *mod) {
+    reduce_grads(f, mod->fsdp);
+    reshard(f, mod->fsdp);
+}
+
+void fsdp_finish_backward(Fsdp *f) {
+    (void)f; /* reduce-scatters run on the compute stream: already ordered before the optimizer */
+}
+
+float fsdp_optimizer_step(Fsdp *f, float lr, int t) {
+    Model *m = f->model;
+    float *sumsq = dev_alloc_f32(f->dev, 1, MEM_TEMP, "grad_norm.sumsq");
+    dev_memset_async(f->compute, sumsq, 0, sizeof(float));
+    for (int i = 0; i < m->n_modules; i++)
+        for (int j = 0; j < m->modules[i].n_params; j++) {
+            DTensor *dt = &m->modules[i].params[j].dt;
+            launch_sumsq_accumulate(f->compute, sumsq, dt->grad, dt->local_rows * dt->row_numel);
+        }
+    coll_all_reduce(f->dev, sumsq, sumsq, 1, RED_SUM, f->compute, "grad_norm");
+    for (int i = 0; i < m->n_modules; i++) {
+        for (int j = 0; j < m->modules[i].n_params; j++) {
+            Param *p = &m->modules[i].params[j];
+            DTensor *dt = &p->dt;
+            size_t n = dt->local_rows * dt->row_numel;
+            if (!dt->exp_avg) { /* optimizer state is created at the first step, sharded like the param */
+                dt->exp_avg = dev_alloc_f32(f->dev, n, MEM_OPTIM_STATE, p->name);
+                dt->exp_avg_sq = dev_alloc_f32(f->dev, n, MEM_OPTIM_STATE, p->name);
+                dev_memset_async(f->compute, dt->exp_avg, 0, n * sizeof(float));
+                dev_memset_async(f->compute, dt->exp_avg_sq, 0, n * sizeof(float));
+            }
+            launch_adamw(f->compute, dt->local, dt->grad, dt->exp_avg, dt->exp_avg_sq, n, &f->optim, lr, t, sumsq);
+            dt->grad = NULL;
+        }
+        dev_free(f->dev, f->groups[i].grad_shards); /* zero_grad(set_to_none=True) */
+        f->groups[i].grad_shards = NULL;
+    }
+    /* TODO(stage 03): the next all-gathers must read the updated shards. */
+    hw_todo("the next all-gathers must read the updated shards", "HANDOUT.md#stage-03");
+    float host_sumsq = 0;
+    dev_memcpy_async(f->compute, &host_sumsq, sumsq, sizeof(float));
+    dev_stream_synchronize(f->compute);
+    dev_free(f->dev, sumsq);
+    return sqrtf(host_sumsq);
+}
+
+void fsdp_destroy(Fsdp *f) {
+    Model *m = f->model;
+    dev_synchronize(f->dev);
+    for (int i = 0; i < m->n_modules; i++) {
+        Group *g = &f->groups[i];
+        for (int j = 0; j < m->modules[i].n_params; j++) {
+            Param *p = &m->modules[i].params[j];
+            dev_free(f->dev, p->data);
+            dev_free(f->dev, p->dt.local);
+            dev_free(f->dev, p->dt.exp_avg);
+            dev_free(f->dev, p->dt.exp_avg_sq);
+            p->data = p->dt.local = p->dt.exp_avg = p->dt.exp_avg_sq = NULL;
+        }
+        dev_free(f->dev, g->ag_flat);
+        dev_free(f->dev, g->grad_shards);
+        if (g->ag_done) dev_event_destroy(g->ag_done);
+    }
+    if (f->shards_ready) dev_event_destroy(f->shards_ready);
+    free(f->groups);
+    free(f);
+}

@@ -39,7 +39,7 @@ SOL_BIN    := $(patsubst %,$(BUILD)/solutions/%/train,$(SOLUTIONS))
 STAGE_BIN  := $(patsubst %,$(BUILD)/stages/%/train,$(STAGES))
 BASELINE   := $(BUILD)/baseline/train
 
-.PHONY: impl all detect run test test-c test-py grade reference plots handout bench clean tsan asan
+.PHONY: starters impl all detect run test test-c test-py grade reference plots handout bench clean tsan asan
 
 all: detect $(LIB) $(BASELINE) $(SOL_BIN) $(STAGE_BIN) $(TEST_BIN)
 
@@ -85,6 +85,35 @@ impl: $(BUILD)/common/train_main.o $(LIB)
 	@test -n "$(SRC)" -a -n "$(OUT)" || { echo "usage: make impl SRC=hw_fsdp.c OUT=binary"; exit 2; }
 	@mkdir -p $(dir $(OUT))
 	$(CC) $(CFLAGS) $(STARTER_CFLAGS) -o $(OUT) $(SRC) $(BUILD)/common/train_main.o $(LIB) $(LDFLAGS) $(LDLIBS)
+
+# ---- the main job -------------------------------------------------------------
+RUN_DIR   ?= runs/debugmodel
+RUN_FLAGS ?= --flavor debugmodel --world 4 --seq-len 128 --batch-size 2 --steps 30 --warmup-steps 5 \
+             --lr 3e-3 --link-gbps 20 --link-latency-us 20 --profile-steps 3
+run: all
+	$(BUILD)/solutions/04_backward_overlap/train $(RUN_FLAGS) --out $(RUN_DIR)
+	-$(PYTHON) tools/plots.py $(RUN_DIR)
+	@echo "run directory: $(RUN_DIR) (open trace.json in https://ui.perfetto.dev, memory_rank0.pickle in https://pytorch.org/memory_viz)"
+
+# ---- tests ----------------------------------------------------------------------
+test: all
+	$(PYTHON) tools/make_starters.py --check
+	$(PYTHON) -m pytest -q -p no:cacheprovider tests
+
+plots:
+	@test -n "$(RUN)" || { echo "usage: make plots RUN=dir [REF=dir]"; exit 2; }
+	$(PYTHON) tools/plots.py $(RUN) $(if $(REF),--ref $(REF))
+
+starters:
+	$(PYTHON) tools/make_starters.py
+
+# The student tree: everything but solutions/ (and the mutants built from them).
+handout: all
+	@rm -rf $(BUILD)/handout && mkdir -p $(BUILD)/handout/hwfsdp dist
+	git ls-files | grep -v -E '^(solutions/|tests/mutants/|tests/test_solutions|tests/test_grader)' | \
+	  tar -cf - -T - | tar -xf - -C $(BUILD)/handout/hwfsdp
+	tar -czf dist/hwfsdp-handout.tar.gz -C $(BUILD)/handout hwfsdp
+	@echo "wrote dist/hwfsdp-handout.tar.gz ($$(du -h dist/hwfsdp-handout.tar.gz | cut -f1))"
 
 clean:
 	rm -rf $(BUILD)

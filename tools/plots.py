@@ -1,0 +1,186 @@
+#!/usr/bin/env python3
+"""Pictures of a run directory (written by `train --out DIR`).
+
+    plots.py RUN [--ref REF_RUN] [--out DIR] [--step N] [--rank R]
+
+writes into DIR (default RUN/plots):
+  loss.png      loss and grad norm per step (dashed: the reference run)
+  timeline.png  one row per (rank, stream) for one step: compute, copies,
+                collectives and waits — overlap at a glance
+  memory.png    rank R's allocated bytes over the run (host order), stacked by
+                tag, with the peak marked
+Needs matplotlib (Debian: python3-matplotlib).
+"""
+import argparse
+import glob
+import json
+import os
+import sys
+
+
+def load_metrics(run):
+    path = os.path.join(run, "metrics.jsonl")
+    rows = []
+    with open(path) as fh:
+        for line in fh:
+            line = line.strip()
+            if line:
+                rows.append(json.loads(line))
+    return rows
+
+
+def plot_loss(plt, run, ref, out):
+    rows = load_metrics(run)
+    ref_rows = load_metrics(ref) if ref else []
+    has_gn = any(r.get("grad_norm") is not None for r in rows)
+    fig, axes = plt.subplots(1, 2 if has_gn else 1, figsize=(11 if has_gn else 6, 4), squeeze=False)
+    ax = axes[0][0]
+    ax.plot([r["step"] for r in rows], [r["loss"] for r in rows], "o-", label=os.path.basename(run.rstrip("/")))
+    if ref_rows:
+        ax.plot([r["step"] for r in ref_rows], [r["loss"] for r in ref_rows], "k--", label="reference")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title("loss")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    if has_gn:
+        ax = axes[0][1]
+        ax.plot([r["step"] for r in rows], [r["grad_norm"] for r in rows], "o-", label="run")
+        if ref_rows and any(r.get("grad_norm") is not None for r in ref_rows):
+            ax.plot([r["step"] for r in ref_rows], [r["grad_norm"] for r in ref_rows], "k--", label="reference")
+        ax.set_xlabel("step")
+        ax.set_ylabel("grad norm (before clipping)")
+        ax.set_title("grad norm")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "loss.png"), dpi=110)
+    plt.close(fig)
+
+
+CAT_COLORS = {"compute": "#4C72B0", "copy": "#8C8C8C", "collective": "#DD8452", "wait": "#C44E52",
+              "event": "#55A868", "memset": "#B0B0B0"}
+
+
+def load_trace(run):
+    events = []
+    names = {}
+    files = sorted(glob.glob(os.path.join(run, "trace_rank*.json")))
+    if not files and os.path.exists(os.path.join(run, "trace.json")):
+        files = [os.path.join(run, "trace.json")]
+    for path in files:
+        with open(path) as fh:
+            doc = json.load(fh)
+        for e in doc.get("traceEvents", []):
+            if e.get("ph") == "X":
+                events.append(e)
+            elif e.get("ph") == "M" and e.get("name") == "thread_name":
+                names[(e["pid"], e["tid"])] = e["args"]["name"]
+    return events, names
+
+
+def plot_timeline(plt, run, out, step):
+    events, names = load_trace(run)
+    if not events:
+        print("no trace events in %s: skipping timeline.png" % run)
+        return
+    steps = sorted({e.get("args", {}).get("step", -1) for e in events if e.get("args", {}).get("step", -1) >= 0})
+    if step is None:
+        step = steps[len(steps) // 2] if steps else -1  # a step in the middle: past warm-up
+    sel = [e for e in events if e.get("args", {}).get("step", -1) == step] or events
+    t0 = min(e["ts"] for e in sel)
+    rows = sorted({(e["pid"], e["tid"]) for e in sel})
+    fig, ax = plt.subplots(figsize=(13, 0.45 * len(rows) + 1.5))
+    for y, key in enumerate(rows):
+        for e in sel:
+            if (e["pid"], e["tid"]) != key:
+                continue
+            ax.broken_barh([((e["ts"] - t0) / 1000.0, max(e["dur"], 1) / 1000.0)], (y - 0.4, 0.8),
+                           facecolors=CAT_COLORS.get(e.get("cat"), "#999999"))
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels(["rank %d %s" % (p, names.get((p, t), "stream %d" % t)) for p, t in rows])
+    ax.invert_yaxis()
+    ax.set_xlabel("ms since the step began")
+    ax.set_title("stream timeline, step %d (collectives orange, compute blue, waits red)" % step)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in CAT_COLORS.values()]
+    ax.legend(handles, list(CAT_COLORS.keys()), loc="upper right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "timeline.png"), dpi=110)
+    plt.close(fig)
+
+
+def plot_memory(plt, run, out, rank):
+    path = os.path.join(run, "memory_rank%d.json" % rank)
+    if not os.path.exists(path):
+        print("no %s: skipping memory.png" % path)
+        return
+    with open(path) as fh:
+        snap = json.load(fh)
+    tags = snap.get("tags") or []
+    live = {}
+    by_tag = {t: 0 for t in tags}
+    xs, series = [], {t: [] for t in tags}
+    for e in snap.get("events", []):
+        act = e.get("action")
+        if act == "alloc":
+            live[e["addr"]] = (e["tag"], e["size"])
+            by_tag[e["tag"]] = by_tag.get(e["tag"], 0) + e["size"]
+        elif act == "free" and e["addr"] in live:
+            tag, size = live.pop(e["addr"])
+            by_tag[tag] -= size
+        else:
+            continue
+        for t in by_tag:
+            series.setdefault(t, [0] * len(xs))
+        xs.append(len(xs))
+        for t in series:
+            series[t].append(by_tag.get(t, 0) / 2**20)
+    if not xs:
+        print("no allocation events in %s: skipping memory.png" % path)
+        return
+    used = [t for t in series if max(series[t]) > 0]
+    fig, ax = plt.subplots(figsize=(12, 4.5))
+    ax.stackplot(xs, [series[t] for t in used], labels=used, step="post")
+    total = [sum(series[t][i] for t in used) for i in range(len(xs))]
+    peak_i = max(range(len(xs)), key=lambda i: total[i])
+    ax.axhline(total[peak_i], color="k", lw=0.8, ls="--")
+    ax.annotate("peak %.2f MiB" % total[peak_i], (peak_i, total[peak_i]), textcoords="offset points",
+                xytext=(5, 5))
+    ax.set_xlabel("allocator event (host order)")
+    ax.set_ylabel("MiB allocated")
+    ax.set_title("rank %d memory by tag" % rank)
+    ax.legend(loc="upper left", fontsize=8, ncol=3)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "memory.png"), dpi=110)
+    plt.close(fig)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("run")
+    ap.add_argument("--ref", help="reference run directory for the loss plot")
+    ap.add_argument("--out", help="output directory (default RUN/plots)")
+    ap.add_argument("--step", type=int, help="step to draw in the timeline (default: a middle traced step)")
+    ap.add_argument("--rank", type=int, default=0)
+    a = ap.parse_args()
+    if not os.path.exists(os.path.join(a.run, "metrics.jsonl")):
+        print("error: %s has no metrics.jsonl (is it a run directory from train --out?)" % a.run, file=sys.stderr)
+        return 2
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("error: matplotlib is missing (Debian: apt-get install python3-matplotlib)", file=sys.stderr)
+        return 2
+    out = a.out or os.path.join(a.run, "plots")
+    os.makedirs(out, exist_ok=True)
+    plot_loss(plt, a.run, a.ref, out)
+    plot_timeline(plt, a.run, out, a.step)
+    plot_memory(plt, a.run, out, a.rank)
+    print("wrote plots to %s" % out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -310,6 +310,11 @@ static float *act(Q *q, size_t n, const char *what) {
     snprintf(nm, sizeof nm, "%s.%s", q->mod, what);
     return dev_alloc_f32(q->dev, n, MEM_ACTIVATION, nm);
 }
+static float *temp(Q *q, size_t n, const char *what) {
+    char nm[64];
+    snprintf(nm, sizeof nm, "%s.%s", q->mod, what);
+    return dev_alloc_f32(q->dev, n, MEM_TEMP, nm);
+}
 static float *zeros(Q *q, size_t n, const char *what) {
     char nm[64];
     snprintf(nm, sizeof nm, "%s.%s", q->mod, what);
@@ -505,7 +510,7 @@ void module_backward(Model *m, Module *mod, ModelRun *run) {
         float *datt = zeros(&q, N * H * hd, "datt");
         matmul_bwd_q(&q, "wo_bwd", datt, P[P_WO].grad, dh, A->att, P[P_WO].data, N, H * hd, D);
         float *dq = zeros(&q, N * H * hd, "dq"), *dk = zeros(&q, N * KV * hd, "dk"), *dv = zeros(&q, N * KV * hd, "dv");
-        float *scratch = zeros(&q, run->T, "att_scratch");
+        float *scratch = temp(&q, run->T * run->T, "att_scratch");
         AttBwdArgs ab = {dq, dk, dv, scratch, datt, A->q, A->k, A->v, A->probs, run->B, run->T, H, KV, hd};
         dev_launch(run->stream, "attention_bwd", k_att_bwd, &ab, sizeof ab);
         rope_q(&q, dq, run, H, hd, 1);

@@ -5,8 +5,10 @@
  *   - every size and offset is a size_t (no int overflow on big tensors);
  *   - every *_backward ACCUMULATES (+=) into its gradient buffers;
  *   - deterministic: each reduction runs in a fixed order, matmuls go through
- *     OpenBLAS cblas_sgemm (whose threads split the output, not the sum), and
- *     nothing here is compiled with -ffast-math or uses OpenMP.
+ *     OpenBLAS cblas_sgemm, nothing uses -ffast-math or OpenMP. Two runs
+ *     give the same bits for the same OpenBLAS thread count; a different
+ *     thread count may change sgemm's last bits (OpenBLAS 0.3.21 on this
+ *     machine: dweight differs between 1 and 2 threads).
  * The comments give the math next to the code; x, w, g are one row of the
  * input, the weight and the upstream gradient dL/dout.
  */
@@ -222,9 +224,8 @@ void attention_forward(float *out, float *probs, const float *q, const float *k,
  *   dQ  += scale * dS K                              (sgemm)
  *   dK  += scale * dS^T Q                            (sgemm)
  * Heads sharing a kv head add into dK, dV in head order h = 0..H-1.
- * The T x T buffer for dP/dS is allocated here, once per call (see the note
- * on `scratch` in the report: the T floats of ops.h cannot hold it); scratch
- * keeps the row sums sum_j P dP. */
+ * The sgemm products need all of dS (T x T) at once: that is `scratch`, which
+ * the caller allocates (so the device allocator counts it). */
 void attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
                         const float *v, const float *probs, float *scratch, size_t B, size_t T, size_t H, size_t KV,
                         size_t hd) {
@@ -234,8 +235,7 @@ void attention_backward(float *dq, float *dk, float *dv, const float *dout, cons
     float scale = 1.0f / sqrtf((float)hd);
     blasint t_ = blas_dim(T, "attention"), hd_ = blas_dim(hd, "attention");
     blasint qs = blas_dim(H * hd, "attention"), ks = blas_dim(KV * hd, "attention");
-    if (T > SIZE_MAX / sizeof(float) / T) fatal("attention_backward: T = %zu is too large", T);
-    float *dS = xmalloc(T * T * sizeof(float));
+    float *dS = scratch; /* [T, T] */
     for (size_t b = 0; b < B; b++) {
         for (size_t h = 0; h < H; h++) {
             size_t kh = h / group;
@@ -252,7 +252,6 @@ void attention_backward(float *dq, float *dk, float *dv, const float *dout, cons
                 float *ds = dS + t * T;
                 float dot = 0.0f;
                 for (size_t j = 0; j <= t; j++) dot += p[j] * ds[j];
-                scratch[t] = dot;
                 for (size_t j = 0; j <= t; j++) ds[j] = p[j] * (ds[j] - dot);
                 for (size_t j = t + 1; j < T; j++) ds[j] = 0.0f;
             }
@@ -263,7 +262,6 @@ void attention_backward(float *dq, float *dk, float *dv, const float *dout, cons
                         dk + koff, ks);
         }
     }
-    free(dS);
 }
 
 /* --------------------------------------------------------------------- swiglu */

@@ -7,6 +7,8 @@
  * Gradient convention: every *_backward ACCUMULATES (+=) into the gradient
  * buffers it is given (dinp, dweight, ...); callers zero them first. This is
  * what lets residual branches and shared inputs add their contributions.
+ * (rope_backward is the exception: it transforms its buffer in place.)
+ * Bitwise determinism holds for a fixed OpenBLAS thread count.
  *
  * Shapes: N = rows (B*T tokens), D = model dim, H = heads, KV = kv heads,
  * hd = head dim, F = FFN hidden, V = vocab. Sizes are size_t throughout.
@@ -48,7 +50,7 @@ void rope_backward(float *dx, const float *cos_tab, const float *sin_tab, size_t
  * mask (entries above the diagonal are 0), saved for the backward. */
 void attention_forward(float *out, float *probs, const float *q, const float *k, const float *v,
                        size_t B, size_t T, size_t H, size_t KV, size_t hd);
-/* dq, dk, dv accumulate. scratch needs T floats. */
+/* dq, dk, dv accumulate. scratch: T*T floats of workspace (dS of one head). */
 void attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
                         const float *v, const float *probs, float *scratch, size_t B, size_t T, size_t H, size_t KV,
                         size_t hd);

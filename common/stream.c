@@ -3,6 +3,7 @@
 #include "device_internal.h"
 #include "util.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 

@@ -405,7 +405,7 @@ static void attention_grad_case(size_t B, size_t T, size_t H, size_t KV, size_t 
     rng_seed(&r, seed);
     size_t nq = B * T * H * hd, nk = B * T * KV * hd;
     float *q = frandn(&r, nq, 1.0f), *k = frandn(&r, nk, 1.0f), *v = frandn(&r, nk, 1.0f), *G = frandn(&r, nq, 1.0f);
-    float *out = fzeros(nq), *probs = fzeros(B * H * T * T), *scratch = fzeros(T);
+    float *out = fzeros(nq), *probs = fzeros(B * H * T * T), *scratch = fzeros(T * T);
     float *dq = fzeros(nq), *dk = fzeros(nk), *dv = fzeros(nk);
     attention_forward(out, probs, q, k, v, B, T, H, KV, hd);
     AttCtx c = {B, T, H, KV, hd, to_double(q, nq), to_double(k, nk), to_double(v, nk), to_double(G, nq), dzeros(nq)};
@@ -578,7 +578,7 @@ TEST(backward_accumulates) {
     { /* attention (GQA: dk, dv also sum over the heads of a group) */
         const size_t B = 2, T = 6, H = 4, KV = 2, hd = 4, nq = B * T * H * hd, nk = B * T * KV * hd;
         float *q = frandn(&r, nq, 1.0f), *k = frandn(&r, nk, 1.0f), *v = frandn(&r, nk, 1.0f), *G = frandn(&r, nq, 1.0f);
-        float *out = fzeros(nq), *probs = fzeros(B * H * T * T), *scr = fzeros(T);
+        float *out = fzeros(nq), *probs = fzeros(B * H * T * T), *scr = fzeros(T * T);
         attention_forward(out, probs, q, k, v, B, T, H, KV, hd);
         float *dq1 = fzeros(nq), *dk1 = fzeros(nk), *dv1 = fzeros(nk);
         float *dq2 = fzeros(nq), *dk2 = fzeros(nk), *dv2 = fzeros(nk);
@@ -891,7 +891,7 @@ TEST(determinism) {
     SAME("rope_forward", o[0], o[1], nq);
     SAME("rope_backward", g1[0], g1[1], nq);
     for (int run = 0; run < 2; run++) {
-        o[run] = fzeros(nq), aux[run] = fzeros(B * H * T * T), aux2[run] = fzeros(T);
+        o[run] = fzeros(nq), aux[run] = fzeros(B * H * T * T), aux2[run] = fzeros(T * T);
         g1[run] = fzeros(nq), g2[run] = fzeros(nk), g3[run] = fzeros(nk);
         attention_forward(o[run], aux[run], q, k, v, B, T, H, KV, hd);
         attention_backward(g1[run], g2[run], g3[run], G, q, k, v, aux[run], aux2[run], B, T, H, KV, hd);

@@ -1,0 +1,50 @@
+"""Shared helpers for the Python tests: where things are, how to run a training binary."""
+import glob
+import json
+import os
+import subprocess
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BUILD = os.path.join(ROOT, "build")
+BASELINE = os.path.join(BUILD, "baseline", "train")
+SOLUTIONS = sorted(d for d in os.listdir(os.path.join(ROOT, "solutions")) if d[:2].isdigit())
+CORPUS = os.path.join(ROOT, "data", "corpus.txt")
+
+
+def solution_bin(stage):
+    """build/solutions/NN_x/train for stage 'NN'."""
+    for d in SOLUTIONS:
+        if d.startswith(stage):
+            return os.path.join(BUILD, "solutions", d, "train")
+    raise KeyError(stage)
+
+
+def run_train(binary, out, *flags, timeout=300, check=True, env=None, launcher=()):
+    """Run a training binary into run directory `out`; return the CompletedProcess."""
+    cmd = list(launcher) + [binary, "--out", str(out), "--quiet", "--data", CORPUS] + [str(f) for f in flags]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
+    if check and p.returncode != 0:
+        raise AssertionError("%s failed (%d):\n%s\n%s" % (" ".join(cmd), p.returncode, p.stdout[-2000:], p.stderr[-2000:]))
+    return p
+
+
+def metrics(out):
+    with open(os.path.join(str(out), "metrics.jsonl")) as fh:
+        return [json.loads(l) for l in fh if l.strip()]
+
+
+def snapshot(out, rank=0):
+    with open(os.path.join(str(out), "memory_rank%d.json" % rank)) as fh:
+        return json.load(fh)
+
+
+def trace_events(out):
+    events = []
+    for path in sorted(glob.glob(os.path.join(str(out), "trace_rank*.json"))):
+        with open(path) as fh:
+            events += [e for e in json.load(fh)["traceEvents"] if e.get("ph") == "X"]
+    return events
+
+
+def rel(a, b):
+    return abs(a - b) / max(abs(b), 1e-12)

@@ -1,0 +1,706 @@
+/* test_runtime.c — unit tests of the execution runtime (common/device.h).
+ *
+ *   ./test_runtime                 every test
+ *   ./test_runtime NAME            one test
+ *   ./test_runtime --write-artifacts DIR   a small 2-rank run that writes traces and snapshots
+ *   ./test_runtime --misuse KIND   a deliberate misuse (tests/test_runtime_misuse.py checks the error)
+ *
+ * Rank functions run on several threads; TCHECK serializes the harness. White-box
+ * checks (deferred frees, trace records) read the private structs of device_internal.h. */
+#include "check.h"
+#include "device.h"
+#include "device_internal.h"
+#include "util.h"
+
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static pthread_mutex_t test_mu = PTHREAD_MUTEX_INITIALIZER;
+#define TCHECK(...)                        \
+    do {                                   \
+        pthread_mutex_lock(&test_mu);      \
+        CHECK(__VA_ARGS__);                \
+        pthread_mutex_unlock(&test_mu);    \
+    } while (0)
+
+static WorldConfig config(int n) {
+    WorldConfig c = {0};
+    c.world_size = n;
+    c.backend = BACKEND_LOCAL;
+    c.blas_threads = 1;
+    return c;
+}
+
+static void run_world(WorldConfig c, void (*fn)(Dev *, void *), void *arg) {
+    World *w = world_create(&c);
+    world_run(w, fn, arg);
+    world_destroy(w);
+}
+
+static void sleep_ms(double ms) {
+    struct timespec ts = {(time_t)(ms / 1000), (long)((ms - (double)(time_t)(ms / 1000) * 1000) * 1e6)};
+    nanosleep(&ts, NULL);
+}
+
+/* ------------------------------------------------------------- kernels */
+
+typedef struct {
+    int *log;
+    int *pos;
+    int value;
+} AppendArgs;
+static void k_append(void *p) {
+    AppendArgs *a = p;
+    a->log[(*a->pos)++] = a->value;
+}
+
+typedef struct {
+    double ms;
+    volatile int *flag; /* set after sleeping (ordered by the runtime's sync, not by volatile) */
+    int value;
+} SleepSetArgs;
+static void k_sleep_set(void *p) {
+    SleepSetArgs *a = p;
+    sleep_ms(a->ms);
+    if (a->flag) *a->flag = a->value;
+}
+
+typedef struct {
+    const volatile int *src;
+    int *dst;
+} ReadArgs;
+static void k_read(void *p) {
+    ReadArgs *a = p;
+    *a->dst = *a->src;
+}
+
+typedef struct {
+    double *t;
+} StampArgs;
+static void k_stamp(void *p) { *((StampArgs *)p)->t = now_us(); }
+
+typedef struct {
+    double ms;
+    const float *buf;
+    float *out;
+} SleepReadArgs;
+static void k_sleep_read(void *p) {
+    SleepReadArgs *a = p;
+    sleep_ms(a->ms);
+    *a->out = a->buf[0];
+}
+
+/* ---------------------------------------------------------------- tests */
+
+static void rank_fifo(Dev *d, void *arg) {
+    (void)arg;
+    enum { N = 2000 };
+    int *log = calloc(N, sizeof *log), pos = 0;
+    Stream *s = dev_compute_stream(d);
+    TCHECK(stream_index(s) == 0 && strcmp(stream_name(s), "compute") == 0, "compute stream is index 0");
+    Stream *t = dev_stream_create(d, "side");
+    TCHECK(stream_index(t) == 1 && strcmp(stream_name(t), "side") == 0, "second stream is index 1");
+    for (int i = 0; i < N; i++) {
+        AppendArgs a = {log, &pos, i};
+        dev_launch(s, "append", k_append, &a, sizeof a);
+    }
+    dev_stream_synchronize(s);
+    int ok = pos == N;
+    for (int i = 0; i < N && ok; i++) ok = log[i] == i;
+    TCHECK(ok, "ops ran in FIFO order (pos %d)", pos);
+    free(log);
+}
+TEST(stream_fifo) { run_world(config(1), rank_fifo, NULL); }
+
+static void rank_event_wait(Dev *d, void *arg) {
+    (void)arg;
+    Stream *a = dev_compute_stream(d), *b = dev_stream_create(d, "b"), *c = dev_stream_create(d, "c");
+    Event *e = dev_event_create(d, "a_done");
+    volatile int x = 0;
+    int seen_b = -1, seen_c = -1;
+    SleepSetArgs ss = {60, &x, 1};
+    dev_launch(a, "slow_write", k_sleep_set, &ss, sizeof ss);
+    dev_event_record(e, a);
+    dev_stream_wait_event(b, e);
+    ReadArgs rb = {&x, &seen_b};
+    dev_launch(b, "read_after_wait", k_read, &rb, sizeof rb);
+    ReadArgs rc = {&x, &seen_c};
+    dev_launch(c, "read_no_wait", k_read, &rc, sizeof rc);
+    dev_stream_synchronize(c);
+    TCHECK(seen_c == 0, "without a wait, stream c runs before a's write (saw %d)", seen_c);
+    dev_stream_synchronize(b);
+    TCHECK(seen_b == 1, "after the wait, stream b sees a's write (saw %d)", seen_b);
+    /* the wait is traced as a "wait" slice on b */
+    pthread_mutex_lock(&d->trace_mu);
+    int found = 0;
+    for (size_t i = 0; i < d->n_trace; i++)
+        if (strcmp(d->trace[i].cat, "wait") == 0 && strcmp(d->trace[i].name, "wait:a_done") == 0 && d->trace[i].stream == 1 &&
+            d->trace[i].dur > 20000)
+            found = 1;
+    pthread_mutex_unlock(&d->trace_mu);
+    TCHECK(found, "wait slice recorded on stream b");
+    dev_event_destroy(e);
+}
+TEST(event_wait_across_streams) {
+    WorldConfig c = config(1);
+    c.trace = 1;
+    run_world(c, rank_event_wait, NULL);
+}
+
+/* A wait refers to the record made before it, not to later ones. */
+static void rank_wait_uses_earlier_record(Dev *d, void *arg) {
+    (void)arg;
+    Stream *a = dev_compute_stream(d), *b = dev_stream_create(d, "b");
+    Event *e = dev_event_create(d, "e");
+    dev_event_record(e, a); /* record #1: completes at once */
+    dev_stream_wait_event(b, e);
+    SleepSetArgs ss = {150, NULL, 0};
+    dev_launch(a, "slow", k_sleep_set, &ss, sizeof ss);
+    dev_event_record(e, a); /* record #2: after 150 ms; must not delay b */
+    double t0 = now_us(), tb = 0;
+    StampArgs st = {&tb};
+    dev_launch(b, "stamp", k_stamp, &st, sizeof st);
+    dev_stream_synchronize(b);
+    TCHECK(tb - t0 < 100000, "b waited for a later record (%.0f us)", tb - t0);
+    TCHECK(dev_event_query(e) == 0, "record #2 not reached yet");
+    dev_event_synchronize(e);
+    TCHECK(dev_event_query(e) == 1, "record #2 reached after event sync");
+    TCHECK(now_us() - t0 > 140000, "event sync waited for the slow op");
+    dev_event_destroy(e);
+}
+TEST(wait_uses_record_before_it) { run_world(config(1), rank_wait_uses_earlier_record, NULL); }
+
+static void rank_host_sync(Dev *d, void *arg) {
+    (void)arg;
+    Stream *s[3] = {dev_compute_stream(d), dev_stream_create(d, "s1"), dev_stream_create(d, "s2")};
+    volatile int flags[3] = {0, 0, 0};
+    for (int i = 0; i < 3; i++) {
+        SleepSetArgs a = {20.0 + 10 * i, &flags[i], i + 1};
+        dev_launch(s[i], "sleep_set", k_sleep_set, &a, sizeof a);
+    }
+    dev_stream_synchronize(s[0]);
+    TCHECK(flags[0] == 1, "stream sync waited for its op");
+    dev_synchronize(d);
+    TCHECK(flags[1] == 2 && flags[2] == 3, "dev_synchronize waited for every stream");
+    /* event query / sync */
+    Event *e = dev_event_create(d, "q");
+    volatile int f = 0;
+    SleepSetArgs a = {40, &f, 7};
+    dev_launch(s[1], "sleep_set", k_sleep_set, &a, sizeof a);
+    dev_event_record(e, s[1]);
+    TCHECK(dev_event_query(e) == 0, "query before completion is 0");
+    dev_event_synchronize(e);
+    TCHECK(f == 7 && dev_event_query(e) == 1, "event sync waited; query is 1");
+    /* destroying an event with a queued record is safe */
+    dev_launch(s[2], "sleep_set", k_sleep_set, &a, sizeof a);
+    Event *g = dev_event_create(d, "g");
+    dev_event_record(g, s[2]);
+    dev_stream_wait_event(s[0], g);
+    dev_event_destroy(g);
+    dev_synchronize(d);
+    dev_event_destroy(e);
+}
+TEST(host_sync_and_query) { run_world(config(1), rank_host_sync, NULL); }
+
+static void rank_alloc_counts(Dev *d, void *arg) {
+    (void)arg;
+    Stream *s = dev_compute_stream(d);
+    SleepSetArgs busy = {30, NULL, 0};
+    dev_launch(s, "busy", k_sleep_set, &busy, sizeof busy); /* counts follow host order even while busy */
+    TCHECK(dev_mem_current(d) == 0 && dev_mem_peak(d) == 0, "starts empty");
+    void *a = dev_alloc(d, 1000, MEM_PARAM_SHARD, "a");
+    float *b = dev_alloc_f32(d, 100, MEM_ACTIVATION, "b");
+    void *c = dev_alloc(d, 24, MEM_ACTIVATION, "c");
+    TCHECK(((uintptr_t)a % 64) == 0 && ((uintptr_t)b % 64) == 0 && ((uintptr_t)c % 64) == 0, "64-byte aligned");
+    TCHECK(dev_mem_current(d) == 1424, "current %zu", dev_mem_current(d));
+    TCHECK(dev_mem_current_by_tag(d, MEM_PARAM_SHARD) == 1000, "param_shard");
+    TCHECK(dev_mem_current_by_tag(d, MEM_ACTIVATION) == 424, "activation %zu", dev_mem_current_by_tag(d, MEM_ACTIVATION));
+    dev_free(d, b);
+    TCHECK(dev_mem_current(d) == 1024 && dev_mem_peak(d) == 1424, "free counts at once: %zu / %zu", dev_mem_current(d),
+           dev_mem_peak(d));
+    TCHECK(dev_mem_current_by_tag(d, MEM_ACTIVATION) == 24, "activation after free");
+    dev_mem_reset_peak(d);
+    TCHECK(dev_mem_peak(d) == 1024, "peak reset to current");
+    void *e = dev_alloc(d, 5000, MEM_TEMP, "e");
+    dev_free(d, e);
+    TCHECK(dev_mem_peak(d) == 6024 && dev_mem_current(d) == 1024, "new peak %zu", dev_mem_peak(d));
+    void *z1 = dev_alloc(d, 0, MEM_TEMP, "z1"), *z2 = dev_alloc(d, 0, MEM_TEMP, "z2");
+    TCHECK(z1 && z2 && z1 != z2, "0-byte allocations are unique and non-NULL");
+    dev_free(d, z1);
+    dev_free(d, z2);
+    dev_free(d, NULL);
+    dev_free(d, a);
+    dev_free(d, c);
+    TCHECK(dev_mem_current(d) == 0, "all freed");
+    for (int t = 0; t < MEM_TAG_COUNT; t++) TCHECK(dev_mem_current_by_tag(d, (MemTag)t) == 0, "tag %d empty", t);
+    TCHECK(strcmp(mem_tag_name(MEM_UNSHARDED_PARAM), "unsharded_param") == 0 && strcmp(mem_tag_name(MEM_TEMP), "temp") == 0,
+           "tag names");
+    /* the memory log holds every alloc/free in host order with a running total */
+    size_t cur = 0;
+    uint64_t last_seq = 0;
+    int ok = 1;
+    for (size_t i = 0; i < d->n_mev; i++) {
+        const MemEvent *m = &d->mev[i];
+        if (m->kind == MEV_FREE_DONE) continue;
+        ok &= m->seq > last_seq;
+        last_seq = m->seq;
+        if (m->kind == MEV_ALLOC) cur += m->size;
+        if (m->kind == MEV_FREE) cur -= m->size;
+        ok &= m->current_bytes == cur;
+    }
+    TCHECK(ok, "memory log replays to the counts");
+}
+TEST(allocator_counts) { run_world(config(1), rank_alloc_counts, NULL); }
+
+static void rank_stream_safe(Dev *d, void *arg) {
+    (void)arg;
+    Stream *side = dev_stream_create(d, "side");
+    float *buf = dev_alloc_f32(d, 1024, MEM_COMM_BUFFER, "buf");
+    for (int i = 0; i < 1024; i++) buf[i] = 42.0f;
+    float seen = 0;
+    SleepReadArgs a = {80, buf, &seen};
+    dev_launch(side, "sleep_read", k_sleep_read, &a, sizeof a);
+    uint64_t deferred0 = d->frees_deferred, released0 = d->frees_released;
+    dev_free(d, buf);
+    TCHECK(dev_mem_current(d) == 0, "free counted at once");
+    TCHECK(d->frees_deferred == deferred0 + 1, "free was deferred");
+    TCHECK(d->frees_released == released0, "storage not released while the op runs");
+    TCHECK(dev_mem_live_size_containing(d, buf) == 0, "no longer live");
+    /* new allocations (poisoned) must not reuse buf's storage yet */
+    int reused = 0;
+    void *fresh[16];
+    for (int i = 0; i < 16; i++) {
+        fresh[i] = dev_alloc(d, 4096, MEM_TEMP, "fresh");
+        reused |= fresh[i] == (void *)buf;
+    }
+    TCHECK(!reused, "storage reused while a stream may still read it");
+    TCHECK(d->frees_released == released0, "still not released");
+    dev_synchronize(d);
+    TCHECK(seen == 42.0f, "the op read intact data (%g)", seen);
+    TCHECK(d->frees_released == released0 + 1, "released after the stream finished");
+    for (int i = 0; i < 16; i++) dev_free(d, fresh[i]);
+    /* a free with idle streams is released at once */
+    void *q = dev_alloc(d, 10, MEM_TEMP, "q");
+    uint64_t r1 = d->frees_released;
+    dev_free(d, q);
+    TCHECK(d->frees_released == r1 + 1, "idle free released at once");
+}
+TEST(stream_safe_free) {
+    WorldConfig c = config(1);
+    c.poison = 1;
+    run_world(c, rank_stream_safe, NULL);
+}
+
+static void rank_containing(Dev *d, void *arg) {
+    (void)arg;
+    enum { N = 3000 };
+    char **p = malloc(N * sizeof *p);
+    size_t *sz = malloc(N * sizeof *sz);
+    for (int i = 0; i < N; i++) {
+        sz[i] = 1 + (size_t)(i * 37 % 500);
+        p[i] = dev_alloc(d, sz[i], (MemTag)(i % MEM_TAG_COUNT), "x");
+    }
+    int ok = 1;
+    for (int i = 0; i < N; i++) {
+        ok &= dev_mem_live_size_containing(d, p[i]) == sz[i];
+        ok &= dev_mem_live_size_containing(d, p[i] + sz[i] - 1) == sz[i];
+        ok &= dev_mem_live_size_containing(d, p[i] + sz[i] / 2) == sz[i];
+    }
+    TCHECK(ok, "start, middle and last byte found");
+    int local = 0;
+    TCHECK(dev_mem_live_size_containing(d, &local) == 0, "stack address is not an allocation");
+    for (int i = 0; i < N; i += 2) dev_free(d, p[i]);
+    ok = 1;
+    for (int i = 0; i < N; i++) ok &= dev_mem_live_size_containing(d, p[i]) == (i % 2 ? sz[i] : 0);
+    TCHECK(ok, "freed allocations are not found, live ones are");
+    for (int i = 1; i < N; i += 2) dev_free(d, p[i]);
+    TCHECK(dev_mem_current(d) == 0 && d->n_live == 0, "empty");
+    /* speed: tens of thousands of allocations with thousands live */
+    double t0 = now_us();
+    for (int round = 0; round < 20; round++) {
+        for (int i = 0; i < N; i++) p[i] = dev_alloc(d, 256, MEM_ACTIVATION, "act");
+        for (int i = 0; i < N; i++) (void)dev_mem_live_size_containing(d, p[(i * 7) % N] + 100);
+        for (int i = N - 1; i >= 0; i--) dev_free(d, p[i]);
+    }
+    double ms = (now_us() - t0) / 1000;
+    TCHECK(ms < 3000, "60000 alloc/free + lookups took %.0f ms", ms);
+    free(p);
+    free(sz);
+}
+TEST(live_size_containing) { run_world(config(1), rank_containing, NULL); }
+
+static void rank_poison(Dev *d, void *arg) {
+    (void)arg;
+    float *f = dev_alloc_f32(d, 1000, MEM_TEMP, "p");
+    int ok = 1;
+    for (int i = 0; i < 1000; i++) {
+        uint32_t bits;
+        memcpy(&bits, &f[i], 4);
+        ok &= isnan(f[i]) && bits == 0x7fc00000u;
+    }
+    TCHECK(ok, "fresh memory is NaN");
+    dev_free(d, f);
+}
+TEST(poison_nan) {
+    WorldConfig c = config(2);
+    c.poison = 1;
+    run_world(c, rank_poison, NULL);
+}
+
+static void rank_host_exchange(Dev *d, void *arg) {
+    (void)arg;
+    int n = dev_world_size(d);
+    for (int round = 0; round < 50; round++) {
+        double out[WORLD_MAX_RANKS];
+        dev_host_allgather_f64(d, dev_rank(d) * 1.5 + round, out);
+        int ok = 1;
+        for (int r = 0; r < n; r++) ok &= out[r] == r * 1.5 + round;
+        TCHECK(ok, "host allgather round %d", round);
+    }
+    dev_host_barrier(d);
+}
+TEST(host_allgather) { run_world(config(4), rank_host_exchange, NULL); }
+
+/* ----------------------------------------------------------- collectives */
+
+/* Deterministic inputs of every rank, with magnitudes that make the
+ * summation order visible in the last bits. */
+static float input(int rank, size_t i, int salt) {
+    uint64_t h = (uint64_t)(rank + 1) * 0x9E3779B97F4A7C15ull ^ (uint64_t)(i + 1) * 0xBF58476D1CE4E5B9ull ^ (uint64_t)salt * 0x94D049BB133111EBull;
+    h ^= h >> 29;
+    h *= 0xBF58476D1CE4E5B9ull;
+    h ^= h >> 32;
+    float u = (float)(h & 0xffffff) / 16777216.0f - 0.5f;
+    float scale = (h >> 24) & 1 ? 1e4f : 1e-3f;
+    return u * scale;
+}
+
+static float reduce_expected(int n, size_t i, int salt, RedOp op) {
+    float acc = input(0, i, salt);
+    for (int r = 1; r < n; r++) acc += input(r, i, salt);
+    if (op == RED_AVG) acc /= (float)n;
+    return acc;
+}
+
+static int bits_equal(const float *a, const float *b, size_t n) { return n == 0 || memcmp(a, b, n * sizeof(float)) == 0; }
+
+static void rank_collectives(Dev *d, void *arg) {
+    (void)arg;
+    const int n = dev_world_size(d), me = dev_rank(d);
+    Stream *s = dev_compute_stream(d), *t = dev_stream_create(d, "ag");
+    const size_t counts[] = {7, 1, 0, 1000};
+    int salt = 0;
+    for (size_t ci = 0; ci < sizeof counts / sizeof *counts; ci++) {
+        const size_t c = counts[ci];
+        /* all_gather, out of place, on stream t */
+        salt++;
+        float *send = dev_alloc_f32(d, c, MEM_COMM_BUFFER, "send");
+        float *recv = dev_alloc_f32(d, c * (size_t)n, MEM_COMM_BUFFER, "recv");
+        float *exp = malloc((c * (size_t)n + 1) * sizeof(float));
+        for (size_t i = 0; i < c; i++) send[i] = input(me, i, salt);
+        for (int r = 0; r < n; r++)
+            for (size_t i = 0; i < c; i++) exp[(size_t)r * c + i] = input(r, i, salt);
+        coll_all_gather(d, send, recv, c, t, "ag_test");
+        /* meanwhile a reduce_scatter on the compute stream (its own rendezvous) */
+        int salt_rs = ++salt;
+        float *rs_in = dev_alloc_f32(d, c * (size_t)n, MEM_COMM_BUFFER, "rs_in");
+        float *rs_out = dev_alloc_f32(d, c, MEM_COMM_BUFFER, "rs_out");
+        float *rs_avg = dev_alloc_f32(d, c, MEM_COMM_BUFFER, "rs_avg");
+        for (size_t i = 0; i < c * (size_t)n; i++) rs_in[i] = input(me, i, salt_rs);
+        coll_reduce_scatter(d, rs_in, rs_out, c, RED_SUM, s, "rs_test");
+        coll_reduce_scatter(d, rs_in, rs_avg, c, RED_AVG, s, "rs_test");
+        dev_synchronize(d);
+        TCHECK(bits_equal(recv, exp, c * (size_t)n), "all_gather n=%d c=%zu", n, c);
+        float *e2 = malloc((c + 1) * sizeof(float)), *e3 = malloc((c + 1) * sizeof(float));
+        for (size_t i = 0; i < c; i++) {
+            e2[i] = reduce_expected(n, (size_t)me * c + i, salt_rs, RED_SUM);
+            e3[i] = reduce_expected(n, (size_t)me * c + i, salt_rs, RED_AVG);
+        }
+        TCHECK(bits_equal(rs_out, e2, c), "reduce_scatter sum n=%d c=%zu", n, c);
+        TCHECK(bits_equal(rs_avg, e3, c), "reduce_scatter avg n=%d c=%zu", n, c);
+
+        /* in-place all_gather: send is this rank's slice of recv */
+        salt++;
+        for (size_t i = 0; i < c; i++) recv[(size_t)me * c + i] = input(me, i, salt);
+        coll_all_gather(d, recv + (size_t)me * c, recv, c, t, "ag_inplace");
+        dev_stream_synchronize(t);
+        for (int r = 0; r < n; r++)
+            for (size_t i = 0; i < c; i++) exp[(size_t)r * c + i] = input(r, i, salt);
+        TCHECK(bits_equal(recv, exp, c * (size_t)n), "in-place all_gather n=%d c=%zu", n, c);
+
+        /* all_reduce, out of place and in place, sum and avg */
+        for (int op = 0; op < 2; op++)
+            for (int inplace = 0; inplace < 2; inplace++) {
+                salt++;
+                float *in = dev_alloc_f32(d, c, MEM_TEMP, "ar_in");
+                float *out = inplace ? in : dev_alloc_f32(d, c, MEM_TEMP, "ar_out");
+                for (size_t i = 0; i < c; i++) in[i] = input(me, i, salt);
+                coll_all_reduce(d, in, out, c, (RedOp)op, s, "ar_test");
+                dev_stream_synchronize(s);
+                for (size_t i = 0; i < c; i++) e2[i] = reduce_expected(n, i, salt, (RedOp)op);
+                TCHECK(bits_equal(out, e2, c), "all_reduce n=%d c=%zu op=%d inplace=%d", n, c, op, inplace);
+                dev_free(d, in);
+                if (!inplace) dev_free(d, out);
+            }
+
+        /* broadcast from every root */
+        for (int root = 0; root < n; root++) {
+            salt++;
+            for (size_t i = 0; i < c; i++) send[i] = input(me, i, salt);
+            coll_broadcast(d, send, c, root, t, "bc_test");
+            dev_stream_synchronize(t);
+            for (size_t i = 0; i < c; i++) e2[i] = input(root, i, salt);
+            TCHECK(bits_equal(send, e2, c), "broadcast n=%d c=%zu root=%d", n, c, root);
+        }
+        coll_barrier(d, s, "barrier_test");
+        coll_barrier(d, t, "barrier_test");
+        dev_synchronize(d);
+        free(exp);
+        free(e2);
+        free(e3);
+        dev_free(d, send);
+        dev_free(d, recv);
+        dev_free(d, rs_in);
+        dev_free(d, rs_out);
+        dev_free(d, rs_avg);
+    }
+}
+TEST(collectives_world_1_to_5) {
+    for (int n = 1; n <= 5; n++) {
+        WorldConfig c = config(n);
+        c.poison = 1;
+        run_world(c, rank_collectives, NULL);
+    }
+}
+
+/* Rank-order sums differ from other orders: make sure the test would notice. */
+TEST(rank_order_matters) {
+    int differs = 0;
+    for (size_t i = 0; i < 1000 && !differs; i++) {
+        float fwd = reduce_expected(5, i, 3, RED_SUM);
+        float rev = input(4, i, 3);
+        for (int r = 3; r >= 0; r--) rev += input(r, i, 3);
+        differs = memcmp(&fwd, &rev, 4) != 0;
+    }
+    CHECK(differs, "inputs are too tame to detect a wrong summation order");
+}
+
+typedef struct {
+    size_t send_count;
+    double elapsed_us;
+    double trace_dur_us;
+} LinkArgs;
+
+static void rank_link(Dev *d, void *arg) {
+    LinkArgs *la = arg;
+    const int n = dev_world_size(d);
+    float *send = dev_alloc_f32(d, la->send_count, MEM_COMM_BUFFER, "send");
+    float *recv = dev_alloc_f32(d, la->send_count * (size_t)n, MEM_COMM_BUFFER, "recv");
+    memset(send, 0, la->send_count * sizeof(float));
+    Stream *s = dev_compute_stream(d);
+    coll_barrier(d, s, "warmup");
+    dev_synchronize(d);
+    dev_host_barrier(d);
+    double t0 = now_us();
+    coll_all_gather(d, send, recv, la->send_count, s, "link");
+    dev_synchronize(d);
+    double el = now_us() - t0;
+    if (dev_rank(d) == 0) {
+        la->elapsed_us = el;
+        pthread_mutex_lock(&d->trace_mu);
+        for (size_t i = 0; i < d->n_trace; i++)
+            if (strcmp(d->trace[i].cat, "collective") == 0 && strcmp(d->trace[i].prefix, "link") == 0)
+                la->trace_dur_us = d->trace[i].dur;
+        pthread_mutex_unlock(&d->trace_mu);
+    }
+    dev_free(d, send);
+    dev_free(d, recv);
+}
+
+TEST(link_model_timing) {
+    const int n = 4;
+    WorldConfig c = config(n);
+    c.link_gbps = 1.0;
+    c.link_latency_us = 100;
+    c.trace = 1;
+    LinkArgs la = {625000, 0, 0}; /* output S = 10 MB */
+    run_world(c, rank_link, &la);
+    double S = (double)la.send_count * n * 4;
+    double model = (double)(n - 1) / n * S / (1e9 / 8) * 1e6 + (n - 1) * 100.0;
+    CHECK(model >= 50000, "modeled time too short to measure: %.0f us", model);
+    double ratio = la.elapsed_us / model;
+    CHECK(ratio >= 0.9 && ratio <= 1.5, "all_gather took %.0f us, model %.0f us (ratio %.2f)", la.elapsed_us, model, ratio);
+    CHECK(la.trace_dur_us >= 0.9 * model, "traced duration %.0f us", la.trace_dur_us);
+    printf("  link model: %.1f ms measured, %.1f ms modeled\n", la.elapsed_us / 1000, model / 1000);
+
+    /* link model off: a 1 MB collective is fast */
+    WorldConfig f = config(n);
+    LinkArgs fast = {65536, 0, 0};
+    run_world(f, rank_link, &fast);
+    CHECK(fast.elapsed_us < 50000, "1 MB all_gather without link model took %.0f us", fast.elapsed_us);
+}
+
+/* Scope and names reach the trace; tracing can be switched off. */
+static void rank_trace(Dev *d, void *arg) {
+    (void)arg;
+    Stream *s = dev_compute_stream(d);
+    dev_set_scope(d, 3, "block2", "forward");
+    TCHECK(dev_scope_step(d) == 3 && strcmp(dev_scope_module(d), "block2") == 0 &&
+           strcmp(dev_scope_phase(d), "forward") == 0, "scope getters");
+    SleepSetArgs a = {1, NULL, 0};
+    dev_launch(s, "matmul", k_sleep_set, &a, sizeof a);
+    float *buf = dev_alloc_f32(d, 64, MEM_TEMP, "buf");
+    dev_memset_async(s, buf, 0, 256);
+    coll_all_reduce(d, buf, buf, 64, RED_SUM, s, "block2");
+    dev_set_tracing(d, 0);
+    dev_launch(s, "hidden", k_sleep_set, &a, sizeof a);
+    dev_set_tracing(d, 1);
+    dev_synchronize(d);
+    int saw_op = 0, saw_coll = 0, saw_hidden = 0, saw_copy = 0;
+    pthread_mutex_lock(&d->trace_mu);
+    for (size_t i = 0; i < d->n_trace; i++) {
+        TraceRec *r = &d->trace[i];
+        if (strcmp(r->name, "matmul") == 0 && strcmp(r->prefix, "block2") == 0 && r->step == 3 &&
+            strcmp(r->phase, "forward") == 0 && strcmp(r->cat, "compute") == 0 && r->dur >= 900)
+            saw_op = 1;
+        if (strcmp(r->name, "all_reduce") == 0 && strcmp(r->cat, "collective") == 0 && r->bytes == 256) saw_coll = 1;
+        if (strcmp(r->name, "memset") == 0 && strcmp(r->cat, "copy") == 0 && r->bytes == 256) saw_copy = 1;
+        if (strcmp(r->name, "hidden") == 0) saw_hidden = 1;
+    }
+    pthread_mutex_unlock(&d->trace_mu);
+    TCHECK(saw_op && saw_coll && saw_copy && !saw_hidden, "trace records: op %d coll %d copy %d hidden %d", saw_op, saw_coll,
+           saw_copy, saw_hidden);
+    dev_free(d, buf);
+}
+TEST(trace_records) {
+    WorldConfig c = config(2);
+    c.trace = 1;
+    run_world(c, rank_trace, NULL);
+}
+
+/* ------------------------------------------------------ artifacts mode */
+
+static void k_noop(void *p) { (void)p; }
+
+static void rank_artifacts(Dev *d, void *arg) {
+    const char *dir = arg;
+    Stream *c = dev_compute_stream(d), *ag = dev_stream_create(d, "all_gather"), *rs = dev_stream_create(d, "reduce_scatter");
+    Event *ev = dev_event_create(d, "ag_done");
+    const int n = dev_world_size(d);
+    float *shard = dev_alloc_f32(d, 1024, MEM_PARAM_SHARD, "layers.0.wq.weight");
+    float *opt = dev_alloc_f32(d, 2048, MEM_OPTIM_STATE, "exp_avg");
+    memset(shard, 0, 4096);
+    for (int step = 0; step < 2; step++) {
+        dev_set_scope(d, step, "block0", "pre_forward");
+        float *full = dev_alloc_f32(d, 1024 * (size_t)n, MEM_UNSHARDED_PARAM, "block0.flat");
+        coll_all_gather(d, shard, full, 1024, ag, "block0");
+        dev_event_record(ev, ag);
+        dev_stream_wait_event(c, ev);
+        dev_set_scope(d, step, "block0", "forward");
+        float *act = dev_alloc_f32(d, 4096, MEM_ACTIVATION, "block0.out");
+        dev_launch(c, "matmul", k_noop, NULL, 0);
+        dev_memcpy_async(c, act, full, 1024 * sizeof(float));
+        dev_set_scope(d, step, "block0", "post_forward");
+        dev_free(d, full);
+        char f[128];
+        snprintf(f, sizeof f, "\"step\":%d,\"module\":\"block0\",\"hook\":\"post_forward\",\"live_unsharded_param_bytes\":0", step);
+        dev_mem_note(d, "hook_check", f);
+        dev_set_scope(d, step, "block0", "post_backward");
+        float *g = dev_alloc_f32(d, 1024 * (size_t)n, MEM_UNSHARDED_GRAD, "block0.grad");
+        float *gs = dev_alloc_f32(d, 1024, MEM_GRAD_SHARD, "block0.grad_shard");
+        dev_memset_async(c, g, 0, 1024 * (size_t)n * sizeof(float));
+        dev_event_record(ev, c);
+        dev_stream_wait_event(rs, ev);
+        coll_reduce_scatter(d, g, gs, 1024, RED_AVG, rs, "block0");
+        dev_free(d, g);
+        dev_free(d, act);
+        dev_free(d, gs);
+    }
+    dev_synchronize(d);
+    dev_write_artifacts(d, dir);
+    dev_event_destroy(ev);
+    dev_free(d, shard);
+    (void)opt; /* stays live: shows in live_at_end and the pickle's segments */
+}
+
+/* ---------------------------------------------------------- misuse mode */
+
+static void rank_misuse_event(Dev *d, void *arg) {
+    Event *e = dev_event_create(d, "ag_done");
+    dev_stream_wait_event(dev_compute_stream(d), e);
+}
+static void rank_misuse_event_sync(Dev *d, void *arg) { dev_event_synchronize(dev_event_create(d, "rs_done")); }
+static void rank_misuse_double_free(Dev *d, void *arg) {
+    void *p = dev_alloc(d, 100, MEM_TEMP, "x");
+    dev_free(d, p);
+    dev_free(d, p);
+}
+static void rank_misuse_foreign(Dev *d, void *arg) {
+    char *p = dev_alloc(d, 100, MEM_TEMP, "x");
+    dev_free(d, p + 8);
+}
+static void rank_misuse_mismatch(Dev *d, void *arg) {
+    int me = dev_rank(d);
+    Stream *ag = dev_stream_create(d, "ag");
+    float *buf = dev_alloc_f32(d, 200000, MEM_COMM_BUFFER, "buf");
+    for (int k = 0; k < 14; k++) coll_all_gather(d, buf, buf + 65536, 16, ag, "warm");
+    if (me == 2) coll_reduce_scatter(d, buf, buf + 100000, 16384, RED_SUM, ag, "block3");
+    else coll_all_gather(d, buf, buf + 65536, 32768 / 4, ag, "block2");
+    dev_synchronize(d);
+}
+
+static int misuse(const char *kind) {
+    void (*fn)(Dev *, void *) = NULL;
+    WorldConfig c = config(1);
+    if (strcmp(kind, "event") == 0) fn = rank_misuse_event;
+    else if (strcmp(kind, "event_sync") == 0) fn = rank_misuse_event_sync;
+    else if (strcmp(kind, "double_free") == 0) fn = rank_misuse_double_free;
+    else if (strcmp(kind, "foreign_free") == 0) fn = rank_misuse_foreign;
+    else if (strcmp(kind, "mismatch") == 0) {
+        fn = rank_misuse_mismatch;
+        c = config(3);
+    } else if (strcmp(kind, "world0") == 0) c = config(0);
+    else if (strcmp(kind, "world_big") == 0) c = config(WORLD_MAX_RANKS + 1);
+    else if (strcmp(kind, "mpi_no_support") == 0) {
+        c.backend = BACKEND_MPI;
+#ifdef HAVE_MPI
+        printf("mpi supported\n");
+        return 0;
+#endif
+    } else {
+        fprintf(stderr, "unknown misuse kind %s\n", kind);
+        return 1;
+    }
+    World *w = world_create(&c);
+    if (fn) world_run(w, fn, NULL);
+    world_destroy(w);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc > 2 && strcmp(argv[1], "--write-artifacts") == 0) {
+        WorldConfig c = config(2);
+        c.trace = 1;
+        run_world(c, rank_artifacts, argv[2]);
+        return 0;
+    }
+    if (argc > 2 && strcmp(argv[1], "--misuse") == 0) return misuse(argv[2]);
+    CHECK_MAIN_ARGS(argc, argv);
+    RUN(stream_fifo);
+    RUN(event_wait_across_streams);
+    RUN(wait_uses_record_before_it);
+    RUN(host_sync_and_query);
+    RUN(allocator_counts);
+    RUN(stream_safe_free);
+    RUN(live_size_containing);
+    RUN(poison_nan);
+    RUN(host_allgather);
+    RUN(rank_order_matters);
+    RUN(collectives_world_1_to_5);
+    RUN(link_model_timing);
+    RUN(trace_records);
+    return check_summary();
+}

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 static const char *const KIND_NAMES[] = {"all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier"};
 
@@ -43,6 +44,11 @@ static void check_agreement(Stream *s, uint64_t seq, const CollDesc *descs, int 
         describe(one, sizeof one, r, &descs[r]);
         len += (size_t)snprintf(msg + len, cap - len, "%s%s", r ? "; " : "", one);
     }
+#ifdef HAVE_MPI
+    /* every process sees the mismatch: let rank 0 say it once (mpirun then
+     * stops the job); the others report too if the job is still alive later */
+    if (s->dev->world->cfg.backend == BACKEND_MPI && s->dev->rank != 0) sleep(5);
+#endif
     fatal("%s", msg);
 }
 

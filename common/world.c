@@ -83,8 +83,10 @@ World *world_create(const WorldConfig *cfg) {
         int size = 0, rank = 0;
         MPI_Comm_size(MPI_COMM_WORLD, &size);
         MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-        if (size != cfg->world_size)
+        if (size != cfg->world_size) {
+            if (rank != 0) sleep(5); /* one message (rank 0's); mpirun then stops the job */
             fatal("--world %d but mpirun started %d processes", cfg->world_size, size);
+        }
         MPI_Comm_dup(MPI_COMM_WORLD, &w->host_comm);
         w->local_ranks = 1;
         w->first_local_rank = rank;

@@ -278,13 +278,13 @@ T1 = {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]}
 DATA24 = np.arange(6, dtype="<f4").tobytes()
 
 
-@pytest.mark.parametrize("name,content,message", [
+BAD_ST = [
     ("short", b"\x10\x00\x00\x00",
      "file is 4 bytes, too short for a safetensors file (needs an 8-byte header length)"),
     ("hlen", st_bytes({"a": T1}, DATA24, header_len=1000),
-     "header length 1000 is larger than the file (88 bytes after the 8-byte length)"),
+     "header length 1000 is larger than the file (96 bytes after the 8-byte length)"),
     ("badjson", st_bytes(b'{"a": {"dtype": "F32",, }}'),
-     "header is not valid JSON (unexpected character at header byte 22)"),
+     "header is not valid JSON (expected a string at header byte 22)"),
     ("notobject", st_bytes(b'[1, 2, 3]'), "header is not a JSON object"),
     ("f16", st_bytes({"a": {"dtype": "F16", "shape": [2], "data_offsets": [0, 4]}}, b"\0" * 4),
      "tensor 'a' has dtype F16, only F32 is supported"),
@@ -303,7 +303,12 @@ DATA24 = np.arange(6, dtype="<f4").tobytes()
     ("negshape", st_bytes({"a": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}}, b"\0" * 8),
      "tensor 'a' has a shape entry that is not a non-negative integer"),
     ("meta", st_bytes({"__metadata__": {"step": 3}}), "__metadata__ value 'step' is not a string"),
-])
+    ("trailing", st_bytes(b'{"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}} x', b"\0" * 4),
+     "header is not valid JSON (trailing characters after the header object at header byte 62)"),
+]
+
+
+@pytest.mark.parametrize("name,content,message", BAD_ST, ids=[c[0] for c in BAD_ST])
 def test_bad_safetensors(probe, tmp_path, name, content, message):
     p = tmp_path / f"{name}.safetensors"
     p.write_bytes(content)

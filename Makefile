@@ -39,7 +39,7 @@ SOL_BIN    := $(patsubst %,$(BUILD)/solutions/%/train,$(SOLUTIONS))
 STAGE_BIN  := $(patsubst %,$(BUILD)/stages/%/train,$(STAGES))
 BASELINE   := $(BUILD)/baseline/train
 
-.PHONY: starters impl all detect run test test-c test-py grade reference plots handout bench clean tsan asan
+.PHONY: tsan asan run plots handout starters impl all detect run test test-c test-py grade reference plots handout bench clean tsan asan
 
 all: detect $(LIB) $(BASELINE) $(SOL_BIN) $(STAGE_BIN) $(TEST_BIN)
 
@@ -115,5 +115,28 @@ handout: all
 	tar -czf dist/hwfsdp-handout.tar.gz -C $(BUILD)/handout hwfsdp
 	@echo "wrote dist/hwfsdp-handout.tar.gz ($$(du -h dist/hwfsdp-handout.tar.gz | cut -f1))"
 
+# ---- sanitizers (own build directories; CI runs both) -------------------------------
+SAN_BINS = tests/test_runtime tests/test_model tests/test_ops tests/test_io baseline/train \
+           $(patsubst %,solutions/%/train,$(SOLUTIONS))
+SAN_RUN  = --flavor tiny --seq-len 32 --batch-size 2 --steps 3 --blas-threads 1 --data data/corpus.txt --quiet
+tsan:
+	$(MAKE) -s BUILD=build-tsan OPT=-O1 EXTRA_CFLAGS=-fsanitize=thread EXTRA_LDFLAGS=-fsanitize=thread \
+	  $(addprefix build-tsan/,$(SAN_BINS)) >/dev/null
+	@set -e; export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 OPENBLAS_NUM_THREADS=1; \
+	for t in test_runtime test_model; do echo "tsan: $$t"; build-tsan/tests/$$t | tail -1; done; \
+	for s in $(SOLUTIONS); do echo "tsan: $$s"; build-tsan/solutions/$$s/train $(SAN_RUN) --world 4 \
+	  $$(case $$s in 01*) echo --forward-only;; 05*) echo --ac;; 06*) echo --reshard-after-forward=false;; esac) \
+	  --link-gbps 5 --out build-tsan/runs/$$s; done
+	@echo "tsan: clean"
+asan:
+	$(MAKE) -s BUILD=build-asan OPT=-O1 EXTRA_CFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer" \
+	  EXTRA_LDFLAGS="-fsanitize=address,undefined" $(addprefix build-asan/,$(SAN_BINS)) >/dev/null
+	@set -e; export ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1; \
+	for t in test_runtime test_model test_ops test_io; do echo "asan: $$t"; build-asan/tests/$$t | tail -1; done; \
+	for s in $(SOLUTIONS); do echo "asan: $$s"; build-asan/solutions/$$s/train $(SAN_RUN) --world 3 \
+	  $$(case $$s in 01*) echo --forward-only;; 05*) echo --ac;; 06*) echo --reshard-after-forward=false;; esac) \
+	  --out build-asan/runs/$$s; done
+	@echo "asan: clean"
+
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) build-tsan build-asan

@@ -52,7 +52,8 @@ static void hdr_string(Hdr *h, char *out, size_t cap) {
     h->pos++;
     size_t k = 0;
     while (h->pos < h->len && h->s[h->pos] != (char)q) {
-        if (h->s[h->pos] == '\\' || k + 1 >= cap) hdr_fail(h, "unexpected string");
+        char c = h->s[h->pos];
+        if (c == '\\' || c < 0x20 || c > 0x7e || k + 1 >= cap) hdr_fail(h, "unexpected string");
         out[k++] = h->s[h->pos++];
     }
     if (h->pos >= h->len) hdr_fail(h, "unterminated string");

@@ -85,7 +85,29 @@ static char *jstring(JParser *p) {
             jfail(p, "control character in string");
         }
         enc[0] = c;
-        if (c == '\\') {
+        if (c >= 0x80) {
+            /* copy one UTF-8 sequence, rejecting malformed ones */
+            size_t len = c >= 0xF0 && c <= 0xF4 ? 4 : c >= 0xE0 ? 3 : c >= 0xC2 && c <= 0xDF ? 2 : 0;
+            if (len == 0 || p->len - (p->pos - 1) < len) {
+                p->pos--;
+                jfail(p, "invalid UTF-8 in string");
+            }
+            for (size_t i = 1; i < len; i++) {
+                unsigned char cc = (unsigned char)p->s[p->pos - 1 + i];
+                if ((cc & 0xC0) != 0x80) {
+                    p->pos--;
+                    jfail(p, "invalid UTF-8 in string");
+                }
+                enc[i] = cc;
+            }
+            if ((len == 3 && c == 0xE0 && enc[1] < 0xA0) || (len == 3 && c == 0xED && enc[1] >= 0xA0) ||
+                (len == 4 && c == 0xF0 && enc[1] < 0x90) || (len == 4 && c == 0xF4 && enc[1] >= 0x90)) {
+                p->pos--;
+                jfail(p, "invalid UTF-8 in string");
+            }
+            p->pos += len - 1;
+            ne = len;
+        } else if (c == '\\') {
             if (p->pos >= p->len) jfail(p, "unterminated string");
             char e = p->s[p->pos++];
             switch (e) {
@@ -225,6 +247,11 @@ static void jvalue(JParser *p, JVal *v) {
                 jws(p);
                 size_t key_at = p->pos;
                 char *key = jstring(p);
+                for (const char *q = key; *q; q++)
+                    if ((unsigned char)*q < 0x20 || *q == 0x7f) {
+                        p->pos = key_at;
+                        jfail(p, "control character in a key");
+                    }
                 for (size_t i = 0; i < v->n; i++)
                     if (!strcmp(v->keys[i], key)) {
                         p->pos = key_at;

@@ -59,22 +59,22 @@ static void k_append(void *p) {
 
 typedef struct {
     double ms;
-    volatile int *flag; /* set after sleeping (ordered by the runtime's sync, not by volatile) */
+    int *flag; /* set after sleeping (atomic: one test reads it unordered on purpose) */
     int value;
 } SleepSetArgs;
 static void k_sleep_set(void *p) {
     SleepSetArgs *a = p;
     sleep_ms(a->ms);
-    if (a->flag) *a->flag = a->value;
+    if (a->flag) __atomic_store_n(a->flag, a->value, __ATOMIC_RELAXED);
 }
 
 typedef struct {
-    const volatile int *src;
+    int *src;
     int *dst;
 } ReadArgs;
 static void k_read(void *p) {
     ReadArgs *a = p;
-    *a->dst = *a->src;
+    *a->dst = __atomic_load_n(a->src, __ATOMIC_RELAXED);
 }
 
 typedef struct {
@@ -119,7 +119,7 @@ static void rank_event_wait(Dev *d, void *arg) {
     (void)arg;
     Stream *a = dev_compute_stream(d), *b = dev_stream_create(d, "b"), *c = dev_stream_create(d, "c");
     Event *e = dev_event_create(d, "a_done");
-    volatile int x = 0;
+    int x = 0;
     int seen_b = -1, seen_c = -1;
     SleepSetArgs ss = {60, &x, 1};
     dev_launch(a, "slow_write", k_sleep_set, &ss, sizeof ss);
@@ -176,7 +176,7 @@ TEST(wait_uses_record_before_it) { run_world(config(1), rank_wait_uses_earlier_r
 static void rank_host_sync(Dev *d, void *arg) {
     (void)arg;
     Stream *s[3] = {dev_compute_stream(d), dev_stream_create(d, "s1"), dev_stream_create(d, "s2")};
-    volatile int flags[3] = {0, 0, 0};
+    int flags[3] = {0, 0, 0};
     for (int i = 0; i < 3; i++) {
         SleepSetArgs a = {20.0 + 10 * i, &flags[i], i + 1};
         dev_launch(s[i], "sleep_set", k_sleep_set, &a, sizeof a);
@@ -187,7 +187,7 @@ static void rank_host_sync(Dev *d, void *arg) {
     TCHECK(flags[1] == 2 && flags[2] == 3, "dev_synchronize waited for every stream");
     /* event query / sync */
     Event *e = dev_event_create(d, "q");
-    volatile int f = 0;
+    int f = 0;
     SleepSetArgs a = {40, &f, 7};
     dev_launch(s[1], "sleep_set", k_sleep_set, &a, sizeof a);
     dev_event_record(e, s[1]);
@@ -532,7 +532,12 @@ TEST(link_model_timing) {
     double model = (double)(n - 1) / n * S / (1e9 / 8) * 1e6 + (n - 1) * 100.0;
     CHECK(model >= 50000, "modeled time too short to measure: %.0f us", model);
     double ratio = la.elapsed_us / model;
-    CHECK(ratio >= 0.9 && ratio <= 1.5, "all_gather took %.0f us, model %.0f us (ratio %.2f)", la.elapsed_us, model, ratio);
+#ifdef __SANITIZE_THREAD__
+    double max_ratio = 20; /* TSan makes the 10 MB copies themselves slow */
+#else
+    double max_ratio = 1.5;
+#endif
+    CHECK(ratio >= 0.9 && ratio <= max_ratio, "all_gather took %.0f us, model %.0f us (ratio %.2f)", la.elapsed_us, model, ratio);
     CHECK(la.trace_dur_us >= 0.9 * model, "traced duration %.0f us", la.trace_dur_us);
     printf("  link model: %.1f ms measured, %.1f ms modeled\n", la.elapsed_us / 1000, model / 1000);
 
@@ -540,7 +545,7 @@ TEST(link_model_timing) {
     WorldConfig f = config(n);
     LinkArgs fast = {65536, 0, 0};
     run_world(f, rank_link, &fast);
-    CHECK(fast.elapsed_us < 50000, "1 MB all_gather without link model took %.0f us", fast.elapsed_us);
+    CHECK(fast.elapsed_us < 50000 * (max_ratio / 1.5), "1 MB all_gather without link model took %.0f us", fast.elapsed_us);
 }
 
 /* Scope and names reach the trace; tracing can be switched off. */

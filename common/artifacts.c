@@ -1,5 +1,6 @@
 /* artifacts.c — Chrome trace JSON, memory snapshot JSON, and a memory_viz
- * pickle written by hand with only the opcodes memory_viz's unpickler accepts. */
+ * pickle written by hand with only the opcodes memory_viz's unpickler accepts.
+ * The trace timestamps of every rank are relative to the World's epoch. */
 #include "device_internal.h"
 #include "util.h"
 
@@ -242,6 +243,18 @@ static void pk_dict_open(Buf *b) { buf_byte(b, PK_EMPTY_DICT); buf_byte(b, PK_MA
 static void pk_dict_close(Buf *b) { buf_byte(b, PK_SETITEMS); }
 static void pk_list_open(Buf *b) { buf_byte(b, PK_EMPTY_LIST); buf_byte(b, PK_MARK); }
 static void pk_list_close(Buf *b) { buf_byte(b, PK_APPENDS); }
+/* After each item of a long list: memory_viz appends a batch with JS spread
+ * syntax, which overflows for huge batches, so flush every 1000 items (as
+ * Python's pickler does). */
+static void pk_list_item(Buf *b, size_t *n) {
+    if (++*n % 1000 == 0) {
+        buf_byte(b, PK_APPENDS);
+        buf_byte(b, PK_MARK);
+    }
+}
+
+/* Storage behind an allocation of `bytes`: rounded up to 64, at least 64 (see dev_alloc). */
+static size_t real_size(size_t bytes) { return bytes ? (bytes + 63) / 64 * 64 : 64; }
 
 static void pk_key_str(Buf *b, const char *k, const char *v) { pk_str(b, k); pk_str(b, v); }
 static void pk_key_int(Buf *b, const char *k, int64_t v) { pk_str(b, k); pk_int(b, v); }
@@ -266,15 +279,16 @@ static void pk_frames(Buf *b, MemTag tag, const char *name, int step, const char
     pk_list_close(b);
 }
 
-static void pk_segments(Buf *b, const Alloc *a) {
+static void pk_segments(Buf *b, const Alloc *a, size_t *n) {
     if (!a) return;
-    pk_segments(b, a->left);
+    pk_segments(b, a->left, n);
+    size_t real = real_size(a->size);
     pk_dict_open(b);
     pk_key_int(b, "device", 0);
     pk_key_uint(b, "address", a->addr);
-    pk_key_uint(b, "total_size", a->size);
-    pk_key_uint(b, "allocated_size", a->size);
-    pk_key_uint(b, "active_size", a->size);
+    pk_key_uint(b, "total_size", real);
+    pk_key_uint(b, "allocated_size", real);
+    pk_key_uint(b, "active_size", real);
     pk_key_uint(b, "requested_size", a->size);
     pk_key_int(b, "stream", 0);
     pk_key_str(b, "segment_type", a->size < (1u << 20) ? "small" : "large");
@@ -290,7 +304,7 @@ static void pk_segments(Buf *b, const Alloc *a) {
     pk_list_open(b);
     pk_dict_open(b);
     pk_key_uint(b, "address", a->addr);
-    pk_key_uint(b, "size", a->size);
+    pk_key_uint(b, "size", real);
     pk_key_uint(b, "requested_size", a->size);
     pk_key_str(b, "state", "active_allocated");
     pk_str(b, "frames");
@@ -298,7 +312,22 @@ static void pk_segments(Buf *b, const Alloc *a) {
     pk_dict_close(b);
     pk_list_close(b);
     pk_dict_close(b);
-    pk_segments(b, a->right);
+    pk_list_item(b, n);
+    pk_segments(b, a->right, n);
+}
+
+/* One device_traces entry. */
+static void pk_trace_entry(Buf *b, const MemEvent *e, const char *action, size_t size, size_t *n) {
+    pk_dict_open(b);
+    pk_key_str(b, "action", action);
+    pk_key_uint(b, "addr", e->addr);
+    pk_key_uint(b, "size", size);
+    pk_key_int(b, "stream", 0);
+    pk_key_int(b, "time_us", (int64_t)e->time_us);
+    pk_str(b, "frames");
+    pk_frames(b, e->tag, e->name, e->step, e->module, e->phase);
+    pk_dict_close(b);
+    pk_list_item(b, n);
 }
 
 static void write_memory_pickle(const char *dir, Dev *d) {
@@ -307,25 +336,28 @@ static void write_memory_pickle(const char *dir, Dev *d) {
     buf_byte(&b, 2);
     pk_dict_open(&b);
     pk_str(&b, "segments");
+    size_t n = 0;
     pk_list_open(&b);
-    pk_segments(&b, d->live_root);
+    pk_segments(&b, d->live_root, &n);
     pk_list_close(&b);
     pk_str(&b, "device_traces");
     pk_list_open(&b);
     pk_list_open(&b);
+    /* Every allocation is its own segment (one aligned allocation each), so
+     * the "Allocator State History" view can place every block. Sizes of
+     * alloc/free entries are the requested bytes, as counted by dev_mem_*. */
+    n = 0;
     for (size_t i = 0; i < d->n_mev; i++) {
         const MemEvent *e = &d->mev[i];
-        if (e->kind == MEV_NOTE) continue;
-        const char *action = e->kind == MEV_ALLOC ? "alloc" : e->kind == MEV_FREE ? "free_requested" : "free_completed";
-        pk_dict_open(&b);
-        pk_key_str(&b, "action", action);
-        pk_key_uint(&b, "addr", e->addr);
-        pk_key_uint(&b, "size", e->size);
-        pk_key_int(&b, "stream", 0);
-        pk_key_int(&b, "time_us", (int64_t)e->time_us);
-        pk_str(&b, "frames");
-        pk_frames(&b, e->tag, e->name, e->step, e->module, e->phase);
-        pk_dict_close(&b);
+        if (e->kind == MEV_ALLOC) {
+            pk_trace_entry(&b, e, "segment_alloc", real_size(e->size), &n);
+            pk_trace_entry(&b, e, "alloc", e->size, &n);
+        } else if (e->kind == MEV_FREE) {
+            pk_trace_entry(&b, e, "free_requested", e->size, &n);
+        } else if (e->kind == MEV_FREE_DONE) {
+            pk_trace_entry(&b, e, "free_completed", e->size, &n);
+            pk_trace_entry(&b, e, "segment_free", real_size(e->size), &n);
+        }
     }
     pk_list_close(&b);
     pk_list_close(&b);

@@ -147,6 +147,14 @@ static void parse_args(int argc, char **argv, Options *o) {
             else fatal("--reshard-after-forward expects true or false, got '%s'", val);
             continue;
         }
+        static const char *const value_flags[] = {
+            "--flavor", "--dim", "--n-layers", "--n-heads", "--n-kv-heads", "--vocab-size", "--multiple-of",
+            "--ffn-dim-multiplier", "--seq-len", "--batch-size", "--steps", "--lr", "--warmup-steps",
+            "--weight-decay", "--max-norm", "--seed", "--data", "--load", "--save", "--save-init", "--out",
+            "--profile-steps", "--world", "--backend", "--link-gbps", "--link-latency-us", "--blas-threads"};
+        int known = 0;
+        for (size_t k = 0; k < sizeof value_flags / sizeof value_flags[0]; k++) known |= !strcmp(flag, value_flags[k]);
+        if (!known) fatal("unknown flag '%s' (see --help)", flag);
         if (!val) {
             if (i + 1 >= argc) fatal("flag %s needs a value (see --help)", flag);
             val = argv[++i];

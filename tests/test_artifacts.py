@@ -134,7 +134,9 @@ def test_pickle_structure(out):
         assert len(snap["device_traces"]) == 1
         trace = snap["device_traces"][0]
         actions = [e["action"] for e in trace]
-        assert set(actions) <= {"alloc", "free_requested", "free_completed"}
+        assert set(actions) <= {"segment_alloc", "alloc", "free_requested", "free_completed", "segment_free"}
+        assert actions.count("segment_alloc") == actions.count("alloc")
+        assert actions.count("segment_free") == actions.count("free_completed")
         n_alloc = sum(1 for e in m["events"] if e.get("action") == "alloc")
         n_free = sum(1 for e in m["events"] if e.get("action") == "free")
         assert actions.count("alloc") == n_alloc and actions.count("free_requested") == n_free
@@ -143,9 +145,15 @@ def test_pickle_structure(out):
             assert {"action", "addr", "size", "stream", "time_us", "frames"} <= set(e)
             assert e["addr"] > 2 ** 31  # addresses need LONG1
             assert e["frames"] and all({"filename", "line", "name"} <= set(f) for f in e["frames"])
-        # every free_completed follows its free_requested
-        pending = set()
+        # every free_completed follows its free_requested; every block lies in a live segment
+        pending, segs = set(), {}
         for e in trace:
+            if e["action"] == "segment_alloc":
+                segs[e["addr"]] = e["size"]
+            elif e["action"] == "segment_free":
+                assert segs.pop(e["addr"]) == e["size"]
+            elif e["action"] in ("alloc", "free_requested", "free_completed"):
+                assert e["addr"] in segs and e["size"] <= segs[e["addr"]]
             if e["action"] == "free_requested":
                 pending.add(e["addr"])
             elif e["action"] == "free_completed":
@@ -161,7 +169,7 @@ def test_pickle_structure(out):
             for k in ("device", "address", "total_size", "allocated_size", "active_size", "requested_size", "stream",
                       "segment_type", "segment_pool_id", "is_expandable", "frames", "blocks"):
                 assert k in seg, k
-            assert live[seg["address"]] == seg["total_size"]
+            assert live[seg["address"]] == seg["requested_size"] <= seg["total_size"]
             for b in seg["blocks"]:
                 assert {"address", "size", "requested_size", "state", "frames"} <= set(b)
                 assert b["state"] in ("active_allocated", "active_pending_free", "inactive")

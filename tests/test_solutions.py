@@ -16,7 +16,7 @@ from helpers import BASELINE, metrics, rel, run_train, snapshot, solution_bin, t
 TINY = ["--flavor", "tiny", "--seq-len", "32", "--batch-size", "2", "--steps", "10", "--profile-steps", "10"]
 STAGE_FLAGS = {"01": ["--forward-only"], "02": [], "03": [], "04": [], "05": ["--ac"],
                "06": ["--reshard-after-forward=false"]}
-LINK = ["--link-gbps", "1", "--link-latency-us", "10"]
+LINK = ["--link-gbps", "5", "--link-latency-us", "10"]
 BACKWARD_PHASES = {"pre_backward", "recompute.pre_forward", "recompute", "recompute.post_forward", "backward",
                    "post_backward", "finish_backward"}
 
@@ -159,21 +159,25 @@ def test_activation_checkpointing_lowers_memory(runs):
 
 
 def overlap_fraction(events, kind):
-    """Share of `kind` collective time that overlaps compute kernels on the same rank."""
+    """Share of compute-kernel time (compute stream) during which a `kind`
+    collective was in flight on the same rank. Zero when everything runs on
+    one stream; high when prefetches hide behind compute."""
     total = covered = 0.0
-    by_rank = {}
-    for e in events:
-        by_rank.setdefault(e["pid"], []).append(e)
-    for rank, evs in by_rank.items():
-        compute = sorted((e["ts"], e["ts"] + e["dur"]) for e in evs if e.get("cat") == "compute" and e["tid"] == 0)
-        for c in evs:
-            if c.get("cat") != "collective" or not c["name"].endswith("." + kind):
+    for rank in {e["pid"] for e in events}:
+        evs = [e for e in events if e["pid"] == rank]
+        comm = [(e["ts"], e["ts"] + e["dur"]) for e in evs
+                if e.get("cat") == "collective" and e["name"].endswith("." + kind)]
+        for e in evs:
+            if e.get("cat") != "compute" or e["tid"] != 0:
                 continue
-            a, b = c["ts"], c["ts"] + c["dur"]
+            a, b = e["ts"], e["ts"] + e["dur"]
             total += b - a
-            for s, t in compute:
-                if t > a and s < b:
-                    covered += min(b, t) - max(a, s)
+            end = a  # union of the collective intervals inside [a, b]
+            for s, t in sorted((max(a, s), min(b, t)) for s, t in comm if t > a and s < b):
+                s = max(s, end)
+                if t > s:
+                    covered += t - s
+                    end = t
     return covered / total if total else 0.0
 
 
@@ -183,9 +187,9 @@ def test_overlap_in_traces(runs):
     f03 = overlap_fraction(trace_events(runs(solution_bin("03"), *flags)), "all_gather")
     ev04 = trace_events(runs(solution_bin("04"), *flags))
     f04, rs04 = overlap_fraction(ev04, "all_gather"), overlap_fraction(ev04, "reduce_scatter")
-    assert f02 < 0.05, f02
-    assert f03 > 0.25, f03
-    assert f04 > 0.25 and rs04 > 0.25, (f04, rs04)
+    assert f02 < 0.02, f02
+    assert f03 > 0.15, f03
+    assert f04 > 0.15 and rs04 > 0.05, (f04, rs04)
 
 
 def test_recompute_all_gathers_once_per_pass(runs):

@@ -235,6 +235,12 @@ size_t dev_mem_live_size_containing(const Dev *d, const void *p) {
     return a->size;
 }
 
+uint64_t dev_mem_live_id_containing(const Dev *d, const void *p) {
+    Alloc *a = treap_floor(d->live_root, (uintptr_t)p);
+    if (!a || (uintptr_t)p - a->addr >= a->size) return 0;
+    return a->seq;
+}
+
 void dev_mem_note(Dev *d, const char *kind, const char *json_fields) {
     MemEvent *e = mev_push(d);
     e->kind = MEV_NOTE;

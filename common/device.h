@@ -158,6 +158,10 @@ void dev_mem_reset_peak(Dev *d);                      /* peak := current */
 size_t dev_mem_current_by_tag(const Dev *d, MemTag tag);
 /* Size of the live allocation that contains address p, or 0 if none does. */
 size_t dev_mem_live_size_containing(const Dev *d, const void *p);
+/* Identity (allocation sequence number, never reused) of the live allocation
+ * containing p, or 0 if none does: tells a buffer apart from a later one that
+ * happens to get the same address. */
+uint64_t dev_mem_live_id_containing(const Dev *d, const void *p);
 
 /* Append a named record to the memory snapshot's event list (used by the
  * training loop for per-hook checks the grader reads, e.g. after post_forward:

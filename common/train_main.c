@@ -273,18 +273,31 @@ static void gather_full_weights(Dev *dev, Model *m, float *out) {
 
 /* ------------------------------------------------------------- checks */
 
-/* Bytes still allocated, now, in the allocations that `ptrs` pointed into. */
-static size_t live_bytes(Dev *dev, float *const *ptrs, int n) {
-    size_t total = 0;
+/* The allocations a module's params (or grads) live in, captured when the
+ * module runs, so that right after a hook we can say how many of those bytes
+ * are still allocated. Identities, not addresses: a freed buffer's address
+ * may be handed to a new allocation in the meantime. */
+typedef struct {
+    int n;
+    const void *ptr[16];
+    uint64_t id[16];
+} Captured;
+
+static void capture(Dev *dev, Captured *c, float *const *ptrs, int n) {
+    c->n = n;
     for (int i = 0; i < n; i++) {
-        if (!ptrs[i]) continue;
-        int dup = 0; /* several params may be views into one flat buffer */
-        for (int k = 0; k < i; k++)
-            if (ptrs[k] && dev_mem_live_size_containing(dev, ptrs[k]) &&
-                dev_mem_live_size_containing(dev, ptrs[k]) == dev_mem_live_size_containing(dev, ptrs[i]) &&
-                labs((long)((char *)ptrs[k] - (char *)ptrs[i])) < (long)dev_mem_live_size_containing(dev, ptrs[i]))
-                dup = 1;
-        if (!dup) total += dev_mem_live_size_containing(dev, ptrs[i]);
+        c->ptr[i] = ptrs[i];
+        c->id[i] = ptrs[i] ? dev_mem_live_id_containing(dev, ptrs[i]) : 0;
+    }
+}
+
+static size_t still_live_bytes(Dev *dev, const Captured *c) {
+    size_t total = 0;
+    for (int i = 0; i < c->n; i++) {
+        if (!c->id[i] || dev_mem_live_id_containing(dev, c->ptr[i]) != c->id[i]) continue;
+        int dup = 0; /* several params may be views into one buffer: count it once */
+        for (int k = 0; k < i; k++) dup |= c->id[k] == c->id[i];
+        if (!dup) total += dev_mem_live_size_containing(dev, c->ptr[i]);
     }
     return total;
 }
@@ -393,8 +406,7 @@ static void rank_main(Dev *dev, void *arg) {
         metrics = fopen(path, "w");
         if (!metrics) fatal("cannot write %s: %s", path, strerror(errno));
     }
-    int nparams_max = 16;
-    float **seen = xcalloc((size_t)nparams_max, sizeof(float *));
+    Captured params_seen, grads_seen;
     double *all = xcalloc((size_t)W, sizeof(double));
     int stop_nan = 0;
 
@@ -413,17 +425,19 @@ static void rank_main(Dev *dev, void *arg) {
             Module *mod = &m->modules[i];
             dev_set_scope(dev, s, mod->name, "pre_forward");
             fsdp_pre_forward(f, mod);
+            float *ptrs[16];
             for (int j = 0; j < mod->n_params; j++) {
                 if (!mod->params[j].data)
                     fatal("%s: %s has no unsharded data after fsdp_pre_forward (Param.data is NULL)", mod->name,
                           mod->params[j].name);
-                seen[j] = mod->params[j].data;
+                ptrs[j] = mod->params[j].data;
             }
+            capture(dev, &params_seen, ptrs, mod->n_params);
             dev_set_scope(dev, s, mod->name, "forward");
             module_forward(m, mod, &run);
             dev_set_scope(dev, s, mod->name, "post_forward");
             fsdp_post_forward(f, mod);
-            hook_note(dev, s, mod, "post_forward", "unsharded_param_live_bytes", live_bytes(dev, seen, mod->n_params));
+            hook_note(dev, s, mod, "post_forward", "unsharded_param_live_bytes", still_live_bytes(dev, &params_seen));
         }
 
         float grad_norm = NAN;
@@ -444,24 +458,26 @@ static void rank_main(Dev *dev, void *arg) {
                     fsdp_post_forward(f, mod);
                 }
                 dev_set_scope(dev, s, mod->name, "backward");
+                float *ptrs[16], *grads[16];
                 for (int j = 0; j < mod->n_params; j++) {
                     Param *p = &mod->params[j];
                     if (!p->data)
                         fatal("%s: %s has no unsharded data for the backward (Param.data is NULL after "
                               "fsdp_pre_backward)", mod->name, p->name);
-                    seen[j] = p->data;
+                    ptrs[j] = p->data;
                     char nm[96];
                     snprintf(nm, sizeof nm, "%s.grad", p->name);
                     p->grad = dev_alloc_f32(dev, p->numel, MEM_UNSHARDED_GRAD, nm);
                     dev_memset_async(cs, p->grad, 0, p->numel * sizeof(float));
                 }
-                float *grads[16];
                 for (int j = 0; j < mod->n_params; j++) grads[j] = mod->params[j].grad;
+                capture(dev, &params_seen, ptrs, mod->n_params);
+                capture(dev, &grads_seen, grads, mod->n_params);
                 module_backward(m, mod, &run);
                 dev_set_scope(dev, s, mod->name, "post_backward");
                 fsdp_post_backward(f, mod);
-                hook_note(dev, s, mod, "post_backward", "unsharded_grad_live_bytes", live_bytes(dev, grads, mod->n_params));
-                hook_note(dev, s, mod, "post_backward", "unsharded_param_live_bytes", live_bytes(dev, seen, mod->n_params));
+                hook_note(dev, s, mod, "post_backward", "unsharded_grad_live_bytes", still_live_bytes(dev, &grads_seen));
+                hook_note(dev, s, mod, "post_backward", "unsharded_param_live_bytes", still_live_bytes(dev, &params_seen));
                 for (int j = 0; j < mod->n_params; j++) mod->params[j].grad = NULL;
             }
             dev_set_scope(dev, s, "root", "finish_backward");
@@ -533,7 +549,6 @@ static void rank_main(Dev *dev, void *arg) {
     fsdp_destroy(f);
     free(host_in);
     free(host_tgt);
-    free(seen);
     free(all);
     model_destroy(m);
 }

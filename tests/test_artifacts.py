@@ -125,6 +125,67 @@ def test_pickle_opcodes_whitelist(out):
         assert proto and 2 <= proto[0] <= 4
 
 
+def memory_viz_unpickle(data):
+    """A Python mirror of MemoryViz.js's unpickler for the opcodes we emit; also
+    returns the largest APPENDS batch (JS spreads it into call arguments)."""
+    stack, marks, biggest = [], [], 0
+    for op, arg, pos in pickletools.genops(data):
+        name = op.name
+        if name == "PROTO":
+            assert 2 <= arg <= 4
+        elif name == "EMPTY_DICT":
+            stack.append({})
+        elif name == "EMPTY_LIST":
+            stack.append([])
+        elif name == "MARK":
+            marks.append(len(stack))
+        elif name == "SETITEMS":
+            m = marks.pop()
+            d = stack[m - 1]
+            items = stack[m:]
+            del stack[m:]
+            for i in range(0, len(items), 2):
+                d[items[i]] = items[i + 1]
+        elif name == "APPENDS":
+            m = marks.pop()
+            biggest = max(biggest, len(stack) - m)
+            stack[m - 1].extend(stack[m:])
+            del stack[m:]
+        elif name == "TUPLE2":
+            b = stack.pop()
+            a = stack.pop()
+            stack.append([a, b])
+        elif name in ("BININT", "BININT1", "BININT2", "LONG1", "BINFLOAT", "BINUNICODE", "SHORT_BINUNICODE"):
+            stack.append(arg)
+        elif name == "NONE":
+            stack.append(None)
+        elif name in ("NEWTRUE", "NEWFALSE"):
+            stack.append(name == "NEWTRUE")
+        elif name == "STOP":
+            return stack.pop(), biggest
+        else:
+            raise AssertionError("opcode %s not handled by memory_viz" % name)
+    raise AssertionError("no STOP")
+
+
+def lists_only(x):
+    if isinstance(x, dict):
+        return {k: lists_only(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [lists_only(v) for v in x]
+    return x
+
+
+def test_pickle_memory_viz_reader(out):
+    for r in range(RANKS):
+        with open(os.path.join(out, "memory_rank%d.pickle" % r), "rb") as fh:
+            data = fh.read()
+        mine, biggest = memory_viz_unpickle(data)
+        assert mine == lists_only(pickle.loads(data))
+        assert len(mine["device_traces"][0]) > 1000
+        assert biggest <= 1000, "APPENDS batch of %d items" % biggest
+
+
 def test_pickle_structure(out):
     for r in range(RANKS):
         with open(os.path.join(out, "memory_rank%d.pickle" % r), "rb") as fh:
@@ -164,6 +225,7 @@ def test_pickle_structure(out):
         tags = {f["filename"] for e in trace for f in e["frames"]}
         assert {"param_shard", "unsharded_param", "activation"} <= tags
         assert len(snap["segments"]) == len(m["live_at_end"]) == 2
+        assert sorted(segs) == sorted(s["address"] for s in snap["segments"])
         live = {a["addr"]: a["size"] for a in m["live_at_end"]}
         for seg in snap["segments"]:
             for k in ("device", "address", "total_size", "allocated_size", "active_size", "requested_size", "stream",

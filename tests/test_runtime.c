@@ -624,6 +624,8 @@ static void rank_artifacts(Dev *d, void *arg) {
         dev_free(d, act);
         dev_free(d, gs);
     }
+    dev_set_scope(d, 2, "optimizer", "step");
+    for (int i = 0; i < 300; i++) dev_free(d, dev_alloc(d, 100 + (size_t)i, MEM_TEMP, "scratch")); /* > 1000 trace entries */
     dev_synchronize(d);
     dev_write_artifacts(d, dir);
     dev_event_destroy(ev);

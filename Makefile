@@ -39,7 +39,7 @@ SOL_BIN    := $(patsubst %,$(BUILD)/solutions/%/train,$(SOLUTIONS))
 STAGE_BIN  := $(patsubst %,$(BUILD)/stages/%/train,$(STAGES))
 BASELINE   := $(BUILD)/baseline/train
 
-.PHONY: tsan asan run plots handout starters impl all detect run test test-c test-py grade reference plots handout bench clean tsan asan
+.PHONY: longrun tsan asan run plots handout starters impl all detect run test test-c test-py grade reference plots handout bench clean tsan asan
 
 all: detect $(LIB) $(BASELINE) $(SOL_BIN) $(STAGE_BIN) $(TEST_BIN)
 
@@ -95,6 +95,16 @@ run: all
 	-$(PYTHON) tools/plots.py $(RUN_DIR)
 	@echo "run directory: $(RUN_DIR) (open trace.json in https://ui.perfetto.dev, memory_rank0.pickle in https://pytorch.org/memory_viz)"
 
+# The debugmodel trained 200 steps with every training solution (logs/debugmodel_200/).
+LONG_FLAGS ?= --flavor debugmodel --world 4 --seq-len 128 --batch-size 2 --steps 200 --warmup-steps 10 \
+              --lr 2e-3 --profile-steps 0 --quiet
+longrun: all
+	@set -e; for s in $(filter-out 01_forward,$(SOLUTIONS)); do echo "training $$s"; \
+	  $(BUILD)/solutions/$$s/train $(LONG_FLAGS) $$(case $$s in 05*) echo --ac;; \
+	  06*) echo --reshard-after-forward=false;; esac) --out $(BUILD)/longrun/$$s; \
+	  mkdir -p logs/debugmodel_200/$$s; cp $(BUILD)/longrun/$$s/metrics.jsonl $(BUILD)/longrun/$$s/run.json logs/debugmodel_200/$$s/; done
+	$(PYTHON) tools/plot_compare.py logs/debugmodel_200/loss.png $(addprefix logs/debugmodel_200/,$(filter-out 01_forward,$(SOLUTIONS)))
+
 # ---- tests ----------------------------------------------------------------------
 test: all
 	$(PYTHON) tools/make_starters.py --check
@@ -128,8 +138,9 @@ tsan:
 	  $$(case $$s in 01*) echo --forward-only;; 05*) echo --ac;; 06*) echo --reshard-after-forward=false;; esac) \
 	  --link-gbps 5 --out build-tsan/runs/$$s; done
 	@echo "tsan: clean"
+# (gcc 12's -Wformat-truncation misfires on vsnprintf under -fsanitize=undefined)
 asan:
-	$(MAKE) -s BUILD=build-asan OPT=-O1 EXTRA_CFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer" \
+	$(MAKE) -s BUILD=build-asan OPT=-O1 EXTRA_CFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -Wno-format-truncation" \
 	  EXTRA_LDFLAGS="-fsanitize=address,undefined" $(addprefix build-asan/,$(SAN_BINS)) >/dev/null
 	@set -e; export ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1; \
 	for t in test_runtime test_model test_ops test_io; do echo "asan: $$t"; build-asan/tests/$$t | tail -1; done; \

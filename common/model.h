@@ -87,7 +87,7 @@ typedef struct {
     ModuleKind kind;
     int index;                /* position in forward order: 0 .. n_modules-1 */
     int layer;                /* block number (blocks only; -1 otherwise) */
-    char name[16];            /* "embedding", "block3", "head" */
+    char name[24];            /* "embedding", "block3", "head" */
     int n_params;
     Param *params;            /* [n_params] */
     void *fsdp;               /* free for the FSDP implementation's per-module state */

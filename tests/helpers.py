@@ -7,7 +7,8 @@ import subprocess
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD = os.path.join(ROOT, "build")
 BASELINE = os.path.join(BUILD, "baseline", "train")
-SOLUTIONS = sorted(d for d in os.listdir(os.path.join(ROOT, "solutions")) if d[:2].isdigit())
+_SOL_DIR = os.path.join(ROOT, "solutions")
+SOLUTIONS = sorted(d for d in os.listdir(_SOL_DIR) if d[:2].isdigit()) if os.path.isdir(_SOL_DIR) else []
 CORPUS = os.path.join(ROOT, "data", "corpus.txt")
 
 

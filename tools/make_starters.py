@@ -109,6 +109,9 @@ def readme(stage, dirname, todos):
 def main():
     check = "--check" in sys.argv[1:]
     sol_root, stage_root = os.path.join(ROOT, "solutions"), os.path.join(ROOT, "stages")
+    if not os.path.isdir(sol_root):
+        print("no solutions/ here (the student tree): nothing to generate or check")
+        return 0
     stale = []
     for d in sorted(os.listdir(sol_root)):
         m = re.match(r"(\d\d)_", d)

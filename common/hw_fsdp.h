@@ -31,6 +31,9 @@
  *   - Param.grad is a fresh zeroed allocation (tag MEM_UNSHARDED_GRAD) per
  *     backward; after fsdp_post_backward the runtime never touches it again.
  *   - The same calls, in the same order, on every rank.
+ *   - Resuming (--load of a --save checkpoint): DTensor.exp_avg/exp_avg_sq are
+ *     already allocated and filled after fsdp_init; create optimizer state only
+ *     where they are NULL.
  * What the grader checks, per stage: see HANDOUT.md.
  *
  * Types: Model/Module/Param/DTensor in model.h; streams, events, dev_alloc,

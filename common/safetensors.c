@@ -367,6 +367,13 @@ StFile st_read(const char *path) {
             for (size_t i = 0; i < e->n; i++)
                 if (e->items[i].type != J_STR)
                     fatal("%s: __metadata__ value '%s' is not a string", path, e->keys[i]);
+            f.n_meta = (int)e->n;
+            f.meta_keys = xcalloc(e->n ? e->n : 1, sizeof(char *));
+            f.meta_values = xcalloc(e->n ? e->n : 1, sizeof(char *));
+            for (size_t i = 0; i < e->n; i++) {
+                f.meta_keys[i] = xstrdup(e->keys[i]);
+                f.meta_values[i] = xstrdup(e->items[i].str);
+            }
             continue;
         }
         if (e->type != J_OBJ) fatal("%s: tensor '%s' is not a JSON object", path, name);
@@ -462,7 +469,25 @@ void st_expect_shape(const StTensor *t, int ndim, const size_t *shape, const cha
     }
 }
 
+const char *st_meta(const StFile *f, const char *key) {
+    for (int i = 0; i < f->n_meta; i++)
+        if (!strcmp(f->meta_keys[i], key)) return f->meta_values[i];
+    return NULL;
+}
+
+int st_has(const StFile *f, const char *name) {
+    for (int i = 0; i < f->n; i++)
+        if (!strcmp(f->tensors[i].name, name)) return 1;
+    return 0;
+}
+
 void st_free(StFile *f) {
+    for (int i = 0; i < f->n_meta; i++) {
+        free(f->meta_keys[i]);
+        free(f->meta_values[i]);
+    }
+    free(f->meta_keys);
+    free(f->meta_values);
     for (int i = 0; i < f->n; i++) free(f->tensors[i].name);
     free(f->tensors);
     free(f->buffer);

@@ -21,6 +21,8 @@ typedef struct {
     StTensor *tensors;
     int n;
     void *buffer;     /* whole file (read) */
+    int n_meta;       /* __metadata__ entries (string values) */
+    char **meta_keys, **meta_values;
 } StFile;
 
 /* Read and validate; fatal with a clear line naming the file and what is wrong
@@ -31,6 +33,10 @@ StFile st_read(const char *path);
 const StTensor *st_get(const StFile *f, const char *name, const char *path);
 /* Fatal "tensor X in FILE has shape [a, b], expected [c, d]" on mismatch. */
 void st_expect_shape(const StTensor *t, int ndim, const size_t *shape, const char *path);
+/* The __metadata__ value for key, or NULL. */
+const char *st_meta(const StFile *f, const char *key);
+/* 1 if the file has a tensor called name. */
+int st_has(const StFile *f, const char *name);
 void st_free(StFile *f);
 /* Write n tensors (data taken from t[i].data). metadata_json: body of the
  * __metadata__ object of string values, e.g. "\"format\":\"pt\"" (may be NULL). */

@@ -33,6 +33,7 @@ typedef struct {
     const char *data_path, *load_path, *save_path, *save_init_path, *out_dir;
     int ac, reshard_after_forward, forward_only;
     int profile_steps;
+    int save_every;
     int quiet;
     WorldConfig world;
 } Options;
@@ -40,6 +41,8 @@ typedef struct {
 typedef struct {
     const Options *opt;
     const float *init;        /* [n_params_total] host copy of the initial weights */
+    const float *init_exp_avg, *init_exp_avg_sq; /* [n_params_total] AdamW state when resuming, else NULL */
+    int start_step;           /* 0, or the step a resumed checkpoint was saved at */
     const TokenData *data;
     int exit_code;            /* set by rank 0: 0 or EXIT_NAN */
 } Shared;
@@ -64,8 +67,11 @@ static void usage(FILE *f, const char *prog) {
             "  --max-norm X             clip grads to this global norm, 0 = off (default 1.0)\n"
             "  --seed N                 init seed (default 0)\n"
             "  --data FILE              .npy tokens (uint16/int32) or text (bytes) (default data/corpus.txt)\n"
-            "  --load FILE              start from these weights (safetensors) instead of --seed\n"
-            "  --save FILE              write the final weights (safetensors, atomic)\n"
+            "  --load FILE              start from these weights (safetensors) instead of --seed; a checkpoint\n"
+            "                           written by --save also restores the optimizer and continues its steps\n"
+            "  --save FILE              write a checkpoint at the end: weights (torchtitan names), AdamW state,\n"
+            "                           step (safetensors, atomic); --load FILE resumes from it bitwise\n"
+            "  --save-every N           also write the --save checkpoint every N steps\n"
             "  --save-init FILE         write the initial weights and exit\n"
             "  --ac                     activation checkpointing: blocks recompute their forward in backward\n"
             "  --reshard-after-forward=true|false   false = ZeRO-2 (keep params unsharded until backward)\n"
@@ -151,7 +157,7 @@ static void parse_args(int argc, char **argv, Options *o) {
             "--flavor", "--dim", "--n-layers", "--n-heads", "--n-kv-heads", "--vocab-size", "--multiple-of",
             "--ffn-dim-multiplier", "--seq-len", "--batch-size", "--steps", "--lr", "--warmup-steps",
             "--weight-decay", "--max-norm", "--seed", "--data", "--load", "--save", "--save-init", "--out",
-            "--profile-steps", "--world", "--backend", "--link-gbps", "--link-latency-us", "--blas-threads"};
+            "--profile-steps", "--save-every", "--world", "--backend", "--link-gbps", "--link-latency-us", "--blas-threads"};
         int known = 0;
         for (size_t k = 0; k < sizeof value_flags / sizeof value_flags[0]; k++) known |= !strcmp(flag, value_flags[k]);
         if (!known) fatal("unknown flag '%s' (see --help)", flag);
@@ -183,6 +189,7 @@ static void parse_args(int argc, char **argv, Options *o) {
         else if (!strcmp(flag, "--save-init")) o->save_init_path = val;
         else if (!strcmp(flag, "--out")) o->out_dir = val;
         else if (!strcmp(flag, "--profile-steps")) o->profile_steps = (int)parse_int(flag, val, 0, 100000000);
+        else if (!strcmp(flag, "--save-every")) o->save_every = (int)parse_int(flag, val, 1, 100000000);
         else if (!strcmp(flag, "--world")) o->world.world_size = (int)parse_int(flag, val, 1, WORLD_MAX_RANKS);
         else if (!strcmp(flag, "--backend")) {
             if (!strcmp(val, "local")) o->world.backend = BACKEND_LOCAL;
@@ -193,6 +200,7 @@ static void parse_args(int argc, char **argv, Options *o) {
         else if (!strcmp(flag, "--blas-threads")) o->world.blas_threads = (int)parse_int(flag, val, 0, 1024);
         else fatal("unknown flag '%s' (see --help)", flag);
     }
+    if (o->save_every && !o->save_path) fatal("--save-every needs --save FILE");
     if (!model_flavor(&o->model, o->flavor)) fatal("unknown flavor '%s' (tiny, debugmodel, 1B)", o->flavor);
     if (ov_dim > 0) o->model.dim = (int)ov_dim;
     if (ov_layers > 0) o->model.n_layers = (int)ov_layers;
@@ -209,66 +217,153 @@ static void parse_args(int argc, char **argv, Options *o) {
 
 /* ------------------------------------------------------- weights on disk */
 
-static void load_weights(const Model *m, const char *path, float *out) {
+#define OPTIM_PREFIX "optim."
+
+/* Weights (and, from a checkpoint written by --save, the AdamW state and the
+ * step) into host arrays. Returns the step to continue from (0 for plain
+ * weights). */
+static int load_checkpoint(const Model *m, const char *path, float *w, float **exp_avg, float **exp_avg_sq) {
     StFile f = st_read(path);
+    char name[128];
+    int step = 0;
+    snprintf(name, sizeof name, OPTIM_PREFIX "%s.exp_avg", m->modules[0].params[0].name);
+    int has_optim = st_has(&f, name);
+    if (has_optim) {
+        *exp_avg = xmalloc(m->n_params_total * sizeof(float));
+        *exp_avg_sq = xmalloc(m->n_params_total * sizeof(float));
+        const char *st = st_meta(&f, "step");
+        char *end = NULL;
+        long v = st ? strtol(st, &end, 10) : -1;
+        if (!st || *end || v < 0 || v > 100000000)
+            fatal("%s: has optimizer state but no valid \"step\" in its metadata", path);
+        step = (int)v;
+    }
     for (int i = 0; i < m->n_modules; i++)
         for (int j = 0; j < m->modules[i].n_params; j++) {
             const Param *p = &m->modules[i].params[j];
+            size_t off = model_param_offset(m, p);
             const StTensor *t = st_get(&f, p->name, path);
             st_expect_shape(t, p->ndim, p->shape, path);
-            memcpy(out + model_param_offset(m, p), t->data, p->numel * sizeof(float));
+            memcpy(w + off, t->data, p->numel * sizeof(float));
+            if (!has_optim) continue;
+            const char *kinds[2] = {"exp_avg", "exp_avg_sq"};
+            float *dst[2] = {*exp_avg + off, *exp_avg_sq + off};
+            for (int k = 0; k < 2; k++) {
+                snprintf(name, sizeof name, OPTIM_PREFIX "%s.%s", p->name, kinds[k]);
+                t = st_get(&f, name, path);
+                st_expect_shape(t, p->ndim, p->shape, path);
+                memcpy(dst[k], t->data, p->numel * sizeof(float));
+            }
         }
     st_free(&f);
+    return step;
 }
 
-static void save_weights(const Model *m, const char *path, const float *full, int step) {
-    StTensor *ts = xcalloc((size_t)m->n_modules * 16, sizeof(StTensor));
+/* Write weights (+ AdamW state when given) with torchtitan's names, atomically. */
+static void save_checkpoint(const Model *m, const char *path, const float *w, const float *exp_avg,
+                            const float *exp_avg_sq, int step) {
+    int per = exp_avg ? 3 : 1;
+    StTensor *ts = xcalloc(m->n_params_total ? (size_t)m->n_modules * 16 * (size_t)per : 1, sizeof(StTensor));
+    char **names = xcalloc((size_t)m->n_modules * 16 * (size_t)per, sizeof(char *));
     int n = 0;
-    for (int i = 0; i < m->n_modules; i++)
-        for (int j = 0; j < m->modules[i].n_params; j++) {
-            const Param *p = &m->modules[i].params[j];
-            StTensor *t = &ts[n++];
-            t->name = (char *)p->name;
-            t->ndim = p->ndim;
-            t->shape[0] = p->shape[0];
-            t->shape[1] = p->shape[1];
-            t->numel = p->numel;
-            t->data = (float *)full + model_param_offset(m, p);
-        }
+    for (int k = 0; k < per; k++)
+        for (int i = 0; i < m->n_modules; i++)
+            for (int j = 0; j < m->modules[i].n_params; j++) {
+                const Param *p = &m->modules[i].params[j];
+                const float *src = k == 0 ? w : k == 1 ? exp_avg : exp_avg_sq;
+                char name[128];
+                if (k == 0) snprintf(name, sizeof name, "%s", p->name);
+                else snprintf(name, sizeof name, OPTIM_PREFIX "%s.%s", p->name, k == 1 ? "exp_avg" : "exp_avg_sq");
+                names[n] = xstrdup(name);
+                StTensor *t = &ts[n++];
+                t->name = names[n - 1];
+                t->ndim = p->ndim;
+                t->shape[0] = p->shape[0];
+                t->shape[1] = p->shape[1];
+                t->numel = p->numel;
+                t->data = (float *)src + model_param_offset(m, p);
+            }
     char meta[128];
     snprintf(meta, sizeof meta, "\"format\":\"pt\",\"step\":\"%d\"", step);
     st_write(path, ts, n, meta);
+    for (int i = 0; i < n; i++) free(names[i]);
+    free(names);
     free(ts);
 }
 
-/* Gather every parameter's full value from the DTensors into host memory
- * (rank 0's `out`; every rank takes part in the all-gathers). */
-static void gather_full_weights(Dev *dev, Model *m, float *out) {
+typedef enum { FULL_PARAM, FULL_EXP_AVG, FULL_EXP_AVG_SQ } FullWhat;
+
+/* Gather the full value of every parameter (or of its AdamW state) from the
+ * DTensors into host memory `out` (every rank takes part in the all-gathers).
+ * Shards are the first local_rows rows of their storage; rank r's rows start
+ * at r * padded_rows (torch.chunk). */
+static void gather_full(Dev *dev, Model *m, FullWhat what, float *out) {
     Stream *s = dev_compute_stream(dev);
-    int W = dev_world_size(dev);
+    int W = dev_world_size(dev), rank = dev_rank(dev);
     for (int i = 0; i < m->n_modules; i++)
         for (int j = 0; j < m->modules[i].n_params; j++) {
             Param *p = &m->modules[i].params[j];
             DTensor *dt = &p->dt;
+            const float *src = what == FULL_PARAM ? dt->local : what == FULL_EXP_AVG ? dt->exp_avg : dt->exp_avg_sq;
             float *dst = out + model_param_offset(m, p);
             if (dt->placement == PLACEMENT_REPLICATE) {
-                dev_memcpy_async(s, dst, dt->local, p->numel * sizeof(float));
+                dev_memcpy_async(s, dst, src, p->numel * sizeof(float));
                 continue;
             }
-            size_t chunk = dt->padded_rows * dt->row_numel;
+            size_t rn = dt->row_numel, chunk = dt->padded_rows * rn;
             float *flat = dev_alloc_f32(dev, chunk * (size_t)W, MEM_TEMP, "checkpoint.gather");
-            dev_memcpy_async(s, flat + (size_t)dev_rank(dev) * chunk, dt->local, chunk * sizeof(float));
-            coll_all_gather(dev, flat + (size_t)dev_rank(dev) * chunk, flat, chunk, s, "checkpoint");
-            size_t rows_per = dt->padded_rows;
+            float *mine = flat + (size_t)rank * chunk;
+            dev_memset_async(s, mine, 0, chunk * sizeof(float));
+            dev_memcpy_async(s, mine, src, dt->local_rows * rn * sizeof(float));
+            coll_all_gather(dev, mine, flat, chunk, s, "checkpoint");
             for (int r = 0; r < W; r++) {
-                size_t off = rows_per * (size_t)r;
+                size_t off = dt->padded_rows * (size_t)r;
                 if (off >= p->shape[0]) break;
-                size_t rows = p->shape[0] - off < rows_per ? p->shape[0] - off : rows_per;
-                dev_memcpy_async(s, dst + off * dt->row_numel, flat + (size_t)r * chunk, rows * dt->row_numel * sizeof(float));
+                size_t rows = p->shape[0] - off < dt->padded_rows ? p->shape[0] - off : dt->padded_rows;
+                dev_memcpy_async(s, dst + off * rn, flat + (size_t)r * chunk, rows * rn * sizeof(float));
             }
             dev_free(dev, flat);
         }
     dev_synchronize(dev);
+}
+
+/* --save: gather weights and optimizer state; rank 0 writes. */
+static void write_checkpoint(Dev *dev, Model *m, const char *path, int step) {
+    int have_optim = 1;
+    for (int i = 0; i < m->n_modules; i++)
+        for (int j = 0; j < m->modules[i].n_params; j++) have_optim &= m->modules[i].params[j].dt.exp_avg != NULL;
+    float *w = xcalloc(m->n_params_total, sizeof(float)), *ea = NULL, *eas = NULL;
+    gather_full(dev, m, FULL_PARAM, w);
+    if (have_optim) {
+        ea = xcalloc(m->n_params_total, sizeof(float));
+        eas = xcalloc(m->n_params_total, sizeof(float));
+        gather_full(dev, m, FULL_EXP_AVG, ea);
+        gather_full(dev, m, FULL_EXP_AVG_SQ, eas);
+    }
+    if (dev_rank(dev) == 0) save_checkpoint(m, path, w, ea, eas, step);
+    free(w);
+    free(ea);
+    free(eas);
+}
+
+/* Resuming: give every DTensor its rows of the saved AdamW state, as the
+ * optimizer would have created them (hw_fsdp.h: the optimizer creates state
+ * only where DTensor.exp_avg is NULL). */
+static void restore_optimizer_state(Dev *dev, Model *m, const float *exp_avg, const float *exp_avg_sq) {
+    Stream *s = dev_compute_stream(dev);
+    for (int i = 0; i < m->n_modules; i++)
+        for (int j = 0; j < m->modules[i].n_params; j++) {
+            Param *p = &m->modules[i].params[j];
+            DTensor *dt = &p->dt;
+            size_t n = dt->local_rows * dt->row_numel, off = model_param_offset(m, p) + dt->row_offset * dt->row_numel;
+            if (dt->row_offset + dt->local_rows > p->shape[0] && dt->local_rows)
+                fatal("%s: DTensor rows [%zu, %zu) are outside the parameter's %zu rows", p->name, dt->row_offset,
+                      dt->row_offset + dt->local_rows, p->shape[0]);
+            dt->exp_avg = dev_alloc_f32(dev, n, MEM_OPTIM_STATE, p->name);
+            dt->exp_avg_sq = dev_alloc_f32(dev, n, MEM_OPTIM_STATE, p->name);
+            dev_memcpy_async(s, dt->exp_avg, exp_avg + off, n * sizeof(float));
+            dev_memcpy_async(s, dt->exp_avg_sq, exp_avg_sq + off, n * sizeof(float));
+        }
 }
 
 /* ------------------------------------------------------------- checks */
@@ -384,6 +479,7 @@ static void rank_main(Dev *dev, void *arg) {
     dev_set_scope(dev, -1, "fsdp", "init");
     Fsdp *f = fsdp_init(&fc);
     if (o->out_dir) write_dtensors(dev, m, sh->init, o->out_dir, &mesh);
+    if (sh->init_exp_avg && !o->forward_only) restore_optimizer_state(dev, m, sh->init_exp_avg, sh->init_exp_avg_sq);
 
     ModelRun run = {0};
     run.dev = dev;
@@ -410,7 +506,7 @@ static void rank_main(Dev *dev, void *arg) {
     double *all = xcalloc((size_t)W, sizeof(double));
     int stop_nan = 0;
 
-    for (int s = 0; s < o->steps && !stop_nan; s++) {
+    for (int s = sh->start_step; s < o->steps && !stop_nan; s++) {
         dev_synchronize(dev);
         dev_set_tracing(dev, s < o->profile_steps);
         dev_mem_reset_peak(dev);
@@ -524,6 +620,7 @@ static void rank_main(Dev *dev, void *arg) {
             fflush(stdout);
         }
         free(peaks);
+        if (o->save_every && (s + 1) % o->save_every == 0 && !bad) write_checkpoint(dev, m, o->save_path, s + 1);
         if (bad) {
             if (rank == 0)
                 fprintf(stderr, "error: %s is not finite at step %d (loss %g, grad_norm %g)\n",
@@ -535,12 +632,7 @@ static void rank_main(Dev *dev, void *arg) {
     if (metrics) fclose(metrics);
 
     dev_set_scope(dev, o->steps, "end", "end");
-    if (o->save_path) {
-        float *full = xcalloc(m->n_params_total, sizeof(float));
-        gather_full_weights(dev, m, full);
-        if (rank == 0) save_weights(m, o->save_path, full, o->steps);
-        free(full);
-    }
+    if (o->save_path && !stop_nan) write_checkpoint(dev, m, o->save_path, o->steps > sh->start_step ? o->steps : sh->start_step);
     model_run_end(m, &run);
     dev_free(dev, inputs);
     dev_free(dev, targets);
@@ -581,11 +673,12 @@ int main(int argc, char **argv) {
     Options o;
     parse_args(argc, argv, &o);
     Model *m = model_create(&o.model);
-    float *init = xmalloc(m->n_params_total * sizeof(float));
-    if (o.load_path) load_weights(m, o.load_path, init);
+    float *init = xmalloc(m->n_params_total * sizeof(float)), *exp_avg = NULL, *exp_avg_sq = NULL;
+    int start_step = 0;
+    if (o.load_path) start_step = load_checkpoint(m, o.load_path, init, &exp_avg, &exp_avg_sq);
     else model_init_host(m, o.seed, init);
     if (o.save_init_path) {
-        save_weights(m, o.save_init_path, init, 0);
+        save_checkpoint(m, o.save_init_path, init, NULL, NULL, 0);
         printf("wrote initial weights (%zu parameters) to %s\n", m->n_params_total, o.save_init_path);
         free(init);
         model_destroy(m);
@@ -598,11 +691,15 @@ int main(int argc, char **argv) {
         make_dirs(o.out_dir);
         if (world_first_local_rank(w) == 0) write_run_json(&o, m);
     }
-    Shared sh = {&o, init, &data, 0};
+    if (start_step > 0 && !o.quiet)
+        printf("resuming from %s at step %d (optimizer state restored)\n", o.load_path, start_step);
+    Shared sh = {&o, init, exp_avg, exp_avg_sq, start_step, &data, 0};
     world_run(w, rank_main, &sh);
     world_destroy(w);
     data_free(&data);
     free(init);
+    free(exp_avg);
+    free(exp_avg_sq);
     model_destroy(m);
     return sh.exit_code;
 }

@@ -110,12 +110,31 @@ test: all
 	$(PYTHON) tools/make_starters.py --check
 	$(PYTHON) -m pytest -q -p no:cacheprovider tests
 
+# ---- grading ----------------------------------------------------------------------
+# Runs and results go to grade-runs/ (results.json); the rubric is grader/rubric.json.
+# SOLUTIONS=1 on the command line replaces the list of solution directories the build
+# uses (SOLUTIONS above), so `all` runs in a sub-make with the list restored.
+GRADE_SOLUTIONS := $(sort $(notdir $(wildcard solutions/[0-9]*)))
+grade:
+	@$(MAKE) --no-print-directory all SOLUTIONS="$(GRADE_SOLUTIONS)"
+	$(PYTHON) grader/grade.py $(if $(STAGE),--stage $(STAGE)) \
+	  $(if $(filter command line,$(origin SOLUTIONS)),$(if $(filter-out 0,$(SOLUTIONS)),--solutions))
+
+# Instructors: rerun every solution on the grading configuration into logs/reference/.
+reference: all
+	$(PYTHON) grader/make_reference.py
+
 plots:
 	@test -n "$(RUN)" || { echo "usage: make plots RUN=dir [REF=dir]"; exit 2; }
 	$(PYTHON) tools/plots.py $(RUN) $(if $(REF),--ref $(REF))
 
 starters:
 	$(PYTHON) tools/make_starters.py
+
+# Benchmarks: throughput vs PyTorch, scaling, overlap, memory vs a model, grading time
+# (about 5 minutes on 2 cores; results/bench.json and results/bench.md).
+bench: all
+	$(PYTHON) tools/bench.py
 
 # The student tree: everything but solutions/ (and the mutants built from them).
 handout: all
@@ -126,14 +145,14 @@ handout: all
 	@echo "wrote dist/hwfsdp-handout.tar.gz ($$(du -h dist/hwfsdp-handout.tar.gz | cut -f1))"
 
 # ---- sanitizers (own build directories; CI runs both) -------------------------------
-SAN_BINS = tests/test_runtime tests/test_model tests/test_ops tests/test_io baseline/train \
+SAN_BINS = tests/test_runtime tests/test_race tests/test_model tests/test_ops tests/test_io baseline/train \
            $(patsubst %,solutions/%/train,$(SOLUTIONS))
 SAN_RUN  = --flavor tiny --seq-len 32 --batch-size 2 --steps 3 --blas-threads 1 --data data/corpus.txt --quiet
 tsan:
 	$(MAKE) -s BUILD=build-tsan OPT=-O1 EXTRA_CFLAGS=-fsanitize=thread EXTRA_LDFLAGS=-fsanitize=thread \
 	  $(addprefix build-tsan/,$(SAN_BINS)) >/dev/null
 	@set -e; export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 OPENBLAS_NUM_THREADS=1; \
-	for t in test_runtime test_model; do echo "tsan: $$t"; build-tsan/tests/$$t | tail -1; done; \
+	for t in test_runtime test_race test_model; do echo "tsan: $$t"; build-tsan/tests/$$t | tail -1; done; \
 	for s in $(SOLUTIONS); do echo "tsan: $$s"; build-tsan/solutions/$$s/train $(SAN_RUN) --world 4 \
 	  $$(case $$s in 01*) echo --forward-only;; 05*) echo --ac;; 06*) echo --reshard-after-forward=false;; esac) \
 	  --link-gbps 5 --out build-tsan/runs/$$s; done
@@ -143,7 +162,7 @@ asan:
 	$(MAKE) -s BUILD=build-asan OPT=-O1 EXTRA_CFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -Wno-format-truncation" \
 	  EXTRA_LDFLAGS="-fsanitize=address,undefined" $(addprefix build-asan/,$(SAN_BINS)) >/dev/null
 	@set -e; export ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1; \
-	for t in test_runtime test_model test_ops test_io; do echo "asan: $$t"; build-asan/tests/$$t | tail -1; done; \
+	for t in test_runtime test_race test_model test_ops test_io; do echo "asan: $$t"; build-asan/tests/$$t | tail -1; done; \
 	for s in $(SOLUTIONS); do echo "asan: $$s"; build-asan/solutions/$$s/train $(SAN_RUN) --world 3 \
 	  $$(case $$s in 01*) echo --forward-only;; 05*) echo --ac;; 06*) echo --reshard-after-forward=false;; esac) \
 	  --out build-asan/runs/$$s; done

@@ -102,6 +102,7 @@ static void release(Dev *d, PendingFree *p) {
     e->time_us = now_us() - d->world->epoch_us;
     e->current_bytes = d->current;
     free((void *)p->alloc->addr);
+    race_alloc_free(p->alloc);
     free(p->alloc);
     free(p->snapshot);
     d->frees_released++;
@@ -118,6 +119,65 @@ void dev_release_pending_frees(Dev *d, int wait_all) {
         d->pend_count--;
     }
 }
+
+static void push_pending(Dev *d, PendingFree pf) {
+    if (d->pend_count == d->pend_cap) {
+        size_t ncap = d->pend_cap ? d->pend_cap * 2 : 64;
+        PendingFree *np = xmalloc(ncap * sizeof *np);
+        for (size_t i = 0; i < d->pend_count; i++) np[i] = d->pending[(d->pend_head + i) % d->pend_cap];
+        free(d->pending);
+        d->pending = np;
+        d->pend_cap = ncap;
+        d->pend_head = 0;
+    }
+    d->pending[(d->pend_head + d->pend_count++) % d->pend_cap] = pf;
+}
+
+/* ------------------------------------------------ use-after-free quarantine */
+
+/* With the race detector on, a freed allocation stays findable (dead tree)
+ * and its storage is held back for the next QUARANTINE_FREES frees or
+ * QUARANTINE_BYTES bytes (host order, so deterministic), then takes the
+ * ordinary stream-safe path. Counting (current/peak) is unaffected. */
+#define QUARANTINE_FREES 1024
+#define QUARANTINE_BYTES ((size_t)64 << 20)
+
+static void quarantine_evict_one(Dev *d) {
+    PendingFree pf = d->quarantine[d->quar_head];
+    d->quar_head = (d->quar_head + 1) % d->quar_cap;
+    d->quar_count--;
+    d->quar_bytes -= pf.alloc->size;
+    d->dead_root = treap_remove(d->dead_root, pf.alloc->addr);
+    pf.alloc->left = pf.alloc->right = NULL;
+    push_pending(d, pf);
+}
+
+static void quarantine(Dev *d, PendingFree pf) {
+    if (d->quar_count == d->quar_cap) {
+        size_t ncap = d->quar_cap ? d->quar_cap * 2 : 64;
+        PendingFree *nq = xmalloc(ncap * sizeof *nq);
+        for (size_t i = 0; i < d->quar_count; i++) nq[i] = d->quarantine[(d->quar_head + i) % d->quar_cap];
+        free(d->quarantine);
+        d->quarantine = nq;
+        d->quar_cap = ncap;
+        d->quar_head = 0;
+    }
+    d->quarantine[(d->quar_head + d->quar_count++) % d->quar_cap] = pf;
+    d->quar_bytes += pf.alloc->size;
+    Alloc *lo, *hi;
+    treap_split(d->dead_root, pf.alloc->addr, &lo, &hi);
+    d->dead_root = treap_merge(treap_merge(lo, pf.alloc), hi);
+    while (d->quar_count > QUARANTINE_FREES || (d->quar_count && d->quar_bytes > QUARANTINE_BYTES))
+        quarantine_evict_one(d);
+}
+
+static Alloc *containing(Alloc *root, uintptr_t p) {
+    Alloc *a = treap_floor(root, p);
+    if (!a || p - a->addr >= a->size) return NULL;
+    return a;
+}
+Alloc *dev_live_alloc_containing(const Dev *d, uintptr_t p) { return containing(d->live_root, p); }
+Alloc *dev_dead_alloc_containing(const Dev *d, uintptr_t p) { return containing(d->dead_root, p); }
 
 /* --------------------------------------------------------------- alloc */
 
@@ -145,6 +205,7 @@ void *dev_alloc(Dev *d, size_t bytes, MemTag tag, const char *name) {
     a->phase = d->phase;
     a->step = d->step;
     a->seq = ++d->mem_seq;
+    a->race.writer = -1;
     a->time_us = now_us() - d->world->epoch_us;
     /* xorshift priorities: deterministic, balanced in expectation */
     d->prio_state ^= d->prio_state << 13;
@@ -208,16 +269,10 @@ void dev_free(Dev *d, void *p) {
         pthread_mutex_unlock(&s->mu);
     }
     if (busy) d->frees_deferred++;
-    if (d->pend_count == d->pend_cap) {
-        size_t ncap = d->pend_cap ? d->pend_cap * 2 : 64;
-        PendingFree *np = xmalloc(ncap * sizeof *np);
-        for (size_t i = 0; i < d->pend_count; i++) np[i] = d->pending[(d->pend_head + i) % d->pend_cap];
-        free(d->pending);
-        d->pending = np;
-        d->pend_cap = ncap;
-        d->pend_head = 0;
-    }
-    d->pending[(d->pend_head + d->pend_count++) % d->pend_cap] = pf;
+    a->free_module = d->module;
+    a->free_phase = d->phase;
+    if (d->race_on) quarantine(d, pf);
+    else push_pending(d, pf);
     dev_release_pending_frees(d, 0);
 }
 
@@ -259,14 +314,18 @@ static void free_tree(Alloc *t) {
     free_tree(t->left);
     free_tree(t->right);
     free((void *)t->addr);
+    race_alloc_free(t);
     free(t);
 }
 
 /* At Dev destroy (streams already idle and joined). */
 void dev_alloc_destroy(Dev *d) {
+    while (d->quar_count) quarantine_evict_one(d);
+    free(d->quarantine);
     while (d->pend_count) {
         PendingFree *p = &d->pending[d->pend_head];
         free((void *)p->alloc->addr);
+        race_alloc_free(p->alloc);
         free(p->alloc);
         free(p->snapshot);
         d->pend_head = (d->pend_head + 1) % d->pend_cap;

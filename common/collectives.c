@@ -52,6 +52,104 @@ static void check_agreement(Stream *s, uint64_t seq, const CollDesc *descs, int 
     fatal("%s", msg);
 }
 
+/* ------------------------------------------------------- flight recorder */
+
+/* d->flight grows with the streams; slots are reused seq % FLIGHT_DEPTH. */
+void flight_stream_created(Dev *d, Stream *s) {
+    int index = s->index;
+    pthread_mutex_lock(&d->flight_mu);
+    if (index >= d->flight_n) {
+        d->flight = xrealloc(d->flight, (size_t)(index + 1) * sizeof *d->flight);
+        memset(d->flight + d->flight_n, 0, (size_t)(index + 1 - d->flight_n) * sizeof *d->flight);
+        d->flight_n = index + 1;
+    }
+    d->flight[index].stream = s->name;
+    pthread_mutex_unlock(&d->flight_mu);
+}
+
+static void flight_set(Stream *s, const Op *op, int state) {
+    Dev *d = s->dev;
+    pthread_mutex_lock(&d->flight_mu);
+    FlightEntry *e = &d->flight[s->index].e[op->coll_seq % FLIGHT_DEPTH];
+    if (state == FLIGHT_ISSUED)
+        *e = (FlightEntry){op->coll_seq, op->coll.count, op->coll.kind, state, op->label};
+    else if (e->seq == op->coll_seq && e->state)
+        e->state = state;
+    pthread_mutex_unlock(&d->flight_mu);
+}
+
+static const char *const STATE_NAMES[] = {"?", "issued", "started", "completed"};
+
+/* One line for a rank: every stream's last collectives, oldest first. */
+static void flight_print(FILE *f, Dev *d) {
+    pthread_mutex_lock(&d->flight_mu);
+    fprintf(f, "  rank %d:", d->rank);
+    for (int i = 0; i < d->flight_n; i++) {
+        const FlightRing *r = &d->flight[i];
+        uint64_t newest = 0;
+        int any = 0;
+        for (int k = 0; k < FLIGHT_DEPTH; k++)
+            if (r->e[k].state && (!any || r->e[k].seq > newest)) newest = r->e[k].seq, any = 1;
+        fprintf(f, "%s %s:", i ? ";" : "", r->stream ? r->stream : "?");
+        if (!any) fprintf(f, " (no collectives)");
+        uint64_t first = newest + 1 >= FLIGHT_DEPTH ? newest + 1 - FLIGHT_DEPTH : 0;
+        for (uint64_t q = first; any && q <= newest; q++) {
+            const FlightEntry *e = &r->e[q % FLIGHT_DEPTH];
+            if (!e->state || e->seq != q) continue;
+            fprintf(f, " #%llu %s", (unsigned long long)e->seq, KIND_NAMES[e->kind]);
+            if (e->kind != COLL_BARRIER) fprintf(f, " %llu", (unsigned long long)e->count);
+            fprintf(f, "%s%s%s %s", *e->label ? " (" : "", e->label, *e->label ? ")" : "", STATE_NAMES[e->state]);
+            fprintf(f, q < newest ? "," : "");
+        }
+    }
+    fprintf(f, "\n");
+    pthread_mutex_unlock(&d->flight_mu);
+}
+
+/* The watchdog's report: once per world, then exit(2). `lowest` is the post of
+ * the lowest rank waiting in the collective (so the message does not depend
+ * on which waiter's timer fired first); here[r] marks the ranks that arrived. */
+void watchdog_timeout(Stream *s, const Op *op, const CollPost *lowest, int lowest_rank, const uint8_t *here, int n) {
+    World *w = s->dev->world;
+    pthread_mutex_lock(&w->report_mu);
+    if (w->reporting) { /* someone else speaks (and exits) */
+        for (;;) pthread_cond_wait(&w->report_cv, &w->report_mu);
+    }
+    w->reporting = 1;
+    char missing[512] = "";
+    size_t len = 0;
+    int nmiss = 0;
+    for (int r = 0; here && r < n && len < sizeof missing - 16; r++)
+        if (!here[r]) {
+            len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%d", nmiss ? ", " : "", r);
+            nmiss++;
+        }
+    const CollDesc *c = lowest ? &lowest->desc : &op->coll;
+    uint64_t seq = lowest ? lowest->seq : op->coll_seq;
+    char what[200];
+    describe(what, sizeof what, 0, c); /* "rank 0 <kind> <count> f32 ... (label)" */
+    const char *call = strchr(what + 5, ' ');
+    fflush(stdout);
+    fprintf(stderr, "error: collective timeout on rank %d: stream '%s' #%llu%s waited %.1f s", lowest_rank, s->name,
+            (unsigned long long)seq, call ? call : "", w->cfg.collective_timeout_s);
+    if (nmiss)
+        fprintf(stderr, "; rank%s %s never joined it (every rank must issue the same collectives, in the same order, "
+                        "on streams created in the same order)", nmiss > 1 ? "s" : "", missing);
+    fprintf(stderr, "\n");
+    fprintf(stderr, "flight recorder (the last %d collectives of every stream: #seq kind count (label) state):\n",
+            FLIGHT_DEPTH);
+    if (w->cfg.backend == BACKEND_LOCAL) {
+        for (int r = 0; r < w->local_ranks; r++) {
+            if (w->devs[r]) flight_print(stderr, w->devs[r]);
+            else fprintf(stderr, "  rank %d: %s\n", r, w->rank_done[r] ? "finished (its program returned)" : "not started");
+        }
+    } else {
+        flight_print(stderr, s->dev);
+    }
+    fflush(stderr);
+    _exit(EXIT_FATAL); /* not exit: other streams may be inside kernels */
+}
+
 /* ------------------------------------------------------------ link model */
 
 static double link_time_us(const WorldConfig *cfg, const CollDesc *c, size_t bytes) {
@@ -81,17 +179,40 @@ static void sleep_until(double target_us) {
 
 /* --------------------------------------------------------- local backend */
 
-/* All ranks of the channel meet; returns the generation that completed. */
-static void chan_barrier(CollChannel *c, int n, int stamp) {
+/* All ranks of the channel meet. With the watchdog on, a rank that waits
+ * longer than the timeout reports the collective of the lowest waiting rank
+ * (deterministic whichever timer fires first) and the ranks missing. */
+static void chan_barrier(Stream *s, const Op *op, int n, int stamp) {
+    CollChannel *c = s->chan;
+    const double timeout = s->dev->world->cfg.collective_timeout_s;
     pthread_mutex_lock(&c->mu);
     uint64_t gen = c->generation;
+    c->here[s->dev->rank] = 1;
     if (++c->arrived == n) {
         c->arrived = 0;
+        memset(c->here, 0, sizeof c->here);
         if (stamp) c->t_last_arrival = now_us();
         c->generation++;
         pthread_cond_broadcast(&c->cv);
-    } else {
+    } else if (timeout <= 0) {
         while (c->generation == gen) pthread_cond_wait(&c->cv, &c->mu);
+    } else {
+        struct timespec dl;
+        clock_gettime(CLOCK_MONOTONIC, &dl);
+        double whole = (double)(time_t)timeout;
+        dl.tv_sec += (time_t)timeout;
+        dl.tv_nsec += (long)((timeout - whole) * 1e9);
+        if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
+        while (c->generation == gen)
+            if (pthread_cond_timedwait(&c->cv, &c->mu, &dl) == ETIMEDOUT && c->generation == gen) {
+                int low = 0;
+                while (low < n && !c->here[low]) low++;
+                CollPost post = c->posts[low < n ? low : s->dev->rank];
+                uint8_t here[WORLD_MAX_RANKS];
+                memcpy(here, c->here, sizeof here);
+                pthread_mutex_unlock(&c->mu);
+                watchdog_timeout(s, op, &post, low < n ? low : s->dev->rank, here, n);
+            }
     }
     pthread_mutex_unlock(&c->mu);
 }
@@ -110,9 +231,9 @@ static void local_execute(Stream *s, const Op *op) {
     }
 
     pthread_mutex_lock(&c->mu);
-    c->posts[me] = (CollPost){*desc, send, recv, scratch};
+    c->posts[me] = (CollPost){*desc, op->coll_seq, send, recv, scratch};
     pthread_mutex_unlock(&c->mu);
-    chan_barrier(c, n, 1); /* everyone posted; their earlier stream work is visible (mutex) */
+    chan_barrier(s, op, n, 1); /* everyone posted; their earlier stream work is visible (mutex) */
 
     pthread_mutex_lock(&c->mu);
     CollPost posts[WORLD_MAX_RANKS];
@@ -161,7 +282,7 @@ static void local_execute(Stream *s, const Op *op) {
             if (desc->op == RED_AVG) acc /= (float)n;
             scratch[i - lo] = acc;
         }
-        chan_barrier(c, n, 0);
+        chan_barrier(s, op, n, 0);
         for (int r = 0; r < n; r++) {
             size_t rlo = (size_t)r * chunk, rhi = rlo + chunk < cnt ? rlo + chunk : cnt;
             if (rlo < rhi) memcpy(recv + rlo, posts[r].scratch, (rhi - rlo) * sizeof(float));
@@ -174,7 +295,7 @@ static void local_execute(Stream *s, const Op *op) {
         break;
     default: break;
     }
-    chan_barrier(c, n, 0); /* nobody reuses or frees its buffers while peers read them */
+    chan_barrier(s, op, n, 0); /* nobody reuses or frees its buffers while peers read them */
     free(scratch);
     double t = link_time_us(&d->world->cfg, desc, op->bytes);
     if (t > 0) sleep_until(t_start + t);
@@ -188,6 +309,27 @@ static int as_int(size_t v, const char *what) {
     return (int)v;
 }
 
+/* Complete an MPI request, polling against the watchdog's deadline (a peer
+ * that never joins would otherwise block this stream forever). */
+static void mpi_wait(Stream *s, const Op *op, MPI_Request *req) {
+    double timeout = s->dev->world->cfg.collective_timeout_s;
+    if (timeout <= 0) {
+        MPI_Wait(req, MPI_STATUS_IGNORE);
+        return;
+    }
+    double deadline = now_us() + timeout * 1e6;
+    for (int polls = 0;; polls++) {
+        int done = 0;
+        MPI_Test(req, &done, MPI_STATUS_IGNORE);
+        if (done) return;
+        if (now_us() > deadline) watchdog_timeout(s, op, NULL, s->dev->rank, NULL, 0);
+        if (polls > 1000) {
+            struct timespec ts = {0, 20000}; /* past the first microseconds, poll every 20 us */
+            nanosleep(&ts, NULL);
+        }
+    }
+}
+
 static void mpi_execute(Stream *s, const Op *op) {
     Dev *d = s->dev;
     const int n = d->world_size, me = d->rank;
@@ -197,16 +339,19 @@ static void mpi_execute(Stream *s, const Op *op) {
     const float *send = op->src;
 
     CollDesc descs[WORLD_MAX_RANKS];
-    MPI_Allgather((void *)desc, (int)sizeof *desc, MPI_BYTE, descs, (int)sizeof *desc, MPI_BYTE, s->comm);
+    MPI_Request req;
+    MPI_Iallgather((void *)desc, (int)sizeof *desc, MPI_BYTE, descs, (int)sizeof *desc, MPI_BYTE, s->comm, &req);
+    mpi_wait(s, op, &req);
     check_agreement(s, op->coll_seq, descs, n);
 
     switch (desc->kind) {
     case COLL_ALL_GATHER:
         if (!cnt) break;
         if (send == recv + (size_t)me * cnt)
-            MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, as_int(cnt, "all_gather"), MPI_FLOAT, s->comm);
+            MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, as_int(cnt, "all_gather"), MPI_FLOAT, s->comm, &req);
         else
-            MPI_Allgather(send, as_int(cnt, "all_gather"), MPI_FLOAT, recv, (int)cnt, MPI_FLOAT, s->comm);
+            MPI_Iallgather(send, as_int(cnt, "all_gather"), MPI_FLOAT, recv, (int)cnt, MPI_FLOAT, s->comm, &req);
+        mpi_wait(s, op, &req);
         break;
     case COLL_REDUCE_SCATTER:
     case COLL_ALL_REDUCE: {
@@ -222,7 +367,8 @@ static void mpi_execute(Stream *s, const Op *op) {
             in = padded;
         }
         float *gathered = xmalloc(chunk * (size_t)n * sizeof(float));
-        MPI_Alltoall(in, (int)chunk, MPI_FLOAT, gathered, (int)chunk, MPI_FLOAT, s->comm);
+        MPI_Ialltoall(in, (int)chunk, MPI_FLOAT, gathered, (int)chunk, MPI_FLOAT, s->comm, &req);
+        mpi_wait(s, op, &req);
         float *mine = desc->kind == COLL_REDUCE_SCATTER ? recv : xmalloc(chunk * sizeof(float));
         for (size_t i = 0; i < chunk; i++) {
             float acc = gathered[i];
@@ -232,7 +378,8 @@ static void mpi_execute(Stream *s, const Op *op) {
         }
         if (desc->kind == COLL_ALL_REDUCE) {
             float *full = chunk * (size_t)n == cnt ? recv : xmalloc(chunk * (size_t)n * sizeof(float));
-            MPI_Allgather(mine, (int)chunk, MPI_FLOAT, full, (int)chunk, MPI_FLOAT, s->comm);
+            MPI_Iallgather(mine, (int)chunk, MPI_FLOAT, full, (int)chunk, MPI_FLOAT, s->comm, &req);
+            mpi_wait(s, op, &req);
             if (full != recv) {
                 memcpy(recv, full, cnt * sizeof(float));
                 free(full);
@@ -244,21 +391,27 @@ static void mpi_execute(Stream *s, const Op *op) {
         break;
     }
     case COLL_BROADCAST:
-        if (cnt) MPI_Bcast(recv, as_int(cnt, "broadcast"), MPI_FLOAT, desc->root, s->comm);
+        if (cnt) {
+            MPI_Ibcast(recv, as_int(cnt, "broadcast"), MPI_FLOAT, desc->root, s->comm, &req);
+            mpi_wait(s, op, &req);
+        }
         break;
-    default: MPI_Barrier(s->comm); break;
+    default:
+        MPI_Ibarrier(s->comm, &req);
+        mpi_wait(s, op, &req);
+        break;
     }
 }
 #endif
 
 void coll_execute(Stream *s, const Op *op) {
+    flight_set(s, op, FLIGHT_STARTED);
 #ifdef HAVE_MPI
-    if (s->dev->world->cfg.backend == BACKEND_MPI) {
-        mpi_execute(s, op);
-        return;
-    }
+    if (s->dev->world->cfg.backend == BACKEND_MPI) mpi_execute(s, op);
+    else
 #endif
-    local_execute(s, op);
+        local_execute(s, op);
+    flight_set(s, op, FLIGHT_COMPLETED);
 }
 
 /* ------------------------------------------------------------- enqueue */
@@ -282,6 +435,7 @@ static void enqueue_coll(Dev *d, Stream *s, CollKind kind, const float *send, fl
     o.dst = recv;
     o.bytes = bytes;
     o.coll_seq = s->coll_seq++;
+    flight_set(s, &o, FLIGHT_ISSUED);
     stream_enqueue_op(s, &o);
 }
 

@@ -25,6 +25,29 @@
  * Misuse is a clear one-line error and a non-zero exit (fatal in util.h):
  * waiting on an event never recorded, freeing twice or freeing a pointer that
  * is not an allocation, collectives that differ across ranks.
+ *
+ * Race detector (CPU backend, on unless WorldConfig.no_race_check): every op
+ * is checked when it is ENQUEUED, in host order, against a happens-before
+ * model of streams, events and host syncs (vector clocks), so the verdict is
+ * the same on every run whatever the thread timing. Copies, memsets and
+ * collectives declare what they read and write; kernels declare it with
+ * dev_access. Tracking is per allocation (not per byte): two streams touching
+ * disjoint halves of one allocation without ordering count as a race. An op
+ * that reads a buffer whose last write (on another stream) is not ordered
+ * before it by an event wait or a host sync, or that writes a buffer another
+ * stream read or wrote without such ordering, or that touches a buffer after
+ * its dev_free, stops the run with one line naming the buffer, both ops and
+ * streams, and the missing wait (exit status 2). Pointers outside device
+ * allocations (host memory) are not tracked. Ordering facts: same stream;
+ * dev_event_record + dev_stream_wait_event; dev_stream_synchronize,
+ * dev_synchronize, dev_event_synchronize and dev_event_query returning 1 order
+ * every op enqueued afterwards (on any stream) after what the host waited for.
+ *
+ * Watchdog (WorldConfig.collective_timeout_s > 0): a collective that waits
+ * longer for its peers (a rank skipped it, issued it on a stream others never
+ * created, or is stuck behind a wait that cannot complete) stops the run with
+ * "collective timeout on rank R: ..." and a flight recorder (the last 16
+ * collectives of every stream of every rank, with their state), exit status 2.
  */
 #ifndef HWFSDP_DEVICE_H
 #define HWFSDP_DEVICE_H
@@ -51,6 +74,8 @@ typedef struct {
     int poison;               /* fill fresh allocations with NaN */
     int trace;                /* record op/collective timings for the trace */
     int blas_threads;         /* OpenBLAS threads per rank (0 = cores / ranks) */
+    int no_race_check;        /* 1 = turn the stream race detector off (on by default) */
+    double collective_timeout_s; /* watchdog: a collective waiting longer stops the run; 0 = off */
 } WorldConfig;
 
 /* Create the world. With BACKEND_MPI this calls MPI_Init_thread and checks that
@@ -106,6 +131,13 @@ void dev_launch(Stream *s, const char *name, void (*fn)(void *args), const void 
 /* Enqueue copies/fills (traced as "copy"/"memset"). */
 void dev_memcpy_async(Stream *s, void *dst, const void *src, size_t bytes);
 void dev_memset_async(Stream *s, void *dst, int byte, size_t bytes);
+/* Race-detector annotation for kernels: the NEXT op enqueued on s (normally
+ * the dev_launch that follows) reads (write = 0) or writes (write = 1, which
+ * also covers read-modify-write) [p, p + bytes). `what` names the data for
+ * messages (e.g. a parameter's name). Cheap; a no-op with the detector off or
+ * for memory that is not a device allocation. Call it once per buffer a
+ * kernel touches that another stream may produce or consume. */
+void dev_access(Stream *s, const void *p, size_t bytes, int write, const char *what);
 /* Block the host until all work enqueued on s so far has finished. */
 void dev_stream_synchronize(Stream *s);
 /* Block the host until every stream of the rank is idle. */

@@ -39,6 +39,7 @@ typedef struct {
 
 typedef struct {
     CollDesc desc;
+    uint64_t seq;        /* the poster's per-stream collective number (watchdog messages) */
     const float *send;
     float *recv;
     float *scratch;      /* all_reduce: this rank's reduced chunk, read by peers */
@@ -49,10 +50,49 @@ typedef struct {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int arrived;
+    uint8_t here[WORLD_MAX_RANKS]; /* ranks waiting in the current barrier (watchdog) */
     uint64_t generation;       /* bumped each time all ranks arrived */
     double t_last_arrival;     /* now_us() when the last rank reached the first barrier */
     CollPost posts[WORLD_MAX_RANKS];
 } CollChannel;
+
+/* ------------------------------------------------------- race detector */
+
+/* Who accessed a buffer last: an op of one stream at that stream's clock.
+ * Everything here is touched only by the rank's host thread (race.c). */
+typedef struct {
+    uint64_t clock;              /* the op's number on its stream (1-based); 0 = none */
+    const char *module, *name;   /* interned: "<module>.<name>" names the op */
+    const char *what;            /* interned dev_access label, or NULL */
+} RaceStamp;
+
+typedef struct {
+    int writer;                  /* stream index of the last write; -1 = none yet */
+    RaceStamp write;
+    RaceStamp *reads;            /* [nreads] per stream index: latest read since the last write */
+    int nreads;
+} RaceState;
+
+typedef struct {
+    const void *p;
+    size_t bytes;
+    int write;
+    const char *what;            /* interned */
+} RaceAccess;
+
+/* --------------------------------------------------- flight recorder */
+
+#define FLIGHT_DEPTH 16
+typedef enum { FLIGHT_ISSUED = 1, FLIGHT_STARTED, FLIGHT_COMPLETED } FlightState;
+typedef struct {
+    uint64_t seq, count;
+    int kind, state;             /* state 0 = slot unused */
+    const char *label;           /* interned */
+} FlightEntry;
+typedef struct {
+    const char *stream;          /* the stream's name (lives as long as the Dev) */
+    FlightEntry e[FLIGHT_DEPTH]; /* slot seq % FLIGHT_DEPTH */
+} FlightRing;
 
 /* ----------------------------------------------------------------- ops */
 
@@ -94,6 +134,10 @@ struct Stream {
     int stop;
     uint64_t coll_seq;              /* collectives enqueued (host) */
     CollChannel *chan;              /* local backend */
+    /* race detector (host thread) */
+    uint64_t *vc;                   /* [dev->race_width] vector clock: what this stream's next op is ordered after */
+    RaceAccess *pending;            /* dev_access annotations for the next op */
+    int npending, pending_cap;
 #ifdef HAVE_MPI
     MPI_Comm comm;                  /* mpi backend: a dup of MPI_COMM_WORLD per stream index */
 #endif
@@ -108,6 +152,8 @@ struct Event {
     uint64_t completed;   /* highest record number reached (workers) */
     int refs;             /* queued ops still pointing at this event */
     int destroyed;
+    uint64_t *vc;         /* race detector (host thread): the recording stream's clock at the latest record */
+    int vc_n;
 };
 
 /* ---------------------------------------------------------------- memory */
@@ -122,6 +168,8 @@ typedef struct Alloc {
     double time_us;
     uint32_t prio;                      /* treap */
     struct Alloc *left, *right;
+    RaceState race;                     /* race detector (host thread) */
+    const char *free_module, *free_phase; /* scope of dev_free (use-after-free messages) */
 } Alloc;
 
 typedef enum { MEV_ALLOC = 0, MEV_FREE, MEV_FREE_DONE, MEV_NOTE } MemEventKind;
@@ -181,6 +229,17 @@ struct Dev {
     size_t pend_head, pend_count, pend_cap;
     uint64_t frees_deferred;            /* dev_free calls whose release had to wait */
     uint64_t frees_released;            /* storage actually returned to the system */
+    /* race detector (host thread) */
+    int race_on;
+    int race_width;                     /* length of every vector clock (= streams so far) */
+    uint64_t *host_vc;                  /* what the host has waited for */
+    Alloc *dead_root;                   /* freed allocations whose storage is held back (use-after-free) */
+    PendingFree *quarantine;            /* FIFO ring of those frees, in host order */
+    size_t quar_head, quar_count, quar_cap, quar_bytes;
+    /* flight recorder (host issues, workers update, the watchdog reads) */
+    pthread_mutex_t flight_mu;
+    FlightRing *flight;                 /* [flight_n] per stream index */
+    int flight_n;
     /* trace (workers append) */
     pthread_mutex_t trace_mu;
     TraceRec *trace;
@@ -200,7 +259,13 @@ struct World {
     int host_arrived;
     uint64_t host_gen;
     double host_vals[2][WORLD_MAX_RANKS];
-    Dev *devs[WORLD_MAX_RANKS];         /* local ranks' Devs, for trace.json */
+    Dev *devs[WORLD_MAX_RANKS];         /* local ranks' Devs, for trace.json and the flight recorder */
+    /* one report for the whole world (race detector, watchdog); guards devs[] updates */
+    pthread_mutex_t report_mu;
+    pthread_cond_t report_cv;
+    char *race_msg[WORLD_MAX_RANKS];    /* a rank's race verdict, waiting for lower ranks' */
+    uint8_t rank_done[WORLD_MAX_RANKS]; /* rank_main returned */
+    int reporting;                      /* a watchdog report is being printed */
 #ifdef HAVE_MPI
     MPI_Comm host_comm;
     int mpi_initialized_here;
@@ -217,5 +282,23 @@ void coll_execute(Stream *s, const Op *op);
 uint64_t stream_completed(Stream *s);
 void stream_op_init(Stream *s, Op *op, int kind, const char *name);
 void stream_enqueue_op(Stream *s, const Op *op);
+/* race detector (race.c) */
+void race_on_enqueue(Stream *s, const Op *op);
+void race_stream_created(Dev *d, Stream *s);
+void race_stream_destroy(Stream *s);
+void race_host_waited_stream(Stream *s);
+void race_host_waited_all(Dev *d);
+void race_host_waited_event(Event *e);
+void race_event_free(Event *e);
+void race_alloc_free(Alloc *a);
+Alloc *dev_live_alloc_containing(const Dev *d, uintptr_t p);
+Alloc *dev_dead_alloc_containing(const Dev *d, uintptr_t p);
+/* world.c: one fatal report for the whole world; ranks below `rank` that hit
+ * the same verdict win, so the message is the same on every run */
+void world_report_race(World *w, int rank, const char *msg) __attribute__((noreturn));
+/* watchdog (collectives.c) */
+void flight_stream_created(Dev *d, Stream *s);
+void watchdog_timeout(Stream *s, const Op *op, const CollPost *lowest, int lowest_rank, const uint8_t *here,
+                      int n) __attribute__((noreturn));
 
 #endif

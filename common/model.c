@@ -295,6 +295,8 @@ typedef struct { float *acc; const float *x; size_t n; } SumsqArgs;
 static void k_sumsq(void *a) { SumsqArgs *s = a; *s->acc += (float)sumsq(s->x, s->n); }
 void launch_sumsq_accumulate(Stream *s, float *acc, const float *x, size_t n) {
     SumsqArgs a = {acc, x, n};
+    dev_access(s, x, n * sizeof(float), 0, NULL);
+    dev_access(s, acc, sizeof(float), 1, NULL);
     dev_launch(s, "grad_sumsq", k_sumsq, &a, sizeof a);
 }
 
@@ -405,12 +407,17 @@ static void block_forward_saved(Model *m, Module *mod, ModelRun *run, Q *q) {
     Param *P = mod->params;
     A->xn = act(q, N * D, "xn");
     A->rstd1 = act(q, N, "rstd1");
+    dev_access(run->stream, A->x, N * D * sizeof(float), 0, "input");
+    dev_access(run->stream, P[P_ATTN_NORM].data, P[P_ATTN_NORM].numel * sizeof(float), 0, P[P_ATTN_NORM].name);
     rmsnorm_q(q, A->xn, A->rstd1, A->x, P[P_ATTN_NORM].data, N, D, c->norm_eps);
     A->q = act(q, N * H * hd, "q");
     A->k = act(q, N * KV * hd, "k");
     A->v = act(q, N * KV * hd, "v");
+    dev_access(run->stream, P[P_WQ].data, P[P_WQ].numel * sizeof(float), 0, P[P_WQ].name);
     matmul_q(q, "wq", A->q, A->xn, P[P_WQ].data, N, D, H * hd);
+    dev_access(run->stream, P[P_WK].data, P[P_WK].numel * sizeof(float), 0, P[P_WK].name);
     matmul_q(q, "wk", A->k, A->xn, P[P_WK].data, N, D, KV * hd);
+    dev_access(run->stream, P[P_WV].data, P[P_WV].numel * sizeof(float), 0, P[P_WV].name);
     matmul_q(q, "wv", A->v, A->xn, P[P_WV].data, N, D, KV * hd);
     rope_q(q, A->q, run, H, hd, 0);
     rope_q(q, A->k, run, KV, hd, 0);
@@ -419,14 +426,18 @@ static void block_forward_saved(Model *m, Module *mod, ModelRun *run, Q *q) {
     AttArgs aa = {A->att, A->probs, A->q, A->k, A->v, run->B, run->T, H, KV, hd};
     dev_launch(q->s, "attention", k_att_fwd, &aa, sizeof aa);
     A->h = act(q, N * D, "h");
+    dev_access(run->stream, P[P_WO].data, P[P_WO].numel * sizeof(float), 0, P[P_WO].name);
     matmul_q(q, "wo", A->h, A->att, P[P_WO].data, N, H * hd, D);
     add_q(q, A->h, A->h, A->x, N * D);
     A->hn = act(q, N * D, "hn");
     A->rstd2 = act(q, N, "rstd2");
+    dev_access(run->stream, P[P_FFN_NORM].data, P[P_FFN_NORM].numel * sizeof(float), 0, P[P_FFN_NORM].name);
     rmsnorm_q(q, A->hn, A->rstd2, A->h, P[P_FFN_NORM].data, N, D, c->norm_eps);
     A->a = act(q, N * F, "w1_out");
     A->b = act(q, N * F, "w3_out");
+    dev_access(run->stream, P[P_W1].data, P[P_W1].numel * sizeof(float), 0, P[P_W1].name);
     matmul_q(q, "w1", A->a, A->hn, P[P_W1].data, N, D, F);
+    dev_access(run->stream, P[P_W3].data, P[P_W3].numel * sizeof(float), 0, P[P_W3].name);
     matmul_q(q, "w3", A->b, A->hn, P[P_W3].data, N, D, F);
     A->g = act(q, N * F, "swiglu");
     SwiArgs sa = {A->g, A->a, A->b, N * F};
@@ -441,6 +452,7 @@ void module_forward(Model *m, Module *mod, ModelRun *run) {
     Param *P = mod->params;
     if (mod->kind == MOD_EMBEDDING) {
         float *out = act(&q, N * D, "out");
+        dev_access(run->stream, P[0].data, P[0].numel * sizeof(float), 0, P[0].name);
         EmbArgs a = {out, run->inputs, P[0].data, N, D};
         dev_launch(run->stream, "embedding", k_emb_fwd, &a, sizeof a);
         run->h = out;
@@ -448,6 +460,7 @@ void module_forward(Model *m, Module *mod, ModelRun *run) {
         A->x = run->h; /* the block owns its input until its backward */
         block_forward_saved(m, mod, run, &q);
         float *out = act(&q, N * D, "out");
+        dev_access(run->stream, P[P_W2].data, P[P_W2].numel * sizeof(float), 0, P[P_W2].name);
         matmul_q(&q, "w2", out, A->g, P[P_W2].data, N, (size_t)c->hidden_dim, D);
         add_q(&q, out, out, A->h, N * D);
         if (run->recompute) free_acts(run->dev, A, 1); /* keep only the input */
@@ -456,8 +469,11 @@ void module_forward(Model *m, Module *mod, ModelRun *run) {
         A->x = run->h;
         A->xn = act(&q, N * D, "xn");
         A->rstd1 = act(&q, N, "rstd");
+        dev_access(run->stream, A->x, N * D * sizeof(float), 0, "input");
+        dev_access(run->stream, P[P_HEAD_NORM].data, P[P_HEAD_NORM].numel * sizeof(float), 0, P[P_HEAD_NORM].name);
         rmsnorm_q(&q, A->xn, A->rstd1, A->x, P[P_HEAD_NORM].data, N, D, c->norm_eps);
         A->logits = act(&q, N * V, "logits");
+        dev_access(run->stream, P[P_OUTPUT].data, P[P_OUTPUT].numel * sizeof(float), 0, P[P_OUTPUT].name);
         matmul_q(&q, "output", A->logits, A->xn, P[P_OUTPUT].data, N, D, V);
         CeArgs ce = {run->loss, NULL, A->logits, run->targets, N, V};
         dev_launch(run->stream, "cross_entropy", k_ce_fwd, &ce, sizeof ce);
@@ -486,8 +502,12 @@ void module_backward(Model *m, Module *mod, ModelRun *run) {
         CeArgs ce = {NULL, dlogits, A->logits, run->targets, N, V};
         dev_launch(run->stream, "cross_entropy_bwd", k_ce_bwd, &ce, sizeof ce);
         float *dxn = zeros(&q, N * D, "dxn");
+        dev_access(run->stream, P[P_OUTPUT].grad, P[P_OUTPUT].numel * sizeof(float), 1, NULL);
+        dev_access(run->stream, P[P_OUTPUT].data, P[P_OUTPUT].numel * sizeof(float), 0, P[P_OUTPUT].name);
         matmul_bwd_q(&q, "output_bwd", dxn, P[P_OUTPUT].grad, dlogits, A->xn, P[P_OUTPUT].data, N, D, V);
         float *dx = zeros(&q, N * D, "dx");
+        dev_access(run->stream, P[P_HEAD_NORM].grad, P[P_HEAD_NORM].numel * sizeof(float), 1, NULL);
+        dev_access(run->stream, P[P_HEAD_NORM].data, P[P_HEAD_NORM].numel * sizeof(float), 0, P[P_HEAD_NORM].name);
         rmsnorm_bwd_q(&q, dx, P[P_HEAD_NORM].grad, dxn, A->x, P[P_HEAD_NORM].data, A->rstd1, N, D);
         dev_free(run->dev, dlogits);
         dev_free(run->dev, dxn);
@@ -497,17 +517,27 @@ void module_backward(Model *m, Module *mod, ModelRun *run) {
         float *dout = run->dh; /* [N, D]; becomes dL/dh below (the residual passes it through) */
         /* out = h + g W2^T */
         float *dg = zeros(&q, N * F, "dswiglu");
+        dev_access(run->stream, P[P_W2].grad, P[P_W2].numel * sizeof(float), 1, NULL);
+        dev_access(run->stream, P[P_W2].data, P[P_W2].numel * sizeof(float), 0, P[P_W2].name);
         matmul_bwd_q(&q, "w2_bwd", dg, P[P_W2].grad, dout, A->g, P[P_W2].data, N, F, D);
         float *da = zeros(&q, N * F, "dw1_out"), *db = zeros(&q, N * F, "dw3_out");
         SwiBwdArgs sb = {da, db, dg, A->a, A->b, N * F};
         dev_launch(run->stream, "swiglu_bwd", k_swi_bwd, &sb, sizeof sb);
         float *dhn = zeros(&q, N * D, "dhn");
+        dev_access(run->stream, P[P_W1].grad, P[P_W1].numel * sizeof(float), 1, NULL);
+        dev_access(run->stream, P[P_W1].data, P[P_W1].numel * sizeof(float), 0, P[P_W1].name);
         matmul_bwd_q(&q, "w1_bwd", dhn, P[P_W1].grad, da, A->hn, P[P_W1].data, N, D, F);
+        dev_access(run->stream, P[P_W3].grad, P[P_W3].numel * sizeof(float), 1, NULL);
+        dev_access(run->stream, P[P_W3].data, P[P_W3].numel * sizeof(float), 0, P[P_W3].name);
         matmul_bwd_q(&q, "w3_bwd", dhn, P[P_W3].grad, db, A->hn, P[P_W3].data, N, D, F);
         float *dh = dout; /* dL/dh = dout (residual) + RMSNorm backward of dhn */
+        dev_access(run->stream, P[P_FFN_NORM].grad, P[P_FFN_NORM].numel * sizeof(float), 1, NULL);
+        dev_access(run->stream, P[P_FFN_NORM].data, P[P_FFN_NORM].numel * sizeof(float), 0, P[P_FFN_NORM].name);
         rmsnorm_bwd_q(&q, dh, P[P_FFN_NORM].grad, dhn, A->h, P[P_FFN_NORM].data, A->rstd2, N, D);
         /* h = x + att Wo^T */
         float *datt = zeros(&q, N * H * hd, "datt");
+        dev_access(run->stream, P[P_WO].grad, P[P_WO].numel * sizeof(float), 1, NULL);
+        dev_access(run->stream, P[P_WO].data, P[P_WO].numel * sizeof(float), 0, P[P_WO].name);
         matmul_bwd_q(&q, "wo_bwd", datt, P[P_WO].grad, dh, A->att, P[P_WO].data, N, H * hd, D);
         float *dq = zeros(&q, N * H * hd, "dq"), *dk = zeros(&q, N * KV * hd, "dk"), *dv = zeros(&q, N * KV * hd, "dv");
         float *scratch = temp(&q, run->T * run->T, "att_scratch");
@@ -516,16 +546,25 @@ void module_backward(Model *m, Module *mod, ModelRun *run) {
         rope_q(&q, dq, run, H, hd, 1);
         rope_q(&q, dk, run, KV, hd, 1);
         float *dxn = zeros(&q, N * D, "dxn");
+        dev_access(run->stream, P[P_WQ].grad, P[P_WQ].numel * sizeof(float), 1, NULL);
+        dev_access(run->stream, P[P_WQ].data, P[P_WQ].numel * sizeof(float), 0, P[P_WQ].name);
         matmul_bwd_q(&q, "wq_bwd", dxn, P[P_WQ].grad, dq, A->xn, P[P_WQ].data, N, D, H * hd);
+        dev_access(run->stream, P[P_WK].grad, P[P_WK].numel * sizeof(float), 1, NULL);
+        dev_access(run->stream, P[P_WK].data, P[P_WK].numel * sizeof(float), 0, P[P_WK].name);
         matmul_bwd_q(&q, "wk_bwd", dxn, P[P_WK].grad, dk, A->xn, P[P_WK].data, N, D, KV * hd);
+        dev_access(run->stream, P[P_WV].grad, P[P_WV].numel * sizeof(float), 1, NULL);
+        dev_access(run->stream, P[P_WV].data, P[P_WV].numel * sizeof(float), 0, P[P_WV].name);
         matmul_bwd_q(&q, "wv_bwd", dxn, P[P_WV].grad, dv, A->xn, P[P_WV].data, N, D, KV * hd);
         /* x feeds both the residual (dh) and the attention norm (dxn) */
+        dev_access(run->stream, P[P_ATTN_NORM].grad, P[P_ATTN_NORM].numel * sizeof(float), 1, NULL);
+        dev_access(run->stream, P[P_ATTN_NORM].data, P[P_ATTN_NORM].numel * sizeof(float), 0, P[P_ATTN_NORM].name);
         rmsnorm_bwd_q(&q, dh, P[P_ATTN_NORM].grad, dxn, A->x, P[P_ATTN_NORM].data, A->rstd1, N, D);
         float *frees[] = {dg, da, db, dhn, datt, dq, dk, dv, scratch, dxn};
         for (size_t i = 0; i < sizeof frees / sizeof frees[0]; i++) dev_free(run->dev, frees[i]);
         free_acts(run->dev, A, 0);
         run->dh = dh; /* now dL/dx */
     } else {
+        dev_access(run->stream, P[0].grad, P[0].numel * sizeof(float), 1, NULL);
         EmbArgs a = {P[0].grad, run->inputs, run->dh, N, D};
         dev_launch(run->stream, "embedding_bwd", k_emb_bwd, &a, sizeof a);
         dev_free(run->dev, run->dh);

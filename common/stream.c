@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* ----------------------------------------------------------------- trace */
 
@@ -35,6 +36,7 @@ static void event_unref(Event *e) {
     if (last) {
         pthread_mutex_destroy(&e->mu);
         pthread_cond_destroy(&e->cv);
+        race_event_free(e);
         free(e->name);
         free(e);
     }
@@ -131,6 +133,7 @@ static void op_init(Stream *s, Op *op, OpKind kind, const char *name) {
 }
 
 static void enqueue(Stream *s, const Op *op, size_t args_size) {
+    race_on_enqueue(s, op); /* host order: the verdict never depends on timing */
     pthread_mutex_lock(&s->mu);
     if (s->count == s->ring_cap) {
         size_t ncap = s->ring_cap ? s->ring_cap * 2 : 64;
@@ -170,13 +173,30 @@ Stream *dev_stream_create(Dev *d, const char *name) {
     pthread_cond_init(&s->cv_done, NULL);
     if (d->world->cfg.backend == BACKEND_LOCAL) s->chan = world_channel(d->world, s->index);
 #ifdef HAVE_MPI
-    else MPI_Comm_dup(MPI_COMM_WORLD, &s->comm); /* collective: streams are created in the same order on every rank */
+    else { /* collective: streams are created in the same order on every rank (the watchdog catches a rank that does not) */
+        MPI_Request req;
+        MPI_Comm_idup(MPI_COMM_WORLD, &s->comm, &req);
+        double timeout = d->world->cfg.collective_timeout_s, deadline = now_us() + timeout * 1e6;
+        for (int done = 0, polls = 0; !done; polls++) {
+            MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+            if (!done && timeout > 0 && now_us() > deadline)
+                fatal("collective timeout on rank %d: dev_stream_create('%s') (stream index %d) waited %.1f s for the "
+                      "other ranks (every rank must create the same streams in the same order)",
+                      d->rank, s->name, s->index, timeout);
+            if (!done && polls > 1000) {
+                struct timespec ts = {0, 20000};
+                nanosleep(&ts, NULL);
+            }
+        }
+    }
 #endif
     if (d->nstreams == d->streams_cap) {
         d->streams_cap = d->streams_cap ? d->streams_cap * 2 : 4;
         d->streams = xrealloc(d->streams, (size_t)d->streams_cap * sizeof *d->streams);
     }
     d->streams[d->nstreams++] = s;
+    race_stream_created(d, s);
+    flight_stream_created(d, s);
     if (pthread_create(&s->thread, NULL, stream_worker, s) != 0)
         fatal("cannot start the worker thread of stream '%s'", s->name);
     return s;
@@ -194,6 +214,7 @@ void stream_destroy(Stream *s) {
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv_work);
     pthread_cond_destroy(&s->cv_done);
+    race_stream_destroy(s);
     free(s->ring);
     free(s->name);
     free(s);
@@ -242,6 +263,7 @@ void dev_stream_synchronize(Stream *s) {
     uint64_t target = s->enqueued;
     while (s->completed < target) pthread_cond_wait(&s->cv_done, &s->mu);
     pthread_mutex_unlock(&s->mu);
+    race_host_waited_stream(s);
     dev_release_pending_frees(s->dev, 0);
 }
 
@@ -253,6 +275,7 @@ void dev_synchronize(Dev *d) {
         while (s->completed < target) pthread_cond_wait(&s->cv_done, &s->mu);
         pthread_mutex_unlock(&s->mu);
     }
+    race_host_waited_all(d);
     dev_release_pending_frees(d, 0);
 }
 
@@ -288,6 +311,7 @@ void dev_event_destroy(Event *e) {
     if (last) {
         pthread_mutex_destroy(&e->mu);
         pthread_cond_destroy(&e->cv);
+        race_event_free(e);
         free(e->name);
         free(e);
     }
@@ -336,6 +360,7 @@ void dev_event_synchronize(Event *e) {
     pthread_mutex_lock(&e->mu);
     while (e->completed < n) pthread_cond_wait(&e->cv, &e->mu);
     pthread_mutex_unlock(&e->mu);
+    race_host_waited_event(e);
     dev_release_pending_frees(e->dev, 0);
 }
 
@@ -344,5 +369,6 @@ int dev_event_query(Event *e) {
     pthread_mutex_lock(&e->mu);
     int done = e->completed >= n;
     pthread_mutex_unlock(&e->mu);
+    if (done) race_host_waited_event(e); /* the host saw it complete: later enqueues are ordered after it */
     return done;
 }

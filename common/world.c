@@ -3,8 +3,10 @@
 #include "device_internal.h"
 #include "util.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 void openblas_set_num_threads(int num_threads); /* OpenBLAS; no header needed */
@@ -57,8 +59,12 @@ World *world_create(const WorldConfig *cfg) {
         fatal("world size %d is out of range (1..%d ranks)", cfg->world_size, WORLD_MAX_RANKS);
     if (cfg->link_gbps < 0 || cfg->link_latency_us < 0)
         fatal("link model: --link-gbps and --link-latency-us must be >= 0");
+    if (!(cfg->collective_timeout_s >= 0) || cfg->collective_timeout_s > 1e7)
+        fatal("--collective-timeout-s must be between 0 (off) and 1e7 seconds (got %g)", cfg->collective_timeout_s);
     World *w = xcalloc(1, sizeof *w);
     w->cfg = *cfg;
+    pthread_mutex_init(&w->report_mu, NULL);
+    pthread_cond_init(&w->report_cv, NULL);
     pthread_mutex_init(&w->mu, NULL);
     pthread_mutex_init(&w->host_mu, NULL);
     pthread_cond_init(&w->host_cv, NULL);
@@ -123,7 +129,11 @@ CollChannel *world_channel(World *w, int stream_index) {
         }
         CollChannel *c = xcalloc(1, sizeof *c);
         pthread_mutex_init(&c->mu, NULL);
-        pthread_cond_init(&c->cv, NULL);
+        pthread_condattr_t attr; /* the watchdog's timed waits count on the monotonic clock */
+        pthread_condattr_init(&attr);
+        pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+        pthread_cond_init(&c->cv, &attr);
+        pthread_condattr_destroy(&attr);
         w->chans[w->nchans++] = c;
     }
     CollChannel *c = w->chans[stream_index];
@@ -148,6 +158,9 @@ void world_destroy(World *w) {
     pthread_mutex_destroy(&w->mu);
     pthread_mutex_destroy(&w->host_mu);
     pthread_cond_destroy(&w->host_cv);
+    pthread_mutex_destroy(&w->report_mu);
+    pthread_cond_destroy(&w->report_cv);
+    for (int r = 0; r < WORLD_MAX_RANKS; r++) free(w->race_msg[r]);
     free(w);
 }
 
@@ -164,6 +177,8 @@ static Dev *dev_create(World *w, int rank) {
     d->tracing = w->cfg.trace != 0;
     d->prio_state = 0x9E3779B97F4A7C15ull ^ (uint64_t)(rank + 1);
     pthread_mutex_init(&d->trace_mu, NULL);
+    pthread_mutex_init(&d->flight_mu, NULL);
+    d->race_on = !w->cfg.no_race_check;
     dev_stream_create(d, "compute");
     return d;
 }
@@ -176,11 +191,15 @@ static void dev_destroy(Dev *d) {
         Event *e = d->events[i];
         pthread_mutex_destroy(&e->mu);
         pthread_cond_destroy(&e->cv);
+        race_event_free(e);
         free(e->name);
         free(e);
     }
     free(d->events);
     dev_alloc_destroy(d);
+    free(d->host_vc);
+    free(d->flight);
+    pthread_mutex_destroy(&d->flight_mu);
     free(d->trace);
     pthread_mutex_destroy(&d->trace_mu);
     intern_free(&d->strings);
@@ -196,11 +215,18 @@ typedef struct {
 
 static void *rank_thread(void *p) {
     RankStart *rs = p;
-    Dev *d = dev_create(rs->w, rs->rank);
-    rs->w->devs[rs->rank - rs->w->first_local_rank] = d;
+    World *w = rs->w;
+    Dev *d = dev_create(w, rs->rank);
+    pthread_mutex_lock(&w->report_mu); /* the watchdog may be reading the flight recorders */
+    w->devs[rs->rank - w->first_local_rank] = d;
+    pthread_mutex_unlock(&w->report_mu);
     rs->fn(d, rs->arg);
     /* nobody may still be reading this rank's trace (dev_write_artifacts ends with a barrier) */
-    rs->w->devs[rs->rank - rs->w->first_local_rank] = NULL;
+    pthread_mutex_lock(&w->report_mu);
+    w->devs[rs->rank - w->first_local_rank] = NULL;
+    w->rank_done[rs->rank - w->first_local_rank] = 1;
+    pthread_cond_broadcast(&w->report_cv);
+    pthread_mutex_unlock(&w->report_mu);
     dev_destroy(d);
     return NULL;
 }
@@ -275,4 +301,44 @@ void dev_host_barrier(Dev *d) {
     }
 #endif
     local_host_exchange(d, 0.0, NULL);
+}
+
+/* ------------------------------------------------------- one race report */
+
+/* Every rank runs the same program, so usually every rank finds the same race
+ * at the same point of its host order, at slightly different times. Report
+ * the lowest such rank: a rank waits (briefly) for each lower rank to either
+ * report too (then that one speaks) or finish. The fallback deadline covers
+ * a race only some ranks have (lower ranks may then be stuck in a collective
+ * waiting for this one). */
+void world_report_race(World *w, int rank, const char *msg) {
+    int me = rank - w->first_local_rank;
+    pthread_mutex_lock(&w->report_mu);
+    if (!w->race_msg[me]) w->race_msg[me] = xstrdup(msg);
+    pthread_cond_broadcast(&w->report_cv);
+    struct timespec deadline;
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    deadline.tv_sec += 2;
+    for (;;) {
+        int lower_reported = 0, lower_running = 0;
+        for (int q = 0; q < me; q++) {
+            lower_reported |= w->race_msg[q] != NULL;
+            lower_running |= !w->rank_done[q];
+        }
+        if (lower_reported) {
+            /* a lower rank reports (and exits the process); wait for that */
+            for (;;) pthread_cond_wait(&w->report_cv, &w->report_mu);
+        }
+        if (!lower_running || w->reporting) break;
+        if (pthread_cond_timedwait(&w->report_cv, &w->report_mu, &deadline) != 0) break;
+    }
+    while (w->reporting) pthread_cond_wait(&w->report_cv, &w->report_mu); /* the watchdog speaks first */
+    w->reporting = 1;
+    pthread_mutex_unlock(&w->report_mu);
+    /* _exit, not exit: the streams are still running kernels (BLAS) that
+     * atexit teardown would pull the rug from under */
+    fflush(stdout);
+    fprintf(stderr, "error: %s\n", msg);
+    fflush(stderr);
+    _exit(EXIT_FATAL);
 }

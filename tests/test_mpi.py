@@ -44,3 +44,13 @@ def test_mpi_collective_mismatch():
     assert p.returncode != 0
     assert ("error: collective mismatch on stream 'ag' #3: rank 0 all_gather 128 f32 (block2); "
             "rank 1 all_gather 128 f32 (block2); rank 2 reduce_scatter 64 f32 sum (block3)") in p.stderr
+
+
+def test_mpi_collective_timeout():
+    """The last rank skips an all-gather: the others stop after the 1 s watchdog, not hang."""
+    import time
+    t0 = time.monotonic()
+    p = mpirun(3, "--skip", timeout=60)
+    assert p.returncode != 0
+    assert time.monotonic() - t0 < 25, "the watchdog did not stop the job"
+    assert "error: collective timeout on rank 0: stream 'ag' #3 all_gather 16 f32 (block2) waited 1.0 s" in p.stderr, p.stderr

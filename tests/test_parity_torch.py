@@ -99,6 +99,7 @@ def test_training_matches_pytorch(tmp_path, tokens, name, model, world, batch, i
             "step %d grad_norm C %.7g torch %.7g" % (a["step"], a["grad_norm"], b["grad_norm"])
         assert rel(a["lr"], b["lr"]) < 1e-6
     c, t = read_st(tmp_path / "c_final.safetensors"), read_st(tmp_path / "t_final.safetensors")
+    c = {k: v for k, v in c.items() if not k.startswith("optim.")}  # our checkpoint also holds AdamW state
     assert set(c) == set(t)
     # AdamW divides by sqrt(v): where a gradient is ~0 both sides' rounding is
     # amplified up to the size of one update (lr), so bound the mean difference

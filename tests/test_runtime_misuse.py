@@ -3,6 +3,7 @@ Runs `build/tests/test_runtime --misuse KIND` (see tests/test_runtime.c)."""
 import os
 import re
 import subprocess
+import time
 
 import pytest
 
@@ -41,3 +42,84 @@ def test_mpi_backend_without_mpi_is_clear():
         return
     assert p.returncode == 2
     assert p.stderr.strip() == "error: this build has no MPI support (rebuild with OpenMPI installed)"
+
+
+# ---------------------------------------------------------------------------------------------
+# Race detector and collective watchdog: `build/tests/test_race --mode KIND` (see tests/test_race.c).
+RACE_BINARY = os.path.join(BUILD, "tests", "test_race")
+
+RACE_CASES = {
+    "race_missing_wait": re.escape(
+        "error: race on rank 0: compute stream's 'block1.matmul' reads 'block1.buffer' (comm_buffer, allocated in "
+        "block1.pre_forward) at byte offset 1024 as block1 weights written by producer stream's 'block1.copy' with no "
+        "event wait ordering it (record an event on producer after the write and make compute wait for it)"),
+    "race_record_before_write": r"error: race on rank 0: compute stream's 'block1.matmul' reads 'block1.buffer' .*"
+                                r"written by producer stream's 'block1.copy' with no event wait ordering it .*",
+    "race_write_after_read": re.escape(
+        "error: race on rank 0: writer stream's 'optimizer.memset' writes 'layers.0.wq.weight' (param_shard, "
+        "allocated in optimizer.step) while compute stream's 'optimizer.copy' may still read it: no event wait "
+        "orders the read before the write (record an event on compute after the read and make writer wait for it)"),
+    "race_use_after_free": re.escape(
+        "error: use after free on rank 0: compute stream's 'block2.copy' reads 'block2.all_gather_buffer' "
+        "(comm_buffer, allocated in block2.pre_forward, freed in block2.pre_forward) after its dev_free (free "
+        "a buffer only after enqueuing the last op that uses it)"),
+    "race_collective": re.escape(
+        "error: race on rank 0: compute stream's 'block2.copy' reads 'block2.all_gather_buffer' (comm_buffer, "
+        "allocated in block1.pre_forward) written by all_gather stream's 'block2.all_gather' with no event wait "
+        "ordering it (record an event on all_gather after the write and make compute wait for it)"),
+}
+RACE_CLEAN = ["race_with_wait", "race_stream_sync", "race_event_sync", "race_off", "race_write_after_read_ordered",
+              "race_collective_ordered"]
+
+
+def _race_run(kind):
+    assert os.access(RACE_BINARY, os.X_OK), "%s missing: run make first" % RACE_BINARY
+    return subprocess.run([RACE_BINARY, "--mode", kind], capture_output=True, text=True, timeout=60, cwd=ROOT)
+
+
+@pytest.mark.parametrize("kind", sorted(RACE_CASES))
+def test_race_reported(kind):
+    p = _race_run(kind)
+    assert p.returncode == 2, "exit %d, stderr:\n%s" % (p.returncode, p.stderr)
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1, "expected one line, got:\n%s" % p.stderr
+    assert re.fullmatch(RACE_CASES[kind], lines[0]), lines[0]
+
+
+@pytest.mark.parametrize("kind", RACE_CLEAN)
+def test_race_clean(kind):
+    p = _race_run(kind)
+    assert p.returncode == 0 and not p.stderr, "exit %d, stderr:\n%s" % (p.returncode, p.stderr)
+
+
+def test_race_verdict_is_deterministic():
+    """4 thread-ranks hit the same race at slightly different times: always the same line."""
+    seen = {_race_run("race_collective").stderr for _ in range(20)}
+    assert len(seen) == 1, seen
+
+
+WATCHDOG_CASES = {
+    # rank 3 skips one all-gather: ranks 0-2 would wait forever
+    "timeout_skip": r"error: collective timeout on rank 0: stream 'all_gather' #13 all_gather 64 f32 \(block2\) "
+                    r"waited 1\.0 s; rank 3 never joined it .*",
+    # a collective on a stream index the other ranks never created
+    "timeout_stream": r"error: collective timeout on rank 0: stream 'extra' #0 all_reduce 16 f32 sum \(grad_norm\) "
+                      r"waited 1\.0 s; ranks 1, 2 never joined it .*",
+    # compute waits on an event recorded behind a collective that never completes
+    "timeout_event": r"error: collective timeout on rank 0: stream 'all_gather' #0 all_gather 32 f32 \(block0\) "
+                     r"waited 1\.0 s; rank 1 never joined it .*",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(WATCHDOG_CASES))
+def test_collective_watchdog(kind):
+    t0 = time.monotonic()
+    p = _race_run(kind)
+    elapsed = time.monotonic() - t0
+    assert p.returncode == 2, "exit %d, stderr:\n%s" % (p.returncode, p.stderr)
+    assert elapsed <= 5.0, "took %.1f s with a 1 s timeout" % elapsed
+    lines = p.stderr.strip().splitlines()
+    assert re.fullmatch(WATCHDOG_CASES[kind], lines[0]), lines[0]
+    assert lines[1].startswith("flight recorder"), p.stderr
+    ranks = {"timeout_skip": 4, "timeout_stream": 3, "timeout_event": 2}[kind]
+    assert [l.split(":")[0].strip() for l in lines[2:]] == ["rank %d" % r for r in range(ranks)], p.stderr

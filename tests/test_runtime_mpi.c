@@ -14,6 +14,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #ifndef HAVE_MPI
 int main(int argc, char **argv) {
@@ -44,12 +45,20 @@ static float reduce_expected(int n, size_t i, int salt, RedOp op) {
 
 static int bits_equal(const float *a, const float *b, size_t n) { return n == 0 || memcmp(a, b, n * sizeof(float)) == 0; }
 
-static int mismatch_mode;
+static int mismatch_mode, skip_mode;
 
 static void rank_collectives(Dev *d, void *arg) {
     (void)arg;
     const int n = dev_world_size(d), me = dev_rank(d);
     Stream *s = dev_compute_stream(d), *t = dev_stream_create(d, "ag");
+    if (skip_mode) { /* the last rank skips one all-gather: the watchdog stops the others */
+        float *buf = dev_alloc_f32(d, 4096, MEM_COMM_BUFFER, "buf");
+        for (int k = 0; k < 4; k++)
+            if (!(me == n - 1 && k == 3)) coll_all_gather(d, buf, buf + 1024, 16, t, k == 3 ? "block2" : "warm");
+        dev_synchronize(d);
+        if (me == n - 1) sleep(30); /* stay alive: the others must time out, not see a dead peer */
+        return;
+    }
     if (mismatch_mode) {
         float *buf = dev_alloc_f32(d, 4096, MEM_COMM_BUFFER, "buf");
         for (int k = 0; k < 3; k++) coll_all_gather(d, buf, buf + 1024, 16, t, "warm");
@@ -144,6 +153,7 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--world") == 0 && i + 1 < argc) world = atoi(argv[++i]);
         else if (strcmp(argv[i], "--mismatch") == 0) mismatch_mode = 1;
+        else if (strcmp(argv[i], "--skip") == 0) skip_mode = 1;
     }
     if (world == 0) {
         const char *np = getenv("OMPI_COMM_WORLD_SIZE");
@@ -153,6 +163,7 @@ int main(int argc, char **argv) {
     c.world_size = world;
     c.backend = BACKEND_MPI;
     c.blas_threads = 1;
+    c.collective_timeout_s = skip_mode ? 1.0 : 0.0;
     World *w = world_create(&c);
     world_run(w, rank_collectives, NULL);
     int rank = world_first_local_rank(w);

@@ -9,8 +9,9 @@ as the C runtime, written plainly (explicit attention, no SDPA):
         --seq-len 32 --batch-size 2 --world 2 --steps 10 --lr 8e-4 --warmup-steps 2 \\
         --weight-decay 0.1 --max-norm 1.0 --out metrics.jsonl [--save-final final.safetensors] [--forward-only]
 
-writes one JSON line per step: {"step": s+1, "loss", "grad_norm", "lr"} (grad_norm
-is the total norm before clipping; null with --forward-only).
+writes one JSON line per step: {"step": s+1, "loss", "grad_norm", "lr", "step_ms"}
+(grad_norm is the total norm before clipping; null with --forward-only; step_ms is
+the wall time of the whole step, batch to optimizer, for tools/bench.py).
 
     python3 tests/torch_llama.py --make-init INIT.safetensors --dim .. [--init-std 0.02 --seed 0]
 
@@ -27,6 +28,7 @@ import math
 import os
 import struct
 import sys
+import time
 
 import numpy as np
 import torch
@@ -306,6 +308,7 @@ def main(argv=None):
 
     with open(args.out, "w") as out:
         for s in range(args.steps):
+            t0 = time.perf_counter()
             inputs, targets = global_batch(tokens, s, W, B, T)
             lr = opt.param_groups[0]["lr"]
             if args.forward_only:
@@ -323,6 +326,7 @@ def main(argv=None):
                 opt.step()
                 sched.step()
                 rec = {"step": s + 1, "loss": loss.item(), "grad_norm": norm.item(), "lr": lr}
+            rec["step_ms"] = (time.perf_counter() - t0) * 1e3
             out.write(json.dumps(rec) + "\n")
             out.flush()
 

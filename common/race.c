@@ -1,0 +1,258 @@
+/* race.c — the stream race detector (see device.h).
+ *
+ * Decided at ENQUEUE time on the rank's host thread, so the verdict depends
+ * only on the order in which the host enqueued work, never on thread timing.
+ *
+ * Happens-before as vector clocks over the rank's streams:
+ *   - stream s's clock counts the ops enqueued on it; VC_s[t] is the latest op
+ *     of stream t that s's next op is ordered after (VC_s[s] = s's own clock);
+ *   - enqueueing an op on s first merges the host's clock (the host orders
+ *     its later enqueues after whatever it synchronized with), then ticks s;
+ *   - dev_event_record(e, s) snapshots VC_s into e; dev_stream_wait_event(t, e)
+ *     merges that snapshot into VC_t;
+ *   - dev_stream_synchronize / dev_synchronize / dev_event_synchronize (and a
+ *     dev_event_query that returns 1) merge into the host's clock.
+ * Access sets per allocation (coarse but simple: not per byte): the last write
+ * (stream, clock, op) and, per stream, the latest read since that write. An op
+ * of stream s at VC_s races with a write of stream w at clock c if
+ * VC_s[w] < c; a write also races with any read not ordered before it.
+ * Frees: dev_free is host-ordered and stream-safe, so it is never a race, but
+ * ops enqueued on a buffer after its dev_free are (use after free): the
+ * allocator keeps recently freed allocations (and holds their storage, so no
+ * new allocation or host malloc can take the address meanwhile) to tell.
+ */
+#include "device_internal.h"
+#include "util.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const COLL_NAMES[] = {"all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier"};
+
+static void vc_merge(uint64_t *dst, const uint64_t *src, int n) {
+    for (int i = 0; i < n; i++)
+        if (src[i] > dst[i]) dst[i] = src[i];
+}
+
+static uint64_t *vc_grow(uint64_t *vc, int old_n, int new_n) {
+    vc = xrealloc(vc, (size_t)new_n * sizeof *vc);
+    memset(vc + old_n, 0, (size_t)(new_n - old_n) * sizeof *vc);
+    return vc;
+}
+
+/* d->streams already holds s. Every vector clock gets one more entry. */
+void race_stream_created(Dev *d, Stream *s) {
+    int w = d->nstreams;
+    if (w > d->race_width) {
+        for (int i = 0; i < d->nstreams; i++)
+            if (d->streams[i] != s) d->streams[i]->vc = vc_grow(d->streams[i]->vc, d->race_width, w);
+        d->host_vc = vc_grow(d->host_vc, d->race_width, w);
+        d->race_width = w;
+    }
+    s->vc = xcalloc((size_t)w, sizeof *s->vc);
+}
+
+void race_stream_destroy(Stream *s) {
+    free(s->vc);
+    free(s->pending);
+    s->vc = NULL;
+    s->pending = NULL;
+}
+
+void race_host_waited_stream(Stream *s) { vc_merge(s->dev->host_vc, s->vc, s->dev->race_width); }
+
+void race_host_waited_all(Dev *d) {
+    for (int i = 0; i < d->nstreams; i++) vc_merge(d->host_vc, d->streams[i]->vc, d->race_width);
+}
+
+void race_host_waited_event(Event *e) {
+    if (e->vc) vc_merge(e->dev->host_vc, e->vc, e->vc_n);
+}
+
+void race_event_free(Event *e) {
+    free(e->vc);
+    e->vc = NULL;
+}
+
+void race_alloc_free(Alloc *a) {
+    free(a->race.reads);
+    a->race.reads = NULL;
+}
+
+void dev_access(Stream *s, const void *p, size_t bytes, int write, const char *what) {
+    Dev *d = s->dev;
+    if (!d->race_on || !p || !bytes) return;
+    if (s->npending == s->pending_cap) {
+        s->pending_cap = s->pending_cap ? s->pending_cap * 2 : 16;
+        s->pending = xrealloc(s->pending, (size_t)s->pending_cap * sizeof *s->pending);
+    }
+    s->pending[s->npending++] = (RaceAccess){p, bytes, write != 0, what && *what ? dev_intern(d, what) : NULL};
+}
+
+/* ------------------------------------------------------------- messages */
+
+static void op_text(char *buf, size_t cap, const RaceStamp *st) {
+    if (st->module && *st->module) snprintf(buf, cap, "%s.%s", st->module, st->name);
+    else snprintf(buf, cap, "%s", st->name);
+}
+
+static void scope_text(char *buf, size_t cap, const char *module, const char *phase) {
+    if (module && *module && phase && *phase) snprintf(buf, cap, "%s.%s", module, phase);
+    else if (module && *module) snprintf(buf, cap, "%s", module);
+    else if (phase && *phase) snprintf(buf, cap, "%s", phase);
+    else snprintf(buf, cap, "the runtime");
+}
+
+/* "'name' (tag, allocated in m.p[, freed in m.p])[ at byte offset N][ as what]" */
+static void buffer_text(char *buf, size_t cap, const Alloc *a, const void *p, const char *what, int freed) {
+    char where[160], freed_at[180] = "", offset[48] = "", as[160] = "";
+    scope_text(where, sizeof where, a->module, a->phase);
+    if (freed) {
+        char f[160];
+        scope_text(f, sizeof f, a->free_module, a->free_phase);
+        snprintf(freed_at, sizeof freed_at, ", freed in %s", f);
+    }
+    size_t off = (size_t)((uintptr_t)p - a->addr);
+    if (off) snprintf(offset, sizeof offset, " at byte offset %zu", off);
+    if (what && strcmp(what, a->name) != 0) snprintf(as, sizeof as, " as %s", what);
+    snprintf(buf, cap, "'%s' (%s, allocated in %s%s)%s%s", a->name, mem_tag_name(a->tag), where, freed_at, offset, as);
+}
+
+static void report(Dev *d, const char *msg) __attribute__((noreturn));
+static void report(Dev *d, const char *msg) {
+    world_report_race(d->world, d->rank, msg); /* mpi: this process's rank speaks for itself */
+}
+
+static void report_race(Stream *s, const RaceStamp *me, int write, const Alloc *a, const void *p, const char *what,
+                        int other, const RaceStamp *them, int them_wrote) __attribute__((noreturn));
+static void report_race(Stream *s, const RaceStamp *me, int write, const Alloc *a, const void *p, const char *what,
+                        int other, const RaceStamp *them, int them_wrote) {
+    Dev *d = s->dev;
+    char mine[200], theirs[200], bufdesc[600], msg[1600];
+    op_text(mine, sizeof mine, me);
+    op_text(theirs, sizeof theirs, them);
+    buffer_text(bufdesc, sizeof bufdesc, a, p, what, 0);
+    const char *os = d->streams[other]->name;
+    if (!write)
+        snprintf(msg, sizeof msg,
+                 "race on rank %d: %s stream's '%s' reads %s written by %s stream's '%s' with no event wait ordering it "
+                 "(record an event on %s after the write and make %s wait for it)",
+                 d->rank, s->name, mine, bufdesc, os, theirs, os, s->name);
+    else if (them_wrote)
+        snprintf(msg, sizeof msg,
+                 "race on rank %d: %s stream's '%s' writes %s also written by %s stream's '%s' with no event wait "
+                 "ordering them (record an event on %s after its write and make %s wait for it)",
+                 d->rank, s->name, mine, bufdesc, os, theirs, os, s->name);
+    else
+        snprintf(msg, sizeof msg,
+                 "race on rank %d: %s stream's '%s' writes %s while %s stream's '%s' may still read it: no event wait "
+                 "orders the read before the write (record an event on %s after the read and make %s wait for it)",
+                 d->rank, s->name, mine, bufdesc, os, theirs, os, s->name);
+    report(d, msg);
+}
+
+static void report_use_after_free(Stream *s, const RaceStamp *me, int write, const Alloc *a, const void *p,
+                                  const char *what) __attribute__((noreturn));
+static void report_use_after_free(Stream *s, const RaceStamp *me, int write, const Alloc *a, const void *p,
+                                  const char *what) {
+    char mine[200], bufdesc[600], msg[1200];
+    op_text(mine, sizeof mine, me);
+    buffer_text(bufdesc, sizeof bufdesc, a, p, what, 1);
+    snprintf(msg, sizeof msg,
+             "use after free on rank %d: %s stream's '%s' %s %s after its dev_free (free a buffer only after "
+             "enqueuing the last op that uses it)",
+             s->dev->rank, s->name, mine, write ? "writes" : "reads", bufdesc);
+    report(s->dev, msg);
+}
+
+/* ---------------------------------------------------------------- checks */
+
+static void check_access(Stream *s, const RaceStamp *me, const void *p, size_t bytes, int write, const char *what) {
+    if (!p || !bytes) return;
+    Dev *d = s->dev;
+    Alloc *a = dev_live_alloc_containing(d, (uintptr_t)p);
+    if (!a) {
+        Alloc *dead = dev_dead_alloc_containing(d, (uintptr_t)p);
+        if (dead) report_use_after_free(s, me, write, dead, p, what);
+        return; /* host memory: not tracked */
+    }
+    RaceState *r = &a->race;
+    const int si = s->index;
+    RaceStamp stamp = *me;
+    stamp.what = what;
+    if (r->writer >= 0 && r->writer != si && s->vc[r->writer] < r->write.clock)
+        report_race(s, &stamp, write, a, p, what, r->writer, &r->write, 1);
+    if (write) {
+        for (int t = 0; t < r->nreads; t++)
+            if (t != si && r->reads[t].clock && s->vc[t] < r->reads[t].clock)
+                report_race(s, &stamp, 1, a, p, what, t, &r->reads[t], 0);
+        r->writer = si;
+        r->write = stamp;
+        for (int t = 0; t < r->nreads; t++) r->reads[t].clock = 0;
+    } else {
+        if (r->nreads <= si) {
+            int n = d->race_width > si ? d->race_width : si + 1;
+            r->reads = xrealloc(r->reads, (size_t)n * sizeof *r->reads);
+            memset(r->reads + r->nreads, 0, (size_t)(n - r->nreads) * sizeof *r->reads);
+            r->nreads = n;
+        }
+        r->reads[si] = stamp;
+    }
+}
+
+void race_on_enqueue(Stream *s, const Op *op) {
+    Dev *d = s->dev;
+    if (!d->race_on) return;
+    const int w = d->race_width;
+    vc_merge(s->vc, d->host_vc, w);
+    RaceStamp me = {++s->vc[s->index], op->module, op->name, NULL};
+    switch (op->kind) {
+    case OP_COPY:
+        check_access(s, &me, op->src, op->bytes, 0, NULL);
+        check_access(s, &me, op->dst, op->bytes, 1, NULL);
+        break;
+    case OP_MEMSET: check_access(s, &me, op->dst, op->bytes, 1, NULL); break;
+    case OP_RECORD: {
+        Event *e = op->event;
+        if (e->vc_n < w) {
+            e->vc = vc_grow(e->vc, e->vc_n, w);
+            e->vc_n = w;
+        }
+        memcpy(e->vc, s->vc, (size_t)w * sizeof *e->vc);
+        break;
+    }
+    case OP_WAIT:
+        if (op->event->vc) vc_merge(s->vc, op->event->vc, op->event->vc_n);
+        break;
+    case OP_COLL: {
+        const size_t n = (size_t)d->world_size, cnt = (size_t)op->coll.count, f = sizeof(float);
+        if (op->label && *op->label) me.module = op->label;
+        me.name = COLL_NAMES[op->coll.kind];
+        switch ((CollKind)op->coll.kind) {
+        case COLL_ALL_GATHER:
+            check_access(s, &me, op->src, cnt * f, 0, NULL);
+            check_access(s, &me, op->dst, cnt * n * f, 1, NULL);
+            break;
+        case COLL_REDUCE_SCATTER:
+            check_access(s, &me, op->src, cnt * n * f, 0, NULL);
+            check_access(s, &me, op->dst, cnt * f, 1, NULL);
+            break;
+        case COLL_ALL_REDUCE:
+            check_access(s, &me, op->src, cnt * f, 0, NULL);
+            check_access(s, &me, op->dst, cnt * f, 1, NULL);
+            break;
+        case COLL_BROADCAST: check_access(s, &me, op->dst, cnt * f, 1, NULL); break;
+        case COLL_BARRIER: break;
+        }
+        break;
+    }
+    case OP_LAUNCH: break;
+    }
+    /* dev_access annotations describe this op (reads first: a kernel may read and write one buffer) */
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < s->npending; i++)
+            if (s->pending[i].write == pass)
+                check_access(s, &me, s->pending[i].p, s->pending[i].bytes, pass, s->pending[i].what);
+    s->npending = 0;
+}

@@ -1,0 +1,248 @@
+#!/usr/bin/env python3
+"""Rebuild logs/reference/ from solutions/ (instructors: `make reference`).
+
+For every stage of grader/rubric.json: build solutions/NN_x/hw_fsdp.c exactly
+as the grader builds a student's file, run it on the stage's grading
+configuration, check it against the non-sharded baseline (a reference that
+disagrees with the baseline is never written), and keep:
+
+    metrics.jsonl run.json dtensors_rank*.json      as written
+    trace.json.gz memory_rank*.json.gz memory_rank*.pickle.gz
+                                                     gzip'd: the whole tree stays a few MB
+    loss.png timeline.png memory.png                 when tools/plots.py and matplotlib work
+
+plus stage05/no_ac/ (stage 04's solution on stage 05's configuration without
+--ac: the activation-memory check compares with it) and MANIFEST.json (the
+machine, the date, the git commit, the exact command lines, every file).
+The new tree replaces the old one only when everything succeeded.
+
+    make_reference.py [--out logs/reference] [--stage 03 ...]
+"""
+import argparse
+import datetime
+import glob
+import gzip
+import hashlib
+import json
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import grade  # noqa: E402  (the grader's rubric, build and run code: references are made the way grading runs)
+
+ROOT = grade.ROOT
+PLAIN = ["metrics.jsonl", "run.json", "dtensors_rank*.json"]
+GZIPPED = ["trace.json", "memory_rank*.json", "memory_rank*.pickle"]
+PLOTS = ["loss.png", "timeline.png", "memory.png"]
+
+
+def fail(msg):
+    sys.stderr.write("make_reference: error: %s\n" % msg)
+    sys.exit(1)
+
+
+def gzip_copy(src, dst):
+    """gzip with mtime 0 and no file name, so the same run gives the same bytes."""
+    with open(src, "rb") as fin, open(dst, "wb") as raw:
+        with gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=9, mtime=0) as fout:
+            shutil.copyfileobj(fin, fout)
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def git_commit():
+    def git(*args):
+        p = subprocess.run(["git"] + list(args), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        return p.stdout.decode().strip() if p.returncode == 0 else ""
+    commit = git("rev-parse", "HEAD") or "unknown"
+    dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    return commit, dirty
+
+
+def check_against_baseline(rubric, stage, run_dir, baselines):
+    """The reference must agree with the non-sharded baseline, step by step."""
+    cfg = grade.stage_config(rubric, stage)
+    steps = int(cfg["steps"])
+    base = baselines.get(grade.baseline_flags(rubric, stage), steps)
+    if not base.ok:
+        fail("the baseline run for stage %s failed: %s" % (stage, base.reason))
+    got = grade.read_metrics(os.path.join(run_dir, "metrics.jsonl"))
+    ref = grade.read_metrics(os.path.join(base.dir, "metrics.jsonl"))
+    tol = rubric["tolerances"]
+    keys = [("loss", tol["loss_rel"])] + ([] if "--forward-only" in rubric["stages"][stage].get("flags", [])
+                                           else [("grad_norm", tol["grad_norm_rel"])])
+    if len(got) != steps or len(ref) != steps:
+        fail("stage %s: %d steps in the run, %d in the baseline, %d wanted" % (stage, len(got), len(ref), steps))
+    for g, b in zip(got, ref):
+        for key, t in keys:
+            if g.get(key) is None or grade.rel(g[key], b[key]) > t:
+                fail("stage %s's solution disagrees with the non-sharded baseline at step %d: %s %s vs %s; "
+                     "not writing a reference" % (stage, g["step"], key, g.get(key), b[key]))
+    return base
+
+
+def run_solution(rubric, stage, solution_stage, flags, work, baselines, commands):
+    """Build solution_stage's hw_fsdp.c and run it with `flags` into work/<name>; returns the run dir."""
+    spec = rubric["stages"][solution_stage]
+    name = "stage%s" % stage if solution_stage == stage else "stage%s-with-%s" % (stage, solution_stage)
+    run_dir = os.path.join(work, name)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    os.makedirs(run_dir)
+    src = os.path.join(ROOT, "solutions", spec["dir"], "hw_fsdp.c")
+    binary = os.path.join(run_dir, "train")
+    log = os.path.join(run_dir, "log.txt")
+    limits = rubric["limits"]
+    ok, reason, _ = grade.build(src, binary, log, limits)
+    if not ok:
+        fail("solutions/%s: %s" % (spec["dir"], reason))
+    steps = int(grade.stage_config(rubric, stage)["steps"])
+    run = grade.run_binary(binary, flags, run_dir, log, limits, limits["run_timeout_s"], steps)
+    if not run.ok:
+        fail("solutions/%s on stage %s's configuration: %s (see %s)" % (spec["dir"], stage, run.reason, log))
+    commands.append({"stage": stage, "solution": "solutions/%s/hw_fsdp.c" % spec["dir"],
+                     "build": "make impl SRC=solutions/%s/hw_fsdp.c OUT=%s" % (spec["dir"], grade.relpath(binary)),
+                     "run": " ".join(grade.relpath(c) if os.path.isabs(c) else c for c in run.cmd)})
+    return run_dir
+
+
+def keep(run_dir, dest, plain, gzipped, plots):
+    os.makedirs(dest, exist_ok=True)
+    for pattern in plain:
+        for path in sorted(glob.glob(os.path.join(run_dir, pattern))):
+            shutil.copy(path, os.path.join(dest, os.path.basename(path)))
+    for pattern in gzipped:
+        for path in sorted(glob.glob(os.path.join(run_dir, pattern))):
+            gzip_copy(path, os.path.join(dest, os.path.basename(path) + ".gz"))
+    if plots:
+        for name in PLOTS:
+            path = os.path.join(run_dir, "plots", name)
+            if os.path.exists(path):
+                shutil.copy(path, os.path.join(dest, name))
+
+
+def make_plots(run_dir, notes):
+    tool = os.path.join(ROOT, "tools", "plots.py")
+    if not os.path.exists(tool):
+        notes.append("tools/plots.py does not exist: no plots")
+        return False
+    p = subprocess.run([sys.executable, tool, run_dir, "--out", os.path.join(run_dir, "plots")], cwd=ROOT,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    if p.returncode != 0:
+        last = (p.stdout.decode("utf-8", "replace").strip().splitlines() or ["?"])[-1]
+        notes.append("tools/plots.py failed for %s (%s): no plots" % (grade.relpath(run_dir), last))
+        return False
+    return True
+
+
+README = """# Reference runs
+
+Written by `make reference` (grader/make_reference.py) from solutions/ on the grading
+configuration of grader/rubric.json; MANIFEST.json says on which machine, when, from which
+commit and with which command lines. The grader compares your runs with `metrics.jsonl`
+(loss, grad norm, peak memory per rank) — and with a non-sharded baseline it runs itself.
+
+Bulky files are gzip'd to keep the tree small:
+- `trace.json.gz`: Perfetto (https://ui.perfetto.dev) and chrome://tracing open it as is.
+- `memory_rank<r>.pickle.gz`: `gunzip -k` it, then drag the .pickle onto https://pytorch.org/memory_viz.
+- `memory_rank<r>.json.gz`: the same snapshot for scripts (`zcat`, or Python's gzip module).
+"""
+
+
+def main():
+    ap = argparse.ArgumentParser(description="Rebuild logs/reference/ from solutions/.")
+    ap.add_argument("--out", default=os.path.join(ROOT, "logs", "reference"))
+    ap.add_argument("--work", default=os.path.join(ROOT, "build", "reference-runs"),
+                    help="where the runs happen before their files are kept")
+    ap.add_argument("--no-plots", action="store_true")
+    args = ap.parse_args()
+
+    rubric = grade.load_rubric()
+    out = os.path.abspath(args.out)
+    work = os.path.abspath(args.work)
+    os.makedirs(work, exist_ok=True)
+    staging = out + ".tmp.%d" % os.getpid()
+    shutil.rmtree(staging, ignore_errors=True)
+    os.makedirs(staging)
+    baselines = grade.Baselines(work, rubric["limits"], rubric["limits"]["run_timeout_s"])
+    commands, notes = [], []
+
+    for stage in sorted(rubric["stages"]):
+        spec = rubric["stages"][stage]
+        flags = grade.stage_flags(rubric, stage)
+        print("reference: stage %s (solutions/%s) %s" % (stage, spec["dir"], " ".join(flags)), flush=True)
+        run_dir = run_solution(rubric, stage, stage, flags, work, baselines, commands)
+        base = check_against_baseline(rubric, stage, run_dir, baselines)
+        commands[-1]["baseline"] = " ".join(grade.relpath(c) if os.path.isabs(c) else c for c in base.cmd)
+        plots = not args.no_plots and make_plots(run_dir, notes)
+        keep(run_dir, os.path.join(staging, "stage" + stage), PLAIN, GZIPPED, plots)
+
+        no_ac = spec.get("no_ac_reference")
+        if no_ac:
+            drop = set(no_ac["drop_flags"])
+            flags2 = [f for f in flags if f not in drop]
+            print("reference: stage %s/%s (solutions/%s) %s" % (stage, no_ac["dir"],
+                                                                rubric["stages"][no_ac["solution"]]["dir"],
+                                                                " ".join(flags2)), flush=True)
+            run2 = run_solution(rubric, stage, no_ac["solution"], flags2, work, baselines, commands)
+            commands[-1]["purpose"] = "stage %s's activation-memory check: the same configuration without %s" % (
+                stage, ", ".join(sorted(drop)))
+            keep(run2, os.path.join(staging, "stage" + stage, no_ac["dir"]), ["metrics.jsonl", "run.json"], [], False)
+
+    with open(os.path.join(staging, "README.md"), "w") as fh:
+        fh.write(README)
+    commit, dirty = git_commit()
+    files, total = [], 0
+    for dirpath, _, names in os.walk(staging):
+        for n in sorted(names):
+            path = os.path.join(dirpath, n)
+            with open(path, "rb") as fh:
+                data = fh.read()
+            files.append({"path": os.path.relpath(path, staging), "bytes": len(data),
+                          "sha256": hashlib.sha256(data).hexdigest()})
+            total += len(data)
+    with open(grade.RUBRIC_PATH, "rb") as fh:
+        rubric_sha = hashlib.sha256(fh.read()).hexdigest()
+    manifest = {
+        "written_by": "grader/make_reference.py (make reference)",
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "machine": {"hostname": socket.gethostname(), "cpu_model": cpu_model(), "cores": os.cpu_count(),
+                    "os": "%s %s %s" % (platform.system(), platform.release(), platform.machine()),
+                    "python": platform.python_version()},
+        "backend": "local: ranks as threads of one process, CPU streams (no GPU)",
+        "git_commit": commit, "git_dirty": dirty,
+        "rubric_sha256": rubric_sha, "config": rubric["config"],
+        "commands": commands,
+        "notes": notes,
+        "files": sorted(files, key=lambda f: f["path"]),
+        "total_bytes": total,
+    }
+    with open(os.path.join(staging, "MANIFEST.json"), "w") as fh:
+        json.dump(manifest, fh, indent=1)
+        fh.write("\n")
+
+    old = out + ".old.tmp.%d" % os.getpid()
+    if os.path.exists(out):
+        os.rename(out, old)
+    os.rename(staging, out)
+    shutil.rmtree(old, ignore_errors=True)
+    for n in notes:
+        print("note: " + n)
+    size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(out) for f in fs)
+    print("wrote %s (%d files, %.2f MB)" % (grade.relpath(out), len(files) + 1, size / 1e6))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,222 @@
+"""The autograder, graded: the solutions score full marks, the starters score zero on
+their TODOs, every mutant in tests/mutants/mutants.json loses exactly the points of the
+checks it breaks, and a wrong reference log never makes a wrong answer pass.
+
+Every test grades into its own tmp_path (the grader builds and runs there), so the
+file is safe to run in parallel. No timing assertions: the grader prints its own time.
+"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from helpers import ROOT
+
+GRADER = os.path.join(ROOT, "grader", "grade.py")
+REFERENCE = os.path.join(ROOT, "logs", "reference")
+with open(os.path.join(ROOT, "grader", "rubric.json")) as _fh:
+    RUBRIC = json.load(_fh)
+with open(os.path.join(ROOT, "tests", "mutants", "mutants.json")) as _fh:
+    MUTANTS = json.load(_fh)["mutants"]
+STAGES = sorted(RUBRIC["stages"])
+CHECK_LINE = re.compile(r"^== stage (\d\d) == (.+): (OK|FAIL) \(\d+\.\ds\)$")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def built():
+    """The runtime and baseline must be built before graders run side by side (they only link)."""
+    p = subprocess.run(["make", "-s", "--no-print-directory", "all"], cwd=ROOT, capture_output=True, text=True)
+    assert p.returncode == 0, "make failed:\n" + p.stdout[-3000:] + p.stderr[-3000:]
+
+
+def grade(out, *args):
+    """Run grade.py into `out`; returns (stdout, results.json). The grader exits 0 whatever the score."""
+    p = subprocess.run([sys.executable, GRADER, "--out", str(out)] + [str(a) for a in args], cwd=ROOT,
+                       capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, "grade.py exited %d:\n%s\n%s" % (p.returncode, p.stdout[-3000:], p.stderr[-3000:])
+    with open(os.path.join(str(out), "results.json")) as fh:
+        return p.stdout, json.load(fh)
+
+
+def check_names(stage):
+    return [RUBRIC["check_names"][k] for k in RUBRIC["stages"][stage]["checks"]]
+
+
+def apply_mutant(mutant, dest):
+    with open(os.path.join(ROOT, mutant["base"])) as fh:
+        text = fh.read()
+    for old, new in mutant["replace"]:
+        n = text.count(old)
+        assert n == 1, ("mutant %s: its text occurs %d times in %s (must be exactly once; the solution changed? "
+                        "update tests/mutants/mutants.json):\n%s" % (mutant["name"], n, mutant["base"], old))
+        text = text.replace(old, new)
+    with open(dest, "w") as fh:
+        fh.write(text)
+    return dest
+
+
+def copy_reference(tmp_path):
+    ref = tmp_path / "reference"
+    shutil.copytree(REFERENCE, ref)
+    return ref
+
+
+def rewrite_metrics(path, change):
+    with open(path) as fh:
+        rows = [json.loads(l) for l in fh if l.strip()]
+    change(rows)
+    with open(path, "w") as fh:
+        fh.write("".join(json.dumps(r) + "\n" for r in rows))
+
+
+# ------------------------------------------------------------------ whole trees
+
+def test_solutions_score_full_marks(tmp_path):
+    out, res = grade(tmp_path, "--solutions")
+    assert sorted(res["stages"]) == STAGES
+    for stage, st in res["stages"].items():
+        assert st["run"]["ok"], (stage, st["run"]["reason"])
+        assert [c["name"] for c in st["checks"]] == check_names(stage)
+        for c in st["checks"]:
+            assert c["ok"] and c["points"] == c["max_points"] and c["reason"] == "", (stage, c)
+            assert set(c) >= {"ok", "points", "reason", "seconds"}
+    assert res["score"] == res["max_score"] == sum(sum(s["checks"].values()) for s in RUBRIC["stages"].values())
+    assert "Score: %g/%g" % (res["score"], res["max_score"]) in out
+    assert re.search(r"^graded 6 stages in \d+\.\d s$", out, re.M), out[-500:]
+    # the points per stage the handout promises
+    assert res["stages"]["01"]["max_points"] == 3 and res["stages"]["02"]["max_points"] == 3
+    lines = [l for l in out.splitlines() if CHECK_LINE.match(l)]
+    assert len(lines) == sum(len(s["checks"]) for s in RUBRIC["stages"].values())
+    assert all(l.endswith(")") and ": OK (" in l for l in lines)
+
+
+def test_starters_score_zero_on_their_todos(tmp_path):
+    out, res = grade(tmp_path)
+    assert res["score"] == 0 and res["max_score"] > 0
+    for stage, st in res["stages"].items():
+        reason = st["run"]["reason"]
+        assert not st["run"]["ok"]
+        assert reason.startswith("TODO not implemented:") and "HANDOUT.md#stage-%s" % stage in reason, reason
+        for c in st["checks"]:
+            assert not c["ok"] and c["points"] == 0 and c["reason"] == reason
+    # xv6 style: each FAIL line is followed by its indented reason
+    lines = out.splitlines()
+    for i, l in enumerate(lines):
+        m = CHECK_LINE.match(l)
+        if m and m.group(3) == "FAIL":
+            assert lines[i + 1].startswith("    TODO not implemented:"), lines[i:i + 2]
+    assert "Score: 0/" in out
+
+
+# --------------------------------------------------------------------- mutants
+
+def test_mutants_file_is_sound():
+    names = [m["name"] for m in MUTANTS]
+    assert len(names) == len(set(names)) and len(names) >= 14
+    for m in MUTANTS:
+        assert os.path.isfile(os.path.join(ROOT, m["base"])), m["name"]
+        assert m["stage"] in RUBRIC["stages"], m["name"]
+        assert m["replace"] and all(len(pair) == 2 and pair[0] != pair[1] for pair in m["replace"]), m["name"]
+        assert m["expect_message"], m["name"]
+        valid = set(check_names(m["stage"]))
+        if m["expect_fail"] != ["*"]:
+            assert m["expect_fail"] and set(m["expect_fail"]) <= valid, (m["name"], set(m["expect_fail"]) - valid)
+        assert set(m.get("may_fail", [])) <= valid, m["name"]
+
+
+@pytest.mark.parametrize("mutant", MUTANTS, ids=[m["name"] for m in MUTANTS])
+def test_mutant_loses_exactly_its_points(mutant, tmp_path):
+    src = apply_mutant(mutant, str(tmp_path / "hw_fsdp.c"))
+    args = ["--file", src, "--stage", mutant["stage"]]
+    if "timeout_s" in mutant:
+        args += ["--timeout", mutant["timeout_s"]]
+    _, res = grade(tmp_path / "out", *args)
+    st = res["stages"][mutant["stage"]]
+    checks = {c["name"]: c for c in st["checks"]}
+    assert list(checks) == check_names(mutant["stage"])
+    if mutant["expect_fail"] == ["*"]:
+        # a failed build or run fails every check, with the run's reason
+        assert not st["run"]["ok"], "the run was expected to fail"
+        assert mutant["expect_message"] in st["run"]["reason"], st["run"]["reason"]
+        assert st["points"] == 0
+        for c in checks.values():
+            assert not c["ok"] and c["points"] == 0 and c["reason"] == st["run"]["reason"]
+        return
+    assert st["run"]["ok"], st["run"]["reason"]
+    failed = {n for n, c in checks.items() if not c["ok"]}
+    unasserted = set(mutant.get("may_fail", []))
+    assert failed - unasserted == set(mutant["expect_fail"]), {n: checks[n]["reason"] for n in failed}
+    for n, c in checks.items():
+        assert c["points"] == (0 if n in failed else c["max_points"]), c
+    reasons = [checks[n]["reason"] for n in mutant["expect_fail"]]
+    assert any(mutant["expect_message"] in r for r in reasons), reasons
+    assert all(r and "\n" not in r for r in reasons)
+
+
+# ---------------------------------------------------------- wrong references
+
+def test_corrupt_reference_fails_the_right_answer_and_says_so(tmp_path):
+    ref = copy_reference(tmp_path)
+
+    def corrupt(rows):
+        rows[2]["loss"] *= 1.001
+    rewrite_metrics(ref / "stage02" / "metrics.jsonl", corrupt)
+    _, res = grade(tmp_path / "out", "--solutions", "--stage", "02", "--reference", ref)
+    checks = {c["name"]: c for c in res["stages"]["02"]["checks"]}
+    loss = checks["loss parity"]
+    assert not loss["ok"]
+    assert "step 3" in loss["reason"] and "reference disagrees with the baseline" in loss["reason"], loss["reason"]
+    assert all(c["ok"] for n, c in checks.items() if n != "loss parity")
+
+
+def test_wrong_reference_cannot_make_a_wrong_answer_pass(tmp_path):
+    """The reference is replaced by the wrong answer's own numbers: the baseline still catches it."""
+    mutant = next(m for m in MUTANTS if m["name"] == "shard_offset_rank_times_local_rows")
+    src = apply_mutant(mutant, str(tmp_path / "hw_fsdp.c"))
+    grade(tmp_path / "first", "--file", src, "--stage", "01")
+    ref = copy_reference(tmp_path)
+    shutil.copy(tmp_path / "first" / "stage01" / "metrics.jsonl", ref / "stage01" / "metrics.jsonl")
+
+    _, res = grade(tmp_path / "wrong", "--file", src, "--stage", "01", "--reference", ref)
+    loss = {c["name"]: c for c in res["stages"]["01"]["checks"]}["loss parity"]
+    assert not loss["ok"]
+    assert "matches the reference log but not the non-sharded baseline" in loss["reason"], loss["reason"]
+
+    _, res = grade(tmp_path / "right", "--solutions", "--stage", "01", "--reference", ref)
+    loss = {c["name"]: c for c in res["stages"]["01"]["checks"]}["loss parity"]
+    assert not loss["ok"] and "reference disagrees with the baseline" in loss["reason"], loss["reason"]
+
+
+def test_reference_from_another_configuration_is_called_stale(tmp_path):
+    ref = copy_reference(tmp_path)
+    run_json = ref / "stage01" / "run.json"
+    cfg = json.loads(run_json.read_text())
+    cfg["seq_len"] = cfg["seq_len"] * 2
+    run_json.write_text(json.dumps(cfg))
+    _, res = grade(tmp_path / "out", "--solutions", "--stage", "01", "--reference", ref)
+    checks = {c["name"]: c for c in res["stages"]["01"]["checks"]}
+    assert not checks["loss parity"]["ok"] and "stale" in checks["loss parity"]["reason"]
+    assert checks["DTensors"]["ok"]
+
+
+# ------------------------------------------------------------------- usage
+
+@pytest.mark.parametrize("args,message", [
+    (["--stage", "09"], "unknown stage '09'"),
+    (["--file", "solutions/01_forward/hw_fsdp.c"], "--file needs exactly one --stage"),
+    (["--file", "solutions/01_forward/hw_fsdp.c", "--stage", "01", "--stage", "02"], "--file needs exactly one --stage"),
+    (["--file", "/nonexistent/hw_fsdp.c", "--stage", "01"], "no such file"),
+    (["--reference", "/nonexistent/reference"], "no such directory"),
+    (["--bogus"], "unrecognized arguments: --bogus"),
+    (["--timeout", "0"], "--timeout must be positive"),
+])
+def test_usage_errors_exit_2_with_one_line(args, message, tmp_path):
+    p = subprocess.run([sys.executable, GRADER, "--out", str(tmp_path)] + args, cwd=ROOT, capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("grade.py: error: ") and message in lines[0], p.stderr

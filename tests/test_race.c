@@ -1,0 +1,285 @@
+/* test_race.c — the stream race detector and the collective watchdog.
+ *
+ *   ./test_race                  every unit test (verdicts checked in a child process)
+ *   ./test_race NAME             one test
+ *   ./test_race --mode KIND      run one scenario in this process (tests/test_runtime_misuse.py
+ *                                checks its exit status and message)
+ *
+ * A race verdict ends the process (exit 2), so each unit test forks a child
+ * that runs a scenario and compares its stderr with the expected line. */
+#include "check.h"
+#include "device.h"
+#include "util.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static WorldConfig config(int n) {
+    WorldConfig c = {0};
+    c.world_size = n;
+    c.backend = BACKEND_LOCAL;
+    c.blas_threads = 1;
+    return c;
+}
+
+static void run_world(WorldConfig c, void (*fn)(Dev *, void *), void *arg) {
+    World *w = world_create(&c);
+    world_run(w, fn, arg);
+    world_destroy(w);
+}
+
+typedef struct {
+    const float *src;
+    float *dst;
+    size_t n;
+} CopyArgs;
+static void k_copy(void *p) {
+    CopyArgs *a = p;
+    memcpy(a->dst, a->src, a->n * sizeof(float));
+}
+
+/* ------------------------------------------------------------ scenarios */
+
+/* Stream "producer" writes buf (memcpy); "compute" reads it. mode selects the
+ * ordering: 0 none, 1 event wait, 2 event recorded BEFORE the write, 3 host
+ * stream sync, 4 host event sync. */
+static void rank_write_then_read(Dev *d, void *arg) {
+    int mode = *(int *)arg;
+    Stream *c = dev_compute_stream(d), *p = dev_stream_create(d, "producer");
+    Event *e = dev_event_create(d, "produced");
+    dev_set_scope(d, 0, "block1", "pre_forward");
+    float *src = dev_alloc_f32(d, 256, MEM_PARAM_SHARD, "shard");
+    float *buf = dev_alloc_f32(d, 1024, MEM_COMM_BUFFER, "block1.buffer");
+    float *out = dev_alloc_f32(d, 256, MEM_ACTIVATION, "block1.out");
+    dev_memset_async(p, src, 0, 256 * sizeof(float));
+    if (mode == 2) dev_event_record(e, p);
+    dev_memcpy_async(p, buf + 256, src, 256 * sizeof(float));
+    if (mode == 1) dev_event_record(e, p);
+    if (mode == 1 || mode == 2) dev_stream_wait_event(c, e);
+    if (mode == 3) dev_stream_synchronize(p);
+    if (mode == 4) {
+        dev_event_record(e, p);
+        dev_event_synchronize(e);
+    }
+    dev_set_scope(d, 0, "block1", "forward");
+    CopyArgs a = {buf + 256, out, 256};
+    dev_access(c, buf + 256, 256 * sizeof(float), 0, "block1 weights");
+    dev_access(c, out, 256 * sizeof(float), 1, NULL);
+    dev_launch(c, "matmul", k_copy, &a, sizeof a);
+    dev_synchronize(d);
+    dev_free(d, src);
+    dev_free(d, buf);
+    dev_free(d, out);
+    dev_event_destroy(e);
+}
+
+/* compute reads buf; "writer" overwrites it without waiting (write after read). */
+static void rank_write_after_read(Dev *d, void *arg) {
+    int ordered = *(int *)arg;
+    Stream *c = dev_compute_stream(d), *wr = dev_stream_create(d, "writer");
+    Event *e = dev_event_create(d, "read_done");
+    dev_set_scope(d, 2, "optimizer", "step");
+    float *buf = dev_alloc_f32(d, 64, MEM_PARAM_SHARD, "layers.0.wq.weight");
+    float *tmp = dev_alloc_f32(d, 64, MEM_TEMP, "tmp");
+    memset(buf, 0, 64 * sizeof(float)); /* host writes are not tracked */
+    dev_memcpy_async(c, tmp, buf, 64 * sizeof(float));
+    if (ordered) {
+        dev_event_record(e, c);
+        dev_stream_wait_event(wr, e);
+    }
+    dev_memset_async(wr, buf, 0, 64 * sizeof(float));
+    dev_synchronize(d);
+    dev_free(d, buf);
+    dev_free(d, tmp);
+    dev_event_destroy(e);
+}
+
+/* A copy enqueued on a buffer after its dev_free. */
+static void rank_use_after_free(Dev *d, void *arg) {
+    (void)arg;
+    Stream *c = dev_compute_stream(d);
+    dev_set_scope(d, 0, "block2", "pre_forward");
+    float *flat = dev_alloc_f32(d, 512, MEM_COMM_BUFFER, "block2.all_gather_buffer");
+    float *param = dev_alloc_f32(d, 512, MEM_UNSHARDED_PARAM, "layers.2.attention.wq.weight");
+    dev_memset_async(c, flat, 0, 512 * sizeof(float));
+    dev_free(d, flat);
+    dev_memcpy_async(c, param, flat, 512 * sizeof(float));
+    dev_synchronize(d);
+    dev_free(d, param);
+}
+
+/* A collective writes on "all_gather"; compute copies out with or without a wait. */
+static void rank_collective(Dev *d, void *arg) {
+    int ordered = *(int *)arg;
+    int W = dev_world_size(d), me = dev_rank(d);
+    Stream *c = dev_compute_stream(d), *ag = dev_stream_create(d, "all_gather");
+    Event *e = dev_event_create(d, "ag_done");
+    dev_set_scope(d, 0, "block1", "pre_forward");
+    float *flat = dev_alloc_f32(d, 128 * (size_t)W, MEM_COMM_BUFFER, "block2.all_gather_buffer");
+    dev_set_scope(d, 0, "block2", "pre_forward");
+    dev_memset_async(ag, flat + (size_t)me * 128, 0, 128 * sizeof(float));
+    coll_all_gather(d, flat + (size_t)me * 128, flat, 128, ag, "block2");
+    dev_event_record(e, ag);
+    if (ordered) dev_stream_wait_event(c, e);
+    float *p = dev_alloc_f32(d, 128 * (size_t)W, MEM_UNSHARDED_PARAM, "layers.2.w");
+    dev_memcpy_async(c, p, flat, 128 * (size_t)W * sizeof(float));
+    dev_free(d, flat);
+    dev_synchronize(d);
+    dev_free(d, p);
+    dev_event_destroy(e);
+}
+
+/* Rank 3 (of 4) skips one all-gather: the others wait for it forever. */
+static void rank_skip_all_gather(Dev *d, void *arg) {
+    (void)arg;
+    Stream *ag = dev_stream_create(d, "all_gather");
+    float *buf = dev_alloc_f32(d, 4 * 64, MEM_COMM_BUFFER, "buf");
+    for (int k = 0; k < 14; k++)
+        if (!(dev_rank(d) == 3 && k == 13)) coll_all_gather(d, buf, buf, 64, ag, k == 13 ? "block2" : "warm");
+    dev_synchronize(d);
+    dev_free(d, buf);
+}
+
+/* Rank 0 issues a collective on a stream index the other ranks never create. */
+static void rank_extra_stream(Dev *d, void *arg) {
+    (void)arg;
+    float *buf = dev_alloc_f32(d, 2 * 16, MEM_COMM_BUFFER, "buf");
+    if (dev_rank(d) == 0) {
+        Stream *x = dev_stream_create(d, "extra");
+        coll_all_reduce(d, buf, buf, 16, RED_SUM, x, "grad_norm");
+    }
+    dev_synchronize(d);
+    dev_free(d, buf);
+}
+
+/* compute waits on an event whose record sits behind a collective that never
+ * completes (rank 1 skips it); the host waits on compute. */
+static void rank_stuck_event(Dev *d, void *arg) {
+    (void)arg;
+    Stream *c = dev_compute_stream(d), *ag = dev_stream_create(d, "all_gather");
+    Event *e = dev_event_create(d, "ag_done");
+    float *buf = dev_alloc_f32(d, 2 * 32, MEM_COMM_BUFFER, "buf");
+    if (dev_rank(d) == 0) coll_all_gather(d, buf, buf, 32, ag, "block0");
+    dev_event_record(e, ag);
+    dev_stream_wait_event(c, e);
+    dev_stream_synchronize(c);
+    dev_free(d, buf);
+    dev_event_destroy(e);
+}
+
+static int run_mode(const char *kind) {
+    int arg = 0;
+    WorldConfig c = config(1);
+    void (*fn)(Dev *, void *) = NULL;
+    if (!strcmp(kind, "race_missing_wait")) fn = rank_write_then_read, arg = 0;
+    else if (!strcmp(kind, "race_with_wait")) fn = rank_write_then_read, arg = 1;
+    else if (!strcmp(kind, "race_record_before_write")) fn = rank_write_then_read, arg = 2;
+    else if (!strcmp(kind, "race_stream_sync")) fn = rank_write_then_read, arg = 3;
+    else if (!strcmp(kind, "race_event_sync")) fn = rank_write_then_read, arg = 4;
+    else if (!strcmp(kind, "race_off")) fn = rank_write_then_read, arg = 0, c.no_race_check = 1;
+    else if (!strcmp(kind, "race_write_after_read")) fn = rank_write_after_read, arg = 0;
+    else if (!strcmp(kind, "race_write_after_read_ordered")) fn = rank_write_after_read, arg = 1;
+    else if (!strcmp(kind, "race_use_after_free")) fn = rank_use_after_free;
+    else if (!strcmp(kind, "race_collective")) fn = rank_collective, arg = 0, c = config(4);
+    else if (!strcmp(kind, "race_collective_ordered")) fn = rank_collective, arg = 1, c = config(4);
+    else if (!strcmp(kind, "timeout_skip")) fn = rank_skip_all_gather, c = config(4);
+    else if (!strcmp(kind, "timeout_stream")) fn = rank_extra_stream, c = config(3);
+    else if (!strcmp(kind, "timeout_event")) fn = rank_stuck_event, c = config(2);
+    else {
+        fprintf(stderr, "unknown mode %s\n", kind);
+        return 1;
+    }
+    if (!strncmp(kind, "timeout", 7)) c.collective_timeout_s = 1.0;
+    run_world(c, fn, &arg);
+    return 0;
+}
+
+/* ----------------------------------------------------------- unit tests */
+
+static char self_path[4096];
+
+/* Run `--mode kind` in a child; returns its exit status, stderr in err. */
+static int child(const char *kind, char *err, size_t cap) {
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "'%s' --mode %s 2>&1 >/dev/null", self_path, kind);
+    FILE *f = popen(cmd, "r");
+    if (!f) return -1;
+    size_t n = fread(err, 1, cap - 1, f);
+    err[n] = 0;
+    int st = pclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+}
+
+#define EXPECT_CLEAN(kind)                                                        \
+    do {                                                                          \
+        char err_[4096];                                                          \
+        int rc_ = child(kind, err_, sizeof err_);                                 \
+        CHECK(rc_ == 0 && err_[0] == 0, "%s: exit %d, stderr: %s", kind, rc_, err_); \
+    } while (0)
+#define EXPECT_LINE(kind, line)                                                   \
+    do {                                                                          \
+        char err_[4096];                                                          \
+        int rc_ = child(kind, err_, sizeof err_);                                 \
+        CHECK(rc_ == 2 && strcmp(err_, line "\n") == 0, "%s: exit %d, stderr:\n%s\nwanted:\n%s", kind, rc_, err_, line); \
+    } while (0)
+
+#define MISSING_WAIT                                                                                                   \
+    "error: race on rank 0: compute stream's 'block1.matmul' reads 'block1.buffer' (comm_buffer, allocated in "        \
+    "block1.pre_forward) at byte offset 1024 as block1 weights written by producer stream's 'block1.copy' with no "    \
+    "event wait ordering it (record an event on producer after the write and make compute wait for it)"
+
+TEST(missing_wait_is_reported) { EXPECT_LINE("race_missing_wait", MISSING_WAIT); }
+TEST(event_wait_orders) { EXPECT_CLEAN("race_with_wait"); }
+TEST(record_before_write_does_not_order) { EXPECT_LINE("race_record_before_write", MISSING_WAIT); }
+TEST(host_syncs_order) {
+    EXPECT_CLEAN("race_stream_sync");
+    EXPECT_CLEAN("race_event_sync");
+}
+TEST(off_switch) { EXPECT_CLEAN("race_off"); }
+TEST(write_after_read) {
+    EXPECT_LINE("race_write_after_read",
+                "error: race on rank 0: writer stream's 'optimizer.memset' writes 'layers.0.wq.weight' (param_shard, "
+                "allocated in optimizer.step) while compute stream's 'optimizer.copy' may still read it: no event wait "
+                "orders the read before the write (record an event on compute after the read and make writer wait for it)");
+    EXPECT_CLEAN("race_write_after_read_ordered");
+}
+TEST(use_after_free) {
+    EXPECT_LINE("race_use_after_free",
+                "error: use after free on rank 0: compute stream's 'block2.copy' reads 'block2.all_gather_buffer' "
+                "(comm_buffer, allocated in block2.pre_forward, freed in block2.pre_forward) after its dev_free (free "
+                "a buffer only after enqueuing the last op that uses it)");
+}
+#define COLLECTIVE_RACE                                                                                                \
+    "error: race on rank 0: compute stream's 'block2.copy' reads 'block2.all_gather_buffer' (comm_buffer, allocated " \
+    "in block1.pre_forward) written by all_gather stream's 'block2.all_gather' with no event wait ordering it "       \
+    "(record an event on all_gather after the write and make compute wait for it)"
+TEST(collective_race_deterministic) {
+    /* 4 ranks find the same race at nearly the same time: rank 0 always speaks */
+    for (int i = 0; i < 20; i++) EXPECT_LINE("race_collective", COLLECTIVE_RACE);
+    EXPECT_CLEAN("race_collective_ordered");
+}
+TEST(verdict_is_deterministic) {
+    for (int i = 0; i < 20; i++) EXPECT_LINE("race_missing_wait", MISSING_WAIT);
+}
+
+int main(int argc, char **argv) {
+    if (argc > 2 && strcmp(argv[1], "--mode") == 0) return run_mode(argv[2]);
+    ssize_t n = readlink("/proc/self/exe", self_path, sizeof self_path - 1);
+    if (n <= 0) snprintf(self_path, sizeof self_path, "%s", argv[0]);
+    else self_path[n] = 0;
+    CHECK_MAIN_ARGS(argc, argv);
+    RUN(missing_wait_is_reported);
+    RUN(event_wait_orders);
+    RUN(record_before_write_does_not_order);
+    RUN(host_syncs_order);
+    RUN(off_switch);
+    RUN(write_after_read);
+    RUN(use_after_free);
+    RUN(collective_race_deterministic);
+    RUN(verdict_is_deterministic);
+    return check_summary();
+}

@@ -92,6 +92,12 @@ static int pending_ready(Dev *d, const PendingFree *p) {
     return 1;
 }
 
+static void free_storage(Alloc *a) {
+    free((void *)a->addr);
+    race_alloc_free(a);
+    free(a);
+}
+
 static void release(Dev *d, PendingFree *p) {
     MemEvent *e = mev_push(d);
     e->kind = MEV_FREE_DONE;
@@ -101,11 +107,10 @@ static void release(Dev *d, PendingFree *p) {
     e->step = p->alloc->step;
     e->time_us = now_us() - d->world->epoch_us;
     e->current_bytes = d->current;
-    free((void *)p->alloc->addr);
-    race_alloc_free(p->alloc);
-    free(p->alloc);
     free(p->snapshot);
     d->frees_released++;
+    if (p->alloc->quarantined) p->alloc->released = 1; /* storage held until it leaves the quarantine */
+    else free_storage(p->alloc);
 }
 
 /* Return to the system every deferred free whose streams have moved past it.
@@ -137,36 +142,40 @@ static void push_pending(Dev *d, PendingFree pf) {
 
 /* With the race detector on, a freed allocation stays findable (dead tree)
  * and its storage is held back for the next QUARANTINE_FREES frees or
- * QUARANTINE_BYTES bytes (host order, so deterministic), then takes the
- * ordinary stream-safe path. Counting (current/peak) is unaffected. */
-#define QUARANTINE_FREES 1024
-#define QUARANTINE_BYTES ((size_t)64 << 20)
+ * QUARANTINE_BYTES bytes (host order, so deterministic): no new allocation or
+ * host malloc can take the address meanwhile. The stream-safe release (counts,
+ * memory events) is unchanged; only the storage's return to the system waits
+ * for both the release and the end of the quarantine. */
+#define QUARANTINE_FREES 256
+#define QUARANTINE_BYTES ((size_t)32 << 20)
 
 static void quarantine_evict_one(Dev *d) {
-    PendingFree pf = d->quarantine[d->quar_head];
+    Alloc *a = d->quarantine[d->quar_head];
     d->quar_head = (d->quar_head + 1) % d->quar_cap;
     d->quar_count--;
-    d->quar_bytes -= pf.alloc->size;
-    d->dead_root = treap_remove(d->dead_root, pf.alloc->addr);
-    pf.alloc->left = pf.alloc->right = NULL;
-    push_pending(d, pf);
+    d->quar_bytes -= a->size;
+    d->dead_root = treap_remove(d->dead_root, a->addr);
+    a->left = a->right = NULL;
+    a->quarantined = 0;
+    if (a->released) free_storage(a);
 }
 
-static void quarantine(Dev *d, PendingFree pf) {
+static void quarantine(Dev *d, Alloc *a) {
     if (d->quar_count == d->quar_cap) {
         size_t ncap = d->quar_cap ? d->quar_cap * 2 : 64;
-        PendingFree *nq = xmalloc(ncap * sizeof *nq);
+        Alloc **nq = xmalloc(ncap * sizeof *nq);
         for (size_t i = 0; i < d->quar_count; i++) nq[i] = d->quarantine[(d->quar_head + i) % d->quar_cap];
         free(d->quarantine);
         d->quarantine = nq;
         d->quar_cap = ncap;
         d->quar_head = 0;
     }
-    d->quarantine[(d->quar_head + d->quar_count++) % d->quar_cap] = pf;
-    d->quar_bytes += pf.alloc->size;
+    d->quarantine[(d->quar_head + d->quar_count++) % d->quar_cap] = a;
+    d->quar_bytes += a->size;
+    a->quarantined = 1;
     Alloc *lo, *hi;
-    treap_split(d->dead_root, pf.alloc->addr, &lo, &hi);
-    d->dead_root = treap_merge(treap_merge(lo, pf.alloc), hi);
+    treap_split(d->dead_root, a->addr, &lo, &hi);
+    d->dead_root = treap_merge(treap_merge(lo, a), hi);
     while (d->quar_count > QUARANTINE_FREES || (d->quar_count && d->quar_bytes > QUARANTINE_BYTES))
         quarantine_evict_one(d);
 }
@@ -271,8 +280,8 @@ void dev_free(Dev *d, void *p) {
     if (busy) d->frees_deferred++;
     a->free_module = d->module;
     a->free_phase = d->phase;
-    if (d->race_on) quarantine(d, pf);
-    else push_pending(d, pf);
+    push_pending(d, pf);
+    if (d->race_on) quarantine(d, a);
     dev_release_pending_frees(d, 0);
 }
 
@@ -320,18 +329,17 @@ static void free_tree(Alloc *t) {
 
 /* At Dev destroy (streams already idle and joined). */
 void dev_alloc_destroy(Dev *d) {
-    while (d->quar_count) quarantine_evict_one(d);
-    free(d->quarantine);
     while (d->pend_count) {
         PendingFree *p = &d->pending[d->pend_head];
-        free((void *)p->alloc->addr);
-        race_alloc_free(p->alloc);
-        free(p->alloc);
+        if (p->alloc->quarantined) p->alloc->released = 1;
+        else free_storage(p->alloc);
         free(p->snapshot);
         d->pend_head = (d->pend_head + 1) % d->pend_cap;
         d->pend_count--;
     }
     free(d->pending);
+    while (d->quar_count) quarantine_evict_one(d);
+    free(d->quarantine);
     free_tree(d->live_root);
     for (size_t i = 0; i < d->n_mev; i++) free(d->mev[i].json);
     free(d->mev);

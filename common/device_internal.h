@@ -170,6 +170,7 @@ typedef struct Alloc {
     struct Alloc *left, *right;
     RaceState race;                     /* race detector (host thread) */
     const char *free_module, *free_phase; /* scope of dev_free (use-after-free messages) */
+    int quarantined, released;          /* race detector: storage held back / stream-safe release done */
 } Alloc;
 
 typedef enum { MEV_ALLOC = 0, MEV_FREE, MEV_FREE_DONE, MEV_NOTE } MemEventKind;
@@ -234,7 +235,7 @@ struct Dev {
     int race_width;                     /* length of every vector clock (= streams so far) */
     uint64_t *host_vc;                  /* what the host has waited for */
     Alloc *dead_root;                   /* freed allocations whose storage is held back (use-after-free) */
-    PendingFree *quarantine;            /* FIFO ring of those frees, in host order */
+    Alloc **quarantine;                 /* FIFO ring of those allocations, in host order */
     size_t quar_head, quar_count, quar_cap, quar_bytes;
     /* flight recorder (host issues, workers update, the watchdog reads) */
     pthread_mutex_t flight_mu;

@@ -83,6 +83,8 @@ static void usage(FILE *f, const char *prog) {
             "  --link-latency-us X      link model latency per ring hop (default 0)\n"
             "  --blas-threads N         OpenBLAS threads per rank (default cores / ranks)\n"
             "  --no-poison              do not fill fresh allocations with NaN\n"
+            "  --no-race-check          do not check streams for missing event waits (on by default)\n"
+            "  --collective-timeout-s X stop when a collective waits longer than X s for its peers (default 30, 0 = off)\n"
             "\noutput\n"
             "  --out DIR                run directory: metrics.jsonl, run.json, traces, memory snapshots\n"
             "  --profile-steps N        record op timings for the first N steps (default 3)\n"
@@ -122,6 +124,7 @@ static void parse_args(int argc, char **argv, Options *o) {
     o->world.backend = BACKEND_LOCAL;
     o->world.poison = 1;
     o->world.trace = 1;
+    o->world.collective_timeout_s = 30.0;
     /* model overrides are applied after the flavour */
     long ov_dim = -1, ov_layers = -1, ov_heads = -1, ov_kv = -1, ov_vocab = -1, ov_mult = -1;
     double ov_ffn = -1;
@@ -145,6 +148,7 @@ static void parse_args(int argc, char **argv, Options *o) {
         if (!strcmp(flag, "--ac")) { o->ac = 1; continue; }
         if (!strcmp(flag, "--forward-only")) { o->forward_only = 1; continue; }
         if (!strcmp(flag, "--no-poison")) { o->world.poison = 0; continue; }
+        if (!strcmp(flag, "--no-race-check")) { o->world.no_race_check = 1; continue; }
         if (!strcmp(flag, "--quiet")) { o->quiet = 1; continue; }
         if (!strcmp(flag, "--reshard-after-forward")) {
             if (!val && i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) val = argv[++i];
@@ -157,7 +161,7 @@ static void parse_args(int argc, char **argv, Options *o) {
             "--flavor", "--dim", "--n-layers", "--n-heads", "--n-kv-heads", "--vocab-size", "--multiple-of",
             "--ffn-dim-multiplier", "--seq-len", "--batch-size", "--steps", "--lr", "--warmup-steps",
             "--weight-decay", "--max-norm", "--seed", "--data", "--load", "--save", "--save-init", "--out",
-            "--profile-steps", "--save-every", "--world", "--backend", "--link-gbps", "--link-latency-us", "--blas-threads"};
+            "--profile-steps", "--save-every", "--world", "--backend", "--link-gbps", "--link-latency-us", "--blas-threads", "--collective-timeout-s"};
         int known = 0;
         for (size_t k = 0; k < sizeof value_flags / sizeof value_flags[0]; k++) known |= !strcmp(flag, value_flags[k]);
         if (!known) fatal("unknown flag '%s' (see --help)", flag);
@@ -197,6 +201,7 @@ static void parse_args(int argc, char **argv, Options *o) {
             else fatal("--backend expects local or mpi, got '%s'", val);
         } else if (!strcmp(flag, "--link-gbps")) o->world.link_gbps = parse_num(flag, val, 0, 1e6);
         else if (!strcmp(flag, "--link-latency-us")) o->world.link_latency_us = parse_num(flag, val, 0, 1e7);
+        else if (!strcmp(flag, "--collective-timeout-s")) o->world.collective_timeout_s = parse_num(flag, val, 0, 1e7);
         else if (!strcmp(flag, "--blas-threads")) o->world.blas_threads = (int)parse_int(flag, val, 0, 1024);
         else fatal("unknown flag '%s' (see --help)", flag);
     }
@@ -422,7 +427,10 @@ static void write_dtensors(Dev *dev, Model *m, const float *init, const char *di
         for (int j = 0; j < m->modules[i].n_params; j++) {
             const Param *p = &m->modules[i].params[j];
             const DTensor *dt = &p->dt;
-            int mesh_ok = dt->mesh == mesh;
+            /* the DTensor's own mesh, compared by value with the world's (a copy is fine) */
+            const DeviceMesh *dm = dt->mesh;
+            int mesh_ok = dm && dm->size == mesh->size;
+            for (int r = 0; mesh_ok && r < mesh->size; r++) mesh_ok = dm->ranks[r] == mesh->ranks[r];
             const char *pl = dt->placement == PLACEMENT_SHARD0 ? "Shard(0)"
                              : dt->placement == PLACEMENT_REPLICATE ? "Replicate()" : "none";
             /* does the local shard hold exactly the rows [row_offset, +local_rows) of the init? */
@@ -439,7 +447,7 @@ static void write_dtensors(Dev *dev, Model *m, const float *init, const char *di
                  m->modules[i].name, p->shape[0], p->ndim == 2 ? "," : "");
             if (p->ndim == 2) EMIT("%zu", p->shape[1]);
             EMIT("],\"mesh\":[");
-            for (int r = 0; mesh_ok && r < mesh->size; r++) EMIT("%s%d", r ? "," : "", mesh->ranks[r]);
+            for (int r = 0; dm && r < dm->size && r < WORLD_MAX_RANKS; r++) EMIT("%s%d", r ? "," : "", dm->ranks[r]);
             EMIT("],\"mesh_is_world\":%s,\"placement\":\"%s\",\"local_rows\":%zu,\"padded_rows\":%zu,"
                  "\"row_offset\":%zu,\"row_numel\":%zu,\"global_rows\":%zu,\"has_local\":%s,"
                  "\"local_matches_init\":%s,\"padding_is_zero\":%s}",

@@ -19,7 +19,6 @@ Exit status: 0 whenever grading happened (the score says how it went),
 Standard library only (python3 >= 3.9).
 """
 import argparse
-import glob
 import hashlib
 import json
 import math
@@ -450,7 +449,7 @@ class Context:
         return [max(int(r["peak_mem_bytes_per_rank"][k]) for r in rows) for k in range(self.world)]
 
     def where_peak(self, rank):
-        """'step 2, block1.backward (live: activation 1.26 MiB, ...)' for the rank's largest current_bytes."""
+        """Where the rank's memory peaked and the largest tags then, from its snapshot (for the message)."""
         try:
             events = self.memory(rank).get("events", [])
         except CheckFailed:
@@ -957,6 +956,7 @@ def main(argv=None):
         os.replace(json_path + ".tmp", json_path)
     except OSError as e:
         say("could not write %s: %s" % (json_path, e), sys.stderr)
+    say("results: %s" % relpath(os.path.abspath(json_path)))
     say("graded %d stage%s in %.1f s" % (len(results), "" if len(results) == 1 else "s", elapsed))
     return 0
 

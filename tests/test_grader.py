@@ -5,6 +5,7 @@ checks it breaks, and a wrong reference log never makes a wrong answer pass.
 Every test grades into its own tmp_path (the grader builds and runs there), so the
 file is safe to run in parallel. No timing assertions: the grader prints its own time.
 """
+import fcntl
 import json
 import os
 import re
@@ -28,8 +29,12 @@ CHECK_LINE = re.compile(r"^== stage (\d\d) == (.+): (OK|FAIL) \(\d+\.\ds\)$")
 
 @pytest.fixture(scope="session", autouse=True)
 def built():
-    """The runtime and baseline must be built before graders run side by side (they only link)."""
-    p = subprocess.run(["make", "-s", "--no-print-directory", "all"], cwd=ROOT, capture_output=True, text=True)
+    """The runtime must be built before graders run side by side (each then only compiles its own file);
+    the lock keeps parallel workers (pytest -n) from building the same objects at once."""
+    os.makedirs(os.path.join(ROOT, "build"), exist_ok=True)
+    with open(os.path.join(ROOT, "build", ".test_grader.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        p = subprocess.run(["make", "-s", "--no-print-directory", "all"], cwd=ROOT, capture_output=True, text=True)
     assert p.returncode == 0, "make failed:\n" + p.stdout[-3000:] + p.stderr[-3000:]
 
 

@@ -291,7 +291,6 @@ static void rank_stream_safe(Dev *d, void *arg) {
 TEST(stream_safe_free) {
     WorldConfig c = config(1);
     c.poison = 1;
-    c.no_race_check = 1; /* the race detector holds freed storage back (use-after-free quarantine) */
     run_world(c, rank_stream_safe, NULL);
 }
 

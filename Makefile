@@ -39,7 +39,7 @@ SOL_BIN    := $(patsubst %,$(BUILD)/solutions/%/train,$(SOLUTIONS))
 STAGE_BIN  := $(patsubst %,$(BUILD)/stages/%/train,$(STAGES))
 BASELINE   := $(BUILD)/baseline/train
 
-.PHONY: longrun tsan asan run plots handout starters impl all detect run test test-c test-py grade reference plots handout bench clean tsan asan
+.PHONY: asan-test longrun tsan asan run plots handout starters impl all detect run test test-c test-py grade reference plots handout bench clean tsan asan
 
 all: detect $(LIB) $(BASELINE) $(SOL_BIN) $(STAGE_BIN) $(TEST_BIN)
 
@@ -167,6 +167,15 @@ asan:
 	  $$(case $$s in 01*) echo --forward-only;; 05*) echo --ac;; 06*) echo --reshard-after-forward=false;; esac) \
 	  --out build-asan/runs/$$s; done
 	@echo "asan: clean"
+
+# The whole Python test suite against AddressSanitizer + UBSan binaries.
+# (Leak checking stays in `make asan`: OpenMPI's own allocations would drown it here.)
+ASAN_FLAGS = OPT=-O1 EXTRA_CFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -Wno-format-truncation" \
+             EXTRA_LDFLAGS="-fsanitize=address,undefined"
+asan-test:
+	$(MAKE) -s BUILD=build-asan $(ASAN_FLAGS) SOLUTIONS="$(SOLUTIONS)" all >/dev/null
+	HWFSDP_BUILD=build-asan ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+	  $(PYTHON) -m pytest -q -p no:cacheprovider tests --deselect tests/test_bench.py
 
 clean:
 	rm -rf $(BUILD) build-tsan build-asan

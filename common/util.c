@@ -19,8 +19,11 @@ void fatal(const char *fmt, ...) {
     va_end(ap);
     fflush(stdout);
     fprintf(stderr, "error: %s\n", line);
-    fflush(stderr);
-    exit(EXIT_FATAL);
+    /* _exit, not exit: other threads (stream workers, BLAS) may still be running,
+     * and exit()'s library teardown under their feet can crash the process
+     * instead of reporting the error. Flush our own files first. */
+    fflush(NULL);
+    _exit(EXIT_FATAL);
 }
 
 void *xmalloc(size_t bytes) {

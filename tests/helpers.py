@@ -5,7 +5,8 @@ import os
 import subprocess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BUILD = os.path.join(ROOT, "build")
+# HWFSDP_BUILD=build-asan runs the suite against the sanitizer build (make asan-test)
+BUILD = os.path.join(ROOT, os.environ.get("HWFSDP_BUILD", "build"))
 BASELINE = os.path.join(BUILD, "baseline", "train")
 _SOL_DIR = os.path.join(ROOT, "solutions")
 SOLUTIONS = sorted(d for d in os.listdir(_SOL_DIR) if d[:2].isdigit()) if os.path.isdir(_SOL_DIR) else []

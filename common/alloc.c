@@ -86,14 +86,60 @@ static void mev_from_alloc(MemEvent *e, const Alloc *a) {
 
 /* -------------------------------------------------------- deferred frees */
 
-static int pending_ready(Dev *d, const PendingFree *p) {
+#ifndef HWFSDP_CUDA
+/* CPU backend: storage is the C heap; a fence is each stream's count of ops
+ * enqueued at free time, ready when every stream's worker has passed it. */
+void *backend_storage_alloc(Dev *d, size_t bytes, const char *name) {
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes) != 0 || !p)
+        fatal("rank %d: out of memory allocating %zu bytes for '%s' (%zu bytes allocated now)", d->rank, bytes,
+              name ? name : "?", d->current);
+    if (d->world->cfg.poison) {
+        uint32_t nan_bits = 0x7fc00000u;
+        size_t nf = bytes / 4;
+        uint32_t *w = p;
+        for (size_t i = 0; i < nf; i++) w[i] = nan_bits;
+    }
+    d->reserved += bytes;
+    return p;
+}
+
+void backend_storage_free(Dev *d, void *p, size_t bytes) {
+    free(p);
+    d->reserved -= bytes;
+}
+
+int backend_fence_create(Dev *d, PendingFree *pf) {
+    pf->snapshot = xmalloc((size_t)(d->nstreams ? d->nstreams : 1) * sizeof(uint64_t));
+    pf->nstreams = d->nstreams;
+    int busy = 0;
+    for (int i = 0; i < d->nstreams; i++) {
+        Stream *s = d->streams[i];
+        pthread_mutex_lock(&s->mu);
+        pf->snapshot[i] = s->enqueued;
+        busy |= s->completed < s->enqueued;
+        pthread_mutex_unlock(&s->mu);
+    }
+    return busy;
+}
+
+int backend_fence_ready(Dev *d, const PendingFree *p) {
     for (int i = 0; i < p->nstreams; i++)
         if (stream_completed(d->streams[i]) < p->snapshot[i]) return 0;
     return 1;
 }
 
-static void free_storage(Alloc *a) {
-    free((void *)a->addr);
+void backend_fence_release(Dev *d, PendingFree *pf) {
+    (void)d;
+    free(pf->snapshot);
+    pf->snapshot = NULL;
+}
+#endif
+
+static size_t storage_bytes(size_t bytes) { return bytes ? (bytes + 63) / 64 * 64 : 64; }
+
+static void free_storage(Dev *d, Alloc *a) {
+    backend_storage_free(d, (void *)a->addr, storage_bytes(a->size));
     race_alloc_free(a);
     free(a);
 }
@@ -107,10 +153,10 @@ static void release(Dev *d, PendingFree *p) {
     e->step = p->alloc->step;
     e->time_us = now_us() - d->world->epoch_us;
     e->current_bytes = d->current;
-    free(p->snapshot);
+    backend_fence_release(d, p);
     d->frees_released++;
     if (p->alloc->quarantined) p->alloc->released = 1; /* storage held until it leaves the quarantine */
-    else free_storage(p->alloc);
+    else free_storage(d, p->alloc);
 }
 
 /* Return to the system every deferred free whose streams have moved past it.
@@ -118,7 +164,7 @@ static void release(Dev *d, PendingFree *p) {
 void dev_release_pending_frees(Dev *d, int wait_all) {
     while (d->pend_count) {
         PendingFree *p = &d->pending[d->pend_head];
-        if (!wait_all && !pending_ready(d, p)) break;
+        if (!wait_all && !backend_fence_ready(d, p)) break;
         release(d, p);
         d->pend_head = (d->pend_head + 1) % d->pend_cap;
         d->pend_count--;
@@ -157,7 +203,7 @@ static void quarantine_evict_one(Dev *d) {
     d->dead_root = treap_remove(d->dead_root, a->addr);
     a->left = a->right = NULL;
     a->quarantined = 0;
-    if (a->released) free_storage(a);
+    if (a->released) free_storage(d, a);
 }
 
 static void quarantine(Dev *d, Alloc *a) {
@@ -193,18 +239,9 @@ Alloc *dev_dead_alloc_containing(const Dev *d, uintptr_t p) { return containing(
 void *dev_alloc(Dev *d, size_t bytes, MemTag tag, const char *name) {
     if ((int)tag < 0 || tag >= MEM_TAG_COUNT) fatal("dev_alloc('%s'): bad memory tag %d", name ? name : "?", (int)tag);
     dev_release_pending_frees(d, 0);
-    size_t real = bytes ? (bytes + 63) / 64 * 64 : 64; /* 0 bytes still get a unique address */
+    size_t real = storage_bytes(bytes); /* 0 bytes still get a unique address */
     if (real < bytes) fatal("dev_alloc('%s'): %zu bytes is too large", name ? name : "?", bytes);
-    void *p = NULL;
-    if (posix_memalign(&p, 64, real) != 0 || !p)
-        fatal("rank %d: out of memory allocating %zu bytes for '%s' (%zu bytes allocated now)", d->rank, bytes,
-              name ? name : "?", d->current);
-    if (d->world->cfg.poison) {
-        uint32_t nan_bits = 0x7fc00000u;
-        size_t nf = real / 4;
-        uint32_t *w = p;
-        for (size_t i = 0; i < nf; i++) w[i] = nan_bits;
-    }
+    void *p = backend_storage_alloc(d, real, name);
     Alloc *a = xcalloc(1, sizeof *a);
     a->addr = (uintptr_t)p;
     a->size = bytes;
@@ -268,16 +305,8 @@ void dev_free(Dev *d, void *p) {
     e->current_bytes = d->current;
 
     /* Stream-safe: the storage may be in use by any op enqueued so far. */
-    PendingFree pf = {a, xmalloc((size_t)(d->nstreams ? d->nstreams : 1) * sizeof(uint64_t)), d->nstreams};
-    int busy = 0;
-    for (int i = 0; i < d->nstreams; i++) {
-        Stream *s = d->streams[i];
-        pthread_mutex_lock(&s->mu);
-        pf.snapshot[i] = s->enqueued;
-        busy |= s->completed < s->enqueued;
-        pthread_mutex_unlock(&s->mu);
-    }
-    if (busy) d->frees_deferred++;
+    PendingFree pf = {a, NULL, 0, NULL};
+    if (backend_fence_create(d, &pf)) d->frees_deferred++;
     a->free_module = d->module;
     a->free_phase = d->phase;
     push_pending(d, pf);
@@ -287,6 +316,7 @@ void dev_free(Dev *d, void *p) {
 
 size_t dev_mem_current(const Dev *d) { return d->current; }
 size_t dev_mem_peak(const Dev *d) { return d->peak; }
+size_t dev_mem_reserved(const Dev *d) { return d->reserved; }
 void dev_mem_reset_peak(Dev *d) { d->peak = d->current; }
 size_t dev_mem_current_by_tag(const Dev *d, MemTag tag) {
     if ((int)tag < 0 || tag >= MEM_TAG_COUNT) return 0;
@@ -318,13 +348,11 @@ void dev_mem_note(Dev *d, const char *kind, const char *json_fields) {
     e->current_bytes = d->current;
 }
 
-static void free_tree(Alloc *t) {
+static void free_tree(Dev *d, Alloc *t) {
     if (!t) return;
-    free_tree(t->left);
-    free_tree(t->right);
-    free((void *)t->addr);
-    race_alloc_free(t);
-    free(t);
+    free_tree(d, t->left);
+    free_tree(d, t->right);
+    free_storage(d, t);
 }
 
 /* At Dev destroy (streams already idle and joined). */
@@ -332,15 +360,15 @@ void dev_alloc_destroy(Dev *d) {
     while (d->pend_count) {
         PendingFree *p = &d->pending[d->pend_head];
         if (p->alloc->quarantined) p->alloc->released = 1;
-        else free_storage(p->alloc);
-        free(p->snapshot);
+        else free_storage(d, p->alloc);
+        backend_fence_release(d, p);
         d->pend_head = (d->pend_head + 1) % d->pend_cap;
         d->pend_count--;
     }
     free(d->pending);
     while (d->quar_count) quarantine_evict_one(d);
     free(d->quarantine);
-    free_tree(d->live_root);
+    free_tree(d, d->live_root);
     for (size_t i = 0; i < d->n_mev; i++) free(d->mev[i].json);
     free(d->mev);
 }

@@ -379,11 +379,11 @@ void dev_write_artifacts(Dev *d, const char *dir) {
     write_memory_json(dir, d);
     write_memory_pickle(dir, d);
     World *w = d->world;
-    if (w->cfg.backend == BACKEND_LOCAL && w->local_ranks > 1) {
+    if (!backend_is_multiprocess(w->cfg.backend) && w->local_ranks > 1) {
         dev_host_barrier(d); /* every rank's trace is complete */
         if (d->rank == 0) write_trace(dir, "trace.json", w->devs, w->local_ranks);
         dev_host_barrier(d); /* nobody records more or exits while rank 0 reads */
-    } else if (w->cfg.backend == BACKEND_LOCAL) {
+    } else if (!backend_is_multiprocess(w->cfg.backend)) {
         write_trace(dir, "trace.json", &d, 1);
     } else {
         dev_host_barrier(d);

@@ -15,141 +15,6 @@
 #include <time.h>
 #include <unistd.h>
 
-static const char *const KIND_NAMES[] = {"all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier"};
-
-static void describe(char *buf, size_t cap, int rank, const CollDesc *c) {
-    int n = snprintf(buf, cap, "rank %d %s", rank, KIND_NAMES[c->kind]);
-    if (c->kind != COLL_BARRIER && n >= 0 && (size_t)n < cap)
-        n += snprintf(buf + n, cap - (size_t)n, " %llu f32", (unsigned long long)c->count);
-    if ((c->kind == COLL_REDUCE_SCATTER || c->kind == COLL_ALL_REDUCE) && n >= 0 && (size_t)n < cap)
-        n += snprintf(buf + n, cap - (size_t)n, " %s", c->op == RED_AVG ? "avg" : "sum");
-    if (c->kind == COLL_BROADCAST && n >= 0 && (size_t)n < cap) n += snprintf(buf + n, cap - (size_t)n, " root %d", c->root);
-    if (n >= 0 && (size_t)n < cap) snprintf(buf + n, cap - (size_t)n, " (%s)", c->label);
-}
-
-static int same_call(const CollDesc *a, const CollDesc *b) {
-    return a->kind == b->kind && a->count == b->count && a->op == b->op && a->root == b->root;
-}
-
-/* Fatal naming every rank's call if they differ (descs in rank order). */
-static void check_agreement(Stream *s, uint64_t seq, const CollDesc *descs, int n) {
-    int ok = 1;
-    for (int r = 1; r < n; r++) ok &= same_call(&descs[0], &descs[r]);
-    if (ok) return;
-    size_t cap = 256 + (size_t)n * 160, len = 0;
-    char *msg = xmalloc(cap);
-    len = (size_t)snprintf(msg, cap, "collective mismatch on stream '%s' #%llu: ", s->name, (unsigned long long)seq);
-    for (int r = 0; r < n && len < cap; r++) {
-        char one[160];
-        describe(one, sizeof one, r, &descs[r]);
-        len += (size_t)snprintf(msg + len, cap - len, "%s%s", r ? "; " : "", one);
-    }
-#ifdef HAVE_MPI
-    /* every process sees the mismatch: let rank 0 say it once (mpirun then
-     * stops the job); the others report too if the job is still alive later */
-    if (s->dev->world->cfg.backend == BACKEND_MPI && s->dev->rank != 0) sleep(5);
-#endif
-    fatal("%s", msg);
-}
-
-/* ------------------------------------------------------- flight recorder */
-
-/* d->flight grows with the streams; slots are reused seq % FLIGHT_DEPTH. */
-void flight_stream_created(Dev *d, Stream *s) {
-    int index = s->index;
-    pthread_mutex_lock(&d->flight_mu);
-    if (index >= d->flight_n) {
-        d->flight = xrealloc(d->flight, (size_t)(index + 1) * sizeof *d->flight);
-        memset(d->flight + d->flight_n, 0, (size_t)(index + 1 - d->flight_n) * sizeof *d->flight);
-        d->flight_n = index + 1;
-    }
-    d->flight[index].stream = s->name;
-    pthread_mutex_unlock(&d->flight_mu);
-}
-
-static void flight_set(Stream *s, const Op *op, int state) {
-    Dev *d = s->dev;
-    pthread_mutex_lock(&d->flight_mu);
-    FlightEntry *e = &d->flight[s->index].e[op->coll_seq % FLIGHT_DEPTH];
-    if (state == FLIGHT_ISSUED)
-        *e = (FlightEntry){op->coll_seq, op->coll.count, op->coll.kind, state, op->label};
-    else if (e->seq == op->coll_seq && e->state)
-        e->state = state;
-    pthread_mutex_unlock(&d->flight_mu);
-}
-
-static const char *const STATE_NAMES[] = {"?", "issued", "started", "completed"};
-
-/* One line for a rank: every stream's last collectives, oldest first. */
-static void flight_print(FILE *f, Dev *d) {
-    pthread_mutex_lock(&d->flight_mu);
-    fprintf(f, "  rank %d:", d->rank);
-    for (int i = 0; i < d->flight_n; i++) {
-        const FlightRing *r = &d->flight[i];
-        uint64_t newest = 0;
-        int any = 0;
-        for (int k = 0; k < FLIGHT_DEPTH; k++)
-            if (r->e[k].state && (!any || r->e[k].seq > newest)) newest = r->e[k].seq, any = 1;
-        fprintf(f, "%s %s:", i ? ";" : "", r->stream ? r->stream : "?");
-        if (!any) fprintf(f, " (no collectives)");
-        uint64_t first = newest + 1 >= FLIGHT_DEPTH ? newest + 1 - FLIGHT_DEPTH : 0;
-        for (uint64_t q = first; any && q <= newest; q++) {
-            const FlightEntry *e = &r->e[q % FLIGHT_DEPTH];
-            if (!e->state || e->seq != q) continue;
-            fprintf(f, " #%llu %s", (unsigned long long)e->seq, KIND_NAMES[e->kind]);
-            if (e->kind != COLL_BARRIER) fprintf(f, " %llu", (unsigned long long)e->count);
-            fprintf(f, "%s%s%s %s", *e->label ? " (" : "", e->label, *e->label ? ")" : "", STATE_NAMES[e->state]);
-            fprintf(f, q < newest ? "," : "");
-        }
-    }
-    fprintf(f, "\n");
-    pthread_mutex_unlock(&d->flight_mu);
-}
-
-/* The watchdog's report: once per world, then exit(2). `lowest` is the post of
- * the lowest rank waiting in the collective (so the message does not depend
- * on which waiter's timer fired first); here[r] marks the ranks that arrived. */
-void watchdog_timeout(Stream *s, const Op *op, const CollPost *lowest, int lowest_rank, const uint8_t *here, int n) {
-    World *w = s->dev->world;
-    pthread_mutex_lock(&w->report_mu);
-    if (w->reporting) { /* someone else speaks (and exits) */
-        for (;;) pthread_cond_wait(&w->report_cv, &w->report_mu);
-    }
-    w->reporting = 1;
-    char missing[512] = "";
-    size_t len = 0;
-    int nmiss = 0;
-    for (int r = 0; here && r < n && len < sizeof missing - 16; r++)
-        if (!here[r]) {
-            len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%d", nmiss ? ", " : "", r);
-            nmiss++;
-        }
-    const CollDesc *c = lowest ? &lowest->desc : &op->coll;
-    uint64_t seq = lowest ? lowest->seq : op->coll_seq;
-    char what[200];
-    describe(what, sizeof what, 0, c); /* "rank 0 <kind> <count> f32 ... (label)" */
-    const char *call = strchr(what + 5, ' ');
-    fflush(stdout);
-    fprintf(stderr, "error: collective timeout on rank %d: stream '%s' #%llu%s waited %.1f s", lowest_rank, s->name,
-            (unsigned long long)seq, call ? call : "", w->cfg.collective_timeout_s);
-    if (nmiss)
-        fprintf(stderr, "; rank%s %s never joined it (every rank must issue the same collectives, in the same order, "
-                        "on streams created in the same order)", nmiss > 1 ? "s" : "", missing);
-    fprintf(stderr, "\n");
-    fprintf(stderr, "flight recorder (the last %d collectives of every stream: #seq kind count (label) state):\n",
-            FLIGHT_DEPTH);
-    if (w->cfg.backend == BACKEND_LOCAL) {
-        for (int r = 0; r < w->local_ranks; r++) {
-            if (w->devs[r]) flight_print(stderr, w->devs[r]);
-            else fprintf(stderr, "  rank %d: %s\n", r, w->rank_done[r] ? "finished (its program returned)" : "not started");
-        }
-    } else {
-        flight_print(stderr, s->dev);
-    }
-    fflush(stderr);
-    _exit(EXIT_FATAL); /* not exit: other streams may be inside kernels */
-}
-
 /* ------------------------------------------------------------ link model */
 
 static double link_time_us(const WorldConfig *cfg, const CollDesc *c, size_t bytes) {
@@ -242,12 +107,12 @@ static void local_execute(Stream *s, const Op *op) {
     pthread_mutex_unlock(&c->mu);
 
     int agree = 1;
-    for (int r = 1; r < n; r++) agree &= same_call(&posts[0].desc, &posts[r].desc);
+    for (int r = 1; r < n; r++) agree &= coll_same_call(&posts[0].desc, &posts[r].desc);
     if (!agree) {
         if (me == 0) {
             CollDesc descs[WORLD_MAX_RANKS];
             for (int r = 0; r < n; r++) descs[r] = posts[r].desc;
-            check_agreement(s, op->coll_seq, descs, n);
+            coll_check_agreement(s, op->coll_seq, descs, n);
         }
         /* the other ranks wait for rank 0's fatal exit */
         pthread_mutex_lock(&c->mu);
@@ -342,7 +207,7 @@ static void mpi_execute(Stream *s, const Op *op) {
     MPI_Request req;
     MPI_Iallgather((void *)desc, (int)sizeof *desc, MPI_BYTE, descs, (int)sizeof *desc, MPI_BYTE, s->comm, &req);
     mpi_wait(s, op, &req);
-    check_agreement(s, op->coll_seq, descs, n);
+    coll_check_agreement(s, op->coll_seq, descs, n);
 
     switch (desc->kind) {
     case COLL_ALL_GATHER:
@@ -418,13 +283,9 @@ void coll_execute(Stream *s, const Op *op) {
 
 static void enqueue_coll(Dev *d, Stream *s, CollKind kind, const float *send, float *recv, size_t count, RedOp op,
                          int root, size_t bytes, const char *label) {
-    if (s->dev != d) fatal("%s: stream '%s' belongs to rank %d, not rank %d", KIND_NAMES[kind], s->name, s->dev->rank, d->rank);
-    if (kind == COLL_REDUCE_SCATTER || kind == COLL_ALL_REDUCE)
-        if (op != RED_SUM && op != RED_AVG) fatal("%s: unknown reduce op %d", KIND_NAMES[kind], (int)op);
-    if (count && kind != COLL_BARRIER && (!recv || (kind != COLL_BROADCAST && !send)))
-        fatal("%s (%s): NULL buffer with %zu elements", KIND_NAMES[kind], label ? label : "", count);
+    coll_validate(d, s, (int)kind, send, recv, count, (int)op, label);
     Op o;
-    stream_op_init(s, &o, OP_COLL, KIND_NAMES[kind]);
+    stream_op_init(s, &o, OP_COLL, coll_kind_name((int)kind));
     o.label = dev_intern(d, label && *label ? label : "");
     o.coll.kind = kind;
     o.coll.op = (kind == COLL_REDUCE_SCATTER || kind == COLL_ALL_REDUCE) ? (int)op : 0;

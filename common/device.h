@@ -62,7 +62,18 @@ typedef struct Event Event;
 
 /* ------------------------------------------------------------------ world */
 
-typedef enum { BACKEND_LOCAL = 0, BACKEND_MPI = 1 } CollBackend;
+/* How ranks are hosted and how collectives move data.
+ *   local     threads of one process; CPU: memcpy; CUDA build: N ranks share
+ *             one GPU (device copies and reduction kernels on their streams)
+ *   mpi       one process per rank under mpirun (CPU build), MPI collectives
+ *   nccl      CUDA build: threads of one process, one GPU per rank, NCCL
+ *   nccl-mpi  CUDA build: one process per rank under mpirun (any number of
+ *             nodes), GPU = rank on its node, NCCL id broadcast over MPI */
+typedef enum { BACKEND_LOCAL = 0, BACKEND_MPI = 1, BACKEND_NCCL = 2, BACKEND_NCCL_MPI = 3 } CollBackend;
+/* "local", "mpi", "nccl", "nccl-mpi" */
+const char *backend_name(CollBackend b);
+/* 1 if this runtime was built with the CUDA backend (make cuda). */
+int dev_is_cuda_build(void);
 
 #define WORLD_MAX_RANKS 64
 
@@ -76,6 +87,7 @@ typedef struct {
     int blas_threads;         /* OpenBLAS threads per rank (0 = cores / ranks) */
     int no_race_check;        /* 1 = turn the stream race detector off (on by default) */
     double collective_timeout_s; /* watchdog: a collective waiting longer stops the run; 0 = off */
+    int tf32;                 /* CUDA build: matmuls may use TF32 tensor cores */
 } WorldConfig;
 
 /* Create the world. With BACKEND_MPI this calls MPI_Init_thread and checks that
@@ -188,6 +200,9 @@ size_t dev_mem_current(const Dev *d);                 /* bytes allocated now */
 size_t dev_mem_peak(const Dev *d);                    /* max since last reset */
 void dev_mem_reset_peak(Dev *d);                      /* peak := current */
 size_t dev_mem_current_by_tag(const Dev *d, MemTag tag);
+/* Bytes of storage the allocator holds now: live allocations, freed ones
+ * still in use by queued work, and (CUDA) cached segments. >= current. */
+size_t dev_mem_reserved(const Dev *d);
 /* Size of the live allocation that contains address p, or 0 if none does. */
 size_t dev_mem_live_size_containing(const Dev *d, const void *p);
 /* Identity (allocation sequence number, never reused) of the live allocation

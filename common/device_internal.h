@@ -120,8 +120,13 @@ typedef struct {
     };
 } Op;
 
+struct CudaStream;
+struct CudaDev;
+struct CudaWorld;
+
 struct Stream {
     Dev *dev;
+    struct CudaStream *cuda;        /* CUDA backend state; NULL on the CPU */
     int index;
     char *name;
     pthread_t thread;
@@ -154,6 +159,7 @@ struct Event {
     int destroyed;
     uint64_t *vc;         /* race detector (host thread): the recording stream's clock at the latest record */
     int vc_n;
+    void *cuda_event;     /* CUDA backend: the cudaEvent_t; NULL on the CPU */
 };
 
 /* ---------------------------------------------------------------- memory */
@@ -190,8 +196,9 @@ typedef struct {
 
 typedef struct {
     Alloc *alloc;           /* detached from the live tree */
-    uint64_t *snapshot;     /* per stream: ops enqueued at free time */
+    uint64_t *snapshot;     /* CPU: per stream, ops enqueued at free time */
     int nstreams;
+    void *fence;            /* CUDA: events recorded on the streams at free time */
 } PendingFree;
 
 /* ----------------------------------------------------------------- trace */
@@ -208,6 +215,7 @@ typedef struct {
 struct Dev {
     World *world;
     int rank, world_size;
+    struct CudaDev *cuda;               /* CUDA backend state; NULL on the CPU */
     /* scope (host thread) */
     int step;
     const char *module, *phase;
@@ -222,6 +230,7 @@ struct Dev {
     Alloc *live_root;
     size_t n_live;
     size_t current, peak, by_tag[MEM_TAG_COUNT];
+    size_t reserved;                    /* storage held (backend_storage_*; CUDA: cudaMalloc'd segments) */
     uint64_t mem_seq;
     uint64_t prio_state;
     MemEvent *mev;
@@ -249,6 +258,7 @@ struct Dev {
 
 struct World {
     WorldConfig cfg;
+    struct CudaWorld *cuda;             /* CUDA backend state; NULL on the CPU */
     int local_ranks, first_local_rank;
     double epoch_us;
     pthread_mutex_t mu;                 /* guards chans */
@@ -272,6 +282,37 @@ struct World {
     int mpi_initialized_here;
 #endif
 };
+
+/* 1 for the backends with one process per rank (under mpirun) */
+static inline int backend_is_multiprocess(CollBackend b) { return b == BACKEND_MPI || b == BACKEND_NCCL_MPI; }
+
+/* ------------------------------------------------------ backend hooks
+ * What differs between the CPU backend (stream.c, alloc.c) and the CUDA one
+ * (cuda/runtime_cuda.c); everything else (accounting, snapshots, traces,
+ * world, host exchange) is shared. */
+void backend_world_init(World *w);            /* end of world_create */
+void backend_world_fini(World *w);            /* start of world_destroy */
+void backend_dev_init(Dev *d);                /* rank thread, before the compute stream exists */
+void backend_dev_fini(Dev *d);                /* last: streams, events and the allocator are gone */
+void backend_event_fini(Event *e);            /* an event is being freed */
+/* Storage for an allocation of `bytes` (a multiple of 64, > 0), fatal when
+ * out of memory; backend_storage_free returns it. Both keep d->reserved. */
+void *backend_storage_alloc(Dev *d, size_t bytes, const char *name);
+void backend_storage_free(Dev *d, void *p, size_t bytes);
+/* Stream-safe frees: at dev_free the fence marks the work queued so far on
+ * every stream of the rank; the storage is released once the fence is ready.
+ * backend_fence_create returns 1 if some stream was still busy. */
+int backend_fence_create(Dev *d, PendingFree *pf);
+int backend_fence_ready(Dev *d, const PendingFree *pf);
+void backend_fence_release(Dev *d, PendingFree *pf);
+/* collectives (coll_common.c): names and the agreement check */
+const char *coll_kind_name(int kind);
+int coll_same_call(const CollDesc *a, const CollDesc *b);
+/* Fatal naming every rank's call if they differ (descs in rank order). */
+void coll_check_agreement(Stream *s, uint64_t seq, const CollDesc *descs, int n);
+/* Fatal on a bad argument (other rank's stream, NULL buffer, unknown op). */
+void coll_validate(Dev *d, Stream *s, int kind, const float *send, const float *recv, size_t count, int op,
+                   const char *label);
 
 /* cross-file internals */
 CollChannel *world_channel(World *w, int stream_index);
@@ -297,8 +338,9 @@ Alloc *dev_dead_alloc_containing(const Dev *d, uintptr_t p);
 /* world.c: one fatal report for the whole world; ranks below `rank` that hit
  * the same verdict win, so the message is the same on every run */
 void world_report_race(World *w, int rank, const char *msg) __attribute__((noreturn));
-/* watchdog (collectives.c) */
+/* flight recorder and watchdog (coll_common.c) */
 void flight_stream_created(Dev *d, Stream *s);
+void flight_set(Stream *s, const Op *op, int state); /* FlightState */
 void watchdog_timeout(Stream *s, const Op *op, const CollPost *lowest, int lowest_rank, const uint8_t *here,
                       int n) __attribute__((noreturn));
 

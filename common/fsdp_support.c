@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "hw_fsdp.h"
+#include "kernels.h"
 #include "util.h"
 
 void hw_todo(const char *what, const char *where) {
@@ -12,23 +13,6 @@ void hw_todo(const char *what, const char *where) {
     fprintf(stderr, "TODO not implemented: %s (see %s)\n", what, where);
     fflush(NULL);
     _exit(EXIT_TODO); /* not exit(): see fatal() in util.c */
-}
-
-typedef struct {
-    float *param;
-    const float *grad;
-    float *m, *v;
-    size_t n;
-    AdamWConfig c;
-    float lr;
-    int t;
-    const float *total_sumsq;
-} AdamArgs;
-
-static void k_adamw(void *a) {
-    AdamArgs *x = a;
-    float norm = sqrtf(*x->total_sumsq);
-    adamw_update(x->param, x->grad, x->m, x->v, x->n, &x->c, x->lr, x->t, clip_coefficient(&x->c, norm));
 }
 
 void launch_adamw(Stream *s, float *param, const float *grad, float *exp_avg, float *exp_avg_sq, size_t n,
@@ -39,5 +23,5 @@ void launch_adamw(Stream *s, float *param, const float *grad, float *exp_avg, fl
     dev_access(s, param, n * sizeof(float), 1, NULL);
     dev_access(s, exp_avg, n * sizeof(float), 1, NULL);
     dev_access(s, exp_avg_sq, n * sizeof(float), 1, NULL);
-    dev_launch(s, "adamw", k_adamw, &a, sizeof a);
+    dev_launch(s, "adamw", KERNEL(adamw), &a, sizeof a);
 }

@@ -2,7 +2,7 @@
  *
  * Every kernel call is queued on the compute stream (dev_launch), so the host
  * only allocates, queues and moves on, exactly as with CUDA. The kernels
- * themselves are plain C in ops.c.
+ * (kernels.h) are plain C in ops.c on the CPU backend, CUDA on the GPU one.
  *
  * Block math (x is the block input, N = B*T rows):
  *   xn  = RMSNorm(x) * attention_norm              [N, D]
@@ -20,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ops.h"
+#include "kernels.h"
 #include "util.h"
 
 /* ------------------------------------------------------------ configuration */
@@ -233,71 +233,11 @@ void model_init_host(const Model *m, uint64_t seed, float *out) {
 
 /* ----------------------------------------------------------- queued kernels */
 
-
-
-typedef struct { float *out; const int32_t *tok; const float *w; size_t N, D; } EmbArgs;
-static void k_emb_fwd(void *a) { EmbArgs *x = a; embedding_forward(x->out, x->tok, x->w, x->N, x->D); }
-static void k_emb_bwd(void *a) { EmbArgs *x = a; embedding_backward(x->out, x->w, x->tok, x->N, x->D); }
-
-typedef struct { float *out, *rstd; const float *in, *w; size_t N, D; float eps; } NormArgs;
-static void k_norm_fwd(void *a) { NormArgs *x = a; rmsnorm_forward(x->out, x->rstd, x->in, x->w, x->N, x->D, x->eps); }
-typedef struct { float *dinp, *dw; const float *dout, *in, *w, *rstd; size_t N, D; } NormBwdArgs;
-static void k_norm_bwd(void *a) {
-    NormBwdArgs *x = a;
-    rmsnorm_backward(x->dinp, x->dw, x->dout, x->in, x->w, x->rstd, x->N, x->D);
-}
-
-typedef struct { float *out; const float *in, *w; size_t N, C, OC; } MmArgs;
-static void k_mm_fwd(void *a) { MmArgs *x = a; matmul_forward(x->out, x->in, x->w, x->N, x->C, x->OC); }
-typedef struct { float *dinp, *dw; const float *dout, *in, *w; size_t N, C, OC; } MmBwdArgs;
-static void k_mm_bwd(void *a) {
-    MmBwdArgs *x = a;
-    matmul_backward(x->dinp, x->dw, x->dout, x->in, x->w, x->N, x->C, x->OC);
-}
-
-typedef struct { float *x; const float *cos, *sin; size_t B, T, nh, hd; int backward; } RopeArgs;
-static void k_rope(void *a) {
-    RopeArgs *r = a;
-    if (r->backward) rope_backward(r->x, r->cos, r->sin, r->B, r->T, r->nh, r->hd);
-    else rope_forward(r->x, r->cos, r->sin, r->B, r->T, r->nh, r->hd);
-}
-typedef struct { float *cos, *sin; size_t T, hd; float theta; } RopeTabArgs;
-static void k_rope_tab(void *a) { RopeTabArgs *r = a; rope_tables(r->cos, r->sin, r->T, r->hd, r->theta); }
-
-typedef struct { float *out, *probs; const float *q, *k, *v; size_t B, T, H, KV, hd; } AttArgs;
-static void k_att_fwd(void *a) {
-    AttArgs *x = a;
-    attention_forward(x->out, x->probs, x->q, x->k, x->v, x->B, x->T, x->H, x->KV, x->hd);
-}
-typedef struct { float *dq, *dk, *dv, *scratch; const float *dout, *q, *k, *v, *probs; size_t B, T, H, KV, hd; } AttBwdArgs;
-static void k_att_bwd(void *a) {
-    AttBwdArgs *x = a;
-    attention_backward(x->dq, x->dk, x->dv, x->dout, x->q, x->k, x->v, x->probs, x->scratch, x->B, x->T, x->H, x->KV,
-                       x->hd);
-}
-
-typedef struct { float *out; const float *a, *b; size_t n; } SwiArgs;
-static void k_swi_fwd(void *a) { SwiArgs *x = a; swiglu_forward(x->out, x->a, x->b, x->n); }
-typedef struct { float *da, *db; const float *dout, *a, *b; size_t n; } SwiBwdArgs;
-static void k_swi_bwd(void *a) { SwiBwdArgs *x = a; swiglu_backward(x->da, x->db, x->dout, x->a, x->b, x->n); }
-
-typedef struct { float *out; const float *a, *b; size_t n; } AddArgs;
-static void k_add(void *a) { AddArgs *x = a; add_forward(x->out, x->a, x->b, x->n); }
-
-typedef struct { float *loss; float *dlogits; const float *logits; const int32_t *tgt; size_t N, V; } CeArgs;
-static void k_ce_fwd(void *a) { CeArgs *x = a; *x->loss = crossentropy_forward(x->logits, x->tgt, x->N, x->V); }
-static void k_ce_bwd(void *a) {
-    CeArgs *x = a;
-    crossentropy_backward(x->dlogits, x->logits, x->tgt, x->N, x->V, 1.0f / (float)x->N);
-}
-
-typedef struct { float *acc; const float *x; size_t n; } SumsqArgs;
-static void k_sumsq(void *a) { SumsqArgs *s = a; *s->acc += (float)sumsq(s->x, s->n); }
 void launch_sumsq_accumulate(Stream *s, float *acc, const float *x, size_t n) {
     SumsqArgs a = {acc, x, n};
     dev_access(s, x, n * sizeof(float), 0, NULL);
     dev_access(s, acc, sizeof(float), 1, NULL);
-    dev_launch(s, "grad_sumsq", k_sumsq, &a, sizeof a);
+    dev_launch(s, "grad_sumsq", KERNEL(sumsq_accumulate), &a, sizeof a);
 }
 
 /* Small helpers so the module code reads like the math. */
@@ -326,30 +266,30 @@ static float *zeros(Q *q, size_t n, const char *what) {
 }
 static void rmsnorm_q(Q *q, float *out, float *rstd, const float *in, const float *w, size_t N, size_t D, float eps) {
     NormArgs a = {out, rstd, in, w, N, D, eps};
-    dev_launch(q->s, "rmsnorm", k_norm_fwd, &a, sizeof a);
+    dev_launch(q->s, "rmsnorm", KERNEL(rmsnorm_forward), &a, sizeof a);
 }
 static void rmsnorm_bwd_q(Q *q, float *dinp, float *dw, const float *dout, const float *in, const float *w,
                           const float *rstd, size_t N, size_t D) {
     NormBwdArgs a = {dinp, dw, dout, in, w, rstd, N, D};
-    dev_launch(q->s, "rmsnorm_bwd", k_norm_bwd, &a, sizeof a);
+    dev_launch(q->s, "rmsnorm_bwd", KERNEL(rmsnorm_backward), &a, sizeof a);
 }
 static void matmul_q(Q *q, const char *name, float *out, const float *in, const float *w, size_t N, size_t C,
                      size_t OC) {
     MmArgs a = {out, in, w, N, C, OC};
-    dev_launch(q->s, name, k_mm_fwd, &a, sizeof a);
+    dev_launch(q->s, name, KERNEL(matmul_forward), &a, sizeof a);
 }
 static void matmul_bwd_q(Q *q, const char *name, float *dinp, float *dw, const float *dout, const float *in,
                          const float *w, size_t N, size_t C, size_t OC) {
     MmBwdArgs a = {dinp, dw, dout, in, w, N, C, OC};
-    dev_launch(q->s, name, k_mm_bwd, &a, sizeof a);
+    dev_launch(q->s, name, KERNEL(matmul_backward), &a, sizeof a);
 }
 static void rope_q(Q *q, float *x, const ModelRun *run, size_t nh, size_t hd, int backward) {
     RopeArgs a = {x, run->rope_cos, run->rope_sin, run->B, run->T, nh, hd, backward};
-    dev_launch(q->s, backward ? "rope_bwd" : "rope", k_rope, &a, sizeof a);
+    dev_launch(q->s, backward ? "rope_bwd" : "rope", KERNEL(rope), &a, sizeof a);
 }
 static void add_q(Q *q, float *out, const float *a_, const float *b_, size_t n) {
     AddArgs a = {out, a_, b_, n};
-    dev_launch(q->s, "residual_add", k_add, &a, sizeof a);
+    dev_launch(q->s, "residual_add", KERNEL(add), &a, sizeof a);
 }
 
 static void free_acts(Dev *dev, ModuleActs *A, int keep_input) {
@@ -373,7 +313,7 @@ void model_run_begin(Model *m, ModelRun *run) {
     run->rope_cos = act(&q, run->T * hd / 2, "cos");
     run->rope_sin = act(&q, run->T * hd / 2, "sin");
     RopeTabArgs a = {run->rope_cos, run->rope_sin, run->T, hd, m->cfg.rope_theta};
-    dev_launch(run->stream, "rope_tables", k_rope_tab, &a, sizeof a);
+    dev_launch(run->stream, "rope_tables", KERNEL(rope_tables), &a, sizeof a);
     Q ql = {run->dev, run->stream, "head"};
     run->loss = act(&ql, 1, "loss");
     run->h = run->dh = NULL;
@@ -424,7 +364,7 @@ static void block_forward_saved(Model *m, Module *mod, ModelRun *run, Q *q) {
     A->probs = act(q, run->B * H * run->T * run->T, "probs");
     A->att = act(q, N * H * hd, "att");
     AttArgs aa = {A->att, A->probs, A->q, A->k, A->v, run->B, run->T, H, KV, hd};
-    dev_launch(q->s, "attention", k_att_fwd, &aa, sizeof aa);
+    dev_launch(q->s, "attention", KERNEL(attention_forward), &aa, sizeof aa);
     A->h = act(q, N * D, "h");
     dev_access(run->stream, P[P_WO].data, P[P_WO].numel * sizeof(float), 0, P[P_WO].name);
     matmul_q(q, "wo", A->h, A->att, P[P_WO].data, N, H * hd, D);
@@ -441,7 +381,7 @@ static void block_forward_saved(Model *m, Module *mod, ModelRun *run, Q *q) {
     matmul_q(q, "w3", A->b, A->hn, P[P_W3].data, N, D, F);
     A->g = act(q, N * F, "swiglu");
     SwiArgs sa = {A->g, A->a, A->b, N * F};
-    dev_launch(q->s, "swiglu", k_swi_fwd, &sa, sizeof sa);
+    dev_launch(q->s, "swiglu", KERNEL(swiglu_forward), &sa, sizeof sa);
 }
 
 void module_forward(Model *m, Module *mod, ModelRun *run) {
@@ -454,7 +394,7 @@ void module_forward(Model *m, Module *mod, ModelRun *run) {
         float *out = act(&q, N * D, "out");
         dev_access(run->stream, P[0].data, P[0].numel * sizeof(float), 0, P[0].name);
         EmbArgs a = {out, run->inputs, P[0].data, N, D};
-        dev_launch(run->stream, "embedding", k_emb_fwd, &a, sizeof a);
+        dev_launch(run->stream, "embedding", KERNEL(embedding_forward), &a, sizeof a);
         run->h = out;
     } else if (mod->kind == MOD_BLOCK) {
         A->x = run->h; /* the block owns its input until its backward */
@@ -476,7 +416,7 @@ void module_forward(Model *m, Module *mod, ModelRun *run) {
         dev_access(run->stream, P[P_OUTPUT].data, P[P_OUTPUT].numel * sizeof(float), 0, P[P_OUTPUT].name);
         matmul_q(&q, "output", A->logits, A->xn, P[P_OUTPUT].data, N, D, V);
         CeArgs ce = {run->loss, NULL, A->logits, run->targets, N, V};
-        dev_launch(run->stream, "cross_entropy", k_ce_fwd, &ce, sizeof ce);
+        dev_launch(run->stream, "cross_entropy", KERNEL(crossentropy_forward), &ce, sizeof ce);
         run->h = NULL;
     }
 }
@@ -500,7 +440,7 @@ void module_backward(Model *m, Module *mod, ModelRun *run) {
     if (mod->kind == MOD_HEAD) {
         float *dlogits = zeros(&q, N * V, "dlogits");
         CeArgs ce = {NULL, dlogits, A->logits, run->targets, N, V};
-        dev_launch(run->stream, "cross_entropy_bwd", k_ce_bwd, &ce, sizeof ce);
+        dev_launch(run->stream, "cross_entropy_bwd", KERNEL(crossentropy_backward), &ce, sizeof ce);
         float *dxn = zeros(&q, N * D, "dxn");
         dev_access(run->stream, P[P_OUTPUT].grad, P[P_OUTPUT].numel * sizeof(float), 1, NULL);
         dev_access(run->stream, P[P_OUTPUT].data, P[P_OUTPUT].numel * sizeof(float), 0, P[P_OUTPUT].name);
@@ -522,7 +462,7 @@ void module_backward(Model *m, Module *mod, ModelRun *run) {
         matmul_bwd_q(&q, "w2_bwd", dg, P[P_W2].grad, dout, A->g, P[P_W2].data, N, F, D);
         float *da = zeros(&q, N * F, "dw1_out"), *db = zeros(&q, N * F, "dw3_out");
         SwiBwdArgs sb = {da, db, dg, A->a, A->b, N * F};
-        dev_launch(run->stream, "swiglu_bwd", k_swi_bwd, &sb, sizeof sb);
+        dev_launch(run->stream, "swiglu_bwd", KERNEL(swiglu_backward), &sb, sizeof sb);
         float *dhn = zeros(&q, N * D, "dhn");
         dev_access(run->stream, P[P_W1].grad, P[P_W1].numel * sizeof(float), 1, NULL);
         dev_access(run->stream, P[P_W1].data, P[P_W1].numel * sizeof(float), 0, P[P_W1].name);
@@ -540,9 +480,9 @@ void module_backward(Model *m, Module *mod, ModelRun *run) {
         dev_access(run->stream, P[P_WO].data, P[P_WO].numel * sizeof(float), 0, P[P_WO].name);
         matmul_bwd_q(&q, "wo_bwd", datt, P[P_WO].grad, dh, A->att, P[P_WO].data, N, H * hd, D);
         float *dq = zeros(&q, N * H * hd, "dq"), *dk = zeros(&q, N * KV * hd, "dk"), *dv = zeros(&q, N * KV * hd, "dv");
-        float *scratch = temp(&q, run->T * run->T, "att_scratch");
+        float *scratch = temp(&q, KERNEL(attention_scratch_floats)(run->B, run->T, H), "att_scratch");
         AttBwdArgs ab = {dq, dk, dv, scratch, datt, A->q, A->k, A->v, A->probs, run->B, run->T, H, KV, hd};
-        dev_launch(run->stream, "attention_bwd", k_att_bwd, &ab, sizeof ab);
+        dev_launch(run->stream, "attention_bwd", KERNEL(attention_backward), &ab, sizeof ab);
         rope_q(&q, dq, run, H, hd, 1);
         rope_q(&q, dk, run, KV, hd, 1);
         float *dxn = zeros(&q, N * D, "dxn");
@@ -566,7 +506,7 @@ void module_backward(Model *m, Module *mod, ModelRun *run) {
     } else {
         dev_access(run->stream, P[0].grad, P[0].numel * sizeof(float), 1, NULL);
         EmbArgs a = {P[0].grad, run->inputs, run->dh, N, D};
-        dev_launch(run->stream, "embedding_bwd", k_emb_bwd, &a, sizeof a);
+        dev_launch(run->stream, "embedding_bwd", KERNEL(embedding_backward), &a, sizeof a);
         dev_free(run->dev, run->dh);
         run->dh = NULL;
     }

@@ -372,3 +372,12 @@ int dev_event_query(Event *e) {
     if (done) race_host_waited_event(e); /* the host saw it complete: later enqueues are ordered after it */
     return done;
 }
+
+/* ------------------------------------------------- backend hooks (CPU) */
+
+/* The CPU backend keeps no state beyond the shared structures. */
+void backend_world_init(World *w) { (void)w; }
+void backend_world_fini(World *w) { (void)w; }
+void backend_dev_init(Dev *d) { (void)d; }
+void backend_dev_fini(Dev *d) { (void)d; }
+void backend_event_fini(Event *e) { (void)e; }

@@ -78,12 +78,15 @@ static void usage(FILE *f, const char *prog) {
             "  --forward-only           no backward or optimizer: losses of the initial weights\n"
             "\nworld and runtime\n"
             "  --world N                number of ranks (default 1)\n"
-            "  --backend local|mpi      ranks as threads (default) or one process per rank under mpirun\n"
+            "  --backend B              local: ranks as threads (default; CUDA build: all on one GPU)\n"
+            "                           mpi: one process per rank under mpirun (CPU build)\n"
+            "                           nccl: threads, one GPU per rank; nccl-mpi: mpirun, NCCL (CUDA build)\n"
             "  --link-gbps X            link model for local collectives, Gbit/s (0 = off, default)\n"
             "  --link-latency-us X      link model latency per ring hop (default 0)\n"
             "  --blas-threads N         OpenBLAS threads per rank (default cores / ranks)\n"
             "  --no-poison              do not fill fresh allocations with NaN\n"
-            "  --no-race-check          do not check streams for missing event waits (on by default)\n"
+            "  --no-race-check          do not check streams for missing event waits (on by default, CPU build)\n"
+            "  --tf32                   CUDA build: matmuls may use TF32 tensor cores (default exact fp32)\n"
             "  --collective-timeout-s X stop when a collective waits longer than X s for its peers (default 30, 0 = off)\n"
             "\noutput\n"
             "  --out DIR                run directory: metrics.jsonl, run.json, traces, memory snapshots\n"
@@ -148,6 +151,7 @@ static void parse_args(int argc, char **argv, Options *o) {
         if (!strcmp(flag, "--ac")) { o->ac = 1; continue; }
         if (!strcmp(flag, "--forward-only")) { o->forward_only = 1; continue; }
         if (!strcmp(flag, "--no-poison")) { o->world.poison = 0; continue; }
+        if (!strcmp(flag, "--tf32")) { o->world.tf32 = 1; continue; }
         if (!strcmp(flag, "--no-race-check")) { o->world.no_race_check = 1; continue; }
         if (!strcmp(flag, "--quiet")) { o->quiet = 1; continue; }
         if (!strcmp(flag, "--reshard-after-forward")) {
@@ -198,7 +202,9 @@ static void parse_args(int argc, char **argv, Options *o) {
         else if (!strcmp(flag, "--backend")) {
             if (!strcmp(val, "local")) o->world.backend = BACKEND_LOCAL;
             else if (!strcmp(val, "mpi")) o->world.backend = BACKEND_MPI;
-            else fatal("--backend expects local or mpi, got '%s'", val);
+            else if (!strcmp(val, "nccl")) o->world.backend = BACKEND_NCCL;
+            else if (!strcmp(val, "nccl-mpi")) o->world.backend = BACKEND_NCCL_MPI;
+            else fatal("--backend expects local, mpi, nccl or nccl-mpi, got '%s'", val);
         } else if (!strcmp(flag, "--link-gbps")) o->world.link_gbps = parse_num(flag, val, 0, 1e6);
         else if (!strcmp(flag, "--link-latency-us")) o->world.link_latency_us = parse_num(flag, val, 0, 1e7);
         else if (!strcmp(flag, "--collective-timeout-s")) o->world.collective_timeout_s = parse_num(flag, val, 0, 1e7);
@@ -593,7 +599,9 @@ static void rank_main(Dev *dev, void *arg) {
         double step_us = now_us() - t0;
 
         /* logging (host-side exchange: not a collective of the program) */
-        float loss_local = *run.loss;
+        float loss_local = 0;
+        dev_memcpy_async(dev_compute_stream(dev), &loss_local, run.loss, sizeof loss_local); /* device -> host */
+        dev_stream_synchronize(dev_compute_stream(dev));
         dev_host_allgather_f64(dev, (double)loss_local, all);
         double loss = 0;
         for (int r = 0; r < W; r++) loss += all[r];
@@ -664,12 +672,12 @@ static void write_run_json(const Options *o, const Model *m) {
                      "{\"flavor\":\"%s\",\"dim\":%d,\"n_layers\":%d,\"n_heads\":%d,\"n_kv_heads\":%d,"
                      "\"vocab_size\":%d,\"hidden_dim\":%d,\"multiple_of\":%d,\"n_params\":%zu,"
                      "\"seq_len\":%zu,\"batch_size\":%zu,\"steps\":%d,\"world_size\":%d,\"backend\":\"%s\","
-                     "\"device\":\"cpu\",\"lr\":%g,\"warmup_steps\":%d,\"weight_decay\":%g,\"max_norm\":%g,"
+                     "\"device\":\"%s\",\"lr\":%g,\"warmup_steps\":%d,\"weight_decay\":%g,\"max_norm\":%g,"
                      "\"seed\":%llu,\"data\":\"%s\",\"ac\":%s,\"reshard_after_forward\":%s,\"forward_only\":%s,"
                      "\"link_gbps\":%g,\"link_latency_us\":%g,\"profile_steps\":%d,\"host\":\"%s\"}\n",
                      o->flavor, c->dim, c->n_layers, c->n_heads, c->n_kv_heads, c->vocab_size, c->hidden_dim,
                      c->multiple_of, m->n_params_total, o->seq_len, o->batch_size, o->steps, o->world.world_size,
-                     o->world.backend == BACKEND_MPI ? "mpi" : "local", (double)o->optim.lr, o->optim.warmup_steps,
+                     backend_name(o->world.backend), dev_is_cuda_build() ? "cuda" : "cpu", (double)o->optim.lr, o->optim.warmup_steps,
                      (double)o->optim.weight_decay, (double)o->optim.max_norm, (unsigned long long)o->seed,
                      o->data_path, o->ac ? "true" : "false", o->reshard_after_forward ? "true" : "false",
                      o->forward_only ? "true" : "false", o->world.link_gbps, o->world.link_latency_us,

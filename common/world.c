@@ -70,11 +70,18 @@ World *world_create(const WorldConfig *cfg) {
     pthread_cond_init(&w->host_cv, NULL);
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     if (cores < 1) cores = 1;
-    if (cfg->backend == BACKEND_LOCAL) {
+#ifdef HWFSDP_CUDA
+    if (cfg->backend == BACKEND_MPI)
+        fatal("--backend mpi is the CPU build's multi-process backend; the CUDA build uses nccl-mpi under mpirun");
+#else
+    if (cfg->backend == BACKEND_NCCL || cfg->backend == BACKEND_NCCL_MPI)
+        fatal("--backend %s needs the CUDA build (make cuda, then build-cuda/.../train)", backend_name(cfg->backend));
+#endif
+    if (cfg->backend == BACKEND_LOCAL || cfg->backend == BACKEND_NCCL) {
         w->local_ranks = cfg->world_size;
         w->first_local_rank = 0;
         w->epoch_us = now_us();
-    } else if (cfg->backend == BACKEND_MPI) {
+    } else if (backend_is_multiprocess(cfg->backend)) {
 #ifdef HAVE_MPI
         int inited = 0, provided = 0;
         MPI_Initialized(&inited);
@@ -111,13 +118,32 @@ World *world_create(const WorldConfig *cfg) {
     } else {
         fatal("unknown collective backend %d", (int)cfg->backend);
     }
-    int blas = cfg->blas_threads > 0 ? cfg->blas_threads : (int)(cores / (cfg->backend == BACKEND_LOCAL ? w->local_ranks : 1));
+    int blas = cfg->blas_threads > 0 ? cfg->blas_threads : (int)(cores / w->local_ranks);
     if (blas < 1) blas = 1;
     openblas_set_num_threads(blas);
+    backend_world_init(w);
     return w;
 }
 
 int world_local_ranks(const World *w) { return w->local_ranks; }
+
+const char *backend_name(CollBackend b) {
+    switch (b) {
+    case BACKEND_LOCAL: return "local";
+    case BACKEND_MPI: return "mpi";
+    case BACKEND_NCCL: return "nccl";
+    case BACKEND_NCCL_MPI: return "nccl-mpi";
+    }
+    return "?";
+}
+
+int dev_is_cuda_build(void) {
+#ifdef HWFSDP_CUDA
+    return 1;
+#else
+    return 0;
+#endif
+}
 int world_first_local_rank(const World *w) { return w->first_local_rank; }
 
 CollChannel *world_channel(World *w, int stream_index) {
@@ -143,6 +169,7 @@ CollChannel *world_channel(World *w, int stream_index) {
 
 void world_destroy(World *w) {
     if (!w) return;
+    backend_world_fini(w);
     for (int i = 0; i < w->nchans; i++) {
         pthread_mutex_destroy(&w->chans[i]->mu);
         pthread_cond_destroy(&w->chans[i]->cv);
@@ -150,7 +177,7 @@ void world_destroy(World *w) {
     }
     free(w->chans);
 #ifdef HAVE_MPI
-    if (w->cfg.backend == BACKEND_MPI) {
+    if (backend_is_multiprocess(w->cfg.backend)) {
         MPI_Comm_free(&w->host_comm);
         if (w->mpi_initialized_here) MPI_Finalize();
     }
@@ -178,7 +205,8 @@ static Dev *dev_create(World *w, int rank) {
     d->prio_state = 0x9E3779B97F4A7C15ull ^ (uint64_t)(rank + 1);
     pthread_mutex_init(&d->trace_mu, NULL);
     pthread_mutex_init(&d->flight_mu, NULL);
-    d->race_on = !w->cfg.no_race_check;
+    d->race_on = !w->cfg.no_race_check && !dev_is_cuda_build(); /* the detector models the CPU streams */
+    backend_dev_init(d);
     dev_stream_create(d, "compute");
     return d;
 }
@@ -192,11 +220,13 @@ static void dev_destroy(Dev *d) {
         pthread_mutex_destroy(&e->mu);
         pthread_cond_destroy(&e->cv);
         race_event_free(e);
+        backend_event_fini(e);
         free(e->name);
         free(e);
     }
     free(d->events);
     dev_alloc_destroy(d);
+    backend_dev_fini(d);
     free(d->host_vc);
     free(d->flight);
     pthread_mutex_destroy(&d->flight_mu);
@@ -235,7 +265,7 @@ void world_run(World *w, void (*rank_main)(Dev *dev, void *arg), void *arg) {
     int n = w->local_ranks;
     RankStart *rs = xcalloc((size_t)n, sizeof *rs);
     for (int i = 0; i < n; i++) rs[i] = (RankStart){w, w->first_local_rank + i, rank_main, arg};
-    if (w->cfg.backend == BACKEND_MPI) {
+    if (backend_is_multiprocess(w->cfg.backend)) {
         rank_thread(&rs[0]);
     } else {
         pthread_t *th = xcalloc((size_t)n, sizeof *th);
@@ -285,7 +315,7 @@ static void local_host_exchange(Dev *d, double value, double *out) {
 
 void dev_host_allgather_f64(Dev *d, double value, double *out) {
 #ifdef HAVE_MPI
-    if (d->world->cfg.backend == BACKEND_MPI) {
+    if (backend_is_multiprocess(d->world->cfg.backend)) {
         MPI_Allgather(&value, 1, MPI_DOUBLE, out, 1, MPI_DOUBLE, d->world->host_comm);
         return;
     }
@@ -295,7 +325,7 @@ void dev_host_allgather_f64(Dev *d, double value, double *out) {
 
 void dev_host_barrier(Dev *d) {
 #ifdef HAVE_MPI
-    if (d->world->cfg.backend == BACKEND_MPI) {
+    if (backend_is_multiprocess(d->world->cfg.backend)) {
         MPI_Barrier(d->world->host_comm);
         return;
     }

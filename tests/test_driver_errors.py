@@ -46,7 +46,7 @@ def write_st(path, tensors, header_override=None):
     (["--dim", "12", "--n-heads", "4"], "head dim 3 (dim / n-heads) must be even"),
     (["--world", "0"], "--world must be in [1, 64], got 0"),
     (["--world", "65"], "--world must be in [1, 64], got 65"),
-    (["--backend", "nccl"], "--backend expects local or mpi"),
+    (["--backend", "nccl"], "--backend expects local, mpi, nccl or nccl-mpi"),
     (["--reshard-after-forward=maybe"], "--reshard-after-forward expects true or false"),
     (["--data", "/nonexistent/tokens.npy"], "/nonexistent/tokens.npy"),
     (["--load", "/nonexistent/w.safetensors"], "/nonexistent/w.safetensors"),

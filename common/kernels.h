@@ -1,0 +1,87 @@
+/* kernels.h — the stream kernels: what model.c and launch_adamw enqueue.
+ *
+ * A kernel is `void k(void *args)` handed to dev_launch with its argument
+ * struct below. Every pointer in an argument struct is DEVICE memory (a
+ * dev_alloc'd buffer), except where a comment says otherwise. Two backends
+ * define the same set:
+ *   kcpu_*   (kernels_cpu.c)       run on the stream's worker thread and call
+ *                                  the plain C ops of ops.c / optim.c;
+ *   kcuda_*  (cuda/kernels_cuda.cu) run on the host thread at launch time and
+ *                                  enqueue CUDA kernels on the launching
+ *                                  stream (cuda_current_stream()).
+ * KERNEL(name) picks the backend the runtime was built for, so model.c names
+ * each kernel once. Semantics, shapes and the accumulate (+=) convention are
+ * those of ops.h; the forward/backward pairs are the ops of ops.h.
+ */
+#ifndef HWFSDP_KERNELS_H
+#define HWFSDP_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "optim.h"
+
+#ifdef HWFSDP_CUDA
+#define KERNEL(name) kcuda_##name
+#else
+#define KERNEL(name) kcpu_##name
+#endif
+
+/* embedding forward: out[N,D] = w[tok[n]]; backward: out (= dwte) += rows of w (= dout) */
+typedef struct { float *out; const int32_t *tok; const float *w; size_t N, D; } EmbArgs;
+/* out[N,D], rstd[N] = RMSNorm(in) * w */
+typedef struct { float *out, *rstd; const float *in, *w; size_t N, D; float eps; } NormArgs;
+/* dinp += ..., dw += ... */
+typedef struct { float *dinp, *dw; const float *dout, *in, *w, *rstd; size_t N, D; } NormBwdArgs;
+/* out[N,OC] = in[N,C] @ w[OC,C]^T */
+typedef struct { float *out; const float *in, *w; size_t N, C, OC; } MmArgs;
+/* dinp[N,C] += dout @ w ; dw[OC,C] += dout^T @ in (either may be NULL) */
+typedef struct { float *dinp, *dw; const float *dout, *in, *w; size_t N, C, OC; } MmBwdArgs;
+/* in-place RoPE on x[B,T,nh,hd] (backward = rotate by -angle) */
+typedef struct { float *x; const float *cos, *sin; size_t B, T, nh, hd; int backward; } RopeArgs;
+/* cos/sin tables [T, hd/2] */
+typedef struct { float *cos, *sin; size_t T, hd; float theta; } RopeTabArgs;
+/* causal attention: out[B,T,H,hd], probs[B,H,T,T] */
+typedef struct { float *out, *probs; const float *q, *k, *v; size_t B, T, H, KV, hd; } AttArgs;
+/* dq, dk, dv accumulate; scratch holds attention_scratch_floats(B,T,H) floats */
+typedef struct { float *dq, *dk, *dv, *scratch; const float *dout, *q, *k, *v, *probs; size_t B, T, H, KV, hd; } AttBwdArgs;
+/* out[n] = silu(a[n]) * b[n] */
+typedef struct { float *out; const float *a, *b; size_t n; } SwiArgs;
+typedef struct { float *da, *db; const float *dout, *a, *b; size_t n; } SwiBwdArgs;
+/* out = a + b (out may alias a or b) */
+typedef struct { float *out; const float *a, *b; size_t n; } AddArgs;
+/* forward: *loss = mean CE (loss is one device float); backward: dlogits += (softmax - onehot) / N */
+typedef struct { float *loss; float *dlogits; const float *logits; const int32_t *tgt; size_t N, V; } CeArgs;
+/* *acc += sum x[i]^2 (acc is one device float) */
+typedef struct { float *acc; const float *x; size_t n; } SumsqArgs;
+/* AdamW on one shard; the clip coefficient comes from sqrt(*total_sumsq) (a device float) */
+typedef struct {
+    float *param;
+    const float *grad;
+    float *m, *v;
+    size_t n;
+    AdamWConfig c;
+    float lr;
+    int t;
+    const float *total_sumsq;
+} AdamArgs;
+
+#define HWFSDP_KERNEL_LIST(X)                                                                                          \
+    X(embedding_forward) X(embedding_backward) X(rmsnorm_forward) X(rmsnorm_backward) X(matmul_forward)                \
+    X(matmul_backward) X(rope) X(rope_tables) X(attention_forward) X(attention_backward) X(swiglu_forward)             \
+    X(swiglu_backward) X(add) X(crossentropy_forward) X(crossentropy_backward) X(sumsq_accumulate) X(adamw)
+
+#define HWFSDP_DECLARE_KERNEL(name) void kcpu_##name(void *args); void kcuda_##name(void *args);
+#ifdef __cplusplus
+extern "C" {
+#endif
+HWFSDP_KERNEL_LIST(HWFSDP_DECLARE_KERNEL)
+/* Workspace (floats) attention_backward needs for this shape on each backend. */
+size_t kcpu_attention_scratch_floats(size_t B, size_t T, size_t H);
+size_t kcuda_attention_scratch_floats(size_t B, size_t T, size_t H);
+#ifdef __cplusplus
+}
+#endif
+#undef HWFSDP_DECLARE_KERNEL
+
+#endif

@@ -179,3 +179,4 @@ asan-test:
 
 clean:
 	rm -rf $(BUILD) build-tsan build-asan
+include mk/cuda.mk

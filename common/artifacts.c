@@ -9,6 +9,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A finished op or collective (stream workers on the CPU, the host on CUDA). */
+void dev_trace_add(Dev *d, const TraceRec *r) {
+    pthread_mutex_lock(&d->trace_mu);
+    if (d->n_trace == d->trace_cap) {
+        d->trace_cap = d->trace_cap ? d->trace_cap * 2 : 1024;
+        d->trace = xrealloc(d->trace, d->trace_cap * sizeof *d->trace);
+    }
+    d->trace[d->n_trace++] = *r;
+    pthread_mutex_unlock(&d->trace_mu);
+}
+
 /* ---------------------------------------------------------------- buffer */
 
 typedef struct {

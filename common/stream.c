@@ -10,16 +10,6 @@
 
 /* ----------------------------------------------------------------- trace */
 
-void dev_trace_add(Dev *d, const TraceRec *r) {
-    pthread_mutex_lock(&d->trace_mu);
-    if (d->n_trace == d->trace_cap) {
-        d->trace_cap = d->trace_cap ? d->trace_cap * 2 : 1024;
-        d->trace = xrealloc(d->trace, d->trace_cap * sizeof *d->trace);
-    }
-    d->trace[d->n_trace++] = *r;
-    pthread_mutex_unlock(&d->trace_mu);
-}
-
 static void trace_op(Stream *s, const Op *op, const char *prefix, const char *cat, double t0, double t1) {
     if (!op->traced) return;
     TraceRec r = {prefix, op->name, op->module, op->phase, cat, s->index, op->step,

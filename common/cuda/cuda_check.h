@@ -11,11 +11,11 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
-#include "util.h"
-
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+#include "util.h"
 
 const char *cublas_status_name(cublasStatus_t s);
 

@@ -1,0 +1,311 @@
+/* coll_cuda.c — collectives of the CUDA backend (device.h semantics).
+ *
+ * local (N ranks as threads sharing one GPU): the ranks meet on the host
+ * when they ENQUEUE a collective (a rendezvous per stream index), exchange
+ * buffer pointers and events, and each rank enqueues its own part on its own
+ * stream:
+ *   A  every rank records `ready` on its stream (its inputs are written) and
+ *      posts it; each stream waits for every peer's `ready`;
+ *   .  all_gather: device copies of the peers' shards into recv;
+ *      reduce_scatter: a kernel sums the peers' chunks in rank order;
+ *      all_reduce: each rank reduces its chunk into scratch, (B) posts
+ *      `reduced`, waits for the peers', copies their chunks into recv;
+ *      broadcast: a copy from the root's buffer;
+ *   C  every rank records `done` and posts it; each stream waits for every
+ *      peer's `done`, so nobody reuses or frees a buffer a peer still reads.
+ * The host never waits for the GPU here; it waits only for the other ranks'
+ * host threads to reach the same collective. Sums run in rank order, so the
+ * results are bitwise those of the CPU backend's collectives.
+ *
+ * nccl / nccl-mpi (one GPU per rank): one communicator per stream index; the
+ * ranks first exchange what they are about to call (threads: the rendezvous;
+ * processes: MPI_Allgather) so a mismatch is reported by name instead of
+ * hanging inside NCCL. NCCL's reduction order is its own: results match the
+ * CPU backend within rounding, not bitwise. */
+#include "cuda/cuda_internal.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifdef HAVE_MPI
+#include <mpi.h>
+#endif
+
+/* ------------------------------------------------------------ rendezvous */
+
+/* Post `mine`, wait for every rank of the world (threads of this process),
+ * copy all posts into `all` (rank order). With the watchdog on, a rank that
+ * waits too long reports the lowest waiting rank's call and who is missing. */
+static void rendezvous(Stream *s, const Op *op, const CudaPost *mine, CudaPost *all) {
+    Dev *d = s->dev;
+    CudaChan *c = s->cuda->chan;
+    const int n = d->world_size;
+    const double timeout = d->world->cfg.collective_timeout_s;
+    pthread_mutex_lock(&c->mu);
+    uint64_t gen = c->generation;
+    c->slots[gen & 1][d->rank] = *mine;
+    c->here[d->rank] = 1;
+    if (++c->arrived == n) {
+        c->arrived = 0;
+        memset(c->here, 0, sizeof c->here);
+        c->generation++;
+        pthread_cond_broadcast(&c->cv);
+    } else if (timeout <= 0) {
+        while (c->generation == gen) pthread_cond_wait(&c->cv, &c->mu);
+    } else {
+        struct timespec dl;
+        clock_gettime(CLOCK_MONOTONIC, &dl);
+        double whole = (double)(time_t)timeout;
+        dl.tv_sec += (time_t)timeout;
+        dl.tv_nsec += (long)((timeout - whole) * 1e9);
+        if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
+        while (c->generation == gen)
+            if (pthread_cond_timedwait(&c->cv, &c->mu, &dl) == ETIMEDOUT && c->generation == gen) {
+                int low = 0;
+                while (low < n && !c->here[low]) low++;
+                CollPost post = c->slots[gen & 1][low < n ? low : d->rank].post;
+                uint8_t here[WORLD_MAX_RANKS];
+                memcpy(here, c->here, sizeof here);
+                pthread_mutex_unlock(&c->mu);
+                watchdog_timeout(s, op, &post, low < n ? low : d->rank, here, n);
+            }
+    }
+    memcpy(all, c->slots[gen & 1], (size_t)n * sizeof *all);
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* Every rank's call, in rank order, compared; rank 0 reports a mismatch. */
+static void agree(Stream *s, const Op *op, const CollDesc *descs, int n) {
+    int ok = 1;
+    for (int r = 1; r < n; r++) ok &= coll_same_call(&descs[0], &descs[r]);
+    if (ok) return;
+    if (s->dev->rank == 0 || backend_is_multiprocess(s->dev->world->cfg.backend))
+        coll_check_agreement(s, op->coll_seq, descs, n); /* fatal */
+    for (;;) pause(); /* the other threads wait for rank 0's exit */
+}
+
+/* ----------------------------------------------------------------- streams */
+
+void cuda_coll_stream_created(Stream *s) {
+    Dev *d = s->dev;
+    World *w = d->world;
+    struct CudaStream *cs = s->cuda;
+    CUDA_CHECK(cudaEventCreateWithFlags(&cs->ready, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&cs->reduced, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&cs->done, cudaEventDisableTiming));
+    if (!backend_is_multiprocess(w->cfg.backend)) cs->chan = cuda_world_channel(w, s->index);
+    if (w->cfg.backend != BACKEND_NCCL && w->cfg.backend != BACKEND_NCCL_MPI) return;
+
+    /* one communicator per stream index: rank 0's unique id, then every rank joins */
+    ncclUniqueId id;
+    if (d->rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
+    if (w->cfg.backend == BACKEND_NCCL) {
+        if (d->rank == 0) {
+            pthread_mutex_lock(&cs->chan->mu);
+            cs->chan->nccl_id = id;
+            pthread_mutex_unlock(&cs->chan->mu);
+        }
+        dev_host_barrier(d); /* rank 0 wrote the id */
+        pthread_mutex_lock(&cs->chan->mu);
+        id = cs->chan->nccl_id;
+        pthread_mutex_unlock(&cs->chan->mu);
+        dev_host_barrier(d); /* everyone read it before a later stream's id replaces it */
+    } else {
+#ifdef HAVE_MPI
+        MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, w->host_comm);
+#endif
+    }
+    NCCL_CHECK(ncclCommInitRank(&cs->comm, d->world_size, id, d->rank));
+    CUDA_CHECK(cudaMalloc((void **)&cs->one, sizeof(float))); /* runtime bookkeeping, not a tensor */
+}
+
+void cuda_coll_stream_destroy(Stream *s) {
+    struct CudaStream *cs = s->cuda;
+    if (cs->comm) NCCL_CHECK(ncclCommDestroy(cs->comm));
+    if (cs->one) CUDA_CHECK(cudaFree(cs->one));
+    if (cs->scratch) CUDA_CHECK(cudaFree(cs->scratch));
+    for (int i = 0; i < cs->n_retired; i++) CUDA_CHECK(cudaFree(cs->retired[i]));
+    free(cs->retired);
+    CUDA_CHECK(cudaEventDestroy(cs->ready));
+    CUDA_CHECK(cudaEventDestroy(cs->reduced));
+    CUDA_CHECK(cudaEventDestroy(cs->done));
+}
+
+/* --------------------------------------------------------------- local */
+
+static void wait_all(Stream *s, const CudaPost *all, int n) {
+    for (int r = 0; r < n; r++)
+        if (r != s->dev->rank) CUDA_CHECK(cudaStreamWaitEvent(s->cuda->st, all[r].ev, 0));
+}
+
+/* This rank's all_reduce chunk buffer; outgrown buffers are kept until the
+ * stream dies because a peer's queued copy may still read them. */
+static float *scratch_for(Stream *s, size_t floats) {
+    struct CudaStream *cs = s->cuda;
+    if (cs->scratch_floats >= floats && cs->scratch) return cs->scratch;
+    if (cs->scratch) {
+        cs->retired = xrealloc(cs->retired, (size_t)(cs->n_retired + 1) * sizeof *cs->retired);
+        cs->retired[cs->n_retired++] = cs->scratch;
+    }
+    CUDA_CHECK(cudaMalloc((void **)&cs->scratch, (floats ? floats : 1) * sizeof(float)));
+    cs->scratch_floats = floats;
+    return cs->scratch;
+}
+
+static void local_collective(Stream *s, const Op *op, const float *send, float *recv) {
+    Dev *d = s->dev;
+    struct CudaStream *cs = s->cuda;
+    const int n = d->world_size, me = d->rank;
+    const CollDesc *desc = &op->coll;
+    const size_t cnt = (size_t)desc->count;
+    cudaStream_t st = cs->st;
+    CudaPost mine = {{*desc, op->coll_seq, send, recv, NULL}, cs->ready}, all[WORLD_MAX_RANKS];
+    size_t chunk = (cnt + (size_t)n - 1) / (size_t)n;
+    if (desc->kind == COLL_ALL_REDUCE) mine.post.scratch = scratch_for(s, chunk);
+
+    /* A: inputs ready everywhere */
+    CUDA_CHECK(cudaEventRecord(cs->ready, st));
+    rendezvous(s, op, &mine, all);
+    CollDesc descs[WORLD_MAX_RANKS];
+    for (int r = 0; r < n; r++) descs[r] = all[r].post.desc;
+    agree(s, op, descs, n);
+    wait_all(s, all, n);
+
+    PendingTiming t;
+    if (d->tracing) cuda_timing_begin(s, &t);
+    switch (desc->kind) {
+    case COLL_ALL_GATHER:
+        for (int r = 0; r < n; r++) {
+            float *dst = recv + (size_t)r * cnt;
+            if (cnt && dst != all[r].post.send)
+                CUDA_CHECK(cudaMemcpyAsync(dst, all[r].post.send, cnt * sizeof(float), cudaMemcpyDeviceToDevice, st));
+        }
+        break;
+    case COLL_REDUCE_SCATTER: {
+        const float *in[WORLD_MAX_RANKS];
+        for (int r = 0; r < n; r++) in[r] = all[r].post.send;
+        cuda_reduce_ranks(recv, in, n, (size_t)me * cnt, cnt, desc->op == RED_AVG, st);
+        break;
+    }
+    case COLL_ALL_REDUCE: {
+        /* recv may alias send: reduce my chunk into scratch first, then copy everyone's chunks */
+        const float *in[WORLD_MAX_RANKS];
+        for (int r = 0; r < n; r++) in[r] = all[r].post.send;
+        size_t lo = (size_t)me * chunk, hi = lo + chunk < cnt ? lo + chunk : cnt;
+        if (lo < hi) cuda_reduce_ranks(mine.post.scratch, in, n, lo, hi - lo, desc->op == RED_AVG, st);
+        CudaPost red = mine, reds[WORLD_MAX_RANKS];
+        red.ev = cs->reduced;
+        CUDA_CHECK(cudaEventRecord(cs->reduced, st));
+        rendezvous(s, op, &red, reds); /* B */
+        wait_all(s, reds, n);
+        for (int r = 0; r < n; r++) {
+            size_t rlo = (size_t)r * chunk, rhi = rlo + chunk < cnt ? rlo + chunk : cnt;
+            if (rlo < rhi)
+                CUDA_CHECK(cudaMemcpyAsync(recv + rlo, reds[r].post.scratch, (rhi - rlo) * sizeof(float),
+                                           cudaMemcpyDeviceToDevice, st));
+        }
+        break;
+    }
+    case COLL_BROADCAST: {
+        const float *src = all[desc->root].post.recv;
+        if (me != desc->root && cnt && recv != src)
+            CUDA_CHECK(cudaMemcpyAsync(recv, src, cnt * sizeof(float), cudaMemcpyDeviceToDevice, st));
+        break;
+    }
+    default: break;
+    }
+    if (d->tracing) cuda_timing_end(s, &t, op->label, op->name, "collective", op->bytes);
+
+    /* C: nobody moves on until every peer finished reading this rank's buffers */
+    CudaPost fin = mine;
+    fin.ev = cs->done;
+    CUDA_CHECK(cudaEventRecord(cs->done, st));
+    rendezvous(s, op, &fin, all);
+    wait_all(s, all, n);
+}
+
+/* ----------------------------------------------------------------- nccl */
+
+static void nccl_collective(Stream *s, const Op *op, const float *send, float *recv) {
+    Dev *d = s->dev;
+    struct CudaStream *cs = s->cuda;
+    const CollDesc *desc = &op->coll;
+    const int n = d->world_size;
+    CollDesc descs[WORLD_MAX_RANKS];
+    if (d->world->cfg.backend == BACKEND_NCCL) {
+        CudaPost mine = {{*desc, op->coll_seq, send, recv, NULL}, NULL}, all[WORLD_MAX_RANKS];
+        rendezvous(s, op, &mine, all);
+        for (int r = 0; r < n; r++) descs[r] = all[r].post.desc;
+    } else {
+#ifdef HAVE_MPI
+        MPI_Allgather(desc, (int)sizeof *desc, MPI_BYTE, descs, (int)sizeof *desc, MPI_BYTE, d->world->host_comm);
+#endif
+    }
+    agree(s, op, descs, n);
+
+    size_t cnt = (size_t)desc->count;
+    ncclRedOp_t red = desc->op == RED_AVG ? ncclAvg : ncclSum;
+    PendingTiming t;
+    if (d->tracing) cuda_timing_begin(s, &t);
+    switch (desc->kind) {
+    case COLL_ALL_GATHER: NCCL_CHECK(ncclAllGather(send, recv, cnt, ncclFloat32, cs->comm, cs->st)); break;
+    case COLL_REDUCE_SCATTER: NCCL_CHECK(ncclReduceScatter(send, recv, cnt, ncclFloat32, red, cs->comm, cs->st)); break;
+    case COLL_ALL_REDUCE: NCCL_CHECK(ncclAllReduce(send, recv, cnt, ncclFloat32, red, cs->comm, cs->st)); break;
+    case COLL_BROADCAST: NCCL_CHECK(ncclBroadcast(recv, recv, cnt, ncclFloat32, desc->root, cs->comm, cs->st)); break;
+    default: NCCL_CHECK(ncclAllReduce(cs->one, cs->one, 1, ncclFloat32, ncclSum, cs->comm, cs->st)); break;
+    }
+    if (d->tracing) cuda_timing_end(s, &t, op->label, op->name, "collective", op->bytes);
+}
+
+/* ------------------------------------------------------------- enqueue */
+
+static void enqueue_coll(Dev *d, Stream *s, CollKind kind, const float *send, float *recv, size_t count, RedOp op,
+                         int root, size_t bytes, const char *label) {
+    coll_validate(d, s, (int)kind, send, recv, count, (int)op, label);
+    Op o;
+    memset(&o, 0, sizeof o);
+    o.kind = OP_COLL;
+    o.name = dev_intern(d, coll_kind_name((int)kind));
+    o.module = d->module;
+    o.phase = d->phase;
+    o.step = d->step;
+    o.label = dev_intern(d, label && *label ? label : "");
+    o.coll.kind = kind;
+    o.coll.op = (kind == COLL_REDUCE_SCATTER || kind == COLL_ALL_REDUCE) ? (int)op : 0;
+    o.coll.root = root;
+    o.coll.count = count;
+    snprintf(o.coll.label, sizeof o.coll.label, "%s", label ? label : "");
+    o.bytes = bytes;
+    o.coll_seq = s->coll_seq++;
+    flight_set(s, &o, FLIGHT_ISSUED);
+    if (d->world->cfg.backend == BACKEND_LOCAL) local_collective(s, &o, send, recv);
+    else nccl_collective(s, &o, send, recv);
+    /* the GPU runs it later: "started" means handed to the stream */
+    flight_set(s, &o, FLIGHT_STARTED);
+    s->enqueued++;
+}
+
+void coll_all_gather(Dev *d, const float *send, float *recv, size_t send_count, Stream *s, const char *label) {
+    enqueue_coll(d, s, COLL_ALL_GATHER, send, recv, send_count, RED_SUM, 0,
+                 send_count * (size_t)d->world_size * sizeof(float), label);
+}
+void coll_reduce_scatter(Dev *d, const float *send, float *recv, size_t recv_count, RedOp op, Stream *s,
+                         const char *label) {
+    enqueue_coll(d, s, COLL_REDUCE_SCATTER, send, recv, recv_count, op, 0,
+                 recv_count * (size_t)d->world_size * sizeof(float), label);
+}
+void coll_all_reduce(Dev *d, const float *send, float *recv, size_t count, RedOp op, Stream *s, const char *label) {
+    enqueue_coll(d, s, COLL_ALL_REDUCE, send, recv, count, op, 0, count * sizeof(float), label);
+}
+void coll_broadcast(Dev *d, float *buf, size_t count, int root, Stream *s, const char *label) {
+    if (root < 0 || root >= d->world_size)
+        fatal("broadcast (%s): root %d is not a rank (0..%d)", label ? label : "", root, d->world_size - 1);
+    enqueue_coll(d, s, COLL_BROADCAST, buf, buf, count, RED_SUM, root, count * sizeof(float), label);
+}
+void coll_barrier(Dev *d, Stream *s, const char *label) {
+    enqueue_coll(d, s, COLL_BARRIER, NULL, NULL, 0, RED_SUM, 0, 0, label);
+}

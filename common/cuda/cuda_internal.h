@@ -1,0 +1,98 @@
+/* cuda_internal.h — private state of the CUDA backend (runtime_cuda.c,
+ * coll_cuda.c, coll_kernels.cu). Plain C over the CUDA runtime API; only the
+ * kernels are CUDA C++. */
+#ifndef HWFSDP_CUDA_INTERNAL_H
+#define HWFSDP_CUDA_INTERNAL_H
+
+#include "cuda/cuda_check.h"
+#include "device_internal.h"
+
+#include <nccl.h>
+
+#define NCCL_CHECK(call)                                                                                               \
+    do {                                                                                                               \
+        ncclResult_t r_ = (call);                                                                                      \
+        if (r_ != ncclSuccess) fatal("%s:%d: %s failed: %s", __FILE__, __LINE__, #call, ncclGetErrorString(r_));      \
+    } while (0)
+
+/* An op whose duration is measured by two timing events on its stream; it
+ * becomes a TraceRec once both completed. */
+typedef struct {
+    cudaEvent_t start, end;
+    TraceRec rec; /* ts/dur filled at resolution */
+} PendingTiming;
+
+/* A free storage block of the caching allocator (exact-size reuse). */
+typedef struct {
+    void *p;
+    size_t bytes;
+} CachedBlock;
+
+struct CudaDev {
+    int device;                  /* cudaSetDevice index of this rank */
+    cudaStream_t side;           /* poisoning fresh storage (synchronous) */
+    cudaEvent_t epoch;           /* recorded at init; trace times count from it */
+    double epoch_host_us;        /* the same instant on the world's host clock */
+    PendingTiming *timing;       /* ops waiting for their timing events */
+    size_t n_timing, timing_cap;
+    cudaEvent_t *timing_pool;    /* timing events ready for reuse */
+    size_t n_timing_pool, timing_pool_cap;
+    cudaEvent_t *fence_pool;     /* non-timing events for frees */
+    size_t n_fence_pool, fence_pool_cap;
+    CachedBlock *cache;          /* free segments, reused for requests of the same rounded size */
+    size_t n_cache, cache_cap, cache_bytes;
+    uint64_t cuda_mallocs, cache_hits;
+};
+
+/* One collective as a rank posts it to its peers (threads share one GPU or
+ * one process): what it asks for, its buffers and an event marking a point
+ * of its stream. */
+typedef struct {
+    CollPost post;
+    cudaEvent_t ev;
+} CudaPost;
+
+/* Host rendezvous of the ranks (threads of this process) for one stream
+ * index; slots are double-buffered by generation parity. */
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int arrived;
+    uint8_t here[WORLD_MAX_RANKS];
+    uint64_t generation;
+    CudaPost slots[2][WORLD_MAX_RANKS];
+    ncclUniqueId nccl_id;        /* nccl backend: rank 0's id for this stream's communicator */
+} CudaChan;
+
+struct CudaWorld {
+    int ndevices;                /* visible GPUs */
+    int node_rank, node_size;    /* nccl-mpi: this process among the ranks of its node */
+    pthread_mutex_t mu;          /* guards chans */
+    CudaChan **chans;
+    int nchans, chans_cap;
+};
+
+struct CudaStream {
+    cudaStream_t st;
+    cublasHandle_t blas;
+    cudaEvent_t ready, reduced, done; /* local collectives: posted to the peers */
+    float *scratch;              /* local all_reduce: this rank's reduced chunk, read by peers */
+    size_t scratch_floats;
+    void **retired;              /* outgrown scratch buffers (peers may still read them) */
+    int n_retired;
+    ncclComm_t comm;             /* nccl backends: one communicator per stream index */
+    float *one;                  /* nccl barrier: a device float */
+    CudaChan *chan;              /* thread backends */
+};
+
+/* runtime_cuda.c */
+void cuda_timing_begin(Stream *s, PendingTiming *t);
+void cuda_timing_end(Stream *s, PendingTiming *t, const char *prefix, const char *name, const char *cat, size_t bytes);
+CudaChan *cuda_world_channel(World *w, int stream_index);
+/* coll_cuda.c */
+void cuda_coll_stream_created(Stream *s);
+void cuda_coll_stream_destroy(Stream *s);
+/* coll_kernels.cu: out[i] = sum over r in rank order of in[r][offset + i] (divided by n if avg) */
+void cuda_reduce_ranks(float *out, const float *const *in, int n, size_t offset, size_t count, int avg, cudaStream_t st);
+
+#endif

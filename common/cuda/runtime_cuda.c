@@ -1,0 +1,476 @@
+/* runtime_cuda.c — the CUDA backend of device.h: streams, events, launches,
+ * copies, op timings for the trace, and the caching allocator's storage.
+ *
+ * What is shared with the CPU backend (world.c, alloc.c, artifacts.c):
+ * ranks, scopes, host exchange, allocation accounting in host order, memory
+ * snapshots and the trace writer. What is here:
+ *   - a Stream is a cudaStream_t (non-blocking) with its own cuBLAS handle;
+ *   - dev_launch runs the kernel function ON THE HOST THREAD with
+ *     cuda_current_stream() set: it only enqueues CUDA work (kernels.h);
+ *   - an Event is a cudaEvent_t; waits are cudaStreamWaitEvent;
+ *   - traced ops are bracketed by two timing events and become trace
+ *     records once both completed (resolved at synchronisations);
+ *   - storage comes from cudaMalloc'd segments that are cached on free and
+ *     reused for later requests of the same rounded size; a free is fenced by
+ *     an event on every stream of the rank, so a segment is reused only after
+ *     all work queued before the free has finished (what PyTorch's caching
+ *     allocator does with record_stream).
+ * Built only by `make cuda`. */
+#include "cuda/cuda_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#ifdef HAVE_MPI
+#include <mpi.h>
+#endif
+
+/* The launch context: which stream the kernel function being run on this
+ * host thread enqueues on. Set only around the call in dev_launch. */
+static __thread cudaStream_t tls_stream;
+static __thread cublasHandle_t tls_blas;
+static __thread int tls_tf32;
+
+cudaStream_t cuda_current_stream(void) { return tls_stream; }
+cublasHandle_t cuda_current_cublas(void) { return tls_blas; }
+int cuda_tf32_enabled(void) { return tls_tf32; }
+
+/* cudaEventQuery: 1 = completed, 0 = not yet. "Not ready" is not an error,
+ * but it would linger as the last error and fail the next launch check. */
+static int event_done(cudaEvent_t e) {
+    cudaError_t r = cudaEventQuery(e);
+    if (r == cudaSuccess) return 1;
+    if (r == cudaErrorNotReady) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    fatal("cudaEventQuery failed: %s (%s)", cudaGetErrorString(r), cudaGetErrorName(r));
+}
+
+/* ------------------------------------------------------------------ world */
+
+void backend_world_init(World *w) {
+    struct CudaWorld *cw = xcalloc(1, sizeof *cw);
+    pthread_mutex_init(&cw->mu, NULL);
+    cudaError_t r = cudaGetDeviceCount(&cw->ndevices);
+    if (r != cudaSuccess || cw->ndevices < 1)
+        fatal("no CUDA device is visible (%s); the CPU build (make) runs without one",
+              r != cudaSuccess ? cudaGetErrorString(r) : "0 devices");
+    int world = w->cfg.world_size;
+    if (w->cfg.backend == BACKEND_NCCL && world > cw->ndevices)
+        fatal("--backend nccl needs one GPU per rank: --world %d but %d GPU%s visible (--backend local lets ranks "
+              "share one GPU)", world, cw->ndevices, cw->ndevices == 1 ? " is" : "s are");
+#ifdef HAVE_MPI
+    if (w->cfg.backend == BACKEND_NCCL_MPI) {
+        MPI_Comm node;
+        MPI_Comm_split_type(w->host_comm, MPI_COMM_TYPE_SHARED, w->first_local_rank, MPI_INFO_NULL, &node);
+        MPI_Comm_rank(node, &cw->node_rank);
+        MPI_Comm_size(node, &cw->node_size);
+        MPI_Comm_free(&node);
+        if (cw->node_size > cw->ndevices)
+            fatal("--backend nccl-mpi needs one GPU per rank: %d ranks on this node but %d GPU%s visible",
+                  cw->node_size, cw->ndevices, cw->ndevices == 1 ? " is" : "s are");
+    }
+#else
+    if (w->cfg.backend == BACKEND_NCCL_MPI) fatal("--backend nccl-mpi needs MPI: rebuild with OpenMPI installed");
+#endif
+    w->cuda = cw;
+}
+
+void backend_world_fini(World *w) {
+    struct CudaWorld *cw = w->cuda;
+    if (!cw) return;
+    for (int i = 0; i < cw->nchans; i++) {
+        pthread_mutex_destroy(&cw->chans[i]->mu);
+        pthread_cond_destroy(&cw->chans[i]->cv);
+        free(cw->chans[i]);
+    }
+    free(cw->chans);
+    pthread_mutex_destroy(&cw->mu);
+    free(cw);
+    w->cuda = NULL;
+}
+
+CudaChan *cuda_world_channel(World *w, int stream_index) {
+    struct CudaWorld *cw = w->cuda;
+    pthread_mutex_lock(&cw->mu);
+    while (cw->nchans <= stream_index) {
+        if (cw->nchans == cw->chans_cap) {
+            cw->chans_cap = cw->chans_cap ? cw->chans_cap * 2 : 8;
+            cw->chans = xrealloc(cw->chans, (size_t)cw->chans_cap * sizeof *cw->chans);
+        }
+        CudaChan *c = xcalloc(1, sizeof *c);
+        pthread_mutex_init(&c->mu, NULL);
+        pthread_condattr_t attr; /* timed waits (watchdog) count on the monotonic clock */
+        pthread_condattr_init(&attr);
+        pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+        pthread_cond_init(&c->cv, &attr);
+        pthread_condattr_destroy(&attr);
+        cw->chans[cw->nchans++] = c;
+    }
+    CudaChan *c = cw->chans[stream_index];
+    pthread_mutex_unlock(&cw->mu);
+    return c;
+}
+
+/* -------------------------------------------------------------------- Dev */
+
+static cudaEvent_t pool_get(cudaEvent_t **pool, size_t *n, unsigned flags) {
+    if (*n) return (*pool)[--*n];
+    cudaEvent_t e;
+    CUDA_CHECK(cudaEventCreateWithFlags(&e, flags));
+    return e;
+}
+
+static void pool_put(cudaEvent_t **pool, size_t *n, size_t *cap, cudaEvent_t e) {
+    if (*n == *cap) {
+        *cap = *cap ? *cap * 2 : 64;
+        *pool = xrealloc(*pool, *cap * sizeof **pool);
+    }
+    (*pool)[(*n)++] = e;
+}
+
+void backend_dev_init(Dev *d) {
+    World *w = d->world;
+    struct CudaDev *c = xcalloc(1, sizeof *c);
+    switch (w->cfg.backend) {
+    case BACKEND_NCCL: c->device = d->rank; break;                   /* one GPU per rank */
+    case BACKEND_NCCL_MPI: c->device = w->cuda->node_rank; break;    /* rank on its node */
+    default: c->device = 0; break;                                   /* local: all ranks share GPU 0 */
+    }
+    CUDA_CHECK(cudaSetDevice(c->device));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&c->side, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreate(&c->epoch));
+    CUDA_CHECK(cudaEventRecord(c->epoch, c->side));
+    CUDA_CHECK(cudaEventSynchronize(c->epoch));
+    c->epoch_host_us = now_us() - w->epoch_us;
+    d->cuda = c;
+}
+
+static void timing_resolve(Dev *d, int wait_all);
+
+void backend_dev_fini(Dev *d) {
+    struct CudaDev *c = d->cuda;
+    if (!c) return;
+    timing_resolve(d, 1);
+    for (size_t i = 0; i < c->n_cache; i++) CUDA_CHECK(cudaFree(c->cache[i].p));
+    d->reserved -= c->cache_bytes;
+    for (size_t i = 0; i < c->n_timing_pool; i++) CUDA_CHECK(cudaEventDestroy(c->timing_pool[i]));
+    for (size_t i = 0; i < c->n_fence_pool; i++) CUDA_CHECK(cudaEventDestroy(c->fence_pool[i]));
+    CUDA_CHECK(cudaEventDestroy(c->epoch));
+    CUDA_CHECK(cudaStreamDestroy(c->side));
+    free(c->timing);
+    free(c->timing_pool);
+    free(c->fence_pool);
+    free(c->cache);
+    free(c);
+    d->cuda = NULL;
+}
+
+/* ----------------------------------------------------------------- timing */
+
+void cuda_timing_begin(Stream *s, PendingTiming *t) {
+    struct CudaDev *c = s->dev->cuda;
+    t->start = pool_get(&c->timing_pool, &c->n_timing_pool, cudaEventDefault);
+    CUDA_CHECK(cudaEventRecord(t->start, s->cuda->st));
+}
+
+void cuda_timing_end(Stream *s, PendingTiming *t, const char *prefix, const char *name, const char *cat, size_t bytes) {
+    Dev *d = s->dev;
+    struct CudaDev *c = d->cuda;
+    t->end = pool_get(&c->timing_pool, &c->n_timing_pool, cudaEventDefault);
+    CUDA_CHECK(cudaEventRecord(t->end, s->cuda->st));
+    t->rec = (TraceRec){prefix, dev_intern(d, name), d->module, d->phase, cat, s->index, d->step, 0, 0, bytes};
+    if (c->n_timing == c->timing_cap) {
+        c->timing_cap = c->timing_cap ? c->timing_cap * 2 : 1024;
+        c->timing = xrealloc(c->timing, c->timing_cap * sizeof *c->timing);
+    }
+    c->timing[c->n_timing++] = *t;
+    if (c->n_timing >= 8192) timing_resolve(d, 1); /* bound the events in flight */
+}
+
+/* Turn completed timings into trace records (all of them if wait_all). */
+static void timing_resolve(Dev *d, int wait_all) {
+    struct CudaDev *c = d->cuda;
+    size_t keep = 0;
+    for (size_t i = 0; i < c->n_timing; i++) {
+        PendingTiming *t = &c->timing[i];
+        if (wait_all) CUDA_CHECK(cudaEventSynchronize(t->end));
+        else if (!event_done(t->end)) {
+            c->timing[keep++] = *t;
+            continue;
+        }
+        float ms0 = 0, ms1 = 0;
+        CUDA_CHECK(cudaEventElapsedTime(&ms0, c->epoch, t->start));
+        CUDA_CHECK(cudaEventElapsedTime(&ms1, c->epoch, t->end));
+        t->rec.ts = c->epoch_host_us + 1000.0 * ms0;
+        t->rec.dur = 1000.0 * (ms1 - ms0);
+        dev_trace_add(d, &t->rec);
+        pool_put(&c->timing_pool, &c->n_timing_pool, &c->timing_pool_cap, t->start);
+        pool_put(&c->timing_pool, &c->n_timing_pool, &c->timing_pool_cap, t->end);
+    }
+    c->n_timing = keep;
+}
+
+/* ---------------------------------------------------------------- storage */
+
+/* Requests are rounded up to 512 bytes; a freed segment serves the next
+ * request of exactly its size (training repeats the same sizes every step). */
+static size_t round_storage(size_t bytes) { return (bytes + 511) / 512 * 512; }
+
+static void cache_trim(Dev *d) {
+    struct CudaDev *c = d->cuda;
+    for (size_t i = 0; i < c->n_cache; i++) CUDA_CHECK(cudaFree(c->cache[i].p));
+    d->reserved -= c->cache_bytes;
+    c->n_cache = 0;
+    c->cache_bytes = 0;
+}
+
+void *backend_storage_alloc(Dev *d, size_t bytes, const char *name) {
+    struct CudaDev *c = d->cuda;
+    size_t r = round_storage(bytes);
+    void *p = NULL;
+    for (size_t i = c->n_cache; i-- > 0;)
+        if (c->cache[i].bytes == r) {
+            p = c->cache[i].p;
+            c->cache[i] = c->cache[--c->n_cache];
+            c->cache_bytes -= r;
+            c->cache_hits++;
+            break;
+        }
+    if (!p) {
+        cudaError_t e = cudaMalloc(&p, r);
+        if (e == cudaErrorMemoryAllocation) {
+            /* give back what is cached, wait for this rank's frees in flight, retry */
+            (void)cudaGetLastError();
+            dev_synchronize(d);
+            dev_release_pending_frees(d, 1);
+            cache_trim(d);
+            e = cudaMalloc(&p, r);
+        }
+        if (e == cudaErrorMemoryAllocation) {
+            (void)cudaGetLastError();
+            size_t free_b = 0, total_b = 0;
+            cudaMemGetInfo(&free_b, &total_b);
+            fatal("rank %d: CUDA out of memory allocating %zu bytes for '%s' (%zu bytes allocated, %zu reserved by this "
+                  "rank; %zu of %zu bytes free on GPU %d)", d->rank, bytes, name ? name : "?", d->current, d->reserved,
+                  free_b, total_b, c->device);
+        }
+        CUDA_CHECK(e);
+        d->reserved += r;
+        c->cuda_mallocs++;
+    }
+    if (d->world->cfg.poison) { /* all-ones bytes are a NaN in every float */
+        CUDA_CHECK(cudaMemsetAsync(p, 0xff, r, c->side));
+        CUDA_CHECK(cudaStreamSynchronize(c->side));
+    }
+    return p;
+}
+
+void backend_storage_free(Dev *d, void *p, size_t bytes) {
+    struct CudaDev *c = d->cuda;
+    if (c->n_cache == c->cache_cap) {
+        c->cache_cap = c->cache_cap ? c->cache_cap * 2 : 256;
+        c->cache = xrealloc(c->cache, c->cache_cap * sizeof *c->cache);
+    }
+    size_t r = round_storage(bytes);
+    c->cache[c->n_cache++] = (CachedBlock){p, r};
+    c->cache_bytes += r;
+}
+
+/* ----------------------------------------------------------------- fences */
+
+typedef struct {
+    int n;
+    cudaEvent_t ev[];
+} Fence;
+
+int backend_fence_create(Dev *d, PendingFree *pf) {
+    struct CudaDev *c = d->cuda;
+    Fence *f = xmalloc(sizeof *f + (size_t)d->nstreams * sizeof(cudaEvent_t));
+    f->n = d->nstreams;
+    int busy = 0;
+    for (int i = 0; i < d->nstreams; i++) {
+        f->ev[i] = pool_get(&c->fence_pool, &c->n_fence_pool, cudaEventDisableTiming);
+        CUDA_CHECK(cudaEventRecord(f->ev[i], d->streams[i]->cuda->st));
+        busy |= !event_done(f->ev[i]);
+    }
+    pf->fence = f;
+    return busy;
+}
+
+int backend_fence_ready(Dev *d, const PendingFree *pf) {
+    (void)d;
+    const Fence *f = pf->fence;
+    for (int i = 0; i < f->n; i++)
+        if (!event_done(f->ev[i])) return 0;
+    return 1;
+}
+
+void backend_fence_release(Dev *d, PendingFree *pf) {
+    struct CudaDev *c = d->cuda;
+    Fence *f = pf->fence;
+    if (!f) return;
+    for (int i = 0; i < f->n; i++) pool_put(&c->fence_pool, &c->n_fence_pool, &c->fence_pool_cap, f->ev[i]);
+    free(f);
+    pf->fence = NULL;
+}
+
+/* ---------------------------------------------------------------- streams */
+
+Stream *dev_compute_stream(Dev *d) { return d->streams[0]; }
+
+Stream *dev_stream_create(Dev *d, const char *name) {
+    Stream *s = xcalloc(1, sizeof *s);
+    s->dev = d;
+    s->index = d->nstreams;
+    s->name = xstrdup(name ? name : "stream");
+    pthread_mutex_init(&s->mu, NULL);
+    s->cuda = xcalloc(1, sizeof *s->cuda);
+    CUDA_CHECK(cudaStreamCreateWithFlags(&s->cuda->st, cudaStreamNonBlocking));
+    CUBLAS_CHECK(cublasCreate(&s->cuda->blas));
+    CUBLAS_CHECK(cublasSetStream(s->cuda->blas, s->cuda->st));
+    if (d->nstreams == d->streams_cap) {
+        d->streams_cap = d->streams_cap ? d->streams_cap * 2 : 4;
+        d->streams = xrealloc(d->streams, (size_t)d->streams_cap * sizeof *d->streams);
+    }
+    d->streams[d->nstreams++] = s;
+    flight_stream_created(d, s);
+    cuda_coll_stream_created(s); /* communicators: every rank creates the same streams in the same order */
+    return s;
+}
+
+void stream_destroy(Stream *s) {
+    CUDA_CHECK(cudaStreamSynchronize(s->cuda->st));
+    cuda_coll_stream_destroy(s);
+    CUBLAS_CHECK(cublasDestroy(s->cuda->blas));
+    CUDA_CHECK(cudaStreamDestroy(s->cuda->st));
+    free(s->cuda);
+    pthread_mutex_destroy(&s->mu);
+    free(s->name);
+    free(s);
+}
+
+int stream_index(const Stream *s) { return s->index; }
+const char *stream_name(const Stream *s) { return s->name; }
+
+void dev_launch(Stream *s, const char *name, void (*fn)(void *args), const void *args, size_t args_size) {
+    if (!fn) fatal("dev_launch('%s'): no function", name ? name : "?");
+    if (args_size > DEV_ARGS_MAX)
+        fatal("dev_launch('%s'): %zu bytes of arguments, at most %d allowed", name ? name : "?", args_size, DEV_ARGS_MAX);
+    union {
+        max_align_t align_;
+        unsigned char b[DEV_ARGS_MAX];
+    } copy;
+    if (args_size) memcpy(copy.b, args, args_size);
+    Dev *d = s->dev;
+    PendingTiming t;
+    if (d->tracing) cuda_timing_begin(s, &t);
+    tls_stream = s->cuda->st;
+    tls_blas = s->cuda->blas;
+    tls_tf32 = d->world->cfg.tf32;
+    fn(copy.b);
+    tls_stream = NULL;
+    tls_blas = NULL;
+    if (d->tracing) cuda_timing_end(s, &t, d->module, name ? name : "kernel", "kernel", 0);
+    s->enqueued++;
+}
+
+void dev_memcpy_async(Stream *s, void *dst, const void *src, size_t bytes) {
+    if (bytes && (!dst || !src)) fatal("dev_memcpy_async: NULL pointer with %zu bytes", bytes);
+    if (!bytes) return;
+    Dev *d = s->dev;
+    PendingTiming t;
+    if (d->tracing) cuda_timing_begin(s, &t);
+    /* cudaMemcpyDefault: unified addressing tells host from device memory */
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s->cuda->st));
+    if (d->tracing) cuda_timing_end(s, &t, d->module, "copy", "copy", bytes);
+    s->enqueued++;
+}
+
+void dev_memset_async(Stream *s, void *dst, int byte, size_t bytes) {
+    if (bytes && !dst) fatal("dev_memset_async: NULL pointer with %zu bytes", bytes);
+    if (!bytes) return;
+    Dev *d = s->dev;
+    PendingTiming t;
+    if (d->tracing) cuda_timing_begin(s, &t);
+    CUDA_CHECK(cudaMemsetAsync(dst, byte, bytes, s->cuda->st));
+    if (d->tracing) cuda_timing_end(s, &t, d->module, "memset", "memset", bytes);
+    s->enqueued++;
+}
+
+void dev_stream_synchronize(Stream *s) {
+    CUDA_CHECK(cudaStreamSynchronize(s->cuda->st));
+    timing_resolve(s->dev, 0);
+    dev_release_pending_frees(s->dev, 0);
+}
+
+void dev_synchronize(Dev *d) {
+    for (int i = 0; i < d->nstreams; i++) CUDA_CHECK(cudaStreamSynchronize(d->streams[i]->cuda->st));
+    timing_resolve(d, 0);
+    dev_release_pending_frees(d, 0);
+}
+
+/* ----------------------------------------------------------------- events */
+
+Event *dev_event_create(Dev *d, const char *name) {
+    Event *e = xcalloc(1, sizeof *e);
+    e->dev = d;
+    e->name = xstrdup(name ? name : "event");
+    pthread_mutex_init(&e->mu, NULL); /* unused here; world.c destroys them with the event */
+    pthread_cond_init(&e->cv, NULL);
+    cudaEvent_t ev;
+    CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    e->cuda_event = ev;
+    if (d->nevents == d->events_cap) {
+        d->events_cap = d->events_cap ? d->events_cap * 2 : 16;
+        d->events = xrealloc(d->events, (size_t)d->events_cap * sizeof *d->events);
+    }
+    d->events[d->nevents++] = e;
+    return e;
+}
+
+void backend_event_fini(Event *e) {
+    if (e->cuda_event) CUDA_CHECK(cudaEventDestroy((cudaEvent_t)e->cuda_event)); /* deferred by CUDA if pending */
+    e->cuda_event = NULL;
+}
+
+void dev_event_destroy(Event *e) {
+    if (!e) return;
+    Dev *d = e->dev;
+    for (int i = 0; i < d->nevents; i++)
+        if (d->events[i] == e) {
+            d->events[i] = d->events[--d->nevents];
+            break;
+        }
+    backend_event_fini(e);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->cv);
+    free(e->name);
+    free(e);
+}
+
+void dev_event_record(Event *e, Stream *s) {
+    if (e->dev != s->dev) fatal("event '%s' of rank %d recorded on a stream of rank %d", e->name, e->dev->rank, s->dev->rank);
+    CUDA_CHECK(cudaEventRecord((cudaEvent_t)e->cuda_event, s->cuda->st));
+    e->recorded++;
+}
+
+static cudaEvent_t recorded(Event *e) {
+    if (!e->recorded) fatal("event '%s' waited on but never recorded", e->name);
+    return (cudaEvent_t)e->cuda_event;
+}
+
+void dev_stream_wait_event(Stream *s, Event *e) {
+    if (e->dev != s->dev) fatal("event '%s' of rank %d waited on by a stream of rank %d", e->name, e->dev->rank, s->dev->rank);
+    CUDA_CHECK(cudaStreamWaitEvent(s->cuda->st, recorded(e), 0));
+}
+
+void dev_event_synchronize(Event *e) {
+    CUDA_CHECK(cudaEventSynchronize(recorded(e)));
+    dev_release_pending_frees(e->dev, 0);
+}
+
+int dev_event_query(Event *e) { return event_done(recorded(e)); }

@@ -1,0 +1,75 @@
+# mk/cuda.mk — the CUDA backend (included by the Makefile).
+#   make cuda        build everything again against the CUDA runtime into build-cuda/
+#                    (kernels for sm_80 and sm_90, warnings are errors; needs nvcc,
+#                    cuBLAS and NCCL, never a GPU)
+#   make gpu-check   on a machine with a GPU: ops vs the CPU kernels, short training
+#                    runs vs the CPU runs, then the grader on the GPU (tools/gpu_check.sh)
+# The CPU build never needs any of this.
+
+CUDA_BUILD    ?= build-cuda
+CUDA_ARCHS    ?= 80 90
+NVCC_GENCODE  := $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a))
+NVCCFLAGS     := -std=c++17 -O2 -g -DHWFSDP_CUDA -Icommon $(NVCC_GENCODE) -Werror all-warnings \
+                 -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter
+CUDA_CFLAGS   := $(CFLAGS) -DHWFSDP_CUDA -I$(CUDA_HOME)/include
+CUDA_LDLIBS   := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lnccl -lstdc++ $(LDLIBS)
+
+# The CPU streams and collectives (stream.c, collectives.c) are replaced by common/cuda/.
+CUDA_SHARED_SRC := $(filter-out common/stream.c common/collectives.c,$(COMMON_SRC))
+CUDA_OBJ := $(patsubst common/%.c,$(CUDA_BUILD)/common/%.o,$(CUDA_SHARED_SRC)) \
+            $(patsubst common/cuda/%.c,$(CUDA_BUILD)/common/cuda/%.o,$(wildcard common/cuda/*.c)) \
+            $(patsubst common/cuda/%.cu,$(CUDA_BUILD)/common/cuda/%.cu.o,$(wildcard common/cuda/*.cu))
+CUDA_LIB := $(CUDA_BUILD)/libhwfsdp_cuda.a
+CUDA_HDRS := $(wildcard common/*.h common/cuda/*.h)
+CUDA_BINS := $(CUDA_BUILD)/baseline/train $(patsubst %,$(CUDA_BUILD)/solutions/%/train,$(SOLUTIONS)) \
+             $(patsubst %,$(CUDA_BUILD)/stages/%/train,$(STAGES)) $(CUDA_BUILD)/tests/check_ops
+
+.PHONY: cuda cuda-check-tools gpu-check impl-cuda
+
+cuda: cuda-check-tools $(CUDA_LIB) $(CUDA_BINS)
+	@echo "cuda: built $(words $(CUDA_BINS)) binaries in $(CUDA_BUILD)/ for sm_$(subst $(eval ) ,/sm_,$(CUDA_ARCHS)) (compiled only: run make gpu-check on a GPU machine)"
+
+cuda-check-tools:
+	@test -n "$(NVCC)" || { echo "make cuda: nvcc not found (install the CUDA toolkit, or put it on PATH / at /usr/local/cuda)"; exit 2; }
+	@test -n "$(HAVE_NCCL)" || { echo "make cuda: nccl.h not found under $(CUDA_HOME)/include or /usr/include (install NCCL)"; exit 2; }
+
+$(CUDA_BUILD)/common/%.o: common/%.c $(CUDA_HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CUDA_CFLAGS) -c $< -o $@
+
+$(CUDA_BUILD)/common/cuda/%.cu.o: common/cuda/%.cu $(CUDA_HDRS)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+$(CUDA_LIB): $(CUDA_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(CUDA_BUILD)/train_main.o: common/train_main.c $(CUDA_HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CUDA_CFLAGS) -c $< -o $@
+
+$(CUDA_BUILD)/baseline/train: common/baseline.c $(CUDA_BUILD)/train_main.o $(CUDA_LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CUDA_CFLAGS) -o $@ $< $(CUDA_BUILD)/train_main.o $(CUDA_LIB) $(LDFLAGS) $(CUDA_LDLIBS)
+
+$(CUDA_BUILD)/solutions/%/train: solutions/%/hw_fsdp.c $(CUDA_BUILD)/train_main.o $(CUDA_LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CUDA_CFLAGS) -o $@ $< $(CUDA_BUILD)/train_main.o $(CUDA_LIB) $(LDFLAGS) $(CUDA_LDLIBS)
+
+$(CUDA_BUILD)/stages/%/train: stages/%/hw_fsdp.c $(CUDA_BUILD)/train_main.o $(CUDA_LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CUDA_CFLAGS) $(STARTER_CFLAGS) -o $@ $< $(CUDA_BUILD)/train_main.o $(CUDA_LIB) $(LDFLAGS) $(CUDA_LDLIBS)
+
+$(CUDA_BUILD)/tests/check_ops: tests/gpu/check_ops.c $(CUDA_LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CUDA_CFLAGS) -Itests -o $@ $< $(CUDA_LIB) $(LDFLAGS) $(CUDA_LDLIBS)
+
+# Any hw_fsdp.c against the CUDA runtime (the grader's --cuda uses it).
+impl-cuda: cuda-check-tools $(CUDA_BUILD)/train_main.o $(CUDA_LIB)
+	@test -n "$(SRC)" -a -n "$(OUT)" || { echo "usage: make impl-cuda SRC=hw_fsdp.c OUT=binary"; exit 2; }
+	@mkdir -p $(dir $(OUT))
+	$(CC) $(CUDA_CFLAGS) $(STARTER_CFLAGS) -o $(OUT) $(SRC) $(CUDA_BUILD)/train_main.o $(CUDA_LIB) $(LDFLAGS) $(CUDA_LDLIBS)
+
+gpu-check: all cuda
+	sh tools/gpu_check.sh

@@ -1,0 +1,50 @@
+#!/bin/sh
+# gpu_check.sh — what `make gpu-check` runs on a machine with an NVIDIA GPU.
+# Its output is the evidence that the CUDA backend works there; paste it.
+#   1. every kernel vs the CPU kernel on fresh random inputs (build-cuda/tests/check_ops)
+#   2. a short training run of every solution on the GPU vs the same run on the CPU
+#      (tools/compare_runs.py: losses and grad norms within the stated tolerance)
+#   3. the grader on the GPU (grader/grade.py --solutions --cuda)
+# Exit status: non-zero if any part failed.
+set -u
+PYTHON=${PYTHON:-/usr/bin/python3}
+OUT=${GPU_CHECK_OUT:-build-cuda/gpu-check}
+rm -rf "$OUT"; mkdir -p "$OUT"
+fail=0
+echo "== gpu-check =="
+date -u '+date: %Y-%m-%dT%H:%M:%SZ'
+if command -v nvidia-smi >/dev/null 2>&1; then
+  nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader | sed 's/^/gpu: /'
+  NGPU=$(nvidia-smi -L | grep -c '^GPU')
+else
+  echo "gpu: nvidia-smi not found"; NGPU=0
+fi
+nvcc --version | tail -1 | sed 's/^/nvcc: /'
+
+echo "== 1. ops vs the CPU kernels =="
+build-cuda/tests/check_ops || fail=1
+build-cuda/tests/check_ops --tf32 || fail=1
+
+echo "== 2. training: GPU vs CPU =="
+FLAGS="--flavor tiny --world 4 --seq-len 64 --batch-size 2 --steps 10 --warmup-steps 2 --profile-steps 2 --quiet"
+for s in $(ls solutions); do
+  case $s in 01*) extra=--forward-only;; 05*) extra=--ac;; 06*) extra=--reshard-after-forward=false;; *) extra=;; esac
+  build/solutions/$s/train $FLAGS $extra --out "$OUT/cpu/$s" >/dev/null || { echo "$s: CPU run failed"; fail=1; continue; }
+  build-cuda/solutions/$s/train $FLAGS $extra --out "$OUT/gpu/$s" || { echo "$s: GPU run failed"; fail=1; continue; }
+  $PYTHON tools/compare_runs.py "$s local world 4" "$OUT/cpu/$s" "$OUT/gpu/$s" || fail=1
+done
+if [ "$NGPU" -ge 2 ]; then
+  W=$NGPU; [ "$W" -gt 4 ] && W=4
+  F2="--flavor tiny --world $W --seq-len 64 --batch-size 2 --steps 10 --warmup-steps 2 --profile-steps 2 --quiet"
+  build/solutions/04_backward_overlap/train $F2 --out "$OUT/cpu/nccl" >/dev/null || fail=1
+  build-cuda/solutions/04_backward_overlap/train $F2 --backend nccl --out "$OUT/gpu/nccl" || fail=1
+  $PYTHON tools/compare_runs.py "04 nccl world $W" "$OUT/cpu/nccl" "$OUT/gpu/nccl" || fail=1
+else
+  echo "nccl: skipped (one GPU visible; --backend nccl needs one GPU per rank)"
+fi
+
+echo "== 3. the grader on the GPU =="
+$PYTHON grader/grade.py --solutions --cuda --out "$OUT/grade" || fail=1
+
+if [ $fail -eq 0 ]; then echo "gpu-check: PASSED"; else echo "gpu-check: FAILED"; fi
+exit $fail

@@ -1,0 +1,90 @@
+"""The CUDA backend on a machine without a GPU: what can be checked here.
+
+`make cuda` (run by CI before the tests) compiles every CUDA file for sm_80 and
+sm_90 with warnings as errors and links cuBLAS and NCCL. These tests then run
+the CUDA build's binaries as far as they go without a GPU (flag parsing, the
+backend checks, the one-line error when no device is visible) and test the
+GPU-vs-CPU comparison that `make gpu-check` relies on, on two CPU runs."""
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from helpers import BASELINE, CORPUS, ROOT, run_train
+
+CUDA_BUILD = os.path.join(ROOT, "build-cuda")
+CUDA_BASELINE = os.path.join(CUDA_BUILD, "baseline", "train")
+HAVE_NVCC = shutil.which("nvcc") is not None or os.path.exists("/usr/local/cuda/bin/nvcc")
+PYTHON = sys.executable
+
+
+def have_gpu():
+    try:
+        return subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=20).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+needs_cuda_build = pytest.mark.skipif(not os.path.exists(CUDA_BASELINE),
+                                      reason="no CUDA build (make cuda needs nvcc and NCCL)")
+
+
+@pytest.mark.skipif(not HAVE_NVCC, reason="nvcc not found")
+def test_cuda_build_is_complete():
+    """make cuda built the runtime, the baseline, every stage and the op checker."""
+    p = subprocess.run(["make", "-s", "--no-print-directory", "cuda"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=1800)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "compiled only" in p.stdout
+    stages = sorted(d for d in os.listdir(os.path.join(ROOT, "stages")) if d[:2].isdigit())
+    for b in [CUDA_BASELINE, os.path.join(CUDA_BUILD, "tests", "check_ops")] + \
+             [os.path.join(CUDA_BUILD, "stages", s, "train") for s in stages]:
+        assert os.access(b, os.X_OK), b
+
+
+@needs_cuda_build
+def test_cuda_binary_parses_flags_without_a_gpu():
+    p = subprocess.run([CUDA_BASELINE, "--help"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and "--tf32" in p.stdout and "nccl-mpi" in p.stdout
+
+
+@needs_cuda_build
+@pytest.mark.parametrize("flags, message", [
+    (["--backend", "mpi"], "error: --backend mpi is the CPU build's multi-process backend; "
+                           "the CUDA build uses nccl-mpi under mpirun"),
+    (["--world", "0"], "error: --world must be in [1, 64], got 0"),
+])
+def test_cuda_binary_bad_flags(flags, message):
+    p = subprocess.run([CUDA_BASELINE, "--flavor", "tiny", "--steps", "1", "--quiet"] + flags,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert p.stderr.strip().splitlines()[-1] == message
+
+
+@needs_cuda_build
+@pytest.mark.skipif(have_gpu(), reason="a GPU is visible: make gpu-check covers this machine")
+def test_cuda_binary_without_gpu_is_one_line(tmp_path):
+    p = subprocess.run([CUDA_BASELINE, "--flavor", "tiny", "--steps", "1", "--quiet", "--data", CORPUS,
+                        "--out", str(tmp_path / "r")], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: no CUDA device is visible ("), p.stderr
+    assert lines[0].endswith("the CPU build (make) runs without one")
+
+
+def test_compare_runs_accepts_equal_and_rejects_different(tmp_path):
+    """gpu-check's comparison: a run against itself passes; a run with another seed fails."""
+    flags = ["--flavor", "tiny", "--world", "1", "--steps", "4", "--warmup-steps", "1"]
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    run_train(BASELINE, a, *flags)
+    run_train(BASELINE, b, *flags)
+    run_train(BASELINE, c, *flags, "--seed", "7")
+    cmp = os.path.join(ROOT, "tools", "compare_runs.py")
+    ok = subprocess.run([PYTHON, cmp, "same", str(a), str(b)], capture_output=True, text=True)
+    assert ok.returncode == 0 and ok.stdout.rstrip().endswith("OK"), ok.stdout
+    bad = subprocess.run([PYTHON, cmp, "seed", str(a), str(c)], capture_output=True, text=True)
+    assert bad.returncode == 1 and "FAIL" in bad.stdout, bad.stdout
+    missing = subprocess.run([PYTHON, cmp, "missing", str(a), str(tmp_path / "nope")], capture_output=True, text=True)
+    assert missing.returncode == 1 and "cannot read the runs" in missing.stdout

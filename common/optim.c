@@ -59,33 +59,39 @@ float clip_coefficient(const AdamWConfig *c, float total_norm) {
     return coef;
 }
 
-void adamw_update(float *param, const float *grad, float *exp_avg, float *exp_avg_sq, size_t n,
-                  const AdamWConfig *c, float lr, int t, float grad_scale) {
+AdamWScalars adamw_scalars(const AdamWConfig *c, float lr, int t) {
     const double lr_d = as_decimal(lr);
     const double beta1 = as_decimal(c->beta1), beta2 = as_decimal(c->beta2);
     const double eps = as_decimal(c->eps), wd = as_decimal(c->weight_decay);
     const double step = (double)t;
-
     /* scalars exactly as torch forms them (double), then cast to the tensor
      * dtype when applied */
-    const float decay = (float)(1.0 - lr_d * wd);              /* param.mul_(1 - lr*wd) */
-    const float b1 = (float)beta1, one_minus_b1 = (float)(1.0 - beta1);
-    const float b2 = (float)beta2, one_minus_b2 = (float)(1.0 - beta2);
+    AdamWScalars k;
+    k.decay = (float)(1.0 - lr_d * wd);                         /* param.mul_(1 - lr*wd) */
+    k.b1 = (float)beta1;
+    k.one_minus_b1 = (float)(1.0 - beta1);
+    k.b2 = (float)beta2;
+    k.one_minus_b2 = (float)(1.0 - beta2);
     const double bias_correction1 = 1.0 - pow(beta1, step);
     const double bias_correction2 = 1.0 - pow(beta2, step);
-    const float neg_step_size = (float)(-(lr_d / bias_correction1));
-    const float bc2_sqrt = (float)sqrt(bias_correction2);
-    const float eps_f = (float)eps;
+    k.neg_step_size = (float)(-(lr_d / bias_correction1));
+    k.bc2_sqrt = (float)sqrt(bias_correction2);
+    k.eps = (float)eps;
+    return k;
+}
 
+void adamw_update(float *param, const float *grad, float *exp_avg, float *exp_avg_sq, size_t n,
+                  const AdamWConfig *c, float lr, int t, float grad_scale) {
+    const AdamWScalars k = adamw_scalars(c, lr, t);
     for (size_t i = 0; i < n; i++) {
         float g = grad[i] * grad_scale;                        /* clip: grad.mul_(coef) */
-        float p = param[i] * decay;
-        float m = exp_avg[i] * b1;                              /* exp_avg.mul_(beta1) */
-        m = fmaf(g, one_minus_b1, m);                           /* .add_(grad, alpha=1-beta1) */
-        float v = exp_avg_sq[i] * b2;                           /* exp_avg_sq.mul_(beta2) */
-        v = fmaf(one_minus_b2 * g, g, v);                       /* .addcmul_(g, g, 1-beta2) */
-        float denom = sqrtf(v) / bc2_sqrt + eps_f;              /* (v.sqrt() / bc2_sqrt).add_(eps) */
-        p = p + neg_step_size * m / denom;                      /* addcdiv_(m, denom, -step_size) */
+        float p = param[i] * k.decay;
+        float m = exp_avg[i] * k.b1;                            /* exp_avg.mul_(beta1) */
+        m = fmaf(g, k.one_minus_b1, m);                         /* .add_(grad, alpha=1-beta1) */
+        float v = exp_avg_sq[i] * k.b2;                         /* exp_avg_sq.mul_(beta2) */
+        v = fmaf(k.one_minus_b2 * g, g, v);                     /* .addcmul_(g, g, 1-beta2) */
+        float denom = sqrtf(v) / k.bc2_sqrt + k.eps;            /* (v.sqrt() / bc2_sqrt).add_(eps) */
+        p = p + k.neg_step_size * m / denom;                    /* addcdiv_(m, denom, -step_size) */
         param[i] = p;
         exp_avg[i] = m;
         exp_avg_sq[i] = v;

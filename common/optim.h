@@ -28,6 +28,18 @@ float lr_at_step(const AdamWConfig *c, int step);
  * clipping is off. Multiply every grad by it before the update. */
 float clip_coefficient(const AdamWConfig *c, float total_norm);
 
+/* The per-step scalars of the update, formed as torch forms them (in double
+ * from the decimal hyperparameters, then cast to float). Shared by the CPU
+ * update and the CUDA kernel. */
+typedef struct {
+    float decay;          /* 1 - lr * weight_decay */
+    float b1, one_minus_b1, b2, one_minus_b2;
+    float neg_step_size;  /* -lr / (1 - beta1^t) */
+    float bc2_sqrt;       /* sqrt(1 - beta2^t) */
+    float eps;
+} AdamWScalars;
+AdamWScalars adamw_scalars(const AdamWConfig *c, float lr, int t);
+
 /* One AdamW update of n elements, t = 1-based step count for bias correction:
  *   g = grad * grad_scale
  *   param *= 1 - lr * weight_decay

@@ -41,7 +41,7 @@ BASELINE   := $(BUILD)/baseline/train
 
 .PHONY: asan-test longrun tsan asan run plots handout starters impl all detect run test test-c test-py grade reference plots handout bench clean tsan asan
 
-all: detect $(LIB) $(BASELINE) $(SOL_BIN) $(STAGE_BIN) $(TEST_BIN)
+all: detect $(LIB) $(BASELINE) $(SOL_BIN) $(STAGE_BIN) $(TEST_BIN) $(BUILD)/tests/check_ops_selftest
 
 detect:
 	@printf 'optional parts: MPI %s  CUDA %s  NCCL %s  (a GPU is never needed to build)\n' \
@@ -78,6 +78,11 @@ $(BUILD)/stages/%/train: stages/%/hw_fsdp.c $(BUILD)/common/train_main.o $(LIB)
 $(BUILD)/tests/%: tests/%.c $(LIB) $(wildcard tests/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests -o $@ $< $(LIB) $(LDFLAGS) $(LDLIBS)
+
+# gpu-check's op harness run against itself on the CPU (tests/test_cuda_build.py)
+$(BUILD)/tests/check_ops_selftest: tests/gpu/check_ops.c $(LIB) $(wildcard common/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DCHECK_OPS_SELFTEST -o $@ $< $(LIB) $(LDFLAGS) $(LDLIBS)
 
 # Build any hw_fsdp.c into a training binary (the grader and the mutant tests use it):
 #   make impl SRC=path/to/hw_fsdp.c OUT=path/to/train

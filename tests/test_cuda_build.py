@@ -88,3 +88,19 @@ def test_compare_runs_accepts_equal_and_rejects_different(tmp_path):
     assert bad.returncode == 1 and "FAIL" in bad.stdout, bad.stdout
     missing = subprocess.run([PYTHON, cmp, "missing", str(a), str(tmp_path / "nope")], capture_output=True, text=True)
     assert missing.returncode == 1 and "cannot read the runs" in missing.stdout
+
+
+def test_gpu_op_harness_against_itself():
+    """check_ops (gpu-check part 1) built on the CPU with the CPU kernels on both sides: every op is
+    compared, every error is exactly 0, both runs agree bitwise (so the harness's buffer plumbing is right)."""
+    exe = os.path.join(BASELINE.rsplit(os.sep, 2)[0], "tests", "check_ops_selftest")
+    p = subprocess.run([exe], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    lines = [l for l in p.stdout.splitlines() if l.startswith("op ")]
+    ops = {l.split()[1] for l in lines}
+    assert {"embedding_forward", "embedding_backward", "rmsnorm_forward", "rmsnorm_backward", "matmul_forward",
+            "matmul_backward", "rope_tables", "rope_forward", "rope_backward", "attention_forward",
+            "attention_backward", "swiglu_forward", "swiglu_backward", "add", "sumsq_accumulate", "adamw",
+            "crossentropy_forward", "crossentropy_backward"} <= ops
+    assert all("max_rel_err 0.00e+00" in l and l.endswith("OK") for l in lines), p.stdout
+    assert p.stdout.rstrip().endswith("%d ops passed, 0 failed" % len(lines))

@@ -265,11 +265,16 @@ def classify_run(rc, log_path, run_dir, timeout_s, steps):
     return False, "exited with status %d%s" % (rc, (": " + last) if last else "")
 
 
+# --cuda: build against the CUDA runtime (make impl-cuda) and take the non-sharded baseline run on
+# the same GPU as the ground truth for loss and grad norm (the reference logs come from the CPU).
+CUDA_MODE = False
+
+
 def build(src, out_bin, log_path, limits):
-    """make impl SRC=src OUT=out_bin; (ok, reason, seconds)."""
+    """make impl SRC=src OUT=out_bin (impl-cuda with --cuda); (ok, reason, seconds)."""
     if os.path.exists(out_bin):
         os.remove(out_bin)
-    cmd = ["make", "-s", "--no-print-directory", "impl", "SRC=" + src, "OUT=" + out_bin]
+    cmd = ["make", "-s", "--no-print-directory", "impl-cuda" if CUDA_MODE else "impl", "SRC=" + src, "OUT=" + out_bin]
     t0 = time.monotonic()
     try:
         p = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -493,6 +498,11 @@ def series_check(ctx, key, tol, label, hint):
             raise CheckFailed("step %d %s missing in the %s" % (step, label, "reference log" if r is None else "baseline run"))
         if g is None:
             raise CheckFailed("step %d %s is not finite (null in metrics.jsonl)" % (step, label))
+        if CUDA_MODE:
+            if rel(g, b) > tol:
+                raise CheckFailed("step %d %s %.6g vs the non-sharded baseline on the same GPU %.6g (rel %.1e > %g): %s"
+                                  % (step, label, g, b, rel(g, b), tol, hint(step, g, b)))
+            continue
         ok_ref, ok_base, ref_vs_base = rel(g, r) <= tol, rel(g, b) <= tol, rel(r, b) <= tol
         if ok_ref and ok_base:
             continue
@@ -905,6 +915,9 @@ def parse_args(argv):
     ap.add_argument("--reference", default=os.path.join(ROOT, "logs", "reference"),
                     help="reference logs (default logs/reference/)")
     ap.add_argument("--rubric", default=RUBRIC_PATH, help=argparse.SUPPRESS)
+    ap.add_argument("--cuda", action="store_true",
+                    help="build against the CUDA backend (make cuda) and run on the GPU; loss and grad norm are "
+                         "compared with the baseline run on the same GPU")
     ap.add_argument("--timeout", type=float, help="wall-clock limit per run in seconds (default: the rubric's)")
     return ap.parse_args(argv)
 
@@ -926,6 +939,9 @@ def main(argv=None):
             raise UsageError("--reference %s: no such directory" % args.reference)
         if args.timeout is not None and args.timeout <= 0:
             raise UsageError("--timeout must be positive")
+        if args.cuda:
+            global CUDA_MODE
+            CUDA_MODE = True
     except UsageError as e:
         sys.stderr.write("grade.py: error: %s\n" % e)
         return 2

@@ -104,3 +104,16 @@ def test_gpu_op_harness_against_itself():
             "crossentropy_forward", "crossentropy_backward"} <= ops
     assert all("max_rel_err 0.00e+00" in l and l.endswith("OK") for l in lines), p.stdout
     assert p.stdout.rstrip().endswith("%d ops passed, 0 failed" % len(lines))
+
+
+@needs_cuda_build
+@pytest.mark.skipif(have_gpu(), reason="a GPU is visible: make gpu-check runs the grader there")
+def test_grader_cuda_mode_builds_and_reports_the_missing_gpu(tmp_path):
+    """grade.py --cuda builds the stage against the CUDA runtime and relays its one-line error."""
+    base = os.path.join(ROOT, "solutions")
+    if not os.path.isdir(base):
+        pytest.skip("student tree: no solutions/")
+    p = subprocess.run([PYTHON, os.path.join(ROOT, "grader", "grade.py"), "--solutions", "--cuda", "--stage", "02",
+                        "--out", str(tmp_path)], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert "no CUDA device is visible" in p.stdout, p.stdout[-3000:]
+    assert "Score: 0/" in p.stdout

@@ -154,8 +154,8 @@ static void json_live(Buf *b, const Alloc *a, int *first) {
 
 static void write_memory_json(const char *dir, Dev *d) {
     Buf b = {0};
-    buf_printf(&b, "{\"rank\":%d,\"world_size\":%d,\"peak_bytes\":%zu,\"current_bytes\":%zu,\"tags\":[", d->rank,
-               d->world_size, d->peak, d->current);
+    buf_printf(&b, "{\"rank\":%d,\"world_size\":%d,\"peak_bytes\":%zu,\"current_bytes\":%zu,\"reserved_bytes\":%zu,"
+               "\"tags\":[", d->rank, d->world_size, d->peak, d->current, d->reserved);
     for (int t = 0; t < MEM_TAG_COUNT; t++) buf_printf(&b, "%s\"%s\"", t ? "," : "", mem_tag_name((MemTag)t));
     buf_printf(&b, "],\"events\":[");
     int first = 1;

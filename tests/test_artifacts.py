@@ -235,3 +235,12 @@ def test_pickle_structure(out):
             for b in seg["blocks"]:
                 assert {"address", "size", "requested_size", "state", "frames"} <= set(b)
                 assert b["state"] in ("active_allocated", "active_pending_free", "inactive")
+
+
+def test_memory_json_reserved_bytes(out):
+    """reserved_bytes: storage the allocator still holds (live, in-flight frees, cached); never below the live bytes."""
+    for r in range(2):
+        with open(os.path.join(str(out), "memory_rank%d.json" % r)) as fh:
+            snap = json.load(fh)
+        assert isinstance(snap["reserved_bytes"], int)
+        assert snap["reserved_bytes"] >= snap["current_bytes"] > 0

@@ -13,6 +13,7 @@
  * input, the weight and the upstream gradient dL/dout.
  */
 #include "ops.h"
+#include "ops_math.h"
 
 #include <cblas.h>
 #include <limits.h>
@@ -148,12 +149,7 @@ static void rope_rotate(float *x, const float *cos_tab, const float *sin_tab, si
             const float *s = sin_tab + t * half;
             for (size_t h = 0; h < nh; h++) {
                 float *xh = x + ((b * T + t) * nh + h) * hd;
-                for (size_t i = 0; i < half; i++) {
-                    float x0 = xh[2 * i], x1 = xh[2 * i + 1];
-                    float si = sign * s[i];
-                    xh[2 * i] = x0 * c[i] - x1 * si;
-                    xh[2 * i + 1] = x0 * si + x1 * c[i];
-                }
+                for (size_t i = 0; i < half; i++) rope_pair(&xh[2 * i], &xh[2 * i + 1], c[i], sign * s[i]);
             }
         }
     }
@@ -269,21 +265,13 @@ void attention_backward(float *dq, float *dk, float *dv, const float *dout, cons
 /* sig(a) = 1 / (1 + exp(-a)), silu(a) = a * sig(a) = a / (1 + exp(-a));
  * out = silu(a) * b. For a -> -inf, exp(-a) = inf and silu = -0 (no NaN). */
 void swiglu_forward(float *out, const float *a, const float *b, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        float silu = a[i] / (1.0f + expf(-a[i]));
-        out[i] = silu * b[i];
-    }
+    for (size_t i = 0; i < n; i++) out[i] = swiglu_elem(a[i], b[i]);
 }
 
 /* d silu/da = sig + a sig (1 - sig) = sig (1 + a (1 - sig))
  *   da += g * b * sig (1 + a (1 - sig)),   db += g * silu(a) */
 void swiglu_backward(float *da, float *db, const float *dout, const float *a, const float *b, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        float sig = 1.0f / (1.0f + expf(-a[i]));
-        float silu = a[i] * sig;
-        da[i] += dout[i] * b[i] * (sig * (1.0f + a[i] * (1.0f - sig)));
-        db[i] += dout[i] * silu;
-    }
+    for (size_t i = 0; i < n; i++) swiglu_backward_elem(dout[i], a[i], b[i], &da[i], &db[i]);
 }
 
 /* ------------------------------------------------------------------------ add */

@@ -8,6 +8,7 @@
  * fused multiply-add, so we use fmaf there; with that, the results are
  * bit-identical to torch 1.13 on this machine. */
 #include "optim.h"
+#include "ops_math.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -51,12 +52,7 @@ float lr_at_step(const AdamWConfig *c, int step) {
 }
 
 float clip_coefficient(const AdamWConfig *c, float total_norm) {
-    if (!(c->max_norm > 0.0f)) return 1.0f;
-    /* clip_grad_norm_: clip_coef = max_norm / (total_norm + 1e-6), in float32,
-     * then clamp(max=1.0) (a NaN norm stays NaN, as in torch). */
-    float coef = c->max_norm / (total_norm + 1e-6f);
-    if (coef > 1.0f) coef = 1.0f;
-    return coef;
+    return clip_coef(c->max_norm, total_norm); /* ops_math.h */
 }
 
 AdamWScalars adamw_scalars(const AdamWConfig *c, float lr, int t) {
@@ -83,17 +79,5 @@ AdamWScalars adamw_scalars(const AdamWConfig *c, float lr, int t) {
 void adamw_update(float *param, const float *grad, float *exp_avg, float *exp_avg_sq, size_t n,
                   const AdamWConfig *c, float lr, int t, float grad_scale) {
     const AdamWScalars k = adamw_scalars(c, lr, t);
-    for (size_t i = 0; i < n; i++) {
-        float g = grad[i] * grad_scale;                        /* clip: grad.mul_(coef) */
-        float p = param[i] * k.decay;
-        float m = exp_avg[i] * k.b1;                            /* exp_avg.mul_(beta1) */
-        m = fmaf(g, k.one_minus_b1, m);                         /* .add_(grad, alpha=1-beta1) */
-        float v = exp_avg_sq[i] * k.b2;                         /* exp_avg_sq.mul_(beta2) */
-        v = fmaf(k.one_minus_b2 * g, g, v);                     /* .addcmul_(g, g, 1-beta2) */
-        float denom = sqrtf(v) / k.bc2_sqrt + k.eps;            /* (v.sqrt() / bc2_sqrt).add_(eps) */
-        p = p + k.neg_step_size * m / denom;                    /* addcdiv_(m, denom, -step_size) */
-        param[i] = p;
-        exp_avg[i] = m;
-        exp_avg_sq[i] = v;
-    }
+    for (size_t i = 0; i < n; i++) adamw_elem(&param[i], grad[i], &exp_avg[i], &exp_avg_sq[i], &k, grad_scale);
 }

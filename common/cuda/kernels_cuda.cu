@@ -18,6 +18,7 @@ extern "C" {
 #include "optim.h" /* a C header: adamw_scalars has C linkage */
 }
 #include "kernels.h"
+#include "ops_math.h" /* the per-element formulas the CPU ops use */
 
 namespace {
 
@@ -141,11 +142,7 @@ __global__ void rope_rot(float *x, const float *cos_tab, const float *sin_tab, s
                          size_t half, float sign) {
     GRID_STRIDE(e, B * T * nh * half) {
         size_t i = e % half, t = (e / (half * nh)) % T;
-        float c = cos_tab[t * half + i], s = sign * sin_tab[t * half + i];
-        float *p = x + 2 * e;
-        float x0 = p[0], x1 = p[1];
-        p[0] = x0 * c - x1 * s;
-        p[1] = x0 * s + x1 * c;
+        rope_pair(&x[2 * e], &x[2 * e + 1], cos_tab[t * half + i], sign * sin_tab[t * half + i]);
     }
 }
 
@@ -280,17 +277,12 @@ __global__ void attention_bwd_dkv(float *dk, float *dv, const float *dout, const
 
 /* out = silu(a) b, silu(a) = a / (1 + exp(-a)) */
 __global__ void swiglu_fwd(float *out, const float *a, const float *b, size_t n) {
-    GRID_STRIDE(i, n) { out[i] = (a[i] / (1.0f + expf(-a[i]))) * b[i]; }
+    GRID_STRIDE(i, n) { out[i] = swiglu_elem(a[i], b[i]); }
 }
 
 /* da += g b sig (1 + a (1 - sig)),  db += g silu(a) */
 __global__ void swiglu_bwd(float *da, float *db, const float *dout, const float *a, const float *b, size_t n) {
-    GRID_STRIDE(i, n) {
-        float sig = 1.0f / (1.0f + expf(-a[i]));
-        float silu = a[i] * sig;
-        da[i] += dout[i] * b[i] * (sig * (1.0f + a[i] * (1.0f - sig)));
-        db[i] += dout[i] * silu;
-    }
+    GRID_STRIDE(i, n) { swiglu_backward_elem(dout[i], a[i], b[i], &da[i], &db[i]); }
 }
 
 __global__ void add_k(float *out, const float *a, const float *b, size_t n) {
@@ -368,21 +360,8 @@ __global__ void sumsq_finish(float *acc, const double *partial, int nblocks) {
  * from the global sum of squares on the device */
 __global__ void adamw_k(float *param, const float *grad, float *m_, float *v_, size_t n, AdamWScalars k,
                         float max_norm, const float *total_sumsq) {
-    float coef = 1.0f;
-    if (max_norm > 0.0f) {
-        coef = max_norm / (sqrtf(*total_sumsq) + 1e-6f);
-        if (coef > 1.0f) coef = 1.0f;
-    }
-    GRID_STRIDE(i, n) {
-        float g = grad[i] * coef;
-        float p = param[i] * k.decay;
-        float m = fmaf(g, k.one_minus_b1, m_[i] * k.b1);
-        float v = fmaf(k.one_minus_b2 * g, g, v_[i] * k.b2);
-        float denom = sqrtf(v) / k.bc2_sqrt + k.eps;
-        param[i] = p + k.neg_step_size * m / denom;
-        m_[i] = m;
-        v_[i] = v;
-    }
+    float coef = clip_coef(max_norm, sqrtf(*total_sumsq));
+    GRID_STRIDE(i, n) { adamw_elem(&param[i], grad[i], &m_[i], &v_[i], &k, coef); }
 }
 
 /* cuBLAS with this run's precision: exact fp32, or TF32 tensor cores (--tf32) */

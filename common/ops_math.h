@@ -1,0 +1,57 @@
+/* ops_math.h — per-element math shared by the CPU ops (ops.c, optim.c) and
+ * the CUDA kernels (cuda/kernels_cuda.cu), so the CPU tests exercise the
+ * formulas the GPU runs. Plain C; __host__ __device__ under nvcc. */
+#ifndef HWFSDP_OPS_MATH_H
+#define HWFSDP_OPS_MATH_H
+
+#include <math.h>
+
+#include "optim.h"
+
+#ifdef __CUDACC__
+#define HWFSDP_HD static inline __host__ __device__
+#else
+#define HWFSDP_HD static inline
+#endif
+
+/* silu(a) b with silu(a) = a / (1 + exp(-a)); for a -> -inf, silu = -0 (no NaN) */
+HWFSDP_HD float swiglu_elem(float a, float b) { return (a / (1.0f + expf(-a))) * b; }
+
+/* sig = 1 / (1 + exp(-a)); d silu/da = sig (1 + a (1 - sig)):
+ *   da += g b sig (1 + a (1 - sig)),   db += g silu(a) */
+HWFSDP_HD void swiglu_backward_elem(float g, float a, float b, float *da, float *db) {
+    float sig = 1.0f / (1.0f + expf(-a));
+    float silu = a * sig;
+    *da += g * b * (sig * (1.0f + a * (1.0f - sig)));
+    *db += g * silu;
+}
+
+/* the complex product (x0 + i x1)(c + i s): a rotation of the adjacent pair by angle (s = sin, or -sin to undo) */
+HWFSDP_HD void rope_pair(float *x0, float *x1, float c, float s) {
+    float a = *x0, b = *x1;
+    *x0 = a * c - b * s;
+    *x1 = a * s + b * c;
+}
+
+/* clip_grad_norm_: coef = max_norm / (total_norm + 1e-6) in float32, clamped to
+ * at most 1 (a NaN norm stays NaN); 1 when clipping is off */
+HWFSDP_HD float clip_coef(float max_norm, float total_norm) {
+    if (!(max_norm > 0.0f)) return 1.0f;
+    float coef = max_norm / (total_norm + 1e-6f);
+    return coef > 1.0f ? 1.0f : coef;
+}
+
+/* one AdamW element, in torch's single-tensor order (see adamw_update) */
+HWFSDP_HD void adamw_elem(float *param, float grad, float *exp_avg, float *exp_avg_sq, const AdamWScalars *k,
+                          float grad_scale) {
+    float g = grad * grad_scale;                      /* clip: grad.mul_(coef) */
+    float p = *param * k->decay;                      /* param.mul_(1 - lr*wd) */
+    float m = fmaf(g, k->one_minus_b1, *exp_avg * k->b1); /* exp_avg.mul_(beta1).add_(grad, alpha=1-beta1) */
+    float v = fmaf(k->one_minus_b2 * g, g, *exp_avg_sq * k->b2); /* exp_avg_sq.mul_(beta2).addcmul_(g, g, 1-beta2) */
+    float denom = sqrtf(v) / k->bc2_sqrt + k->eps;    /* (v.sqrt() / bc2_sqrt).add_(eps) */
+    *param = p + k->neg_step_size * m / denom;        /* addcdiv_(m, denom, -step_size) */
+    *exp_avg = m;
+    *exp_avg_sq = v;
+}
+
+#endif

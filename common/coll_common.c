@@ -4,9 +4,11 @@
 #include "device_internal.h"
 #include "util.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 static const char *const KIND_NAMES[] = {"all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier"};
@@ -54,6 +56,23 @@ void coll_validate(Dev *d, Stream *s, int kind, const float *send, const float *
         if (op != RED_SUM && op != RED_AVG) fatal("%s: unknown reduce op %d", KIND_NAMES[kind], op);
     if (count && kind != COLL_BARRIER && (!recv || (kind != COLL_BROADCAST && !send)))
         fatal("%s (%s): NULL buffer with %zu elements", KIND_NAMES[kind], label ? label : "", count);
+}
+
+int coll_wait_generation(pthread_cond_t *cv, pthread_mutex_t *mu, const uint64_t *generation, uint64_t gen,
+                         double timeout_s) {
+    if (timeout_s <= 0) {
+        while (*generation == gen) pthread_cond_wait(cv, mu);
+        return 0;
+    }
+    struct timespec dl; /* the condition variable counts on the monotonic clock */
+    clock_gettime(CLOCK_MONOTONIC, &dl);
+    double whole = (double)(time_t)timeout_s;
+    dl.tv_sec += (time_t)timeout_s;
+    dl.tv_nsec += (long)((timeout_s - whole) * 1e9);
+    if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
+    while (*generation == gen)
+        if (pthread_cond_timedwait(cv, mu, &dl) == ETIMEDOUT && *generation == gen) return 1;
+    return 0;
 }
 
 /* ------------------------------------------------------- flight recorder */

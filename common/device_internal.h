@@ -314,6 +314,13 @@ void coll_check_agreement(Stream *s, uint64_t seq, const CollDesc *descs, int n)
 void coll_validate(Dev *d, Stream *s, int kind, const float *send, const float *recv, size_t count, int op,
                    const char *label);
 
+/* dev_launch's argument checks (world.c; both backends) */
+void dev_launch_check(const char *name, void (*fn)(void *), size_t args_size);
+/* Wait (mu held) until *generation moves past gen; with timeout_s > 0, return
+ * 1 (mu still held) if it has not after timeout_s seconds, else 0. */
+int coll_wait_generation(pthread_cond_t *cv, pthread_mutex_t *mu, const uint64_t *generation, uint64_t gen,
+                         double timeout_s);
+
 /* cross-file internals */
 CollChannel *world_channel(World *w, int stream_index);
 void dev_trace_add(Dev *d, const TraceRec *r);

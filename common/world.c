@@ -278,6 +278,15 @@ void world_run(World *w, void (*rank_main)(Dev *dev, void *arg), void *arg) {
 }
 
 int dev_rank(const Dev *d) { return d->rank; }
+Stream *dev_compute_stream(Dev *d) { return d->streams[0]; }
+int stream_index(const Stream *s) { return s->index; }
+const char *stream_name(const Stream *s) { return s->name; }
+
+void dev_launch_check(const char *name, void (*fn)(void *), size_t args_size) {
+    if (!fn) fatal("dev_launch('%s'): no function", name ? name : "?");
+    if (args_size > DEV_ARGS_MAX)
+        fatal("dev_launch('%s'): %zu bytes of arguments, at most %d allowed", name ? name : "?", args_size, DEV_ARGS_MAX);
+}
 int dev_world_size(const Dev *d) { return d->world_size; }
 
 /* ---------------------------------------------------------------- scope */

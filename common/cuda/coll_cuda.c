@@ -54,25 +54,14 @@ static void rendezvous(Stream *s, const Op *op, const CudaPost *mine, CudaPost *
         memset(c->here, 0, sizeof c->here);
         c->generation++;
         pthread_cond_broadcast(&c->cv);
-    } else if (timeout <= 0) {
-        while (c->generation == gen) pthread_cond_wait(&c->cv, &c->mu);
-    } else {
-        struct timespec dl;
-        clock_gettime(CLOCK_MONOTONIC, &dl);
-        double whole = (double)(time_t)timeout;
-        dl.tv_sec += (time_t)timeout;
-        dl.tv_nsec += (long)((timeout - whole) * 1e9);
-        if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
-        while (c->generation == gen)
-            if (pthread_cond_timedwait(&c->cv, &c->mu, &dl) == ETIMEDOUT && c->generation == gen) {
-                int low = 0;
-                while (low < n && !c->here[low]) low++;
-                CollPost post = c->slots[gen & 1][low < n ? low : d->rank].post;
-                uint8_t here[WORLD_MAX_RANKS];
-                memcpy(here, c->here, sizeof here);
-                pthread_mutex_unlock(&c->mu);
-                watchdog_timeout(s, op, &post, low < n ? low : d->rank, here, n);
-            }
+    } else if (coll_wait_generation(&c->cv, &c->mu, &c->generation, gen, timeout)) {
+        int low = 0;
+        while (low < n && !c->here[low]) low++;
+        CollPost post = c->slots[gen & 1][low < n ? low : d->rank].post;
+        uint8_t here[WORLD_MAX_RANKS];
+        memcpy(here, c->here, sizeof here);
+        pthread_mutex_unlock(&c->mu);
+        watchdog_timeout(s, op, &post, low < n ? low : d->rank, here, n);
     }
     memcpy(all, c->slots[gen & 1], (size_t)n * sizeof *all);
     pthread_mutex_unlock(&c->mu);

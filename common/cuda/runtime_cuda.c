@@ -333,7 +333,6 @@ void backend_fence_release(Dev *d, PendingFree *pf) {
 
 /* ---------------------------------------------------------------- streams */
 
-Stream *dev_compute_stream(Dev *d) { return d->streams[0]; }
 
 Stream *dev_stream_create(Dev *d, const char *name) {
     Stream *s = xcalloc(1, sizeof *s);
@@ -368,13 +367,9 @@ void stream_destroy(Stream *s) {
     free(s);
 }
 
-int stream_index(const Stream *s) { return s->index; }
-const char *stream_name(const Stream *s) { return s->name; }
 
 void dev_launch(Stream *s, const char *name, void (*fn)(void *args), const void *args, size_t args_size) {
-    if (!fn) fatal("dev_launch('%s'): no function", name ? name : "?");
-    if (args_size > DEV_ARGS_MAX)
-        fatal("dev_launch('%s'): %zu bytes of arguments, at most %d allowed", name ? name : "?", args_size, DEV_ARGS_MAX);
+    dev_launch_check(name, fn, args_size);
     union {
         max_align_t align_;
         unsigned char b[DEV_ARGS_MAX];

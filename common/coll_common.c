@@ -173,3 +173,24 @@ void watchdog_timeout(Stream *s, const Op *op, const CollPost *lowest, int lowes
     _exit(EXIT_FATAL); /* not exit: other streams may be inside kernels */
 }
 
+/* ------------------------------------------------- the public collectives */
+
+void coll_all_gather(Dev *d, const float *send, float *recv, size_t send_count, Stream *s, const char *label) {
+    coll_enqueue(d, s, COLL_ALL_GATHER, send, recv, send_count, RED_SUM, 0,
+                 send_count * (size_t)d->world_size * sizeof(float), label);
+}
+void coll_reduce_scatter(Dev *d, const float *send, float *recv, size_t recv_count, RedOp op, Stream *s,
+                         const char *label) {
+    coll_enqueue(d, s, COLL_REDUCE_SCATTER, send, recv, recv_count, op, 0,
+                 recv_count * (size_t)d->world_size * sizeof(float), label);
+}
+void coll_all_reduce(Dev *d, const float *send, float *recv, size_t count, RedOp op, Stream *s, const char *label) {
+    coll_enqueue(d, s, COLL_ALL_REDUCE, send, recv, count, op, 0, count * sizeof(float), label);
+}
+void coll_broadcast(Dev *d, float *buf, size_t count, int root, Stream *s, const char *label) {
+    if (root < 0 || root >= d->world_size) fatal("broadcast (%s): root %d is not a rank (0..%d)", label ? label : "", root, d->world_size - 1);
+    coll_enqueue(d, s, COLL_BROADCAST, buf, buf, count, RED_SUM, root, count * sizeof(float), label);
+}
+void coll_barrier(Dev *d, Stream *s, const char *label) {
+    coll_enqueue(d, s, COLL_BARRIER, NULL, NULL, 0, RED_SUM, 0, 0, label);
+}

@@ -314,6 +314,10 @@ void coll_check_agreement(Stream *s, uint64_t seq, const CollDesc *descs, int n)
 void coll_validate(Dev *d, Stream *s, int kind, const float *send, const float *recv, size_t count, int op,
                    const char *label);
 
+/* Enqueue one collective on s (collectives.c on the CPU, cuda/coll_cuda.c on CUDA);
+ * bytes = what it moves, for the trace. The coll_* calls of device.h lead here. */
+void coll_enqueue(Dev *d, Stream *s, CollKind kind, const float *send, float *recv, size_t count, RedOp op, int root,
+                  size_t bytes, const char *label);
 /* dev_launch's argument checks (world.c; both backends) */
 void dev_launch_check(const char *name, void (*fn)(void *), size_t args_size);
 /* Wait (mu held) until *generation moves past gen; with timeout_s > 0, return

@@ -252,7 +252,7 @@ static void nccl_collective(Stream *s, const Op *op, const float *send, float *r
 
 /* ------------------------------------------------------------- enqueue */
 
-static void enqueue_coll(Dev *d, Stream *s, CollKind kind, const float *send, float *recv, size_t count, RedOp op,
+void coll_enqueue(Dev *d, Stream *s, CollKind kind, const float *send, float *recv, size_t count, RedOp op,
                          int root, size_t bytes, const char *label) {
     coll_validate(d, s, (int)kind, send, recv, count, (int)op, label);
     Op o;
@@ -276,25 +276,4 @@ static void enqueue_coll(Dev *d, Stream *s, CollKind kind, const float *send, fl
     /* the GPU runs it later: "started" means handed to the stream */
     flight_set(s, &o, FLIGHT_STARTED);
     s->enqueued++;
-}
-
-void coll_all_gather(Dev *d, const float *send, float *recv, size_t send_count, Stream *s, const char *label) {
-    enqueue_coll(d, s, COLL_ALL_GATHER, send, recv, send_count, RED_SUM, 0,
-                 send_count * (size_t)d->world_size * sizeof(float), label);
-}
-void coll_reduce_scatter(Dev *d, const float *send, float *recv, size_t recv_count, RedOp op, Stream *s,
-                         const char *label) {
-    enqueue_coll(d, s, COLL_REDUCE_SCATTER, send, recv, recv_count, op, 0,
-                 recv_count * (size_t)d->world_size * sizeof(float), label);
-}
-void coll_all_reduce(Dev *d, const float *send, float *recv, size_t count, RedOp op, Stream *s, const char *label) {
-    enqueue_coll(d, s, COLL_ALL_REDUCE, send, recv, count, op, 0, count * sizeof(float), label);
-}
-void coll_broadcast(Dev *d, float *buf, size_t count, int root, Stream *s, const char *label) {
-    if (root < 0 || root >= d->world_size)
-        fatal("broadcast (%s): root %d is not a rank (0..%d)", label ? label : "", root, d->world_size - 1);
-    enqueue_coll(d, s, COLL_BROADCAST, buf, buf, count, RED_SUM, root, count * sizeof(float), label);
-}
-void coll_barrier(Dev *d, Stream *s, const char *label) {
-    enqueue_coll(d, s, COLL_BARRIER, NULL, NULL, 0, RED_SUM, 0, 0, label);
 }

@@ -185,3 +185,4 @@ asan-test:
 clean:
 	rm -rf $(BUILD) build-tsan build-asan
 include mk/cuda.mk
+include mk/fuzz.mk

@@ -132,6 +132,8 @@ static NpyHeader parse_npy_header(const char *text, size_t len, const char *path
         } else if (!strcmp(key, "shape") && !have_shape) {
             out.ndim = hdr_shape(&h, out.shape, 8);
             have_shape = 1;
+        } else if (!strcmp(key, "descr") || !strcmp(key, "fortran_order") || !strcmp(key, "shape")) {
+            fatal("%s: malformed .npy header (duplicate key '%s')", path, key);
         } else {
             fatal("%s: malformed .npy header (unexpected key '%s')", path, key);
         }
@@ -258,11 +260,14 @@ void data_batch(const TokenData *d, int step, int rank, int world, size_t B, siz
         fatal("data_batch: bad step %d / rank %d / world %d", step, rank, world);
     if (T == 0 || T > SIZE_MAX - 2 || d->n < T + 2)
         fatal("seq-len %zu needs at least %zu tokens but %s has %zu", T, T + 2, data_name(d), d->n);
-    /* start = ((s*W + r)*B + i) * T  mod  (n - T - 1), in 64-bit unsigned */
+    /* start = ((s*W + r)*B + i) * T  mod  (n - T - 1), exactly: reduced modulo span
+     * after each product in 128 bits (the plain 64-bit product wraps once
+     * s*W*B*T reaches 2^64, and then silently picks other tokens) */
+    __extension__ typedef unsigned __int128 u128;
     const uint64_t span = (uint64_t)(d->n - T - 1);
-    const uint64_t base = ((uint64_t)step * (uint64_t)world + (uint64_t)rank) * (uint64_t)B;
+    const uint64_t sample0 = (uint64_t)((((u128)step * (uint64_t)world + (uint64_t)rank) % span) * B % span);
     for (size_t i = 0; i < B; i++) {
-        uint64_t start = ((base + (uint64_t)i) * (uint64_t)T) % span;
+        uint64_t start = (uint64_t)(((sample0 + (u128)i) % span) * T % span);
         const int32_t *src = d->tokens + (size_t)start;
         memcpy(inputs + i * T, src, T * sizeof(int32_t));
         memcpy(targets + i * T, src + 1, T * sizeof(int32_t));

@@ -5,6 +5,7 @@
 #define HWFSDP_OPS_MATH_H
 
 #include <math.h>
+#include <stddef.h>
 
 #include "optim.h"
 
@@ -12,6 +13,16 @@
 #define HWFSDP_HD static inline __host__ __device__
 #else
 #define HWFSDP_HD static inline
+#endif
+
+/* a * b rounded to float on its own. nvcc fuses a*b + c into one FMA by
+ * default (one rounding instead of two); the CPU build (-std=c11, no -mfma)
+ * never does. Where a formula should give the CPU's bits on the GPU, its
+ * products go through this. */
+#ifdef __CUDA_ARCH__
+#define HWFSDP_MUL(a, b) __fmul_rn((a), (b))
+#else
+#define HWFSDP_MUL(a, b) ((a) * (b))
 #endif
 
 /* silu(a) b with silu(a) = a / (1 + exp(-a)); for a -> -inf, silu = -0 (no NaN) */
@@ -26,11 +37,15 @@ HWFSDP_HD void swiglu_backward_elem(float g, float a, float b, float *da, float 
     *db += g * silu;
 }
 
-/* the complex product (x0 + i x1)(c + i s): a rotation of the adjacent pair by angle (s = sin, or -sin to undo) */
+/* RoPE frequency of pair i: 1 / theta^(2i/hd), in float as torch forms it */
+HWFSDP_HD float rope_freq(size_t i, size_t hd, float theta) { return 1.0f / powf(theta, (float)(2 * i) / (float)hd); }
+
+/* the complex product (x0 + i x1)(c + i s): a rotation of the adjacent pair by
+ * angle (s = sin, or -sin to undo); products rounded as on the CPU (no FMA) */
 HWFSDP_HD void rope_pair(float *x0, float *x1, float c, float s) {
     float a = *x0, b = *x1;
-    *x0 = a * c - b * s;
-    *x1 = a * s + b * c;
+    *x0 = HWFSDP_MUL(a, c) - HWFSDP_MUL(b, s);
+    *x1 = HWFSDP_MUL(a, s) + HWFSDP_MUL(b, c);
 }
 
 /* clip_grad_norm_: coef = max_norm / (total_norm + 1e-6) in float32, clamped to
@@ -45,7 +60,7 @@ HWFSDP_HD float clip_coef(float max_norm, float total_norm) {
 HWFSDP_HD void adamw_elem(float *param, float grad, float *exp_avg, float *exp_avg_sq, const AdamWScalars *k,
                           float grad_scale) {
     float g = grad * grad_scale;                      /* clip: grad.mul_(coef) */
-    float p = *param * k->decay;                      /* param.mul_(1 - lr*wd) */
+    float p = HWFSDP_MUL(*param, k->decay);           /* param.mul_(1 - lr*wd) (not fused into the last add) */
     float m = fmaf(g, k->one_minus_b1, *exp_avg * k->b1); /* exp_avg.mul_(beta1).add_(grad, alpha=1-beta1) */
     float v = fmaf(k->one_minus_b2 * g, g, *exp_avg_sq * k->b2); /* exp_avg_sq.mul_(beta2).addcmul_(g, g, 1-beta2) */
     float denom = sqrtf(v) / k->bc2_sqrt + k->eps;    /* (v.sqrt() / bc2_sqrt).add_(eps) */

@@ -87,7 +87,8 @@ static char *jstring(JParser *p) {
         enc[0] = c;
         if (c >= 0x80) {
             /* copy one UTF-8 sequence, rejecting malformed ones */
-            size_t len = c >= 0xF0 && c <= 0xF4 ? 4 : c >= 0xE0 ? 3 : c >= 0xC2 && c <= 0xDF ? 2 : 0;
+            /* lead bytes: C2..DF, E0..EF, F0..F4 (F5..FF are never UTF-8) */
+            size_t len = c >= 0xF0 ? (c <= 0xF4 ? 4 : 0) : c >= 0xE0 ? 3 : c >= 0xC2 ? 2 : 0;
             if (len == 0 || p->len - (p->pos - 1) < len) {
                 p->pos--;
                 jfail(p, "invalid UTF-8 in string");

@@ -245,7 +245,7 @@ static int load_checkpoint(const Model *m, const char *path, float *w, float **e
         const char *st = st_meta(&f, "step");
         char *end = NULL;
         long v = st ? strtol(st, &end, 10) : -1;
-        if (!st || *end || v < 0 || v > 100000000)
+        if (!st || end == st || *end || v < 0 || v > 100000000)
             fatal("%s: has optimizer state but no valid \"step\" in its metadata", path);
         step = (int)v;
     }

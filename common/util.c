@@ -11,12 +11,18 @@
 #include <time.h>
 #include <unistd.h>
 
+/* The one process-wide setting of the runtime (util.h: fuzz targets only). */
+static FatalHook fatal_hook;
+
+void fatal_set_hook(FatalHook hook) { fatal_hook = hook; }
+
 void fatal(const char *fmt, ...) {
     char line[2048];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
+    if (fatal_hook) fatal_hook(line);
     fflush(stdout);
     fprintf(stderr, "error: %s\n", line);
     /* _exit, not exit: other threads (stream workers, BLAS) may still be running,
@@ -105,6 +111,9 @@ void write_file_atomic(const char *path, const void *data, size_t bytes) {
 void *read_file_all(const char *path, size_t *bytes_out) {
     FILE *f = fopen(path, "rb");
     if (!f) fatal("cannot open %s: %s", path, strerror(errno));
+    /* fopen takes a directory, and its "size" would then be a bogus huge allocation */
+    struct stat st;
+    if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) fatal("cannot read %s: %s", path, strerror(EISDIR));
     if (fseek(f, 0, SEEK_END) != 0) fatal("cannot seek in %s", path);
     long n = ftell(f);
     if (n < 0) fatal("cannot size %s", path);

@@ -15,6 +15,14 @@
 /* Print "error: ..." and exit(EXIT_FATAL). Safe to call from any thread. */
 void fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 
+/* For fuzz targets (fuzz/) only: fatal() first calls the hook with its message
+ * (without "error: "). A hook that longjmps out turns a fatal error into an
+ * outcome the caller can inspect; a hook that returns changes nothing (the line
+ * is printed and the process exits as usual). NULL (the default) removes it.
+ * Process-wide: set it before any thread starts. */
+typedef void (*FatalHook)(const char *message);
+void fatal_set_hook(FatalHook hook);
+
 /* malloc/calloc that never return NULL (fatal on failure). Host memory that is
  * NOT counted by the device allocator: use only for runtime bookkeeping. */
 void *xmalloc(size_t bytes);

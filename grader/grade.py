@@ -51,11 +51,94 @@ class CheckFailed(Exception):
 # ------------------------------------------------------------------ rubric
 
 def load_rubric(path=RUBRIC_PATH):
+    """The rubric, checked: a broken one is a usage error (one line, exit 2), never a crash mid-grading."""
     try:
-        with open(path) as fh:
-            return json.load(fh)
-    except (OSError, ValueError) as e:
-        raise UsageError("cannot read the rubric %s: %s" % (path, e))
+        with open(path, encoding="utf-8") as fh:
+            rubric = json.load(fh)
+    except (OSError, ValueError, RecursionError) as e:
+        raise UsageError("cannot read the rubric %s: %s" % (path, one_line(str(e))))
+    validate_rubric(rubric, relpath(path))
+    return rubric
+
+
+CONFIG_KEYS = {"flavor": "name", "world": "world", "seq_len": "count", "batch_size": "count", "steps": "count",
+               "profile_steps": "count0", "link_gbps": "number0", "link_latency_us": "number0"}
+LIMIT_KEYS = {"build_timeout_s": 1e7, "run_timeout_s": 1e7, "run_cpu_s": 1e7, "run_address_space_gib": 1e6,
+              "run_file_size_mib": 1e9}
+TOLERANCE_KEYS = ["loss_rel", "grad_norm_rel", "peak_mem_band_rel", "ag_overlap_min", "rs_overlap_min",
+                  "prefetch_extra_unsharded_modules", "prefetch_max_modules_ahead",
+                  "recompute_all_gathers_per_module_step", "activation_memory_max_ratio"]
+
+
+def validate_rubric(rubric, name):
+    """UsageError naming the first entry of the rubric the grader cannot use."""
+    def bad(where, what, value):
+        raise UsageError("%s: %s must be %s, got %s" % (name, where, what, short(value, 80)))
+
+    def obj(where, value):
+        if not isinstance(value, dict):
+            bad(where, "a JSON object", value)
+        return value
+
+    def str_list(where, value):
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            bad(where, "a list of strings", value)
+
+    def config_value(where, kind, v):
+        if kind == "name" and not (isinstance(v, str) and v):
+            bad(where, "a non-empty string", v)
+        if kind == "world" and not (is_int(v) and 1 <= v <= 64):
+            bad(where, "an integer in [1, 64]", v)
+        if kind in ("count", "count0") and not (is_int(v) and (0 if kind == "count0" else 1) <= v <= 10 ** 9):
+            bad(where, "an integer >= %d" % (0 if kind == "count0" else 1), v)
+        if kind == "number0" and not (is_finite(v) and 0 <= v <= 1e12):
+            bad(where, "a number >= 0", v)
+
+    obj("the rubric", rubric)
+    for key in ("config", "limits", "tolerances", "check_names", "stages", "baseline"):
+        obj(key, rubric.get(key))
+    for key, kind in CONFIG_KEYS.items():
+        config_value("config." + key, kind, rubric["config"].get(key))
+    for key, most in LIMIT_KEYS.items():
+        v = rubric["limits"].get(key)
+        if not (is_finite(v) and 0 < v <= most):
+            bad("limits." + key, "a number in (0, %g]" % most, v)
+    for key in TOLERANCE_KEYS:
+        v = rubric["tolerances"].get(key)
+        if not (is_finite(v) and v >= 0):
+            bad("tolerances." + key, "a number >= 0", v)
+    str_list("baseline.keep_flags", rubric["baseline"].get("keep_flags"))
+    if not rubric["stages"]:
+        bad("stages", "a non-empty object", rubric["stages"])
+    for stage, spec in rubric["stages"].items():
+        where = "stages." + stage
+        if not (stage.isdigit() and stage.isascii()):
+            bad(where, "named by its number (e.g. \"03\")", stage)
+        obj(where, spec)
+        if not (isinstance(spec.get("dir"), str) and spec["dir"]):
+            bad(where + ".dir", "a non-empty string", spec.get("dir"))
+        if not isinstance(spec.get("title", ""), str):
+            bad(where + ".title", "a string", spec.get("title"))
+        str_list(where + ".flags", spec.get("flags", []))
+        for key, v in obj(where + ".config", spec.get("config", {})).items():
+            if key not in CONFIG_KEYS:
+                bad(where + ".config", "keys of config (%s)" % ", ".join(CONFIG_KEYS), key)
+            config_value("%s.config.%s" % (where, key), CONFIG_KEYS[key], v)
+        checks = obj(where + ".checks", spec.get("checks"))
+        for key, points in checks.items():
+            if key not in CHECKS:
+                bad(where + ".checks", "keys among %s" % ", ".join(CHECKS), key)
+            if not (is_finite(points) and 0 <= points <= 1e6):
+                bad("%s.checks.%s" % (where, key), "a number of points >= 0", points)
+            if not isinstance(rubric["check_names"].get(key), str):
+                bad("check_names." + key, "a string", rubric["check_names"].get(key))
+        if "activation_memory" in checks:
+            ref = obj(where + ".no_ac_reference", spec.get("no_ac_reference"))
+            if not (isinstance(ref.get("dir"), str) and ref["dir"]):
+                bad(where + ".no_ac_reference.dir", "a non-empty string", ref.get("dir"))
+            str_list(where + ".no_ac_reference.drop_flags", ref.get("drop_flags"))
+        if "prefetch_bound" in checks and "02" not in rubric["stages"]:
+            bad("stages", "an object with stage 02 (the prefetch bound compares with it)", sorted(rubric["stages"]))
 
 
 def stage_config(rubric, stage):
@@ -95,6 +178,36 @@ def rel(a, b):
     return abs(a - b) / max(abs(b), 1e-12)
 
 
+def is_int(x):
+    return type(x) is int  # not bool
+
+
+def is_num(x):
+    """A JSON number the checks can do float arithmetic and %g with (NaN and infinities included)."""
+    return type(x) is float or (type(x) is int and abs(x) < 2 ** 63)
+
+
+def is_finite(x):
+    return is_num(x) and math.isfinite(x)
+
+
+def short(value, limit=60):
+    """A JSON value for a message: compact, cut."""
+    try:
+        text = json.dumps(value)
+    except (ValueError, TypeError, RecursionError):
+        text = type(value).__name__
+    return one_line(text, limit)
+
+
+def one_line(text, limit=2000):
+    """A reason as one printable line: newlines, other control characters and unpaired surrogates escaped
+    (they come from files a student's run wrote), very long text cut."""
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def fmt_bytes(n):
     if abs(n) < 100 * 1024:
         return "%d bytes" % n
@@ -113,35 +226,76 @@ def relpath(path):
     return path if r.startswith("..") else r
 
 
-def read_json(path):
+def read_json(path, top=dict):
+    """The file's JSON value, which must be a `top` (dict: an object); CheckFailed naming the file otherwise."""
     try:
-        with open(path) as fh:
-            return json.load(fh)
+        with open(path, encoding="utf-8") as fh:
+            value = json.load(fh)
     except FileNotFoundError:
         raise CheckFailed("%s is missing: the run did not write it" % relpath(path))
-    except ValueError as e:
+    except OSError as e:
+        raise CheckFailed("%s cannot be read (%s)" % (relpath(path), e.strerror or e))
+    except (ValueError, RecursionError) as e:  # RecursionError: absurdly deep nesting
         raise CheckFailed("%s is not valid JSON (%s)" % (relpath(path), e))
+    if top is not None and not isinstance(value, top):
+        raise CheckFailed("%s is not a JSON %s" % (relpath(path), "object" if top is dict else top.__name__))
+    return value
 
 
-def read_metrics(path, what="your run"):
+def read_metrics(path, what="your run", world=None):
+    """metrics.jsonl rows, checked: each an object whose loss/grad_norm are numbers or null and, with
+    `world`, whose peak_mem_bytes_per_rank lists `world` byte counts."""
+    name = relpath(path)
     try:
-        with open(path) as fh:
+        with open(path, encoding="utf-8") as fh:
             lines = [l for l in fh if l.strip()]
     except FileNotFoundError:
-        raise CheckFailed("%s is missing (%s)" % (relpath(path), what))
-    try:
-        return [json.loads(l) for l in lines]
-    except ValueError as e:
-        raise CheckFailed("%s is not valid JSON lines (%s)" % (relpath(path), e))
+        raise CheckFailed("%s is missing (%s)" % (name, what))
+    except OSError as e:
+        raise CheckFailed("%s cannot be read (%s)" % (name, e.strerror or e))
+    except ValueError as e:  # not UTF-8
+        raise CheckFailed("%s is not valid JSON lines (%s)" % (name, e))
+    rows = []
+    for i, line in enumerate(lines):
+        try:
+            row = json.loads(line)
+        except (ValueError, RecursionError) as e:
+            raise CheckFailed("%s is not valid JSON lines (line %d: %s)" % (name, i + 1, e))
+        if not isinstance(row, dict):
+            raise CheckFailed("%s line %d is not a JSON object" % (name, i + 1))
+        for key in ("loss", "grad_norm"):
+            if row.get(key) is not None and not is_num(row[key]):
+                raise CheckFailed("%s line %d: %s is %s, not a number" % (name, i + 1, key, short(row[key])))
+        rows.append(row)
+    if world is not None:
+        check_peak_lists(rows, name, world)
+    return rows
+
+
+def check_peak_lists(rows, name, world):
+    """Every row's peak_mem_bytes_per_rank is a list of `world` byte counts (what Context.peaks reads)."""
+    for i, row in enumerate(rows):
+        peaks = row.get("peak_mem_bytes_per_rank")
+        if not (isinstance(peaks, list) and len(peaks) == world and all(is_int(p) and 0 <= p < 2 ** 53 for p in peaks)):
+            raise CheckFailed("%s line %d: peak_mem_bytes_per_rank is %s, not %d byte counts (one per rank)"
+                              % (name, i + 1, short(peaks), world))
 
 
 def last_completed_step(run_dir):
+    """The last step metrics.jsonl records (0 if none); a killed run may leave a torn last line."""
+    last = 0
     try:
-        with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
-            rows = [json.loads(l) for l in fh if l.strip()]
-        return max((int(r.get("step", 0)) for r in rows), default=0)
-    except (OSError, ValueError):
+        with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                try:
+                    row = json.loads(line)
+                except (ValueError, RecursionError):
+                    continue
+                if isinstance(row, dict) and is_int(row.get("step")):
+                    last = max(last, row["step"])
+    except OSError:
         return 0
+    return last
 
 
 def union_intervals(intervals):
@@ -349,6 +503,25 @@ class Baselines:
 
 # --------------------------------------------------------------- context
 
+def _shape_ok(v):
+    return isinstance(v, list) and 1 <= len(v) <= 8 and all(is_int(d) and 0 <= d < 2 ** 40 for d in v)
+
+
+# What the checks read from each param of dtensors_rank<r>.json: (key, test, what it must be).
+DTENSOR_FIELDS = [
+    ("name", lambda v: isinstance(v, str), "a string"),
+    ("module", lambda v: isinstance(v, str), "a string"),
+    ("global_shape", _shape_ok, "a list of 1 to 8 dimensions"),
+    ("mesh", lambda v: isinstance(v, list), "a list"),
+    ("mesh_is_world", lambda v: isinstance(v, bool), "true or false"),
+    ("placement", lambda v: isinstance(v, str), "a string"),
+] + [(k, is_int, "an integer") for k in ("local_rows", "padded_rows", "row_offset", "row_numel", "global_rows")] + [
+    ("has_local", lambda v: isinstance(v, bool), "true or false"),
+    ("local_matches_init", lambda v: v is None or isinstance(v, bool), "true, false or null"),
+    ("padding_is_zero", lambda v: v is None or isinstance(v, bool), "true, false or null"),
+]
+
+
 class Context:
     """What a stage's checks read: the run's files, the reference, the baseline. Files are read once."""
 
@@ -369,39 +542,109 @@ class Context:
     def path(self, name):
         return os.path.join(self.run.dir, name)
 
+    # Every loader checks the shape of what the checks read, so that a malformed file (a crash mid-write, a
+    # student's stray write) fails the check with a sentence naming the file and the entry, not a KeyError.
+
     def metrics(self):
         def load():
-            rows = read_metrics(self.path("metrics.jsonl"))
+            rows = read_metrics(self.path("metrics.jsonl"), world=self.world)
             if len(rows) != self.steps:
                 raise CheckFailed("metrics.jsonl has %d steps, the run was asked for %d" % (len(rows), self.steps))
             return rows
         return self._memo("metrics", load)
 
     def dtensors(self, rank):
-        return self._memo(("dt", rank), lambda: read_json(self.path("dtensors_rank%d.json" % rank)))
+        def load():
+            name = "dtensors_rank%d.json" % rank
+            data = read_json(self.path(name))
+            params = data.get("params")
+            if not isinstance(params, list):
+                raise CheckFailed("%s has no params list" % name)
+            for i, p in enumerate(params):
+                where = "%s: param %d" % (name, i)
+                if not isinstance(p, dict):
+                    raise CheckFailed("%s is not a JSON object" % where)
+                for key, ok, what in DTENSOR_FIELDS:
+                    if key not in p:
+                        raise CheckFailed("%s has no %s" % (where, key))
+                    if not ok(p[key]):
+                        raise CheckFailed("%s: %s is %s, not %s" % (where, key, short(p[key]), what))
+            return data
+        return self._memo(("dt", rank), load)
 
     def memory(self, rank):
-        return self._memo(("mem", rank), lambda: read_json(self.path("memory_rank%d.json" % rank)))
+        def load():
+            name = "memory_rank%d.json" % rank
+            data = read_json(self.path(name))
+            events = data.get("events", [])
+            if not isinstance(events, list):
+                raise CheckFailed("%s: events is not a list" % name)
+            for i, e in enumerate(events):
+                if not isinstance(e, dict):
+                    raise CheckFailed("%s: event %d is not a JSON object" % (name, i))
+            return data
+        return self._memo(("mem", rank), load)
 
     def trace(self, rank):
         def load():
-            data = read_json(self.path("trace_rank%d.json" % rank))
-            return [e for e in data.get("traceEvents", []) if e.get("ph") == "X"]
+            name = "trace_rank%d.json" % rank
+            events = read_json(self.path(name)).get("traceEvents", [])
+            if not isinstance(events, list):
+                raise CheckFailed("%s: traceEvents is not a list" % name)
+            out = []
+            for i, e in enumerate(events):
+                if not isinstance(e, dict):
+                    raise CheckFailed("%s: event %d is not a JSON object" % (name, i))
+                if e.get("ph") != "X":
+                    continue
+                where = "%s: event %d" % (name, i)
+                if not isinstance(e.get("name"), str):
+                    raise CheckFailed("%s has no name" % where)
+                for key in ("ts", "dur"):
+                    if not is_finite(e.get(key)) or (key == "dur" and e[key] < 0):
+                        raise CheckFailed("%s (%s): %s is %s, not a finite%s number" % (
+                            where, one_line(e["name"], 80), key, short(e.get(key)), " non-negative" if key == "dur" else ""))
+                args = e.get("args", {})
+                if not isinstance(args, dict):
+                    raise CheckFailed("%s (%s): args is not a JSON object" % (where, one_line(e["name"], 80)))
+                bad = [k for k in ("module", "phase") if k in args and not isinstance(args[k], str)]
+                if "step" in args and not is_int(args["step"]) or e.get("cat") == "collective" and "step" not in args:
+                    bad.append("step")
+                if bad:
+                    raise CheckFailed("%s (%s): args.%s is %s" % (where, one_line(e["name"], 80), bad[0],
+                                                                  short(args.get(bad[0]))))
+                out.append(e)
+            return out
         return self._memo(("trace", rank), load)
 
     def notes(self, rank):
-        return [e for e in self.memory(rank).get("events", []) if e.get("kind") == "hook_check"]
+        """The hook_check entries of the rank's snapshot (what the runtime saw live after each hook)."""
+        out = []
+        for i, e in enumerate(self.memory(rank).get("events", [])):
+            if e.get("kind") != "hook_check":
+                continue
+            bad = [k for k in ("module", "hook") if not isinstance(e.get(k), str)]
+            bad += [k for k in ("step",) if not is_int(e.get(k))]
+            bad += [k for k in ("unsharded_param_live_bytes", "unsharded_grad_live_bytes")
+                    if k in e and not (is_int(e[k]) and abs(e[k]) < 2 ** 53)]
+            if bad:
+                raise CheckFailed("memory_rank%d.json: event %d (hook_check): %s is %s"
+                                  % (rank, i, bad[0], short(e.get(bad[0]))))
+            out.append(e)
+        return out
 
     def module_order(self):
         """Modules in forward order with their unsharded param bytes, from rank 0's DTensor dump."""
         def load():
             order, size = [], {}
-            for p in self.dtensors(0).get("params", []):
+            for p in self.dtensors(0)["params"]:
                 mod = p["module"]
                 if mod not in size:
                     order.append(mod)
                     size[mod] = 0
                 size[mod] += 4 * math.prod(p["global_shape"])
+            if not order:
+                raise CheckFailed("dtensors_rank0.json lists no params")
             return order, size
         return self._memo("modules", load)
 
@@ -435,6 +678,7 @@ class Context:
         if len(rows) != self.steps:
             raise CheckFailed("the reference log %s has %d steps, not %d (instructors: make reference)"
                               % (relpath(d), len(rows), self.steps))
+        check_peak_lists(rows, relpath(os.path.join(d, "metrics.jsonl")), self.world)
         return rows
 
     def baseline_metrics(self):
@@ -450,8 +694,8 @@ class Context:
         return self._memo("baseline", load)
 
     def peaks(self, rows):
-        """Per rank, the peak over all steps."""
-        return [max(int(r["peak_mem_bytes_per_rank"][k]) for r in rows) for k in range(self.world)]
+        """Per rank, the peak over all steps (rows from read_metrics with world: the lists are checked)."""
+        return [max((r["peak_mem_bytes_per_rank"][k] for r in rows), default=0) for k in range(self.world)]
 
     def where_peak(self, rank):
         """Where the rank's memory peaked and the largest tags then, from its snapshot (for the message)."""
@@ -460,23 +704,31 @@ class Context:
         except CheckFailed:
             return ""
         live, by_tag, best = {}, {}, None
-        for e in events:
+        for e in events:  # only decorates a message: entries of the wrong shape are skipped
+            addr = e.get("addr")
+            if not is_int(addr):
+                continue
             if e.get("action") == "alloc":
-                live[e["addr"]] = (e["tag"], e["size"])
-                by_tag[e["tag"]] = by_tag.get(e["tag"], 0) + e["size"]
-            elif e.get("action") == "free" and e["addr"] in live:
-                tag, size = live.pop(e["addr"])
+                tag, size = e.get("tag"), e.get("size")
+                if not (isinstance(tag, str) and is_int(size) and 0 <= size < 2 ** 53):
+                    continue
+                live[addr] = (tag, size)
+                by_tag[tag] = by_tag.get(tag, 0) + size
+            elif e.get("action") == "free" and addr in live:
+                tag, size = live.pop(addr)
                 by_tag[tag] -= size
             else:
                 continue
-            if e.get("step", -1) >= 0 and (best is None or e["current_bytes"] > best[0]):
-                best = (e["current_bytes"], e, dict(by_tag))
+            step, current = e.get("step"), e.get("current_bytes")
+            if is_int(step) and step >= 0 and is_int(current) and (best is None or current > best[0]):
+                best = (current, e, dict(by_tag))
         if best is None:
             return ""
         _, e, tags = best
         top = sorted(((v, k) for k, v in tags.items() if v > 0), reverse=True)[:3]
         return "your peak: step %d, %s.%s; largest then: %s" % (
-            e["step"] + 1, e.get("module", "?"), e.get("phase", "?"), ", ".join("%s %s" % (k, fmt_bytes(v)) for v, k in top))
+            e["step"] + 1, one_line(str(e.get("module", "?")), 80), one_line(str(e.get("phase", "?")), 80),
+            ", ".join("%s %s" % (k, fmt_bytes(v)) for v, k in top))
 
 
 # ---------------------------------------------------------------- checks
@@ -497,6 +749,8 @@ def series_check(ctx, key, tol, label, hint):
         if r is None or b is None:
             raise CheckFailed("step %d %s missing in the %s" % (step, label, "reference log" if r is None else "baseline run"))
         if g is None:
+            if key not in got[i]:
+                raise CheckFailed("step %d has no %s in metrics.jsonl" % (step, label))
             raise CheckFailed("step %d %s is not finite (null in metrics.jsonl)" % (step, label))
         if CUDA_MODE:
             if rel(g, b) > tol:
@@ -566,6 +820,10 @@ def check_peak_memory(ctx):
     for r in range(ctx.world):
         if rel(got[r], ref[r]) <= band:
             continue
+        if ref[r] <= 0:
+            raise CheckFailed("rank %d peak %s vs a reference peak of 0 bytes: the reference log %s is corrupt "
+                              "(instructors: make reference)" % (r, fmt_bytes(got[r]),
+                                                                 relpath(ctx.reference_dir())))
         where = ctx.where_peak(r)
         if got[r] > ref[r]:
             hint = ("more than the reference: something is freed late or never (unsharded params after forward or "
@@ -789,7 +1047,7 @@ def check_activation_memory(ctx):
                               "all-gather, params never resharded)?" % (r, fmt_bytes(got[r]), ratio,
                                                                        fmt_bytes(no_ac[r]),
                                                                        relpath(ctx.reference_dir(sub=spec["dir"]))))
-    return "%.0f%% of the peak without --ac" % (100.0 * max(g / n for g, n in zip(got, no_ac)))
+    return "%.0f%% of the peak without --ac" % (100.0 * max(g / max(n, 1) for g, n in zip(got, no_ac)))
 
 
 def check_zero2_no_backward_all_gather(ctx):
@@ -826,11 +1084,24 @@ CHECKS = {
 def say(line, stream=None):
     stream = stream or sys.stdout
     try:
-        stream.write(line + "\n")
+        try:
+            stream.write(line + "\n")
+        except UnicodeEncodeError:  # a terminal that is not UTF-8 and a name that is not ASCII
+            stream.write(line.encode("ascii", "backslashreplace").decode("ascii") + "\n")
         stream.flush()
     except BrokenPipeError:  # `grade.py | head`: keep grading (the results file still gets written)
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, stream.fileno())
+
+
+def run_check(ctx, key):
+    """(ok, reason, detail) of one check, reason and detail one printable line each."""
+    try:
+        return True, "", one_line(CHECKS[key](ctx) or "")
+    except CheckFailed as e:
+        return False, one_line(str(e)) or "failed", ""
+    except Exception as e:  # a grader bug: a failed check that says so, not a crash (tests/test_grader_fuzz.py)
+        return False, one_line("could not check (%s: %s)" % (type(e).__name__, e)), ""
 
 
 def grade_stage(rubric, stage, src, out_root, ref_root, baselines, timeout_s):
@@ -858,6 +1129,7 @@ def grade_stage(rubric, stage, src, out_root, ref_root, baselines, timeout_s):
     except (OSError, subprocess.SubprocessError) as e:  # make or the binary could not even be started
         run = RunResult(run_dir, False, "could not build or run: %s" % e, 0.0, [])
     run_s = time.monotonic() - t0
+    run.reason = one_line(run.reason)  # it quotes the student's log: one printable line
     say("%s %s: %s (%.1fs; log: %s)" % (prefix, relpath(src), "built and ran" if run.ok else "run FAILED", run_s,
                                          relpath(log_path)))
 
@@ -870,13 +1142,7 @@ def grade_stage(rubric, stage, src, out_root, ref_root, baselines, timeout_s):
         if not run.ok:
             ok, reason = False, run.reason
         else:
-            try:
-                detail = CHECKS[key](ctx) or ""
-                ok, reason = True, ""
-            except CheckFailed as e:
-                ok, reason = False, str(e)
-            except Exception as e:  # a grader bug or a file a crash left malformed: a failed check, not a crash
-                ok, reason = False, "could not check (%s: %s)" % (type(e).__name__, e)
+            ok, reason, detail = run_check(ctx, key)
         seconds = time.monotonic() - t1
         say("%s %s: %s (%.1fs)" % (prefix, name, "OK" if ok else "FAIL", seconds))
         if not ok:
@@ -942,12 +1208,15 @@ def main(argv=None):
         if args.cuda:
             global CUDA_MODE
             CUDA_MODE = True
+        out_root = os.path.abspath(args.out)
+        try:
+            os.makedirs(out_root, exist_ok=True)
+        except OSError as e:
+            raise UsageError("--out %s: cannot create the directory (%s)" % (args.out, e.strerror or e))
     except UsageError as e:
-        sys.stderr.write("grade.py: error: %s\n" % e)
+        say("grade.py: error: %s" % one_line(str(e)), sys.stderr)
         return 2
 
-    out_root = os.path.abspath(args.out)
-    os.makedirs(out_root, exist_ok=True)
     timeout_s = args.timeout or rubric["limits"]["run_timeout_s"]
     baselines = Baselines(out_root, rubric["limits"], timeout_s)
     tree = "file" if args.file else "solutions" if args.solutions else "stages"

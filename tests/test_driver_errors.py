@@ -23,6 +23,12 @@ def expect_error(p, message):
     assert message in lines[0], "%r not in %r" % (message, lines[0])
 
 
+def expect_exact(p, message):
+    """Exit status 2 and stderr exactly "error: <message>\n"."""
+    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
+    assert p.stderr == "error: " + message + "\n", p.stderr
+
+
 def write_st(path, tensors, header_override=None):
     """A safetensors file from {name: (dtype, shape, bytes)}."""
     header, blobs, off = {}, [], 0
@@ -35,27 +41,49 @@ def write_st(path, tensors, header_override=None):
         fh.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 
 
+LONG = "x" * 80
+
+
 @pytest.mark.parametrize("args,message", [
-    (["--bogus"], "unknown flag '--bogus'"),
-    (["--steps"], "flag --steps needs a value"),
+    (["--bogus"], "unknown flag '--bogus' (see --help)"),
+    (["--" + LONG + "=1"], "unknown flag '--%s=1' (see --help)" % LONG),
+    (["--steps"], "flag --steps needs a value (see --help)"),
     (["--steps", "ten"], "--steps expects an integer, got 'ten'"),
-    (["--lr", "-1"], "--lr must be in"),
-    (["--flavor", "huge"], "unknown flavor 'huge'"),
+    (["--steps", "99999999999999999999"], "--steps expects an integer, got '99999999999999999999'"),
+    (["--lr", "-1"], "--lr must be in [0, 10], got -1"),
+    (["--lr", "abc"], "--lr expects a number, got 'abc'"),
+    (["--lr", "nan"], "--lr must be in [0, 10], got nan"),
+    (["--flavor", "huge"], "unknown flavor 'huge' (tiny, debugmodel, 1B)"),
+    (["--flavor", LONG], "unknown flavor '%s' (tiny, debugmodel, 1B)" % LONG),
     (["--dim", "66"], "dim 66 is not divisible by n-heads 4"),
     (["--n-heads", "4", "--n-kv-heads", "3"], "n-heads 4 is not divisible by n-kv-heads 3"),
-    (["--dim", "12", "--n-heads", "4"], "head dim 3 (dim / n-heads) must be even"),
+    (["--dim", "12", "--n-heads", "4"], "head dim 3 (dim / n-heads) must be even for RoPE"),
     (["--world", "0"], "--world must be in [1, 64], got 0"),
     (["--world", "65"], "--world must be in [1, 64], got 65"),
     (["--backend", "gloo"], "--backend expects local, mpi, nccl or nccl-mpi, got 'gloo'"),
     (["--backend", "nccl"], "--backend nccl needs the CUDA build (make cuda, then build-cuda/.../train)"),
     (["--backend", "nccl-mpi"], "--backend nccl-mpi needs the CUDA build (make cuda, then build-cuda/.../train)"),
-    (["--reshard-after-forward=maybe"], "--reshard-after-forward expects true or false"),
-    (["--data", "/nonexistent/tokens.npy"], "/nonexistent/tokens.npy"),
-    (["--load", "/nonexistent/w.safetensors"], "/nonexistent/w.safetensors"),
-    (["positional"], "unexpected argument 'positional'"),
-])
+    (["--reshard-after-forward=maybe"], "--reshard-after-forward expects true or false, got 'maybe'"),
+    (["--save-every", "2"], "--save-every needs --save FILE"),
+    (["--data", "/nonexistent/tokens.npy"], "cannot open /nonexistent/tokens.npy: No such file or directory"),
+    (["--load", "/nonexistent/w.safetensors"], "cannot open /nonexistent/w.safetensors: No such file or directory"),
+    (["positional"], "unexpected argument 'positional' (see --help)"),
+], ids=lambda v: " ".join(v)[:40] if isinstance(v, list) else "")
 def test_bad_flags(args, message):
-    expect_error(run(*args), message)
+    expect_exact(run(*args), message)
+
+
+def test_directory_as_a_file(tmp_path):
+    # fopen() takes a directory: it used to end in "out of host memory allocating 9223372036854775808 bytes"
+    expect_exact(run("--data", tmp_path), "cannot read %s: Is a directory" % tmp_path)
+    expect_exact(run("--load", tmp_path), "cannot read %s: Is a directory" % tmp_path)
+
+
+def test_out_under_a_file(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    expect_exact(run("--steps", "1", "--out", blocker / "run"),
+                 "cannot create directory %s: Not a directory" % (blocker / "run"))
 
 
 def test_help_documents_every_flag():
@@ -72,14 +100,15 @@ def test_help_documents_every_flag():
 def test_seq_len_larger_than_data(tmp_path):
     small = tmp_path / "small.txt"
     small.write_text("only a few bytes of text")
-    expect_error(run("--data", small, "--seq-len", "64"), "seq-len 64 needs at least 66 tokens")
+    expect_exact(run("--data", small, "--seq-len", "64"), "seq-len 64 needs at least 66 tokens but %s has 24" % small)
 
 
 def test_token_outside_vocab(tmp_path):
     np = pytest.importorskip("numpy")
     path = tmp_path / "t.npy"
     np.save(path, (np.arange(1000) % 300).astype(np.uint16))
-    expect_error(run("--data", path, "--vocab-size", "259"), "outside the vocabulary")
+    expect_exact(run("--data", path, "--vocab-size", "259"),
+                 "%s: token 259 at index 259 is outside the vocabulary (vocab-size 259)" % path)
 
 
 def test_truncated_npy(tmp_path):
@@ -115,22 +144,45 @@ def test_safetensors_wrong_shape_dtype_missing(tmp_path):
     missing = dict(tensors)
     del missing["layers.1.feed_forward.w2.weight"]
     write_st(tmp_path / "missing.safetensors", missing)
-    expect_error(run("--load", tmp_path / "missing.safetensors"), "layers.1.feed_forward.w2.weight")
+    expect_exact(run("--load", tmp_path / "missing.safetensors"),
+                 "tensor 'layers.1.feed_forward.w2.weight' missing from %s" % (tmp_path / "missing.safetensors"))
 
     wrong = dict(tensors)
     d, s, b = wrong["output.weight"]
     wrong["output.weight"] = (d, [s[1], s[0]], b)
     write_st(tmp_path / "shape.safetensors", wrong)
-    expect_error(run("--load", tmp_path / "shape.safetensors"), "output.weight")
+    expect_exact(run("--load", tmp_path / "shape.safetensors"),
+                 "tensor 'output.weight' in %s has shape [%d, %d], expected [%d, %d]"
+                 % (tmp_path / "shape.safetensors", s[1], s[0], s[0], s[1]))
 
     f16 = dict(tensors)
     d, s, b = f16["norm.weight"]
     f16["norm.weight"] = ("F16", s, b[: len(b) // 2])
     write_st(tmp_path / "dtype.safetensors", f16)
-    expect_error(run("--load", tmp_path / "dtype.safetensors"), "F16")
+    expect_exact(run("--load", tmp_path / "dtype.safetensors"),
+                 "%s: tensor 'norm.weight' has dtype F16, only F32 is supported" % (tmp_path / "dtype.safetensors"))
 
     write_st(tmp_path / "header.safetensors", {}, header_override=b"{not json")
-    expect_error(run("--load", tmp_path / "header.safetensors"), "header.safetensors")
+    expect_exact(run("--load", tmp_path / "header.safetensors"),
+                 "%s: header is not valid JSON (expected a string at header byte 1)" % (tmp_path / "header.safetensors"))
+
+
+@pytest.mark.parametrize("step", [None, "", "abc", "-1", "7x", "100000001"])
+def test_checkpoint_with_optimizer_state_needs_a_step(tmp_path, step):
+    ck = tmp_path / "ck.safetensors"
+    assert run("--save", ck, "--steps", "1", "--out", tmp_path / "run", "--quiet").returncode == 0
+    raw = ck.read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    assert header["__metadata__"]["step"] == "1"
+    if step is None:
+        del header["__metadata__"]["step"]
+    else:
+        header["__metadata__"]["step"] = step
+    h = json.dumps(header).encode()
+    ck.write_bytes(struct.pack("<Q", len(h)) + h + raw[8 + n:])
+    expect_exact(run("--load", ck, "--steps", "2"),
+                 '%s: has optimizer state but no valid "step" in its metadata' % ck)
 
 
 def test_mpi_world_disagrees_with_mpirun():

@@ -149,6 +149,75 @@ def test_malformed_npy_header(probe, tmp_path):
     fails_with(probe, f"{p}: malformed .npy header (missing 'fortran_order')", "--load-npy", p)
 
 
+def npy_bytes(header, data=b"", version=1, pad=True):
+    """An .npy file with this header text (numpy's layout: padded with spaces and a newline)."""
+    h = header.encode("latin1")
+    pre = 10 if version == 1 else 12
+    if pad:
+        h += b" " * (-(pre + len(h) + 1) % 64) + b"\n"
+    size = struct.pack("<H", len(h)) if version == 1 else struct.pack("<I", len(h))
+    return b"\x93NUMPY" + bytes([version, 0]) + size + h + data
+
+
+U2_4 = "{'descr': '<u2', 'fortran_order': False, 'shape': (4,), }"
+BAD_NPY = [
+    ("magiconly", b"\x93NUMPY\x01", "truncated .npy header (7 bytes)"),
+    ("v2short", b"\x93NUMPY\x02\x00\x10\x00", "truncated .npy header (10 bytes)"),
+    ("version", npy_bytes(U2_4, b"\0" * 8, version=9), "unsupported .npy format version 9.0"),
+    ("fortran2d", npy_bytes("{'descr': '<i4', 'fortran_order': True, 'shape': (2, 2), }", b"\0" * 16),
+     ".npy array is in Fortran order; only C order is supported"),
+    ("toolarge", npy_bytes("{'descr': '<i4', 'fortran_order': False, 'shape': (18446744073709551615,), }"),
+     ".npy shape (18446744073709551615,) is too large"),
+    ("extrabytes", npy_bytes(U2_4, b"\0" * 10), ".npy file has 2 unexpected bytes after the 8 data bytes"),
+    ("notdict", npy_bytes("['descr', '<u2']"), "malformed .npy header (expected '{' at header byte 0)"),
+    ("unquotedkey", npy_bytes("{descr: '<u2', 'fortran_order': False, 'shape': (4,), }", b"\0" * 8),
+     "malformed .npy header (expected a quoted string at header byte 1)"),
+    ("longkey", npy_bytes("{'" + "k" * 40 + "': 1}"), "malformed .npy header (unexpected string at header byte 33)"),
+    ("unterminated", npy_bytes("{'descr", pad=False), "malformed .npy header (unterminated string at header byte 7)"),
+    ("notbool", npy_bytes("{'descr': '<u2', 'fortran_order': 0, 'shape': (4,), }", b"\0" * 8),
+     "malformed .npy header (expected True or False at header byte 34)"),
+    ("notdim", npy_bytes("{'descr': '<u2', 'fortran_order': False, 'shape': (x,), }", b"\0" * 8),
+     "malformed .npy header (expected a dimension at header byte 51)"),
+    ("dimtoolarge", npy_bytes("{'descr': '<u2', 'fortran_order': False, 'shape': (99999999999999999999999,), }"),
+     "malformed .npy header (dimension too large at header byte 70)"),
+    ("ninedims", npy_bytes("{'descr': '<u2', 'fortran_order': False, 'shape': (1,1,1,1,1,1,1,1,1), }", b"\0" * 2),
+     "malformed .npy header (too many dimensions at header byte 68)"),
+    ("shapesep", npy_bytes("{'descr': '<u2', 'fortran_order': False, 'shape': (4 4), }", b"\0" * 8),
+     "malformed .npy header (expected ',' or ')' at header byte 53)"),
+    ("dictsep", npy_bytes("{'descr': '<u2' 'fortran_order': False, 'shape': (4,), }", b"\0" * 8),
+     "malformed .npy header (expected ',' or '}' at header byte 16)"),
+    ("trailing", npy_bytes(U2_4 + " x", b"\0" * 8), "malformed .npy header (trailing characters at header byte 58)"),
+    ("unknownkey", npy_bytes("{'descr': '<u2', 'fortran_order': False, 'shape': (4,), 'x': 1}", b"\0" * 8),
+     "malformed .npy header (unexpected key 'x')"),
+    ("duplicatekey", npy_bytes("{'descr': '<u2', 'descr': '<u2', 'fortran_order': False, 'shape': (4,), }", b"\0" * 8),
+     "malformed .npy header (duplicate key 'descr')"),
+    ("noshape", npy_bytes("{'descr': '<u2', 'fortran_order': False}", b"\0" * 8),
+     "malformed .npy header (missing 'shape')"),
+    ("nodescr", npy_bytes("{'fortran_order': False, 'shape': (4,)}", b"\0" * 8),
+     "malformed .npy header (missing 'descr')"),
+]
+
+
+@pytest.mark.parametrize("name,content,message", BAD_NPY, ids=[c[0] for c in BAD_NPY])
+def test_bad_npy(probe, tmp_path, name, content, message):
+    p = tmp_path / f"{name}.npy"
+    p.write_bytes(content)
+    fails_with(probe, f"{p}: {message}", "--load-npy", p)
+
+
+def test_directory_is_not_a_token_or_weight_file(probe, tmp_path):
+    # fopen() takes a directory; it used to end in "out of host memory allocating 9223372036854775808 bytes"
+    fails_with(probe, f"cannot read {tmp_path}: Is a directory", "--load-npy", tmp_path)
+    fails_with(probe, f"cannot read {tmp_path}: Is a directory", "--load-st", tmp_path)
+
+
+def test_check_arguments(probe, tmp_path):
+    p = tmp_path / "t.txt"
+    p.write_bytes(b"x" * 100)
+    fails_with(probe, "seq-len must be at least 1", "--check", p, 0, 259)
+    fails_with(probe, "vocab-size must be positive (got 0)", "--check", p, 8, 0)
+
+
 def test_seq_len_too_long(probe, tmp_path):
     p = tmp_path / "short.txt"
     p.write_bytes(b"x" * 300)
@@ -305,6 +374,50 @@ BAD_ST = [
     ("meta", st_bytes({"__metadata__": {"step": 3}}), "__metadata__ value 'step' is not a string"),
     ("trailing", st_bytes(b'{"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}} x', b"\0" * 4),
      "header is not valid JSON (trailing characters after the header object at header byte 62)"),
+    # the header's entries
+    ("metanotobject", st_bytes({"__metadata__": ["pt"]}), "__metadata__ is not a JSON object"),
+    ("tensornotobject", st_bytes({"a": 5}), "tensor 'a' is not a JSON object"),
+    ("dtypenotstring", st_bytes({"a": {"dtype": 32, "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4),
+     "tensor 'a' has a dtype that is not a string"),
+    ("shapenotlist", st_bytes({"a": {"dtype": "F32", "shape": 1, "data_offsets": [0, 4]}}, b"\0" * 4),
+     "tensor 'a' has a shape that is not a list"),
+    ("fivedims", st_bytes({"a": {"dtype": "F32", "shape": [1, 1, 1, 1, 1], "data_offsets": [0, 4]}}, b"\0" * 4),
+     "tensor 'a' has 5 dimensions, at most 4 are supported"),
+    ("hugeshape", st_bytes({"a": {"dtype": "F32", "shape": [2 ** 32, 2 ** 32], "data_offsets": [0, 8]}}, b"\0" * 8),
+     "tensor 'a' shape [4294967296, 4294967296] is too large"),
+    ("oneoffset", st_bytes({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0]}}, b"\0" * 4),
+     "tensor 'a' has data_offsets that are not a pair of non-negative integers"),
+    ("floatoffset", st_bytes(b'{"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4.0]}}', b"\0" * 4),
+     "tensor 'a' has data_offsets that are not a pair of non-negative integers"),
+    ("hugeoffset", st_bytes(b'{"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 18446744073709551616]}}',
+                            b"\0" * 4),
+     "tensor 'a' has data_offsets that are not a pair of non-negative integers"),
+    ("misaligned", st_bytes({"a": {"dtype": "F32", "shape": [1], "data_offsets": [2, 6]}}, b"\0" * 8),
+     "tensor 'a' data offset 2 is not a multiple of 4"),
+    # the JSON itself
+    ("emptyheader", st_bytes(b"", pad=False), "header is not valid JSON (unexpected end at header byte 0)"),
+    ("truncatedu", st_bytes(b'{"\\u12', pad=False), "header is not valid JSON (truncated \\u escape at header byte 4)"),
+    ("badu", st_bytes(b'{"\\u12G4": 1}'), "header is not valid JSON (bad \\u escape at header byte 7)"),
+    ("unterminated", st_bytes(b'{"abc', pad=False), "header is not valid JSON (unterminated string at header byte 5)"),
+    ("tabinstring", st_bytes(b'{"a\tb": 1}'), "header is not valid JSON (control character in string at header byte 3)"),
+    ("badutf8", st_bytes(b'{"\xc3\x28": 1}'), "header is not valid JSON (invalid UTF-8 in string at header byte 2)"),
+    # F5..FF never start a UTF-8 sequence (the reader took them as 3-byte leads; found by fuzz_safetensors)
+    ("utf8f5", st_bytes(b'{"\xf5\x80\x80": 1}'), "header is not valid JSON (invalid UTF-8 in string at header byte 2)"),
+    ("utf8ff", st_bytes(b'{"\xff\x80\x80": 1}'), "header is not valid JSON (invalid UTF-8 in string at header byte 2)"),
+    ("surrogate", st_bytes(b'{"\\ud800": 1}'),
+     "header is not valid JSON (unpaired surrogate in \\u escape at header byte 8)"),
+    ("nulescape", st_bytes(b'{"\\u0000": 1}'), "header is not valid JSON (\\u0000 in string at header byte 8)"),
+    ("badescape", st_bytes(b'{"\\x": 1}'), "header is not valid JSON (bad escape in string at header byte 3)"),
+    ("badnumber", st_bytes(b'{"a": -}'), "header is not valid JSON (bad number at header byte 7)"),
+    ("deep", st_bytes(b'{"a": ' + b"[" * 70 + b"]" * 70 + b"}"),
+     "header is not valid JSON (nesting too deep at header byte 69)"),
+    ("controlkey", st_bytes(b'{"a\\u0001": 1}'), "header is not valid JSON (control character in a key at header byte 1)"),
+    ("duplicatekey", st_bytes(b'{"a": 1, "a": 2}'), "header is not valid JSON (duplicate key 'a' at header byte 9)"),
+    ("nocolon", st_bytes(b'{"a" 1}'), "header is not valid JSON (expected ':' at header byte 5)"),
+    ("nocommaobj", st_bytes(b'{"a": 1 "b": 2}'), "header is not valid JSON (expected ',' or '}' at header byte 8)"),
+    ("nocommaarr", st_bytes(b'{"a": [1 2]}'), "header is not valid JSON (expected ',' or ']' at header byte 9)"),
+    ("unexpectedend", st_bytes(b'{"a": ', pad=False), "header is not valid JSON (unexpected end at header byte 6)"),
+    ("unexpectedchar", st_bytes(b'{"a": x}'), "header is not valid JSON (unexpected character at header byte 6)"),
 ]
 
 

@@ -45,10 +45,6 @@ cudaStream_t cuda_current_stream(void);
 cublasHandle_t cuda_current_cublas(void);
 /* 1 if matmuls may use TF32 tensor cores (--tf32), else exact fp32. */
 int cuda_tf32_enabled(void);
-/* Scratch device memory of at least `bytes` for the kernels being enqueued on
- * the current stream (valid until the next call on that stream; stream order
- * makes reuse safe). Grows with cudaMallocAsync/cudaFreeAsync on the stream. */
-void *cuda_stream_workspace(size_t bytes);
 
 #ifdef __cplusplus
 }

@@ -83,8 +83,6 @@ struct CudaStream {
     ncclComm_t comm;             /* nccl backends: one communicator per stream index */
     float *one;                  /* nccl barrier: a device float */
     CudaChan *chan;              /* thread backends */
-    void *ws;                    /* kernel workspace (cuda_stream_workspace) */
-    size_t ws_bytes;
 };
 
 /* runtime_cuda.c */

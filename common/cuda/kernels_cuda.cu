@@ -1,15 +1,21 @@
 /* kernels_cuda.cu — the stream kernels of kernels.h on CUDA (kcuda_*).
  *
- * Each kcuda_* runs on the host thread inside dev_launch and only enqueues
- * work on cuda_current_stream(): kernels, cuBLAS calls, nothing that waits.
- * The math and the accumulate (+=) convention are those of ops.h; the
- * comments give each kernel's formula. Reductions use fixed trees or fixed
- * sequential loops, never atomics, so every run gives the same bits (they
- * differ from the CPU's bits by rounding: the order of additions differs).
+ * Each kcuda_* runs on the host thread inside dev_launch and only ENQUEUES
+ * work on cuda_current_stream() (kernels, cuBLAS calls through
+ * cuda_current_cublas(), already bound to that stream): it never waits and
+ * never allocates; the one workspace is AttBwdArgs.scratch, which the model
+ * allocates (kcuda_attention_scratch_floats). The math and the accumulate
+ * (+=) convention are those of ops.h; the comments give each formula.
+ *
+ * Determinism: no atomics. Every reduction is a fixed sequential loop or a
+ * fixed tree over a fixed number of threads, so two runs give the same bits.
+ * They differ from the CPU's bits by rounding where the order of additions
+ * differs; embedding, add, RoPE and AdamW do the CPU's float operations in
+ * the CPU's order and are expected to match it bitwise.
  *
  * Layouts (row-major): x [N, D]; q [B, T, H, hd]; k, v [B, T, KV, hd];
- * probs [B, H, T, T]; logits [N, V]. Sizes are size_t; element indices that
- * can pass 2^31 (probs, logits) are computed in size_t. */
+ * probs [B, H, T, T]; logits [N, V]. Sizes are size_t, and so is every
+ * element index that can pass 2^31 (probs, logits). */
 #include <math.h>
 #include <stdint.h>
 
@@ -22,15 +28,21 @@ extern "C" {
 
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = 256;  /* block size of the row and elementwise kernels (a power of two) */
+constexpr int kOneBlock = 1024; /* the single-block reductions: sum of squares, cross-entropy loss */
+constexpr int kWarp = 32;
+constexpr int kTile = 32;       /* rmsnorm dweight: 32 columns x 32 row lanes per block */
+constexpr int kMaxHalf = 256;   /* RoPE frequencies passed by value: head dim <= 512 */
 
+/* blocks for a grid-stride loop over n elements (>= 1, capped: the loop covers the rest) */
 unsigned blocks_for(size_t n, int threads = kThreads) {
     size_t b = (n + (size_t)threads - 1) / (size_t)threads;
     if (b == 0) b = 1;
-    if (b > 65535u * 32u) b = 65535u * 32u; /* kernels loop grid-stride past this */
+    if (b > 65535u * 32u) b = 65535u * 32u;
     return (unsigned)b;
 }
 
+/* one block per row: gridDim.x is at most 2^31 - 1 */
 unsigned grid_rows(size_t rows, const char *what) {
     if (rows > 0x7fffffffu) fatal("%s: %zu rows is more than one launch can index", what, rows);
     return (unsigned)rows;
@@ -41,10 +53,11 @@ int blas_int(size_t v, const char *what) {
     return (int)v;
 }
 
-#define GRID_STRIDE(i, n) for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
+#define GRID_STRIDE(i, n)                                                                                              \
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
 
-/* Sum of one value per thread over the block, as a fixed tree (blockDim a
- * power of two <= 1024). Every thread gets the result. */
+/* Sum of one value per thread over the block as a fixed tree (blockDim a power
+ * of two, sh has blockDim entries). Every thread gets the result. */
 template <typename T> __device__ T block_sum(T v, T *sh) {
     sh[threadIdx.x] = v;
     __syncthreads();
@@ -57,36 +70,61 @@ template <typename T> __device__ T block_sum(T v, T *sh) {
     return r;
 }
 
-template <typename T> __device__ T block_max(T v, T *sh) {
+__device__ float block_max(float v, float *sh) {
     sh[threadIdx.x] = v;
     __syncthreads();
     for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
         if (threadIdx.x < s) sh[threadIdx.x] = fmaxf(sh[threadIdx.x], sh[threadIdx.x + s]);
         __syncthreads();
     }
-    T r = sh[0];
+    float r = sh[0];
     __syncthreads();
     return r;
 }
 
-/* ----------------------------------------------------------------- embedding */
-
-/* out[n, d] = wte[tok[n], d] */
-__global__ void embedding_fwd(float *out, const int32_t *tok, const float *wte, size_t N, size_t D) {
-    GRID_STRIDE(i, N * D) { out[i] = wte[(size_t)tok[i / D] * D + i % D]; }
+/* The same over the 32 lanes of a warp (all lanes active): a fixed shuffle
+ * tree into lane 0, then lane 0's value to every lane. */
+template <typename T> __device__ T warp_sum(T v) {
+    for (int o = kWarp / 2; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+    return __shfl_sync(0xffffffffu, v, 0);
 }
 
-/* dwte[tok[n], d] += dout[n, d], n = 0..N-1 in order: one thread per column d,
- * so no two threads touch one element and the order is the CPU's. */
-__global__ void embedding_bwd(float *dwte, const float *dout, const int32_t *tok, size_t N, size_t D) {
-    GRID_STRIDE(d, D) {
-        for (size_t n = 0; n < N; n++) dwte[(size_t)tok[n] * D + d] += dout[n * D + d];
+__device__ float warp_max(float v) {
+    for (int o = kWarp / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v; /* max is exact: every lane holds the same value */
+}
+
+/* ----------------------------------------------------------------- embedding */
+
+/* out[n, d] = wte[tok[n], d]. The data loader checks ids < V; a negative id
+ * (the CPU op stops on it) gives a NaN row rather than a wild read. */
+__global__ void embedding_fwd(float *out, const int32_t *tok, const float *wte, size_t N, size_t D) {
+    GRID_STRIDE(e, N * D) {
+        int32_t t = tok[e / D];
+        out[e] = t < 0 ? NAN : wte[(size_t)t * D + e % D];
+    }
+}
+
+/* dwte[tok[n], d] += dout[n, d], n = 0..N-1 IN ORDER, as the CPU op. With P
+ * a power of two, thread (p, d) owns column d of the vocab rows v with
+ * v % P == p: it walks every token in order and adds those of its class. So
+ * no two threads write one element, each element adds its rows in token order
+ * (the CPU's bits), and P only spreads the work. A warp reads one tok[n]. */
+__global__ void embedding_bwd(float *dwte, const float *dout, const int32_t *tok, size_t N, size_t D, unsigned P) {
+    GRID_STRIDE(e, D * P) {
+        size_t d = e % D;
+        unsigned p = (unsigned)(e / D);
+        for (size_t n = 0; n < N; n++) {
+            int32_t t = tok[n];
+            if (t >= 0 && ((unsigned)t & (P - 1)) == p) dwte[(size_t)t * D + d] += dout[n * D + d];
+        }
     }
 }
 
 /* ------------------------------------------------------------------- rmsnorm */
 
-/* one block per row: r = 1/sqrt(mean(x^2) + eps) (sum in double); out = (x r) w */
+/* one block per row: r = 1 / sqrt(mean(x^2) + eps) (sum in double, as the
+ * CPU); out = (x r) w; rstd[row] = r */
 __global__ void rmsnorm_fwd(float *out, float *rstd, const float *inp, const float *w, size_t D, float eps) {
     __shared__ double sh[kThreads];
     const float *x = inp + (size_t)blockIdx.x * D;
@@ -99,7 +137,7 @@ __global__ void rmsnorm_fwd(float *out, float *rstd, const float *inp, const flo
     if (threadIdx.x == 0) rstd[blockIdx.x] = r;
 }
 
-/* one block per row: dx += r (g w) - x r^3/D sum_i(g_i w_i x_i) */
+/* one block per row: dx += r (g w) - x r^3/D sum_i(g_i w_i x_i)  (the sum in double) */
 __global__ void rmsnorm_bwd_dx(float *dinp, const float *dout, const float *inp, const float *w, const float *rstd,
                                size_t D) {
     __shared__ double sh[kThreads];
@@ -114,30 +152,45 @@ __global__ void rmsnorm_bwd_dx(float *dinp, const float *dout, const float *inp,
     for (size_t i = threadIdx.x; i < D; i += blockDim.x) dx[i] += r * (g[i] * w[i]) - c * x[i];
 }
 
-/* dw[i] += sum_n g[n,i] x[n,i] r[n]: one thread per column, rows in order */
-__global__ void rmsnorm_bwd_dw(float *dw, const float *dout, const float *inp, const float *rstd, size_t N, size_t D) {
-    GRID_STRIDE(i, D) {
-        float acc = dw[i];
-        for (size_t n = 0; n < N; n++) acc += dout[n * D + i] * (inp[n * D + i] * rstd[n]);
-        dw[i] = acc;
+/* dw[i] += sum_n g[n,i] (x[n,i] r[n]), a reduction over the N rows. Block =
+ * 32 columns x 32 row lanes: lane y sums rows y, y+32, y+64, ... in order
+ * (coalesced: a warp reads 32 adjacent columns of one row), then the 32 lane
+ * sums of a column meet in a fixed tree. */
+__global__ void __launch_bounds__(kTile * kTile)
+    rmsnorm_bwd_dw(float *dw, const float *dout, const float *inp, const float *rstd, size_t N, size_t D) {
+    __shared__ float sh[kTile][kTile + 1];
+    size_t i = (size_t)blockIdx.x * kTile + threadIdx.x;
+    float acc = 0.0f;
+    if (i < D)
+        for (size_t n = threadIdx.y; n < N; n += kTile) acc += dout[n * D + i] * (inp[n * D + i] * rstd[n]);
+    sh[threadIdx.y][threadIdx.x] = acc;
+    __syncthreads();
+    for (unsigned s = kTile / 2; s > 0; s >>= 1) {
+        if (threadIdx.y < s) sh[threadIdx.y][threadIdx.x] += sh[threadIdx.y + s][threadIdx.x];
+        __syncthreads();
     }
+    if (threadIdx.y == 0 && i < D) dw[i] += sh[0][threadIdx.x];
 }
 
 /* ---------------------------------------------------------------------- rope */
 
-/* freq_i = 1/theta^(2i/hd); cos/sin of (float)t * freq_i, as the CPU tables */
-__global__ void rope_tab(float *cos_tab, float *sin_tab, size_t T, size_t half, float theta) {
+struct RopeFreqs { float f[kMaxHalf]; }; /* freq_i = rope_freq(i), formed on the host as the CPU forms it */
+
+/* cos/sin[t, i] of angle = (float)t * freq_i: the CPU's float angle bit for
+ * bit; cos and sin in double, then rounded, agree with glibc's cosf/sinf
+ * (< 1 ulp) except in rare near-ties */
+__global__ void rope_tab(float *cos_tab, float *sin_tab, size_t T, size_t half, RopeFreqs fr) {
     GRID_STRIDE(e, T * half) {
-        size_t t = e / half, i = e % half;
-        float freq = 1.0f / powf(theta, (float)(2 * i) / (float)(2 * half));
-        float angle = (float)t * freq;
-        cos_tab[e] = cosf(angle);
-        sin_tab[e] = sinf(angle);
+        float angle = (float)(e / half) * fr.f[e % half];
+        double s, c;
+        sincos((double)angle, &s, &c);
+        cos_tab[e] = (float)c;
+        sin_tab[e] = (float)s;
     }
 }
 
-/* pair (x0, x1) = (x[2i], x[2i+1]) of row (b, t, head): rotated by +angle[t, i]
- * (forward) or -angle (backward: the transpose) */
+/* pair e = ((b*T + t)*nh + h)*half + i is (x[2e], x[2e+1]) (hd = 2 half):
+ * rotated by +angle[t, i] (forward) or -angle (backward: the transpose) */
 __global__ void rope_rot(float *x, const float *cos_tab, const float *sin_tab, size_t B, size_t T, size_t nh,
                          size_t half, float sign) {
     GRID_STRIDE(e, B * T * nh * half) {
@@ -148,35 +201,34 @@ __global__ void rope_rot(float *x, const float *cos_tab, const float *sin_tab, s
 
 /* ----------------------------------------------------------------- attention */
 
-/* One block per query row (b, h, i); scores in shared memory [T]:
- *   s_j = q_i . k_j / sqrt(hd) for j <= i;  p = softmax(s) (0 for j > i)
- *   out_i = sum_j p_j v_j */
+/* Forward, one block per query row (b, h, i), kv head g = h / (H/KV); the
+ * scores of the row in shared memory [T]:
+ *   s_j = (q_i . k_j) / sqrt(hd) for j <= i;  p = softmax(s), 0 for j > i
+ *   probs[b, h, i, :] = p;  out_i = sum_{j <= i} p_j v_j  (j in order) */
 __global__ void attention_fwd(float *out, float *probs, const float *q, const float *k, const float *v, size_t T,
                               size_t H, size_t KV, size_t hd) {
     extern __shared__ float s[]; /* [T] scores, then [blockDim] reduction space */
     float *red = s + T;
     size_t row = blockIdx.x; /* (b * H + h) * T + i */
     size_t i = row % T, h = (row / T) % H, b = row / (T * H);
-    size_t kvh = h / (H / KV);
+    size_t g = h / (H / KV);
     const float *qi = q + ((b * T + i) * H + h) * hd;
     float scale = 1.0f / sqrtf((float)hd);
     for (size_t j = threadIdx.x; j <= i; j += blockDim.x) {
-        const float *kj = k + ((b * T + j) * KV + kvh) * hd;
+        const float *kj = k + ((b * T + j) * KV + g) * hd;
         float dot = 0.0f;
         for (size_t d = 0; d < hd; d++) dot += qi[d] * kj[d];
         s[j] = dot * scale;
     }
-    __syncthreads();
     float m = -INFINITY;
-    for (size_t j = threadIdx.x; j <= i; j += blockDim.x) m = fmaxf(m, s[j]);
+    for (size_t j = threadIdx.x; j <= i; j += blockDim.x) m = fmaxf(m, s[j]); /* each thread reads its own s[j] */
     m = block_max(m, red);
     float sum = 0.0f;
     for (size_t j = threadIdx.x; j <= i; j += blockDim.x) {
         s[j] = expf(s[j] - m);
         sum += s[j];
     }
-    sum = block_sum(sum, red);
-    float inv = 1.0f / sum;
+    float inv = 1.0f / block_sum(sum, red);
     float *prow = probs + row * T;
     for (size_t j = threadIdx.x; j < T; j += blockDim.x) {
         float p = j <= i ? s[j] * inv : 0.0f;
@@ -187,49 +239,50 @@ __global__ void attention_fwd(float *out, float *probs, const float *q, const fl
     float *oi = out + ((b * T + i) * H + h) * hd;
     for (size_t d = threadIdx.x; d < hd; d += blockDim.x) {
         float acc = 0.0f;
-        for (size_t j = 0; j <= i; j++) acc += s[j] * v[((b * T + j) * KV + kvh) * hd + d];
+        for (size_t j = 0; j <= i; j++) acc += s[j] * v[((b * T + j) * KV + g) * hd + d];
         oi[d] = acc;
     }
 }
 
 /* Backward, step 1, one block per query row (b, h, i):
- *   dP_j = dout_i . v_j,  D_i = sum_j P_ij dP_j  (saved to rowterm[b, h, i])
- *   dS_j = P_ij (dP_j - D_i),  dq_i += sum_j dS_j k_j / sqrt(hd) */
+ *   dP_j = dout_i . v_j,  D_i = sum_j P_ij dP_j   (saved: rowterm[(b*H + h)*T + i])
+ *   dS_j = P_ij (dP_j - D_i),  dq_i += (sum_{j <= i} dS_j k_j) / sqrt(hd)  (j in order) */
 __global__ void attention_bwd_dq(float *dq, float *rowterm, const float *dout, const float *k, const float *v,
                                  const float *probs, size_t T, size_t H, size_t KV, size_t hd) {
-    extern __shared__ float s[]; /* [T] dS, then [blockDim] reduction space */
+    extern __shared__ float s[]; /* [T] dP then dS, then [blockDim] reduction space */
     float *red = s + T;
     size_t row = blockIdx.x;
     size_t i = row % T, h = (row / T) % H, b = row / (T * H);
-    size_t kvh = h / (H / KV);
+    size_t g = h / (H / KV);
     const float *go = dout + ((b * T + i) * H + h) * hd;
     const float *prow = probs + row * T;
     float scale = 1.0f / sqrtf((float)hd);
-    float dsum = 0.0f;
+    float part = 0.0f;
     for (size_t j = threadIdx.x; j <= i; j += blockDim.x) {
-        const float *vj = v + ((b * T + j) * KV + kvh) * hd;
+        const float *vj = v + ((b * T + j) * KV + g) * hd;
         float dp = 0.0f;
         for (size_t d = 0; d < hd; d++) dp += go[d] * vj[d];
         s[j] = dp;
-        dsum += prow[j] * dp;
+        part += prow[j] * dp;
     }
-    float Di = block_sum(dsum, red); /* also orders the writes of s[] before the reads below */
+    float Di = block_sum(part, red);
     for (size_t j = threadIdx.x; j <= i; j += blockDim.x) s[j] = prow[j] * (s[j] - Di);
     __syncthreads();
     float *dqi = dq + ((b * T + i) * H + h) * hd;
     for (size_t d = threadIdx.x; d < hd; d += blockDim.x) {
         float acc = 0.0f;
-        for (size_t j = 0; j <= i; j++) acc += s[j] * k[((b * T + j) * KV + kvh) * hd + d];
+        for (size_t j = 0; j <= i; j++) acc += s[j] * k[((b * T + j) * KV + g) * hd + d];
         dqi[d] += acc * scale;
     }
     if (threadIdx.x == 0) rowterm[row] = Di;
 }
 
-/* Backward, step 2, one block per key row (b, kv head g, j), summing over the
- * heads h of group g and the queries i >= j, in that order:
- *   dv_j += sum P_ij dout_i;   dk_j += sum dS_ij q_i / sqrt(hd)
- * Threads first compute P and dS for a tile of queries, then each thread owns
- * one component d of dk_j and dv_j. */
+/* Backward, step 2, one block per key row (b, g, j) of kv head g, summing over
+ * the heads h of group g in order and, within each, the queries i >= j in order:
+ *   dv_j += sum P_ij dout_i;   dk_j += (sum dS_ij q_i) / sqrt(hd)
+ * The block takes the queries blockDim at a time: thread t computes P and dS
+ * of query i0 + t into shared memory, then thread d (up to 4 per thread)
+ * folds the tile into its components of dk_j and dv_j. */
 __global__ void attention_bwd_dkv(float *dk, float *dv, const float *dout, const float *q, const float *v,
                                   const float *probs, const float *rowterm, size_t T, size_t H, size_t KV, size_t hd) {
     __shared__ float tp[kThreads], tds[kThreads];
@@ -237,8 +290,7 @@ __global__ void attention_bwd_dkv(float *dk, float *dv, const float *dout, const
     size_t j = row % T, g = (row / T) % KV, b = row / (T * KV);
     size_t per = H / KV;
     const float *vj = v + ((b * T + j) * KV + g) * hd;
-    float scale = 1.0f / sqrtf((float)hd);
-    float accv[4] = {0, 0, 0, 0}, acck[4] = {0, 0, 0, 0}; /* components d = threadIdx.x + 4k... up to 4 per thread */
+    float accv[4] = {0, 0, 0, 0}, acck[4] = {0, 0, 0, 0}; /* components d = threadIdx.x + c blockDim, c < 4 */
     for (size_t h = g * per; h < (g + 1) * per; h++) {
         for (size_t i0 = j; i0 < T; i0 += blockDim.x) {
             size_t i = i0 + threadIdx.x;
@@ -257,14 +309,15 @@ __global__ void attention_bwd_dkv(float *dk, float *dv, const float *dout, const
                 size_t d = threadIdx.x + (size_t)c * blockDim.x;
                 if (d >= hd) break;
                 for (size_t t = 0; t < n; t++) {
-                    size_t ii = i0 + t;
-                    accv[c] += tp[t] * dout[((b * T + ii) * H + h) * hd + d];
-                    acck[c] += tds[t] * q[((b * T + ii) * H + h) * hd + d];
+                    size_t qi = ((b * T + i0 + t) * H + h) * hd + d;
+                    accv[c] += tp[t] * dout[qi];
+                    acck[c] += tds[t] * q[qi];
                 }
             }
             __syncthreads();
         }
     }
+    float scale = 1.0f / sqrtf((float)hd);
     for (int c = 0; c < 4; c++) {
         size_t d = threadIdx.x + (size_t)c * blockDim.x;
         if (d >= hd) break;
@@ -273,7 +326,7 @@ __global__ void attention_bwd_dkv(float *dk, float *dv, const float *dout, const
     }
 }
 
-/* -------------------------------------------------------------- elementwise */
+/* --------------------------------------------------------------- elementwise */
 
 /* out = silu(a) b, silu(a) = a / (1 + exp(-a)) */
 __global__ void swiglu_fwd(float *out, const float *a, const float *b, size_t n) {
@@ -285,86 +338,95 @@ __global__ void swiglu_bwd(float *da, float *db, const float *dout, const float 
     GRID_STRIDE(i, n) { swiglu_backward_elem(dout[i], a[i], b[i], &da[i], &db[i]); }
 }
 
+/* out = a + b (out may alias a or b: each thread reads its element before writing it) */
 __global__ void add_k(float *out, const float *a, const float *b, size_t n) {
     GRID_STRIDE(i, n) { out[i] = a[i] + b[i]; }
 }
 
-/* ------------------------------------------------------------ cross-entropy */
+/* ------------------------------------------------------------- cross-entropy */
 
-/* one block per row: lse = m + log(sum exp(x - m)); row_loss[n] = lse - x[target] (double) */
-__global__ void ce_rows(double *row_loss, const float *logits, const int32_t *tgt, size_t V) {
-    __shared__ double shd[kThreads];
-    __shared__ float shf[kThreads];
-    const float *x = logits + (size_t)blockIdx.x * V;
+/* logsumexp of one row x[V] by one warp: m = max_j x_j, then
+ * lse = m + log(sum_j exp(x_j - m)) with the sum in double (lanes stride the
+ * row, then the fixed warp tree); every lane returns it */
+__device__ float warp_row_lse(const float *x, size_t V, unsigned lane) {
     float m = -INFINITY;
-    for (size_t j = threadIdx.x; j < V; j += blockDim.x) m = fmaxf(m, x[j]);
-    m = block_max(m, shf);
+    for (size_t j = lane; j < V; j += kWarp) m = fmaxf(m, x[j]);
+    m = warp_max(m);
     double s = 0.0;
-    for (size_t j = threadIdx.x; j < V; j += blockDim.x) s += (double)expf(x[j] - m);
-    s = block_sum(s, shd);
-    if (threadIdx.x == 0) row_loss[blockIdx.x] = (double)(float)((double)m + log(s)) - (double)x[tgt[blockIdx.x]];
+    for (size_t j = lane; j < V; j += kWarp) s += (double)expf(x[j] - m);
+    s = warp_sum(s);
+    return (float)((double)m + log(s));
 }
 
-/* *loss = (sum_n row_loss[n], rows in order) / N: the CPU's order */
-__global__ void ce_mean(float *loss, const double *row_loss, size_t N) {
-    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+/* *loss = (1/N) sum_n (lse_n - x[n, target_n]), in ONE block of kOneBlock
+ * threads: warp w takes rows w, w + 32, ... and sums their terms in row
+ * order (double), then thread 0 adds the 32 warp sums in warp order. One
+ * block because the per-row terms have nowhere else to go (CeArgs has no
+ * workspace). A target outside [0, V) (the CPU op stops on it) gives NaN. */
+__global__ void __launch_bounds__(kOneBlock)
+    ce_fwd(float *loss, const float *logits, const int32_t *tgt, size_t N, size_t V) {
+    __shared__ double warp_total[kOneBlock / kWarp];
+    unsigned lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, nwarps = blockDim.x / kWarp;
     double total = 0.0;
-    for (size_t n = 0; n < N; n++) total += row_loss[n];
-    *loss = (float)(total / (double)N);
-}
-
-/* one block per row: dlogits += (softmax(x) - onehot(target)) * scale */
-__global__ void ce_bwd(float *dlogits, const float *logits, const int32_t *tgt, size_t V, float scale) {
-    __shared__ double shd[kThreads];
-    __shared__ float shf[kThreads];
-    const float *x = logits + (size_t)blockIdx.x * V;
-    float *dx = dlogits + (size_t)blockIdx.x * V;
-    float m = -INFINITY;
-    for (size_t j = threadIdx.x; j < V; j += blockDim.x) m = fmaxf(m, x[j]);
-    m = block_max(m, shf);
-    double s = 0.0;
-    for (size_t j = threadIdx.x; j < V; j += blockDim.x) s += (double)expf(x[j] - m);
-    s = block_sum(s, shd);
-    float lse = (float)((double)m + log(s));
-    size_t t = (size_t)tgt[blockIdx.x];
-    for (size_t j = threadIdx.x; j < V; j += blockDim.x) {
-        float p = expf(x[j] - lse);
-        dx[j] += (j == t ? p - 1.0f : p) * scale;
+    for (size_t n = warp; n < N; n += nwarps) {
+        const float *x = logits + n * V;
+        float lse = warp_row_lse(x, V, lane);
+        int32_t t = tgt[n];
+        total += (t < 0 || (size_t)t >= V) ? (double)NAN : (double)lse - (double)x[t];
+    }
+    if (lane == 0) warp_total[warp] = total;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double sum = 0.0;
+        for (unsigned w = 0; w < nwarps; w++) sum += warp_total[w];
+        *loss = (float)(sum / (double)N);
     }
 }
 
-/* ----------------------------------------------------------- sum of squares */
+/* one warp per row n: dlogits[n, j] += (exp(x_j - lse) - [j == target]) * scale
+ * (a bad target makes the row NaN) */
+__global__ void ce_bwd(float *dlogits, const float *logits, const int32_t *tgt, size_t N, size_t V, float scale) {
+    size_t n = (size_t)blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp;
+    unsigned lane = threadIdx.x % kWarp;
+    if (n >= N) return; /* the whole warp: the shuffles below stay full-warp */
+    const float *x = logits + n * V;
+    float *dx = dlogits + n * V;
+    float lse = warp_row_lse(x, V, lane);
+    int32_t t = tgt[n];
+    bool bad = t < 0 || (size_t)t >= V;
+    for (size_t j = lane; j < V; j += kWarp) {
+        float p = expf(x[j] - lse);
+        dx[j] += bad ? NAN : (j == (size_t)t ? p - 1.0f : p) * scale;
+    }
+}
 
-constexpr int kSumsqBlocks = 256;
+/* ------------------------------------------------------------ sum of squares */
 
-/* partial[block] = sum of x^2 over this block's grid-stride elements (double) */
-__global__ void sumsq_partial(double *partial, const float *x, size_t n) {
-    __shared__ double sh[kThreads];
+/* *acc += (float) sum_i x_i^2 in ONE block of kOneBlock threads: thread k sums
+ * x[k], x[k + 1024], ... in double, then a fixed tree over the block */
+__global__ void __launch_bounds__(kOneBlock) sumsq_k(float *acc, const float *x, size_t n) {
+    __shared__ double sh[kOneBlock];
     double s = 0.0;
-    GRID_STRIDE(i, n) { s += (double)x[i] * (double)x[i]; }
+#pragma unroll 4
+    for (size_t i = threadIdx.x; i < n; i += blockDim.x) s += (double)x[i] * (double)x[i];
     s = block_sum(s, sh);
-    if (threadIdx.x == 0) partial[blockIdx.x] = s;
+    if (threadIdx.x == 0) *acc += (float)s;
 }
 
-/* *acc += (float)(sum of the partials in block order) */
-__global__ void sumsq_finish(float *acc, const double *partial, int nblocks) {
-    if (threadIdx.x != 0 || blockIdx.x != 0) return;
-    double s = 0.0;
-    for (int b = 0; b < nblocks; b++) s += partial[b];
-    *acc += (float)s;
-}
+/* --------------------------------------------------------------------- adamw */
 
-/* -------------------------------------------------------------------- adamw */
-
-/* AdamW as adamw_update (optim.c), clip coefficient min(1, max_norm / (norm + 1e-6))
- * from the global sum of squares on the device */
+/* AdamW as adamw_update (optim.c), with the clip coefficient
+ * min(1, max_norm / (sqrt(total_sumsq) + 1e-6)) formed on the device */
 __global__ void adamw_k(float *param, const float *grad, float *m_, float *v_, size_t n, AdamWScalars k,
                         float max_norm, const float *total_sumsq) {
     float coef = clip_coef(max_norm, sqrtf(*total_sumsq));
     GRID_STRIDE(i, n) { adamw_elem(&param[i], grad[i], &m_[i], &v_[i], &k, coef); }
 }
 
-/* cuBLAS with this run's precision: exact fp32, or TF32 tensor cores (--tf32) */
+/* ----------------------------------------------------------------- host side */
+
+/* C = op(A) op(B) (+ C if beta = 1), column-major, on this launch's stream:
+ * exact fp32, or TF32 tensor cores when the run asked for them (--tf32) */
 void gemm(cublasOperation_t ta, cublasOperation_t tb, size_t m, size_t n, size_t k, const float *A, size_t lda,
           const float *B, size_t ldb, float beta, float *C, size_t ldc) {
     const float one = 1.0f;
@@ -375,15 +437,23 @@ void gemm(cublasOperation_t ta, cublasOperation_t tb, size_t m, size_t n, size_t
                               CUBLAS_GEMM_DEFAULT));
 }
 
+/* dynamic shared memory of the attention row kernels: T scores + the reduction space */
 size_t attn_shared_bytes(size_t T, const char *what) {
     size_t bytes = (T + kThreads) * sizeof(float);
-    if (bytes > 48 * 1024) fatal("%s: seq-len %zu needs %zu bytes of shared memory per block (at most 48 KiB)", what, T, bytes);
+    if (bytes > 48 * 1024)
+        fatal("%s: seq-len %zu needs %zu bytes of shared memory per block (at most 48 KiB: seq-len <= %d)", what, T,
+              bytes, 48 * 1024 / (int)sizeof(float) - kThreads);
     return bytes;
+}
+
+void attn_check(size_t H, size_t KV, size_t hd, const char *what) {
+    if (KV == 0 || H % KV != 0) fatal("%s: n_heads %zu is not a multiple of n_kv_heads %zu", what, H, KV);
+    if (hd > 4 * (size_t)kThreads) fatal("%s: head dim %zu is more than %d", what, hd, 4 * kThreads);
 }
 
 } // namespace
 
-/* ================================================================ kcuda_* */
+/* ================================================================== kcuda_* */
 
 extern "C" {
 
@@ -413,7 +483,9 @@ void kcuda_embedding_forward(void *a) {
 void kcuda_embedding_backward(void *a) { /* out = dwte, w = dout */
     EmbArgs *x = (EmbArgs *)a;
     if (!x->N || !x->D) return;
-    embedding_bwd<<<blocks_for(x->D), kThreads, 0, cuda_current_stream()>>>(x->out, x->w, x->tok, x->N, x->D);
+    unsigned P = 1; /* a power of two, for about 64k threads however wide the rows */
+    while (P < 1024 && (size_t)P * x->D < 65536) P *= 2;
+    embedding_bwd<<<blocks_for(x->D * P), kThreads, 0, cuda_current_stream()>>>(x->out, x->w, x->tok, x->N, x->D, P);
     CUDA_CHECK_LAUNCH("embedding_bwd");
 }
 
@@ -431,14 +503,16 @@ void kcuda_rmsnorm_backward(void *a) {
     rmsnorm_bwd_dx<<<grid_rows(x->N, "rmsnorm_bwd"), kThreads, 0, cuda_current_stream()>>>(x->dinp, x->dout, x->in,
                                                                                              x->w, x->rstd, x->D);
     CUDA_CHECK_LAUNCH("rmsnorm_bwd_dx");
-    rmsnorm_bwd_dw<<<blocks_for(x->D), kThreads, 0, cuda_current_stream()>>>(x->dw, x->dout, x->in, x->rstd, x->N,
-                                                                               x->D);
+    dim3 tile(kTile, kTile);
+    rmsnorm_bwd_dw<<<grid_rows((x->D + kTile - 1) / kTile, "rmsnorm_bwd"), tile, 0, cuda_current_stream()>>>(
+        x->dw, x->dout, x->in, x->rstd, x->N, x->D);
     CUDA_CHECK_LAUNCH("rmsnorm_bwd_dw");
 }
 
 /* Row-major nn.Linear through column-major cuBLAS: a row-major [R, C] matrix
- * is a column-major [C, R] one, so every product is computed transposed.
- *   out^T [OC, N] = W [OC, C] (= op T of W's col-major [C, OC]) x in^T [C, N] */
+ * is the column-major [C, R] matrix (its transpose) with ld = C, so each
+ * product is computed transposed:
+ *   out^T [OC, N] = op_T(W: col-major [C, OC]) x in^T [C, N] */
 void kcuda_matmul_forward(void *a) {
     MmArgs *x = (MmArgs *)a;
     if (!x->N || !x->OC) return;
@@ -449,7 +523,8 @@ void kcuda_matmul_forward(void *a) {
     gemm(CUBLAS_OP_T, CUBLAS_OP_N, x->OC, x->N, x->C, x->w, x->C, x->in, x->C, 0.0f, x->out, x->OC);
 }
 
-/* dinp^T [C, N] += W^T [C, OC] x dout^T [OC, N];  dW^T [C, OC] += in^T [C, N] x dout [N, OC] */
+/* dinp^T [C, N]  += W^T [C, OC] x dout^T [OC, N]     (W's col-major view as is)
+ * dW^T   [C, OC] += in^T [C, N] x op_T(dout^T [OC, N])   (beta = 1 accumulates) */
 void kcuda_matmul_backward(void *a) {
     MmBwdArgs *x = (MmBwdArgs *)a;
     if (!x->N || !x->C || !x->OC) return;
@@ -459,6 +534,7 @@ void kcuda_matmul_backward(void *a) {
 
 void kcuda_rope(void *a) {
     RopeArgs *r = (RopeArgs *)a;
+    if (r->hd % 2 != 0) fatal("rope: head dim %zu is odd", r->hd);
     size_t half = r->hd / 2, n = r->B * r->T * r->nh * half;
     if (!n) return;
     rope_rot<<<blocks_for(n), kThreads, 0, cuda_current_stream()>>>(r->x, r->cos, r->sin, r->B, r->T, r->nh, half,
@@ -470,33 +546,35 @@ void kcuda_rope_tables(void *a) {
     RopeTabArgs *r = (RopeTabArgs *)a;
     if (r->hd % 2 != 0) fatal("rope_tables: head dim %zu is odd", r->hd);
     size_t half = r->hd / 2;
+    if (half > (size_t)kMaxHalf) fatal("rope_tables: head dim %zu is more than %d", r->hd, 2 * kMaxHalf);
     if (!r->T || !half) return;
-    rope_tab<<<blocks_for(r->T * half), kThreads, 0, cuda_current_stream()>>>(r->cos, r->sin, r->T, half, r->theta);
+    RopeFreqs fr;
+    for (size_t i = 0; i < half; i++) fr.f[i] = rope_freq(i, r->hd, r->theta); /* host libm, as the CPU */
+    rope_tab<<<blocks_for(r->T * half), kThreads, 0, cuda_current_stream()>>>(r->cos, r->sin, r->T, half, fr);
     CUDA_CHECK_LAUNCH("rope_tab");
 }
 
 void kcuda_attention_forward(void *a) {
     AttArgs *x = (AttArgs *)a;
-    size_t rows = x->B * x->H * x->T;
-    if (!rows) return;
-    attention_fwd<<<grid_rows(rows, "attention"), kThreads, attn_shared_bytes(x->T, "attention"),
+    attn_check(x->H, x->KV, x->hd, "attention_forward");
+    if (!x->B || !x->T || !x->H || !x->hd) return;
+    attention_fwd<<<grid_rows(x->B * x->H * x->T, "attention"), kThreads, attn_shared_bytes(x->T, "attention"),
                     cuda_current_stream()>>>(x->out, x->probs, x->q, x->k, x->v, x->T, x->H, x->KV, x->hd);
     CUDA_CHECK_LAUNCH("attention_fwd");
 }
 
 size_t kcuda_attention_scratch_floats(size_t B, size_t T, size_t H) {
-    size_t n = B * T * H; /* D_i = sum_j P_ij dP_ij per query row */
+    size_t n = B * T * H; /* D_i = sum_j P_ij dP_ij of every query row */
     return n ? n : 1;
 }
 
 void kcuda_attention_backward(void *a) {
     AttBwdArgs *x = (AttBwdArgs *)a;
-    size_t rows = x->B * x->H * x->T;
-    if (!rows) return;
-    if (x->hd > 4 * (size_t)kThreads) fatal("attention_bwd: head dim %zu is more than %d", x->hd, 4 * kThreads);
-    attention_bwd_dq<<<grid_rows(rows, "attention_bwd"), kThreads, attn_shared_bytes(x->T, "attention_bwd"),
-                       cuda_current_stream()>>>(x->dq, x->scratch, x->dout, x->k, x->v, x->probs, x->T, x->H, x->KV,
-                                                x->hd);
+    attn_check(x->H, x->KV, x->hd, "attention_backward");
+    if (!x->B || !x->T || !x->H || !x->hd) return;
+    attention_bwd_dq<<<grid_rows(x->B * x->H * x->T, "attention_bwd"), kThreads,
+                       attn_shared_bytes(x->T, "attention_bwd"), cuda_current_stream()>>>(
+        x->dq, x->scratch, x->dout, x->k, x->v, x->probs, x->T, x->H, x->KV, x->hd);
     CUDA_CHECK_LAUNCH("attention_bwd_dq");
     attention_bwd_dkv<<<grid_rows(x->B * x->KV * x->T, "attention_bwd"), kThreads, 0, cuda_current_stream()>>>(
         x->dk, x->dv, x->dout, x->q, x->v, x->probs, x->scratch, x->T, x->H, x->KV, x->hd);
@@ -526,35 +604,34 @@ void kcuda_add(void *a) {
 
 void kcuda_crossentropy_forward(void *a) {
     CeArgs *x = (CeArgs *)a;
-    if (!x->N) fatal("cross_entropy: no rows");
-    double *rows = (double *)cuda_stream_workspace(x->N * sizeof(double));
-    ce_rows<<<grid_rows(x->N, "cross_entropy"), kThreads, 0, cuda_current_stream()>>>(rows, x->logits, x->tgt, x->V);
-    CUDA_CHECK_LAUNCH("ce_rows");
-    ce_mean<<<1, 1, 0, cuda_current_stream()>>>(x->loss, rows, x->N);
-    CUDA_CHECK_LAUNCH("ce_mean");
+    if (!x->N) { /* the CPU op's mean over no rows is 0 */
+        CUDA_CHECK(cudaMemsetAsync(x->loss, 0, sizeof(float), cuda_current_stream()));
+        return;
+    }
+    ce_fwd<<<1, kOneBlock, 0, cuda_current_stream()>>>(x->loss, x->logits, x->tgt, x->N, x->V);
+    CUDA_CHECK_LAUNCH("ce_fwd");
 }
 
 void kcuda_crossentropy_backward(void *a) {
     CeArgs *x = (CeArgs *)a;
-    if (!x->N) return;
-    ce_bwd<<<grid_rows(x->N, "cross_entropy_bwd"), kThreads, 0, cuda_current_stream()>>>(
-        x->dlogits, x->logits, x->tgt, x->V, 1.0f / (float)x->N);
+    if (!x->N || !x->V) return;
+    size_t rows_per_block = kThreads / kWarp;
+    ce_bwd<<<grid_rows((x->N + rows_per_block - 1) / rows_per_block, "cross_entropy_bwd"), kThreads, 0,
+             cuda_current_stream()>>>(x->dlogits, x->logits, x->tgt, x->N, x->V, 1.0f / (float)x->N);
     CUDA_CHECK_LAUNCH("ce_bwd");
 }
 
 void kcuda_sumsq_accumulate(void *a) {
     SumsqArgs *x = (SumsqArgs *)a;
-    double *partial = (double *)cuda_stream_workspace(kSumsqBlocks * sizeof(double));
-    sumsq_partial<<<kSumsqBlocks, kThreads, 0, cuda_current_stream()>>>(partial, x->x, x->n);
-    CUDA_CHECK_LAUNCH("sumsq_partial");
-    sumsq_finish<<<1, 1, 0, cuda_current_stream()>>>(x->acc, partial, kSumsqBlocks);
-    CUDA_CHECK_LAUNCH("sumsq_finish");
+    if (!x->n) return; /* += 0 */
+    sumsq_k<<<1, kOneBlock, 0, cuda_current_stream()>>>(x->acc, x->x, x->n);
+    CUDA_CHECK_LAUNCH("sumsq");
 }
 
 void kcuda_adamw(void *a) {
     AdamArgs *x = (AdamArgs *)a;
     if (!x->n) return;
-    AdamWScalars k = adamw_scalars(&x->c, x->lr, x->t);
+    AdamWScalars k = adamw_scalars(&x->c, x->lr, x->t); /* on the host, as the CPU update forms them */
     adamw_k<<<blocks_for(x->n), kThreads, 0, cuda_current_stream()>>>(x->param, x->grad, x->m, x->v, x->n, k,
                                                                        x->c.max_norm, x->total_sumsq);
     CUDA_CHECK_LAUNCH("adamw");

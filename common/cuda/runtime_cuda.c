@@ -29,7 +29,6 @@
 
 /* The launch context: which stream the kernel function being run on this
  * host thread enqueues on. Set only around the call in dev_launch. */
-static __thread struct CudaStream *tls_cs;
 static __thread cudaStream_t tls_stream;
 static __thread cublasHandle_t tls_blas;
 static __thread int tls_tf32;
@@ -37,18 +36,6 @@ static __thread int tls_tf32;
 cudaStream_t cuda_current_stream(void) { return tls_stream; }
 cublasHandle_t cuda_current_cublas(void) { return tls_blas; }
 int cuda_tf32_enabled(void) { return tls_tf32; }
-
-void *cuda_stream_workspace(size_t bytes) {
-    struct CudaStream *cs = tls_cs;
-    if (!cs) fatal("cuda_stream_workspace called outside a dev_launch");
-    if (cs->ws_bytes < bytes) {
-        if (cs->ws) CUDA_CHECK(cudaFreeAsync(cs->ws, cs->st)); /* after the kernels that used it */
-        size_t grow = bytes < ((size_t)1 << 20) ? ((size_t)1 << 20) : bytes;
-        CUDA_CHECK(cudaMallocAsync(&cs->ws, grow, cs->st));
-        cs->ws_bytes = grow;
-    }
-    return cs->ws;
-}
 
 /* cudaEventQuery: 1 = completed, 0 = not yet. "Not ready" is not an error,
  * but it would linger as the last error and fail the next launch check. */
@@ -357,8 +344,6 @@ Stream *dev_stream_create(Dev *d, const char *name) {
 void stream_destroy(Stream *s) {
     CUDA_CHECK(cudaStreamSynchronize(s->cuda->st));
     cuda_coll_stream_destroy(s);
-    if (s->cuda->ws) CUDA_CHECK(cudaFreeAsync(s->cuda->ws, s->cuda->st));
-    CUDA_CHECK(cudaStreamSynchronize(s->cuda->st));
     CUBLAS_CHECK(cublasDestroy(s->cuda->blas));
     CUDA_CHECK(cudaStreamDestroy(s->cuda->st));
     free(s->cuda);
@@ -378,12 +363,10 @@ void dev_launch(Stream *s, const char *name, void (*fn)(void *args), const void 
     Dev *d = s->dev;
     PendingTiming t;
     if (d->tracing) cuda_timing_begin(s, &t);
-    tls_cs = s->cuda;
     tls_stream = s->cuda->st;
     tls_blas = s->cuda->blas;
     tls_tf32 = d->world->cfg.tf32;
     fn(copy.b);
-    tls_cs = NULL;
     tls_stream = NULL;
     tls_blas = NULL;
     if (d->tracing) cuda_timing_end(s, &t, d->module, name ? name : "kernel", "kernel", 0);

@@ -1,22 +1,40 @@
 /* check_ops.c — `make gpu-check`, part 1: every CUDA stream kernel against
  * the CPU kernel on fresh random inputs.
  *
- * Each case builds its inputs on the host (outputs that accumulate start
- * random too, so += is checked), runs the kcpu_ kernel on host copies, and
- * runs the kcuda_ kernel twice through the runtime (dev_alloc, copies,
- * dev_launch on the compute stream). It prints, per output, the largest
- * error relative to the largest reference magnitude,
- *     max_i |gpu_i - cpu_i| / max_i |cpu_i|,
- * against the bound of the op, and checks that the two GPU runs agree
- * bitwise (the kernels use no atomics). Usage: check_ops [--tf32].
+ * Each case builds its inputs on the host with a fixed seed (outputs that
+ * accumulate start random too, so += is checked; outputs that are written
+ * start random, so a missed element shows), runs the kcpu_ kernel on host
+ * copies, and runs the kcuda_ kernel twice through the public runtime API
+ * (world of 1 rank, dev_alloc, copies, dev_launch on the compute stream,
+ * dev_stream_synchronize). Per output it prints
+ *     op <name> <shape> <buffer> max_rel_err E bound B OK|FAIL
+ * with E = max_i |gpu_i - cpu_i| / max_i |cpu_i| (a NaN anywhere fails), and
+ * it fails an output whose two GPU runs differ in any bit (the kernels use no
+ * atomics, so they must be deterministic). Then "N ops passed, M failed";
+ * the exit status is non-zero on any failure. Usage: check_ops [--tf32]
+ * (--tf32: matmuls on TF32 tensor cores, with the looser matmul bound).
  *
- * Bounds: elementwise float math (embedding, add, swiglu, rope, adamw,
- * rmsnorm, cross-entropy): 1e-5, a few ulps of libm vs CUDA's expf/powf/
- * sinf plus a different summation order; matmuls in fp32: 1e-5 (K <= 100
- * terms summed in another order); attention: 1e-5 forward, 1e-4 backward
- * (two chained reductions over T); sum of squares: 1e-6 (double
- * accumulation); with --tf32 the matmul bound is 5e-3 (TF32 keeps 10
- * mantissa bits: ~5e-4 per product). */
+ * The bounds, per op (BOUNDS below holds the same numbers):
+ *   op                     fp32   tf32   why
+ *   embedding_forward      0      0      a copy of rows
+ *   embedding_backward     0      0      the CPU's float adds, in its token order, per element
+ *   add                    0      0      one IEEE add per element
+ *   rope_forward/backward  1e-6   1e-6   the CPU's products and adds (no FMA) on the same tables: expected exact
+ *   adamw                  1e-6   1e-6   host-formed scalars, the CPU's IEEE ops (fmaf, sqrtf, /) in order: exact
+ *   rope_tables            1e-6   1e-6   the same float angle; cos/sin in double then rounded vs glibc's (< 1 ulp)
+ *   sumsq_accumulate       1e-6   1e-6   a double sum in another order, rounded to float once
+ *   rmsnorm_forward        1e-6   1e-6   sum of squares in double on both sides: rstd at most 1 ulp apart
+ *   crossentropy_forward   1e-6   1e-6   CUDA expf (<= 2 ulp) in a double sum: each row's lse at most ~1 ulp apart
+ *   rmsnorm_backward       1e-5   1e-5   dweight sums N rows in float in another order (~sqrt(N) ulps)
+ *   matmul_forward/bwd     1e-5   1e-2   fp32: K-term sums in another order (~sqrt(K) ulps); TF32 keeps 10 mantissa
+ *                                        bits: ~1e-3 per product, random signs keep the sum's error at that scale
+ *   swiglu_forward/bwd     1e-5   1e-5   CUDA expf within 2 ulp of glibc's, and FMA contraction: a few ulps
+ *   crossentropy_backward  1e-5   1e-5   softmax terms by CUDA expf (<= 2 ulp), times 1/N
+ *   attention_forward      1e-5   1e-5   hd-term dots and T-term sums in another order, expf within 2 ulp
+ *   attention_backward     1e-4   1e-4   two chained T-term float reductions (dP, then dS K and dS^T Q) reordered
+ * (The error is relative to the largest reference magnitude, so a few ulps
+ * of the largest entry is ~1e-7: the bounds leave >= 10x margin, while a
+ * wrong index, mask or transpose gives errors of order 1.) */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,6 +69,18 @@
 #define kcuda_adamw kcpu_adamw
 #endif
 
+static const struct {
+    const char *op;
+    double fp32, tf32; /* bound on max|gpu - cpu| / max|cpu| without and with --tf32 */
+} BOUNDS[] = {
+    {"embedding_forward", 0, 0},     {"embedding_backward", 0, 0},       {"add", 0, 0},
+    {"rope_forward", 1e-6, 1e-6},    {"rope_backward", 1e-6, 1e-6},      {"adamw", 1e-6, 1e-6},
+    {"rope_tables", 1e-6, 1e-6},     {"sumsq_accumulate", 1e-6, 1e-6},   {"rmsnorm_forward", 1e-6, 1e-6},
+    {"crossentropy_forward", 1e-6, 1e-6}, {"rmsnorm_backward", 1e-5, 1e-5}, {"matmul_forward", 1e-5, 1e-2},
+    {"matmul_backward", 1e-5, 1e-2}, {"swiglu_forward", 1e-5, 1e-5},     {"swiglu_backward", 1e-5, 1e-5},
+    {"crossentropy_backward", 1e-5, 1e-5}, {"attention_forward", 1e-5, 1e-5}, {"attention_backward", 1e-4, 1e-4},
+};
+
 typedef struct {
     const char *what;
     void *h;       /* host data (the case's pristine inputs) */
@@ -66,6 +96,12 @@ typedef struct {
 
 static Rng rng;
 
+static double bound_of(const Ctx *c, const char *op) {
+    for (size_t i = 0; i < sizeof BOUNDS / sizeof BOUNDS[0]; i++)
+        if (!strcmp(BOUNDS[i].op, op)) return c->tf32 ? BOUNDS[i].tf32 : BOUNDS[i].fp32;
+    fatal("check_ops: no bound for op %s", op);
+}
+
 static float *randf(size_t n, float scale) {
     float *p = xmalloc((n ? n : 1) * sizeof(float));
     for (size_t i = 0; i < n; i++) p[i] = (rng_uniform(&rng) * 2.0f - 1.0f) * scale;
@@ -80,7 +116,8 @@ static int32_t *randi(size_t n, int32_t hi) {
 
 /* The argument structs hold host pointers to the case's buffers; a copy of
  * the struct gets them replaced by another set (CPU copies or device
- * buffers). Pointers sit at pointer-aligned offsets in these structs. */
+ * buffers). Pointers sit at pointer-aligned offsets in these structs; two
+ * fields naming one buffer (add in place) both move to its copy. */
 static void retarget(void *args, size_t size, Buf *b, int nb, void **to) {
     for (size_t off = 0; off + sizeof(void *) <= size; off += sizeof(void *)) {
         void *p;
@@ -94,9 +131,11 @@ static void retarget(void *args, size_t size, Buf *b, int nb, void **to) {
 }
 
 static void run_case(Ctx *c, const char *op, const char *shape, void (*kcpu)(void *), void (*kcuda)(void *),
-                     const void *args, size_t args_size, Buf *b, int nb, double bound) {
+                     const void *args, size_t args_size, Buf *b, int nb) {
     unsigned char a[DEV_ARGS_MAX];
     void *cpu[16], *dev[16], *gpu[2][16];
+    double bound = bound_of(c, op);
+    if (nb > 16 || args_size > sizeof a) fatal("check_ops: case %s is too big for the harness", op);
     /* CPU reference on copies */
     for (int i = 0; i < nb; i++) {
         cpu[i] = xmalloc(b[i].bytes ? b[i].bytes : 1);
@@ -129,14 +168,14 @@ static void run_case(Ctx *c, const char *op, const char *shape, void (*kcpu)(voi
         double worst = 0, scale = 0;
         for (size_t k = 0; k < n; k++) {
             double e = fabs((double)got[k] - (double)ref[k]);
-            if (!(e <= worst)) worst = e; /* a NaN makes it NaN */
+            if (!(e <= worst)) worst = e; /* a NaN makes it NaN, and NaN fails */
             if (fabs((double)ref[k]) > scale) scale = fabs((double)ref[k]);
         }
         double rel = worst / (scale > 0 ? scale : 1e-30);
         int same = memcmp(gpu[0][i], gpu[1][i], b[i].bytes) == 0;
         int ok = rel <= bound && same;
-        printf("op %-22s %-26s %-8s max_rel_err %.2e bound %.0e %s%s\n", op, shape, b[i].what, rel, bound,
-               same ? "" : "NOT DETERMINISTIC ", ok ? "OK" : "FAIL");
+        printf("op %-21s %-24s %-10s max_rel_err %.2e bound %.0e %s%s\n", op, shape, b[i].what, rel, bound,
+               same ? "" : "NOT-DETERMINISTIC ", ok ? "OK" : "FAIL");
         if (ok) c->passed++;
         else c->failed++;
     }
@@ -148,9 +187,10 @@ static void run_case(Ctx *c, const char *op, const char *shape, void (*kcpu)(voi
 }
 
 #define F(n) ((n) * sizeof(float))
-#define CASE(op, shape, cpu, cuda, args, bufs, bound)                                                                  \
-    run_case(c, op, shape, cpu, cuda, &(args), sizeof(args), bufs, (int)(sizeof(bufs) / sizeof(bufs[0])), bound)
+#define CASE(op, shape, cpu, cuda, args, bufs)                                                                         \
+    run_case(c, op, shape, cpu, cuda, &(args), sizeof(args), bufs, (int)(sizeof(bufs) / sizeof(bufs[0])))
 
+/* N > V repeats tokens: the backward adds several rows into one */
 static void check_embedding(Ctx *c, size_t N, size_t D, size_t V) {
     int32_t *tok = randi(N, (int32_t)V);
     float *w = randf(V * D, 1), *out = randf(N * D, 1), *dw = randf(V * D, 1), *dout = randf(N * D, 1);
@@ -158,42 +198,48 @@ static void check_embedding(Ctx *c, size_t N, size_t D, size_t V) {
     snprintf(shape, sizeof shape, "N%zu D%zu V%zu", N, D, V);
     EmbArgs f = {out, tok, w, N, D};
     Buf bf[] = {{"tokens", tok, N * 4, 0}, {"wte", w, F(V * D), 0}, {"out", out, F(N * D), 1}};
-    CASE("embedding_forward", shape, kcpu_embedding_forward, kcuda_embedding_forward, f, bf, 1e-5);
+    CASE("embedding_forward", shape, kcpu_embedding_forward, kcuda_embedding_forward, f, bf);
     EmbArgs g = {dw, tok, dout, N, D};
     Buf bg[] = {{"tokens", tok, N * 4, 0}, {"dout", dout, F(N * D), 0}, {"dwte", dw, F(V * D), 1}};
-    CASE("embedding_backward", shape, kcpu_embedding_backward, kcuda_embedding_backward, g, bg, 1e-5);
+    CASE("embedding_backward", shape, kcpu_embedding_backward, kcuda_embedding_backward, g, bg);
     free(tok), free(w), free(out), free(dw), free(dout);
 }
 
 static void check_rmsnorm(Ctx *c, size_t N, size_t D) {
     float *x = randf(N * D, 2), *w = randf(D, 1), *out = randf(N * D, 1), *rstd = randf(N, 1);
     float *dout = randf(N * D, 1), *dx = randf(N * D, 1), *dw = randf(D, 1);
+    float *y = randf(N * D, 1), *saved = randf(N, 1);
     char shape[64];
     snprintf(shape, sizeof shape, "N%zu D%zu", N, D);
-    rmsnorm_forward(out, rstd, x, w, N, D, 1e-5f); /* the saved rstd the backward reads */
     NormArgs f = {out, rstd, x, w, N, D, 1e-5f};
     Buf bf[] = {{"x", x, F(N * D), 0}, {"w", w, F(D), 0}, {"out", out, F(N * D), 1}, {"rstd", rstd, F(N), 1}};
-    CASE("rmsnorm_forward", shape, kcpu_rmsnorm_forward, kcuda_rmsnorm_forward, f, bf, 1e-5);
-    NormBwdArgs g = {dx, dw, dout, x, w, rstd, N, D};
+    CASE("rmsnorm_forward", shape, kcpu_rmsnorm_forward, kcuda_rmsnorm_forward, f, bf);
+    rmsnorm_forward(y, saved, x, w, N, D, 1e-5f); /* the saved rstd the backward reads */
+    NormBwdArgs g = {dx, dw, dout, x, w, saved, N, D};
     Buf bg[] = {{"dout", dout, F(N * D), 0}, {"x", x, F(N * D), 0}, {"w", w, F(D), 0},
-                {"rstd", rstd, F(N), 0},     {"dx", dx, F(N * D), 1}, {"dw", dw, F(D), 1}};
-    CASE("rmsnorm_backward", shape, kcpu_rmsnorm_backward, kcuda_rmsnorm_backward, g, bg, 1e-5);
-    free(x), free(w), free(out), free(rstd), free(dout), free(dx), free(dw);
+                {"rstd", saved, F(N), 0},    {"dx", dx, F(N * D), 1}, {"dw", dw, F(D), 1}};
+    CASE("rmsnorm_backward", shape, kcpu_rmsnorm_backward, kcuda_rmsnorm_backward, g, bg);
+    free(x), free(w), free(out), free(rstd), free(dout), free(dx), free(dw), free(y), free(saved);
 }
 
 static void check_matmul(Ctx *c, size_t N, size_t C, size_t OC) {
     float *in = randf(N * C, 1), *w = randf(OC * C, 1), *out = randf(N * OC, 1);
     float *dout = randf(N * OC, 1), *din = randf(N * C, 1), *dw = randf(OC * C, 1);
-    double bound = c->tf32 ? 5e-3 : 1e-5;
     char shape[64];
     snprintf(shape, sizeof shape, "N%zu C%zu OC%zu", N, C, OC);
     MmArgs f = {out, in, w, N, C, OC};
     Buf bf[] = {{"in", in, F(N * C), 0}, {"w", w, F(OC * C), 0}, {"out", out, F(N * OC), 1}};
-    CASE("matmul_forward", shape, kcpu_matmul_forward, kcuda_matmul_forward, f, bf, bound);
+    CASE("matmul_forward", shape, kcpu_matmul_forward, kcuda_matmul_forward, f, bf);
     MmBwdArgs g = {din, dw, dout, in, w, N, C, OC};
     Buf bg[] = {{"dout", dout, F(N * OC), 0}, {"in", in, F(N * C), 0}, {"w", w, F(OC * C), 0},
                 {"dinp", din, F(N * C), 1},   {"dw", dw, F(OC * C), 1}};
-    CASE("matmul_backward", shape, kcpu_matmul_backward, kcuda_matmul_backward, g, bg, bound);
+    CASE("matmul_backward", shape, kcpu_matmul_backward, kcuda_matmul_backward, g, bg);
+    /* one of the two grads NULL (and the operand only it would read) */
+    MmBwdArgs gi = {din, NULL, dout, NULL, w, N, C, OC}, gw = {NULL, dw, dout, in, NULL, N, C, OC};
+    Buf bi[] = {{"dout", dout, F(N * OC), 0}, {"w", w, F(OC * C), 0}, {"dinp", din, F(N * C), 1}};
+    Buf bw[] = {{"dout", dout, F(N * OC), 0}, {"in", in, F(N * C), 0}, {"dw", dw, F(OC * C), 1}};
+    CASE("matmul_backward", shape, kcpu_matmul_backward, kcuda_matmul_backward, gi, bi);
+    CASE("matmul_backward", shape, kcpu_matmul_backward, kcuda_matmul_backward, gw, bw);
     free(in), free(w), free(out), free(dout), free(din), free(dw);
 }
 
@@ -204,12 +250,12 @@ static void check_rope(Ctx *c, size_t B, size_t T, size_t nh, size_t hd) {
     snprintf(shape, sizeof shape, "B%zu T%zu nh%zu hd%zu", B, T, nh, hd);
     RopeTabArgs t = {cs, sn, T, hd, 500000.0f};
     Buf bt[] = {{"cos", cs, F(T * half), 1}, {"sin", sn, F(T * half), 1}};
-    CASE("rope_tables", shape, kcpu_rope_tables, kcuda_rope_tables, t, bt, 1e-5);
-    rope_tables(cs, sn, T, hd, 500000.0f);
+    CASE("rope_tables", shape, kcpu_rope_tables, kcuda_rope_tables, t, bt);
+    rope_tables(cs, sn, T, hd, 500000.0f); /* the same tables on both sides */
     for (int bwd = 0; bwd < 2; bwd++) {
         RopeArgs r = {x, cs, sn, B, T, nh, hd, bwd};
         Buf br[] = {{"cos", cs, F(T * half), 0}, {"sin", sn, F(T * half), 0}, {"x", x, F(B * T * nh * hd), 1}};
-        CASE(bwd ? "rope_backward" : "rope_forward", shape, kcpu_rope, kcuda_rope, r, br, 1e-5);
+        CASE(bwd ? "rope_backward" : "rope_forward", shape, kcpu_rope, kcuda_rope, r, br);
     }
     free(cs), free(sn), free(x);
 }
@@ -218,22 +264,25 @@ static void check_attention(Ctx *c, size_t B, size_t T, size_t H, size_t KV, siz
     size_t nq = B * T * H * hd, nk = B * T * KV * hd, np = B * H * T * T;
     float *q = randf(nq, 1), *k = randf(nk, 1), *v = randf(nk, 1), *out = randf(nq, 1), *probs = randf(np, 1);
     float *dout = randf(nq, 1), *dq = randf(nq, 1), *dk = randf(nk, 1), *dv = randf(nk, 1);
+    float *o2 = randf(nq, 1), *saved = randf(np, 1);
     size_t ns = kcpu_attention_scratch_floats(B, T, H), ng = kcuda_attention_scratch_floats(B, T, H);
-    float *scratch = randf(ns > ng ? ns : ng, 1);
+    size_t nscr = ns > ng ? ns : ng;
+    float *scratch = randf(nscr, 1);
     char shape[64];
     snprintf(shape, sizeof shape, "B%zu T%zu H%zu KV%zu hd%zu", B, T, H, KV, hd);
     AttArgs f = {out, probs, q, k, v, B, T, H, KV, hd};
     Buf bf[] = {{"q", q, F(nq), 0}, {"k", k, F(nk), 0}, {"v", v, F(nk), 0}, {"out", out, F(nq), 1},
                 {"probs", probs, F(np), 1}};
-    CASE("attention_forward", shape, kcpu_attention_forward, kcuda_attention_forward, f, bf, 1e-5);
-    attention_forward(out, probs, q, k, v, B, T, H, KV, hd); /* the saved probs */
-    AttBwdArgs g = {dq, dk, dv, scratch, dout, q, k, v, probs, B, T, H, KV, hd};
-    Buf bg[] = {{"dout", dout, F(nq), 0},  {"q", q, F(nq), 0},   {"k", k, F(nk), 0},
-                {"v", v, F(nk), 0},        {"probs", probs, F(np), 0},
-                {"scratch", scratch, F(ns > ng ? ns : ng), 2},
-                {"dq", dq, F(nq), 1},      {"dk", dk, F(nk), 1}, {"dv", dv, F(nk), 1}};
-    CASE("attention_backward", shape, kcpu_attention_backward, kcuda_attention_backward, g, bg, 1e-4);
+    CASE("attention_forward", shape, kcpu_attention_forward, kcuda_attention_forward, f, bf);
+    attention_forward(o2, saved, q, k, v, B, T, H, KV, hd); /* the saved probs the backward reads */
+    AttBwdArgs g = {dq, dk, dv, scratch, dout, q, k, v, saved, B, T, H, KV, hd};
+    Buf bg[] = {{"dout", dout, F(nq), 0}, {"q", q, F(nq), 0},   {"k", k, F(nk), 0},
+                {"v", v, F(nk), 0},       {"probs", saved, F(np), 0},
+                {"scratch", scratch, F(nscr), 2},
+                {"dq", dq, F(nq), 1},     {"dk", dk, F(nk), 1}, {"dv", dv, F(nk), 1}};
+    CASE("attention_backward", shape, kcpu_attention_backward, kcuda_attention_backward, g, bg);
     free(q), free(k), free(v), free(out), free(probs), free(dout), free(dq), free(dk), free(dv), free(scratch);
+    free(o2), free(saved);
 }
 
 static void check_elementwise(Ctx *c, size_t n) {
@@ -243,28 +292,47 @@ static void check_elementwise(Ctx *c, size_t n) {
     snprintf(shape, sizeof shape, "n%zu", n);
     SwiArgs f = {out, a, b, n};
     Buf bf[] = {{"a", a, F(n), 0}, {"b", b, F(n), 0}, {"out", out, F(n), 1}};
-    CASE("swiglu_forward", shape, kcpu_swiglu_forward, kcuda_swiglu_forward, f, bf, 1e-5);
+    CASE("swiglu_forward", shape, kcpu_swiglu_forward, kcuda_swiglu_forward, f, bf);
     SwiBwdArgs g = {da, db, dout, a, b, n};
-    Buf bg[] = {{"dout", dout, F(n), 0}, {"a", a, F(n), 0}, {"b", b, F(n), 0}, {"da", da, F(n), 1}, {"db", db, F(n), 1}};
-    CASE("swiglu_backward", shape, kcpu_swiglu_backward, kcuda_swiglu_backward, g, bg, 1e-5);
+    Buf bg[] = {{"dout", dout, F(n), 0}, {"a", a, F(n), 0}, {"b", b, F(n), 0}, {"da", da, F(n), 1},
+                {"db", db, F(n), 1}};
+    CASE("swiglu_backward", shape, kcpu_swiglu_backward, kcuda_swiglu_backward, g, bg);
     AddArgs s = {out, a, b, n};
     Buf bs[] = {{"a", a, F(n), 0}, {"b", b, F(n), 0}, {"out", out, F(n), 1}};
-    CASE("add", shape, kcpu_add, kcuda_add, s, bs, 1e-5);
-    float *acc = randf(1, 1);
-    SumsqArgs q = {acc, a, n};
-    Buf bq[] = {{"x", a, F(n), 0}, {"acc", acc, F(1), 1}};
-    CASE("sumsq_accumulate", shape, kcpu_sumsq_accumulate, kcuda_sumsq_accumulate, q, bq, 1e-6);
-    float *m = randf(n, 0.1f), *v = randf(n, 0.01f), *tot = randf(1, 1);
+    CASE("add", shape, kcpu_add, kcuda_add, s, bs);
+    AddArgs si = {a, a, b, n}; /* in place, as the residual adds run */
+    Buf bi[] = {{"a=out", a, F(n), 1}, {"b", b, F(n), 0}};
+    CASE("add", shape, kcpu_add, kcuda_add, si, bi);
+    free(a), free(b), free(out), free(dout), free(da), free(db);
+}
+
+static void check_sumsq(Ctx *c, size_t n) {
+    float *x = randf(n, 4), *acc = randf(1, 1);
+    char shape[64];
+    snprintf(shape, sizeof shape, "n%zu", n);
+    SumsqArgs q = {acc, x, n};
+    Buf bq[] = {{"x", x, F(n), 0}, {"acc", acc, F(1), 1}};
+    CASE("sumsq_accumulate", shape, kcpu_sumsq_accumulate, kcuda_sumsq_accumulate, q, bq);
+    free(x), free(acc);
+}
+
+/* clipping off (max_norm 0), on but inactive (norm < max_norm), and active */
+static void check_adamw(Ctx *c, size_t n) {
+    float *p = randf(n, 1), *g = randf(n, 2), *m = randf(n, 0.1f), *v = randf(n, 0.01f), *tot = randf(1, 1);
     for (size_t i = 0; i < n; i++) v[i] = fabsf(v[i]);
-    for (int clip = 0; clip < 2; clip++) {
-        tot[0] = clip ? 1e4f : 0.25f; /* clipped (coef < 1) and not */
-        AdamArgs w = {out, b, m, v, n, adamw_default_config(), 1e-3f, 3, tot};
-        w.c.max_norm = 1.0f;
-        Buf bw[] = {{"grad", b, F(n), 0}, {"sumsq", tot, F(1), 0}, {"param", out, F(n), 1},
+    const struct { const char *name; float max_norm, sumsq; int t; } mode[] = {
+        {"noclip", 0.0f, 1e4f, 1}, {"clip-idle", 1.0f, 0.25f, 3}, {"clipped", 1.0f, 1e4f, 7}};
+    for (int k = 0; k < 3; k++) {
+        char shape[64];
+        snprintf(shape, sizeof shape, "n%zu %s t%d", n, mode[k].name, mode[k].t);
+        tot[0] = mode[k].sumsq;
+        AdamArgs w = {p, g, m, v, n, adamw_default_config(), 1e-3f, mode[k].t, tot};
+        w.c.max_norm = mode[k].max_norm;
+        Buf bw[] = {{"grad", g, F(n), 0}, {"sumsq", tot, F(1), 0}, {"param", p, F(n), 1},
                     {"exp_avg", m, F(n), 1}, {"exp_avg_sq", v, F(n), 1}};
-        CASE(clip ? "adamw (clipped)" : "adamw", shape, kcpu_adamw, kcuda_adamw, w, bw, 1e-5);
+        CASE("adamw", shape, kcpu_adamw, kcuda_adamw, w, bw);
     }
-    free(a), free(b), free(out), free(dout), free(da), free(db), free(acc), free(m), free(v), free(tot);
+    free(p), free(g), free(m), free(v), free(tot);
 }
 
 static void check_crossentropy(Ctx *c, size_t N, size_t V) {
@@ -274,10 +342,10 @@ static void check_crossentropy(Ctx *c, size_t N, size_t V) {
     snprintf(shape, sizeof shape, "N%zu V%zu", N, V);
     CeArgs f = {loss, NULL, logits, tgt, N, V};
     Buf bf[] = {{"logits", logits, F(N * V), 0}, {"targets", tgt, N * 4, 0}, {"loss", loss, F(1), 1}};
-    CASE("crossentropy_forward", shape, kcpu_crossentropy_forward, kcuda_crossentropy_forward, f, bf, 1e-5);
+    CASE("crossentropy_forward", shape, kcpu_crossentropy_forward, kcuda_crossentropy_forward, f, bf);
     CeArgs g = {NULL, dl, logits, tgt, N, V};
     Buf bg[] = {{"logits", logits, F(N * V), 0}, {"targets", tgt, N * 4, 0}, {"dlogits", dl, F(N * V), 1}};
-    CASE("crossentropy_backward", shape, kcpu_crossentropy_backward, kcuda_crossentropy_backward, g, bg, 1e-5);
+    CASE("crossentropy_backward", shape, kcpu_crossentropy_backward, kcuda_crossentropy_backward, g, bg);
     free(logits), free(loss), free(dl), free(tgt);
 }
 
@@ -285,16 +353,32 @@ static void rank_main(Dev *dev, void *arg) {
     Ctx *c = arg;
     c->dev = dev;
     check_embedding(c, 37, 48, 50);
+    check_embedding(c, 300, 33, 17);     /* every token repeated many times */
+    check_embedding(c, 1, 7, 3);
     check_rmsnorm(c, 33, 96);
-    check_rmsnorm(c, 7, 1000);
+    check_rmsnorm(c, 7, 1000);            /* rows wider than a block */
+    check_rmsnorm(c, 517, 40);            /* dweight: many rows, a partial column tile */
     check_matmul(c, 45, 70, 33);
     check_matmul(c, 128, 64, 256);
+    check_matmul(c, 1, 17, 5);
+    check_matmul(c, 300, 96, 3);
     check_rope(c, 2, 19, 3, 16);
-    check_attention(c, 2, 37, 4, 2, 16); /* GQA, T not a multiple of 32 */
-    check_attention(c, 1, 64, 2, 2, 32);
+    check_rope(c, 1, 300, 2, 64);
+    check_attention(c, 2, 37, 4, 2, 16);  /* GQA (2 heads per kv head), T not a multiple of 32 */
+    check_attention(c, 1, 64, 2, 2, 32);  /* plain multi-head */
+    check_attention(c, 1, 300, 6, 2, 24); /* 3 heads per kv head, T over one block of keys/queries */
+    check_attention(c, 3, 1, 2, 1, 8);    /* T = 1 */
+    check_attention(c, 1, 9, 2, 1, 320);  /* head dim over one block of threads */
     check_elementwise(c, 100003);
+    check_elementwise(c, 1);
+    check_sumsq(c, 100003);
+    check_sumsq(c, 3000017);              /* many elements per thread */
+    check_sumsq(c, 1);
+    check_adamw(c, 100003);
     check_crossentropy(c, 29, 203);
     check_crossentropy(c, 4, 2048);
+    check_crossentropy(c, 300, 259);      /* more rows than the loss kernel's warps */
+    check_crossentropy(c, 3, 1);
 }
 
 int main(int argc, char **argv) {
@@ -310,6 +394,8 @@ int main(int argc, char **argv) {
     cfg.poison = 1;
     cfg.tf32 = c.tf32;
     World *w = world_create(&cfg);
+    printf("check_ops: GPU kernels vs CPU kernels, error = max|gpu - cpu| / max|cpu| per output, "
+           "two GPU runs bitwise equal%s\n", c.tf32 ? "; matmuls in TF32" : "");
     world_run(w, rank_main, &c);
     world_destroy(w);
     printf("%d ops passed, %d failed%s\n", c.passed, c.failed, c.tf32 ? " (--tf32)" : "");

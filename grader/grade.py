@@ -390,8 +390,8 @@ def describe_signal(num):
     return text + ": " + hint if hint else text
 
 
-def classify_run(rc, log_path, run_dir, timeout_s, steps):
-    """(ok, reason) for a finished (or killed) training run."""
+def classify_run(rc, log_path, run_dir, timeout_s, steps, limits=None):
+    """(ok, reason) for a finished (or killed) training run; `limits` names the rubric's limit a run hit."""
     lines = tail_lines(log_path)
     if rc is None:
         done = last_completed_step(run_dir)
@@ -401,7 +401,12 @@ def classify_run(rc, log_path, run_dir, timeout_s, steps):
     if rc == 0:
         return True, ""
     if rc < 0:
-        return False, describe_signal(-rc)
+        reason = describe_signal(-rc)
+        if limits and -rc == signal.SIGXCPU:
+            reason += " (the grader allows %g s of CPU time per run)" % limits["run_cpu_s"]
+        if limits and -rc == signal.SIGXFSZ:
+            reason += " (the grader allows files up to %g MiB)" % limits["run_file_size_mib"]
+        return False, reason
     if rc == EXIT_TODO:
         todo = [l.strip() for l in lines if "TODO not implemented:" in l]
         return False, todo[-1] if todo else "TODO not implemented (exit status 3)"
@@ -414,7 +419,10 @@ def classify_run(rc, log_path, run_dir, timeout_s, steps):
         return False, (what + ": fresh allocations are NaN-filled, so this is usually compute reading a buffer "
                        "before it was written (a missing dev_stream_wait_event?) or a division by zero")
     if rc == EXIT_FATAL and errors:
-        return False, "runtime error: " + errors[-1][len("error: "):]
+        reason = "runtime error: " + errors[-1][len("error: "):]
+        if limits and "out of memory" in reason:
+            reason += " (the grader's memory limit: %g GiB of address space per run)" % limits["run_address_space_gib"]
+        return False, reason
     last = errors[-1] if errors else (lines[-1].strip() if lines else "")
     return False, "exited with status %d%s" % (rc, (": " + last) if last else "")
 
@@ -462,7 +470,7 @@ class RunResult:
 def run_binary(binary, flags, run_dir, log_path, limits, timeout_s, steps):
     cmd = [binary] + list(flags) + ["--out", run_dir, "--quiet"]
     rc, seconds = run_limited(cmd, log_path, timeout_s, limits)
-    ok, reason = classify_run(rc, log_path, run_dir, timeout_s, steps)
+    ok, reason = classify_run(rc, log_path, run_dir, timeout_s, steps, limits)
     return RunResult(run_dir, ok, reason, seconds, cmd)
 
 

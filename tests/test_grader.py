@@ -162,6 +162,48 @@ def test_mutant_loses_exactly_its_points(mutant, tmp_path):
     assert all(r and "\n" not in r for r in reasons)
 
 
+# ------------------------------------------------------------ resource limits
+
+def rubric_with_limits(tmp_path, **limits):
+    rubric = json.loads(json.dumps(RUBRIC))
+    rubric["limits"].update(limits)
+    path = tmp_path / "rubric.json"
+    path.write_text(json.dumps(rubric))
+    return path
+
+
+def edited_solution(tmp_path, base, old, new):
+    with open(os.path.join(ROOT, base)) as fh:
+        text = fh.read()
+    assert text.count(old) == 1, "%s changed: update this test" % base
+    dest = tmp_path / "hw_fsdp.c"
+    dest.write_text(text.replace(old, new))
+    return dest
+
+
+def test_cpu_time_limit_is_named(tmp_path):
+    """A host loop that never ends, with a wall limit far away: the CPU-time limit stops it (SIGXCPU)."""
+    hang = next(m for m in MUTANTS if m["name"] == "hang_spins_forever")
+    src = apply_mutant(hang, str(tmp_path / "hw_fsdp.c"))
+    rubric = rubric_with_limits(tmp_path, run_cpu_s=2)
+    _, res = grade(tmp_path / "out", "--file", src, "--stage", "01", "--rubric", rubric, "--timeout", 120)
+    reason = res["stages"]["01"]["run"]["reason"]
+    assert reason.startswith("crashed with SIGXCPU") and "2 s of CPU time per run" in reason, reason
+
+
+def test_memory_limit_is_named(tmp_path):
+    """An allocation of 32 GiB fails under the grader's address-space limit and the reason says which limit."""
+    src = edited_solution(tmp_path, "solutions/01_forward/hw_fsdp.c",
+                          "void fsdp_post_forward(Fsdp *f, Module *mod) { reshard(f, mod->fsdp); }",
+                          "void fsdp_post_forward(Fsdp *f, Module *mod) {\n    reshard(f, mod->fsdp);\n"
+                          "    dev_alloc_f32(f->dev, (size_t)8 << 30, MEM_TEMP, \"hoard\");\n}")
+    rubric = rubric_with_limits(tmp_path, run_address_space_gib=4)
+    _, res = grade(tmp_path / "out", "--file", src, "--stage", "01", "--rubric", rubric)
+    reason = res["stages"]["01"]["run"]["reason"]
+    assert re.fullmatch(r"runtime error: rank \d: out of memory allocating 34359738368 bytes for 'hoard' \(\d+ bytes "
+                        r"allocated now\) \(the grader's memory limit: 4 GiB of address space per run\)", reason), reason
+
+
 # ---------------------------------------------------------- wrong references
 
 def test_corrupt_reference_fails_the_right_answer_and_says_so(tmp_path):

@@ -170,15 +170,20 @@ void rope_backward(float *dx, const float *cos_tab, const float *sin_tab, size_t
 /* For each batch b and head h (kv head kh = h / (H/KV)), with Q = q[b,:,h,:],
  * K = k[b,:,kh,:], V = v[b,:,kh,:] viewed as [T, hd] matrices whose rows are
  * H*hd (resp. KV*hd) floats apart, and P = probs[b,h] [T,T]:
- *   S = Q K^T / sqrt(hd)                          (one sgemm)
+ *   S = Q K^T / sqrt(hd)
  *   P[t,j] = exp(S[t,j] - m_t) / sum_{j'<=t} exp(S[t,j'] - m_t) for j <= t,
  *            0 for j > t, m_t = max_{j<=t} S[t,j]  (row softmax, float sums)
- *   O = P V                                       (one sgemm)
- * The sgemm computes the masked upper triangle too; it is then overwritten. */
-void attention_forward(float *out, float *probs, const float *q, const float *k, const float *v,
-                       size_t B, size_t T, size_t H, size_t KV, size_t hd) {
+ *   O = P V
+ * Causal tiles: the rows are taken `tile` at a time, [r0, r1); their keys are
+ * only 0..r1-1, so each block's sgemms skip the columns right of r1, where P
+ * is 0 (at T = 256 and tile 64 that is 10 of 16 blocks of work). The terms
+ * left out are exact zeros, so the tile changes at most the rounding (sgemm
+ * may round a block of another shape differently in the last bit). */
+void attention_forward_tiled(float *out, float *probs, const float *q, const float *k, const float *v, size_t B,
+                             size_t T, size_t H, size_t KV, size_t hd, size_t tile) {
     if (KV == 0 || H % KV != 0) fatal("attention_forward: n_heads %zu is not a multiple of n_kv_heads %zu", H, KV);
     if (B == 0 || T == 0 || H == 0 || hd == 0) return;
+    if (tile == 0) tile = T;
     size_t group = H / KV;
     float scale = 1.0f / sqrtf((float)hd);
     blasint t_ = blas_dim(T, "attention"), hd_ = blas_dim(hd, "attention");
@@ -191,42 +196,57 @@ void attention_forward(float *out, float *probs, const float *q, const float *k,
             const float *Vm = v + b * T * KV * hd + kh * hd;
             float *O = out + b * T * H * hd + h * hd;
             float *P = probs + (b * H + h) * T * T;
-            /* S = scale * Q K^T */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, t_, t_, hd_, scale, Q, qs, K, ks, 0.0f, P, t_);
-            /* causal softmax, row by row */
-            for (size_t t = 0; t < T; t++) {
-                float *p = P + t * T;
-                float m = p[0];
-                for (size_t j = 1; j <= t; j++) m = p[j] > m ? p[j] : m;
-                float sum = 0.0f;
-                for (size_t j = 0; j <= t; j++) {
-                    p[j] = expf(p[j] - m);
-                    sum += p[j];
+            for (size_t r0 = 0; r0 < T; r0 += tile) {
+                size_t r1 = r0 + tile < T ? r0 + tile : T;
+                blasint m_ = (blasint)(r1 - r0), n_ = (blasint)r1;
+                /* S[r0:r1, 0:r1] = scale * Q[r0:r1] K[0:r1]^T */
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m_, n_, hd_, scale, Q + r0 * (size_t)qs, qs, K,
+                            ks, 0.0f, P + r0 * T, t_);
+                /* causal softmax, row by row; the whole row is written (0 right of t) */
+                for (size_t t = r0; t < r1; t++) {
+                    float *p = P + t * T;
+                    float m = p[0];
+                    for (size_t j = 1; j <= t; j++) m = p[j] > m ? p[j] : m;
+                    float sum = 0.0f;
+                    for (size_t j = 0; j <= t; j++) {
+                        p[j] = expf(p[j] - m);
+                        sum += p[j];
+                    }
+                    float inv = 1.0f / sum;
+                    for (size_t j = 0; j <= t; j++) p[j] *= inv;
+                    memset(p + t + 1, 0, (T - t - 1) * sizeof(float));
                 }
-                float inv = 1.0f / sum;
-                for (size_t j = 0; j <= t; j++) p[j] *= inv;
-                for (size_t j = t + 1; j < T; j++) p[j] = 0.0f;
+                /* O[r0:r1] = P[r0:r1, 0:r1] V[0:r1] */
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m_, hd_, n_, 1.0f, P + r0 * T, t_, Vm, ks,
+                            0.0f, O + r0 * (size_t)qs, qs);
             }
-            /* O = P V */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, t_, hd_, t_, 1.0f, P, t_, Vm, ks, 0.0f, O, qs);
         }
     }
 }
 
+void attention_forward(float *out, float *probs, const float *q, const float *k, const float *v,
+                       size_t B, size_t T, size_t H, size_t KV, size_t hd) {
+    attention_forward_tiled(out, probs, q, k, v, B, T, H, KV, hd, ATTENTION_TILE);
+}
+
 /* With G = dout[b,:,h,:] and the same views as the forward:
- *   dV  += P^T G                                     (sgemm)
- *   dP   = G V^T                                     (sgemm into a T x T buffer)
+ *   dV  += P^T G
+ *   dP   = G V^T                                     (into a T x T buffer)
  *   dS[t,j] = P[t,j] (dP[t,j] - sum_j' P[t,j'] dP[t,j'])   (softmax backward)
- *   dQ  += scale * dS K                              (sgemm)
- *   dK  += scale * dS^T Q                            (sgemm)
+ *   dQ  += scale * dS K
+ *   dK  += scale * dS^T Q
  * Heads sharing a kv head add into dK, dV in head order h = 0..H-1.
- * The sgemm products need all of dS (T x T) at once: that is `scratch`, which
- * the caller allocates (so the device allocator counts it). */
-void attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
-                        const float *v, const float *probs, float *scratch, size_t B, size_t T, size_t H, size_t KV,
-                        size_t hd) {
+ * Causal tiles as in the forward: row block [r0, r1) of dS and dQ needs
+ * columns 0..r1-1 only; column block [c0, c1) of dK and dV needs rows c0..T-1
+ * only (P and dS are 0 above the diagonal). dS is written left of r1 only.
+ * The sgemm products need dS (T x T) at once: that is `scratch`, which the
+ * caller allocates (so the device allocator counts it). */
+void attention_backward_tiled(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
+                              const float *v, const float *probs, float *scratch, size_t B, size_t T, size_t H,
+                              size_t KV, size_t hd, size_t tile) {
     if (KV == 0 || H % KV != 0) fatal("attention_backward: n_heads %zu is not a multiple of n_kv_heads %zu", H, KV);
     if (B == 0 || T == 0 || H == 0 || hd == 0) return;
+    if (tile == 0) tile = T;
     size_t group = H / KV;
     float scale = 1.0f / sqrtf((float)hd);
     blasint t_ = blas_dim(T, "attention"), hd_ = blas_dim(hd, "attention");
@@ -238,26 +258,46 @@ void attention_backward(float *dq, float *dk, float *dv, const float *dout, cons
             size_t qoff = b * T * H * hd + h * hd, koff = b * T * KV * hd + kh * hd;
             const float *P = probs + (b * H + h) * T * T;
             const float *G = dout + qoff;
-            /* dV += P^T G */
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, t_, hd_, t_, 1.0f, P, t_, G, qs, 1.0f, dv + koff, ks);
-            /* dP = G V^T */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, t_, t_, hd_, 1.0f, G, qs, v + koff, ks, 0.0f, dS, t_);
-            /* dS = P * (dP - rowsum(P * dP)), masked entries exactly 0 */
-            for (size_t t = 0; t < T; t++) {
-                const float *p = P + t * T;
-                float *ds = dS + t * T;
-                float dot = 0.0f;
-                for (size_t j = 0; j <= t; j++) dot += p[j] * ds[j];
-                for (size_t j = 0; j <= t; j++) ds[j] = p[j] * (ds[j] - dot);
-                for (size_t j = t + 1; j < T; j++) ds[j] = 0.0f;
+            for (size_t c0 = 0; c0 < T; c0 += tile) {
+                size_t c1 = c0 + tile < T ? c0 + tile : T;
+                /* dV[c0:c1] += P[c0:T, c0:c1]^T G[c0:T] */
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (blasint)(c1 - c0), hd_, (blasint)(T - c0),
+                            1.0f, P + c0 * T + c0, t_, G + c0 * (size_t)qs, qs, 1.0f, dv + koff + c0 * (size_t)ks, ks);
             }
-            /* dQ += scale * dS K ;  dK += scale * dS^T Q */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, t_, hd_, t_, scale, dS, t_, k + koff, ks, 1.0f,
-                        dq + qoff, qs);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, t_, hd_, t_, scale, dS, t_, q + qoff, qs, 1.0f,
-                        dk + koff, ks);
+            for (size_t r0 = 0; r0 < T; r0 += tile) {
+                size_t r1 = r0 + tile < T ? r0 + tile : T;
+                blasint m_ = (blasint)(r1 - r0), n_ = (blasint)r1;
+                /* dP[r0:r1, 0:r1] = G[r0:r1] V[0:r1]^T */
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m_, n_, hd_, 1.0f, G + r0 * (size_t)qs, qs,
+                            v + koff, ks, 0.0f, dS + r0 * T, t_);
+                /* dS = P * (dP - rowsum(P * dP)), 0 right of the diagonal (up to r1) */
+                for (size_t t = r0; t < r1; t++) {
+                    const float *p = P + t * T;
+                    float *ds = dS + t * T;
+                    float dot = 0.0f;
+                    for (size_t j = 0; j <= t; j++) dot += p[j] * ds[j];
+                    for (size_t j = 0; j <= t; j++) ds[j] = p[j] * (ds[j] - dot);
+                    for (size_t j = t + 1; j < r1; j++) ds[j] = 0.0f;
+                }
+                /* dQ[r0:r1] += scale * dS[r0:r1, 0:r1] K[0:r1] */
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m_, hd_, n_, scale, dS + r0 * T, t_, k + koff,
+                            ks, 1.0f, dq + qoff + r0 * (size_t)qs, qs);
+            }
+            for (size_t c0 = 0; c0 < T; c0 += tile) {
+                size_t c1 = c0 + tile < T ? c0 + tile : T;
+                /* dK[c0:c1] += scale * dS[c0:T, c0:c1]^T Q[c0:T] */
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (blasint)(c1 - c0), hd_, (blasint)(T - c0),
+                            scale, dS + c0 * T + c0, t_, q + qoff + c0 * (size_t)qs, qs, 1.0f,
+                            dk + koff + c0 * (size_t)ks, ks);
+            }
         }
     }
+}
+
+void attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
+                        const float *v, const float *probs, float *scratch, size_t B, size_t T, size_t H, size_t KV,
+                        size_t hd) {
+    attention_backward_tiled(dq, dk, dv, dout, q, k, v, probs, scratch, B, T, H, KV, hd, ATTENTION_TILE);
 }
 
 /* --------------------------------------------------------------------- swiglu */

@@ -54,6 +54,15 @@ void attention_forward(float *out, float *probs, const float *q, const float *k,
 void attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
                         const float *v, const float *probs, float *scratch, size_t B, size_t T, size_t H, size_t KV,
                         size_t hd);
+/* The same, computed in causal blocks of `tile` query rows (0: one block):
+ * blocks right of the diagonal are skipped. The default is ATTENTION_TILE;
+ * any tile gives the same math, equal up to rounding (the tests run several). */
+#define ATTENTION_TILE 64
+void attention_forward_tiled(float *out, float *probs, const float *q, const float *k, const float *v, size_t B,
+                             size_t T, size_t H, size_t KV, size_t hd, size_t tile);
+void attention_backward_tiled(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
+                              const float *v, const float *probs, float *scratch, size_t B, size_t T, size_t H,
+                              size_t KV, size_t hd, size_t tile);
 
 /* SwiGLU gate: out[n] = silu(a[n]) * b[n], silu(x) = x * sigmoid(x). */
 void swiglu_forward(float *out, const float *a, const float *b, size_t n);

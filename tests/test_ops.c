@@ -400,36 +400,68 @@ TEST(rope_grad) {
     free_all();
 }
 
-static void attention_grad_case(size_t B, size_t T, size_t H, size_t KV, size_t hd, uint64_t seed) {
+/* tile: query rows per causal block (0: the whole sequence in one block). */
+static void attention_grad_case(size_t B, size_t T, size_t H, size_t KV, size_t hd, uint64_t seed, size_t tile) {
     Rng r;
     rng_seed(&r, seed);
     size_t nq = B * T * H * hd, nk = B * T * KV * hd;
     float *q = frandn(&r, nq, 1.0f), *k = frandn(&r, nk, 1.0f), *v = frandn(&r, nk, 1.0f), *G = frandn(&r, nq, 1.0f);
     float *out = fzeros(nq), *probs = fzeros(B * H * T * T), *scratch = fzeros(T * T);
     float *dq = fzeros(nq), *dk = fzeros(nk), *dv = fzeros(nk);
-    attention_forward(out, probs, q, k, v, B, T, H, KV, hd);
+    attention_forward_tiled(out, probs, q, k, v, B, T, H, KV, hd, tile);
     AttCtx c = {B, T, H, KV, hd, to_double(q, nq), to_double(k, nk), to_double(v, nk), to_double(G, nq), dzeros(nq)};
     double *probs_ref = dzeros(B * H * T * T);
     ref_attention(c.out, probs_ref, c.q, c.k, c.v, B, T, H, KV, hd);
     check_close_tensor("attention out", out, c.out, nq, FWD_RTOL);
     check_close_tensor("attention probs", probs, probs_ref, B * H * T * T, FWD_RTOL);
-    attention_backward(dq, dk, dv, G, q, k, v, probs, scratch, B, T, H, KV, hd);
+    attention_backward_tiled(dq, dk, dv, G, q, k, v, probs, scratch, B, T, H, KV, hd, tile);
     double *nq_ = dzeros(nq), *nk_ = dzeros(nk), *nv_ = dzeros(nk);
     fd_grad(att_loss, &c, c.q, nq, nq_);
     fd_grad(att_loss, &c, c.k, nk, nk_);
     fd_grad(att_loss, &c, c.v, nk, nv_);
     char what[64];
-    snprintf(what, sizeof what, "attention dq (KV=%zu)", KV);
+    snprintf(what, sizeof what, "attention dq (KV=%zu, tile %zu)", KV, tile);
     check_grad(what, dq, nq_, nq);
-    snprintf(what, sizeof what, "attention dk (KV=%zu)", KV);
+    snprintf(what, sizeof what, "attention dk (KV=%zu, tile %zu)", KV, tile);
     check_grad(what, dk, nk_, nk);
-    snprintf(what, sizeof what, "attention dv (KV=%zu)", KV);
+    snprintf(what, sizeof what, "attention dv (KV=%zu, tile %zu)", KV, tile);
     check_grad(what, dv, nv_, nk);
     free_all();
 }
-TEST(attention_grad_gqa) { attention_grad_case(2, 5, 4, 2, 6, 5); }
-TEST(attention_grad_mha) { attention_grad_case(2, 5, 4, 4, 6, 6); }
-TEST(attention_grad_mqa) { attention_grad_case(1, 7, 3, 1, 4, 7); }
+TEST(attention_grad_gqa) { attention_grad_case(2, 5, 4, 2, 6, 5, ATTENTION_TILE); }
+TEST(attention_grad_mha) { attention_grad_case(2, 5, 4, 4, 6, 6, ATTENTION_TILE); }
+TEST(attention_grad_mqa) { attention_grad_case(1, 7, 3, 1, 4, 7, ATTENTION_TILE); }
+/* causal blocks smaller than the sequence, the last one partial */
+TEST(attention_grad_tiles) {
+    attention_grad_case(2, 7, 4, 2, 6, 8, 2);
+    attention_grad_case(1, 7, 3, 1, 4, 9, 3);
+    attention_grad_case(1, 6, 2, 2, 4, 10, 1);
+}
+
+/* A sequence of several ATTENTION_TILE blocks (the real path of seq 256):
+ * the tiled kernels against the float64 reference (forward) and against
+ * one-block kernels (backward, whose reference is the same math in one block). */
+TEST(attention_long_sequence_tiles) {
+    size_t B = 1, T = 2 * ATTENTION_TILE + 22, H = 2, KV = 1, hd = 8;
+    Rng r;
+    rng_seed(&r, 11);
+    size_t nq = B * T * H * hd, nk = B * T * KV * hd;
+    float *q = frandn(&r, nq, 1.0f), *k = frandn(&r, nk, 1.0f), *v = frandn(&r, nk, 1.0f), *G = frandn(&r, nq, 1.0f);
+    float *out = fzeros(nq), *probs = fzeros(B * H * T * T), *scratch = fzeros(T * T);
+    attention_forward(out, probs, q, k, v, B, T, H, KV, hd);
+    double *ref_out = dzeros(nq), *ref_probs = dzeros(B * H * T * T);
+    ref_attention(ref_out, ref_probs, to_double(q, nq), to_double(k, nk), to_double(v, nk), B, T, H, KV, hd);
+    check_close_tensor("attention out (3 tiles)", out, ref_out, nq, FWD_RTOL);
+    check_close_tensor("attention probs (3 tiles)", probs, ref_probs, B * H * T * T, FWD_RTOL);
+    float *dq = fzeros(nq), *dk = fzeros(nk), *dv = fzeros(nk);
+    float *dq1 = fzeros(nq), *dk1 = fzeros(nk), *dv1 = fzeros(nk), *scratch1 = fzeros(T * T);
+    attention_backward(dq, dk, dv, G, q, k, v, probs, scratch, B, T, H, KV, hd);
+    attention_backward_tiled(dq1, dk1, dv1, G, q, k, v, probs, scratch1, B, T, H, KV, hd, 0);
+    check_close_tensor("attention dq (3 tiles vs 1)", dq, to_double(dq1, nq), nq, FWD_RTOL);
+    check_close_tensor("attention dk (3 tiles vs 1)", dk, to_double(dk1, nk), nk, FWD_RTOL);
+    check_close_tensor("attention dv (3 tiles vs 1)", dv, to_double(dv1, nk), nk, FWD_RTOL);
+    free_all();
+}
 
 TEST(swiglu_grad) {
     Rng r;
@@ -939,6 +971,8 @@ int main(int argc, char **argv) {
     RUN(attention_grad_gqa);
     RUN(attention_grad_mha);
     RUN(attention_grad_mqa);
+    RUN(attention_grad_tiles);
+    RUN(attention_long_sequence_tiles);
     RUN(swiglu_grad);
     RUN(crossentropy_grad);
     RUN(add_grad);

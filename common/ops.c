@@ -16,6 +16,9 @@
 #include "ops_math.h"
 
 #include <cblas.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 #include <limits.h>
 #include <math.h>
 #include <stdint.h>
@@ -167,12 +170,115 @@ void rope_backward(float *dx, const float *cos_tab, const float *sin_tab, size_t
 
 /* ------------------------------------------------------------------ attention */
 
+/* e^x for x <= 0 (the softmax's x - max): x = k ln2 + r with k an integer
+ * and |r| <= ln2/2 (ln2 split in a short head and a tail, so k ln2_hi is
+ * exact), e^r by its degree-7 Taylor polynomial (truncation below 6e-9
+ * relative), 2^k written into the exponent bits. Within 2 ulp of expf
+ * (tests/test_ops.c); below -87 it returns 0 where expf gives at most 1.7e-38;
+ * NaN stays NaN. softmax_row runs the same operations four lanes at a time. */
+#define EXP_LOG2E 1.44269504088896341f
+#define EXP_LN2_HI 0.693359375f
+#define EXP_LN2_LO (-2.12194440e-4f)
+#define EXP_ROUND 12582912.0f /* 1.5 * 2^23: adding and subtracting it rounds to an integer */
+#define EXP_MIN (-87.0f)
+#define EXP_POLY(p, r)                                                                                    \
+    do {                                                                                                  \
+        p = 1.0f / 5040.0f;                                                                               \
+        p = p * r + 1.0f / 720.0f;                                                                        \
+        p = p * r + 1.0f / 120.0f;                                                                        \
+        p = p * r + 1.0f / 24.0f;                                                                         \
+        p = p * r + 1.0f / 6.0f;                                                                          \
+        p = p * r + 0.5f;                                                                                 \
+        p = p * r + 1.0f;                                                                                 \
+        p = p * r + 1.0f;                                                                                 \
+    } while (0)
+
+float exp_nonpositive(float x) {
+    float xc = x < EXP_MIN ? EXP_MIN : x;
+    float kf = (xc * EXP_LOG2E + EXP_ROUND) - EXP_ROUND;
+    float r = (xc - kf * EXP_LN2_HI) - kf * EXP_LN2_LO, p;
+    EXP_POLY(p, r);
+    if (kf != kf) return kf; /* NaN */
+    uint32_t bits = (uint32_t)((int32_t)kf + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return x < EXP_MIN ? 0.0f : p * scale;
+}
+
+/* One causal softmax row in place: p[0..n) := softmax(p[0..n)). Eight lanes
+ * for the max (exact in any order) and for the sum (lane l takes j = l mod 8,
+ * the lanes are added pairwise: a fixed order), e^x by exp_nonpositive's
+ * operations; with SSE2 (every x86-64) four at a time, the same bits. */
+void softmax_row(float *p, size_t n) {
+    size_t full = n / 8 * 8, j = 0;
+    float mx[8], acc[8];
+#if defined(__SSE2__)
+    __m128 m0 = _mm_set1_ps(p[0]), m1 = m0;
+    for (; j < full; j += 8) { /* lane = p > lane ? p : lane, as the scalar code */
+        m0 = _mm_max_ps(_mm_loadu_ps(p + j), m0);
+        m1 = _mm_max_ps(_mm_loadu_ps(p + j + 4), m1);
+    }
+    _mm_storeu_ps(mx, m0);
+    _mm_storeu_ps(mx + 4, m1);
+#else
+    for (int l = 0; l < 8; l++) mx[l] = p[0];
+    for (; j < full; j += 8)
+        for (int l = 0; l < 8; l++) mx[l] = p[j + l] > mx[l] ? p[j + l] : mx[l];
+#endif
+    for (j = full; j < n; j++) mx[0] = p[j] > mx[0] ? p[j] : mx[0];
+    float m = mx[0];
+    for (int l = 1; l < 8; l++) m = mx[l] > m ? mx[l] : m;
+    j = 0;
+#if defined(__SSE2__)
+    const __m128 vm = _mm_set1_ps(m), lo = _mm_set1_ps(EXP_MIN), log2e = _mm_set1_ps(EXP_LOG2E);
+    const __m128 rnd = _mm_set1_ps(EXP_ROUND), hi2 = _mm_set1_ps(EXP_LN2_HI), lo2 = _mm_set1_ps(EXP_LN2_LO);
+    for (; j + 4 <= n; j += 4) {
+        __m128 x = _mm_sub_ps(_mm_loadu_ps(p + j), vm);
+        __m128 xc = _mm_max_ps(lo, x); /* x < EXP_MIN ? EXP_MIN : x (NaN stays) */
+        __m128 kf = _mm_sub_ps(_mm_add_ps(_mm_mul_ps(xc, log2e), rnd), rnd);
+        __m128 r = _mm_sub_ps(_mm_sub_ps(xc, _mm_mul_ps(kf, hi2)), _mm_mul_ps(kf, lo2));
+        __m128 q = _mm_set1_ps(1.0f / 5040.0f); /* EXP_POLY, lane by lane */
+        q = _mm_add_ps(_mm_mul_ps(q, r), _mm_set1_ps(1.0f / 720.0f));
+        q = _mm_add_ps(_mm_mul_ps(q, r), _mm_set1_ps(1.0f / 120.0f));
+        q = _mm_add_ps(_mm_mul_ps(q, r), _mm_set1_ps(1.0f / 24.0f));
+        q = _mm_add_ps(_mm_mul_ps(q, r), _mm_set1_ps(1.0f / 6.0f));
+        q = _mm_add_ps(_mm_mul_ps(q, r), _mm_set1_ps(0.5f));
+        q = _mm_add_ps(_mm_mul_ps(q, r), _mm_set1_ps(1.0f));
+        q = _mm_add_ps(_mm_mul_ps(q, r), _mm_set1_ps(1.0f));
+        __m128i bits = _mm_slli_epi32(_mm_add_epi32(_mm_cvttps_epi32(kf), _mm_set1_epi32(127)), 23);
+        __m128 y = _mm_mul_ps(q, _mm_castsi128_ps(bits));
+        __m128 nan = _mm_cmpunord_ps(kf, kf);
+        y = _mm_or_ps(_mm_andnot_ps(nan, y), _mm_and_ps(nan, kf));
+        _mm_storeu_ps(p + j, _mm_and_ps(_mm_cmpnlt_ps(x, lo), y)); /* 0 below EXP_MIN */
+    }
+#endif
+    for (; j < n; j++) p[j] = exp_nonpositive(p[j] - m);
+    j = 0;
+#if defined(__SSE2__)
+    __m128 a0 = _mm_setzero_ps(), a1 = a0;
+    for (; j < full; j += 8) {
+        a0 = _mm_add_ps(a0, _mm_loadu_ps(p + j));
+        a1 = _mm_add_ps(a1, _mm_loadu_ps(p + j + 4));
+    }
+    _mm_storeu_ps(acc, a0);
+    _mm_storeu_ps(acc + 4, a1);
+#else
+    for (int l = 0; l < 8; l++) acc[l] = 0.0f;
+    for (; j < full; j += 8)
+        for (int l = 0; l < 8; l++) acc[l] += p[j + l];
+#endif
+    for (j = full; j < n; j++) acc[j - full] += p[j];
+    float sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    float inv = 1.0f / sum;
+    for (j = 0; j < n; j++) p[j] *= inv;
+}
+
 /* For each batch b and head h (kv head kh = h / (H/KV)), with Q = q[b,:,h,:],
  * K = k[b,:,kh,:], V = v[b,:,kh,:] viewed as [T, hd] matrices whose rows are
  * H*hd (resp. KV*hd) floats apart, and P = probs[b,h] [T,T]:
  *   S = Q K^T / sqrt(hd)
  *   P[t,j] = exp(S[t,j] - m_t) / sum_{j'<=t} exp(S[t,j'] - m_t) for j <= t,
- *            0 for j > t, m_t = max_{j<=t} S[t,j]  (row softmax, float sums)
+ *            0 for j > t, m_t = max_{j<=t} S[t,j]  (softmax_row)
  *   O = P V
  * Causal tiles: the rows are taken `tile` at a time, [r0, r1); their keys are
  * only 0..r1-1, so each block's sgemms skip the columns right of r1, where P
@@ -205,15 +311,7 @@ void attention_forward_tiled(float *out, float *probs, const float *q, const flo
                 /* causal softmax, row by row; the whole row is written (0 right of t) */
                 for (size_t t = r0; t < r1; t++) {
                     float *p = P + t * T;
-                    float m = p[0];
-                    for (size_t j = 1; j <= t; j++) m = p[j] > m ? p[j] : m;
-                    float sum = 0.0f;
-                    for (size_t j = 0; j <= t; j++) {
-                        p[j] = expf(p[j] - m);
-                        sum += p[j];
-                    }
-                    float inv = 1.0f / sum;
-                    for (size_t j = 0; j <= t; j++) p[j] *= inv;
+                    softmax_row(p, t + 1);
                     memset(p + t + 1, 0, (T - t - 1) * sizeof(float));
                 }
                 /* O[r0:r1] = P[r0:r1, 0:r1] V[0:r1] */

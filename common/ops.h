@@ -64,6 +64,11 @@ void attention_backward_tiled(float *dq, float *dk, float *dv, const float *dout
                               const float *v, const float *probs, float *scratch, size_t B, size_t T, size_t H,
                               size_t KV, size_t hd, size_t tile);
 
+/* e^x for x <= 0, within 2 ulp of expf (the attention softmax's exp). */
+float exp_nonpositive(float x);
+/* p[0..n) := softmax(p[0..n)) in place, the attention's row softmax (n >= 1). */
+void softmax_row(float *p, size_t n);
+
 /* SwiGLU gate: out[n] = silu(a[n]) * b[n], silu(x) = x * sigmoid(x). */
 void swiglu_forward(float *out, const float *a, const float *b, size_t n);
 void swiglu_backward(float *da, float *db, const float *dout, const float *a, const float *b, size_t n);

@@ -400,6 +400,52 @@ TEST(rope_grad) {
     free_all();
 }
 
+/* exp_nonpositive against libm's expf: within 2 ulp on a dense sweep of
+ * [-87, 0], exact at 0, 0 below -87 and for -inf, NaN kept. */
+TEST(exp_nonpositive_vs_expf) {
+    double worst = 0.0;
+    for (int i = 0; i <= 2000000; i++) {
+        float x = -87.0f * (float)i / 2000000.0f;
+        float got = exp_nonpositive(x), want = expf(x);
+        double ulp = (double)nextafterf(want, INFINITY) - (double)want;
+        double err = fabs((double)got - (double)want) / ulp;
+        if (err > worst) worst = err;
+    }
+    if (verbose) printf("  exp_nonpositive: max error %.2f ulp over [-87, 0]\n", worst);
+    CHECK(worst <= 2.0, "exp_nonpositive is %.2f ulp from expf (bound 2)", worst);
+    CHECK(exp_nonpositive(0.0f) == 1.0f, "exp_nonpositive(0) = %.9g", exp_nonpositive(0.0f));
+    CHECK(exp_nonpositive(-100.0f) == 0.0f && exp_nonpositive(-INFINITY) == 0.0f, "exp_nonpositive below -87");
+    CHECK(isnan(exp_nonpositive(NAN)), "exp_nonpositive(NaN) = %g", exp_nonpositive(NAN));
+}
+
+/* softmax_row (vectorized where SSE2 is there) against the scalar math it
+ * documents: the same lanes, the same order, exp_nonpositive: the same bits. */
+TEST(softmax_row_matches_its_scalar_definition) {
+    Rng r;
+    rng_seed(&r, 12);
+    size_t sizes[] = {1, 3, 4, 7, 8, 9, 15, 16, 17, 63, 64, 65, 257};
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+        size_t n = sizes[si];
+        float *x = frandn(&r, n, 4.0f), *got = fcopy(x, n), *want = fcopy(x, n);
+        if (n > 5) x[5] = got[5] = want[5] = -200.0f; /* below exp's floor */
+        softmax_row(got, n);
+        float mx[8], acc[8] = {0};
+        for (int l = 0; l < 8; l++) mx[l] = want[0];
+        size_t full = n / 8 * 8;
+        for (size_t j = 0; j < full; j++) mx[j % 8] = want[j] > mx[j % 8] ? want[j] : mx[j % 8];
+        for (size_t j = full; j < n; j++) mx[0] = want[j] > mx[0] ? want[j] : mx[0];
+        float m = mx[0];
+        for (int l = 1; l < 8; l++) m = mx[l] > m ? mx[l] : m;
+        for (size_t j = 0; j < n; j++) want[j] = exp_nonpositive(want[j] - m);
+        for (size_t j = 0; j < full; j++) acc[j % 8] += want[j];
+        for (size_t j = full; j < n; j++) acc[j - full] += want[j];
+        float inv = 1.0f / (((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])));
+        for (size_t j = 0; j < n; j++) want[j] *= inv;
+        CHECK(memcmp(got, want, n * sizeof(float)) == 0, "softmax_row n=%zu differs from its scalar definition", n);
+    }
+    free_all();
+}
+
 /* tile: query rows per causal block (0: the whole sequence in one block). */
 static void attention_grad_case(size_t B, size_t T, size_t H, size_t KV, size_t hd, uint64_t seed, size_t tile) {
     Rng r;
@@ -972,6 +1018,8 @@ int main(int argc, char **argv) {
     RUN(attention_grad_mha);
     RUN(attention_grad_mqa);
     RUN(attention_grad_tiles);
+    RUN(exp_nonpositive_vs_expf);
+    RUN(softmax_row_matches_its_scalar_definition);
     RUN(attention_long_sequence_tiles);
     RUN(swiglu_grad);
     RUN(crossentropy_grad);

@@ -194,3 +194,16 @@ void coll_broadcast(Dev *d, float *buf, size_t count, int root, Stream *s, const
 void coll_barrier(Dev *d, Stream *s, const char *label) {
     coll_enqueue(d, s, COLL_BARRIER, NULL, NULL, 0, RED_SUM, 0, 0, label);
 }
+
+void coll_op_describe(Dev *d, Stream *s, Op *o, CollKind kind, RedOp op, int root, size_t count, size_t bytes,
+                      const char *label) {
+    o->label = dev_intern(d, label && *label ? label : "");
+    o->coll.kind = kind;
+    o->coll.op = (kind == COLL_REDUCE_SCATTER || kind == COLL_ALL_REDUCE) ? (int)op : 0;
+    o->coll.root = root;
+    o->coll.count = count;
+    snprintf(o->coll.label, sizeof o->coll.label, "%s", label ? label : "");
+    o->bytes = bytes;
+    o->coll_seq = s->coll_seq++;
+    flight_set(s, o, FLIGHT_ISSUED);
+}

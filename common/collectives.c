@@ -275,16 +275,8 @@ void coll_enqueue(Dev *d, Stream *s, CollKind kind, const float *send, float *re
     coll_validate(d, s, (int)kind, send, recv, count, (int)op, label);
     Op o;
     stream_op_init(s, &o, OP_COLL, coll_kind_name((int)kind));
-    o.label = dev_intern(d, label && *label ? label : "");
-    o.coll.kind = kind;
-    o.coll.op = (kind == COLL_REDUCE_SCATTER || kind == COLL_ALL_REDUCE) ? (int)op : 0;
-    o.coll.root = root;
-    o.coll.count = count;
-    snprintf(o.coll.label, sizeof o.coll.label, "%s", label ? label : "");
+    coll_op_describe(d, s, &o, kind, op, root, count, bytes, label);
     o.src = send;
     o.dst = recv;
-    o.bytes = bytes;
-    o.coll_seq = s->coll_seq++;
-    flight_set(s, &o, FLIGHT_ISSUED);
     stream_enqueue_op(s, &o);
 }

@@ -295,6 +295,10 @@ void backend_world_fini(World *w);            /* start of world_destroy */
 void backend_dev_init(Dev *d);                /* rank thread, before the compute stream exists */
 void backend_dev_fini(Dev *d);                /* last: streams, events and the allocator are gone */
 void backend_event_fini(Event *e);            /* an event is being freed */
+/* world.c: a new Event (name, mutex, condvar) in d's list of events; and its
+ * removal from that list (the caller frees it). */
+Event *event_register_new(Dev *d, const char *name);
+void event_unregister(Event *e);
 /* Storage for an allocation of `bytes` (a multiple of 64, > 0), fatal when
  * out of memory; backend_storage_free returns it. Both keep d->reserved. */
 void *backend_storage_alloc(Dev *d, size_t bytes, const char *name);
@@ -314,6 +318,10 @@ void coll_check_agreement(Stream *s, uint64_t seq, const CollDesc *descs, int n)
 void coll_validate(Dev *d, Stream *s, int kind, const float *send, const float *recv, size_t count, int op,
                    const char *label);
 
+/* Fill o's collective fields (label, desc, bytes), give it s's next sequence
+ * number and mark it issued in the flight recorder (both backends' coll_enqueue). */
+void coll_op_describe(Dev *d, Stream *s, Op *o, CollKind kind, RedOp op, int root, size_t count, size_t bytes,
+                      const char *label);
 /* Enqueue one collective on s (collectives.c on the CPU, cuda/coll_cuda.c on CUDA);
  * bytes = what it moves, for the trace. The coll_* calls of device.h lead here. */
 void coll_enqueue(Dev *d, Stream *s, CollKind kind, const float *send, float *recv, size_t count, RedOp op, int root,

@@ -266,28 +266,11 @@ void dev_synchronize(Dev *d) {
 
 /* ---------------------------------------------------------------- events */
 
-Event *dev_event_create(Dev *d, const char *name) {
-    Event *e = xcalloc(1, sizeof *e);
-    e->dev = d;
-    e->name = xstrdup(name ? name : "event");
-    pthread_mutex_init(&e->mu, NULL);
-    pthread_cond_init(&e->cv, NULL);
-    if (d->nevents == d->events_cap) {
-        d->events_cap = d->events_cap ? d->events_cap * 2 : 16;
-        d->events = xrealloc(d->events, (size_t)d->events_cap * sizeof *d->events);
-    }
-    d->events[d->nevents++] = e;
-    return e;
-}
+Event *dev_event_create(Dev *d, const char *name) { return event_register_new(d, name); }
 
 void dev_event_destroy(Event *e) {
     if (!e) return;
-    Dev *d = e->dev;
-    for (int i = 0; i < d->nevents; i++)
-        if (d->events[i] == e) {
-            d->events[i] = d->events[--d->nevents];
-            break;
-        }
+    event_unregister(e);
     /* queued records/waits may still point at it: the last one frees it */
     pthread_mutex_lock(&e->mu);
     e->destroyed = 1;

@@ -381,3 +381,28 @@ void world_report_race(World *w, int rank, const char *msg) {
     fflush(stderr);
     _exit(EXIT_FATAL);
 }
+
+/* ---------------------------------------------------------------- events */
+
+Event *event_register_new(Dev *d, const char *name) {
+    Event *e = xcalloc(1, sizeof *e);
+    e->dev = d;
+    e->name = xstrdup(name ? name : "event");
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    if (d->nevents == d->events_cap) {
+        d->events_cap = d->events_cap ? d->events_cap * 2 : 16;
+        d->events = xrealloc(d->events, (size_t)d->events_cap * sizeof *d->events);
+    }
+    d->events[d->nevents++] = e;
+    return e;
+}
+
+void event_unregister(Event *e) {
+    Dev *d = e->dev;
+    for (int i = 0; i < d->nevents; i++)
+        if (d->events[i] == e) {
+            d->events[i] = d->events[--d->nevents];
+            break;
+        }
+}

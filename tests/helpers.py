@@ -50,3 +50,17 @@ def trace_events(out):
 
 def rel(a, b):
     return abs(a - b) / max(abs(b), 1e-12)
+
+
+def apply_mutant(mutant, dest):
+    """Write mutant["base"] with the mutant's text replacements (each old text exactly once) to dest."""
+    with open(os.path.join(ROOT, mutant["base"])) as fh:
+        text = fh.read()
+    for old, new in mutant["replace"]:
+        n = text.count(old)
+        assert n == 1, ("mutant %s: its text occurs %d times in %s (must be exactly once; the solution changed? "
+                        "update tests/mutants/mutants.json):\n%s" % (mutant["name"], n, mutant["base"], old))
+        text = text.replace(old, new)
+    with open(dest, "w") as fh:
+        fh.write(text)
+    return dest

@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from helpers import CORPUS, ROOT
+from helpers import CORPUS, ROOT, apply_mutant
 
 with open(os.path.join(ROOT, "tests", "mutants", "mutants.json")) as _fh:
     MUTANTS = {m["name"]: m for m in json.load(_fh)["mutants"]}
@@ -43,14 +43,8 @@ CASES = {
 
 
 def build_mutant(name, tmp_path):
-    m = MUTANTS[name]
-    with open(os.path.join(ROOT, m["base"])) as fh:
-        text = fh.read()
-    for old, new in m["replace"]:
-        assert text.count(old) == 1, "mutant %s no longer applies to %s" % (name, m["base"])
-        text = text.replace(old, new)
-    src, binary = tmp_path / "hw_fsdp.c", tmp_path / "train"
-    src.write_text(text)
+    src = apply_mutant(MUTANTS[name], str(tmp_path / "hw_fsdp.c"))
+    binary = tmp_path / "train"
     p = subprocess.run(["make", "-s", "--no-print-directory", "impl", "SRC=%s" % src, "OUT=%s" % binary],
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from helpers import ROOT
+from helpers import ROOT, apply_mutant
 
 GRADER = os.path.join(ROOT, "grader", "grade.py")
 REFERENCE = os.path.join(ROOT, "logs", "reference")
@@ -49,19 +49,6 @@ def grade(out, *args):
 
 def check_names(stage):
     return [RUBRIC["check_names"][k] for k in RUBRIC["stages"][stage]["checks"]]
-
-
-def apply_mutant(mutant, dest):
-    with open(os.path.join(ROOT, mutant["base"])) as fh:
-        text = fh.read()
-    for old, new in mutant["replace"]:
-        n = text.count(old)
-        assert n == 1, ("mutant %s: its text occurs %d times in %s (must be exactly once; the solution changed? "
-                        "update tests/mutants/mutants.json):\n%s" % (mutant["name"], n, mutant["base"], old))
-        text = text.replace(old, new)
-    with open(dest, "w") as fh:
-        fh.write(text)
-    return dest
 
 
 def copy_reference(tmp_path):
@@ -173,12 +160,7 @@ def rubric_with_limits(tmp_path, **limits):
 
 
 def edited_solution(tmp_path, base, old, new):
-    with open(os.path.join(ROOT, base)) as fh:
-        text = fh.read()
-    assert text.count(old) == 1, "%s changed: update this test" % base
-    dest = tmp_path / "hw_fsdp.c"
-    dest.write_text(text.replace(old, new))
-    return dest
+    return apply_mutant({"name": "edited", "base": base, "replace": [[old, new]]}, str(tmp_path / "hw_fsdp.c"))
 
 
 def test_cpu_time_limit_is_named(tmp_path):

@@ -262,15 +262,7 @@ void coll_enqueue(Dev *d, Stream *s, CollKind kind, const float *send, float *re
     o.module = d->module;
     o.phase = d->phase;
     o.step = d->step;
-    o.label = dev_intern(d, label && *label ? label : "");
-    o.coll.kind = kind;
-    o.coll.op = (kind == COLL_REDUCE_SCATTER || kind == COLL_ALL_REDUCE) ? (int)op : 0;
-    o.coll.root = root;
-    o.coll.count = count;
-    snprintf(o.coll.label, sizeof o.coll.label, "%s", label ? label : "");
-    o.bytes = bytes;
-    o.coll_seq = s->coll_seq++;
-    flight_set(s, &o, FLIGHT_ISSUED);
+    coll_op_describe(d, s, &o, kind, op, root, count, bytes, label);
     if (d->world->cfg.backend == BACKEND_LOCAL) local_collective(s, &o, send, recv);
     else nccl_collective(s, &o, send, recv);
     /* the GPU runs it later: "started" means handed to the stream */

@@ -411,19 +411,10 @@ void dev_synchronize(Dev *d) {
 /* ----------------------------------------------------------------- events */
 
 Event *dev_event_create(Dev *d, const char *name) {
-    Event *e = xcalloc(1, sizeof *e);
-    e->dev = d;
-    e->name = xstrdup(name ? name : "event");
-    pthread_mutex_init(&e->mu, NULL); /* unused here; world.c destroys them with the event */
-    pthread_cond_init(&e->cv, NULL);
+    Event *e = event_register_new(d, name); /* its mutex and condvar are unused here */
     cudaEvent_t ev;
     CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
     e->cuda_event = ev;
-    if (d->nevents == d->events_cap) {
-        d->events_cap = d->events_cap ? d->events_cap * 2 : 16;
-        d->events = xrealloc(d->events, (size_t)d->events_cap * sizeof *d->events);
-    }
-    d->events[d->nevents++] = e;
     return e;
 }
 
@@ -434,12 +425,7 @@ void backend_event_fini(Event *e) {
 
 void dev_event_destroy(Event *e) {
     if (!e) return;
-    Dev *d = e->dev;
-    for (int i = 0; i < d->nevents; i++)
-        if (d->events[i] == e) {
-            d->events[i] = d->events[--d->nevents];
-            break;
-        }
+    event_unregister(e);
     backend_event_fini(e);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);

@@ -20,45 +20,10 @@ import re
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "grader"))
+import manifest  # noqa: E402  (the stages: grader/rubric.json)
 BEGIN = re.compile(r"^(?P<indent>\s*)/\* BEGIN SOLUTION: (?P<what>.*) \(HANDOUT\.md#stage-(?P<stage>\d\d)\) \*/\s*$")
 END = re.compile(r"^\s*/\* END SOLUTION \*/\s*$")
-
-# What each stage's README says (kept here so the READMEs are generated too).
-STAGES = {
-    "01": ("Blocking forward",
-           "Shard every parameter into a DTensor and run the forward: unshard (copy-in, all-gather, copy-out) "
-           "before each module, reshard (free) after it. Everything on the compute stream.",
-           "fsdp_init (sharding), unshard, reshard",
-           "loss parity (forward only), DTensor mesh/placement/shards, params freed after each forward, peak memory"),
-    "02": ("Full training step",
-           "Unshard again in backward, reduce-scatter the grads with an average into sharded grads, free the "
-           "unsharded grads and params, global grad norm with an all-reduce, clipping and AdamW on the shards.",
-           "fsdp_pre_backward, fsdp_post_backward (reduce_grads), fsdp_optimizer_step",
-           "loss and grad-norm parity, grads freed after reduce-scatter, params freed after backward, peak memory"),
-    "03": ("Forward overlap",
-           "Move the all-gathers to their own stream, order them with events, and prefetch the next module's "
-           "params while the current one computes, keeping at most two modules unsharded.",
-           "stream/event creation in fsdp_init, issue_all_gather, wait_all_gather, fsdp_pre_forward, "
-           "the shards_ready event in fsdp_optimizer_step",
-           "parity, all-gathers overlap compute in the trace, peak memory bound"),
-    "04": ("Backward overlap",
-           "Prefetch in backward (reverse forward order), reduce-scatter on its own stream overlapping the "
-           "backward, and make the optimizer wait for the last reduce-scatter.",
-           "reduce-scatter stream/events in fsdp_init, reduce_grads, fsdp_pre_backward, fsdp_finish_backward",
-           "parity, overlap in forward and backward, memory"),
-    "05": ("Activation checkpointing",
-           "With --ac the loop calls the forward hooks again inside backward. Keep a training state per module "
-           "so that a recompute does not all-gather twice or reshard before the backward.",
-           "the training-state checks in fsdp_pre_forward, fsdp_post_forward, fsdp_pre_backward, "
-           "fsdp_finish_backward",
-           "parity with --ac, two all-gathers per module per step, activation memory lower than stage 04"),
-    "06": ("ZeRO-2",
-           "With --reshard-after-forward=false keep the params unsharded from forward to backward: no "
-           "all-gather at all in backward; free them in post_backward.",
-           "fsdp_post_forward",
-           "parity, zero all-gathers in backward, params kept after forward, memory as expected"),
-}
-
 
 def convert(text, stage, src_name):
     out, stack, todos = [], [], []
@@ -95,13 +60,14 @@ def convert(text, stage, src_name):
     return banner + "\n".join(out), todos
 
 
-def readme(stage, dirname, todos):
-    title, goal, hooks, checks = STAGES[stage]
-    lines = [f"# Stage {stage} — {title}", "", goal, "",
-             f"**Your file:** `stages/{dirname}/hw_fsdp.c`. **What to fill:** {hooks}.", "",
+def readme(st, todos):
+    """A stage's README.md from its manifest entry (title, goal, fill, graded_on) and its TODOs."""
+    stage, dirname = st.id, st.dir
+    lines = [f"# Stage {stage} — {st.title}", "", st.goal, "",
+             f"**Your file:** `stages/{dirname}/hw_fsdp.c`. **What to fill:** {st.fill}.", "",
              "The TODOs in it:", ""]
     lines += [f"- {t}" for t in todos]
-    lines += ["", f"**Graded on:** {checks}. Run `make grade STAGE={stage}`; details in "
+    lines += ["", f"**Graded on:** {st.graded_on}. Run `make grade STAGE={stage}`; details in "
               f"[HANDOUT.md](../../HANDOUT.md#stage-{stage}).", ""]
     return "\n".join(lines)
 
@@ -113,15 +79,15 @@ def main():
         print("no solutions/ here (the student tree): nothing to generate or check")
         return 0
     stale = []
-    for d in sorted(os.listdir(sol_root)):
-        m = re.match(r"(\d\d)_", d)
-        if not m or not os.path.isfile(os.path.join(sol_root, d, "hw_fsdp.c")):
-            continue
-        stage = m.group(1)
-        src = os.path.join(sol_root, d, "hw_fsdp.c")
+    for st in manifest.stages():
+        src = st.solution_src()
+        if not os.path.isfile(src):
+            print(f"error: stage {st.id} is in grader/rubric.json but {os.path.relpath(src, ROOT)} does not exist")
+            return 1
+        d = st.dir
         with open(src) as fh:
-            starter, todos = convert(fh.read(), stage, src)
-        wanted = {"hw_fsdp.c": starter, "README.md": readme(stage, d, todos)}
+            starter, todos = convert(fh.read(), st.id, src)
+        wanted = {"hw_fsdp.c": starter, "README.md": readme(st, todos)}
         for name, content in wanted.items():
             path = os.path.join(stage_root, d, name)
             have = open(path).read() if os.path.exists(path) else None

@@ -1,0 +1,196 @@
+#!/usr/bin/env python3
+"""The stages, as grader/rubric.json lists them: the one place that does.
+
+Every tool reads the stages through this module (Python) or through the Makefile
+include it writes:
+
+    from manifest import stages, stage         # after sys.path gets ROOT/grader
+    for s in stages(): s.id, s.dir, s.flags, s.forward_only, ...
+
+    grader/manifest.py mk              the Makefile include (the Makefile writes it to build/stages.mk)
+    grader/manifest.py list            one line per stage: "NN dir flag flag ..." (for shell scripts)
+
+Adding a stage is one entry in rubric.json plus solutions/NN_name/hw_fsdp.c.
+Standard library only.
+"""
+import json
+import os
+import re
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RUBRIC_PATH = os.path.join(ROOT, "grader", "rubric.json")
+PREFETCH_KINDS = ("forward", "backward")
+
+
+class ManifestError(ValueError):
+    """The rubric cannot be used: one line that names the entry."""
+
+
+class Stage:
+    """One entry of rubric.json's "stages", with what the tools derive from it."""
+
+    def __init__(self, sid, spec):
+        self.id = sid                         # "03"
+        self.number = int(sid)
+        self.dir = spec["dir"]                # "03_forward_overlap"
+        self.title = spec.get("title", "")
+        self.goal = spec.get("goal", "")
+        self.fill = spec.get("fill", "")
+        self.graded_on = spec.get("graded_on", "")
+        self.flags = list(spec.get("flags", []))
+        self.prefetch = list(spec.get("prefetch", []))
+        self.config = dict(spec.get("config", {}))
+        self.checks = dict(spec.get("checks", {}))
+        self.spec = spec
+
+    # what the flags make the training loop do
+    @property
+    def forward_only(self):
+        return "--forward-only" in self.flags
+
+    @property
+    def ac(self):
+        return "--ac" in self.flags
+
+    @property
+    def zero2(self):
+        return "--reshard-after-forward=false" in self.flags
+
+    def solution_src(self, root=ROOT):
+        return os.path.join(root, "solutions", self.dir, "hw_fsdp.c")
+
+    def starter_src(self, root=ROOT):
+        return os.path.join(root, "stages", self.dir, "hw_fsdp.c")
+
+    def __repr__(self):
+        return "Stage(%s)" % self.dir
+
+
+def _short(value, limit=80):
+    try:
+        text = json.dumps(value)
+    except (ValueError, TypeError, RecursionError):
+        text = type(value).__name__
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def load_json(path=RUBRIC_PATH):
+    """rubric.json as a dict; ManifestError (one line) when it cannot be read."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError, RecursionError) as e:
+        raise ManifestError("cannot read the rubric %s: %s" % (path, " ".join(str(e).split())[:300]))
+    if not isinstance(data, dict):
+        raise ManifestError("%s: the rubric must be a JSON object, got %s" % (path, _short(data)))
+    return data
+
+
+def validate_stages(rubric, name="rubric.json"):
+    """ManifestError naming the first stage entry the tools cannot use."""
+    def bad(where, what, value):
+        raise ManifestError("%s: %s must be %s, got %s" % (name, where, what, _short(value)))
+
+    def str_list(where, value):
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            bad(where, "a list of strings", value)
+
+    stages_ = rubric.get("stages")
+    if not isinstance(stages_, dict) or not stages_:
+        bad("stages", "a non-empty JSON object", stages_)
+    dirs = set()
+    for sid, spec in stages_.items():
+        where = "stages." + sid
+        if not re.fullmatch(r"[0-9]{2}", sid):
+            bad(where, "named by its two-digit number (e.g. \"03\")", sid)
+        if not isinstance(spec, dict):
+            bad(where, "a JSON object", spec)
+        d = spec.get("dir")
+        if not (isinstance(d, str) and re.fullmatch(re.escape(sid) + r"_[a-z0-9_]+", d)):
+            bad(where + ".dir", "\"%s_<name>\" (lower case, digits, _)" % sid, d)
+        if d in dirs:
+            bad(where + ".dir", "a folder no other stage uses", d)
+        dirs.add(d)
+        for key in ("title", "goal", "fill", "graded_on"):
+            if not isinstance(spec.get(key, ""), str):
+                bad("%s.%s" % (where, key), "a string", spec.get(key))
+        str_list(where + ".flags", spec.get("flags", []))
+        for f in spec.get("flags", []):
+            if not re.fullmatch(r"--[a-z0-9-]+(=[A-Za-z0-9._-]+)?", f):
+                bad(where + ".flags", "flags of the form --name or --name=value", f)
+        str_list(where + ".prefetch", spec.get("prefetch", []))
+        for p in spec.get("prefetch", []):
+            if p not in PREFETCH_KINDS:
+                bad(where + ".prefetch", "a list of %s" % " / ".join(PREFETCH_KINDS), p)
+    job = rubric.get("main_job", {"stage": sorted(stages_)[-1]})
+    if not (isinstance(job, dict) and job.get("stage") in stages_):
+        bad("main_job.stage", "one of the stages (%s)" % ", ".join(sorted(stages_)), job)
+
+
+_cache = {}
+
+
+def rubric(path=RUBRIC_PATH):
+    """The rubric (validated for its stages), read once per process and path."""
+    if path not in _cache:
+        data = load_json(path)
+        validate_stages(data, os.path.relpath(path, ROOT) if path.startswith(ROOT) else path)
+        _cache[path] = data
+    return _cache[path]
+
+
+def stages(data=None):
+    """Every stage, in number order."""
+    data = rubric() if data is None else data
+    return [Stage(sid, data["stages"][sid]) for sid in sorted(data["stages"])]
+
+
+def stage(key, data=None):
+    """A stage by number ("03", "3", 3) or by folder ("03_forward_overlap"); KeyError if none."""
+    text = str(key)
+    if text.isdigit():
+        text = "%02d" % int(text)
+    for s in stages(data):
+        if text in (s.id, s.dir):
+            return s
+    raise KeyError(key)
+
+
+def main_job_stage(data=None):
+    data = rubric() if data is None else data
+    return stage(data.get("main_job", {}).get("stage", sorted(data["stages"])[-1]), data)
+
+
+def makefile(data=None):
+    """The Makefile include: the stages' folders and flags as make variables."""
+    all_ = stages(data)
+    lines = ["# Generated from grader/rubric.json by grader/manifest.py: do not edit.",
+             "STAGE_IDS := " + " ".join(s.id for s in all_),
+             "STAGE_DIRS := " + " ".join(s.dir for s in all_),
+             "# stages that train (a backward and an optimizer step): make longrun",
+             "TRAINING_STAGE_DIRS := " + " ".join(s.dir for s in all_ if not s.forward_only),
+             "MAIN_JOB_DIR := " + main_job_stage(data).dir]
+    for s in all_:
+        lines.append("STAGE_FLAGS_%s := %s" % (s.dir, " ".join(s.flags)))
+    return "\n".join(lines) + "\n"
+
+
+def main(argv):
+    try:
+        if argv[:1] == ["mk"] and len(argv) == 1:
+            sys.stdout.write(makefile())
+        elif argv[:1] == ["list"] and len(argv) == 1:
+            for s in stages():
+                print(" ".join([s.id, s.dir] + s.flags))
+        else:
+            sys.stderr.write("usage: grader/manifest.py mk | list\n")
+            return 2
+    except ManifestError as e:
+        sys.stderr.write("manifest.py: error: %s\n" % e)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

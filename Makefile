@@ -1,6 +1,6 @@
 # hwFSDP in C — build, grade, test.
 #   make                 build the runtime, the baseline, every solution and starter
-#   make run             the main job: train the debugmodel with FSDP (solution 04) on 4 thread-ranks
+#   make run             the main job: train the debugmodel with FSDP (the manifest's main_job stage) on 4 thread-ranks
 #   make test            every test (C unit tests, PyTorch parity, solutions, grader)
 #   make grade [STAGE=03] [SOLUTIONS=1]   grade your stages/ (or solutions/)
 #   make reference       rebuild logs/reference/ from solutions/ (instructors)
@@ -27,14 +27,35 @@ NVCC      := $(if $(NO_CUDA),,$(shell command -v nvcc 2>/dev/null || (test -x /u
 CUDA_HOME ?= $(if $(NVCC),$(patsubst %/bin/nvcc,%,$(NVCC)),/usr/local/cuda)
 HAVE_NCCL := $(if $(NVCC),$(shell test -e $(CUDA_HOME)/include/nccl.h -o -e /usr/include/nccl.h && echo 1))
 
+.DEFAULT_GOAL := all
+
+# ---- the stages (generated from the stage manifest, grader/rubric.json) -----------
+# STAGE_IDS, STAGE_DIRS, TRAINING_STAGE_DIRS, MAIN_JOB_DIR, STAGE_FLAGS_<dir>
+STAGES_MK := $(BUILD)/stages.mk
+include $(STAGES_MK)
+$(STAGES_MK): grader/rubric.json grader/manifest.py
+	@mkdir -p $(dir $@)
+	@$(PYTHON) grader/manifest.py mk > $@.tmp && mv $@.tmp $@
+
+# Objects depend on the flags they were built with: a change (MPI found after an
+# install, EXTRA_CFLAGS) rebuilds them instead of linking stale ones.
+FLAGS_STAMP := $(BUILD)/.flags
+$(shell mkdir -p $(BUILD); printf '%s\n' '$(CC) $(CFLAGS) $(LDLIBS)' | cmp -s - $(FLAGS_STAMP) || \
+        printf '%s\n' '$(CC) $(CFLAGS) $(LDLIBS)' > $(FLAGS_STAMP))
+
 # ---- sources ----------------------------------------------------------------
-COMMON_SRC := $(filter-out common/train_main.c common/baseline.c,$(wildcard common/*.c))
+#   common/runtime/  device emulation (libhwfsdp.a)     common/model/  Llama, ops, optimizer, data, I/O (libhwfsdp.a)
+#   common/driver/   the training loop every hw_fsdp.c links with (DRIVER_OBJ); baseline.c is an hw_fsdp.c
+HEADERS    := $(wildcard common/*.h common/*/*.h)
+COMMON_SRC := $(wildcard common/runtime/*.c common/model/*.c)
 COMMON_OBJ := $(patsubst common/%.c,$(BUILD)/common/%.o,$(COMMON_SRC))
+DRIVER_SRC := $(filter-out common/driver/baseline.c,$(wildcard common/driver/*.c))
+DRIVER_OBJ := $(patsubst common/%.c,$(BUILD)/common/%.o,$(DRIVER_SRC))
 LIB        := $(BUILD)/libhwfsdp.a
 TEST_SRC   := $(wildcard tests/test_*.c)
 TEST_BIN   := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
-SOLUTIONS  := $(sort $(notdir $(wildcard solutions/[0-9]*)))
-STAGES     := $(sort $(notdir $(wildcard stages/[0-9]*)))
+SOLUTIONS  := $(foreach d,$(STAGE_DIRS),$(if $(wildcard solutions/$(d)/hw_fsdp.c),$(d)))
+STAGES     := $(foreach d,$(STAGE_DIRS),$(if $(wildcard stages/$(d)/hw_fsdp.c),$(d)))
 SOL_BIN    := $(patsubst %,$(BUILD)/solutions/%/train,$(SOLUTIONS))
 STAGE_BIN  := $(patsubst %,$(BUILD)/stages/%/train,$(STAGES))
 BASELINE   := $(BUILD)/baseline/train
@@ -51,8 +72,8 @@ detect:
 # -ffast-math the vectorizer never reorders a float reduction, so the results are the same bits.
 VEC_CFLAGS := $(shell $(CC) -ftree-vectorize -fvect-cost-model=dynamic -Werror -E -x c /dev/null >/dev/null 2>&1 && \
                 echo -ftree-vectorize -fvect-cost-model=dynamic)
-$(BUILD)/common/ops.o: CFLAGS += $(VEC_CFLAGS)
-$(BUILD)/common/%.o: common/%.c $(wildcard common/*.h)
+$(BUILD)/common/model/ops.o: CFLAGS += $(VEC_CFLAGS)
+$(BUILD)/common/%.o: common/%.c $(HEADERS) $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
@@ -60,48 +81,44 @@ $(LIB): $(COMMON_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/common/train_main.o: common/train_main.c $(wildcard common/*.h)
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c $< -o $@
-
 # Every FSDP implementation (baseline, solution, starter) is one hw_fsdp.c
 # linked with the runtime and the training driver.
-$(BASELINE): common/baseline.c $(BUILD)/common/train_main.o $(LIB)
+$(BASELINE): common/driver/baseline.c $(DRIVER_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/common/train_main.o $(LIB) $(LDFLAGS) $(LDLIBS)
+	$(CC) $(CFLAGS) -o $@ $< $(DRIVER_OBJ) $(LIB) $(LDFLAGS) $(LDLIBS)
 
-$(BUILD)/solutions/%/train: solutions/%/hw_fsdp.c $(BUILD)/common/train_main.o $(LIB)
+$(BUILD)/solutions/%/train: solutions/%/hw_fsdp.c $(DRIVER_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/common/train_main.o $(LIB) $(LDFLAGS) $(LDLIBS)
+	$(CC) $(CFLAGS) -o $@ $< $(DRIVER_OBJ) $(LIB) $(LDFLAGS) $(LDLIBS)
 
 # A starter's stubs leave variables unused until the student fills them.
 STARTER_CFLAGS := -Wno-unused-variable -Wno-unused-but-set-variable -Wno-unused-function
-$(BUILD)/stages/%/train: stages/%/hw_fsdp.c $(BUILD)/common/train_main.o $(LIB)
+$(BUILD)/stages/%/train: stages/%/hw_fsdp.c $(DRIVER_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(STARTER_CFLAGS) -o $@ $< $(BUILD)/common/train_main.o $(LIB) $(LDFLAGS) $(LDLIBS)
+	$(CC) $(CFLAGS) $(STARTER_CFLAGS) -o $@ $< $(DRIVER_OBJ) $(LIB) $(LDFLAGS) $(LDLIBS)
 
 $(BUILD)/tests/%: tests/%.c $(LIB) $(wildcard tests/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests -o $@ $< $(LIB) $(LDFLAGS) $(LDLIBS)
 
 # gpu-check's op harness run against itself on the CPU (tests/test_cuda_build.py)
-$(BUILD)/tests/check_ops_selftest: tests/gpu/check_ops.c $(LIB) $(wildcard common/*.h)
+$(BUILD)/tests/check_ops_selftest: tests/gpu/check_ops.c $(LIB) $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DCHECK_OPS_SELFTEST -o $@ $< $(LIB) $(LDFLAGS) $(LDLIBS)
 
 # Build any hw_fsdp.c into a training binary (the grader and the mutant tests use it):
 #   make impl SRC=path/to/hw_fsdp.c OUT=path/to/train
-impl: $(BUILD)/common/train_main.o $(LIB)
+impl: $(DRIVER_OBJ) $(LIB)
 	@test -n "$(SRC)" -a -n "$(OUT)" || { echo "usage: make impl SRC=hw_fsdp.c OUT=binary"; exit 2; }
 	@mkdir -p $(dir $(OUT))
-	$(CC) $(CFLAGS) $(STARTER_CFLAGS) -o $(OUT) $(SRC) $(BUILD)/common/train_main.o $(LIB) $(LDFLAGS) $(LDLIBS)
+	$(CC) $(CFLAGS) $(STARTER_CFLAGS) -o $(OUT) $(SRC) $(DRIVER_OBJ) $(LIB) $(LDFLAGS) $(LDLIBS)
 
 # ---- the main job -------------------------------------------------------------
 RUN_DIR   ?= runs/debugmodel
 RUN_FLAGS ?= --flavor debugmodel --world 4 --seq-len 128 --batch-size 2 --steps 30 --warmup-steps 5 \
              --lr 3e-3 --link-gbps 20 --link-latency-us 20 --profile-steps 3
 run: all
-	$(BUILD)/solutions/04_backward_overlap/train $(RUN_FLAGS) --out $(RUN_DIR)
+	$(BUILD)/solutions/$(MAIN_JOB_DIR)/train $(RUN_FLAGS) --out $(RUN_DIR)
 	-$(PYTHON) tools/plots.py $(RUN_DIR)
 	@echo "run directory: $(RUN_DIR) (open trace.json in https://ui.perfetto.dev, memory_rank0.pickle in https://pytorch.org/memory_viz)"
 
@@ -109,11 +126,10 @@ run: all
 LONG_FLAGS ?= --flavor debugmodel --world 4 --seq-len 128 --batch-size 2 --steps 200 --warmup-steps 10 \
               --lr 2e-3 --profile-steps 0 --quiet
 longrun: all
-	@set -e; for s in $(filter-out 01_forward,$(SOLUTIONS)); do echo "training $$s"; \
-	  $(BUILD)/solutions/$$s/train $(LONG_FLAGS) $$(case $$s in 05*) echo --ac;; \
-	  06*) echo --reshard-after-forward=false;; esac) --out $(BUILD)/longrun/$$s; \
-	  mkdir -p logs/debugmodel_200/$$s; cp $(BUILD)/longrun/$$s/metrics.jsonl $(BUILD)/longrun/$$s/run.json logs/debugmodel_200/$$s/; done
-	$(PYTHON) tools/plot_compare.py logs/debugmodel_200/loss.png $(addprefix logs/debugmodel_200/,$(filter-out 01_forward,$(SOLUTIONS)))
+	@set -e; $(foreach s,$(filter $(TRAINING_STAGE_DIRS),$(SOLUTIONS)),echo "training $(s)"; \
+	  $(BUILD)/solutions/$(s)/train $(LONG_FLAGS) $(STAGE_FLAGS_$(s)) --out $(BUILD)/longrun/$(s); \
+	  mkdir -p logs/debugmodel_200/$(s); cp $(BUILD)/longrun/$(s)/metrics.jsonl $(BUILD)/longrun/$(s)/run.json logs/debugmodel_200/$(s)/;)
+	$(PYTHON) tools/plot_compare.py logs/debugmodel_200/loss.png $(addprefix logs/debugmodel_200/,$(filter $(TRAINING_STAGE_DIRS),$(SOLUTIONS)))
 
 # ---- tests ----------------------------------------------------------------------
 test: all
@@ -124,7 +140,7 @@ test: all
 # Runs and results go to grade-runs/ (results.json); the rubric is grader/rubric.json.
 # SOLUTIONS=1 on the command line replaces the list of solution directories the build
 # uses (SOLUTIONS above), so `all` runs in a sub-make with the list restored.
-GRADE_SOLUTIONS := $(sort $(notdir $(wildcard solutions/[0-9]*)))
+GRADE_SOLUTIONS := $(foreach d,$(STAGE_DIRS),$(if $(wildcard solutions/$(d)/hw_fsdp.c),$(d)))
 grade:
 	@$(MAKE) --no-print-directory all SOLUTIONS="$(GRADE_SOLUTIONS)"
 	$(PYTHON) grader/grade.py $(if $(STAGE),--stage $(STAGE)) \
@@ -163,9 +179,8 @@ tsan:
 	  $(addprefix build-tsan/,$(SAN_BINS)) >/dev/null
 	@set -e; export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 OPENBLAS_NUM_THREADS=1; \
 	for t in test_runtime test_race test_model; do echo "tsan: $$t"; build-tsan/tests/$$t | tail -1; done; \
-	for s in $(SOLUTIONS); do echo "tsan: $$s"; build-tsan/solutions/$$s/train $(SAN_RUN) --world 4 \
-	  $$(case $$s in 01*) echo --forward-only;; 05*) echo --ac;; 06*) echo --reshard-after-forward=false;; esac) \
-	  --link-gbps 5 --out build-tsan/runs/$$s; done
+	$(foreach s,$(SOLUTIONS),echo "tsan: $(s)"; build-tsan/solutions/$(s)/train $(SAN_RUN) --world 4 \
+	  $(STAGE_FLAGS_$(s)) --link-gbps 5 --out build-tsan/runs/$(s);)
 	@echo "tsan: clean"
 # (gcc 12's -Wformat-truncation misfires on vsnprintf under -fsanitize=undefined)
 asan:
@@ -173,9 +188,8 @@ asan:
 	  EXTRA_LDFLAGS="-fsanitize=address,undefined" $(addprefix build-asan/,$(SAN_BINS)) >/dev/null
 	@set -e; export ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1; \
 	for t in test_runtime test_race test_model test_ops test_io; do echo "asan: $$t"; build-asan/tests/$$t | tail -1; done; \
-	for s in $(SOLUTIONS); do echo "asan: $$s"; build-asan/solutions/$$s/train $(SAN_RUN) --world 3 \
-	  $$(case $$s in 01*) echo --forward-only;; 05*) echo --ac;; 06*) echo --reshard-after-forward=false;; esac) \
-	  --out build-asan/runs/$$s; done
+	$(foreach s,$(SOLUTIONS),echo "asan: $(s)"; build-asan/solutions/$(s)/train $(SAN_RUN) --world 3 \
+	  $(STAGE_FLAGS_$(s)) --out build-asan/runs/$(s);)
 	@echo "asan: clean"
 
 # The whole Python test suite against AddressSanitizer + UBSan binaries.

@@ -1,176 +1,80 @@
-/* device.h — the execution runtime: ranks, streams, events, a tagged
- * allocator, collectives, traces and memory snapshots.
+/* device.h — what your hw_fsdp.c may call: the device of one rank.
  *
  * The mental model is CUDA + NCCL, running anywhere:
- *   - A World has N ranks. Default: threads of one process (backend "local").
- *     Under mpirun: one process per rank (backend "mpi").
  *   - Each rank owns a Dev: its streams, its allocator, its trace.
- *   - A Stream is an in-order queue. On the CPU backend a worker thread per
- *     stream executes the queued ops; the rank's host thread only enqueues
- *     (dev_launch returns at once, like a CUDA kernel launch).
- *   - Events order streams: dev_event_record(e, s) marks a point in s;
- *     dev_stream_wait_event(t, e) makes later work on t wait for that point;
- *     dev_event_synchronize(e) blocks the host until it is reached.
- *     As in CUDA, a wait uses the most recent record made *before* the wait
- *     was enqueued (later records do not affect it).
- *   - Collectives are enqueued on a stream and run asynchronously, NCCL-style.
- *     Every rank must issue the same collectives in the same order per stream.
+ *   - A Stream is an in-order queue of work. The host only ENQUEUES
+ *     (every *_async call and every collective returns at once, like a CUDA
+ *     kernel launch); the work runs later, in order, on the stream.
+ *   - Events order streams: dev_event_record(e, s) marks the work queued on s
+ *     so far; dev_stream_wait_event(t, e) makes later work on t wait for that
+ *     point. As in CUDA, a wait uses e's most recent record made *before* the
+ *     wait was enqueued.
+ *   - Collectives run on a stream, asynchronously, NCCL-style: every rank must
+ *     issue the same collectives in the same order on each stream.
  *
- * Memory: dev_alloc/dev_free count current and peak bytes in HOST CALL ORDER
- * (like torch.cuda.memory_allocated), so the peak is a deterministic property
- * of the program. dev_free returns the bytes to the count at once, but the
- * storage is reused only after every stream of the rank has finished all work
- * enqueued before the free (stream-safe, like CUDA's caching allocator).
- *
- * Misuse is a clear one-line error and a non-zero exit (fatal in util.h):
- * waiting on an event never recorded, freeing twice or freeing a pointer that
- * is not an allocation, collectives that differ across ranks.
- *
- * Race detector (CPU backend, on unless WorldConfig.no_race_check): every op
- * is checked when it is ENQUEUED, in host order, against a happens-before
- * model of streams, events and host syncs (vector clocks), so the verdict is
- * the same on every run whatever the thread timing. Copies, memsets and
- * collectives declare what they read and write; kernels declare it with
- * dev_access. Tracking is per allocation (not per byte): two streams touching
- * disjoint halves of one allocation without ordering count as a race. An op
- * that reads a buffer whose last write (on another stream) is not ordered
- * before it by an event wait or a host sync, or that writes a buffer another
- * stream read or wrote without such ordering, or that touches a buffer after
- * its dev_free, stops the run with one line naming the buffer, both ops and
- * streams, and the missing wait (exit status 2). Pointers outside device
- * allocations (host memory) are not tracked. Ordering facts: same stream;
- * dev_event_record + dev_stream_wait_event; dev_stream_synchronize,
- * dev_synchronize, dev_event_synchronize and dev_event_query returning 1 order
- * every op enqueued afterwards (on any stream) after what the host waited for.
- *
- * Watchdog (WorldConfig.collective_timeout_s > 0): a collective that waits
- * longer for its peers (a rank skipped it, issued it on a stream others never
- * created, or is stuck behind a wait that cannot complete) stops the run with
- * "collective timeout on rank R: ..." and a flight recorder (the last 16
- * collectives of every stream of every rank, with their state), exit status 2.
+ * What the runtime guarantees and checks:
+ *   - Memory is counted in HOST CALL ORDER (like torch.cuda.memory_allocated):
+ *     dev_alloc adds its bytes, dev_free removes them, at the call. So the
+ *     peak is a property of your program, the same on every run. A freed
+ *     buffer's storage is reused only after every stream of the rank finished
+ *     the work enqueued before the free.
+ *   - Fresh allocations are filled with NaN: reading memory nobody wrote
+ *     shows up as a NaN loss.
+ *   - The race detector (on by default) stops the run with one line naming the
+ *     buffer, both streams and the missing wait when a stream reads what
+ *     another stream writes (or writes what it reads) without an event wait or
+ *     a host sync in between, or touches a buffer after its dev_free.
+ *   - Collectives that differ across ranks stop with every rank's call named;
+ *     a collective whose peers never come stops after --collective-timeout-s
+ *     with a flight recorder of every rank's last collectives.
+ * Misuse (double free, waiting on an event never recorded, ...) is one line
+ * "error: ..." and exit status 2.
  */
 #ifndef HWFSDP_DEVICE_H
 #define HWFSDP_DEVICE_H
 
 #include <stddef.h>
-#include <stdint.h>
 
-typedef struct World World;
 typedef struct Dev Dev;
 typedef struct Stream Stream;
 typedef struct Event Event;
 
-/* ------------------------------------------------------------------ world */
+/* ---------------------------------------------------------------- the rank */
 
-/* How ranks are hosted and how collectives move data.
- *   local     threads of one process; CPU: memcpy; CUDA build: N ranks share
- *             one GPU (device copies and reduction kernels on their streams)
- *   mpi       one process per rank under mpirun (CPU build), MPI collectives
- *   nccl      CUDA build: threads of one process, one GPU per rank, NCCL
- *   nccl-mpi  CUDA build: one process per rank under mpirun (any number of
- *             nodes), GPU = rank on its node, NCCL id broadcast over MPI */
-typedef enum { BACKEND_LOCAL = 0, BACKEND_MPI = 1, BACKEND_NCCL = 2, BACKEND_NCCL_MPI = 3 } CollBackend;
-/* "local", "mpi", "nccl", "nccl-mpi" */
-const char *backend_name(CollBackend b);
-/* 1 if this runtime was built with the CUDA backend (make cuda). */
-int dev_is_cuda_build(void);
-
-#define WORLD_MAX_RANKS 64
-
-typedef struct {
-    int world_size;           /* N ranks (1..WORLD_MAX_RANKS) */
-    CollBackend backend;      /* local: threads; mpi: one process per rank */
-    double link_gbps;         /* link model for local collectives; 0 = off */
-    double link_latency_us;   /* per ring hop */
-    int poison;               /* fill fresh allocations with NaN */
-    int trace;                /* record op/collective timings for the trace */
-    int blas_threads;         /* OpenBLAS threads per rank (0 = cores / ranks) */
-    int no_race_check;        /* 1 = turn the stream race detector off (on by default) */
-    double collective_timeout_s; /* watchdog: a collective waiting longer stops the run; 0 = off */
-    int tf32;                 /* CUDA build: matmuls may use TF32 tensor cores */
-} WorldConfig;
-
-/* Create the world. With BACKEND_MPI this calls MPI_Init_thread and checks that
- * mpirun's -np equals cfg->world_size (fatal otherwise). */
-World *world_create(const WorldConfig *cfg);
-/* Run rank_main once per rank of this process: one thread per rank (local),
- * or once on the calling thread (mpi). Returns after all ranks returned. */
-void world_run(World *w, void (*rank_main)(Dev *dev, void *arg), void *arg);
-void world_destroy(World *w);
-/* Ranks hosted by this process: all of them (local) or one (mpi). */
-int world_local_ranks(const World *w);
-int world_first_local_rank(const World *w);
-
-/* --------------------------------------------------------------- the rank */
-
-int dev_rank(const Dev *d);
+int dev_rank(const Dev *d);         /* 0 .. world_size-1 */
 int dev_world_size(const Dev *d);
 
-/* Host-side exchange between ranks, outside streams, traces and the
- * collective sequence: every rank passes `value`, all get all ranks' values in
- * rank order. Blocks until every rank called it. For logging only. */
-void dev_host_allgather_f64(Dev *d, double value, double *out /* [world] */);
-/* Host-side barrier (all ranks), outside streams and traces. */
-void dev_host_barrier(Dev *d);
+/* ----------------------------------------------------------------- streams */
 
-/* Scope: what the host is doing now (module and phase, e.g. "block3",
- * "pre_forward"), attached to every op, collective, allocation and free made
- * from now on, for traces and snapshots. step < 0 before training starts. */
-void dev_set_scope(Dev *d, int step, const char *module, const char *phase);
-const char *dev_scope_module(const Dev *d);
-const char *dev_scope_phase(const Dev *d);
-int dev_scope_step(const Dev *d);
-/* Turn op/collective trace recording on or off from now on (e.g. after the
- * first few steps). Memory events are always recorded. */
-void dev_set_tracing(Dev *d, int on);
-
-/* ---------------------------------------------------------------- streams */
-
-/* The compute stream every rank has (stream index 0, "compute"). Model
- * forward/backward run on it. */
+/* The compute stream every rank has ("compute"): module forward and backward
+ * run on it. */
 Stream *dev_compute_stream(Dev *d);
-/* A new stream (index 1, 2, ... in creation order; create them in the same
- * order on every rank). Destroyed with the rank. */
+/* A new stream, destroyed with the rank. Create your streams in the same
+ * order on every rank (collectives match by stream). */
 Stream *dev_stream_create(Dev *d, const char *name);
-int stream_index(const Stream *s);
-const char *stream_name(const Stream *s);
-
-/* Enqueue fn(args) on s. args (at most DEV_ARGS_MAX bytes) is copied, so the
- * caller's struct may go out of scope. name appears in the trace as
- * "<scope module>.<name>". */
-#define DEV_ARGS_MAX 256
-void dev_launch(Stream *s, const char *name, void (*fn)(void *args), const void *args, size_t args_size);
-/* Enqueue copies/fills (traced as "copy"/"memset"). */
+/* Enqueue a copy / a byte fill on s (traced as "copy" / "memset"). */
 void dev_memcpy_async(Stream *s, void *dst, const void *src, size_t bytes);
 void dev_memset_async(Stream *s, void *dst, int byte, size_t bytes);
-/* Race-detector annotation for kernels: the NEXT op enqueued on s (normally
- * the dev_launch that follows) reads (write = 0) or writes (write = 1, which
- * also covers read-modify-write) [p, p + bytes). `what` names the data for
- * messages (e.g. a parameter's name). Cheap; a no-op with the detector off or
- * for memory that is not a device allocation. Call it once per buffer a
- * kernel touches that another stream may produce or consume. */
-void dev_access(Stream *s, const void *p, size_t bytes, int write, const char *what);
-/* Block the host until all work enqueued on s so far has finished. */
+/* Block the host until the work enqueued on s (or on every stream) finished. */
 void dev_stream_synchronize(Stream *s);
-/* Block the host until every stream of the rank is idle. */
 void dev_synchronize(Dev *d);
 
-/* ----------------------------------------------------------------- events */
+/* ------------------------------------------------------------------ events */
 
 Event *dev_event_create(Dev *d, const char *name);
 void dev_event_destroy(Event *e);
 void dev_event_record(Event *e, Stream *s);
-/* Later work on s waits until e's most recent record (as of now) completes.
- * Fatal if e was never recorded. Shows in the trace as a "wait" slice on s
- * when it actually had to wait. */
+/* Later work on s waits for e's most recent record (as of now). Fatal if e
+ * was never recorded. In the trace: a "wait" slice on s when it had to wait. */
 void dev_stream_wait_event(Stream *s, Event *e);
-/* Block the host until e's most recent record completes. Fatal if never recorded. */
+/* Block the host until e's most recent record completed (fatal if never
+ * recorded); dev_event_query: 1 if it has, 0 if not yet. */
 void dev_event_synchronize(Event *e);
-/* 1 if e's most recent record has completed, else 0. Fatal if never recorded. */
 int dev_event_query(Event *e);
 
-/* ---------------------------------------------------------------- memory */
+/* ------------------------------------------------------------------ memory */
 
+/* Every allocation carries a tag: the snapshots and the grader group bytes by it. */
 typedef enum {
     MEM_PARAM = 0,          /* full (never sharded) parameter, e.g. model init */
     MEM_PARAM_SHARD,        /* a DTensor's local shard */
@@ -184,66 +88,91 @@ typedef enum {
     MEM_TAG_COUNT
 } MemTag;
 
-/* "param", "param_shard", "unsharded_param", ... (stable names used in snapshots) */
-const char *mem_tag_name(MemTag tag);
-
-/* A new allocation of `bytes` (64-byte aligned), tagged and named (the name is
- * copied). Counted at once. Fresh memory is NaN-filled when the world was
- * created with poison=1. bytes may be 0 (returns a unique non-NULL pointer). */
+/* A new allocation of `bytes` (64-byte aligned), tagged and named (the name
+ * is copied; it shows in snapshots and race messages). Counted at once.
+ * bytes may be 0 (a unique non-NULL pointer). */
 void *dev_alloc(Dev *d, size_t bytes, MemTag tag, const char *name);
 float *dev_alloc_f32(Dev *d, size_t count, MemTag tag, const char *name);
-/* Release an allocation (NULL is ignored). Fatal if p is not the start of a
- * live allocation of this rank (double free, foreign pointer). */
+/* Release an allocation (NULL is ignored); uncounted at once. Fatal if p is
+ * not the start of a live allocation of this rank. */
 void dev_free(Dev *d, void *p);
+size_t dev_mem_current(const Dev *d);   /* bytes allocated now */
+size_t dev_mem_peak(const Dev *d);      /* most bytes allocated at once this step */
 
-size_t dev_mem_current(const Dev *d);                 /* bytes allocated now */
-size_t dev_mem_peak(const Dev *d);                    /* max since last reset */
-void dev_mem_reset_peak(Dev *d);                      /* peak := current */
-size_t dev_mem_current_by_tag(const Dev *d, MemTag tag);
-/* Bytes of storage the allocator holds now: live allocations, freed ones
- * still in use by queued work, and (CUDA) cached segments. >= current. */
-size_t dev_mem_reserved(const Dev *d);
-/* Size of the live allocation that contains address p, or 0 if none does. */
-size_t dev_mem_live_size_containing(const Dev *d, const void *p);
-/* Identity (allocation sequence number, never reused) of the live allocation
- * containing p, or 0 if none does: tells a buffer apart from a later one that
- * happens to get the same address. */
-uint64_t dev_mem_live_id_containing(const Dev *d, const void *p);
-
-/* Append a named record to the memory snapshot's event list (used by the
- * training loop for per-hook checks the grader reads, e.g. after post_forward:
- * {"kind":"hook_check","module":"block2","hook":"post_forward",
- *  "live_unsharded_param_bytes":0,...}). json_fields is a JSON object body
- * without braces, e.g. "\"live_bytes\":0". */
-void dev_mem_note(Dev *d, const char *kind, const char *json_fields);
-
-/* ------------------------------------------------------------ collectives */
+/* ------------------------------------------------------------- collectives */
 
 typedef enum { RED_SUM = 0, RED_AVG = 1 } RedOp;
 
-/* All float32, counts in elements, NCCL semantics, enqueued on s.
- * `label` names the module the collective serves (trace name "<label>.all_gather").
- * all_gather:     recv[r*send_count + i] = send_of_rank_r[i]. In-place allowed:
- *                 send == recv + rank*send_count.
- * reduce_scatter: recv[i] = op over r of send_of_rank_r[rank*recv_count + i].
- * all_reduce:     recv[i] = op over r of send_of_rank_r[i] (send == recv allowed).
- * broadcast:      buf of every rank := buf of root.
- * Reductions add in rank order 0, 1, ..., N-1 (bitwise reproducible); AVG
- * divides the sum by N. Ranks whose calls disagree (kind, count, op, root) stop
- * with a message naming every rank's call. */
+/* All float32, counts in elements, NCCL semantics, enqueued on s; `label`
+ * names the module served (trace: "<label>.all_gather").
+ * all_gather:     recv[r*send_count + i] = send of rank r [i]
+ *                 (in place allowed: send == recv + rank*send_count)
+ * reduce_scatter: recv[i] = op over r of (send of rank r)[rank*recv_count + i]
+ * all_reduce:     recv[i] = op over r of (send of rank r)[i]  (send == recv allowed)
+ * broadcast:      buf of every rank := buf of root
+ * Sums add in rank order 0, 1, ..., N-1 (bitwise reproducible); RED_AVG
+ * divides the sum by N. */
 void coll_all_gather(Dev *d, const float *send, float *recv, size_t send_count, Stream *s, const char *label);
-void coll_reduce_scatter(Dev *d, const float *send, float *recv, size_t recv_count, RedOp op, Stream *s, const char *label);
+void coll_reduce_scatter(Dev *d, const float *send, float *recv, size_t recv_count, RedOp op, Stream *s,
+                         const char *label);
 void coll_all_reduce(Dev *d, const float *send, float *recv, size_t count, RedOp op, Stream *s, const char *label);
 void coll_broadcast(Dev *d, float *buf, size_t count, int root, Stream *s, const char *label);
 void coll_barrier(Dev *d, Stream *s, const char *label);
 
-/* ------------------------------------------------------- traces, snapshots */
+/* ----------------------------------------------------------------- DTensor */
 
-/* Write this rank's Chrome trace (trace_rank<r>.json) and memory snapshot
- * (memory_rank<r>.json and memory_rank<r>.pickle for pytorch.org/memory_viz)
- * into dir. Synchronizes the rank first. With the local backend, rank 0 also
- * writes trace.json holding every rank (call after all ranks wrote theirs:
- * dev_write_artifacts does a host barrier). */
-void dev_write_artifacts(Dev *d, const char *dir);
+#define WORLD_MAX_RANKS 64
+
+/* The world as a 1-D device mesh: ranks 0..size-1. */
+typedef struct {
+    int size;
+    int ranks[WORLD_MAX_RANKS];
+} DeviceMesh;
+
+typedef enum { PLACEMENT_NONE = 0, PLACEMENT_SHARD0 = 1, PLACEMENT_REPLICATE = 2 } Placement;
+
+/* A sharded parameter, as FSDP2's DTensor with placement Shard(0).
+ * Dim 0 is split as torch.chunk splits it: every rank gets
+ * padded_rows = ceil(global_rows / world) rows until they run out, so the
+ * trailing ranks get fewer or none (5 rows on 4 ranks: 2, 2, 1, 0). Every
+ * local shard is stored padded to padded_rows rows (padding rows are zeros),
+ * so every rank's piece of an all-gather has the same size.
+ * row_offset is the first global row this rank owns: rank * padded_rows. A
+ * rank that owns no rows has row_offset = global_rows (its empty range starts
+ * at the end of the tensor, as torch.chunk's missing chunks do), so
+ * [row_offset, row_offset + local_rows) is always a valid range. */
+typedef struct {
+    float *local;             /* [padded_rows, row_numel] this rank's shard */
+    float *grad;              /* [padded_rows, row_numel] sharded grad (NULL when none) */
+    float *exp_avg;           /* [local_rows * row_numel] AdamW state of the shard */
+    float *exp_avg_sq;        /* [local_rows * row_numel] */
+    size_t global_rows;       /* global shape[0] */
+    size_t row_numel;         /* product of the other global dims (1 for 1-D) */
+    size_t local_rows;        /* rows this rank owns (may be 0) */
+    size_t padded_rows;       /* rows stored: ceil(global_rows / world) */
+    size_t row_offset;        /* first global row this rank owns (see above) */
+    const DeviceMesh *mesh;   /* the world's mesh */
+    Placement placement;      /* Shard(0) for FSDP */
+} DTensor;
+
+/* ----------------------------------------------------------- launch helpers */
+
+/* AdamW hyperparameters (torch.optim.AdamW semantics). */
+typedef struct {
+    float lr;            /* peak learning rate (torchtitan default 8e-4) */
+    float beta1, beta2;  /* 0.9, 0.95 */
+    float eps;           /* 1e-8 */
+    float weight_decay;  /* 0.1, decoupled */
+    int warmup_steps;    /* linear warmup length */
+    float max_norm;      /* global-norm clipping threshold (<= 0: off) */
+} AdamWConfig;
+
+/* Queue *acc += sum of x[i]^2 on s (acc: one device float). */
+void launch_sumsq_accumulate(Stream *s, float *acc, const float *x, size_t n);
+/* Queue one AdamW update of n elements of a shard on s, t = 1-based step. The
+ * clip coefficient min(1, max_norm / (sqrt(*total_sumsq) + 1e-6)) is formed on
+ * the stream from *total_sumsq (the global sum of squared grads, a device float). */
+void launch_adamw(Stream *s, float *param, const float *grad, float *exp_avg, float *exp_avg_sq, size_t n,
+                  const AdamWConfig *c, float lr, int t, const float *total_sumsq);
 
 #endif

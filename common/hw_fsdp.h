@@ -1,8 +1,9 @@
-/* hw_fsdp.h — THE CONTRACT. Read this first.
+/* hw_fsdp.h — THE CONTRACT. Read this first, then device.h: together they are
+ * everything your code may use.
  *
- * You write ONE file: stages/NN_name/hw_fsdp.c. It implements the functions
- * below. The training loop (common/train_main.c) calls them exactly as
- * PyTorch autograd calls FSDP2's hooks:
+ * You write ONE file: stages/NN_name/hw_fsdp.c. It implements the hooks
+ * below. The training loop (common/driver/train_step.c) calls them exactly as
+ * PyTorch autograd calls FSDP2's:
  *
  *   fsdp_init                          once: shard the model into DTensors
  *   for each step:
@@ -35,16 +36,72 @@
  *     already allocated and filled after fsdp_init; create optimizer state only
  *     where they are NULL.
  * What the grader checks, per stage: see HANDOUT.md.
- *
- * Types: Model/Module/Param/DTensor in model.h; streams, events, dev_alloc,
- * collectives in device.h; AdamW in optim.h.
  */
 #ifndef HWFSDP_HW_FSDP_H
 #define HWFSDP_HW_FSDP_H
 
+#include <stddef.h>
+
 #include "device.h"
-#include "model.h"
-#include "optim.h"
+
+/* ------------------------------------------------ the model your hooks see */
+
+typedef struct {
+    int dim;                  /* D */
+    int n_layers;             /* L */
+    int n_heads;              /* H */
+    int n_kv_heads;           /* KV (GQA when < H; 0 means = H) */
+    int vocab_size;           /* V */
+    int multiple_of;          /* FFN hidden rounded up to a multiple of this */
+    float ffn_dim_multiplier; /* 0 = none */
+    float norm_eps;           /* 1e-5 */
+    float rope_theta;         /* 500000 */
+    /* derived */
+    int head_dim;             /* hd = D / H */
+    int hidden_dim;           /* F = multiple_of * ceil(m * (2 * 4D / 3) / multiple_of) */
+} ModelConfig;
+
+typedef struct {
+    char name[64];            /* torchtitan name, e.g. "layers.2.attention.wq.weight" */
+    int ndim;                 /* 1 (norm weights) or 2 */
+    size_t shape[2];          /* global shape; Linear weights are [out, in] */
+    size_t numel;
+    float *data;              /* [numel] unsharded values the forward reads */
+    float *grad;              /* [numel] unsharded grad the backward accumulates into */
+    DTensor dt;               /* the sharded parameter (device.h) */
+} Param;
+
+/* The most parameters a module has (a block has 9); the runtime checks it, so
+ * per-module arrays of this size never overflow. */
+#define MODULE_MAX_PARAMS 16
+
+typedef enum { MOD_EMBEDDING = 0, MOD_BLOCK = 1, MOD_HEAD = 2 } ModuleKind;
+
+typedef struct ModuleActs ModuleActs; /* saved activations (runtime-private) */
+
+/* Modules, in forward order (as torchtitan wraps them with fully_shard):
+ *   modules[0]        "embedding"  tok_embeddings.weight
+ *   modules[1 .. L]   "block<i>"   attention_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3
+ *   modules[L + 1]    "head"       norm.weight, output.weight (+ the loss) */
+typedef struct {
+    ModuleKind kind;
+    int index;                /* position in forward order: 0 .. n_modules-1 */
+    int layer;                /* block number (blocks only; -1 otherwise) */
+    char name[24];            /* "embedding", "block3", "head" */
+    int n_params;             /* <= MODULE_MAX_PARAMS */
+    Param *params;            /* [n_params] */
+    void *fsdp;               /* yours: per-module FSDP state */
+    ModuleActs *acts;         /* runtime-private */
+} Module;
+
+typedef struct {
+    ModelConfig cfg;
+    int n_modules;            /* L + 2 */
+    Module *modules;          /* [n_modules] in forward order */
+    size_t n_params_total;    /* elements over all parameters */
+} Model;
+
+/* ---------------------------------------------------------------- the hooks */
 
 typedef struct {
     Dev *dev;
@@ -72,10 +129,9 @@ void fsdp_destroy(Fsdp *f);
  * with status 3. The starters call it where your code goes. */
 void hw_todo(const char *what, const char *where) __attribute__((noreturn));
 
-/* Runtime helpers you may use. */
-/* Queue one AdamW update of a shard on s; the clip coefficient is computed on
- * the stream from *total_sumsq (the global sum of squared grads). */
-void launch_adamw(Stream *s, float *param, const float *grad, float *exp_avg, float *exp_avg_sq, size_t n,
-                  const AdamWConfig *c, float lr, int t, const float *total_sumsq);
+/* Host memory for your bookkeeping (never NULL: out of memory is fatal).
+ * Device buffers come from dev_alloc. */
+void *xmalloc(size_t bytes);
+void *xcalloc(size_t n, size_t size);
 
 #endif

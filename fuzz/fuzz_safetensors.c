@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "fuzz_support.h"
-#include "safetensors.h"
+#include "model/safetensors.h"
 
 /* Strict UTF-8 (no overlongs, no surrogates, nothing above U+10FFFF). */
 static int valid_utf8(const char *s) {

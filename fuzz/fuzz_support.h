@@ -31,7 +31,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "util.h"
+#include "runtime/util.h"
 
 /* ------------------------------------------------------ allocation tracker */
 

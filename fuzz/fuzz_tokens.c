@@ -12,7 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "data.h"
+#include "model/data.h"
 #include "fuzz_support.h"
 
 #define CHECK(cond, ...)                                                  \

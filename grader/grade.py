@@ -488,7 +488,7 @@ class Baselines:
         if self.built is None:
             d = os.path.join(self.out_root, "baseline-bin")
             os.makedirs(d, exist_ok=True)
-            ok, reason, _ = build(os.path.join(ROOT, "common", "baseline.c"), os.path.join(d, "train"),
+            ok, reason, _ = build(os.path.join(ROOT, "common", "driver", "baseline.c"), os.path.join(d, "train"),
                                   os.path.join(d, "log.txt"), self.limits)
             self.built = (ok, reason, os.path.join(d, "train"))
         return self.built

@@ -14,13 +14,14 @@ NVCCFLAGS     := -std=c++17 -O2 -g -DHWFSDP_CUDA -Icommon $(NVCC_GENCODE) -Werro
 CUDA_CFLAGS   := $(CFLAGS) -DHWFSDP_CUDA -I$(CUDA_HOME)/include
 CUDA_LDLIBS   := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lnccl -lstdc++ $(LDLIBS)
 
-# The CPU streams and collectives (stream.c, collectives.c) are replaced by common/cuda/.
-CUDA_SHARED_SRC := $(filter-out common/stream.c common/collectives.c,$(COMMON_SRC))
+# The CPU streams and collectives (runtime/stream.c, runtime/collectives.c) are replaced by common/cuda/.
+CUDA_SHARED_SRC := $(filter-out common/runtime/stream.c common/runtime/collectives.c,$(COMMON_SRC))
 CUDA_OBJ := $(patsubst common/%.c,$(CUDA_BUILD)/common/%.o,$(CUDA_SHARED_SRC)) \
             $(patsubst common/cuda/%.c,$(CUDA_BUILD)/common/cuda/%.o,$(wildcard common/cuda/*.c)) \
             $(patsubst common/cuda/%.cu,$(CUDA_BUILD)/common/cuda/%.cu.o,$(wildcard common/cuda/*.cu))
 CUDA_LIB := $(CUDA_BUILD)/libhwfsdp_cuda.a
-CUDA_HDRS := $(wildcard common/*.h common/cuda/*.h)
+CUDA_HDRS := $(HEADERS)
+CUDA_DRIVER_OBJ := $(patsubst common/%.c,$(CUDA_BUILD)/common/%.o,$(DRIVER_SRC))
 CUDA_BINS := $(CUDA_BUILD)/baseline/train $(patsubst %,$(CUDA_BUILD)/solutions/%/train,$(SOLUTIONS)) \
              $(patsubst %,$(CUDA_BUILD)/stages/%/train,$(STAGES)) $(CUDA_BUILD)/tests/check_ops
 
@@ -45,31 +46,27 @@ $(CUDA_LIB): $(CUDA_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(CUDA_BUILD)/train_main.o: common/train_main.c $(CUDA_HDRS)
+$(CUDA_BUILD)/baseline/train: common/driver/baseline.c $(CUDA_DRIVER_OBJ) $(CUDA_LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(CUDA_CFLAGS) -c $< -o $@
+	$(CC) $(CUDA_CFLAGS) -o $@ $< $(CUDA_DRIVER_OBJ) $(CUDA_LIB) $(LDFLAGS) $(CUDA_LDLIBS)
 
-$(CUDA_BUILD)/baseline/train: common/baseline.c $(CUDA_BUILD)/train_main.o $(CUDA_LIB)
+$(CUDA_BUILD)/solutions/%/train: solutions/%/hw_fsdp.c $(CUDA_DRIVER_OBJ) $(CUDA_LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(CUDA_CFLAGS) -o $@ $< $(CUDA_BUILD)/train_main.o $(CUDA_LIB) $(LDFLAGS) $(CUDA_LDLIBS)
+	$(CC) $(CUDA_CFLAGS) -o $@ $< $(CUDA_DRIVER_OBJ) $(CUDA_LIB) $(LDFLAGS) $(CUDA_LDLIBS)
 
-$(CUDA_BUILD)/solutions/%/train: solutions/%/hw_fsdp.c $(CUDA_BUILD)/train_main.o $(CUDA_LIB)
+$(CUDA_BUILD)/stages/%/train: stages/%/hw_fsdp.c $(CUDA_DRIVER_OBJ) $(CUDA_LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(CUDA_CFLAGS) -o $@ $< $(CUDA_BUILD)/train_main.o $(CUDA_LIB) $(LDFLAGS) $(CUDA_LDLIBS)
-
-$(CUDA_BUILD)/stages/%/train: stages/%/hw_fsdp.c $(CUDA_BUILD)/train_main.o $(CUDA_LIB)
-	@mkdir -p $(dir $@)
-	$(CC) $(CUDA_CFLAGS) $(STARTER_CFLAGS) -o $@ $< $(CUDA_BUILD)/train_main.o $(CUDA_LIB) $(LDFLAGS) $(CUDA_LDLIBS)
+	$(CC) $(CUDA_CFLAGS) $(STARTER_CFLAGS) -o $@ $< $(CUDA_DRIVER_OBJ) $(CUDA_LIB) $(LDFLAGS) $(CUDA_LDLIBS)
 
 $(CUDA_BUILD)/tests/check_ops: tests/gpu/check_ops.c $(CUDA_LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CUDA_CFLAGS) -Itests -o $@ $< $(CUDA_LIB) $(LDFLAGS) $(CUDA_LDLIBS)
 
 # Any hw_fsdp.c against the CUDA runtime (the grader's --cuda uses it).
-impl-cuda: cuda-check-tools $(CUDA_BUILD)/train_main.o $(CUDA_LIB)
+impl-cuda: cuda-check-tools $(CUDA_DRIVER_OBJ) $(CUDA_LIB)
 	@test -n "$(SRC)" -a -n "$(OUT)" || { echo "usage: make impl-cuda SRC=hw_fsdp.c OUT=binary"; exit 2; }
 	@mkdir -p $(dir $(OUT))
-	$(CC) $(CUDA_CFLAGS) $(STARTER_CFLAGS) -o $(OUT) $(SRC) $(CUDA_BUILD)/train_main.o $(CUDA_LIB) $(LDFLAGS) $(CUDA_LDLIBS)
+	$(CC) $(CUDA_CFLAGS) $(STARTER_CFLAGS) -o $(OUT) $(SRC) $(CUDA_DRIVER_OBJ) $(CUDA_LIB) $(LDFLAGS) $(CUDA_LDLIBS)
 
 gpu-check: all cuda
 	sh tools/gpu_check.sh

@@ -20,8 +20,8 @@ FUZZ_LDFLAGS := -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=free -lm
 # libFuzzer: inputs up to 8 KiB, 10 s per input is a hang, 2 GiB is a runaway
 FUZZ_FLAGS   := -max_len=8192 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1
 
-FUZZ_SRC_safetensors := common/safetensors.c common/util.c
-FUZZ_SRC_tokens      := common/data.c common/util.c
+FUZZ_SRC_safetensors := common/model/safetensors.c common/runtime/util.c
+FUZZ_SRC_tokens      := common/model/data.c common/runtime/util.c
 FUZZ_BINS := $(patsubst %,$(FUZZ_BUILD)/fuzz_%,$(FUZZ_TARGETS))
 
 .PHONY: fuzz fuzz-build fuzz-check-tools fuzz-clean
@@ -42,7 +42,7 @@ fuzz-build fuzz:
 else
 fuzz-build: fuzz-check-tools $(FUZZ_BINS)
 
-$(FUZZ_BUILD)/fuzz_%: fuzz/fuzz_%.c fuzz/fuzz_support.h $(wildcard common/*.h) | fuzz-check-tools
+$(FUZZ_BUILD)/fuzz_%: fuzz/fuzz_%.c fuzz/fuzz_support.h $(wildcard common/*.h common/*/*.h) | fuzz-check-tools
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $< $(FUZZ_SRC_$*) $(FUZZ_LDFLAGS)
 $(foreach t,$(FUZZ_TARGETS),$(eval $(FUZZ_BUILD)/fuzz_$(t): $(FUZZ_SRC_$(t))))
 

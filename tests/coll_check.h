@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "device.h"
+#include "runtime/runtime.h"
 
 /* Deterministic inputs of every rank, with magnitudes that make the
  * summation order visible in the last bits. */

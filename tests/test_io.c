@@ -13,10 +13,10 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "data.h"
-#include "optim.h"
-#include "safetensors.h"
-#include "util.h"
+#include "model/data.h"
+#include "model/optim.h"
+#include "model/safetensors.h"
+#include "runtime/util.h"
 
 static void tmp_path(char *buf, size_t cap, const char *name) {
     const char *dir = getenv("TMPDIR");

@@ -9,9 +9,9 @@
 #include <string.h>
 
 #include "check.h"
-#include "device.h"
-#include "model.h"
-#include "util.h"
+#include "runtime/runtime.h"
+#include "model/model.h"
+#include "runtime/util.h"
 
 typedef struct {
     Model *m;

@@ -25,8 +25,8 @@
 #include <string.h>
 
 #include "check.h"
-#include "ops.h"
-#include "util.h"
+#include "model/ops.h"
+#include "runtime/util.h"
 
 #define FWD_RTOL 1e-5
 #define GRAD_RTOL 1e-4

@@ -8,8 +8,8 @@
  * A race verdict ends the process (exit 2), so each unit test forks a child
  * that runs a scenario and compares its stderr with the expected line. */
 #include "check.h"
-#include "device.h"
-#include "util.h"
+#include "runtime/runtime.h"
+#include "runtime/util.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -8,9 +8,9 @@
  * Rank functions run on several threads; TCHECK serializes the harness. White-box
  * checks (deferred frees, trace records) read the private structs of device_internal.h. */
 #include "check.h"
-#include "device.h"
-#include "device_internal.h"
-#include "util.h"
+#include "runtime/runtime.h"
+#include "runtime/internal.h"
+#include "runtime/util.h"
 
 #include <pthread.h>
 #include <stdint.h>

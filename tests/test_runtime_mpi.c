@@ -8,8 +8,8 @@
  * local-backend test, so passing both means the backends agree bitwise.
  * Each process prints its own summary; rank 0's last line is "N passed, N failed". */
 #include "check.h"
-#include "device.h"
-#include "util.h"
+#include "runtime/runtime.h"
+#include "runtime/util.h"
 
 #include <stdint.h>
 #include <stdlib.h>

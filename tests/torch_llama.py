@@ -17,7 +17,7 @@ the wall time of the whole step, batch to optimizer, for tools/bench.py).
 
 writes a random initial model (normal weights, unit norms) for tests.
 
-Data (common/data.h): a .npy file (uint16/int32, 1-D) or any other file read
+Data (common/model/data.h): a .npy file (uint16/int32, 1-D) or any other file read
 byte-wise. For step s the global batch is, for rank r in 0..W-1 and sample i
 in 0..B-1, start = ((s*W + r)*B + i)*T mod (n - T - 1); the loss is the mean
 over all W*B*T targets, which is what FSDP's averaged gradients compute.
@@ -224,7 +224,7 @@ def global_batch(tokens, step, world, B, T):
 # ---------------------------------------------------------------- driver
 
 def lr_lambda(warmup_steps):
-    # torchtitan's linear warmup (common/optim.h): (s+1)/(warmup+1) for s < warmup
+    # torchtitan's linear warmup (common/model/optim.h): (s+1)/(warmup+1) for s < warmup
     return lambda s: (s + 1) / (warmup_steps + 1) if s < warmup_steps else 1.0
 
 

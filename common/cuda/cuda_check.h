@@ -15,7 +15,7 @@
 extern "C" {
 #endif
 
-#include "util.h"
+#include "runtime/util.h"
 
 const char *cublas_status_name(cublasStatus_t s);
 

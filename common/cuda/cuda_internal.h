@@ -5,7 +5,7 @@
 #define HWFSDP_CUDA_INTERNAL_H
 
 #include "cuda/cuda_check.h"
-#include "device_internal.h"
+#include "runtime/internal.h"
 
 #include <nccl.h>
 

@@ -21,10 +21,10 @@
 
 #include "cuda/cuda_check.h"
 extern "C" {
-#include "optim.h" /* a C header: adamw_scalars has C linkage */
+#include "model/optim.h" /* a C header: adamw_scalars has C linkage */
 }
-#include "kernels.h"
-#include "ops_math.h" /* the per-element formulas the CPU ops use */
+#include "model/kernels.h"
+#include "model/ops_math.h" /* the per-element formulas the CPU ops use */
 
 namespace {
 

@@ -14,13 +14,12 @@
 #include <string.h>
 
 #include "hw_fsdp.h"
-#include "util.h"
 
 /* One FSDP unit: a module and the flat layout of its parameters. */
 typedef struct {
     Module *mod;
     size_t shard_numel;   /* per-rank segment: sum of every param's padded shard */
-    size_t offsets[16];   /* where param j's padded shard starts in a segment */
+    size_t offsets[MODULE_MAX_PARAMS]; /* where param j's padded shard starts in a segment */
 } Group;
 
 struct Fsdp {
@@ -64,6 +63,7 @@ Fsdp *fsdp_init(const FsdpConfig *cfg) {
             dt->row_numel = p->numel / p->shape[0];
             dt->padded_rows = chunk_rows(p->shape[0], f->world);
             dt->local_rows = rows_of_rank(p->shape[0], f->world, f->rank);
+            /* a rank with no rows starts at the end (device.h, DTensor.row_offset) */
             dt->row_offset = dt->local_rows ? dt->padded_rows * (size_t)f->rank : p->shape[0];
             dt->mesh = f->mesh;
             dt->placement = PLACEMENT_SHARD0;

@@ -14,7 +14,6 @@
 #include <string.h>
 
 #include "hw_fsdp.h"
-#include "util.h"
 
 /* FSDP2's training state of a module, so the hooks know where they are. */
 typedef enum {
@@ -29,7 +28,7 @@ typedef struct {
     Module *mod;
     TrainingState state;
     size_t shard_numel;   /* per-rank segment: sum of every param's padded shard */
-    size_t offsets[16];   /* where param j's padded shard starts in a segment */
+    size_t offsets[MODULE_MAX_PARAMS]; /* where param j's padded shard starts in a segment */
     float *ag_flat;       /* [world * shard_numel] all-gather output while in flight */
     Event *ag_done;       /* recorded on the all-gather stream after the all-gather */
     float *grad_shards;   /* [shard_numel] reduce-scatter output; DTensor.grad are views */
@@ -79,6 +78,7 @@ Fsdp *fsdp_init(const FsdpConfig *cfg) {
             dt->row_numel = p->numel / p->shape[0];
             dt->padded_rows = chunk_rows(p->shape[0], f->world);
             dt->local_rows = rows_of_rank(p->shape[0], f->world, f->rank);
+            /* a rank with no rows starts at the end (device.h, DTensor.row_offset) */
             dt->row_offset = dt->local_rows ? dt->padded_rows * (size_t)f->rank : p->shape[0];
             dt->mesh = f->mesh;
             dt->placement = PLACEMENT_SHARD0;

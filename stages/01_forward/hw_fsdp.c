@@ -17,13 +17,12 @@
 #include <string.h>
 
 #include "hw_fsdp.h"
-#include "util.h"
 
 /* One FSDP unit: a module and the flat layout of its parameters. */
 typedef struct {
     Module *mod;
     size_t shard_numel;   /* per-rank segment: sum of every param's padded shard */
-    size_t offsets[16];   /* where param j's padded shard starts in a segment */
+    size_t offsets[MODULE_MAX_PARAMS]; /* where param j's padded shard starts in a segment */
 } Group;
 
 struct Fsdp {

@@ -40,10 +40,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "device.h"
-#include "kernels.h"
-#include "ops.h"
-#include "util.h"
+#include "runtime/runtime.h"
+#include "model/kernels.h"
+#include "model/ops.h"
+#include "runtime/util.h"
 
 #ifdef CHECK_OPS_SELFTEST
 /* The harness tested on the CPU build (tests/test_cuda_build.py): the "GPU"

@@ -1,7 +1,7 @@
 /* world.c — the World (ranks as threads or MPI processes), each rank's Dev,
  * scope, string interning and the host-side barrier/allgather. */
-#include "device_internal.h"
-#include "util.h"
+#include "runtime/internal.h"
+#include "runtime/util.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -7,8 +7,8 @@
  * CPU kernels (AVX2/AVX-512 builds) compute add_(x, alpha) and addcmul_ with a
  * fused multiply-add, so we use fmaf there; with that, the results are
  * bit-identical to torch 1.13 on this machine. */
-#include "optim.h"
-#include "ops_math.h"
+#include "model/optim.h"
+#include "model/ops_math.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -1,10 +1,10 @@
 /* kernels_cpu.c — the CPU stream kernels (kernels.h): argument unpacking
  * around the plain C ops. They run on a stream's worker thread. */
-#include "kernels.h"
+#include "model/kernels.h"
 
 #include <math.h>
 
-#include "ops.h"
+#include "model/ops.h"
 
 void kcpu_embedding_forward(void *a) { EmbArgs *x = a; embedding_forward(x->out, x->tok, x->w, x->N, x->D); }
 void kcpu_embedding_backward(void *a) { EmbArgs *x = a; embedding_backward(x->out, x->w, x->tok, x->N, x->D); }

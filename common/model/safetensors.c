@@ -1,13 +1,13 @@
 /* safetensors.c — strict reader and atomic writer for F32 .safetensors files,
  * with a small JSON parser of its own (no library dependency). */
-#include "safetensors.h"
+#include "model/safetensors.h"
 
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "util.h"
+#include "runtime/util.h"
 
 /* ------------------------------------------------------------------ JSON */
 

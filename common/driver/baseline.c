@@ -9,7 +9,7 @@
 #include <stdlib.h>
 
 #include "hw_fsdp.h"
-#include "util.h"
+#include "runtime/util.h"
 
 struct Fsdp {
     Dev *dev;

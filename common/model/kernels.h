@@ -19,7 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "optim.h"
+#include "model/optim.h"
 
 #ifdef HWFSDP_CUDA
 #define KERNEL(name) kcuda_##name

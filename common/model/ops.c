@@ -12,8 +12,8 @@
  * The comments give the math next to the code; x, w, g are one row of the
  * input, the weight and the upstream gradient dL/dout.
  */
-#include "ops.h"
-#include "ops_math.h"
+#include "model/ops.h"
+#include "model/ops_math.h"
 
 #include <cblas.h>
 #if defined(__SSE2__)
@@ -25,7 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "util.h"
+#include "runtime/util.h"
 
 /* cblas takes int dimensions: refuse sizes it cannot represent instead of
  * silently truncating them. */

@@ -21,8 +21,8 @@
  * allocator keeps recently freed allocations (and holds their storage, so no
  * new allocation or host malloc can take the address meanwhile) to tell.
  */
-#include "device_internal.h"
-#include "util.h"
+#include "runtime/internal.h"
+#include "runtime/util.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,8 +1,8 @@
 /* artifacts.c — Chrome trace JSON, memory snapshot JSON, and a memory_viz
  * pickle written by hand with only the opcodes memory_viz's unpickler accepts.
  * The trace timestamps of every rank are relative to the World's epoch. */
-#include "device_internal.h"
-#include "util.h"
+#include "runtime/internal.h"
+#include "runtime/util.h"
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -1,8 +1,8 @@
 /* coll_common.c — what both backends' collectives share: names, the
  * cross-rank agreement check, argument checks, the flight recorder and the
  * watchdog's report. */
-#include "device_internal.h"
-#include "util.h"
+#include "runtime/internal.h"
+#include "runtime/util.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -1,11 +1,11 @@
 /* data.c — token files (.npy or byte-level text) and the batch order contract. */
-#include "data.h"
+#include "model/data.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "util.h"
+#include "runtime/util.h"
 
 static const char NPY_MAGIC[6] = {'\x93', 'N', 'U', 'M', 'P', 'Y'};
 

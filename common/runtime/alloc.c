@@ -1,8 +1,8 @@
 /* alloc.c — the per-rank tagged allocator: counts in host call order, a treap
  * of live allocations keyed by address (exact and "containing" lookups in
  * O(log n)), stream-safe deferred frees, poison, and the memory event log. */
-#include "device_internal.h"
-#include "util.h"
+#include "runtime/internal.h"
+#include "runtime/util.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -4,8 +4,8 @@
  *   model makes the collective last as long as ring traffic would.
  * mpi backend: one communicator per stream index; reductions are done here in
  *   rank order so results are bitwise identical to the local backend. */
-#include "device_internal.h"
-#include "util.h"
+#include "runtime/internal.h"
+#include "runtime/util.h"
 
 #include <errno.h>
 #include <limits.h>

@@ -1,7 +1,7 @@
 /* stream.c — streams (a worker thread per stream executing a FIFO of ops),
  * events, launches, async copies and host synchronization. */
-#include "device_internal.h"
-#include "util.h"
+#include "runtime/internal.h"
+#include "runtime/util.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -7,14 +7,10 @@
 
 #include <stddef.h>
 
-typedef struct {
-    float lr;            /* peak learning rate (torchtitan default 8e-4) */
-    float beta1, beta2;  /* 0.9, 0.95 */
-    float eps;           /* 1e-8 */
-    float weight_decay;  /* 0.1, decoupled */
-    int warmup_steps;    /* linear warmup length */
-    float max_norm;      /* global-norm clipping threshold (<= 0: off) */
-} AdamWConfig;
+#include "device.h"
+
+/* AdamWConfig (lr, betas, eps, weight decay, warmup, max_norm) is in device.h:
+ * student code passes it to launch_adamw. */
 
 /* Defaults above. */
 AdamWConfig adamw_default_config(void);

@@ -13,15 +13,16 @@
  *   g   = silu(hn W1^T) * (hn W3^T)                [N, F]
  *   out = h + g W2^T
  */
-#include "model.h"
+#include "model/model.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels.h"
-#include "util.h"
+#include "model/kernels.h"
+#include "runtime/runtime.h"
+#include "runtime/util.h"
 
 /* ------------------------------------------------------------ configuration */
 
@@ -108,6 +109,8 @@ static void set_param(Param *p, const char *name, int ndim, size_t d0, size_t d1
 /* Block parameter order (index into Module.params). */
 enum { P_ATTN_NORM, P_WQ, P_WK, P_WV, P_WO, P_FFN_NORM, P_W1, P_W2, P_W3, P_BLOCK_COUNT };
 enum { P_HEAD_NORM, P_OUTPUT, P_HEAD_COUNT };
+/* per-module arrays (hw_fsdp.c's offsets, the driver's probes) hold MODULE_MAX_PARAMS entries */
+_Static_assert(P_BLOCK_COUNT <= MODULE_MAX_PARAMS && P_HEAD_COUNT <= MODULE_MAX_PARAMS, "raise MODULE_MAX_PARAMS");
 
 Model *model_create(const ModelConfig *cin) {
     Model *m = xcalloc(1, sizeof *m);
@@ -232,13 +235,6 @@ void model_init_host(const Model *m, uint64_t seed, float *out) {
 }
 
 /* ----------------------------------------------------------- queued kernels */
-
-void launch_sumsq_accumulate(Stream *s, float *acc, const float *x, size_t n) {
-    SumsqArgs a = {acc, x, n};
-    dev_access(s, x, n * sizeof(float), 0, NULL);
-    dev_access(s, acc, sizeof(float), 1, NULL);
-    dev_launch(s, "grad_sumsq", KERNEL(sumsq_accumulate), &a, sizeof a);
-}
 
 /* Small helpers so the module code reads like the math. */
 typedef struct {

@@ -4,7 +4,7 @@
 #ifndef HWFSDP_DEVICE_INTERNAL_H
 #define HWFSDP_DEVICE_INTERNAL_H
 
-#include "device.h"
+#include "runtime/runtime.h"
 
 #include <pthread.h>
 #include <stddef.h>

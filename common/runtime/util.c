@@ -1,4 +1,4 @@
-#include "util.h"
+#include "runtime/util.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -30,6 +30,13 @@ void fatal(const char *fmt, ...) {
      * instead of reporting the error. Flush our own files first. */
     fflush(NULL);
     _exit(EXIT_FATAL);
+}
+
+void hw_todo(const char *what, const char *where) {
+    fflush(stdout);
+    fprintf(stderr, "TODO not implemented: %s (see %s)\n", what, where);
+    fflush(NULL);
+    _exit(EXIT_TODO); /* not exit(): see fatal() */
 }
 
 void *xmalloc(size_t bytes) {

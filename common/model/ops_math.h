@@ -7,7 +7,7 @@
 #include <math.h>
 #include <stddef.h>
 
-#include "optim.h"
+#include "model/optim.h"
 
 #ifdef __CUDACC__
 #define HWFSDP_HD static inline __host__ __device__

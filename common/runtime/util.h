@@ -23,6 +23,9 @@ void fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn))
 typedef void (*FatalHook)(const char *message);
 void fatal_set_hook(FatalHook hook);
 
+/* A starter's TODO stub (hw_fsdp.h): one line naming the TODO, exit(EXIT_TODO). */
+void hw_todo(const char *what, const char *where) __attribute__((noreturn));
+
 /* malloc/calloc that never return NULL (fatal on failure). Host memory that is
  * NOT counted by the device allocator: use only for runtime bookkeeping. */
 void *xmalloc(size_t bytes);

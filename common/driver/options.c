@@ -1,0 +1,187 @@
+/* options.c — parsing the training binary's flags: every value checked, one
+ * clear line for a bad one. */
+#include "driver/options.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/util.h"
+
+static void usage(FILE *f, const char *prog) {
+    fprintf(f,
+            "usage: %s [flags]\n"
+            "Trains torchtitan's Llama 3 with the FSDP implementation linked into this binary.\n"
+            "\nmodel\n"
+            "  --flavor NAME            tiny | debugmodel | 1B (default tiny)\n"
+            "  --dim N --n-layers N --n-heads N --n-kv-heads N --vocab-size N --multiple-of N\n"
+            "  --ffn-dim-multiplier X   override the flavour's dimensions\n"
+            "\ntraining\n"
+            "  --seq-len T              sequence length (default 64)\n"
+            "  --batch-size B           sequences per rank per step (default 2)\n"
+            "  --steps S                optimizer steps (default 10)\n"
+            "  --lr X                   peak learning rate (default 8e-4)\n"
+            "  --warmup-steps N         linear warmup steps (default 2)\n"
+            "  --weight-decay X         AdamW decoupled weight decay (default 0.1)\n"
+            "  --max-norm X             clip grads to this global norm, 0 = off (default 1.0)\n"
+            "  --seed N                 init seed (default 0)\n"
+            "  --data FILE              .npy tokens (uint16/int32) or text (bytes) (default data/corpus.txt)\n"
+            "  --load FILE              start from these weights (safetensors) instead of --seed; a checkpoint\n"
+            "                           written by --save also restores the optimizer and continues its steps\n"
+            "  --save FILE              write a checkpoint at the end: weights (torchtitan names), AdamW state,\n"
+            "                           step (safetensors, atomic); --load FILE resumes from it bitwise\n"
+            "  --save-every N           also write the --save checkpoint every N steps\n"
+            "  --save-init FILE         write the initial weights and exit\n"
+            "  --ac                     activation checkpointing: blocks recompute their forward in backward\n"
+            "  --reshard-after-forward=true|false   false = ZeRO-2 (keep params unsharded until backward)\n"
+            "  --forward-only           no backward or optimizer: losses of the initial weights\n"
+            "\nworld and runtime\n"
+            "  --world N                number of ranks (default 1)\n"
+            "  --backend B              local: ranks as threads (default; CUDA build: all on one GPU)\n"
+            "                           mpi: one process per rank under mpirun (CPU build)\n"
+            "                           nccl: threads, one GPU per rank; nccl-mpi: mpirun, NCCL (CUDA build)\n"
+            "  --link-gbps X            link model for local collectives, Gbit/s (0 = off, default)\n"
+            "  --link-latency-us X      link model latency per ring hop (default 0)\n"
+            "  --blas-threads N         OpenBLAS threads per rank (default cores / ranks)\n"
+            "  --no-poison              do not fill fresh allocations with NaN\n"
+            "  --no-race-check          do not check streams for missing event waits (on by default, CPU build)\n"
+            "  --tf32                   CUDA build: matmuls may use TF32 tensor cores (default exact fp32)\n"
+            "  --collective-timeout-s X stop when a collective waits longer than X s for its peers (default 30, 0 = off)\n"
+            "\noutput\n"
+            "  --out DIR                run directory: metrics.jsonl, run.json, traces, memory snapshots\n"
+            "  --profile-steps N        record op timings for the first N steps (default 3)\n"
+            "  --quiet                  no progress lines\n"
+            "  --help                   this text\n",
+            prog);
+}
+
+static double parse_num(const char *flag, const char *v, double lo, double hi) {
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (errno || end == v || *end) fatal("%s expects a number, got '%s'", flag, v);
+    if (!(x >= lo && x <= hi)) fatal("%s must be in [%g, %g], got %s", flag, lo, hi, v);
+    return x;
+}
+static long parse_int(const char *flag, const char *v, long lo, long hi) {
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || end == v || *end) fatal("%s expects an integer, got '%s'", flag, v);
+    if (x < lo || x > hi) fatal("%s must be in [%ld, %ld], got %s", flag, lo, hi, v);
+    return x;
+}
+
+void parse_options(int argc, char **argv, Options *o) {
+    memset(o, 0, sizeof *o);
+    snprintf(o->flavor, sizeof o->flavor, "tiny");
+    o->seq_len = 64;
+    o->batch_size = 2;
+    o->steps = 10;
+    o->optim = adamw_default_config();
+    o->data_path = "data/corpus.txt";
+    o->reshard_after_forward = 1;
+    o->profile_steps = 3;
+    o->world.world_size = 1;
+    o->world.backend = BACKEND_LOCAL;
+    o->world.poison = 1;
+    o->world.trace = 1;
+    o->world.collective_timeout_s = 30.0;
+    /* model overrides are applied after the flavour */
+    long ov_dim = -1, ov_layers = -1, ov_heads = -1, ov_kv = -1, ov_vocab = -1, ov_mult = -1;
+    double ov_ffn = -1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *eq = strchr(a, '=');
+        char flag[64];
+        const char *val = NULL;
+        if (strncmp(a, "--", 2) != 0) fatal("unexpected argument '%s' (see --help)", a);
+        if (eq) {
+            size_t n = (size_t)(eq - a);
+            if (n >= sizeof flag) fatal("unknown flag '%s' (see --help)", a);
+            memcpy(flag, a, n);
+            flag[n] = 0;
+            val = eq + 1;
+        } else {
+            snprintf(flag, sizeof flag, "%s", a);
+        }
+        /* boolean flags */
+        if (!strcmp(flag, "--help")) { usage(stdout, argv[0]); exit(0); }
+        if (!strcmp(flag, "--ac")) { o->ac = 1; continue; }
+        if (!strcmp(flag, "--forward-only")) { o->forward_only = 1; continue; }
+        if (!strcmp(flag, "--no-poison")) { o->world.poison = 0; continue; }
+        if (!strcmp(flag, "--tf32")) { o->world.tf32 = 1; continue; }
+        if (!strcmp(flag, "--no-race-check")) { o->world.no_race_check = 1; continue; }
+        if (!strcmp(flag, "--quiet")) { o->quiet = 1; continue; }
+        if (!strcmp(flag, "--reshard-after-forward")) {
+            if (!val && i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) val = argv[++i];
+            if (!val || !strcmp(val, "true") || !strcmp(val, "1")) o->reshard_after_forward = 1;
+            else if (!strcmp(val, "false") || !strcmp(val, "0")) o->reshard_after_forward = 0;
+            else fatal("--reshard-after-forward expects true or false, got '%s'", val);
+            continue;
+        }
+        static const char *const value_flags[] = {
+            "--flavor", "--dim", "--n-layers", "--n-heads", "--n-kv-heads", "--vocab-size", "--multiple-of",
+            "--ffn-dim-multiplier", "--seq-len", "--batch-size", "--steps", "--lr", "--warmup-steps",
+            "--weight-decay", "--max-norm", "--seed", "--data", "--load", "--save", "--save-init", "--out",
+            "--profile-steps", "--save-every", "--world", "--backend", "--link-gbps", "--link-latency-us", "--blas-threads", "--collective-timeout-s"};
+        int known = 0;
+        for (size_t k = 0; k < sizeof value_flags / sizeof value_flags[0]; k++) known |= !strcmp(flag, value_flags[k]);
+        if (!known) fatal("unknown flag '%s' (see --help)", flag);
+        if (!val) {
+            if (i + 1 >= argc) fatal("flag %s needs a value (see --help)", flag);
+            val = argv[++i];
+        }
+        if (!strcmp(flag, "--flavor")) {
+            if (strlen(val) >= sizeof o->flavor) fatal("unknown flavor '%s' (tiny, debugmodel, 1B)", val);
+            snprintf(o->flavor, sizeof o->flavor, "%s", val);
+        } else if (!strcmp(flag, "--dim")) ov_dim = parse_int(flag, val, 1, 1 << 16);
+        else if (!strcmp(flag, "--n-layers")) ov_layers = parse_int(flag, val, 1, 1024);
+        else if (!strcmp(flag, "--n-heads")) ov_heads = parse_int(flag, val, 1, 1024);
+        else if (!strcmp(flag, "--n-kv-heads")) ov_kv = parse_int(flag, val, 1, 1024);
+        else if (!strcmp(flag, "--vocab-size")) ov_vocab = parse_int(flag, val, 1, 1 << 24);
+        else if (!strcmp(flag, "--multiple-of")) ov_mult = parse_int(flag, val, 1, 1 << 16);
+        else if (!strcmp(flag, "--ffn-dim-multiplier")) ov_ffn = parse_num(flag, val, 0.01, 100);
+        else if (!strcmp(flag, "--seq-len")) o->seq_len = (size_t)parse_int(flag, val, 1, 1 << 20);
+        else if (!strcmp(flag, "--batch-size")) o->batch_size = (size_t)parse_int(flag, val, 1, 1 << 20);
+        else if (!strcmp(flag, "--steps")) o->steps = (int)parse_int(flag, val, 0, 100000000);
+        else if (!strcmp(flag, "--lr")) o->optim.lr = (float)parse_num(flag, val, 0, 10);
+        else if (!strcmp(flag, "--warmup-steps")) o->optim.warmup_steps = (int)parse_int(flag, val, 0, 100000000);
+        else if (!strcmp(flag, "--weight-decay")) o->optim.weight_decay = (float)parse_num(flag, val, 0, 10);
+        else if (!strcmp(flag, "--max-norm")) o->optim.max_norm = (float)parse_num(flag, val, 0, 1e30);
+        else if (!strcmp(flag, "--seed")) o->seed = (uint64_t)parse_int(flag, val, 0, 0x7fffffffL);
+        else if (!strcmp(flag, "--data")) o->data_path = val;
+        else if (!strcmp(flag, "--load")) o->load_path = val;
+        else if (!strcmp(flag, "--save")) o->save_path = val;
+        else if (!strcmp(flag, "--save-init")) o->save_init_path = val;
+        else if (!strcmp(flag, "--out")) o->out_dir = val;
+        else if (!strcmp(flag, "--profile-steps")) o->profile_steps = (int)parse_int(flag, val, 0, 100000000);
+        else if (!strcmp(flag, "--save-every")) o->save_every = (int)parse_int(flag, val, 1, 100000000);
+        else if (!strcmp(flag, "--world")) o->world.world_size = (int)parse_int(flag, val, 1, WORLD_MAX_RANKS);
+        else if (!strcmp(flag, "--backend")) {
+            if (!strcmp(val, "local")) o->world.backend = BACKEND_LOCAL;
+            else if (!strcmp(val, "mpi")) o->world.backend = BACKEND_MPI;
+            else if (!strcmp(val, "nccl")) o->world.backend = BACKEND_NCCL;
+            else if (!strcmp(val, "nccl-mpi")) o->world.backend = BACKEND_NCCL_MPI;
+            else fatal("--backend expects local, mpi, nccl or nccl-mpi, got '%s'", val);
+        } else if (!strcmp(flag, "--link-gbps")) o->world.link_gbps = parse_num(flag, val, 0, 1e6);
+        else if (!strcmp(flag, "--link-latency-us")) o->world.link_latency_us = parse_num(flag, val, 0, 1e7);
+        else if (!strcmp(flag, "--collective-timeout-s")) o->world.collective_timeout_s = parse_num(flag, val, 0, 1e7);
+        else if (!strcmp(flag, "--blas-threads")) o->world.blas_threads = (int)parse_int(flag, val, 0, 1024);
+        else fatal("unknown flag '%s' (see --help)", flag);
+    }
+    if (o->save_every && !o->save_path) fatal("--save-every needs --save FILE");
+    if (!model_flavor(&o->model, o->flavor)) fatal("unknown flavor '%s' (tiny, debugmodel, 1B)", o->flavor);
+    if (ov_dim > 0) o->model.dim = (int)ov_dim;
+    if (ov_layers > 0) o->model.n_layers = (int)ov_layers;
+    if (ov_heads > 0) {
+        o->model.n_heads = (int)ov_heads;
+        if (ov_kv < 0) o->model.n_kv_heads = 0; /* default: kv heads = heads */
+    }
+    if (ov_kv > 0) o->model.n_kv_heads = (int)ov_kv;
+    if (ov_vocab > 0) o->model.vocab_size = (int)ov_vocab;
+    if (ov_mult > 0) o->model.multiple_of = (int)ov_mult;
+    if (ov_ffn > 0) o->model.ffn_dim_multiplier = (float)ov_ffn;
+    model_config_finalize(&o->model);
+}

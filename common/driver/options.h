@@ -1,0 +1,31 @@
+/* options.h — the training binary's command line (--help lists it). */
+#ifndef HWFSDP_OPTIONS_H
+#define HWFSDP_OPTIONS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/model.h"
+#include "model/optim.h"
+#include "runtime/runtime.h"
+
+typedef struct {
+    ModelConfig model;
+    char flavor[32];
+    size_t seq_len, batch_size;
+    int steps;
+    AdamWConfig optim;
+    uint64_t seed;
+    const char *data_path, *load_path, *save_path, *save_init_path, *out_dir;
+    int ac, reshard_after_forward, forward_only;
+    int profile_steps;
+    int save_every;
+    int quiet;
+    WorldConfig world;
+} Options;
+
+/* Fill o from argv (defaults first); --help prints the usage and exits 0, a
+ * bad flag or value is one line and exit status 2. */
+void parse_options(int argc, char **argv, Options *o);
+
+#endif

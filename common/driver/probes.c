@@ -1,0 +1,119 @@
+/* probes.c — the driver's records for the grader (probes.h). */
+#include "driver/probes.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/runtime.h"
+#include "runtime/util.h"
+
+
+static void capture(Dev *dev, Captured *c, float *const *ptrs, int n) {
+    c->n = n;
+    for (int i = 0; i < n; i++) {
+        c->ptr[i] = ptrs[i];
+        c->id[i] = ptrs[i] ? dev_mem_live_id_containing(dev, ptrs[i]) : 0;
+    }
+}
+
+static size_t still_live_bytes(Dev *dev, const Captured *c) {
+    size_t total = 0;
+    for (int i = 0; i < c->n; i++) {
+        if (!c->id[i] || dev_mem_live_id_containing(dev, c->ptr[i]) != c->id[i]) continue;
+        int dup = 0; /* several params may be views into one buffer: count it once */
+        for (int k = 0; k < i; k++) dup |= c->id[k] == c->id[i];
+        if (!dup) total += dev_mem_live_size_containing(dev, c->ptr[i]);
+    }
+    return total;
+}
+
+static void hook_note(Dev *dev, int step, const Module *mod, const char *hook, const char *what, size_t bytes) {
+    char f[256];
+    snprintf(f, sizeof f, "\"step\":%d,\"module\":\"%s\",\"hook\":\"%s\",\"%s\":%zu", step, mod->name, hook, what,
+             bytes);
+    dev_mem_note(dev, "hook_check", f);
+}
+
+void probes_write_dtensors(Dev *dev, Model *m, const float *init, const char *dir, const DeviceMesh *mesh) {
+    dev_synchronize(dev);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/dtensors_rank%d.json", dir, dev_rank(dev));
+    size_t cap = 1 << 16, len = 0;
+    char *buf = xmalloc(cap);
+#define EMIT(...)                                                                  \
+    do {                                                                           \
+        int need_ = snprintf(NULL, 0, __VA_ARGS__);                                \
+        while (len + (size_t)need_ + 1 > cap) buf = xrealloc(buf, cap *= 2);       \
+        len += (size_t)snprintf(buf + len, cap - len, __VA_ARGS__);                \
+    } while (0)
+    EMIT("{\"rank\":%d,\"world_size\":%d,\"params\":[", dev_rank(dev), dev_world_size(dev));
+    int first = 1;
+    for (int i = 0; i < m->n_modules; i++)
+        for (int j = 0; j < m->modules[i].n_params; j++) {
+            const Param *p = &m->modules[i].params[j];
+            const DTensor *dt = &p->dt;
+            /* the DTensor's own mesh, compared by value with the world's (a copy is fine) */
+            const DeviceMesh *dm = dt->mesh;
+            int mesh_ok = dm && dm->size == mesh->size;
+            for (int r = 0; mesh_ok && r < mesh->size; r++) mesh_ok = dm->ranks[r] == mesh->ranks[r];
+            const char *pl = dt->placement == PLACEMENT_SHARD0 ? "Shard(0)"
+                             : dt->placement == PLACEMENT_REPLICATE ? "Replicate()" : "none";
+            /* does the local shard hold exactly the rows [row_offset, +local_rows) of the init? */
+            int matches = -1, pad_zero = -1;
+            if (dt->local && dt->row_offset + dt->local_rows <= p->shape[0] && dt->row_numel == p->numel / p->shape[0]) {
+                const float *want = init + model_param_offset(m, p) + dt->row_offset * dt->row_numel;
+                matches = memcmp(dt->local, want, dt->local_rows * dt->row_numel * sizeof(float)) == 0;
+                pad_zero = 1;
+                if (dt->padded_rows >= dt->local_rows && dt->placement == PLACEMENT_SHARD0)
+                    for (size_t e = dt->local_rows * dt->row_numel; e < dt->padded_rows * dt->row_numel; e++)
+                        if (dt->local[e] != 0.0f) pad_zero = 0;
+            }
+            EMIT("%s{\"name\":\"%s\",\"module\":\"%s\",\"global_shape\":[%zu%s", first ? "" : ",", p->name,
+                 m->modules[i].name, p->shape[0], p->ndim == 2 ? "," : "");
+            if (p->ndim == 2) EMIT("%zu", p->shape[1]);
+            EMIT("],\"mesh\":[");
+            for (int r = 0; dm && r < dm->size && r < WORLD_MAX_RANKS; r++) EMIT("%s%d", r ? "," : "", dm->ranks[r]);
+            EMIT("],\"mesh_is_world\":%s,\"placement\":\"%s\",\"local_rows\":%zu,\"padded_rows\":%zu,"
+                 "\"row_offset\":%zu,\"row_numel\":%zu,\"global_rows\":%zu,\"has_local\":%s,"
+                 "\"local_matches_init\":%s,\"padding_is_zero\":%s}",
+                 mesh_ok ? "true" : "false", pl, dt->local_rows, dt->padded_rows, dt->row_offset, dt->row_numel,
+                 dt->global_rows, dt->local ? "true" : "false",
+                 matches < 0 ? "null" : matches ? "true" : "false", pad_zero < 0 ? "null" : pad_zero ? "true" : "false");
+            first = 0;
+        }
+    EMIT("]}\n");
+#undef EMIT
+    write_file_atomic(path, buf, len);
+    free(buf);
+}
+
+void probe_params_ready(Dev *dev, Probes *p, const Module *mod, int backward) {
+    float *ptrs[MODULE_MAX_PARAMS];
+    for (int j = 0; j < mod->n_params; j++) {
+        if (!mod->params[j].data) {
+            if (backward)
+                fatal("%s: %s has no unsharded data for the backward (Param.data is NULL after "
+                      "fsdp_pre_backward)", mod->name, mod->params[j].name);
+            fatal("%s: %s has no unsharded data after fsdp_pre_forward (Param.data is NULL)", mod->name,
+                  mod->params[j].name);
+        }
+        ptrs[j] = mod->params[j].data;
+    }
+    capture(dev, &p->params, ptrs, mod->n_params);
+}
+
+void probe_grads_allocated(Dev *dev, Probes *p, const Module *mod) {
+    float *grads[MODULE_MAX_PARAMS];
+    for (int j = 0; j < mod->n_params; j++) grads[j] = mod->params[j].grad;
+    capture(dev, &p->grads, grads, mod->n_params);
+}
+
+void probe_after_post_forward(Dev *dev, const Probes *p, int step, const Module *mod) {
+    hook_note(dev, step, mod, "post_forward", "unsharded_param_live_bytes", still_live_bytes(dev, &p->params));
+}
+
+void probe_after_post_backward(Dev *dev, const Probes *p, int step, const Module *mod) {
+    hook_note(dev, step, mod, "post_backward", "unsharded_grad_live_bytes", still_live_bytes(dev, &p->grads));
+    hook_note(dev, step, mod, "post_backward", "unsharded_param_live_bytes", still_live_bytes(dev, &p->params));
+}

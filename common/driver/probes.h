@@ -1,0 +1,41 @@
+/* probes.h — what the training driver records for the grader, around the
+ * student's hooks:
+ *   - after fsdp_pre_forward / fsdp_pre_backward: every Param.data is set
+ *     (else one line naming the hook), and which allocations hold them;
+ *   - after fsdp_post_forward / fsdp_post_backward: how many of those bytes
+ *     (and of the module's unsharded grads) are still allocated, as
+ *     "hook_check" notes in the memory snapshot;
+ *   - after fsdp_init: the DTensors, as dtensors_rank<r>.json. */
+#ifndef HWFSDP_PROBES_H
+#define HWFSDP_PROBES_H
+
+#include <stdint.h>
+
+#include "model/model.h"
+
+/* The allocations a module's params (or grads) live in, captured when the
+ * module runs. Identities, not addresses: a freed buffer's address may be
+ * handed to a new allocation before the hook's check. */
+typedef struct {
+    int n;
+    const void *ptr[MODULE_MAX_PARAMS];
+    uint64_t id[MODULE_MAX_PARAMS];
+} Captured;
+
+typedef struct {
+    Captured params;          /* the module's Param.data */
+    Captured grads;           /* the module's Param.grad */
+} Probes;
+
+/* After fsdp_pre_forward (backward = 0) or fsdp_pre_backward (backward = 1). */
+void probe_params_ready(Dev *dev, Probes *p, const Module *mod, int backward);
+/* After the runtime allocated the module's unsharded grads. */
+void probe_grads_allocated(Dev *dev, Probes *p, const Module *mod);
+/* After fsdp_post_forward / fsdp_post_backward: the hook_check notes. */
+void probe_after_post_forward(Dev *dev, const Probes *p, int step, const Module *mod);
+void probe_after_post_backward(Dev *dev, const Probes *p, int step, const Module *mod);
+/* dtensors_rank<r>.json in dir: every DTensor's geometry, mesh, placement and
+ * whether its shard holds exactly its rows of the initial weights `init`. */
+void probes_write_dtensors(Dev *dev, Model *m, const float *init, const char *dir, const DeviceMesh *mesh);
+
+#endif

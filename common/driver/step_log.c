@@ -1,0 +1,78 @@
+/* step_log.c — the per-step metrics (step_log.h). */
+#include "driver/step_log.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/runtime.h"
+#include "runtime/util.h"
+
+void step_log_open(StepLog *l, Dev *dev, const char *out_dir) {
+    l->metrics = NULL;
+    l->all = xcalloc((size_t)dev_world_size(dev), sizeof(double));
+    if (dev_rank(dev) != 0 || !out_dir) return;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", out_dir);
+    l->metrics = fopen(path, "w");
+    if (!l->metrics) fatal("cannot write %s: %s", path, strerror(errno));
+}
+
+/* max over the ranks of the values the last host exchange gathered */
+static double max_of(const double *all, int world) {
+    double m = 0;
+    for (int r = 0; r < world; r++) m = all[r] > m ? all[r] : m;
+    return m;
+}
+
+static void write_metrics_line(FILE *f, int step, double loss, float grad_norm, float lr, const double *peaks,
+                               int world, double step_max_us, double tps, int bad) {
+    fprintf(f, "{\"step\":%d,", step + 1);
+    if (isfinite(loss)) fprintf(f, "\"loss\":%.9g,", loss);
+    else fprintf(f, "\"loss\":null,");
+    if (isfinite(grad_norm)) fprintf(f, "\"grad_norm\":%.9g,", (double)grad_norm);
+    else fprintf(f, "\"grad_norm\":null,");
+    fprintf(f, "\"lr\":%.9g,\"peak_mem_bytes\":%.0f,\"peak_mem_bytes_per_rank\":[", (double)lr, max_of(peaks, world));
+    for (int r = 0; r < world; r++) fprintf(f, "%s%.0f", r ? "," : "", peaks[r]);
+    fprintf(f, "],\"step_ms\":%.3f,\"tokens_per_s\":%.1f%s}\n", step_max_us / 1000.0, tps, bad ? ",\"nan\":true" : "");
+    fflush(f);
+}
+
+int step_log_write(StepLog *l, Dev *dev, const Options *o, const ModelRun *run, int step, float grad_norm,
+                   double step_us) {
+    const int W = dev_world_size(dev);
+    float loss_local = 0;
+    dev_memcpy_async(dev_compute_stream(dev), &loss_local, run->loss, sizeof loss_local); /* device -> host */
+    dev_stream_synchronize(dev_compute_stream(dev));
+    dev_host_allgather_f64(dev, (double)loss_local, l->all);
+    double loss = 0;
+    for (int r = 0; r < W; r++) loss += l->all[r];
+    loss /= W;
+    double *peaks = xmalloc((size_t)W * sizeof(double));
+    dev_host_allgather_f64(dev, (double)dev_mem_peak(dev), peaks);
+    dev_host_allgather_f64(dev, step_us, l->all);
+    double step_max = max_of(l->all, W);
+    int bad = !isfinite(loss) || (!o->forward_only && !isfinite(grad_norm));
+    if (dev_rank(dev) == 0) {
+        double tps = (double)(run->B * run->T * (size_t)W) / (step_max * 1e-6);
+        float lr = lr_at_step(&o->optim, step);
+        if (l->metrics) write_metrics_line(l->metrics, step, loss, grad_norm, lr, peaks, W, step_max, tps, bad);
+        if (!o->quiet)
+            printf("step: %3d  loss: %8.4f  grad_norm: %8.4f  memory: %7.2fMiB  tps: %9.0f  lr: %.2e\n", step + 1, loss,
+                   (double)grad_norm, max_of(peaks, W) / 1048576.0, tps, (double)lr);
+        fflush(stdout);
+        if (bad)
+            fprintf(stderr, "error: %s is not finite at step %d (loss %g, grad_norm %g)\n",
+                    isfinite(loss) ? "grad_norm" : "loss", step + 1, loss, (double)grad_norm);
+    }
+    free(peaks);
+    return bad;
+}
+
+void step_log_close(StepLog *l) {
+    if (l->metrics) fclose(l->metrics);
+    free(l->all);
+    l->metrics = NULL;
+    l->all = NULL;
+}

@@ -1,0 +1,179 @@
+/* train_step.c — the training loop: train_step() is the loop of hw_fsdp.h,
+ * calling the student's hooks around every module as PyTorch autograd calls
+ * FSDP2's; train_rank() sets a rank up, runs the steps and tears it down.
+ * What the grader records around the hooks is in probes.c, the metrics in
+ * step_log.c, checkpoints in checkpoint.c. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "driver/checkpoint.h"
+#include "driver/probes.h"
+#include "driver/step_log.h"
+#include "driver/train.h"
+#include "hw_fsdp.h"
+#include "model/model.h"
+#include "model/optim.h"
+#include "runtime/runtime.h"
+#include "runtime/util.h"
+
+/* One rank's training state. */
+typedef struct {
+    Dev *dev;
+    const Options *opt;
+    Model *model;
+    Fsdp *fsdp;
+    ModelRun run;
+    Probes probes;
+    int32_t *inputs, *targets;          /* [B*T] device: this step's batch */
+    int32_t *host_inputs, *host_targets;
+} Trainer;
+
+/* What the host does now (module, phase), for traces and snapshots. */
+static void at(Trainer *t, int step, const char *module, const char *phase) {
+    dev_set_scope(t->dev, step, module, phase);
+}
+
+/* This rank's sequences of step s (model/data.h: the data-order contract). */
+static void load_batch(Trainer *t, const TrainJob *job, int s) {
+    size_t N = t->run.B * t->run.T;
+    at(t, s, "data", "data");
+    data_batch(job->data, s, dev_rank(t->dev), dev_world_size(t->dev), t->run.B, t->run.T, t->host_inputs,
+               t->host_targets);
+    dev_memcpy_async(t->run.stream, t->inputs, t->host_inputs, N * sizeof(int32_t));
+    dev_memcpy_async(t->run.stream, t->targets, t->host_targets, N * sizeof(int32_t));
+}
+
+/* The unsharded grads of a module's backward, zeroed, as autograd allocates them. */
+static void alloc_unsharded_grads(Trainer *t, Module *mod) {
+    for (int j = 0; j < mod->n_params; j++) {
+        Param *p = &mod->params[j];
+        char name[96];
+        snprintf(name, sizeof name, "%s.grad", p->name);
+        p->grad = dev_alloc_f32(t->dev, p->numel, MEM_UNSHARDED_GRAD, name);
+        dev_memset_async(t->run.stream, p->grad, 0, p->numel * sizeof(float));
+    }
+}
+
+/* One step: forward, backward, optimizer. Returns the grad norm (NAN with --forward-only). */
+static float train_step(Trainer *t, int s) {
+    Model *m = t->model;
+    Fsdp *f = t->fsdp;
+    for (int i = 0; i < m->n_modules; i++) { /* forward */
+        Module *mod = &m->modules[i];
+        at(t, s, mod->name, "pre_forward");
+        fsdp_pre_forward(f, mod);
+        probe_params_ready(t->dev, &t->probes, mod, 0);
+        at(t, s, mod->name, "forward");
+        module_forward(m, mod, &t->run);
+        at(t, s, mod->name, "post_forward");
+        fsdp_post_forward(f, mod);
+        probe_after_post_forward(t->dev, &t->probes, s, mod);
+    }
+    if (t->opt->forward_only) {
+        at(t, s, "step", "discard");
+        model_discard_activations(m, &t->run);
+        return NAN;
+    }
+    for (int i = m->n_modules - 1; i >= 0; i--) { /* backward, in reverse */
+        Module *mod = &m->modules[i];
+        at(t, s, mod->name, "pre_backward");
+        fsdp_pre_backward(f, mod);
+        if (t->opt->ac && mod->kind == MOD_BLOCK) { /* activation checkpointing: the forward again */
+            at(t, s, mod->name, "recompute.pre_forward");
+            fsdp_pre_forward(f, mod);
+            at(t, s, mod->name, "recompute");
+            module_recompute(m, mod, &t->run);
+            at(t, s, mod->name, "recompute.post_forward");
+            fsdp_post_forward(f, mod);
+        }
+        at(t, s, mod->name, "backward");
+        probe_params_ready(t->dev, &t->probes, mod, 1);
+        alloc_unsharded_grads(t, mod);
+        probe_grads_allocated(t->dev, &t->probes, mod);
+        module_backward(m, mod, &t->run);
+        at(t, s, mod->name, "post_backward");
+        fsdp_post_backward(f, mod);
+        probe_after_post_backward(t->dev, &t->probes, s, mod);
+        for (int j = 0; j < mod->n_params; j++) mod->params[j].grad = NULL; /* the student's now */
+    }
+    at(t, s, "root", "finish_backward");
+    fsdp_finish_backward(f);
+    at(t, s, "optimizer", "optimizer");
+    return fsdp_optimizer_step(f, lr_at_step(&t->opt->optim, s), s + 1);
+}
+
+/* The full model on every rank (a module materialized before fully_shard),
+ * then fsdp_init shards it. */
+static void trainer_init(Trainer *t, Dev *dev, const TrainJob *job, DeviceMesh *mesh) {
+    const Options *o = job->opt;
+    Stream *cs = dev_compute_stream(dev);
+    Model *m = model_create(&o->model);
+    size_t N = o->batch_size * o->seq_len;
+    *t = (Trainer){.dev = dev, .opt = o, .model = m};
+    at(t, -1, "init", "init");
+    for (int i = 0; i < m->n_modules; i++)
+        for (int j = 0; j < m->modules[i].n_params; j++) {
+            Param *p = &m->modules[i].params[j];
+            p->data = dev_alloc_f32(dev, p->numel, MEM_PARAM, p->name);
+            dev_memcpy_async(cs, p->data, job->init + model_param_offset(m, p), p->numel * sizeof(float));
+        }
+    mesh->size = dev_world_size(dev);
+    for (int r = 0; r < mesh->size; r++) mesh->ranks[r] = r;
+    FsdpConfig fc = {dev, m, mesh, o->reshard_after_forward, o->optim};
+    at(t, -1, "fsdp", "init");
+    t->fsdp = fsdp_init(&fc);
+    if (o->out_dir) probes_write_dtensors(dev, m, job->init, o->out_dir, mesh);
+    if (job->init_exp_avg && !o->forward_only)
+        checkpoint_restore_optimizer(dev, m, job->init_exp_avg, job->init_exp_avg_sq);
+
+    t->run = (ModelRun){.dev = dev, .stream = cs, .B = o->batch_size, .T = o->seq_len, .recompute = o->ac};
+    at(t, -1, "init", "init");
+    t->inputs = dev_alloc(dev, N * sizeof(int32_t), MEM_ACTIVATION, "inputs");
+    t->targets = dev_alloc(dev, N * sizeof(int32_t), MEM_ACTIVATION, "targets");
+    t->run.inputs = t->inputs;
+    t->run.targets = t->targets;
+    model_run_begin(m, &t->run);
+    t->host_inputs = xmalloc(N * sizeof(int32_t));
+    t->host_targets = xmalloc(N * sizeof(int32_t));
+}
+
+void train_rank(Dev *dev, void *arg) {
+    TrainJob *job = arg;
+    const Options *o = job->opt;
+    DeviceMesh mesh;
+    Trainer t;
+    trainer_init(&t, dev, job, &mesh);
+    StepLog log;
+    step_log_open(&log, dev, o->out_dir);
+    int stop_nan = 0;
+    for (int s = job->start_step; s < o->steps && !stop_nan; s++) {
+        dev_synchronize(dev);
+        dev_set_tracing(dev, s < o->profile_steps);
+        dev_mem_reset_peak(dev);
+        double t0 = now_us();
+        load_batch(&t, job, s);
+        float grad_norm = train_step(&t, s);
+        dev_synchronize(dev);
+        int bad = step_log_write(&log, dev, o, &t.run, s, grad_norm, now_us() - t0);
+        if (o->save_every && (s + 1) % o->save_every == 0 && !bad) checkpoint_write(dev, t.model, o->save_path, s + 1);
+        if (bad) {
+            stop_nan = 1;
+            if (dev_rank(dev) == 0) job->exit_code = EXIT_NAN; /* step_log_write said why */
+        }
+    }
+    step_log_close(&log);
+
+    at(&t, o->steps, "end", "end");
+    if (o->save_path && !stop_nan)
+        checkpoint_write(dev, t.model, o->save_path, o->steps > job->start_step ? o->steps : job->start_step);
+    model_run_end(t.model, &t.run);
+    dev_free(dev, t.inputs);
+    dev_free(dev, t.targets);
+    dev_synchronize(dev);
+    if (o->out_dir) dev_write_artifacts(dev, o->out_dir);
+    fsdp_destroy(t.fsdp);
+    free(t.host_inputs);
+    free(t.host_targets);
+    model_destroy(t.model);
+}

@@ -1,0 +1,68 @@
+/* model.h — the Llama model (torchtitan's Llama 3) as modules with explicit
+ * forward and backward, no autograd. The types (ModelConfig, Model, Module,
+ * Param) are the contract's: hw_fsdp.h. This header is what the training
+ * driver and the tests use to build and run them.
+ *
+ * A module's forward reads its parameters through Param.data and its backward
+ * accumulates parameter gradients into Param.grad. Both are plain pointers
+ * the caller sets (FSDP points them into all-gathered buffers).
+ */
+#ifndef HWFSDP_MODEL_H
+#define HWFSDP_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "hw_fsdp.h"
+
+/* Fill c with a named flavour: "tiny", "debugmodel", "1B". Returns 0 if the
+ * name is unknown. */
+int model_flavor(ModelConfig *c, const char *name);
+/* Derive head_dim and hidden_dim; fatal with one line on an impossible config
+ * (dim not divisible by heads, heads not divisible by kv heads, odd head dim,
+ * non-positive sizes). */
+void model_config_finalize(ModelConfig *c);
+
+/* Build the module/param structure (no parameter memory: every data/grad NULL). */
+Model *model_create(const ModelConfig *c);
+void model_destroy(Model *m);
+/* Param by torchtitan name, or NULL. */
+Param *model_find_param(Model *m, const char *name);
+
+/* Deterministic torchtitan-style init into host memory: out gets, for every
+ * parameter in module order, its values at offset model_param_offset(). Same
+ * values for every world size and rank. */
+void model_init_host(const Model *m, uint64_t seed, float *out /* [n_params_total] */);
+size_t model_param_offset(const Model *m, const Param *p);
+
+/* --- running modules (used by the training loop, not by FSDP code) --------- */
+
+typedef struct {
+    Dev *dev;
+    Stream *stream;           /* compute stream */
+    size_t B, T;              /* per-rank batch, sequence length */
+    int recompute;            /* --ac: blocks keep only their input in forward */
+    const int32_t *inputs;    /* [B*T] device memory */
+    const int32_t *targets;   /* [B*T] */
+    float *rope_cos, *rope_sin; /* [T, hd/2] */
+    float *h;                 /* forward: output of the last module run, [B*T, D] */
+    float *dh;                /* backward: grad w.r.t. the output of the module about to run backward */
+    float *loss;              /* [1] this rank's mean loss, written by the head's forward */
+} ModelRun;
+
+/* Allocate rope tables and the loss slot; run->inputs/targets set by caller. */
+void model_run_begin(Model *m, ModelRun *run);
+void model_run_end(Model *m, ModelRun *run);
+/* Free every module's saved activations and run->h/dh (after a forward-only
+ * step, or to drop a step's state). */
+void model_discard_activations(Model *m, ModelRun *run);
+/* Queue the module's forward on run->stream. Reads its Param.data. */
+void module_forward(Model *m, Module *mod, ModelRun *run);
+/* Activation checkpointing: re-run a block's forward inside backward to
+ * rebuild its saved activations (needs run->recompute and a prior forward). */
+void module_recompute(Model *m, Module *mod, ModelRun *run);
+/* Queue the module's backward: accumulates into Param.grad (allocated and
+ * zeroed by the caller), turns run->dh into the grad of the module's input. */
+void module_backward(Model *m, Module *mod, ModelRun *run);
+
+#endif

@@ -1,0 +1,149 @@
+/* runtime.h — the runtime as the training driver, the model and the tools
+ * use it: worlds of ranks, scopes, kernel launches with their race-detector
+ * annotations, memory introspection, traces and snapshots. Student code needs
+ * none of it (device.h is the student's part).
+ *
+ * A World has N ranks. Default: threads of one process (backend "local").
+ * Under mpirun: one process per rank ("mpi"; CUDA build: "nccl-mpi").
+ *
+ * Race detector (CPU backend, on unless WorldConfig.no_race_check): every op
+ * is checked when it is ENQUEUED, in host order, against a happens-before
+ * model of streams, events and host syncs (vector clocks), so the verdict is
+ * the same on every run whatever the thread timing. Copies, memsets and
+ * collectives declare what they read and write; kernels declare it with
+ * dev_access. Tracking is per allocation (not per byte): two streams touching
+ * disjoint halves of one allocation without ordering count as a race. An op
+ * that reads a buffer whose last write (on another stream) is not ordered
+ * before it by an event wait or a host sync, or that writes a buffer another
+ * stream read or wrote without such ordering, or that touches a buffer after
+ * its dev_free, stops the run with one line naming the buffer, both ops and
+ * streams, and the missing wait (exit status 2). Pointers outside device
+ * allocations (host memory) are not tracked. Ordering facts: same stream;
+ * dev_event_record + dev_stream_wait_event; dev_stream_synchronize,
+ * dev_synchronize, dev_event_synchronize and dev_event_query returning 1 order
+ * every op enqueued afterwards (on any stream) after what the host waited for.
+ *
+ * Watchdog (WorldConfig.collective_timeout_s > 0): a collective that waits
+ * longer for its peers (a rank skipped it, issued it on a stream others never
+ * created, or is stuck behind a wait that cannot complete) stops the run with
+ * "collective timeout on rank R: ..." and a flight recorder (the last 16
+ * collectives of every stream of every rank, with their state), exit status 2.
+ */
+#ifndef HWFSDP_RUNTIME_H
+#define HWFSDP_RUNTIME_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "device.h"
+
+typedef struct World World;
+
+/* ------------------------------------------------------------------ world */
+
+/* How ranks are hosted and how collectives move data.
+ *   local     threads of one process; CPU: memcpy; CUDA build: N ranks share
+ *             one GPU (device copies and reduction kernels on their streams)
+ *   mpi       one process per rank under mpirun (CPU build), MPI collectives
+ *   nccl      CUDA build: threads of one process, one GPU per rank, NCCL
+ *   nccl-mpi  CUDA build: one process per rank under mpirun (any number of
+ *             nodes), GPU = rank on its node, NCCL id broadcast over MPI */
+typedef enum { BACKEND_LOCAL = 0, BACKEND_MPI = 1, BACKEND_NCCL = 2, BACKEND_NCCL_MPI = 3 } CollBackend;
+/* "local", "mpi", "nccl", "nccl-mpi" */
+const char *backend_name(CollBackend b);
+/* 1 if this runtime was built with the CUDA backend (make cuda). */
+int dev_is_cuda_build(void);
+
+typedef struct {
+    int world_size;           /* N ranks (1..WORLD_MAX_RANKS) */
+    CollBackend backend;      /* local: threads; mpi: one process per rank */
+    double link_gbps;         /* link model for local collectives; 0 = off */
+    double link_latency_us;   /* per ring hop */
+    int poison;               /* fill fresh allocations with NaN */
+    int trace;                /* record op/collective timings for the trace */
+    int blas_threads;         /* OpenBLAS threads per rank (0 = cores / ranks) */
+    int no_race_check;        /* 1 = turn the stream race detector off (on by default) */
+    double collective_timeout_s; /* watchdog: a collective waiting longer stops the run; 0 = off */
+    int tf32;                 /* CUDA build: matmuls may use TF32 tensor cores */
+} WorldConfig;
+
+/* Create the world. With BACKEND_MPI this calls MPI_Init_thread and checks that
+ * mpirun's -np equals cfg->world_size (fatal otherwise). */
+World *world_create(const WorldConfig *cfg);
+/* Run rank_main once per rank of this process: one thread per rank (local),
+ * or once on the calling thread (mpi). Returns after all ranks returned. */
+void world_run(World *w, void (*rank_main)(Dev *dev, void *arg), void *arg);
+void world_destroy(World *w);
+/* Ranks hosted by this process: all of them (local) or one (mpi). */
+int world_local_ranks(const World *w);
+int world_first_local_rank(const World *w);
+
+/* Host-side exchange between ranks, outside streams, traces and the
+ * collective sequence: every rank passes `value`, all get all ranks' values in
+ * rank order. Blocks until every rank called it. For logging only. */
+void dev_host_allgather_f64(Dev *d, double value, double *out /* [world] */);
+/* Host-side barrier (all ranks), outside streams and traces. */
+void dev_host_barrier(Dev *d);
+
+/* Scope: what the host is doing now (module and phase, e.g. "block3",
+ * "pre_forward"), attached to every op, collective, allocation and free made
+ * from now on, for traces and snapshots. step < 0 before training starts. */
+void dev_set_scope(Dev *d, int step, const char *module, const char *phase);
+const char *dev_scope_module(const Dev *d);
+const char *dev_scope_phase(const Dev *d);
+int dev_scope_step(const Dev *d);
+/* Turn op/collective trace recording on or off from now on (e.g. after the
+ * first few steps). Memory events are always recorded. */
+void dev_set_tracing(Dev *d, int on);
+
+/* ---------------------------------------------------------------- streams */
+
+int stream_index(const Stream *s);      /* 0 = compute, then creation order */
+const char *stream_name(const Stream *s);
+
+/* Enqueue fn(args) on s. args (at most DEV_ARGS_MAX bytes) is copied, so the
+ * caller's struct may go out of scope. name appears in the trace as
+ * "<scope module>.<name>". */
+#define DEV_ARGS_MAX 256
+void dev_launch(Stream *s, const char *name, void (*fn)(void *args), const void *args, size_t args_size);
+/* Race-detector annotation for kernels: the NEXT op enqueued on s (normally
+ * the dev_launch that follows) reads (write = 0) or writes (write = 1, which
+ * also covers read-modify-write) [p, p + bytes). `what` names the data for
+ * messages (e.g. a parameter's name). Cheap; a no-op with the detector off or
+ * for memory that is not a device allocation. Call it once per buffer a
+ * kernel touches that another stream may produce or consume. */
+void dev_access(Stream *s, const void *p, size_t bytes, int write, const char *what);
+
+/* ----------------------------------------------------------------- memory */
+
+/* "param", "param_shard", "unsharded_param", ... (stable names used in snapshots) */
+const char *mem_tag_name(MemTag tag);
+void dev_mem_reset_peak(Dev *d);                      /* peak := current */
+size_t dev_mem_current_by_tag(const Dev *d, MemTag tag);
+/* Bytes of storage the allocator holds now: live allocations, freed ones
+ * still in use by queued work, and (CUDA) cached segments. >= current. */
+size_t dev_mem_reserved(const Dev *d);
+/* Size of the live allocation that contains address p, or 0 if none does. */
+size_t dev_mem_live_size_containing(const Dev *d, const void *p);
+/* Identity (allocation sequence number, never reused) of the live allocation
+ * containing p, or 0 if none does: tells a buffer apart from a later one that
+ * happens to get the same address. */
+uint64_t dev_mem_live_id_containing(const Dev *d, const void *p);
+
+/* Append a named record to the memory snapshot's event list (used by the
+ * training loop for per-hook checks the grader reads, e.g. after post_forward:
+ * {"kind":"hook_check","module":"block2","hook":"post_forward",
+ *  "live_unsharded_param_bytes":0,...}). json_fields is a JSON object body
+ * without braces, e.g. "\"live_bytes\":0". */
+void dev_mem_note(Dev *d, const char *kind, const char *json_fields);
+
+/* ------------------------------------------------------- traces, snapshots */
+
+/* Write this rank's Chrome trace (trace_rank<r>.json) and memory snapshot
+ * (memory_rank<r>.json and memory_rank<r>.pickle for pytorch.org/memory_viz)
+ * into dir. Synchronizes the rank first. With the local backend, rank 0 also
+ * writes trace.json holding every rank (call after all ranks wrote theirs:
+ * dev_write_artifacts does a host barrier). */
+void dev_write_artifacts(Dev *d, const char *dir);
+
+#endif

@@ -134,13 +134,13 @@ static void rank_event_wait(Dev *d, void *arg) {
     dev_stream_synchronize(b);
     TCHECK(seen_b == 1, "after the wait, stream b sees a's write (saw %d)", seen_b);
     /* the wait is traced as a "wait" slice on b */
-    pthread_mutex_lock(&d->trace_mu);
+    pthread_mutex_lock(&d->trace.mu);
     int found = 0;
-    for (size_t i = 0; i < d->n_trace; i++)
-        if (strcmp(d->trace[i].cat, "wait") == 0 && strcmp(d->trace[i].name, "wait:a_done") == 0 && d->trace[i].stream == 1 &&
-            d->trace[i].dur > 20000)
+    for (size_t i = 0; i < d->trace.n; i++)
+        if (strcmp(d->trace.recs[i].cat, "wait") == 0 && strcmp(d->trace.recs[i].name, "wait:a_done") == 0 && d->trace.recs[i].stream == 1 &&
+            d->trace.recs[i].dur > 20000)
             found = 1;
-    pthread_mutex_unlock(&d->trace_mu);
+    pthread_mutex_unlock(&d->trace.mu);
     TCHECK(found, "wait slice recorded on stream b");
     dev_event_destroy(e);
 }
@@ -242,8 +242,8 @@ static void rank_alloc_counts(Dev *d, void *arg) {
     size_t cur = 0;
     uint64_t last_seq = 0;
     int ok = 1;
-    for (size_t i = 0; i < d->n_mev; i++) {
-        const MemEvent *m = &d->mev[i];
+    for (size_t i = 0; i < d->mem.n_mev; i++) {
+        const MemEvent *m = &d->mem.mev[i];
         if (m->kind == MEV_FREE_DONE) continue;
         ok &= m->seq > last_seq;
         last_seq = m->seq;
@@ -263,11 +263,11 @@ static void rank_stream_safe(Dev *d, void *arg) {
     float seen = 0;
     SleepReadArgs a = {80, buf, &seen};
     dev_launch(side, "sleep_read", k_sleep_read, &a, sizeof a);
-    uint64_t deferred0 = d->frees_deferred, released0 = d->frees_released;
+    uint64_t deferred0 = d->mem.frees_deferred, released0 = d->mem.frees_released;
     dev_free(d, buf);
     TCHECK(dev_mem_current(d) == 0, "free counted at once");
-    TCHECK(d->frees_deferred == deferred0 + 1, "free was deferred");
-    TCHECK(d->frees_released == released0, "storage not released while the op runs");
+    TCHECK(d->mem.frees_deferred == deferred0 + 1, "free was deferred");
+    TCHECK(d->mem.frees_released == released0, "storage not released while the op runs");
     TCHECK(dev_mem_live_size_containing(d, buf) == 0, "no longer live");
     /* new allocations (poisoned) must not reuse buf's storage yet */
     int reused = 0;
@@ -277,16 +277,16 @@ static void rank_stream_safe(Dev *d, void *arg) {
         reused |= fresh[i] == (void *)buf;
     }
     TCHECK(!reused, "storage reused while a stream may still read it");
-    TCHECK(d->frees_released == released0, "still not released");
+    TCHECK(d->mem.frees_released == released0, "still not released");
     dev_synchronize(d);
     TCHECK(seen == 42.0f, "the op read intact data (%g)", seen);
-    TCHECK(d->frees_released == released0 + 1, "released after the stream finished");
+    TCHECK(d->mem.frees_released == released0 + 1, "released after the stream finished");
     for (int i = 0; i < 16; i++) dev_free(d, fresh[i]);
     /* a free with idle streams is released at once */
     void *q = dev_alloc(d, 10, MEM_TEMP, "q");
-    uint64_t r1 = d->frees_released;
+    uint64_t r1 = d->mem.frees_released;
     dev_free(d, q);
-    TCHECK(d->frees_released == r1 + 1, "idle free released at once");
+    TCHECK(d->mem.frees_released == r1 + 1, "idle free released at once");
 }
 TEST(stream_safe_free) {
     WorldConfig c = config(1);
@@ -317,7 +317,7 @@ static void rank_containing(Dev *d, void *arg) {
     for (int i = 0; i < N; i++) ok &= dev_mem_live_size_containing(d, p[i]) == (i % 2 ? sz[i] : 0);
     TCHECK(ok, "freed allocations are not found, live ones are");
     for (int i = 1; i < N; i += 2) dev_free(d, p[i]);
-    TCHECK(dev_mem_current(d) == 0 && d->n_live == 0, "empty");
+    TCHECK(dev_mem_current(d) == 0 && d->mem.n_live == 0, "empty");
     /* speed: tens of thousands of allocations with thousands live */
     double t0 = now_us();
     for (int round = 0; round < 20; round++) {
@@ -415,11 +415,11 @@ static void rank_link(Dev *d, void *arg) {
     double el = now_us() - t0;
     if (dev_rank(d) == 0) {
         la->elapsed_us = el;
-        pthread_mutex_lock(&d->trace_mu);
-        for (size_t i = 0; i < d->n_trace; i++)
-            if (strcmp(d->trace[i].cat, "collective") == 0 && strcmp(d->trace[i].prefix, "link") == 0)
-                la->trace_dur_us = d->trace[i].dur;
-        pthread_mutex_unlock(&d->trace_mu);
+        pthread_mutex_lock(&d->trace.mu);
+        for (size_t i = 0; i < d->trace.n; i++)
+            if (strcmp(d->trace.recs[i].cat, "collective") == 0 && strcmp(d->trace.recs[i].prefix, "link") == 0)
+                la->trace_dur_us = d->trace.recs[i].dur;
+        pthread_mutex_unlock(&d->trace.mu);
     }
     dev_free(d, send);
     dev_free(d, recv);
@@ -470,9 +470,9 @@ static void rank_trace(Dev *d, void *arg) {
     dev_set_tracing(d, 1);
     dev_synchronize(d);
     int saw_op = 0, saw_coll = 0, saw_hidden = 0, saw_copy = 0;
-    pthread_mutex_lock(&d->trace_mu);
-    for (size_t i = 0; i < d->n_trace; i++) {
-        TraceRec *r = &d->trace[i];
+    pthread_mutex_lock(&d->trace.mu);
+    for (size_t i = 0; i < d->trace.n; i++) {
+        TraceRec *r = &d->trace.recs[i];
         if (strcmp(r->name, "matmul") == 0 && strcmp(r->prefix, "block2") == 0 && r->step == 3 &&
             strcmp(r->phase, "forward") == 0 && strcmp(r->cat, "compute") == 0 && r->dur >= 900)
             saw_op = 1;
@@ -480,7 +480,7 @@ static void rank_trace(Dev *d, void *arg) {
         if (strcmp(r->name, "memset") == 0 && strcmp(r->cat, "copy") == 0 && r->bytes == 256) saw_copy = 1;
         if (strcmp(r->name, "hidden") == 0) saw_hidden = 1;
     }
-    pthread_mutex_unlock(&d->trace_mu);
+    pthread_mutex_unlock(&d->trace.mu);
     TCHECK(saw_op && saw_coll && saw_copy && !saw_hidden, "trace records: op %d coll %d copy %d hidden %d", saw_op, saw_coll,
            saw_copy, saw_hidden);
     dev_free(d, buf);

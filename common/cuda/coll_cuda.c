@@ -165,7 +165,7 @@ static void local_collective(Stream *s, const Op *op, const float *send, float *
     wait_all(s, all, n);
 
     PendingTiming t;
-    if (d->tracing) cuda_timing_begin(s, &t);
+    if (d->scope.tracing) cuda_timing_begin(s, &t);
     switch (desc->kind) {
     case COLL_ALL_GATHER:
         for (int r = 0; r < n; r++) {
@@ -207,7 +207,7 @@ static void local_collective(Stream *s, const Op *op, const float *send, float *
     }
     default: break;
     }
-    if (d->tracing) cuda_timing_end(s, &t, op->label, op->name, "collective", op->bytes);
+    if (d->scope.tracing) cuda_timing_end(s, &t, op->label, op->name, "collective", op->bytes);
 
     /* C: nobody moves on until every peer finished reading this rank's buffers */
     CudaPost fin = mine;
@@ -239,7 +239,7 @@ static void nccl_collective(Stream *s, const Op *op, const float *send, float *r
     size_t cnt = (size_t)desc->count;
     ncclRedOp_t red = desc->op == RED_AVG ? ncclAvg : ncclSum;
     PendingTiming t;
-    if (d->tracing) cuda_timing_begin(s, &t);
+    if (d->scope.tracing) cuda_timing_begin(s, &t);
     switch (desc->kind) {
     case COLL_ALL_GATHER: NCCL_CHECK(ncclAllGather(send, recv, cnt, ncclFloat32, cs->comm, cs->st)); break;
     case COLL_REDUCE_SCATTER: NCCL_CHECK(ncclReduceScatter(send, recv, cnt, ncclFloat32, red, cs->comm, cs->st)); break;
@@ -247,7 +247,7 @@ static void nccl_collective(Stream *s, const Op *op, const float *send, float *r
     case COLL_BROADCAST: NCCL_CHECK(ncclBroadcast(recv, recv, cnt, ncclFloat32, desc->root, cs->comm, cs->st)); break;
     default: NCCL_CHECK(ncclAllReduce(cs->one, cs->one, 1, ncclFloat32, ncclSum, cs->comm, cs->st)); break;
     }
-    if (d->tracing) cuda_timing_end(s, &t, op->label, op->name, "collective", op->bytes);
+    if (d->scope.tracing) cuda_timing_end(s, &t, op->label, op->name, "collective", op->bytes);
 }
 
 /* ------------------------------------------------------------- enqueue */
@@ -259,9 +259,9 @@ void coll_enqueue(Dev *d, Stream *s, CollKind kind, const float *send, float *re
     memset(&o, 0, sizeof o);
     o.kind = OP_COLL;
     o.name = dev_intern(d, coll_kind_name((int)kind));
-    o.module = d->module;
-    o.phase = d->phase;
-    o.step = d->step;
+    o.module = d->scope.module;
+    o.phase = d->scope.phase;
+    o.step = d->scope.step;
     coll_op_describe(d, s, &o, kind, op, root, count, bytes, label);
     if (d->world->cfg.backend == BACKEND_LOCAL) local_collective(s, &o, send, recv);
     else nccl_collective(s, &o, send, recv);

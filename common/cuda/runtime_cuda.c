@@ -156,7 +156,7 @@ void backend_dev_fini(Dev *d) {
     if (!c) return;
     timing_resolve(d, 1);
     for (size_t i = 0; i < c->n_cache; i++) CUDA_CHECK(cudaFree(c->cache[i].p));
-    d->reserved -= c->cache_bytes;
+    d->mem.reserved -= c->cache_bytes;
     for (size_t i = 0; i < c->n_timing_pool; i++) CUDA_CHECK(cudaEventDestroy(c->timing_pool[i]));
     for (size_t i = 0; i < c->n_fence_pool; i++) CUDA_CHECK(cudaEventDestroy(c->fence_pool[i]));
     CUDA_CHECK(cudaEventDestroy(c->epoch));
@@ -182,7 +182,7 @@ void cuda_timing_end(Stream *s, PendingTiming *t, const char *prefix, const char
     struct CudaDev *c = d->cuda;
     t->end = pool_get(&c->timing_pool, &c->n_timing_pool, cudaEventDefault);
     CUDA_CHECK(cudaEventRecord(t->end, s->cuda->st));
-    t->rec = (TraceRec){prefix, dev_intern(d, name), d->module, d->phase, cat, s->index, d->step, 0, 0, bytes};
+    t->rec = (TraceRec){prefix, dev_intern(d, name), d->scope.module, d->scope.phase, cat, s->index, d->scope.step, 0, 0, bytes};
     if (c->n_timing == c->timing_cap) {
         c->timing_cap = c->timing_cap ? c->timing_cap * 2 : 1024;
         c->timing = xrealloc(c->timing, c->timing_cap * sizeof *c->timing);
@@ -223,7 +223,7 @@ static size_t round_storage(size_t bytes) { return (bytes + 511) / 512 * 512; }
 static void cache_trim(Dev *d) {
     struct CudaDev *c = d->cuda;
     for (size_t i = 0; i < c->n_cache; i++) CUDA_CHECK(cudaFree(c->cache[i].p));
-    d->reserved -= c->cache_bytes;
+    d->mem.reserved -= c->cache_bytes;
     c->n_cache = 0;
     c->cache_bytes = 0;
 }
@@ -255,11 +255,11 @@ void *backend_storage_alloc(Dev *d, size_t bytes, const char *name) {
             size_t free_b = 0, total_b = 0;
             cudaMemGetInfo(&free_b, &total_b);
             fatal("rank %d: CUDA out of memory allocating %zu bytes for '%s' (%zu bytes allocated, %zu reserved by this "
-                  "rank; %zu of %zu bytes free on GPU %d)", d->rank, bytes, name ? name : "?", d->current, d->reserved,
+                  "rank; %zu of %zu bytes free on GPU %d)", d->rank, bytes, name ? name : "?", d->mem.current, d->mem.reserved,
                   free_b, total_b, c->device);
         }
         CUDA_CHECK(e);
-        d->reserved += r;
+        d->mem.reserved += r;
         c->cuda_mallocs++;
     }
     if (d->world->cfg.poison) { /* all-ones bytes are a NaN in every float */
@@ -362,14 +362,14 @@ void dev_launch(Stream *s, const char *name, void (*fn)(void *args), const void 
     if (args_size) memcpy(copy.b, args, args_size);
     Dev *d = s->dev;
     PendingTiming t;
-    if (d->tracing) cuda_timing_begin(s, &t);
+    if (d->scope.tracing) cuda_timing_begin(s, &t);
     tls_stream = s->cuda->st;
     tls_blas = s->cuda->blas;
     tls_tf32 = d->world->cfg.tf32;
     fn(copy.b);
     tls_stream = NULL;
     tls_blas = NULL;
-    if (d->tracing) cuda_timing_end(s, &t, d->module, name ? name : "kernel", "kernel", 0);
+    if (d->scope.tracing) cuda_timing_end(s, &t, d->scope.module, name ? name : "kernel", "kernel", 0);
     s->enqueued++;
 }
 
@@ -378,10 +378,10 @@ void dev_memcpy_async(Stream *s, void *dst, const void *src, size_t bytes) {
     if (!bytes) return;
     Dev *d = s->dev;
     PendingTiming t;
-    if (d->tracing) cuda_timing_begin(s, &t);
+    if (d->scope.tracing) cuda_timing_begin(s, &t);
     /* cudaMemcpyDefault: unified addressing tells host from device memory */
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s->cuda->st));
-    if (d->tracing) cuda_timing_end(s, &t, d->module, "copy", "copy", bytes);
+    if (d->scope.tracing) cuda_timing_end(s, &t, d->scope.module, "copy", "copy", bytes);
     s->enqueued++;
 }
 
@@ -390,9 +390,9 @@ void dev_memset_async(Stream *s, void *dst, int byte, size_t bytes) {
     if (!bytes) return;
     Dev *d = s->dev;
     PendingTiming t;
-    if (d->tracing) cuda_timing_begin(s, &t);
+    if (d->scope.tracing) cuda_timing_begin(s, &t);
     CUDA_CHECK(cudaMemsetAsync(dst, byte, bytes, s->cuda->st));
-    if (d->tracing) cuda_timing_end(s, &t, d->module, "memset", "memset", bytes);
+    if (d->scope.tracing) cuda_timing_end(s, &t, d->scope.module, "memset", "memset", bytes);
     s->enqueued++;
 }
 
@@ -426,11 +426,7 @@ void backend_event_fini(Event *e) {
 void dev_event_destroy(Event *e) {
     if (!e) return;
     event_unregister(e);
-    backend_event_fini(e);
-    pthread_mutex_destroy(&e->mu);
-    pthread_cond_destroy(&e->cv);
-    free(e->name);
-    free(e);
+    event_free(e);
 }
 
 void dev_event_record(Event *e, Stream *s) {

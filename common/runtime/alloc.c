@@ -68,11 +68,11 @@ static Alloc *treap_floor(Alloc *t, uintptr_t key) {
 /* ------------------------------------------------------------ event log */
 
 static MemEvent *mev_push(Dev *d) {
-    if (d->n_mev == d->mev_cap) {
-        d->mev_cap = d->mev_cap ? d->mev_cap * 2 : 1024;
-        d->mev = xrealloc(d->mev, d->mev_cap * sizeof *d->mev);
+    if (d->mem.n_mev == d->mem.mev_cap) {
+        d->mem.mev_cap = d->mem.mev_cap ? d->mem.mev_cap * 2 : 1024;
+        d->mem.mev = xrealloc(d->mem.mev, d->mem.mev_cap * sizeof *d->mem.mev);
     }
-    MemEvent *e = &d->mev[d->n_mev++];
+    MemEvent *e = &d->mem.mev[d->mem.n_mev++];
     memset(e, 0, sizeof *e);
     return e;
 }
@@ -93,20 +93,20 @@ void *backend_storage_alloc(Dev *d, size_t bytes, const char *name) {
     void *p = NULL;
     if (posix_memalign(&p, 64, bytes) != 0 || !p)
         fatal("rank %d: out of memory allocating %zu bytes for '%s' (%zu bytes allocated now)", d->rank, bytes,
-              name ? name : "?", d->current);
+              name ? name : "?", d->mem.current);
     if (d->world->cfg.poison) {
         uint32_t nan_bits = 0x7fc00000u;
         size_t nf = bytes / 4;
         uint32_t *w = p;
         for (size_t i = 0; i < nf; i++) w[i] = nan_bits;
     }
-    d->reserved += bytes;
+    d->mem.reserved += bytes;
     return p;
 }
 
 void backend_storage_free(Dev *d, void *p, size_t bytes) {
     free(p);
-    d->reserved -= bytes;
+    d->mem.reserved -= bytes;
 }
 
 int backend_fence_create(Dev *d, PendingFree *pf) {
@@ -140,7 +140,7 @@ static size_t storage_bytes(size_t bytes) { return bytes ? (bytes + 63) / 64 * 6
 
 static void free_storage(Dev *d, Alloc *a) {
     backend_storage_free(d, (void *)a->addr, storage_bytes(a->size));
-    race_alloc_free(a);
+    race_state_free(&a->race);
     free(a);
 }
 
@@ -152,9 +152,9 @@ static void release(Dev *d, PendingFree *p) {
     e->phase = p->alloc->phase;
     e->step = p->alloc->step;
     e->time_us = now_us() - d->world->epoch_us;
-    e->current_bytes = d->current;
+    e->current_bytes = d->mem.current;
     backend_fence_release(d, p);
-    d->frees_released++;
+    d->mem.frees_released++;
     if (p->alloc->quarantined) p->alloc->released = 1; /* storage held until it leaves the quarantine */
     else free_storage(d, p->alloc);
 }
@@ -162,26 +162,26 @@ static void release(Dev *d, PendingFree *p) {
 /* Return to the system every deferred free whose streams have moved past it.
  * Snapshots only grow in FIFO order, so stop at the first one not ready. */
 void dev_release_pending_frees(Dev *d, int wait_all) {
-    while (d->pend_count) {
-        PendingFree *p = &d->pending[d->pend_head];
+    while (d->mem.pend_count) {
+        PendingFree *p = &d->mem.pending[d->mem.pend_head];
         if (!wait_all && !backend_fence_ready(d, p)) break;
         release(d, p);
-        d->pend_head = (d->pend_head + 1) % d->pend_cap;
-        d->pend_count--;
+        d->mem.pend_head = (d->mem.pend_head + 1) % d->mem.pend_cap;
+        d->mem.pend_count--;
     }
 }
 
 static void push_pending(Dev *d, PendingFree pf) {
-    if (d->pend_count == d->pend_cap) {
-        size_t ncap = d->pend_cap ? d->pend_cap * 2 : 64;
+    if (d->mem.pend_count == d->mem.pend_cap) {
+        size_t ncap = d->mem.pend_cap ? d->mem.pend_cap * 2 : 64;
         PendingFree *np = xmalloc(ncap * sizeof *np);
-        for (size_t i = 0; i < d->pend_count; i++) np[i] = d->pending[(d->pend_head + i) % d->pend_cap];
-        free(d->pending);
-        d->pending = np;
-        d->pend_cap = ncap;
-        d->pend_head = 0;
+        for (size_t i = 0; i < d->mem.pend_count; i++) np[i] = d->mem.pending[(d->mem.pend_head + i) % d->mem.pend_cap];
+        free(d->mem.pending);
+        d->mem.pending = np;
+        d->mem.pend_cap = ncap;
+        d->mem.pend_head = 0;
     }
-    d->pending[(d->pend_head + d->pend_count++) % d->pend_cap] = pf;
+    d->mem.pending[(d->mem.pend_head + d->mem.pend_count++) % d->mem.pend_cap] = pf;
 }
 
 /* ------------------------------------------------ use-after-free quarantine */
@@ -196,33 +196,33 @@ static void push_pending(Dev *d, PendingFree pf) {
 #define QUARANTINE_BYTES ((size_t)32 << 20)
 
 static void quarantine_evict_one(Dev *d) {
-    Alloc *a = d->quarantine[d->quar_head];
-    d->quar_head = (d->quar_head + 1) % d->quar_cap;
-    d->quar_count--;
-    d->quar_bytes -= a->size;
-    d->dead_root = treap_remove(d->dead_root, a->addr);
+    Alloc *a = d->race.quarantine[d->race.quar_head];
+    d->race.quar_head = (d->race.quar_head + 1) % d->race.quar_cap;
+    d->race.quar_count--;
+    d->race.quar_bytes -= a->size;
+    d->race.dead_root = treap_remove(d->race.dead_root, a->addr);
     a->left = a->right = NULL;
     a->quarantined = 0;
     if (a->released) free_storage(d, a);
 }
 
 static void quarantine(Dev *d, Alloc *a) {
-    if (d->quar_count == d->quar_cap) {
-        size_t ncap = d->quar_cap ? d->quar_cap * 2 : 64;
+    if (d->race.quar_count == d->race.quar_cap) {
+        size_t ncap = d->race.quar_cap ? d->race.quar_cap * 2 : 64;
         Alloc **nq = xmalloc(ncap * sizeof *nq);
-        for (size_t i = 0; i < d->quar_count; i++) nq[i] = d->quarantine[(d->quar_head + i) % d->quar_cap];
-        free(d->quarantine);
-        d->quarantine = nq;
-        d->quar_cap = ncap;
-        d->quar_head = 0;
+        for (size_t i = 0; i < d->race.quar_count; i++) nq[i] = d->race.quarantine[(d->race.quar_head + i) % d->race.quar_cap];
+        free(d->race.quarantine);
+        d->race.quarantine = nq;
+        d->race.quar_cap = ncap;
+        d->race.quar_head = 0;
     }
-    d->quarantine[(d->quar_head + d->quar_count++) % d->quar_cap] = a;
-    d->quar_bytes += a->size;
+    d->race.quarantine[(d->race.quar_head + d->race.quar_count++) % d->race.quar_cap] = a;
+    d->race.quar_bytes += a->size;
     a->quarantined = 1;
     Alloc *lo, *hi;
-    treap_split(d->dead_root, a->addr, &lo, &hi);
-    d->dead_root = treap_merge(treap_merge(lo, a), hi);
-    while (d->quar_count > QUARANTINE_FREES || (d->quar_count && d->quar_bytes > QUARANTINE_BYTES))
+    treap_split(d->race.dead_root, a->addr, &lo, &hi);
+    d->race.dead_root = treap_merge(treap_merge(lo, a), hi);
+    while (d->race.quar_count > QUARANTINE_FREES || (d->race.quar_count && d->race.quar_bytes > QUARANTINE_BYTES))
         quarantine_evict_one(d);
 }
 
@@ -231,8 +231,8 @@ static Alloc *containing(Alloc *root, uintptr_t p) {
     if (!a || p - a->addr >= a->size) return NULL;
     return a;
 }
-Alloc *dev_live_alloc_containing(const Dev *d, uintptr_t p) { return containing(d->live_root, p); }
-Alloc *dev_dead_alloc_containing(const Dev *d, uintptr_t p) { return containing(d->dead_root, p); }
+Alloc *dev_live_alloc_containing(const Dev *d, uintptr_t p) { return containing(d->mem.live_root, p); }
+Alloc *dev_dead_alloc_containing(const Dev *d, uintptr_t p) { return containing(d->race.dead_root, p); }
 
 /* --------------------------------------------------------------- alloc */
 
@@ -247,25 +247,25 @@ void *dev_alloc(Dev *d, size_t bytes, MemTag tag, const char *name) {
     a->size = bytes;
     a->tag = tag;
     a->name = dev_intern(d, name ? name : "");
-    a->module = d->module;
-    a->phase = d->phase;
-    a->step = d->step;
-    a->seq = ++d->mem_seq;
+    a->module = d->scope.module;
+    a->phase = d->scope.phase;
+    a->step = d->scope.step;
+    a->seq = ++d->mem.mem_seq;
     a->race.writer = -1;
     a->time_us = now_us() - d->world->epoch_us;
     /* xorshift priorities: deterministic, balanced in expectation */
-    d->prio_state ^= d->prio_state << 13;
-    d->prio_state ^= d->prio_state >> 7;
-    d->prio_state ^= d->prio_state << 17;
-    a->prio = (uint32_t)(d->prio_state >> 16);
+    d->mem.prio_state ^= d->mem.prio_state << 13;
+    d->mem.prio_state ^= d->mem.prio_state >> 7;
+    d->mem.prio_state ^= d->mem.prio_state << 17;
+    a->prio = (uint32_t)(d->mem.prio_state >> 16);
     Alloc *lo, *hi;
-    treap_split(d->live_root, a->addr, &lo, &hi);
-    d->live_root = treap_merge(treap_merge(lo, a), hi);
-    d->n_live++;
+    treap_split(d->mem.live_root, a->addr, &lo, &hi);
+    d->mem.live_root = treap_merge(treap_merge(lo, a), hi);
+    d->mem.n_live++;
 
-    d->current += bytes;
-    d->by_tag[tag] += bytes;
-    if (d->current > d->peak) d->peak = d->current;
+    d->mem.current += bytes;
+    d->mem.by_tag[tag] += bytes;
+    if (d->mem.current > d->mem.peak) d->mem.peak = d->mem.current;
 
     MemEvent *e = mev_push(d);
     e->kind = MEV_ALLOC;
@@ -275,7 +275,7 @@ void *dev_alloc(Dev *d, size_t bytes, MemTag tag, const char *name) {
     e->phase = a->phase;
     e->step = a->step;
     e->time_us = a->time_us;
-    e->current_bytes = d->current;
+    e->current_bytes = d->mem.current;
     return p;
 }
 
@@ -286,51 +286,51 @@ float *dev_alloc_f32(Dev *d, size_t count, MemTag tag, const char *name) {
 
 void dev_free(Dev *d, void *p) {
     if (!p) return;
-    Alloc *a = treap_floor(d->live_root, (uintptr_t)p);
+    Alloc *a = treap_floor(d->mem.live_root, (uintptr_t)p);
     if (!a || a->addr != (uintptr_t)p) fatal("dev_free: %p is not a live allocation of rank %d (double free?)", p, d->rank);
-    d->live_root = treap_remove(d->live_root, a->addr);
+    d->mem.live_root = treap_remove(d->mem.live_root, a->addr);
     a->left = a->right = NULL;
-    d->n_live--;
-    d->current -= a->size;
-    d->by_tag[a->tag] -= a->size;
+    d->mem.n_live--;
+    d->mem.current -= a->size;
+    d->mem.by_tag[a->tag] -= a->size;
 
     MemEvent *e = mev_push(d);
     e->kind = MEV_FREE;
-    e->seq = ++d->mem_seq;
+    e->seq = ++d->mem.mem_seq;
     mev_from_alloc(e, a);
-    e->module = d->module;
-    e->phase = d->phase;
-    e->step = d->step;
+    e->module = d->scope.module;
+    e->phase = d->scope.phase;
+    e->step = d->scope.step;
     e->time_us = now_us() - d->world->epoch_us;
-    e->current_bytes = d->current;
+    e->current_bytes = d->mem.current;
 
     /* Stream-safe: the storage may be in use by any op enqueued so far. */
     PendingFree pf = {a, NULL, 0, NULL};
-    if (backend_fence_create(d, &pf)) d->frees_deferred++;
-    a->free_module = d->module;
-    a->free_phase = d->phase;
+    if (backend_fence_create(d, &pf)) d->mem.frees_deferred++;
+    a->free_module = d->scope.module;
+    a->free_phase = d->scope.phase;
     push_pending(d, pf);
-    if (d->race_on) quarantine(d, a);
+    if (d->race.on) quarantine(d, a);
     dev_release_pending_frees(d, 0);
 }
 
-size_t dev_mem_current(const Dev *d) { return d->current; }
-size_t dev_mem_peak(const Dev *d) { return d->peak; }
-size_t dev_mem_reserved(const Dev *d) { return d->reserved; }
-void dev_mem_reset_peak(Dev *d) { d->peak = d->current; }
+size_t dev_mem_current(const Dev *d) { return d->mem.current; }
+size_t dev_mem_peak(const Dev *d) { return d->mem.peak; }
+size_t dev_mem_reserved(const Dev *d) { return d->mem.reserved; }
+void dev_mem_reset_peak(Dev *d) { d->mem.peak = d->mem.current; }
 size_t dev_mem_current_by_tag(const Dev *d, MemTag tag) {
     if ((int)tag < 0 || tag >= MEM_TAG_COUNT) return 0;
-    return d->by_tag[tag];
+    return d->mem.by_tag[tag];
 }
 
 size_t dev_mem_live_size_containing(const Dev *d, const void *p) {
-    Alloc *a = treap_floor(d->live_root, (uintptr_t)p);
+    Alloc *a = treap_floor(d->mem.live_root, (uintptr_t)p);
     if (!a || (uintptr_t)p - a->addr >= a->size) return 0;
     return a->size;
 }
 
 uint64_t dev_mem_live_id_containing(const Dev *d, const void *p) {
-    Alloc *a = treap_floor(d->live_root, (uintptr_t)p);
+    Alloc *a = treap_floor(d->mem.live_root, (uintptr_t)p);
     if (!a || (uintptr_t)p - a->addr >= a->size) return 0;
     return a->seq;
 }
@@ -338,14 +338,14 @@ uint64_t dev_mem_live_id_containing(const Dev *d, const void *p) {
 void dev_mem_note(Dev *d, const char *kind, const char *json_fields) {
     MemEvent *e = mev_push(d);
     e->kind = MEV_NOTE;
-    e->seq = ++d->mem_seq;
+    e->seq = ++d->mem.mem_seq;
     e->name = dev_intern(d, kind ? kind : "note");
     e->json = xstrdup(json_fields ? json_fields : "");
-    e->module = d->module;
-    e->phase = d->phase;
-    e->step = d->step;
+    e->module = d->scope.module;
+    e->phase = d->scope.phase;
+    e->step = d->scope.step;
     e->time_us = now_us() - d->world->epoch_us;
-    e->current_bytes = d->current;
+    e->current_bytes = d->mem.current;
 }
 
 static void free_tree(Dev *d, Alloc *t) {
@@ -357,18 +357,18 @@ static void free_tree(Dev *d, Alloc *t) {
 
 /* At Dev destroy (streams already idle and joined). */
 void dev_alloc_destroy(Dev *d) {
-    while (d->pend_count) {
-        PendingFree *p = &d->pending[d->pend_head];
+    while (d->mem.pend_count) {
+        PendingFree *p = &d->mem.pending[d->mem.pend_head];
         if (p->alloc->quarantined) p->alloc->released = 1;
         else free_storage(d, p->alloc);
         backend_fence_release(d, p);
-        d->pend_head = (d->pend_head + 1) % d->pend_cap;
-        d->pend_count--;
+        d->mem.pend_head = (d->mem.pend_head + 1) % d->mem.pend_cap;
+        d->mem.pend_count--;
     }
-    free(d->pending);
-    while (d->quar_count) quarantine_evict_one(d);
-    free(d->quarantine);
-    free_tree(d, d->live_root);
-    for (size_t i = 0; i < d->n_mev; i++) free(d->mev[i].json);
-    free(d->mev);
+    free(d->mem.pending);
+    while (d->race.quar_count) quarantine_evict_one(d);
+    free(d->race.quarantine);
+    free_tree(d, d->mem.live_root);
+    for (size_t i = 0; i < d->mem.n_mev; i++) free(d->mem.mev[i].json);
+    free(d->mem.mev);
 }

@@ -9,17 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* A finished op or collective (stream workers on the CPU, the host on CUDA). */
-void dev_trace_add(Dev *d, const TraceRec *r) {
-    pthread_mutex_lock(&d->trace_mu);
-    if (d->n_trace == d->trace_cap) {
-        d->trace_cap = d->trace_cap ? d->trace_cap * 2 : 1024;
-        d->trace = xrealloc(d->trace, d->trace_cap * sizeof *d->trace);
-    }
-    d->trace[d->n_trace++] = *r;
-    pthread_mutex_unlock(&d->trace_mu);
-}
-
 /* ---------------------------------------------------------------- buffer */
 
 typedef struct {
@@ -100,10 +89,10 @@ static void trace_events_of(Buf *b, Dev *d, int *first) {
         buf_printf(b, "\n{\"ph\":\"M\",\"name\":\"thread_sort_index\",\"pid\":%d,\"tid\":%d,\"args\":{\"sort_index\":%d}}",
                    d->rank, i, i);
     }
-    pthread_mutex_lock(&d->trace_mu);
+    pthread_mutex_lock(&d->trace.mu);
     char name[512];
-    for (size_t i = 0; i < d->n_trace; i++) {
-        const TraceRec *r = &d->trace[i];
+    for (size_t i = 0; i < d->trace.n; i++) {
+        const TraceRec *r = &d->trace.recs[i];
         if (r->prefix && *r->prefix) snprintf(name, sizeof name, "%s.%s", r->prefix, r->name);
         else snprintf(name, sizeof name, "%s", r->name);
         SEP();
@@ -117,7 +106,7 @@ static void trace_events_of(Buf *b, Dev *d, int *first) {
         if (r->bytes) buf_printf(b, ",\"bytes\":%zu", r->bytes);
         buf_printf(b, "}}");
     }
-    pthread_mutex_unlock(&d->trace_mu);
+    pthread_mutex_unlock(&d->trace.mu);
 #undef SEP
 }
 
@@ -155,12 +144,12 @@ static void json_live(Buf *b, const Alloc *a, int *first) {
 static void write_memory_json(const char *dir, Dev *d) {
     Buf b = {0};
     buf_printf(&b, "{\"rank\":%d,\"world_size\":%d,\"peak_bytes\":%zu,\"current_bytes\":%zu,\"reserved_bytes\":%zu,"
-               "\"tags\":[", d->rank, d->world_size, d->peak, d->current, d->reserved);
+               "\"tags\":[", d->rank, d->world_size, d->mem.peak, d->mem.current, d->mem.reserved);
     for (int t = 0; t < MEM_TAG_COUNT; t++) buf_printf(&b, "%s\"%s\"", t ? "," : "", mem_tag_name((MemTag)t));
     buf_printf(&b, "],\"events\":[");
     int first = 1;
-    for (size_t i = 0; i < d->n_mev; i++) {
-        const MemEvent *e = &d->mev[i];
+    for (size_t i = 0; i < d->mem.n_mev; i++) {
+        const MemEvent *e = &d->mem.mev[i];
         if (e->kind == MEV_FREE_DONE) continue;
         buf_printf(&b, "%s\n{\"seq\":%llu,", first ? "" : ",", (unsigned long long)e->seq);
         first = 0;
@@ -177,7 +166,7 @@ static void write_memory_json(const char *dir, Dev *d) {
     }
     buf_printf(&b, "\n],\"live_at_end\":[");
     first = 1;
-    json_live(&b, d->live_root, &first);
+    json_live(&b, d->mem.live_root, &first);
     buf_printf(&b, "\n]}\n");
     char file[64];
     snprintf(file, sizeof file, "memory_rank%d.json", d->rank);
@@ -349,7 +338,7 @@ static void write_memory_pickle(const char *dir, Dev *d) {
     pk_str(&b, "segments");
     size_t n = 0;
     pk_list_open(&b);
-    pk_segments(&b, d->live_root, &n);
+    pk_segments(&b, d->mem.live_root, &n);
     pk_list_close(&b);
     pk_str(&b, "device_traces");
     pk_list_open(&b);
@@ -358,8 +347,8 @@ static void write_memory_pickle(const char *dir, Dev *d) {
      * the "Allocator State History" view can place every block. Sizes of
      * alloc/free entries are the requested bytes, as counted by dev_mem_*. */
     n = 0;
-    for (size_t i = 0; i < d->n_mev; i++) {
-        const MemEvent *e = &d->mev[i];
+    for (size_t i = 0; i < d->mem.n_mev; i++) {
+        const MemEvent *e = &d->mem.mev[i];
         if (e->kind == MEV_ALLOC) {
             pk_trace_entry(&b, e, "segment_alloc", real_size(e->size), &n);
             pk_trace_entry(&b, e, "alloc", e->size, &n);

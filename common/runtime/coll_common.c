@@ -77,38 +77,38 @@ int coll_wait_generation(pthread_cond_t *cv, pthread_mutex_t *mu, const uint64_t
 
 /* ------------------------------------------------------- flight recorder */
 
-/* d->flight grows with the streams; slots are reused seq % FLIGHT_DEPTH. */
+/* d->flight.rings grows with the streams; slots are reused seq % FLIGHT_DEPTH. */
 void flight_stream_created(Dev *d, Stream *s) {
     int index = s->index;
-    pthread_mutex_lock(&d->flight_mu);
-    if (index >= d->flight_n) {
-        d->flight = xrealloc(d->flight, (size_t)(index + 1) * sizeof *d->flight);
-        memset(d->flight + d->flight_n, 0, (size_t)(index + 1 - d->flight_n) * sizeof *d->flight);
-        d->flight_n = index + 1;
+    pthread_mutex_lock(&d->flight.mu);
+    if (index >= d->flight.n) {
+        d->flight.rings = xrealloc(d->flight.rings, (size_t)(index + 1) * sizeof *d->flight.rings);
+        memset(d->flight.rings + d->flight.n, 0, (size_t)(index + 1 - d->flight.n) * sizeof *d->flight.rings);
+        d->flight.n = index + 1;
     }
-    d->flight[index].stream = s->name;
-    pthread_mutex_unlock(&d->flight_mu);
+    d->flight.rings[index].stream = s->name;
+    pthread_mutex_unlock(&d->flight.mu);
 }
 
 void flight_set(Stream *s, const Op *op, int state) {
     Dev *d = s->dev;
-    pthread_mutex_lock(&d->flight_mu);
-    FlightEntry *e = &d->flight[s->index].e[op->coll_seq % FLIGHT_DEPTH];
+    pthread_mutex_lock(&d->flight.mu);
+    FlightEntry *e = &d->flight.rings[s->index].e[op->coll_seq % FLIGHT_DEPTH];
     if (state == FLIGHT_ISSUED)
         *e = (FlightEntry){op->coll_seq, op->coll.count, op->coll.kind, state, op->label};
     else if (e->seq == op->coll_seq && e->state)
         e->state = state;
-    pthread_mutex_unlock(&d->flight_mu);
+    pthread_mutex_unlock(&d->flight.mu);
 }
 
 static const char *const STATE_NAMES[] = {"?", "issued", "started", "completed"};
 
 /* One line for a rank: every stream's last collectives, oldest first. */
 static void flight_print(FILE *f, Dev *d) {
-    pthread_mutex_lock(&d->flight_mu);
+    pthread_mutex_lock(&d->flight.mu);
     fprintf(f, "  rank %d:", d->rank);
-    for (int i = 0; i < d->flight_n; i++) {
-        const FlightRing *r = &d->flight[i];
+    for (int i = 0; i < d->flight.n; i++) {
+        const FlightRing *r = &d->flight.rings[i];
         uint64_t newest = 0;
         int any = 0;
         for (int k = 0; k < FLIGHT_DEPTH; k++)
@@ -126,7 +126,7 @@ static void flight_print(FILE *f, Dev *d) {
         }
     }
     fprintf(f, "\n");
-    pthread_mutex_unlock(&d->flight_mu);
+    pthread_mutex_unlock(&d->flight.mu);
 }
 
 /* The watchdog's report: once per world, then exit(2). `lowest` is the post of

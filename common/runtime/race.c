@@ -27,8 +27,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
-static const char *const COLL_NAMES[] = {"all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier"};
 
 static void vc_merge(uint64_t *dst, const uint64_t *src, int n) {
     for (int i = 0; i < n; i++)
@@ -44,11 +45,11 @@ static uint64_t *vc_grow(uint64_t *vc, int old_n, int new_n) {
 /* d->streams already holds s. Every vector clock gets one more entry. */
 void race_stream_created(Dev *d, Stream *s) {
     int w = d->nstreams;
-    if (w > d->race_width) {
+    if (w > d->race.width) {
         for (int i = 0; i < d->nstreams; i++)
-            if (d->streams[i] != s) d->streams[i]->vc = vc_grow(d->streams[i]->vc, d->race_width, w);
-        d->host_vc = vc_grow(d->host_vc, d->race_width, w);
-        d->race_width = w;
+            if (d->streams[i] != s) d->streams[i]->vc = vc_grow(d->streams[i]->vc, d->race.width, w);
+        d->race.host_vc = vc_grow(d->race.host_vc, d->race.width, w);
+        d->race.width = w;
     }
     s->vc = xcalloc((size_t)w, sizeof *s->vc);
 }
@@ -60,14 +61,14 @@ void race_stream_destroy(Stream *s) {
     s->pending = NULL;
 }
 
-void race_host_waited_stream(Stream *s) { vc_merge(s->dev->host_vc, s->vc, s->dev->race_width); }
+void race_host_waited_stream(Stream *s) { vc_merge(s->dev->race.host_vc, s->vc, s->dev->race.width); }
 
 void race_host_waited_all(Dev *d) {
-    for (int i = 0; i < d->nstreams; i++) vc_merge(d->host_vc, d->streams[i]->vc, d->race_width);
+    for (int i = 0; i < d->nstreams; i++) vc_merge(d->race.host_vc, d->streams[i]->vc, d->race.width);
 }
 
 void race_host_waited_event(Event *e) {
-    if (e->vc) vc_merge(e->dev->host_vc, e->vc, e->vc_n);
+    if (e->vc) vc_merge(e->dev->race.host_vc, e->vc, e->vc_n);
 }
 
 void race_event_free(Event *e) {
@@ -75,14 +76,10 @@ void race_event_free(Event *e) {
     e->vc = NULL;
 }
 
-void race_alloc_free(Alloc *a) {
-    free(a->race.reads);
-    a->race.reads = NULL;
-}
 
 void dev_access(Stream *s, const void *p, size_t bytes, int write, const char *what) {
     Dev *d = s->dev;
-    if (!d->race_on || !p || !bytes) return;
+    if (!d->race.on || !p || !bytes) return;
     if (s->npending == s->pending_cap) {
         s->pending_cap = s->pending_cap ? s->pending_cap * 2 : 16;
         s->pending = xrealloc(s->pending, (size_t)s->pending_cap * sizeof *s->pending);
@@ -192,7 +189,7 @@ static void check_access(Stream *s, const RaceStamp *me, const void *p, size_t b
         for (int t = 0; t < r->nreads; t++) r->reads[t].clock = 0;
     } else {
         if (r->nreads <= si) {
-            int n = d->race_width > si ? d->race_width : si + 1;
+            int n = d->race.width > si ? d->race.width : si + 1;
             r->reads = xrealloc(r->reads, (size_t)n * sizeof *r->reads);
             memset(r->reads + r->nreads, 0, (size_t)(n - r->nreads) * sizeof *r->reads);
             r->nreads = n;
@@ -203,9 +200,9 @@ static void check_access(Stream *s, const RaceStamp *me, const void *p, size_t b
 
 void race_on_enqueue(Stream *s, const Op *op) {
     Dev *d = s->dev;
-    if (!d->race_on) return;
-    const int w = d->race_width;
-    vc_merge(s->vc, d->host_vc, w);
+    if (!d->race.on) return;
+    const int w = d->race.width;
+    vc_merge(s->vc, d->race.host_vc, w);
     RaceStamp me = {++s->vc[s->index], op->module, op->name, NULL};
     switch (op->kind) {
     case OP_COPY:
@@ -228,7 +225,7 @@ void race_on_enqueue(Stream *s, const Op *op) {
     case OP_COLL: {
         const size_t n = (size_t)d->world_size, cnt = (size_t)op->coll.count, f = sizeof(float);
         if (op->label && *op->label) me.module = op->label;
-        me.name = COLL_NAMES[op->coll.kind];
+        me.name = coll_kind_name(op->coll.kind);
         switch ((CollKind)op->coll.kind) {
         case COLL_ALL_GATHER:
             check_access(s, &me, op->src, cnt * f, 0, NULL);
@@ -255,4 +252,42 @@ void race_on_enqueue(Stream *s, const Op *op) {
             if (s->pending[i].write == pass)
                 check_access(s, &me, s->pending[i].p, s->pending[i].bytes, pass, s->pending[i].what);
     s->npending = 0;
+}
+
+/* Every rank runs the same program, so usually every rank finds the same race
+ * at the same point of its host order, at slightly different times. Report
+ * the lowest such rank: a rank waits (briefly) for each lower rank to either
+ * report too (then that one speaks) or finish. The fallback deadline covers
+ * a race only some ranks have (lower ranks may then be stuck in a collective
+ * waiting for this one). */
+void world_report_race(World *w, int rank, const char *msg) {
+    int me = rank - w->first_local_rank;
+    pthread_mutex_lock(&w->report_mu);
+    if (!w->race_msg[me]) w->race_msg[me] = xstrdup(msg);
+    pthread_cond_broadcast(&w->report_cv);
+    struct timespec deadline;
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    deadline.tv_sec += 2;
+    for (;;) {
+        int lower_reported = 0, lower_running = 0;
+        for (int q = 0; q < me; q++) {
+            lower_reported |= w->race_msg[q] != NULL;
+            lower_running |= !w->rank_done[q];
+        }
+        if (lower_reported) {
+            /* a lower rank reports (and exits the process); wait for that */
+            for (;;) pthread_cond_wait(&w->report_cv, &w->report_mu);
+        }
+        if (!lower_running || w->reporting) break;
+        if (pthread_cond_timedwait(&w->report_cv, &w->report_mu, &deadline) != 0) break;
+    }
+    while (w->reporting) pthread_cond_wait(&w->report_cv, &w->report_mu); /* the watchdog speaks first */
+    w->reporting = 1;
+    pthread_mutex_unlock(&w->report_mu);
+    /* _exit, not exit: the streams are still running kernels (BLAS) that
+     * atexit teardown would pull the rug from under */
+    fflush(stdout);
+    fprintf(stderr, "error: %s\n", msg);
+    fflush(stderr);
+    _exit(EXIT_FATAL);
 }

@@ -23,13 +23,7 @@ static void event_unref(Event *e) {
     pthread_mutex_lock(&e->mu);
     int last = --e->refs == 0 && e->destroyed;
     pthread_mutex_unlock(&e->mu);
-    if (last) {
-        pthread_mutex_destroy(&e->mu);
-        pthread_cond_destroy(&e->cv);
-        race_event_free(e);
-        free(e->name);
-        free(e);
-    }
+    if (last) event_free(e);
 }
 
 static void run_record(Stream *s, const Op *op) {
@@ -115,11 +109,11 @@ static void op_init(Stream *s, Op *op, OpKind kind, const char *name) {
     Dev *d = s->dev;
     memset(op, 0, offsetof(Op, args));
     op->kind = kind;
-    op->traced = d->tracing;
+    op->traced = d->scope.tracing;
     op->name = dev_intern(d, name ? name : "op");
-    op->module = d->module;
-    op->phase = d->phase;
-    op->step = d->step;
+    op->module = d->scope.module;
+    op->phase = d->scope.phase;
+    op->step = d->scope.step;
 }
 
 static void enqueue(Stream *s, const Op *op, size_t args_size) {
@@ -276,13 +270,7 @@ void dev_event_destroy(Event *e) {
     e->destroyed = 1;
     int last = e->refs == 0;
     pthread_mutex_unlock(&e->mu);
-    if (last) {
-        pthread_mutex_destroy(&e->mu);
-        pthread_cond_destroy(&e->cv);
-        race_event_free(e);
-        free(e->name);
-        free(e);
-    }
+    if (last) event_free(e);
 }
 
 void dev_event_record(Event *e, Stream *s) {

@@ -13,44 +13,6 @@ void openblas_set_num_threads(int num_threads); /* OpenBLAS; no header needed */
 
 /* ------------------------------------------------------------- interning */
 
-static uint64_t hash_str(const char *s) {
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
-    return h;
-}
-
-const char *dev_intern(Dev *d, const char *s) {
-    InternTable *t = &d->strings;
-    if (!s) s = "";
-    if ((t->count + 1) * 2 > t->cap) {
-        size_t ncap = t->cap ? t->cap * 2 : 256;
-        char **slots = xcalloc(ncap, sizeof *slots);
-        for (size_t i = 0; i < t->cap; i++) {
-            if (!t->slots[i]) continue;
-            size_t j = hash_str(t->slots[i]) & (ncap - 1);
-            while (slots[j]) j = (j + 1) & (ncap - 1);
-            slots[j] = t->slots[i];
-        }
-        free(t->slots);
-        t->slots = slots;
-        t->cap = ncap;
-    }
-    size_t j = hash_str(s) & (t->cap - 1);
-    while (t->slots[j]) {
-        if (strcmp(t->slots[j], s) == 0) return t->slots[j];
-        j = (j + 1) & (t->cap - 1);
-    }
-    t->slots[j] = xstrdup(s);
-    t->count++;
-    return t->slots[j];
-}
-
-static void intern_free(InternTable *t) {
-    for (size_t i = 0; i < t->cap; i++) free(t->slots[i]);
-    free(t->slots);
-    memset(t, 0, sizeof *t);
-}
-
 /* ----------------------------------------------------------------- world */
 
 World *world_create(const WorldConfig *cfg) {
@@ -198,14 +160,14 @@ static Dev *dev_create(World *w, int rank) {
     d->world = w;
     d->rank = rank;
     d->world_size = w->cfg.world_size;
-    d->step = -1;
-    d->module = dev_intern(d, "");
-    d->phase = dev_intern(d, "");
-    d->tracing = w->cfg.trace != 0;
-    d->prio_state = 0x9E3779B97F4A7C15ull ^ (uint64_t)(rank + 1);
-    pthread_mutex_init(&d->trace_mu, NULL);
-    pthread_mutex_init(&d->flight_mu, NULL);
-    d->race_on = !w->cfg.no_race_check && !dev_is_cuda_build(); /* the detector models the CPU streams */
+    d->scope.step = -1;
+    d->scope.module = dev_intern(d, "");
+    d->scope.phase = dev_intern(d, "");
+    d->scope.tracing = w->cfg.trace != 0;
+    d->mem.prio_state = 0x9E3779B97F4A7C15ull ^ (uint64_t)(rank + 1);
+    pthread_mutex_init(&d->trace.mu, NULL);
+    pthread_mutex_init(&d->flight.mu, NULL);
+    d->race.on = !w->cfg.no_race_check && !dev_is_cuda_build(); /* the detector models the CPU streams */
     backend_dev_init(d);
     dev_stream_create(d, "compute");
     return d;
@@ -215,23 +177,15 @@ static void dev_destroy(Dev *d) {
     dev_synchronize(d);
     for (int i = 0; i < d->nstreams; i++) stream_destroy(d->streams[i]);
     free(d->streams);
-    for (int i = 0; i < d->nevents; i++) {
-        Event *e = d->events[i];
-        pthread_mutex_destroy(&e->mu);
-        pthread_cond_destroy(&e->cv);
-        race_event_free(e);
-        backend_event_fini(e);
-        free(e->name);
-        free(e);
-    }
+    for (int i = 0; i < d->nevents; i++) event_free(d->events[i]);
     free(d->events);
     dev_alloc_destroy(d);
     backend_dev_fini(d);
-    free(d->host_vc);
-    free(d->flight);
-    pthread_mutex_destroy(&d->flight_mu);
-    free(d->trace);
-    pthread_mutex_destroy(&d->trace_mu);
+    free(d->race.host_vc);
+    free(d->flight.rings);
+    pthread_mutex_destroy(&d->flight.mu);
+    free(d->trace.recs);
+    pthread_mutex_destroy(&d->trace.mu);
     intern_free(&d->strings);
     free(d);
 }
@@ -282,24 +236,19 @@ Stream *dev_compute_stream(Dev *d) { return d->streams[0]; }
 int stream_index(const Stream *s) { return s->index; }
 const char *stream_name(const Stream *s) { return s->name; }
 
-void dev_launch_check(const char *name, void (*fn)(void *), size_t args_size) {
-    if (!fn) fatal("dev_launch('%s'): no function", name ? name : "?");
-    if (args_size > DEV_ARGS_MAX)
-        fatal("dev_launch('%s'): %zu bytes of arguments, at most %d allowed", name ? name : "?", args_size, DEV_ARGS_MAX);
-}
 int dev_world_size(const Dev *d) { return d->world_size; }
 
 /* ---------------------------------------------------------------- scope */
 
 void dev_set_scope(Dev *d, int step, const char *module, const char *phase) {
-    d->step = step;
-    d->module = dev_intern(d, module ? module : "");
-    d->phase = dev_intern(d, phase ? phase : "");
+    d->scope.step = step;
+    d->scope.module = dev_intern(d, module ? module : "");
+    d->scope.phase = dev_intern(d, phase ? phase : "");
 }
-const char *dev_scope_module(const Dev *d) { return d->module; }
-const char *dev_scope_phase(const Dev *d) { return d->phase; }
-int dev_scope_step(const Dev *d) { return d->step; }
-void dev_set_tracing(Dev *d, int on) { d->tracing = on != 0; }
+const char *dev_scope_module(const Dev *d) { return d->scope.module; }
+const char *dev_scope_phase(const Dev *d) { return d->scope.phase; }
+int dev_scope_step(const Dev *d) { return d->scope.step; }
+void dev_set_tracing(Dev *d, int on) { d->scope.tracing = on != 0; }
 
 /* ------------------------------------------------- host barrier / gather */
 
@@ -344,65 +293,4 @@ void dev_host_barrier(Dev *d) {
 
 /* ------------------------------------------------------- one race report */
 
-/* Every rank runs the same program, so usually every rank finds the same race
- * at the same point of its host order, at slightly different times. Report
- * the lowest such rank: a rank waits (briefly) for each lower rank to either
- * report too (then that one speaks) or finish. The fallback deadline covers
- * a race only some ranks have (lower ranks may then be stuck in a collective
- * waiting for this one). */
-void world_report_race(World *w, int rank, const char *msg) {
-    int me = rank - w->first_local_rank;
-    pthread_mutex_lock(&w->report_mu);
-    if (!w->race_msg[me]) w->race_msg[me] = xstrdup(msg);
-    pthread_cond_broadcast(&w->report_cv);
-    struct timespec deadline;
-    clock_gettime(CLOCK_REALTIME, &deadline);
-    deadline.tv_sec += 2;
-    for (;;) {
-        int lower_reported = 0, lower_running = 0;
-        for (int q = 0; q < me; q++) {
-            lower_reported |= w->race_msg[q] != NULL;
-            lower_running |= !w->rank_done[q];
-        }
-        if (lower_reported) {
-            /* a lower rank reports (and exits the process); wait for that */
-            for (;;) pthread_cond_wait(&w->report_cv, &w->report_mu);
-        }
-        if (!lower_running || w->reporting) break;
-        if (pthread_cond_timedwait(&w->report_cv, &w->report_mu, &deadline) != 0) break;
-    }
-    while (w->reporting) pthread_cond_wait(&w->report_cv, &w->report_mu); /* the watchdog speaks first */
-    w->reporting = 1;
-    pthread_mutex_unlock(&w->report_mu);
-    /* _exit, not exit: the streams are still running kernels (BLAS) that
-     * atexit teardown would pull the rug from under */
-    fflush(stdout);
-    fprintf(stderr, "error: %s\n", msg);
-    fflush(stderr);
-    _exit(EXIT_FATAL);
-}
 
-/* ---------------------------------------------------------------- events */
-
-Event *event_register_new(Dev *d, const char *name) {
-    Event *e = xcalloc(1, sizeof *e);
-    e->dev = d;
-    e->name = xstrdup(name ? name : "event");
-    pthread_mutex_init(&e->mu, NULL);
-    pthread_cond_init(&e->cv, NULL);
-    if (d->nevents == d->events_cap) {
-        d->events_cap = d->events_cap ? d->events_cap * 2 : 16;
-        d->events = xrealloc(d->events, (size_t)d->events_cap * sizeof *d->events);
-    }
-    d->events[d->nevents++] = e;
-    return e;
-}
-
-void event_unregister(Event *e) {
-    Dev *d = e->dev;
-    for (int i = 0; i < d->nevents; i++)
-        if (d->events[i] == e) {
-            d->events[i] = d->events[--d->nevents];
-            break;
-        }
-}

@@ -1,0 +1,90 @@
+/* coll.h — collectives inside the runtime: what a rank asks for (CollDesc),
+ * the local backend's rendezvous channels, the agreement check, the flight
+ * recorder and the watchdog (coll_common.c, shared by both backends), and
+ * each backend's enqueue/execute (collectives.c; cuda/coll_cuda.c). */
+#ifndef HWFSDP_COLL_H
+#define HWFSDP_COLL_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "runtime/runtime.h"
+
+typedef struct Op Op;
+
+typedef enum { COLL_ALL_GATHER = 0, COLL_REDUCE_SCATTER, COLL_ALL_REDUCE, COLL_BROADCAST, COLL_BARRIER } CollKind;
+
+/* What one rank asked for; ranks must agree on kind, count, op and root. */
+typedef struct {
+    int32_t kind, op, root, pad;
+    uint64_t count;      /* all_gather: send count; reduce_scatter: recv count; else buffer count */
+    char label[48];      /* for messages only (not compared) */
+} CollDesc;
+
+typedef struct {
+    CollDesc desc;
+    uint64_t seq;        /* the poster's per-stream collective number (watchdog messages) */
+    const float *send;
+    float *recv;
+    float *scratch;      /* all_reduce: this rank's reduced chunk, read by peers */
+} CollPost;
+
+/* Local backend: one rendezvous channel per stream index, shared by all ranks. */
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int arrived;
+    uint8_t here[WORLD_MAX_RANKS]; /* ranks waiting in the current barrier (watchdog) */
+    uint64_t generation;       /* bumped each time all ranks arrived */
+    double t_last_arrival;     /* now_us() when the last rank reached the first barrier */
+    CollPost posts[WORLD_MAX_RANKS];
+} CollChannel;
+
+#define FLIGHT_DEPTH 16
+typedef enum { FLIGHT_ISSUED = 1, FLIGHT_STARTED, FLIGHT_COMPLETED } FlightState;
+typedef struct {
+    uint64_t seq, count;
+    int kind, state;             /* state 0 = slot unused */
+    const char *label;           /* interned */
+} FlightEntry;
+typedef struct {
+    const char *stream;          /* the stream's name (lives as long as the Dev) */
+    FlightEntry e[FLIGHT_DEPTH]; /* slot seq % FLIGHT_DEPTH */
+} FlightRing;
+
+/* The rank's flight recorder (Dev.flight): the host issues, workers update,
+ * the watchdog reads. */
+typedef struct {
+    pthread_mutex_t mu;
+    FlightRing *rings;                  /* [n] per stream index */
+    int n;
+} FlightRecorder;
+
+const char *coll_kind_name(int kind);
+int coll_same_call(const CollDesc *a, const CollDesc *b);
+/* Fatal naming every rank's call if they differ (descs in rank order). */
+void coll_check_agreement(Stream *s, uint64_t seq, const CollDesc *descs, int n);
+/* Fatal on a bad argument (other rank's stream, NULL buffer, unknown op). */
+void coll_validate(Dev *d, Stream *s, int kind, const float *send, const float *recv, size_t count, int op,
+                   const char *label);
+/* Fill o's collective fields (label, desc, bytes), give it s's next sequence
+ * number and mark it issued in the flight recorder (both backends' coll_enqueue). */
+void coll_op_describe(Dev *d, Stream *s, Op *o, CollKind kind, RedOp op, int root, size_t count, size_t bytes,
+                      const char *label);
+/* Enqueue one collective on s (collectives.c on the CPU, cuda/coll_cuda.c on CUDA);
+ * bytes = what it moves, for the trace. The coll_* calls of device.h lead here. */
+void coll_enqueue(Dev *d, Stream *s, CollKind kind, const float *send, float *recv, size_t count, RedOp op, int root,
+                  size_t bytes, const char *label);
+/* Run a queued collective on the stream's worker (collectives.c). */
+void coll_execute(Stream *s, const Op *op);
+/* Wait (mu held) until *generation moves past gen; with timeout_s > 0, return
+ * 1 (mu still held) if it has not after timeout_s seconds, else 0. */
+int coll_wait_generation(pthread_cond_t *cv, pthread_mutex_t *mu, const uint64_t *generation, uint64_t gen,
+                         double timeout_s);
+void flight_stream_created(Dev *d, Stream *s);
+void flight_set(Stream *s, const Op *op, int state); /* FlightState */
+void watchdog_timeout(Stream *s, const Op *op, const CollPost *lowest, int lowest_rank, const uint8_t *here,
+                      int n) __attribute__((noreturn));
+
+#endif

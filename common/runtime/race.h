@@ -1,0 +1,63 @@
+/* race.h — the stream race detector (race.c): per-allocation access stamps,
+ * per-stream vector clocks, and the quarantine of freed allocations that
+ * turns a late access into a named use-after-free. See runtime.h for what it
+ * checks. Everything here is touched only by the rank's host thread. */
+#ifndef HWFSDP_RACE_H
+#define HWFSDP_RACE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "runtime/runtime.h"
+
+typedef struct Alloc Alloc;
+typedef struct Op Op;
+
+/* Who accessed a buffer last: an op of one stream at that stream's clock.
+ * Everything here is touched only by the rank's host thread (race.c). */
+typedef struct {
+    uint64_t clock;              /* the op's number on its stream (1-based); 0 = none */
+    const char *module, *name;   /* interned: "<module>.<name>" names the op */
+    const char *what;            /* interned dev_access label, or NULL */
+} RaceStamp;
+
+typedef struct {
+    int writer;                  /* stream index of the last write; -1 = none yet */
+    RaceStamp write;
+    RaceStamp *reads;            /* [nreads] per stream index: latest read since the last write */
+    int nreads;
+} RaceState;
+
+typedef struct {
+    const void *p;
+    size_t bytes;
+    int write;
+    const char *what;            /* interned */
+} RaceAccess;
+
+/* An allocation's stamps die with it (alloc.c). */
+static inline void race_state_free(RaceState *r) {
+    free(r->reads);
+    r->reads = NULL;
+}
+
+/* The rank's detector (Dev.race). */
+typedef struct {
+    int on;
+    int width;                          /* length of every vector clock (= streams so far) */
+    uint64_t *host_vc;                  /* what the host has waited for */
+    Alloc *dead_root;                   /* freed allocations whose storage is held back (use-after-free) */
+    Alloc **quarantine;                 /* FIFO ring of those allocations, in host order */
+    size_t quar_head, quar_count, quar_cap, quar_bytes;
+} RaceDetector;
+
+void race_on_enqueue(Stream *s, const Op *op);
+void race_stream_created(Dev *d, Stream *s);
+void race_stream_destroy(Stream *s);
+void race_host_waited_stream(Stream *s);
+void race_host_waited_all(Dev *d);
+void race_host_waited_event(Event *e);
+void race_event_free(Event *e);
+
+#endif

@@ -1,0 +1,17 @@
+/* trace.c — the rank's trace buffer (trace.h): what ran, where and when.
+ * artifacts.c turns it into the Chrome trace. */
+#include <pthread.h>
+
+#include "runtime/internal.h"
+#include "runtime/util.h"
+
+/* A finished op or collective (stream workers on the CPU, the host on CUDA). */
+void dev_trace_add(Dev *d, const TraceRec *r) {
+    pthread_mutex_lock(&d->trace.mu);
+    if (d->trace.n == d->trace.cap) {
+        d->trace.cap = d->trace.cap ? d->trace.cap * 2 : 1024;
+        d->trace.recs = xrealloc(d->trace.recs, d->trace.cap * sizeof *d->trace.recs);
+    }
+    d->trace.recs[d->trace.n++] = *r;
+    pthread_mutex_unlock(&d->trace.mu);
+}

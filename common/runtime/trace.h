@@ -1,0 +1,29 @@
+/* trace.h — the rank's op/collective timings for the Chrome trace
+ * (artifacts.c writes them). Stream workers append; guarded by a mutex. */
+#ifndef HWFSDP_TRACE_H
+#define HWFSDP_TRACE_H
+
+#include <pthread.h>
+#include <stddef.h>
+
+#include "runtime/runtime.h"
+
+typedef struct {
+    const char *prefix, *name;          /* interned; full name "<prefix>.<name>" (no prefix: "<name>") */
+    const char *module, *phase;         /* interned scope at enqueue */
+    const char *cat;                    /* static string */
+    int stream, step;
+    double ts, dur;                     /* µs, ts relative to the world epoch */
+    size_t bytes;                       /* 0 = not shown */
+} TraceRec;
+
+/* The rank's trace buffer (Dev.trace). */
+typedef struct {
+    pthread_mutex_t mu;
+    TraceRec *recs;
+    size_t n, cap;
+} TraceBuffer;
+
+void dev_trace_add(Dev *d, const TraceRec *r);
+
+#endif

@@ -1,0 +1,60 @@
+"""The analytic memory model (tools/benchlib/memory_model.py, section 4 of the bench) against
+the runtime. For every stage of grader/manifest.py that has a solution, rank 0's measured
+peak (metrics.jsonl, what the bench compares) and the live set at that peak by tag (replayed
+from memory_rank0.json) equal the model's prediction to the byte. The model computes from
+the sizes and the stage's manifest entry alone, so this tests both sides: the allocations
+the solution makes and the schedule the manifest says it keeps.
+
+A training stage peaks in its backward, where the forward prefetch no longer counts; each
+one also runs --forward-only, whose peak is in the forward (prefetch, ZeRO-2's unsharded
+params and AC's transient saved set there)."""
+import json
+import os
+import sys
+
+import pytest
+
+from helpers import BUILD, ROOT, metrics, run_train
+
+sys.path.insert(0, os.path.join(ROOT, "grader"))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+import manifest  # noqa: E402
+from benchlib.memory_model import memory_model, model_dims, replay_peak  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not os.path.isdir(os.path.join(ROOT, "solutions")),
+                                reason="compares the instructors' solutions/ with the model")
+
+B, T = 2, 32
+# rank 0 holds padded shards: at world 2 of the tiny flavour's 259 vocabulary rows, at
+# world 3 also of its 64- and 32-row params
+WORLDS = (2, 3)
+
+
+def cases():
+    """(stage, id) as the manifest has them, and each training stage forward only."""
+    for st in manifest.stages():
+        yield st, st.dir
+        if not st.forward_only:
+            yield manifest.Stage(st.id, dict(st.spec, flags=st.flags + ["--forward-only"])), st.dir + "+forward-only"
+
+
+CASES = list(cases())
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("st", [c for c, _ in CASES], ids=[i for _, i in CASES])
+def test_rank0_peak_is_the_model(st, world, tmp_path):
+    if not os.path.exists(st.solution_src()):
+        pytest.skip("no solutions/%s" % st.dir)
+    binary = os.path.join(BUILD, "solutions", st.dir, "train")
+    assert os.path.exists(binary), "%s is not built: run make" % os.path.relpath(binary, ROOT)
+    run_train(binary, tmp_path, "--flavor", "tiny", "--world", world, "--batch-size", B, "--seq-len", T,
+              "--steps", 2, "--profile-steps", 0, "--no-poison", *st.flags)
+    with open(tmp_path / "run.json") as fh:
+        dims = model_dims(json.load(fh))
+    model_bytes, model_at, model_tags = memory_model(dims, B, T, world, st)
+    measured = max(m["peak_mem_bytes_per_rank"][0] for m in metrics(tmp_path))
+    _, replay_at, live, _ = replay_peak(str(tmp_path / "memory_rank0.json"))
+    assert (measured, live) == (model_bytes, model_tags), (
+        "%s %s at world %d: measured %d bytes at %s, the model predicts %d at %s" % (
+            st.dir, " ".join(st.flags), world, measured, replay_at, model_bytes, model_at))

@@ -1,0 +1,358 @@
+"""The bench's measurements: each section runs training binaries (and PyTorch, the grader,
+an SGEMM probe) and returns its figures as a dict for results/bench.json.
+
+A Bench holds what one run shares: the scratch directory and the binaries that failed.
+The stages come from grader/manifest.py; the few the bench singles out are named below.
+"""
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections import defaultdict
+
+from .figures import MIB, fmt_s, stats, tps_stats
+from .memory_model import flops_per_token, memory_model, model_dims, n_params, replay_peak
+from .traces import is_compute, is_exposed_comm, link_model_us, per_rank_step, trace_events
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BUILD = os.path.join(ROOT, "build")
+BASELINE = os.path.join(BUILD, "baseline", "train")
+CORPUS = os.path.join(ROOT, "data", "corpus.txt")
+TORCH_LLAMA = os.path.join(ROOT, "tests", "torch_llama.py")
+
+sys.path.insert(0, os.path.join(ROOT, "grader"))
+import manifest  # noqa: E402  (grader/manifest.py: the stages, from grader/rubric.json)
+
+# The stages the bench singles out, by number on purpose:
+FULL_FSDP = "04"  # prefetch both ways: throughput, scaling, and the overlap target
+BLOCKING = "02"   # no prefetch: its collectives calibrate the overlap section's link model
+PYTORCH = "pytorch 1.13 eager"
+
+
+def log(msg):
+    """A progress line on stdout, flushed: a full bench takes minutes."""
+    print(msg, flush=True)
+
+
+class BinaryFailed(Exception):
+    """A program the bench ran exited non-zero; the message has its command and output's tail."""
+
+
+class Bench:
+    """One bench run: where scratch runs go, and one line per binary that failed."""
+
+    def __init__(self, work=None):
+        self.work = os.path.abspath(work) if work else os.path.join(BUILD, "bench")
+        self.failures = []  # the bench exits 1 when a binary failed
+
+    @staticmethod
+    def solution(st):
+        """build/solutions/<dir>/train of a manifest Stage."""
+        return os.path.join(BUILD, "solutions", st.dir, "train")
+
+    def run(self, cmd, what, timeout=600, env=None):
+        """Run cmd from ROOT; return (CompletedProcess, wall seconds). BinaryFailed if it fails."""
+        t0 = time.perf_counter()
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
+        if p.returncode != 0:
+            msg = "%s failed (exit %d): %s\n%s" % (what, p.returncode, " ".join(cmd), (p.stdout + p.stderr)[-1500:])
+            self.failures.append(msg.splitlines()[0])
+            raise BinaryFailed(msg)
+        return p, time.perf_counter() - t0
+
+    def train(self, binary, out, *flags, what=None):
+        """Run a training binary into run directory `out`; return its metrics (list of dicts)."""
+        shutil.rmtree(out, ignore_errors=True)
+        cmd = [binary, "--out", out, "--quiet", "--data", CORPUS, "--no-poison"] + [str(f) for f in flags]
+        self.run(cmd, what or os.path.relpath(binary, ROOT))
+        with open(os.path.join(out, "metrics.jsonl")) as fh:
+            return [json.loads(l) for l in fh if l.strip()]
+
+
+def configs(quick):
+    """What each section runs: --quick is the smoke test's mode (tiny flavour, few steps)."""
+    if quick:
+        return dict(quick=True, sgemm_n=512,
+                    tp_flavor="tiny", tp_batch=4, tp_seq=64, tp_steps=4, tp_first=3, tp_rounds=1, prof_steps=3,
+                    sc_flavors=["tiny"], sc_seq=64, sc_gbatch=4, sc_steps=3, sc_first=2,
+                    ov_flavor="tiny", ov_world=4, ov_gbatch=8, ov_seq=32, ov_steps=3, ov_latency_us=5,
+                    ov_comm_share=0.5,
+                    mem_flavor="tiny", mem_world=4, mem_batch=2, mem_seq=32, grade_repeats=1)
+    return dict(quick=False, sgemm_n=2048,
+                tp_flavor="debugmodel", tp_batch=8, tp_seq=256, tp_steps=8, tp_first=3, tp_rounds=2, prof_steps=3,
+                sc_flavors=["tiny", "debugmodel"], sc_seq=128, sc_gbatch=8, sc_steps=6, sc_first=3,
+                ov_flavor="debugmodel", ov_world=2, ov_world_oversubscribed=4, ov_gbatch=8, ov_seq=128, ov_steps=8,
+                ov_latency_us=20,
+                ov_comm_share=0.5,
+                mem_flavor="debugmodel", mem_world=4, mem_batch=2, mem_seq=128, grade_repeats=1)
+
+
+def section_sgemm(bench, cfg):
+    """The machine's OpenBLAS fp32 rate (tools/bench_sgemm.c, 2 threads, best of 5): the ceiling."""
+    os.makedirs(bench.work, exist_ok=True)
+    exe = os.path.join(bench.work, "bench_sgemm")
+    src = os.path.join(ROOT, "tools", "bench_sgemm.c")
+    if not os.path.exists(exe) or os.path.getmtime(exe) < os.path.getmtime(src):
+        bench.run(["gcc", "-std=c11", "-O2", "-Wall", "-Wextra", "-o", exe, src, "-lopenblas"], "gcc bench_sgemm.c")
+    p, _ = bench.run([exe, str(cfg["sgemm_n"]), "2", "5"], "bench_sgemm")
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    log("sgemm n=%d, 2 threads: %.1f GFLOP/s (best of %d)" % (r["n"], r["gflops_best"], r["repeats"]))
+    return r
+
+
+def torch_available():
+    p = subprocess.run([sys.executable, "-c", "import torch"], capture_output=True)
+    return p.returncode == 0
+
+
+def section_throughput(bench, cfg, sgemm):
+    """One rank: the baseline and the full FSDP solution vs tests/torch_llama.py (same init,
+    data and optimizer); tokens/s and model FLOP/s."""
+    fl, B, T, steps, first = cfg["tp_flavor"], cfg["tp_batch"], cfg["tp_seq"], cfg["tp_steps"], cfg["tp_first"]
+    common = ["--flavor", fl, "--world", 1, "--batch-size", B, "--seq-len", T, "--steps", steps,
+              "--blas-threads", 2, "--profile-steps", 0]
+    wd = os.path.join(bench.work, "throughput")
+    os.makedirs(wd, exist_ok=True)
+    init = os.path.join(wd, "init.safetensors")
+    bench.run([BASELINE, "--flavor", fl, "--save-init", init, "--out", os.path.join(wd, "init"), "--quiet"],
+              "save-init")
+    tokens = B * T
+    sol = "solution %s (world 1)" % FULL_FSDP
+    programs = [("baseline", BASELINE, "baseline"),
+                (sol, bench.solution(manifest.stage(FULL_FSDP)), "sol" + FULL_FSDP)]
+    res = {"flavor": fl, "batch": B, "seq_len": T, "steps": steps, "median_over_steps": "%d..%d" % (first, steps),
+           "threads": 2, "dtype": "fp32", "runs": {}}
+    log("throughput: %s, batch %d x seq %d, world 1, 2 threads, steps %d..%d" % (fl, B, T, first, steps))
+    have_torch = torch_available()
+    if not have_torch:
+        res["pytorch_skipped"] = "torch is not importable by %s" % sys.executable
+    pooled = defaultdict(lambda: {"tps": [], "ms": [], "loss1": None})
+
+    def pool(name, met):
+        pooled[name]["tps"] += [tokens / (m["step_ms"] / 1e3) for m in met if m["step"] >= first]
+        pooled[name]["ms"] += [m["step_ms"] for m in met if m["step"] >= first]
+        pooled[name]["loss1"] = met[0]["loss"]
+
+    # Rounds interleave the three programs so that load from elsewhere hits them alike;
+    # steps first..N of every round are pooled.
+    for rnd in range(cfg["tp_rounds"]):
+        for name, binary, tag in programs:
+            d = os.path.join(wd, "%s_r%d" % (tag, rnd))
+            met = bench.train(binary, d, *common, "--load", init)
+            with open(os.path.join(d, "run.json")) as fh:
+                rj = json.load(fh)
+            dims = model_dims(rj)
+            pool(name, met)
+        if have_torch:
+            out = os.path.join(wd, "torch_r%d.jsonl" % rnd)
+            cmd = [sys.executable, TORCH_LLAMA, "--init", init, "--data", CORPUS, "--dim", dims["D"],
+                   "--n-layers", dims["L"], "--n-heads", dims["H"], "--n-kv-heads", dims["KV"],
+                   "--vocab-size", dims["V"], "--multiple-of", rj["multiple_of"], "--seq-len", T,
+                   "--batch-size", B, "--steps", steps, "--threads", 2, "--out", out]
+            if rj.get("ffn_dim_multiplier"):
+                cmd += ["--ffn-dim-multiplier", rj["ffn_dim_multiplier"]]
+            bench.run([str(c) for c in cmd], "tests/torch_llama.py")
+            with open(out) as fh:
+                pool(PYTORCH, [json.loads(l) for l in fh if l.strip()])
+    res["rounds"] = cfg["tp_rounds"]
+    for name, p in pooled.items():
+        res["runs"][name] = {"tokens_per_s": stats(p["tps"]), "step_ms": stats(p["ms"]), "loss_step1": p["loss1"]}
+        log("  %-24s %s tokens/s" % (name, fmt_s(res["runs"][name]["tokens_per_s"])))
+    if have_torch:
+        t = res["runs"][PYTORCH]["tokens_per_s"]
+        for name, _, _ in programs:
+            r = res["runs"][name]
+            r["vs_pytorch"] = r["tokens_per_s"]["median"] / t["median"]
+            r["vs_pytorch_best"] = r["tokens_per_s"]["max"] / t["max"]  # fastest step vs fastest step
+        res["loss_step1_rel_diff"] = abs(res["runs"]["baseline"]["loss_step1"] - pooled[PYTORCH]["loss1"]) \
+            / abs(pooled[PYTORCH]["loss1"])
+    else:
+        log("  pytorch: skipped (%s)" % res["pytorch_skipped"])
+    fpt = flops_per_token(dims, T)
+    res["flops_per_token"] = fpt
+    res["flops_formula"] = ("6 * non-embedding params + 12 * L * T * (H * hd)  "
+                            "(forward+backward = 3x forward; full T x T attention)")
+    res["non_embedding_params"] = n_params(dims) - dims["V"] * dims["D"]
+    for name, r in res["runs"].items():
+        r["achieved_gflops"] = r["tokens_per_s"]["median"] * fpt / 1e9
+        r["of_sgemm"] = r["achieved_gflops"] / sgemm["gflops_best"]
+    return res
+
+
+def section_scaling(bench, cfg):
+    """The full FSDP solution at world 1, 2, 4 with the same global batch."""
+    st = manifest.stage(FULL_FSDP)
+    res = {"solution": st.dir, "seq_len": cfg["sc_seq"], "global_batch": cfg["sc_gbatch"],
+           "steps": cfg["sc_steps"], "median_over_steps": "%d..%d" % (cfg["sc_first"], cfg["sc_steps"]), "rows": []}
+    wd = os.path.join(bench.work, "scaling")
+    for fl in cfg["sc_flavors"]:
+        base = None
+        for W in (1, 2, 4):
+            B = cfg["sc_gbatch"] // W
+            met = bench.train(bench.solution(st), os.path.join(wd, "%s_w%d" % (fl, W)), "--flavor", fl, "--world", W,
+                              "--batch-size", B, "--seq-len", cfg["sc_seq"], "--steps", cfg["sc_steps"],
+                              "--profile-steps", 0)
+            s = tps_stats(met, cfg["sc_gbatch"] * cfg["sc_seq"], cfg["sc_first"])
+            base = base or s["median"]
+            row = {"flavor": fl, "world": W, "batch_per_rank": B, "tokens_per_s": s, "vs_world1": s["median"] / base,
+                   "step_ms": stats([m["step_ms"] for m in met if m["step"] >= cfg["sc_first"]])}
+            res["rows"].append(row)
+            log("scaling: %-10s world %d  %s tokens/s  (%.2fx world 1)" % (fl, W, fmt_s(s), row["vs_world1"]))
+    return res
+
+
+def overlap_stages():
+    """The stages whose communication schedules the overlap section compares: every stage
+    that trains, but activation checkpointing, which runs its base stage's schedule with
+    a recompute added (its row would only measure the extra compute)."""
+    return [st for st in manifest.stages() if not st.forward_only and not st.ac]
+
+
+def section_overlap(bench, cfg, W):
+    """Overlap at world W with the global batch cfg["ov_gbatch"] split over the ranks."""
+    fl, T, N = cfg["ov_flavor"], cfg["ov_seq"], cfg["ov_steps"]
+    B = max(1, cfg["ov_gbatch"] // W)
+    lat = cfg["ov_latency_us"]
+    wd = os.path.join(bench.work, "overlap_world%d" % W)
+    base_flags = ["--flavor", fl, "--world", W, "--batch-size", B, "--seq-len", T, "--steps", N, "--profile-steps", N]
+    # 1. calibrate: the blocking stage without a link model; its compute kernels and its collectives' bytes
+    blocking = manifest.stage(BLOCKING)
+    cal_dir = os.path.join(wd, "calibrate_" + blocking.id)
+    bench.train(bench.solution(blocking), cal_dir, *base_flags)
+    ev = trace_events(cal_dir)
+    steps0 = list(range(1, N))  # traced steps 2..N (1-based)
+    comp = per_rank_step(ev, is_compute)
+    comm = per_rank_step(ev, lambda e: e.get("cat") == "collective" and e["tid"] == 0)
+    compute_ms = statistics.median(v for (r, s), v in comp.items() if s in steps0)
+    comm_nolink_ms = statistics.median(v for (r, s), v in comm.items() if s in steps0)
+    colls = [(e["name"].rsplit(".", 1)[-1], e["args"]["bytes"]) for e in ev
+             if e.get("cat") == "collective" and e["pid"] == 0 and e["args"].get("step") == steps0[-1]]
+    target_us = cfg["ov_comm_share"] * compute_ms * 1e3
+    lat_us = link_model_us(colls, W, 1e30, lat)
+    ring_bytes = link_model_us(colls, W, 8e-9, 0.0) / 1e6  # at 1 byte/s: the ring bytes, (W-1)/W each
+    # solve ring_bytes / bandwidth + latency terms = target for the bandwidth
+    gbps = ring_bytes * 8 / ((target_us - lat_us) * 1e-6) / 1e9 if target_us > 1.1 * lat_us else 100.0
+    gbps = float("%.2g" % gbps)
+    link_ms = link_model_us(colls, W, gbps, lat) / 1e3
+    res = {"flavor": fl, "world": W, "batch": B, "seq_len": T, "steps": N, "traced_steps": "2..%d" % N,
+           "calibration": {"stage": blocking.dir, "compute_ms_per_rank_step": compute_ms,
+                           "collective_ms_per_rank_step_without_link": comm_nolink_ms,
+                           "collectives_per_step": len(colls), "collective_bytes_per_step": sum(b for _, b in colls),
+                           "target_comm_share_of_compute": cfg["ov_comm_share"]},
+           "link_gbps": gbps, "link_latency_us": lat, "modelled_link_ms_per_step": link_ms, "rows": []}
+    log("overlap, world %d on %d cores: stage %s compute %.1f ms/step/rank, %d collectives %.2f MB/step -> "
+        "--link-gbps %g --link-latency-us %g (modelled link time %.1f ms/step)" % (
+            W, os.cpu_count(), blocking.id, compute_ms, len(colls), sum(b for _, b in colls) / 1e6, gbps, lat,
+            link_ms))
+    # 2. every schedule at that link: the compute stream's time in collectives and waits is exposed
+    for st in overlap_stages():
+        d = os.path.join(wd, st.dir)
+        met = bench.train(bench.solution(st), d, *base_flags, *st.flags, "--link-gbps", gbps, "--link-latency-us", lat)
+        ev = trace_events(d)
+        exposed = per_rank_step(ev, is_exposed_comm)
+        comp = per_rank_step(ev, is_compute)
+        ranks = sorted({e["pid"] for e in ev})
+        step_ms = {m["step"] - 1: m["step_ms"] for m in met}
+        fracs, comps = [], []
+        for s in steps0:
+            fracs.append(statistics.mean(exposed.get((r, s), 0.0) for r in ranks) / step_ms[s])
+            comps.append(statistics.mean(comp.get((r, s), 0.0) for r in ranks))
+        row = {"stage": st.dir, "flags": " ".join(st.flags),
+               "step_ms": stats([step_ms[s] for s in steps0]), "exposed_comm_fraction": stats(fracs),
+               "compute_ms": stats(comps)}
+        res["rows"].append(row)
+        log("  %-28s step %s ms  exposed comm %s" % (row["stage"], fmt_s(row["step_ms"], 1),
+                                                     fmt_s(row["exposed_comm_fraction"], 1, 100) + " %"))
+    return res
+
+
+def section_memory(bench, cfg):
+    """Every stage's peak bytes (rank 0, 2 steps) next to the analytic model of the sizes."""
+    fl, W, B, T = cfg["mem_flavor"], cfg["mem_world"], cfg["mem_batch"], cfg["mem_seq"]
+    wd = os.path.join(bench.work, "memory")
+    res = {"flavor": fl, "world": W, "batch": B, "seq_len": T, "steps": 2, "rank": 0, "rows": [],
+           "model": memory_model.__doc__.strip()}
+    for st in manifest.stages():
+        d = os.path.join(wd, st.dir)
+        met = bench.train(bench.solution(st), d, "--flavor", fl, "--world", W, "--batch-size", B, "--seq-len", T,
+                          "--steps", 2, "--profile-steps", 0, *st.flags)
+        measured = max(max(m["peak_mem_bytes_per_rank"]) for m in met)
+        measured_r0 = max(m["peak_mem_bytes_per_rank"][0] for m in met)
+        with open(os.path.join(d, "run.json")) as fh:
+            dims = model_dims(json.load(fh))
+        model_bytes, model_where, model_tags = memory_model(dims, B, T, W, st)
+        peak, where, live, names = replay_peak(os.path.join(d, "memory_rank0.json"))
+        row = {"stage": st.dir, "flags": " ".join(st.flags), "measured_peak_bytes": measured,
+               "measured_peak_bytes_rank0": measured_r0, "model_peak_bytes": model_bytes,
+               "ratio_measured_over_model": measured_r0 / model_bytes, "model_peak_at": model_where,
+               "model_by_tag": model_tags, "replay_peak_bytes": peak, "replay_peak_at": where,
+               "replay_live_by_tag": live, "replay_live_names": names}
+        res["rows"].append(row)
+        log("memory: %-28s measured %7.2f MiB  model %7.2f MiB  ratio %.3f  (peak: %s; model: %s)" % (
+            st.dir, measured / MIB, model_bytes / MIB, row["ratio_measured_over_model"], where, model_where))
+        for t in sorted(set(live) | set(model_tags)):
+            log("      %-16s live %8.3f MiB   model %8.3f MiB" % (t, live.get(t, 0) / MIB, model_tags.get(t, 0) / MIB))
+    return res
+
+
+def section_grading(bench, cfg):
+    """Wall time of grading the solutions (`make grade SOLUTIONS=1`; one stage in quick mode)."""
+    if not os.path.exists(os.path.join(ROOT, "grader", "grade.py")):
+        return {"skipped": "grader/grade.py does not exist"}
+    dry = subprocess.run(["make", "-n", "grade", "SOLUTIONS=1"], cwd=ROOT, capture_output=True, text=True)
+    has_target = dry.returncode == 0 and "grade.py" in dry.stdout  # a phony target without a recipe does nothing
+    first = manifest.stages()[0]
+    if cfg["quick"]:
+        out = os.path.join(bench.work, "grade-runs")
+        cmd = [sys.executable, "grader/grade.py", "--solutions", "--stage", first.id, "--out", out]
+        what = "grader/grade.py --solutions --stage %s (quick mode: one stage)" % first.id
+    elif has_target:
+        cmd = ["make", "-s", "grade", "SOLUTIONS=1"]
+        what = "make grade SOLUTIONS=1"
+    else:
+        out = os.path.join(bench.work, "grade-runs")
+        cmd = [sys.executable, "grader/grade.py", "--solutions", "--out", out]
+        what = "grader/grade.py --solutions (the Makefile has no grade target yet)"
+    times, last = [], None
+    for _ in range(cfg["grade_repeats"]):
+        p, dt = bench.run(cmd, what)
+        times.append(dt)
+        last = p.stdout.strip().splitlines()[-1] if p.stdout.strip() else ""
+    res = {"command": what, "wall_s": stats(times), "last_line": last, "repeats": len(times)}
+    log("grading: %s: %s s (%s)" % (what, fmt_s(res["wall_s"], 1), last))
+    return res
+
+
+# the runtime's trace names a linear layer's kernel after its weight
+MATMULS = ("wq", "wk", "wv", "wo", "w1", "w2", "w3", "output")
+
+
+def section_profile(bench, cfg):
+    """Compute-stream time by kernel of the baseline (world 1) for one traced step."""
+    fl, B, T, steps = cfg["tp_flavor"], cfg["tp_batch"], cfg["tp_seq"], cfg["prof_steps"]
+    d = os.path.join(bench.work, "profile")
+    met = bench.train(BASELINE, d, "--flavor", fl, "--world", 1, "--batch-size", B, "--seq-len", T, "--steps", steps,
+                      "--blas-threads", 2, "--profile-steps", steps)
+    ev = [e for e in trace_events(d) if e["tid"] == 0 and e["args"].get("step") == steps - 1]
+    by = defaultdict(float)
+    for e in ev:
+        name = e["name"].split(".", 1)[-1] if "." in e["name"] else e["name"]
+        name = name.replace("_bwd", " bwd")
+        if e.get("cat") == "compute" and name in MATMULS:
+            name = "matmul fwd"
+        elif e.get("cat") == "compute" and name.endswith(" bwd") and name.split()[0] in MATMULS:
+            name = "matmul bwd"
+        elif e.get("cat") != "compute":
+            name = "%s (%s)" % (name, e.get("cat"))
+        by[name] += e["dur"] / 1e3
+    step_ms = met[-1]["step_ms"]
+    rows = sorted(({"kernel": k, "ms": v, "share_of_step": v / step_ms} for k, v in by.items()),
+                  key=lambda r: -r["ms"])
+    res = {"flavor": fl, "batch": B, "seq_len": T, "step": steps, "step_ms": step_ms,
+           "traced_ms": sum(by.values()), "rows": rows[:14]}
+    log("profile: baseline step %d: %.1f ms, top: %s" % (steps, step_ms, ", ".join(
+        "%s %.0f%%" % (r["kernel"], 100 * r["share_of_step"]) for r in rows[:5])))
+    return res

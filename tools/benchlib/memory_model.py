@@ -1,0 +1,157 @@
+"""The analytic memory model: rank 0's peak bytes predicted from the model's sizes and the
+stage's schedule alone, and the replay of a run's memory snapshot it is compared with.
+
+tools/bench.py (section 4) and tests/test_memory_model.py put it next to the measured peak;
+the runtime's allocator counts requested bytes in host call order, so the two are equal to
+the byte. A stage's schedule comes from grader/manifest.py: its Stage's forward_only, ac and
+zero2 (from the flags) and prefetch (which all-gather runs one module ahead).
+Standard library only.
+"""
+import json
+from collections import defaultdict
+
+
+# ----------------------------------------------------------------- model sizes
+
+def hidden_dim(dim, multiple_of, ffn_dim_multiplier=0.0):
+    """The SwiGLU width F: Llama's 2/3 of 4 x dim, scaled, rounded up to multiple_of."""
+    h = int(2 * (4 * dim) / 3)
+    if ffn_dim_multiplier:
+        h = int(ffn_dim_multiplier * h)
+    return multiple_of * ((h + multiple_of - 1) // multiple_of)
+
+
+def model_dims(run_json):
+    """Dims from a run's run.json (the config, not a measurement)."""
+    c = dict(run_json)
+    kv = c.get("n_kv_heads") or c["n_heads"]
+    d = {"D": c["dim"], "L": c["n_layers"], "H": c["n_heads"], "KV": kv, "V": c["vocab_size"],
+         "hd": c["dim"] // c["n_heads"], "F": hidden_dim(c["dim"], c["multiple_of"], c.get("ffn_dim_multiplier", 0.0))}
+    if "hidden_dim" in c and c["hidden_dim"] != d["F"]:
+        d["F"] = c["hidden_dim"]  # a flavour with a multiplier: trust the runtime's derivation
+    return d
+
+
+def module_shapes(m):
+    """[(module name, [(dim0, row_numel), ...])] in forward order, as common/model.c builds them."""
+    D, H, KV, hd, F, V = m["D"], m["H"], m["KV"], m["hd"], m["F"], m["V"]
+    block = [(D, 1), (H * hd, D), (KV * hd, D), (KV * hd, D), (D, H * hd), (D, 1), (F, D), (D, F), (F, D)]
+    return [("embedding", [(V, D)])] + [("block%d" % i, block) for i in range(m["L"])] + [("head", [(D, 1), (V, D)])]
+
+
+def n_params(m):
+    """Parameters of every module, the embedding included."""
+    return sum(a * b for _, ps in module_shapes(m) for a, b in ps)
+
+
+def flops_per_token(m, T):
+    """Training FLOPs per token: 6 x non-embedding params (forward 2N, backward 4N; the output
+    projection counts, the embedding lookup does not) + the attention matmuls QK^T and PV:
+    forward 2 x 2 x T x (H*hd) per layer per token, x3 for forward+backward = 12 L T (H*hd).
+    (Full T x T scores, PaLM's convention; the causal half the kernel could skip is counted.)"""
+    non_emb = n_params(m) - m["V"] * m["D"]
+    return 6 * non_emb + 12 * m["L"] * T * m["H"] * m["hd"]
+
+
+# ----------------------------------------------------------- analytic memory model
+
+def memory_model(m, B, T, W, stage):
+    """Peak bytes of rank 0 predicted from the sizes alone, with the live set by tag.
+
+    Fixed: sharded params (sum over params of ceil(d0/W) * row, rank 0 holds the padded
+    chunk) + AdamW exp_avg and exp_avg_sq (2x the shard; none with --forward-only).
+    Per point of the step (end of every module's forward; every module's backward at its
+    last scratch allocation) add: saved activations alive there, backward scratch,
+    unsharded params (one module; with ZeRO-2 every module from its forward to its
+    backward), unsharded grads of the module in backward, the prefetched all-gather buffer
+    (W x the next module's padded shard) and the grad shards already reduce-scattered
+    (modules after it). The model's peak is the largest point."""
+    # m: model_dims(); B: batch per rank; T: sequence length; W: world size; stage: a
+    # grader/manifest.py Stage. Returns (bytes, "module phase", {tag: bytes}) of the largest
+    # point. (The docstring above is printed in the report as the model's description.)
+    fwd_prefetch = "forward" in stage.prefetch    # module i+1's all-gather buffer alive in module i's forward
+    bwd_prefetch = "backward" in stage.prefetch   # module i-1's all-gather buffer alive in module i's backward
+    f4 = 4
+    D, L, H, KV, hd, V, F = m["D"], m["L"], m["H"], m["KV"], m["hd"], m["V"], m["F"]
+    N = B * T
+    mods = module_shapes(m)
+    M = len(mods)
+    shard = [sum(-(-a // W) * b for a, b in ps) for _, ps in mods]  # padded rows (rank 0)
+    full = [sum(a * b for a, b in ps) for _, ps in mods]
+    agbuf = [W * s for s in shard]
+    fixed = {"param_shard": sum(shard) * f4, "optim_state": 0 if stage.forward_only else 2 * sum(shard) * f4}
+    # activations (floats); every module's output is owned by the next module as its input x
+    const = 2 * N + 2 * (T * hd // 2) + 1            # inputs, targets (int32), rope cos/sin, loss
+    x_in = N * D                                       # embedding out / a block's out
+    blk_saved = (N * D + N + N * H * hd + 2 * N * KV * hd + B * H * T * T + N * H * hd
+                 + N * D + N * D + N + 3 * N * F)      # xn rstd1 q k v probs att h hn rstd2 w1_out w3_out swiglu
+    head_saved = N * D + N + N * V                     # xn rstd logits
+    blk_tmp = (3 * N * F + N * D + N * H * hd + N * H * hd + 2 * N * KV * hd + T * T + N * D
+               + N * D)  # dswiglu dw1_out dw3_out dhn datt dq dk dv att_scratch dxn + dh (the incoming grad)
+    head_tmp = N * V + N * D + N * D                   # dlogits dxn dx
+    ac = stage.ac
+    points = []
+
+    def point(where, act, tmp=0, uparam=0, ugrad=0, comm=0, gshard=0):
+        tags = dict(fixed)
+        tags.update({"activation": (const + act) * f4, "temp": tmp * f4, "unsharded_param": uparam * f4,
+                     "unsharded_grad": ugrad * f4, "comm_buffer": comm * f4, "grad_shard": gshard * f4})
+        points.append((sum(tags.values()), where, {k: v for k, v in tags.items() if v}))
+
+    # forward, at the end of module i's forward (all its allocations made)
+    for i in range(M):
+        if i == 0:
+            act = x_in
+        elif i < M - 1:
+            j = i - 1  # block j: inputs of blocks 0..j, its output, saved sets (AC: only block j's, transient)
+            act = (j + 2) * x_in + (1 if ac else j + 1) * blk_saved
+        else:
+            act = (L + 1) * x_in + (0 if ac else L) * blk_saved + head_saved
+        uparam = sum(full[:i + 1]) if stage.zero2 else full[i]
+        comm = agbuf[i + 1] if fwd_prefetch and i + 1 < M else 0
+        point("%s forward" % mods[i][0], act, uparam=uparam, comm=comm)
+    if stage.forward_only:
+        return max(points)
+    # backward, module i at its last scratch allocation
+    for i in range(M - 1, -1, -1):
+        gshard = sum(shard[i + 1:])
+        uparam = sum(full[:i + 1]) if stage.zero2 else full[i]
+        comm = agbuf[i - 1] if bwd_prefetch and i >= 1 else 0
+        if i == M - 1:
+            act = (L + 1) * x_in + (0 if ac else L) * blk_saved + head_saved
+            tmp = head_tmp
+        elif i >= 1:
+            j = i - 1
+            act = (j + 1) * x_in + (1 if ac else j + 1) * blk_saved
+            tmp = blk_tmp
+        else:
+            act, tmp = 0, x_in
+        point("%s backward" % mods[i][0], act, tmp=tmp, uparam=uparam, ugrad=full[i], comm=comm, gshard=gshard)
+    return max(points)
+
+
+def replay_peak(memory_json, step=None):
+    """Replay alloc/free events of memory_rank<r>.json up to the highest current_bytes of a
+    training step (or of `step`, 0-based); return (peak bytes, where, live bytes by tag, live
+    names by tag)."""
+    with open(memory_json) as fh:
+        d = json.load(fh)
+    live, best, best_at, best_live = {}, -1, None, None
+    for e in d["events"]:
+        a = e.get("action")
+        if a == "alloc":
+            live[e["addr"]] = e
+        elif a == "free":
+            live.pop(e["addr"], None)
+        else:
+            continue
+        if e["step"] >= 0 and (step is None or e["step"] == step) and e["current_bytes"] > best:
+            best, best_at, best_live = e["current_bytes"], e, list(live.values())
+    by_tag, names = defaultdict(int), defaultdict(lambda: defaultdict(int))
+    for e in best_live or []:
+        by_tag[e["tag"]] += e["size"]
+        short = e["name"].split(".")[-1] if e["tag"] == "activation" else e["name"]
+        names[e["tag"]][short] += 1
+    where = "step %d %s %s (%s)" % (best_at["step"] + 1, best_at["module"], best_at["phase"], best_at["name"]) \
+        if best_at else "?"
+    return best, where, dict(by_tag), {t: dict(v) for t, v in names.items()}

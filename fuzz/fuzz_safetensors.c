@@ -1,4 +1,4 @@
-/* fuzz_safetensors.c — libFuzzer target for the safetensors reader (common/safetensors.c).
+/* fuzz_safetensors.c — libFuzzer target for the safetensors reader (common/model/safetensors.c).
  *
  * Every input must end in exactly one of:
  *   - a clean fatal() (one line): bad input, reported;

@@ -1,4 +1,4 @@
-/* fuzz_tokens.c — libFuzzer target for the token-file reader (common/data.c).
+/* fuzz_tokens.c — libFuzzer target for the token-file reader (common/model/data.c).
  *
  * Every input must end in exactly one of:
  *   - a clean fatal() (one line) from data_load or data_check: bad input, reported;

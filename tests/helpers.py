@@ -3,22 +3,26 @@ import glob
 import json
 import os
 import subprocess
+import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "grader"))
+import manifest  # noqa: E402  (the stages: grader/rubric.json)
+
 # HWFSDP_BUILD=build-asan runs the suite against the sanitizer build (make asan-test)
 BUILD = os.path.join(ROOT, os.environ.get("HWFSDP_BUILD", "build"))
 BASELINE = os.path.join(BUILD, "baseline", "train")
-_SOL_DIR = os.path.join(ROOT, "solutions")
-SOLUTIONS = sorted(d for d in os.listdir(_SOL_DIR) if d[:2].isdigit()) if os.path.isdir(_SOL_DIR) else []
+# every stage of the manifest, and those whose solution is here (none in the student tree)
+STAGES = manifest.stages()
+SOLVED = [s for s in STAGES if os.path.isfile(s.solution_src())]
+SOLUTIONS = [s.dir for s in SOLVED]
 CORPUS = os.path.join(ROOT, "data", "corpus.txt")
 
 
 def solution_bin(stage):
-    """build/solutions/NN_x/train for stage 'NN'."""
-    for d in SOLUTIONS:
-        if d.startswith(stage):
-            return os.path.join(BUILD, "solutions", d, "train")
-    raise KeyError(stage)
+    """build/solutions/NN_x/train for stage 'NN' (or a manifest Stage)."""
+    st = stage if isinstance(stage, manifest.Stage) else manifest.stage(stage)
+    return os.path.join(BUILD, "solutions", st.dir, "train")
 
 
 def run_train(binary, out, *flags, timeout=300, check=True, env=None, launcher=()):

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from helpers import BASELINE, ROOT
+from helpers import BASELINE, ROOT, STAGES
 
 BENCH = os.path.join(ROOT, "tools", "bench.py")
 
@@ -61,12 +61,13 @@ def test_sections_hold_numbers(bench):
     assert all(timing(r["tokens_per_s"]) for r in data["scaling"]["rows"])
     ov = data["overlap"]
     assert number(ov["link_gbps"]) and ov["link_gbps"] > 0
-    assert [r["stage"][:2] for r in ov["rows"]] == ["02", "03", "04", "06"]
+    # every stage that trains, but activation checkpointing (04's schedule plus a recompute)
+    assert [r["stage"][:2] for r in ov["rows"]] == [s.id for s in STAGES if not (s.forward_only or s.ac)]
     for r in ov["rows"]:
         assert timing(r["step_ms"]) and timing(r["exposed_comm_fraction"])
         assert 0 <= r["exposed_comm_fraction"]["median"] <= 1
     mem = data["memory"]["rows"]
-    assert [r["stage"][:2] for r in mem] == ["01", "02", "03", "04", "05", "06"]
+    assert [r["stage"][:2] for r in mem] == [s.id for s in STAGES]
     for r in mem:
         assert r["measured_peak_bytes"] > 0 and r["model_peak_bytes"] > 0 and number(r["ratio_measured_over_model"])
         assert r["replay_peak_bytes"] == r["measured_peak_bytes_rank0"]  # the replay finds the metrics' peak

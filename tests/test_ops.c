@@ -1,4 +1,4 @@
-/* test_ops.c — unit tests of the CPU kernels in common/ops.c.
+/* test_ops.c — unit tests of the CPU kernels in common/model/ops.c.
  *
  * The main tool is a gradient check: for each op, a random input x and a
  * random upstream gradient G define the scalar L(x) = sum(forward(x) * G)

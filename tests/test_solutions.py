@@ -11,11 +11,11 @@ import shutil
 
 import pytest
 
-from helpers import BASELINE, metrics, rel, run_train, snapshot, solution_bin, trace_events
+from helpers import BASELINE, SOLVED, manifest, metrics, rel, run_train, snapshot, solution_bin, trace_events
 
 TINY = ["--flavor", "tiny", "--seq-len", "32", "--batch-size", "2", "--steps", "10", "--profile-steps", "10"]
-STAGE_FLAGS = {"01": ["--forward-only"], "02": [], "03": [], "04": [], "05": ["--ac"],
-               "06": ["--reshard-after-forward=false"]}
+STAGE_FLAGS = {s.id: s.flags for s in SOLVED}
+TRAINING = [s.id for s in SOLVED if not s.forward_only]  # every stage with a backward and an optimizer step
 LINK = ["--link-gbps", "5", "--link-latency-us", "10"]
 BACKWARD_PHASES = {"pre_backward", "recompute.pre_forward", "recompute", "recompute.post_forward", "backward",
                    "post_backward", "finish_backward"}
@@ -57,17 +57,17 @@ def test_parity_with_non_sharded_baseline(runs, stage, world):
     assert len(got) == len(ref) == 10
     for g, r in zip(got, ref):
         assert rel(g["loss"], r["loss"]) < 1e-5, "step %d loss %.8g vs baseline %.8g" % (g["step"], g["loss"], r["loss"])
-        if stage != "01":
+        if stage in TRAINING:
             assert rel(g["grad_norm"], r["grad_norm"]) < 1e-4, \
                 "step %d grad_norm %.8g vs baseline %.8g" % (g["step"], g["grad_norm"], r["grad_norm"])
-    if stage == "01":
+    if stage not in TRAINING:
         assert all(g["grad_norm"] is None for g in got)
 
 
 @pytest.mark.parametrize("world", [3, 4])
-def test_solutions_02_to_06_agree_bitwise(runs, world):
+def test_training_solutions_agree_bitwise(runs, world):
     outs = {s: runs(solution_bin(s), *(TINY + ["--world", str(world)] + STAGE_FLAGS[s]), save=True)
-            for s in ["02", "03", "04", "05", "06"]}
+            for s in TRAINING}
     ref = metrics(outs["02"])
     for s, out in outs.items():
         got = metrics(out)
@@ -107,11 +107,11 @@ def test_memory_freed_after_hooks(runs, stage):
     out = runs(solution_bin(stage), *(TINY + ["--world", "4"] + STAGE_FLAGS[stage]))
     fwd = notes(out, 4, "post_forward", "unsharded_param_live_bytes")
     assert len(fwd) == 4 * 10 * 4  # ranks x steps x modules (embedding, 2 blocks, head)
-    if stage == "06":
+    if manifest.stage(stage).zero2:
         assert all(b > 0 for *_, b in fwd), "ZeRO-2 keeps params from forward to backward"
     else:
         assert all(b == 0 for *_, b in fwd), [n for n in fwd if n[3]][:3]
-    if stage != "01":
+    if stage in TRAINING:
         grads = notes(out, 4, "post_backward", "unsharded_grad_live_bytes")
         params = notes(out, 4, "post_backward", "unsharded_param_live_bytes")
         assert len(grads) == len(params) == 4 * 10 * 4
@@ -138,11 +138,14 @@ def peaks(out):
 
 
 def test_prefetch_memory_is_bounded(runs):
-    """03/04 may hold one more module unsharded than 02 (plus its flat all-gather buffer)."""
+    """Stages that prefetch (without AC or ZeRO-2: 03, 04) may hold one more module unsharded
+    than 02 (plus its flat all-gather buffer)."""
     flags = TINY + ["--world", "4"]
     p02 = peaks(runs(solution_bin("02"), *flags))
     extra = 2 * max(module_bytes(runs(solution_bin("02"), *flags)).values())
-    for s in ["03", "04"]:
+    prefetching = [s.id for s in SOLVED if s.prefetch and not (s.ac or s.zero2)]
+    assert prefetching
+    for s in prefetching:
         ps = peaks(runs(solution_bin(s), *flags))
         for r in range(4):
             assert p02[r] <= ps[r] <= p02[r] + extra, (s, r, ps[r], p02[r], extra)

@@ -6,9 +6,10 @@ import sys
 
 import pytest
 
-from helpers import BUILD, CORPUS, ROOT, SOLUTIONS
+from helpers import BUILD, CORPUS, ROOT, SOLVED
 
-STAGES = [d for d in SOLUTIONS]
+STAGES = [s.dir for s in SOLVED]
+FLAGS = {s.dir: s.flags for s in SOLVED}
 
 
 def test_stages_in_sync_with_solutions():
@@ -34,7 +35,7 @@ def test_generator_refuses_unbalanced_markers(tmp_path):
 @pytest.mark.parametrize("stage", STAGES)
 def test_starter_stops_at_a_named_todo(stage, tmp_path):
     binary = os.path.join(BUILD, "stages", stage, "train")
-    flags = {"01": ["--forward-only"], "05": ["--ac"], "06": ["--reshard-after-forward=false"]}.get(stage[:2], [])
+    flags = FLAGS[stage]
     p = subprocess.run([binary, "--world", "2", "--steps", "2", "--data", CORPUS, "--out", str(tmp_path), "--quiet"]
                        + flags, capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert p.returncode == 3, (p.returncode, p.stderr)

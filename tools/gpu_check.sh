@@ -27,18 +27,21 @@ build-cuda/tests/check_ops --tf32 || fail=1
 
 echo "== 2. training: GPU vs CPU =="
 FLAGS="--flavor tiny --world 4 --seq-len 64 --batch-size 2 --steps 10 --warmup-steps 2 --profile-steps 2 --quiet"
-for s in $(ls solutions); do
-  case $s in 01*) extra=--forward-only;; 05*) extra=--ac;; 06*) extra=--reshard-after-forward=false;; *) extra=;; esac
+# the stages and their flags from the manifest: "NN dir flag ..." per line
+$PYTHON grader/manifest.py list > "$OUT/stages.txt" || { echo "cannot read the stage manifest"; exit 1; }
+while read -r _ s extra; do
+  [ -f "solutions/$s/hw_fsdp.c" ] || continue
   build/solutions/$s/train $FLAGS $extra --out "$OUT/cpu/$s" >/dev/null || { echo "$s: CPU run failed"; fail=1; continue; }
   build-cuda/solutions/$s/train $FLAGS $extra --out "$OUT/gpu/$s" || { echo "$s: GPU run failed"; fail=1; continue; }
   $PYTHON tools/compare_runs.py "$s local world 4" "$OUT/cpu/$s" "$OUT/gpu/$s" || fail=1
-done
+done < "$OUT/stages.txt"
 if [ "$NGPU" -ge 2 ]; then
   W=$NGPU; [ "$W" -gt 4 ] && W=4
   F2="--flavor tiny --world $W --seq-len 64 --batch-size 2 --steps 10 --warmup-steps 2 --profile-steps 2 --quiet"
-  build/solutions/04_backward_overlap/train $F2 --out "$OUT/cpu/nccl" >/dev/null || fail=1
-  build-cuda/solutions/04_backward_overlap/train $F2 --backend nccl --out "$OUT/gpu/nccl" || fail=1
-  $PYTHON tools/compare_runs.py "04 nccl world $W" "$OUT/cpu/nccl" "$OUT/gpu/nccl" || fail=1
+  MAIN=$($PYTHON -c 'import sys; sys.path.insert(0, "grader"); import manifest; print(manifest.main_job_stage().dir)')
+  build/solutions/$MAIN/train $F2 --out "$OUT/cpu/nccl" >/dev/null || fail=1
+  build-cuda/solutions/$MAIN/train $F2 --backend nccl --out "$OUT/gpu/nccl" || fail=1
+  $PYTHON tools/compare_runs.py "$MAIN nccl world $W" "$OUT/cpu/nccl" "$OUT/gpu/nccl" || fail=1
 else
   echo "nccl: skipped (one GPU visible; --backend nccl needs one GPU per rank)"
 fi

@@ -33,7 +33,7 @@ def model_dims(run_json):
 
 
 def module_shapes(m):
-    """[(module name, [(dim0, row_numel), ...])] in forward order, as common/model.c builds them."""
+    """[(module name, [(dim0, row_numel), ...])] in forward order, as common/model/model.c builds them."""
     D, H, KV, hd, F, V = m["D"], m["H"], m["KV"], m["hd"], m["F"], m["V"]
     block = [(D, 1), (H * hd, D), (KV * hd, D), (KV * hd, D), (D, H * hd), (D, 1), (F, D), (D, F), (F, D)]
     return [("embedding", [(V, D)])] + [("block%d" % i, block) for i in range(m["L"])] + [("head", [(D, 1), (V, D)])]

@@ -1,5 +1,5 @@
 """The runtime's Chrome traces (trace_rank<r>.json) summed by rank and step, and the link
-model of common/collectives.c that the overlap section calibrates."""
+model of common/runtime/collectives.c that the overlap section calibrates."""
 import glob
 import json
 import os
@@ -39,7 +39,7 @@ COLL_FACTOR = {"all_gather": 1.0, "reduce_scatter": 1.0, "all_reduce": 2.0}
 
 
 def link_model_us(colls, W, gbps, latency_us):
-    """The link model of common/collectives.c: a ring collective of `bytes` lasts
+    """The link model of common/runtime/collectives.c: a ring collective of `bytes` lasts
     (W-1)/W * bytes / bandwidth + (W-1) * latency (an all-reduce twice that)."""
     bw = gbps * 1e9 / 8.0
     return sum(COLL_FACTOR.get(kind, 1.0) * ((W - 1) / W * b / bw * 1e6 + (W - 1) * latency_us) for kind, b in colls)

@@ -1,0 +1,117 @@
+"""The stage manifest (grader/rubric.json, read through grader/manifest.py) is the only
+place that lists the stages: the tree agrees with it, its Makefile include says what it
+says, a broken entry is one clear line, and no code file lists stages on its own."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from helpers import BUILD, ROOT, STAGES, manifest
+
+# Code that may name stage folders: the manifest itself, the stages' own files
+# (generated banners), published logs and documentation are not code.
+CODE = re.compile(r"(\.(py|c|h|cu|sh|mk)|/Makefile|^Makefile|^hwfsdp)$")
+ALLOWED = ("grader/rubric.json", "grader/manifest.py", "solutions/", "stages/", "logs/")
+
+
+def code_files():
+    out = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True)
+    if out.returncode != 0:
+        pytest.skip("not a git checkout: %s" % out.stderr.strip())
+    return [f for f in out.stdout.split() if CODE.search(f) and not f.startswith(ALLOWED)
+            and os.path.isfile(os.path.join(ROOT, f))]
+
+
+def test_tree_matches_manifest():
+    """Every solutions/ and stages/ folder is a manifest stage (the manifest may list more:
+    a student release ships only some)."""
+    dirs = {s.dir for s in STAGES}
+    for top in ("solutions", "stages"):
+        path = os.path.join(ROOT, top)
+        if os.path.isdir(path):
+            extra = sorted(set(os.listdir(path)) - dirs)
+            assert not extra, "%s/%s is not in grader/rubric.json's stages" % (top, extra[0])
+    assert [s.id for s in STAGES] == sorted(s.id for s in STAGES)
+
+
+def test_makefile_include_is_the_manifest():
+    subprocess.run(["make", "-s", os.path.relpath(os.path.join(BUILD, "stages.mk"), ROOT),
+                    "BUILD=" + os.path.relpath(BUILD, ROOT)], cwd=ROOT, check=True, capture_output=True)
+    with open(os.path.join(BUILD, "stages.mk")) as fh:
+        text = fh.read()
+    assert text == manifest.makefile()
+    assert "STAGE_DIRS := " + " ".join(s.dir for s in STAGES) + "\n" in text
+    for s in STAGES:
+        assert "STAGE_FLAGS_%s := %s\n" % (s.dir, " ".join(s.flags)) in text
+
+
+def test_no_code_file_names_a_stage_folder():
+    """Paths are built from the manifest (Stage.dir, Stage.solution_src(), $(STAGE_DIRS))."""
+    names = [s.dir for s in STAGES]
+    found = []
+    for f in code_files():
+        with open(os.path.join(ROOT, f), encoding="utf-8", errors="replace") as fh:
+            for n, line in enumerate(fh, 1):
+                found += ["%s:%d: %s" % (f, n, d) for d in names if d in line]
+    assert not found, "stage folders named outside the manifest:\n" + "\n".join(found)
+
+
+# Two or more stage numbers in one literal list, set, or dict, or a shell `case` on them:
+# how a stage list written by hand looks.
+LITERAL_LIST = re.compile(r"""["']\d\d["']\s*,\s*["']\d\d["']"""        # "02", "03"
+                          r"""|["']\d\d["']\s*:.*["']\d\d["']\s*:"""     # {"01": .., "05": ..}
+                          r"""|\b\d\d\*\).*\b\d\d\*\)""")                # case $s in 01*) ..;; 05*)
+
+
+def test_no_code_file_lists_stages():
+    found = []
+    for f in code_files():
+        with open(os.path.join(ROOT, f), encoding="utf-8", errors="replace") as fh:
+            for n, line in enumerate(fh, 1):
+                if LITERAL_LIST.search(line):
+                    found.append("%s:%d: %s" % (f, n, line.strip()))
+    assert not found, "stages listed outside the manifest:\n" + "\n".join(found)
+
+
+def test_the_lint_finds_what_it_looks_for():
+    """The two checks above are only as good as their patterns: they must fire on the
+    shapes of stage lists this project used to have."""
+    for text in ('for s in ["02", "03", "04", "05", "06"]:', 'FLAGS = {"01": ["--forward-only"], "05": ["--ac"]}',
+                 "case $s in 01*) x;; 05*) y;; esac"):
+        assert LITERAL_LIST.search(text), text
+    for text in ('solution_bin("04")', 'grade("--stage", "01")', "x = 0.05, y = 10",
+                 '["--seq-len", "32", "--batch-size", "2", "--steps", "10"]', 'ov.get("03", ov["02"])'):
+        assert not LITERAL_LIST.search(text), text
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda r: r["stages"].update({"7": r["stages"]["01"]}), 'stages.7 must be named by its two-digit number'),
+    (lambda r: r["stages"]["02"].update(dir="02 step"), 'stages.02.dir must be "02_<name>"'),
+    (lambda r: r["stages"]["02"].update(dir=r["stages"]["01"]["dir"]), 'stages.02.dir must be "02_<name>"'),
+    (lambda r: r["stages"]["02"].update(flags="--ac"), "stages.02.flags must be a list of strings"),
+    (lambda r: r["stages"]["02"].update(prefetch=["sideways"]), "stages.02.prefetch must be a list of forward / backward"),
+    (lambda r: r.update(main_job={"stage": "99"}), "main_job.stage must be one of the stages"),
+    (lambda r: r.update(stages={}), "stages must be a non-empty JSON object"),
+])
+def test_a_broken_entry_is_one_clear_line(tmp_path, edit, message):
+    import copy
+    import json
+    rubric = copy.deepcopy(manifest.load_json())
+    edit(rubric)
+    path = tmp_path / "rubric.json"
+    path.write_text(json.dumps(rubric))
+    with pytest.raises(manifest.ManifestError) as e:
+        manifest.rubric(str(path))
+    assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_cli(tmp_path):
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "grader", "manifest.py"), "list"], capture_output=True,
+                       text=True, cwd=ROOT)
+    assert p.returncode == 0
+    assert p.stdout.splitlines() == [" ".join([s.id, s.dir] + s.flags) for s in STAGES]
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "grader", "manifest.py"), "bogus"], capture_output=True,
+                       text=True, cwd=ROOT)
+    assert p.returncode == 2 and p.stderr.startswith("usage:")

@@ -17,13 +17,16 @@ import pytest
 
 from helpers import ROOT, apply_mutant
 
+sys.path.insert(0, os.path.join(ROOT, "grader"))
+import manifest  # noqa: E402
+
 GRADER = os.path.join(ROOT, "grader", "grade.py")
 REFERENCE = os.path.join(ROOT, "logs", "reference")
 with open(os.path.join(ROOT, "grader", "rubric.json")) as _fh:
     RUBRIC = json.load(_fh)
 with open(os.path.join(ROOT, "tests", "mutants", "mutants.json")) as _fh:
     MUTANTS = json.load(_fh)["mutants"]
-STAGES = sorted(RUBRIC["stages"])
+STAGES = [s.id for s in manifest.stages()]
 CHECK_LINE = re.compile(r"^== stage (\d\d) == (.+): (OK|FAIL) \(\d+\.\ds\)$")
 
 

@@ -32,9 +32,12 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import grade  # noqa: E402  (the grader's rubric, build and run code: references are made the way grading runs)
+# the grader's rubric, build and run code: references are made the way grading runs
+from gradelib.context import read_metrics  # noqa: E402
+from gradelib.rubric import RUBRIC_PATH, baseline_flags, load_rubric, stage_config, stage_flags  # noqa: E402
+from gradelib.runner import Baselines, Runner  # noqa: E402
+from gradelib.util import ROOT, rel, relpath  # noqa: E402
 
-ROOT = grade.ROOT
 PLAIN = ["metrics.jsonl", "run.json", "dtensors_rank*.json"]
 GZIPPED = ["trace.json", "memory_rank*.json", "memory_rank*.pickle"]
 PLOTS = ["loss.png", "timeline.png", "memory.png"]
@@ -74,13 +77,13 @@ def git_commit():
 
 def check_against_baseline(rubric, stage, run_dir, baselines):
     """The reference must agree with the non-sharded baseline, step by step."""
-    cfg = grade.stage_config(rubric, stage)
+    cfg = stage_config(rubric, stage)
     steps = int(cfg["steps"])
-    base = baselines.get(grade.baseline_flags(rubric, stage), steps)
+    base = baselines.get(baseline_flags(rubric, stage), steps)
     if not base.ok:
         fail("the baseline run for stage %s failed: %s" % (stage, base.reason))
-    got = grade.read_metrics(os.path.join(run_dir, "metrics.jsonl"))
-    ref = grade.read_metrics(os.path.join(base.dir, "metrics.jsonl"))
+    got = read_metrics(os.path.join(run_dir, "metrics.jsonl"))
+    ref = read_metrics(os.path.join(base.dir, "metrics.jsonl"))
     tol = rubric["tolerances"]
     keys = [("loss", tol["loss_rel"])] + ([] if "--forward-only" in rubric["stages"][stage].get("flags", [])
                                            else [("grad_norm", tol["grad_norm_rel"])])
@@ -88,13 +91,13 @@ def check_against_baseline(rubric, stage, run_dir, baselines):
         fail("stage %s: %d steps in the run, %d in the baseline, %d wanted" % (stage, len(got), len(ref), steps))
     for g, b in zip(got, ref):
         for key, t in keys:
-            if g.get(key) is None or grade.rel(g[key], b[key]) > t:
+            if g.get(key) is None or rel(g[key], b[key]) > t:
                 fail("stage %s's solution disagrees with the non-sharded baseline at step %d: %s %s vs %s; "
                      "not writing a reference" % (stage, g["step"], key, g.get(key), b[key]))
     return base
 
 
-def run_solution(rubric, stage, solution_stage, flags, work, baselines, commands):
+def run_solution(rubric, stage, solution_stage, flags, work, runner, commands):
     """Build solution_stage's hw_fsdp.c and run it with `flags` into work/<name>; returns the run dir."""
     spec = rubric["stages"][solution_stage]
     name = "stage%s" % stage if solution_stage == stage else "stage%s-with-%s" % (stage, solution_stage)
@@ -104,17 +107,16 @@ def run_solution(rubric, stage, solution_stage, flags, work, baselines, commands
     src = os.path.join(ROOT, "solutions", spec["dir"], "hw_fsdp.c")
     binary = os.path.join(run_dir, "train")
     log = os.path.join(run_dir, "log.txt")
-    limits = rubric["limits"]
-    ok, reason, _ = grade.build(src, binary, log, limits)
+    ok, reason, _ = runner.build(src, binary, log)
     if not ok:
         fail("solutions/%s: %s" % (spec["dir"], reason))
-    steps = int(grade.stage_config(rubric, stage)["steps"])
-    run = grade.run_binary(binary, flags, run_dir, log, limits, limits["run_timeout_s"], steps)
+    steps = int(stage_config(rubric, stage)["steps"])
+    run = runner.run(binary, flags, run_dir, log, steps)
     if not run.ok:
         fail("solutions/%s on stage %s's configuration: %s (see %s)" % (spec["dir"], stage, run.reason, log))
     commands.append({"stage": stage, "solution": "solutions/%s/hw_fsdp.c" % spec["dir"],
-                     "build": "make impl SRC=solutions/%s/hw_fsdp.c OUT=%s" % (spec["dir"], grade.relpath(binary)),
-                     "run": " ".join(grade.relpath(c) if os.path.isabs(c) else c for c in run.cmd)})
+                     "build": "make impl SRC=solutions/%s/hw_fsdp.c OUT=%s" % (spec["dir"], relpath(binary)),
+                     "run": " ".join(relpath(c) if os.path.isabs(c) else c for c in run.cmd)})
     return run_dir
 
 
@@ -142,7 +144,7 @@ def make_plots(run_dir, notes):
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     if p.returncode != 0:
         last = (p.stdout.decode("utf-8", "replace").strip().splitlines() or ["?"])[-1]
-        notes.append("tools/plots.py failed for %s (%s): no plots" % (grade.relpath(run_dir), last))
+        notes.append("tools/plots.py failed for %s (%s): no plots" % (relpath(run_dir), last))
         return False
     return True
 
@@ -169,23 +171,24 @@ def main():
     ap.add_argument("--no-plots", action="store_true")
     args = ap.parse_args()
 
-    rubric = grade.load_rubric()
+    rubric = load_rubric()
     out = os.path.abspath(args.out)
     work = os.path.abspath(args.work)
     os.makedirs(work, exist_ok=True)
     staging = out + ".tmp.%d" % os.getpid()
     shutil.rmtree(staging, ignore_errors=True)
     os.makedirs(staging)
-    baselines = grade.Baselines(work, rubric["limits"], rubric["limits"]["run_timeout_s"])
+    runner = Runner(rubric["limits"], rubric["limits"]["run_timeout_s"])
+    baselines = Baselines(runner, work)
     commands, notes = [], []
 
     for stage in sorted(rubric["stages"]):
         spec = rubric["stages"][stage]
-        flags = grade.stage_flags(rubric, stage)
+        flags = stage_flags(rubric, stage)
         print("reference: stage %s (solutions/%s) %s" % (stage, spec["dir"], " ".join(flags)), flush=True)
-        run_dir = run_solution(rubric, stage, stage, flags, work, baselines, commands)
+        run_dir = run_solution(rubric, stage, stage, flags, work, runner, commands)
         base = check_against_baseline(rubric, stage, run_dir, baselines)
-        commands[-1]["baseline"] = " ".join(grade.relpath(c) if os.path.isabs(c) else c for c in base.cmd)
+        commands[-1]["baseline"] = " ".join(relpath(c) if os.path.isabs(c) else c for c in base.cmd)
         plots = not args.no_plots and make_plots(run_dir, notes)
         keep(run_dir, os.path.join(staging, "stage" + stage), PLAIN, GZIPPED, plots)
 
@@ -196,7 +199,7 @@ def main():
             print("reference: stage %s/%s (solutions/%s) %s" % (stage, no_ac["dir"],
                                                                 rubric["stages"][no_ac["solution"]]["dir"],
                                                                 " ".join(flags2)), flush=True)
-            run2 = run_solution(rubric, stage, no_ac["solution"], flags2, work, baselines, commands)
+            run2 = run_solution(rubric, stage, no_ac["solution"], flags2, work, runner, commands)
             commands[-1]["purpose"] = "stage %s's activation-memory check: the same configuration without %s" % (
                 stage, ", ".join(sorted(drop)))
             keep(run2, os.path.join(staging, "stage" + stage, no_ac["dir"]), ["metrics.jsonl", "run.json"], [], False)
@@ -213,7 +216,7 @@ def main():
             files.append({"path": os.path.relpath(path, staging), "bytes": len(data),
                           "sha256": hashlib.sha256(data).hexdigest()})
             total += len(data)
-    with open(grade.RUBRIC_PATH, "rb") as fh:
+    with open(RUBRIC_PATH, "rb") as fh:
         rubric_sha = hashlib.sha256(fh.read()).hexdigest()
     manifest = {
         "written_by": "grader/make_reference.py (make reference)",
@@ -241,7 +244,7 @@ def main():
     for n in notes:
         print("note: " + n)
     size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(out) for f in fs)
-    print("wrote %s (%d files, %.2f MB)" % (grade.relpath(out), len(files) + 1, size / 1e6))
+    print("wrote %s (%d files, %.2f MB)" % (relpath(out), len(files) + 1, size / 1e6))
 
 
 if __name__ == "__main__":

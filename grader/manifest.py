@@ -120,7 +120,7 @@ def validate_stages(rubric, name="rubric.json"):
             if p not in PREFETCH_KINDS:
                 bad(where + ".prefetch", "a list of %s" % " / ".join(PREFETCH_KINDS), p)
     job = rubric.get("main_job", {"stage": sorted(stages_)[-1]})
-    if not (isinstance(job, dict) and job.get("stage") in stages_):
+    if not (isinstance(job, dict) and isinstance(job.get("stage"), str) and job["stage"] in stages_):
         bad("main_job.stage", "one of the stages (%s)" % ", ".join(sorted(stages_)), job)
 
 

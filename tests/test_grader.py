@@ -17,13 +17,17 @@ import pytest
 
 from helpers import ROOT, apply_mutant
 
+sys.path.insert(0, os.path.join(ROOT, "grader"))
+import manifest  # noqa: E402
+
 GRADER = os.path.join(ROOT, "grader", "grade.py")
 REFERENCE = os.path.join(ROOT, "logs", "reference")
 with open(os.path.join(ROOT, "grader", "rubric.json")) as _fh:
     RUBRIC = json.load(_fh)
 with open(os.path.join(ROOT, "tests", "mutants", "mutants.json")) as _fh:
     MUTANTS = json.load(_fh)["mutants"]
-STAGES = sorted(RUBRIC["stages"])
+STAGES = [s.id for s in manifest.stages()]
+SOL01 = os.path.relpath(manifest.stage("01").solution_src(), ROOT)  # "solutions/01_.../hw_fsdp.c"
 CHECK_LINE = re.compile(r"^== stage (\d\d) == (.+): (OK|FAIL) \(\d+\.\ds\)$")
 
 
@@ -175,7 +179,7 @@ def test_cpu_time_limit_is_named(tmp_path):
 
 def test_memory_limit_is_named(tmp_path):
     """An allocation of 32 GiB fails under the grader's address-space limit and the reason says which limit."""
-    src = edited_solution(tmp_path, "solutions/01_forward/hw_fsdp.c",
+    src = edited_solution(tmp_path, SOL01,
                           "void fsdp_post_forward(Fsdp *f, Module *mod) { reshard(f, mod->fsdp); }",
                           "void fsdp_post_forward(Fsdp *f, Module *mod) {\n    reshard(f, mod->fsdp);\n"
                           "    dev_alloc_f32(f->dev, (size_t)8 << 30, MEM_TEMP, \"hoard\");\n}")
@@ -236,8 +240,8 @@ def test_reference_from_another_configuration_is_called_stale(tmp_path):
 
 @pytest.mark.parametrize("args,message", [
     (["--stage", "09"], "unknown stage '09'"),
-    (["--file", "solutions/01_forward/hw_fsdp.c"], "--file needs exactly one --stage"),
-    (["--file", "solutions/01_forward/hw_fsdp.c", "--stage", "01", "--stage", "02"], "--file needs exactly one --stage"),
+    (["--file", SOL01], "--file needs exactly one --stage"),
+    (["--file", SOL01, "--stage", "01", "--stage", "02"], "--file needs exactly one --stage"),
     (["--file", "/nonexistent/hw_fsdp.c", "--stage", "01"], "no such file"),
     (["--reference", "/nonexistent/reference"], "no such directory"),
     (["--bogus"], "unrecognized arguments: --bogus"),

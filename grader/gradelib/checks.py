@@ -1,0 +1,409 @@
+"""The checks: one function per key of rubric.json's stages.NN.checks, registered with @check(key).
+
+A check takes the stage's Context and returns a detail line ("" or what it measured), or raises
+CheckFailed with a one-line reason that says what is wrong and where to look. run_check runs one
+and turns anything else it raises into a failed check that says so: grading never crashes.
+"""
+import math
+import os
+
+import manifest
+
+from .util import CheckFailed, fmt_bytes, one_line, rel, relpath
+
+FORWARD_PHASES = {"pre_forward", "forward", "post_forward"}
+BACKWARD_PHASES = {"pre_backward", "recompute.pre_forward", "recompute", "recompute.post_forward", "backward",
+                   "post_backward", "finish_backward"}
+
+CHECKS = {}  # key -> check, in the order defined here (a rubric naming an unknown key is told this list)
+
+
+def check(key):
+    """Register the decorated function as the check `key` (rubric.json names checks by these keys)."""
+    def register(fn):
+        if key in CHECKS:
+            raise ValueError("two checks named %s" % key)
+        CHECKS[key] = fn
+        return fn
+    return register
+
+
+def run_check(ctx, key):
+    """(ok, reason, detail) of one check, reason and detail one printable line each."""
+    try:
+        return True, "", one_line(CHECKS[key](ctx) or "")
+    except CheckFailed as e:
+        return False, one_line(str(e)) or "failed", ""
+    except Exception as e:  # a grader bug: a failed check that says so, not a crash (tests/test_grader_fuzz.py)
+        return False, one_line("could not check (%s: %s)" % (type(e).__name__, e)), ""
+
+
+def near(x, target, tol):
+    return target > 0 and abs(x / target - 1) <= tol
+
+
+def series_check(ctx, key, tol, label, hint):
+    """Step-by-step comparison of metrics[key] with the reference log and the baseline run."""
+    got = ctx.metrics()
+    ref = ctx.reference_metrics()
+    base = ctx.baseline_metrics()
+    ref_name = relpath(os.path.join(ctx.reference_dir(), "metrics.jsonl"))
+    for i in range(ctx.steps):
+        step = i + 1
+        g, r, b = got[i].get(key), ref[i].get(key), base[i].get(key)
+        if r is None or b is None:
+            raise CheckFailed("step %d %s missing in the %s" % (step, label, "reference log" if r is None else "baseline run"))
+        if g is None:
+            if key not in got[i]:
+                raise CheckFailed("step %d has no %s in metrics.jsonl" % (step, label))
+            raise CheckFailed("step %d %s is not finite (null in metrics.jsonl)" % (step, label))
+        if ctx.cuda:
+            if rel(g, b) > tol:
+                raise CheckFailed("step %d %s %.6g vs the non-sharded baseline on the same GPU %.6g (rel %.1e > %g): %s"
+                                  % (step, label, g, b, rel(g, b), tol, hint(step, g, b)))
+            continue
+        ok_ref, ok_base, ref_vs_base = rel(g, r) <= tol, rel(g, b) <= tol, rel(r, b) <= tol
+        if ok_ref and ok_base:
+            continue
+        if not ref_vs_base:
+            if ok_base:
+                raise CheckFailed("step %d %s %.6g matches the non-sharded baseline (%.6g) but not the reference log "
+                                  "(%.6g): the reference disagrees with the baseline, so %s is stale or corrupt "
+                                  "(instructors: make reference)" % (step, label, g, b, r, ref_name))
+            if ok_ref:
+                raise CheckFailed("step %d %s %.6g matches the reference log but not the non-sharded baseline (%.6g, "
+                                  "rel %.1e > %g): the reference disagrees with the baseline, and the baseline is the "
+                                  "ground truth" % (step, label, g, b, rel(g, b), tol))
+            raise CheckFailed("step %d %s %.6g vs non-sharded baseline %.6g (rel %.1e > %g; the reference log %.6g "
+                              "disagrees with the baseline too): %s" % (step, label, g, b, rel(g, b), tol, r,
+                                                                       hint(step, g, b)))
+        raise CheckFailed("step %d %s %.6g vs reference %.6g (rel %.1e > %g): %s"
+                          % (step, label, g, r, rel(g, r), tol, hint(step, g, r)))
+    return ""
+
+
+@check("loss")
+def check_loss(ctx):
+    def hint(step, g, r):
+        if step == 1:
+            return ("wrong already at step 1, before any update: the forward is wrong (shard row offsets, padding, "
+                    "the all-gather's copy-out layout)")
+        if ctx.forward_only:
+            return ("right at step 1, wrong from step %d although --forward-only never changes the weights: state "
+                    "carried between steps (a buffer read before it is written? a missing wait?)" % step)
+        return ("right at step 1, wrong from step %d: the forward is right and the update is not (backward unshard, "
+                "reduce-scatter layout or average, grad norm and clipping, AdamW on the local rows, the next "
+                "all-gather reading the updated shards)" % step)
+    return series_check(ctx, "loss", ctx.tol["loss_rel"], "loss", hint)
+
+
+@check("grad_norm")
+def check_grad_norm(ctx):
+    W = ctx.world
+
+    def hint(step, g, r):
+        ratio = g / r if r else float("inf")
+        if near(ratio, W, 0.1):
+            return "%.2f times too large, about W = %d: are you averaging the reduce-scatter over %d ranks (RED_AVG, not RED_SUM)?" % (ratio, W, W)
+        if near(ratio, 1.0 / W, 0.1):
+            return "%.2f times the reference, about 1/W: is the average applied twice?" % ratio
+        if near(ratio, math.sqrt(W), 0.15):
+            return "%.2f times too large, about sqrt(W): is the norm's all-reduce a SUM of the squares, taken once?" % ratio
+        if ratio < 0.85 and ratio > 0.5 / math.sqrt(W):
+            return ("%.2f times the reference (about 1/sqrt(W) = %.2f is one rank's share): is the sum of squares "
+                    "all-reduced over the ranks before the square root?" % (ratio, 1 / math.sqrt(W)))
+        if step == 1:
+            return ("wrong at step 1 with the loss right: the backward side is wrong (chunk-cat layout of the "
+                    "reduce-scatter input, the average, the norm over your local rows only, not the padding)")
+        return ("right until step %d: the previous update went wrong (optimizer on the local rows, clipping, "
+                "grads of the previous step freed and not reused)" % (step - 1))
+    return series_check(ctx, "grad_norm", ctx.tol["grad_norm_rel"], "grad_norm", hint)
+
+
+@check("peak_memory")
+def check_peak_memory(ctx):
+    band = ctx.tol["peak_mem_band_rel"]
+    got = ctx.peaks(ctx.metrics())
+    ref = ctx.peaks(ctx.reference_metrics())
+    for r in range(ctx.world):
+        if rel(got[r], ref[r]) <= band:
+            continue
+        if ref[r] <= 0:
+            raise CheckFailed("rank %d peak %s vs a reference peak of 0 bytes: the reference log %s is corrupt "
+                              "(instructors: make reference)" % (r, fmt_bytes(got[r]),
+                                                                 relpath(ctx.reference_dir())))
+        where = ctx.where_peak(r)
+        if got[r] > ref[r]:
+            hint = ("more than the reference: something is freed late or never (unsharded params after forward or "
+                    "backward, grads after the reduce-scatter, all-gather buffers, optimizer state)")
+        else:
+            hint = ("less than the reference: is a buffer the stage needs missing (prefetched params, "
+                    "ZeRO-2's kept params) or freed while still in use?")
+        raise CheckFailed("rank %d peak %s vs reference %s (%+.1f%%, band +-%g%%): %s%s"
+                          % (r, fmt_bytes(got[r]), fmt_bytes(ref[r]), 100.0 * (got[r] - ref[r]) / ref[r],
+                             100 * band, hint, ("; " + where) if where else ""))
+    return ""
+
+
+@check("dtensors")
+def check_dtensors(ctx):
+    W = ctx.world
+    for rank in range(W):
+        d = ctx.dtensors(rank)
+        params = d.get("params", [])
+        if not params:
+            raise CheckFailed("dtensors_rank%d.json lists no params" % rank)
+        for p in params:
+            name, shape = p["name"], p["global_shape"]
+            rows = shape[0]
+            padded = -(-rows // W)
+            start = rank * padded
+            local = max(0, min(rows, start + padded) - start)
+            row_numel = math.prod(shape[1:]) if len(shape) > 1 else 1
+            who = "rank %d: %s" % (rank, name)
+            if p["placement"] != "Shard(0)":
+                raise CheckFailed("%s has placement %s, expected Shard(0): every param is sharded on dim 0"
+                                  % (who, p["placement"]))
+            if not p["mesh_is_world"] or p["mesh"] != list(range(W)):
+                raise CheckFailed("%s's mesh is %s, expected the world %s: use FsdpConfig.mesh"
+                                  % (who, p["mesh"], list(range(W))))
+            if p["global_rows"] != rows or p["row_numel"] != row_numel:
+                raise CheckFailed("%s says global_rows %s x row_numel %s, the param is %s"
+                                  % (who, p["global_rows"], p["row_numel"], "x".join(map(str, shape))))
+            if p["padded_rows"] != padded:
+                raise CheckFailed("%s padded_rows %s, expected ceil(%d / %d) = %d: every rank's shard is padded to "
+                                  "the first chunk's size, as torch.chunk splits" % (who, p["padded_rows"], rows, W, padded))
+            if p["local_rows"] != local:
+                raise CheckFailed("%s local_rows %s, expected %d: torch.chunk gives rank r rows [r*%d, min(%d, "
+                                  "(r+1)*%d))" % (who, p["local_rows"], local, padded, rows, padded))
+            if local and p["row_offset"] != start:
+                raise CheckFailed("%s row_offset %s, expected %d = rank %d x %d padded rows: shard offsets follow "
+                                  "torch.chunk" % (who, p["row_offset"], start, rank, padded))
+            if not p["has_local"]:
+                raise CheckFailed("%s has no local storage (DTensor.local is NULL)" % who)
+            if p["local_matches_init"] is not True:
+                raise CheckFailed("%s's local shard does not hold rows [%d, %d) of the initial value: copy from "
+                                  "row_offset x row_numel elements into Param.data, before freeing it"
+                                  % (who, start, start + local))
+            if p["padding_is_zero"] is not True:
+                raise CheckFailed("%s's padding rows (%d..%d) are not zero: zero them (fresh memory is NaN-filled)"
+                                  % (who, local, padded))
+    return ""
+
+
+def _notes_check(ctx, hook, field, want_zero, what, advice):
+    seen = 0
+    for rank in range(ctx.world):
+        for n in ctx.notes(rank):
+            if n.get("hook") != hook or field not in n:
+                continue
+            seen += 1
+            live = int(n[field])
+            if want_zero and live:
+                raise CheckFailed("%s's %s still live after its %s (%s, step %d, rank %d): %s"
+                                  % (n["module"], what, hook, fmt_bytes(live), n["step"] + 1, rank, advice))
+            if not want_zero and not live:
+                raise CheckFailed("%s's %s freed by its %s (step %d, rank %d): %s"
+                                  % (n["module"], what, hook, n["step"] + 1, rank, advice))
+    if not seen:
+        raise CheckFailed("the memory snapshots hold no %s checks (memory_rank*.json)" % hook)
+    return ""
+
+
+@check("freed_after_forward")
+def check_freed_after_forward(ctx):
+    return _notes_check(ctx, "post_forward", "unsharded_param_live_bytes", True, "unsharded params",
+                        "reshard: dev_free every unsharded Param.data (and set it to NULL)")
+
+
+@check("freed_after_backward")
+def check_freed_after_backward(ctx):
+    return _notes_check(ctx, "post_backward", "unsharded_param_live_bytes", True, "unsharded params",
+                        "post_backward reshards after the reduce-scatter is queued")
+
+
+@check("grads_freed")
+def check_grads_freed(ctx):
+    return _notes_check(ctx, "post_backward", "unsharded_grad_live_bytes", True, "unsharded grads",
+                        "free each Param.grad once it is copied into the reduce-scatter input")
+
+
+def union_intervals(intervals):
+    merged = []
+    for a, b in sorted(intervals):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    return merged
+
+
+def covered(a, b, merged):
+    """Length of [a, b) covered by the sorted disjoint intervals `merged`."""
+    total = 0.0
+    for x, y in merged:
+        if y <= a:
+            continue
+        if x >= b:
+            break
+        total += min(y, b) - max(x, a)
+    return total
+
+
+def _overlap(ctx, kind, phases, need, advice):
+    """Share of the model's compute (kernels on the compute stream, in `phases`) that ran while a `kind`
+    collective of the same rank was in flight.
+
+    Measured from the compute side on purpose: on a CPU with fewer cores than ranks a collective's slice
+    mostly waits for ranks the OS has descheduled, so "share of collective time under compute" is small
+    and noisy (1-10% for correct schedules), while "share of compute under a collective" is large for an
+    overlapped schedule and exactly 0 for a serialized one (a collective on the compute stream cannot run
+    during that stream's kernels)."""
+    what = kind.replace("_", "-")
+    events = ctx.collectives(kind)
+    if not events:
+        raise CheckFailed("no %s in the trace (trace_rank*.json)" % what)
+    compute_total = compute_covered = comm_total = comm_covered = 0.0
+    for r in range(ctx.world):
+        trace = ctx.trace(r)
+        kernels = [(e["ts"], e["ts"] + e["dur"]) for e in trace
+                   if e.get("cat") == "compute" and e.get("tid") == 0]
+        in_flight = union_intervals([(e["ts"], e["ts"] + e["dur"]) for rr, e in events if rr == r])
+        busy = union_intervals(kernels)
+        for e in trace:
+            if e.get("cat") == "compute" and e.get("tid") == 0 and e.get("args", {}).get("phase") in phases:
+                compute_total += e["dur"]
+                compute_covered += covered(e["ts"], e["ts"] + e["dur"], in_flight)
+        for a, b in in_flight:
+            comm_total += b - a
+            comm_covered += covered(a, b, busy)
+    if compute_total <= 0:
+        raise CheckFailed("no %s compute kernels in the trace" % "/".join(sorted(phases)))
+    frac = compute_covered / compute_total
+    comm_frac = comm_covered / comm_total if comm_total > 0 else 0.0
+    detail = "%.0f%% of %s compute ran during %ss (%.0f%% of %s time under compute)" % (
+        100 * frac, "/".join(sorted(phases)), what, 100 * comm_frac, what)
+    if frac >= need:
+        return detail
+    on_compute = all(e.get("tid") == 0 for _, e in events)
+    raise CheckFailed("%.1f%% of %s compute ran while a%s %s was in flight (need >= %g%%)%s: %s"
+                      % (100 * frac, "/".join(sorted(phases)), "n" if what[0] == "a" else "", what, 100 * need,
+                         " (your %ss run on the compute stream)" % what if on_compute else "", advice))
+
+
+@check("ag_overlap")
+def check_ag_overlap(ctx):
+    return _overlap(ctx, "all_gather", {"forward"}, ctx.tol["ag_overlap_min"],
+                    "are the all-gathers on their own stream, the next module's issued (prefetched) before this one "
+                    "computes, with compute waiting on an event rather than the host?")
+
+
+@check("rs_overlap")
+def check_rs_overlap(ctx):
+    return _overlap(ctx, "reduce_scatter", {"backward", "recompute"}, ctx.tol["rs_overlap_min"],
+                    "are the reduce-scatters on their own stream, so that module i's reduce-scatter runs while "
+                    "module i-1's backward computes?")
+
+
+def blocking_stage(rubric):
+    """The stage the prefetch bound compares with: the first that trains (not --forward-only) with no
+    prefetch, so that it unshards one module at a time; None if no stage does."""
+    return next((s.id for s in manifest.stages(rubric) if not (s.prefetch or s.forward_only)), None)
+
+
+@check("prefetch_bound")
+def check_prefetch_bound(ctx):
+    order, size = ctx.module_order()
+    index = {m: i for i, m in enumerate(order)}
+    largest = max(size.values())
+    extra = ctx.tol["prefetch_extra_unsharded_modules"] * largest
+    got = ctx.peaks(ctx.metrics())
+    stage = blocking_stage(ctx.rubric)
+    blocking = ctx.peaks(ctx.reference_metrics(stage=stage, expect=ctx.rubric["stages"][stage].get("flags", [])))
+    for r in range(ctx.world):
+        if got[r] > blocking[r] + extra:
+            raise CheckFailed("rank %d peak %s exceeds stage %s's %s + %d x the largest module's unsharded params "
+                              "(%s): is your prefetch unbounded?"
+                              % (r, fmt_bytes(got[r]), stage, fmt_bytes(blocking[r]),
+                                 ctx.tol["prefetch_extra_unsharded_modules"], fmt_bytes(largest)))
+    # The peak can sit in a part of the step the prefetch does not touch: also check how far ahead each
+    # all-gather is issued (the trace names the module gathered and the module whose hook issued it).
+    most = ctx.tol["prefetch_max_modules_ahead"]
+    for r, e in ctx.collectives("all_gather"):
+        label = e["name"][: -len(".all_gather")]
+        host, phase = e["args"].get("module"), e["args"].get("phase")
+        if label not in index or host not in index:
+            continue
+        ahead = index[label] - index[host] if phase in FORWARD_PHASES else index[host] - index[label]
+        if phase in FORWARD_PHASES | BACKWARD_PHASES and ahead > most:
+            raise CheckFailed("step %d: %s's %s issued %s's all-gather, %d modules ahead (at most %d): is your "
+                              "prefetch unbounded? Keep at most two modules unsharded"
+                              % (e["args"]["step"] + 1, host, phase, label, ahead, most))
+    return ""
+
+
+@check("recompute")
+def check_recompute(ctx):
+    order, _ = ctx.module_order()
+    want = ctx.tol["recompute_all_gathers_per_module_step"]
+    per = {}
+    for r, e in ctx.collectives("all_gather"):
+        label = e["name"][: -len(".all_gather")]
+        per.setdefault((r, e["args"]["step"], label), []).append(e["args"].get("phase", "?"))
+    if not per:
+        raise CheckFailed("no all-gather in the trace")
+    steps = sorted({s for (_, s, _) in per})
+    unknown = sorted({l for (_, _, l) in per} - set(order))
+    if unknown:
+        raise CheckFailed("all-gathers labelled %s: label each with its module's name (coll_all_gather(..., mod->name))"
+                          % ", ".join(unknown))
+    for s in steps:
+        for r in range(ctx.world):
+            for mod in order:
+                phases = per.get((r, s, mod), [])
+                if len(phases) == want:
+                    continue
+                if len(phases) > want:
+                    advice = ("does the recompute all-gather again? In PRE_BACKWARD the forward hooks "
+                              "(called again by the recompute) must return at once")
+                else:
+                    advice = "every module is unsharded once for the forward and once for the backward"
+                raise CheckFailed("%s: %d all-gathers in step %d on rank %d (expected %d: forward and backward; "
+                                  "issued in %s): %s" % (mod, len(phases), s + 1, r, want,
+                                                         ", ".join(phases) or "none", advice))
+    return ""
+
+
+@check("activation_memory")
+def check_activation_memory(ctx):
+    spec = ctx.rubric["stages"][ctx.stage]["no_ac_reference"]
+    flags = [f for f in ctx.flags if f not in spec["drop_flags"]]
+    no_ac = ctx.peaks(ctx.reference_metrics(sub=spec["dir"], expect=flags))
+    got = ctx.peaks(ctx.metrics())
+    ratio = ctx.tol["activation_memory_max_ratio"]
+    for r in range(ctx.world):
+        if got[r] > ratio * no_ac[r]:
+            raise CheckFailed("rank %d peak %s is not below %g x the peak without --ac (%s, %s): recompute should "
+                              "save activation memory; is something kept alive through the recompute (a second "
+                              "all-gather, params never resharded)?" % (r, fmt_bytes(got[r]), ratio,
+                                                                       fmt_bytes(no_ac[r]),
+                                                                       relpath(ctx.reference_dir(sub=spec["dir"]))))
+    return "%.0f%% of the peak without --ac" % (100.0 * max(g / max(n, 1) for g, n in zip(got, no_ac)))
+
+
+@check("zero2_no_backward_all_gather")
+def check_zero2_no_backward_all_gather(ctx):
+    bad = [(r, e) for r, e in ctx.collectives("all_gather") if e["args"].get("phase") in BACKWARD_PHASES]
+    if bad:
+        r, e = bad[0]
+        raise CheckFailed("%d all-gathers in backward (first: %s in %s.%s, step %d, rank %d): with "
+                          "reshard_after_forward = 0 post_forward keeps the params, so the backward needs none"
+                          % (len(bad), e["name"], e["args"].get("module"), e["args"].get("phase"),
+                             e["args"]["step"] + 1, r))
+    return ""
+
+
+@check("zero2_params_kept")
+def check_zero2_params_kept(ctx):
+    return _notes_check(ctx, "post_forward", "unsharded_param_live_bytes", False, "unsharded params were",
+                        "with --reshard-after-forward=false post_forward keeps the params for the backward")

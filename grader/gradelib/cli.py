@@ -1,0 +1,179 @@
+"""grade.py's command line: the arguments, the grading of each stage, the printed lines, results.json.
+
+Every line goes through say(), so that grading goes on whatever happens to stdout; the
+results file is written whatever the score. Exit status: 0 whenever grading happened,
+2 for a usage error (one line on stderr: "grade.py: error: ...").
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import manifest
+
+from .checks import run_check
+from .context import Context
+from .rubric import RUBRIC_PATH, check_name, load_rubric, parse_stage, stage_config, stage_flags
+from .runner import Baselines, Runner, RunResult
+from .util import ROOT, UsageError, fmt_points, one_line, relpath
+
+
+def say(line, stream=None):
+    """One line to stream (stdout), flushed at once: progress shows while the next run is on its way."""
+    stream = stream or sys.stdout
+    try:
+        try:
+            stream.write(line + "\n")
+        except UnicodeEncodeError:  # a terminal that is not UTF-8 and a name that is not ASCII
+            stream.write(line.encode("ascii", "backslashreplace").decode("ascii") + "\n")
+        stream.flush()
+    except BrokenPipeError:  # `grade.py | head`: keep grading (the results file still gets written)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+
+
+def grade_stage(rubric, stage, src, out_root, ref_root, runner, baselines):
+    """Build, run and check one stage; prints its lines and returns its result dict."""
+    spec = rubric["stages"][stage]
+    run_dir = os.path.join(out_root, "stage" + stage)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    os.makedirs(run_dir)
+    log_path = os.path.join(run_dir, "log.txt")
+    binary = os.path.join(run_dir, "train")
+    prefix = "== stage %s ==" % stage
+    steps = int(stage_config(rubric, stage)["steps"])
+
+    t0 = time.monotonic()
+    try:
+        if not os.path.exists(src):
+            run = RunResult(run_dir, False, "no such file: %s" % relpath(src), 0.0, [])
+        else:
+            ok, reason, build_s = runner.build(src, binary, log_path)
+            if ok:
+                run = runner.run(binary, stage_flags(rubric, stage), run_dir, log_path, steps)
+            else:
+                run = RunResult(run_dir, False, reason, build_s, [])
+    except (OSError, subprocess.SubprocessError) as e:  # make or the binary could not even be started
+        run = RunResult(run_dir, False, "could not build or run: %s" % e, 0.0, [])
+    run_s = time.monotonic() - t0
+    run.reason = one_line(run.reason)  # it quotes the student's log: one printable line
+    say("%s %s: %s (%.1fs; log: %s)" % (prefix, relpath(src), "built and ran" if run.ok else "run FAILED", run_s,
+                                         relpath(log_path)))
+
+    ctx = Context(rubric, stage, run, ref_root, baselines, cuda=runner.cuda)
+    checks = []
+    for key, points in spec["checks"].items():
+        name = check_name(rubric, key)
+        t1 = time.monotonic()
+        detail = ""
+        if not run.ok:
+            ok, reason = False, run.reason
+        else:
+            ok, reason, detail = run_check(ctx, key)
+        seconds = time.monotonic() - t1
+        say("%s %s: %s (%.1fs)" % (prefix, name, "OK" if ok else "FAIL", seconds))
+        if not ok:
+            say("    " + reason)
+        checks.append({"key": key, "name": name, "ok": ok, "points": points if ok else 0, "max_points": points,
+                       "reason": reason, "detail": detail, "seconds": round(seconds, 3)})
+    got = sum(c["points"] for c in checks)
+    total = sum(c["max_points"] for c in checks)
+    say("stage %s: %s/%s points" % (stage, fmt_points(got), fmt_points(total)))
+    return {"stage": stage, "dir": spec["dir"], "title": spec.get("title", ""), "source": relpath(src),
+            "run": {"ok": run.ok, "reason": run.reason, "seconds": round(run_s, 3), "dir": relpath(run_dir),
+                    "command": [relpath(c) if os.path.isabs(c) else c for c in run.cmd]},
+            "points": got, "max_points": total, "checks": checks}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(message)
+
+
+def _stage_range():
+    """'01..06' for --help, from the default rubric (--help must work even if that rubric is broken)."""
+    try:
+        ids = sorted(manifest.rubric()["stages"])
+    except manifest.ManifestError:
+        return "see grader/rubric.json"
+    return "%s..%s" % (ids[0], ids[-1])
+
+
+def parse_args(argv):
+    ap = _Parser(prog="grade.py", description="Grade hwFSDP stages (see HANDOUT.md#grading).")
+    ap.add_argument("--stage", action="append", default=[],
+                    help="stage to grade (%s); repeatable; default all" % _stage_range())
+    ap.add_argument("--solutions", action="store_true", help="grade solutions/ instead of stages/")
+    ap.add_argument("--file", help="grade this hw_fsdp.c (needs exactly one --stage)")
+    ap.add_argument("--out", default=os.path.join(ROOT, "grade-runs"), help="where runs go (default grade-runs/)")
+    ap.add_argument("--json", help="results file (default OUT/results.json)")
+    ap.add_argument("--reference", default=os.path.join(ROOT, "logs", "reference"),
+                    help="reference logs (default logs/reference/)")
+    ap.add_argument("--rubric", default=RUBRIC_PATH, help=argparse.SUPPRESS)
+    ap.add_argument("--cuda", action="store_true",
+                    help="build against the CUDA backend (make cuda) and run on the GPU; loss and grad norm are "
+                         "compared with the baseline run on the same GPU")
+    ap.add_argument("--timeout", type=float, help="wall-clock limit per run in seconds (default: the rubric's)")
+    return ap.parse_args(argv)
+
+
+def write_results(path, summary):
+    """results.json, replaced in one step (a reader never sees half a file); a failure is said, not raised."""
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path + ".tmp", "w") as fh:
+            json.dump(summary, fh, indent=1)
+        os.replace(path + ".tmp", path)
+    except OSError as e:
+        say("could not write %s: %s" % (path, e), sys.stderr)
+
+
+def main(argv=None):
+    t_start = time.monotonic()
+    try:
+        args = parse_args(sys.argv[1:] if argv is None else argv)
+        rubric = load_rubric(args.rubric)
+        stages = [parse_stage(rubric, s) for s in args.stage] or [s.id for s in manifest.stages(rubric)]
+        stages = sorted(set(stages))
+        if args.file and (len(stages) != 1 or not args.stage):
+            raise UsageError("--file needs exactly one --stage (e.g. --file my/hw_fsdp.c --stage 03)")
+        if args.file and args.solutions:
+            raise UsageError("--file and --solutions exclude each other")
+        if args.file and not os.path.isfile(args.file):
+            raise UsageError("--file %s: no such file" % args.file)
+        if not os.path.isdir(args.reference):
+            raise UsageError("--reference %s: no such directory" % args.reference)
+        if args.timeout is not None and args.timeout <= 0:
+            raise UsageError("--timeout must be positive")
+        out_root = os.path.abspath(args.out)
+        try:
+            os.makedirs(out_root, exist_ok=True)
+        except OSError as e:
+            raise UsageError("--out %s: cannot create the directory (%s)" % (args.out, e.strerror or e))
+    except UsageError as e:
+        say("grade.py: error: %s" % one_line(str(e)), sys.stderr)
+        return 2
+
+    runner = Runner(rubric["limits"], args.timeout or rubric["limits"]["run_timeout_s"], cuda=args.cuda)
+    baselines = Baselines(runner, out_root)
+    tree = "file" if args.file else "solutions" if args.solutions else "stages"
+    results = []
+    for stage in stages:
+        src = os.path.abspath(args.file) if args.file else os.path.join(ROOT, tree, rubric["stages"][stage]["dir"],
+                                                                          "hw_fsdp.c")
+        results.append(grade_stage(rubric, stage, src, out_root, os.path.abspath(args.reference), runner,
+                                   baselines))
+    score = sum(r["points"] for r in results)
+    total = sum(r["max_points"] for r in results)
+    elapsed = time.monotonic() - t_start
+    say("Score: %s/%s" % (fmt_points(score), fmt_points(total)))
+    json_path = args.json or os.path.join(out_root, "results.json")
+    write_results(json_path, {"score": score, "max_score": total, "seconds": round(elapsed, 3), "tree": tree,
+                              "reference": relpath(os.path.abspath(args.reference)),
+                              "stages": {r["stage"]: r for r in results}})
+    say("results: %s" % relpath(os.path.abspath(json_path)))
+    say("graded %d stage%s in %.1f s" % (len(results), "" if len(results) == 1 else "s", elapsed))
+    return 0

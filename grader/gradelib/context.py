@@ -1,0 +1,281 @@
+"""What a stage's checks read: the run's files, the reference logs and the non-sharded baseline.
+
+Context loads each file once per stage and checks the shape of every entry the checks use,
+so that a malformed file (a crash mid-write, a student's stray write) fails the check with a
+sentence naming the file and the entry, never a KeyError or a traceback
+(tests/test_grader_fuzz.py mutates every file to hold the loaders to that).
+"""
+import json
+import math
+import os
+
+from .rubric import baseline_flags, stage_config
+from .util import CheckFailed, fmt_bytes, is_finite, is_int, is_num, one_line, read_json, relpath, short
+
+
+def read_metrics(path, what="your run", world=None):
+    """metrics.jsonl rows, checked: each an object whose loss/grad_norm are numbers or null and, with
+    `world`, whose peak_mem_bytes_per_rank lists `world` byte counts."""
+    name = relpath(path)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            lines = [l for l in fh if l.strip()]
+    except FileNotFoundError:
+        raise CheckFailed("%s is missing (%s)" % (name, what))
+    except OSError as e:
+        raise CheckFailed("%s cannot be read (%s)" % (name, e.strerror or e))
+    except ValueError as e:  # not UTF-8
+        raise CheckFailed("%s is not valid JSON lines (%s)" % (name, e))
+    rows = []
+    for i, line in enumerate(lines):
+        try:
+            row = json.loads(line)
+        except (ValueError, RecursionError) as e:
+            raise CheckFailed("%s is not valid JSON lines (line %d: %s)" % (name, i + 1, e))
+        if not isinstance(row, dict):
+            raise CheckFailed("%s line %d is not a JSON object" % (name, i + 1))
+        for key in ("loss", "grad_norm"):
+            if row.get(key) is not None and not is_num(row[key]):
+                raise CheckFailed("%s line %d: %s is %s, not a number" % (name, i + 1, key, short(row[key])))
+        rows.append(row)
+    if world is not None:
+        check_peak_lists(rows, name, world)
+    return rows
+
+
+def check_peak_lists(rows, name, world):
+    """Every row's peak_mem_bytes_per_rank is a list of `world` byte counts (what Context.peaks reads)."""
+    for i, row in enumerate(rows):
+        peaks = row.get("peak_mem_bytes_per_rank")
+        if not (isinstance(peaks, list) and len(peaks) == world and all(is_int(p) and 0 <= p < 2 ** 53 for p in peaks)):
+            raise CheckFailed("%s line %d: peak_mem_bytes_per_rank is %s, not %d byte counts (one per rank)"
+                              % (name, i + 1, short(peaks), world))
+
+
+def _shape_ok(v):
+    return isinstance(v, list) and 1 <= len(v) <= 8 and all(is_int(d) and 0 <= d < 2 ** 40 for d in v)
+
+
+# What the checks read from each param of dtensors_rank<r>.json: (key, test, what it must be).
+DTENSOR_FIELDS = [
+    ("name", lambda v: isinstance(v, str), "a string"),
+    ("module", lambda v: isinstance(v, str), "a string"),
+    ("global_shape", _shape_ok, "a list of 1 to 8 dimensions"),
+    ("mesh", lambda v: isinstance(v, list), "a list"),
+    ("mesh_is_world", lambda v: isinstance(v, bool), "true or false"),
+    ("placement", lambda v: isinstance(v, str), "a string"),
+] + [(k, is_int, "an integer") for k in ("local_rows", "padded_rows", "row_offset", "row_numel", "global_rows")] + [
+    ("has_local", lambda v: isinstance(v, bool), "true or false"),
+    ("local_matches_init", lambda v: v is None or isinstance(v, bool), "true, false or null"),
+    ("padding_is_zero", lambda v: v is None or isinstance(v, bool), "true, false or null"),
+]
+
+
+class Context:
+    """What a stage's checks read: the run's files, the reference, the baseline. Files are read once.
+
+    cuda: the run is on a GPU (grade.py --cuda), so the baseline run on the same GPU is the ground truth
+    for loss and grad norm (the reference logs come from the CPU)."""
+
+    def __init__(self, rubric, stage, run, ref_root, baselines, cuda=False):
+        self.rubric, self.stage, self.run, self.ref_root, self.baselines = rubric, stage, run, ref_root, baselines
+        self.cuda = cuda
+        self.cfg = stage_config(rubric, stage)
+        self.world, self.steps = int(self.cfg["world"]), int(self.cfg["steps"])
+        self.tol = rubric["tolerances"]
+        self.flags = rubric["stages"][stage].get("flags", [])
+        self.forward_only = "--forward-only" in self.flags
+        self._cache = {}
+
+    def _memo(self, key, fn):
+        if key not in self._cache:
+            self._cache[key] = fn()
+        return self._cache[key]
+
+    def path(self, name):
+        return os.path.join(self.run.dir, name)
+
+    def metrics(self):
+        def load():
+            rows = read_metrics(self.path("metrics.jsonl"), world=self.world)
+            if len(rows) != self.steps:
+                raise CheckFailed("metrics.jsonl has %d steps, the run was asked for %d" % (len(rows), self.steps))
+            return rows
+        return self._memo("metrics", load)
+
+    def dtensors(self, rank):
+        def load():
+            name = "dtensors_rank%d.json" % rank
+            data = read_json(self.path(name))
+            params = data.get("params")
+            if not isinstance(params, list):
+                raise CheckFailed("%s has no params list" % name)
+            for i, p in enumerate(params):
+                where = "%s: param %d" % (name, i)
+                if not isinstance(p, dict):
+                    raise CheckFailed("%s is not a JSON object" % where)
+                for key, ok, what in DTENSOR_FIELDS:
+                    if key not in p:
+                        raise CheckFailed("%s has no %s" % (where, key))
+                    if not ok(p[key]):
+                        raise CheckFailed("%s: %s is %s, not %s" % (where, key, short(p[key]), what))
+            return data
+        return self._memo(("dt", rank), load)
+
+    def memory(self, rank):
+        def load():
+            name = "memory_rank%d.json" % rank
+            data = read_json(self.path(name))
+            events = data.get("events", [])
+            if not isinstance(events, list):
+                raise CheckFailed("%s: events is not a list" % name)
+            for i, e in enumerate(events):
+                if not isinstance(e, dict):
+                    raise CheckFailed("%s: event %d is not a JSON object" % (name, i))
+            return data
+        return self._memo(("mem", rank), load)
+
+    def trace(self, rank):
+        def load():
+            name = "trace_rank%d.json" % rank
+            events = read_json(self.path(name)).get("traceEvents", [])
+            if not isinstance(events, list):
+                raise CheckFailed("%s: traceEvents is not a list" % name)
+            out = []
+            for i, e in enumerate(events):
+                if not isinstance(e, dict):
+                    raise CheckFailed("%s: event %d is not a JSON object" % (name, i))
+                if e.get("ph") != "X":
+                    continue
+                where = "%s: event %d" % (name, i)
+                if not isinstance(e.get("name"), str):
+                    raise CheckFailed("%s has no name" % where)
+                for key in ("ts", "dur"):
+                    if not is_finite(e.get(key)) or (key == "dur" and e[key] < 0):
+                        raise CheckFailed("%s (%s): %s is %s, not a finite%s number" % (
+                            where, one_line(e["name"], 80), key, short(e.get(key)), " non-negative" if key == "dur" else ""))
+                args = e.get("args", {})
+                if not isinstance(args, dict):
+                    raise CheckFailed("%s (%s): args is not a JSON object" % (where, one_line(e["name"], 80)))
+                bad = [k for k in ("module", "phase") if k in args and not isinstance(args[k], str)]
+                if "step" in args and not is_int(args["step"]) or e.get("cat") == "collective" and "step" not in args:
+                    bad.append("step")
+                if bad:
+                    raise CheckFailed("%s (%s): args.%s is %s" % (where, one_line(e["name"], 80), bad[0],
+                                                                  short(args.get(bad[0]))))
+                out.append(e)
+            return out
+        return self._memo(("trace", rank), load)
+
+    def notes(self, rank):
+        """The hook_check entries of the rank's snapshot (what the runtime saw live after each hook)."""
+        out = []
+        for i, e in enumerate(self.memory(rank).get("events", [])):
+            if e.get("kind") != "hook_check":
+                continue
+            bad = [k for k in ("module", "hook") if not isinstance(e.get(k), str)]
+            bad += [k for k in ("step",) if not is_int(e.get(k))]
+            bad += [k for k in ("unsharded_param_live_bytes", "unsharded_grad_live_bytes")
+                    if k in e and not (is_int(e[k]) and abs(e[k]) < 2 ** 53)]
+            if bad:
+                raise CheckFailed("memory_rank%d.json: event %d (hook_check): %s is %s"
+                                  % (rank, i, bad[0], short(e.get(bad[0]))))
+            out.append(e)
+        return out
+
+    def module_order(self):
+        """Modules in forward order with their unsharded param bytes, from rank 0's DTensor dump."""
+        def load():
+            order, size = [], {}
+            for p in self.dtensors(0)["params"]:
+                mod = p["module"]
+                if mod not in size:
+                    order.append(mod)
+                    size[mod] = 0
+                size[mod] += 4 * math.prod(p["global_shape"])
+            if not order:
+                raise CheckFailed("dtensors_rank0.json lists no params")
+            return order, size
+        return self._memo("modules", load)
+
+    def collectives(self, kind):
+        """[(rank, event)] for collectives named '<label>.<kind>', all ranks."""
+        out = []
+        for r in range(self.world):
+            out += [(r, e) for e in self.trace(r) if e.get("cat") == "collective" and e["name"].endswith("." + kind)]
+        return out
+
+    def reference_dir(self, stage=None, sub=None):
+        d = os.path.join(self.ref_root, "stage" + (stage or self.stage))
+        return os.path.join(d, sub) if sub else d
+
+    def reference_metrics(self, stage=None, sub=None, expect=None):
+        """A reference log, after checking it was recorded with the configuration the rubric asks for."""
+        d = self.reference_dir(stage, sub)
+        rows = read_metrics(os.path.join(d, "metrics.jsonl"), "the reference log; instructors: make reference")
+        run = read_json(os.path.join(d, "run.json"))
+        want = stage_config(self.rubric, stage or self.stage)
+        flags = expect if expect is not None else self.rubric["stages"][stage or self.stage].get("flags", [])
+        pairs = [("flavor", want["flavor"]), ("world_size", want["world"]), ("seq_len", want["seq_len"]),
+                 ("batch_size", want["batch_size"]), ("steps", want["steps"]), ("ac", "--ac" in flags),
+                 ("forward_only", "--forward-only" in flags),
+                 ("reshard_after_forward", "--reshard-after-forward=false" not in flags)]
+        for key, value in pairs:
+            if run.get(key) != value:
+                raise CheckFailed("the reference log %s was recorded with %s = %s, the rubric runs %s: it is stale "
+                                  "(instructors: make reference)" % (relpath(d), key, json.dumps(run.get(key)),
+                                                                     json.dumps(value)))
+        if len(rows) != self.steps:
+            raise CheckFailed("the reference log %s has %d steps, not %d (instructors: make reference)"
+                              % (relpath(d), len(rows), self.steps))
+        check_peak_lists(rows, relpath(os.path.join(d, "metrics.jsonl")), self.world)
+        return rows
+
+    def baseline_metrics(self):
+        def load():
+            run = self.baselines.get(baseline_flags(self.rubric, self.stage), self.steps)
+            if not run.ok:
+                raise CheckFailed("the non-sharded baseline run failed (%s): see %s"
+                                  % (run.reason, relpath(os.path.join(run.dir, "log.txt"))))
+            rows = read_metrics(os.path.join(run.dir, "metrics.jsonl"), "the baseline run")
+            if len(rows) != self.steps:
+                raise CheckFailed("the baseline run has %d steps, not %d" % (len(rows), self.steps))
+            return rows
+        return self._memo("baseline", load)
+
+    def peaks(self, rows):
+        """Per rank, the peak over all steps (rows from read_metrics with world: the lists are checked)."""
+        return [max((r["peak_mem_bytes_per_rank"][k] for r in rows), default=0) for k in range(self.world)]
+
+    def where_peak(self, rank):
+        """Where the rank's memory peaked and the largest tags then, from its snapshot (for the message)."""
+        try:
+            events = self.memory(rank).get("events", [])
+        except CheckFailed:
+            return ""
+        live, by_tag, best = {}, {}, None
+        for e in events:  # only decorates a message: entries of the wrong shape are skipped
+            addr = e.get("addr")
+            if not is_int(addr):
+                continue
+            if e.get("action") == "alloc":
+                tag, size = e.get("tag"), e.get("size")
+                if not (isinstance(tag, str) and is_int(size) and 0 <= size < 2 ** 53):
+                    continue
+                live[addr] = (tag, size)
+                by_tag[tag] = by_tag.get(tag, 0) + size
+            elif e.get("action") == "free" and addr in live:
+                tag, size = live.pop(addr)
+                by_tag[tag] -= size
+            else:
+                continue
+            step, current = e.get("step"), e.get("current_bytes")
+            if is_int(step) and step >= 0 and is_int(current) and (best is None or current > best[0]):
+                best = (current, e, dict(by_tag))
+        if best is None:
+            return ""
+        _, e, tags = best
+        top = sorted(((v, k) for k, v in tags.items() if v > 0), reverse=True)[:3]
+        return "your peak: step %d, %s.%s; largest then: %s" % (
+            e["step"] + 1, one_line(str(e.get("module", "?")), 80), one_line(str(e.get("phase", "?")), 80),
+            ", ".join("%s %s" % (k, fmt_bytes(v)) for v, k in top))

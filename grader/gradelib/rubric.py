@@ -1,0 +1,139 @@
+"""grader/rubric.json for grading: loading it, checking it, and the command lines it gives each stage.
+
+The stage entries' structure (folder, title, flags, prefetch, the main job) is checked by
+grader/manifest.py, which every tool shares; this module checks only what grading adds on
+top: the configuration, the limits, the tolerances, the checks and their points and names,
+the no-AC reference. A rubric that fails either is a UsageError of one line (exit status 2),
+never a crash mid-grading.
+"""
+import manifest
+
+from .checks import CHECKS, blocking_stage
+from .util import UsageError, is_finite, is_int, one_line, relpath, short
+
+RUBRIC_PATH = manifest.RUBRIC_PATH
+
+CONFIG_KEYS = {"flavor": "name", "world": "world", "seq_len": "count", "batch_size": "count", "steps": "count",
+               "profile_steps": "count0", "link_gbps": "number0", "link_latency_us": "number0"}
+LIMIT_KEYS = {"build_timeout_s": 1e7, "run_timeout_s": 1e7, "run_cpu_s": 1e7, "run_address_space_gib": 1e6,
+              "run_file_size_mib": 1e9}
+TOLERANCE_KEYS = ["loss_rel", "grad_norm_rel", "peak_mem_band_rel", "ag_overlap_min", "rs_overlap_min",
+                  "prefetch_extra_unsharded_modules", "prefetch_max_modules_ahead",
+                  "recompute_all_gathers_per_module_step", "activation_memory_max_ratio"]
+
+
+def load_rubric(path=RUBRIC_PATH):
+    """The rubric, checked. Read on every call, not through manifest.rubric()'s cache: the tests load many
+    rubrics from one path."""
+    try:
+        rubric = manifest.load_json(path)
+    except manifest.ManifestError as e:
+        raise UsageError(one_line(str(e)))
+    validate_rubric(rubric, relpath(path))
+    return rubric
+
+
+def validate_rubric(rubric, name):
+    """UsageError naming the first entry of the rubric the grader cannot use."""
+    def bad(where, what, value):
+        raise UsageError("%s: %s must be %s, got %s" % (name, where, what, short(value, 80)))
+
+    def obj(where, value):
+        if not isinstance(value, dict):
+            bad(where, "a JSON object", value)
+        return value
+
+    def config_value(where, kind, v):
+        if kind == "name" and not (isinstance(v, str) and v):
+            bad(where, "a non-empty string", v)
+        if kind == "world" and not (is_int(v) and 1 <= v <= 64):
+            bad(where, "an integer in [1, 64]", v)
+        if kind in ("count", "count0") and not (is_int(v) and (0 if kind == "count0" else 1) <= v <= 10 ** 9):
+            bad(where, "an integer >= %d" % (0 if kind == "count0" else 1), v)
+        if kind == "number0" and not (is_finite(v) and 0 <= v <= 1e12):
+            bad(where, "a number >= 0", v)
+
+    def str_list(where, value):
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            bad(where, "a list of strings", value)
+
+    for key in ("config", "limits", "tolerances", "check_names", "baseline"):
+        obj(key, rubric.get(key))
+    for key, kind in CONFIG_KEYS.items():
+        config_value("config." + key, kind, rubric["config"].get(key))
+    for key, most in LIMIT_KEYS.items():
+        v = rubric["limits"].get(key)
+        if not (is_finite(v) and 0 < v <= most):
+            bad("limits." + key, "a number in (0, %g]" % most, v)
+    for key in TOLERANCE_KEYS:
+        v = rubric["tolerances"].get(key)
+        if not (is_finite(v) and v >= 0):
+            bad("tolerances." + key, "a number >= 0", v)
+    str_list("baseline.keep_flags", rubric["baseline"].get("keep_flags"))
+    try:
+        manifest.validate_stages(rubric, name)
+    except manifest.ManifestError as e:
+        raise UsageError(one_line(str(e)))
+    for stage, spec in rubric["stages"].items():
+        where = "stages." + stage
+        for key, v in obj(where + ".config", spec.get("config", {})).items():
+            if key not in CONFIG_KEYS:
+                bad(where + ".config", "keys of config (%s)" % ", ".join(CONFIG_KEYS), key)
+            config_value("%s.config.%s" % (where, key), CONFIG_KEYS[key], v)
+        checks = obj(where + ".checks", spec.get("checks"))
+        for key, points in checks.items():
+            if key not in CHECKS:
+                bad(where + ".checks", "keys among %s" % ", ".join(CHECKS), key)
+            if not (is_finite(points) and 0 <= points <= 1e6):
+                bad("%s.checks.%s" % (where, key), "a number of points >= 0", points)
+            if not isinstance(rubric["check_names"].get(key), str):
+                bad("check_names." + key, "a string", rubric["check_names"].get(key))
+        if "activation_memory" in checks:
+            ref = obj(where + ".no_ac_reference", spec.get("no_ac_reference"))
+            if not (isinstance(ref.get("dir"), str) and ref["dir"]):
+                bad(where + ".no_ac_reference.dir", "a non-empty string", ref.get("dir"))
+            str_list(where + ".no_ac_reference.drop_flags", ref.get("drop_flags"))
+    # after the loop: manifest.stages() reads every stage's config and checks
+    graded = any("prefetch_bound" in spec["checks"] for spec in rubric["stages"].values())
+    if graded and blocking_stage(rubric) is None:
+        bad("stages", "an object with a stage that trains without prefetch (the prefetch bound compares with it)",
+            sorted(rubric["stages"]))
+
+
+def stage_config(rubric, stage):
+    """The common configuration with the stage's overrides (e.g. stage 05's seq_len)."""
+    cfg = dict(rubric["config"])
+    cfg.update(rubric["stages"][stage].get("config", {}))
+    return cfg
+
+
+def config_flags(cfg):
+    return ["--flavor", str(cfg["flavor"]), "--world", str(cfg["world"]), "--seq-len", str(cfg["seq_len"]),
+            "--batch-size", str(cfg["batch_size"]), "--steps", str(cfg["steps"]),
+            "--link-gbps", "%g" % cfg["link_gbps"], "--link-latency-us", "%g" % cfg["link_latency_us"],
+            "--profile-steps", str(cfg["profile_steps"])]
+
+
+def stage_flags(rubric, stage):
+    return config_flags(stage_config(rubric, stage)) + list(rubric["stages"][stage].get("flags", []))
+
+
+def baseline_flags(rubric, stage):
+    """One rank with the global batch: the same sequences as the W ranks see together."""
+    cfg = stage_config(rubric, stage)
+    cfg["batch_size"] = cfg["batch_size"] * cfg["world"]
+    cfg["world"] = 1
+    keep = set(rubric["baseline"]["keep_flags"])
+    return config_flags(cfg) + [f for f in rubric["stages"][stage].get("flags", []) if f in keep]
+
+
+def check_name(rubric, key):
+    return rubric["check_names"][key]
+
+
+def parse_stage(rubric, text):
+    """The stage's key ("03") for its number ("3", "03") or folder ("03_forward_overlap")."""
+    try:
+        return manifest.stage(text.strip(), rubric).id
+    except KeyError:
+        raise UsageError("unknown stage '%s' (stages: %s)" % (text, ", ".join(sorted(rubric["stages"]))))

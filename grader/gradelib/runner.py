@@ -1,0 +1,229 @@
+"""Building a hw_fsdp.c and running the binary in isolation, and saying in one line why a run failed.
+
+A Runner holds what every build and run of one grading shares: the rubric's limits, the
+wall-clock limit of a run, and the backend (the CPU runtime, or the CUDA one with --cuda).
+Each run is a child process in its own session with resource limits, so that a student's
+binary can neither hang nor crash the grader; classify_run turns its exit status and the
+tail of its log into the reason every check of the stage then reports.
+"""
+import hashlib
+import json
+import os
+import re
+import resource
+import shutil
+import signal
+import subprocess
+import time
+
+from .util import ROOT, is_int, relpath
+
+# the training binary's exit statuses: a runtime error, a TODO stub reached (common/util.h), a NaN loss
+# (common/train_main.c)
+EXIT_FATAL, EXIT_TODO, EXIT_NAN = 2, 3, 4
+
+SIGNAL_HINTS = {
+    "SIGSEGV": "a bad pointer: a Param.data/grad used after it was freed or set to NULL, or a copy out of bounds",
+    "SIGBUS": "a bad pointer or a misaligned access",
+    "SIGABRT": "an abort: a failed assert or heap corruption found by malloc (a write out of bounds?)",
+    "SIGFPE": "an integer division by zero",
+    "SIGILL": "an illegal instruction: the compiler's trap for a NULL dereference it could prove",
+    "SIGXCPU": "the CPU-time limit: an endless loop?",
+    "SIGXFSZ": "the file-size limit: a run writing huge files?",
+    "SIGKILL": "killed from outside (out of memory?)",
+}
+
+
+class RunResult:
+    def __init__(self, run_dir, ok, reason, seconds, cmd):
+        self.dir, self.ok, self.reason, self.seconds, self.cmd = run_dir, ok, reason, seconds, cmd
+
+
+class Runner:
+    """Builds hw_fsdp.c files with make and runs the binaries under `limits` (rubric.json's "limits").
+
+    cuda: build against the CUDA runtime (make impl-cuda) instead of the CPU one (make impl); the
+    checks then take the non-sharded baseline on the same GPU as the ground truth (Context.cuda)."""
+
+    def __init__(self, limits, timeout_s, cuda=False):
+        self.limits, self.timeout_s, self.cuda = limits, timeout_s, cuda
+
+    def build(self, src, out_bin, log_path):
+        """make impl SRC=src OUT=out_bin (impl-cuda with cuda); (ok, reason, seconds)."""
+        if os.path.exists(out_bin):
+            os.remove(out_bin)
+        cmd = ["make", "-s", "--no-print-directory", "impl-cuda" if self.cuda else "impl", "SRC=" + src,
+               "OUT=" + out_bin]
+        t0 = time.monotonic()
+        try:
+            p = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               timeout=self.limits["build_timeout_s"])
+            output, rc = p.stdout.decode("utf-8", "replace"), p.returncode
+        except subprocess.TimeoutExpired as e:
+            output, rc = (e.stdout or b"").decode("utf-8", "replace"), None
+        seconds = time.monotonic() - t0
+        with open(log_path, "a") as log:
+            log.write("$ %s\n%s" % (" ".join(cmd), output))
+        if rc == 0 and os.path.exists(out_bin):
+            return True, "", seconds
+        if rc is None:
+            return False, "build timed out after %g s" % self.limits["build_timeout_s"], seconds
+        first = next((l for l in output.splitlines() if re.search(r"(^|: )(fatal )?error:|undefined reference", l)),
+                     None)
+        if first is None:
+            first = next((l for l in output.splitlines() if l.strip()), "make exited with status %s" % rc)
+        first = first.replace(ROOT + os.sep, "").strip()
+        if first.startswith("common/"):  # not the student's file: say so, or they will hunt in the wrong place
+            return False, "build failed in the runtime, not in your file (run make): " + first, seconds
+        return False, "build failed: " + first, seconds
+
+    def run(self, binary, flags, run_dir, log_path, steps):
+        """Train with `flags` into run_dir (log appended to log_path); a RunResult with the reason if it failed."""
+        cmd = [binary] + list(flags) + ["--out", run_dir, "--quiet"]
+        rc, seconds = run_limited(cmd, log_path, self.timeout_s, self.limits)
+        ok, reason = classify_run(rc, log_path, run_dir, self.timeout_s, steps, self.limits)
+        return RunResult(run_dir, ok, reason, seconds, cmd)
+
+
+class Baselines:
+    """The non-sharded baseline, run once per distinct configuration per grader invocation."""
+
+    def __init__(self, runner, out_root):
+        self.runner, self.out_root = runner, out_root
+        self.cache = {}
+        self.built = None
+
+    def _build(self):
+        """A private copy of the baseline, built like any hw_fsdp.c: no race with another grader relinking
+        build/baseline/train while this one runs it."""
+        if self.built is None:
+            d = os.path.join(self.out_root, "baseline-bin")
+            os.makedirs(d, exist_ok=True)
+            ok, reason, _ = self.runner.build(os.path.join(ROOT, "common", "driver", "baseline.c"), os.path.join(d, "train"),
+                                              os.path.join(d, "log.txt"))
+            self.built = (ok, reason, os.path.join(d, "train"))
+        return self.built
+
+    def get(self, flags, steps):
+        key = tuple(flags)
+        if key not in self.cache:
+            ok, reason, binary = self._build()
+            tag = hashlib.sha1(" ".join(flags).encode()).hexdigest()[:10]
+            run_dir = os.path.join(self.out_root, "baseline-" + tag)
+            if not ok:
+                self.cache[key] = RunResult(run_dir, False, "the baseline did not build: " + reason, 0.0, [])
+            else:
+                shutil.rmtree(run_dir, ignore_errors=True)
+                os.makedirs(run_dir)
+                self.cache[key] = self.runner.run(binary, flags, run_dir, os.path.join(run_dir, "log.txt"), steps)
+        return self.cache[key]
+
+
+def _limit_child(limits):
+    """preexec_fn: resource limits for a student's binary (generous: they catch runaways)."""
+    def apply():
+        cpu = int(limits["run_cpu_s"])
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))
+        space = int(limits["run_address_space_gib"] * (1 << 30))
+        resource.setrlimit(resource.RLIMIT_AS, (space, space))
+        fsize = int(limits["run_file_size_mib"] * (1 << 20))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    return apply
+
+
+def run_limited(cmd, log_path, timeout_s, limits, cwd=ROOT):
+    """Run cmd with stdout+stderr appended to log_path. Returns (returncode or None on timeout, seconds)."""
+    t0 = time.monotonic()
+    with open(log_path, "ab") as log:
+        log.write(("$ %s\n" % " ".join(relpath(c) if os.path.isabs(c) else c for c in cmd)).encode())
+        log.flush()
+        proc = subprocess.Popen(cmd, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                preexec_fn=_limit_child(limits), start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            rc = None
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+    return rc, time.monotonic() - t0
+
+
+def tail_lines(path, n=200):
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - 65536))
+            text = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    return text.splitlines()[-n:]
+
+
+def last_completed_step(run_dir):
+    """The last step metrics.jsonl records (0 if none); a killed run may leave a torn last line."""
+    last = 0
+    try:
+        with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                try:
+                    row = json.loads(line)
+                except (ValueError, RecursionError):
+                    continue
+                if isinstance(row, dict) and is_int(row.get("step")):
+                    last = max(last, row["step"])
+    except OSError:
+        return 0
+    return last
+
+
+def describe_signal(num):
+    try:
+        name = signal.Signals(num).name
+    except ValueError:
+        return "crashed with signal %d" % num
+    desc = (signal.strsignal(num) or name).lower()
+    text = "crashed with %s (%s)" % (name, desc)
+    hint = SIGNAL_HINTS.get(name)
+    return text + ": " + hint if hint else text
+
+
+def classify_run(rc, log_path, run_dir, timeout_s, steps, limits=None):
+    """(ok, reason) for a finished (or killed) training run; `limits` names the rubric's limit a run hit."""
+    lines = tail_lines(log_path)
+    if rc is None:
+        done = last_completed_step(run_dir)
+        where = ("last completed step: %d of %d" % (done, steps)) if done else "no step completed"
+        return False, ("no progress after %g s: a deadlock? ranks waiting in mismatched collectives or an event "
+                       "never recorded (%s)" % (timeout_s, where))
+    if rc == 0:
+        return True, ""
+    if rc < 0:
+        reason = describe_signal(-rc)
+        if limits and -rc == signal.SIGXCPU:
+            reason += " (the grader allows %g s of CPU time per run)" % limits["run_cpu_s"]
+        if limits and -rc == signal.SIGXFSZ:
+            reason += " (the grader allows files up to %g MiB)" % limits["run_file_size_mib"]
+        return False, reason
+    if rc == EXIT_TODO:
+        todo = [l.strip() for l in lines if "TODO not implemented:" in l]
+        return False, todo[-1] if todo else "TODO not implemented (exit status 3)"
+    errors = [l.strip() for l in lines if l.startswith("error: ")]
+    if rc == EXIT_NAN:
+        m = None
+        for l in errors:
+            m = re.search(r"error: (loss|grad_norm) is not finite at step (\d+)", l) or m
+        what = "%s not finite at step %s" % (m.group(1), m.group(2)) if m else "loss/grad_norm not finite"
+        return False, (what + ": fresh allocations are NaN-filled, so this is usually compute reading a buffer "
+                       "before it was written (a missing dev_stream_wait_event?) or a division by zero")
+    if rc == EXIT_FATAL and errors:
+        reason = "runtime error: " + errors[-1][len("error: "):]
+        if limits and "out of memory" in reason:
+            reason += " (the grader's memory limit: %g GiB of address space per run)" % limits["run_address_space_gib"]
+        return False, reason
+    last = errors[-1] if errors else (lines[-1].strip() if lines else "")
+    return False, "exited with status %d%s" % (rc, (": " + last) if last else "")

@@ -132,7 +132,7 @@ def check_name(rubric, key):
 
 
 def parse_stage(rubric, text):
-    """The stage's key ("03") for its number ("3", "03") or folder ("03_forward_overlap")."""
+    """The stage's key ("03") for its number ("3", "03") or its folder (NN_name)."""
     try:
         return manifest.stage(text.strip(), rubric).id
     except KeyError:

@@ -8,6 +8,7 @@
  * A race verdict ends the process (exit 2), so each unit test forks a child
  * that runs a scenario and compares its stderr with the expected line. */
 #include "check.h"
+#include "local_world.h"
 #include "runtime/runtime.h"
 #include "runtime/util.h"
 
@@ -17,20 +18,6 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
-
-static WorldConfig config(int n) {
-    WorldConfig c = {0};
-    c.world_size = n;
-    c.backend = BACKEND_LOCAL;
-    c.blas_threads = 1;
-    return c;
-}
-
-static void run_world(WorldConfig c, void (*fn)(Dev *, void *), void *arg) {
-    World *w = world_create(&c);
-    world_run(w, fn, arg);
-    world_destroy(w);
-}
 
 typedef struct {
     const float *src;
@@ -176,7 +163,7 @@ static void rank_stuck_event(Dev *d, void *arg) {
 
 static int run_mode(const char *kind) {
     int arg = 0;
-    WorldConfig c = config(1);
+    WorldConfig c = local_config(1);
     void (*fn)(Dev *, void *) = NULL;
     if (!strcmp(kind, "race_missing_wait")) fn = rank_write_then_read, arg = 0;
     else if (!strcmp(kind, "race_with_wait")) fn = rank_write_then_read, arg = 1;
@@ -188,11 +175,11 @@ static int run_mode(const char *kind) {
     else if (!strcmp(kind, "race_write_after_read")) fn = rank_write_after_read, arg = 0;
     else if (!strcmp(kind, "race_write_after_read_ordered")) fn = rank_write_after_read, arg = 1;
     else if (!strcmp(kind, "race_use_after_free")) fn = rank_use_after_free;
-    else if (!strcmp(kind, "race_collective")) fn = rank_collective, arg = 0, c = config(4);
-    else if (!strcmp(kind, "race_collective_ordered")) fn = rank_collective, arg = 1, c = config(4);
-    else if (!strcmp(kind, "timeout_skip")) fn = rank_skip_all_gather, c = config(4);
-    else if (!strcmp(kind, "timeout_stream")) fn = rank_extra_stream, c = config(3);
-    else if (!strcmp(kind, "timeout_event")) fn = rank_stuck_event, c = config(2);
+    else if (!strcmp(kind, "race_collective")) fn = rank_collective, arg = 0, c = local_config(4);
+    else if (!strcmp(kind, "race_collective_ordered")) fn = rank_collective, arg = 1, c = local_config(4);
+    else if (!strcmp(kind, "timeout_skip")) fn = rank_skip_all_gather, c = local_config(4);
+    else if (!strcmp(kind, "timeout_stream")) fn = rank_extra_stream, c = local_config(3);
+    else if (!strcmp(kind, "timeout_event")) fn = rank_stuck_event, c = local_config(2);
     else {
         fprintf(stderr, "unknown mode %s\n", kind);
         return 1;

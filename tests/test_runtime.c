@@ -8,6 +8,7 @@
  * Rank functions run on several threads; TCHECK serializes the harness. White-box
  * checks (deferred frees, trace records) read the private structs of device_internal.h. */
 #include "check.h"
+#include "local_world.h"
 #include "runtime/runtime.h"
 #include "runtime/internal.h"
 #include "runtime/util.h"
@@ -25,20 +26,6 @@ static pthread_mutex_t test_mu = PTHREAD_MUTEX_INITIALIZER;
         CHECK(__VA_ARGS__);                \
         pthread_mutex_unlock(&test_mu);    \
     } while (0)
-
-static WorldConfig config(int n) {
-    WorldConfig c = {0};
-    c.world_size = n;
-    c.backend = BACKEND_LOCAL;
-    c.blas_threads = 1;
-    return c;
-}
-
-static void run_world(WorldConfig c, void (*fn)(Dev *, void *), void *arg) {
-    World *w = world_create(&c);
-    world_run(w, fn, arg);
-    world_destroy(w);
-}
 
 static void sleep_ms(double ms) {
     struct timespec ts = {(time_t)(ms / 1000), (long)((ms - (double)(time_t)(ms / 1000) * 1000) * 1e6)};
@@ -113,7 +100,7 @@ static void rank_fifo(Dev *d, void *arg) {
     TCHECK(ok, "ops ran in FIFO order (pos %d)", pos);
     free(log);
 }
-TEST(stream_fifo) { run_world(config(1), rank_fifo, NULL); }
+TEST(stream_fifo) { run_world(local_config(1), rank_fifo, NULL); }
 
 static void rank_event_wait(Dev *d, void *arg) {
     (void)arg;
@@ -145,7 +132,7 @@ static void rank_event_wait(Dev *d, void *arg) {
     dev_event_destroy(e);
 }
 TEST(event_wait_across_streams) {
-    WorldConfig c = config(1);
+    WorldConfig c = local_config(1);
     c.trace = 1;
     run_world(c, rank_event_wait, NULL);
 }
@@ -171,7 +158,7 @@ static void rank_wait_uses_earlier_record(Dev *d, void *arg) {
     TCHECK(now_us() - t0 > 140000, "event sync waited for the slow op");
     dev_event_destroy(e);
 }
-TEST(wait_uses_record_before_it) { run_world(config(1), rank_wait_uses_earlier_record, NULL); }
+TEST(wait_uses_record_before_it) { run_world(local_config(1), rank_wait_uses_earlier_record, NULL); }
 
 static void rank_host_sync(Dev *d, void *arg) {
     (void)arg;
@@ -203,7 +190,7 @@ static void rank_host_sync(Dev *d, void *arg) {
     dev_synchronize(d);
     dev_event_destroy(e);
 }
-TEST(host_sync_and_query) { run_world(config(1), rank_host_sync, NULL); }
+TEST(host_sync_and_query) { run_world(local_config(1), rank_host_sync, NULL); }
 
 static void rank_alloc_counts(Dev *d, void *arg) {
     (void)arg;
@@ -253,7 +240,7 @@ static void rank_alloc_counts(Dev *d, void *arg) {
     }
     TCHECK(ok, "memory log replays to the counts");
 }
-TEST(allocator_counts) { run_world(config(1), rank_alloc_counts, NULL); }
+TEST(allocator_counts) { run_world(local_config(1), rank_alloc_counts, NULL); }
 
 static void rank_stream_safe(Dev *d, void *arg) {
     (void)arg;
@@ -289,7 +276,7 @@ static void rank_stream_safe(Dev *d, void *arg) {
     TCHECK(d->mem.frees_released == r1 + 1, "idle free released at once");
 }
 TEST(stream_safe_free) {
-    WorldConfig c = config(1);
+    WorldConfig c = local_config(1);
     c.poison = 1;
     run_world(c, rank_stream_safe, NULL);
 }
@@ -330,7 +317,7 @@ static void rank_containing(Dev *d, void *arg) {
     free(p);
     free(sz);
 }
-TEST(live_size_containing) { run_world(config(1), rank_containing, NULL); }
+TEST(live_size_containing) { run_world(local_config(1), rank_containing, NULL); }
 
 static void rank_poison(Dev *d, void *arg) {
     (void)arg;
@@ -345,7 +332,7 @@ static void rank_poison(Dev *d, void *arg) {
     dev_free(d, f);
 }
 TEST(poison_nan) {
-    WorldConfig c = config(2);
+    WorldConfig c = local_config(2);
     c.poison = 1;
     run_world(c, rank_poison, NULL);
 }
@@ -362,7 +349,7 @@ static void rank_host_exchange(Dev *d, void *arg) {
     }
     dev_host_barrier(d);
 }
-TEST(host_allgather) { run_world(config(4), rank_host_exchange, NULL); }
+TEST(host_allgather) { run_world(local_config(4), rank_host_exchange, NULL); }
 
 /* ----------------------------------------------------------- collectives */
 
@@ -375,7 +362,7 @@ static void rank_collectives(Dev *d, void *arg) {
 }
 TEST(collectives_world_1_to_5) {
     for (int n = 1; n <= 5; n++) {
-        WorldConfig c = config(n);
+        WorldConfig c = local_config(n);
         c.poison = 1;
         run_world(c, rank_collectives, NULL);
     }
@@ -427,7 +414,7 @@ static void rank_link(Dev *d, void *arg) {
 
 TEST(link_model_timing) {
     const int n = 4;
-    WorldConfig c = config(n);
+    WorldConfig c = local_config(n);
     c.link_gbps = 1.0;
     c.link_latency_us = 100;
     c.trace = 1;
@@ -447,7 +434,7 @@ TEST(link_model_timing) {
     printf("  link model: %.1f ms measured, %.1f ms modeled\n", la.elapsed_us / 1000, model / 1000);
 
     /* link model off: a 1 MB collective is fast */
-    WorldConfig f = config(n);
+    WorldConfig f = local_config(n);
     LinkArgs fast = {65536, 0, 0};
     run_world(f, rank_link, &fast);
     CHECK(fast.elapsed_us < 50000 * (max_ratio / 1.5), "1 MB all_gather without link model took %.0f us", fast.elapsed_us);
@@ -486,7 +473,7 @@ static void rank_trace(Dev *d, void *arg) {
     dev_free(d, buf);
 }
 TEST(trace_records) {
-    WorldConfig c = config(2);
+    WorldConfig c = local_config(2);
     c.trace = 1;
     run_world(c, rank_trace, NULL);
 }
@@ -566,16 +553,16 @@ static void rank_misuse_mismatch(Dev *d, void *arg) {
 
 static int misuse(const char *kind) {
     void (*fn)(Dev *, void *) = NULL;
-    WorldConfig c = config(1);
+    WorldConfig c = local_config(1);
     if (strcmp(kind, "event") == 0) fn = rank_misuse_event;
     else if (strcmp(kind, "event_sync") == 0) fn = rank_misuse_event_sync;
     else if (strcmp(kind, "double_free") == 0) fn = rank_misuse_double_free;
     else if (strcmp(kind, "foreign_free") == 0) fn = rank_misuse_foreign;
     else if (strcmp(kind, "mismatch") == 0) {
         fn = rank_misuse_mismatch;
-        c = config(3);
-    } else if (strcmp(kind, "world0") == 0) c = config(0);
-    else if (strcmp(kind, "world_big") == 0) c = config(WORLD_MAX_RANKS + 1);
+        c = local_config(3);
+    } else if (strcmp(kind, "world0") == 0) c = local_config(0);
+    else if (strcmp(kind, "world_big") == 0) c = local_config(WORLD_MAX_RANKS + 1);
     else if (strcmp(kind, "mpi_no_support") == 0) {
         c.backend = BACKEND_MPI;
 #ifdef HAVE_MPI
@@ -594,7 +581,7 @@ static int misuse(const char *kind) {
 
 int main(int argc, char **argv) {
     if (argc > 2 && strcmp(argv[1], "--write-artifacts") == 0) {
-        WorldConfig c = config(2);
+        WorldConfig c = local_config(2);
         c.trace = 1;
         run_world(c, rank_artifacts, argv[2]);
         return 0;

@@ -29,30 +29,27 @@ def load_metrics(run):
     return rows
 
 
+def step_panel(ax, key, ylabel, title, rows, label, ref_rows):
+    """One metric per step on the axes ax: the run's points and, given ref_rows, the reference's dashed line."""
+    ax.plot([r["step"] for r in rows], [r[key] for r in rows], "o-", label=label)
+    if ref_rows:
+        ax.plot([r["step"] for r in ref_rows], [r[key] for r in ref_rows], "k--", label="reference")
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+
+
 def plot_loss(plt, run, ref, out):
     rows = load_metrics(run)
     ref_rows = load_metrics(ref) if ref else []
     has_gn = any(r.get("grad_norm") is not None for r in rows)
     fig, axes = plt.subplots(1, 2 if has_gn else 1, figsize=(11 if has_gn else 6, 4), squeeze=False)
-    ax = axes[0][0]
-    ax.plot([r["step"] for r in rows], [r["loss"] for r in rows], "o-", label=os.path.basename(run.rstrip("/")))
-    if ref_rows:
-        ax.plot([r["step"] for r in ref_rows], [r["loss"] for r in ref_rows], "k--", label="reference")
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss")
-    ax.set_title("loss")
-    ax.grid(alpha=0.3)
-    ax.legend()
+    step_panel(axes[0][0], "loss", "loss", "loss", rows, os.path.basename(run.rstrip("/")), ref_rows)
     if has_gn:
-        ax = axes[0][1]
-        ax.plot([r["step"] for r in rows], [r["grad_norm"] for r in rows], "o-", label="run")
-        if ref_rows and any(r.get("grad_norm") is not None for r in ref_rows):
-            ax.plot([r["step"] for r in ref_rows], [r["grad_norm"] for r in ref_rows], "k--", label="reference")
-        ax.set_xlabel("step")
-        ax.set_ylabel("grad norm (before clipping)")
-        ax.set_title("grad norm")
-        ax.grid(alpha=0.3)
-        ax.legend()
+        step_panel(axes[0][1], "grad_norm", "grad norm (before clipping)", "grad norm", rows, "run",
+                   ref_rows if ref_rows and any(r.get("grad_norm") is not None for r in ref_rows) else None)
     fig.tight_layout()
     fig.savefig(os.path.join(out, "loss.png"), dpi=110)
     plt.close(fig)

@@ -103,11 +103,7 @@ CudaChan *cuda_world_channel(World *w, int stream_index) {
         }
         CudaChan *c = xcalloc(1, sizeof *c);
         pthread_mutex_init(&c->mu, NULL);
-        pthread_condattr_t attr; /* timed waits (watchdog) count on the monotonic clock */
-        pthread_condattr_init(&attr);
-        pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-        pthread_cond_init(&c->cv, &attr);
-        pthread_condattr_destroy(&attr);
+        cond_init_monotonic(&c->cv);
         cw->chans[cw->nchans++] = c;
     }
     CudaChan *c = cw->chans[stream_index];
@@ -322,20 +318,12 @@ void backend_fence_release(Dev *d, PendingFree *pf) {
 
 
 Stream *dev_stream_create(Dev *d, const char *name) {
-    Stream *s = xcalloc(1, sizeof *s);
-    s->dev = d;
-    s->index = d->nstreams;
-    s->name = xstrdup(name ? name : "stream");
-    pthread_mutex_init(&s->mu, NULL);
+    Stream *s = stream_new(d, name);
     s->cuda = xcalloc(1, sizeof *s->cuda);
     CUDA_CHECK(cudaStreamCreateWithFlags(&s->cuda->st, cudaStreamNonBlocking));
     CUBLAS_CHECK(cublasCreate(&s->cuda->blas));
     CUBLAS_CHECK(cublasSetStream(s->cuda->blas, s->cuda->st));
-    if (d->nstreams == d->streams_cap) {
-        d->streams_cap = d->streams_cap ? d->streams_cap * 2 : 4;
-        d->streams = xrealloc(d->streams, (size_t)d->streams_cap * sizeof *d->streams);
-    }
-    d->streams[d->nstreams++] = s;
+    dev_add_stream(d, s);
     flight_stream_created(d, s);
     cuda_coll_stream_created(s); /* communicators: every rank creates the same streams in the same order */
     return s;

@@ -73,7 +73,20 @@ static long parse_int(const char *flag, const char *v, long lo, long hi) {
     return x;
 }
 
-void parse_options(int argc, char **argv, Options *o) {
+/* Flags that take a value, checked before the value is read. */
+static const char *const VALUE_FLAGS[] = {
+    "--flavor", "--dim", "--n-layers", "--n-heads", "--n-kv-heads", "--vocab-size", "--multiple-of",
+    "--ffn-dim-multiplier", "--seq-len", "--batch-size", "--steps", "--lr", "--warmup-steps", "--weight-decay",
+    "--max-norm", "--seed", "--data", "--load", "--save", "--save-init", "--out", "--profile-steps", "--save-every",
+    "--world", "--backend", "--link-gbps", "--link-latency-us", "--blas-threads", "--collective-timeout-s"};
+
+/* Model overrides, applied after the flavour (-1: not given). */
+typedef struct {
+    long dim, layers, heads, kv, vocab, mult;
+    double ffn;
+} ModelOverrides;
+
+static void set_defaults(Options *o) {
     memset(o, 0, sizeof *o);
     snprintf(o->flavor, sizeof o->flavor, "tiny");
     o->seq_len = 64;
@@ -88,10 +101,79 @@ void parse_options(int argc, char **argv, Options *o) {
     o->world.poison = 1;
     o->world.trace = 1;
     o->world.collective_timeout_s = 30.0;
-    /* model overrides are applied after the flavour */
-    long ov_dim = -1, ov_layers = -1, ov_heads = -1, ov_kv = -1, ov_vocab = -1, ov_mult = -1;
-    double ov_ffn = -1;
+}
+
+/* A flag without a value; 0 if `flag` is not one. */
+static int apply_switch(Options *o, const char *flag) {
+    if (!strcmp(flag, "--ac")) o->ac = 1;
+    else if (!strcmp(flag, "--forward-only")) o->forward_only = 1;
+    else if (!strcmp(flag, "--no-poison")) o->world.poison = 0;
+    else if (!strcmp(flag, "--tf32")) o->world.tf32 = 1;
+    else if (!strcmp(flag, "--no-race-check")) o->world.no_race_check = 1;
+    else if (!strcmp(flag, "--quiet")) o->quiet = 1;
+    else return 0;
+    return 1;
+}
+
+/* One of VALUE_FLAGS with its value. */
+static void apply_value(Options *o, ModelOverrides *ov, const char *flag, const char *val) {
+    if (!strcmp(flag, "--flavor")) {
+        if (strlen(val) >= sizeof o->flavor) fatal("unknown flavor '%s' (tiny, debugmodel, 1B)", val);
+        snprintf(o->flavor, sizeof o->flavor, "%s", val);
+    } else if (!strcmp(flag, "--dim")) ov->dim = parse_int(flag, val, 1, 1 << 16);
+    else if (!strcmp(flag, "--n-layers")) ov->layers = parse_int(flag, val, 1, 1024);
+    else if (!strcmp(flag, "--n-heads")) ov->heads = parse_int(flag, val, 1, 1024);
+    else if (!strcmp(flag, "--n-kv-heads")) ov->kv = parse_int(flag, val, 1, 1024);
+    else if (!strcmp(flag, "--vocab-size")) ov->vocab = parse_int(flag, val, 1, 1 << 24);
+    else if (!strcmp(flag, "--multiple-of")) ov->mult = parse_int(flag, val, 1, 1 << 16);
+    else if (!strcmp(flag, "--ffn-dim-multiplier")) ov->ffn = parse_num(flag, val, 0.01, 100);
+    else if (!strcmp(flag, "--seq-len")) o->seq_len = (size_t)parse_int(flag, val, 1, 1 << 20);
+    else if (!strcmp(flag, "--batch-size")) o->batch_size = (size_t)parse_int(flag, val, 1, 1 << 20);
+    else if (!strcmp(flag, "--steps")) o->steps = (int)parse_int(flag, val, 0, 100000000);
+    else if (!strcmp(flag, "--lr")) o->optim.lr = (float)parse_num(flag, val, 0, 10);
+    else if (!strcmp(flag, "--warmup-steps")) o->optim.warmup_steps = (int)parse_int(flag, val, 0, 100000000);
+    else if (!strcmp(flag, "--weight-decay")) o->optim.weight_decay = (float)parse_num(flag, val, 0, 10);
+    else if (!strcmp(flag, "--max-norm")) o->optim.max_norm = (float)parse_num(flag, val, 0, 1e30);
+    else if (!strcmp(flag, "--seed")) o->seed = (uint64_t)parse_int(flag, val, 0, 0x7fffffffL);
+    else if (!strcmp(flag, "--data")) o->data_path = val;
+    else if (!strcmp(flag, "--load")) o->load_path = val;
+    else if (!strcmp(flag, "--save")) o->save_path = val;
+    else if (!strcmp(flag, "--save-init")) o->save_init_path = val;
+    else if (!strcmp(flag, "--out")) o->out_dir = val;
+    else if (!strcmp(flag, "--profile-steps")) o->profile_steps = (int)parse_int(flag, val, 0, 100000000);
+    else if (!strcmp(flag, "--save-every")) o->save_every = (int)parse_int(flag, val, 1, 100000000);
+    else if (!strcmp(flag, "--world")) o->world.world_size = (int)parse_int(flag, val, 1, WORLD_MAX_RANKS);
+    else if (!strcmp(flag, "--backend")) {
+        if (!strcmp(val, "local")) o->world.backend = BACKEND_LOCAL;
+        else if (!strcmp(val, "mpi")) o->world.backend = BACKEND_MPI;
+        else if (!strcmp(val, "nccl")) o->world.backend = BACKEND_NCCL;
+        else if (!strcmp(val, "nccl-mpi")) o->world.backend = BACKEND_NCCL_MPI;
+        else fatal("--backend expects local, mpi, nccl or nccl-mpi, got '%s'", val);
+    } else if (!strcmp(flag, "--link-gbps")) o->world.link_gbps = parse_num(flag, val, 0, 1e6);
+    else if (!strcmp(flag, "--link-latency-us")) o->world.link_latency_us = parse_num(flag, val, 0, 1e7);
+    else if (!strcmp(flag, "--collective-timeout-s")) o->world.collective_timeout_s = parse_num(flag, val, 0, 1e7);
+    else if (!strcmp(flag, "--blas-threads")) o->world.blas_threads = (int)parse_int(flag, val, 0, 1024);
+    else fatal("unknown flag '%s' (see --help)", flag);
+}
+
+static void apply_model_overrides(ModelConfig *m, const ModelOverrides *ov) {
+    if (ov->dim > 0) m->dim = (int)ov->dim;
+    if (ov->layers > 0) m->n_layers = (int)ov->layers;
+    if (ov->heads > 0) {
+        m->n_heads = (int)ov->heads;
+        if (ov->kv < 0) m->n_kv_heads = 0; /* default: kv heads = heads */
+    }
+    if (ov->kv > 0) m->n_kv_heads = (int)ov->kv;
+    if (ov->vocab > 0) m->vocab_size = (int)ov->vocab;
+    if (ov->mult > 0) m->multiple_of = (int)ov->mult;
+    if (ov->ffn > 0) m->ffn_dim_multiplier = (float)ov->ffn;
+}
+
+void parse_options(int argc, char **argv, Options *o) {
+    set_defaults(o);
+    ModelOverrides ov = {-1, -1, -1, -1, -1, -1, -1};
     for (int i = 1; i < argc; i++) {
+        /* "--flag", "--flag=value" or "--flag value" */
         const char *a = argv[i];
         const char *eq = strchr(a, '=');
         char flag[64];
@@ -106,82 +188,29 @@ void parse_options(int argc, char **argv, Options *o) {
         } else {
             snprintf(flag, sizeof flag, "%s", a);
         }
-        /* boolean flags */
-        if (!strcmp(flag, "--help")) { usage(stdout, argv[0]); exit(0); }
-        if (!strcmp(flag, "--ac")) { o->ac = 1; continue; }
-        if (!strcmp(flag, "--forward-only")) { o->forward_only = 1; continue; }
-        if (!strcmp(flag, "--no-poison")) { o->world.poison = 0; continue; }
-        if (!strcmp(flag, "--tf32")) { o->world.tf32 = 1; continue; }
-        if (!strcmp(flag, "--no-race-check")) { o->world.no_race_check = 1; continue; }
-        if (!strcmp(flag, "--quiet")) { o->quiet = 1; continue; }
-        if (!strcmp(flag, "--reshard-after-forward")) {
+        if (!strcmp(flag, "--help")) {
+            usage(stdout, argv[0]);
+            exit(0);
+        }
+        if (apply_switch(o, flag)) continue;
+        if (!strcmp(flag, "--reshard-after-forward")) { /* a value is optional: true by itself */
             if (!val && i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) val = argv[++i];
             if (!val || !strcmp(val, "true") || !strcmp(val, "1")) o->reshard_after_forward = 1;
             else if (!strcmp(val, "false") || !strcmp(val, "0")) o->reshard_after_forward = 0;
             else fatal("--reshard-after-forward expects true or false, got '%s'", val);
             continue;
         }
-        static const char *const value_flags[] = {
-            "--flavor", "--dim", "--n-layers", "--n-heads", "--n-kv-heads", "--vocab-size", "--multiple-of",
-            "--ffn-dim-multiplier", "--seq-len", "--batch-size", "--steps", "--lr", "--warmup-steps",
-            "--weight-decay", "--max-norm", "--seed", "--data", "--load", "--save", "--save-init", "--out",
-            "--profile-steps", "--save-every", "--world", "--backend", "--link-gbps", "--link-latency-us", "--blas-threads", "--collective-timeout-s"};
         int known = 0;
-        for (size_t k = 0; k < sizeof value_flags / sizeof value_flags[0]; k++) known |= !strcmp(flag, value_flags[k]);
+        for (size_t k = 0; k < sizeof VALUE_FLAGS / sizeof VALUE_FLAGS[0]; k++) known |= !strcmp(flag, VALUE_FLAGS[k]);
         if (!known) fatal("unknown flag '%s' (see --help)", flag);
         if (!val) {
             if (i + 1 >= argc) fatal("flag %s needs a value (see --help)", flag);
             val = argv[++i];
         }
-        if (!strcmp(flag, "--flavor")) {
-            if (strlen(val) >= sizeof o->flavor) fatal("unknown flavor '%s' (tiny, debugmodel, 1B)", val);
-            snprintf(o->flavor, sizeof o->flavor, "%s", val);
-        } else if (!strcmp(flag, "--dim")) ov_dim = parse_int(flag, val, 1, 1 << 16);
-        else if (!strcmp(flag, "--n-layers")) ov_layers = parse_int(flag, val, 1, 1024);
-        else if (!strcmp(flag, "--n-heads")) ov_heads = parse_int(flag, val, 1, 1024);
-        else if (!strcmp(flag, "--n-kv-heads")) ov_kv = parse_int(flag, val, 1, 1024);
-        else if (!strcmp(flag, "--vocab-size")) ov_vocab = parse_int(flag, val, 1, 1 << 24);
-        else if (!strcmp(flag, "--multiple-of")) ov_mult = parse_int(flag, val, 1, 1 << 16);
-        else if (!strcmp(flag, "--ffn-dim-multiplier")) ov_ffn = parse_num(flag, val, 0.01, 100);
-        else if (!strcmp(flag, "--seq-len")) o->seq_len = (size_t)parse_int(flag, val, 1, 1 << 20);
-        else if (!strcmp(flag, "--batch-size")) o->batch_size = (size_t)parse_int(flag, val, 1, 1 << 20);
-        else if (!strcmp(flag, "--steps")) o->steps = (int)parse_int(flag, val, 0, 100000000);
-        else if (!strcmp(flag, "--lr")) o->optim.lr = (float)parse_num(flag, val, 0, 10);
-        else if (!strcmp(flag, "--warmup-steps")) o->optim.warmup_steps = (int)parse_int(flag, val, 0, 100000000);
-        else if (!strcmp(flag, "--weight-decay")) o->optim.weight_decay = (float)parse_num(flag, val, 0, 10);
-        else if (!strcmp(flag, "--max-norm")) o->optim.max_norm = (float)parse_num(flag, val, 0, 1e30);
-        else if (!strcmp(flag, "--seed")) o->seed = (uint64_t)parse_int(flag, val, 0, 0x7fffffffL);
-        else if (!strcmp(flag, "--data")) o->data_path = val;
-        else if (!strcmp(flag, "--load")) o->load_path = val;
-        else if (!strcmp(flag, "--save")) o->save_path = val;
-        else if (!strcmp(flag, "--save-init")) o->save_init_path = val;
-        else if (!strcmp(flag, "--out")) o->out_dir = val;
-        else if (!strcmp(flag, "--profile-steps")) o->profile_steps = (int)parse_int(flag, val, 0, 100000000);
-        else if (!strcmp(flag, "--save-every")) o->save_every = (int)parse_int(flag, val, 1, 100000000);
-        else if (!strcmp(flag, "--world")) o->world.world_size = (int)parse_int(flag, val, 1, WORLD_MAX_RANKS);
-        else if (!strcmp(flag, "--backend")) {
-            if (!strcmp(val, "local")) o->world.backend = BACKEND_LOCAL;
-            else if (!strcmp(val, "mpi")) o->world.backend = BACKEND_MPI;
-            else if (!strcmp(val, "nccl")) o->world.backend = BACKEND_NCCL;
-            else if (!strcmp(val, "nccl-mpi")) o->world.backend = BACKEND_NCCL_MPI;
-            else fatal("--backend expects local, mpi, nccl or nccl-mpi, got '%s'", val);
-        } else if (!strcmp(flag, "--link-gbps")) o->world.link_gbps = parse_num(flag, val, 0, 1e6);
-        else if (!strcmp(flag, "--link-latency-us")) o->world.link_latency_us = parse_num(flag, val, 0, 1e7);
-        else if (!strcmp(flag, "--collective-timeout-s")) o->world.collective_timeout_s = parse_num(flag, val, 0, 1e7);
-        else if (!strcmp(flag, "--blas-threads")) o->world.blas_threads = (int)parse_int(flag, val, 0, 1024);
-        else fatal("unknown flag '%s' (see --help)", flag);
+        apply_value(o, &ov, flag, val);
     }
     if (o->save_every && !o->save_path) fatal("--save-every needs --save FILE");
     if (!model_flavor(&o->model, o->flavor)) fatal("unknown flavor '%s' (tiny, debugmodel, 1B)", o->flavor);
-    if (ov_dim > 0) o->model.dim = (int)ov_dim;
-    if (ov_layers > 0) o->model.n_layers = (int)ov_layers;
-    if (ov_heads > 0) {
-        o->model.n_heads = (int)ov_heads;
-        if (ov_kv < 0) o->model.n_kv_heads = 0; /* default: kv heads = heads */
-    }
-    if (ov_kv > 0) o->model.n_kv_heads = (int)ov_kv;
-    if (ov_vocab > 0) o->model.vocab_size = (int)ov_vocab;
-    if (ov_mult > 0) o->model.multiple_of = (int)ov_mult;
-    if (ov_ffn > 0) o->model.ffn_dim_multiplier = (float)ov_ffn;
+    apply_model_overrides(&o->model, &ov);
     model_config_finalize(&o->model);
 }

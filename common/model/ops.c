@@ -20,6 +20,7 @@
 #include <emmintrin.h>
 #endif
 #include <limits.h>
+#include <stdbool.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -273,6 +274,27 @@ void softmax_row(float *p, size_t n) {
     for (j = 0; j < n; j++) p[j] *= inv;
 }
 
+/* What both attention passes check and share: the head grouping, the score
+ * scale and the BLAS dimensions (T, hd, and the row strides H*hd of q and
+ * KV*hd of k, v). false: an empty tensor, nothing to do. */
+typedef struct {
+    size_t group; /* query heads per kv head, H / KV */
+    float scale;  /* 1 / sqrt(hd) */
+    blasint t, hd, qs, ks;
+} AttnShape;
+
+static bool attention_shape(AttnShape *s, const char *who, size_t B, size_t T, size_t H, size_t KV, size_t hd) {
+    if (KV == 0 || H % KV != 0) fatal("%s: n_heads %zu is not a multiple of n_kv_heads %zu", who, H, KV);
+    if (B == 0 || T == 0 || H == 0 || hd == 0) return false;
+    s->group = H / KV;
+    s->scale = 1.0f / sqrtf((float)hd);
+    s->t = blas_dim(T, "attention");
+    s->hd = blas_dim(hd, "attention");
+    s->qs = blas_dim(H * hd, "attention");
+    s->ks = blas_dim(KV * hd, "attention");
+    return true;
+}
+
 /* For each batch b and head h (kv head kh = h / (H/KV)), with Q = q[b,:,h,:],
  * K = k[b,:,kh,:], V = v[b,:,kh,:] viewed as [T, hd] matrices whose rows are
  * H*hd (resp. KV*hd) floats apart, and P = probs[b,h] [T,T]:
@@ -287,16 +309,12 @@ void softmax_row(float *p, size_t n) {
  * may round a block of another shape differently in the last bit). */
 void attention_forward_tiled(float *out, float *probs, const float *q, const float *k, const float *v, size_t B,
                              size_t T, size_t H, size_t KV, size_t hd, size_t tile) {
-    if (KV == 0 || H % KV != 0) fatal("attention_forward: n_heads %zu is not a multiple of n_kv_heads %zu", H, KV);
-    if (B == 0 || T == 0 || H == 0 || hd == 0) return;
+    AttnShape s;
+    if (!attention_shape(&s, "attention_forward", B, T, H, KV, hd)) return;
     if (tile == 0) tile = T;
-    size_t group = H / KV;
-    float scale = 1.0f / sqrtf((float)hd);
-    blasint t_ = blas_dim(T, "attention"), hd_ = blas_dim(hd, "attention");
-    blasint qs = blas_dim(H * hd, "attention"), ks = blas_dim(KV * hd, "attention");
     for (size_t b = 0; b < B; b++) {
         for (size_t h = 0; h < H; h++) {
-            size_t kh = h / group;
+            size_t kh = h / s.group;
             const float *Q = q + b * T * H * hd + h * hd;
             const float *K = k + b * T * KV * hd + kh * hd;
             const float *Vm = v + b * T * KV * hd + kh * hd;
@@ -306,8 +324,8 @@ void attention_forward_tiled(float *out, float *probs, const float *q, const flo
                 size_t r1 = r0 + tile < T ? r0 + tile : T;
                 blasint m_ = (blasint)(r1 - r0), n_ = (blasint)r1;
                 /* S[r0:r1, 0:r1] = scale * Q[r0:r1] K[0:r1]^T */
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m_, n_, hd_, scale, Q + r0 * (size_t)qs, qs, K,
-                            ks, 0.0f, P + r0 * T, t_);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m_, n_, s.hd, s.scale, Q + r0 * (size_t)s.qs,
+                            s.qs, K, s.ks, 0.0f, P + r0 * T, s.t);
                 /* causal softmax, row by row; the whole row is written (0 right of t) */
                 for (size_t t = r0; t < r1; t++) {
                     float *p = P + t * T;
@@ -315,8 +333,8 @@ void attention_forward_tiled(float *out, float *probs, const float *q, const flo
                     memset(p + t + 1, 0, (T - t - 1) * sizeof(float));
                 }
                 /* O[r0:r1] = P[r0:r1, 0:r1] V[0:r1] */
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m_, hd_, n_, 1.0f, P + r0 * T, t_, Vm, ks,
-                            0.0f, O + r0 * (size_t)qs, qs);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m_, s.hd, n_, 1.0f, P + r0 * T, s.t, Vm, s.ks,
+                            0.0f, O + r0 * (size_t)s.qs, s.qs);
             }
         }
     }
@@ -342,32 +360,29 @@ void attention_forward(float *out, float *probs, const float *q, const float *k,
 void attention_backward_tiled(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
                               const float *v, const float *probs, float *scratch, size_t B, size_t T, size_t H,
                               size_t KV, size_t hd, size_t tile) {
-    if (KV == 0 || H % KV != 0) fatal("attention_backward: n_heads %zu is not a multiple of n_kv_heads %zu", H, KV);
-    if (B == 0 || T == 0 || H == 0 || hd == 0) return;
+    AttnShape s;
+    if (!attention_shape(&s, "attention_backward", B, T, H, KV, hd)) return;
     if (tile == 0) tile = T;
-    size_t group = H / KV;
-    float scale = 1.0f / sqrtf((float)hd);
-    blasint t_ = blas_dim(T, "attention"), hd_ = blas_dim(hd, "attention");
-    blasint qs = blas_dim(H * hd, "attention"), ks = blas_dim(KV * hd, "attention");
     float *dS = scratch; /* [T, T] */
     for (size_t b = 0; b < B; b++) {
         for (size_t h = 0; h < H; h++) {
-            size_t kh = h / group;
+            size_t kh = h / s.group;
             size_t qoff = b * T * H * hd + h * hd, koff = b * T * KV * hd + kh * hd;
             const float *P = probs + (b * H + h) * T * T;
             const float *G = dout + qoff;
             for (size_t c0 = 0; c0 < T; c0 += tile) {
                 size_t c1 = c0 + tile < T ? c0 + tile : T;
                 /* dV[c0:c1] += P[c0:T, c0:c1]^T G[c0:T] */
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (blasint)(c1 - c0), hd_, (blasint)(T - c0),
-                            1.0f, P + c0 * T + c0, t_, G + c0 * (size_t)qs, qs, 1.0f, dv + koff + c0 * (size_t)ks, ks);
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (blasint)(c1 - c0), s.hd, (blasint)(T - c0),
+                            1.0f, P + c0 * T + c0, s.t, G + c0 * (size_t)s.qs, s.qs, 1.0f,
+                            dv + koff + c0 * (size_t)s.ks, s.ks);
             }
             for (size_t r0 = 0; r0 < T; r0 += tile) {
                 size_t r1 = r0 + tile < T ? r0 + tile : T;
                 blasint m_ = (blasint)(r1 - r0), n_ = (blasint)r1;
                 /* dP[r0:r1, 0:r1] = G[r0:r1] V[0:r1]^T */
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m_, n_, hd_, 1.0f, G + r0 * (size_t)qs, qs,
-                            v + koff, ks, 0.0f, dS + r0 * T, t_);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m_, n_, s.hd, 1.0f, G + r0 * (size_t)s.qs, s.qs,
+                            v + koff, s.ks, 0.0f, dS + r0 * T, s.t);
                 /* dS = P * (dP - rowsum(P * dP)), 0 right of the diagonal (up to r1) */
                 for (size_t t = r0; t < r1; t++) {
                     const float *p = P + t * T;
@@ -378,15 +393,15 @@ void attention_backward_tiled(float *dq, float *dk, float *dv, const float *dout
                     for (size_t j = t + 1; j < r1; j++) ds[j] = 0.0f;
                 }
                 /* dQ[r0:r1] += scale * dS[r0:r1, 0:r1] K[0:r1] */
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m_, hd_, n_, scale, dS + r0 * T, t_, k + koff,
-                            ks, 1.0f, dq + qoff + r0 * (size_t)qs, qs);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m_, s.hd, n_, s.scale, dS + r0 * T, s.t,
+                            k + koff, s.ks, 1.0f, dq + qoff + r0 * (size_t)s.qs, s.qs);
             }
             for (size_t c0 = 0; c0 < T; c0 += tile) {
                 size_t c1 = c0 + tile < T ? c0 + tile : T;
                 /* dK[c0:c1] += scale * dS[c0:T, c0:c1]^T Q[c0:T] */
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (blasint)(c1 - c0), hd_, (blasint)(T - c0),
-                            scale, dS + c0 * T + c0, t_, q + qoff + c0 * (size_t)qs, qs, 1.0f,
-                            dk + koff + c0 * (size_t)ks, ks);
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (blasint)(c1 - c0), s.hd, (blasint)(T - c0),
+                            s.scale, dS + c0 * T + c0, s.t, q + qoff + c0 * (size_t)s.qs, s.qs, 1.0f,
+                            dk + koff + c0 * (size_t)s.ks, s.ks);
             }
         }
     }

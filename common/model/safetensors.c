@@ -69,6 +69,81 @@ static unsigned jhex4(JParser *p) {
     return v;
 }
 
+/* One raw UTF-8 sequence whose lead byte c was just read, into enc; rejects
+ * malformed ones (overlongs, surrogates, above U+10FFFF). Returns its length. */
+static size_t jutf8(JParser *p, unsigned char c, unsigned char enc[4]) {
+    /* lead bytes: C2..DF, E0..EF, F0..F4 (F5..FF are never UTF-8) */
+    size_t len = c >= 0xF0 ? (c <= 0xF4 ? 4 : 0) : c >= 0xE0 ? 3 : c >= 0xC2 ? 2 : 0;
+    p->pos--; /* errors point at the lead byte */
+    if (len == 0 || p->len - p->pos < len) jfail(p, "invalid UTF-8 in string");
+    enc[0] = c;
+    for (size_t i = 1; i < len; i++) {
+        enc[i] = (unsigned char)p->s[p->pos + i];
+        if ((enc[i] & 0xC0) != 0x80) jfail(p, "invalid UTF-8 in string");
+    }
+    if ((len == 3 && c == 0xE0 && enc[1] < 0xA0) || (len == 3 && c == 0xED && enc[1] >= 0xA0) ||
+        (len == 4 && c == 0xF0 && enc[1] < 0x90) || (len == 4 && c == 0xF4 && enc[1] >= 0x90))
+        jfail(p, "invalid UTF-8 in string");
+    p->pos += len;
+    return len;
+}
+
+/* Code point cp (1..U+10FFFF, no surrogate) as UTF-8 into enc; its length. */
+static size_t utf8_encode(unsigned cp, unsigned char enc[4]) {
+    if (cp < 0x80) {
+        enc[0] = (unsigned char)cp;
+        return 1;
+    }
+    if (cp < 0x800) {
+        enc[0] = (unsigned char)(0xC0 | cp >> 6);
+        enc[1] = (unsigned char)(0x80 | (cp & 0x3F));
+        return 2;
+    }
+    if (cp < 0x10000) {
+        enc[0] = (unsigned char)(0xE0 | cp >> 12);
+        enc[1] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
+        enc[2] = (unsigned char)(0x80 | (cp & 0x3F));
+        return 3;
+    }
+    enc[0] = (unsigned char)(0xF0 | cp >> 18);
+    enc[1] = (unsigned char)(0x80 | ((cp >> 12) & 0x3F));
+    enc[2] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
+    enc[3] = (unsigned char)(0x80 | (cp & 0x3F));
+    return 4;
+}
+
+/* One escape after its backslash (\" \\ \/ \b \f \n \r \t \uXXXX, a
+ * surrogate pair as two \u) as UTF-8 into enc; its length. */
+static size_t jescape(JParser *p, unsigned char enc[4]) {
+    if (p->pos >= p->len) jfail(p, "unterminated string");
+    char e = p->s[p->pos++];
+    switch (e) {
+    case '"': enc[0] = '"'; return 1;
+    case '\\': enc[0] = '\\'; return 1;
+    case '/': enc[0] = '/'; return 1;
+    case 'b': enc[0] = '\b'; return 1;
+    case 'f': enc[0] = '\f'; return 1;
+    case 'n': enc[0] = '\n'; return 1;
+    case 'r': enc[0] = '\r'; return 1;
+    case 't': enc[0] = '\t'; return 1;
+    case 'u': break;
+    default: p->pos--; jfail(p, "bad escape in string");
+    }
+    unsigned cp = jhex4(p);
+    if (cp >= 0xD800 && cp <= 0xDBFF) {
+        if (p->len - p->pos < 6 || p->s[p->pos] != '\\' || p->s[p->pos + 1] != 'u')
+            jfail(p, "unpaired surrogate in \\u escape");
+        p->pos += 2;
+        unsigned lo = jhex4(p);
+        if (lo < 0xDC00 || lo > 0xDFFF) jfail(p, "unpaired surrogate in \\u escape");
+        cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+    } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
+        jfail(p, "unpaired surrogate in \\u escape");
+    }
+    if (cp == 0) jfail(p, "\\u0000 in string");
+    return utf8_encode(cp, enc);
+}
+
 static char *jstring(JParser *p) {
     if (jpeek(p) != '"') jfail(p, "expected a string");
     p->pos++;
@@ -77,85 +152,15 @@ static char *jstring(JParser *p) {
     for (;;) {
         if (p->pos >= p->len) jfail(p, "unterminated string");
         unsigned char c = (unsigned char)p->s[p->pos++];
-        unsigned char enc[4];
+        unsigned char enc[4] = {c};
         size_t ne = 1;
         if (c == '"') break;
         if (c < 0x20) {
             p->pos--;
             jfail(p, "control character in string");
         }
-        enc[0] = c;
-        if (c >= 0x80) {
-            /* copy one UTF-8 sequence, rejecting malformed ones */
-            /* lead bytes: C2..DF, E0..EF, F0..F4 (F5..FF are never UTF-8) */
-            size_t len = c >= 0xF0 ? (c <= 0xF4 ? 4 : 0) : c >= 0xE0 ? 3 : c >= 0xC2 ? 2 : 0;
-            if (len == 0 || p->len - (p->pos - 1) < len) {
-                p->pos--;
-                jfail(p, "invalid UTF-8 in string");
-            }
-            for (size_t i = 1; i < len; i++) {
-                unsigned char cc = (unsigned char)p->s[p->pos - 1 + i];
-                if ((cc & 0xC0) != 0x80) {
-                    p->pos--;
-                    jfail(p, "invalid UTF-8 in string");
-                }
-                enc[i] = cc;
-            }
-            if ((len == 3 && c == 0xE0 && enc[1] < 0xA0) || (len == 3 && c == 0xED && enc[1] >= 0xA0) ||
-                (len == 4 && c == 0xF0 && enc[1] < 0x90) || (len == 4 && c == 0xF4 && enc[1] >= 0x90)) {
-                p->pos--;
-                jfail(p, "invalid UTF-8 in string");
-            }
-            p->pos += len - 1;
-            ne = len;
-        } else if (c == '\\') {
-            if (p->pos >= p->len) jfail(p, "unterminated string");
-            char e = p->s[p->pos++];
-            switch (e) {
-            case '"': enc[0] = '"'; break;
-            case '\\': enc[0] = '\\'; break;
-            case '/': enc[0] = '/'; break;
-            case 'b': enc[0] = '\b'; break;
-            case 'f': enc[0] = '\f'; break;
-            case 'n': enc[0] = '\n'; break;
-            case 'r': enc[0] = '\r'; break;
-            case 't': enc[0] = '\t'; break;
-            case 'u': {
-                unsigned cp = jhex4(p);
-                if (cp >= 0xD800 && cp <= 0xDBFF) {
-                    if (p->len - p->pos < 6 || p->s[p->pos] != '\\' || p->s[p->pos + 1] != 'u')
-                        jfail(p, "unpaired surrogate in \\u escape");
-                    p->pos += 2;
-                    unsigned lo = jhex4(p);
-                    if (lo < 0xDC00 || lo > 0xDFFF) jfail(p, "unpaired surrogate in \\u escape");
-                    cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-                } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
-                    jfail(p, "unpaired surrogate in \\u escape");
-                }
-                if (cp == 0) jfail(p, "\\u0000 in string");
-                if (cp < 0x80) {
-                    enc[0] = (unsigned char)cp;
-                } else if (cp < 0x800) {
-                    enc[0] = (unsigned char)(0xC0 | cp >> 6);
-                    enc[1] = (unsigned char)(0x80 | (cp & 0x3F));
-                    ne = 2;
-                } else if (cp < 0x10000) {
-                    enc[0] = (unsigned char)(0xE0 | cp >> 12);
-                    enc[1] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
-                    enc[2] = (unsigned char)(0x80 | (cp & 0x3F));
-                    ne = 3;
-                } else {
-                    enc[0] = (unsigned char)(0xF0 | cp >> 18);
-                    enc[1] = (unsigned char)(0x80 | ((cp >> 12) & 0x3F));
-                    enc[2] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
-                    enc[3] = (unsigned char)(0x80 | (cp & 0x3F));
-                    ne = 4;
-                }
-                break;
-            }
-            default: p->pos--; jfail(p, "bad escape in string");
-            }
-        }
+        if (c >= 0x80) ne = jutf8(p, c, enc);
+        else if (c == '\\') ne = jescape(p, enc);
         if (k + ne + 1 > cap) {
             cap = 2 * cap + ne;
             out = xrealloc(out, cap);
@@ -338,6 +343,86 @@ static int span_cmp(const void *a, const void *b) {
 
 /* ------------------------------------------------------------------ read */
 
+/* The header's "__metadata__" object (string values only) into f. */
+static void read_metadata(StFile *f, const JVal *e, const char *path) {
+    if (e->type != J_OBJ) fatal("%s: __metadata__ is not a JSON object", path);
+    for (size_t i = 0; i < e->n; i++)
+        if (e->items[i].type != J_STR) fatal("%s: __metadata__ value '%s' is not a string", path, e->keys[i]);
+    f->n_meta = (int)e->n;
+    f->meta_keys = xcalloc(e->n ? e->n : 1, sizeof(char *));
+    f->meta_values = xcalloc(e->n ? e->n : 1, sizeof(char *));
+    for (size_t i = 0; i < e->n; i++) {
+        f->meta_keys[i] = xstrdup(e->keys[i]);
+        f->meta_values[i] = xstrdup(e->items[i].str);
+    }
+}
+
+/* One tensor entry {dtype: "F32", shape: [...], data_offsets: [b, e]} into t
+ * (name, ndim, shape, numel; data is set once the data section is placed) and
+ * its byte span in the data section (data_size bytes), every field checked. */
+static void read_tensor_entry(StTensor *t, Span *span, const char *name, const JVal *e, size_t data_size,
+                              const char *path) {
+    if (e->type != J_OBJ) fatal("%s: tensor '%s' is not a JSON object", path, name);
+    const JVal *dtype = jget(e, "dtype"), *shape = jget(e, "shape"), *offs = jget(e, "data_offsets");
+    if (!dtype) fatal("%s: tensor '%s' has no dtype", path, name);
+    if (!shape) fatal("%s: tensor '%s' has no shape", path, name);
+    if (!offs) fatal("%s: tensor '%s' has no data_offsets", path, name);
+    if (dtype->type != J_STR) fatal("%s: tensor '%s' has a dtype that is not a string", path, name);
+    if (strcmp(dtype->str, "F32") != 0)
+        fatal("%s: tensor '%s' has dtype %s, only F32 is supported", path, name, dtype->str);
+    if (shape->type != J_ARR) fatal("%s: tensor '%s' has a shape that is not a list", path, name);
+    if (shape->n > 4) fatal("%s: tensor '%s' has %zu dimensions, at most 4 are supported", path, name, shape->n);
+    t->ndim = (int)shape->n;
+    size_t numel = 1;
+    int too_big = 0;
+    for (size_t i = 0; i < shape->n; i++) {
+        const JVal *d = &shape->items[i];
+        if (d->type != J_NUM || !d->is_uint || d->u > (uint64_t)SIZE_MAX)
+            fatal("%s: tensor '%s' has a shape entry that is not a non-negative integer", path, name);
+        t->shape[i] = (size_t)d->u;
+        if (t->shape[i] != 0 && numel > SIZE_MAX / 4 / t->shape[i]) too_big = 1;
+        else numel *= t->shape[i];
+    }
+    char dims[160];
+    format_dims(dims, sizeof dims, t->shape, t->ndim);
+    if (too_big) fatal("%s: tensor '%s' shape %s is too large", path, name, dims);
+    if (offs->type != J_ARR || offs->n != 2 || offs->items[0].type != J_NUM || !offs->items[0].is_uint ||
+        offs->items[1].type != J_NUM || !offs->items[1].is_uint)
+        fatal("%s: tensor '%s' has data_offsets that are not a pair of non-negative integers", path, name);
+    uint64_t b = offs->items[0].u, en = offs->items[1].u;
+    if (b > en)
+        fatal("%s: tensor '%s' has data_offsets [%llu, %llu] with begin after end", path, name,
+              (unsigned long long)b, (unsigned long long)en);
+    if (en > (uint64_t)data_size)
+        fatal("%s: tensor '%s' has data_offsets [%llu, %llu] outside the data section (%zu bytes)", path, name,
+              (unsigned long long)b, (unsigned long long)en, data_size);
+    if (en - b != (uint64_t)numel * 4)
+        fatal("%s: tensor '%s' has shape %s (%zu bytes of F32) but data_offsets [%llu, %llu] span %llu bytes",
+              path, name, dims, numel * 4, (unsigned long long)b, (unsigned long long)en,
+              (unsigned long long)(en - b));
+    if (b % 4 != 0) fatal("%s: tensor '%s' data offset %llu is not a multiple of 4", path, name, (unsigned long long)b);
+    t->name = xstrdup(name);
+    t->numel = numel;
+    span->begin = (size_t)b;
+    span->end = (size_t)en;
+}
+
+/* No two tensors' bytes overlap: sort the spans by begin; empty tensors
+ * occupy nothing. Sorts spans. */
+static void check_no_overlap(const StFile *f, Span *spans, const char *path) {
+    qsort(spans, (size_t)f->n, sizeof(Span), span_cmp);
+    int prev = -1;
+    for (int i = 0; i < f->n; i++) {
+        if (spans[i].begin == spans[i].end) continue;
+        if (prev >= 0 && spans[i].begin < spans[prev].end) {
+            const Span *a = &spans[prev], *b = &spans[i];
+            fatal("%s: tensors '%s' and '%s' overlap (data_offsets [%zu, %zu] and [%zu, %zu])", path,
+                  f->tensors[a->index].name, f->tensors[b->index].name, a->begin, a->end, b->begin, b->end);
+        }
+        if (prev < 0 || spans[i].end > spans[prev].end) prev = i;
+    }
+}
+
 StFile st_read(const char *path) {
     size_t bytes = 0;
     unsigned char *buf = read_file_all(path, &bytes);
@@ -358,97 +443,24 @@ StFile st_read(const char *path) {
     memset(&f, 0, sizeof f);
     f.tensors = xcalloc(root.n ? root.n : 1, sizeof(StTensor));
     Span *spans = xcalloc(root.n ? root.n : 1, sizeof(Span));
-    size_t *begins = xcalloc(root.n ? root.n : 1, sizeof(size_t));
-
     for (size_t k = 0; k < root.n; k++) {
-        const char *name = root.keys[k];
-        const JVal *e = &root.items[k];
-        if (!strcmp(name, "__metadata__")) {
-            if (e->type != J_OBJ) fatal("%s: __metadata__ is not a JSON object", path);
-            for (size_t i = 0; i < e->n; i++)
-                if (e->items[i].type != J_STR)
-                    fatal("%s: __metadata__ value '%s' is not a string", path, e->keys[i]);
-            f.n_meta = (int)e->n;
-            f.meta_keys = xcalloc(e->n ? e->n : 1, sizeof(char *));
-            f.meta_values = xcalloc(e->n ? e->n : 1, sizeof(char *));
-            for (size_t i = 0; i < e->n; i++) {
-                f.meta_keys[i] = xstrdup(e->keys[i]);
-                f.meta_values[i] = xstrdup(e->items[i].str);
-            }
+        if (!strcmp(root.keys[k], "__metadata__")) {
+            read_metadata(&f, &root.items[k], path);
             continue;
         }
-        if (e->type != J_OBJ) fatal("%s: tensor '%s' is not a JSON object", path, name);
-        const JVal *dtype = jget(e, "dtype"), *shape = jget(e, "shape"), *offs = jget(e, "data_offsets");
-        if (!dtype) fatal("%s: tensor '%s' has no dtype", path, name);
-        if (!shape) fatal("%s: tensor '%s' has no shape", path, name);
-        if (!offs) fatal("%s: tensor '%s' has no data_offsets", path, name);
-        if (dtype->type != J_STR) fatal("%s: tensor '%s' has a dtype that is not a string", path, name);
-        if (strcmp(dtype->str, "F32") != 0)
-            fatal("%s: tensor '%s' has dtype %s, only F32 is supported", path, name, dtype->str);
-        if (shape->type != J_ARR) fatal("%s: tensor '%s' has a shape that is not a list", path, name);
-        if (shape->n > 4)
-            fatal("%s: tensor '%s' has %zu dimensions, at most 4 are supported", path, name, shape->n);
-        StTensor *t = &f.tensors[f.n];
-        t->ndim = (int)shape->n;
-        size_t numel = 1;
-        int too_big = 0;
-        for (size_t i = 0; i < shape->n; i++) {
-            const JVal *d = &shape->items[i];
-            if (d->type != J_NUM || !d->is_uint || d->u > (uint64_t)SIZE_MAX)
-                fatal("%s: tensor '%s' has a shape entry that is not a non-negative integer", path, name);
-            t->shape[i] = (size_t)d->u;
-            if (t->shape[i] != 0 && numel > SIZE_MAX / 4 / t->shape[i]) too_big = 1;
-            else numel *= t->shape[i];
-        }
-        char dims[160];
-        format_dims(dims, sizeof dims, t->shape, t->ndim);
-        if (too_big) fatal("%s: tensor '%s' shape %s is too large", path, name, dims);
-        if (offs->type != J_ARR || offs->n != 2 || offs->items[0].type != J_NUM || !offs->items[0].is_uint ||
-            offs->items[1].type != J_NUM || !offs->items[1].is_uint)
-            fatal("%s: tensor '%s' has data_offsets that are not a pair of non-negative integers", path, name);
-        uint64_t b = offs->items[0].u, en = offs->items[1].u;
-        if (b > en)
-            fatal("%s: tensor '%s' has data_offsets [%llu, %llu] with begin after end", path, name,
-                  (unsigned long long)b, (unsigned long long)en);
-        if (en > (uint64_t)data_size)
-            fatal("%s: tensor '%s' has data_offsets [%llu, %llu] outside the data section (%zu bytes)", path, name,
-                  (unsigned long long)b, (unsigned long long)en, data_size);
-        if (en - b != (uint64_t)numel * 4)
-            fatal("%s: tensor '%s' has shape %s (%zu bytes of F32) but data_offsets [%llu, %llu] span %llu bytes",
-                  path, name, dims, numel * 4, (unsigned long long)b, (unsigned long long)en,
-                  (unsigned long long)(en - b));
-        if (b % 4 != 0)
-            fatal("%s: tensor '%s' data offset %llu is not a multiple of 4", path, name, (unsigned long long)b);
-        t->name = xstrdup(name);
-        t->numel = numel;
-        begins[f.n] = (size_t)b;
-        spans[f.n].begin = (size_t)b;
-        spans[f.n].end = (size_t)en;
+        read_tensor_entry(&f.tensors[f.n], &spans[f.n], root.keys[k], &root.items[k], data_size, path);
         spans[f.n].index = f.n;
         f.n++;
     }
-
-    /* overlaps: sort by begin; empty tensors occupy nothing */
-    qsort(spans, (size_t)f.n, sizeof(Span), span_cmp);
-    int prev = -1;
-    for (int i = 0; i < f.n; i++) {
-        if (spans[i].begin == spans[i].end) continue;
-        if (prev >= 0 && spans[i].begin < spans[prev].end) {
-            const Span *a = &spans[prev], *b = &spans[i];
-            fatal("%s: tensors '%s' and '%s' overlap (data_offsets [%zu, %zu] and [%zu, %zu])", path,
-                  f.tensors[a->index].name, f.tensors[b->index].name, a->begin, a->end, b->begin, b->end);
-        }
-        if (prev < 0 || spans[i].end > spans[prev].end) prev = i;
-    }
+    check_no_overlap(&f, spans, path);
     jfree(&root);
-    free(spans);
 
     /* floats must be 4-byte aligned: the buffer is malloc-aligned, so move the
      * data section down over the (already parsed) header if needed */
     size_t aligned = data_start & ~(size_t)3;
     if (aligned != data_start) memmove(buf + aligned, buf + data_start, data_size);
-    for (int i = 0; i < f.n; i++) f.tensors[i].data = (float *)(void *)(buf + aligned + begins[i]);
-    free(begins);
+    for (int i = 0; i < f.n; i++) f.tensors[spans[i].index].data = (float *)(void *)(buf + aligned + spans[i].begin);
+    free(spans);
     f.buffer = buf;
     return f;
 }

@@ -171,16 +171,23 @@ void dev_release_pending_frees(Dev *d, int wait_all) {
     }
 }
 
+/* Room for one more element in a FIFO ring (`count` elements of `elem` bytes
+ * from index *head of buf, capacity *cap): when full, a ring twice the size
+ * with the elements moved to its front. Returns the ring's (new) storage. */
+static void *ring_reserve(void *buf, size_t *cap, size_t *head, size_t count, size_t elem) {
+    if (count < *cap) return buf;
+    size_t ncap = *cap ? *cap * 2 : 64;
+    char *nb = xmalloc(ncap * elem);
+    for (size_t i = 0; i < count; i++) memcpy(nb + i * elem, (char *)buf + ((*head + i) % *cap) * elem, elem);
+    free(buf);
+    *cap = ncap;
+    *head = 0;
+    return nb;
+}
+
 static void push_pending(Dev *d, PendingFree pf) {
-    if (d->mem.pend_count == d->mem.pend_cap) {
-        size_t ncap = d->mem.pend_cap ? d->mem.pend_cap * 2 : 64;
-        PendingFree *np = xmalloc(ncap * sizeof *np);
-        for (size_t i = 0; i < d->mem.pend_count; i++) np[i] = d->mem.pending[(d->mem.pend_head + i) % d->mem.pend_cap];
-        free(d->mem.pending);
-        d->mem.pending = np;
-        d->mem.pend_cap = ncap;
-        d->mem.pend_head = 0;
-    }
+    d->mem.pending = ring_reserve(d->mem.pending, &d->mem.pend_cap, &d->mem.pend_head, d->mem.pend_count,
+                                  sizeof *d->mem.pending);
     d->mem.pending[(d->mem.pend_head + d->mem.pend_count++) % d->mem.pend_cap] = pf;
 }
 
@@ -207,15 +214,8 @@ static void quarantine_evict_one(Dev *d) {
 }
 
 static void quarantine(Dev *d, Alloc *a) {
-    if (d->race.quar_count == d->race.quar_cap) {
-        size_t ncap = d->race.quar_cap ? d->race.quar_cap * 2 : 64;
-        Alloc **nq = xmalloc(ncap * sizeof *nq);
-        for (size_t i = 0; i < d->race.quar_count; i++) nq[i] = d->race.quarantine[(d->race.quar_head + i) % d->race.quar_cap];
-        free(d->race.quarantine);
-        d->race.quarantine = nq;
-        d->race.quar_cap = ncap;
-        d->race.quar_head = 0;
-    }
+    d->race.quarantine = ring_reserve(d->race.quarantine, &d->race.quar_cap, &d->race.quar_head, d->race.quar_count,
+                                      sizeof *d->race.quarantine);
     d->race.quarantine[(d->race.quar_head + d->race.quar_count++) % d->race.quar_cap] = a;
     d->race.quar_bytes += a->size;
     a->quarantined = 1;

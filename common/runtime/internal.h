@@ -181,6 +181,11 @@ CollChannel *world_channel(World *w, int stream_index);
  * the same verdict win, so the message is the same on every run */
 void world_report_race(World *w, int rank, const char *msg) __attribute__((noreturn));
 
+/* world.c, for both backends' dev_stream_create: a Stream with its dev,
+ * index (the next in d's list), name and mutex; and appending it to d's list */
+Stream *stream_new(Dev *d, const char *name);
+void dev_add_stream(Dev *d, Stream *s);
+
 /* streams (stream.c; CUDA: cuda/runtime_cuda.c) */
 void stream_destroy(Stream *s);
 uint64_t stream_completed(Stream *s);

@@ -147,11 +147,7 @@ uint64_t stream_completed(Stream *s) {
 
 
 Stream *dev_stream_create(Dev *d, const char *name) {
-    Stream *s = xcalloc(1, sizeof *s);
-    s->dev = d;
-    s->index = d->nstreams;
-    s->name = xstrdup(name ? name : "stream");
-    pthread_mutex_init(&s->mu, NULL);
+    Stream *s = stream_new(d, name);
     pthread_cond_init(&s->cv_work, NULL);
     pthread_cond_init(&s->cv_done, NULL);
     if (d->world->cfg.backend == BACKEND_LOCAL) s->chan = world_channel(d->world, s->index);
@@ -173,11 +169,7 @@ Stream *dev_stream_create(Dev *d, const char *name) {
         }
     }
 #endif
-    if (d->nstreams == d->streams_cap) {
-        d->streams_cap = d->streams_cap ? d->streams_cap * 2 : 4;
-        d->streams = xrealloc(d->streams, (size_t)d->streams_cap * sizeof *d->streams);
-    }
-    d->streams[d->nstreams++] = s;
+    dev_add_stream(d, s);
     race_stream_created(d, s);
     flight_stream_created(d, s);
     if (pthread_create(&s->thread, NULL, stream_worker, s) != 0)
@@ -213,24 +205,25 @@ void dev_launch(Stream *s, const char *name, void (*fn)(void *args), const void 
     enqueue(s, &op, args_size);
 }
 
-void dev_memcpy_async(Stream *s, void *dst, const void *src, size_t bytes) {
-    if (bytes && (!dst || !src)) fatal("dev_memcpy_async: NULL pointer with %zu bytes", bytes);
+/* A copy (src != NULL) or a fill of `bytes` at dst, in stream order. */
+static void enqueue_mem(Stream *s, OpKind kind, const char *name, void *dst, const void *src, int fill, size_t bytes) {
     Op op;
-    op_init(s, &op, OP_COPY, "copy");
+    op_init(s, &op, kind, name);
     op.dst = dst;
     op.src = src;
+    op.fill = fill;
     op.bytes = bytes;
     enqueue(s, &op, 0);
 }
 
+void dev_memcpy_async(Stream *s, void *dst, const void *src, size_t bytes) {
+    if (bytes && (!dst || !src)) fatal("dev_memcpy_async: NULL pointer with %zu bytes", bytes);
+    enqueue_mem(s, OP_COPY, "copy", dst, src, 0, bytes);
+}
+
 void dev_memset_async(Stream *s, void *dst, int byte, size_t bytes) {
     if (bytes && !dst) fatal("dev_memset_async: NULL pointer with %zu bytes", bytes);
-    Op op;
-    op_init(s, &op, OP_MEMSET, "memset");
-    op.dst = dst;
-    op.fill = byte;
-    op.bytes = bytes;
-    enqueue(s, &op, 0);
+    enqueue_mem(s, OP_MEMSET, "memset", dst, NULL, byte, bytes);
 }
 
 /* Used by collectives.c to enqueue a collective op. */

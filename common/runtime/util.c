@@ -16,6 +16,14 @@ static FatalHook fatal_hook;
 
 void fatal_set_hook(FatalHook hook) { fatal_hook = hook; }
 
+void cond_init_monotonic(pthread_cond_t *cv) {
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(cv, &attr);
+    pthread_condattr_destroy(&attr);
+}
+
 void fatal(const char *fmt, ...) {
     char line[2048];
     va_list ap;

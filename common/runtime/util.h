@@ -6,6 +6,7 @@
 #ifndef HWFSDP_UTIL_H
 #define HWFSDP_UTIL_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -35,6 +36,9 @@ char *xstrdup(const char *s);
 
 /* Monotonic wall clock in microseconds (CLOCK_MONOTONIC; common to all threads). */
 double now_us(void);
+/* A condition variable whose timed waits count on CLOCK_MONOTONIC (the
+ * watchdog's deadlines come from now_us, which never jumps). */
+void cond_init_monotonic(pthread_cond_t *cv);
 
 /* Deterministic random numbers (xorshift64*; no global state). */
 typedef struct { uint64_t s; } Rng;

@@ -117,11 +117,7 @@ CollChannel *world_channel(World *w, int stream_index) {
         }
         CollChannel *c = xcalloc(1, sizeof *c);
         pthread_mutex_init(&c->mu, NULL);
-        pthread_condattr_t attr; /* the watchdog's timed waits count on the monotonic clock */
-        pthread_condattr_init(&attr);
-        pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-        pthread_cond_init(&c->cv, &attr);
-        pthread_condattr_destroy(&attr);
+        cond_init_monotonic(&c->cv);
         w->chans[w->nchans++] = c;
     }
     CollChannel *c = w->chans[stream_index];
@@ -154,6 +150,23 @@ void world_destroy(World *w) {
 }
 
 /* ------------------------------------------------------------------ Dev */
+
+Stream *stream_new(Dev *d, const char *name) {
+    Stream *s = xcalloc(1, sizeof *s);
+    s->dev = d;
+    s->index = d->nstreams;
+    s->name = xstrdup(name ? name : "stream");
+    pthread_mutex_init(&s->mu, NULL);
+    return s;
+}
+
+void dev_add_stream(Dev *d, Stream *s) {
+    if (d->nstreams == d->streams_cap) {
+        d->streams_cap = d->streams_cap ? d->streams_cap * 2 : 4;
+        d->streams = xrealloc(d->streams, (size_t)d->streams_cap * sizeof *d->streams);
+    }
+    d->streams[d->nstreams++] = s;
+}
 
 static Dev *dev_create(World *w, int rank) {
     Dev *d = xcalloc(1, sizeof *d);

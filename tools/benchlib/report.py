@@ -27,14 +27,11 @@ def markdown(R):
     L.append("## 1. Throughput vs PyTorch (one rank, %s, fp32, 2 threads, batch %d × seq %d, steps %s)" % (
         t["flavor"], t["batch"], t["seq_len"], t["median_over_steps"]))
     L.append("")
-    L.append("| run | tokens/s | step ms | vs PyTorch (median; fastest steps) | model GFLOP/s | of SGEMM |")
-    L.append("| --- | --- | --- | --- | --- | --- |")
-    for name, r in t["runs"].items():
-        L.append("| %s | %s | %s | %s | %.1f | %.0f %% |" % (
-            name, fmt_s(r["tokens_per_s"]), fmt_s(r["step_ms"]),
+    table(L, ["run", "tokens/s", "step ms", "vs PyTorch (median; fastest steps)", "model GFLOP/s", "of SGEMM"],
+          [(name, fmt_s(r["tokens_per_s"]), fmt_s(r["step_ms"]),
             ("%.2f×; %.2f×" % (r["vs_pytorch"], r["vs_pytorch_best"])) if "vs_pytorch" in r
             else ("1.00×" if "pytorch" in name else "–"),
-            r["achieved_gflops"], 100 * r["of_sgemm"]))
+            "%.1f" % r["achieved_gflops"], "%.0f %%" % (100 * r["of_sgemm"])) for name, r in t["runs"].items()])
     L.append("")
     L.append("%d interleaved round%s of each program; steps %s of every round pooled." % (
         t["rounds"], "s" if t["rounds"] > 1 else "", t["median_over_steps"]))
@@ -50,11 +47,9 @@ def markdown(R):
     L.append("## 2. Scaling of the emulation (%s, global batch %d × seq %d, steps %s)" % (
         sc["solution"], sc["global_batch"], sc["seq_len"], sc["median_over_steps"]))
     L.append("")
-    L.append("| flavour | world | batch/rank | tokens/s | step ms | vs world 1 |")
-    L.append("| --- | --- | --- | --- | --- | --- |")
-    for r in sc["rows"]:
-        L.append("| %s | %d | %d | %s | %s | %.2f× |" % (r["flavor"], r["world"], r["batch_per_rank"],
-                                                      fmt_s(r["tokens_per_s"]), fmt_s(r["step_ms"], 1), r["vs_world1"]))
+    table(L, ["flavour", "world", "batch/rank", "tokens/s", "step ms", "vs world 1"],
+          [(r["flavor"], r["world"], r["batch_per_rank"], fmt_s(r["tokens_per_s"]), fmt_s(r["step_ms"], 1),
+            "%.2f×" % r["vs_world1"]) for r in sc["rows"]])
     L.append("")
     L.append("## 3. Overlap (%s, seq %d, traced steps %s)" % (
         R["overlap"]["flavor"], R["overlap"]["seq_len"], R["overlap"]["traced_steps"]))
@@ -74,22 +69,18 @@ def markdown(R):
     L.append("## 4. Memory (%s, world %d, batch %d × seq %d, rank 0, max over 2 steps)" % (
         m["flavor"], m["world"], m["batch"], m["seq_len"]))
     L.append("")
-    L.append("| stage | measured MiB | model MiB | measured / model | peak at (replay) | model's peak at |")
-    L.append("| --- | --- | --- | --- | --- | --- |")
-    for r in m["rows"]:
-        L.append("| %s %s | %.3f | %.3f | %.4f | %s | %s |" % (
-            r["stage"], r["flags"], r["measured_peak_bytes_rank0"] / MIB, r["model_peak_bytes"] / MIB,
-            r["ratio_measured_over_model"], r["replay_peak_at"], r["model_peak_at"]))
+    table(L, ["stage", "measured MiB", "model MiB", "measured / model", "peak at (replay)", "model's peak at"],
+          [("%s %s" % (r["stage"], r["flags"]), "%.3f" % (r["measured_peak_bytes_rank0"] / MIB),
+            "%.3f" % (r["model_peak_bytes"] / MIB), "%.4f" % r["ratio_measured_over_model"], r["replay_peak_at"],
+            r["model_peak_at"]) for r in m["rows"]])
     L.append("")
     L.append("Live set at the peak by tag, replayed from memory_rank0.json (model in brackets), MiB:")
     L.append("")
     tags = ["param_shard", "optim_state", "grad_shard", "unsharded_param", "unsharded_grad", "comm_buffer",
             "activation", "temp"]
-    L.append("| stage | " + " | ".join(tags) + " |")
-    L.append("| --- |" + " --- |" * len(tags))
-    for r in m["rows"]:
-        L.append("| %s | " % r["stage"] + " | ".join("%.2f (%.2f)" % (
-            r["replay_live_by_tag"].get(t, 0) / MIB, r["model_by_tag"].get(t, 0) / MIB) for t in tags) + " |")
+    table(L, ["stage"] + tags,
+          [[r["stage"]] + ["%.2f (%.2f)" % (r["replay_live_by_tag"].get(t, 0) / MIB, r["model_by_tag"].get(t, 0) / MIB)
+                           for t in tags] for r in m["rows"]])
     L.append("")
     L.append("Model: " + " ".join(m["model"].split()))
     L.append("")
@@ -106,10 +97,8 @@ def markdown(R):
     L.append("## 6. Where a baseline step goes (%s, batch %d × seq %d, world 1, step %d: %.0f ms; "
              "compute-stream trace)" % (p["flavor"], p["batch"], p["seq_len"], p["step"], p["step_ms"]))
     L.append("")
-    L.append("| kernel | ms | % of step |")
-    L.append("| --- | --- | --- |")
-    for r in p["rows"]:
-        L.append("| %s | %.1f | %.1f |" % (r["kernel"], r["ms"], 100 * r["share_of_step"]))
+    table(L, ["kernel", "ms", "% of step"],
+          [(r["kernel"], "%.1f" % r["ms"], "%.1f" % (100 * r["share_of_step"])) for r in p["rows"]])
     L.append("")
     L.append("## Targets (shown, not asserted)")
     L.append("")
@@ -130,6 +119,14 @@ def markdown(R):
     return "\n".join(L)
 
 
+def table(L, header, rows):
+    """Append a markdown table (header: column titles; rows: cells, formatted or plain) to the lines L."""
+    L.append("| " + " | ".join(header) + " |")
+    L.append("|" + " --- |" * len(header))
+    for row in rows:
+        L.append("| " + " | ".join(str(c) for c in row) + " |")
+
+
 def overlap_table(L, o):
     """Append one world's overlap calibration and table to the lines L."""
     c = o["calibration"]
@@ -141,11 +138,9 @@ def overlap_table(L, o):
                  o["modelled_link_ms_per_step"], 100 * o["modelled_link_ms_per_step"] / c["compute_ms_per_rank_step"],
                  100 * c["target_comm_share_of_compute"]))
     L.append("")
-    L.append("| stage | step ms | compute ms/rank | exposed comm (% of step) |")
-    L.append("| --- | --- | --- | --- |")
-    for r in o["rows"]:
-        L.append("| %s %s | %s | %s | %s |" % (r["stage"], r["flags"], fmt_s(r["step_ms"], 1),
-                                             fmt_s(r["compute_ms"], 1), fmt_s(r["exposed_comm_fraction"], 1, 100)))
+    table(L, ["stage", "step ms", "compute ms/rank", "exposed comm (% of step)"],
+          [("%s %s" % (r["stage"], r["flags"]), fmt_s(r["step_ms"], 1), fmt_s(r["compute_ms"], 1),
+            fmt_s(r["exposed_comm_fraction"], 1, 100)) for r in o["rows"]])
     L.append("")
 
 

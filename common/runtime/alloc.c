@@ -86,55 +86,6 @@ static void mev_from_alloc(MemEvent *e, const Alloc *a) {
 
 /* -------------------------------------------------------- deferred frees */
 
-#ifndef HWFSDP_CUDA
-/* CPU backend: storage is the C heap; a fence is each stream's count of ops
- * enqueued at free time, ready when every stream's worker has passed it. */
-void *backend_storage_alloc(Dev *d, size_t bytes, const char *name) {
-    void *p = NULL;
-    if (posix_memalign(&p, 64, bytes) != 0 || !p)
-        fatal("rank %d: out of memory allocating %zu bytes for '%s' (%zu bytes allocated now)", d->rank, bytes,
-              name ? name : "?", d->mem.current);
-    if (d->world->cfg.poison) {
-        uint32_t nan_bits = 0x7fc00000u;
-        size_t nf = bytes / 4;
-        uint32_t *w = p;
-        for (size_t i = 0; i < nf; i++) w[i] = nan_bits;
-    }
-    d->mem.reserved += bytes;
-    return p;
-}
-
-void backend_storage_free(Dev *d, void *p, size_t bytes) {
-    free(p);
-    d->mem.reserved -= bytes;
-}
-
-int backend_fence_create(Dev *d, PendingFree *pf) {
-    pf->snapshot = xmalloc((size_t)(d->nstreams ? d->nstreams : 1) * sizeof(uint64_t));
-    pf->nstreams = d->nstreams;
-    int busy = 0;
-    for (int i = 0; i < d->nstreams; i++) {
-        Stream *s = d->streams[i];
-        pthread_mutex_lock(&s->mu);
-        pf->snapshot[i] = s->enqueued;
-        busy |= s->completed < s->enqueued;
-        pthread_mutex_unlock(&s->mu);
-    }
-    return busy;
-}
-
-int backend_fence_ready(Dev *d, const PendingFree *p) {
-    for (int i = 0; i < p->nstreams; i++)
-        if (stream_completed(d->streams[i]) < p->snapshot[i]) return 0;
-    return 1;
-}
-
-void backend_fence_release(Dev *d, PendingFree *pf) {
-    (void)d;
-    free(pf->snapshot);
-    pf->snapshot = NULL;
-}
-#endif
 
 static size_t storage_bytes(size_t bytes) { return bytes ? (bytes + 63) / 64 * 64 : 64; }
 

@@ -159,7 +159,7 @@ struct World {
 static inline int backend_is_multiprocess(CollBackend b) { return b == BACKEND_MPI || b == BACKEND_NCCL_MPI; }
 
 /* ------------------------------------------------------ backend hooks
- * What differs between the CPU backend (stream.c, alloc.c) and the CUDA one
+ * What differs between the CPU backend (stream.c) and the CUDA one
  * (cuda/runtime_cuda.c); everything else (accounting, snapshots, traces,
  * world, host exchange) is shared. Storage and fences: alloc.h. */
 void backend_world_init(World *w);            /* end of world_create */
@@ -188,7 +188,6 @@ void dev_add_stream(Dev *d, Stream *s);
 
 /* streams (stream.c; CUDA: cuda/runtime_cuda.c) */
 void stream_destroy(Stream *s);
-uint64_t stream_completed(Stream *s);
 void stream_op_init(Stream *s, Op *op, int kind, const char *name);
 void stream_enqueue_op(Stream *s, const Op *op);
 

@@ -16,7 +16,7 @@ plus stage05/no_ac/ (stage 04's solution on stage 05's configuration without
 machine, the date, the git commit, the exact command lines, every file).
 The new tree replaces the old one only when everything succeeded.
 
-    make_reference.py [--out logs/reference] [--stage 03 ...]
+    make_reference.py [--out logs/reference] [--work DIR] [--no-plots]
 """
 import argparse
 import datetime

@@ -468,13 +468,18 @@ def test_one_line():
     (b'{"config": {}}', "limits must be a JSON object, got null"),
     (None, "tolerances.loss_rel must be a number >= 0, got \"tiny\""),
     (None, "stages.02.checks must be a JSON object"),
-], ids=["not-json", "array", "deep", "no-flavor", "tolerance-string", "checks-list"])
+    (None, "no_ac_reference.solution must be one of the stages"),
+], ids=["not-json", "array", "deep", "no-flavor", "tolerance-string", "checks-list", "no-ac-solution"])
 def test_cli_bad_rubric_is_one_line_exit_2(tmp_path, content, message):
     path = tmp_path / "rubric.json"
     if content is None:
         rubric = json.loads(open(RUBRIC_PATH).read())
         if "loss_rel" in message:
             rubric["tolerances"]["loss_rel"] = "tiny"
+        elif "no_ac_reference" in message:  # a stage that does not exist
+            for spec in rubric["stages"].values():
+                if "no_ac_reference" in spec:
+                    spec["no_ac_reference"]["solution"] = "99"
         else:
             rubric["stages"]["02"]["checks"] = ["loss"]
         content = json.dumps(rubric).encode()

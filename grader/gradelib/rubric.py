@@ -93,6 +93,9 @@ def validate_rubric(rubric, name):
             if not (isinstance(ref.get("dir"), str) and ref["dir"]):
                 bad(where + ".no_ac_reference.dir", "a non-empty string", ref.get("dir"))
             str_list(where + ".no_ac_reference.drop_flags", ref.get("drop_flags"))
+            if not (isinstance(ref.get("solution"), str) and ref["solution"] in rubric["stages"]):
+                bad(where + ".no_ac_reference.solution", "one of the stages (%s)" % ", ".join(sorted(rubric["stages"])),
+                    ref.get("solution"))
     # after the loop: manifest.stages() reads every stage's config and checks
     graded = any("prefetch_bound" in spec["checks"] for spec in rubric["stages"].values())
     if graded and blocking_stage(rubric) is None:

@@ -564,14 +564,14 @@ static void k_noop(void *p) { (void)p; }
 static void rank_artifacts(Dev *d, void *arg) {
     const char *dir = arg;
     Stream *c = dev_compute_stream(d), *ag = dev_stream_create(d, "all_gather"), *rs = dev_stream_create(d, "reduce_scatter");
-    Event *ev = dev_event_create(d, "ag_done");
+    Event *ev = dev_event_create(d, "ag_done"), *used = dev_event_create(d, "used");
     const int n = dev_world_size(d);
     float *shard = dev_alloc_f32(d, 1024, MEM_PARAM_SHARD, "layers.0.wq.weight");
     float *opt = dev_alloc_f32(d, 2048, MEM_OPTIM_STATE, "exp_avg");
     memset(shard, 0, 4096);
     for (int step = 0; step < 2; step++) {
         dev_set_scope(d, step, "block0", "pre_forward");
-        float *full = dev_alloc_f32(d, 1024 * (size_t)n, MEM_UNSHARDED_PARAM, "block0.flat");
+        float *full = dev_alloc_f32_on(ag, 1024 * (size_t)n, MEM_UNSHARDED_PARAM, "block0.flat");
         coll_all_gather(d, shard, full, 1024, ag, "block0");
         dev_event_record(ev, ag);
         dev_stream_wait_event(c, ev);
@@ -580,6 +580,8 @@ static void rank_artifacts(Dev *d, void *arg) {
         dev_launch(c, "matmul", k_noop, NULL, 0);
         dev_memcpy_async(c, act, full, 1024 * sizeof(float));
         dev_set_scope(d, step, "block0", "post_forward");
+        dev_event_record(used, c);
+        dev_stream_wait_event(ag, used); /* full is a block of ag's pool: ag waits for compute's read */
         dev_free(d, full);
         char f[128];
         snprintf(f, sizeof f, "\"step\":%d,\"module\":\"block0\",\"hook\":\"post_forward\",\"live_unsharded_param_bytes\":0", step);
@@ -591,7 +593,16 @@ static void rank_artifacts(Dev *d, void *arg) {
         dev_event_record(ev, c);
         dev_stream_wait_event(rs, ev);
         coll_reduce_scatter(d, g, gs, 1024, RED_AVG, rs, "block0");
-        dev_free(d, g);
+        dev_event_record(ev, rs);
+        if (step == 0) { /* keep g until compute waited for the reduce-scatter (FSDP2's way) */
+            dev_stream_wait_event(c, ev);
+            dev_free(d, g);
+        } else { /* or record_stream: g stays counted until rs is past the free */
+            dev_record_stream(g, rs);
+            dev_free(d, g);
+            dev_stream_wait_event(c, ev);
+            dev_stream_synchronize(rs); /* the next allocator call completes it, deterministically */
+        }
         dev_free(d, act);
         dev_free(d, gs);
     }
@@ -600,6 +611,7 @@ static void rank_artifacts(Dev *d, void *arg) {
     dev_synchronize(d);
     dev_write_artifacts(d, dir);
     dev_event_destroy(ev);
+    dev_event_destroy(used);
     dev_free(d, shard);
     (void)opt; /* stays live: shows in live_at_end and the pickle's segments */
 }

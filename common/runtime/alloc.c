@@ -1,6 +1,7 @@
 /* alloc.c — the per-rank tagged allocator: counts in host call order, a treap
  * of live allocations keyed by address (exact and "containing" lookups in
- * O(log n)), stream-safe deferred frees, poison, and the memory event log. */
+ * O(log n)), per-stream frees and record_stream holds (the rules of PyTorch's
+ * caching allocator), poison, and the memory event log. */
 #include "runtime/internal.h"
 #include "runtime/util.h"
 
@@ -183,7 +184,7 @@ void dev_release_pending_frees(Dev *d, int wait_all) {
 /* With the race detector on, a freed allocation stays findable (dead tree)
  * and its storage is held back for the next QUARANTINE_FREES frees or
  * QUARANTINE_BYTES bytes (host order, so deterministic): no new allocation or
- * host malloc can take the address meanwhile. The stream-safe release (counts,
+ * host malloc can take the address meanwhile. The release (counts,
  * memory events) is unchanged; only the storage's return to the system waits
  * for both the release and the end of the quarantine. */
 #define QUARANTINE_FREES 256

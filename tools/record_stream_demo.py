@@ -32,7 +32,10 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SOLUTION = os.path.join(ROOT, "solutions", "04_backward_overlap", "hw_fsdp.c")
+sys.path.insert(0, os.path.join(ROOT, "grader"))
+import manifest  # noqa: E402  (the stage folders come from grader/rubric.json)
+
+SOLUTION = manifest.stage("04").solution_src(ROOT)
 
 # (old, new): each old text must occur exactly once in the solution.
 RECORD_STREAM = [

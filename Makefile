@@ -60,7 +60,7 @@ SOL_BIN    := $(patsubst %,$(BUILD)/solutions/%/train,$(SOLUTIONS))
 STAGE_BIN  := $(patsubst %,$(BUILD)/stages/%/train,$(STAGES))
 BASELINE   := $(BUILD)/baseline/train
 
-.PHONY: asan-test longrun tsan asan run plots handout starters impl all detect run test test-c test-py grade reference plots handout bench clean tsan asan
+.PHONY: asan-test longrun tsan asan run plots handout starters impl all detect run test test-c test-py grade reference plots handout bench clean tsan asan record-stream-demo
 
 all: detect $(LIB) $(BASELINE) $(SOL_BIN) $(STAGE_BIN) $(TEST_BIN) $(BUILD)/tests/check_ops_selftest
 
@@ -161,6 +161,10 @@ starters:
 # (about 5 minutes on 2 cores; results/bench.json and results/bench.md).
 bench: all
 	$(PYTHON) tools/bench.py
+
+# Instructors: ReduceScatterState vs dev_record_stream on stage 04, published into logs/record_stream/.
+record-stream-demo: all
+	$(PYTHON) tools/record_stream_demo.py --publish
 
 # The student tree: everything but solutions/ (and the mutants built from them).
 handout: all

@@ -13,17 +13,27 @@
  *     issue the same collectives in the same order on each stream.
  *
  * What the runtime guarantees and checks:
+ *   - Memory follows PyTorch's CUDA caching allocator. Every allocation
+ *     belongs to a stream (dev_alloc: the compute stream; dev_alloc_on: the
+ *     one you name). dev_free gives the block back to that stream's pool AT
+ *     ONCE: the stream's next allocation may reuse it, which is safe for that
+ *     stream (stream order) and for nothing else. So before freeing a buffer
+ *     another stream used, make its stream wait for an event recorded after
+ *     that use (FSDP2 keeps such buffers in an AllGatherState or a
+ *     ReduceScatterState until then), or call dev_record_stream.
  *   - Memory is counted in HOST CALL ORDER (like torch.cuda.memory_allocated):
  *     dev_alloc adds its bytes, dev_free removes them, at the call. So the
- *     peak is a property of your program, the same on every run. A freed
- *     buffer's storage is reused only after every stream of the rank finished
- *     the work enqueued before the free.
+ *     peak is a property of your program, the same on every run (unless you
+ *     use dev_record_stream: see there).
  *   - Fresh allocations are filled with NaN: reading memory nobody wrote
  *     shows up as a NaN loss.
  *   - The race detector (on by default) stops the run with one line naming the
  *     buffer, both streams and the missing wait when a stream reads what
  *     another stream writes (or writes what it reads) without an event wait or
- *     a host sync in between, or touches a buffer after its dev_free.
+ *     a host sync in between, touches a block of another stream's pool before
+ *     waiting for that stream, frees a buffer another stream may still use,
+ *     or touches a buffer after its dev_free. It decides in host order: the
+ *     same verdict on every run.
  *   - Collectives that differ across ranks stop with every rank's call named;
  *     a collective whose peers never come stops after --collective-timeout-s
  *     with a flight recorder of every rank's last collectives.
@@ -89,13 +99,23 @@ typedef enum {
 } MemTag;
 
 /* A new allocation of `bytes` (64-byte aligned), tagged and named (the name
- * is copied; it shows in snapshots and race messages). Counted at once.
- * bytes may be 0 (a unique non-NULL pointer). */
+ * is copied; it shows in snapshots and race messages), from the compute
+ * stream's pool. Counted at once. bytes may be 0 (a unique non-NULL pointer). */
 void *dev_alloc(Dev *d, size_t bytes, MemTag tag, const char *name);
 float *dev_alloc_f32(Dev *d, size_t count, MemTag tag, const char *name);
-/* Release an allocation (NULL is ignored); uncounted at once. Fatal if p is
- * not the start of a live allocation of this rank. */
+/* The same from stream s's pool: allocate a buffer on the stream that fills
+ * it (another stream may touch it only after waiting for s). */
+void *dev_alloc_on(Stream *s, size_t bytes, MemTag tag, const char *name);
+float *dev_alloc_f32_on(Stream *s, size_t count, MemTag tag, const char *name);
+/* Release an allocation (NULL is ignored): uncounted, and back to its
+ * stream's pool, at once. Fatal if p is not the start of a live allocation
+ * of this rank. */
 void dev_free(Dev *d, void *p);
+/* PyTorch's tensor.record_stream(s): when p is freed, its block stays held
+ * (and counted; "active_pending_free" in the snapshot) until s finished the
+ * work queued before the free. Memory then depends on how far the streams
+ * got, not on your program, which is why FSDP2 avoids it. */
+void dev_record_stream(void *p, Stream *s);
 size_t dev_mem_current(const Dev *d);   /* bytes allocated now */
 size_t dev_mem_peak(const Dev *d);      /* most bytes allocated at once this step */
 

@@ -31,6 +31,10 @@
  *     (events) for whatever produces Param.data.
  *   - Param.grad is a fresh zeroed allocation (tag MEM_UNSHARDED_GRAD) per
  *     backward; after fsdp_post_backward the runtime never touches it again.
+ *   - dev_free gives a block back to its stream's pool at once, as PyTorch's
+ *     caching allocator does: keep a buffer another stream still uses alive
+ *     until its owner stream has waited for an event recorded after that use.
+ *     Allocate a buffer on the stream that fills it (dev_alloc_on).
  *   - The same calls, in the same order, on every rank.
  *   - Resuming (--load of a --save checkpoint): DTensor.exp_avg/exp_avg_sq are
  *     already allocated and filled after fsdp_init; create optimizer state only

@@ -21,6 +21,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUBRIC_PATH = os.path.join(ROOT, "grader", "rubric.json")
 PREFETCH_KINDS = ("forward", "backward")
+STREAM_KINDS = ("all_gather", "reduce_scatter")  # the collectives a stage runs on a stream of their own
 
 
 class ManifestError(ValueError):
@@ -40,6 +41,7 @@ class Stage:
         self.graded_on = spec.get("graded_on", "")
         self.flags = list(spec.get("flags", []))
         self.prefetch = list(spec.get("prefetch", []))
+        self.streams = list(spec.get("streams", []))  # all_gather / reduce_scatter: on their own stream
         self.config = dict(spec.get("config", {}))
         self.checks = dict(spec.get("checks", {}))
         self.spec = spec
@@ -115,6 +117,10 @@ def validate_stages(rubric, name="rubric.json"):
         for f in spec.get("flags", []):
             if not re.fullmatch(r"--[a-z0-9-]+(=[A-Za-z0-9._-]+)?", f):
                 bad(where + ".flags", "flags of the form --name or --name=value", f)
+        str_list(where + ".streams", spec.get("streams", []))
+        for k in spec.get("streams", []):
+            if k not in STREAM_KINDS:
+                bad(where + ".streams", "a list of %s" % " / ".join(STREAM_KINDS), k)
         str_list(where + ".prefetch", spec.get("prefetch", []))
         for p in spec.get("prefetch", []):
             if p not in PREFETCH_KINDS:

@@ -1,8 +1,11 @@
 /* local_world.h — a world of n ranks as threads (local backend, one BLAS
  * thread) for the runtime's C tests: local_config(n) to adjust, run_world to
- * create it, run fn on every rank and destroy it. */
+ * create it, run fn on every rank and destroy it; and a gate that holds a
+ * stream until the host opens it. */
 #ifndef HWFSDP_LOCAL_WORLD_H
 #define HWFSDP_LOCAL_WORLD_H
+
+#include <pthread.h>
 
 #include "runtime/runtime.h"
 
@@ -18,6 +21,29 @@ static inline void run_world(WorldConfig c, void (*fn)(Dev *, void *), void *arg
     World *w = world_create(&c);
     world_run(w, fn, arg);
     world_destroy(w);
+}
+
+/* A gate: a stream that runs k_gate_wait blocks until the host calls
+ * gate_open. Tests wait for this event, never for a time. */
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int open;
+} Gate;
+#define GATE_INIT {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0}
+
+static inline void k_gate_wait(void *p) { /* dev_launch args: a Gate * */
+    Gate *g = *(Gate **)p;
+    pthread_mutex_lock(&g->mu);
+    while (!g->open) pthread_cond_wait(&g->cv, &g->mu);
+    pthread_mutex_unlock(&g->mu);
+}
+
+static inline void gate_open(Gate *g) {
+    pthread_mutex_lock(&g->mu);
+    g->open = 1;
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
 }
 
 #endif

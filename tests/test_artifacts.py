@@ -88,7 +88,7 @@ def test_memory_json_replay(out):
         assert m["tags"][:3] == ["param", "param_shard", "unsharded_param"]
         seqs = [e["seq"] for e in m["events"]]
         assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
-        live, cur, peak, checked = {}, 0, 0, 0
+        live, cur, peak, checked, requested = {}, 0, 0, 0, {}
         for e in m["events"]:
             if "kind" in e:
                 assert e["kind"] == "hook_check"
@@ -98,17 +98,26 @@ def test_memory_json_replay(out):
                 checked += 1
                 continue
             if e["action"] == "alloc":
-                assert e["addr"] % 64 == 0 and e["addr"] not in live
+                assert e["addr"] % 64 == 0 and e["addr"] not in live and e["addr"] not in requested
+                assert e["stream"] == ("all_gather" if e["name"] == "block0.flat" else "compute"), e
                 live[e["addr"]] = (e["size"], e["tag"])
                 cur += e["size"]
                 peak = max(peak, cur)
+            elif e["action"] == "free_requested":  # dev_record_stream: still counted
+                requested[e["addr"]] = live.pop(e["addr"])
+            elif e["action"] == "free_completed":
+                assert requested.pop(e["addr"])[0] == e["size"]
+                cur -= e["size"]
             else:
                 assert e["action"] == "free" and live.pop(e["addr"])[0] == e["size"]
                 cur -= e["size"]
             assert e["current_bytes"] == cur
             for k in ("name", "step", "module", "phase", "time_us", "tag", "size"):
                 assert k in e
-        assert checked == 2
+        assert checked == 2 and not requested
+        # step 2 frees block0.grad with dev_record_stream: requested, then completed by the next allocator call
+        held = [(i, e["action"]) for i, e in enumerate(m["events"]) if e.get("name") == "block0.grad" and e["step"] == 1]
+        assert [a for _, a in held] == ["alloc", "free_requested", "free_completed"], held
         assert peak == m["peak_bytes"]
         assert sorted(a["addr"] for a in m["live_at_end"]) == sorted(live)
         assert sorted(a["name"] for a in m["live_at_end"]) == ["exp_avg", "layers.0.wq.weight"]
@@ -198,10 +207,13 @@ def test_pickle_structure(out):
         assert set(actions) <= {"segment_alloc", "alloc", "free_requested", "free_completed", "segment_free"}
         assert actions.count("segment_alloc") == actions.count("alloc")
         assert actions.count("segment_free") == actions.count("free_completed")
-        n_alloc = sum(1 for e in m["events"] if e.get("action") == "alloc")
-        n_free = sum(1 for e in m["events"] if e.get("action") == "free")
-        assert actions.count("alloc") == n_alloc and actions.count("free_requested") == n_free
-        assert actions.count("free_completed") == n_free  # everything freed was released by the end
+        count = lambda a: sum(1 for e in m["events"] if e.get("action") == a)  # noqa: E731
+        assert actions.count("alloc") == count("alloc")
+        # a plain free is requested and completed at once; a dev_record_stream one completes later
+        assert actions.count("free_requested") == count("free") + count("free_requested")
+        assert actions.count("free_completed") == count("free") + count("free_completed")
+        assert count("free_requested") == count("free_completed") == 1  # everything freed was completed by the end
+        assert {e["stream"] for e in trace} == {0, 1}  # compute's pool and all_gather's
         for e in trace:
             assert {"action", "addr", "size", "stream", "time_us", "frames"} <= set(e)
             assert e["addr"] > 2 ** 31  # addresses need LONG1

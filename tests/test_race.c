@@ -123,6 +123,61 @@ static void rank_collective(Dev *d, void *arg) {
     dev_event_destroy(e);
 }
 
+/* The caching allocator's rule at dev_free. An all-gather buffer of compute's
+ * pool is filled by a collective on "all_gather" (ordered after compute's
+ * work by an event), then freed right after enqueueing it; compute allocates
+ * next, which may take the block while the all-gather still writes it.
+ * mode 0: that bug; 1: compute waits for the all-gather first; 2:
+ * dev_record_stream(buf, all_gather) instead; 3: the buffer is allocated on
+ * "all_gather" itself (its own queued work is ordered: no verdict). */
+static void rank_free_in_use(Dev *d, void *arg) {
+    int mode = *(int *)arg;
+    int W = dev_world_size(d), me = dev_rank(d);
+    Stream *c = dev_compute_stream(d), *ag = dev_stream_create(d, "all_gather");
+    Event *ready = dev_event_create(d, "ready"), *done = dev_event_create(d, "ag_done");
+    dev_set_scope(d, 0, "block2", "pre_forward");
+    float *flat = mode == 3 ? dev_alloc_f32_on(ag, 128 * (size_t)W, MEM_COMM_BUFFER, "block2.all_gather_buffer")
+                            : dev_alloc_f32(d, 128 * (size_t)W, MEM_COMM_BUFFER, "block2.all_gather_buffer");
+    dev_event_record(ready, c);
+    dev_stream_wait_event(ag, ready);
+    dev_memset_async(ag, flat + (size_t)me * 128, 0, 128 * sizeof(float));
+    coll_all_gather(d, flat + (size_t)me * 128, flat, 128, ag, "block2");
+    dev_event_record(done, ag);
+    if (mode == 1) dev_stream_wait_event(c, done);
+    if (mode == 2) dev_record_stream(flat, ag);
+    dev_free(d, flat);
+    float *next = dev_alloc_f32(d, 128 * (size_t)W, MEM_UNSHARDED_PARAM, "layers.2.w");
+    dev_memset_async(c, next, 0, 128 * (size_t)W * sizeof(float));
+    dev_synchronize(d);
+    dev_free(d, next);
+    dev_event_destroy(ready);
+    dev_event_destroy(done);
+}
+
+/* A block of compute's pool, allocated after compute queued work, written by
+ * "all_gather" without waiting for compute (mode 0); mode 1 allocates it on
+ * "all_gather" instead; mode 2 makes all_gather wait for an event recorded on
+ * compute after the allocation. */
+static void rank_foreign_pool(Dev *d, void *arg) {
+    int mode = *(int *)arg;
+    Stream *c = dev_compute_stream(d), *ag = dev_stream_create(d, "all_gather");
+    Event *e = dev_event_create(d, "allocated");
+    dev_set_scope(d, 0, "block3", "pre_forward");
+    float *act = dev_alloc_f32(d, 64, MEM_ACTIVATION, "block2.out");
+    dev_memset_async(c, act, 0, 64 * sizeof(float)); /* compute has work queued */
+    float *flat = mode == 1 ? dev_alloc_f32_on(ag, 64, MEM_COMM_BUFFER, "block3.all_gather_buffer")
+                            : dev_alloc_f32(d, 64, MEM_COMM_BUFFER, "block3.all_gather_buffer");
+    if (mode == 2) {
+        dev_event_record(e, c);
+        dev_stream_wait_event(ag, e);
+    }
+    dev_memset_async(ag, flat, 0, 64 * sizeof(float));
+    dev_synchronize(d);
+    dev_free(d, flat);
+    dev_free(d, act);
+    dev_event_destroy(e);
+}
+
 /* Rank 3 (of 4) skips one all-gather: the others wait for it forever. */
 static void rank_skip_all_gather(Dev *d, void *arg) {
     (void)arg;
@@ -176,6 +231,14 @@ static int run_mode(const char *kind) {
     else if (!strcmp(kind, "race_write_after_read_ordered")) fn = rank_write_after_read, arg = 1;
     else if (!strcmp(kind, "race_use_after_free")) fn = rank_use_after_free;
     else if (!strcmp(kind, "race_collective")) fn = rank_collective, arg = 0, c = local_config(4);
+    else if (!strcmp(kind, "free_in_use")) fn = rank_free_in_use, arg = 0, c = local_config(4);
+    else if (!strcmp(kind, "free_after_wait")) fn = rank_free_in_use, arg = 1, c = local_config(4);
+    else if (!strcmp(kind, "free_recorded")) fn = rank_free_in_use, arg = 2, c = local_config(4);
+    else if (!strcmp(kind, "free_own_stream")) fn = rank_free_in_use, arg = 3, c = local_config(4);
+    else if (!strcmp(kind, "free_in_use_unchecked")) fn = rank_free_in_use, arg = 0, c = local_config(4), c.no_race_check = 1;
+    else if (!strcmp(kind, "foreign_pool")) fn = rank_foreign_pool, arg = 0;
+    else if (!strcmp(kind, "foreign_pool_own")) fn = rank_foreign_pool, arg = 1;
+    else if (!strcmp(kind, "foreign_pool_waited")) fn = rank_foreign_pool, arg = 2;
     else if (!strcmp(kind, "race_collective_ordered")) fn = rank_collective, arg = 1, c = local_config(4);
     else if (!strcmp(kind, "timeout_skip")) fn = rank_skip_all_gather, c = local_config(4);
     else if (!strcmp(kind, "timeout_stream")) fn = rank_extra_stream, c = local_config(3);
@@ -256,6 +319,32 @@ TEST(collective_race_deterministic) {
     for (int i = 0; i < 20; i++) EXPECT_LINE("race_collective", COLLECTIVE_RACE);
     EXPECT_CLEAN("race_collective_ordered");
 }
+#define FREE_IN_USE                                                                                                    \
+    "error: free while in use on rank 0: dev_free of 'block2.all_gather_buffer' (comm_buffer, allocated in "          \
+    "block2.pre_forward) in block2.pre_forward, but all_gather stream's 'block2.all_gather' still writes it with "    \
+    "nothing ordering that before the free: the block goes back to the compute stream's pool at once and the next "  \
+    "allocation there may reuse it. Keep the buffer alive until compute has waited for an event recorded on "         \
+    "all_gather after that use (as FSDP2's AllGatherState and ReduceScatterState do), or call "                       \
+    "dev_record_stream(buf, all_gather stream) before dev_free"
+TEST(free_while_in_use_deterministic) {
+    /* 4 ranks, decided in host order: the same line on every run */
+    for (int i = 0; i < 20; i++) EXPECT_LINE("free_in_use", FREE_IN_USE);
+    EXPECT_CLEAN("free_after_wait");
+    EXPECT_CLEAN("free_recorded");
+    EXPECT_CLEAN("free_own_stream");
+    EXPECT_CLEAN("free_in_use_unchecked"); /* detector off: the emulator still never crashes */
+}
+TEST(foreign_pool) {
+    EXPECT_LINE("foreign_pool",
+                "error: race on rank 0: all_gather stream's 'block3.memset' writes 'block3.all_gather_buffer' "
+                "(comm_buffer, allocated in block3.pre_forward), a block of the compute stream's pool, with no event "
+                "wait ordering it after the compute work queued before the allocation, which may still use that "
+                "memory (a freed block goes to the next allocation on its stream at once). Allocate it on the stream "
+                "that fills it (dev_alloc_on(all_gather stream, ...)), or make all_gather wait for an event recorded "
+                "on compute after the allocation");
+    EXPECT_CLEAN("foreign_pool_own");
+    EXPECT_CLEAN("foreign_pool_waited");
+}
 TEST(verdict_is_deterministic) {
     for (int i = 0; i < 20; i++) EXPECT_LINE("race_missing_wait", MISSING_WAIT);
 }
@@ -274,6 +363,8 @@ int main(int argc, char **argv) {
     RUN(write_after_read);
     RUN(use_after_free);
     RUN(collective_race_deterministic);
+    RUN(free_while_in_use_deterministic);
+    RUN(foreign_pool);
     RUN(verdict_is_deterministic);
     return check_summary();
 }

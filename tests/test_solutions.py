@@ -226,3 +226,24 @@ def test_mpi_processes_match_threads_bitwise(runs, tmp_path):
     assert [(m["loss"], m["grad_norm"]) for m in metrics(out)] == \
         [(m["loss"], m["grad_norm"]) for m in metrics(local)]
     assert filecmp.cmp(out / "final.safetensors", local / "final.safetensors", shallow=False)
+
+
+def test_record_stream_holds_what_the_state_frees(runs, tmp_path):
+    """tools/record_stream_demo.py's variant of stage 04 (the reduce-scatter input freed after
+    dev_record_stream instead of kept in the ReduceScatterState) trains bitwise the same, but
+    its inputs stay counted until the reduce-scatter stream got past them: more comm_buffer
+    at once, every held block completed by the end, none of that in the shipped solution."""
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
+    import record_stream_demo as demo
+    binary = str(tmp_path / "train_record_stream")
+    demo.build(demo.variant_source(str(tmp_path)), binary)
+    flags = TINY + ["--world", "4"] + LINK
+    held = runs(binary, *flags)
+    kept = runs(solution_bin("04"), *flags)
+    assert [r["loss"] for r in metrics(held)] == [r["loss"] for r in metrics(kept)]
+    actions = [e.get("action") for e in snapshot(held)["events"]]
+    assert actions.count("free_requested") > 0
+    assert actions.count("free_requested") == actions.count("free_completed")
+    assert "free_requested" not in [e.get("action") for e in snapshot(kept)["events"]]
+    assert demo.comm_peak(str(held)) > demo.comm_peak(str(kept))

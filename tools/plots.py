@@ -122,7 +122,7 @@ def plot_memory(plt, run, out, rank):
         if act == "alloc":
             live[e["addr"]] = (e["tag"], e["size"])
             by_tag[e["tag"]] = by_tag.get(e["tag"], 0) + e["size"]
-        elif act == "free" and e["addr"] in live:
+        elif act in ("free", "free_completed") and e["addr"] in live:  # free_requested: still held
             tag, size = live.pop(e["addr"])
             by_tag[tag] -= size
         else:

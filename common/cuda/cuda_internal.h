@@ -22,10 +22,13 @@ typedef struct {
     TraceRec rec; /* ts/dur filled at resolution */
 } PendingTiming;
 
-/* A free storage block of the caching allocator (exact-size reuse). */
+/* A free storage block of the caching allocator: it belongs to the pool of
+ * the stream it was allocated on and serves that stream's next request of
+ * exactly its size. */
 typedef struct {
     void *p;
     size_t bytes;
+    int stream;
 } CachedBlock;
 
 struct CudaDev {

@@ -10,11 +10,11 @@
  *   - an Event is a cudaEvent_t; waits are cudaStreamWaitEvent;
  *   - traced ops are bracketed by two timing events and become trace
  *     records once both completed (resolved at synchronisations);
- *   - storage comes from cudaMalloc'd segments that are cached on free and
- *     reused for later requests of the same rounded size; a free is fenced by
- *     an event on every stream of the rank, so a segment is reused only after
- *     all work queued before the free has finished (what PyTorch's caching
- *     allocator does with record_stream).
+ *   - storage comes from cudaMalloc'd segments, cached per stream as
+ *     PyTorch's caching allocator does: a freed block goes back to the pool
+ *     of the stream it was allocated on at once and serves that stream's next
+ *     request of its rounded size (reuse in stream order); a block marked with
+ *     dev_record_stream waits for events recorded on those streams first.
  * Built only by `make cuda`. */
 #include "cuda/cuda_internal.h"
 
@@ -224,12 +224,12 @@ static void cache_trim(Dev *d) {
     c->cache_bytes = 0;
 }
 
-void *backend_storage_alloc(Dev *d, size_t bytes, const char *name) {
+void *backend_storage_alloc(Dev *d, size_t bytes, int stream, const char *name) {
     struct CudaDev *c = d->cuda;
     size_t r = round_storage(bytes);
     void *p = NULL;
     for (size_t i = c->n_cache; i-- > 0;)
-        if (c->cache[i].bytes == r) {
+        if (c->cache[i].bytes == r && c->cache[i].stream == stream) {
             p = c->cache[i].p;
             c->cache[i] = c->cache[--c->n_cache];
             c->cache_bytes -= r;
@@ -242,6 +242,7 @@ void *backend_storage_alloc(Dev *d, size_t bytes, const char *name) {
             /* give back what is cached, wait for this rank's frees in flight, retry */
             (void)cudaGetLastError();
             dev_synchronize(d);
+            dev_complete_held_frees(d, 1);
             dev_release_pending_frees(d, 1);
             cache_trim(d);
             e = cudaMalloc(&p, r);
@@ -265,14 +266,16 @@ void *backend_storage_alloc(Dev *d, size_t bytes, const char *name) {
     return p;
 }
 
-void backend_storage_free(Dev *d, void *p, size_t bytes) {
+int backend_storage_fenced(void) { return 0; }
+
+void backend_storage_free(Dev *d, void *p, size_t bytes, int stream) {
     struct CudaDev *c = d->cuda;
     if (c->n_cache == c->cache_cap) {
         c->cache_cap = c->cache_cap ? c->cache_cap * 2 : 256;
         c->cache = xrealloc(c->cache, c->cache_cap * sizeof *c->cache);
     }
     size_t r = round_storage(bytes);
-    c->cache[c->n_cache++] = (CachedBlock){p, r};
+    c->cache[c->n_cache++] = (CachedBlock){p, r, stream};
     c->cache_bytes += r;
 }
 
@@ -286,12 +289,14 @@ typedef struct {
 int backend_fence_create(Dev *d, PendingFree *pf) {
     struct CudaDev *c = d->cuda;
     Fence *f = xmalloc(sizeof *f + (size_t)d->nstreams * sizeof(cudaEvent_t));
-    f->n = d->nstreams;
+    f->n = 0;
     int busy = 0;
-    for (int i = 0; i < d->nstreams; i++) {
-        f->ev[i] = pool_get(&c->fence_pool, &c->n_fence_pool, cudaEventDisableTiming);
-        CUDA_CHECK(cudaEventRecord(f->ev[i], d->streams[i]->cuda->st));
-        busy |= !event_done(f->ev[i]);
+    for (int i = 0; i < d->nstreams && i < 64; i++) {
+        if (!(pf->mask >> i & 1)) continue;
+        cudaEvent_t e = pool_get(&c->fence_pool, &c->n_fence_pool, cudaEventDisableTiming);
+        CUDA_CHECK(cudaEventRecord(e, d->streams[i]->cuda->st));
+        busy |= !event_done(e);
+        f->ev[f->n++] = e;
     }
     pf->fence = f;
     return busy;

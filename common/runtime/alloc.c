@@ -1,6 +1,7 @@
 /* alloc.c — the per-rank tagged allocator: counts in host call order, a treap
  * of live allocations keyed by address (exact and "containing" lookups in
- * O(log n)), stream-safe deferred frees, poison, and the memory event log. */
+ * O(log n)), per-stream frees and record_stream holds (the rules of PyTorch's
+ * caching allocator), poison, and the memory event log. */
 #include "runtime/internal.h"
 #include "runtime/util.h"
 
@@ -80,46 +81,26 @@ static MemEvent *mev_push(Dev *d) {
 static void mev_from_alloc(MemEvent *e, const Alloc *a) {
     e->addr = a->addr;
     e->size = a->size;
+    e->stream = a->stream;
     e->tag = a->tag;
     e->name = a->name;
 }
 
-/* -------------------------------------------------------- deferred frees */
-
+/* ------------------------------------------------------------ freed blocks */
 
 static size_t storage_bytes(size_t bytes) { return bytes ? (bytes + 63) / 64 * 64 : 64; }
 
 static void free_storage(Dev *d, Alloc *a) {
-    backend_storage_free(d, (void *)a->addr, storage_bytes(a->size));
+    backend_storage_free(d, (void *)a->addr, storage_bytes(a->size), a->stream);
     race_state_free(&a->race);
     free(a);
 }
 
-static void release(Dev *d, PendingFree *p) {
-    MemEvent *e = mev_push(d);
-    e->kind = MEV_FREE_DONE;
-    mev_from_alloc(e, p->alloc);
-    e->module = p->alloc->module;
-    e->phase = p->alloc->phase;
-    e->step = p->alloc->step;
-    e->time_us = now_us() - d->world->epoch_us;
-    e->current_bytes = d->mem.current;
-    backend_fence_release(d, p);
+/* The storage goes back (to its stream's pool; the quarantine may hold it longer). */
+static void release_storage(Dev *d, Alloc *a) {
     d->mem.frees_released++;
-    if (p->alloc->quarantined) p->alloc->released = 1; /* storage held until it leaves the quarantine */
-    else free_storage(d, p->alloc);
-}
-
-/* Return to the system every deferred free whose streams have moved past it.
- * Snapshots only grow in FIFO order, so stop at the first one not ready. */
-void dev_release_pending_frees(Dev *d, int wait_all) {
-    while (d->mem.pend_count) {
-        PendingFree *p = &d->mem.pending[d->mem.pend_head];
-        if (!wait_all && !backend_fence_ready(d, p)) break;
-        release(d, p);
-        d->mem.pend_head = (d->mem.pend_head + 1) % d->mem.pend_cap;
-        d->mem.pend_count--;
-    }
+    if (a->quarantined) a->released = 1; /* storage held until it leaves the quarantine */
+    else free_storage(d, a);
 }
 
 /* Room for one more element in a FIFO ring (`count` elements of `elem` bytes
@@ -136,10 +117,66 @@ static void *ring_reserve(void *buf, size_t *cap, size_t *head, size_t count, si
     return nb;
 }
 
-static void push_pending(Dev *d, PendingFree pf) {
+static uint64_t all_streams(const Dev *d) { return d->nstreams >= 64 ? ~0ull : (1ull << d->nstreams) - 1; }
+
+/* A block no longer counted: its storage goes back to its stream's pool now
+ * (CUDA), or once every stream is past this point (the CPU emulator). */
+static void retire_storage(Dev *d, Alloc *a) {
+    if (!backend_storage_fenced()) {
+        release_storage(d, a);
+        return;
+    }
+    PendingFree pf = {a, all_streams(d), NULL, 0, NULL};
+    if (backend_fence_create(d, &pf)) d->mem.frees_deferred++;
     d->mem.pending = ring_reserve(d->mem.pending, &d->mem.pend_cap, &d->mem.pend_head, d->mem.pend_count,
                                   sizeof *d->mem.pending);
     d->mem.pending[(d->mem.pend_head + d->mem.pend_count++) % d->mem.pend_cap] = pf;
+}
+
+/* A free event (kind MEV_FREE*) of a, in the current scope, after the counts changed. */
+static void log_free(Dev *d, MemEventKind kind, const Alloc *a) {
+    MemEvent *e = mev_push(d);
+    e->kind = kind;
+    e->seq = ++d->mem.mem_seq;
+    mev_from_alloc(e, a);
+    e->module = d->scope.module;
+    e->phase = d->scope.phase;
+    e->step = d->scope.step;
+    e->time_us = now_us() - d->world->epoch_us;
+    e->current_bytes = d->mem.current;
+}
+
+static void uncount(Dev *d, const Alloc *a) {
+    d->mem.current -= a->size;
+    d->mem.by_tag[a->tag] -= a->size;
+}
+
+void dev_complete_held_frees(Dev *d, int wait_all) {
+    size_t kept = 0;
+    for (size_t i = 0; i < d->mem.n_held; i++) {
+        PendingFree *p = &d->mem.held[i];
+        if (wait_all || backend_fence_ready(d, p)) {
+            backend_fence_release(d, p);
+            uncount(d, p->alloc);
+            log_free(d, MEV_FREE_COMPLETED, p->alloc);
+            retire_storage(d, p->alloc);
+        } else {
+            d->mem.held[kept++] = *p;
+        }
+    }
+    d->mem.n_held = kept;
+}
+
+void dev_release_pending_frees(Dev *d, int wait_all) {
+    /* fences only grow in FIFO order, so stop at the first not ready */
+    while (d->mem.pend_count) {
+        PendingFree *p = &d->mem.pending[d->mem.pend_head];
+        if (!wait_all && !backend_fence_ready(d, p)) break;
+        backend_fence_release(d, p);
+        release_storage(d, p->alloc);
+        d->mem.pend_head = (d->mem.pend_head + 1) % d->mem.pend_cap;
+        d->mem.pend_count--;
+    }
 }
 
 /* ------------------------------------------------ use-after-free quarantine */
@@ -147,7 +184,7 @@ static void push_pending(Dev *d, PendingFree pf) {
 /* With the race detector on, a freed allocation stays findable (dead tree)
  * and its storage is held back for the next QUARANTINE_FREES frees or
  * QUARANTINE_BYTES bytes (host order, so deterministic): no new allocation or
- * host malloc can take the address meanwhile. The stream-safe release (counts,
+ * host malloc can take the address meanwhile. The release (counts,
  * memory events) is unchanged; only the storage's return to the system waits
  * for both the release and the end of the quarantine. */
 #define QUARANTINE_FREES 256
@@ -187,22 +224,26 @@ Alloc *dev_dead_alloc_containing(const Dev *d, uintptr_t p) { return containing(
 
 /* --------------------------------------------------------------- alloc */
 
-void *dev_alloc(Dev *d, size_t bytes, MemTag tag, const char *name) {
+void *dev_alloc_on(Stream *s, size_t bytes, MemTag tag, const char *name) {
+    if (!s) fatal("dev_alloc_on('%s'): NULL stream", name ? name : "?");
+    Dev *d = s->dev;
     if ((int)tag < 0 || tag >= MEM_TAG_COUNT) fatal("dev_alloc('%s'): bad memory tag %d", name ? name : "?", (int)tag);
+    dev_complete_held_frees(d, 0);
     dev_release_pending_frees(d, 0);
     size_t real = storage_bytes(bytes); /* 0 bytes still get a unique address */
     if (real < bytes) fatal("dev_alloc('%s'): %zu bytes is too large", name ? name : "?", bytes);
-    void *p = backend_storage_alloc(d, real, name);
+    void *p = backend_storage_alloc(d, real, s->index, name);
     Alloc *a = xcalloc(1, sizeof *a);
     a->addr = (uintptr_t)p;
     a->size = bytes;
     a->tag = tag;
+    a->stream = s->index;
     a->name = dev_intern(d, name ? name : "");
     a->module = d->scope.module;
     a->phase = d->scope.phase;
     a->step = d->scope.step;
     a->seq = ++d->mem.mem_seq;
-    a->race.writer = -1;
+    race_on_alloc(d, a);
     a->time_us = now_us() - d->world->epoch_us;
     /* xorshift priorities: deterministic, balanced in expectation */
     d->mem.prio_state ^= d->mem.prio_state << 13;
@@ -230,38 +271,64 @@ void *dev_alloc(Dev *d, size_t bytes, MemTag tag, const char *name) {
     return p;
 }
 
-float *dev_alloc_f32(Dev *d, size_t count, MemTag tag, const char *name) {
+void *dev_alloc(Dev *d, size_t bytes, MemTag tag, const char *name) {
+    return dev_alloc_on(dev_compute_stream(d), bytes, tag, name);
+}
+
+static size_t f32_bytes(size_t count, const char *name) {
     if (count > SIZE_MAX / sizeof(float)) fatal("dev_alloc_f32('%s'): %zu floats is too large", name ? name : "?", count);
-    return dev_alloc(d, count * sizeof(float), tag, name);
+    return count * sizeof(float);
+}
+
+float *dev_alloc_f32(Dev *d, size_t count, MemTag tag, const char *name) {
+    return dev_alloc(d, f32_bytes(count, name), tag, name);
+}
+
+float *dev_alloc_f32_on(Stream *s, size_t count, MemTag tag, const char *name) {
+    return dev_alloc_on(s, f32_bytes(count, name), tag, name);
+}
+
+static Alloc *live_alloc(const Dev *d, const void *p) {
+    Alloc *a = treap_floor(d->mem.live_root, (uintptr_t)p);
+    return a && a->addr == (uintptr_t)p ? a : NULL;
+}
+
+void dev_record_stream(void *p, Stream *s) {
+    if (!s) fatal("dev_record_stream: NULL stream");
+    Alloc *a = live_alloc(s->dev, p);
+    if (!a) fatal("dev_record_stream: %p is not a live allocation of rank %d (record before dev_free)", p, s->dev->rank);
+    if (s->index >= 64) fatal("dev_record_stream: stream '%s' is the rank's 65th stream (at most 64)", s->name);
+    if (s->index != a->stream) a->recorded |= 1ull << s->index; /* the owner's own work is ordered anyway */
 }
 
 void dev_free(Dev *d, void *p) {
     if (!p) return;
-    Alloc *a = treap_floor(d->mem.live_root, (uintptr_t)p);
-    if (!a || a->addr != (uintptr_t)p) fatal("dev_free: %p is not a live allocation of rank %d (double free?)", p, d->rank);
+    Alloc *a = live_alloc(d, p);
+    if (!a) fatal("dev_free: %p is not a live allocation of rank %d (double free?)", p, d->rank);
+    dev_complete_held_frees(d, 0);
+    race_on_free(d, a); /* another stream may still use it: stops the run with the fix */
     d->mem.live_root = treap_remove(d->mem.live_root, a->addr);
     a->left = a->right = NULL;
     d->mem.n_live--;
-    d->mem.current -= a->size;
-    d->mem.by_tag[a->tag] -= a->size;
-
-    MemEvent *e = mev_push(d);
-    e->kind = MEV_FREE;
-    e->seq = ++d->mem.mem_seq;
-    mev_from_alloc(e, a);
-    e->module = d->scope.module;
-    e->phase = d->scope.phase;
-    e->step = d->scope.step;
-    e->time_us = now_us() - d->world->epoch_us;
-    e->current_bytes = d->mem.current;
-
-    /* Stream-safe: the storage may be in use by any op enqueued so far. */
-    PendingFree pf = {a, NULL, 0, NULL};
-    if (backend_fence_create(d, &pf)) d->mem.frees_deferred++;
     a->free_module = d->scope.module;
     a->free_phase = d->scope.phase;
-    push_pending(d, pf);
     if (d->race.on) quarantine(d, a);
+    if (a->recorded) {
+        /* record_stream: held and counted until the recorded streams finished the work queued so far */
+        PendingFree pf = {a, a->recorded, NULL, 0, NULL};
+        backend_fence_create(d, &pf);
+        if (d->mem.n_held == d->mem.held_cap) {
+            d->mem.held_cap = d->mem.held_cap ? d->mem.held_cap * 2 : 16;
+            d->mem.held = xrealloc(d->mem.held, d->mem.held_cap * sizeof *d->mem.held);
+        }
+        d->mem.held[d->mem.n_held++] = pf;
+        log_free(d, MEV_FREE_REQUESTED, a);
+    } else {
+        /* back to its stream's pool at once: that stream's later work is ordered after the free */
+        uncount(d, a);
+        log_free(d, MEV_FREE, a);
+        retire_storage(d, a);
+    }
     dev_release_pending_frees(d, 0);
 }
 
@@ -275,15 +342,13 @@ size_t dev_mem_current_by_tag(const Dev *d, MemTag tag) {
 }
 
 size_t dev_mem_live_size_containing(const Dev *d, const void *p) {
-    Alloc *a = treap_floor(d->mem.live_root, (uintptr_t)p);
-    if (!a || (uintptr_t)p - a->addr >= a->size) return 0;
-    return a->size;
+    Alloc *a = containing(d->mem.live_root, (uintptr_t)p);
+    return a ? a->size : 0;
 }
 
 uint64_t dev_mem_live_id_containing(const Dev *d, const void *p) {
-    Alloc *a = treap_floor(d->mem.live_root, (uintptr_t)p);
-    if (!a || (uintptr_t)p - a->addr >= a->size) return 0;
-    return a->seq;
+    Alloc *a = containing(d->mem.live_root, (uintptr_t)p);
+    return a ? a->seq : 0;
 }
 
 void dev_mem_note(Dev *d, const char *kind, const char *json_fields) {
@@ -308,11 +373,15 @@ static void free_tree(Dev *d, Alloc *t) {
 
 /* At Dev destroy (streams already idle and joined). */
 void dev_alloc_destroy(Dev *d) {
+    for (size_t i = 0; i < d->mem.n_held; i++) {
+        backend_fence_release(d, &d->mem.held[i]);
+        release_storage(d, d->mem.held[i].alloc);
+    }
+    free(d->mem.held);
     while (d->mem.pend_count) {
         PendingFree *p = &d->mem.pending[d->mem.pend_head];
-        if (p->alloc->quarantined) p->alloc->released = 1;
-        else free_storage(d, p->alloc);
         backend_fence_release(d, p);
+        release_storage(d, p->alloc);
         d->mem.pend_head = (d->mem.pend_head + 1) % d->mem.pend_cap;
         d->mem.pend_count--;
     }

@@ -1,7 +1,10 @@
-/* alloc.h — the tagged allocator (alloc.c): live allocations in a treap by
- * address, counted bytes (current, peak, by tag) in host call order, the
- * memory-event log the snapshots are written from, and stream-safe frees
- * (storage released once the streams are past the free). */
+/* alloc.h — the tagged allocator (alloc.c), with the rules of PyTorch's CUDA
+ * caching allocator: every allocation belongs to a stream; dev_free gives the
+ * block back to that stream's pool at once (counted bytes drop at the call);
+ * a block marked with dev_record_stream is held, and counted, until those
+ * streams finished the work queued before the free. Live allocations in a
+ * treap by address, counts (current, peak, by tag) in host call order, and
+ * the memory-event log the snapshots are written from. */
 #ifndef HWFSDP_ALLOC_H
 #define HWFSDP_ALLOC_H
 
@@ -20,18 +23,25 @@ typedef struct Alloc {
     double time_us;
     uint32_t prio;                      /* treap */
     struct Alloc *left, *right;
+    int stream;                         /* index of the stream whose pool the block belongs to */
+    uint64_t recorded;                  /* dev_record_stream: bit i = stream index i */
     RaceState race;                     /* race detector (host thread) */
     const char *free_module, *free_phase; /* scope of dev_free (use-after-free messages) */
-    int quarantined, released;          /* race detector: storage held back / stream-safe release done */
+    int quarantined, released;          /* race detector: storage held back / storage release done */
 } Alloc;
 
-typedef enum { MEV_ALLOC = 0, MEV_FREE, MEV_FREE_DONE, MEV_NOTE } MemEventKind;
+/* MEV_FREE: a plain free, bytes uncounted at the call. A free of a block
+ * marked with dev_record_stream is MEV_FREE_REQUESTED at the call (still
+ * counted: "active_pending_free") and MEV_FREE_COMPLETED once the recorded
+ * streams are past it (uncounted then). */
+typedef enum { MEV_ALLOC = 0, MEV_FREE, MEV_FREE_REQUESTED, MEV_FREE_COMPLETED, MEV_NOTE } MemEventKind;
 
 typedef struct {
     MemEventKind kind;
-    uint64_t seq;           /* shared by allocs, frees and notes (host order); 0 for MEV_FREE_DONE */
+    uint64_t seq;           /* shared by every event (host order) */
     uintptr_t addr;
     size_t size;
+    int stream;             /* the block's stream index */
     MemTag tag;
     const char *name, *module, *phase;  /* interned; for notes: name = kind */
     char *json;                         /* notes: owned copy of the fields */
@@ -40,9 +50,13 @@ typedef struct {
     size_t current_bytes;
 } MemEvent;
 
+/* A freed block waiting for streams: held for dev_record_stream (counted), or
+ * (CPU emulator) its storage waiting to go back to the C heap. The fence marks
+ * the work queued so far on the streams of `mask`. */
 typedef struct {
     Alloc *alloc;           /* detached from the live tree */
-    uint64_t *snapshot;     /* CPU: per stream, ops enqueued at free time */
+    uint64_t mask;          /* the streams the fence covers (bit i = stream index i) */
+    uint64_t *snapshot;     /* CPU: per stream index, ops enqueued at free time */
     int nstreams;
     void *fence;            /* CUDA: events recorded on the streams at free time */
 } PendingFree;
@@ -57,25 +71,41 @@ typedef struct {
     uint64_t prio_state;
     MemEvent *mev;
     size_t n_mev, mev_cap;
-    PendingFree *pending;               /* FIFO ring */
+    PendingFree *held;                  /* blocks freed with dev_record_stream streams still busy */
+    size_t n_held, held_cap;
+    PendingFree *pending;               /* CPU: FIFO ring of storage waiting for every stream */
     size_t pend_head, pend_count, pend_cap;
-    uint64_t frees_deferred;            /* dev_free calls whose release had to wait */
+    uint64_t frees_deferred;            /* frees whose storage had to wait for a stream */
     uint64_t frees_released;            /* storage actually returned to the system */
 } DevMem;
 
+/* Complete the held (dev_record_stream) frees whose streams are past them:
+ * uncounted, "free_completed". Called by dev_alloc and dev_free (as PyTorch's
+ * allocator processes its events in malloc and free), so a snapshot taken
+ * after a sync may still show them pending. wait_all: all of them. */
+void dev_complete_held_frees(Dev *d, int wait_all);
+/* Return the storage whose streams are done (wait_all: all of it, streams
+ * idle). Called by the allocator and at every host synchronization. */
 void dev_release_pending_frees(Dev *d, int wait_all);
 void dev_alloc_destroy(Dev *d);
 Alloc *dev_live_alloc_containing(const Dev *d, uintptr_t p);
 Alloc *dev_dead_alloc_containing(const Dev *d, uintptr_t p);
 
 /* Backend hooks (CPU: stream.c; CUDA: cuda/runtime_cuda.c).
- * Storage for an allocation of `bytes` (a multiple of 64, > 0), fatal when
- * out of memory; backend_storage_free returns it. Both keep d->mem.reserved. */
-void *backend_storage_alloc(Dev *d, size_t bytes, const char *name);
-void backend_storage_free(Dev *d, void *p, size_t bytes);
-/* Stream-safe frees: at dev_free the fence marks the work queued so far on
- * every stream of the rank; the storage is released once the fence is ready.
- * backend_fence_create returns 1 if some stream was still busy. */
+ * Storage for an allocation of `bytes` (a multiple of 64, > 0) from stream
+ * `stream`'s pool, fatal when out of memory; backend_storage_free gives it
+ * back to that pool. Both keep d->mem.reserved.
+ * backend_storage_fenced: 1 if freed storage must wait until every stream of
+ * the rank finished the work queued before the free (the CPU emulator: its
+ * storage is the C heap, shared by every stream and the host, so even a
+ * program run with --no-race-check never has its memory handed to another
+ * owner early); 0 if it goes back to its stream's pool at once (CUDA, as
+ * PyTorch's caching allocator: reuse there is in stream order). */
+void *backend_storage_alloc(Dev *d, size_t bytes, int stream, const char *name);
+void backend_storage_free(Dev *d, void *p, size_t bytes, int stream);
+int backend_storage_fenced(void);
+/* Fences: mark the work queued so far on the streams of pf->mask; ready once
+ * it finished. backend_fence_create returns 1 if one of them was busy. */
 int backend_fence_create(Dev *d, PendingFree *pf);
 int backend_fence_ready(Dev *d, const PendingFree *pf);
 void backend_fence_release(Dev *d, PendingFree *pf);

@@ -141,6 +141,19 @@ static void json_live(Buf *b, const Alloc *a, int *first) {
     json_live(b, a->right, first);
 }
 
+/* "free": uncounted at the call; a dev_record_stream block: "free_requested"
+ * (still counted), then "free_completed" (uncounted). */
+static const char *mev_action(MemEventKind k) {
+    switch (k) {
+    case MEV_ALLOC: return "alloc";
+    case MEV_FREE: return "free";
+    case MEV_FREE_REQUESTED: return "free_requested";
+    case MEV_FREE_COMPLETED: return "free_completed";
+    case MEV_NOTE: break;
+    }
+    return "note";
+}
+
 static void write_memory_json(const char *dir, Dev *d) {
     Buf b = {0};
     buf_printf(&b, "{\"rank\":%d,\"world_size\":%d,\"peak_bytes\":%zu,\"current_bytes\":%zu,\"reserved_bytes\":%zu,"
@@ -150,7 +163,6 @@ static void write_memory_json(const char *dir, Dev *d) {
     int first = 1;
     for (size_t i = 0; i < d->mem.n_mev; i++) {
         const MemEvent *e = &d->mem.mev[i];
-        if (e->kind == MEV_FREE_DONE) continue;
         buf_printf(&b, "%s\n{\"seq\":%llu,", first ? "" : ",", (unsigned long long)e->seq);
         first = 0;
         if (e->kind == MEV_NOTE) {
@@ -160,8 +172,10 @@ static void write_memory_json(const char *dir, Dev *d) {
             buf_printf(&b, "}");
             continue;
         }
-        buf_printf(&b, "\"action\":\"%s\",", e->kind == MEV_ALLOC ? "alloc" : "free");
+        buf_printf(&b, "\"action\":\"%s\",", mev_action(e->kind));
         json_alloc_fields(&b, e->addr, e->size, e->tag, e->name, e->step, e->module, e->phase);
+        buf_printf(&b, ",\"stream\":");
+        json_str(&b, d->streams[e->stream]->name);
         buf_printf(&b, ",\"time_us\":%.3f,\"current_bytes\":%zu}", e->time_us, e->current_bytes);
     }
     buf_printf(&b, "\n],\"live_at_end\":[");
@@ -279,9 +293,8 @@ static void pk_frames(Buf *b, MemTag tag, const char *name, int step, const char
     pk_list_close(b);
 }
 
-static void pk_segments(Buf *b, const Alloc *a, size_t *n) {
-    if (!a) return;
-    pk_segments(b, a->left, n);
+/* One segment holding one block (every allocation is its own segment). */
+static void pk_segment(Buf *b, const Alloc *a, const char *state, size_t *n) {
     size_t real = real_size(a->size);
     pk_dict_open(b);
     pk_key_int(b, "device", 0);
@@ -290,7 +303,7 @@ static void pk_segments(Buf *b, const Alloc *a, size_t *n) {
     pk_key_uint(b, "allocated_size", real);
     pk_key_uint(b, "active_size", real);
     pk_key_uint(b, "requested_size", a->size);
-    pk_key_int(b, "stream", 0);
+    pk_key_int(b, "stream", a->stream);
     pk_key_str(b, "segment_type", a->size < (1u << 20) ? "small" : "large");
     pk_str(b, "segment_pool_id");
     pk_int(b, 0);
@@ -306,13 +319,19 @@ static void pk_segments(Buf *b, const Alloc *a, size_t *n) {
     pk_key_uint(b, "address", a->addr);
     pk_key_uint(b, "size", real);
     pk_key_uint(b, "requested_size", a->size);
-    pk_key_str(b, "state", "active_allocated");
+    pk_key_str(b, "state", state);
     pk_str(b, "frames");
     pk_frames(b, a->tag, a->name, a->step, a->module, a->phase);
     pk_dict_close(b);
     pk_list_close(b);
     pk_dict_close(b);
     pk_list_item(b, n);
+}
+
+static void pk_segments(Buf *b, const Alloc *a, size_t *n) {
+    if (!a) return;
+    pk_segments(b, a->left, n);
+    pk_segment(b, a, "active_allocated", n);
     pk_segments(b, a->right, n);
 }
 
@@ -322,7 +341,7 @@ static void pk_trace_entry(Buf *b, const MemEvent *e, const char *action, size_t
     pk_key_str(b, "action", action);
     pk_key_uint(b, "addr", e->addr);
     pk_key_uint(b, "size", size);
-    pk_key_int(b, "stream", 0);
+    pk_key_int(b, "stream", e->stream);
     pk_key_int(b, "time_us", (int64_t)e->time_us);
     pk_str(b, "frames");
     pk_frames(b, e->tag, e->name, e->step, e->module, e->phase);
@@ -339,22 +358,25 @@ static void write_memory_pickle(const char *dir, Dev *d) {
     size_t n = 0;
     pk_list_open(&b);
     pk_segments(&b, d->mem.live_root, &n);
+    for (size_t i = 0; i < d->mem.n_held; i++) pk_segment(&b, d->mem.held[i].alloc, "active_pending_free", &n);
     pk_list_close(&b);
     pk_str(&b, "device_traces");
     pk_list_open(&b);
     pk_list_open(&b);
     /* Every allocation is its own segment (one aligned allocation each), so
      * the "Allocator State History" view can place every block. Sizes of
-     * alloc/free entries are the requested bytes, as counted by dev_mem_*. */
+     * alloc/free entries are the requested bytes, as counted by dev_mem_*.
+     * A plain free completes at once (the block is back in its stream's
+     * pool); a dev_record_stream block completes when its streams got there. */
     n = 0;
     for (size_t i = 0; i < d->mem.n_mev; i++) {
         const MemEvent *e = &d->mem.mev[i];
         if (e->kind == MEV_ALLOC) {
             pk_trace_entry(&b, e, "segment_alloc", real_size(e->size), &n);
             pk_trace_entry(&b, e, "alloc", e->size, &n);
-        } else if (e->kind == MEV_FREE) {
-            pk_trace_entry(&b, e, "free_requested", e->size, &n);
-        } else if (e->kind == MEV_FREE_DONE) {
+        }
+        if (e->kind == MEV_FREE || e->kind == MEV_FREE_REQUESTED) pk_trace_entry(&b, e, "free_requested", e->size, &n);
+        if (e->kind == MEV_FREE || e->kind == MEV_FREE_COMPLETED) {
             pk_trace_entry(&b, e, "free_completed", e->size, &n);
             pk_trace_entry(&b, e, "segment_free", real_size(e->size), &n);
         }

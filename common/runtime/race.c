@@ -16,8 +16,15 @@
  * (stream, clock, op) and, per stream, the latest read since that write. An op
  * of stream s at VC_s races with a write of stream w at clock c if
  * VC_s[w] < c; a write also races with any read not ordered before it.
- * Frees: dev_free is host-ordered and stream-safe, so it is never a race, but
- * ops enqueued on a buffer after its dev_free are (use after free): the
+ * The caching allocator's rules (alloc.h): a block belongs to the stream it
+ * was allocated on and goes back to that stream's pool at dev_free, so
+ *   - a stream other than the owner that touches a block must be ordered
+ *     after the owner's work queued before the allocation (that work may still
+ *     use the memory under its previous owner): VC_s[owner] >= born;
+ *   - at dev_free, every access by another stream must be ordered before the
+ *     owner's position (VC_owner merged with the host's clock), unless that
+ *     stream was recorded with dev_record_stream.
+ * Ops enqueued on a buffer after its dev_free are a use after free: the
  * allocator keeps recently freed allocations (and holds their storage, so no
  * new allocation or host malloc can take the address meanwhile) to tell.
  */
@@ -163,7 +170,61 @@ static void report_use_after_free(Stream *s, const RaceStamp *me, int write, con
     report(s->dev, msg);
 }
 
+static void report_alloc_race(Stream *s, const RaceStamp *me, int write, const Alloc *a, const void *p,
+                              const char *what) __attribute__((noreturn));
+static void report_alloc_race(Stream *s, const RaceStamp *me, int write, const Alloc *a, const void *p,
+                              const char *what) {
+    Dev *d = s->dev;
+    char mine[200], bufdesc[600], msg[1800];
+    op_text(mine, sizeof mine, me);
+    buffer_text(bufdesc, sizeof bufdesc, a, p, what, 0);
+    const char *os = d->streams[a->stream]->name;
+    snprintf(msg, sizeof msg,
+             "race on rank %d: %s stream's '%s' %s %s, a block of the %s stream's pool, with no event wait ordering it "
+             "after the %s work queued before the allocation, which may still use that memory (a freed block goes "
+             "to the next allocation on its stream at once). Allocate it on the stream that fills it "
+             "(dev_alloc_on(%s stream, ...)), or make %s wait for an event recorded on %s after the allocation",
+             d->rank, s->name, mine, write ? "writes" : "reads", bufdesc, os, os, s->name, s->name, os);
+    report(d, msg);
+}
+
+static void report_free_race(Dev *d, const Alloc *a, int other, const RaceStamp *them, int them_wrote)
+    __attribute__((noreturn));
+static void report_free_race(Dev *d, const Alloc *a, int other, const RaceStamp *them, int them_wrote) {
+    char theirs[200], bufdesc[600], hook[160], msg[2000];
+    op_text(theirs, sizeof theirs, them);
+    buffer_text(bufdesc, sizeof bufdesc, a, (const void *)a->addr, NULL, 0);
+    scope_text(hook, sizeof hook, d->scope.module, d->scope.phase);
+    const char *os = d->streams[other]->name, *owner = d->streams[a->stream]->name;
+    snprintf(msg, sizeof msg,
+             "free while in use on rank %d: dev_free of %s in %s, but %s stream's '%s' still %s it with nothing "
+             "ordering that before the free: the block goes back to the %s stream's pool at once and the next "
+             "allocation there may reuse it. Keep the buffer alive until %s has waited for an event recorded on %s "
+             "after that use (as FSDP2's AllGatherState and ReduceScatterState do), or call dev_record_stream(buf, "
+             "%s stream) before dev_free",
+             d->rank, bufdesc, hook, os, theirs, them_wrote ? "writes" : "reads", owner, owner, os, os);
+    report(d, msg);
+}
+
 /* ---------------------------------------------------------------- checks */
+
+void race_on_alloc(Dev *d, Alloc *a) {
+    a->race.writer = -1;
+    a->race.owner = a->stream;
+    a->race.born = d->race.on ? d->streams[a->stream]->vc[a->stream] : 0;
+}
+
+void race_on_free(Dev *d, const Alloc *a) {
+    if (!d->race.on) return;
+    const RaceState *r = &a->race;
+    const uint64_t *ovc = d->streams[a->stream]->vc, *hvc = d->race.host_vc;
+    for (int t = 0; t < d->nstreams; t++) {
+        if (t == a->stream || (a->recorded >> t & 1)) continue;
+        uint64_t ordered = ovc[t] > hvc[t] ? ovc[t] : hvc[t]; /* t's ops the owner's next work runs after */
+        if (r->writer == t && r->write.clock > ordered) report_free_race(d, a, t, &r->write, 1);
+        if (t < r->nreads && r->reads[t].clock > ordered) report_free_race(d, a, t, &r->reads[t], 0);
+    }
+}
 
 static void check_access(Stream *s, const RaceStamp *me, const void *p, size_t bytes, int write, const char *what) {
     if (!p || !bytes) return;
@@ -178,6 +239,7 @@ static void check_access(Stream *s, const RaceStamp *me, const void *p, size_t b
     const int si = s->index;
     RaceStamp stamp = *me;
     stamp.what = what;
+    if (si != r->owner && s->vc[r->owner] < r->born) report_alloc_race(s, &stamp, write, a, p, what);
     if (r->writer >= 0 && r->writer != si && s->vc[r->writer] < r->write.clock)
         report_race(s, &stamp, write, a, p, what, r->writer, &r->write, 1);
     if (write) {

@@ -23,6 +23,8 @@ typedef struct {
 } RaceStamp;
 
 typedef struct {
+    int owner;                   /* the stream whose pool the block came from */
+    uint64_t born;               /* owner's clock at the allocation: its earlier work may still use the block */
     int writer;                  /* stream index of the last write; -1 = none yet */
     RaceStamp write;
     RaceStamp *reads;            /* [nreads] per stream index: latest read since the last write */
@@ -53,6 +55,13 @@ typedef struct {
 } RaceDetector;
 
 void race_on_enqueue(Stream *s, const Op *op);
+/* An allocation on stream index `stream`: other streams must be ordered
+ * after the owner's work queued so far before they touch it. */
+void race_on_alloc(Dev *d, Alloc *a);
+/* dev_free: fatal if a stream other than the owner (and not recorded with
+ * dev_record_stream) has queued work on the block that the owner's stream and
+ * the host are not ordered after. */
+void race_on_free(Dev *d, const Alloc *a);
 void race_stream_created(Dev *d, Stream *s);
 void race_stream_destroy(Stream *s);
 void race_host_waited_stream(Stream *s);

@@ -145,9 +145,12 @@ static uint64_t stream_completed(Stream *s) {
 
 /* ------------------------------------------------- storage and fences */
 
-/* CPU backend: storage is the C heap; a fence is each stream's count of ops
- * enqueued at free time, ready when every stream's worker has passed it. */
-void *backend_storage_alloc(Dev *d, size_t bytes, const char *name) {
+/* CPU backend: storage is the C heap (one pool for every stream, so freed
+ * storage waits for every stream: backend_storage_fenced); a fence is the
+ * count of ops enqueued on each stream of its mask, ready when those streams'
+ * workers have passed it. */
+void *backend_storage_alloc(Dev *d, size_t bytes, int stream, const char *name) {
+    (void)stream;
     void *p = NULL;
     if (posix_memalign(&p, 64, bytes) != 0 || !p)
         fatal("rank %d: out of memory allocating %zu bytes for '%s' (%zu bytes allocated now)", d->rank, bytes,
@@ -162,16 +165,20 @@ void *backend_storage_alloc(Dev *d, size_t bytes, const char *name) {
     return p;
 }
 
-void backend_storage_free(Dev *d, void *p, size_t bytes) {
+void backend_storage_free(Dev *d, void *p, size_t bytes, int stream) {
+    (void)stream;
     free(p);
     d->mem.reserved -= bytes;
 }
 
+int backend_storage_fenced(void) { return 1; }
+
 int backend_fence_create(Dev *d, PendingFree *pf) {
-    pf->snapshot = xmalloc((size_t)(d->nstreams ? d->nstreams : 1) * sizeof(uint64_t));
+    pf->snapshot = xcalloc((size_t)(d->nstreams ? d->nstreams : 1), sizeof(uint64_t));
     pf->nstreams = d->nstreams;
     int busy = 0;
     for (int i = 0; i < d->nstreams; i++) {
+        if (i < 64 && !(pf->mask >> i & 1)) continue; /* 0: nothing to wait for */
         Stream *s = d->streams[i];
         pthread_mutex_lock(&s->mu);
         pf->snapshot[i] = s->enqueued;

@@ -152,6 +152,7 @@ void world_destroy(World *w) {
 /* ------------------------------------------------------------------ Dev */
 
 Stream *stream_new(Dev *d, const char *name) {
+    if (d->nstreams >= 64) fatal("rank %d: dev_stream_create('%s'): at most 64 streams per rank", d->rank, name ? name : "");
     Stream *s = xcalloc(1, sizeof *s);
     s->dev = d;
     s->index = d->nstreams;

@@ -264,7 +264,7 @@ class Context:
                     continue
                 live[addr] = (tag, size)
                 by_tag[tag] = by_tag.get(tag, 0) + size
-            elif e.get("action") == "free" and addr in live:
+            elif e.get("action") in ("free", "free_completed") and addr in live:
                 tag, size = live.pop(addr)
                 by_tag[tag] -= size
             else:

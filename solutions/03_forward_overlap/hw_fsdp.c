@@ -35,6 +35,12 @@ struct Fsdp {
     int rank, world;
     Stream *compute, *ag_stream;
     Event *shards_ready;  /* compute: the shards were last written (init, optimizer) */
+    /* FSDP2's AllGatherState: the all-gather output compute last copied out of. Its
+     * block belongs to the all-gather stream's pool, so it is kept alive until that
+     * stream has waited for copy_out_done: freed earlier, the next all-gather could
+     * take the block while compute still copies out of it. */
+    float *ag_state;
+    Event *copy_out_done; /* compute: the latest copy-out finished */
     AdamWConfig optim;
     Group *groups;        /* [n_modules] */
 };
@@ -86,6 +92,7 @@ Fsdp *fsdp_init(const FsdpConfig *cfg) {
     /* BEGIN SOLUTION: create the all-gather stream and the events that order it with compute (HANDOUT.md#stage-03) */
     f->ag_stream = dev_stream_create(f->dev, "all_gather");
     f->shards_ready = dev_event_create(f->dev, "shards_ready");
+    f->copy_out_done = dev_event_create(f->dev, "copy_out_done");
     dev_event_record(f->shards_ready, f->compute); /* the copies above wrote the shards */
     for (int i = 0; i < f->model->n_modules; i++) {
         char name[64];
@@ -98,6 +105,18 @@ Fsdp *fsdp_init(const FsdpConfig *cfg) {
 
 static int is_unsharded(const Group *g) { return g->mod->params[0].data != NULL; }
 
+/* Drop the AllGatherState: once the all-gather stream has waited for the
+ * copy-out that read the kept output, its later work runs after that read,
+ * so its next allocation may take the block. */
+static void release_all_gather_state(Fsdp *f) {
+    if (!f->ag_state) return;
+    /* BEGIN SOLUTION: the all-gather stream waits for the copy-out, then the kept output is freed (HANDOUT.md#stage-03) */
+    dev_stream_wait_event(f->ag_stream, f->copy_out_done);
+    dev_free(f->dev, f->ag_state);
+    f->ag_state = NULL;
+    /* END SOLUTION */
+}
+
 /* Issue g's all-gather on the all-gather stream (returns at once): copy-in
  * this rank's padded shards into its segment of the flat output, all-gather
  * in place, record ag_done. The output is [r0: p0|p1|..][r1: p0|p1|..].. */
@@ -108,7 +127,8 @@ static void issue_all_gather(Fsdp *f, Group *g) {
     size_t S = g->shard_numel;
     char name[64];
     snprintf(name, sizeof name, "%s.all_gather_buffer", mod->name);
-    g->ag_flat = dev_alloc_f32(f->dev, S * (size_t)f->world, MEM_COMM_BUFFER, name);
+    release_all_gather_state(f); /* before the allocation: its block may serve this one */
+    g->ag_flat = dev_alloc_f32_on(f->ag_stream, S * (size_t)f->world, MEM_COMM_BUFFER, name); /* the stream that fills it */
     float *mine = g->ag_flat + (size_t)f->rank * S;
     dev_stream_wait_event(f->ag_stream, f->shards_ready); /* read the shards only after the optimizer wrote them */
     for (int j = 0; j < mod->n_params; j++) {
@@ -125,7 +145,7 @@ static void issue_all_gather(Fsdp *f, Group *g) {
 static void wait_all_gather(Fsdp *f, Group *g) {
     if (!g->ag_flat) return;
     Module *mod = g->mod;
-    /* BEGIN SOLUTION: compute waits on ag_done, copy-out into each Param.data, free the flat buffer (HANDOUT.md#stage-03) */
+    /* BEGIN SOLUTION: compute waits on ag_done, copy-out into each Param.data, record copy_out_done and keep the flat buffer as the AllGatherState (HANDOUT.md#stage-03) */
     size_t S = g->shard_numel;
     dev_stream_wait_event(f->compute, g->ag_done);
     for (int j = 0; j < mod->n_params; j++) {
@@ -139,7 +159,8 @@ static void wait_all_gather(Fsdp *f, Group *g) {
                                  rows * rn * sizeof(float));
         }
     }
-    dev_free(f->dev, g->ag_flat); /* stream-safe: reused only after compute copied out */
+    dev_event_record(f->copy_out_done, f->compute);
+    f->ag_state = g->ag_flat; /* kept until the all-gather stream waited for the copy-out */
     g->ag_flat = NULL;
     /* END SOLUTION */
 }
@@ -195,6 +216,7 @@ void fsdp_post_forward(Fsdp *f, Module *mod) { reshard(f, mod->fsdp); }
 
 void fsdp_pre_backward(Fsdp *f, Module *mod) {
     Group *g = mod->fsdp;
+    release_all_gather_state(f); /* the forward's last one: no forward all-gather comes to drop it */
     issue_all_gather(f, g); /* no backward prefetch yet: stage 04 */
     wait_all_gather(f, g);
 }
@@ -205,7 +227,8 @@ void fsdp_post_backward(Fsdp *f, Module *mod) {
 }
 
 void fsdp_finish_backward(Fsdp *f) {
-    (void)f; /* reduce-scatters run on the compute stream: already ordered before the optimizer */
+    release_all_gather_state(f); /* the backward's last one, before the optimizer */
+    /* reduce-scatters run on the compute stream: already ordered before the optimizer */
 }
 
 float fsdp_optimizer_step(Fsdp *f, float lr, int t) {
@@ -259,10 +282,12 @@ void fsdp_destroy(Fsdp *f) {
             p->data = p->dt.local = p->dt.exp_avg = p->dt.exp_avg_sq = NULL;
         }
         dev_free(f->dev, g->ag_flat);
+        if (i == 0) dev_free(f->dev, f->ag_state);
         dev_free(f->dev, g->grad_shards);
         if (g->ag_done) dev_event_destroy(g->ag_done);
     }
     if (f->shards_ready) dev_event_destroy(f->shards_ready);
+    if (f->copy_out_done) dev_event_destroy(f->copy_out_done);
     free(f->groups);
     free(f);
 }

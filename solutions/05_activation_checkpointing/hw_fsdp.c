@@ -41,9 +41,17 @@ struct Fsdp {
     int rank, world;
     Stream *compute, *ag_stream, *rs_stream;
     Event *shards_ready;  /* compute: the shards were last written (init, optimizer) */
+    /* FSDP2's AllGatherState: the all-gather output compute last copied out of. Its
+     * block belongs to the all-gather stream's pool, so it is kept alive until that
+     * stream has waited for copy_out_done: freed earlier, the next all-gather could
+     * take the block while compute still copies out of it. */
+    float *ag_state;
+    Event *copy_out_done; /* compute: the latest copy-out finished */
     Event *grads_ready;   /* compute: a reduce-scatter input is filled */
     Event *rs_done;       /* reduce_scatter stream: the latest reduce-scatter finished */
-    int rs_in_flight;     /* a reduce-scatter was issued since the last finish_backward */
+    /* FSDP2's ReduceScatterState: the latest reduce-scatter input (a block of
+     * compute's pool), kept alive until compute has waited for rs_done. */
+    float *rs_state;
     AdamWConfig optim;
     Group *groups;        /* [n_modules] */
 };
@@ -94,6 +102,7 @@ Fsdp *fsdp_init(const FsdpConfig *cfg) {
     }
     f->ag_stream = dev_stream_create(f->dev, "all_gather");
     f->shards_ready = dev_event_create(f->dev, "shards_ready");
+    f->copy_out_done = dev_event_create(f->dev, "copy_out_done");
     dev_event_record(f->shards_ready, f->compute); /* the copies above wrote the shards */
     for (int i = 0; i < f->model->n_modules; i++) {
         char name[64];
@@ -108,6 +117,16 @@ Fsdp *fsdp_init(const FsdpConfig *cfg) {
 
 static int is_unsharded(const Group *g) { return g->mod->params[0].data != NULL; }
 
+/* Drop the AllGatherState: once the all-gather stream has waited for the
+ * copy-out that read the kept output, its later work runs after that read,
+ * so its next allocation may take the block. */
+static void release_all_gather_state(Fsdp *f) {
+    if (!f->ag_state) return;
+    dev_stream_wait_event(f->ag_stream, f->copy_out_done);
+    dev_free(f->dev, f->ag_state);
+    f->ag_state = NULL;
+}
+
 /* Issue g's all-gather on the all-gather stream (returns at once): copy-in
  * this rank's padded shards into its segment of the flat output, all-gather
  * in place, record ag_done. The output is [r0: p0|p1|..][r1: p0|p1|..].. */
@@ -117,7 +136,8 @@ static void issue_all_gather(Fsdp *f, Group *g) {
     size_t S = g->shard_numel;
     char name[64];
     snprintf(name, sizeof name, "%s.all_gather_buffer", mod->name);
-    g->ag_flat = dev_alloc_f32(f->dev, S * (size_t)f->world, MEM_COMM_BUFFER, name);
+    release_all_gather_state(f); /* before the allocation: its block may serve this one */
+    g->ag_flat = dev_alloc_f32_on(f->ag_stream, S * (size_t)f->world, MEM_COMM_BUFFER, name); /* the stream that fills it */
     float *mine = g->ag_flat + (size_t)f->rank * S;
     dev_stream_wait_event(f->ag_stream, f->shards_ready); /* read the shards only after the optimizer wrote them */
     for (int j = 0; j < mod->n_params; j++) {
@@ -146,7 +166,8 @@ static void wait_all_gather(Fsdp *f, Group *g) {
                                  rows * rn * sizeof(float));
         }
     }
-    dev_free(f->dev, g->ag_flat); /* stream-safe: reused only after compute copied out */
+    dev_event_record(f->copy_out_done, f->compute);
+    f->ag_state = g->ag_flat; /* kept until the all-gather stream waited for the copy-out */
     g->ag_flat = NULL;
 }
 
@@ -158,6 +179,15 @@ static void reshard(Fsdp *f, Group *g) {
     }
 }
 
+/* Drop the ReduceScatterState: once compute has waited for the reduce-scatter
+ * that read the kept input, compute's next allocation may take its block. */
+static void release_reduce_scatter_state(Fsdp *f) {
+    if (!f->rs_state) return;
+    dev_stream_wait_event(f->compute, f->rs_done);
+    dev_free(f->dev, f->rs_state);
+    f->rs_state = NULL;
+}
+
 /* reduce-scatter on its own stream: compute fills the chunk-cat input (row r
  * of (world, S) holds chunk r of every grad) and frees the grads; the
  * reduce-scatter stream waits for that, averages, and records rs_done. */
@@ -165,8 +195,9 @@ static void reduce_grads(Fsdp *f, Group *g) {
     Module *mod = g->mod;
     size_t S = g->shard_numel;
     char name[64];
-    /* one reduce-scatter in flight at a time bounds the comm buffers (FSDP2 does the same) */
-    if (f->rs_in_flight) dev_stream_wait_event(f->compute, f->rs_done);
+    /* one reduce-scatter in flight at a time bounds the comm buffers (FSDP2 does the same);
+     * the previous one's input goes once compute has waited for it */
+    release_reduce_scatter_state(f);
     snprintf(name, sizeof name, "%s.reduce_scatter_input", mod->name);
     float *in = dev_alloc_f32(f->dev, S * (size_t)f->world, MEM_COMM_BUFFER, name);
     dev_memset_async(f->compute, in, 0, S * (size_t)f->world * sizeof(float));
@@ -188,8 +219,7 @@ static void reduce_grads(Fsdp *f, Group *g) {
     g->grad_shards = dev_alloc_f32(f->dev, S, MEM_GRAD_SHARD, name);
     coll_reduce_scatter(f->dev, in, g->grad_shards, S, RED_AVG, f->rs_stream, mod->name);
     dev_event_record(f->rs_done, f->rs_stream);
-    f->rs_in_flight = 1;
-    dev_free(f->dev, in); /* stream-safe: reused only after the reduce-scatter ran */
+    f->rs_state = in; /* the reduce-scatter stream still reads it: kept until compute waited for rs_done */
     for (int j = 0; j < mod->n_params; j++) mod->params[j].dt.grad = g->grad_shards + g->offsets[j];
 }
 
@@ -215,6 +245,7 @@ void fsdp_post_forward(Fsdp *f, Module *mod) {
 
 void fsdp_pre_backward(Fsdp *f, Module *mod) {
     Group *g = mod->fsdp;
+    release_all_gather_state(f); /* the forward's last one: no forward all-gather comes to drop it */
     /* BEGIN SOLUTION: enter PRE_BACKWARD (once) so the recompute's forward hooks know (HANDOUT.md#stage-05) */
     if (g->state == TS_PRE_BACKWARD) return;
     g->state = TS_PRE_BACKWARD;
@@ -232,8 +263,8 @@ void fsdp_post_backward(Fsdp *f, Module *mod) {
 }
 
 void fsdp_finish_backward(Fsdp *f) {
-    if (f->rs_in_flight) dev_stream_wait_event(f->compute, f->rs_done);
-    f->rs_in_flight = 0;
+    release_all_gather_state(f); /* the backward's last one, before the optimizer */
+    release_reduce_scatter_state(f);
     /* BEGIN SOLUTION: every module back to IDLE for the next step (HANDOUT.md#stage-05) */
     for (int i = 0; i < f->model->n_modules; i++) f->groups[i].state = TS_IDLE;
     /* END SOLUTION */
@@ -288,10 +319,15 @@ void fsdp_destroy(Fsdp *f) {
             p->data = p->dt.local = p->dt.exp_avg = p->dt.exp_avg_sq = NULL;
         }
         dev_free(f->dev, g->ag_flat);
+        if (i == 0) {
+            dev_free(f->dev, f->ag_state);
+            dev_free(f->dev, f->rs_state);
+        }
         dev_free(f->dev, g->grad_shards);
         if (g->ag_done) dev_event_destroy(g->ag_done);
     }
     if (f->shards_ready) dev_event_destroy(f->shards_ready);
+    if (f->copy_out_done) dev_event_destroy(f->copy_out_done);
     if (f->grads_ready) dev_event_destroy(f->grads_ready);
     if (f->rs_done) dev_event_destroy(f->rs_done);
     free(f->groups);

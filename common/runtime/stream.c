@@ -384,6 +384,25 @@ int dev_event_query(Event *e) {
 /* The CPU backend keeps no state beyond the shared structures. */
 void backend_world_init(World *w) { (void)w; }
 void backend_world_fini(World *w) { (void)w; }
+void *backend_probe_alloc(Dev *d, size_t bytes) {
+    (void)d;
+    return xcalloc(1, bytes);
+}
+void backend_probe_free(Dev *d, void *p) {
+    (void)d;
+    free(p);
+}
+void backend_probe_read(Dev *d, void *host, const void *probe, size_t bytes) {
+    for (int i = 0; i < d->nstreams; i++) { /* dev_synchronize's wait, without its happens-before */
+        Stream *s = d->streams[i];
+        pthread_mutex_lock(&s->mu);
+        uint64_t target = s->enqueued;
+        while (s->completed < target) pthread_cond_wait(&s->cv_done, &s->mu);
+        pthread_mutex_unlock(&s->mu);
+    }
+    memcpy(host, probe, bytes);
+}
+
 void backend_dev_init(Dev *d) { (void)d; }
 void backend_dev_fini(Dev *d) { (void)d; }
 void backend_event_fini(Event *e) { (void)e; }

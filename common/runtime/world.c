@@ -194,6 +194,7 @@ static void dev_destroy(Dev *d) {
     for (int i = 0; i < d->nevents; i++) event_free(d->events[i]);
     free(d->events);
     dev_alloc_destroy(d);
+    dev_clip_probe_free(d);
     backend_dev_fini(d);
     free(d->race.host_vc);
     free(d->flight.rings);

@@ -9,7 +9,7 @@ import os
 
 import manifest
 
-from .util import CheckFailed, fmt_bytes, one_line, rel, relpath
+from .util import CheckFailed, fmt_bytes, is_finite, is_int, one_line, rel, relpath
 
 FORWARD_PHASES = {"pre_forward", "forward", "post_forward"}
 BACKWARD_PHASES = {"pre_backward", "recompute.pre_forward", "recompute", "recompute.post_forward", "backward",
@@ -118,6 +118,58 @@ def check_grad_norm(ctx):
         return ("right until step %d: the previous update went wrong (optimizer on the local rows, clipping, "
                 "grads of the previous step freed and not reused)" % (step - 1))
     return series_check(ctx, "grad_norm", ctx.tol["grad_norm_rel"], "grad_norm", hint)
+
+
+def _clip_lists(rows, world, where):
+    """Per step: the lists (min, max, launches) of the clip probe, checked."""
+    out = []
+    for i, row in enumerate(rows):
+        lists = [row.get(k) for k in ("clip_coef_min_per_rank", "clip_coef_max_per_rank", "adamw_launches_per_rank")]
+        ok = all(isinstance(v, list) and len(v) == world for v in lists)
+        ok = ok and all(v is None or is_finite(v) for v in lists[0] + lists[1])
+        ok = ok and all(is_int(v) and -1 <= v < 2 ** 31 for v in lists[2])
+        if not ok:
+            raise CheckFailed("%s line %d has no clip probe lists for %d ranks (clip_coef_min_per_rank, "
+                              "clip_coef_max_per_rank, adamw_launches_per_rank)" % (where, i + 1, world))
+        out.append(lists)
+    return out
+
+
+@check("clip")
+def check_clip(ctx):
+    """Every AdamW launch of a step applied the reference's clip coefficient, on every rank."""
+    tol = ctx.tol["grad_norm_rel"]
+    got = _clip_lists(ctx.metrics(), ctx.world, "metrics.jsonl")
+    ref = _clip_lists(ctx.reference_metrics(), ctx.world, relpath(os.path.join(ctx.reference_dir(), "metrics.jsonl")))
+    for i in range(ctx.steps):
+        (lo, hi, n), (rlo, _, rn) = got[i], ref[i]
+        want = rlo[0]
+        for r in range(ctx.world):
+            where = "step %d, rank %d" % (i + 1, r)
+            if n[r] == -1:
+                raise CheckFailed("%s: more AdamW launches than the probe records: one launch per parameter shard "
+                                  "(the reference makes %d)" % (where, rn[r]))
+            if n[r] != rn[r]:
+                raise CheckFailed("%s: %d AdamW launches, the reference makes %d: launch_adamw once per parameter "
+                                  "shard, every step" % (where, n[r], rn[r]))
+            if n[r] == 0 or want is None:
+                continue
+            if lo[r] is None or hi[r] is None:
+                raise CheckFailed("%s: no clip coefficient recorded" % where)
+            if rel(hi[r], lo[r]) > tol:
+                raise CheckFailed("%s: the AdamW launches applied clip coefficients from %.6g to %.6g: every launch "
+                                  "of a step must read the same total_sumsq (fill it, all-reduce it, then launch)"
+                                  % (where, lo[r], hi[r]))
+            if rel(lo[r], want) > tol:
+                hint = ("no clipping although the reference clips: is total_sumsq this rank's shards only, or "
+                        "zeroed after the all-reduce?" if lo[r] >= 1.0 else
+                        "clipped harder than the reference: is total_sumsq summed twice, or over the padding?"
+                        if lo[r] < want else
+                        "clipped less than the reference: total_sumsq must be the sum over every rank's shards "
+                        "(all-reduce with RED_SUM) of the squared gradients")
+                raise CheckFailed("%s: AdamW applied clip coefficient %.6g, the reference %.6g (max_norm %g / global "
+                                  "grad norm): %s" % (where, lo[r], want, ctx.cfg.get("max_norm", 1.0), hint))
+    return "coefficients %s" % ", ".join("%.3g" % got[i][0][0] for i in range(ctx.steps) if got[i][0][0] is not None)
 
 
 @check("peak_memory")
@@ -405,5 +457,10 @@ def check_zero2_no_backward_all_gather(ctx):
 
 @check("zero2_params_kept")
 def check_zero2_params_kept(ctx):
-    return _notes_check(ctx, "post_forward", "unsharded_param_live_bytes", False, "unsharded params were",
-                        "with --reshard-after-forward=false post_forward keeps the params for the backward")
+    """post_forward follows --reshard-after-forward: keeps the params with false, frees them with true."""
+    if "--reshard-after-forward=false" in ctx.flags:
+        return _notes_check(ctx, "post_forward", "unsharded_param_live_bytes", False, "unsharded params were",
+                            "with --reshard-after-forward=false post_forward keeps the params for the backward")
+    return _notes_check(ctx, "post_forward", "unsharded_param_live_bytes", True, "unsharded params",
+                        "with --reshard-after-forward=true (FsdpConfig.reshard_after_forward = 1) post_forward "
+                        "reshards, as in stage 05: is the flag read?")

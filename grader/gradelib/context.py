@@ -9,7 +9,7 @@ import json
 import math
 import os
 
-from .rubric import baseline_flags, stage_config
+from .rubric import baseline_flags, stage_config, stage_only_flags, variant_label
 from .util import CheckFailed, fmt_bytes, is_finite, is_int, is_num, one_line, read_json, relpath, short
 
 
@@ -77,13 +77,14 @@ class Context:
     cuda: the run is on a GPU (grade.py --cuda), so the baseline run on the same GPU is the ground truth
     for loss and grad norm (the reference logs come from the CPU)."""
 
-    def __init__(self, rubric, stage, run, ref_root, baselines, cuda=False):
+    def __init__(self, rubric, stage, run, ref_root, baselines, cuda=False, variant=None):
         self.rubric, self.stage, self.run, self.ref_root, self.baselines = rubric, stage, run, ref_root, baselines
-        self.cuda = cuda
-        self.cfg = stage_config(rubric, stage)
+        self.cuda, self.variant = cuda, variant
+        self.label = variant_label(rubric, variant)
+        self.cfg = stage_config(rubric, stage, variant)
         self.world, self.steps = int(self.cfg["world"]), int(self.cfg["steps"])
         self.tol = rubric["tolerances"]
-        self.flags = rubric["stages"][stage].get("flags", [])
+        self.flags = stage_only_flags(rubric, stage, variant)
         self.forward_only = "--forward-only" in self.flags
         self._cache = {}
 
@@ -206,7 +207,9 @@ class Context:
         return out
 
     def reference_dir(self, stage=None, sub=None):
+        """logs/reference/stageNN, its variant's subfolder for a variant's context, or `sub` of it."""
         d = os.path.join(self.ref_root, "stage" + (stage or self.stage))
+        sub = sub or (self.variant if stage in (None, self.stage) else None)
         return os.path.join(d, sub) if sub else d
 
     def reference_metrics(self, stage=None, sub=None, expect=None):
@@ -214,12 +217,14 @@ class Context:
         d = self.reference_dir(stage, sub)
         rows = read_metrics(os.path.join(d, "metrics.jsonl"), "the reference log; instructors: make reference")
         run = read_json(os.path.join(d, "run.json"))
-        want = stage_config(self.rubric, stage or self.stage)
-        flags = expect if expect is not None else self.rubric["stages"][stage or self.stage].get("flags", [])
+        mine = stage in (None, self.stage) and sub is None
+        want = self.cfg if mine else stage_config(self.rubric, stage or self.stage)
+        flags = expect if expect is not None else self.flags if mine else stage_only_flags(self.rubric, stage)
         pairs = [("flavor", want["flavor"]), ("world_size", want["world"]), ("seq_len", want["seq_len"]),
                  ("batch_size", want["batch_size"]), ("steps", want["steps"]), ("ac", "--ac" in flags),
                  ("forward_only", "--forward-only" in flags),
                  ("reshard_after_forward", "--reshard-after-forward=false" not in flags)]
+        pairs += [(key, want[key]) for key in ("max_norm", "n_kv_heads") if key in want]
         for key, value in pairs:
             if run.get(key) != value:
                 raise CheckFailed("the reference log %s was recorded with %s = %s, the rubric runs %s: it is stale "
@@ -233,7 +238,7 @@ class Context:
 
     def baseline_metrics(self):
         def load():
-            run = self.baselines.get(baseline_flags(self.rubric, self.stage), self.steps)
+            run = self.baselines.get(baseline_flags(self.rubric, self.stage, self.variant), self.steps)
             if not run.ok:
                 raise CheckFailed("the non-sharded baseline run failed (%s): see %s"
                                   % (run.reason, relpath(os.path.join(run.dir, "log.txt"))))

@@ -74,6 +74,8 @@ def grade_stage(rubric, stage, src, out_root, ref_root, runner, baselines):
     run.reason = one_line(run.reason)  # it quotes the student's log: one printable line
     say("%s %s: %s (%.1fs; log: %s)" % (prefix, relpath(src), "built and ran" if run.ok else "run FAILED", run_s,
                                          relpath(log_path)))
+    if not run.ok:
+        say("    " + run.reason)
     for v, r in extra.items():
         r.reason = one_line(r.reason)
         say("%s   also on %s: %s%s" % (prefix, variant_label(rubric, v), "ran" if r.ok else "run FAILED",
@@ -86,22 +88,15 @@ def grade_stage(rubric, stage, src, out_root, ref_root, runner, baselines):
         name = check_name(rubric, key)
         t1 = time.monotonic()
         detail = ""
-        if not run.ok:
-            ok, reason = False, run.reason
-        else:
-            ok, reason, detail = run_check(ctx, key)
-            for v, c in vctx.items():
-                if not ok or key not in rubric["variants"][v]["checks"]:
-                    continue
-                if not c.run.ok:
-                    ok, reason = False, "on %s the run failed: %s" % (c.label, c.run.reason)
-                else:
-                    ok, why, _ = run_check(c, key)
-                    reason = "" if ok else "on %s: %s" % (c.label, why)
+        ok, reason, detail = _grade_check(ctx, key)
+        for v, c in vctx.items():
+            if ok and key in rubric["variants"][v]["checks"]:
+                ok, why, _ = _grade_check(c, key)
+                reason = "" if ok else why if not c.run.ok else "on %s: %s" % (c.label, why)
         seconds = time.monotonic() - t1
         say("%s %s: %s (%.1fs)" % (prefix, name, "OK" if ok else "FAIL", seconds))
-        if not ok:
-            say("    " + reason)
+        if not ok or detail:
+            say("    " + (reason if not ok else detail))
         checks.append({"key": key, "name": name, "ok": ok, "points": points if ok else 0, "max_points": points,
                        "reason": reason, "detail": detail, "seconds": round(seconds, 3)})
     got = sum(c["points"] for c in checks)
@@ -113,6 +108,21 @@ def grade_stage(rubric, stage, src, out_root, ref_root, runner, baselines):
             "variants": {v: {"label": variant_label(rubric, v), "ok": r.ok, "reason": r.reason,
                              "dir": relpath(r.dir), "command": _command(r)} for v, r in extra.items()},
             "points": got, "max_points": total, "checks": checks}
+
+
+PASSES_ON_FILES = "not graded: the run failed (above); the files it wrote before failing pass this check"
+
+
+def _grade_check(ctx, key):
+    """run_check; on a failed run no check earns points and each points at the run's reason (said once),
+    but a check whose files the run wrote before failing (the DTensors, written right after fsdp_init)
+    still says whether they pass."""
+    ok, reason, detail = run_check(ctx, key)
+    if ctx.run.ok:
+        return ok, reason, detail
+    if ctx.variant is not None:
+        return False, "on %s the run failed: %s" % (ctx.label, ctx.run.reason), ""
+    return False, PASSES_ON_FILES if ok else "not graded: the run failed (above)", ""
 
 
 def _command(run):

@@ -203,7 +203,7 @@ def reference_stage(rubric, stage, work, staging, runner, baselines, commands, n
         vrun = run_solution(rubric, stage, stage, vflags, work, runner, commands, variant=v)
         vbase = check_against_baseline(rubric, stage, vrun, baselines, v)
         commands[-1]["baseline"] = " ".join(relpath(c) if os.path.isabs(c) else c for c in vbase.cmd)
-        keep(vrun, os.path.join(dest, v), PLAIN, [], False)
+        keep(vrun, os.path.join(dest, v), PLAIN, ["memory_rank*.json"], False)
 
     ctx = Context(rubric, stage, RunResult(run_dir, True, "", 0.0, []), staging, baselines)
     failed = {}

@@ -86,6 +86,8 @@ class World:
                     snap = json.load(fh)
                 snap["events"] = [e for e in snap["events"] if _step_of(e) < KEEP_STEPS]
                 self._dump(os.path.join(run, "memory_rank%d.json" % r), snap)
+                with gzip.open(os.path.join(ref, "memory_rank%d.json.gz" % r), "wt") as fh:  # the same steps
+                    json.dump(snap, fh, separators=(",", ":"))
             with gzip.open(os.path.join(src, "trace.json.gz")) as fh:
                 merged = json.load(fh)["traceEvents"]
             for r in range(self.world):

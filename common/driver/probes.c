@@ -35,6 +35,38 @@ static void hook_note(Dev *dev, int step, const Module *mod, const char *hook, c
     dev_mem_note(dev, "hook_check", f);
 }
 
+void probe_hook_begin(Dev *dev, Probes *p) {
+    p->hook_entry_bytes = dev_mem_current(dev);
+    dev_mem_window_begin(dev);
+}
+
+/* "tag":bytes,... for the nonzero tags of by_tag, appended at f[*len] */
+static void tag_fields(char *f, size_t cap, size_t *len, const size_t *by_tag) {
+    int first = 1;
+    for (int t = 0; t < MEM_TAG_COUNT && *len < cap; t++) {
+        if (!by_tag[t]) continue;
+        *len += (size_t)snprintf(f + *len, cap - *len, "%s\"%s\":%zu", first ? "" : ",", mem_tag_name((MemTag)t),
+                                 by_tag[t]);
+        first = 0;
+    }
+}
+
+void probe_hook_end(Dev *dev, const Probes *p, int step, const char *module, const char *hook) {
+    size_t high_by_tag[MEM_TAG_COUNT], exit_by_tag[MEM_TAG_COUNT];
+    size_t high = dev_mem_window_peak(dev, high_by_tag);
+    for (int t = 0; t < MEM_TAG_COUNT; t++) exit_by_tag[t] = dev_mem_current_by_tag(dev, (MemTag)t);
+    char f[2048];
+    size_t len = (size_t)snprintf(f, sizeof f,
+                                  "\"step\":%d,\"module\":\"%s\",\"hook\":\"%s\",\"entry_bytes\":%zu,"
+                                  "\"high_water_bytes\":%zu,\"high_water_by_tag\":{",
+                                  step, module, hook, p->hook_entry_bytes, high);
+    tag_fields(f, sizeof f, &len, high_by_tag);
+    if (len < sizeof f) len += (size_t)snprintf(f + len, sizeof f - len, "},\"exit_by_tag\":{");
+    tag_fields(f, sizeof f, &len, exit_by_tag);
+    if (len < sizeof f) snprintf(f + len, sizeof f - len, "}");
+    dev_mem_note(dev, "hook_memory", f);
+}
+
 void probes_write_dtensors(Dev *dev, Model *m, const float *init, const char *dir, const DeviceMesh *mesh) {
     dev_synchronize(dev);
     char path[4096];

@@ -5,6 +5,8 @@
  *   - after fsdp_post_forward / fsdp_post_backward: how many of those bytes
  *     (and of the module's unsharded grads) are still allocated, as
  *     "hook_check" notes in the memory snapshot;
+ *   - around every hook: its memory (entry, high-water, by tag at the
+ *     high-water and at exit) as "hook_memory" notes;
  *   - after fsdp_init: the DTensors, as dtensors_rank<r>.json. */
 #ifndef HWFSDP_PROBES_H
 #define HWFSDP_PROBES_H
@@ -25,7 +27,13 @@ typedef struct {
 typedef struct {
     Captured params;          /* the module's Param.data */
     Captured grads;           /* the module's Param.grad */
+    size_t hook_entry_bytes;  /* allocated when the current hook began */
 } Probes;
+
+/* Around every hook: a "hook_memory" note with the bytes allocated at entry,
+ * the hook's high-water mark (and by tag then) and the bytes by tag at exit. */
+void probe_hook_begin(Dev *dev, Probes *p);
+void probe_hook_end(Dev *dev, const Probes *p, int step, const char *module, const char *hook);
 
 /* After fsdp_pre_forward (backward = 0) or fsdp_pre_backward (backward = 1). */
 void probe_params_ready(Dev *dev, Probes *p, const Module *mod, int backward);

@@ -148,6 +148,13 @@ uint64_t dev_mem_live_id_containing(const Dev *d, const void *p);
  * without braces, e.g. "\"live_bytes\":0". */
 void dev_mem_note(Dev *d, const char *kind, const char *json_fields);
 
+/* A high-water mark over a window of host calls (the driver's per-hook memory
+ * record): begin sets it to the bytes allocated now; peak returns the most
+ * allocated at once since, and by_tag[MEM_TAG_COUNT] (if not NULL) the bytes by
+ * tag at that moment. */
+void dev_mem_window_begin(Dev *d);
+size_t dev_mem_window_peak(const Dev *d, size_t *by_tag);
+
 /* ------------------------------------------------------- traces, snapshots */
 
 /* Write this rank's Chrome trace (trace_rank<r>.json) and memory snapshot

@@ -5,6 +5,7 @@ so that a malformed file (a crash mid-write, a student's stray write) fails the 
 sentence naming the file and the entry, never a KeyError or a traceback
 (tests/test_grader_fuzz.py mutates every file to hold the loaders to that).
 """
+import gzip
 import json
 import math
 import os
@@ -135,6 +136,42 @@ class Context:
                     raise CheckFailed("%s: event %d is not a JSON object" % (name, i))
             return data
         return self._memo(("mem", rank), load)
+
+    def reference_memory(self, rank):
+        """The reference's snapshot of the rank (memory_rank<r>.json.gz), events checked to be objects."""
+        def load():
+            path = os.path.join(self.reference_dir(), "memory_rank%d.json.gz" % rank)
+            try:
+                with gzip.open(path, "rt", encoding="utf-8") as fh:
+                    data = json.load(fh)
+            except FileNotFoundError:
+                raise CheckFailed("%s is missing (the reference log; instructors: make reference)" % relpath(path))
+            except (OSError, EOFError, ValueError, RecursionError) as e:
+                raise CheckFailed("%s cannot be read (%s): instructors: make reference" % (relpath(path), e))
+            events = data.get("events") if isinstance(data, dict) else None
+            if not isinstance(events, list) or not all(isinstance(e, dict) for e in events):
+                raise CheckFailed("%s has no list of events (instructors: make reference)" % relpath(path))
+            return data
+        return self._memo(("refmem", rank), load)
+
+    def hook_memory(self, rank, reference=False):
+        """{(step, module, hook): note} of the rank's "hook_memory" notes (probes.h), each checked."""
+        name = "the reference's memory_rank%d.json.gz" % rank if reference else "memory_rank%d.json" % rank
+        data = self.reference_memory(rank) if reference else self.memory(rank)
+        out = {}
+        for i, e in enumerate(data.get("events", [])):
+            if e.get("kind") != "hook_memory":
+                continue
+            bad = [k for k in ("module", "hook") if not isinstance(e.get(k), str)]
+            bad += [k for k in ("step", "entry_bytes", "high_water_bytes") if not (is_int(e.get(k)) and abs(e[k]) < 2 ** 53)]
+            bad += [k for k in ("high_water_by_tag", "exit_by_tag") if not (
+                isinstance(e.get(k), dict) and all(is_int(v) and 0 <= v < 2 ** 53 for v in e[k].values()))]
+            if bad:
+                raise CheckFailed("%s: event %d (hook_memory): %s is %s" % (name, i, bad[0], short(e.get(bad[0]))))
+            out[(e["step"], e["module"], e["hook"])] = e
+        if not out:
+            raise CheckFailed("%s holds no hook_memory records" % name)
+        return out
 
     def trace(self, rank):
         def load():

@@ -18,13 +18,14 @@ CONFIG_KEYS = {"flavor": "name", "world": "world", "seq_len": "count", "batch_si
                "n_kv_heads": "count"}
 OPTIONAL_CONFIG = {"max_norm", "n_kv_heads"}  # absent: the binary's default (the flavour's n_kv_heads, max norm 1)
 # checks a variant may run: they compare one run with its own reference and baseline
-VARIANT_CHECKS = {"loss", "grad_norm", "clip", "peak_memory", "dtensors", "freed_after_forward", "freed_after_backward",
+VARIANT_CHECKS = {"loss", "grad_norm", "clip", "peak_memory", "hook_memory", "dtensors", "freed_after_forward", "freed_after_backward",
                   "grads_freed", "zero2_no_backward_all_gather", "zero2_params_kept"}
 LIMIT_KEYS = {"build_timeout_s": 1e7, "run_timeout_s": 1e7, "run_cpu_s": 1e7, "run_address_space_gib": 1e6,
               "run_file_size_mib": 1e9}
 TOLERANCE_KEYS = ["loss_rel", "grad_norm_rel", "peak_mem_band_rel", "ag_overlap_min", "rs_overlap_min",
                   "prefetch_extra_unsharded_modules", "prefetch_max_modules_ahead",
-                  "recompute_all_gathers_per_module_step", "activation_memory_max_ratio"]
+                  "recompute_all_gathers_per_module_step", "activation_memory_max_ratio", "hook_memory_slack_rel",
+                  "hook_memory_slack_min_bytes"]
 
 
 def load_rubric(path=RUBRIC_PATH):

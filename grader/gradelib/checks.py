@@ -443,6 +443,50 @@ def check_prefetch_bound(ctx):
     return ""
 
 
+HOOK_PHASES = {"pre_forward", "post_forward", "pre_backward", "post_backward", "recompute.pre_forward",
+               "recompute.post_forward", "finish_backward"}
+
+
+@check("schedule")
+def check_schedule(ctx):
+    """The stage's prefetch exists and is one module ahead (forward: module i's hooks issue module i+1's
+    all-gather; backward: module i's issue module i-1's), and no hook blocks the host (the trace's host
+    track): with the host running ahead a host wait can still show as overlap, an event wait is the fix."""
+    stage = manifest.stage(ctx.stage, ctx.rubric)
+    order, _ = ctx.module_order()
+    for r in range(ctx.world):
+        for e in ctx.trace(r):
+            if e.get("cat") == "host_sync" and e["args"].get("phase") in HOOK_PHASES:
+                raise CheckFailed("step %d, rank %d: the host blocked inside %s.%s (%s): make the stream that needs "
+                                  "the result wait for an event (dev_stream_wait_event), not the host"
+                                  % (e["args"].get("step", -1) + 1, r, e["args"].get("module"), e["args"]["phase"],
+                                     e["name"]))
+    issued = {}  # (rank, step, gathered module, forward?) -> the module whose hook issued it
+    for r, e in ctx.collectives("all_gather"):
+        phase = e["args"].get("phase")
+        if phase in FORWARD_PHASES | BACKWARD_PHASES:
+            key = (r, e["args"]["step"], e["name"][: -len(".all_gather")], phase in FORWARD_PHASES)
+            issued.setdefault(key, e["args"].get("module"))
+    steps = sorted({k[1] for k in issued})
+    checks = []
+    if "forward" in stage.prefetch:
+        checks += [(order[i + 1], order[i], True) for i in range(len(order) - 1)]
+    if "backward" in stage.prefetch and any(not k[3] for k in issued):
+        checks += [(order[i - 1], order[i], False) for i in range(len(order) - 1, 0, -1)]
+    for r in range(ctx.world):
+        for step in steps:
+            for target, host, forward in checks:
+                by = issued.get((r, step, target, forward))
+                if by is None or by == host:
+                    continue
+                when = "forward" if forward else "backward"
+                raise CheckFailed("step %d, rank %d: %s's %s all-gather was issued in %s's hooks, not %s's: in %s "
+                                  "module i's hooks prefetch module %s (one ahead), so that its all-gather runs while "
+                                  "module i computes" % (step + 1, r, target, when, by, host, when,
+                                                         "i+1" if forward else "i-1"))
+    return ""
+
+
 @check("recompute")
 def check_recompute(ctx):
     order, _ = ctx.module_order()

@@ -70,7 +70,7 @@ static float train_step(Trainer *t, int s) {
     for (int i = 0; i < m->n_modules; i++) { /* forward */
         Module *mod = &m->modules[i];
         HOOK(mod->name, "pre_forward", fsdp_pre_forward(f, mod));
-        probe_params_ready(t->dev, &t->probes, mod, 0);
+        probe_params_ready(t->dev, &t->probes, mod, s, "pre_forward", 0);
         at(t, s, mod->name, "forward");
         module_forward(m, mod, &t->run);
         HOOK(mod->name, "post_forward", fsdp_post_forward(f, mod));
@@ -86,12 +86,13 @@ static float train_step(Trainer *t, int s) {
         HOOK(mod->name, "pre_backward", fsdp_pre_backward(f, mod));
         if (t->opt->ac && mod->kind == MOD_BLOCK) { /* activation checkpointing: the forward again */
             HOOK(mod->name, "recompute.pre_forward", fsdp_pre_forward(f, mod));
+            probe_params_ready(t->dev, &t->probes, mod, s, "recompute.pre_forward", 0);
             at(t, s, mod->name, "recompute");
             module_recompute(m, mod, &t->run);
             HOOK(mod->name, "recompute.post_forward", fsdp_post_forward(f, mod));
         }
         at(t, s, mod->name, "backward");
-        probe_params_ready(t->dev, &t->probes, mod, 1);
+        probe_params_ready(t->dev, &t->probes, mod, s, "pre_backward", 1);
         alloc_unsharded_grads(t, mod);
         probe_grads_allocated(t->dev, &t->probes, mod);
         module_backward(m, mod, &t->run);
@@ -126,6 +127,7 @@ static void trainer_init(Trainer *t, Dev *dev, const TrainJob *job, DeviceMesh *
     FsdpConfig fc = {dev, m, mesh, o->reshard_after_forward, o->optim};
     at(t, -1, "fsdp", "init");
     t->fsdp = fsdp_init(&fc);
+    probes_init(&t->probes, m);
     if (o->out_dir) probes_write_dtensors(dev, m, job->init, o->out_dir, mesh);
     if (job->init_exp_avg && !o->forward_only)
         checkpoint_restore_optimizer(dev, m, job->init_exp_avg, job->init_exp_avg_sq);
@@ -176,6 +178,7 @@ void train_rank(Dev *dev, void *arg) {
     dev_synchronize(dev);
     if (o->out_dir) dev_write_artifacts(dev, o->out_dir);
     fsdp_destroy(t.fsdp);
+    probes_free(&t.probes);
     free(t.host_inputs);
     free(t.host_targets);
     model_destroy(t.model);

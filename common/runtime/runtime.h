@@ -95,6 +95,7 @@ int dev_scope_step(const Dev *d);
 /* Turn op/collective trace recording on or off from now on (e.g. after the
  * first few steps). Memory events are always recorded. */
 void dev_set_tracing(Dev *d, int on);
+int dev_tracing(const Dev *d);
 
 /* ---------------------------------------------------------------- streams */
 

@@ -264,6 +264,7 @@ const char *dev_scope_module(const Dev *d) { return d->scope.module; }
 const char *dev_scope_phase(const Dev *d) { return d->scope.phase; }
 int dev_scope_step(const Dev *d) { return d->scope.step; }
 void dev_set_tracing(Dev *d, int on) { d->scope.tracing = on != 0; }
+int dev_tracing(const Dev *d) { return d->scope.tracing; }
 
 /* ------------------------------------------------- host barrier / gather */
 

@@ -59,13 +59,14 @@ def grade_stage(rubric, stage, src, out_root, ref_root, runner, baselines):
         else:
             ok, reason, build_s = runner.build(src, binary, log_path)
             if ok:
+                one_stream = not manifest.stage(stage, rubric).streams
                 run = runner.run(binary, stage_flags(rubric, stage), run_dir, log_path,
-                                 int(stage_config(rubric, stage)["steps"]))
+                                 int(stage_config(rubric, stage)["steps"]), one_stream)
                 for v in variants:
                     vdir = os.path.join(run_dir, v)
                     os.makedirs(vdir)
                     extra[v] = runner.run(binary, stage_flags(rubric, stage, v), vdir, os.path.join(vdir, "log.txt"),
-                                          int(stage_config(rubric, stage, v)["steps"]))
+                                          int(stage_config(rubric, stage, v)["steps"]), one_stream)
             else:
                 run = RunResult(run_dir, False, reason, build_s, [])
     except (OSError, subprocess.SubprocessError) as e:  # make or the binary could not even be started

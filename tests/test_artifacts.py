@@ -57,7 +57,7 @@ def test_trace_json(out, name):
     for e in xs:
         for k in ("name", "cat", "pid", "tid", "ts", "dur", "args"):
             assert k in e, (k, e)
-        assert e["cat"] in ("compute", "copy", "collective", "wait", "event")
+        assert e["cat"] in ("compute", "copy", "collective", "wait", "event", "host_sync")
         assert e["dur"] >= 0 and e["ts"] >= 0
         for k in ("step", "phase", "module"):
             assert k in e["args"]
@@ -71,6 +71,9 @@ def test_trace_json(out, name):
         assert meta[("thread_name", pid, 0)]["name"] == "compute"
         assert meta[("thread_name", pid, 1)]["name"] == "all_gather"
         assert ("process_sort_index", pid, 0) in meta and ("thread_sort_index", pid, 2) in meta
+        assert meta[("thread_name", pid, 1000)]["name"] == "host"  # the host's blocking waits
+    syncs = [e for e in xs if e["cat"] == "host_sync"]
+    assert syncs and all(e["tid"] == 1000 and e["name"].startswith("sync:") for e in syncs)
     names = {e["name"] for e in xs}
     assert "block0.all_gather" in names and "block0.reduce_scatter" in names and "block0.matmul" in names
     ag = [e for e in xs if e["name"] == "block0.all_gather"]

@@ -216,6 +216,27 @@ static void rank_stuck_event(Dev *d, void *arg) {
     dev_event_destroy(e);
 }
 
+/* A range that starts inside an allocation but runs past its end: arg 0 a copy
+ * one float too long, 1 a memset at an offset, 2 an all-gather whose output
+ * holds world - 1 segments, 3 every range exactly fits (clean). */
+static void rank_overrun(Dev *d, void *arg) {
+    const int mode = *(int *)arg;
+    Stream *c = dev_compute_stream(d);
+    dev_set_scope(d, 0, "block1", "pre_forward");
+    float *src = dev_alloc_f32(d, 17, MEM_TEMP, "src");
+    float *dst = dev_alloc_f32(d, 16, MEM_UNSHARDED_PARAM, "block1.w");
+    dev_memset_async(c, src, 0, 17 * sizeof(float));
+    dev_memcpy_async(c, dst, src, (mode == 0 ? 17 : 16) * sizeof(float));
+    dev_memset_async(c, dst + 4, 0, (mode == 1 ? 13 : 12) * sizeof(float));
+    const int w = dev_world_size(d);
+    float *out = dev_alloc_f32(d, (size_t)(mode == 2 ? w - 1 : w) * 4, MEM_COMM_BUFFER, "block1.all_gather_buffer");
+    coll_all_gather(d, src, out, 4, c, "block1");
+    dev_synchronize(d);
+    dev_free(d, out);
+    dev_free(d, dst);
+    dev_free(d, src);
+}
+
 static int run_mode(const char *kind) {
     int arg = 0;
     WorldConfig c = local_config(1);
@@ -239,6 +260,7 @@ static int run_mode(const char *kind) {
     else if (!strcmp(kind, "foreign_pool")) fn = rank_foreign_pool, arg = 0;
     else if (!strcmp(kind, "foreign_pool_own")) fn = rank_foreign_pool, arg = 1;
     else if (!strcmp(kind, "foreign_pool_waited")) fn = rank_foreign_pool, arg = 2;
+    else if (!strncmp(kind, "overrun_", 8)) fn = rank_overrun, arg = kind[8] - '0', c = local_config(2);
     else if (!strcmp(kind, "race_collective_ordered")) fn = rank_collective, arg = 1, c = local_config(4);
     else if (!strcmp(kind, "timeout_skip")) fn = rank_skip_all_gather, c = local_config(4);
     else if (!strcmp(kind, "timeout_stream")) fn = rank_extra_stream, c = local_config(3);
@@ -345,6 +367,21 @@ TEST(foreign_pool) {
     EXPECT_CLEAN("foreign_pool_own");
     EXPECT_CLEAN("foreign_pool_waited");
 }
+TEST(overrun_is_named) {
+    EXPECT_LINE("overrun_0",
+                "error: out of bounds on rank 0: compute stream's 'block1.copy' writes bytes [0, 68) of 'block1.w' "
+                "(unsharded_param, allocated in block1.pre_forward), which has 64 bytes: 4 bytes past its end (check "
+                "the count or the offset of this op)");
+    EXPECT_LINE("overrun_1",
+                "error: out of bounds on rank 0: compute stream's 'block1.memset' writes bytes [16, 68) of 'block1.w' "
+                "(unsharded_param, allocated in block1.pre_forward), which has 64 bytes: 4 bytes past its end (check "
+                "the count or the offset of this op)");
+    EXPECT_LINE("overrun_2",
+                "error: out of bounds on rank 0: compute stream's 'block1.all_gather' writes bytes [0, 32) of "
+                "'block1.all_gather_buffer' (comm_buffer, allocated in block1.pre_forward), which has 16 bytes: 16 "
+                "bytes past its end (check the count or the offset of this op)");
+    EXPECT_CLEAN("overrun_3");
+}
 TEST(verdict_is_deterministic) {
     for (int i = 0; i < 20; i++) EXPECT_LINE("race_missing_wait", MISSING_WAIT);
 }
@@ -365,6 +402,7 @@ int main(int argc, char **argv) {
     RUN(collective_race_deterministic);
     RUN(free_while_in_use_deterministic);
     RUN(foreign_pool);
+    RUN(overrun_is_named);
     RUN(verdict_is_deterministic);
     return check_summary();
 }

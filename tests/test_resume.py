@@ -4,7 +4,6 @@ world 4, and the baseline), and a run killed while writing checkpoints always
 leaves a valid one behind."""
 import filecmp
 import json
-import os
 import signal
 import struct
 import subprocess
@@ -63,18 +62,48 @@ def test_resume_without_optimizer_state_differs(tmp_path):
     assert [m["loss"] for m in metrics(second)] != [m["loss"] for m in metrics(full)][3:]
 
 
+def wait_for(what, cond, proc, deadline_s=300):
+    """Poll cond() until it holds; the deadline only turns a run that never gets there into a failure."""
+    end = time.monotonic() + deadline_s
+    while not cond():
+        assert proc.poll() is None, "the run exited (%s) before %s" % (proc.returncode, what)
+        assert time.monotonic() < end, "no %s within %d s" % (what, deadline_s)
+        time.sleep(0.0005)
+
+
 def test_killed_while_saving_leaves_a_valid_checkpoint(tmp_path):
+    """SIGKILL at three points of the save cycle, each waited for on the file system (no delays):
+    during the first save (its temporary file exists, the checkpoint not yet), right after a save
+    landed, and during a later save (a checkpoint and a newer temporary file both exist). Whatever
+    is at the checkpoint's path afterwards loads and resumes at the step after the one it holds."""
     ck = tmp_path / "ck.safetensors"
     cmd = [BASELINE, "--flavor", "debugmodel", "--seq-len", "32", "--batch-size", "1", "--steps", "100000",
            "--save", str(ck), "--save-every", "1", "--quiet", "--profile-steps", "0", "--data", CORPUS]
-    for delay in (1.5, 2.3, 3.1):
+
+    def saving():
+        return any(f.name.startswith(ck.name + ".tmp.") for f in tmp_path.iterdir())
+
+    def after_a_save():
+        return ck.exists()
+
+    def saving_again():
+        return ck.exists() and saving()
+
+    for when, cond in (("first save", saving), ("a landed save", after_a_save), ("a later save", saving_again)):
+        for f in tmp_path.iterdir():
+            if f.name.startswith(ck.name):
+                f.unlink()
         p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(delay)
-        p.send_signal(signal.SIGKILL)
-        p.wait()
-        assert ck.exists(), "no checkpoint written in %.1f s" % delay
-        out = tmp_path / ("resumed%.1f" % delay)
+        try:
+            wait_for(when, cond, p)
+        finally:
+            p.send_signal(signal.SIGKILL)
+            p.wait()
+        if not ck.exists():
+            assert when == "first save", "killed during %s: the previous checkpoint is gone" % when
+            continue  # killed before the first rename: nothing at the path, which is valid too
         step = int(st_header(ck)["__metadata__"]["step"])
+        out = tmp_path / ("resumed_" + when.replace(" ", "_"))
         r = run_train(BASELINE, out, "--flavor", "debugmodel", "--seq-len", "32", "--batch-size", "1",
                       "--steps", str(step + 1), "--load", ck, "--profile-steps", "0")
         assert metrics(out)[0]["step"] == step + 1, r.stdout

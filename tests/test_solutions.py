@@ -247,3 +247,24 @@ def test_record_stream_holds_what_the_state_frees(runs, tmp_path):
     assert actions.count("free_requested") == actions.count("free_completed")
     assert "free_requested" not in [e.get("action") for e in snapshot(kept)["events"]]
     assert demo.comm_peak(str(held)) > demo.comm_peak(str(kept))
+
+
+def test_clip_probe_records_what_adamw_applied(runs):
+    """The clip probe (metrics.jsonl clip_coef_*_per_rank) against torch's clip_grad_norm_ formula
+    min(1, max_norm / (norm + 1e-6)) applied to the logged global norm, and one launch per param."""
+    out = runs(solution_bin("02"), *(TINY + ["--world", "3", "--max-norm", "0.5"]))
+    n_params = len(snapshot_params(out))
+    for row in metrics(out):
+        want = min(1.0, 0.5 / (row["grad_norm"] + 1e-6))
+        assert want < 1.0  # the test is about clipping that bites
+        for lo, hi in zip(row["clip_coef_min_per_rank"], row["clip_coef_max_per_rank"]):
+            assert lo == hi and rel(lo, want) < 1e-6, (row["step"], lo, hi, want)
+        assert row["adamw_launches_per_rank"] == [n_params] * 3
+    loose = runs(solution_bin("02"), *(TINY + ["--world", "3", "--max-norm", "100"]))
+    assert all(r["clip_coef_min_per_rank"] == [1.0] * 3 for r in metrics(loose))
+
+
+def snapshot_params(out):
+    import json
+    with open(os.path.join(str(out), "dtensors_rank0.json")) as fh:
+        return json.load(fh)["params"]

@@ -418,8 +418,9 @@ __global__ void __launch_bounds__(kOneBlock) sumsq_k(float *acc, const float *x,
 /* AdamW as adamw_update (optim.c), with the clip coefficient
  * min(1, max_norm / (sqrt(total_sumsq) + 1e-6)) formed on the device */
 __global__ void adamw_k(float *param, const float *grad, float *m_, float *v_, size_t n, AdamWScalars k,
-                        float max_norm, const float *total_sumsq) {
+                        float max_norm, const float *total_sumsq, float *clip_out) {
     float coef = clip_coef(max_norm, sqrtf(*total_sumsq));
+    if (clip_out && blockIdx.x == 0 && threadIdx.x == 0) *clip_out = coef;
     GRID_STRIDE(i, n) { adamw_elem(&param[i], grad[i], &m_[i], &v_[i], &k, coef); }
 }
 
@@ -630,10 +631,17 @@ void kcuda_sumsq_accumulate(void *a) {
 
 void kcuda_adamw(void *a) {
     AdamArgs *x = (AdamArgs *)a;
-    if (!x->n) return;
+    if (!x->n) {
+        if (x->clip_out) { /* no rows here, but the probe still wants the coefficient */
+            adamw_k<<<1, 1, 0, cuda_current_stream()>>>(x->param, x->grad, x->m, x->v, 0, adamw_scalars(&x->c, x->lr, x->t),
+                                                       x->c.max_norm, x->total_sumsq, x->clip_out);
+            CUDA_CHECK_LAUNCH("adamw");
+        }
+        return;
+    }
     AdamWScalars k = adamw_scalars(&x->c, x->lr, x->t); /* on the host, as the CPU update forms them */
     adamw_k<<<blocks_for(x->n), kThreads, 0, cuda_current_stream()>>>(x->param, x->grad, x->m, x->v, x->n, k,
-                                                                       x->c.max_norm, x->total_sumsq);
+                                                                       x->c.max_norm, x->total_sumsq, x->clip_out);
     CUDA_CHECK_LAUNCH("adamw");
 }
 

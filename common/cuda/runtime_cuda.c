@@ -147,6 +147,22 @@ void backend_dev_init(Dev *d) {
 
 static void timing_resolve(Dev *d, int wait_all);
 
+void *backend_probe_alloc(Dev *d, size_t bytes) {
+    (void)d;
+    void *p = NULL;
+    CUDA_CHECK(cudaMalloc(&p, bytes));
+    CUDA_CHECK(cudaMemset(p, 0, bytes));
+    return p;
+}
+void backend_probe_free(Dev *d, void *p) {
+    (void)d;
+    CUDA_CHECK(cudaFree(p));
+}
+void backend_probe_read(Dev *d, void *host, const void *probe, size_t bytes) {
+    for (int i = 0; i < d->nstreams; i++) CUDA_CHECK(cudaStreamSynchronize(d->streams[i]->cuda->st));
+    CUDA_CHECK(cudaMemcpy(host, probe, bytes, cudaMemcpyDeviceToHost));
+}
+
 void backend_dev_fini(Dev *d) {
     struct CudaDev *c = d->cuda;
     if (!c) return;

@@ -1,10 +1,13 @@
 /* probes.h — what the training driver records for the grader, around the
  * student's hooks:
  *   - after fsdp_pre_forward / fsdp_pre_backward: every Param.data is set
- *     (else one line naming the hook), and which allocations hold them;
+ *     (else one line naming the hook), its rows of this rank hold the current
+ *     shard (the params check), and which allocations hold them;
  *   - after fsdp_post_forward / fsdp_post_backward: how many of those bytes
  *     (and of the module's unsharded grads) are still allocated, as
  *     "hook_check" notes in the memory snapshot;
+ *   - around every hook: its memory (entry, high-water, by tag at the
+ *     high-water and at exit) as "hook_memory" notes;
  *   - after fsdp_init: the DTensors, as dtensors_rank<r>.json. */
 #ifndef HWFSDP_PROBES_H
 #define HWFSDP_PROBES_H
@@ -22,13 +25,36 @@ typedef struct {
     uint64_t id[MODULE_MAX_PARAMS];
 } Captured;
 
+/* The params check's memory of each shard (compute stream worker only):
+ * its hash at the latest step's first check, and at the step before. */
+typedef struct {
+    int step;
+    uint64_t now, before;
+} ShardHistory;
+
 typedef struct {
     Captured params;          /* the module's Param.data */
     Captured grads;           /* the module's Param.grad */
+    size_t hook_entry_bytes;  /* allocated when the current hook began */
+    const Model *model;
+    ShardHistory *history;    /* [n_modules * MODULE_MAX_PARAMS] */
 } Probes;
 
-/* After fsdp_pre_forward (backward = 0) or fsdp_pre_backward (backward = 1). */
-void probe_params_ready(Dev *dev, Probes *p, const Module *mod, int backward);
+void probes_init(Probes *p, const Model *m);
+void probes_free(Probes *p);
+
+/* Around every hook: a "hook_memory" note with the bytes allocated at entry,
+ * the hook's high-water mark (and by tag then) and the bytes by tag at exit. */
+void probe_hook_begin(Dev *dev, Probes *p);
+void probe_hook_end(Dev *dev, const Probes *p, int step, const char *module, const char *hook);
+
+/* After fsdp_pre_forward (backward = 0) or fsdp_pre_backward (backward = 1):
+ * every Param.data is set, and (CPU backend) a check queued on the compute
+ * stream right before the module's compute: this rank's rows of each
+ * Param.data equal its current shard, else one line naming the module, the
+ * hook, the param and what it holds instead (NaN: never written; last step's
+ * shard: stale; a neighbouring param's shard: mixed up). */
+void probe_params_ready(Dev *dev, Probes *p, const Module *mod, int step, const char *hook, int backward);
 /* After the runtime allocated the module's unsharded grads. */
 void probe_grads_allocated(Dev *dev, Probes *p, const Module *mod);
 /* After fsdp_post_forward / fsdp_post_backward: the hook_check notes. */

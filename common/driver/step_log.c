@@ -26,8 +26,34 @@ static double max_of(const double *all, int world) {
     return m;
 }
 
+/* This rank's clip coefficients of the step (the clip probe, runtime.h): the
+ * smallest and largest any AdamW launch applied, and how many launches; with no
+ * launch min and max are NaN, with too many to record launches is -1. */
+typedef struct { double min, max, launches; } ClipStats;
+static ClipStats clip_stats(Dev *dev) {
+    static float coef[CLIP_PROBE_SLOTS];
+    ClipStats c = {NAN, NAN, 0};
+    int n = dev_clip_collect(dev, coef, CLIP_PROBE_SLOTS);
+    c.launches = n;
+    for (int i = 0; i < n; i++) {
+        if (i == 0 || coef[i] < c.min) c.min = coef[i];
+        if (i == 0 || coef[i] > c.max) c.max = coef[i];
+    }
+    return c;
+}
+
+static void write_list(FILE *f, const char *key, const double *v, int world, const char *fmt) {
+    fprintf(f, "\"%s\":[", key);
+    for (int r = 0; r < world; r++) {
+        if (r) fputc(',', f);
+        if (isfinite(v[r])) fprintf(f, fmt, v[r]);
+        else fprintf(f, "null");
+    }
+    fprintf(f, "],");
+}
+
 static void write_metrics_line(FILE *f, int step, double loss, float grad_norm, float lr, const double *peaks,
-                               int world, double step_max_us, double tps, int bad) {
+                               const double *clip, int world, double step_max_us, double tps, int bad) {
     fprintf(f, "{\"step\":%d,", step + 1);
     if (isfinite(loss)) fprintf(f, "\"loss\":%.9g,", loss);
     else fprintf(f, "\"loss\":null,");
@@ -35,7 +61,13 @@ static void write_metrics_line(FILE *f, int step, double loss, float grad_norm, 
     else fprintf(f, "\"grad_norm\":null,");
     fprintf(f, "\"lr\":%.9g,\"peak_mem_bytes\":%.0f,\"peak_mem_bytes_per_rank\":[", (double)lr, max_of(peaks, world));
     for (int r = 0; r < world; r++) fprintf(f, "%s%.0f", r ? "," : "", peaks[r]);
-    fprintf(f, "],\"step_ms\":%.3f,\"tokens_per_s\":%.1f%s}\n", step_max_us / 1000.0, tps, bad ? ",\"nan\":true" : "");
+    fprintf(f, "],");
+    if (clip) {
+        write_list(f, "clip_coef_min_per_rank", clip, world, "%.9g");
+        write_list(f, "clip_coef_max_per_rank", clip + world, world, "%.9g");
+        write_list(f, "adamw_launches_per_rank", clip + 2 * world, world, "%.0f");
+    }
+    fprintf(f, "\"step_ms\":%.3f,\"tokens_per_s\":%.1f%s}\n", step_max_us / 1000.0, tps, bad ? ",\"nan\":true" : "");
     fflush(f);
 }
 
@@ -49,15 +81,22 @@ int step_log_write(StepLog *l, Dev *dev, const Options *o, const ModelRun *run, 
     double loss = 0;
     for (int r = 0; r < W; r++) loss += l->all[r];
     loss /= W;
-    double *peaks = xmalloc((size_t)W * sizeof(double));
+    double *peaks = xmalloc((size_t)W * sizeof(double)), *clip = NULL;
     dev_host_allgather_f64(dev, (double)dev_mem_peak(dev), peaks);
+    if (!o->forward_only) {
+        ClipStats c = clip_stats(dev);
+        clip = xmalloc(3 * (size_t)W * sizeof(double));
+        dev_host_allgather_f64(dev, c.min, clip);
+        dev_host_allgather_f64(dev, c.max, clip + W);
+        dev_host_allgather_f64(dev, c.launches, clip + 2 * W);
+    }
     dev_host_allgather_f64(dev, step_us, l->all);
     double step_max = max_of(l->all, W);
     int bad = !isfinite(loss) || (!o->forward_only && !isfinite(grad_norm));
     if (dev_rank(dev) == 0) {
         double tps = (double)(run->B * run->T * (size_t)W) / (step_max * 1e-6);
         float lr = lr_at_step(&o->optim, step);
-        if (l->metrics) write_metrics_line(l->metrics, step, loss, grad_norm, lr, peaks, W, step_max, tps, bad);
+        if (l->metrics) write_metrics_line(l->metrics, step, loss, grad_norm, lr, peaks, clip, W, step_max, tps, bad);
         if (!o->quiet)
             printf("step: %3d  loss: %8.4f  grad_norm: %8.4f  memory: %7.2fMiB  tps: %9.0f  lr: %.2e\n", step + 1, loss,
                    (double)grad_norm, max_of(peaks, W) / 1048576.0, tps, (double)lr);
@@ -67,6 +106,7 @@ int step_log_write(StepLog *l, Dev *dev, const Options *o, const ModelRun *run, 
                     isfinite(loss) ? "grad_norm" : "loss", step + 1, loss, (double)grad_norm);
     }
     free(peaks);
+    free(clip);
     return bad;
 }
 

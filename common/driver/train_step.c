@@ -59,15 +59,21 @@ static void alloc_unsharded_grads(Trainer *t, Module *mod) {
 static float train_step(Trainer *t, int s) {
     Model *m = t->model;
     Fsdp *f = t->fsdp;
+    /* a hook call, in its scope, with its memory recorded (probes.h) */
+#define HOOK(module, phase, call)                                        \
+    do {                                                                 \
+        at(t, s, module, phase);                                         \
+        probe_hook_begin(t->dev, &t->probes);                            \
+        call;                                                            \
+        probe_hook_end(t->dev, &t->probes, s, module, phase);            \
+    } while (0)
     for (int i = 0; i < m->n_modules; i++) { /* forward */
         Module *mod = &m->modules[i];
-        at(t, s, mod->name, "pre_forward");
-        fsdp_pre_forward(f, mod);
-        probe_params_ready(t->dev, &t->probes, mod, 0);
+        HOOK(mod->name, "pre_forward", fsdp_pre_forward(f, mod));
+        probe_params_ready(t->dev, &t->probes, mod, s, "pre_forward", 0);
         at(t, s, mod->name, "forward");
         module_forward(m, mod, &t->run);
-        at(t, s, mod->name, "post_forward");
-        fsdp_post_forward(f, mod);
+        HOOK(mod->name, "post_forward", fsdp_post_forward(f, mod));
         probe_after_post_forward(t->dev, &t->probes, s, mod);
     }
     if (t->opt->forward_only) {
@@ -77,30 +83,28 @@ static float train_step(Trainer *t, int s) {
     }
     for (int i = m->n_modules - 1; i >= 0; i--) { /* backward, in reverse */
         Module *mod = &m->modules[i];
-        at(t, s, mod->name, "pre_backward");
-        fsdp_pre_backward(f, mod);
+        HOOK(mod->name, "pre_backward", fsdp_pre_backward(f, mod));
         if (t->opt->ac && mod->kind == MOD_BLOCK) { /* activation checkpointing: the forward again */
-            at(t, s, mod->name, "recompute.pre_forward");
-            fsdp_pre_forward(f, mod);
+            HOOK(mod->name, "recompute.pre_forward", fsdp_pre_forward(f, mod));
+            probe_params_ready(t->dev, &t->probes, mod, s, "recompute.pre_forward", 0);
             at(t, s, mod->name, "recompute");
             module_recompute(m, mod, &t->run);
-            at(t, s, mod->name, "recompute.post_forward");
-            fsdp_post_forward(f, mod);
+            HOOK(mod->name, "recompute.post_forward", fsdp_post_forward(f, mod));
         }
         at(t, s, mod->name, "backward");
-        probe_params_ready(t->dev, &t->probes, mod, 1);
+        probe_params_ready(t->dev, &t->probes, mod, s, "pre_backward", 1);
         alloc_unsharded_grads(t, mod);
         probe_grads_allocated(t->dev, &t->probes, mod);
         module_backward(m, mod, &t->run);
-        at(t, s, mod->name, "post_backward");
-        fsdp_post_backward(f, mod);
+        HOOK(mod->name, "post_backward", fsdp_post_backward(f, mod));
         probe_after_post_backward(t->dev, &t->probes, s, mod);
         for (int j = 0; j < mod->n_params; j++) mod->params[j].grad = NULL; /* the student's now */
     }
-    at(t, s, "root", "finish_backward");
-    fsdp_finish_backward(f);
-    at(t, s, "optimizer", "optimizer");
-    return fsdp_optimizer_step(f, lr_at_step(&t->opt->optim, s), s + 1);
+    HOOK("root", "finish_backward", fsdp_finish_backward(f));
+    float grad_norm;
+    HOOK("optimizer", "optimizer", grad_norm = fsdp_optimizer_step(f, lr_at_step(&t->opt->optim, s), s + 1));
+#undef HOOK
+    return grad_norm;
 }
 
 /* The full model on every rank (a module materialized before fully_shard),
@@ -123,6 +127,7 @@ static void trainer_init(Trainer *t, Dev *dev, const TrainJob *job, DeviceMesh *
     FsdpConfig fc = {dev, m, mesh, o->reshard_after_forward, o->optim};
     at(t, -1, "fsdp", "init");
     t->fsdp = fsdp_init(&fc);
+    probes_init(&t->probes, m);
     if (o->out_dir) probes_write_dtensors(dev, m, job->init, o->out_dir, mesh);
     if (job->init_exp_avg && !o->forward_only)
         checkpoint_restore_optimizer(dev, m, job->init_exp_avg, job->init_exp_avg_sq);
@@ -173,6 +178,7 @@ void train_rank(Dev *dev, void *arg) {
     dev_synchronize(dev);
     if (o->out_dir) dev_write_artifacts(dev, o->out_dir);
     fsdp_destroy(t.fsdp);
+    probes_free(&t.probes);
     free(t.host_inputs);
     free(t.host_targets);
     model_destroy(t.model);

@@ -64,6 +64,7 @@ typedef struct {
     float lr;
     int t;
     const float *total_sumsq;
+    float *clip_out; /* the clip probe's slot (runtime.h): the coefficient applied; may be NULL */
 } AdamArgs;
 
 #define HWFSDP_KERNEL_LIST(X)                                                                                          \

@@ -64,6 +64,7 @@ void kcpu_sumsq_accumulate(void *a) { SumsqArgs *s = a; *s->acc += (float)sumsq(
 
 void kcpu_adamw(void *a) {
     AdamArgs *x = a;
-    float norm = sqrtf(*x->total_sumsq);
-    adamw_update(x->param, x->grad, x->m, x->v, x->n, &x->c, x->lr, x->t, clip_coefficient(&x->c, norm));
+    float norm = sqrtf(*x->total_sumsq), coef = clip_coefficient(&x->c, norm);
+    if (x->clip_out) *x->clip_out = coef;
+    adamw_update(x->param, x->grad, x->m, x->v, x->n, &x->c, x->lr, x->t, coef);
 }

@@ -13,7 +13,7 @@ void launch_sumsq_accumulate(Stream *s, float *acc, const float *x, size_t n) {
 
 void launch_adamw(Stream *s, float *param, const float *grad, float *exp_avg, float *exp_avg_sq, size_t n,
                   const AdamWConfig *c, float lr, int t, const float *total_sumsq) {
-    AdamArgs a = {param, grad, exp_avg, exp_avg_sq, n, *c, lr, t, total_sumsq};
+    AdamArgs a = {param, grad, exp_avg, exp_avg_sq, n, *c, lr, t, total_sumsq, stream_clip_slot(s)};
     dev_access(s, grad, n * sizeof(float), 0, NULL); /* for the race detector */
     dev_access(s, total_sumsq, sizeof(float), 0, NULL);
     dev_access(s, param, n * sizeof(float), 1, NULL);

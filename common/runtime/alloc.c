@@ -258,6 +258,10 @@ void *dev_alloc_on(Stream *s, size_t bytes, MemTag tag, const char *name) {
     d->mem.current += bytes;
     d->mem.by_tag[tag] += bytes;
     if (d->mem.current > d->mem.peak) d->mem.peak = d->mem.current;
+    if (d->mem.current > d->mem.window_peak) {
+        d->mem.window_peak = d->mem.current;
+        memcpy(d->mem.window_by_tag, d->mem.by_tag, sizeof d->mem.window_by_tag);
+    }
 
     MemEvent *e = mev_push(d);
     e->kind = MEV_ALLOC;
@@ -336,6 +340,15 @@ size_t dev_mem_current(const Dev *d) { return d->mem.current; }
 size_t dev_mem_peak(const Dev *d) { return d->mem.peak; }
 size_t dev_mem_reserved(const Dev *d) { return d->mem.reserved; }
 void dev_mem_reset_peak(Dev *d) { d->mem.peak = d->mem.current; }
+
+void dev_mem_window_begin(Dev *d) {
+    d->mem.window_peak = d->mem.current;
+    memcpy(d->mem.window_by_tag, d->mem.by_tag, sizeof d->mem.window_by_tag);
+}
+size_t dev_mem_window_peak(const Dev *d, size_t *by_tag) {
+    if (by_tag) memcpy(by_tag, d->mem.window_by_tag, sizeof d->mem.window_by_tag);
+    return d->mem.window_peak;
+}
 size_t dev_mem_current_by_tag(const Dev *d, MemTag tag) {
     if ((int)tag < 0 || tag >= MEM_TAG_COUNT) return 0;
     return d->mem.by_tag[tag];

@@ -66,6 +66,7 @@ typedef struct {
     Alloc *live_root;
     size_t n_live;
     size_t current, peak, by_tag[MEM_TAG_COUNT];
+    size_t window_peak, window_by_tag[MEM_TAG_COUNT]; /* the most since dev_mem_window_begin, and by tag then */
     size_t reserved;                    /* storage held (backend_storage_*; CUDA: cudaMalloc'd segments) */
     uint64_t mem_seq;
     uint64_t prio_state;

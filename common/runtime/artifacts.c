@@ -89,6 +89,12 @@ static void trace_events_of(Buf *b, Dev *d, int *first) {
         buf_printf(b, "\n{\"ph\":\"M\",\"name\":\"thread_sort_index\",\"pid\":%d,\"tid\":%d,\"args\":{\"sort_index\":%d}}",
                    d->rank, i, i);
     }
+    SEP();
+    buf_printf(b, "\n{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"host\"}}",
+               d->rank, TRACE_HOST_TID);
+    SEP();
+    buf_printf(b, "\n{\"ph\":\"M\",\"name\":\"thread_sort_index\",\"pid\":%d,\"tid\":%d,\"args\":{\"sort_index\":-1}}",
+               d->rank, TRACE_HOST_TID);
     pthread_mutex_lock(&d->trace.mu);
     char name[512];
     for (size_t i = 0; i < d->trace.n; i++) {

@@ -126,6 +126,9 @@ struct Dev {
     RaceDetector race;
     FlightRecorder flight;
     TraceBuffer trace;
+    /* the clip probe (clip_probe.c): device floats launch_adamw's kernels write */
+    float *clip_slots;                  /* [CLIP_PROBE_SLOTS], allocated at the first launch */
+    int clip_n;                         /* slots handed out since the last collect */
 };
 
 struct World {
@@ -167,6 +170,13 @@ void backend_world_fini(World *w);            /* start of world_destroy */
 void backend_dev_init(Dev *d);                /* rank thread, before the compute stream exists */
 void backend_dev_fini(Dev *d);                /* last: streams, events and the allocator are gone */
 void backend_event_fini(Event *e);            /* an event is being freed */
+/* Probe memory (uncounted, outside the allocator): the clip probe's slots. probe_read first
+ * waits for every stream of d without telling the race detector (a probe must not order
+ * the student's work), then copies device -> host. */
+void *backend_probe_alloc(Dev *d, size_t bytes);
+void backend_probe_free(Dev *d, void *p);
+void backend_probe_read(Dev *d, void *host, const void *probe, size_t bytes);
+void dev_clip_probe_free(Dev *d); /* clip_probe.c: at dev_destroy, before backend_dev_fini */
 
 /* world.c: a new Event (name, mutex, condvar) in d's list of events; its
  * removal from that list; and freeing it (the one place an Event is freed:

@@ -24,6 +24,8 @@
  *   - at dev_free, every access by another stream must be ordered before the
  *     owner's position (VC_owner merged with the host's clock), unless that
  *     stream was recorded with dev_record_stream.
+ * Every range must end inside the allocation it starts in (an overrun is
+ * named with its op, buffer, size and excess instead of corrupting a neighbour).
  * Ops enqueued on a buffer after its dev_free are a use after free: the
  * allocator keeps recently freed allocations (and holds their storage, so no
  * new allocation or host malloc can take the address meanwhile) to tell.
@@ -170,6 +172,23 @@ static void report_use_after_free(Stream *s, const RaceStamp *me, int write, con
     report(s->dev, msg);
 }
 
+static void report_overrun(Stream *s, const RaceStamp *me, int write, const Alloc *a, const void *p, size_t bytes,
+                           const char *what) __attribute__((noreturn));
+static void report_overrun(Stream *s, const RaceStamp *me, int write, const Alloc *a, const void *p, size_t bytes,
+                           const char *what) {
+    char mine[200], where[160], as[160] = "", msg[1200];
+    op_text(mine, sizeof mine, me);
+    scope_text(where, sizeof where, a->module, a->phase);
+    if (what && strcmp(what, a->name) != 0) snprintf(as, sizeof as, " (as %s)", what);
+    size_t off = (size_t)((uintptr_t)p - a->addr);
+    snprintf(msg, sizeof msg,
+             "out of bounds on rank %d: %s stream's '%s' %s bytes [%zu, %zu) of '%s'%s (%s, allocated in %s), which "
+             "has %zu bytes: %zu bytes past its end (check the count or the offset of this op)",
+             s->dev->rank, s->name, mine, write ? "writes" : "reads", off, off + bytes, a->name, as,
+             mem_tag_name(a->tag), where, a->size, off + bytes - a->size);
+    report(s->dev, msg);
+}
+
 static void report_alloc_race(Stream *s, const RaceStamp *me, int write, const Alloc *a, const void *p,
                               const char *what) __attribute__((noreturn));
 static void report_alloc_race(Stream *s, const RaceStamp *me, int write, const Alloc *a, const void *p,
@@ -239,6 +258,7 @@ static void check_access(Stream *s, const RaceStamp *me, const void *p, size_t b
     const int si = s->index;
     RaceStamp stamp = *me;
     stamp.what = what;
+    if (bytes > a->size - ((uintptr_t)p - a->addr)) report_overrun(s, &stamp, write, a, p, bytes, what);
     if (si != r->owner && s->vc[r->owner] < r->born) report_alloc_race(s, &stamp, write, a, p, what);
     if (r->writer >= 0 && r->writer != si && s->vc[r->writer] < r->write.clock)
         report_race(s, &stamp, write, a, p, what, r->writer, &r->write, 1);

@@ -95,6 +95,7 @@ int dev_scope_step(const Dev *d);
 /* Turn op/collective trace recording on or off from now on (e.g. after the
  * first few steps). Memory events are always recorded. */
 void dev_set_tracing(Dev *d, int on);
+int dev_tracing(const Dev *d);
 
 /* ---------------------------------------------------------------- streams */
 
@@ -113,6 +114,17 @@ void dev_launch(Stream *s, const char *name, void (*fn)(void *args), const void 
  * for memory that is not a device allocation. Call it once per buffer a
  * kernel touches that another stream may produce or consume. */
 void dev_access(Stream *s, const void *p, size_t bytes, int write, const char *what);
+
+/* The clip probe (what the grader's clip check reads): launch_adamw gives each
+ * launch a device float where its kernel writes the clip coefficient it applied;
+ * the step log collects a step's coefficients. stream_clip_slot returns NULL once
+ * a step has used CLIP_PROBE_SLOTS slots (dev_clip_collect then says so). */
+#define CLIP_PROBE_SLOTS 4096
+float *stream_clip_slot(Stream *s);
+/* Waits for every stream (invisibly to the race detector), copies the step's
+ * coefficients into host[0..n) (n <= cap), forgets them; returns n, or -1 if
+ * the step launched more than CLIP_PROBE_SLOTS. */
+int dev_clip_collect(Dev *d, float *host, int cap);
 
 /* ----------------------------------------------------------------- memory */
 
@@ -136,6 +148,13 @@ uint64_t dev_mem_live_id_containing(const Dev *d, const void *p);
  *  "live_unsharded_param_bytes":0,...}). json_fields is a JSON object body
  * without braces, e.g. "\"live_bytes\":0". */
 void dev_mem_note(Dev *d, const char *kind, const char *json_fields);
+
+/* A high-water mark over a window of host calls (the driver's per-hook memory
+ * record): begin sets it to the bytes allocated now; peak returns the most
+ * allocated at once since, and by_tag[MEM_TAG_COUNT] (if not NULL) the bytes by
+ * tag at that moment. */
+void dev_mem_window_begin(Dev *d);
+size_t dev_mem_window_peak(const Dev *d, size_t *by_tag);
 
 /* ------------------------------------------------------- traces, snapshots */
 

@@ -17,6 +17,17 @@ static void trace_op(Stream *s, const Op *op, const char *prefix, const char *ca
     dev_trace_add(s->dev, &r);
 }
 
+/* A host wait that began at t0 (now_us) and ends now, on the host's track. */
+static void trace_host_sync(Dev *d, const char *what, const char *name, double t0) {
+    if (!d->scope.tracing) return;
+    double t1 = now_us();
+    char full[160];
+    snprintf(full, sizeof full, "sync:%s%s", what, name ? name : "");
+    TraceRec r = {"", dev_intern(d, full), d->scope.module, d->scope.phase, "host_sync", TRACE_HOST_TID,
+                  d->scope.step, t0 - d->world->epoch_us, t1 - t0, 0};
+    dev_trace_add(d, &r);
+}
+
 /* ---------------------------------------------------------------- events */
 
 static void event_unref(Event *e) {
@@ -288,15 +299,18 @@ void stream_enqueue_op(Stream *s, const Op *op) { enqueue(s, op, 0); }
 void stream_op_init(Stream *s, Op *op, int kind, const char *name) { op_init(s, op, (OpKind)kind, name); }
 
 void dev_stream_synchronize(Stream *s) {
+    double t0 = now_us();
     pthread_mutex_lock(&s->mu);
     uint64_t target = s->enqueued;
     while (s->completed < target) pthread_cond_wait(&s->cv_done, &s->mu);
     pthread_mutex_unlock(&s->mu);
     race_host_waited_stream(s);
     dev_release_pending_frees(s->dev, 0);
+    trace_host_sync(s->dev, "", s->name, t0);
 }
 
 void dev_synchronize(Dev *d) {
+    double t0 = now_us();
     for (int i = 0; i < d->nstreams; i++) {
         Stream *s = d->streams[i];
         pthread_mutex_lock(&s->mu);
@@ -306,6 +320,7 @@ void dev_synchronize(Dev *d) {
     }
     race_host_waited_all(d);
     dev_release_pending_frees(d, 0);
+    trace_host_sync(d, "all streams", NULL, t0);
 }
 
 /* ---------------------------------------------------------------- events */
@@ -362,12 +377,14 @@ void dev_stream_wait_event(Stream *s, Event *e) {
 }
 
 void dev_event_synchronize(Event *e) {
+    double t0 = now_us();
     uint64_t n = last_record(e);
     pthread_mutex_lock(&e->mu);
     while (e->completed < n) pthread_cond_wait(&e->cv, &e->mu);
     pthread_mutex_unlock(&e->mu);
     race_host_waited_event(e);
     dev_release_pending_frees(e->dev, 0);
+    trace_host_sync(e->dev, "event ", e->name, t0);
 }
 
 int dev_event_query(Event *e) {
@@ -384,6 +401,25 @@ int dev_event_query(Event *e) {
 /* The CPU backend keeps no state beyond the shared structures. */
 void backend_world_init(World *w) { (void)w; }
 void backend_world_fini(World *w) { (void)w; }
+void *backend_probe_alloc(Dev *d, size_t bytes) {
+    (void)d;
+    return xcalloc(1, bytes);
+}
+void backend_probe_free(Dev *d, void *p) {
+    (void)d;
+    free(p);
+}
+void backend_probe_read(Dev *d, void *host, const void *probe, size_t bytes) {
+    for (int i = 0; i < d->nstreams; i++) { /* dev_synchronize's wait, without its happens-before */
+        Stream *s = d->streams[i];
+        pthread_mutex_lock(&s->mu);
+        uint64_t target = s->enqueued;
+        while (s->completed < target) pthread_cond_wait(&s->cv_done, &s->mu);
+        pthread_mutex_unlock(&s->mu);
+    }
+    memcpy(host, probe, bytes);
+}
+
 void backend_dev_init(Dev *d) { (void)d; }
 void backend_dev_fini(Dev *d) { (void)d; }
 void backend_event_fini(Event *e) { (void)e; }

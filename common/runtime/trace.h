@@ -26,4 +26,9 @@ typedef struct {
 
 void dev_trace_add(Dev *d, const TraceRec *r);
 
+/* The host's own track (TraceRec.stream): its blocking waits, "sync:<what>"
+ * slices of category "host_sync", so a trace shows where a hook stalled the
+ * host instead of making a stream wait. */
+#define TRACE_HOST_TID 1000
+
 #endif

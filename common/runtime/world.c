@@ -194,6 +194,7 @@ static void dev_destroy(Dev *d) {
     for (int i = 0; i < d->nevents; i++) event_free(d->events[i]);
     free(d->events);
     dev_alloc_destroy(d);
+    dev_clip_probe_free(d);
     backend_dev_fini(d);
     free(d->race.host_vc);
     free(d->flight.rings);
@@ -263,6 +264,7 @@ const char *dev_scope_module(const Dev *d) { return d->scope.module; }
 const char *dev_scope_phase(const Dev *d) { return d->scope.phase; }
 int dev_scope_step(const Dev *d) { return d->scope.step; }
 void dev_set_tracing(Dev *d, int on) { d->scope.tracing = on != 0; }
+int dev_tracing(const Dev *d) { return d->scope.tracing; }
 
 /* ------------------------------------------------- host barrier / gather */
 

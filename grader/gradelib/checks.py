@@ -9,7 +9,7 @@ import os
 
 import manifest
 
-from .util import CheckFailed, fmt_bytes, one_line, rel, relpath
+from .util import CheckFailed, fmt_bytes, is_finite, is_int, one_line, rel, relpath
 
 FORWARD_PHASES = {"pre_forward", "forward", "post_forward"}
 BACKWARD_PHASES = {"pre_backward", "recompute.pre_forward", "recompute", "recompute.post_forward", "backward",
@@ -120,6 +120,58 @@ def check_grad_norm(ctx):
     return series_check(ctx, "grad_norm", ctx.tol["grad_norm_rel"], "grad_norm", hint)
 
 
+def _clip_lists(rows, world, where):
+    """Per step: the lists (min, max, launches) of the clip probe, checked."""
+    out = []
+    for i, row in enumerate(rows):
+        lists = [row.get(k) for k in ("clip_coef_min_per_rank", "clip_coef_max_per_rank", "adamw_launches_per_rank")]
+        ok = all(isinstance(v, list) and len(v) == world for v in lists)
+        ok = ok and all(v is None or is_finite(v) for v in lists[0] + lists[1])
+        ok = ok and all(is_int(v) and -1 <= v < 2 ** 31 for v in lists[2])
+        if not ok:
+            raise CheckFailed("%s line %d has no clip probe lists for %d ranks (clip_coef_min_per_rank, "
+                              "clip_coef_max_per_rank, adamw_launches_per_rank)" % (where, i + 1, world))
+        out.append(lists)
+    return out
+
+
+@check("clip")
+def check_clip(ctx):
+    """Every AdamW launch of a step applied the reference's clip coefficient, on every rank."""
+    tol = ctx.tol["grad_norm_rel"]
+    got = _clip_lists(ctx.metrics(), ctx.world, "metrics.jsonl")
+    ref = _clip_lists(ctx.reference_metrics(), ctx.world, relpath(os.path.join(ctx.reference_dir(), "metrics.jsonl")))
+    for i in range(ctx.steps):
+        (lo, hi, n), (rlo, _, rn) = got[i], ref[i]
+        want = rlo[0]
+        for r in range(ctx.world):
+            where = "step %d, rank %d" % (i + 1, r)
+            if n[r] == -1:
+                raise CheckFailed("%s: more AdamW launches than the probe records: one launch per parameter shard "
+                                  "(the reference makes %d)" % (where, rn[r]))
+            if n[r] != rn[r]:
+                raise CheckFailed("%s: %d AdamW launches, the reference makes %d: launch_adamw once per parameter "
+                                  "shard, every step" % (where, n[r], rn[r]))
+            if n[r] == 0 or want is None:
+                continue
+            if lo[r] is None or hi[r] is None:
+                raise CheckFailed("%s: no clip coefficient recorded" % where)
+            if rel(hi[r], lo[r]) > tol:
+                raise CheckFailed("%s: the AdamW launches applied clip coefficients from %.6g to %.6g: every launch "
+                                  "of a step must read the same total_sumsq (fill it, all-reduce it, then launch)"
+                                  % (where, lo[r], hi[r]))
+            if rel(lo[r], want) > tol:
+                hint = ("no clipping although the reference clips: is total_sumsq this rank's shards only, or "
+                        "zeroed after the all-reduce?" if lo[r] >= 1.0 else
+                        "clipped harder than the reference: is total_sumsq summed twice, or over the padding?"
+                        if lo[r] < want else
+                        "clipped less than the reference: total_sumsq must be the sum over every rank's shards "
+                        "(all-reduce with RED_SUM) of the squared gradients")
+                raise CheckFailed("%s: AdamW applied clip coefficient %.6g, the reference %.6g (max_norm %g / global "
+                                  "grad norm): %s" % (where, lo[r], want, ctx.cfg.get("max_norm", 1.0), hint))
+    return "coefficients %s" % ", ".join("%.3g" % got[i][0][0] for i in range(ctx.steps) if got[i][0][0] is not None)
+
+
 @check("peak_memory")
 def check_peak_memory(ctx):
     band = ctx.tol["peak_mem_band_rel"]
@@ -226,6 +278,55 @@ def check_freed_after_backward(ctx):
 def check_grads_freed(ctx):
     return _notes_check(ctx, "post_backward", "unsharded_grad_live_bytes", True, "unsharded grads",
                         "free each Param.grad once it is copied into the reduce-scatter input")
+
+
+# what usually keeps memory in a hook (by the hook's name), and the tags whose lifetimes the hooks own
+HOOK_HINTS = {
+    "post_backward": "free each Param.grad as soon as its copy into the reduce-scatter input is queued, and the "
+                     "previous reduce-scatter input once compute has waited for its reduce-scatter",
+    "pre_forward": "unshard this module and prefetch at most the next; release the all-gather state before "
+                   "allocating the next all-gather output",
+    "post_forward": "reshard: free every unsharded Param.data",
+    "finish_backward": "release the kept all-gather and reduce-scatter states",
+    "optimizer": "free the grad shards (zero_grad) and the norm's temporaries",
+}
+HOOK_HINTS["pre_backward"] = HOOK_HINTS["recompute.pre_forward"] = HOOK_HINTS["pre_forward"]
+HOOK_HINTS["recompute.post_forward"] = HOOK_HINTS["post_forward"]
+LIFETIME_TAGS = ("unsharded_param", "unsharded_grad", "grad_shard", "comm_buffer", "optim_state")
+
+
+def _live(by_tag):
+    return ", ".join("%s %s" % (t, fmt_bytes(by_tag[t])) for t in LIFETIME_TAGS if by_tag.get(t)) or "none"
+
+
+@check("hook_memory")
+def check_hook_memory(ctx):
+    """Inside every hook and after it, memory as the reference's: the rise above the hook's entry to its
+    high-water, and each lifetime tag still allocated at its exit (the step's peak may lie elsewhere)."""
+    rel_slack, min_slack = ctx.tol["hook_memory_slack_rel"], ctx.tol["hook_memory_slack_min_bytes"]
+    for r in range(ctx.world):
+        mine, ref = ctx.hook_memory(r), ctx.hook_memory(r, reference=True)
+        slack = max(rel_slack * max(n["high_water_bytes"] for n in ref.values()), min_slack)
+        for key, want in ref.items():
+            step, module, hook = key
+            where = "%s.%s (step %d, rank %d)" % (module, hook, step + 1, r)
+            got = mine.get(key)
+            if got is None:
+                raise CheckFailed("no memory record of %s: did the run stop early?" % where)
+            hint = HOOK_HINTS.get(hook, "free each buffer as soon as its last use is queued")
+            rise, ref_rise = got["high_water_bytes"] - got["entry_bytes"], want["high_water_bytes"] - want["entry_bytes"]
+            if rise - ref_rise > slack:
+                raise CheckFailed("inside %s memory rose %s above the hook's entry, the reference's %s (+%s); live at "
+                                  "its high-water: %s, the reference's: %s: %s" % (
+                                      where, fmt_bytes(rise), fmt_bytes(ref_rise), fmt_bytes(rise - ref_rise),
+                                      _live(got["high_water_by_tag"]), _live(want["high_water_by_tag"]), hint))
+            for tag in LIFETIME_TAGS:
+                extra = got["exit_by_tag"].get(tag, 0) - want["exit_by_tag"].get(tag, 0)
+                if extra > slack:
+                    raise CheckFailed("after %s %s %s is still allocated, the reference's %s: %s" % (
+                        where, tag, fmt_bytes(got["exit_by_tag"].get(tag, 0)), fmt_bytes(want["exit_by_tag"].get(tag, 0)),
+                        hint))
+    return ""
 
 
 def union_intervals(intervals):
@@ -342,6 +443,50 @@ def check_prefetch_bound(ctx):
     return ""
 
 
+HOOK_PHASES = {"pre_forward", "post_forward", "pre_backward", "post_backward", "recompute.pre_forward",
+               "recompute.post_forward", "finish_backward"}
+
+
+@check("schedule")
+def check_schedule(ctx):
+    """The stage's prefetch exists and is one module ahead (forward: module i's hooks issue module i+1's
+    all-gather; backward: module i's issue module i-1's), and no hook blocks the host (the trace's host
+    track): with the host running ahead a host wait can still show as overlap, an event wait is the fix."""
+    stage = manifest.stage(ctx.stage, ctx.rubric)
+    order, _ = ctx.module_order()
+    for r in range(ctx.world):
+        for e in ctx.trace(r):
+            if e.get("cat") == "host_sync" and e["args"].get("phase") in HOOK_PHASES:
+                raise CheckFailed("step %d, rank %d: the host blocked inside %s.%s (%s): make the stream that needs "
+                                  "the result wait for an event (dev_stream_wait_event), not the host"
+                                  % (e["args"].get("step", -1) + 1, r, e["args"].get("module"), e["args"]["phase"],
+                                     e["name"]))
+    issued = {}  # (rank, step, gathered module, forward?) -> the module whose hook issued it
+    for r, e in ctx.collectives("all_gather"):
+        phase = e["args"].get("phase")
+        if phase in FORWARD_PHASES | BACKWARD_PHASES:
+            key = (r, e["args"]["step"], e["name"][: -len(".all_gather")], phase in FORWARD_PHASES)
+            issued.setdefault(key, e["args"].get("module"))
+    steps = sorted({k[1] for k in issued})
+    checks = []
+    if "forward" in stage.prefetch:
+        checks += [(order[i + 1], order[i], True) for i in range(len(order) - 1)]
+    if "backward" in stage.prefetch and any(not k[3] for k in issued):
+        checks += [(order[i - 1], order[i], False) for i in range(len(order) - 1, 0, -1)]
+    for r in range(ctx.world):
+        for step in steps:
+            for target, host, forward in checks:
+                by = issued.get((r, step, target, forward))
+                if by is None or by == host:
+                    continue
+                when = "forward" if forward else "backward"
+                raise CheckFailed("step %d, rank %d: %s's %s all-gather was issued in %s's hooks, not %s's: in %s "
+                                  "module i's hooks prefetch module %s (one ahead), so that its all-gather runs while "
+                                  "module i computes" % (step + 1, r, target, when, by, host, when,
+                                                         "i+1" if forward else "i-1"))
+    return ""
+
+
 @check("recompute")
 def check_recompute(ctx):
     order, _ = ctx.module_order()
@@ -405,5 +550,10 @@ def check_zero2_no_backward_all_gather(ctx):
 
 @check("zero2_params_kept")
 def check_zero2_params_kept(ctx):
-    return _notes_check(ctx, "post_forward", "unsharded_param_live_bytes", False, "unsharded params were",
-                        "with --reshard-after-forward=false post_forward keeps the params for the backward")
+    """post_forward follows --reshard-after-forward: keeps the params with false, frees them with true."""
+    if "--reshard-after-forward=false" in ctx.flags:
+        return _notes_check(ctx, "post_forward", "unsharded_param_live_bytes", False, "unsharded params were",
+                            "with --reshard-after-forward=false post_forward keeps the params for the backward")
+    return _notes_check(ctx, "post_forward", "unsharded_param_live_bytes", True, "unsharded params",
+                        "with --reshard-after-forward=true (FsdpConfig.reshard_after_forward = 1) post_forward "
+                        "reshards, as in stage 05: is the flag read?")

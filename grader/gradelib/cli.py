@@ -16,7 +16,8 @@ import manifest
 
 from .checks import run_check
 from .context import Context
-from .rubric import RUBRIC_PATH, check_name, load_rubric, parse_stage, stage_config, stage_flags
+from .rubric import (RUBRIC_PATH, check_name, load_rubric, parse_stage, stage_config, stage_flags, stage_variants,
+                     variant_label)
 from .runner import Baselines, Runner, RunResult
 from .util import ROOT, UsageError, fmt_points, one_line, relpath
 
@@ -36,7 +37,11 @@ def say(line, stream=None):
 
 
 def grade_stage(rubric, stage, src, out_root, ref_root, runner, baselines):
-    """Build, run and check one stage; prints its lines and returns its result dict."""
+    """Build, run and check one stage; prints its lines and returns its result dict.
+
+    The binary runs on the grading configuration and then on each of the stage's variants
+    (rubric.json "variants": another world, other flags) into run_dir/<variant>; a check a
+    variant lists passes only if it passes on the main run and on that variant."""
     spec = rubric["stages"][stage]
     run_dir = os.path.join(out_root, "stage" + stage)
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -44,16 +49,24 @@ def grade_stage(rubric, stage, src, out_root, ref_root, runner, baselines):
     log_path = os.path.join(run_dir, "log.txt")
     binary = os.path.join(run_dir, "train")
     prefix = "== stage %s ==" % stage
-    steps = int(stage_config(rubric, stage)["steps"])
+    variants = stage_variants(rubric, stage)
 
     t0 = time.monotonic()
+    extra = {}
     try:
         if not os.path.exists(src):
             run = RunResult(run_dir, False, "no such file: %s" % relpath(src), 0.0, [])
         else:
             ok, reason, build_s = runner.build(src, binary, log_path)
             if ok:
-                run = runner.run(binary, stage_flags(rubric, stage), run_dir, log_path, steps)
+                one_stream = not manifest.stage(stage, rubric).streams
+                run = runner.run(binary, stage_flags(rubric, stage), run_dir, log_path,
+                                 int(stage_config(rubric, stage)["steps"]), one_stream)
+                for v in variants:
+                    vdir = os.path.join(run_dir, v)
+                    os.makedirs(vdir)
+                    extra[v] = runner.run(binary, stage_flags(rubric, stage, v), vdir, os.path.join(vdir, "log.txt"),
+                                          int(stage_config(rubric, stage, v)["steps"]), one_stream)
             else:
                 run = RunResult(run_dir, False, reason, build_s, [])
     except (OSError, subprocess.SubprocessError) as e:  # make or the binary could not even be started
@@ -62,21 +75,29 @@ def grade_stage(rubric, stage, src, out_root, ref_root, runner, baselines):
     run.reason = one_line(run.reason)  # it quotes the student's log: one printable line
     say("%s %s: %s (%.1fs; log: %s)" % (prefix, relpath(src), "built and ran" if run.ok else "run FAILED", run_s,
                                          relpath(log_path)))
+    if not run.ok:
+        say("    " + run.reason)
+    for v, r in extra.items():
+        r.reason = one_line(r.reason)
+        say("%s   also on %s: %s%s" % (prefix, variant_label(rubric, v), "ran" if r.ok else "run FAILED",
+                                       "" if r.ok else " (log: %s)" % relpath(os.path.join(r.dir, "log.txt"))))
 
     ctx = Context(rubric, stage, run, ref_root, baselines, cuda=runner.cuda)
+    vctx = {v: Context(rubric, stage, r, ref_root, baselines, cuda=runner.cuda, variant=v) for v, r in extra.items()}
     checks = []
     for key, points in spec["checks"].items():
         name = check_name(rubric, key)
         t1 = time.monotonic()
         detail = ""
-        if not run.ok:
-            ok, reason = False, run.reason
-        else:
-            ok, reason, detail = run_check(ctx, key)
+        ok, reason, detail = _grade_check(ctx, key)
+        for v, c in vctx.items():
+            if ok and key in rubric["variants"][v]["checks"]:
+                ok, why, _ = _grade_check(c, key)
+                reason = "" if ok else why if not c.run.ok else "on %s: %s" % (c.label, why)
         seconds = time.monotonic() - t1
         say("%s %s: %s (%.1fs)" % (prefix, name, "OK" if ok else "FAIL", seconds))
-        if not ok:
-            say("    " + reason)
+        if not ok or detail:
+            say("    " + (reason if not ok else detail))
         checks.append({"key": key, "name": name, "ok": ok, "points": points if ok else 0, "max_points": points,
                        "reason": reason, "detail": detail, "seconds": round(seconds, 3)})
     got = sum(c["points"] for c in checks)
@@ -84,8 +105,29 @@ def grade_stage(rubric, stage, src, out_root, ref_root, runner, baselines):
     say("stage %s: %s/%s points" % (stage, fmt_points(got), fmt_points(total)))
     return {"stage": stage, "dir": spec["dir"], "title": spec.get("title", ""), "source": relpath(src),
             "run": {"ok": run.ok, "reason": run.reason, "seconds": round(run_s, 3), "dir": relpath(run_dir),
-                    "command": [relpath(c) if os.path.isabs(c) else c for c in run.cmd]},
+                    "command": _command(run)},
+            "variants": {v: {"label": variant_label(rubric, v), "ok": r.ok, "reason": r.reason,
+                             "dir": relpath(r.dir), "command": _command(r)} for v, r in extra.items()},
             "points": got, "max_points": total, "checks": checks}
+
+
+PASSES_ON_FILES = "not graded: the run failed (above); the files it wrote before failing pass this check"
+
+
+def _grade_check(ctx, key):
+    """run_check; on a failed run no check earns points and each points at the run's reason (said once),
+    but a check whose files the run wrote before failing (the DTensors, written right after fsdp_init)
+    still says whether they pass."""
+    ok, reason, detail = run_check(ctx, key)
+    if ctx.run.ok:
+        return ok, reason, detail
+    if ctx.variant is not None:
+        return False, "on %s the run failed: %s" % (ctx.label, ctx.run.reason), ""
+    return False, PASSES_ON_FILES if ok else "not graded: the run failed (above)", ""
+
+
+def _command(run):
+    return [relpath(c) if os.path.isabs(c) else c for c in run.cmd]
 
 
 class _Parser(argparse.ArgumentParser):

@@ -5,11 +5,12 @@ so that a malformed file (a crash mid-write, a student's stray write) fails the 
 sentence naming the file and the entry, never a KeyError or a traceback
 (tests/test_grader_fuzz.py mutates every file to hold the loaders to that).
 """
+import gzip
 import json
 import math
 import os
 
-from .rubric import baseline_flags, stage_config
+from .rubric import baseline_flags, stage_config, stage_only_flags, variant_label
 from .util import CheckFailed, fmt_bytes, is_finite, is_int, is_num, one_line, read_json, relpath, short
 
 
@@ -77,13 +78,14 @@ class Context:
     cuda: the run is on a GPU (grade.py --cuda), so the baseline run on the same GPU is the ground truth
     for loss and grad norm (the reference logs come from the CPU)."""
 
-    def __init__(self, rubric, stage, run, ref_root, baselines, cuda=False):
+    def __init__(self, rubric, stage, run, ref_root, baselines, cuda=False, variant=None):
         self.rubric, self.stage, self.run, self.ref_root, self.baselines = rubric, stage, run, ref_root, baselines
-        self.cuda = cuda
-        self.cfg = stage_config(rubric, stage)
+        self.cuda, self.variant = cuda, variant
+        self.label = variant_label(rubric, variant)
+        self.cfg = stage_config(rubric, stage, variant)
         self.world, self.steps = int(self.cfg["world"]), int(self.cfg["steps"])
         self.tol = rubric["tolerances"]
-        self.flags = rubric["stages"][stage].get("flags", [])
+        self.flags = stage_only_flags(rubric, stage, variant)
         self.forward_only = "--forward-only" in self.flags
         self._cache = {}
 
@@ -134,6 +136,42 @@ class Context:
                     raise CheckFailed("%s: event %d is not a JSON object" % (name, i))
             return data
         return self._memo(("mem", rank), load)
+
+    def reference_memory(self, rank):
+        """The reference's snapshot of the rank (memory_rank<r>.json.gz), events checked to be objects."""
+        def load():
+            path = os.path.join(self.reference_dir(), "memory_rank%d.json.gz" % rank)
+            try:
+                with gzip.open(path, "rt", encoding="utf-8") as fh:
+                    data = json.load(fh)
+            except FileNotFoundError:
+                raise CheckFailed("%s is missing (the reference log; instructors: make reference)" % relpath(path))
+            except (OSError, EOFError, ValueError, RecursionError) as e:
+                raise CheckFailed("%s cannot be read (%s): instructors: make reference" % (relpath(path), e))
+            events = data.get("events") if isinstance(data, dict) else None
+            if not isinstance(events, list) or not all(isinstance(e, dict) for e in events):
+                raise CheckFailed("%s has no list of events (instructors: make reference)" % relpath(path))
+            return data
+        return self._memo(("refmem", rank), load)
+
+    def hook_memory(self, rank, reference=False):
+        """{(step, module, hook): note} of the rank's "hook_memory" notes (probes.h), each checked."""
+        name = "the reference's memory_rank%d.json.gz" % rank if reference else "memory_rank%d.json" % rank
+        data = self.reference_memory(rank) if reference else self.memory(rank)
+        out = {}
+        for i, e in enumerate(data.get("events", [])):
+            if e.get("kind") != "hook_memory":
+                continue
+            bad = [k for k in ("module", "hook") if not isinstance(e.get(k), str)]
+            bad += [k for k in ("step", "entry_bytes", "high_water_bytes") if not (is_int(e.get(k)) and abs(e[k]) < 2 ** 53)]
+            bad += [k for k in ("high_water_by_tag", "exit_by_tag") if not (
+                isinstance(e.get(k), dict) and all(is_int(v) and 0 <= v < 2 ** 53 for v in e[k].values()))]
+            if bad:
+                raise CheckFailed("%s: event %d (hook_memory): %s is %s" % (name, i, bad[0], short(e.get(bad[0]))))
+            out[(e["step"], e["module"], e["hook"])] = e
+        if not out:
+            raise CheckFailed("%s holds no hook_memory records" % name)
+        return out
 
     def trace(self, rank):
         def load():
@@ -206,7 +244,9 @@ class Context:
         return out
 
     def reference_dir(self, stage=None, sub=None):
+        """logs/reference/stageNN, its variant's subfolder for a variant's context, or `sub` of it."""
         d = os.path.join(self.ref_root, "stage" + (stage or self.stage))
+        sub = sub or (self.variant if stage in (None, self.stage) else None)
         return os.path.join(d, sub) if sub else d
 
     def reference_metrics(self, stage=None, sub=None, expect=None):
@@ -214,12 +254,14 @@ class Context:
         d = self.reference_dir(stage, sub)
         rows = read_metrics(os.path.join(d, "metrics.jsonl"), "the reference log; instructors: make reference")
         run = read_json(os.path.join(d, "run.json"))
-        want = stage_config(self.rubric, stage or self.stage)
-        flags = expect if expect is not None else self.rubric["stages"][stage or self.stage].get("flags", [])
+        mine = stage in (None, self.stage) and sub is None
+        want = self.cfg if mine else stage_config(self.rubric, stage or self.stage)
+        flags = expect if expect is not None else self.flags if mine else stage_only_flags(self.rubric, stage)
         pairs = [("flavor", want["flavor"]), ("world_size", want["world"]), ("seq_len", want["seq_len"]),
                  ("batch_size", want["batch_size"]), ("steps", want["steps"]), ("ac", "--ac" in flags),
                  ("forward_only", "--forward-only" in flags),
                  ("reshard_after_forward", "--reshard-after-forward=false" not in flags)]
+        pairs += [(key, want[key]) for key in ("max_norm", "n_kv_heads") if key in want]
         for key, value in pairs:
             if run.get(key) != value:
                 raise CheckFailed("the reference log %s was recorded with %s = %s, the rubric runs %s: it is stale "
@@ -233,7 +275,7 @@ class Context:
 
     def baseline_metrics(self):
         def load():
-            run = self.baselines.get(baseline_flags(self.rubric, self.stage), self.steps)
+            run = self.baselines.get(baseline_flags(self.rubric, self.stage, self.variant), self.steps)
             if not run.ok:
                 raise CheckFailed("the non-sharded baseline run failed (%s): see %s"
                                   % (run.reason, relpath(os.path.join(run.dir, "log.txt"))))

@@ -14,12 +14,18 @@ from .util import UsageError, is_finite, is_int, one_line, relpath, short
 RUBRIC_PATH = manifest.RUBRIC_PATH
 
 CONFIG_KEYS = {"flavor": "name", "world": "world", "seq_len": "count", "batch_size": "count", "steps": "count",
-               "profile_steps": "count0", "link_gbps": "number0", "link_latency_us": "number0"}
+               "profile_steps": "count0", "link_gbps": "number0", "link_latency_us": "number0", "max_norm": "number0",
+               "n_kv_heads": "count"}
+OPTIONAL_CONFIG = {"max_norm", "n_kv_heads"}  # absent: the binary's default (the flavour's n_kv_heads, max norm 1)
+# checks a variant may run: they compare one run with its own reference and baseline
+VARIANT_CHECKS = {"loss", "grad_norm", "clip", "peak_memory", "hook_memory", "dtensors", "freed_after_forward", "freed_after_backward",
+                  "grads_freed", "zero2_no_backward_all_gather", "zero2_params_kept"}
 LIMIT_KEYS = {"build_timeout_s": 1e7, "run_timeout_s": 1e7, "run_cpu_s": 1e7, "run_address_space_gib": 1e6,
               "run_file_size_mib": 1e9}
 TOLERANCE_KEYS = ["loss_rel", "grad_norm_rel", "peak_mem_band_rel", "ag_overlap_min", "rs_overlap_min",
                   "prefetch_extra_unsharded_modules", "prefetch_max_modules_ahead",
-                  "recompute_all_gathers_per_module_step", "activation_memory_max_ratio"]
+                  "recompute_all_gathers_per_module_step", "activation_memory_max_ratio", "hook_memory_slack_rel",
+                  "hook_memory_slack_min_bytes"]
 
 
 def load_rubric(path=RUBRIC_PATH):
@@ -60,6 +66,8 @@ def validate_rubric(rubric, name):
     for key in ("config", "limits", "tolerances", "check_names", "baseline"):
         obj(key, rubric.get(key))
     for key, kind in CONFIG_KEYS.items():
+        if key in OPTIONAL_CONFIG and key not in rubric["config"]:
+            continue
         config_value("config." + key, kind, rubric["config"].get(key))
     for key, most in LIMIT_KEYS.items():
         v = rubric["limits"].get(key)
@@ -96,6 +104,29 @@ def validate_rubric(rubric, name):
             if not (isinstance(ref.get("solution"), str) and ref["solution"] in rubric["stages"]):
                 bad(where + ".no_ac_reference.solution", "one of the stages (%s)" % ", ".join(sorted(rubric["stages"])),
                     ref.get("solution"))
+    variants = obj("variants", rubric.get("variants", {}))
+    for vname, v in variants.items():
+        where = "variants." + vname
+        if vname == "about":
+            continue
+        obj(where, v)
+        if not (isinstance(v.get("label"), str) and v["label"]):
+            bad(where + ".label", "a non-empty string", v.get("label"))
+        for key, value in obj(where + ".config", v.get("config", {})).items():
+            if key not in CONFIG_KEYS:
+                bad(where + ".config", "keys of config (%s)" % ", ".join(CONFIG_KEYS), key)
+            config_value("%s.config.%s" % (where, key), CONFIG_KEYS[key], value)
+        for key in ("add_flags", "drop_flags", "checks"):
+            str_list("%s.%s" % (where, key), v.get(key, []))
+        if not v.get("checks") or any(k not in VARIANT_CHECKS for k in v["checks"]):
+            bad(where + ".checks", "a non-empty list among %s" % ", ".join(sorted(VARIANT_CHECKS)), v.get("checks"))
+    for stage, spec in rubric["stages"].items():
+        names = spec.get("variants", [])
+        str_list("stages.%s.variants" % stage, names)
+        for vname in names:
+            if vname == "about" or vname not in variants:
+                bad("stages.%s.variants" % stage, "names of variants (%s)" % ", ".join(
+                    sorted(k for k in variants if k != "about")), vname)
     # after the loop: manifest.stages() reads every stage's config and checks
     graded = any("prefetch_bound" in spec["checks"] for spec in rubric["stages"].values())
     if graded and blocking_stage(rubric) is None:
@@ -103,31 +134,57 @@ def validate_rubric(rubric, name):
             sorted(rubric["stages"]))
 
 
-def stage_config(rubric, stage):
-    """The common configuration with the stage's overrides (e.g. stage 05's seq_len)."""
+def stage_config(rubric, stage, variant=None):
+    """The common configuration with the stage's overrides (e.g. stage 05's seq_len), then the variant's."""
     cfg = dict(rubric["config"])
     cfg.update(rubric["stages"][stage].get("config", {}))
+    if variant:
+        cfg.update(rubric["variants"][variant].get("config", {}))
     return cfg
 
 
+def stage_variants(rubric, stage):
+    """The variants a stage is graded on besides its main configuration, in rubric order."""
+    return list(rubric["stages"][stage].get("variants", []))
+
+
+def variant_label(rubric, variant):
+    return rubric["variants"][variant]["label"] if variant else "the grading configuration"
+
+
 def config_flags(cfg):
-    return ["--flavor", str(cfg["flavor"]), "--world", str(cfg["world"]), "--seq-len", str(cfg["seq_len"]),
-            "--batch-size", str(cfg["batch_size"]), "--steps", str(cfg["steps"]),
-            "--link-gbps", "%g" % cfg["link_gbps"], "--link-latency-us", "%g" % cfg["link_latency_us"],
-            "--profile-steps", str(cfg["profile_steps"])]
+    flags = ["--flavor", str(cfg["flavor"]), "--world", str(cfg["world"]), "--seq-len", str(cfg["seq_len"]),
+             "--batch-size", str(cfg["batch_size"]), "--steps", str(cfg["steps"]),
+             "--link-gbps", "%g" % cfg["link_gbps"], "--link-latency-us", "%g" % cfg["link_latency_us"],
+             "--profile-steps", str(cfg["profile_steps"])]
+    if "max_norm" in cfg:
+        flags += ["--max-norm", "%g" % cfg["max_norm"]]
+    if "n_kv_heads" in cfg:
+        flags += ["--n-kv-heads", str(cfg["n_kv_heads"])]
+    return flags
 
 
-def stage_flags(rubric, stage):
-    return config_flags(stage_config(rubric, stage)) + list(rubric["stages"][stage].get("flags", []))
+def stage_only_flags(rubric, stage, variant=None):
+    """The stage's own flags (--ac, --forward-only, ...) with the variant's drops and additions."""
+    flags = list(rubric["stages"][stage].get("flags", []))
+    if variant:
+        v = rubric["variants"][variant]
+        drop = set(v.get("drop_flags", []))
+        flags = [f for f in flags if f not in drop] + [f for f in v.get("add_flags", []) if f not in flags]
+    return flags
 
 
-def baseline_flags(rubric, stage):
+def stage_flags(rubric, stage, variant=None):
+    return config_flags(stage_config(rubric, stage, variant)) + stage_only_flags(rubric, stage, variant)
+
+
+def baseline_flags(rubric, stage, variant=None):
     """One rank with the global batch: the same sequences as the W ranks see together."""
-    cfg = stage_config(rubric, stage)
+    cfg = stage_config(rubric, stage, variant)
     cfg["batch_size"] = cfg["batch_size"] * cfg["world"]
     cfg["world"] = 1
     keep = set(rubric["baseline"]["keep_flags"])
-    return config_flags(cfg) + [f for f in rubric["stages"][stage].get("flags", []) if f in keep]
+    return config_flags(cfg) + [f for f in stage_only_flags(rubric, stage, variant) if f in keep]
 
 
 def check_name(rubric, key):

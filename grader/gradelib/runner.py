@@ -77,11 +77,12 @@ class Runner:
             return False, "build failed in the runtime, not in your file (run make): " + first, seconds
         return False, "build failed: " + first, seconds
 
-    def run(self, binary, flags, run_dir, log_path, steps):
-        """Train with `flags` into run_dir (log appended to log_path); a RunResult with the reason if it failed."""
+    def run(self, binary, flags, run_dir, log_path, steps, one_stream=False):
+        """Train with `flags` into run_dir (log appended to log_path); a RunResult with the reason if it failed.
+        one_stream: the stage runs everything on the compute stream (the hints say so)."""
         cmd = [binary] + list(flags) + ["--out", run_dir, "--quiet"]
         rc, seconds = run_limited(cmd, log_path, self.timeout_s, self.limits)
-        ok, reason = classify_run(rc, log_path, run_dir, self.timeout_s, steps, self.limits)
+        ok, reason = classify_run(rc, log_path, run_dir, self.timeout_s, steps, self.limits, one_stream)
         return RunResult(run_dir, ok, reason, seconds, cmd)
 
 
@@ -192,7 +193,7 @@ def describe_signal(num):
     return text + ": " + hint if hint else text
 
 
-def classify_run(rc, log_path, run_dir, timeout_s, steps, limits=None):
+def classify_run(rc, log_path, run_dir, timeout_s, steps, limits=None, one_stream=False):
     """(ok, reason) for a finished (or killed) training run; `limits` names the rubric's limit a run hit."""
     lines = tail_lines(log_path)
     if rc is None:
@@ -218,6 +219,10 @@ def classify_run(rc, log_path, run_dir, timeout_s, steps, limits=None):
         for l in errors:
             m = re.search(r"error: (loss|grad_norm) is not finite at step (\d+)", l) or m
         what = "%s not finite at step %s" % (m.group(1), m.group(2)) if m else "loss/grad_norm not finite"
+        if one_stream:  # stages 01-02: one stream, so no wait can be missing
+            return False, (what + ": fresh allocations are NaN-filled and everything here runs on the compute stream "
+                           "in order, so some memory was never written: padding rows not zeroed, a copy with the "
+                           "wrong offset or count, a buffer read after it was freed, or a division by zero")
         return False, (what + ": fresh allocations are NaN-filled, so this is usually compute reading a buffer "
                        "before it was written (a missing dev_stream_wait_event?) or a division by zero")
     if rc == EXIT_FATAL and errors:

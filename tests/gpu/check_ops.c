@@ -326,7 +326,7 @@ static void check_adamw(Ctx *c, size_t n) {
         char shape[64];
         snprintf(shape, sizeof shape, "n%zu %s t%d", n, mode[k].name, mode[k].t);
         tot[0] = mode[k].sumsq;
-        AdamArgs w = {p, g, m, v, n, adamw_default_config(), 1e-3f, mode[k].t, tot};
+        AdamArgs w = {p, g, m, v, n, adamw_default_config(), 1e-3f, mode[k].t, tot, NULL};
         w.c.max_norm = mode[k].max_norm;
         Buf bw[] = {{"grad", g, F(n), 0}, {"sumsq", tot, F(1), 0}, {"param", p, F(n), 1},
                     {"exp_avg", m, F(n), 1}, {"exp_avg_sq", v, F(n), 1}};

@@ -31,7 +31,7 @@ static double max_of(const double *all, int world) {
  * launch min and max are NaN, with too many to record launches is -1. */
 typedef struct { double min, max, launches; } ClipStats;
 static ClipStats clip_stats(Dev *dev) {
-    static float coef[CLIP_PROBE_SLOTS];
+    float *coef = xmalloc(CLIP_PROBE_SLOTS * sizeof *coef); /* per rank: ranks may be threads */
     ClipStats c = {NAN, NAN, 0};
     int n = dev_clip_collect(dev, coef, CLIP_PROBE_SLOTS);
     c.launches = n;
@@ -39,6 +39,7 @@ static ClipStats clip_stats(Dev *dev) {
         if (i == 0 || coef[i] < c.min) c.min = coef[i];
         if (i == 0 || coef[i] > c.max) c.max = coef[i];
     }
+    free(coef);
     return c;
 }
 

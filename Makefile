@@ -117,8 +117,10 @@ impl: $(DRIVER_OBJ) $(LIB)
 RUN_DIR   ?= runs/debugmodel
 RUN_FLAGS ?= --flavor debugmodel --world 4 --seq-len 128 --batch-size 2 --steps 30 --warmup-steps 5 \
              --lr 3e-3 --link-gbps 20 --link-latency-us 20 --profile-steps 3
+# (tools/main_job.py: the main job's solution, or in a student tree the student's most advanced
+# stage that runs, or the baseline when none does)
 run: all
-	$(BUILD)/solutions/$(MAIN_JOB_DIR)/train $(RUN_FLAGS) --out $(RUN_DIR)
+	HWFSDP_BUILD=$(BUILD) $(PYTHON) tools/main_job.py --out $(RUN_DIR) -- $(RUN_FLAGS)
 	-$(PYTHON) tools/plots.py $(RUN_DIR)
 	@echo "run directory: $(RUN_DIR) (open trace.json in https://ui.perfetto.dev, memory_rank0.pickle in https://pytorch.org/memory_viz)"
 

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from helpers import BASELINE, CORPUS, ROOT, solution_bin
+from helpers import BASELINE, CORPUS, ROOT
 
 
 def run(*args, timeout=60):
@@ -190,7 +190,7 @@ def test_mpi_world_disagrees_with_mpirun():
     if shutil.which("mpirun") is None:
         pytest.skip("mpirun not installed (Debian: openmpi-bin)")
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    p = subprocess.run(["mpirun", "--oversubscribe", "-np", "2", solution_bin("02"), "--backend", "mpi",
+    p = subprocess.run(["mpirun", "--oversubscribe", "-np", "2", BASELINE, "--backend", "mpi",
                         "--world", "4", "--steps", "1", "--data", CORPUS], capture_output=True, text=True,
                        timeout=120, cwd=ROOT, env=env)
     assert p.returncode != 0

@@ -4,6 +4,7 @@ world 4, and the baseline), and a run killed while writing checkpoints always
 leaves a valid one behind."""
 import filecmp
 import json
+import os
 import signal
 import struct
 import subprocess
@@ -12,6 +13,9 @@ import time
 import pytest
 
 from helpers import BASELINE, CORPUS, ROOT, metrics, run_train, solution_bin
+
+# a sharded training binary when the solutions are here, else the baseline (the same driver and checkpoints)
+SHARDED = solution_bin("02") if os.path.exists(solution_bin("02")) else BASELINE
 
 FLAGS = ["--flavor", "tiny", "--seq-len", "32", "--batch-size", "2", "--world", "4", "--lr", "3e-3"]
 
@@ -25,6 +29,8 @@ def st_header(path):
 @pytest.mark.parametrize("impl,extra", [("02", []), ("06", ["--reshard-after-forward=false"]), ("baseline", [])])
 def test_resume_is_bitwise(tmp_path, impl, extra):
     binary = BASELINE if impl == "baseline" else solution_bin(impl)
+    if not os.path.exists(binary):  # the student tree has no solutions/: the baseline case still runs
+        pytest.skip("%s is built from solutions/ (instructors only)" % binary)
     full, first, second = tmp_path / "full", tmp_path / "first", tmp_path / "second"
     run_train(binary, full, *(FLAGS + extra + ["--steps", "8", "--save", full / "ck.safetensors"]))
     run_train(binary, first, *(FLAGS + extra + ["--steps", "5", "--save", first / "ck.safetensors"]))
@@ -42,8 +48,8 @@ def test_resume_is_bitwise(tmp_path, impl, extra):
 def test_resume_without_optimizer_state_differs(tmp_path):
     """Test of the test: loading only the weights (as --save-init files hold) is NOT a resume."""
     full, first = tmp_path / "full", tmp_path / "first"
-    run_train(solution_bin("02"), full, *(FLAGS + ["--steps", "6"]))
-    run_train(solution_bin("02"), first, *(FLAGS + ["--steps", "3", "--save", first / "ck.safetensors"]))
+    run_train(SHARDED, full, *(FLAGS + ["--steps", "6"]))
+    run_train(SHARDED, first, *(FLAGS + ["--steps", "3", "--save", first / "ck.safetensors"]))
     raw = open(first / "ck.safetensors", "rb").read()
     header = st_header(first / "ck.safetensors")
     n = struct.unpack("<Q", raw[:8])[0]
@@ -57,7 +63,7 @@ def test_resume_without_optimizer_state_differs(tmp_path):
     h = json.dumps(new).encode()
     (tmp_path / "w.safetensors").write_bytes(struct.pack("<Q", len(h)) + h + b"".join(blobs))
     second = tmp_path / "second"
-    run_train(solution_bin("02"), second, *(FLAGS + ["--steps", "3", "--load", tmp_path / "w.safetensors"]))
+    run_train(SHARDED, second, *(FLAGS + ["--steps", "3", "--load", tmp_path / "w.safetensors"]))
     assert metrics(second)[0]["step"] == 1  # starts over: no step in a weights-only file
     assert [m["loss"] for m in metrics(second)] != [m["loss"] for m in metrics(full)][3:]
 

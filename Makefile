@@ -168,13 +168,10 @@ bench: all
 record-stream-demo: all
 	$(PYTHON) tools/record_stream_demo.py --publish
 
-# The student tree: everything but solutions/ (and the mutants built from them).
+# The student tree: everything but solutions/ (and the mutants built from them); RELEASE=NN
+# writes the staged release holding stages 01..NN only (tools/make_handout.py says how).
 handout: all
-	@rm -rf $(BUILD)/handout && mkdir -p $(BUILD)/handout/hwfsdp dist
-	git ls-files | grep -v -E '^(solutions/|tests/mutants/|tests/test_solutions|tests/test_grader)' | \
-	  tar -cf - -T - | tar -xf - -C $(BUILD)/handout/hwfsdp
-	tar -czf dist/hwfsdp-handout.tar.gz -C $(BUILD)/handout hwfsdp
-	@echo "wrote dist/hwfsdp-handout.tar.gz ($$(du -h dist/hwfsdp-handout.tar.gz | cut -f1))"
+	$(PYTHON) tools/make_handout.py $(if $(RELEASE),--release $(RELEASE))
 
 # ---- sanitizers (own build directories; CI runs both) -------------------------------
 SAN_BINS = tests/test_runtime tests/test_race tests/test_model tests/test_ops tests/test_io baseline/train \

@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""The student copy (make handout [RELEASE=NN]).
+
+    make_handout.py [--release NN] [--out FILE]
+
+Everything git tracks but what only instructors have (solutions/, the mutants built from
+them, the tests that need them). With --release NN: a staged release for a course that hands
+out one stage at a time, holding stages 01..NN only: their starters, their reference logs,
+and a rubric (grader/rubric.json) that lists only them. Stage N's starter contains the
+solutions of the stages before N (being stuck never blocks the next stage), so release N is
+published after stage N-1's deadline; a self-learner takes the last release (or no --release:
+the same tree). Writes dist/hwfsdp-handout.tar.gz, or dist/hwfsdp-release-NN.tar.gz.
+"""
+import argparse
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "grader"))
+import manifest  # noqa: E402
+
+INSTRUCTORS_ONLY = ("solutions/", "tests/mutants/", "tests/test_solutions", "tests/test_grader", "tests/test_handout")
+
+
+def fail(msg):
+    print("make_handout: error: " + msg, file=sys.stderr)
+    sys.exit(2)
+
+
+def tracked_files():
+    p = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True)
+    if p.returncode != 0:
+        fail("git ls-files failed (the handout is made from an instructors' git checkout): %s"
+             % p.stderr.decode(errors="replace").strip())
+    return sorted(f for f in p.stdout.decode().split("\0") if f)
+
+
+def release_plan(release):
+    """(kept stage ids, dropped stage dirs and ids) for release `release` (None: every stage)."""
+    stages = manifest.stages()
+    if release is None:
+        return [s.id for s in stages], []
+    ids = [s.id for s in stages]
+    if release not in ids:
+        fail("--release %s: no such stage (stages: %s)" % (release, ", ".join(ids)))
+    kept = [s for s in stages if s.id <= release]
+    return [s.id for s in kept], [s for s in stages if s.id > release]
+
+
+def dropped_path(path, dropped):
+    for s in dropped:
+        if path.startswith("stages/%s/" % s.dir) or path.startswith("logs/reference/stage%s/" % s.id):
+            return True
+        if path.startswith("logs/debugmodel_200/%s/" % s.dir):
+            return True
+    return False
+
+
+def release_rubric(kept):
+    """rubric.json with only the kept stages (the main job falls back to the last kept one)."""
+    with open(manifest.RUBRIC_PATH, encoding="utf-8") as fh:
+        rubric = json.load(fh)
+    rubric["stages"] = {k: v for k, v in rubric["stages"].items() if k in kept}
+    if rubric.get("main_job", {}).get("stage") not in kept:
+        rubric["main_job"] = dict(rubric.get("main_job", {}), stage=kept[-1])
+    used = {v for spec in rubric["stages"].values() for v in spec.get("variants", [])}
+    rubric["variants"] = {k: v for k, v in rubric.get("variants", {}).items() if k == "about" or k in used}
+    manifest.validate_stages(rubric, "the release's rubric.json")
+    return (json.dumps(rubric, indent=2, ensure_ascii=False) + "\n").encode()
+
+
+def reference_manifest(data, keep):
+    m = json.loads(data)
+    m["files"] = [f for f in m.get("files", []) if keep("logs/reference/" + f["path"])]
+    return (json.dumps(m, indent=1) + "\n").encode()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="Write the student copy (a staged release with --release).")
+    ap.add_argument("--release", help="the last stage the release holds (01..)")
+    ap.add_argument("--out", help="the tarball (default dist/hwfsdp-handout.tar.gz or dist/hwfsdp-release-NN.tar.gz)")
+    args = ap.parse_args(argv)
+    release = None
+    if args.release:
+        release = "%02d" % int(args.release) if args.release.isdigit() else args.release
+    kept, dropped = release_plan(release)
+    out = args.out or os.path.join(ROOT, "dist", "hwfsdp-handout.tar.gz" if release is None
+                                   else "hwfsdp-release-%s.tar.gz" % release)
+    files = [f for f in tracked_files() if not f.startswith(INSTRUCTORS_ONLY) and not dropped_path(f, dropped)]
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with tarfile.open(out + ".tmp", "w:gz") as tar:
+        for f in files:
+            path = os.path.join(ROOT, f)
+            if not os.path.exists(path):
+                continue  # deleted in the work tree, not yet in git
+            data = None
+            if dropped and f == "grader/rubric.json":
+                data = release_rubric(kept)
+            elif dropped and f == "logs/reference/MANIFEST.json":
+                with open(path, "rb") as fh:
+                    data = reference_manifest(fh.read(), lambda p: not dropped_path(p, dropped))
+            info = tar.gettarinfo(path, arcname="hwfsdp/" + f)
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            if data is None:
+                with open(path, "rb") as fh:
+                    tar.addfile(info, fh)
+            else:
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    os.replace(out + ".tmp", out)
+    print("wrote %s (stages %s, %d files, %.1f MB)" % (out, ", ".join(kept), len(files),
+                                                       os.path.getsize(out) / 1e6))
+
+
+if __name__ == "__main__":
+    main()

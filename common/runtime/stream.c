@@ -298,12 +298,17 @@ void dev_memset_async(Stream *s, void *dst, int byte, size_t bytes) {
 void stream_enqueue_op(Stream *s, const Op *op) { enqueue(s, op, 0); }
 void stream_op_init(Stream *s, Op *op, int kind, const char *name) { op_init(s, op, (OpKind)kind, name); }
 
-void dev_stream_synchronize(Stream *s) {
-    double t0 = now_us();
+/* Block until s has run everything enqueued so far (the host-side wait of every sync). */
+static void stream_drain(Stream *s) {
     pthread_mutex_lock(&s->mu);
     uint64_t target = s->enqueued;
     while (s->completed < target) pthread_cond_wait(&s->cv_done, &s->mu);
     pthread_mutex_unlock(&s->mu);
+}
+
+void dev_stream_synchronize(Stream *s) {
+    double t0 = now_us();
+    stream_drain(s);
     race_host_waited_stream(s);
     dev_release_pending_frees(s->dev, 0);
     trace_host_sync(s->dev, "", s->name, t0);
@@ -311,13 +316,7 @@ void dev_stream_synchronize(Stream *s) {
 
 void dev_synchronize(Dev *d) {
     double t0 = now_us();
-    for (int i = 0; i < d->nstreams; i++) {
-        Stream *s = d->streams[i];
-        pthread_mutex_lock(&s->mu);
-        uint64_t target = s->enqueued;
-        while (s->completed < target) pthread_cond_wait(&s->cv_done, &s->mu);
-        pthread_mutex_unlock(&s->mu);
-    }
+    for (int i = 0; i < d->nstreams; i++) stream_drain(d->streams[i]);
     race_host_waited_all(d);
     dev_release_pending_frees(d, 0);
     trace_host_sync(d, "all streams", NULL, t0);
@@ -410,13 +409,7 @@ void backend_probe_free(Dev *d, void *p) {
     free(p);
 }
 void backend_probe_read(Dev *d, void *host, const void *probe, size_t bytes) {
-    for (int i = 0; i < d->nstreams; i++) { /* dev_synchronize's wait, without its happens-before */
-        Stream *s = d->streams[i];
-        pthread_mutex_lock(&s->mu);
-        uint64_t target = s->enqueued;
-        while (s->completed < target) pthread_cond_wait(&s->cv_done, &s->mu);
-        pthread_mutex_unlock(&s->mu);
-    }
+    for (int i = 0; i < d->nstreams; i++) stream_drain(d->streams[i]); /* no happens-before: a probe */
     memcpy(host, probe, bytes);
 }
 

@@ -253,7 +253,7 @@ def test_clip_probe_records_what_adamw_applied(runs):
     """The clip probe (metrics.jsonl clip_coef_*_per_rank) against torch's clip_grad_norm_ formula
     min(1, max_norm / (norm + 1e-6)) applied to the logged global norm, and one launch per param."""
     out = runs(solution_bin("02"), *(TINY + ["--world", "3", "--max-norm", "0.5"]))
-    n_params = len(snapshot_params(out))
+    n_params = len(dtensor_params(out))
     for row in metrics(out):
         want = min(1.0, 0.5 / (row["grad_norm"] + 1e-6))
         assert want < 1.0  # the test is about clipping that bites
@@ -264,7 +264,7 @@ def test_clip_probe_records_what_adamw_applied(runs):
     assert all(r["clip_coef_min_per_rank"] == [1.0] * 3 for r in metrics(loose))
 
 
-def snapshot_params(out):
+def dtensor_params(out):
     import json
     with open(os.path.join(str(out), "dtensors_rank0.json")) as fh:
         return json.load(fh)["params"]

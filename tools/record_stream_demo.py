@@ -80,48 +80,36 @@ def build(src, binary):
         fail("building %s failed:\n%s" % (src, r.stdout + r.stderr))
 
 
-def comm_series(run_dir, step):
-    """Counted comm_buffer bytes of rank 0 after each allocator event of the given step's backward."""
+def comm_replay(run_dir):
+    """Rank 0's snapshot replayed: [(allocator event, counted comm_buffer bytes after it)] and the number
+    of blocks held after their free (record_stream's free_requested)."""
     with open(os.path.join(run_dir, "memory_rank0.json")) as fh:
-        snap = json.load(fh)
-    live, now, xs = {}, 0, []
-    for e in snap["events"]:
+        events = json.load(fh)["events"]
+    live, now, out = {}, 0, []
+    for e in events:
         act = e.get("action")
         if act == "alloc":
             live[e["addr"]] = (e["tag"], e["size"])
-            if e["tag"] == "comm_buffer":
-                now += e["size"]
+            now += e["size"] if e["tag"] == "comm_buffer" else 0
         elif act in ("free", "free_completed") and e["addr"] in live:
             tag, size = live.pop(e["addr"])
-            if tag == "comm_buffer":
-                now -= size
+            now -= size if tag == "comm_buffer" else 0
         else:
             continue
-        if e.get("step") == step and e.get("phase", "").startswith(("pre_backward", "post_backward", "backward")):
-            xs.append(now)
-    return xs
+        out.append((e, now))
+    return out, sum(1 for e in events if e.get("action") == "free_requested")
 
 
 def comm_peak(run_dir):
-    with open(os.path.join(run_dir, "memory_rank0.json")) as fh:
-        snap = json.load(fh)
-    live, now, peak = {}, 0, 0
-    for e in snap["events"]:
-        act = e.get("action")
-        if act == "alloc" and e["tag"] == "comm_buffer":
-            live[e["addr"]] = e["size"]
-            now += e["size"]
-            peak = max(peak, now)
-        elif act in ("free", "free_completed") and e["addr"] in live:
-            now -= live.pop(e["addr"])
-    return peak
+    """The most comm_buffer bytes rank 0 counted at once."""
+    return max((now for _, now in comm_replay(run_dir)[0]), default=0)
 
 
-def held_as_pending(run_dir):
-    """How many blocks the run's snapshot shows held after their free (record_stream)."""
-    with open(os.path.join(run_dir, "memory_rank0.json")) as fh:
-        snap = json.load(fh)
-    return sum(1 for e in snap["events"] if e.get("action") == "free_requested")
+def comm_series(run_dir, step):
+    """Counted comm_buffer bytes of rank 0 after each allocator event of the given step's backward."""
+    backward = ("pre_backward", "post_backward", "backward")
+    return [now for e, now in comm_replay(run_dir)[0]
+            if e.get("step") == step and e.get("phase", "").startswith(backward)]
 
 
 def main():
@@ -151,10 +139,11 @@ def main():
                     fail("%s failed:\n%s" % (" ".join(cmd), (r.stdout + r.stderr)[-2000:]))
                 with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
                     rows = [json.loads(line) for line in fh if line.strip()]
+                replay, pending = comm_replay(run_dir)
                 runs.append({"name": name, "variant": variant, "link": link, "link_gbps": float(gbps),
                              "peak_bytes_rank0": max(row["peak_mem_bytes_per_rank"][0] for row in rows),
-                             "comm_buffer_peak_rank0": comm_peak(run_dir),
-                             "pending_frees_rank0": held_as_pending(run_dir), "dir": run_dir})
+                             "comm_buffer_peak_rank0": max((now for _, now in replay), default=0),
+                             "pending_frees_rank0": pending, "dir": run_dir})
 
     print("%-22s %-5s %14s %18s %14s" % ("run", "link", "peak (bytes)", "comm_buffer peak", "pending frees"))
     for r in runs:

@@ -189,7 +189,7 @@ int backend_fence_create(Dev *d, PendingFree *pf) {
     pf->nstreams = d->nstreams;
     int busy = 0;
     for (int i = 0; i < d->nstreams; i++) {
-        if (i < 64 && !(pf->mask >> i & 1)) continue; /* 0: nothing to wait for */
+        if (!(pf->mask >> i & 1)) continue; /* 0: nothing to wait for (stream_new: at most 64 streams) */
         Stream *s = d->streams[i];
         pthread_mutex_lock(&s->mu);
         pf->snapshot[i] = s->enqueued;

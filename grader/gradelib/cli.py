@@ -88,7 +88,6 @@ def grade_stage(rubric, stage, src, out_root, ref_root, runner, baselines):
     for key, points in spec["checks"].items():
         name = check_name(rubric, key)
         t1 = time.monotonic()
-        detail = ""
         ok, reason, detail = _grade_check(ctx, key)
         for v, c in vctx.items():
             if ok and key in rubric["variants"][v]["checks"]:

@@ -144,13 +144,6 @@ typedef struct {
     const float *data[MODULE_MAX_PARAMS]; /* Param.data as the hook left them */
 } ParamsCheck;
 
-static uint64_t fnv(const float *x, size_t n) {
-    const unsigned char *b = (const unsigned char *)x;
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < n * sizeof(float); i++) h = (h ^ b[i]) * 1099511628211ull;
-    return h;
-}
-
 /* This rank's rows of a param as torch.chunk splits dim 0 (not the DTensor's
  * own fields: a wrong row_offset is the DTensors check's to report). */
 typedef struct { size_t start, rows, row_numel; } OwnRows;
@@ -158,6 +151,21 @@ static OwnRows own_rows(const Param *p, int rank, int world) {
     size_t rows = p->shape[0], chunk = (rows + (size_t)world - 1) / (size_t)world, start = chunk * (size_t)rank;
     OwnRows o = {start, start >= rows ? 0 : (rows - start < chunk ? rows - start : chunk), p->numel / rows};
     return o;
+}
+
+/* FNV-1a over the bits of sampled rows of a rank's block (`rows` points at its
+ * first row): the first two, the middle and the last. Sampled so the check costs
+ * little next to the module's compute it runs before (a copy-out offset or count
+ * bug moves every row, and the first and last catch an off-by-one). */
+static uint64_t sampled_hash(const float *rows, OwnRows o) {
+    size_t pick[4] = {0, 1, o.rows / 2, o.rows - 1};
+    uint64_t h = 1469598103934665603ull;
+    for (int k = 0; k < 4; k++) {
+        if (pick[k] >= o.rows || (k && pick[k] == pick[k - 1])) continue;
+        const uint32_t *w = (const uint32_t *)(rows + pick[k] * o.row_numel);
+        for (size_t i = 0; i < o.row_numel; i++) h = (h ^ w[i]) * 1099511628211ull;
+    }
+    return h;
 }
 
 /* What the rows hold instead of the shard, in words (for the message). */
@@ -184,8 +192,8 @@ static void what_instead(const ParamsCheck *c, int j, uint64_t got, const ShardH
         for (int k = 0; k < m->modules[i].n_params; k++) {
             const Param *q = &m->modules[i].params[k];
             OwnRows oq = own_rows(q, c->rank, c->world);
-            if ((i != c->mod->index || k != j) && oq.rows * oq.row_numel == n && q->dt.local &&
-                fnv(q->dt.local, n) == got) {
+            if ((i != c->mod->index || k != j) && oq.rows == own.rows && oq.row_numel == own.row_numel &&
+                q->dt.local && sampled_hash(q->dt.local, oq) == got) {
                 snprintf(buf, cap, "%s's shard: the copy-out took another param's segment (offsets in the flat "
                          "buffer, or another module's all-gather output)", m->modules[i].params[k].name);
                 return;
@@ -205,13 +213,13 @@ static void k_params_check(void *arg) {
         size_t n = own.rows * own.row_numel;
         if (!n || !dt->local || dt->local_rows * dt->row_numel != n) continue; /* a wrong shard: DTensors says so */
         ShardHistory *h = &c->probes->history[c->mod->index * MODULE_MAX_PARAMS + j];
-        uint64_t shard = fnv(dt->local, n);
+        uint64_t shard = sampled_hash(dt->local, own);
         if (h->step != c->step) { /* the first check of a step sees the shard the optimizer left */
             h->before = h->step >= 0 ? h->now : shard;
             h->now = shard;
             h->step = c->step;
         }
-        uint64_t got = fnv(c->data[j] + own.start * own.row_numel, n);
+        uint64_t got = sampled_hash(c->data[j] + own.start * own.row_numel, own);
         if (got == shard) continue;
         char why[600];
         what_instead(c, j, got, h, why, sizeof why);

@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""Carry your own code forward into the next stage (make carry STAGE=NN).
+
+    carry.py NN [--force] [--root DIR]
+
+Copies your stage NN-1 file, stages/<NN-1>/hw_fsdp.c, over stages/<NN>/hw_fsdp.c, keeping
+stage NN's starter beside it as hw_fsdp.starter.c, and prints what stage NN adds: each TODO
+of the starter, the function it sits in, and the HANDOUT section that explains it. From
+then on you evolve one file of your own, stage after stage; the grader reads whatever
+stages/<NN>/hw_fsdp.c holds.
+
+Refuses (one line, exit status 2) when stage NN is the first stage or does not exist,
+when the stage NN-1 file is missing, and when stage NN was carried already
+(hw_fsdp.starter.c exists): --force (make carry STAGE=NN FORCE=1) carries again and keeps
+the file it replaces as hw_fsdp.c.bak.
+"""
+import argparse
+import os
+import re
+import shutil
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "grader"))
+import manifest  # noqa: E402
+
+TODO_CALL = re.compile(r'hw_todo\("(?P<what>(?:[^"\\]|\\.)*)",\s*"(?P<where>[^"]*)"\)')
+FUNC_START = re.compile(r"^(?:static\s+)?[A-Za-z_][\w \*]*?\b(?P<name>[A-Za-z_]\w*)\s*\([^;]*$")
+
+
+class CarryError(Exception):
+    pass
+
+
+def todos(text):
+    """[(line, function, what, where)] for every hw_todo stub of a starter, in file order."""
+    out, func = [], "?"
+    for lineno, line in enumerate(text.split("\n"), 1):
+        m = FUNC_START.match(line)
+        if m and not line.startswith((" ", "\t", "#", "/", "}")):
+            func = m.group("name")
+        for t in TODO_CALL.finditer(line):
+            out.append((lineno, func, t.group("what"), t.group("where")))
+    return out
+
+
+def carry(stage_id, root=ROOT, force=False):
+    """Do the carry; returns the lines to print. CarryError says why it cannot."""
+    stages = manifest.stages()
+    ids = [s.id for s in stages]
+    sid = stage_id.zfill(2) if stage_id.isdigit() else stage_id
+    if sid not in ids:
+        raise CarryError("STAGE=%s: no such stage (stages: %s)" % (stage_id, ", ".join(ids)))
+    k = ids.index(sid)
+    if k == 0:
+        raise CarryError("stage %s is the first stage: there is no earlier file to carry (start from its starter)" % sid)
+    prev, cur = stages[k - 1], stages[k]
+    prev_file = os.path.join(root, "stages", prev.dir, "hw_fsdp.c")
+    cur_dir = os.path.join(root, "stages", cur.dir)
+    cur_file = os.path.join(cur_dir, "hw_fsdp.c")
+    starter = os.path.join(cur_dir, "hw_fsdp.starter.c")
+    if not os.path.isfile(prev_file):
+        raise CarryError("%s: no such file (nothing to carry into stage %s)" % (os.path.relpath(prev_file, root), sid))
+    if not os.path.isdir(cur_dir):
+        raise CarryError("%s: no such directory (is stage %s in this release?)" % (os.path.relpath(cur_dir, root), sid))
+    lines = []
+    if os.path.exists(starter):
+        if not force:
+            raise CarryError("stage %s was carried already (%s exists); FORCE=1 carries again and keeps the "
+                             "current file as hw_fsdp.c.bak" % (sid, os.path.relpath(starter, root)))
+        if os.path.exists(cur_file):
+            shutil.copyfile(cur_file, cur_file + ".bak")
+            lines.append("kept your current %s as hw_fsdp.c.bak" % os.path.relpath(cur_file, root))
+    else:
+        if not os.path.isfile(cur_file):
+            raise CarryError("%s: no such file (the starter of stage %s)" % (os.path.relpath(cur_file, root), sid))
+        os.replace(cur_file, starter)
+    with open(prev_file, encoding="utf-8", errors="replace") as fh:
+        mine = fh.read()
+    with open(starter, encoding="utf-8", errors="replace") as fh:
+        adds = todos(fh.read())
+    shutil.copyfile(prev_file, cur_file)
+
+    rel = lambda p: os.path.relpath(p, root)  # noqa: E731
+    lines += ["carried %s -> %s" % (rel(prev_file), rel(cur_file)),
+              "the starter of stage %s is kept beside it: %s" % (sid, rel(starter))]
+    left = todos(mine)
+    if left:
+        lines.append("warning: your stage %s file still has %d TODO stub%s (%s): the run stops there until "
+                     "you fill %s" % (prev.id, len(left), "" if len(left) == 1 else "s",
+                                     "; ".join(w for _, _, w, _ in left[:3]) + ("; ..." if len(left) > 3 else ""),
+                                     "it" if len(left) == 1 else "them"))
+    lines.append("")
+    lines.append("Stage %s (%s) adds, in the starter's order (HANDOUT.md#stage-%s):" % (sid, cur.title or cur.dir, sid))
+    for lineno, func, what, where in adds:
+        lines.append("  - %s: %s  [%s:%d, %s]" % (func, what, os.path.basename(starter), lineno, where))
+    if not adds:
+        lines.append("  (the starter has no TODO stubs)")
+    lines.append("")
+    lines.append("Your file has none of stage %s's new state (streams, events, fields) yet: see where the starter "
+                 "puts it with" % sid)
+    lines.append("  diff -u %s %s" % (rel(starter), rel(cur_file)))
+    lines.append("Then: make grade STAGE=%s" % sid)
+    return lines
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="carry.py", description="Carry your stage NN-1 file into stage NN.")
+    ap.add_argument("stage", help="the stage to carry into (e.g. 03)")
+    ap.add_argument("--force", action="store_true", help="carry again over an already carried stage")
+    ap.add_argument("--root", default=ROOT, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    try:
+        for line in carry(args.stage, os.path.abspath(args.root), args.force):
+            print(line)
+    except (CarryError, manifest.ManifestError) as e:
+        print("carry: error: %s" % e, file=sys.stderr)
+        return 2
+    except OSError as e:
+        print("carry: error: %s" % e, file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

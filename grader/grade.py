@@ -6,6 +6,8 @@
     grade.py --solutions                  grade solutions/ instead (they score full marks)
     grade.py --file my/hw_fsdp.c --stage 03
     grade.py --out grade-runs --json results.json --reference logs/reference
+    grade.py --tree their/copy            grade their/copy/stages/*/hw_fsdp.c
+    grade.py --class SUBMISSIONS --out class-runs     a whole class (scores.csv, one report each)
 
 For each stage: build the hw_fsdp.c (make impl) into OUT/stageNN/train, run it
 on the stage's configuration from grader/rubric.json in a child process with a

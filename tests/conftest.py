@@ -8,5 +8,5 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 collect_ignore = []
 if not os.path.isdir(os.path.join(ROOT, "solutions")):
-    collect_ignore = ["test_solutions.py", "test_grader.py", "test_starters.py", "test_parity_torch.py",
+    collect_ignore = ["test_solutions.py", "test_grader.py", "test_class.py", "test_gradescope.py", "test_starters.py", "test_parity_torch.py",
                       "test_diagnostic_mutants.py"]

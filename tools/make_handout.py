@@ -23,7 +23,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "grader"))
 import manifest  # noqa: E402
 
-INSTRUCTORS_ONLY = ("solutions/", "tests/mutants/", "tests/test_solutions", "tests/test_grader", "tests/test_handout")
+INSTRUCTORS_ONLY = ("solutions/", "tests/mutants/", "tests/test_solutions", "tests/test_grader", "tests/test_handout",
+                    "tests/test_class", "tests/class_fixtures", "tests/test_gradescope")
 
 
 def fail(msg):

@@ -18,7 +18,7 @@ from .checks import run_check
 from .context import Context
 from .rubric import (RUBRIC_PATH, check_name, load_rubric, parse_stage, stage_config, stage_flags, stage_variants,
                      variant_label)
-from .runner import Baselines, Runner, RunResult
+from .runner import Baselines, Runner, RunResult, Sandbox
 from .util import ROOT, UsageError, fmt_points, one_line, relpath
 
 
@@ -62,7 +62,7 @@ def grade_stage(rubric, stage, src, out_root, ref_root, runner, baselines):
                 one_stream = not manifest.stage(stage, rubric).streams
                 run = runner.run(binary, stage_flags(rubric, stage), run_dir, log_path,
                                  int(stage_config(rubric, stage)["steps"]), one_stream)
-                for v in variants:
+                for v in (variants if run.ok else []):  # a failed main run already fails every check
                     vdir = os.path.join(run_dir, v)
                     os.makedirs(vdir)
                     extra[v] = runner.run(binary, stage_flags(rubric, stage, v), vdir, os.path.join(vdir, "log.txt"),
@@ -158,6 +158,13 @@ def parse_args(argv):
                     help="build against the CUDA backend (make cuda) and run on the GPU; loss and grad norm are "
                          "compared with the baseline run on the same GPU")
     ap.add_argument("--timeout", type=float, help="wall-clock limit per run in seconds (default: the rubric's)")
+    ap.add_argument("--tree", help="grade TREE/stages/*/hw_fsdp.c (a student's copy) instead of stages/")
+    ap.add_argument("--sandbox", action="store_true",
+                    help="contain every run (as root: an unprivileged user of its own; see INSTRUCTORS.md)")
+    ap.add_argument("--slot", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--class", dest="klass", metavar="SUBMISSIONS",
+                    help="grade a class: one folder or tarball per student in SUBMISSIONS (writes OUT/scores.csv)")
+    ap.add_argument("--jobs", type=int, default=2, help="with --class: students graded at once (default 2)")
     return ap.parse_args(argv)
 
 
@@ -181,8 +188,16 @@ def main(argv=None):
         stages = sorted(set(stages))
         if args.file and (len(stages) != 1 or not args.stage):
             raise UsageError("--file needs exactly one --stage (e.g. --file my/hw_fsdp.c --stage 03)")
-        if args.file and args.solutions:
-            raise UsageError("--file and --solutions exclude each other")
+        sources = [o for o, on in (("--file", args.file), ("--solutions", args.solutions), ("--tree", args.tree),
+                                    ("--class", args.klass)) if on]
+        if len(sources) > 1:
+            raise UsageError("%s exclude each other" % " and ".join(sources))
+        if args.tree and not os.path.isdir(os.path.join(args.tree, "stages")):
+            raise UsageError("--tree %s: no stages/ folder in it" % args.tree)
+        if args.klass and not os.path.isdir(args.klass):
+            raise UsageError("--class %s: no such directory" % args.klass)
+        if args.jobs < 1:
+            raise UsageError("--jobs must be at least 1")
         if args.file and not os.path.isfile(args.file):
             raise UsageError("--file %s: no such file" % args.file)
         if not os.path.isdir(args.reference):
@@ -198,13 +213,27 @@ def main(argv=None):
         say("grade.py: error: %s" % one_line(str(e)), sys.stderr)
         return 2
 
-    runner = Runner(rubric["limits"], args.timeout or rubric["limits"]["run_timeout_s"], cuda=args.cuda)
+    if args.klass:
+        from .classroom import grade_class
+        return grade_class(args, rubric, stages, out_root, say)
+    sandbox = None
+    if args.sandbox:
+        sandbox = Sandbox(args.slot)
+        blocked = sandbox.unreachable(out_root) or sandbox.unreachable(ROOT)
+        if blocked:
+            say("grade.py: error: the sandbox's user cannot reach %s (it needs o+x on %s): choose another --out"
+                % (relpath(out_root), blocked), sys.stderr)
+            return 2
+        say(sandbox.describe())
+    runner = Runner(rubric["limits"], args.timeout or rubric["limits"]["run_timeout_s"], cuda=args.cuda,
+                    sandbox=sandbox)
     baselines = Baselines(runner, out_root)
-    tree = "file" if args.file else "solutions" if args.solutions else "stages"
+    tree = "file" if args.file else "solutions" if args.solutions else "tree" if args.tree else "stages"
+    base = os.path.abspath(args.tree) if args.tree else os.path.join(ROOT, tree)
     results = []
     for stage in stages:
-        src = os.path.abspath(args.file) if args.file else os.path.join(ROOT, tree, rubric["stages"][stage]["dir"],
-                                                                          "hw_fsdp.c")
+        src = os.path.abspath(args.file) if args.file else os.path.join(base, "stages" if args.tree else "",
+                                                                          rubric["stages"][stage]["dir"], "hw_fsdp.c")
         results.append(grade_stage(rubric, stage, src, out_root, os.path.abspath(args.reference), runner,
                                    baselines))
     score = sum(r["points"] for r in results)

@@ -5,7 +5,16 @@ wall-clock limit of a run, and the backend (the CPU runtime, or the CUDA one wit
 Each run is a child process in its own session with resource limits, so that a student's
 binary can neither hang nor crash the grader; classify_run turns its exit status and the
 tail of its log into the reason every check of the stage then reports.
+
+With a Sandbox (grade.py --sandbox; --class and the Gradescope autograder always use one) a
+run is also contained: as root it runs as an unprivileged user of its own (the slot's uid),
+so it can write nowhere but its run directory and /tmp and its process count is limited; in
+every mode the grader adopts whatever the run leaves behind (a subreaper) and kills it, a
+run that starts more processes than a training run needs or fills its run directory past
+the limit is stopped, and afterwards the run directory goes back to the grader holding
+regular files and directories only (no link or FIFO for a check to follow or block on).
 """
+import ctypes
 import hashlib
 import json
 import os
@@ -13,6 +22,7 @@ import re
 import resource
 import shutil
 import signal
+import stat
 import subprocess
 import time
 
@@ -45,8 +55,8 @@ class Runner:
     cuda: build against the CUDA runtime (make impl-cuda) instead of the CPU one (make impl); the
     checks then take the non-sharded baseline on the same GPU as the ground truth (Context.cuda)."""
 
-    def __init__(self, limits, timeout_s, cuda=False):
-        self.limits, self.timeout_s, self.cuda = limits, timeout_s, cuda
+    def __init__(self, limits, timeout_s, cuda=False, sandbox=None):
+        self.limits, self.timeout_s, self.cuda, self.sandbox = limits, timeout_s, cuda, sandbox
 
     def build(self, src, out_bin, log_path):
         """make impl SRC=src OUT=out_bin (impl-cuda with cuda); (ok, reason, seconds)."""
@@ -81,7 +91,12 @@ class Runner:
         """Train with `flags` into run_dir (log appended to log_path); a RunResult with the reason if it failed.
         one_stream: the stage runs everything on the compute stream (the hints say so)."""
         cmd = [binary] + list(flags) + ["--out", run_dir, "--quiet"]
-        rc, seconds = run_limited(cmd, log_path, self.timeout_s, self.limits)
+        if self.sandbox is not None:
+            rc, seconds, stopped = self.sandbox.run(cmd, log_path, run_dir, self.timeout_s, self.limits)
+            if stopped:
+                return RunResult(run_dir, False, stopped, seconds, cmd)
+        else:
+            rc, seconds = run_limited(cmd, log_path, self.timeout_s, self.limits)
         ok, reason = classify_run(rc, log_path, run_dir, self.timeout_s, steps, self.limits, one_stream)
         return RunResult(run_dir, ok, reason, seconds, cmd)
 
@@ -232,3 +247,233 @@ def classify_run(rc, log_path, run_dir, timeout_s, steps, limits=None, one_strea
         return False, reason
     last = errors[-1] if errors else (lines[-1].strip() if lines else "")
     return False, "exited with status %d%s" % (rc, (": " + last) if last else "")
+
+
+# ---- the sandbox ---------------------------------------------------------------------------------
+
+PR_SET_CHILD_SUBREAPER = 36
+SANDBOX_UID_BASE = 61000  # slot k runs as uid/gid 61000 + k (no /etc/passwd entry needed)
+
+
+def _proc_table():
+    """{pid: (ppid, uid)} of every process now (Linux /proc; a process gone while reading is skipped)."""
+    table = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open("/proc/%s/status" % name) as fh:
+                ppid = uid = None
+                for line in fh:
+                    if line.startswith("PPid:"):
+                        ppid = int(line.split()[1])
+                    elif line.startswith("Uid:"):
+                        uid = int(line.split()[1])
+                        break
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid is not None and uid is not None:
+            table[int(name)] = (ppid, uid)
+    return table
+
+
+def descendants(root_pid, table=None):
+    """The pids below root_pid in the process tree."""
+    table = _proc_table() if table is None else table
+    children = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    out, todo = [], list(children.get(root_pid, []))
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return out
+
+
+class Sandbox:
+    """Containment for the runs of untrusted binaries (see the module's docstring).
+
+    slot: which of the concurrent graders this is (its uid as root); max_procs: processes a run
+    may have at once (a training run is one process with threads); max_dir_mib: what its run
+    directory may hold."""
+
+    def __init__(self, slot=0, max_procs=8, max_dir_mib=2048, nproc=512):
+        self.slot, self.max_procs, self.max_dir_mib, self.nproc = slot, max_procs, max_dir_mib, nproc
+        self.root = os.geteuid() == 0
+        self.uid = SANDBOX_UID_BASE + slot if self.root else None
+        self.subreaper = False
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            self.subreaper = libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+        except (OSError, AttributeError):
+            pass
+
+    def unreachable(self, path):
+        """The first folder on path's way that the sandbox's user cannot pass (None when it can, or not root)."""
+        if self.uid is None:
+            return None
+        path = os.path.abspath(path)
+        while True:
+            try:
+                if not os.stat(path).st_mode & stat.S_IXOTH:
+                    return path
+            except FileNotFoundError:
+                pass
+            parent = os.path.dirname(path)
+            if parent == path:
+                return None
+            path = parent
+
+    def describe(self):
+        how = ("as uid %d, which can write only its run directory and /tmp" % self.uid if self.root else
+               "as you (not root: a submission could write to your files; run as root, e.g. in a container, "
+               "for a user of its own)")
+        return "sandbox: each run %s; at most %d processes; leftovers %s" % (
+            how, self.max_procs, "adopted and killed" if self.subreaper else "killed by process group")
+
+    def _preexec(self, limits, nproc_limit):
+        base = _limit_child(limits)
+        uid = self.uid
+
+        def apply():
+            base()
+            resource.setrlimit(resource.RLIMIT_NPROC, (nproc_limit, nproc_limit))
+            if uid is not None:
+                os.setgroups([])
+                os.setgid(uid)
+                os.setuid(uid)
+        return apply
+
+    def _own_tasks(self):
+        """Tasks (threads count) of our own uid: RLIMIT_NPROC counts them all, so a run's limit sits above."""
+        n = 0
+        me = os.getuid()
+        for pid, (_, uid) in _proc_table().items():
+            if uid == me:
+                try:
+                    n += len(os.listdir("/proc/%d/task" % pid))
+                except OSError:
+                    pass
+        return n
+
+    def _members(self, pid):
+        table = _proc_table()
+        mine = set(descendants(os.getpid(), table))
+        if self.uid is not None:
+            mine |= {p for p, (_, uid) in table.items() if uid == self.uid}
+        mine.discard(os.getpid())
+        return mine
+
+    def _kill_all(self, proc):
+        for _ in range(50):  # a process forking while we kill: go round until none is left
+            pids = self._members(proc.pid)
+            if not pids:
+                break
+            for p in pids:
+                try:
+                    os.kill(p, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            self._reap(proc)
+            time.sleep(0.01)
+        self._reap(proc)
+
+    def _reap(self, proc):
+        if proc.returncode is None:
+            try:
+                proc.wait(timeout=0)
+            except subprocess.TimeoutExpired:
+                pass
+        while True:  # orphans adopted by the subreaper
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+
+    def _dir_mib(self, path):
+        total = 0
+        for dirpath, dirnames, filenames in os.walk(path):
+            for f in filenames:
+                try:
+                    total += os.lstat(os.path.join(dirpath, f)).st_blocks * 512
+                except OSError:
+                    pass
+        return total / 1048576.0
+
+    def _prepare(self, run_dir):
+        if self.uid is not None:
+            os.makedirs(os.path.join(run_dir, "tmp"), exist_ok=True)
+            for d in (run_dir, os.path.join(run_dir, "tmp")):
+                os.chown(d, self.uid, self.uid)
+                os.chmod(d, 0o755)
+
+    def _restore(self, run_dir):
+        """Give run_dir back to the grader: regular files and directories only, owned by the grader."""
+        removed = []
+        for dirpath, dirnames, filenames in os.walk(run_dir, topdown=True):
+            for name in dirnames + filenames:
+                p = os.path.join(dirpath, name)
+                try:
+                    st = os.lstat(p)
+                except OSError:
+                    continue
+                if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+                    os.unlink(p)
+                    removed.append(name)
+                    if name in dirnames:
+                        dirnames.remove(name)
+                    continue
+                if self.uid is not None:
+                    os.lchown(p, 0, 0)
+                    os.chmod(p, (st.st_mode & 0o755) | (0o755 if stat.S_ISDIR(st.st_mode) else 0o644))
+        if self.uid is not None:
+            os.lchown(run_dir, 0, 0)
+        return removed
+
+    def run(self, cmd, log_path, run_dir, timeout_s, limits):
+        """run_limited, contained. Returns (returncode or None, seconds, reason the sandbox stopped it or '')."""
+        self._prepare(run_dir)
+        nproc = self.nproc if self.root else self._own_tasks() + self.nproc
+        env = dict(os.environ, HOME=run_dir, TMPDIR=os.path.join(run_dir, "tmp") if self.uid is not None else run_dir)
+        t0 = time.monotonic()
+        stopped = ""
+        with open(log_path, "ab") as log:
+            log.write(("$ %s\n" % " ".join(relpath(c) if os.path.isabs(c) else c for c in cmd)).encode())
+            log.flush()
+            proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    preexec_fn=self._preexec(limits, nproc), env=env, start_new_session=True)
+            rc, polls = None, 0
+            while True:
+                try:
+                    rc = proc.wait(timeout=0.2)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                polls += 1
+                if time.monotonic() - t0 > timeout_s:
+                    break
+                n = len(self._members(proc.pid))
+                if n > self.max_procs:
+                    stopped = ("started %d processes (a training run is one process with threads): stopped as a "
+                               "fork bomb" % n)
+                    break
+                if polls % 5 == 0 and self._dir_mib(run_dir) > self.max_dir_mib:
+                    stopped = "wrote more than %g MiB into its run directory: stopped" % self.max_dir_mib
+                    break
+            self._kill_all(proc)  # what is left: the run itself when stopped, anything it started
+        seconds = time.monotonic() - t0
+        removed = self._restore(run_dir)
+        if self._dir_mib(run_dir) > self.max_dir_mib:
+            for dirpath, _, filenames in os.walk(run_dir):
+                for f in filenames:
+                    if f != "log.txt":
+                        os.unlink(os.path.join(dirpath, f))
+            stopped = stopped or "wrote more than %g MiB into its run directory" % self.max_dir_mib
+        if removed:
+            with open(log_path, "a") as log:
+                log.write("grader: removed what is not a regular file from the run directory: %s\n"
+                          % ", ".join(sorted(removed)[:10]))
+        return rc, seconds, stopped

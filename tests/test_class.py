@@ -1,0 +1,199 @@
+"""grade.py --class: a fixture class graded in one batch (instructors only: the fixtures are built from
+solutions/). Two copies of the same solution (a folder and a tarball) must get the same full marks, the
+starter and the misbehaving submissions 0, and none of them may disturb the batch: the reference logs,
+the class's own files and the other students' results stay as they were, no process outlives the
+grading, and every run directory goes back to the grader."""
+import csv
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+
+import pytest
+
+from helpers import BUILD, ROOT, SOLVED
+
+sys.path.insert(0, os.path.join(ROOT, "grader"))
+import class_fixtures as cf  # noqa: E402
+from gradelib import classroom  # noqa: E402
+from gradelib.util import fmt_points  # noqa: E402
+
+STAGES = [s.id for s in SOLVED[:2]]  # stages 01-02: no timing-based check, so points are deterministic
+GRADE = os.path.join(ROOT, "grader", "grade.py")
+
+
+def _files_under(path):
+    out = {}
+    for dirpath, _, filenames in os.walk(path):
+        for f in filenames:
+            with open(os.path.join(dirpath, f), "rb") as fh:
+                out[os.path.relpath(os.path.join(dirpath, f), path)] = fh.read()
+    return out
+
+
+def _procs_mentioning(text):
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open("/proc/%s/cmdline" % pid, "rb") as fh:
+                    if text.encode() in fh.read():
+                        found.append(int(pid))
+            except OSError:
+                pass
+    return found
+
+
+@pytest.fixture(scope="module")
+def graded(request):
+    # the sandbox's users must reach the runs: pytest's own tmp folders are private (0700)
+    os.makedirs(BUILD, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix="test-class-", dir=BUILD)
+    os.chmod(tmp, 0o755)
+    request.addfinalizer(lambda: shutil.rmtree(tmp, ignore_errors=True))
+    tmp = pathlib.Path(tmp)
+    klass, out, ref = str(tmp / "submissions"), str(tmp / "out"), str(tmp / "reference")
+    shutil.copytree(os.path.join(ROOT, "logs", "reference"), ref)  # a copy: a failed sandbox must not hurt main's
+    rubric = json.load(open(os.path.join(ROOT, "grader", "rubric.json")))
+    rubric["limits"]["run_file_size_mib"] = 64  # the spamming submission hits it sooner
+    rubric_path = str(tmp / "rubric.json")
+    json.dump(rubric, open(rubric_path, "w"), indent=1)
+
+    cf.write_tree(os.path.join(klass, "alice"), STAGES)
+    cf.write_tree(str(tmp / "bob" / "hwfsdp"), STAGES)
+    with tarfile.open(os.path.join(klass, "bob.tar.gz"), "w:gz") as tar:
+        tar.add(str(tmp / "bob" / "hwfsdp"), arcname="hwfsdp")
+    cf.write_tree(os.path.join(klass, "carol"), STAGES, starter=True)
+    cf.write_tree(os.path.join(klass, "dave"), STAGES, "crash")
+    cf.write_tree(os.path.join(klass, "eve"), STAGES, "hang")
+    targets = [os.path.join(ref, "stage%s" % STAGES[0], "metrics.jsonl"), os.path.join(out, "intruder.txt"),
+               os.path.join(out, "alice", "results.json"), os.path.join(ROOT, "grader", "rubric.json")]
+    cf.write_tree(os.path.join(klass, "mallory"), STAGES, outside=targets)
+    cf.write_tree(os.path.join(klass, "oscar"), STAGES, "forkbomb")
+    cf.write_tree(os.path.join(klass, "peggy"), STAGES, "orphan")
+    cf.write_tree(os.path.join(klass, "trent"), STAGES, "spam")
+    open(os.path.join(klass, "notes.txt"), "w").write("not a submission\n")
+
+    rubric_before = open(os.path.join(ROOT, "grader", "rubric.json"), "rb").read()
+    cmd = [sys.executable, GRADE, "--class", klass, "--out", out, "--reference", ref, "--rubric", rubric_path,
+           "--timeout", "15"] + [a for s in STAGES for a in ("--stage", s)]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    return {"p": p, "out": out, "ref": ref, "tmp": tmp, "rubric_before": rubric_before}
+
+
+def test_class_scores(graded):
+    p, out = graded["p"], graded["out"]
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = list(csv.reader(open(os.path.join(out, "scores.csv"))))
+    assert rows[0] == ["student"] + ["stage" + s for s in STAGES] + ["total", "max"]
+    full = fmt_points(sum(sum(s.checks.values()) for s in SOLVED[:2]))
+    per = [fmt_points(sum(s.checks.values())) for s in SOLVED[:2]]
+    got = {r[0]: r[1:] for r in rows[1:]}
+    # the same solution as a folder and as a tarball: the same (full) points; peggy's leftover process
+    # and mallory's writes elsewhere cost nothing as long as they cannot disturb anything
+    for who in ("alice", "bob", "peggy", "mallory"):
+        assert got[who] == per + [full, full], (who, got[who], p.stdout)
+    for who in ("carol", "dave", "eve", "oscar", "trent"):
+        assert got[who] == ["0"] * len(STAGES) + ["0", full], (who, got[who])
+    assert set(got) == {"alice", "bob", "carol", "dave", "eve", "mallory", "oscar", "peggy", "trent"}
+    assert "skipped notes.txt" in p.stdout
+
+
+@pytest.mark.parametrize("who,says", [
+    ("carol", "TODO not implemented"),
+    ("dave", "crashed with SIGSEGV"),
+    ("eve", "no progress after 15 s"),
+    ("oscar", "stopped as a fork bomb"),
+    ("trent", "the file-size limit"),
+])
+def test_class_reports_say_why(graded, who, says):
+    report = open(os.path.join(graded["out"], who, "report.md")).read()
+    assert says in report, report
+    assert "runs/stage%s" % STAGES[0] in report  # the run directories are named
+    assert "**loss parity**" in report  # failing checks listed by name
+
+
+def test_class_batch_is_not_disturbed(graded):
+    out, ref = graded["out"], graded["ref"]
+    assert _files_under(ref) == _files_under(os.path.join(ROOT, "logs", "reference"))
+    assert open(os.path.join(ROOT, "grader", "rubric.json"), "rb").read() == graded["rubric_before"]
+    assert not os.path.exists(os.path.join(out, "intruder.txt"))
+    alice = json.load(open(os.path.join(out, "alice", "results.json")))
+    assert alice["score"] == alice["max_score"] > 0
+    # peggy's grandchild was started (it wrote its marker) and did not outlive the grading
+    assert os.path.exists(os.path.join(out, "peggy", "runs", "stage%s" % STAGES[0], "orphan-alive"))
+    assert not _procs_mentioning(out)
+    # the run directories are the grader's again: regular files and folders only
+    if os.geteuid() == 0:
+        for dirpath, dirnames, filenames in os.walk(out):
+            for name in dirnames + filenames:
+                st = os.lstat(os.path.join(dirpath, name))
+                assert st.st_uid == 0, os.path.join(dirpath, name)
+
+
+def test_collect_takes_only_the_stage_files(tmp_path):
+    """collect() reads hw_fsdp.c files only, never through a link, from folders, tarballs and zips."""
+    import zipfile
+    dirs = [s.dir for s in SOLVED[:2]]
+    tree = tmp_path / "t"
+    (tree / "x" / "stages" / dirs[0]).mkdir(parents=True)
+    (tree / "x" / "stages" / dirs[0] / "hw_fsdp.c").write_text("int a;\n")
+    (tree / "x" / "stages" / dirs[1]).mkdir(parents=True)
+    os.symlink("/etc/hostname", str(tree / "x" / "stages" / dirs[1] / "hw_fsdp.c"))
+    (tree / "x" / "Makefile").write_text("all:\n")
+    files, notes = classroom.collect(str(tree), dirs)
+    assert files == {dirs[0]: b"int a;\n"} and any("not a regular file" in n for n in notes)
+
+    tpath = str(tmp_path / "s.tar")
+    with tarfile.open(tpath, "w") as tar:
+        tar.add(str(tree / "x" / "stages" / dirs[0] / "hw_fsdp.c"), arcname="../../stages/%s/hw_fsdp.c" % dirs[0])
+        tar.add(str(tree / "x" / "stages" / dirs[0] / "hw_fsdp.c"), arcname="a/stages/%s/hw_fsdp.c" % dirs[0])
+        tar.add(str(tree / "x" / "stages" / dirs[1] / "hw_fsdp.c"), arcname="a/stages/%s/hw_fsdp.c" % dirs[1])
+    files, notes = classroom.collect(tpath, dirs)
+    assert files == {dirs[0]: b"int a;\n"}, files  # the '..' path is not taken, the link is not followed
+
+    zpath = str(tmp_path / "s.zip")
+    with zipfile.ZipFile(zpath, "w") as z:
+        z.writestr("me/stages/%s/hw_fsdp.c" % dirs[1], "int b;\n")
+        z.writestr("me/deep/down/and/deeper/still/stages/%s/hw_fsdp.c" % dirs[0], "int c;\n")
+    files, _ = classroom.collect(zpath, dirs)
+    assert files == {dirs[1]: b"int b;\n"}
+    open(str(tmp_path / "bad.tar.gz"), "wb").write(b"not a tarball")
+    files, notes = classroom.collect(str(tmp_path / "bad.tar.gz"), dirs)
+    assert files == {} and "not a readable tarball" in notes[0]
+    assert classroom.student_name("Ann Lee.tar.gz") == "Ann_Lee"
+
+
+def test_inputs_changed_and_restored(tmp_path):
+    """What protects a batch run without root: the grader's inputs are compared after each student and
+    written back from memory."""
+    ref = tmp_path / "ref"
+    (ref / "stage01").mkdir(parents=True)
+    (ref / "stage01" / "metrics.jsonl").write_text("good\n")
+    rubric = tmp_path / "rubric.json"
+    rubric.write_text("{}\n")
+    inputs = classroom.Inputs(str(ref), str(rubric))
+    assert inputs.changed() == []
+    (ref / "stage01" / "metrics.jsonl").write_text("tampered\n")
+    (ref / "extra.json").write_text("{}")
+    changed = inputs.changed()
+    assert sorted(changed) == sorted([str(ref / "stage01" / "metrics.jsonl"), str(ref / "extra.json")])
+    inputs.restore(changed)
+    assert inputs.changed() == [] and (ref / "stage01" / "metrics.jsonl").read_text() == "good\n"
+
+
+def test_class_usage_errors(tmp_path):
+    for args, says in [(["--class", str(tmp_path / "nope")], "no such directory"),
+                       (["--class", str(tmp_path), "--solutions"], "exclude each other"),
+                       (["--class", str(tmp_path), "--jobs", "0"], "at least 1")]:
+        p = subprocess.run([sys.executable, GRADE] + args + ["--out", str(tmp_path / "o")], capture_output=True,
+                           text=True, timeout=60, cwd=ROOT)
+        assert p.returncode == 2 and says in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    (tmp_path / "empty").mkdir()
+    p = subprocess.run([sys.executable, GRADE, "--class", str(tmp_path / "empty"), "--out", str(tmp_path / "o")],
+                       capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert p.returncode == 2 and "no submissions" in p.stderr

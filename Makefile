@@ -186,6 +186,12 @@ record-stream-demo: all
 handout: all
 	$(PYTHON) tools/make_handout.py $(if $(RELEASE),--release $(RELEASE))
 
+# Instructors: the Gradescope autograder zip (dist/hwfsdp-gradescope*.zip; INSTRUCTORS.md#gradescope).
+# RELEASE=NN: release NN's tree; STAGE=NN: the assignment grades that stage only; VISIBILITY=after_due_date ...
+gradescope:
+	$(PYTHON) tools/make_gradescope.py $(if $(RELEASE),--release $(RELEASE)) $(foreach s,$(STAGE),--stage $(s)) \
+	  $(if $(VISIBILITY),--visibility $(VISIBILITY))
+
 # ---- sanitizers (own build directories; CI runs both) -------------------------------
 SAN_BINS = tests/test_runtime tests/test_race tests/test_model tests/test_ops tests/test_io baseline/train \
            $(patsubst %,solutions/%/train,$(SOLUTIONS))

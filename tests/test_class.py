@@ -197,3 +197,16 @@ def test_class_usage_errors(tmp_path):
     p = subprocess.run([sys.executable, GRADE, "--class", str(tmp_path / "empty"), "--out", str(tmp_path / "o")],
                        capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert p.returncode == 2 and "no submissions" in p.stderr
+
+
+def test_reports_name_calls_to_review(graded):
+    """A hw_fsdp.c that opens files or forks is named to the instructor (a note, not points); the
+    solutions have none of those calls, so the note never cries wolf on them."""
+    out = graded["out"]
+    assert "fopen (line" in open(os.path.join(out, "mallory", "report.md")).read()
+    assert "fork (line" in open(os.path.join(out, "oscar", "report.md")).read()
+    assert "Calls to review" not in open(os.path.join(out, "alice", "report.md")).read()
+    for s in SOLVED:
+        assert classroom.calls_to_review(open(s.solution_src()).read()) == [], s.dir
+    assert classroom.calls_to_review('/* fopen( */ // system(\nx = fopen("a(", "w"); printf("fork(");') == \
+        ["fopen (line 2)"]

@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.join(ROOT, "grader"))
 import manifest  # noqa: E402
 
 INSTRUCTORS_ONLY = ("solutions/", "tests/mutants/", "tests/test_solutions", "tests/test_grader", "tests/test_handout",
-                    "tests/test_class", "tests/class_fixtures", "tests/test_gradescope")
+                    "tests/test_class", "tests/class_fixtures", "tests/test_gradescope", "INSTRUCTORS.md")
 
 
 def fail(msg):

@@ -35,7 +35,7 @@ import time
 import zipfile
 
 from .rubric import stage_variants
-from .runner import SANDBOX_UID_BASE, _proc_table
+from .runner import SANDBOX_UID_BASE, _proc_table, unreachable_by_others
 from .util import ROOT, fmt_points, one_line, relpath
 
 ARCHIVES = (".tar.gz", ".tar.bz2", ".tar.xz", ".tgz", ".tbz2", ".txz", ".tar", ".zip")
@@ -336,9 +336,8 @@ def grade_class(args, rubric, stages, out_root, say):
             sys.stderr)
         return 2
 
-    if os.geteuid() == 0:
-        from .runner import Sandbox
-        blocked = Sandbox().unreachable(out_root) or Sandbox().unreachable(ROOT)
+    if os.geteuid() == 0:  # (constructing a Sandbox here would make this process a subreaper too)
+        blocked = unreachable_by_others(out_root) or unreachable_by_others(ROOT)
         if blocked:
             say("grade.py: error: the sandbox's users cannot reach %s (they need o+x on %s): choose another --out"
                 % (relpath(out_root), blocked), sys.stderr)

@@ -291,6 +291,21 @@ def descendants(root_pid, table=None):
     return out
 
 
+def unreachable_by_others(path):
+    """The first folder on path's way without o+x (a user of no group of ours cannot pass it), or None."""
+    path = os.path.abspath(path)
+    while True:
+        try:
+            if not os.stat(path).st_mode & stat.S_IXOTH:
+                return path
+        except FileNotFoundError:
+            pass
+        parent = os.path.dirname(path)
+        if parent == path:
+            return None
+        path = parent
+
+
 class Sandbox:
     """Containment for the runs of untrusted binaries (see the module's docstring).
 
@@ -311,19 +326,7 @@ class Sandbox:
 
     def unreachable(self, path):
         """The first folder on path's way that the sandbox's user cannot pass (None when it can, or not root)."""
-        if self.uid is None:
-            return None
-        path = os.path.abspath(path)
-        while True:
-            try:
-                if not os.stat(path).st_mode & stat.S_IXOTH:
-                    return path
-            except FileNotFoundError:
-                pass
-            parent = os.path.dirname(path)
-            if parent == path:
-                return None
-            path = parent
+        return unreachable_by_others(path) if self.uid is not None else None
 
     def describe(self):
         how = ("as uid %d, which can write only its run directory and /tmp" % self.uid if self.root else

@@ -22,9 +22,7 @@ import zipfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
-sys.path.insert(0, os.path.join(ROOT, "grader"))
 import make_handout  # noqa: E402
-import manifest  # noqa: E402
 
 PACKAGES = "make gcc libc6-dev libopenblas-dev openmpi-bin libopenmpi-dev python3"
 

@@ -18,7 +18,6 @@ then graded again (as root nothing can change them: every run is an unprivileged
 """
 import concurrent.futures
 import csv
-import hashlib
 import io
 import json
 import os
@@ -167,7 +166,7 @@ class Inputs:
         for p in _input_files(reference, rubric_path):
             with open(p, "rb") as fh:
                 self.files[p] = fh.read()
-        self.tops = (reference,)
+        self.reference = reference
 
     def changed(self):
         out = []
@@ -178,8 +177,7 @@ class Inputs:
                         out.append(p)
             except OSError:
                 out.append(p)
-        ref = self.tops[0]
-        for dirpath, _, filenames in os.walk(ref):  # a file added to the reference logs
+        for dirpath, _, filenames in os.walk(self.reference):  # a file added to the reference logs
             out += [os.path.join(dirpath, f) for f in filenames if os.path.join(dirpath, f) not in self.files]
         return out
 
@@ -232,7 +230,7 @@ def _kill_slot(proc, slot):
                     pass
 
 
-def grade_one(args, rubric, stages, student, dest, slot, deadline_s):
+def grade_one(args, stages, dest, slot, deadline_s):
     """Run the student's grader; (results dict or None, why it has none)."""
     submitted = os.path.join(dest, "submitted")
     for f in ("results.json", "grade.txt"):
@@ -277,7 +275,7 @@ def calls_to_review(src):
     return out
 
 
-def report_text(student, results, why, notes, stages, rubric, review=None):
+def report_text(student, results, why, notes, stages, review=None):
     lines = ["# %s" % student, ""]
     if review:
         lines += ["Calls to review (a hw_fsdp.c needs none of them; they can reach past the runtime):"]
@@ -385,7 +383,7 @@ def grade_class(args, rubric, stages, out_root, say):
             state["running"].add(name)
         t1 = time.monotonic()
         try:
-            results, why = grade_one(args, rubric, stages, name, dest, slot, deadline)
+            results, why = grade_one(args, stages, dest, slot, deadline)
         finally:
             with lock:
                 changed = inputs.changed()
@@ -408,7 +406,7 @@ def grade_class(args, rubric, stages, out_root, say):
         if name not in state["tainted"]:
             continue
         t1 = time.monotonic()
-        results, why = grade_one(args, rubric, stages, name, dest, 0, deadline)
+        results, why = grade_one(args, stages, dest, 0, deadline)
         changed = inputs.changed()
         if changed:
             inputs.restore(changed)
@@ -435,7 +433,7 @@ def grade_class(args, rubric, stages, out_root, say):
                 if found:
                     review[d] = found
         with open(os.path.join(dest, "report.md"), "w") as fh:
-            fh.write(report_text(name, results, why, notes, stages, rubric, review) + "\n")
+            fh.write(report_text(name, results, why, notes, stages, review) + "\n")
     with open(csv_path + ".tmp", "w") as fh:
         fh.write(buf.getvalue())
     os.replace(csv_path + ".tmp", csv_path)

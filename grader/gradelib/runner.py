@@ -148,12 +148,17 @@ def _limit_child(limits):
     return apply
 
 
+def _log_command(log, cmd):
+    """The command line at the top of a run's log (binary log file, flushed before the child writes)."""
+    log.write(("$ %s\n" % " ".join(relpath(c) if os.path.isabs(c) else c for c in cmd)).encode())
+    log.flush()
+
+
 def run_limited(cmd, log_path, timeout_s, limits, cwd=ROOT):
     """Run cmd with stdout+stderr appended to log_path. Returns (returncode or None on timeout, seconds)."""
     t0 = time.monotonic()
     with open(log_path, "ab") as log:
-        log.write(("$ %s\n" % " ".join(relpath(c) if os.path.isabs(c) else c for c in cmd)).encode())
-        log.flush()
+        _log_command(log, cmd)
         proc = subprocess.Popen(cmd, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 preexec_fn=_limit_child(limits), start_new_session=True)
         try:
@@ -360,7 +365,9 @@ class Sandbox:
                     pass
         return n
 
-    def _members(self, pid):
+    def _members(self):
+        """The run's processes: everything below this grader (a subreaper keeps orphans there), and as
+        root every process of the slot's user."""
         table = _proc_table()
         mine = set(descendants(os.getpid(), table))
         if self.uid is not None:
@@ -370,7 +377,7 @@ class Sandbox:
 
     def _kill_all(self, proc):
         for _ in range(50):  # a process forking while we kill: go round until none is left
-            pids = self._members(proc.pid)
+            pids = self._members()
             if not pids:
                 break
             for p in pids:
@@ -444,8 +451,7 @@ class Sandbox:
         t0 = time.monotonic()
         stopped = ""
         with open(log_path, "ab") as log:
-            log.write(("$ %s\n" % " ".join(relpath(c) if os.path.isabs(c) else c for c in cmd)).encode())
-            log.flush()
+            _log_command(log, cmd)
             proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     preexec_fn=self._preexec(limits, nproc), env=env, start_new_session=True)
             rc, polls = None, 0
@@ -458,7 +464,7 @@ class Sandbox:
                 polls += 1
                 if time.monotonic() - t0 > timeout_s:
                     break
-                n = len(self._members(proc.pid))
+                n = len(self._members())
                 if n > self.max_procs:
                     stopped = ("started %d processes (a training run is one process with threads): stopped as a "
                                "fork bomb" % n)

@@ -189,6 +189,8 @@ typedef struct {
 
 /* Queue *acc += sum of x[i]^2 on s (acc: one device float). */
 void launch_sumsq_accumulate(Stream *s, float *acc, const float *x, size_t n);
+/* Queue out[i] = a[i] + b[i] for n elements on s (out may be a or b). */
+void launch_add(Stream *s, float *out, const float *a, const float *b, size_t n);
 /* Queue one AdamW update of n elements of a shard on s, t = 1-based step. The
  * clip coefficient min(1, max_norm / (sqrt(*total_sumsq) + 1e-6)) is formed on
  * the stream from *total_sumsq (the global sum of squared grads, a device float). */

@@ -7,6 +7,7 @@
  *
  *   fsdp_init                          once: shard the model into DTensors
  *   for each step:
+ *    for each microbatch (one, unless --grad-accum K; stage 07):
  *     for mod in modules (embedding, block0..block{L-1}, head):
  *       fsdp_pre_forward(mod)          -> make mod's Param.data valid (unshard)
  *       <mod forward on the compute stream>
@@ -19,8 +20,8 @@
  *       <mod backward on the compute stream, accumulates into Param.grad>
  *       fsdp_post_backward(mod)        -> reduce-scatter Param.grad into
  *                                         DTensor.grad, free Param.grad, reshard
- *     fsdp_finish_backward()           -> everything reduced before the optimizer
- *     grad_norm = fsdp_optimizer_step()  (global norm, clip, AdamW on shards)
+ *     fsdp_finish_backward()           -> end of a backward: reductions queued
+ *   grad_norm = fsdp_optimizer_step()    (global norm, clip, AdamW on shards)
  *
  * What the runtime guarantees:
  *   - At fsdp_init every Param.data holds the full initial value (its own
@@ -30,7 +31,9 @@
  *     that work runs, not when it is queued: make the compute stream wait
  *     (events) for whatever produces Param.data.
  *   - Param.grad is a fresh zeroed allocation (tag MEM_UNSHARDED_GRAD) per
- *     backward; after fsdp_post_backward the runtime never touches it again.
+ *     backward; after fsdp_post_backward the runtime never touches it again,
+ *     unless mod->requires_gradient_sync was 0 (below): then the grads
+ *     post_backward left in Param.grad are what the next backward adds to.
  *   - dev_free gives a block back to its stream's pool at once, as PyTorch's
  *     caching allocator does: keep a buffer another stream still uses alive
  *     until its owner stream has waited for an event recorded after that use.
@@ -95,6 +98,14 @@ typedef struct {
     int n_params;             /* <= MODULE_MAX_PARAMS */
     Param *params;            /* [n_params] */
     void *fsdp;               /* yours: per-module FSDP state */
+    /* Set by the loop before each microbatch, as FSDP2's user calls
+     * set_requires_gradient_sync / set_reshard_after_backward (stage 07;
+     * both 1 without --grad-accum):
+     *   requires_gradient_sync 0: post_backward keeps Param.grad (the next
+     *     microbatch accumulates into it) and reduce-scatters nothing;
+     *   reshard_after_backward 0: post_backward keeps Param.data unsharded. */
+    int requires_gradient_sync;
+    int reshard_after_backward;
     ModuleActs *acts;         /* runtime-private */
 } Module;
 

@@ -54,8 +54,9 @@ def to_gradescope(results, stages, rubric, notes, visibility, seconds):
         spec = rubric["stages"][sid]
         r = stage_results.get(sid)
         got = r["points"] if r else 0
-        lines.append("Stage %s (%s): %s/%s" % (sid, spec.get("title", spec["dir"]), fmt_points(got),
-                                              fmt_points(sum(spec["checks"].values()))))
+        lines.append("Stage %s (%s): %s/%s%s" % (sid, spec.get("title", spec["dir"]), fmt_points(got),
+                                                fmt_points(sum(spec["checks"].values())),
+                                                " (bonus: extra points)" if spec.get("bonus") else ""))
         if r and not r["run"]["ok"]:
             lines.append("    run failed: %s" % r["run"]["reason"])
         for k, (key, points) in enumerate(spec["checks"].items(), 1):
@@ -70,7 +71,7 @@ def to_gradescope(results, stages, rubric, notes, visibility, seconds):
             tests.append({"name": "Stage %s: %s" % (sid, rubric["check_names"][key]), "number": "%s.%d" % (sid, k),
                           "score": float(points) if ok else 0.0, "max_score": float(points),
                           "status": "passed" if ok else "failed", "output": one_line(msg, 4000),
-                          "visibility": visibility, "tags": ["stage-%s" % sid]})
+                          "visibility": visibility, "tags": ["stage-%s" % sid] + (["bonus"] if spec.get("bonus") else [])})
     out = "\n".join(notes + ([""] if notes else []) + lines)
     return {"score": float(sum(t["score"] for t in tests)), "execution_time": int(round(seconds)),
             "output": out, "visibility": visibility, "stdout_visibility": "hidden", "tests": tests}

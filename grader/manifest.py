@@ -44,6 +44,7 @@ class Stage:
         self.streams = list(spec.get("streams", []))  # all_gather / reduce_scatter: on their own stream
         self.config = dict(spec.get("config", {}))
         self.checks = dict(spec.get("checks", {}))
+        self.bonus = bool(spec.get("bonus", False))  # advanced track: its points are extra, not part of the total
         self.spec = spec
 
     # what the flags make the training loop do
@@ -113,6 +114,8 @@ def validate_stages(rubric, name="rubric.json"):
         for key in ("title", "goal", "fill", "graded_on"):
             if not isinstance(spec.get(key, ""), str):
                 bad("%s.%s" % (where, key), "a string", spec.get(key))
+        if not isinstance(spec.get("bonus", False), bool):
+            bad(where + ".bonus", "true or false", spec.get("bonus"))
         str_list(where + ".flags", spec.get("flags", []))
         for f in spec.get("flags", []):
             if not re.fullmatch(r"--[a-z0-9-]+(=[A-Za-z0-9._-]+)?", f):

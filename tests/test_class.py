@@ -89,16 +89,16 @@ def test_class_scores(graded):
     p, out = graded["p"], graded["out"]
     assert p.returncode == 0, p.stdout + p.stderr
     rows = list(csv.reader(open(os.path.join(out, "scores.csv"))))
-    assert rows[0] == ["student"] + ["stage" + s for s in STAGES] + ["total", "max"]
+    assert rows[0] == ["student"] + ["stage" + s for s in STAGES] + ["total", "max", "bonus"]
     full = fmt_points(sum(sum(s.checks.values()) for s in SOLVED[:2]))
     per = [fmt_points(sum(s.checks.values())) for s in SOLVED[:2]]
     got = {r[0]: r[1:] for r in rows[1:]}
     # the same solution as a folder and as a tarball: the same (full) points; peggy's leftover process
     # and mallory's writes elsewhere cost nothing as long as they cannot disturb anything
     for who in ("alice", "bob", "peggy", "mallory"):
-        assert got[who] == per + [full, full], (who, got[who], p.stdout)
+        assert got[who] == per + [full, full, "0"], (who, got[who], p.stdout)
     for who in ("carol", "dave", "eve", "oscar", "trent"):
-        assert got[who] == ["0"] * len(STAGES) + ["0", full], (who, got[who])
+        assert got[who] == ["0"] * len(STAGES) + ["0", full, "0"], (who, got[who])
     assert set(got) == {"alice", "bob", "carol", "dave", "eve", "mallory", "oscar", "peggy", "trent"}
     assert "skipped notes.txt" in p.stdout
 

@@ -618,7 +618,7 @@ void kcuda_crossentropy_backward(void *a) {
     if (!x->N || !x->V) return;
     size_t rows_per_block = kThreads / kWarp;
     ce_bwd<<<grid_rows((x->N + rows_per_block - 1) / rows_per_block, "cross_entropy_bwd"), kThreads, 0,
-             cuda_current_stream()>>>(x->dlogits, x->logits, x->tgt, x->N, x->V, 1.0f / (float)x->N);
+             cuda_current_stream()>>>(x->dlogits, x->logits, x->tgt, x->N, x->V, 1.0f / (float)x->mean_over);
     CUDA_CHECK_LAUNCH("ce_bwd");
 }
 

@@ -194,7 +194,8 @@ void cuda_timing_end(Stream *s, PendingTiming *t, const char *prefix, const char
     struct CudaDev *c = d->cuda;
     t->end = pool_get(&c->timing_pool, &c->n_timing_pool, cudaEventDefault);
     CUDA_CHECK(cudaEventRecord(t->end, s->cuda->st));
-    t->rec = (TraceRec){prefix, dev_intern(d, name), d->scope.module, d->scope.phase, cat, s->index, d->scope.step, 0, 0, bytes};
+    t->rec = (TraceRec){prefix, dev_intern(d, name), d->scope.module, d->scope.phase, cat, s->index, d->scope.step, 0, 0, bytes,
+                      d->scope.micro};
     if (c->n_timing == c->timing_cap) {
         c->timing_cap = c->timing_cap ? c->timing_cap * 2 : 1024;
         c->timing = xrealloc(c->timing, c->timing_cap * sizeof *c->timing);

@@ -36,6 +36,12 @@ static void usage(FILE *f, const char *prog) {
             "  --ac                     activation checkpointing: blocks recompute their forward in backward\n"
             "  --reshard-after-forward=true|false   false = ZeRO-2 (keep params unsharded until backward)\n"
             "  --forward-only           no backward or optimizer: losses of the initial weights\n"
+            "  --grad-accum K           split each rank's batch into K microbatches, one optimizer step per K\n"
+            "                           (K divides --batch-size; default 1)\n"
+            "  --grad-sync every|last   with --grad-accum: reduce-scatter every microbatch (default), or only\n"
+            "                           the last (FSDP2's set_requires_gradient_sync(False) on the others)\n"
+            "  --reshard-after-backward=true|false   with --grad-accum: false keeps params unsharded between\n"
+            "                           microbatches (FSDP2's set_reshard_after_backward(False) on all but the last)\n"
             "\nworld and runtime\n"
             "  --world N                number of ranks (default 1)\n"
             "  --backend B              local: ranks as threads (default; CUDA build: all on one GPU)\n"
@@ -78,7 +84,7 @@ static const char *const VALUE_FLAGS[] = {
     "--flavor", "--dim", "--n-layers", "--n-heads", "--n-kv-heads", "--vocab-size", "--multiple-of",
     "--ffn-dim-multiplier", "--seq-len", "--batch-size", "--steps", "--lr", "--warmup-steps", "--weight-decay",
     "--max-norm", "--seed", "--data", "--load", "--save", "--save-init", "--out", "--profile-steps", "--save-every",
-    "--world", "--backend", "--link-gbps", "--link-latency-us", "--blas-threads", "--collective-timeout-s"};
+    "--world", "--backend", "--link-gbps", "--link-latency-us", "--blas-threads", "--collective-timeout-s", "--grad-accum", "--grad-sync"};
 
 /* Model overrides, applied after the flavour (-1: not given). */
 typedef struct {
@@ -95,6 +101,9 @@ static void set_defaults(Options *o) {
     o->optim = adamw_default_config();
     o->data_path = "data/corpus.txt";
     o->reshard_after_forward = 1;
+    o->reshard_after_backward = 1;
+    o->grad_accum = 1;
+    o->grad_sync_every = 1;
     o->profile_steps = 3;
     o->world.world_size = 1;
     o->world.backend = BACKEND_LOCAL;
@@ -152,7 +161,12 @@ static void apply_value(Options *o, ModelOverrides *ov, const char *flag, const 
     } else if (!strcmp(flag, "--link-gbps")) o->world.link_gbps = parse_num(flag, val, 0, 1e6);
     else if (!strcmp(flag, "--link-latency-us")) o->world.link_latency_us = parse_num(flag, val, 0, 1e7);
     else if (!strcmp(flag, "--collective-timeout-s")) o->world.collective_timeout_s = parse_num(flag, val, 0, 1e7);
-    else if (!strcmp(flag, "--blas-threads")) o->world.blas_threads = (int)parse_int(flag, val, 0, 1024);
+    else if (!strcmp(flag, "--grad-accum")) o->grad_accum = (int)parse_int(flag, val, 1, 1 << 20);
+    else if (!strcmp(flag, "--grad-sync")) {
+        if (!strcmp(val, "every")) o->grad_sync_every = 1;
+        else if (!strcmp(val, "last")) o->grad_sync_every = 0;
+        else fatal("--grad-sync expects every or last, got '%s'", val);
+    } else if (!strcmp(flag, "--blas-threads")) o->world.blas_threads = (int)parse_int(flag, val, 0, 1024);
     else fatal("unknown flag '%s' (see --help)", flag);
 }
 
@@ -193,11 +207,13 @@ void parse_options(int argc, char **argv, Options *o) {
             exit(0);
         }
         if (apply_switch(o, flag)) continue;
-        if (!strcmp(flag, "--reshard-after-forward")) { /* a value is optional: true by itself */
+        if (!strcmp(flag, "--reshard-after-forward") || !strcmp(flag, "--reshard-after-backward")) {
+            /* a value is optional: true by itself */
             if (!val && i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) val = argv[++i];
-            if (!val || !strcmp(val, "true") || !strcmp(val, "1")) o->reshard_after_forward = 1;
-            else if (!strcmp(val, "false") || !strcmp(val, "0")) o->reshard_after_forward = 0;
-            else fatal("--reshard-after-forward expects true or false, got '%s'", val);
+            int *dst = flag[16] == 'f' ? &o->reshard_after_forward : &o->reshard_after_backward;
+            if (!val || !strcmp(val, "true") || !strcmp(val, "1")) *dst = 1;
+            else if (!strcmp(val, "false") || !strcmp(val, "0")) *dst = 0;
+            else fatal("%s expects true or false, got '%s'", flag, val);
             continue;
         }
         int known = 0;
@@ -210,6 +226,10 @@ void parse_options(int argc, char **argv, Options *o) {
         apply_value(o, &ov, flag, val);
     }
     if (o->save_every && !o->save_path) fatal("--save-every needs --save FILE");
+    if (o->batch_size % (size_t)o->grad_accum)
+        fatal("--grad-accum %d must divide --batch-size %zu (each microbatch holds batch-size / K sequences)",
+              o->grad_accum, o->batch_size);
+    if (o->grad_accum > 1 && o->forward_only) fatal("--grad-accum needs a backward: it cannot go with --forward-only");
     if (!model_flavor(&o->model, o->flavor)) fatal("unknown flavor '%s' (tiny, debugmodel, 1B)", o->flavor);
     apply_model_overrides(&o->model, &ov);
     model_config_finalize(&o->model);

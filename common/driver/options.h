@@ -18,6 +18,9 @@ typedef struct {
     uint64_t seed;
     const char *data_path, *load_path, *save_path, *save_init_path, *out_dir;
     int ac, reshard_after_forward, forward_only;
+    int grad_accum;             /* K microbatches per step (1: none) */
+    int grad_sync_every;        /* 1: reduce-scatter every microbatch; 0: only the last */
+    int reshard_after_backward; /* 0: keep params unsharded between microbatches */
     int profile_steps;
     int save_every;
     int quiet;

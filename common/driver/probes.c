@@ -28,10 +28,21 @@ static size_t still_live_bytes(Dev *dev, const Captured *c) {
     return total;
 }
 
+/* With --grad-accum: ",\"microbatch\":k" (and, for a module, the flags the loop set on it); else "". */
+static void micro_fields(const Dev *dev, const Module *mod, char *out, size_t cap) {
+    int k = dev_scope_microbatch(dev);
+    if (k < 0) out[0] = 0;
+    else if (!mod) snprintf(out, cap, ",\"microbatch\":%d", k);
+    else
+        snprintf(out, cap, ",\"microbatch\":%d,\"requires_gradient_sync\":%d,\"reshard_after_backward\":%d", k,
+                 mod->requires_gradient_sync, mod->reshard_after_backward);
+}
+
 static void hook_note(Dev *dev, int step, const Module *mod, const char *hook, const char *what, size_t bytes) {
-    char f[256];
-    snprintf(f, sizeof f, "\"step\":%d,\"module\":\"%s\",\"hook\":\"%s\",\"%s\":%zu", step, mod->name, hook, what,
-             bytes);
+    char f[384], micro[96];
+    micro_fields(dev, mod, micro, sizeof micro);
+    snprintf(f, sizeof f, "\"step\":%d,\"module\":\"%s\",\"hook\":\"%s\",\"%s\":%zu%s", step, mod->name, hook,
+             what, bytes, micro);
     dev_mem_note(dev, "hook_check", f);
 }
 
@@ -55,11 +66,12 @@ void probe_hook_end(Dev *dev, const Probes *p, int step, const char *module, con
     size_t high_by_tag[MEM_TAG_COUNT], exit_by_tag[MEM_TAG_COUNT];
     size_t high = dev_mem_window_peak(dev, high_by_tag);
     for (int t = 0; t < MEM_TAG_COUNT; t++) exit_by_tag[t] = dev_mem_current_by_tag(dev, (MemTag)t);
-    char f[2048];
+    char f[2048], micro[96];
+    micro_fields(dev, NULL, micro, sizeof micro);
     size_t len = (size_t)snprintf(f, sizeof f,
-                                  "\"step\":%d,\"module\":\"%s\",\"hook\":\"%s\",\"entry_bytes\":%zu,"
+                                  "\"step\":%d,\"module\":\"%s\",\"hook\":\"%s\"%s,\"entry_bytes\":%zu,"
                                   "\"high_water_bytes\":%zu,\"high_water_by_tag\":{",
-                                  step, module, hook, p->hook_entry_bytes, high);
+                                  step, module, hook, micro, p->hook_entry_bytes, high);
     tag_fields(f, sizeof f, &len, high_by_tag);
     if (len < sizeof f) len += (size_t)snprintf(f + len, sizeof f - len, "},\"exit_by_tag\":{");
     tag_fields(f, sizeof f, &len, exit_by_tag);

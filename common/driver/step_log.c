@@ -72,13 +72,10 @@ static void write_metrics_line(FILE *f, int step, double loss, float grad_norm, 
     fflush(f);
 }
 
-int step_log_write(StepLog *l, Dev *dev, const Options *o, const ModelRun *run, int step, float grad_norm,
-                   double step_us) {
+int step_log_write(StepLog *l, Dev *dev, const Options *o, const ModelRun *run, int step, double loss_local,
+                   float grad_norm, double step_us) {
     const int W = dev_world_size(dev);
-    float loss_local = 0;
-    dev_memcpy_async(dev_compute_stream(dev), &loss_local, run->loss, sizeof loss_local); /* device -> host */
-    dev_stream_synchronize(dev_compute_stream(dev));
-    dev_host_allgather_f64(dev, (double)loss_local, l->all);
+    dev_host_allgather_f64(dev, loss_local, l->all);
     double loss = 0;
     for (int r = 0; r < W; r++) loss += l->all[r];
     loss /= W;

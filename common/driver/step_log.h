@@ -14,11 +14,12 @@ typedef struct {
 } StepLog;
 
 void step_log_open(StepLog *l, Dev *dev, const char *out_dir);
-/* Mean loss over the ranks, the highest peak memory and step time (a host
- * exchange every rank takes part in, outside the program's collectives);
- * rank 0 writes them (and stderr says which is not finite). Returns 1 if the loss or the grad norm is not finite. */
-int step_log_write(StepLog *l, Dev *dev, const Options *o, const ModelRun *run, int step, float grad_norm,
-                   double step_us);
+/* Mean loss over the ranks (loss_local: this rank's), the highest peak
+ * memory and step time (a host exchange every rank takes part in, outside the
+ * program's collectives); rank 0 writes them (and stderr says which is not
+ * finite). Returns 1 if the loss or the grad norm is not finite. */
+int step_log_write(StepLog *l, Dev *dev, const Options *o, const ModelRun *run, int step, double loss_local,
+                   float grad_norm, double step_us);
 void step_log_close(StepLog *l);
 
 #endif

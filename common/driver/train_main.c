@@ -28,13 +28,15 @@ static void write_run_json(const Options *o, const Model *m) {
                      "\"seq_len\":%zu,\"batch_size\":%zu,\"steps\":%d,\"world_size\":%d,\"backend\":\"%s\","
                      "\"device\":\"%s\",\"lr\":%g,\"warmup_steps\":%d,\"weight_decay\":%g,\"max_norm\":%g,"
                      "\"seed\":%llu,\"data\":\"%s\",\"ac\":%s,\"reshard_after_forward\":%s,\"forward_only\":%s,"
+                     "\"grad_accum\":%d,\"grad_sync\":\"%s\",\"reshard_after_backward\":%s,"
                      "\"link_gbps\":%g,\"link_latency_us\":%g,\"profile_steps\":%d,\"host\":\"%s\"}\n",
                      o->flavor, c->dim, c->n_layers, c->n_heads, c->n_kv_heads, c->vocab_size, c->hidden_dim,
                      c->multiple_of, m->n_params_total, o->seq_len, o->batch_size, o->steps, o->world.world_size,
                      backend_name(o->world.backend), dev_is_cuda_build() ? "cuda" : "cpu", (double)o->optim.lr, o->optim.warmup_steps,
                      (double)o->optim.weight_decay, (double)o->optim.max_norm, (unsigned long long)o->seed,
                      o->data_path, o->ac ? "true" : "false", o->reshard_after_forward ? "true" : "false",
-                     o->forward_only ? "true" : "false", o->world.link_gbps, o->world.link_latency_us,
+                     o->forward_only ? "true" : "false", o->grad_accum, o->grad_sync_every ? "every" : "last",
+                     o->reshard_after_backward ? "true" : "false", o->world.link_gbps, o->world.link_latency_us,
                      o->profile_steps, host);
     write_file_atomic(path, buf, (size_t)n);
 }

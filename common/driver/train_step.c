@@ -27,6 +27,7 @@ typedef struct {
     Probes probes;
     int32_t *inputs, *targets;          /* [B*T] device: this step's batch */
     int32_t *host_inputs, *host_targets;
+    float *host_loss;                   /* [K] each microbatch's mean loss (K = --grad-accum) */
 } Trainer;
 
 /* What the host does now (module, phase), for traces and snapshots. */
@@ -44,10 +45,12 @@ static void load_batch(Trainer *t, const TrainJob *job, int s) {
     dev_memcpy_async(t->run.stream, t->targets, t->host_targets, N * sizeof(int32_t));
 }
 
-/* The unsharded grads of a module's backward, zeroed, as autograd allocates them. */
+/* The unsharded grads of a module's backward, zeroed, as autograd allocates
+ * them; grads kept from the previous microbatch are accumulated into. */
 static void alloc_unsharded_grads(Trainer *t, Module *mod) {
     for (int j = 0; j < mod->n_params; j++) {
         Param *p = &mod->params[j];
+        if (p->grad) continue;
         char name[96];
         snprintf(name, sizeof name, "%s.grad", p->name);
         p->grad = dev_alloc_f32(t->dev, p->numel, MEM_UNSHARDED_GRAD, name);
@@ -55,57 +58,113 @@ static void alloc_unsharded_grads(Trainer *t, Module *mod) {
     }
 }
 
-/* One step: forward, backward, optimizer. Returns the grad norm (NAN with --forward-only). */
-static float train_step(Trainer *t, int s) {
+/* After post_backward: the grads are the student's, unless the module was
+ * told not to sync (mod->requires_gradient_sync 0): then what it left in
+ * Param.grad, still the same live allocation, is kept for the next
+ * microbatch, as autograd keeps .grad. A grad freed or replaced anyway is
+ * dropped: the next backward starts it from zero, the microbatch's gradient
+ * is lost, and the grader's checks say where. */
+static void after_post_backward(Trainer *t, Module *mod, const uint64_t *grad_id) {
+    for (int j = 0; j < mod->n_params; j++) {
+        Param *p = &mod->params[j];
+        int kept = !mod->requires_gradient_sync && p->grad && grad_id[j] &&
+                   dev_mem_live_id_containing(t->dev, p->grad) == grad_id[j];
+        if (!kept) p->grad = NULL;
+    }
+}
+
+/* FSDP2's user-side switches for microbatch k of K, on every module. */
+static void set_microbatch(Trainer *t, int k, int K) {
     Model *m = t->model;
-    Fsdp *f = t->fsdp;
-    /* a hook call, in its scope, with its memory recorded (probes.h) */
-#define HOOK(module, phase, call)                                        \
+    int last = k == K - 1;
+    dev_set_microbatch(t->dev, K > 1 ? k : -1);
+    for (int i = 0; i < m->n_modules; i++) {
+        m->modules[i].requires_gradient_sync = last || t->opt->grad_sync_every;
+        m->modules[i].reshard_after_backward = last || t->opt->reshard_after_backward;
+    }
+    size_t Bm = t->opt->batch_size / (size_t)K, T = t->opt->seq_len;
+    t->run.B = Bm;
+    t->run.inputs = t->inputs + (size_t)k * Bm * T;
+    t->run.targets = t->targets + (size_t)k * Bm * T;
+}
+
+/* A hook call, in its scope, with its memory recorded (probes.h). */
+#define HOOK(t, s, module, phase, call)                                  \
     do {                                                                 \
         at(t, s, module, phase);                                         \
-        probe_hook_begin(t->dev, &t->probes);                            \
+        probe_hook_begin((t)->dev, &(t)->probes);                        \
         call;                                                            \
-        probe_hook_end(t->dev, &t->probes, s, module, phase);            \
+        probe_hook_end((t)->dev, &(t)->probes, s, module, phase);        \
     } while (0)
-    for (int i = 0; i < m->n_modules; i++) { /* forward */
+
+/* The forward of step s's current (micro)batch; its mean loss goes to *host_loss. */
+static void forward(Trainer *t, int s, float *host_loss) {
+    Model *m = t->model;
+    Fsdp *f = t->fsdp;
+    for (int i = 0; i < m->n_modules; i++) {
         Module *mod = &m->modules[i];
-        HOOK(mod->name, "pre_forward", fsdp_pre_forward(f, mod));
+        HOOK(t, s, mod->name, "pre_forward", fsdp_pre_forward(f, mod));
         probe_params_ready(t->dev, &t->probes, mod, s, "pre_forward", 0);
         at(t, s, mod->name, "forward");
         module_forward(m, mod, &t->run);
-        HOOK(mod->name, "post_forward", fsdp_post_forward(f, mod));
+        HOOK(t, s, mod->name, "post_forward", fsdp_post_forward(f, mod));
         probe_after_post_forward(t->dev, &t->probes, s, mod);
     }
-    if (t->opt->forward_only) {
-        at(t, s, "step", "discard");
-        model_discard_activations(m, &t->run);
-        return NAN;
-    }
-    for (int i = m->n_modules - 1; i >= 0; i--) { /* backward, in reverse */
+    dev_memcpy_async(t->run.stream, host_loss, t->run.loss, sizeof(float)); /* device -> host */
+}
+
+/* The backward, in reverse module order, then finish_backward (FSDP2's
+ * root post-backward callback: once per backward, so once per microbatch). */
+static void backward(Trainer *t, int s) {
+    Model *m = t->model;
+    Fsdp *f = t->fsdp;
+    uint64_t grad_id[MODULE_MAX_PARAMS];
+    for (int i = m->n_modules - 1; i >= 0; i--) {
         Module *mod = &m->modules[i];
-        HOOK(mod->name, "pre_backward", fsdp_pre_backward(f, mod));
+        HOOK(t, s, mod->name, "pre_backward", fsdp_pre_backward(f, mod));
         if (t->opt->ac && mod->kind == MOD_BLOCK) { /* activation checkpointing: the forward again */
-            HOOK(mod->name, "recompute.pre_forward", fsdp_pre_forward(f, mod));
+            HOOK(t, s, mod->name, "recompute.pre_forward", fsdp_pre_forward(f, mod));
             probe_params_ready(t->dev, &t->probes, mod, s, "recompute.pre_forward", 0);
             at(t, s, mod->name, "recompute");
             module_recompute(m, mod, &t->run);
-            HOOK(mod->name, "recompute.post_forward", fsdp_post_forward(f, mod));
+            HOOK(t, s, mod->name, "recompute.post_forward", fsdp_post_forward(f, mod));
         }
         at(t, s, mod->name, "backward");
         probe_params_ready(t->dev, &t->probes, mod, s, "pre_backward", 1);
         alloc_unsharded_grads(t, mod);
         probe_grads_allocated(t->dev, &t->probes, mod);
         module_backward(m, mod, &t->run);
-        HOOK(mod->name, "post_backward", fsdp_post_backward(f, mod));
+        for (int j = 0; j < mod->n_params; j++) grad_id[j] = dev_mem_live_id_containing(t->dev, mod->params[j].grad);
+        HOOK(t, s, mod->name, "post_backward", fsdp_post_backward(f, mod));
         probe_after_post_backward(t->dev, &t->probes, s, mod);
-        for (int j = 0; j < mod->n_params; j++) mod->params[j].grad = NULL; /* the student's now */
+        after_post_backward(t, mod, grad_id);
     }
-    HOOK("root", "finish_backward", fsdp_finish_backward(f));
-    float grad_norm;
-    HOOK("optimizer", "optimizer", grad_norm = fsdp_optimizer_step(f, lr_at_step(&t->opt->optim, s), s + 1));
-#undef HOOK
+    HOOK(t, s, "root", "finish_backward", fsdp_finish_backward(f));
+}
+
+/* One step: forward and backward of each microbatch (one without
+ * --grad-accum), then the optimizer. Returns the grad norm (NAN with
+ * --forward-only); the step's loss is the mean of t->host_loss (valid once
+ * the compute stream has run). */
+static float train_step(Trainer *t, int s) {
+    const int K = t->opt->grad_accum;
+    float grad_norm = NAN;
+    for (int k = 0; k < K; k++) {
+        set_microbatch(t, k, K);
+        forward(t, s, &t->host_loss[k]);
+        if (t->opt->forward_only) {
+            at(t, s, "step", "discard");
+            model_discard_activations(t->model, &t->run);
+            return NAN;
+        }
+        backward(t, s);
+    }
+    set_microbatch(t, 0, 1); /* the whole batch again, no microbatch in scope */
+    HOOK(t, s, "optimizer", "optimizer",
+         grad_norm = fsdp_optimizer_step(t->fsdp, lr_at_step(&t->opt->optim, s), s + 1));
     return grad_norm;
 }
+#undef HOOK
 
 /* The full model on every rank (a module materialized before fully_shard),
  * then fsdp_init shards it. */
@@ -132,7 +191,8 @@ static void trainer_init(Trainer *t, Dev *dev, const TrainJob *job, DeviceMesh *
     if (job->init_exp_avg && !o->forward_only)
         checkpoint_restore_optimizer(dev, m, job->init_exp_avg, job->init_exp_avg_sq);
 
-    t->run = (ModelRun){.dev = dev, .stream = cs, .B = o->batch_size, .T = o->seq_len, .recompute = o->ac};
+    t->run = (ModelRun){.dev = dev, .stream = cs, .B = o->batch_size, .T = o->seq_len, .recompute = o->ac,
+                        .microbatches = o->grad_accum};
     at(t, -1, "init", "init");
     t->inputs = dev_alloc(dev, N * sizeof(int32_t), MEM_ACTIVATION, "inputs");
     t->targets = dev_alloc(dev, N * sizeof(int32_t), MEM_ACTIVATION, "targets");
@@ -141,6 +201,7 @@ static void trainer_init(Trainer *t, Dev *dev, const TrainJob *job, DeviceMesh *
     model_run_begin(m, &t->run);
     t->host_inputs = xmalloc(N * sizeof(int32_t));
     t->host_targets = xmalloc(N * sizeof(int32_t));
+    t->host_loss = xcalloc((size_t)o->grad_accum, sizeof(float));
 }
 
 void train_rank(Dev *dev, void *arg) {
@@ -160,7 +221,9 @@ void train_rank(Dev *dev, void *arg) {
         load_batch(&t, job, s);
         float grad_norm = train_step(&t, s);
         dev_synchronize(dev);
-        int bad = step_log_write(&log, dev, o, &t.run, s, grad_norm, now_us() - t0);
+        double loss = 0; /* the mean over the whole batch: the mean of the K equal microbatches' means */
+        for (int k = 0; k < o->grad_accum; k++) loss += t.host_loss[k];
+        int bad = step_log_write(&log, dev, o, &t.run, s, loss / o->grad_accum, grad_norm, now_us() - t0);
         if (o->save_every && (s + 1) % o->save_every == 0 && !bad) checkpoint_write(dev, t.model, o->save_path, s + 1);
         if (bad) {
             stop_nan = 1;
@@ -181,5 +244,6 @@ void train_rank(Dev *dev, void *arg) {
     probes_free(&t.probes);
     free(t.host_inputs);
     free(t.host_targets);
+    free(t.host_loss);
     model_destroy(t.model);
 }

@@ -50,8 +50,10 @@ typedef struct { float *out; const float *a, *b; size_t n; } SwiArgs;
 typedef struct { float *da, *db; const float *dout, *a, *b; size_t n; } SwiBwdArgs;
 /* out = a + b (out may alias a or b) */
 typedef struct { float *out; const float *a, *b; size_t n; } AddArgs;
-/* forward: *loss = mean CE (loss is one device float); backward: dlogits += (softmax - onehot) / N */
-typedef struct { float *loss; float *dlogits; const float *logits; const int32_t *tgt; size_t N, V; } CeArgs;
+/* forward: *loss = mean CE over the N rows (loss is one device float);
+ * backward: dlogits += (softmax - onehot) / mean_over, mean_over = N, or N x K
+ * for one of K microbatches (the grad of the whole batch's mean: loss / K) */
+typedef struct { float *loss; float *dlogits; const float *logits; const int32_t *tgt; size_t N, V, mean_over; } CeArgs;
 /* *acc += sum x[i]^2 (acc is one device float) */
 typedef struct { float *acc; const float *x; size_t n; } SumsqArgs;
 /* AdamW on one shard; the clip coefficient comes from sqrt(*total_sumsq) (a device float) */

@@ -57,7 +57,7 @@ void kcpu_crossentropy_forward(void *a) {
 }
 void kcpu_crossentropy_backward(void *a) {
     CeArgs *x = a;
-    crossentropy_backward(x->dlogits, x->logits, x->tgt, x->N, x->V, 1.0f / (float)x->N);
+    crossentropy_backward(x->dlogits, x->logits, x->tgt, x->N, x->V, 1.0f / (float)x->mean_over);
 }
 
 void kcpu_sumsq_accumulate(void *a) { SumsqArgs *s = a; *s->acc += (float)sumsq(s->x, s->n); }

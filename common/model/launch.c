@@ -1,6 +1,7 @@
-/* launch.c — the two launch helpers device.h offers student code: the
- * squared-norm accumulation and the AdamW update of a shard, as stream
- * kernels with their race-detector annotations. */
+/* launch.c — the launch helpers device.h offers student code: the
+ * squared-norm accumulation, an element-wise add (accumulating grad shards)
+ * and the AdamW update of a shard, as stream kernels with their race-detector
+ * annotations. */
 #include "model/kernels.h"
 #include "runtime/runtime.h"
 
@@ -9,6 +10,14 @@ void launch_sumsq_accumulate(Stream *s, float *acc, const float *x, size_t n) {
     dev_access(s, x, n * sizeof(float), 0, NULL);
     dev_access(s, acc, sizeof(float), 1, NULL);
     dev_launch(s, "grad_sumsq", KERNEL(sumsq_accumulate), &a, sizeof a);
+}
+
+void launch_add(Stream *s, float *out, const float *a, const float *b, size_t n) {
+    AddArgs x = {out, a, b, n};
+    dev_access(s, a, n * sizeof(float), 0, NULL);
+    dev_access(s, b, n * sizeof(float), 0, NULL);
+    dev_access(s, out, n * sizeof(float), 1, NULL);
+    dev_launch(s, "add", KERNEL(add), &x, sizeof x);
 }
 
 void launch_adamw(Stream *s, float *param, const float *grad, float *exp_avg, float *exp_avg_sq, size_t n,

@@ -411,7 +411,7 @@ void module_forward(Model *m, Module *mod, ModelRun *run) {
         A->logits = act(&q, N * V, "logits");
         dev_access(run->stream, P[P_OUTPUT].data, P[P_OUTPUT].numel * sizeof(float), 0, P[P_OUTPUT].name);
         matmul_q(&q, "output", A->logits, A->xn, P[P_OUTPUT].data, N, D, V);
-        CeArgs ce = {run->loss, NULL, A->logits, run->targets, N, V};
+        CeArgs ce = {run->loss, NULL, A->logits, run->targets, N, V, N};
         dev_launch(run->stream, "cross_entropy", KERNEL(crossentropy_forward), &ce, sizeof ce);
         run->h = NULL;
     }
@@ -435,7 +435,8 @@ void module_backward(Model *m, Module *mod, ModelRun *run) {
         if (!P[j].grad) fatal("module_backward: %s has no grad buffer for %s", mod->name, P[j].name);
     if (mod->kind == MOD_HEAD) {
         float *dlogits = zeros(&q, N * V, "dlogits");
-        CeArgs ce = {NULL, dlogits, A->logits, run->targets, N, V};
+        size_t mean_over = N * (run->microbatches > 1 ? (size_t)run->microbatches : 1); /* loss / K */
+        CeArgs ce = {NULL, dlogits, A->logits, run->targets, N, V, mean_over};
         dev_launch(run->stream, "cross_entropy_bwd", KERNEL(crossentropy_backward), &ce, sizeof ce);
         float *dxn = zeros(&q, N * D, "dxn");
         dev_access(run->stream, P[P_OUTPUT].grad, P[P_OUTPUT].numel * sizeof(float), 1, NULL);

@@ -42,6 +42,7 @@ typedef struct {
     Stream *stream;           /* compute stream */
     size_t B, T;              /* per-rank batch, sequence length */
     int recompute;            /* --ac: blocks keep only their input in forward */
+    int microbatches;         /* K of --grad-accum (B is then one microbatch): the backward is loss / K's */
     const int32_t *inputs;    /* [B*T] device memory */
     const int32_t *targets;   /* [B*T] */
     float *rope_cos, *rope_sin; /* [T, hd/2] */

@@ -110,6 +110,7 @@ static void trace_events_of(Buf *b, Dev *d, int *first) {
         buf_printf(b, ",\"module\":");
         json_str(b, r->module);
         if (r->bytes) buf_printf(b, ",\"bytes\":%zu", r->bytes);
+        if (r->micro >= 0) buf_printf(b, ",\"microbatch\":%d", r->micro);
         buf_printf(b, "}}");
     }
     pthread_mutex_unlock(&d->trace.mu);

@@ -43,7 +43,7 @@ struct Op {
     void (*fn)(void *args);
     const char *name;           /* interned */
     const char *module, *phase; /* interned scope at enqueue */
-    int step;
+    int step, micro;            /* micro: the scope's microbatch (-1: none) */
     size_t bytes;               /* copies / collectives, for the trace */
     Event *event;               /* record / wait */
     uint64_t record_no;
@@ -104,6 +104,7 @@ struct Event {
 /* What the host is doing now (world.c: dev_set_scope). */
 typedef struct {
     int step;
+    int micro;                          /* microbatch of the step (--grad-accum), -1: none */
     const char *module, *phase;         /* interned */
     int tracing;
 } DevScope;

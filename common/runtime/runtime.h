@@ -92,6 +92,10 @@ void dev_set_scope(Dev *d, int step, const char *module, const char *phase);
 const char *dev_scope_module(const Dev *d);
 const char *dev_scope_phase(const Dev *d);
 int dev_scope_step(const Dev *d);
+/* The microbatch of the step from now on (--grad-accum), shown as
+ * "microbatch" in trace args; -1 (the default): a step has one batch. */
+void dev_set_microbatch(Dev *d, int micro);
+int dev_scope_microbatch(const Dev *d);
 /* Turn op/collective trace recording on or off from now on (e.g. after the
  * first few steps). Memory events are always recorded. */
 void dev_set_tracing(Dev *d, int on);

@@ -13,7 +13,7 @@
 static void trace_op(Stream *s, const Op *op, const char *prefix, const char *cat, double t0, double t1) {
     if (!op->traced) return;
     TraceRec r = {prefix, op->name, op->module, op->phase, cat, s->index, op->step,
-                  t0 - s->dev->world->epoch_us, t1 - t0, op->bytes};
+                  t0 - s->dev->world->epoch_us, t1 - t0, op->bytes, op->micro};
     dev_trace_add(s->dev, &r);
 }
 
@@ -24,7 +24,7 @@ static void trace_host_sync(Dev *d, const char *what, const char *name, double t
     char full[160];
     snprintf(full, sizeof full, "sync:%s%s", what, name ? name : "");
     TraceRec r = {"", dev_intern(d, full), d->scope.module, d->scope.phase, "host_sync", TRACE_HOST_TID,
-                  d->scope.step, t0 - d->world->epoch_us, t1 - t0, 0};
+                  d->scope.step, t0 - d->world->epoch_us, t1 - t0, 0, d->scope.micro};
     dev_trace_add(d, &r);
 }
 
@@ -125,6 +125,7 @@ static void op_init(Stream *s, Op *op, OpKind kind, const char *name) {
     op->module = d->scope.module;
     op->phase = d->scope.phase;
     op->step = d->scope.step;
+    op->micro = d->scope.micro;
 }
 
 static void enqueue(Stream *s, const Op *op, size_t args_size) {

@@ -15,6 +15,7 @@ typedef struct {
     int stream, step;
     double ts, dur;                     /* µs, ts relative to the world epoch */
     size_t bytes;                       /* 0 = not shown */
+    int micro;                          /* microbatch (--grad-accum), -1 = not shown */
 } TraceRec;
 
 /* The rank's trace buffer (Dev.trace). */

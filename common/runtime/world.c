@@ -175,6 +175,7 @@ static Dev *dev_create(World *w, int rank) {
     d->rank = rank;
     d->world_size = w->cfg.world_size;
     d->scope.step = -1;
+    d->scope.micro = -1;
     d->scope.module = dev_intern(d, "");
     d->scope.phase = dev_intern(d, "");
     d->scope.tracing = w->cfg.trace != 0;
@@ -263,6 +264,8 @@ void dev_set_scope(Dev *d, int step, const char *module, const char *phase) {
 const char *dev_scope_module(const Dev *d) { return d->scope.module; }
 const char *dev_scope_phase(const Dev *d) { return d->scope.phase; }
 int dev_scope_step(const Dev *d) { return d->scope.step; }
+void dev_set_microbatch(Dev *d, int micro) { d->scope.micro = micro < 0 ? -1 : micro; }
+int dev_scope_microbatch(const Dev *d) { return d->scope.micro; }
 void dev_set_tracing(Dev *d, int on) { d->scope.tracing = on != 0; }
 int dev_tracing(const Dev *d) { return d->scope.tracing; }
 

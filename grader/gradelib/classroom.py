@@ -286,13 +286,17 @@ def report_text(student, results, why, notes, stages, review=None):
     if results is None:
         lines += ["**Not graded:** %s" % why, ""]
         return "\n".join(lines)
-    lines.append("**Score: %s/%s**" % (fmt_points(results["score"]), fmt_points(results["max_score"])))
+    lines.append("**Score: %s/%s**%s" % (fmt_points(results["score"]), fmt_points(results["max_score"]),
+                                         " + bonus %s/%s" % (fmt_points(results["bonus_score"]),
+                                                             fmt_points(results["bonus_max_score"]))
+                                         if results.get("bonus_max_score") else ""))
     lines.append("")
     for sid in stages:
         r = results["stages"].get(sid)
         if r is None:
             continue
-        lines.append("## Stage %s — %s/%s" % (sid, fmt_points(r["points"]), fmt_points(r["max_points"])))
+        lines.append("## Stage %s — %s/%s%s" % (sid, fmt_points(r["points"]), fmt_points(r["max_points"]),
+                                              " (bonus)" if r.get("bonus") else ""))
         lines.append("")
         lines.append("- source: `%s`" % r["source"])
         lines.append("- run: `%s`%s" % (r["run"]["dir"], "" if r["run"]["ok"] else " — FAILED: " + r["run"]["reason"]))
@@ -418,12 +422,15 @@ def grade_class(args, rubric, stages, out_root, say):
     csv_path = os.path.join(out_root, "scores.csv")
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["student"] + ["stage%s" % s for s in stages] + ["total", "max"])
-    max_total = sum(sum(rubric["stages"][s]["checks"].values()) for s in stages)
+    w.writerow(["student"] + ["stage%s" % s for s in stages] + ["total", "max", "bonus"])
+    bonus = [rubric["stages"][s].get("bonus", False) for s in stages]  # advanced track: extra, outside the total
+    max_total = sum(sum(rubric["stages"][s]["checks"].values()) for s, b in zip(stages, bonus) if not b)
     for name, dest, notes in prepared:
         results, why, _, _ = done[name]
         per = [(results or {}).get("stages", {}).get(s, {}).get("points", 0) for s in stages]
-        w.writerow([name] + [fmt_points(p) for p in per] + [fmt_points(sum(per)), fmt_points(max_total)])
+        w.writerow([name] + [fmt_points(p) for p in per] + [
+            fmt_points(sum(p for p, b in zip(per, bonus) if not b)), fmt_points(max_total),
+            fmt_points(sum(p for p, b in zip(per, bonus) if b))])
         review = {}
         for d in stage_dirs:
             path = os.path.join(dest, "submitted", "stages", d, "hw_fsdp.c")

@@ -101,8 +101,9 @@ def grade_stage(rubric, stage, src, out_root, ref_root, runner, baselines):
                        "reason": reason, "detail": detail, "seconds": round(seconds, 3)})
     got = sum(c["points"] for c in checks)
     total = sum(c["max_points"] for c in checks)
-    say("stage %s: %s/%s points" % (stage, fmt_points(got), fmt_points(total)))
-    return {"stage": stage, "dir": spec["dir"], "title": spec.get("title", ""), "source": relpath(src),
+    say("stage %s: %s/%s points%s" % (stage, fmt_points(got), fmt_points(total), " (bonus)" if spec.get("bonus") else ""))
+    return {"stage": stage, "dir": spec["dir"], "title": spec.get("title", ""), "bonus": bool(spec.get("bonus")),
+            "source": relpath(src),
             "run": {"ok": run.ok, "reason": run.reason, "seconds": round(run_s, 3), "dir": relpath(run_dir),
                     "command": _command(run)},
             "variants": {v: {"label": variant_label(rubric, v), "ok": r.ok, "reason": r.reason,
@@ -236,12 +237,20 @@ def main(argv=None):
                                                                           rubric["stages"][stage]["dir"], "hw_fsdp.c")
         results.append(grade_stage(rubric, stage, src, out_root, os.path.abspath(args.reference), runner,
                                    baselines))
-    score = sum(r["points"] for r in results)
-    total = sum(r["max_points"] for r in results)
+    # the advanced track's points are extra: outside the total, said after it
+    core = [r for r in results if not r["bonus"]]
+    bonus = [r for r in results if r["bonus"]]
+    score = sum(r["points"] for r in core)
+    total = sum(r["max_points"] for r in core)
+    bonus_score = sum(r["points"] for r in bonus)
+    bonus_total = sum(r["max_points"] for r in bonus)
     elapsed = time.monotonic() - t_start
-    say("Score: %s/%s" % (fmt_points(score), fmt_points(total)))
+    say("Score: %s/%s%s" % (fmt_points(score), fmt_points(total), " + bonus %s/%s (stage%s %s)" % (
+        fmt_points(bonus_score), fmt_points(bonus_total), "s" if len(bonus) > 1 else "",
+        ", ".join(r["stage"] for r in bonus)) if bonus else ""))
     json_path = args.json or os.path.join(out_root, "results.json")
-    write_results(json_path, {"score": score, "max_score": total, "seconds": round(elapsed, 3), "tree": tree,
+    write_results(json_path, {"score": score, "max_score": total, "bonus_score": bonus_score,
+                              "bonus_max_score": bonus_total, "seconds": round(elapsed, 3), "tree": tree,
                               "reference": relpath(os.path.abspath(args.reference)),
                               "stages": {r["stage"]: r for r in results}})
     say("results: %s" % relpath(os.path.abspath(json_path)))

@@ -155,7 +155,8 @@ class Context:
         return self._memo(("refmem", rank), load)
 
     def hook_memory(self, rank, reference=False):
-        """{(step, module, hook): note} of the rank's "hook_memory" notes (probes.h), each checked."""
+        """{(step, module, hook, microbatch): note} of the rank's "hook_memory" notes (probes.h), each checked;
+        microbatch -1 when the run does not accumulate."""
         name = "the reference's memory_rank%d.json.gz" % rank if reference else "memory_rank%d.json" % rank
         data = self.reference_memory(rank) if reference else self.memory(rank)
         out = {}
@@ -164,11 +165,12 @@ class Context:
                 continue
             bad = [k for k in ("module", "hook") if not isinstance(e.get(k), str)]
             bad += [k for k in ("step", "entry_bytes", "high_water_bytes") if not (is_int(e.get(k)) and abs(e[k]) < 2 ** 53)]
+            bad += [k for k in ("microbatch",) if k in e and not (is_int(e[k]) and 0 <= e[k] < 2 ** 31)]
             bad += [k for k in ("high_water_by_tag", "exit_by_tag") if not (
                 isinstance(e.get(k), dict) and all(is_int(v) and 0 <= v < 2 ** 53 for v in e[k].values()))]
             if bad:
                 raise CheckFailed("%s: event %d (hook_memory): %s is %s" % (name, i, bad[0], short(e.get(bad[0]))))
-            out[(e["step"], e["module"], e["hook"])] = e
+            out[(e["step"], e["module"], e["hook"], e.get("microbatch", -1))] = e
         if not out:
             raise CheckFailed("%s holds no hook_memory records" % name)
         return out
@@ -198,6 +200,8 @@ class Context:
                 bad = [k for k in ("module", "phase") if k in args and not isinstance(args[k], str)]
                 if "step" in args and not is_int(args["step"]) or e.get("cat") == "collective" and "step" not in args:
                     bad.append("step")
+                if "microbatch" in args and not (is_int(args["microbatch"]) and 0 <= args["microbatch"] < 2 ** 31):
+                    bad.append("microbatch")
                 if bad:
                     raise CheckFailed("%s (%s): args.%s is %s" % (where, one_line(e["name"], 80), bad[0],
                                                                   short(args.get(bad[0]))))
@@ -215,6 +219,8 @@ class Context:
             bad += [k for k in ("step",) if not is_int(e.get(k))]
             bad += [k for k in ("unsharded_param_live_bytes", "unsharded_grad_live_bytes")
                     if k in e and not (is_int(e[k]) and abs(e[k]) < 2 ** 53)]
+            bad += [k for k in ("microbatch", "requires_gradient_sync", "reshard_after_backward")
+                    if k in e and not (is_int(e[k]) and 0 <= e[k] < 2 ** 31)]
             if bad:
                 raise CheckFailed("memory_rank%d.json: event %d (hook_check): %s is %s"
                                   % (rank, i, bad[0], short(e.get(bad[0]))))

@@ -340,10 +340,10 @@ static void check_crossentropy(Ctx *c, size_t N, size_t V) {
     int32_t *tgt = randi(N, (int32_t)V);
     char shape[64];
     snprintf(shape, sizeof shape, "N%zu V%zu", N, V);
-    CeArgs f = {loss, NULL, logits, tgt, N, V};
+    CeArgs f = {loss, NULL, logits, tgt, N, V, N};
     Buf bf[] = {{"logits", logits, F(N * V), 0}, {"targets", tgt, N * 4, 0}, {"loss", loss, F(1), 1}};
     CASE("crossentropy_forward", shape, kcpu_crossentropy_forward, kcuda_crossentropy_forward, f, bf);
-    CeArgs g = {NULL, dl, logits, tgt, N, V};
+    CeArgs g = {NULL, dl, logits, tgt, N, V, N};
     Buf bg[] = {{"logits", logits, F(N * V), 0}, {"targets", tgt, N * 4, 0}, {"dlogits", dl, F(N * V), 1}};
     CASE("crossentropy_backward", shape, kcpu_crossentropy_backward, kcuda_crossentropy_backward, g, bg);
     free(logits), free(loss), free(dl), free(tgt);

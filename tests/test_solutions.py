@@ -1,4 +1,4 @@
-"""The six solutions against the non-sharded baseline, each other, and the
+"""The solutions against the non-sharded baseline, each other, and the
 memory and trace properties each stage is about.
 
 The baseline is build/baseline/train (plain data parallel, no sharding) run
@@ -64,9 +64,16 @@ def test_parity_with_non_sharded_baseline(runs, stage, world):
         assert all(g["grad_norm"] is None for g in got)
 
 
+def one_batch(flags):
+    """A stage's flags without gradient accumulation: one microbatch, the whole batch."""
+    return [f for f in flags if not f.startswith(("--grad-accum", "--grad-sync", "--reshard-after-backward"))]
+
+
 @pytest.mark.parametrize("world", [3, 4])
 def test_training_solutions_agree_bitwise(runs, world):
-    outs = {s: runs(solution_bin(s), *(TINY + ["--world", str(world)] + STAGE_FLAGS[s]), save=True)
+    """Every training solution (07 with one microbatch) gives the same bits: sharding, overlap, recompute
+    and ZeRO-2 change no arithmetic."""
+    outs = {s: runs(solution_bin(s), *(TINY + ["--world", str(world)] + one_batch(STAGE_FLAGS[s])), save=True)
             for s in TRAINING}
     ref = metrics(outs["02"])
     for s, out in outs.items():
@@ -74,6 +81,34 @@ def test_training_solutions_agree_bitwise(runs, world):
         assert [(m["loss"], m["grad_norm"]) for m in got] == [(m["loss"], m["grad_norm"]) for m in ref], s
         assert filecmp.cmp(out / "final.safetensors", outs["02"] / "final.safetensors", shallow=False), \
             "stage %s's final weights differ from stage 02's" % s
+
+
+ACCUM = [s for s in TRAINING if any(f.startswith("--grad-accum") for f in STAGE_FLAGS[s])]
+
+
+@pytest.mark.skipif(not ACCUM, reason="no gradient-accumulation solution")
+def test_grad_accum_modes(runs):
+    """Stage 07's modes against the whole-batch baseline and each other, at world 3 (uneven shards). K = 2
+    microbatches sum two half-batch GEMMs where the baseline runs one: equal within float rounding, not
+    bitwise. Keeping the params between microbatches changes no arithmetic: bitwise equal to resharding
+    them. Syncing every microbatch averages twice where --grad-sync last averages the sum once: within
+    rounding of it."""
+    s = ACCUM[0]
+    flags = TINY + ["--world", "3"] + one_batch(STAGE_FLAGS[s])
+    ref = metrics(baseline(runs, 3, []))
+    got = {}
+    for name, extra in [("last", ["--grad-accum=2", "--grad-sync=last"]),
+                        ("keep", ["--grad-accum=2", "--grad-sync=last", "--reshard-after-backward=false"]),
+                        ("every", ["--grad-accum=2", "--grad-sync=every"]),
+                        ("every4", ["--grad-accum=2", "--grad-sync=every", "--reshard-after-forward=false",
+                                    "--reshard-after-backward=false"]),
+                        ("one", [])]:
+        got[name] = metrics(runs(solution_bin(s), *(flags + extra), save=True))
+        for g, r in zip(got[name], ref):
+            assert rel(g["loss"], r["loss"]) < 1e-5 and rel(g["grad_norm"], r["grad_norm"]) < 1e-4, (name, g, r)
+    pairs = lambda rows: [(m["loss"], m["grad_norm"]) for m in rows]  # noqa: E731
+    assert pairs(got["keep"]) == pairs(got["last"])
+    assert pairs(got["last"]) != pairs(got["one"]), "two microbatches gave the one-batch bits: were there two?"
 
 
 def test_a_rank_with_no_rows(runs):
@@ -92,12 +127,13 @@ def test_a_rank_with_no_rows(runs):
     assert wk["local_rows"] == 0 and wk["padded_rows"] == 4
 
 
-def notes(out, world, hook, field):
-    """All hook_check notes of a run: [(rank, step, module, bytes)]."""
+def notes(out, world, hook, field, unless=None):
+    """All hook_check notes of a run: [(rank, step, module, bytes)]; with `unless`, not those whose flag
+    of that name (set by the loop with --grad-accum) is 0."""
     res = []
     for r in range(world):
         for e in snapshot(out, r)["events"]:
-            if e.get("kind") == "hook_check" and e.get("hook") == hook and field in e:
+            if e.get("kind") == "hook_check" and e.get("hook") == hook and field in e and e.get(unless, 1):
                 res.append((r, e["step"], e["module"], e[field]))
     return res
 
@@ -106,15 +142,18 @@ def notes(out, world, hook, field):
 def test_memory_freed_after_hooks(runs, stage):
     out = runs(solution_bin(stage), *(TINY + ["--world", "4"] + STAGE_FLAGS[stage]))
     fwd = notes(out, 4, "post_forward", "unsharded_param_live_bytes")
-    assert len(fwd) == 4 * 10 * 4  # ranks x steps x modules (embedding, 2 blocks, head)
+    K = int(next((f.split("=")[1] for f in STAGE_FLAGS[stage] if f.startswith("--grad-accum=")), 1))
+    assert len(fwd) == 4 * 10 * 4 * K  # ranks x steps x modules (embedding, 2 blocks, head) x microbatches
     if manifest.stage(stage).zero2:
         assert all(b > 0 for *_, b in fwd), "ZeRO-2 keeps params from forward to backward"
     else:
         assert all(b == 0 for *_, b in fwd), [n for n in fwd if n[3]][:3]
     if stage in TRAINING:
-        grads = notes(out, 4, "post_backward", "unsharded_grad_live_bytes")
-        params = notes(out, 4, "post_backward", "unsharded_param_live_bytes")
-        assert len(grads) == len(params) == 4 * 10 * 4
+        # microbatches without gradient sync keep their grads (stage 07: test_grad_accum_memory)
+        grads = notes(out, 4, "post_backward", "unsharded_grad_live_bytes", unless="requires_gradient_sync")
+        params = notes(out, 4, "post_backward", "unsharded_param_live_bytes", unless="reshard_after_backward")
+        synced = "--grad-sync=last" not in STAGE_FLAGS[stage]
+        assert len(grads) == 4 * 10 * 4 * (K if synced else 1) and len(params) == 4 * 10 * 4 * K
         assert all(b == 0 for *_, b in grads) and all(b == 0 for *_, b in params)
 
 

@@ -12,6 +12,8 @@ Sections (results/bench.json, results/bench.md, and a table on stdout):
               model calibrated (on 02) so that communication is about half of compute: step
               time and the exposed-communication fraction
   memory      peak bytes per rank of every stage's solution next to an analytic model of the sizes
+  accum       gradient accumulation (stage 07): K = 1, 2, 4, sync every / last / params kept: peak,
+              what lives between microbatches, collectives and bytes per step, step time
   grading     wall time of `make grade SOLUTIONS=1`
   profile     where a baseline step spends its compute-stream time (the runtime's own trace)
 
@@ -61,6 +63,7 @@ def main(argv=None):
         if cfg.get("ov_world_oversubscribed"):
             R["overlap_oversubscribed"] = measure.section_overlap(bench, cfg, cfg["ov_world_oversubscribed"])
         R["memory"] = measure.section_memory(bench, cfg)
+        R["accum"] = measure.section_accum(bench, cfg)
         R["profile"] = measure.section_profile(bench, cfg)
         R["grading"] = measure.section_grading(bench, cfg)
     except BinaryFailed as e:

@@ -84,6 +84,29 @@ def markdown(R):
     L.append("")
     L.append("Model: " + " ".join(m["model"].split()))
     L.append("")
+    a = R.get("accum", {})
+    if a.get("rows"):
+        L.append("## 4b. Gradient accumulation (%s, %s, world %d, batch %d × seq %d per rank, rank 0, step %d)" % (
+            a["solution"], a["flavor"], a["world"], a["batch"], a["seq_len"], a["steps"]))
+        L.append("")
+        L.append("One optimizer step over the same batch, split into K microbatches; link %s. Between "
+                 "microbatches: what microbatch 0's finish_backward leaves alive." % a["link"])
+        L.append("")
+        table(L, ["case", "peak MiB", "unsharded grads between MiB", "grad shards between MiB",
+                  "unsharded params between MiB", "reduce-scatters (MB)", "all-gathers (MB)", "step ms"],
+              [(r["case"], "%.2f" % (r["peak_bytes_rank0"] / MIB), _mib(r["between_unsharded_grad_bytes"]),
+                _mib(r["between_grad_shard_bytes"]), _mib(r["between_unsharded_param_bytes"]),
+                "%d (%.2f)" % (r["collectives"].get("reduce_scatter", {}).get("count", 0),
+                               r["collectives"].get("reduce_scatter", {}).get("bytes", 0) / 1e6),
+                "%d (%.2f)" % (r["collectives"].get("all_gather", {}).get("count", 0),
+                               r["collectives"].get("all_gather", {}).get("bytes", 0) / 1e6),
+                fmt_s(r["step_ms"], 1)) for r in a["rows"]])
+        L.append("")
+        L.append("Sync every microbatch keeps only grad shards between microbatches and reduce-scatters K times; "
+                 "sync on the last keeps every module's unsharded grads (the whole model) and reduce-scatters "
+                 "once; keeping the params too (reshard after forward and backward off) all-gathers once per "
+                 "step at the cost of the whole unsharded model.")
+        L.append("")
     g = R["grading"]
     L.append("## 5. Grading time")
     L.append("")
@@ -117,6 +140,10 @@ def markdown(R):
             L.append(fh.read().rstrip())
         L.append("")
     return "\n".join(L)
+
+
+def _mib(b):
+    return "–" if b is None else "%.2f" % (b / MIB)
 
 
 def table(L, header, rows):

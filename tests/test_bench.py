@@ -67,10 +67,21 @@ def test_sections_hold_numbers(bench):
         assert timing(r["step_ms"]) and timing(r["exposed_comm_fraction"])
         assert 0 <= r["exposed_comm_fraction"]["median"] <= 1
     mem = data["memory"]["rows"]
-    assert [r["stage"][:2] for r in mem] == [s.id for s in STAGES]
+    accum = [s.id for s in STAGES if any(f.startswith("--grad-accum") for f in s.flags)]
+    assert [r["stage"][:2] for r in mem] == [s.id for s in STAGES if s.id not in accum]  # the model has no microbatches
     for r in mem:
         assert r["measured_peak_bytes"] > 0 and r["model_peak_bytes"] > 0 and number(r["ratio_measured_over_model"])
         assert r["replay_peak_bytes"] == r["measured_peak_bytes_rank0"]  # the replay finds the metrics' peak
+    if accum:  # gradient accumulation: K = 1, then 2 and 4 in three modes each
+        rows = {r["case"]: r for r in data["accum"]["rows"]}
+        assert len(rows) == 7 and all(r["peak_bytes_rank0"] > 0 and timing(r["step_ms"]) for r in rows.values())
+        n = lambda case, kind: rows[case]["collectives"][kind]["count"]  # noqa: E731
+        # one reduce-scatter per module without sync, K per module with it; kept params all-gather once
+        assert n("K=4 sync every", "reduce_scatter") == 4 * n("K=1", "reduce_scatter") == 4 * n("K=4 sync last",
+                                                                                                "reduce_scatter")
+        assert n("K=2 sync last, params kept", "all_gather") == n("K=1", "all_gather") // 2
+        assert rows["K=2 sync last"]["between_unsharded_grad_bytes"] > 0 == rows["K=2 sync every"][
+            "between_unsharded_grad_bytes"]
     g = data["grading"]
     assert "skipped" in g or timing(g["wall_s"])
     assert data["profile"]["rows"] and all(number(r["ms"]) for r in data["profile"]["rows"])

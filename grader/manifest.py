@@ -44,7 +44,6 @@ class Stage:
         self.streams = list(spec.get("streams", []))  # all_gather / reduce_scatter: on their own stream
         self.config = dict(spec.get("config", {}))
         self.checks = dict(spec.get("checks", {}))
-        self.bonus = bool(spec.get("bonus", False))  # advanced track: its points are extra, not part of the total
         self.spec = spec
 
     # what the flags make the training loop do

@@ -210,7 +210,7 @@ void parse_options(int argc, char **argv, Options *o) {
         if (!strcmp(flag, "--reshard-after-forward") || !strcmp(flag, "--reshard-after-backward")) {
             /* a value is optional: true by itself */
             if (!val && i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) val = argv[++i];
-            int *dst = flag[16] == 'f' ? &o->reshard_after_forward : &o->reshard_after_backward;
+            int *dst = !strcmp(flag, "--reshard-after-forward") ? &o->reshard_after_forward : &o->reshard_after_backward;
             if (!val || !strcmp(val, "true") || !strcmp(val, "1")) *dst = 1;
             else if (!strcmp(val, "false") || !strcmp(val, "0")) *dst = 0;
             else fatal("%s expects true or false, got '%s'", flag, val);

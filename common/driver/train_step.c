@@ -60,15 +60,16 @@ static void alloc_unsharded_grads(Trainer *t, Module *mod) {
 
 /* After post_backward: the grads are the student's, unless the module was
  * told not to sync (mod->requires_gradient_sync 0): then what it left in
- * Param.grad, still the same live allocation, is kept for the next
- * microbatch, as autograd keeps .grad. A grad freed or replaced anyway is
- * dropped: the next backward starts it from zero, the microbatch's gradient
- * is lost, and the grader's checks say where. */
-static void after_post_backward(Trainer *t, Module *mod, const uint64_t *grad_id) {
+ * Param.grad, still the allocation the probes captured for this backward, is
+ * kept for the next microbatch, as autograd keeps .grad. A grad freed or
+ * replaced anyway is dropped: the next backward starts it from zero, the
+ * microbatch's gradient is lost, and the grader's checks say where. */
+static void after_post_backward(Trainer *t, Module *mod) {
+    const Captured *grads = &t->probes.grads;
     for (int j = 0; j < mod->n_params; j++) {
         Param *p = &mod->params[j];
-        int kept = !mod->requires_gradient_sync && p->grad && grad_id[j] &&
-                   dev_mem_live_id_containing(t->dev, p->grad) == grad_id[j];
+        int kept = !mod->requires_gradient_sync && p->grad && grads->id[j] &&
+                   dev_mem_live_id_containing(t->dev, p->grad) == grads->id[j];
         if (!kept) p->grad = NULL;
     }
 }
@@ -118,7 +119,6 @@ static void forward(Trainer *t, int s, float *host_loss) {
 static void backward(Trainer *t, int s) {
     Model *m = t->model;
     Fsdp *f = t->fsdp;
-    uint64_t grad_id[MODULE_MAX_PARAMS];
     for (int i = m->n_modules - 1; i >= 0; i--) {
         Module *mod = &m->modules[i];
         HOOK(t, s, mod->name, "pre_backward", fsdp_pre_backward(f, mod));
@@ -134,10 +134,9 @@ static void backward(Trainer *t, int s) {
         alloc_unsharded_grads(t, mod);
         probe_grads_allocated(t->dev, &t->probes, mod);
         module_backward(m, mod, &t->run);
-        for (int j = 0; j < mod->n_params; j++) grad_id[j] = dev_mem_live_id_containing(t->dev, mod->params[j].grad);
         HOOK(t, s, mod->name, "post_backward", fsdp_post_backward(f, mod));
         probe_after_post_backward(t->dev, &t->probes, s, mod);
-        after_post_backward(t, mod, grad_id);
+        after_post_backward(t, mod);
     }
     HOOK(t, s, "root", "finish_backward", fsdp_finish_backward(f));
 }

@@ -249,7 +249,7 @@ def check_dtensors(ctx):
 
 
 def _where(n, rank):
-    """'step 2, rank 1' of a note or trace args, with its microbatch when the run accumulates."""
+    """'step 2, rank 1' of a hook_check note, with its microbatch when the run accumulates."""
     micro = n.get("microbatch")
     return "step %d%s, rank %d" % (n["step"] + 1, ", microbatch %d" % micro if is_int(micro) else "", rank)
 

@@ -27,6 +27,11 @@ def fmt(x, nd=0):
     return "{:,.{}f}".format(x, nd)
 
 
+def fmt_mib(b):
+    """bytes as MiB with 2 decimals; an en dash when there is no figure."""
+    return "–" if b is None else "%.2f" % (b / MIB)
+
+
 def fmt_s(s, nd=0, scale=1.0):
     """'median [min–max]' of a stats dict."""
     if not s or s.get("median") is None:

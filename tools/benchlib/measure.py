@@ -13,7 +13,7 @@ import sys
 import time
 from collections import defaultdict
 
-from .figures import MIB, fmt_s, stats, tps_stats
+from .figures import MIB, fmt_mib, fmt_s, stats, tps_stats
 from .memory_model import flops_per_token, memory_model, model_dims, n_params, replay_peak
 from .traces import is_compute, is_exposed_comm, link_model_us, per_rank_step, trace_events
 
@@ -412,11 +412,10 @@ def section_accum(bench, cfg):
                "step_ms": stats([m["step_ms"] for m in met if m["step"] - 1 in steps]),
                "loss_last": met[-1]["loss"]}
         res["rows"].append(row)
-        mib = lambda b: "–" if b is None else "%.2f" % (b / MIB)  # noqa: E731
         log("accum: %-28s peak %7.2f MiB  between: ugrad %s gshard %s uparam %s MiB  RS %d (%.2f MB) "
             "AG %d (%.2f MB)  step %s ms" % (
-                name, row["peak_bytes_rank0"] / MIB, mib(row["between_unsharded_grad_bytes"]),
-                mib(row["between_grad_shard_bytes"]), mib(row["between_unsharded_param_bytes"]),
+                name, row["peak_bytes_rank0"] / MIB, fmt_mib(row["between_unsharded_grad_bytes"]),
+                fmt_mib(row["between_grad_shard_bytes"]), fmt_mib(row["between_unsharded_param_bytes"]),
                 colls["reduce_scatter"][0], colls["reduce_scatter"][1] / 1e6, colls["all_gather"][0],
                 colls["all_gather"][1] / 1e6, fmt_s(row["step_ms"], 1)))
     return res

@@ -3,7 +3,7 @@ the sections' tables, a few sentences on this run's numbers, and the targets (sh
 asserted: the bench reports, it does not judge)."""
 import os
 
-from .figures import MIB, fmt, fmt_s
+from .figures import MIB, fmt, fmt_mib, fmt_s
 
 # the static notes (optimisations applied, opportunities left), appended to a full run's report
 NOTES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench_notes.md")
@@ -94,8 +94,8 @@ def markdown(R):
         L.append("")
         table(L, ["case", "peak MiB", "unsharded grads between MiB", "grad shards between MiB",
                   "unsharded params between MiB", "reduce-scatters (MB)", "all-gathers (MB)", "step ms"],
-              [(r["case"], "%.2f" % (r["peak_bytes_rank0"] / MIB), _mib(r["between_unsharded_grad_bytes"]),
-                _mib(r["between_grad_shard_bytes"]), _mib(r["between_unsharded_param_bytes"]),
+              [(r["case"], "%.2f" % (r["peak_bytes_rank0"] / MIB), fmt_mib(r["between_unsharded_grad_bytes"]),
+                fmt_mib(r["between_grad_shard_bytes"]), fmt_mib(r["between_unsharded_param_bytes"]),
                 "%d (%.2f)" % (r["collectives"].get("reduce_scatter", {}).get("count", 0),
                                r["collectives"].get("reduce_scatter", {}).get("bytes", 0) / 1e6),
                 "%d (%.2f)" % (r["collectives"].get("all_gather", {}).get("count", 0),
@@ -140,10 +140,6 @@ def markdown(R):
             L.append(fh.read().rstrip())
         L.append("")
     return "\n".join(L)
-
-
-def _mib(b):
-    return "–" if b is None else "%.2f" % (b / MIB)
 
 
 def table(L, header, rows):

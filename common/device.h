@@ -44,6 +44,7 @@
 #define HWFSDP_DEVICE_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 typedef struct Dev Dev;
 typedef struct Stream Stream;
@@ -82,6 +83,16 @@ void dev_stream_wait_event(Stream *s, Event *e);
 void dev_event_synchronize(Event *e);
 int dev_event_query(Event *e);
 
+/* ------------------------------------------------------------ data types */
+
+/* Element types of the mixed-precision policy (stage 08). A bfloat16 is
+ * stored as its 16 bits, the top half of the float32 with the same value:
+ * 1 sign bit, 8 exponent bits (float32's range), 7 mantissa bits (about 3
+ * significant digits). Convert only with the launch_cast_* helpers below
+ * (round to nearest, ties to even), never by shifting bits yourself. */
+typedef uint16_t Bf16;
+typedef enum { DTYPE_F32 = 0, DTYPE_BF16 = 1 } DType;
+
 /* ------------------------------------------------------------------ memory */
 
 /* Every allocation carries a tag: the snapshots and the grader group bytes by it. */
@@ -107,6 +118,9 @@ float *dev_alloc_f32(Dev *d, size_t count, MemTag tag, const char *name);
  * it (another stream may touch it only after waiting for s). */
 void *dev_alloc_on(Stream *s, size_t bytes, MemTag tag, const char *name);
 float *dev_alloc_f32_on(Stream *s, size_t count, MemTag tag, const char *name);
+/* count bfloat16 elements (2 bytes each), from the compute stream's / s's pool. */
+Bf16 *dev_alloc_bf16(Dev *d, size_t count, MemTag tag, const char *name);
+Bf16 *dev_alloc_bf16_on(Stream *s, size_t count, MemTag tag, const char *name);
 /* Release an allocation (NULL is ignored): uncounted, and back to its
  * stream's pool, at once. Fatal if p is not the start of a live allocation
  * of this rank. */
@@ -138,6 +152,12 @@ void coll_reduce_scatter(Dev *d, const float *send, float *recv, size_t recv_cou
 void coll_all_reduce(Dev *d, const float *send, float *recv, size_t count, RedOp op, Stream *s, const char *label);
 void coll_broadcast(Dev *d, float *buf, size_t count, int root, Stream *s, const char *label);
 void coll_barrier(Dev *d, Stream *s, const char *label);
+/* The same on bfloat16 words: half the bytes on the wire. The reduce-scatter
+ * widens every rank's value to float32, sums in rank order in float32 (then
+ * divides, for RED_AVG) and rounds the result to bfloat16 once. */
+void coll_all_gather_bf16(Dev *d, const Bf16 *send, Bf16 *recv, size_t send_count, Stream *s, const char *label);
+void coll_reduce_scatter_bf16(Dev *d, const Bf16 *send, Bf16 *recv, size_t recv_count, RedOp op, Stream *s,
+                              const char *label);
 
 /* ----------------------------------------------------------------- DTensor */
 
@@ -191,6 +211,11 @@ typedef struct {
 void launch_sumsq_accumulate(Stream *s, float *acc, const float *x, size_t n);
 /* Queue out[i] = a[i] + b[i] for n elements on s (out may be a or b). */
 void launch_add(Stream *s, float *out, const float *a, const float *b, size_t n);
+/* Queue out[i] = in[i] rounded to bfloat16 (nearest, ties to even; NaN
+ * stays NaN, overflow gives inf) / widened back to float32 (exact), n
+ * elements on s. */
+void launch_cast_to_bf16(Stream *s, Bf16 *out, const float *in, size_t n);
+void launch_cast_from_bf16(Stream *s, float *out, const Bf16 *in, size_t n);
 /* Queue one AdamW update of n elements of a shard on s, t = 1-based step. The
  * clip coefficient min(1, max_norm / (sqrt(*total_sumsq) + 1e-6)) is formed on
  * the stream from *total_sumsq (the global sum of squared grads, a device float). */

@@ -9,7 +9,8 @@
  *   for each step:
  *    for each microbatch (one, unless --grad-accum K; stage 07):
  *     for mod in modules (embedding, block0..block{L-1}, head):
- *       fsdp_pre_forward(mod)          -> make mod's Param.data valid (unshard)
+ *       fsdp_pre_forward(mod)          -> make mod's Param.data valid (unshard;
+ *                                         Param.data_bf16 with --param-dtype bf16)
  *       <mod forward on the compute stream>
  *       fsdp_post_forward(mod)         -> reshard (free Param.data)
  *     for mod in reverse order:
@@ -34,6 +35,9 @@
  *     backward; after fsdp_post_backward the runtime never touches it again,
  *     unless mod->requires_gradient_sync was 0 (below): then the grads
  *     post_backward left in Param.grad are what the next backward adds to.
+ *   - With --param-dtype bf16 (stage 08) compute reads Param.data_bf16 and
+ *     never Param.data: its rows must hold this rank's shard rounded to
+ *     bfloat16 (launch_cast_to_bf16). The grads stay float32.
  *   - dev_free gives a block back to its stream's pool at once, as PyTorch's
  *     caching allocator does: keep a buffer another stream still uses alive
  *     until its owner stream has waited for an event recorded after that use.
@@ -74,6 +78,8 @@ typedef struct {
     size_t shape[2];          /* global shape; Linear weights are [out, in] */
     size_t numel;
     float *data;              /* [numel] unsharded values the forward reads */
+    Bf16 *data_bf16;          /* [numel] the same in bfloat16: with --param-dtype bf16
+                                 (stage 08) the forward reads this instead of data */
     float *grad;              /* [numel] unsharded grad the backward accumulates into */
     DTensor dt;               /* the sharded parameter (device.h) */
 } Param;
@@ -118,11 +124,19 @@ typedef struct {
 
 /* ---------------------------------------------------------------- the hooks */
 
+/* FSDP2's MixedPrecisionPolicy (stage 08; both DTYPE_F32 without flags).
+ * Shards, grads and optimizer state stay float32 either way. */
+typedef struct {
+    DType param_dtype;   /* --param-dtype: what the all-gather moves and compute reads */
+    DType reduce_dtype;  /* --reduce-dtype: what the reduce-scatter moves */
+} MixedPrecision;
+
 typedef struct {
     Dev *dev;
     Model *model;
     const DeviceMesh *mesh;       /* the world: ranks 0..world-1 */
     int reshard_after_forward;    /* 0 with --reshard-after-forward=false (ZeRO-2) */
+    MixedPrecision mp;            /* stage 08 */
     AdamWConfig optim;            /* lr, betas, eps, weight decay, max_norm */
 } FsdpConfig;
 

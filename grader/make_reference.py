@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # the grader's rubric, build and run code: references are made the way grading runs
 from gradelib.checks import run_check  # noqa: E402
 from gradelib.context import Context, read_metrics  # noqa: E402
-from gradelib.rubric import (RUBRIC_PATH, baseline_flags, load_rubric, stage_config, stage_flags,  # noqa: E402
+from gradelib.rubric import (RUBRIC_PATH, baseline_flags, load_rubric, stage_config, stage_flags, tolerances,  # noqa: E402
                              stage_only_flags, stage_variants)
 from gradelib.runner import Baselines, Runner, RunResult  # noqa: E402
 from gradelib.util import ROOT, rel, relpath  # noqa: E402
@@ -91,7 +91,7 @@ def check_against_baseline(rubric, stage, run_dir, baselines, variant=None):
         fail("the baseline run for stage %s failed: %s" % (stage, base.reason))
     got = read_metrics(os.path.join(run_dir, "metrics.jsonl"))
     ref = read_metrics(os.path.join(base.dir, "metrics.jsonl"))
-    tol = rubric["tolerances"]
+    tol = tolerances(rubric, variant)
     keys = [("loss", tol["loss_rel"])] + ([] if "--forward-only" in stage_only_flags(rubric, stage, variant)
                                            else [("grad_norm", tol["grad_norm_rel"])])
     if len(got) != steps or len(ref) != steps:

@@ -145,12 +145,13 @@ static float *scratch_for(Stream *s, size_t floats) {
     return cs->scratch;
 }
 
-static void local_collective(Stream *s, const Op *op, const float *send, float *recv) {
+static void local_collective(Stream *s, const Op *op, const void *send, void *recv) {
     Dev *d = s->dev;
     struct CudaStream *cs = s->cuda;
     const int n = d->world_size, me = d->rank;
     const CollDesc *desc = &op->coll;
-    const size_t cnt = (size_t)desc->count;
+    const size_t cnt = (size_t)desc->count, esize = coll_dtype_size(desc->dtype);
+    const int bf16 = desc->dtype == DTYPE_BF16;
     cudaStream_t st = cs->st;
     CudaPost mine = {{*desc, op->coll_seq, send, recv, NULL}, cs->ready}, all[WORLD_MAX_RANKS];
     size_t chunk = (cnt + (size_t)n - 1) / (size_t)n;
@@ -169,23 +170,23 @@ static void local_collective(Stream *s, const Op *op, const float *send, float *
     switch (desc->kind) {
     case COLL_ALL_GATHER:
         for (int r = 0; r < n; r++) {
-            float *dst = recv + (size_t)r * cnt;
-            if (cnt && dst != all[r].post.send)
-                CUDA_CHECK(cudaMemcpyAsync(dst, all[r].post.send, cnt * sizeof(float), cudaMemcpyDeviceToDevice, st));
+            char *dst = (char *)recv + (size_t)r * cnt * esize;
+            if (cnt && (const void *)dst != all[r].post.send)
+                CUDA_CHECK(cudaMemcpyAsync(dst, all[r].post.send, cnt * esize, cudaMemcpyDeviceToDevice, st));
         }
         break;
     case COLL_REDUCE_SCATTER: {
-        const float *in[WORLD_MAX_RANKS];
+        const void *in[WORLD_MAX_RANKS];
         for (int r = 0; r < n; r++) in[r] = all[r].post.send;
-        cuda_reduce_ranks(recv, in, n, (size_t)me * cnt, cnt, desc->op == RED_AVG, st);
+        cuda_reduce_ranks(recv, in, n, (size_t)me * cnt, cnt, desc->op == RED_AVG, bf16, st);
         break;
     }
     case COLL_ALL_REDUCE: {
         /* recv may alias send: reduce my chunk into scratch first, then copy everyone's chunks */
-        const float *in[WORLD_MAX_RANKS];
+        const void *in[WORLD_MAX_RANKS];
         for (int r = 0; r < n; r++) in[r] = all[r].post.send;
         size_t lo = (size_t)me * chunk, hi = lo + chunk < cnt ? lo + chunk : cnt;
-        if (lo < hi) cuda_reduce_ranks(mine.post.scratch, in, n, lo, hi - lo, desc->op == RED_AVG, st);
+        if (lo < hi) cuda_reduce_ranks(mine.post.scratch, in, n, lo, hi - lo, desc->op == RED_AVG, 0, st);
         CudaPost red = mine, reds[WORLD_MAX_RANKS];
         red.ev = cs->reduced;
         CUDA_CHECK(cudaEventRecord(cs->reduced, st));
@@ -194,20 +195,20 @@ static void local_collective(Stream *s, const Op *op, const float *send, float *
         for (int r = 0; r < n; r++) {
             size_t rlo = (size_t)r * chunk, rhi = rlo + chunk < cnt ? rlo + chunk : cnt;
             if (rlo < rhi)
-                CUDA_CHECK(cudaMemcpyAsync(recv + rlo, reds[r].post.scratch, (rhi - rlo) * sizeof(float),
+                CUDA_CHECK(cudaMemcpyAsync((float *)recv + rlo, reds[r].post.scratch, (rhi - rlo) * sizeof(float),
                                            cudaMemcpyDeviceToDevice, st));
         }
         break;
     }
     case COLL_BROADCAST: {
-        const float *src = all[desc->root].post.recv;
+        const void *src = all[desc->root].post.recv;
         if (me != desc->root && cnt && recv != src)
             CUDA_CHECK(cudaMemcpyAsync(recv, src, cnt * sizeof(float), cudaMemcpyDeviceToDevice, st));
         break;
     }
     default: break;
     }
-    if (d->scope.tracing) cuda_timing_end(s, &t, op->label, op->name, "collective", op->bytes);
+    if (d->scope.tracing) cuda_timing_end(s, &t, op->label, op->name, "collective", op->bytes, coll_dtype_name(desc->dtype));
 
     /* C: nobody moves on until every peer finished reading this rank's buffers */
     CudaPost fin = mine;
@@ -219,7 +220,7 @@ static void local_collective(Stream *s, const Op *op, const float *send, float *
 
 /* ----------------------------------------------------------------- nccl */
 
-static void nccl_collective(Stream *s, const Op *op, const float *send, float *recv) {
+static void nccl_collective(Stream *s, const Op *op, const void *send, void *recv) {
     Dev *d = s->dev;
     struct CudaStream *cs = s->cuda;
     const CollDesc *desc = &op->coll;
@@ -238,22 +239,26 @@ static void nccl_collective(Stream *s, const Op *op, const float *send, float *r
 
     size_t cnt = (size_t)desc->count;
     ncclRedOp_t red = desc->op == RED_AVG ? ncclAvg : ncclSum;
+    /* bfloat16: NCCL adds in float32 but rounds to bfloat16 at every hop of
+     * its ring, so its sums may differ from the CPU backend's (one rounding)
+     * by a few units in the last place. */
+    ncclDataType_t type = desc->dtype == DTYPE_BF16 ? ncclBfloat16 : ncclFloat32;
     PendingTiming t;
     if (d->scope.tracing) cuda_timing_begin(s, &t);
     switch (desc->kind) {
-    case COLL_ALL_GATHER: NCCL_CHECK(ncclAllGather(send, recv, cnt, ncclFloat32, cs->comm, cs->st)); break;
-    case COLL_REDUCE_SCATTER: NCCL_CHECK(ncclReduceScatter(send, recv, cnt, ncclFloat32, red, cs->comm, cs->st)); break;
+    case COLL_ALL_GATHER: NCCL_CHECK(ncclAllGather(send, recv, cnt, type, cs->comm, cs->st)); break;
+    case COLL_REDUCE_SCATTER: NCCL_CHECK(ncclReduceScatter(send, recv, cnt, type, red, cs->comm, cs->st)); break;
     case COLL_ALL_REDUCE: NCCL_CHECK(ncclAllReduce(send, recv, cnt, ncclFloat32, red, cs->comm, cs->st)); break;
     case COLL_BROADCAST: NCCL_CHECK(ncclBroadcast(recv, recv, cnt, ncclFloat32, desc->root, cs->comm, cs->st)); break;
     default: NCCL_CHECK(ncclAllReduce(cs->one, cs->one, 1, ncclFloat32, ncclSum, cs->comm, cs->st)); break;
     }
-    if (d->scope.tracing) cuda_timing_end(s, &t, op->label, op->name, "collective", op->bytes);
+    if (d->scope.tracing) cuda_timing_end(s, &t, op->label, op->name, "collective", op->bytes, coll_dtype_name(desc->dtype));
 }
 
 /* ------------------------------------------------------------- enqueue */
 
-void coll_enqueue(Dev *d, Stream *s, CollKind kind, const float *send, float *recv, size_t count, RedOp op,
-                         int root, size_t bytes, const char *label) {
+void coll_enqueue(Dev *d, Stream *s, CollKind kind, const void *send, void *recv, size_t count, RedOp op, int root,
+                  DType dtype, const char *label) {
     coll_validate(d, s, (int)kind, send, recv, count, (int)op, label);
     Op o;
     memset(&o, 0, sizeof o);
@@ -262,7 +267,7 @@ void coll_enqueue(Dev *d, Stream *s, CollKind kind, const float *send, float *re
     o.module = d->scope.module;
     o.phase = d->scope.phase;
     o.step = d->scope.step;
-    coll_op_describe(d, s, &o, kind, op, root, count, bytes, label);
+    coll_op_describe(d, s, &o, kind, op, root, count, dtype, label);
     if (d->world->cfg.backend == BACKEND_LOCAL) local_collective(s, &o, send, recv);
     else nccl_collective(s, &o, send, recv);
     /* the GPU runs it later: "started" means handed to the stream */

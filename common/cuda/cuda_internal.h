@@ -90,12 +90,15 @@ struct CudaStream {
 
 /* runtime_cuda.c */
 void cuda_timing_begin(Stream *s, PendingTiming *t);
-void cuda_timing_end(Stream *s, PendingTiming *t, const char *prefix, const char *name, const char *cat, size_t bytes);
+void cuda_timing_end(Stream *s, PendingTiming *t, const char *prefix, const char *name, const char *cat, size_t bytes,
+                     const char *dtype);
 CudaChan *cuda_world_channel(World *w, int stream_index);
 /* coll_cuda.c */
 void cuda_coll_stream_created(Stream *s);
 void cuda_coll_stream_destroy(Stream *s);
-/* coll_kernels.cu: out[i] = sum over r in rank order of in[r][offset + i] (divided by n if avg) */
-void cuda_reduce_ranks(float *out, const float *const *in, int n, size_t offset, size_t count, int avg, cudaStream_t st);
+/* coll_kernels.cu: out[i] = sum over r in rank order of in[r][offset + i] (divided by n if avg), in
+ * float32; the buffers hold float32, or bfloat16 words when bf16 (summed widened, rounded once) */
+void cuda_reduce_ranks(void *out, const void *const *in, int n, size_t offset, size_t count, int avg, int bf16,
+                       cudaStream_t st);
 
 #endif

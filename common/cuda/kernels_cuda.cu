@@ -343,6 +343,14 @@ __global__ void add_k(float *out, const float *a, const float *b, size_t n) {
     GRID_STRIDE(i, n) { out[i] = a[i] + b[i]; }
 }
 
+/* bfloat16 casts: the conversions of ops_math.h, element by element */
+__global__ void cast_to_bf16_k(uint16_t *out, const float *in, size_t n) {
+    GRID_STRIDE(i, n) { out[i] = bf16_from_f32(in[i]); }
+}
+__global__ void cast_from_bf16_k(float *out, const uint16_t *in, size_t n) {
+    GRID_STRIDE(i, n) { out[i] = bf16_to_f32(in[i]); }
+}
+
 /* ------------------------------------------------------------- cross-entropy */
 
 /* logsumexp of one row x[V] by one warp: m = max_j x_j, then
@@ -601,6 +609,20 @@ void kcuda_add(void *a) {
     if (!x->n) return;
     add_k<<<blocks_for(x->n), kThreads, 0, cuda_current_stream()>>>(x->out, x->a, x->b, x->n);
     CUDA_CHECK_LAUNCH("add");
+}
+
+void kcuda_cast_to_bf16(void *a) {
+    CastArgs *x = (CastArgs *)a;
+    if (!x->n) return;
+    cast_to_bf16_k<<<blocks_for(x->n), kThreads, 0, cuda_current_stream()>>>(x->bf16, x->f32, x->n);
+    CUDA_CHECK_LAUNCH("cast_to_bf16");
+}
+
+void kcuda_cast_from_bf16(void *a) {
+    CastArgs *x = (CastArgs *)a;
+    if (!x->n) return;
+    cast_from_bf16_k<<<blocks_for(x->n), kThreads, 0, cuda_current_stream()>>>(x->f32, x->bf16, x->n);
+    CUDA_CHECK_LAUNCH("cast_from_bf16");
 }
 
 void kcuda_crossentropy_forward(void *a) {

@@ -189,13 +189,14 @@ void cuda_timing_begin(Stream *s, PendingTiming *t) {
     CUDA_CHECK(cudaEventRecord(t->start, s->cuda->st));
 }
 
-void cuda_timing_end(Stream *s, PendingTiming *t, const char *prefix, const char *name, const char *cat, size_t bytes) {
+void cuda_timing_end(Stream *s, PendingTiming *t, const char *prefix, const char *name, const char *cat, size_t bytes,
+                     const char *dtype) {
     Dev *d = s->dev;
     struct CudaDev *c = d->cuda;
     t->end = pool_get(&c->timing_pool, &c->n_timing_pool, cudaEventDefault);
     CUDA_CHECK(cudaEventRecord(t->end, s->cuda->st));
     t->rec = (TraceRec){prefix, dev_intern(d, name), d->scope.module, d->scope.phase, cat, s->index, d->scope.step, 0, 0, bytes,
-                      d->scope.micro};
+                      d->scope.micro, dtype};
     if (c->n_timing == c->timing_cap) {
         c->timing_cap = c->timing_cap ? c->timing_cap * 2 : 1024;
         c->timing = xrealloc(c->timing, c->timing_cap * sizeof *c->timing);
@@ -379,7 +380,7 @@ void dev_launch(Stream *s, const char *name, void (*fn)(void *args), const void 
     fn(copy.b);
     tls_stream = NULL;
     tls_blas = NULL;
-    if (d->scope.tracing) cuda_timing_end(s, &t, d->scope.module, name ? name : "kernel", "kernel", 0);
+    if (d->scope.tracing) cuda_timing_end(s, &t, d->scope.module, name ? name : "kernel", "kernel", 0, NULL);
     s->enqueued++;
 }
 
@@ -391,7 +392,7 @@ void dev_memcpy_async(Stream *s, void *dst, const void *src, size_t bytes) {
     if (d->scope.tracing) cuda_timing_begin(s, &t);
     /* cudaMemcpyDefault: unified addressing tells host from device memory */
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s->cuda->st));
-    if (d->scope.tracing) cuda_timing_end(s, &t, d->scope.module, "copy", "copy", bytes);
+    if (d->scope.tracing) cuda_timing_end(s, &t, d->scope.module, "copy", "copy", bytes, NULL);
     s->enqueued++;
 }
 
@@ -402,7 +403,7 @@ void dev_memset_async(Stream *s, void *dst, int byte, size_t bytes) {
     PendingTiming t;
     if (d->scope.tracing) cuda_timing_begin(s, &t);
     CUDA_CHECK(cudaMemsetAsync(dst, byte, bytes, s->cuda->st));
-    if (d->scope.tracing) cuda_timing_end(s, &t, d->scope.module, "memset", "memset", bytes);
+    if (d->scope.tracing) cuda_timing_end(s, &t, d->scope.module, "memset", "memset", bytes, NULL);
     s->enqueued++;
 }
 

@@ -4,7 +4,11 @@
  * grads are all-reduced (average) in place; the optimizer steps on the full
  * tensors. With --world 1 and the global batch (--batch-size W*B) this is the
  * non-sharded baseline every FSDP stage is compared with. It implements the
- * hooks of hw_fsdp.h like any student file, so it runs through the same loop. */
+ * hooks of hw_fsdp.h like any student file, so it runs through the same loop.
+ * With --param-dtype bf16 (stage 08's policy) compute reads a bfloat16 copy
+ * of each full param, made in pre_forward / pre_backward and freed after the
+ * module: the same rounded values a sharded run all-gathers. --reduce-dtype
+ * has no effect here (its all-reduce stays float32). */
 #include <math.h>
 #include <stdlib.h>
 
@@ -15,6 +19,8 @@ struct Fsdp {
     Dev *dev;
     Model *model;
     Stream *compute;
+    int param_bf16;
+    int *in_backward;     /* [n_modules]: pre_backward ran (an --ac recompute keeps the bf16 copy) */
     AdamWConfig optim;
 };
 
@@ -24,6 +30,8 @@ Fsdp *fsdp_init(const FsdpConfig *cfg) {
     f->model = cfg->model;
     f->compute = dev_compute_stream(cfg->dev);
     f->optim = cfg->optim;
+    f->param_bf16 = cfg->mp.param_dtype == DTYPE_BF16;
+    f->in_backward = xcalloc((size_t)f->model->n_modules, sizeof(int));
     for (int i = 0; i < f->model->n_modules; i++)
         for (int j = 0; j < f->model->modules[i].n_params; j++) {
             Param *p = &f->model->modules[i].params[j];
@@ -38,11 +46,35 @@ Fsdp *fsdp_init(const FsdpConfig *cfg) {
     return f;
 }
 
-void fsdp_pre_forward(Fsdp *f, Module *mod) { (void)f, (void)mod; }
-void fsdp_post_forward(Fsdp *f, Module *mod) { (void)f, (void)mod; }
-void fsdp_pre_backward(Fsdp *f, Module *mod) { (void)f, (void)mod; }
+/* --param-dtype bf16: the module's params rounded to bfloat16 for compute */
+static void cast_params(Fsdp *f, Module *mod) {
+    for (int j = 0; f->param_bf16 && j < mod->n_params; j++) {
+        Param *p = &mod->params[j];
+        if (p->data_bf16) continue; /* --ac: the recompute's pre_forward inside backward */
+        p->data_bf16 = dev_alloc_bf16(f->dev, p->numel, MEM_UNSHARDED_PARAM, p->name);
+        launch_cast_to_bf16(f->compute, p->data_bf16, p->data, p->numel);
+    }
+}
+
+static void free_cast(Fsdp *f, Module *mod) {
+    for (int j = 0; j < mod->n_params; j++) {
+        dev_free(f->dev, mod->params[j].data_bf16);
+        mod->params[j].data_bf16 = NULL;
+    }
+}
+
+void fsdp_pre_forward(Fsdp *f, Module *mod) { cast_params(f, mod); }
+void fsdp_post_forward(Fsdp *f, Module *mod) {
+    if (!f->in_backward[mod->index]) free_cast(f, mod);
+}
+void fsdp_pre_backward(Fsdp *f, Module *mod) {
+    f->in_backward[mod->index] = 1;
+    cast_params(f, mod);
+}
 
 void fsdp_post_backward(Fsdp *f, Module *mod) {
+    f->in_backward[mod->index] = 0;
+    free_cast(f, mod);
     for (int j = 0; j < mod->n_params; j++) {
         Param *p = &mod->params[j];
         coll_all_reduce(f->dev, p->grad, p->grad, p->numel, RED_AVG, f->compute, mod->name);
@@ -93,5 +125,6 @@ void fsdp_destroy(Fsdp *f) {
             dev_free(f->dev, p->data);
             p->data = p->dt.local = NULL;
         }
+    free(f->in_backward);
     free(f);
 }

@@ -42,6 +42,9 @@ static void usage(FILE *f, const char *prog) {
             "                           the last (FSDP2's set_requires_gradient_sync(False) on the others)\n"
             "  --reshard-after-backward=true|false   with --grad-accum: false keeps params unsharded between\n"
             "                           microbatches (FSDP2's set_reshard_after_backward(False) on all but the last)\n"
+            "  --param-dtype fp32|bf16  what the all-gather moves and compute reads (FSDP2's MixedPrecisionPolicy\n"
+            "                           param_dtype; bf16 is stage 08's); shards and optimizer stay fp32\n"
+            "  --reduce-dtype fp32|bf16 what the reduce-scatter moves (reduce_dtype; default fp32)\n"
             "\nworld and runtime\n"
             "  --world N                number of ranks (default 1)\n"
             "  --backend B              local: ranks as threads (default; CUDA build: all on one GPU)\n"
@@ -84,7 +87,8 @@ static const char *const VALUE_FLAGS[] = {
     "--flavor", "--dim", "--n-layers", "--n-heads", "--n-kv-heads", "--vocab-size", "--multiple-of",
     "--ffn-dim-multiplier", "--seq-len", "--batch-size", "--steps", "--lr", "--warmup-steps", "--weight-decay",
     "--max-norm", "--seed", "--data", "--load", "--save", "--save-init", "--out", "--profile-steps", "--save-every",
-    "--world", "--backend", "--link-gbps", "--link-latency-us", "--blas-threads", "--collective-timeout-s", "--grad-accum", "--grad-sync"};
+    "--world", "--backend", "--link-gbps", "--link-latency-us", "--blas-threads", "--collective-timeout-s", "--grad-accum", "--grad-sync",
+    "--param-dtype", "--reduce-dtype"};
 
 /* Model overrides, applied after the flavour (-1: not given). */
 typedef struct {
@@ -166,6 +170,11 @@ static void apply_value(Options *o, ModelOverrides *ov, const char *flag, const 
         if (!strcmp(val, "every")) o->grad_sync_every = 1;
         else if (!strcmp(val, "last")) o->grad_sync_every = 0;
         else fatal("--grad-sync expects every or last, got '%s'", val);
+    } else if (!strcmp(flag, "--param-dtype") || !strcmp(flag, "--reduce-dtype")) {
+        DType *dst = !strcmp(flag, "--param-dtype") ? &o->mp.param_dtype : &o->mp.reduce_dtype;
+        if (!strcmp(val, "fp32")) *dst = DTYPE_F32;
+        else if (!strcmp(val, "bf16")) *dst = DTYPE_BF16;
+        else fatal("%s expects fp32 or bf16, got '%s'", flag, val);
     } else if (!strcmp(flag, "--blas-threads")) o->world.blas_threads = (int)parse_int(flag, val, 0, 1024);
     else fatal("unknown flag '%s' (see --help)", flag);
 }

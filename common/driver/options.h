@@ -5,6 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "hw_fsdp.h"
 #include "model/model.h"
 #include "model/optim.h"
 #include "runtime/runtime.h"
@@ -21,6 +22,7 @@ typedef struct {
     int grad_accum;             /* K microbatches per step (1: none) */
     int grad_sync_every;        /* 1: reduce-scatter every microbatch; 0: only the last */
     int reshard_after_backward; /* 0: keep params unsharded between microbatches */
+    MixedPrecision mp;          /* --param-dtype / --reduce-dtype (stage 08) */
     int profile_steps;
     int save_every;
     int quiet;

@@ -5,11 +5,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/ops_math.h" /* bf16_from_f32: what the params check expects with --param-dtype bf16 */
 #include "runtime/runtime.h"
 #include "runtime/util.h"
 
 
-static void capture(Dev *dev, Captured *c, float *const *ptrs, int n) {
+static void capture(Dev *dev, Captured *c, const void *const *ptrs, int n) {
     c->n = n;
     for (int i = 0; i < n; i++) {
         c->ptr[i] = ptrs[i];
@@ -135,8 +136,9 @@ void probes_write_dtensors(Dev *dev, Model *m, const float *init, const char *di
     dev_host_barrier(dev);
 }
 
-void probes_init(Probes *p, const Model *m) {
+void probes_init(Probes *p, const Model *m, int param_bf16) {
     p->model = m;
+    p->param_bf16 = param_bf16;
     p->history = xcalloc((size_t)m->n_modules * MODULE_MAX_PARAMS, sizeof *p->history);
     for (int i = 0; i < m->n_modules * MODULE_MAX_PARAMS; i++) p->history[i].step = -1;
 }
@@ -153,7 +155,8 @@ typedef struct {
     Probes *probes;
     const char *hook;
     int step, rank, world;
-    const float *data[MODULE_MAX_PARAMS]; /* Param.data as the hook left them */
+    int bf16;                             /* --param-dtype bf16: data are Param.data_bf16 */
+    const void *data[MODULE_MAX_PARAMS];  /* Param.data (or data_bf16) as the hook left them */
 } ParamsCheck;
 
 /* This rank's rows of a param as torch.chunk splits dim 0 (not the DTensor's
@@ -165,17 +168,30 @@ static OwnRows own_rows(const Param *p, int rank, int world) {
     return o;
 }
 
-/* FNV-1a over the bits of sampled rows of a rank's block (`rows` points at its
- * first row): the first two, the middle and the last. Sampled so the check costs
- * little next to the module's compute it runs before (a copy-out offset or count
- * bug moves every row, and the first and last catch an off-by-one). */
-static uint64_t sampled_hash(const float *rows, OwnRows o) {
+/* How sampled_hash reads a row: the stored words (float32 or bfloat16), or a
+ * float32 shard as it should look in bfloat16 (rounded to nearest even, or
+ * truncated: the bug the message names). */
+typedef enum { WORDS_F32 = 0, WORDS_BF16, SHARD_AS_BF16, SHARD_TRUNCATED } HashAs;
+
+static uint32_t word_at(const void *rows, size_t i, HashAs as) {
+    switch (as) {
+    case WORDS_BF16: return ((const uint16_t *)rows)[i];
+    case SHARD_AS_BF16: return bf16_from_f32(((const float *)rows)[i]);
+    case SHARD_TRUNCATED: return ((const uint32_t *)rows)[i] >> 16;
+    default: return ((const uint32_t *)rows)[i];
+    }
+}
+
+/* FNV-1a over the words of sampled rows of a rank's block (`rows` points at
+ * its first row): the first two, the middle and the last. Sampled so the check
+ * costs little next to the module's compute it runs before (a copy-out offset
+ * or count bug moves every row, and the first and last catch an off-by-one). */
+static uint64_t sampled_hash(const void *rows, OwnRows o, HashAs as) {
     size_t pick[4] = {0, 1, o.rows / 2, o.rows - 1};
     uint64_t h = 1469598103934665603ull;
     for (int k = 0; k < 4; k++) {
         if (pick[k] >= o.rows || (k && pick[k] == pick[k - 1])) continue;
-        const uint32_t *w = (const uint32_t *)(rows + pick[k] * o.row_numel);
-        for (size_t i = 0; i < o.row_numel; i++) h = (h ^ w[i]) * 1099511628211ull;
+        for (size_t i = 0; i < o.row_numel; i++) h = (h ^ word_at(rows, pick[k] * o.row_numel + i, as)) * 1099511628211ull;
     }
     return h;
 }
@@ -184,9 +200,18 @@ static uint64_t sampled_hash(const float *rows, OwnRows o) {
 static void what_instead(const ParamsCheck *c, int j, uint64_t got, const ShardHistory *h, char *buf, size_t cap) {
     const Param *p = &c->mod->params[j];
     OwnRows own = own_rows(p, c->rank, c->world);
-    const float *rows = c->data[j] + own.start * own.row_numel;
+    size_t esize = c->bf16 ? sizeof(uint16_t) : sizeof(float);
+    const void *rows = (const char *)c->data[j] + own.start * own.row_numel * esize;
     size_t n = own.rows * own.row_numel, nan = 0;
-    for (size_t i = 0; i < n; i++) nan += rows[i] != rows[i];
+    for (size_t i = 0; i < n; i++) {
+        float v = c->bf16 ? bf16_to_f32(((const uint16_t *)rows)[i]) : ((const float *)rows)[i];
+        nan += v != v;
+    }
+    if (c->bf16 && p->dt.local && got == sampled_hash(p->dt.local, own, SHARD_TRUNCATED)) {
+        snprintf(buf, cap, "the shard truncated to bfloat16 (its top 16 bits) instead of rounded to nearest even: "
+                 "cast with launch_cast_to_bf16");
+        return;
+    }
     if (nan) {
         snprintf(buf, cap, "%zu of its %zu values are NaN: never written (fresh memory is NaN-filled): the copy-out "
                  "did not reach these rows, or compute read them before the all-gather filled them", nan, n);
@@ -205,7 +230,7 @@ static void what_instead(const ParamsCheck *c, int j, uint64_t got, const ShardH
             const Param *q = &m->modules[i].params[k];
             OwnRows oq = own_rows(q, c->rank, c->world);
             if ((i != c->mod->index || k != j) && oq.rows == own.rows && oq.row_numel == own.row_numel &&
-                q->dt.local && sampled_hash(q->dt.local, oq) == got) {
+                q->dt.local && sampled_hash(q->dt.local, oq, c->bf16 ? SHARD_AS_BF16 : WORDS_F32) == got) {
                 snprintf(buf, cap, "%s's shard: the copy-out took another param's segment (offsets in the flat "
                          "buffer, or another module's all-gather output)", m->modules[i].params[k].name);
                 return;
@@ -213,7 +238,8 @@ static void what_instead(const ParamsCheck *c, int j, uint64_t got, const ShardH
         }
     }
     snprintf(buf, cap, "other values: the copy-out's offsets or counts are wrong (rank r's rows of param j start at "
-             "r x S + offset(j) of the all-gather output)");
+             "r x S + offset(j) of the all-gather output%s)",
+             c->bf16 ? "; in bfloat16 elements of 2 bytes, not sizeof(float)" : "");
 }
 
 static void k_params_check(void *arg) {
@@ -225,37 +251,61 @@ static void k_params_check(void *arg) {
         size_t n = own.rows * own.row_numel;
         if (!n || !dt->local || dt->local_rows * dt->row_numel != n) continue; /* a wrong shard: DTensors says so */
         ShardHistory *h = &c->probes->history[c->mod->index * MODULE_MAX_PARAMS + j];
-        uint64_t shard = sampled_hash(dt->local, own);
+        uint64_t shard = sampled_hash(dt->local, own, c->bf16 ? SHARD_AS_BF16 : WORDS_F32);
         if (h->step != c->step) { /* the first check of a step sees the shard the optimizer left */
             h->before = h->step >= 0 ? h->now : shard;
             h->now = shard;
             h->step = c->step;
         }
-        uint64_t got = sampled_hash(c->data[j] + own.start * own.row_numel, own);
+        size_t esize = c->bf16 ? sizeof(uint16_t) : sizeof(float);
+        uint64_t got = sampled_hash((const char *)c->data[j] + own.start * own.row_numel * esize, own,
+                                    c->bf16 ? WORDS_BF16 : WORDS_F32);
         if (got == shard) continue;
         char why[600];
         what_instead(c, j, got, h, why, sizeof why);
         fatal("params check on rank %d: before %s's compute (after its %s, step %d), rows [%zu, %zu) of %s's "
-              "Param.data should hold this rank's current shard; they hold %s", c->rank, c->mod->name, c->hook,
-              c->step + 1, own.start, own.start + own.rows, p->name, why);
+              "Param.%s should hold this rank's current shard%s; they hold %s", c->rank, c->mod->name, c->hook,
+              c->step + 1, own.start, own.start + own.rows, p->name, c->bf16 ? "data_bf16" : "data",
+              c->bf16 ? " rounded to bfloat16" : "", why);
     }
 }
 
 void probe_params_ready(Dev *dev, Probes *p, const Module *mod, int step, const char *hook, int backward) {
-    float *ptrs[MODULE_MAX_PARAMS];
+    const void *ptrs[MODULE_MAX_PARAMS];
+    const char *field = p->param_bf16 ? "Param.data_bf16" : "Param.data";
+    const char *why = p->param_bf16 ? " (--param-dtype bf16: compute reads Param.data_bf16; a stage before 08 "
+                                      "sets only Param.data)" : "";
+    size_t elems = 0;
     for (int j = 0; j < mod->n_params; j++) {
-        if (!mod->params[j].data) {
+        const Param *q = &mod->params[j];
+        ptrs[j] = p->param_bf16 ? (const void *)q->data_bf16 : (const void *)q->data;
+        if (!ptrs[j]) {
             if (backward)
-                fatal("%s: %s has no unsharded data for the backward (Param.data is NULL after "
-                      "fsdp_pre_backward)", mod->name, mod->params[j].name);
-            fatal("%s: %s has no unsharded data after fsdp_pre_forward (Param.data is NULL)", mod->name,
-                  mod->params[j].name);
+                fatal("%s: %s has no unsharded data for the backward (%s is NULL after fsdp_pre_backward)%s",
+                      mod->name, q->name, field, why);
+            fatal("%s: %s has no unsharded data after fsdp_pre_forward (%s is NULL)%s", mod->name, q->name, field,
+                  why);
         }
-        ptrs[j] = mod->params[j].data;
+        elems += q->numel;
     }
     capture(dev, &p->params, ptrs, mod->n_params);
+    /* what holds the unsharded params, for the mixed-precision check: their bytes per element, and
+     * with bf16 any float32 Param.data kept beside them */
+    char f[320], micro[96], extra[64] = "";
+    if (p->param_bf16) {
+        Captured f32;
+        const void *data[MODULE_MAX_PARAMS];
+        for (int j = 0; j < mod->n_params; j++) data[j] = mod->params[j].data;
+        capture(dev, &f32, data, mod->n_params);
+        snprintf(extra, sizeof extra, ",\"unsharded_f32_bytes\":%zu", still_live_bytes(dev, &f32));
+    }
+    micro_fields(dev, mod, micro, sizeof micro);
+    snprintf(f, sizeof f, "\"step\":%d,\"module\":\"%s\",\"hook\":\"%s\",\"unsharded_param_bytes\":%zu,"
+             "\"unsharded_param_elems\":%zu%s%s", step, mod->name, hook, still_live_bytes(dev, &p->params), elems,
+             extra, micro);
+    dev_mem_note(dev, "hook_check", f);
     if (dev_is_cuda_build() || !p->history) return; /* the check reads device memory on the host */
-    ParamsCheck c = {mod, p, hook, step, dev_rank(dev), dev_world_size(dev), {0}};
+    ParamsCheck c = {mod, p, hook, step, dev_rank(dev), dev_world_size(dev), p->param_bf16, {0}};
     for (int j = 0; j < mod->n_params; j++) c.data[j] = ptrs[j];
     Stream *cs = dev_compute_stream(dev);
     int tracing = dev_tracing(dev);
@@ -265,7 +315,7 @@ void probe_params_ready(Dev *dev, Probes *p, const Module *mod, int step, const 
 }
 
 void probe_grads_allocated(Dev *dev, Probes *p, const Module *mod) {
-    float *grads[MODULE_MAX_PARAMS];
+    const void *grads[MODULE_MAX_PARAMS];
     for (int j = 0; j < mod->n_params; j++) grads[j] = mod->params[j].grad;
     capture(dev, &p->grads, grads, mod->n_params);
 }

@@ -1,8 +1,10 @@
 /* probes.h — what the training driver records for the grader, around the
  * student's hooks:
- *   - after fsdp_pre_forward / fsdp_pre_backward: every Param.data is set
- *     (else one line naming the hook), its rows of this rank hold the current
- *     shard (the params check), and which allocations hold them;
+ *   - after fsdp_pre_forward / fsdp_pre_backward: every Param.data (with
+ *     --param-dtype bf16: Param.data_bf16) is set (else one line naming the
+ *     hook), its rows of this rank hold the current shard (the params check;
+ *     bf16: rounded to nearest even), and which allocations hold them (a
+ *     "hook_check" note: their bytes and the params' elements);
  *   - after fsdp_post_forward / fsdp_post_backward: how many of those bytes
  *     (and of the module's unsharded grads) are still allocated, as
  *     "hook_check" notes in the memory snapshot;
@@ -38,9 +40,10 @@ typedef struct {
     size_t hook_entry_bytes;  /* allocated when the current hook began */
     const Model *model;
     ShardHistory *history;    /* [n_modules * MODULE_MAX_PARAMS] */
+    int param_bf16;           /* --param-dtype bf16: the params are Param.data_bf16 */
 } Probes;
 
-void probes_init(Probes *p, const Model *m);
+void probes_init(Probes *p, const Model *m, int param_bf16);
 void probes_free(Probes *p);
 
 /* Around every hook: a "hook_memory" note with the bytes allocated at entry,

@@ -15,6 +15,8 @@
 #include "runtime/util.h"
 
 /* run.json: the run's configuration, for plots, the grader and references. */
+static const char *dtype_flag(DType t) { return t == DTYPE_BF16 ? "bf16" : "fp32"; }
+
 static void write_run_json(const Options *o, const Model *m) {
     char path[4096];
     snprintf(path, sizeof path, "%s/run.json", o->out_dir);
@@ -29,6 +31,7 @@ static void write_run_json(const Options *o, const Model *m) {
                      "\"device\":\"%s\",\"lr\":%g,\"warmup_steps\":%d,\"weight_decay\":%g,\"max_norm\":%g,"
                      "\"seed\":%llu,\"data\":\"%s\",\"ac\":%s,\"reshard_after_forward\":%s,\"forward_only\":%s,"
                      "\"grad_accum\":%d,\"grad_sync\":\"%s\",\"reshard_after_backward\":%s,"
+                     "\"param_dtype\":\"%s\",\"reduce_dtype\":\"%s\","
                      "\"link_gbps\":%g,\"link_latency_us\":%g,\"profile_steps\":%d,\"host\":\"%s\"}\n",
                      o->flavor, c->dim, c->n_layers, c->n_heads, c->n_kv_heads, c->vocab_size, c->hidden_dim,
                      c->multiple_of, m->n_params_total, o->seq_len, o->batch_size, o->steps, o->world.world_size,
@@ -36,7 +39,8 @@ static void write_run_json(const Options *o, const Model *m) {
                      (double)o->optim.weight_decay, (double)o->optim.max_norm, (unsigned long long)o->seed,
                      o->data_path, o->ac ? "true" : "false", o->reshard_after_forward ? "true" : "false",
                      o->forward_only ? "true" : "false", o->grad_accum, o->grad_sync_every ? "every" : "last",
-                     o->reshard_after_backward ? "true" : "false", o->world.link_gbps, o->world.link_latency_us,
+                     o->reshard_after_backward ? "true" : "false", dtype_flag(o->mp.param_dtype),
+                     dtype_flag(o->mp.reduce_dtype), o->world.link_gbps, o->world.link_latency_us,
                      o->profile_steps, host);
     write_file_atomic(path, buf, (size_t)n);
 }

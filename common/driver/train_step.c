@@ -182,16 +182,16 @@ static void trainer_init(Trainer *t, Dev *dev, const TrainJob *job, DeviceMesh *
         }
     mesh->size = dev_world_size(dev);
     for (int r = 0; r < mesh->size; r++) mesh->ranks[r] = r;
-    FsdpConfig fc = {dev, m, mesh, o->reshard_after_forward, o->optim};
+    FsdpConfig fc = {dev, m, mesh, o->reshard_after_forward, o->mp, o->optim};
     at(t, -1, "fsdp", "init");
     t->fsdp = fsdp_init(&fc);
-    probes_init(&t->probes, m);
+    probes_init(&t->probes, m, o->mp.param_dtype == DTYPE_BF16);
     if (o->out_dir) probes_write_dtensors(dev, m, job->init, o->out_dir, mesh);
     if (job->init_exp_avg && !o->forward_only)
         checkpoint_restore_optimizer(dev, m, job->init_exp_avg, job->init_exp_avg_sq);
 
     t->run = (ModelRun){.dev = dev, .stream = cs, .B = o->batch_size, .T = o->seq_len, .recompute = o->ac,
-                        .microbatches = o->grad_accum};
+                        .microbatches = o->grad_accum, .param_bf16 = o->mp.param_dtype == DTYPE_BF16};
     at(t, -1, "init", "init");
     t->inputs = dev_alloc(dev, N * sizeof(int32_t), MEM_ACTIVATION, "inputs");
     t->targets = dev_alloc(dev, N * sizeof(int32_t), MEM_ACTIVATION, "targets");

@@ -50,6 +50,8 @@ typedef struct { float *out; const float *a, *b; size_t n; } SwiArgs;
 typedef struct { float *da, *db; const float *dout, *a, *b; size_t n; } SwiBwdArgs;
 /* out = a + b (out may alias a or b) */
 typedef struct { float *out; const float *a, *b; size_t n; } AddArgs;
+/* cast_to_bf16: bf16[i] = round(f32[i]); cast_from_bf16: f32[i] = bf16[i] */
+typedef struct { float *f32; uint16_t *bf16; size_t n; } CastArgs;
 /* forward: *loss = mean CE over the N rows (loss is one device float);
  * backward: dlogits += (softmax - onehot) / mean_over, mean_over = N, or N x K
  * for one of K microbatches (the grad of the whole batch's mean: loss / K) */
@@ -72,7 +74,8 @@ typedef struct {
 #define HWFSDP_KERNEL_LIST(X)                                                                                          \
     X(embedding_forward) X(embedding_backward) X(rmsnorm_forward) X(rmsnorm_backward) X(matmul_forward)                \
     X(matmul_backward) X(rope) X(rope_tables) X(attention_forward) X(attention_backward) X(swiglu_forward)             \
-    X(swiglu_backward) X(add) X(crossentropy_forward) X(crossentropy_backward) X(sumsq_accumulate) X(adamw)
+    X(swiglu_backward) X(add) X(crossentropy_forward) X(crossentropy_backward) X(sumsq_accumulate) X(adamw)            \
+    X(cast_to_bf16) X(cast_from_bf16)
 
 #define HWFSDP_DECLARE_KERNEL(name) void kcpu_##name(void *args); void kcuda_##name(void *args);
 #ifdef __cplusplus

@@ -1,6 +1,6 @@
 /* launch.c — the launch helpers device.h offers student code: the
- * squared-norm accumulation, an element-wise add (accumulating grad shards)
- * and the AdamW update of a shard, as stream kernels with their race-detector
+ * squared-norm accumulation, an element-wise add (accumulating grad shards),
+ * the bfloat16 casts (mixed precision) and the AdamW update of a shard, as stream kernels with their race-detector
  * annotations. */
 #include "model/kernels.h"
 #include "runtime/runtime.h"
@@ -18,6 +18,20 @@ void launch_add(Stream *s, float *out, const float *a, const float *b, size_t n)
     dev_access(s, b, n * sizeof(float), 0, NULL);
     dev_access(s, out, n * sizeof(float), 1, NULL);
     dev_launch(s, "add", KERNEL(add), &x, sizeof x);
+}
+
+void launch_cast_to_bf16(Stream *s, Bf16 *out, const float *in, size_t n) {
+    CastArgs x = {(float *)in, out, n};
+    dev_access(s, in, n * sizeof(float), 0, NULL);
+    dev_access(s, out, n * sizeof(Bf16), 1, NULL);
+    dev_launch(s, "cast_to_bf16", KERNEL(cast_to_bf16), &x, sizeof x);
+}
+
+void launch_cast_from_bf16(Stream *s, float *out, const Bf16 *in, size_t n) {
+    CastArgs x = {out, (Bf16 *)in, n};
+    dev_access(s, in, n * sizeof(Bf16), 0, NULL);
+    dev_access(s, out, n * sizeof(float), 1, NULL);
+    dev_launch(s, "cast_from_bf16", KERNEL(cast_from_bf16), &x, sizeof x);
 }
 
 void launch_adamw(Stream *s, float *param, const float *grad, float *exp_avg, float *exp_avg_sq, size_t n,

@@ -260,6 +260,30 @@ static float *zeros(Q *q, size_t n, const char *what) {
     dev_memset_async(q->s, p, 0, n * sizeof(float));
     return p;
 }
+
+/* The float32 values an op reads for parameter p: Param.data, or with
+ * --param-dtype bf16 Param.data_bf16 widened (exactly) into a scratch buffer
+ * for that one op. A GPU kernel would read the bfloat16 words directly
+ * (cuBLAS: bfloat16 inputs, float32 accumulation); our kernels, on both
+ * backends, are float32, so the scratch (MEM_TEMP, one param at a time) is
+ * this runtime's cost, not FSDP's. param_done frees it once the op is queued
+ * (same stream: safe). Either way the race detector sees the read. */
+static const float *param_in(ModelRun *run, const Param *p) {
+    if (!run->param_bf16) {
+        dev_access(run->stream, p->data, p->numel * sizeof(float), 0, p->name);
+        return p->data;
+    }
+    if (!p->data_bf16) fatal("%s: Param.data_bf16 is NULL when compute reads it (--param-dtype bf16)", p->name);
+    char nm[96];
+    snprintf(nm, sizeof nm, "%s.widened", p->name);
+    float *w = dev_alloc_f32(run->dev, p->numel, MEM_TEMP, nm);
+    launch_cast_from_bf16(run->stream, w, p->data_bf16, p->numel);
+    return w;
+}
+
+static void param_done(ModelRun *run, const float *w) {
+    if (run->param_bf16) dev_free(run->dev, (void *)w);
+}
 static void rmsnorm_q(Q *q, float *out, float *rstd, const float *in, const float *w, size_t N, size_t D, float eps) {
     NormArgs a = {out, rstd, in, w, N, D, eps};
     dev_launch(q->s, "rmsnorm", KERNEL(rmsnorm_forward), &a, sizeof a);
@@ -336,6 +360,7 @@ void model_run_end(Model *m, ModelRun *run) {
 
 /* The block forward up to g (everything the backward needs). */
 static void block_forward_saved(Model *m, Module *mod, ModelRun *run, Q *q) {
+    const float *w;
     const ModelConfig *c = &m->cfg;
     size_t N = run->B * run->T, D = (size_t)c->dim, F = (size_t)c->hidden_dim, hd = (size_t)c->head_dim;
     size_t H = (size_t)c->n_heads, KV = (size_t)c->n_kv_heads;
@@ -344,17 +369,21 @@ static void block_forward_saved(Model *m, Module *mod, ModelRun *run, Q *q) {
     A->xn = act(q, N * D, "xn");
     A->rstd1 = act(q, N, "rstd1");
     dev_access(run->stream, A->x, N * D * sizeof(float), 0, "input");
-    dev_access(run->stream, P[P_ATTN_NORM].data, P[P_ATTN_NORM].numel * sizeof(float), 0, P[P_ATTN_NORM].name);
-    rmsnorm_q(q, A->xn, A->rstd1, A->x, P[P_ATTN_NORM].data, N, D, c->norm_eps);
+    w = param_in(run, &P[P_ATTN_NORM]);
+    rmsnorm_q(q, A->xn, A->rstd1, A->x, w, N, D, c->norm_eps);
+    param_done(run, w);
     A->q = act(q, N * H * hd, "q");
     A->k = act(q, N * KV * hd, "k");
     A->v = act(q, N * KV * hd, "v");
-    dev_access(run->stream, P[P_WQ].data, P[P_WQ].numel * sizeof(float), 0, P[P_WQ].name);
-    matmul_q(q, "wq", A->q, A->xn, P[P_WQ].data, N, D, H * hd);
-    dev_access(run->stream, P[P_WK].data, P[P_WK].numel * sizeof(float), 0, P[P_WK].name);
-    matmul_q(q, "wk", A->k, A->xn, P[P_WK].data, N, D, KV * hd);
-    dev_access(run->stream, P[P_WV].data, P[P_WV].numel * sizeof(float), 0, P[P_WV].name);
-    matmul_q(q, "wv", A->v, A->xn, P[P_WV].data, N, D, KV * hd);
+    w = param_in(run, &P[P_WQ]);
+    matmul_q(q, "wq", A->q, A->xn, w, N, D, H * hd);
+    param_done(run, w);
+    w = param_in(run, &P[P_WK]);
+    matmul_q(q, "wk", A->k, A->xn, w, N, D, KV * hd);
+    param_done(run, w);
+    w = param_in(run, &P[P_WV]);
+    matmul_q(q, "wv", A->v, A->xn, w, N, D, KV * hd);
+    param_done(run, w);
     rope_q(q, A->q, run, H, hd, 0);
     rope_q(q, A->k, run, KV, hd, 0);
     A->probs = act(q, run->B * H * run->T * run->T, "probs");
@@ -362,25 +391,30 @@ static void block_forward_saved(Model *m, Module *mod, ModelRun *run, Q *q) {
     AttArgs aa = {A->att, A->probs, A->q, A->k, A->v, run->B, run->T, H, KV, hd};
     dev_launch(q->s, "attention", KERNEL(attention_forward), &aa, sizeof aa);
     A->h = act(q, N * D, "h");
-    dev_access(run->stream, P[P_WO].data, P[P_WO].numel * sizeof(float), 0, P[P_WO].name);
-    matmul_q(q, "wo", A->h, A->att, P[P_WO].data, N, H * hd, D);
+    w = param_in(run, &P[P_WO]);
+    matmul_q(q, "wo", A->h, A->att, w, N, H * hd, D);
+    param_done(run, w);
     add_q(q, A->h, A->h, A->x, N * D);
     A->hn = act(q, N * D, "hn");
     A->rstd2 = act(q, N, "rstd2");
-    dev_access(run->stream, P[P_FFN_NORM].data, P[P_FFN_NORM].numel * sizeof(float), 0, P[P_FFN_NORM].name);
-    rmsnorm_q(q, A->hn, A->rstd2, A->h, P[P_FFN_NORM].data, N, D, c->norm_eps);
+    w = param_in(run, &P[P_FFN_NORM]);
+    rmsnorm_q(q, A->hn, A->rstd2, A->h, w, N, D, c->norm_eps);
+    param_done(run, w);
     A->a = act(q, N * F, "w1_out");
     A->b = act(q, N * F, "w3_out");
-    dev_access(run->stream, P[P_W1].data, P[P_W1].numel * sizeof(float), 0, P[P_W1].name);
-    matmul_q(q, "w1", A->a, A->hn, P[P_W1].data, N, D, F);
-    dev_access(run->stream, P[P_W3].data, P[P_W3].numel * sizeof(float), 0, P[P_W3].name);
-    matmul_q(q, "w3", A->b, A->hn, P[P_W3].data, N, D, F);
+    w = param_in(run, &P[P_W1]);
+    matmul_q(q, "w1", A->a, A->hn, w, N, D, F);
+    param_done(run, w);
+    w = param_in(run, &P[P_W3]);
+    matmul_q(q, "w3", A->b, A->hn, w, N, D, F);
+    param_done(run, w);
     A->g = act(q, N * F, "swiglu");
     SwiArgs sa = {A->g, A->a, A->b, N * F};
     dev_launch(q->s, "swiglu", KERNEL(swiglu_forward), &sa, sizeof sa);
 }
 
 void module_forward(Model *m, Module *mod, ModelRun *run) {
+    const float *w;
     const ModelConfig *c = &m->cfg;
     size_t N = run->B * run->T, D = (size_t)c->dim, V = (size_t)c->vocab_size;
     Q q = {run->dev, run->stream, mod->name};
@@ -388,16 +422,18 @@ void module_forward(Model *m, Module *mod, ModelRun *run) {
     Param *P = mod->params;
     if (mod->kind == MOD_EMBEDDING) {
         float *out = act(&q, N * D, "out");
-        dev_access(run->stream, P[0].data, P[0].numel * sizeof(float), 0, P[0].name);
-        EmbArgs a = {out, run->inputs, P[0].data, N, D};
+        w = param_in(run, &P[0]);
+        EmbArgs a = {out, run->inputs, w, N, D};
         dev_launch(run->stream, "embedding", KERNEL(embedding_forward), &a, sizeof a);
+        param_done(run, w);
         run->h = out;
     } else if (mod->kind == MOD_BLOCK) {
         A->x = run->h; /* the block owns its input until its backward */
         block_forward_saved(m, mod, run, &q);
         float *out = act(&q, N * D, "out");
-        dev_access(run->stream, P[P_W2].data, P[P_W2].numel * sizeof(float), 0, P[P_W2].name);
-        matmul_q(&q, "w2", out, A->g, P[P_W2].data, N, (size_t)c->hidden_dim, D);
+        w = param_in(run, &P[P_W2]);
+        matmul_q(&q, "w2", out, A->g, w, N, (size_t)c->hidden_dim, D);
+        param_done(run, w);
         add_q(&q, out, out, A->h, N * D);
         if (run->recompute) free_acts(run->dev, A, 1); /* keep only the input */
         run->h = out;
@@ -406,11 +442,13 @@ void module_forward(Model *m, Module *mod, ModelRun *run) {
         A->xn = act(&q, N * D, "xn");
         A->rstd1 = act(&q, N, "rstd");
         dev_access(run->stream, A->x, N * D * sizeof(float), 0, "input");
-        dev_access(run->stream, P[P_HEAD_NORM].data, P[P_HEAD_NORM].numel * sizeof(float), 0, P[P_HEAD_NORM].name);
-        rmsnorm_q(&q, A->xn, A->rstd1, A->x, P[P_HEAD_NORM].data, N, D, c->norm_eps);
+        w = param_in(run, &P[P_HEAD_NORM]);
+        rmsnorm_q(&q, A->xn, A->rstd1, A->x, w, N, D, c->norm_eps);
+        param_done(run, w);
         A->logits = act(&q, N * V, "logits");
-        dev_access(run->stream, P[P_OUTPUT].data, P[P_OUTPUT].numel * sizeof(float), 0, P[P_OUTPUT].name);
-        matmul_q(&q, "output", A->logits, A->xn, P[P_OUTPUT].data, N, D, V);
+        w = param_in(run, &P[P_OUTPUT]);
+        matmul_q(&q, "output", A->logits, A->xn, w, N, D, V);
+        param_done(run, w);
         CeArgs ce = {run->loss, NULL, A->logits, run->targets, N, V, N};
         dev_launch(run->stream, "cross_entropy", KERNEL(crossentropy_forward), &ce, sizeof ce);
         run->h = NULL;
@@ -425,6 +463,7 @@ void module_recompute(Model *m, Module *mod, ModelRun *run) {
 }
 
 void module_backward(Model *m, Module *mod, ModelRun *run) {
+    const float *w;
     const ModelConfig *c = &m->cfg;
     size_t N = run->B * run->T, D = (size_t)c->dim, V = (size_t)c->vocab_size, F = (size_t)c->hidden_dim;
     size_t H = (size_t)c->n_heads, KV = (size_t)c->n_kv_heads, hd = (size_t)c->head_dim;
@@ -440,12 +479,14 @@ void module_backward(Model *m, Module *mod, ModelRun *run) {
         dev_launch(run->stream, "cross_entropy_bwd", KERNEL(crossentropy_backward), &ce, sizeof ce);
         float *dxn = zeros(&q, N * D, "dxn");
         dev_access(run->stream, P[P_OUTPUT].grad, P[P_OUTPUT].numel * sizeof(float), 1, NULL);
-        dev_access(run->stream, P[P_OUTPUT].data, P[P_OUTPUT].numel * sizeof(float), 0, P[P_OUTPUT].name);
-        matmul_bwd_q(&q, "output_bwd", dxn, P[P_OUTPUT].grad, dlogits, A->xn, P[P_OUTPUT].data, N, D, V);
+        w = param_in(run, &P[P_OUTPUT]);
+        matmul_bwd_q(&q, "output_bwd", dxn, P[P_OUTPUT].grad, dlogits, A->xn, w, N, D, V);
+        param_done(run, w);
         float *dx = zeros(&q, N * D, "dx");
         dev_access(run->stream, P[P_HEAD_NORM].grad, P[P_HEAD_NORM].numel * sizeof(float), 1, NULL);
-        dev_access(run->stream, P[P_HEAD_NORM].data, P[P_HEAD_NORM].numel * sizeof(float), 0, P[P_HEAD_NORM].name);
-        rmsnorm_bwd_q(&q, dx, P[P_HEAD_NORM].grad, dxn, A->x, P[P_HEAD_NORM].data, A->rstd1, N, D);
+        w = param_in(run, &P[P_HEAD_NORM]);
+        rmsnorm_bwd_q(&q, dx, P[P_HEAD_NORM].grad, dxn, A->x, w, A->rstd1, N, D);
+        param_done(run, w);
         dev_free(run->dev, dlogits);
         dev_free(run->dev, dxn);
         free_acts(run->dev, A, 0);
@@ -455,27 +496,32 @@ void module_backward(Model *m, Module *mod, ModelRun *run) {
         /* out = h + g W2^T */
         float *dg = zeros(&q, N * F, "dswiglu");
         dev_access(run->stream, P[P_W2].grad, P[P_W2].numel * sizeof(float), 1, NULL);
-        dev_access(run->stream, P[P_W2].data, P[P_W2].numel * sizeof(float), 0, P[P_W2].name);
-        matmul_bwd_q(&q, "w2_bwd", dg, P[P_W2].grad, dout, A->g, P[P_W2].data, N, F, D);
+        w = param_in(run, &P[P_W2]);
+        matmul_bwd_q(&q, "w2_bwd", dg, P[P_W2].grad, dout, A->g, w, N, F, D);
+        param_done(run, w);
         float *da = zeros(&q, N * F, "dw1_out"), *db = zeros(&q, N * F, "dw3_out");
         SwiBwdArgs sb = {da, db, dg, A->a, A->b, N * F};
         dev_launch(run->stream, "swiglu_bwd", KERNEL(swiglu_backward), &sb, sizeof sb);
         float *dhn = zeros(&q, N * D, "dhn");
         dev_access(run->stream, P[P_W1].grad, P[P_W1].numel * sizeof(float), 1, NULL);
-        dev_access(run->stream, P[P_W1].data, P[P_W1].numel * sizeof(float), 0, P[P_W1].name);
-        matmul_bwd_q(&q, "w1_bwd", dhn, P[P_W1].grad, da, A->hn, P[P_W1].data, N, D, F);
+        w = param_in(run, &P[P_W1]);
+        matmul_bwd_q(&q, "w1_bwd", dhn, P[P_W1].grad, da, A->hn, w, N, D, F);
+        param_done(run, w);
         dev_access(run->stream, P[P_W3].grad, P[P_W3].numel * sizeof(float), 1, NULL);
-        dev_access(run->stream, P[P_W3].data, P[P_W3].numel * sizeof(float), 0, P[P_W3].name);
-        matmul_bwd_q(&q, "w3_bwd", dhn, P[P_W3].grad, db, A->hn, P[P_W3].data, N, D, F);
+        w = param_in(run, &P[P_W3]);
+        matmul_bwd_q(&q, "w3_bwd", dhn, P[P_W3].grad, db, A->hn, w, N, D, F);
+        param_done(run, w);
         float *dh = dout; /* dL/dh = dout (residual) + RMSNorm backward of dhn */
         dev_access(run->stream, P[P_FFN_NORM].grad, P[P_FFN_NORM].numel * sizeof(float), 1, NULL);
-        dev_access(run->stream, P[P_FFN_NORM].data, P[P_FFN_NORM].numel * sizeof(float), 0, P[P_FFN_NORM].name);
-        rmsnorm_bwd_q(&q, dh, P[P_FFN_NORM].grad, dhn, A->h, P[P_FFN_NORM].data, A->rstd2, N, D);
+        w = param_in(run, &P[P_FFN_NORM]);
+        rmsnorm_bwd_q(&q, dh, P[P_FFN_NORM].grad, dhn, A->h, w, A->rstd2, N, D);
+        param_done(run, w);
         /* h = x + att Wo^T */
         float *datt = zeros(&q, N * H * hd, "datt");
         dev_access(run->stream, P[P_WO].grad, P[P_WO].numel * sizeof(float), 1, NULL);
-        dev_access(run->stream, P[P_WO].data, P[P_WO].numel * sizeof(float), 0, P[P_WO].name);
-        matmul_bwd_q(&q, "wo_bwd", datt, P[P_WO].grad, dh, A->att, P[P_WO].data, N, H * hd, D);
+        w = param_in(run, &P[P_WO]);
+        matmul_bwd_q(&q, "wo_bwd", datt, P[P_WO].grad, dh, A->att, w, N, H * hd, D);
+        param_done(run, w);
         float *dq = zeros(&q, N * H * hd, "dq"), *dk = zeros(&q, N * KV * hd, "dk"), *dv = zeros(&q, N * KV * hd, "dv");
         float *scratch = temp(&q, KERNEL(attention_scratch_floats)(run->B, run->T, H), "att_scratch");
         AttBwdArgs ab = {dq, dk, dv, scratch, datt, A->q, A->k, A->v, A->probs, run->B, run->T, H, KV, hd};
@@ -484,18 +530,22 @@ void module_backward(Model *m, Module *mod, ModelRun *run) {
         rope_q(&q, dk, run, KV, hd, 1);
         float *dxn = zeros(&q, N * D, "dxn");
         dev_access(run->stream, P[P_WQ].grad, P[P_WQ].numel * sizeof(float), 1, NULL);
-        dev_access(run->stream, P[P_WQ].data, P[P_WQ].numel * sizeof(float), 0, P[P_WQ].name);
-        matmul_bwd_q(&q, "wq_bwd", dxn, P[P_WQ].grad, dq, A->xn, P[P_WQ].data, N, D, H * hd);
+        w = param_in(run, &P[P_WQ]);
+        matmul_bwd_q(&q, "wq_bwd", dxn, P[P_WQ].grad, dq, A->xn, w, N, D, H * hd);
+        param_done(run, w);
         dev_access(run->stream, P[P_WK].grad, P[P_WK].numel * sizeof(float), 1, NULL);
-        dev_access(run->stream, P[P_WK].data, P[P_WK].numel * sizeof(float), 0, P[P_WK].name);
-        matmul_bwd_q(&q, "wk_bwd", dxn, P[P_WK].grad, dk, A->xn, P[P_WK].data, N, D, KV * hd);
+        w = param_in(run, &P[P_WK]);
+        matmul_bwd_q(&q, "wk_bwd", dxn, P[P_WK].grad, dk, A->xn, w, N, D, KV * hd);
+        param_done(run, w);
         dev_access(run->stream, P[P_WV].grad, P[P_WV].numel * sizeof(float), 1, NULL);
-        dev_access(run->stream, P[P_WV].data, P[P_WV].numel * sizeof(float), 0, P[P_WV].name);
-        matmul_bwd_q(&q, "wv_bwd", dxn, P[P_WV].grad, dv, A->xn, P[P_WV].data, N, D, KV * hd);
+        w = param_in(run, &P[P_WV]);
+        matmul_bwd_q(&q, "wv_bwd", dxn, P[P_WV].grad, dv, A->xn, w, N, D, KV * hd);
+        param_done(run, w);
         /* x feeds both the residual (dh) and the attention norm (dxn) */
         dev_access(run->stream, P[P_ATTN_NORM].grad, P[P_ATTN_NORM].numel * sizeof(float), 1, NULL);
-        dev_access(run->stream, P[P_ATTN_NORM].data, P[P_ATTN_NORM].numel * sizeof(float), 0, P[P_ATTN_NORM].name);
-        rmsnorm_bwd_q(&q, dh, P[P_ATTN_NORM].grad, dxn, A->x, P[P_ATTN_NORM].data, A->rstd1, N, D);
+        w = param_in(run, &P[P_ATTN_NORM]);
+        rmsnorm_bwd_q(&q, dh, P[P_ATTN_NORM].grad, dxn, A->x, w, A->rstd1, N, D);
+        param_done(run, w);
         float *frees[] = {dg, da, db, dhn, datt, dq, dk, dv, scratch, dxn};
         for (size_t i = 0; i < sizeof frees / sizeof frees[0]; i++) dev_free(run->dev, frees[i]);
         free_acts(run->dev, A, 0);

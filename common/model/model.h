@@ -43,6 +43,7 @@ typedef struct {
     size_t B, T;              /* per-rank batch, sequence length */
     int recompute;            /* --ac: blocks keep only their input in forward */
     int microbatches;         /* K of --grad-accum (B is then one microbatch): the backward is loss / K's */
+    int param_bf16;           /* --param-dtype bf16: ops read Param.data_bf16, widened (model.c: param_in) */
     const int32_t *inputs;    /* [B*T] device memory */
     const int32_t *targets;   /* [B*T] */
     float *rope_cos, *rope_sin; /* [T, hd/2] */

@@ -437,6 +437,16 @@ void add_inplace(float *y, const float *x, size_t n) {
     for (size_t i = 0; i < n; i++) y[i] += x[i];
 }
 
+/* ------------------------------------------------------------------ bfloat16 */
+
+void cast_to_bf16(uint16_t *out, const float *in, size_t n) {
+    for (size_t i = 0; i < n; i++) out[i] = bf16_from_f32(in[i]);
+}
+
+void cast_from_bf16(float *out, const uint16_t *in, size_t n) {
+    for (size_t i = 0; i < n; i++) out[i] = bf16_to_f32(in[i]);
+}
+
 /* -------------------------------------------------------------- cross-entropy */
 
 /* logsumexp of one row in ONE pass (online): keep the running max m and

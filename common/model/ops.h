@@ -77,6 +77,9 @@ void swiglu_backward(float *da, float *db, const float *dout, const float *a, co
 void add_forward(float *out, const float *a, const float *b, size_t n);
 /* y[i] += x[i] */
 void add_inplace(float *y, const float *x, size_t n);
+/* out[i] = in[i] rounded to bfloat16 (ops_math.h: nearest, ties to even) / widened back (exact) */
+void cast_to_bf16(uint16_t *out, const float *in, size_t n);
+void cast_from_bf16(float *out, const uint16_t *in, size_t n);
 
 /* Mean cross-entropy over N rows of logits[N,V] with targets[N]:
  * returns mean_n( logsumexp(logits[n]) - logits[n, target[n]] ), summed in

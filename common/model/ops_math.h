@@ -6,6 +6,8 @@
 
 #include <math.h>
 #include <stddef.h>
+#include <stdint.h>
+#include <string.h>
 
 #include "model/optim.h"
 
@@ -24,6 +26,46 @@
 #else
 #define HWFSDP_MUL(a, b) ((a) * (b))
 #endif
+
+/* ------------------------------------------------------------ bfloat16
+ * A bfloat16 is the top 16 bits of a float32: same sign and exponent, 7 of
+ * the 23 mantissa bits. The one conversion everything uses (kernels on both
+ * backends, the collectives, the runtime's checks, the tests): */
+
+HWFSDP_HD uint32_t f32_bits(float x) {
+#ifdef __CUDA_ARCH__
+    return __float_as_uint(x);
+#else
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return u;
+#endif
+}
+
+/* float32 -> bfloat16, round to nearest, ties to even: add 0x7fff plus the
+ * lowest kept bit, then drop the low 16 bits. A tie (low half exactly 0x8000)
+ * rounds up only when the kept part is odd. A carry out of the mantissa bumps
+ * the exponent, which is right (and gives inf past bfloat16's largest finite
+ * value). Subnormals round the same way. NaN would carry into the exponent,
+ * so it is handled first: sign and top mantissa bits kept, quiet bit set. */
+HWFSDP_HD uint16_t bf16_from_f32(float x) {
+    uint32_t u = f32_bits(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* bfloat16 -> float32: exact (the low 16 mantissa bits are zero). */
+HWFSDP_HD float bf16_to_f32(uint16_t b) {
+    uint32_t u = (uint32_t)b << 16;
+#ifdef __CUDA_ARCH__
+    return __uint_as_float(u);
+#else
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+#endif
+}
 
 /* silu(a) b with silu(a) = a / (1 + exp(-a)); for a -> -inf, silu = -0 (no NaN) */
 HWFSDP_HD float swiglu_elem(float a, float b) { return (a / (1.0f + expf(-a))) * b; }

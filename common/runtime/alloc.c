@@ -279,17 +279,25 @@ void *dev_alloc(Dev *d, size_t bytes, MemTag tag, const char *name) {
     return dev_alloc_on(dev_compute_stream(d), bytes, tag, name);
 }
 
-static size_t f32_bytes(size_t count, const char *name) {
-    if (count > SIZE_MAX / sizeof(float)) fatal("dev_alloc_f32('%s'): %zu floats is too large", name ? name : "?", count);
-    return count * sizeof(float);
+static size_t elem_bytes(size_t count, size_t size, const char *fn, const char *name) {
+    if (count > SIZE_MAX / size) fatal("%s('%s'): %zu elements is too large", fn, name ? name : "?", count);
+    return count * size;
 }
 
 float *dev_alloc_f32(Dev *d, size_t count, MemTag tag, const char *name) {
-    return dev_alloc(d, f32_bytes(count, name), tag, name);
+    return dev_alloc(d, elem_bytes(count, sizeof(float), "dev_alloc_f32", name), tag, name);
 }
 
 float *dev_alloc_f32_on(Stream *s, size_t count, MemTag tag, const char *name) {
-    return dev_alloc_on(s, f32_bytes(count, name), tag, name);
+    return dev_alloc_on(s, elem_bytes(count, sizeof(float), "dev_alloc_f32_on", name), tag, name);
+}
+
+Bf16 *dev_alloc_bf16(Dev *d, size_t count, MemTag tag, const char *name) {
+    return dev_alloc(d, elem_bytes(count, sizeof(Bf16), "dev_alloc_bf16", name), tag, name);
+}
+
+Bf16 *dev_alloc_bf16_on(Stream *s, size_t count, MemTag tag, const char *name) {
+    return dev_alloc_on(s, elem_bytes(count, sizeof(Bf16), "dev_alloc_bf16_on", name), tag, name);
 }
 
 static Alloc *live_alloc(const Dev *d, const void *p) {

@@ -111,6 +111,7 @@ static void trace_events_of(Buf *b, Dev *d, int *first) {
         json_str(b, r->module);
         if (r->bytes) buf_printf(b, ",\"bytes\":%zu", r->bytes);
         if (r->micro >= 0) buf_printf(b, ",\"microbatch\":%d", r->micro);
+        if (r->dtype) buf_printf(b, ",\"dtype\":\"%s\"", r->dtype);
         buf_printf(b, "}}");
     }
     pthread_mutex_unlock(&d->trace.mu);

@@ -15,9 +15,9 @@ typedef struct Op Op;
 
 typedef enum { COLL_ALL_GATHER = 0, COLL_REDUCE_SCATTER, COLL_ALL_REDUCE, COLL_BROADCAST, COLL_BARRIER } CollKind;
 
-/* What one rank asked for; ranks must agree on kind, count, op and root. */
+/* What one rank asked for; ranks must agree on kind, count, op, root and dtype. */
 typedef struct {
-    int32_t kind, op, root, pad;
+    int32_t kind, op, root, dtype; /* dtype: DType (device.h) */
     uint64_t count;      /* all_gather: send count; reduce_scatter: recv count; else buffer count */
     char label[48];      /* for messages only (not compared) */
 } CollDesc;
@@ -25,8 +25,8 @@ typedef struct {
 typedef struct {
     CollDesc desc;
     uint64_t seq;        /* the poster's per-stream collective number (watchdog messages) */
-    const float *send;
-    float *recv;
+    const void *send;
+    void *recv;
     float *scratch;      /* all_reduce: this rank's reduced chunk, read by peers */
 } CollPost;
 
@@ -62,20 +62,23 @@ typedef struct {
 } FlightRecorder;
 
 const char *coll_kind_name(int kind);
+const char *coll_dtype_name(int dtype);   /* "f32", "bf16" */
+size_t coll_dtype_size(int dtype);        /* bytes per element */
 int coll_same_call(const CollDesc *a, const CollDesc *b);
 /* Fatal naming every rank's call if they differ (descs in rank order). */
 void coll_check_agreement(Stream *s, uint64_t seq, const CollDesc *descs, int n);
 /* Fatal on a bad argument (other rank's stream, NULL buffer, unknown op). */
-void coll_validate(Dev *d, Stream *s, int kind, const float *send, const float *recv, size_t count, int op,
+void coll_validate(Dev *d, Stream *s, int kind, const void *send, const void *recv, size_t count, int op,
                    const char *label);
 /* Fill o's collective fields (label, desc, bytes), give it s's next sequence
- * number and mark it issued in the flight recorder (both backends' coll_enqueue). */
-void coll_op_describe(Dev *d, Stream *s, Op *o, CollKind kind, RedOp op, int root, size_t count, size_t bytes,
+ * number and mark it issued in the flight recorder (both backends' coll_enqueue).
+ * The bytes it moves (for the trace and the link model) follow from kind, count and dtype. */
+void coll_op_describe(Dev *d, Stream *s, Op *o, CollKind kind, RedOp op, int root, size_t count, DType dtype,
                       const char *label);
-/* Enqueue one collective on s (collectives.c on the CPU, cuda/coll_cuda.c on CUDA);
- * bytes = what it moves, for the trace. The coll_* calls of device.h lead here. */
-void coll_enqueue(Dev *d, Stream *s, CollKind kind, const float *send, float *recv, size_t count, RedOp op, int root,
-                  size_t bytes, const char *label);
+/* Enqueue one collective on s (collectives.c on the CPU, cuda/coll_cuda.c on CUDA).
+ * The coll_* calls of device.h lead here. */
+void coll_enqueue(Dev *d, Stream *s, CollKind kind, const void *send, void *recv, size_t count, RedOp op, int root,
+                  DType dtype, const char *label);
 /* Run a queued collective on the stream's worker (collectives.c). */
 void coll_execute(Stream *s, const Op *op);
 /* Wait (mu held) until *generation moves past gen; with timeout_s > 0, return

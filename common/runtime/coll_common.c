@@ -16,7 +16,7 @@ static const char *const KIND_NAMES[] = {"all_gather", "reduce_scatter", "all_re
 static void describe(char *buf, size_t cap, int rank, const CollDesc *c) {
     int n = snprintf(buf, cap, "rank %d %s", rank, KIND_NAMES[c->kind]);
     if (c->kind != COLL_BARRIER && n >= 0 && (size_t)n < cap)
-        n += snprintf(buf + n, cap - (size_t)n, " %llu f32", (unsigned long long)c->count);
+        n += snprintf(buf + n, cap - (size_t)n, " %llu %s", (unsigned long long)c->count, coll_dtype_name(c->dtype));
     if ((c->kind == COLL_REDUCE_SCATTER || c->kind == COLL_ALL_REDUCE) && n >= 0 && (size_t)n < cap)
         n += snprintf(buf + n, cap - (size_t)n, " %s", c->op == RED_AVG ? "avg" : "sum");
     if (c->kind == COLL_BROADCAST && n >= 0 && (size_t)n < cap) n += snprintf(buf + n, cap - (size_t)n, " root %d", c->root);
@@ -24,7 +24,7 @@ static void describe(char *buf, size_t cap, int rank, const CollDesc *c) {
 }
 
 int coll_same_call(const CollDesc *a, const CollDesc *b) {
-    return a->kind == b->kind && a->count == b->count && a->op == b->op && a->root == b->root;
+    return a->kind == b->kind && a->count == b->count && a->op == b->op && a->root == b->root && a->dtype == b->dtype;
 }
 
 void coll_check_agreement(Stream *s, uint64_t seq, const CollDesc *descs, int n) {
@@ -48,8 +48,10 @@ void coll_check_agreement(Stream *s, uint64_t seq, const CollDesc *descs, int n)
 }
 
 const char *coll_kind_name(int kind) { return kind >= 0 && kind <= COLL_BARRIER ? KIND_NAMES[kind] : "?"; }
+const char *coll_dtype_name(int dtype) { return dtype == DTYPE_BF16 ? "bf16" : dtype == DTYPE_F32 ? "f32" : "?"; }
+size_t coll_dtype_size(int dtype) { return dtype == DTYPE_BF16 ? sizeof(Bf16) : sizeof(float); }
 
-void coll_validate(Dev *d, Stream *s, int kind, const float *send, const float *recv, size_t count, int op,
+void coll_validate(Dev *d, Stream *s, int kind, const void *send, const void *recv, size_t count, int op,
                    const char *label) {
     if (s->dev != d) fatal("%s: stream '%s' belongs to rank %d, not rank %d", KIND_NAMES[kind], s->name, s->dev->rank, d->rank);
     if (kind == COLL_REDUCE_SCATTER || kind == COLL_ALL_REDUCE)
@@ -176,34 +178,47 @@ void watchdog_timeout(Stream *s, const Op *op, const CollPost *lowest, int lowes
 /* ------------------------------------------------- the public collectives */
 
 void coll_all_gather(Dev *d, const float *send, float *recv, size_t send_count, Stream *s, const char *label) {
-    coll_enqueue(d, s, COLL_ALL_GATHER, send, recv, send_count, RED_SUM, 0,
-                 send_count * (size_t)d->world_size * sizeof(float), label);
+    coll_enqueue(d, s, COLL_ALL_GATHER, send, recv, send_count, RED_SUM, 0, DTYPE_F32, label);
 }
 void coll_reduce_scatter(Dev *d, const float *send, float *recv, size_t recv_count, RedOp op, Stream *s,
                          const char *label) {
-    coll_enqueue(d, s, COLL_REDUCE_SCATTER, send, recv, recv_count, op, 0,
-                 recv_count * (size_t)d->world_size * sizeof(float), label);
+    coll_enqueue(d, s, COLL_REDUCE_SCATTER, send, recv, recv_count, op, 0, DTYPE_F32, label);
 }
 void coll_all_reduce(Dev *d, const float *send, float *recv, size_t count, RedOp op, Stream *s, const char *label) {
-    coll_enqueue(d, s, COLL_ALL_REDUCE, send, recv, count, op, 0, count * sizeof(float), label);
+    coll_enqueue(d, s, COLL_ALL_REDUCE, send, recv, count, op, 0, DTYPE_F32, label);
 }
 void coll_broadcast(Dev *d, float *buf, size_t count, int root, Stream *s, const char *label) {
     if (root < 0 || root >= d->world_size) fatal("broadcast (%s): root %d is not a rank (0..%d)", label ? label : "", root, d->world_size - 1);
-    coll_enqueue(d, s, COLL_BROADCAST, buf, buf, count, RED_SUM, root, count * sizeof(float), label);
+    coll_enqueue(d, s, COLL_BROADCAST, buf, buf, count, RED_SUM, root, DTYPE_F32, label);
 }
 void coll_barrier(Dev *d, Stream *s, const char *label) {
-    coll_enqueue(d, s, COLL_BARRIER, NULL, NULL, 0, RED_SUM, 0, 0, label);
+    coll_enqueue(d, s, COLL_BARRIER, NULL, NULL, 0, RED_SUM, 0, DTYPE_F32, label);
+}
+void coll_all_gather_bf16(Dev *d, const Bf16 *send, Bf16 *recv, size_t send_count, Stream *s, const char *label) {
+    coll_enqueue(d, s, COLL_ALL_GATHER, send, recv, send_count, RED_SUM, 0, DTYPE_BF16, label);
+}
+void coll_reduce_scatter_bf16(Dev *d, const Bf16 *send, Bf16 *recv, size_t recv_count, RedOp op, Stream *s,
+                              const char *label) {
+    coll_enqueue(d, s, COLL_REDUCE_SCATTER, send, recv, recv_count, op, 0, DTYPE_BF16, label);
 }
 
-void coll_op_describe(Dev *d, Stream *s, Op *o, CollKind kind, RedOp op, int root, size_t count, size_t bytes,
+/* What a collective moves: the whole gathered / scattered buffer, the buffer. */
+static size_t coll_bytes(CollKind kind, size_t count, int world, DType dtype) {
+    size_t n = kind == COLL_ALL_GATHER || kind == COLL_REDUCE_SCATTER ? count * (size_t)world
+               : kind == COLL_BARRIER ? 0 : count;
+    return n * coll_dtype_size(dtype);
+}
+
+void coll_op_describe(Dev *d, Stream *s, Op *o, CollKind kind, RedOp op, int root, size_t count, DType dtype,
                       const char *label) {
     o->label = dev_intern(d, label && *label ? label : "");
     o->coll.kind = kind;
     o->coll.op = (kind == COLL_REDUCE_SCATTER || kind == COLL_ALL_REDUCE) ? (int)op : 0;
     o->coll.root = root;
     o->coll.count = count;
+    o->coll.dtype = dtype;
     snprintf(o->coll.label, sizeof o->coll.label, "%s", label ? label : "");
-    o->bytes = bytes;
+    o->bytes = coll_bytes(kind, count, d->world_size, dtype);
     o->coll_seq = s->coll_seq++;
     flight_set(s, o, FLIGHT_ISSUED);
 }

@@ -3,7 +3,10 @@
  *   each rank computes its own output from the peers' buffers, then a link
  *   model makes the collective last as long as ring traffic would.
  * mpi backend: one communicator per stream index; reductions are done here in
- *   rank order so results are bitwise identical to the local backend. */
+ *   rank order so results are bitwise identical to the local backend.
+ * Element types: float32 everywhere; all-gather and reduce-scatter also move
+ * bfloat16 words (the reduce-scatter adds them in float32, rounding once). */
+#include "model/ops_math.h" /* bf16_from_f32 / bf16_to_f32 */
 #include "runtime/internal.h"
 #include "runtime/util.h"
 
@@ -42,6 +45,23 @@ static void sleep_until(double target_us) {
     }
 }
 
+/* Element i of rank r's send buffer (one of `parts`), widened to float32. */
+static float elem_in(const void *send, int dtype, size_t i) {
+    return dtype == DTYPE_BF16 ? bf16_to_f32(((const Bf16 *)send)[i]) : ((const float *)send)[i];
+}
+
+/* recv[i] = op over the n inputs of element `off + i` (rank order, float32),
+ * stored in the collective's dtype. parts[r] is rank r's send buffer. */
+static void reduce_ranks(void *recv, const void *const *parts, int n, size_t off, size_t cnt, int dtype, int op) {
+    for (size_t i = 0; i < cnt; i++) {
+        float acc = elem_in(parts[0], dtype, off + i);
+        for (int r = 1; r < n; r++) acc += elem_in(parts[r], dtype, off + i);
+        if (op == RED_AVG) acc /= (float)n;
+        if (dtype == DTYPE_BF16) ((Bf16 *)recv)[i] = bf16_from_f32(acc);
+        else ((float *)recv)[i] = acc;
+    }
+}
+
 /* --------------------------------------------------------- local backend */
 
 /* All ranks of the channel meet. With the watchdog on, a rank that waits
@@ -76,7 +96,7 @@ static void local_execute(Stream *s, const Op *op) {
     CollChannel *c = s->chan;
     const int n = d->world_size, me = d->rank;
     const CollDesc *desc = &op->coll;
-    const size_t cnt = (size_t)desc->count;
+    const size_t cnt = (size_t)desc->count, esize = coll_dtype_size(desc->dtype);
     float *scratch = NULL, *recv = op->dst;
     const float *send = op->src;
     if (desc->kind == COLL_ALL_REDUCE) {
@@ -108,34 +128,22 @@ static void local_execute(Stream *s, const Op *op) {
         for (;;) pthread_cond_wait(&c->cv, &c->mu);
     }
 
+    const void *parts[WORLD_MAX_RANKS];
+    for (int r = 0; r < n; r++) parts[r] = posts[r].send;
     switch (desc->kind) {
     case COLL_ALL_GATHER:
         for (int r = 0; r < n; r++) {
-            float *dst = recv + (size_t)r * cnt;
-            if (cnt && dst != posts[r].send) memcpy(dst, posts[r].send, cnt * sizeof(float));
+            char *dst = (char *)recv + (size_t)r * cnt * esize;
+            if (cnt && (const void *)dst != posts[r].send) memcpy(dst, posts[r].send, cnt * esize);
         }
         break;
-    case COLL_REDUCE_SCATTER: {
-        size_t off = (size_t)me * cnt;
-        for (size_t i = 0; i < cnt; i++) {
-            float acc = posts[0].send[off + i];
-            for (int r = 1; r < n; r++) acc += posts[r].send[off + i];
-            if (desc->op == RED_AVG) acc /= (float)n;
-            recv[i] = acc;
-        }
-        break;
-    }
+    case COLL_REDUCE_SCATTER: reduce_ranks(recv, parts, n, (size_t)me * cnt, cnt, desc->dtype, desc->op); break;
     case COLL_ALL_REDUCE: {
         /* reduce my chunk into scratch; peers copy it after the next barrier
          * (recv may alias send, so nobody writes recv while others read send) */
         size_t chunk = (cnt + (size_t)n - 1) / (size_t)n;
         size_t lo = (size_t)me * chunk, hi = lo + chunk < cnt ? lo + chunk : cnt;
-        for (size_t i = lo; i < hi; i++) {
-            float acc = posts[0].send[i];
-            for (int r = 1; r < n; r++) acc += posts[r].send[i];
-            if (desc->op == RED_AVG) acc /= (float)n;
-            scratch[i - lo] = acc;
-        }
+        if (lo < hi) reduce_ranks(scratch, parts, n, lo, hi - lo, DTYPE_F32, desc->op);
         chan_barrier(s, op, n, 0);
         for (int r = 0; r < n; r++) {
             size_t rlo = (size_t)r * chunk, rhi = rlo + chunk < cnt ? rlo + chunk : cnt;
@@ -144,7 +152,7 @@ static void local_execute(Stream *s, const Op *op) {
         break;
     }
     case COLL_BROADCAST:
-        if (me != desc->root && cnt && recv != posts[desc->root].recv)
+        if (me != desc->root && cnt && (const void *)recv != posts[desc->root].recv)
             memcpy(recv, posts[desc->root].recv, cnt * sizeof(float));
         break;
     default: break;
@@ -188,7 +196,8 @@ static void mpi_execute(Stream *s, const Op *op) {
     Dev *d = s->dev;
     const int n = d->world_size, me = d->rank;
     const CollDesc *desc = &op->coll;
-    const size_t cnt = (size_t)desc->count;
+    const size_t cnt = (size_t)desc->count, esize = coll_dtype_size(desc->dtype);
+    MPI_Datatype type = desc->dtype == DTYPE_BF16 ? MPI_UINT16_T : MPI_FLOAT;
     float *recv = op->dst;
     const float *send = op->src;
 
@@ -201,10 +210,10 @@ static void mpi_execute(Stream *s, const Op *op) {
     switch (desc->kind) {
     case COLL_ALL_GATHER:
         if (!cnt) break;
-        if (send == recv + (size_t)me * cnt)
-            MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, as_int(cnt, "all_gather"), MPI_FLOAT, s->comm, &req);
+        if ((const char *)send == (const char *)recv + (size_t)me * cnt * esize)
+            MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, as_int(cnt, "all_gather"), type, s->comm, &req);
         else
-            MPI_Iallgather(send, as_int(cnt, "all_gather"), MPI_FLOAT, recv, (int)cnt, MPI_FLOAT, s->comm, &req);
+            MPI_Iallgather(send, as_int(cnt, "all_gather"), type, recv, (int)cnt, type, s->comm, &req);
         mpi_wait(s, op, &req);
         break;
     case COLL_REDUCE_SCATTER:
@@ -220,16 +229,13 @@ static void mpi_execute(Stream *s, const Op *op) {
             memcpy(padded, send, cnt * sizeof(float));
             in = padded;
         }
-        float *gathered = xmalloc(chunk * (size_t)n * sizeof(float));
-        MPI_Ialltoall(in, (int)chunk, MPI_FLOAT, gathered, (int)chunk, MPI_FLOAT, s->comm, &req);
+        char *gathered = xmalloc(chunk * (size_t)n * esize);
+        MPI_Ialltoall(in, (int)chunk, type, gathered, (int)chunk, type, s->comm, &req);
         mpi_wait(s, op, &req);
         float *mine = desc->kind == COLL_REDUCE_SCATTER ? recv : xmalloc(chunk * sizeof(float));
-        for (size_t i = 0; i < chunk; i++) {
-            float acc = gathered[i];
-            for (int r = 1; r < n; r++) acc += gathered[(size_t)r * chunk + i];
-            if (desc->op == RED_AVG) acc /= (float)n;
-            mine[i] = acc;
-        }
+        const void *parts[WORLD_MAX_RANKS];
+        for (int r = 0; r < n; r++) parts[r] = gathered + (size_t)r * chunk * esize;
+        reduce_ranks(mine, parts, n, 0, chunk, desc->dtype, desc->op);
         if (desc->kind == COLL_ALL_REDUCE) {
             float *full = chunk * (size_t)n == cnt ? recv : xmalloc(chunk * (size_t)n * sizeof(float));
             MPI_Iallgather(mine, (int)chunk, MPI_FLOAT, full, (int)chunk, MPI_FLOAT, s->comm, &req);
@@ -270,12 +276,12 @@ void coll_execute(Stream *s, const Op *op) {
 
 /* ------------------------------------------------------------- enqueue */
 
-void coll_enqueue(Dev *d, Stream *s, CollKind kind, const float *send, float *recv, size_t count, RedOp op,
-                         int root, size_t bytes, const char *label) {
+void coll_enqueue(Dev *d, Stream *s, CollKind kind, const void *send, void *recv, size_t count, RedOp op, int root,
+                  DType dtype, const char *label) {
     coll_validate(d, s, (int)kind, send, recv, count, (int)op, label);
     Op o;
     stream_op_init(s, &o, OP_COLL, coll_kind_name((int)kind));
-    coll_op_describe(d, s, &o, kind, op, root, count, bytes, label);
+    coll_op_describe(d, s, &o, kind, op, root, count, dtype, label);
     o.src = send;
     o.dst = recv;
     stream_enqueue_op(s, &o);

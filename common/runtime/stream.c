@@ -13,7 +13,8 @@
 static void trace_op(Stream *s, const Op *op, const char *prefix, const char *cat, double t0, double t1) {
     if (!op->traced) return;
     TraceRec r = {prefix, op->name, op->module, op->phase, cat, s->index, op->step,
-                  t0 - s->dev->world->epoch_us, t1 - t0, op->bytes, op->micro};
+                  t0 - s->dev->world->epoch_us, t1 - t0, op->bytes, op->micro,
+                  op->kind == OP_COLL ? coll_dtype_name(op->coll.dtype) : NULL};
     dev_trace_add(s->dev, &r);
 }
 
@@ -24,7 +25,7 @@ static void trace_host_sync(Dev *d, const char *what, const char *name, double t
     char full[160];
     snprintf(full, sizeof full, "sync:%s%s", what, name ? name : "");
     TraceRec r = {"", dev_intern(d, full), d->scope.module, d->scope.phase, "host_sync", TRACE_HOST_TID,
-                  d->scope.step, t0 - d->world->epoch_us, t1 - t0, 0, d->scope.micro};
+                  d->scope.step, t0 - d->world->epoch_us, t1 - t0, 0, d->scope.micro, NULL};
     dev_trace_add(d, &r);
 }
 

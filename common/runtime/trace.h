@@ -16,6 +16,7 @@ typedef struct {
     double ts, dur;                     /* µs, ts relative to the world epoch */
     size_t bytes;                       /* 0 = not shown */
     int micro;                          /* microbatch (--grad-accum), -1 = not shown */
+    const char *dtype;                  /* collectives: "f32" / "bf16" (static); NULL = not shown */
 } TraceRec;
 
 /* The rank's trace buffer (Dev.trace). */

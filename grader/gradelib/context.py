@@ -10,7 +10,7 @@ import json
 import math
 import os
 
-from .rubric import baseline_flags, stage_config, stage_only_flags, variant_label
+from .rubric import baseline_flags, stage_config, stage_only_flags, tolerances, variant_label
 from .util import CheckFailed, fmt_bytes, is_finite, is_int, is_num, one_line, read_json, relpath, short
 
 
@@ -84,7 +84,7 @@ class Context:
         self.label = variant_label(rubric, variant)
         self.cfg = stage_config(rubric, stage, variant)
         self.world, self.steps = int(self.cfg["world"]), int(self.cfg["steps"])
-        self.tol = rubric["tolerances"]
+        self.tol = tolerances(rubric, variant)
         self.flags = stage_only_flags(rubric, stage, variant)
         self.forward_only = "--forward-only" in self.flags
         self._cache = {}
@@ -217,7 +217,8 @@ class Context:
                 continue
             bad = [k for k in ("module", "hook") if not isinstance(e.get(k), str)]
             bad += [k for k in ("step",) if not is_int(e.get(k))]
-            bad += [k for k in ("unsharded_param_live_bytes", "unsharded_grad_live_bytes")
+            bad += [k for k in ("unsharded_param_live_bytes", "unsharded_grad_live_bytes", "unsharded_param_bytes",
+                                "unsharded_param_elems", "unsharded_f32_bytes")
                     if k in e and not (is_int(e[k]) and abs(e[k]) < 2 ** 53)]
             bad += [k for k in ("microbatch", "requires_gradient_sync", "reshard_after_backward")
                     if k in e and not (is_int(e[k]) and 0 <= e[k] < 2 ** 31)]
@@ -266,7 +267,9 @@ class Context:
         pairs = [("flavor", want["flavor"]), ("world_size", want["world"]), ("seq_len", want["seq_len"]),
                  ("batch_size", want["batch_size"]), ("steps", want["steps"]), ("ac", "--ac" in flags),
                  ("forward_only", "--forward-only" in flags),
-                 ("reshard_after_forward", "--reshard-after-forward=false" not in flags)]
+                 ("reshard_after_forward", "--reshard-after-forward=false" not in flags),
+                 ("param_dtype", "bf16" if "--param-dtype=bf16" in flags else "fp32"),
+                 ("reduce_dtype", "bf16" if "--reduce-dtype=bf16" in flags else "fp32")]
         pairs += [(key, want[key]) for key in ("max_norm", "n_kv_heads") if key in want]
         for key, value in pairs:
             if run.get(key) != value:

@@ -20,7 +20,7 @@ OPTIONAL_CONFIG = {"max_norm", "n_kv_heads"}  # absent: the binary's default (th
 # checks a variant may run: they compare one run with its own reference and baseline
 VARIANT_CHECKS = {"loss", "grad_norm", "clip", "peak_memory", "hook_memory", "dtensors", "freed_after_forward", "freed_after_backward",
                   "grads_freed", "zero2_no_backward_all_gather", "zero2_params_kept", "accum_collectives", "accum_grads",
-                  "accum_reshard"}
+                  "accum_reshard", "mp_bytes", "mp_params"}
 LIMIT_KEYS = {"build_timeout_s": 1e7, "run_timeout_s": 1e7, "run_cpu_s": 1e7, "run_address_space_gib": 1e6,
               "run_file_size_mib": 1e9}
 TOLERANCE_KEYS = ["loss_rel", "grad_norm_rel", "peak_mem_band_rel", "ag_overlap_min", "rs_overlap_min",
@@ -119,6 +119,11 @@ def validate_rubric(rubric, name):
             config_value("%s.config.%s" % (where, key), CONFIG_KEYS[key], value)
         for key in ("add_flags", "drop_flags", "checks"):
             str_list("%s.%s" % (where, key), v.get(key, []))
+        for key, value in obj(where + ".tolerances", v.get("tolerances", {})).items():
+            if key not in TOLERANCE_KEYS:
+                bad(where + ".tolerances", "keys of tolerances (%s)" % ", ".join(TOLERANCE_KEYS), key)
+            if not (is_finite(value) and value >= 0):
+                bad("%s.tolerances.%s" % (where, key), "a number >= 0", value)
         if not v.get("checks") or any(k not in VARIANT_CHECKS for k in v["checks"]):
             bad(where + ".checks", "a non-empty list among %s" % ", ".join(sorted(VARIANT_CHECKS)), v.get("checks"))
     for stage, spec in rubric["stages"].items():
@@ -142,6 +147,14 @@ def stage_config(rubric, stage, variant=None):
     if variant:
         cfg.update(rubric["variants"][variant].get("config", {}))
     return cfg
+
+
+def tolerances(rubric, variant=None):
+    """The tolerances, with a variant's own where it loosens one (its "why" says why)."""
+    tol = dict(rubric["tolerances"])
+    if variant:
+        tol.update(rubric["variants"][variant].get("tolerances", {}))
+    return tol
 
 
 def stage_variants(rubric, stage):

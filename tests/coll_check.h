@@ -35,6 +35,85 @@ static float reduce_expected(int n, size_t i, int salt, RedOp op) {
 
 static int bits_equal(const float *a, const float *b, size_t n) { return n == 0 || memcmp(a, b, n * sizeof(float)) == 0; }
 
+/* ---- bfloat16, checked without the runtime's conversion (ops_math.h) */
+
+static float bits_to_f32(uint32_t u) {
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+/* Nearest bfloat16 of a finite float by comparing the two candidates around
+ * it in double (ties to the even mantissa): another route than the runtime's
+ * bit trick. Exact in double: both candidates and x have at most 24 bits. */
+static uint16_t ref_bf16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    uint16_t lo = (uint16_t)(u >> 16), hi = (uint16_t)(lo + 1); /* toward zero, one step away from zero */
+    double dx = x, dlo = bits_to_f32((uint32_t)lo << 16), dhi = bits_to_f32((uint32_t)hi << 16);
+    double elo = dx - dlo < 0 ? dlo - dx : dx - dlo, ehi = dhi - dx < 0 ? dx - dhi : dhi - dx;
+    if (elo < ehi) return lo;
+    if (ehi < elo) return hi;
+    return (lo & 1) ? hi : lo;
+}
+
+static float input_bf16(int rank, size_t i, int salt) { return bits_to_f32((uint32_t)ref_bf16(input(rank, i, salt)) << 16); }
+
+/* bf16 reduce-scatter: every rank's bfloat16 widened, summed in rank order in float32, rounded once */
+static uint16_t reduce_expected_bf16(int n, size_t i, int salt, RedOp op) {
+    float acc = input_bf16(0, i, salt);
+    for (int r = 1; r < n; r++) acc += input_bf16(r, i, salt);
+    if (op == RED_AVG) acc /= (float)n;
+    return ref_bf16(acc);
+}
+
+/* The bfloat16 all-gather (out of place and in place) and reduce-scatter (sum, avg) for count c. */
+static void exercise_bf16(Dev *d, Stream *t, size_t c, int salt) {
+    const int n = dev_world_size(d), me = dev_rank(d);
+    Stream *s = dev_compute_stream(d);
+    Bf16 *send = dev_alloc_bf16(d, c, MEM_COMM_BUFFER, "send16");
+    Bf16 *recv = dev_alloc_bf16(d, c * (size_t)n, MEM_COMM_BUFFER, "recv16");
+    Bf16 *rs_in = dev_alloc_bf16(d, c * (size_t)n, MEM_COMM_BUFFER, "rs_in16");
+    Bf16 *rs_sum = dev_alloc_bf16(d, c, MEM_COMM_BUFFER, "rs_sum16");
+    Bf16 *rs_avg = dev_alloc_bf16(d, c, MEM_COMM_BUFFER, "rs_avg16");
+    for (size_t i = 0; i < c; i++) send[i] = ref_bf16(input(me, i, salt));
+    for (size_t i = 0; i < c * (size_t)n; i++) rs_in[i] = ref_bf16(input(me, i, salt + 1));
+    coll_all_gather_bf16(d, send, recv, c, t, "ag16_test");
+    coll_reduce_scatter_bf16(d, rs_in, rs_sum, c, RED_SUM, s, "rs16_test");
+    coll_reduce_scatter_bf16(d, rs_in, rs_avg, c, RED_AVG, s, "rs16_test");
+    dev_synchronize(d);
+    int ok_ag = 1, ok_sum = 1, ok_avg = 1, rounds = 0;
+    for (int r = 0; r < n; r++)
+        for (size_t i = 0; i < c; i++) ok_ag &= recv[(size_t)r * c + i] == ref_bf16(input(r, i, salt));
+    for (size_t i = 0; i < c; i++) {
+        size_t g = (size_t)me * c + i;
+        ok_sum &= rs_sum[i] == reduce_expected_bf16(n, g, salt + 1, RED_SUM);
+        ok_avg &= rs_avg[i] == reduce_expected_bf16(n, g, salt + 1, RED_AVG);
+        /* the float32 sum was rounded once, not kept: some sums need more than bfloat16's bits */
+        float acc = input_bf16(0, g, salt + 1);
+        for (int r = 1; r < n; r++) acc += input_bf16(r, g, salt + 1);
+        rounds += bits_to_f32((uint32_t)rs_sum[i] << 16) != acc;
+    }
+    COLL_CHECK(ok_ag, "all_gather_bf16 n=%d c=%zu", n, c);
+    COLL_CHECK(ok_sum, "reduce_scatter_bf16 sum n=%d c=%zu", n, c);
+    COLL_CHECK(ok_avg, "reduce_scatter_bf16 avg n=%d c=%zu", n, c);
+    COLL_CHECK(n == 1 || c < 100 || rounds > 0, "reduce_scatter_bf16 n=%d c=%zu: no sum needed rounding (inputs too tame)", n, c);
+    /* in place: send is this rank's slice of recv */
+    for (size_t i = 0; i < c; i++) recv[(size_t)me * c + i] = ref_bf16(input(me, i, salt + 2));
+    coll_all_gather_bf16(d, recv + (size_t)me * c, recv, c, t, "ag16_inplace");
+    dev_stream_synchronize(t);
+    ok_ag = 1;
+    for (int r = 0; r < n; r++)
+        for (size_t i = 0; i < c; i++) ok_ag &= recv[(size_t)r * c + i] == ref_bf16(input(r, i, salt + 2));
+    COLL_CHECK(ok_ag, "in-place all_gather_bf16 n=%d c=%zu", n, c);
+    dev_synchronize(d);
+    dev_free(d, send);
+    dev_free(d, recv);
+    dev_free(d, rs_in);
+    dev_free(d, rs_sum);
+    dev_free(d, rs_avg);
+}
+
 /* All-gather (out of place and in place), reduce-scatter, all-reduce (sum,
  * avg, in place or not) and broadcast from every root, for counts 7, 1, 0
  * and 1000, on two streams at once. */
@@ -116,6 +195,7 @@ static void exercise_collectives(Dev *d, Stream *t /* a second stream */) {
         dev_free(d, rs_in);
         dev_free(d, rs_out);
         dev_free(d, rs_avg);
+        exercise_bf16(d, t, c, 1000 + salt);
     }
 }
 

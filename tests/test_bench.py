@@ -68,7 +68,9 @@ def test_sections_hold_numbers(bench):
         assert 0 <= r["exposed_comm_fraction"]["median"] <= 1
     mem = data["memory"]["rows"]
     accum = [s.id for s in STAGES if any(f.startswith("--grad-accum") for f in s.flags)]
-    assert [r["stage"][:2] for r in mem] == [s.id for s in STAGES if s.id not in accum]  # the model has no microbatches
+    mixed = [s.id for s in STAGES if any(f.startswith("--param-dtype") for f in s.flags)]
+    # the model has no microbatches and float32 params only
+    assert [r["stage"][:2] for r in mem] == [s.id for s in STAGES if s.id not in accum + mixed]
     for r in mem:
         assert r["measured_peak_bytes"] > 0 and r["model_peak_bytes"] > 0 and number(r["ratio_measured_over_model"])
         assert r["replay_peak_bytes"] == r["measured_peak_bytes_rank0"]  # the replay finds the metrics' peak
@@ -82,6 +84,14 @@ def test_sections_hold_numbers(bench):
         assert n("K=2 sync last, params kept", "all_gather") == n("K=1", "all_gather") // 2
         assert rows["K=2 sync last"]["between_unsharded_grad_bytes"] > 0 == rows["K=2 sync every"][
             "between_unsharded_grad_bytes"]
+    if mixed:  # float32, bf16 params, bf16 params and reduce: bytes exactly halved where the policy says
+        rows = {r["case"]: r for r in data["mixed_precision"]["rows"]}
+        f32, bf, both = rows["fp32"], rows["bf16 params, fp32 reduce"], rows["bf16 params, bf16 reduce"]
+        assert 2 * bf["all_gather_bytes"] == f32["all_gather_bytes"] == 2 * both["all_gather_bytes"] > 0
+        assert bf["reduce_scatter_bytes"] == f32["reduce_scatter_bytes"] == 2 * both["reduce_scatter_bytes"] > 0
+        assert 2 * bf["unsharded_param_high_bytes"] == f32["unsharded_param_high_bytes"] > 0
+        assert f32["loss_rel_vs_fp32"] == 0 and 0 < bf["loss_rel_vs_fp32"] < 1e-2
+        assert all(timing(r["step_ms"]) for r in rows.values())
     g = data["grading"]
     assert "skipped" in g or timing(g["wall_s"])
     assert data["profile"]["rows"] and all(number(r["ms"]) for r in data["profile"]["rows"])

@@ -1006,7 +1006,30 @@ TEST(determinism) {
     free_all();
 }
 
+/* test_ops --bf16: for tests/test_bf16.py, which compares with PyTorch. Reads
+ * float32 bit patterns (hex, one per line) from stdin and prints, per line, the
+ * bfloat16 cast_to_bf16 gives and the float32 bits cast_from_bf16 gives back. */
+static int bf16_filter(void) {
+    char line[64];
+    while (fgets(line, sizeof line, stdin)) {
+        char *end;
+        unsigned long v = strtoul(line, &end, 16);
+        if (end == line) continue;
+        uint32_t u = (uint32_t)v;
+        float x, back;
+        memcpy(&x, &u, sizeof x);
+        uint16_t b;
+        cast_to_bf16(&b, &x, 1);
+        cast_from_bf16(&back, &b, 1);
+        uint32_t ub;
+        memcpy(&ub, &back, sizeof ub);
+        printf("%04x %08x\n", (unsigned)b, (unsigned)ub);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "--bf16")) return bf16_filter();
     CHECK_MAIN_ARGS(argc, argv);
     verbose = getenv("TEST_OPS_VERBOSE") != NULL;
     RUN(grad_check_detects_mismatch);

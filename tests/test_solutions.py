@@ -44,8 +44,9 @@ def baseline(runs, world, stage_flags, base=TINY, save=False):
     flags = [f for f in base]
     i = flags.index("--batch-size")
     flags[i + 1] = str(int(flags[i + 1]) * world)
-    # recompute and ZeRO-2 change nothing numerically: the baseline runs without them
-    keep = [f for f in stage_flags if f == "--forward-only"]
+    # recompute and ZeRO-2 change nothing numerically: the baseline runs without them; it keeps the
+    # mixed-precision policy's bfloat16 params (rubric.json: baseline.keep_flags)
+    keep = [f for f in stage_flags if f in manifest.rubric()["baseline"]["keep_flags"]]
     return runs(BASELINE, *(flags + ["--world", "1"] + keep), save=save)
 
 
@@ -65,14 +66,16 @@ def test_parity_with_non_sharded_baseline(runs, stage, world):
 
 
 def one_batch(flags):
-    """A stage's flags without gradient accumulation: one microbatch, the whole batch."""
-    return [f for f in flags if not f.startswith(("--grad-accum", "--grad-sync", "--reshard-after-backward"))]
+    """A stage's flags without gradient accumulation (one microbatch, the whole batch) or a mixed-precision
+    policy (float32)."""
+    return [f for f in flags if not f.startswith(("--grad-accum", "--grad-sync", "--reshard-after-backward",
+                                                  "--param-dtype", "--reduce-dtype"))]
 
 
 @pytest.mark.parametrize("world", [3, 4])
 def test_training_solutions_agree_bitwise(runs, world):
-    """Every training solution (07 with one microbatch) gives the same bits: sharding, overlap, recompute
-    and ZeRO-2 change no arithmetic."""
+    """Every training solution (07 with one microbatch, 08 in float32) gives the same bits: sharding, overlap,
+    recompute and ZeRO-2 change no arithmetic."""
     outs = {s: runs(solution_bin(s), *(TINY + ["--world", str(world)] + one_batch(STAGE_FLAGS[s])), save=True)
             for s in TRAINING}
     ref = metrics(outs["02"])
@@ -109,6 +112,48 @@ def test_grad_accum_modes(runs):
     pairs = lambda rows: [(m["loss"], m["grad_norm"]) for m in rows]  # noqa: E731
     assert pairs(got["keep"]) == pairs(got["last"])
     assert pairs(got["last"]) != pairs(got["one"]), "two microbatches gave the one-batch bits: were there two?"
+
+
+MIXED = [s for s in TRAINING if any(f.startswith("--param-dtype") for f in STAGE_FLAGS[s])]
+
+
+def collective_bytes(out, kind):
+    """Rank 0's total bytes of one kind of collective over the traced steps."""
+    return sum(e["args"]["bytes"] for e in trace_events(out) if e.get("cat") == "collective" and e["pid"] == 0
+               and e["name"].endswith("." + kind))
+
+
+def unsharded_param_high(out):
+    """The most unsharded-param bytes any hook of rank 0 saw alive (its hook_memory records)."""
+    return max(e["high_water_by_tag"].get("unsharded_param", 0) for e in snapshot(out, 0)["events"]
+               if e.get("kind") == "hook_memory")
+
+
+@pytest.mark.skipif(not MIXED, reason="no mixed-precision solution")
+def test_mixed_precision_halves_traffic_and_unsharded_memory(runs):
+    """Stage 08 at world 3 (uneven shards) under three policies. bfloat16 params halve every all-gather's
+    bytes and the unsharded params' high-water exactly, and leave the reduce-scatters alone; a bfloat16
+    reduce halves those too. Each policy agrees with the non-sharded baseline under the same params dtype
+    (the bfloat16 reduce within its own looser tolerance, rubric variant reduce_bf16), and bfloat16 params
+    move the loss off float32's: the rounding happened."""
+    s = MIXED[0]
+    flags = TINY + ["--world", "3"] + one_batch(STAGE_FLAGS[s])
+    out = {name: runs(solution_bin(s), *(flags + extra)) for name, extra in [
+        ("fp32", []), ("bf16", ["--param-dtype=bf16"]), ("both", ["--param-dtype=bf16", "--reduce-dtype=bf16"])]}
+    ag = {k: collective_bytes(o, "all_gather") for k, o in out.items()}
+    rs = {k: collective_bytes(o, "reduce_scatter") for k, o in out.items()}
+    assert ag["fp32"] > 0 and ag["fp32"] == 2 * ag["bf16"] == 2 * ag["both"], ag
+    assert rs["fp32"] > 0 and rs["fp32"] == rs["bf16"] == 2 * rs["both"], rs
+    high = {k: unsharded_param_high(o) for k, o in out.items()}
+    assert high["fp32"] > 0 and high["fp32"] == 2 * high["bf16"], high
+    tol = manifest.rubric()["variants"]["reduce_bf16"]["tolerances"]
+    for name, base_flags, loss_tol, norm_tol in [("fp32", [], 1e-5, 1e-4), ("bf16", ["--param-dtype=bf16"], 1e-5, 1e-4),
+                                                 ("both", ["--param-dtype=bf16"], tol["loss_rel"], tol["grad_norm_rel"])]:
+        ref = metrics(baseline(runs, 3, base_flags))
+        for g, r in zip(metrics(out[name]), ref):
+            assert rel(g["loss"], r["loss"]) < loss_tol and rel(g["grad_norm"], r["grad_norm"]) < norm_tol, (name, g, r)
+    drift = max(rel(a["loss"], b["loss"]) for a, b in zip(metrics(out["bf16"]), metrics(out["fp32"])))
+    assert 1e-6 < drift < 1e-2, drift
 
 
 def test_a_rank_with_no_rows(runs):

@@ -64,6 +64,7 @@ def main(argv=None):
             R["overlap_oversubscribed"] = measure.section_overlap(bench, cfg, cfg["ov_world_oversubscribed"])
         R["memory"] = measure.section_memory(bench, cfg)
         R["accum"] = measure.section_accum(bench, cfg)
+        R["mixed_precision"] = measure.section_mixed_precision(bench, cfg)
         R["profile"] = measure.section_profile(bench, cfg)
         R["grading"] = measure.section_grading(bench, cfg)
     except BinaryFailed as e:

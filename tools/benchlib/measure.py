@@ -81,7 +81,8 @@ def configs(quick):
                     ov_flavor="tiny", ov_world=4, ov_gbatch=8, ov_seq=32, ov_steps=3, ov_latency_us=5,
                     ov_comm_share=0.5,
                     mem_flavor="tiny", mem_world=4, mem_batch=2, mem_seq=32, grade_repeats=1,
-                    acc_flavor="tiny", acc_world=2, acc_batch=4, acc_seq=32, acc_steps=2)
+                    acc_flavor="tiny", acc_world=2, acc_batch=4, acc_seq=32, acc_steps=2,
+                    mp_flavor="tiny", mp_world=2, mp_batch=2, mp_seq=32, mp_steps=2)
     return dict(quick=False, sgemm_n=2048,
                 tp_flavor="debugmodel", tp_batch=8, tp_seq=256, tp_steps=8, tp_first=3, tp_rounds=2, prof_steps=3,
                 sc_flavors=["tiny", "debugmodel"], sc_seq=128, sc_gbatch=8, sc_steps=6, sc_first=3,
@@ -89,7 +90,8 @@ def configs(quick):
                 ov_latency_us=20,
                 ov_comm_share=0.5,
                 mem_flavor="debugmodel", mem_world=4, mem_batch=2, mem_seq=128, grade_repeats=1,
-                acc_flavor="debugmodel", acc_world=2, acc_batch=4, acc_seq=128, acc_steps=4)
+                acc_flavor="debugmodel", acc_world=2, acc_batch=4, acc_seq=128, acc_steps=4,
+                mp_flavor="debugmodel", mp_world=2, mp_batch=4, mp_seq=128, mp_steps=6)
 
 
 def section_sgemm(bench, cfg):
@@ -278,8 +280,8 @@ def section_memory(bench, cfg):
     res = {"flavor": fl, "world": W, "batch": B, "seq_len": T, "steps": 2, "rank": 0, "rows": [],
            "model": memory_model.__doc__.strip()}
     for st in manifest.stages():
-        if accumulates(st):
-            continue  # no microbatches in the model: section_accum
+        if accumulates(st) or mixed_precision(st):
+            continue  # no microbatches and float32 params only in the model: sections 4b and 4c
         d = os.path.join(wd, st.dir)
         met = bench.train(bench.solution(st), d, "--flavor", fl, "--world", W, "--batch-size", B, "--seq-len", T,
                           "--steps", 2, "--profile-steps", 0, *st.flags)
@@ -418,4 +420,59 @@ def section_accum(bench, cfg):
                 fmt_mib(row["between_grad_shard_bytes"]), fmt_mib(row["between_unsharded_param_bytes"]),
                 colls["reduce_scatter"][0], colls["reduce_scatter"][1] / 1e6, colls["all_gather"][0],
                 colls["all_gather"][1] / 1e6, fmt_s(row["step_ms"], 1)))
+    return res
+
+
+def mixed_precision(st):
+    return any(f.startswith("--param-dtype") for f in st.flags)
+
+
+def section_mixed_precision(bench, cfg):
+    """Mixed precision's bytes, memory and precision (stage 08's solution): float32, bfloat16 params with a
+    float32 reduce-scatter, and both in bfloat16, trained from the same weights on the same batches; rank 0's
+    all-gather and reduce-scatter bytes of the last step (trace), the high-water of its unsharded params and
+    communication buffers (the hook_memory records), its peak, the step time, and how far loss and grad norm
+    move from the float32 run."""
+    st = next((s for s in manifest.stages() if mixed_precision(s)), None)
+    if st is None:
+        return {"skipped": "no stage has a mixed-precision policy"}
+    fl, W, B, T, N = cfg["mp_flavor"], cfg["mp_world"], cfg["mp_batch"], cfg["mp_seq"], cfg["mp_steps"]
+    link = ["--link-gbps", 10, "--link-latency-us", 5]
+    wd = os.path.join(bench.work, "mixed_precision")
+    cases = [("fp32", []), ("bf16 params, fp32 reduce", ["--param-dtype", "bf16"]),
+             ("bf16 params, bf16 reduce", ["--param-dtype", "bf16", "--reduce-dtype", "bf16"])]
+    res = {"solution": st.dir, "flavor": fl, "world": W, "batch": B, "seq_len": T, "steps": N,
+           "link": "--link-gbps 10 --link-latency-us 5", "rows": []}
+    ref = None
+    for name, flags in cases:
+        d = os.path.join(wd, name.replace(" ", "_").replace(",", ""))
+        met = bench.train(bench.solution(st), d, "--flavor", fl, "--world", W, "--batch-size", B, "--seq-len", T,
+                          "--steps", N, "--profile-steps", N, *link, *flags, what="%s %s" % (st.dir, name))
+        colls = defaultdict(lambda: [0, 0])
+        for e in trace_events(d):
+            if e["pid"] == 0 and e.get("cat") == "collective" and e["args"].get("step") == N - 1:
+                kind = e["name"].rsplit(".", 1)[-1]
+                colls[kind][0] += 1
+                colls[kind][1] += e["args"].get("bytes", 0)
+        with open(os.path.join(d, "memory_rank0.json")) as fh:
+            notes = [e for e in json.load(fh)["events"] if e.get("kind") == "hook_memory"]
+        high = {t: max((e["high_water_by_tag"].get(t, 0) for e in notes), default=0)
+                for t in ("unsharded_param", "comm_buffer", "temp")}
+        ref = ref or met
+        row = {"case": name, "flags": " ".join(str(f) for f in flags),
+               "all_gather_bytes": colls["all_gather"][1], "reduce_scatter_bytes": colls["reduce_scatter"][1],
+               "unsharded_param_high_bytes": high["unsharded_param"], "comm_buffer_high_bytes": high["comm_buffer"],
+               "temp_high_bytes": high["temp"],
+               "peak_bytes_rank0": max(m["peak_mem_bytes_per_rank"][0] for m in met),
+               "step_ms": stats([m["step_ms"] for m in met if m["step"] > 1]),
+               "loss_last": met[-1]["loss"],
+               "loss_rel_vs_fp32": max(abs(m["loss"] / r["loss"] - 1) for m, r in zip(met, ref)),
+               "grad_norm_rel_vs_fp32": max(abs(m["grad_norm"] / r["grad_norm"] - 1) for m, r in zip(met, ref))}
+        res["rows"].append(row)
+        log("mixed precision: %-26s AG %.2f MB  RS %.2f MB  unsharded params %.2f MiB  comm %.2f MiB  peak %.2f MiB  "
+            "step %s ms  loss %.6f (max rel %.1e vs fp32)  grad norm max rel %.1e" % (
+                name, row["all_gather_bytes"] / 1e6, row["reduce_scatter_bytes"] / 1e6,
+                row["unsharded_param_high_bytes"] / MIB, row["comm_buffer_high_bytes"] / MIB,
+                row["peak_bytes_rank0"] / MIB, fmt_s(row["step_ms"], 1), row["loss_last"], row["loss_rel_vs_fp32"],
+                row["grad_norm_rel_vs_fp32"]))
     return res

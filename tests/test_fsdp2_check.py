@@ -149,6 +149,8 @@ def test_no_venv_and_no_install_is_one_line(tmp_path):
 
 def fsdp2_python():
     """(python, None) with torch >= 2.6 and fully_shard, or (None, why not)."""
+    if not os.path.isdir(os.path.join(ROOT, "solutions")):
+        return None, "a student tree: the comparison runs the solutions (instructors' tree)"
     venv = os.path.join(BUILD, "fsdp2-venv")
     candidates = [fc.venv_python(venv)] if os.path.exists(os.path.join(venv, fc.READY)) else []
     for python in candidates + [sys.executable]:

@@ -5,7 +5,8 @@ For each stage of grader/rubric.json, on its grading configuration and on every 
 stage is graded on (the grader's own command lines, gradelib.rubric.stage_flags), and for the
 debugmodel (10 steps, world 4, stage 04's solution), this tool
 
-1. runs the stage's solution (build/solutions/NN_x/train): --save-init writes the initial
+1. runs the stage's solution (build/solutions/NN_x/train; in a student tree without solutions/
+   the student's build/stages/NN_x/train; --binary: any build): --save-init writes the initial
    weights, then the graded run starts from them (--load) and saves its final weights and AdamW
    state (--save); the run keeps its trace (every step profiled) and dtensors_rank<r>.json;
 2. trains the same configuration with real FSDP2 (tools/fsdp2_torch.py: torch >= 2.6, gloo, W
@@ -179,12 +180,14 @@ def ensure_torch(args, argv):
 # ---------------------------------------------------------------------------- the runs
 
 class Run:
-    """One comparison: a solution's binary on one command line, and FSDP2 on the same configuration."""
+    """One comparison: a stage's binary on one command line, and FSDP2 on the same configuration.
+    The binary is the stage's solution; in a student tree (no solutions/) the student's stage."""
 
-    def __init__(self, name, stage, variant, solution_dir, flags):
+    def __init__(self, name, stage, variant, stage_dir, flags):
         self.name, self.stage, self.variant, self.flags = name, stage, variant, flags
-        self.binary = os.path.join(BUILD, "solutions", solution_dir, "train")
-        self.solution = "solutions/%s/hw_fsdp.c" % solution_dir
+        tree = "solutions" if os.path.exists(os.path.join(ROOT, "solutions", stage_dir, "hw_fsdp.c")) else "stages"
+        self.binary = os.path.join(BUILD, tree, stage_dir, "train")
+        self.solution = "%s/%s/hw_fsdp.c" % (tree, stage_dir)
 
 
 def plan(rubric, stages, main_only, debugmodel):

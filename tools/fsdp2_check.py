@@ -170,8 +170,8 @@ def ensure_torch(args, argv):
         return
     if not os.path.exists(os.path.join(venv, READY)):
         if args.no_install:
-            usage_error("no torch >= %d.%d with fully_shard in %s and no venv at %s (--no-install): run "
-                        "make fsdp2-check, or this tool without --no-install" % (MIN_TORCH + (sys.executable, shown(venv))))
+            usage_error("no torch >= %d.%d with fully_shard in %s and no venv at %s (--no-install): run make "
+                        "fsdp2-check, or this tool without --no-install" % (MIN_TORCH + (sys.executable, shown(venv))))
         install_venv(venv)
     python = venv_python(venv)
     os.execv(python, [python, os.path.abspath(__file__)] + argv)
@@ -449,8 +449,8 @@ def compare_values(c_final, t_shards, t_layout, lr, limit, exact):
     if not exact and limit is not None and over_lr is not None and over_lr > limit:
         fails.append("trained shard values differ by up to %.3g = %.2e lr (> %.0e lr) in %s"
                      % (max_abs, over_lr, limit, worst))
-    summary = {"shards": n, "bitwise_identical": bitwise, "max_abs": max_abs, "max_abs_over_lr": over_lr,
-               "worst": worst, "optimizer_state_max_rel": state_max}
+    summary = {"exact": exact, "shards": n, "bitwise_identical": bitwise, "max_abs": max_abs,
+               "max_abs_over_lr": over_lr, "worst": worst, "optimizer_state_max_rel": state_max}
     return summary, fails
 
 
@@ -521,7 +521,8 @@ def table(records):
             lines.append([r["run"], "-", "-", "-", "-", "-", "-", "-", "FAIL: " + r["error"]])
             continue
         v = r["dtensors"]["values"]
-        vals = ("bitwise" if v["bitwise_identical"] == v["shards"] else fmt(v["max_abs_over_lr"]))
+        vals = ("bitwise" if v["bitwise_identical"] == v["shards"] else "NOT bitwise" if v.get("exact")
+                else fmt(v["max_abs_over_lr"]))
         lines.append([r["run"], str(r["world"]), str(r["steps"]), fmt(r["max_loss_rel"]), fmt(r["max_grad_norm_rel"]),
                       "identical" if r["dtensors"]["layout_identical"] else "DIFFER", vals,
                       "equal" if r["collectives"]["identical"] else "DIFFER", "PASS" if r["pass"] else "FAIL"])

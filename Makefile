@@ -7,6 +7,7 @@
 #   make plots RUN=dir [REF=dir]          PNGs for a run directory
 #   make handout         the student tarball (no solutions/)
 #   make bench           benchmarks (prints a table, writes results/bench.json)
+#   make fsdp2-check [STAGE="01 04"]      the solutions against real PyTorch FSDP2 (instructors; installs torch once)
 # Optional parts are detected; override with NO_MPI=1, NO_CUDA=1.
 
 CC      ?= gcc
@@ -60,7 +61,7 @@ SOL_BIN    := $(patsubst %,$(BUILD)/solutions/%/train,$(SOLUTIONS))
 STAGE_BIN  := $(patsubst %,$(BUILD)/stages/%/train,$(STAGES))
 BASELINE   := $(BUILD)/baseline/train
 
-.PHONY: asan-test longrun tsan asan run plots handout starters impl all detect run test test-c test-py grade reference plots handout bench clean tsan asan record-stream-demo carry gradescope stage-bins
+.PHONY: fsdp2-check asan-test longrun tsan asan run plots handout starters impl all detect run test test-c test-py grade reference plots handout bench clean tsan asan record-stream-demo carry gradescope stage-bins
 
 all: detect $(LIB) $(BASELINE) $(SOL_BIN) stage-bins $(TEST_BIN) $(BUILD)/tests/check_ops_selftest
 
@@ -176,6 +177,16 @@ carry:
 # (about 5 minutes on 2 cores; results/bench.json and results/bench.md).
 bench: all
 	$(PYTHON) tools/bench.py
+
+# Instructors: every stage's solution against real PyTorch FSDP2 on gloo CPU processes (loss, grad norm,
+# DTensors, collectives per phase; logs/fsdp2/). Not in CI. The first run installs torch from the Python
+# package index into $(FSDP2_VENV) (CUDA wheels, ~5 GB). STAGE="01 04" picks stages; FSDP2_FLAGS=--main-only
+# leaves out the variants (tools/fsdp2_check.py --help).
+FSDP2_VENV ?= $(BUILD)/fsdp2-venv
+$(FSDP2_VENV)/.fsdp2-ready:
+	$(PYTHON) tools/fsdp2_check.py --venv $(FSDP2_VENV) --install-only
+fsdp2-check: all $(FSDP2_VENV)/.fsdp2-ready
+	$(FSDP2_VENV)/bin/python tools/fsdp2_check.py --venv $(FSDP2_VENV) --no-install $(STAGE) $(FSDP2_FLAGS)
 
 # Instructors: ReduceScatterState vs dev_record_stream on stage 04, published into logs/record_stream/.
 record-stream-demo: all

@@ -1,0 +1,611 @@
+#!/usr/bin/env python3
+"""make fsdp2-check: every stage's solution against real PyTorch FSDP2 (instructors; not in CI).
+
+For each stage of grader/rubric.json, on its grading configuration and on every variant the
+stage is graded on (the grader's own command lines, gradelib.rubric.stage_flags), and for the
+debugmodel (10 steps, world 4, stage 04's solution), this tool
+
+1. runs the stage's solution (build/solutions/NN_x/train; in a student tree without solutions/
+   the student's build/stages/NN_x/train; --binary: any build): --save-init writes the initial
+   weights, then the graded run starts from them (--load) and saves its final weights and AdamW
+   state (--save); the run keeps its trace (every step profiled) and dtensors_rank<r>.json;
+2. trains the same configuration with real FSDP2 (tools/fsdp2_torch.py: torch >= 2.6, gloo, W
+   CPU processes, fully_shard per module group and on the root, the same weights, tokens, data
+   order, AdamW, warmup and clipping, and FSDP2's own switches for --ac, ZeRO-2, gradient
+   accumulation and mixed precision);
+3. compares:
+   - loss, every step: relative difference <= loss_rel (TOLERANCES). The C run prints 9 digits
+     of a float;
+   - grad norm before clipping, every step: both sides sum squares in float64 (the solutions
+     per tensor, then accumulate and all-reduce in float32; torch per shard and across ranks in
+     float64), so <= grad_norm_rel measures the sharded computation, not float32 summation
+     order. torch's own clip_grad_norm_ is up to ~1.5e-4 off on the debugmodel (REFERENCE.md)
+     and is not used: FSDP2's run clips with its formula on the float64 norm;
+   - DTensors: placement, mesh, global shape, local rows, padded rows, row offset of every
+     parameter on every rank, identical; both runs' local shards bitwise equal to the initial
+     weights' rows after sharding, padding zero. After training the fp32 shards are compared
+     with the C run's --save: bitwise where they agree, else the largest difference in units of
+     the learning rate (values_lr): the two sides' matmuls sum in other orders (OpenBLAS vs
+     MKL, ~1e-7 relative per op), and AdamW's m / sqrt(v) turns that into up to ~1e-3 of one
+     update where a gradient is near 0. A forward-only run must stay bitwise equal;
+   - collectives: per rank, step, microbatch and module, the all-gathers in forward, those in
+     backward (recompute included) and the reduce-scatters, from the C trace's collective
+     events (the grader's parsing: '<module>.<kind>', args.phase) and from FSDP2's calls into
+     torch.distributed, identical counts.
+4. prints a table and writes logs/fsdp2/ (table.txt, one <run>.json with the per-step numbers).
+   Exit status 1 if any comparison fails, 2 for bad input.
+
+Reduce-scatter: FSDP2 averages fp32 grads with ReduceOp.AVG; gloo accepts it in torch 2.15 and
+the results are bitwise those of set_force_sum_reduction_for_comms(True) (SUM, then divide;
+checked on stage 04). --force-sum-reduction runs the latter.
+
+torch: run by any python, the tool uses the current interpreter when it has torch >= 2.6 with
+fully_shard; else build/fsdp2-venv (made once by pip, several GB of CUDA wheels, unless
+--no-install), and runs itself again with that python.
+
+    tools/fsdp2_check.py [STAGE ...] [--main-only] [--no-debugmodel] [--out logs/fsdp2]
+                         [--work build/fsdp2-runs] [--venv build/fsdp2-venv] [--no-install]
+                         [--install-only] [--force-sum-reduction] [--binary TRAIN (one stage)]
+"""
+import argparse
+import json
+import math
+import os
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "grader"))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+from gradelib.checks import BACKWARD_PHASES, FORWARD_PHASES  # noqa: E402
+from gradelib.rubric import load_rubric, parse_stage, stage_flags, stage_variants  # noqa: E402
+from gradelib.util import UsageError  # noqa: E402
+
+BUILD = os.path.join(ROOT, os.environ.get("HWFSDP_BUILD", "build"))
+MIN_TORCH = (2, 6)
+READY = ".fsdp2-ready"  # written into the venv once torch imports with fully_shard
+PIP_PACKAGES = ["torch", "numpy", "safetensors"]
+
+# Per-stage tolerances (stage id -> overrides of "default"). values_lr: the largest difference of a
+# trained fp32 shard element from the C run's, in learning rates; None reports it without judging.
+# Measured over stages 01-07, their variants and the debugmodel (2026-11-23, torch 2.15): loss
+# <= 5.9e-8, grad norm <= 1.2e-7, trained values <= 1.6e-3 lr. A sharding bug moves them by
+# orders of magnitude more (a sum instead of an average: the grad norm x W).
+TOLERANCES = {
+    "default": {"loss_rel": 1e-6, "grad_norm_rel": 1e-6, "values_lr": 1e-2},
+    # Stage 08 (mixed precision): torch computes activations in bf16, the C runtime in fp32 on
+    # bf16-rounded weights. PROVISIONAL until stage 08 exists: FSDP2 with param_dtype bf16
+    # (reduce fp32 or bf16) against stage 04's fp32 C run on the grading configuration differs by
+    # up to 5.4e-4 in loss and 2.7e-3 in grad norm (2026-11-23); the C stage 08 shares the bf16
+    # weights, so it should sit closer. Set from its own measurement once it lands. The fp32
+    # master shards are reported, not judged.
+    "08": {"loss_rel": 5e-3, "grad_norm_rel": 2e-2, "values_lr": None},
+}
+
+# The debugmodel (torchtitan's flavour) for 10 steps, besides the grading configurations.
+DEBUGMODEL = {"name": "debugmodel", "stage": "04",
+              "flags": ["--flavor", "debugmodel", "--world", "4", "--seq-len", "128", "--batch-size", "2",
+                        "--steps", "10", "--warmup-steps", "2", "--lr", "8e-4", "--max-norm", "1.0",
+                        "--profile-steps", "10"]}
+C_TIMEOUT_S = 900
+TORCH_TIMEOUT_S = 900
+
+
+class Failure(Exception):
+    """A run could not be compared: one line."""
+
+
+def usage_error(msg):
+    sys.stderr.write("fsdp2-check: error: %s\n" % msg)
+    sys.exit(2)
+
+
+def tolerances(stage):
+    tol = dict(TOLERANCES["default"])
+    tol.update(TOLERANCES.get(stage, {}))
+    return tol
+
+
+# ---------------------------------------------------------------------------- torch and its venv
+
+def torch_version(python):
+    """torch's version tuple in `python` if it has torch.distributed.fsdp.fully_shard, else None."""
+    code = ("import torch, torch.distributed.fsdp as f; f.fully_shard; "
+            "print(torch.__version__.split('+')[0])")
+    try:
+        p = subprocess.run([python, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, timeout=300)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if p.returncode != 0:
+        return None
+    try:
+        return tuple(int(x) for x in p.stdout.decode().strip().split(".")[:2])
+    except ValueError:
+        return None
+
+
+def suitable(python):
+    v = torch_version(python)
+    return v is not None and v >= MIN_TORCH
+
+
+def shown(path):
+    """A path as the user reads it: relative to the checkout when inside it."""
+    path = os.path.abspath(path)
+    return os.path.relpath(path, ROOT) if path.startswith(ROOT + os.sep) else path
+
+
+def venv_python(venv):
+    return os.path.join(venv, "bin", "python")
+
+
+def install_venv(venv):
+    """python -m venv + pip install torch; READY marks a venv whose torch has fully_shard."""
+    print("fsdp2-check: warning: installing torch from the Python package index into %s: it pulls the CUDA "
+          "wheels (~5 GB, a few minutes); once" % shown(venv), flush=True)
+    if not os.path.exists(venv_python(venv)):
+        if subprocess.run([sys.executable, "-m", "venv", venv]).returncode != 0:
+            usage_error("python -m venv %s failed (Debian: apt-get install python3-venv)" % venv)
+    if subprocess.run([venv_python(venv), "-m", "pip", "install", "--quiet"] + PIP_PACKAGES).returncode != 0:
+        usage_error("pip install %s into %s failed (output above)" % (" ".join(PIP_PACKAGES), venv))
+    if not suitable(venv_python(venv)):
+        usage_error("%s has no torch >= %d.%d with torch.distributed.fsdp.fully_shard after pip install"
+                    % (venv, MIN_TORCH[0], MIN_TORCH[1]))
+    open(os.path.join(venv, READY), "w").close()
+
+
+def ensure_torch(args, argv):
+    """Return when this interpreter can run FSDP2; else re-run the tool under the venv's python."""
+    venv = os.path.abspath(args.venv)
+    if args.install_only:
+        if not os.path.exists(os.path.join(venv, READY)):
+            install_venv(venv)
+        print("fsdp2-check: %s is ready" % shown(venv))
+        sys.exit(0)
+    if suitable(sys.executable):
+        return
+    if not os.path.exists(os.path.join(venv, READY)):
+        if args.no_install:
+            usage_error("no torch >= %d.%d with fully_shard in %s and no venv at %s (--no-install): run make "
+                        "fsdp2-check, or this tool without --no-install" % (MIN_TORCH + (sys.executable, shown(venv))))
+        install_venv(venv)
+    python = venv_python(venv)
+    os.execv(python, [python, os.path.abspath(__file__)] + argv)
+
+
+# ---------------------------------------------------------------------------- the runs
+
+class Run:
+    """One comparison: a stage's binary on one command line, and FSDP2 on the same configuration.
+    The binary is the stage's solution; in a student tree (no solutions/) the student's stage."""
+
+    def __init__(self, name, stage, variant, stage_dir, flags):
+        self.name, self.stage, self.variant, self.flags = name, stage, variant, flags
+        tree = "solutions" if os.path.exists(os.path.join(ROOT, "solutions", stage_dir, "hw_fsdp.c")) else "stages"
+        self.binary = os.path.join(BUILD, tree, stage_dir, "train")
+        self.solution = "%s/%s/hw_fsdp.c" % (tree, stage_dir)
+
+
+def plan(rubric, stages, main_only, debugmodel):
+    runs = []
+    for stage in stages:
+        sdir = rubric["stages"][stage]["dir"]
+        runs.append(Run("stage" + stage, stage, None, sdir, stage_flags(rubric, stage)))
+        for v in ([] if main_only else stage_variants(rubric, stage)):
+            runs.append(Run("stage%s-%s" % (stage, v), stage, v, sdir, stage_flags(rubric, stage, v)))
+    if debugmodel:
+        s = DEBUGMODEL["stage"]
+        runs.append(Run(DEBUGMODEL["name"], s, None, rubric["stages"][s]["dir"],
+                        list(DEBUGMODEL["flags"]) + list(rubric["stages"][s].get("flags", []))))
+    return runs
+
+
+def flag_value(flags, name):
+    """The value of --name=V or --name V in a command line, or None."""
+    for i, f in enumerate(flags):
+        if f.startswith(name + "="):
+            return f.split("=", 1)[1]
+        if f == name and i + 1 < len(flags):
+            return flags[i + 1]
+    return None
+
+
+def run_c(run, work):
+    """--save-init, then the run from those weights; (run dir, init file, final checkpoint, command)."""
+    init = os.path.join(work, "init.safetensors")
+    final = os.path.join(work, "c_final.safetensors")
+    cdir = os.path.join(work, "c")
+    steps = [[run.binary] + run.flags + ["--save-init", init],
+             [run.binary] + run.flags + ["--load", init, "--save", final, "--out", cdir, "--quiet"]]
+    with open(os.path.join(work, "c_log.txt"), "w") as log:
+        for cmd in steps:
+            log.write("$ %s\n" % " ".join(cmd))
+            log.flush()
+            try:
+                p = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=C_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                raise Failure("%s timed out after %d s" % (run.solution, C_TIMEOUT_S))
+            if p.returncode != 0:
+                raise Failure("%s exited with %d (see %s)" % (run.solution, p.returncode, shown(log.name)))
+    return cdir, init, final, steps[1]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torch_job(run, cdir, init, out, args):
+    """What FSDP2 trains: the C run's configuration (its run.json) and the stage's flags."""
+    with open(os.path.join(cdir, "run.json")) as fh:
+        r = json.load(fh)
+    param_dtype = flag_value(run.flags, "--param-dtype")
+    reduce_dtype = flag_value(run.flags, "--reduce-dtype") or ("fp32" if param_dtype else None)
+    for what, v in (("--param-dtype", param_dtype), ("--reduce-dtype", reduce_dtype)):
+        if v not in (None, "fp32", "bf16"):
+            raise Failure("%s %s: only fp32 and bf16 map to a MixedPrecisionPolicy" % (what, v))
+    return {"model": {k: r[k] for k in ("dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "multiple_of",
+                                        "hidden_dim")},
+            "init": init, "data": os.path.join(ROOT, r["data"]), "world": r["world_size"],
+            "batch_size": r["batch_size"], "seq_len": r["seq_len"], "steps": r["steps"], "lr": r["lr"],
+            "warmup_steps": r["warmup_steps"], "weight_decay": r["weight_decay"], "max_norm": r["max_norm"],
+            "forward_only": r["forward_only"], "ac": r["ac"], "reshard_after_forward": r["reshard_after_forward"],
+            "grad_accum": r.get("grad_accum", 1), "grad_sync_every": r.get("grad_sync", "every") == "every",
+            "reshard_after_backward": r.get("reshard_after_backward", True),
+            "param_dtype": param_dtype, "reduce_dtype": reduce_dtype,
+            "force_sum_reduction": args.force_sum_reduction, "threads": 1, "port": free_port(),
+            "timeout_s": TORCH_TIMEOUT_S, "out": out}
+
+
+def run_torch(job):
+    import fsdp2_torch  # torch: only in the venv's python
+    shutil.rmtree(job["out"], ignore_errors=True)
+    try:
+        fsdp2_torch.run(job)
+    except Exception as e:  # a rank's traceback is in the exception's text: keep its last line
+        lines = [l for l in str(e).strip().splitlines() if l.strip()]
+        raise Failure("the FSDP2 run failed: %s" % (lines[-1] if lines else type(e).__name__))
+    out = []
+    for r in range(job["world"]):
+        with open(os.path.join(job["out"], "rank%d.json" % r)) as fh:
+            out.append(json.load(fh))
+    return out
+
+
+# ---------------------------------------------------------------------------- reading the C run
+
+def read_jsonl(path):
+    with open(path) as fh:
+        return [json.loads(l) for l in fh if l.strip()]
+
+
+def read_safetensors(path):
+    """{name: float32 numpy array} of a safetensors file (numpy only: the comparisons need no torch)."""
+    import numpy as np
+    with open(path, "rb") as fh:
+        raw = fh.read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    header.pop("__metadata__", None)
+    out = {}
+    for name, e in header.items():
+        if e["dtype"] != "F32":
+            raise Failure("%s: %s is %s, not F32" % (path, name, e["dtype"]))
+        b, en = e["data_offsets"]
+        out[name] = np.frombuffer(raw[8 + n + b:8 + n + en], dtype="<f4").reshape(e["shape"])
+    return out
+
+
+def c_collectives(cdir, world, modules):
+    """Per rank {(step, microbatch, module, kind, phase): count} of the C trace (the grader's parsing)."""
+    per_rank = []
+    for r in range(world):
+        with open(os.path.join(cdir, "trace_rank%d.json" % r)) as fh:
+            events = json.load(fh).get("traceEvents", [])
+        counts = {}
+        for e in events:
+            if e.get("ph") != "X" or e.get("cat") != "collective":
+                continue
+            label, _, kind = e["name"].rpartition(".")
+            if kind not in ("all_gather", "reduce_scatter") or label not in modules:
+                continue  # the grad norm's all-reduce, the checkpoint's gathers
+            a = e.get("args", {})
+            phase = a.get("phase")
+            phase = "forward" if phase in FORWARD_PHASES else "backward" if phase in BACKWARD_PHASES else phase
+            key = (a["step"], a.get("microbatch", -1), label, kind, phase)
+            counts[key] = counts.get(key, 0) + 1
+        per_rank.append(counts)
+    return per_rank
+
+
+def torch_collectives(ranks, profiled_steps):
+    return [{(c["step"], c["microbatch"], c["module"], c["kind"], c["phase"]): c["count"]
+             for c in rk["collectives"] if c["step"] < profiled_steps or c["step"] < 0} for rk in ranks]
+
+
+# ---------------------------------------------------------------------------- the comparisons
+
+def rel(a, b):
+    return abs(a - b) / max(abs(b), 1e-30)
+
+
+def compare_steps(c_rows, t_rows, tol):
+    """Per step loss and grad norm; (rows, max loss rel, max grad-norm rel, failures)."""
+    fails, rows = [], []
+    if len(c_rows) != len(t_rows):
+        fails.append("%d steps in the C run, %d in the FSDP2 run" % (len(c_rows), len(t_rows)))
+    max_l = max_g = 0.0
+    for c, t in zip(c_rows, t_rows):
+        row = {"step": c["step"], "loss_c": c["loss"], "loss_fsdp2": t["loss"], "loss_rel": None,
+               "grad_norm_c": c.get("grad_norm"), "grad_norm_fsdp2": t["grad_norm"], "grad_norm_rel": None}
+        for key, limit in (("loss", tol["loss_rel"]), ("grad_norm", tol["grad_norm_rel"])):
+            a, b = c.get(key), t[key]
+            if a is None and b is None:
+                continue
+            if a is None or b is None or not (math.isfinite(a) and math.isfinite(b)):
+                fails.append("step %d: %s is %s in the C run, %s in FSDP2's" % (c["step"], key, a, b))
+                continue
+            d = rel(a, b)
+            row[key + "_rel"] = d
+            if key == "loss":
+                max_l = max(max_l, d)
+            else:
+                max_g = max(max_g, d)
+            if limit is not None and d > limit:
+                fails.append("step %d: %s %.9g (C) vs %.9g (FSDP2), relative %.2e > %.0e"
+                             % (c["step"], key, a, b, d, limit))
+        rows.append(row)
+    return rows, max_l, (max_g if any(r["grad_norm_rel"] is not None for r in rows) else None), fails
+
+
+def compare_collectives(c_counts, t_counts):
+    """(equal, differences, summary): per rank the counts by (step, microbatch, module, kind, phase)."""
+    diffs = []
+    for r, (c, t) in enumerate(zip(c_counts, t_counts)):
+        for key in sorted(set(c) | set(t), key=str):
+            if c.get(key, 0) != t.get(key, 0):
+                step, micro, mod, kind, phase = key
+                diffs.append("rank %d step %d%s: %s %s in %s: %d in the C run, %d in FSDP2's"
+                             % (r, step + 1, " microbatch %d" % micro if micro >= 0 else "", mod,
+                                kind.replace("_", "-"), phase, c.get(key, 0), t.get(key, 0)))
+    if len(c_counts) != len(t_counts):
+        diffs.append("%d ranks traced in the C run, %d in FSDP2's" % (len(c_counts), len(t_counts)))
+    if c_counts and not c_counts[0]:
+        diffs.append("no collective of a module in the C trace")
+    summary = {}
+    for (step, micro, mod, kind, phase), n in (t_counts[0] if t_counts else {}).items():
+        if step == 0:
+            k = "%s %s %s" % (mod, kind, phase) + (" mb%d" % micro if micro >= 0 else "")
+            summary[k] = n
+    return not diffs, diffs, dict(sorted(summary.items()))
+
+
+LAYOUT_FIELDS = ["module", "global_shape", "mesh", "placement", "local_rows", "padded_rows", "row_offset", "row_numel",
+                 "global_rows", "local_matches_init", "padding_is_zero"]
+
+
+def compare_layouts(c_params, t_params, rank):
+    """Differences between the C run's dtensors_rank<r>.json and FSDP2's DTensors, by parameter."""
+    diffs = []
+    c_by, t_by = {p["name"]: p for p in c_params}, {p["name"]: p for p in t_params}
+    for name in sorted(set(c_by) ^ set(t_by)):
+        diffs.append("rank %d: %s only in the %s run" % (rank, name, "C" if name in c_by else "FSDP2"))
+    for name in [p["name"] for p in t_params if p["name"] in c_by]:
+        c, t = c_by[name], t_by[name]
+        if not c.get("mesh_is_world", False):
+            diffs.append("rank %d: %s's mesh is not the world in the C run" % (rank, name))
+        for f in LAYOUT_FIELDS:
+            if c.get(f) != t.get(f):
+                diffs.append("rank %d: %s %s is %s in the C run, %s in FSDP2's"
+                             % (rank, name, f, json.dumps(c.get(f)), json.dumps(t.get(f))))
+        for side, p in (("C", c), ("FSDP2", t)):
+            if p.get("local_matches_init") is not True or p.get("padding_is_zero") is not True:
+                diffs.append("rank %d: %s: the %s shard is not the initial weights' rows with zero padding"
+                             % (rank, name, side))
+    return diffs
+
+
+def compare_values(c_final, t_shards, t_layout, lr, limit, exact):
+    """The trained fp32 shards against the C run's final weights (rows row_offset..+local_rows).
+    Returns (summary, failures); exact: any difference fails (a run without an optimizer step)."""
+    import numpy as np
+    n = bitwise = 0
+    max_abs = 0.0
+    worst = ""
+    state_max = {}
+    fails = []
+    for rank, (shards, layout) in enumerate(zip(t_shards, t_layout)):
+        rows = {p["name"]: (p["row_offset"], p["local_rows"]) for p in layout}
+        for name, t in shards.items():
+            base = name[len("optim."):].rsplit(".", 1)[0] if name.startswith("optim.") else name
+            if base not in rows or name not in c_final:
+                fails.append("rank %d: %s has no counterpart in the C checkpoint" % (rank, name))
+                continue
+            off, k = rows[base]
+            c = c_final[name][off:off + k]
+            if c.shape != t.shape:
+                fails.append("rank %d: %s: shard %s vs C rows %s" % (rank, name, list(t.shape), list(c.shape)))
+                continue
+            d = float(np.abs(c.astype(np.float64) - t).max()) if t.size else 0.0
+            if name.startswith("optim."):
+                kind = name.rsplit(".", 1)[1]
+                scale = float(np.abs(c).max()) if c.size else 0.0
+                state_max[kind] = max(state_max.get(kind, 0.0), d / scale if scale else d)
+                continue
+            n += 1
+            same = np.array_equal(c.view(np.uint32), np.ascontiguousarray(t).view(np.uint32))
+            bitwise += int(same)
+            if d > max_abs:
+                max_abs, worst = d, "%s (rank %d)" % (name, rank)
+    if exact and bitwise != n:
+        fails.append("%d of %d shards differ from the C run's (largest %.3g in %s) without an optimizer step"
+                     % (n - bitwise, n, max_abs, worst))
+    over_lr = max_abs / lr if lr else None
+    if not exact and limit is not None and over_lr is not None and over_lr > limit:
+        fails.append("trained shard values differ by up to %.3g = %.2e lr (> %.0e lr) in %s"
+                     % (max_abs, over_lr, limit, worst))
+    summary = {"exact": exact, "shards": n, "bitwise_identical": bitwise, "max_abs": max_abs,
+               "max_abs_over_lr": over_lr, "worst": worst, "optimizer_state_max_rel": state_max}
+    return summary, fails
+
+
+# ---------------------------------------------------------------------------- one run
+
+def compare_run(run, args):
+    """Run both sides and compare; the run's record (what logs/fsdp2/<run>.json holds)."""
+    work = os.path.join(os.path.abspath(args.work), run.name)
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    tol = tolerances(run.stage)
+    rec = {"run": run.name, "stage": run.stage, "variant": run.variant, "solution": run.solution,
+           "tolerances": tol, "reduction": "SUM then divide" if args.force_sum_reduction else "AVG"}
+    t0 = time.time()
+    cdir, init, final, cmd = run_c(run, work)
+    rec["c_command"] = " ".join(shown(c) if os.path.isabs(c) else c for c in cmd)
+    job = torch_job(run, cdir, init, os.path.join(work, "fsdp2"), args)
+    ranks = run_torch(job)
+    rec.update({"world": job["world"], "steps": job["steps"], "torch": ranks[0]["torch"],
+                "mixed_precision": {"param_dtype": job["param_dtype"], "reduce_dtype": job["reduce_dtype"]}})
+    fails = []
+
+    rows, max_l, max_g, f = compare_steps(read_jsonl(os.path.join(cdir, "metrics.jsonl")), ranks[0]["steps"], tol)
+    rec.update({"per_step": rows, "max_loss_rel": max_l, "max_grad_norm_rel": max_g})
+    fails += f
+
+    layout_diffs = []
+    c_layouts = []
+    for r in range(job["world"]):
+        with open(os.path.join(cdir, "dtensors_rank%d.json" % r)) as fh:
+            c_layouts.append(json.load(fh)["params"])
+        layout_diffs += compare_layouts(c_layouts[r], ranks[r]["dtensors"], r)
+    shards = [read_safetensors(os.path.join(job["out"], "shards_rank%d.safetensors" % r)) for r in range(job["world"])]
+    values, f = compare_values(read_safetensors(final), shards, [rk["dtensors"] for rk in ranks], job["lr"],
+                               tol["values_lr"], exact=job["forward_only"])
+    rec["dtensors"] = {"layout_identical": not layout_diffs, "layout_differences": layout_diffs[:20],
+                       "values": values}
+    fails += layout_diffs[:5] + f
+
+    with open(os.path.join(cdir, "run.json")) as fh:
+        profiled = min(json.load(fh)["profile_steps"], job["steps"])
+    modules = {p["module"] for p in c_layouts[0]}
+    equal, diffs, summary = compare_collectives(c_collectives(cdir, job["world"], modules),
+                                                torch_collectives(ranks, profiled))
+    rec["collectives"] = {"identical": equal, "steps_compared": profiled, "differences": diffs[:20],
+                          "step1_rank0": summary}
+    fails += diffs[:5]
+    if profiled < job["steps"]:
+        fails.append("only %d of %d steps profiled in the C run: collectives of the rest not compared"
+                     % (profiled, job["steps"]))
+    rec["failures"] = fails
+    rec["pass"] = not fails
+    rec["seconds"] = round(time.time() - t0, 1)
+    return rec
+
+
+# ---------------------------------------------------------------------------- the report
+
+def fmt(x):
+    return "-" if x is None else "%.1e" % x
+
+
+def table(records):
+    head = ["run", "world", "steps", "loss rel", "gnorm rel", "DTensors", "values |d|/lr", "collectives", "result"]
+    lines = []
+    for r in records:
+        if "error" in r:
+            lines.append([r["run"], "-", "-", "-", "-", "-", "-", "-", "FAIL: " + r["error"]])
+            continue
+        v = r["dtensors"]["values"]
+        vals = ("bitwise" if v["bitwise_identical"] == v["shards"] else "NOT bitwise" if v.get("exact")
+                else fmt(v["max_abs_over_lr"]))
+        lines.append([r["run"], str(r["world"]), str(r["steps"]), fmt(r["max_loss_rel"]), fmt(r["max_grad_norm_rel"]),
+                      "identical" if r["dtensors"]["layout_identical"] else "DIFFER", vals,
+                      "equal" if r["collectives"]["identical"] else "DIFFER", "PASS" if r["pass"] else "FAIL"])
+    widths = [max(len(x[i]) for x in [head] + lines) for i in range(len(head))]
+    out = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [head] + lines]
+    out.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+def write_logs(out, records, text, meta, every_run):
+    """table.txt and <run>.json; a run of everything first removes the json of runs that no longer exist."""
+    os.makedirs(out, exist_ok=True)
+    if every_run:
+        for name in os.listdir(out):
+            if name.endswith(".json"):
+                os.remove(os.path.join(out, name))
+    for r in records:
+        with open(os.path.join(out, r["run"] + ".json"), "w") as fh:
+            json.dump(r, fh, indent=1)
+            fh.write("\n")
+    with open(os.path.join(out, "table.txt"), "w") as fh:
+        fh.write(meta + "\n\n" + text + "\n")
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(description="The stage solutions against real PyTorch FSDP2 (instructors).")
+    ap.add_argument("stages", nargs="*", help="stage numbers or folders (default: every stage of the rubric)")
+    ap.add_argument("--main-only", action="store_true", help="the grading configuration only, not the variants")
+    ap.add_argument("--no-debugmodel", action="store_true", help="leave out the 10-step debugmodel run")
+    ap.add_argument("--out", default=os.path.join(ROOT, "logs", "fsdp2"))
+    ap.add_argument("--work", default=os.path.join(BUILD, "fsdp2-runs"))
+    ap.add_argument("--venv", default=os.path.join(BUILD, "fsdp2-venv"))
+    ap.add_argument("--no-install", action="store_true", help="fail instead of installing torch into --venv")
+    ap.add_argument("--install-only", action="store_true", help="make the venv (once) and stop")
+    ap.add_argument("--binary", help="compare this training binary instead of the stage's solution (one stage; "
+                                     "e.g. a student's hw_fsdp.c built with make impl SRC=... OUT=...)")
+    ap.add_argument("--force-sum-reduction", action="store_true",
+                    help="FSDP2 reduce-scatters with SUM and divides (set_force_sum_reduction_for_comms)")
+    args = ap.parse_args(argv)
+
+    try:
+        rubric = load_rubric()
+        stages = sorted({parse_stage(rubric, s) for s in args.stages} if args.stages else rubric["stages"])
+        if DEBUGMODEL["stage"] not in rubric["stages"]:
+            raise UsageError("the debugmodel run's stage %s is not in the rubric" % DEBUGMODEL["stage"])
+        if args.binary and len(stages) != 1:
+            raise UsageError("--binary needs exactly one stage, got %d" % len(stages))
+        if args.binary and not os.access(args.binary, os.X_OK):
+            raise UsageError("--binary %s is not an executable file" % args.binary)
+    except UsageError as e:
+        usage_error(str(e))
+    runs = plan(rubric, stages, args.main_only, not args.no_debugmodel and DEBUGMODEL["stage"] in stages)
+    for run in runs:
+        if args.binary:
+            run.binary, run.solution = os.path.abspath(args.binary), shown(args.binary)
+        if not args.install_only and not os.access(run.binary, os.X_OK):
+            usage_error("%s is not built (run make)" % shown(run.binary))
+    ensure_torch(args, argv)
+
+    records = []
+    for run in runs:
+        print("fsdp2-check: %s: %s %s" % (run.name, run.solution, " ".join(run.flags)), flush=True)
+        try:
+            rec = compare_run(run, args)
+        except Failure as e:
+            rec = {"run": run.name, "stage": run.stage, "variant": run.variant, "error": str(e), "pass": False}
+        for f in rec.get("failures", [rec.get("error")])[:3]:
+            if f:
+                print("  %s" % f, flush=True)
+        records.append(rec)
+    text = table(records)
+    torch_v = next((r["torch"] for r in records if "torch" in r), "?")
+    meta = "make fsdp2-check: %s, stages %s (%d runs), torch %s, gloo, reduce-scatter %s; %s" % (
+        time.strftime("%Y-%m-%d"), " ".join(stages), len(runs), torch_v,
+        "SUM then divide" if args.force_sum_reduction else "AVG",
+        "tolerances: loss rel %g, grad norm rel %g, trained values %g lr (per stage: tools/fsdp2_check.py)" % (
+            TOLERANCES["default"]["loss_rel"], TOLERANCES["default"]["grad_norm_rel"],
+            TOLERANCES["default"]["values_lr"]))
+    print("\n" + meta + "\n\n" + text)
+    write_logs(os.path.abspath(args.out), records, text, meta, every_run=not args.stages and not args.main_only)
+    print("\nwrote %s/ (table.txt, one json per run)" % shown(args.out))
+    return 0 if all(r["pass"] for r in records) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

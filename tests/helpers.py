@@ -1,5 +1,6 @@
 """Shared helpers for the Python tests: where things are, how to run a training binary."""
 import glob
+import importlib
 import json
 import os
 import subprocess
@@ -68,3 +69,18 @@ def apply_mutant(mutant, dest):
     with open(dest, "w") as fh:
         fh.write(text)
     return dest
+
+
+def require_torch(what):
+    """Import-time guard of a test module that compares with Debian's python3-torch: skipped with the
+    reason on a developer machine without it, an error under CI (CI=true), where ./hwfsdp installs it."""
+    try:
+        for name in ("numpy", "torch"):
+            importlib.import_module(name)
+    except ImportError as e:
+        if os.environ.get("CI"):
+            raise RuntimeError("PyTorch is missing under CI (%s): the %s cannot run; install python3-torch "
+                               "(./hwfsdp does)" % (e, what))
+        import pytest
+        pytest.skip("PyTorch not installed for %s (%s): install python3-torch to run the %s"
+                    % (sys.executable, e, what), allow_module_level=True)

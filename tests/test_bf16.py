@@ -11,25 +11,12 @@ widened float32 out). Without torch this test is skipped with the reason on a de
 FAILS under CI (CI=true), where ./hwfsdp installs python3-torch."""
 import os
 import subprocess
-import sys
 
-import pytest
+from helpers import BUILD, require_torch
 
-from helpers import BUILD
-
-try:
-    import numpy as np
-    import torch
-    HAVE_TORCH = True
-except ImportError as e:  # pragma: no cover
-    HAVE_TORCH, WHY = False, str(e)
-
-if not HAVE_TORCH:
-    if os.environ.get("CI"):
-        raise RuntimeError("PyTorch is missing under CI (%s): the bfloat16 tests cannot run; "
-                           "install python3-torch (./hwfsdp does)" % WHY)
-    pytest.skip("PyTorch not installed for %s (%s): install python3-torch to run the bfloat16 tests"
-                % (sys.executable, WHY), allow_module_level=True)
+require_torch("bfloat16 tests")
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
 TOOL = os.path.join(BUILD, "tests", "test_ops")
 

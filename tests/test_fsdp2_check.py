@@ -62,12 +62,12 @@ def test_steps_differ(what):
             "steps": "2 steps in the C run, 1", "missing_norm": "step 1: grad_norm is None"}[what] in fails[0]
 
 
-def counts():
+def counts(ag_dtype="f32"):
     out = {}
     for mod in ("embedding", "block0", "head"):
-        out[(0, -1, mod, "all_gather", "forward")] = 1
-        out[(0, -1, mod, "all_gather", "backward")] = 1
-        out[(0, -1, mod, "reduce_scatter", "backward")] = 1
+        out[(0, -1, mod, "all_gather", "forward", ag_dtype)] = 1
+        out[(0, -1, mod, "all_gather", "backward", ag_dtype)] = 1
+        out[(0, -1, mod, "reduce_scatter", "backward", "f32")] = 1
     return out
 
 
@@ -76,9 +76,12 @@ def test_collectives_equal_and_differ():
     assert equal and not diffs
     assert summary["block0 all_gather backward"] == 1 and len(summary) == 9
     extra = counts()
-    extra[(0, -1, "block0", "all_gather", "backward")] = 2  # an all-gather twice in backward (recompute?)
+    extra[(0, -1, "block0", "all_gather", "backward", "f32")] = 2  # an all-gather twice in backward (recompute?)
     equal, diffs, _ = fc.compare_collectives([counts(), counts()], [counts(), extra])
-    assert not equal and diffs == ["rank 1 step 1: block0 all-gather in backward: 1 in the C run, 2 in FSDP2's"]
+    assert not equal and diffs == ["rank 1 step 1: block0 all-gather (f32) in backward: 1 in the C run, 2 in FSDP2's"]
+    # the same counts in another element type differ: a float32 all-gather where FSDP2 moves bfloat16
+    equal, diffs, _ = fc.compare_collectives([counts()], [counts("bf16")])
+    assert not equal and "rank 0 step 1: embedding all-gather (f32) in forward: 1 in the C run, 0 in FSDP2's" in diffs
     equal, diffs, _ = fc.compare_collectives([{}, {}], [{}, {}])
     assert not equal and "no collective of a module in the C trace" in diffs
 
@@ -208,6 +211,6 @@ def test_extra_recompute_all_gather_is_caught(tmp_path):
     rec = json.load(open(out / "stage05.json"))
     assert not rec["pass"] and rec["max_loss_rel"] <= 1e-6 and rec["max_grad_norm_rel"] <= 1e-6
     assert rec["dtensors"]["layout_identical"] and not rec["collectives"]["identical"]
-    want = "rank 0 step 1: block1 all-gather in backward: 2 in the C run, 1 in FSDP2's"
+    want = "rank 0 step 1: block1 all-gather (f32) in backward: 2 in the C run, 1 in FSDP2's"
     assert want in rec["collectives"]["differences"]
     assert "FAIL" in open(out / "table.txt").read()

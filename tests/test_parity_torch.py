@@ -14,21 +14,12 @@ import sys
 
 import pytest
 
-from helpers import BASELINE, CORPUS, ROOT, metrics, rel, run_train, solution_bin
+from helpers import BASELINE, CORPUS, ROOT, metrics, rel, require_torch, run_train, solution_bin
 
-try:
-    import numpy as np
-    import torch
-    HAVE_TORCH, TORCH_VERSION = True, torch.__version__
-except ImportError as e:  # pragma: no cover
-    HAVE_TORCH, WHY = False, str(e)
-
-if not HAVE_TORCH:
-    if os.environ.get("CI"):
-        raise RuntimeError("PyTorch is missing under CI (%s): the parity tests cannot run; "
-                           "install python3-torch (./hwfsdp does)" % WHY)
-    pytest.skip("PyTorch not installed for %s (%s): install python3-torch to run the parity tests"
-                % (sys.executable, WHY), allow_module_level=True)
+require_torch("parity tests")
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+TORCH_VERSION = torch.__version__
 
 TORCH_LLAMA = os.path.join(ROOT, "tests", "torch_llama.py")
 

@@ -77,13 +77,15 @@ PIP_PACKAGES = ["torch", "numpy", "safetensors"]
 # orders of magnitude more (a sum instead of an average: the grad norm x W).
 TOLERANCES = {
     "default": {"loss_rel": 1e-6, "grad_norm_rel": 1e-6, "values_lr": 1e-2},
-    # Stage 08 (mixed precision): torch computes activations in bf16, the C runtime in fp32 on
-    # bf16-rounded weights. PROVISIONAL until stage 08 exists: FSDP2 with param_dtype bf16
-    # (reduce fp32 or bf16) against stage 04's fp32 C run on the grading configuration differs by
-    # up to 5.4e-4 in loss and 2.7e-3 in grad norm (2026-11-23); the C stage 08 shares the bf16
-    # weights, so it should sit closer. Set from its own measurement once it lands. The fp32
-    # master shards are reported, not judged.
-    "08": {"loss_rel": 5e-3, "grad_norm_rel": 2e-2, "values_lr": None},
+    # Stage 08 (mixed precision): FSDP2 with param_dtype bf16 computes the activations and the
+    # unsharded grads in bf16; the C runtime computes in fp32 on the same bf16-rounded weights and
+    # keeps fp32 grads, so the two agree only to bf16's precision reaching the loss. Measured
+    # 2026-11-23 (torch 2.15) on the grading configuration and its variants: loss <= 2.2e-4, grad
+    # norm <= 2.1e-3 (FSDP2 in bf16 against the fp32 stage 04 run: 5.4e-4 and 2.7e-3). Tolerances
+    # about 5x that; the DTensors and the collectives (with their element types) stay exact, and
+    # the fp32 master shards are reported, not judged (about one learning rate apart after 6 steps:
+    # AdamW normalizes a gradient that differs in its low bits).
+    "08": {"loss_rel": 1e-3, "grad_norm_rel": 1e-2, "values_lr": None},
 }
 
 # The debugmodel (torchtitan's flavour) for 10 steps, besides the grading configurations.
@@ -302,7 +304,7 @@ def read_safetensors(path):
 
 
 def c_collectives(cdir, world, modules):
-    """Per rank {(step, microbatch, module, kind, phase): count} of the C trace (the grader's parsing)."""
+    """Per rank {(step, microbatch, module, kind, phase, dtype): count} of the C trace (the grader's parsing)."""
     per_rank = []
     for r in range(world):
         with open(os.path.join(cdir, "trace_rank%d.json" % r)) as fh:
@@ -317,14 +319,14 @@ def c_collectives(cdir, world, modules):
             a = e.get("args", {})
             phase = a.get("phase")
             phase = "forward" if phase in FORWARD_PHASES else "backward" if phase in BACKWARD_PHASES else phase
-            key = (a["step"], a.get("microbatch", -1), label, kind, phase)
+            key = (a["step"], a.get("microbatch", -1), label, kind, phase, a.get("dtype", "f32"))
             counts[key] = counts.get(key, 0) + 1
         per_rank.append(counts)
     return per_rank
 
 
 def torch_collectives(ranks, profiled_steps):
-    return [{(c["step"], c["microbatch"], c["module"], c["kind"], c["phase"]): c["count"]
+    return [{(c["step"], c["microbatch"], c["module"], c["kind"], c["phase"], c["dtype"]): c["count"]
              for c in rk["collectives"] if c["step"] < profiled_steps or c["step"] < 0} for rk in ranks]
 
 
@@ -369,18 +371,19 @@ def compare_collectives(c_counts, t_counts):
     for r, (c, t) in enumerate(zip(c_counts, t_counts)):
         for key in sorted(set(c) | set(t), key=str):
             if c.get(key, 0) != t.get(key, 0):
-                step, micro, mod, kind, phase = key
-                diffs.append("rank %d step %d%s: %s %s in %s: %d in the C run, %d in FSDP2's"
+                step, micro, mod, kind, phase, dtype = key
+                diffs.append("rank %d step %d%s: %s %s (%s) in %s: %d in the C run, %d in FSDP2's"
                              % (r, step + 1, " microbatch %d" % micro if micro >= 0 else "", mod,
-                                kind.replace("_", "-"), phase, c.get(key, 0), t.get(key, 0)))
+                                kind.replace("_", "-"), dtype, phase, c.get(key, 0), t.get(key, 0)))
     if len(c_counts) != len(t_counts):
         diffs.append("%d ranks traced in the C run, %d in FSDP2's" % (len(c_counts), len(t_counts)))
     if c_counts and not c_counts[0]:
         diffs.append("no collective of a module in the C trace")
     summary = {}
-    for (step, micro, mod, kind, phase), n in (t_counts[0] if t_counts else {}).items():
+    for (step, micro, mod, kind, phase, dtype), n in (t_counts[0] if t_counts else {}).items():
         if step == 0:
-            k = "%s %s %s" % (mod, kind, phase) + (" mb%d" % micro if micro >= 0 else "")
+            k = "%s %s %s" % (mod, kind, phase) + (" mb%d" % micro if micro >= 0 else "") + (
+                "" if dtype == "f32" else " " + dtype)
             summary[k] = n
     return not diffs, diffs, dict(sorted(summary.items()))
 

@@ -68,8 +68,12 @@ def c_module(fqn):
     return fqn or "?"
 
 
+TRACE_DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}
+
+
 class CollectiveLog:
-    """Counts FSDP2's collectives by (step, microbatch, module, kind, phase)."""
+    """Counts FSDP2's collectives by (step, microbatch, module, kind, phase, dtype); dtype is the element type
+    of the collective's output tensor, named as the C trace names it (f32, bf16)."""
 
     def __init__(self):
         self.where = None   # (step, microbatch, phase) while the loop trains; None outside
@@ -99,7 +103,9 @@ class CollectiveLog:
                 self.depth -= 1
                 if outer:
                     step, micro, phase = self.where or (-1, -1, "outside")
-                    self.counts[(step, micro, self.module or "?", kind, phase)] += 1
+                    out = args[0] if args else kwargs.get("output")
+                    dtype = TRACE_DTYPES.get(getattr(out, "dtype", None), str(getattr(out, "dtype", "?")))
+                    self.counts[(step, micro, self.module or "?", kind, phase, dtype)] += 1
         return wrapper
 
     def _labelling(self, method):
@@ -112,8 +118,8 @@ class CollectiveLog:
         return wrapper
 
     def rows(self):
-        return [{"step": k[0], "microbatch": k[1], "module": k[2], "kind": k[3], "phase": k[4], "count": n}
-                for k, n in sorted(self.counts.items())]
+        return [{"step": k[0], "microbatch": k[1], "module": k[2], "kind": k[3], "phase": k[4], "dtype": k[5],
+                 "count": n} for k, n in sorted(self.counts.items())]
 
 
 # ---------------------------------------------------------------------------- the model

@@ -65,6 +65,10 @@ LONG = "x" * 80
     (["--backend", "nccl-mpi"], "--backend nccl-mpi needs the CUDA build (make cuda, then build-cuda/.../train)"),
     (["--reshard-after-forward=maybe"], "--reshard-after-forward expects true or false, got 'maybe'"),
     (["--save-every", "2"], "--save-every needs --save FILE"),
+    (["--grad-accum", "3"], "--grad-accum 3 must divide --batch-size 2 (each microbatch holds batch-size / K sequences)"),
+    (["--grad-sync", "sometimes"], "--grad-sync expects every or last, got 'sometimes'"),
+    (["--param-dtype", "fp16"], "--param-dtype expects fp32 or bf16, got 'fp16'"),
+    (["--reduce-dtype=bfloat16"], "--reduce-dtype expects fp32 or bf16, got 'bfloat16'"),
     (["--data", "/nonexistent/tokens.npy"], "cannot open /nonexistent/tokens.npy: No such file or directory"),
     (["--load", "/nonexistent/w.safetensors"], "cannot open /nonexistent/w.safetensors: No such file or directory"),
     (["positional"], "unexpected argument 'positional' (see --help)"),
@@ -195,3 +199,14 @@ def test_mpi_world_disagrees_with_mpirun():
                        timeout=120, cwd=ROOT, env=env)
     assert p.returncode != 0
     assert "--world 4 but mpirun started 2 processes" in p.stderr, p.stderr
+
+
+def test_bf16_params_need_a_stage_that_casts(tmp_path):
+    """A stage before 08 run with --param-dtype bf16 leaves Param.data_bf16 NULL: one line naming the hook and
+    the flag, not a crash in compute."""
+    binary = os.path.join(ROOT, "build", "solutions", "04_backward_overlap", "train")
+    p = subprocess.run([binary, "--world", "2", "--steps", "1", "--param-dtype", "bf16", "--quiet", "--data", CORPUS],
+                       capture_output=True, text=True, timeout=60, cwd=ROOT)
+    expect_exact(p, "embedding: tok_embeddings.weight has no unsharded data after fsdp_pre_forward (Param.data_bf16 "
+                    "is NULL) (--param-dtype bf16: compute reads Param.data_bf16; a stage before 08 sets only "
+                    "Param.data)")

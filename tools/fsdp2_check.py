@@ -30,8 +30,8 @@ debugmodel (10 steps, world 4, stage 04's solution), this tool
      update where a gradient is near 0. A forward-only run must stay bitwise equal;
    - collectives: per rank, step, microbatch and module, the all-gathers in forward, those in
      backward (recompute included) and the reduce-scatters, from the C trace's collective
-     events (the grader's parsing: '<module>.<kind>', args.phase) and from FSDP2's calls into
-     torch.distributed, identical counts.
+     events (the grader's parsing: '<module>.<kind>', args.phase, args.dtype) and from FSDP2's
+     calls into torch.distributed (the output tensor's dtype), identical counts per element type.
 4. prints a table and writes logs/fsdp2/ (table.txt, one <run>.json with the per-step numbers).
    Exit status 1 if any comparison fails, 2 for bad input.
 

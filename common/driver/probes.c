@@ -169,17 +169,22 @@ static OwnRows own_rows(const Param *p, int rank, int world) {
 }
 
 /* How sampled_hash reads a row: the stored words (float32 or bfloat16), or a
- * float32 shard as it should look in bfloat16 (rounded to nearest even, or
- * truncated: the bug the message names). */
-typedef enum { WORDS_F32 = 0, WORDS_BF16, SHARD_AS_BF16, SHARD_TRUNCATED } HashAs;
+ * float32 shard as it should look in bfloat16 (rounded to nearest even). */
+typedef enum { WORDS_F32 = 0, WORDS_BF16, SHARD_AS_BF16 } HashAs;
 
 static uint32_t word_at(const void *rows, size_t i, HashAs as) {
     switch (as) {
     case WORDS_BF16: return ((const uint16_t *)rows)[i];
     case SHARD_AS_BF16: return bf16_from_f32(((const float *)rows)[i]);
-    case SHARD_TRUNCATED: return ((const uint32_t *)rows)[i] >> 16;
     default: return ((const uint32_t *)rows)[i];
     }
+}
+
+/* A shard as the unsharded params should hold it, and where this rank's rows
+ * start in the unsharded params the hook left. */
+static HashAs shard_as(const ParamsCheck *c) { return c->bf16 ? SHARD_AS_BF16 : WORDS_F32; }
+static const void *own_data(const ParamsCheck *c, int j, OwnRows own) {
+    return (const char *)c->data[j] + own.start * own.row_numel * (c->bf16 ? sizeof(uint16_t) : sizeof(float));
 }
 
 /* FNV-1a over the words of sampled rows of a rank's block (`rows` points at
@@ -200,17 +205,11 @@ static uint64_t sampled_hash(const void *rows, OwnRows o, HashAs as) {
 static void what_instead(const ParamsCheck *c, int j, uint64_t got, const ShardHistory *h, char *buf, size_t cap) {
     const Param *p = &c->mod->params[j];
     OwnRows own = own_rows(p, c->rank, c->world);
-    size_t esize = c->bf16 ? sizeof(uint16_t) : sizeof(float);
-    const void *rows = (const char *)c->data[j] + own.start * own.row_numel * esize;
+    const void *rows = own_data(c, j, own);
     size_t n = own.rows * own.row_numel, nan = 0;
     for (size_t i = 0; i < n; i++) {
         float v = c->bf16 ? bf16_to_f32(((const uint16_t *)rows)[i]) : ((const float *)rows)[i];
         nan += v != v;
-    }
-    if (c->bf16 && p->dt.local && got == sampled_hash(p->dt.local, own, SHARD_TRUNCATED)) {
-        snprintf(buf, cap, "the shard truncated to bfloat16 (its top 16 bits) instead of rounded to nearest even: "
-                 "cast with launch_cast_to_bf16");
-        return;
     }
     if (nan) {
         snprintf(buf, cap, "%zu of its %zu values are NaN: never written (fresh memory is NaN-filled): the copy-out "
@@ -230,7 +229,7 @@ static void what_instead(const ParamsCheck *c, int j, uint64_t got, const ShardH
             const Param *q = &m->modules[i].params[k];
             OwnRows oq = own_rows(q, c->rank, c->world);
             if ((i != c->mod->index || k != j) && oq.rows == own.rows && oq.row_numel == own.row_numel &&
-                q->dt.local && sampled_hash(q->dt.local, oq, c->bf16 ? SHARD_AS_BF16 : WORDS_F32) == got) {
+                q->dt.local && sampled_hash(q->dt.local, oq, shard_as(c)) == got) {
                 snprintf(buf, cap, "%s's shard: the copy-out took another param's segment (offsets in the flat "
                          "buffer, or another module's all-gather output)", m->modules[i].params[k].name);
                 return;
@@ -251,15 +250,13 @@ static void k_params_check(void *arg) {
         size_t n = own.rows * own.row_numel;
         if (!n || !dt->local || dt->local_rows * dt->row_numel != n) continue; /* a wrong shard: DTensors says so */
         ShardHistory *h = &c->probes->history[c->mod->index * MODULE_MAX_PARAMS + j];
-        uint64_t shard = sampled_hash(dt->local, own, c->bf16 ? SHARD_AS_BF16 : WORDS_F32);
+        uint64_t shard = sampled_hash(dt->local, own, shard_as(c));
         if (h->step != c->step) { /* the first check of a step sees the shard the optimizer left */
             h->before = h->step >= 0 ? h->now : shard;
             h->now = shard;
             h->step = c->step;
         }
-        size_t esize = c->bf16 ? sizeof(uint16_t) : sizeof(float);
-        uint64_t got = sampled_hash((const char *)c->data[j] + own.start * own.row_numel * esize, own,
-                                    c->bf16 ? WORDS_BF16 : WORDS_F32);
+        uint64_t got = sampled_hash(own_data(c, j, own), own, c->bf16 ? WORDS_BF16 : WORDS_F32);
         if (got == shard) continue;
         char why[600];
         what_instead(c, j, got, h, why, sizeof why);

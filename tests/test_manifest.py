@@ -131,3 +131,20 @@ def test_handout_explains_every_check():
         names = json.load(fh)["check_names"].values()
     missing = [n for n in names if n.lower() not in words]
     assert not missing, "checks HANDOUT.md#grading does not name: %s" % missing
+
+
+def test_handout_score_examples_match_the_rubric():
+    """A score line HANDOUT.md shows as an example ("Score: 22/22 + bonus 8.75/8.75 (stages 07, 08)") has the
+    rubric's totals: the core stages' points, the bonus stages' and their numbers, as the grader prints them."""
+    with open(os.path.join(ROOT, "HANDOUT.md"), encoding="utf-8") as fh:
+        text = " ".join(fh.read().split())
+    core = sum(sum(st.spec["checks"].values()) for st in STAGES if not st.spec.get("bonus"))
+    bonus = [st for st in STAGES if st.spec.get("bonus")]
+    fmt = lambda x: ("%g" % x)  # noqa: E731  (the grader's points: 4.5, 22)
+    examples = re.findall(r"Score: (\d[\d.]*)/(\d[\d.]*)(?: \+ bonus (\d[\d.]*)/(\d[\d.]*) \(stages? ([\d, ]+)\))?", text)
+    assert examples, "HANDOUT.md shows no example score line"
+    for got, total, bgot, btotal, which in examples:
+        assert got == total == fmt(core), (got, total, core)
+        if bonus:
+            assert bgot == btotal == fmt(sum(sum(st.spec["checks"].values()) for st in bonus)), (bgot, btotal)
+            assert which.replace(" ", "").split(",") == [st.id for st in bonus], which

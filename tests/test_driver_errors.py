@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from helpers import BASELINE, CORPUS, ROOT
+from helpers import BASELINE, CORPUS, ROOT, solution_bin
 
 
 def run(*args, timeout=60):
@@ -204,7 +204,7 @@ def test_mpi_world_disagrees_with_mpirun():
 def test_bf16_params_need_a_stage_that_casts(tmp_path):
     """A stage before 08 run with --param-dtype bf16 leaves Param.data_bf16 NULL: one line naming the hook and
     the flag, not a crash in compute."""
-    binary = os.path.join(ROOT, "build", "solutions", "04_backward_overlap", "train")
+    binary = solution_bin("04")
     p = subprocess.run([binary, "--world", "2", "--steps", "1", "--param-dtype", "bf16", "--quiet", "--data", CORPUS],
                        capture_output=True, text=True, timeout=60, cwd=ROOT)
     expect_exact(p, "embedding: tok_embeddings.weight has no unsharded data after fsdp_pre_forward (Param.data_bf16 "

@@ -154,6 +154,7 @@ void watchdog_timeout(Stream *s, const Op *op, const CollPost *lowest, int lowes
     char what[200];
     describe(what, sizeof what, 0, c); /* "rank 0 <kind> <count> f32 ... (label)" */
     const char *call = strchr(what + 5, ' ');
+    report_lock(); /* a plain fatal() of another thread may be speaking */
     fflush(stdout);
     fprintf(stderr, "error: collective timeout on rank %d: stream '%s' #%llu%s waited %.1f s", lowest_rank, s->name,
             (unsigned long long)seq, call ? call : "", w->cfg.collective_timeout_s);

@@ -366,6 +366,7 @@ void world_report_race(World *w, int rank, const char *msg) {
     while (w->reporting) pthread_cond_wait(&w->report_cv, &w->report_mu); /* the watchdog speaks first */
     w->reporting = 1;
     pthread_mutex_unlock(&w->report_mu);
+    report_lock(); /* a plain fatal() of another thread may be speaking */
     /* _exit, not exit: the streams are still running kernels (BLAS) that
      * atexit teardown would pull the rug from under */
     fflush(stdout);

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +14,14 @@
 
 /* The one process-wide setting of the runtime (util.h: fuzz targets only). */
 static FatalHook fatal_hook;
+
+/* The first fatal error (or TODO) of the process is the one reported: ranks
+ * running as threads often hit the same error at once, and a second line
+ * would repeat or muddle it. Later callers wait here until _exit ends the
+ * process; recursive, so an error while reporting one still gets out. */
+static pthread_mutex_t exit_mu = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
+
+void report_lock(void) { pthread_mutex_lock(&exit_mu); }
 
 void fatal_set_hook(FatalHook hook) { fatal_hook = hook; }
 
@@ -31,6 +40,7 @@ void fatal(const char *fmt, ...) {
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
     if (fatal_hook) fatal_hook(line);
+    report_lock(); /* never released: the process ends below */
     fflush(stdout);
     fprintf(stderr, "error: %s\n", line);
     /* _exit, not exit: other threads (stream workers, BLAS) may still be running,
@@ -41,6 +51,7 @@ void fatal(const char *fmt, ...) {
 }
 
 void hw_todo(const char *what, const char *where) {
+    report_lock(); /* never released: the process ends below */
     fflush(stdout);
     fprintf(stderr, "TODO not implemented: %s (see %s)\n", what, where);
     fflush(NULL);

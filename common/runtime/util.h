@@ -15,6 +15,10 @@
 
 /* Print "error: ..." and exit(EXIT_FATAL). Safe to call from any thread. */
 void fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+/* Taken before printing a report that ends the process (fatal, hw_todo, the
+ * race detector, the watchdog) and never released: ranks running as threads
+ * often fail together, and the process reports only the first. */
+void report_lock(void);
 
 /* For fuzz targets (fuzz/) only: fatal() first calls the hook with its message
  * (without "error: "). A hook that longjmps out turns a fatal error into an

@@ -18,7 +18,7 @@ import sys
 import numpy as np
 import pytest
 
-from helpers import BUILD, ROOT, apply_mutant
+from helpers import BUILD, ROOT, apply_mutant, manifest
 
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 import fsdp2_check as fc  # noqa: E402
@@ -144,7 +144,8 @@ def test_no_venv_and_no_install_is_one_line(tmp_path):
     if fc.suitable(sys.executable):
         pytest.skip("%s has a suitable torch: the tool would use it" % sys.executable)
     # --binary: any executable passes the build check (the test holds without a build)
-    p = run_tool("02", "--no-install", "--venv", str(tmp_path / "none"), "--binary", sys.executable)
+    first = manifest.stages()[0].id  # a staged release may hold stage 01 only
+    p = run_tool(first, "--no-install", "--venv", str(tmp_path / "none"), "--binary", sys.executable)
     assert p.returncode == 2
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and "no venv at" in lines[0] and "--no-install" in lines[0], p.stderr

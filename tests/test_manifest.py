@@ -135,9 +135,14 @@ def test_handout_explains_every_check():
 
 def test_handout_score_examples_match_the_rubric():
     """A score line HANDOUT.md shows as an example ("Score: 22/22 + bonus 8.75/8.75 (stages 07, 08)") has the
-    rubric's totals: the core stages' points, the bonus stages' and their numbers, as the grader prints them."""
+    rubric's totals: the core stages' points, the bonus stages' and their numbers, as the grader prints them.
+    A staged release's rubric lists fewer stages than the handout describes: nothing to compare there."""
     with open(os.path.join(ROOT, "HANDOUT.md"), encoding="utf-8") as fh:
         text = " ".join(fh.read().split())
+    described = set(re.findall(r'<a id="stage-(\d\d)"></a>', text))
+    if described - {st.id for st in STAGES}:
+        pytest.skip("a staged release: its rubric lists stages %s of the handout's %s"
+                    % (", ".join(st.id for st in STAGES), ", ".join(sorted(described))))
     core = sum(sum(st.spec["checks"].values()) for st in STAGES if not st.spec.get("bonus"))
     bonus = [st for st in STAGES if st.spec.get("bonus")]
     fmt = lambda x: ("%g" % x)  # noqa: E731  (the grader's points: 4.5, 22)

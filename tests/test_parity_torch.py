@@ -8,7 +8,6 @@ Without torch this test is skipped with the reason on a developer machine and
 FAILS under CI (CI=true), where ./hwfsdp installs python3-torch."""
 import json
 import os
-import struct
 import subprocess
 import sys
 
@@ -19,6 +18,7 @@ from helpers import BASELINE, CORPUS, ROOT, metrics, rel, require_torch, run_tra
 require_torch("parity tests")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from torch_llama import read_safetensors_arrays  # noqa: E402
 TORCH_VERSION = torch.__version__
 
 TORCH_LLAMA = os.path.join(ROOT, "tests", "torch_llama.py")
@@ -49,14 +49,6 @@ def model_dims(out):
         r = json.load(fh)
     return ["--dim", r["dim"], "--n-layers", r["n_layers"], "--n-heads", r["n_heads"], "--n-kv-heads",
             r["n_kv_heads"], "--vocab-size", r["vocab_size"], "--multiple-of", r["multiple_of"]]
-
-
-def read_st(path):
-    raw = open(path, "rb").read()
-    n = struct.unpack("<Q", raw[:8])[0]
-    header = json.loads(raw[8:8 + n])
-    return {k: np.frombuffer(raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]], dtype="<f4")
-            for k, v in header.items() if k != "__metadata__"}
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +92,7 @@ def test_training_matches_pytorch(tmp_path, tokens, name, model, world, batch, i
         assert rel(a["grad_norm"], b["grad_norm"]) < 1e-4, \
             "step %d grad_norm C %.7g torch %.7g" % (a["step"], a["grad_norm"], b["grad_norm"])
         assert rel(a["lr"], b["lr"]) < 1e-6
-    c, t = read_st(tmp_path / "c_final.safetensors"), read_st(tmp_path / "t_final.safetensors")
+    c, t = (read_safetensors_arrays(tmp_path / name) for name in ("c_final.safetensors", "t_final.safetensors"))
     c = {k: v for k, v in c.items() if not k.startswith("optim.")}  # our checkpoint also holds AdamW state
     assert set(c) == set(t)
     # AdamW divides by sqrt(v): where a gradient is ~0 both sides' rounding is

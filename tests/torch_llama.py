@@ -162,7 +162,8 @@ def loss_fn(logits, targets):
 
 # ----------------------------------------------------------- safetensors
 
-def read_safetensors(path):
+def read_safetensors_arrays(path):
+    """{name: float32 numpy array} of a safetensors file (F32 tensors only; ValueError otherwise)."""
     with open(path, "rb") as f:
         raw = f.read()
     if len(raw) < 8:
@@ -175,9 +176,13 @@ def read_safetensors(path):
         if e["dtype"] != "F32":
             raise ValueError(f"{path}: tensor '{name}' has dtype {e['dtype']}, only F32 is supported")
         b, en = e["data_offsets"]
-        arr = np.frombuffer(raw, dtype="<f4", count=(en - b) // 4, offset=base + b)
-        out[name] = torch.from_numpy(arr.reshape(e["shape"]).astype(np.float32))
+        out[name] = np.frombuffer(raw, dtype="<f4", count=(en - b) // 4, offset=base + b).reshape(e["shape"])
     return out
+
+
+def read_safetensors(path):
+    """{name: float32 torch tensor} of a safetensors file."""
+    return {k: torch.from_numpy(v.astype(np.float32)) for k, v in read_safetensors_arrays(path).items()}
 
 
 def write_safetensors(path, tensors, metadata=None):

@@ -53,7 +53,6 @@ import math
 import os
 import shutil
 import socket
-import struct
 import subprocess
 import sys
 import time
@@ -61,9 +60,10 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "grader"))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
+sys.path.insert(0, os.path.join(ROOT, "tests"))  # torch_llama (imported where torch is, read_safetensors)
 from gradelib.checks import BACKWARD_PHASES, FORWARD_PHASES  # noqa: E402
 from gradelib.rubric import load_rubric, parse_stage, stage_flags, stage_variants  # noqa: E402
-from gradelib.util import UsageError  # noqa: E402
+from gradelib.util import UsageError, rel  # noqa: E402
 
 BUILD = os.path.join(ROOT, os.environ.get("HWFSDP_BUILD", "build"))
 MIN_TORCH = (2, 6)
@@ -287,20 +287,13 @@ def read_jsonl(path):
 
 
 def read_safetensors(path):
-    """{name: float32 numpy array} of a safetensors file (numpy only: the comparisons need no torch)."""
-    import numpy as np
-    with open(path, "rb") as fh:
-        raw = fh.read()
-    (n,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8:8 + n])
-    header.pop("__metadata__", None)
-    out = {}
-    for name, e in header.items():
-        if e["dtype"] != "F32":
-            raise Failure("%s: %s is %s, not F32" % (path, name, e["dtype"]))
-        b, en = e["data_offsets"]
-        out[name] = np.frombuffer(raw[8 + n + b:8 + n + en], dtype="<f4").reshape(e["shape"])
-    return out
+    """{name: float32 numpy array} of a safetensors file: tests/torch_llama.py's reader (the tool runs
+    under a python with torch, see ensure_torch)."""
+    import torch_llama
+    try:
+        return torch_llama.read_safetensors_arrays(path)
+    except ValueError as e:
+        raise Failure(str(e))
 
 
 def c_collectives(cdir, world, modules):
@@ -331,10 +324,6 @@ def torch_collectives(ranks, profiled_steps):
 
 
 # ---------------------------------------------------------------------------- the comparisons
-
-def rel(a, b):
-    return abs(a - b) / max(abs(b), 1e-30)
-
 
 def compare_steps(c_rows, t_rows, tol):
     """Per step loss and grad norm; (rows, max loss rel, max grad-norm rel, failures)."""

@@ -1,6 +1,7 @@
 /* probes.c — the driver's records for the grader (probes.h). */
 #include "driver/probes.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,11 +40,19 @@ static void micro_fields(const Dev *dev, const Module *mod, char *out, size_t ca
                  mod->requires_gradient_sync, mod->reshard_after_backward);
 }
 
-static void hook_note(Dev *dev, int step, const Module *mod, const char *hook, const char *what, size_t bytes) {
-    char f[384], micro[96];
+/* A "hook_check" note of a module's hook: step, module, hook, then the JSON
+ * fields `fmt` formats, then the microbatch fields. */
+static void hook_note(Dev *dev, int step, const Module *mod, const char *hook, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static void hook_note(Dev *dev, int step, const Module *mod, const char *hook, const char *fmt, ...) {
+    char f[512], fields[256], micro[96];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(fields, sizeof fields, fmt, ap);
+    va_end(ap);
     micro_fields(dev, mod, micro, sizeof micro);
-    snprintf(f, sizeof f, "\"step\":%d,\"module\":\"%s\",\"hook\":\"%s\",\"%s\":%zu%s", step, mod->name, hook,
-             what, bytes, micro);
+    snprintf(f, sizeof f, "\"step\":%d,\"module\":\"%s\",\"hook\":\"%s\",%s%s", step, mod->name, hook, fields,
+             micro);
     dev_mem_note(dev, "hook_check", f);
 }
 
@@ -288,7 +297,7 @@ void probe_params_ready(Dev *dev, Probes *p, const Module *mod, int step, const 
     capture(dev, &p->params, ptrs, mod->n_params);
     /* what holds the unsharded params, for the mixed-precision check: their bytes per element, and
      * with bf16 any float32 Param.data kept beside them */
-    char f[320], micro[96], extra[64] = "";
+    char extra[64] = "";
     if (p->param_bf16) {
         Captured f32;
         const void *data[MODULE_MAX_PARAMS];
@@ -296,11 +305,8 @@ void probe_params_ready(Dev *dev, Probes *p, const Module *mod, int step, const 
         capture(dev, &f32, data, mod->n_params);
         snprintf(extra, sizeof extra, ",\"unsharded_f32_bytes\":%zu", still_live_bytes(dev, &f32));
     }
-    micro_fields(dev, mod, micro, sizeof micro);
-    snprintf(f, sizeof f, "\"step\":%d,\"module\":\"%s\",\"hook\":\"%s\",\"unsharded_param_bytes\":%zu,"
-             "\"unsharded_param_elems\":%zu%s%s", step, mod->name, hook, still_live_bytes(dev, &p->params), elems,
-             extra, micro);
-    dev_mem_note(dev, "hook_check", f);
+    hook_note(dev, step, mod, hook, "\"unsharded_param_bytes\":%zu,\"unsharded_param_elems\":%zu%s",
+              still_live_bytes(dev, &p->params), elems, extra);
     if (dev_is_cuda_build() || !p->history) return; /* the check reads device memory on the host */
     ParamsCheck c = {mod, p, hook, step, dev_rank(dev), dev_world_size(dev), p->param_bf16, {0}};
     for (int j = 0; j < mod->n_params; j++) c.data[j] = ptrs[j];
@@ -318,10 +324,10 @@ void probe_grads_allocated(Dev *dev, Probes *p, const Module *mod) {
 }
 
 void probe_after_post_forward(Dev *dev, const Probes *p, int step, const Module *mod) {
-    hook_note(dev, step, mod, "post_forward", "unsharded_param_live_bytes", still_live_bytes(dev, &p->params));
+    hook_note(dev, step, mod, "post_forward", "\"unsharded_param_live_bytes\":%zu", still_live_bytes(dev, &p->params));
 }
 
 void probe_after_post_backward(Dev *dev, const Probes *p, int step, const Module *mod) {
-    hook_note(dev, step, mod, "post_backward", "unsharded_grad_live_bytes", still_live_bytes(dev, &p->grads));
-    hook_note(dev, step, mod, "post_backward", "unsharded_param_live_bytes", still_live_bytes(dev, &p->params));
+    hook_note(dev, step, mod, "post_backward", "\"unsharded_grad_live_bytes\":%zu", still_live_bytes(dev, &p->grads));
+    hook_note(dev, step, mod, "post_backward", "\"unsharded_param_live_bytes\":%zu", still_live_bytes(dev, &p->params));
 }

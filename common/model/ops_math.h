@@ -32,6 +32,7 @@
  * the 23 mantissa bits. The one conversion everything uses (kernels on both
  * backends, the collectives, the runtime's checks, the tests): */
 
+/* A float's bits and back (the two bit casts below use). */
 HWFSDP_HD uint32_t f32_bits(float x) {
 #ifdef __CUDA_ARCH__
     return __float_as_uint(x);
@@ -39,6 +40,16 @@ HWFSDP_HD uint32_t f32_bits(float x) {
     uint32_t u;
     memcpy(&u, &x, sizeof u);
     return u;
+#endif
+}
+
+HWFSDP_HD float f32_from_bits(uint32_t u) {
+#ifdef __CUDA_ARCH__
+    return __uint_as_float(u);
+#else
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
 #endif
 }
 
@@ -56,16 +67,7 @@ HWFSDP_HD uint16_t bf16_from_f32(float x) {
 }
 
 /* bfloat16 -> float32: exact (the low 16 mantissa bits are zero). */
-HWFSDP_HD float bf16_to_f32(uint16_t b) {
-    uint32_t u = (uint32_t)b << 16;
-#ifdef __CUDA_ARCH__
-    return __uint_as_float(u);
-#else
-    float x;
-    memcpy(&x, &u, sizeof x);
-    return x;
-#endif
-}
+HWFSDP_HD float bf16_to_f32(uint16_t b) { return f32_from_bits((uint32_t)b << 16); }
 
 /* silu(a) b with silu(a) = a / (1 + exp(-a)); for a -> -inf, silu = -0 (no NaN) */
 HWFSDP_HD float swiglu_elem(float a, float b) { return (a / (1.0f + expf(-a))) * b; }

@@ -9,7 +9,7 @@ import os
 
 import manifest
 
-from .util import CheckFailed, fmt_bytes, is_finite, is_int, one_line, rel, relpath
+from .util import CheckFailed, fmt_bytes, is_finite, is_int, mp_policy, one_line, rel, relpath
 
 FORWARD_PHASES = {"pre_forward", "forward", "post_forward"}
 BACKWARD_PHASES = {"pre_backward", "recompute.pre_forward", "recompute", "recompute.post_forward", "backward",
@@ -767,12 +767,6 @@ def check_accum_reshard(ctx):
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2}
 TRACE_DTYPE = {"fp32": "f32", "bf16": "bf16"}  # the trace's args.dtype of a collective
-
-
-def mp_policy(flags):
-    """(param dtype, reduce dtype) a run was asked for, as the driver's --param-dtype / --reduce-dtype."""
-    flags = set(flags)
-    return ("bf16" if "--param-dtype=bf16" in flags else "fp32", "bf16" if "--reduce-dtype=bf16" in flags else "fp32")
 
 
 MP_ADVICE = {

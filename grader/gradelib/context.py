@@ -11,7 +11,7 @@ import math
 import os
 
 from .rubric import baseline_flags, stage_config, stage_only_flags, tolerances, variant_label
-from .util import CheckFailed, fmt_bytes, is_finite, is_int, is_num, one_line, read_json, relpath, short
+from .util import CheckFailed, fmt_bytes, is_finite, is_int, is_num, mp_policy, one_line, read_json, relpath, short
 
 
 def read_metrics(path, what="your run", world=None):
@@ -268,8 +268,7 @@ class Context:
                  ("batch_size", want["batch_size"]), ("steps", want["steps"]), ("ac", "--ac" in flags),
                  ("forward_only", "--forward-only" in flags),
                  ("reshard_after_forward", "--reshard-after-forward=false" not in flags),
-                 ("param_dtype", "bf16" if "--param-dtype=bf16" in flags else "fp32"),
-                 ("reduce_dtype", "bf16" if "--reduce-dtype=bf16" in flags else "fp32")]
+                 ("param_dtype", mp_policy(flags)[0]), ("reduce_dtype", mp_policy(flags)[1])]
         pairs += [(key, want[key]) for key in ("max_norm", "n_kv_heads") if key in want]
         for key, value in pairs:
             if run.get(key) != value:

@@ -20,6 +20,13 @@ class CheckFailed(Exception):
     """Raised inside a check: the check fails with this one-line reason."""
 
 
+def mp_policy(flags):
+    """(param dtype, reduce dtype) a run's flags ask for, as the driver's --param-dtype / --reduce-dtype
+    ("fp32" or "bf16")."""
+    flags = set(flags)
+    return ("bf16" if "--param-dtype=bf16" in flags else "fp32", "bf16" if "--reduce-dtype=bf16" in flags else "fp32")
+
+
 def rel(a, b):
     return abs(a - b) / max(abs(b), 1e-12)
 

@@ -364,6 +364,17 @@ def section_profile(bench, cfg):
     return res
 
 
+def step_collectives(run_dir, step):
+    """{kind: [count, bytes]} of rank 0's collectives in one step of a run (its trace)."""
+    colls = defaultdict(lambda: [0, 0])
+    for e in trace_events(run_dir):
+        if e["pid"] == 0 and e.get("cat") == "collective" and e["args"].get("step") == step:
+            kind = e["name"].rsplit(".", 1)[-1]
+            colls[kind][0] += 1
+            colls[kind][1] += e["args"].get("bytes", 0)
+    return colls
+
+
 def accumulates(st):
     return any(f.startswith("--grad-accum") for f in st.flags)
 
@@ -392,13 +403,7 @@ def section_accum(bench, cfg):
         d = os.path.join(wd, name.replace(" ", "_").replace(",", "").replace("=", ""))
         met = bench.train(bench.solution(st), d, "--flavor", fl, "--world", W, "--batch-size", B, "--seq-len", T,
                           "--steps", N, "--profile-steps", N, *link, *flags, what="%s %s" % (st.dir, name))
-        ev = [e for e in trace_events(d) if e["pid"] == 0 and e.get("cat") == "collective"
-              and e["args"].get("step") == N - 1]
-        colls = defaultdict(lambda: [0, 0])
-        for e in ev:
-            kind = e["name"].rsplit(".", 1)[-1]
-            colls[kind][0] += 1
-            colls[kind][1] += e["args"].get("bytes", 0)
+        colls = step_collectives(d, N - 1)
         with open(os.path.join(d, "memory_rank0.json")) as fh:
             between = [e for e in json.load(fh)["events"] if e.get("kind") == "hook_memory"
                        and e.get("hook") == "finish_backward" and e.get("step") == N - 1
@@ -448,12 +453,7 @@ def section_mixed_precision(bench, cfg):
         d = os.path.join(wd, name.replace(" ", "_").replace(",", ""))
         met = bench.train(bench.solution(st), d, "--flavor", fl, "--world", W, "--batch-size", B, "--seq-len", T,
                           "--steps", N, "--profile-steps", N, *link, *flags, what="%s %s" % (st.dir, name))
-        colls = defaultdict(lambda: [0, 0])
-        for e in trace_events(d):
-            if e["pid"] == 0 and e.get("cat") == "collective" and e["args"].get("step") == N - 1:
-                kind = e["name"].rsplit(".", 1)[-1]
-                colls[kind][0] += 1
-                colls[kind][1] += e["args"].get("bytes", 0)
+        colls = step_collectives(d, N - 1)
         with open(os.path.join(d, "memory_rank0.json")) as fh:
             notes = [e for e in json.load(fh)["events"] if e.get("kind") == "hook_memory"]
         high = {t: max((e["high_water_by_tag"].get(t, 0) for e in notes), default=0)

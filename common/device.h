@@ -159,25 +159,64 @@ void coll_all_gather_bf16(Dev *d, const Bf16 *send, Bf16 *recv, size_t send_coun
 void coll_reduce_scatter_bf16(Dev *d, const Bf16 *send, Bf16 *recv, size_t recv_count, RedOp op, Stream *s,
                               const char *label);
 
+/* ---------------------------------------------------------- process groups */
+
+/* A process group: some of the ranks, with collectives among them only
+ * (stage 09). The coll_* calls above are those of the world group. A group's
+ * ranks are numbered 0 .. pg_size-1 in world-rank order; its collectives use
+ * that order (all-gather segments, reduce-scatter chunks, sums). One stream
+ * may carry several groups' collectives: the members of a group must issue
+ * its collectives in the same order, on the same stream. The groups of a
+ * --mesh come with the mesh (DeviceMesh below). */
+typedef struct ProcessGroup ProcessGroup;
+ProcessGroup *dev_world_group(Dev *d);
+int pg_rank(const ProcessGroup *g);         /* this rank's number in g */
+int pg_size(const ProcessGroup *g);
+const char *pg_name(const ProcessGroup *g); /* "world", "shard0", "replicate1", ... */
+void pg_all_gather(ProcessGroup *g, const float *send, float *recv, size_t send_count, Stream *s, const char *label);
+void pg_reduce_scatter(ProcessGroup *g, const float *send, float *recv, size_t recv_count, RedOp op, Stream *s,
+                       const char *label);
+void pg_all_reduce(ProcessGroup *g, const float *send, float *recv, size_t count, RedOp op, Stream *s,
+                   const char *label);
+void pg_all_gather_bf16(ProcessGroup *g, const Bf16 *send, Bf16 *recv, size_t send_count, Stream *s,
+                        const char *label);
+void pg_reduce_scatter_bf16(ProcessGroup *g, const Bf16 *send, Bf16 *recv, size_t recv_count, RedOp op, Stream *s,
+                            const char *label);
+
 /* ----------------------------------------------------------------- DTensor */
 
 #define WORLD_MAX_RANKS 64
 
-/* The world as a 1-D device mesh: ranks 0..size-1. */
+/* The device mesh, as FSDP2's DeviceMesh. Without --mesh it is 1-D: the
+ * world, every rank a shard. With --mesh R,S (HSDP, stage 09) it is 2-D,
+ * R rows ("replicate" dim) of S ranks ("shard" dim), rank = i * S + j:
+ *
+ *              shard j:   0     1     2
+ *   replicate i = 0:    [ r0    r1    r2 ]   <- shard group "shard0"
+ *   replicate i = 1:    [ r3    r4    r5 ]   <- shard group "shard1"
+ *                          ^ replicate group "replicate0" = {r0, r3}
+ *
+ * A parameter is split over the S ranks of a row and each row holds a full
+ * copy: placements (Replicate(), Shard(0)). */
 typedef struct {
-    int size;
-    int ranks[WORLD_MAX_RANKS];
+    int size;                      /* every rank: the world */
+    int ranks[WORLD_MAX_RANKS];    /* 0 .. size-1, row-major over shape */
+    int ndim;                      /* 1, or 2 with --mesh */
+    int shape[2];                  /* 1-D: {world, 1}; 2-D: {R, S} */
+    ProcessGroup *shard_group;     /* this rank's row: the ranks its params are split over (1-D: the world) */
+    ProcessGroup *replicate_group; /* this rank's column (same shard index in every row); NULL when 1-D */
 } DeviceMesh;
 
 typedef enum { PLACEMENT_NONE = 0, PLACEMENT_SHARD0 = 1, PLACEMENT_REPLICATE = 2 } Placement;
 
 /* A sharded parameter, as FSDP2's DTensor with placement Shard(0).
- * Dim 0 is split as torch.chunk splits it: every rank gets
- * padded_rows = ceil(global_rows / world) rows until they run out, so the
- * trailing ranks get fewer or none (5 rows on 4 ranks: 2, 2, 1, 0). Every
- * local shard is stored padded to padded_rows rows (padding rows are zeros),
- * so every rank's piece of an all-gather has the same size.
- * row_offset is the first global row this rank owns: rank * padded_rows. A
+ * Dim 0 is split over the shard group's N ranks (the world, or S with --mesh)
+ * as torch.chunk splits it: every rank gets padded_rows = ceil(global_rows / N)
+ * rows until they run out, so the trailing ranks get fewer or none (5 rows
+ * on 4 ranks: 2, 2, 1, 0). Every local shard is stored padded to padded_rows
+ * rows (padding rows are zeros), so every rank's piece of an all-gather has
+ * the same size. row_offset is the first global row this rank owns:
+ * pg_rank(shard group) * padded_rows. A
  * rank that owns no rows has row_offset = global_rows (its empty range starts
  * at the end of the tensor, as torch.chunk's missing chunks do), so
  * [row_offset, row_offset + local_rows) is always a valid range. */
@@ -189,10 +228,11 @@ typedef struct {
     size_t global_rows;       /* global shape[0] */
     size_t row_numel;         /* product of the other global dims (1 for 1-D) */
     size_t local_rows;        /* rows this rank owns (may be 0) */
-    size_t padded_rows;       /* rows stored: ceil(global_rows / world) */
+    size_t padded_rows;       /* rows stored: ceil(global_rows / N) */
     size_t row_offset;        /* first global row this rank owns (see above) */
-    const DeviceMesh *mesh;   /* the world's mesh */
-    Placement placement;      /* Shard(0) for FSDP */
+    const DeviceMesh *mesh;   /* the mesh (FsdpConfig.mesh) */
+    Placement placement;      /* Shard(0) for FSDP, on the mesh's shard dim (a 2-D
+                                 mesh adds Replicate() on its replicate dim) */
 } DTensor;
 
 /* ----------------------------------------------------------- launch helpers */

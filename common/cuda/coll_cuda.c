@@ -17,6 +17,9 @@
  * host threads to reach the same collective. Sums run in rank order, so the
  * results are bitwise those of the CPU backend's collectives.
  *
+ * Process groups: the same per (stream index, group): a rendezvous of the
+ * group's ranks, or a communicator split from the stream's world one.
+ *
  * nccl / nccl-mpi (one GPU per rank): one communicator per stream index; the
  * ranks first exchange what they are about to call (threads: the rendezvous;
  * processes: MPI_Allgather) so a mismatch is reported by name instead of
@@ -37,18 +40,25 @@
 
 /* ------------------------------------------------------------ rendezvous */
 
-/* Post `mine`, wait for every rank of the world (threads of this process),
- * copy all posts into `all` (rank order). With the watchdog on, a rank that
- * waits too long reports the lowest waiting rank's call and who is missing. */
+/* The rendezvous of op's group on s (created at the group's first collective). */
+static CudaChan *chan_of(Stream *s, const ProcessGroup *g) {
+    struct CudaStream *cs = s->cuda;
+    if (!cs->pg_chans[g->id]) cs->pg_chans[g->id] = cuda_world_channel(s->dev->world, s->index, g->id, g->color);
+    return cs->pg_chans[g->id];
+}
+
+/* Post `mine`, wait for every rank of op's group (threads of this process),
+ * copy all posts into `all` (group-rank order). With the watchdog on, a rank
+ * that waits too long reports the lowest waiting rank's call and who is missing. */
 static void rendezvous(Stream *s, const Op *op, const CudaPost *mine, CudaPost *all) {
-    Dev *d = s->dev;
-    CudaChan *c = s->cuda->chan;
-    const int n = d->world_size;
-    const double timeout = d->world->cfg.collective_timeout_s;
+    const ProcessGroup *g = op->pg;
+    CudaChan *c = chan_of(s, g);
+    const int n = g->size;
+    const double timeout = s->dev->world->cfg.collective_timeout_s;
     pthread_mutex_lock(&c->mu);
     uint64_t gen = c->generation;
-    c->slots[gen & 1][d->rank] = *mine;
-    c->here[d->rank] = 1;
+    c->slots[gen & 1][g->rank] = *mine;
+    c->here[g->rank] = 1;
     if (++c->arrived == n) {
         c->arrived = 0;
         memset(c->here, 0, sizeof c->here);
@@ -57,23 +67,23 @@ static void rendezvous(Stream *s, const Op *op, const CudaPost *mine, CudaPost *
     } else if (coll_wait_generation(&c->cv, &c->mu, &c->generation, gen, timeout)) {
         int low = 0;
         while (low < n && !c->here[low]) low++;
-        CollPost post = c->slots[gen & 1][low < n ? low : d->rank].post;
+        CollPost post = c->slots[gen & 1][low < n ? low : g->rank].post;
         uint8_t here[WORLD_MAX_RANKS];
         memcpy(here, c->here, sizeof here);
         pthread_mutex_unlock(&c->mu);
-        watchdog_timeout(s, op, &post, low < n ? low : d->rank, here, n);
+        watchdog_timeout(s, op, &post, low < n ? low : g->rank, here);
     }
     memcpy(all, c->slots[gen & 1], (size_t)n * sizeof *all);
     pthread_mutex_unlock(&c->mu);
 }
 
-/* Every rank's call, in rank order, compared; rank 0 reports a mismatch. */
+/* Every rank's call, in group-rank order, compared; group rank 0 reports a mismatch. */
 static void agree(Stream *s, const Op *op, const CollDesc *descs, int n) {
     int ok = 1;
     for (int r = 1; r < n; r++) ok &= coll_same_call(&descs[0], &descs[r]);
     if (ok) return;
-    if (s->dev->rank == 0 || backend_is_multiprocess(s->dev->world->cfg.backend))
-        coll_check_agreement(s, op->coll_seq, descs, n); /* fatal */
+    if (op->pg->rank == 0 || backend_is_multiprocess(s->dev->world->cfg.backend))
+        coll_check_agreement(s, op->coll_seq, descs, n, op->pg->members); /* fatal */
     for (;;) pause(); /* the other threads wait for rank 0's exit */
 }
 
@@ -86,7 +96,7 @@ void cuda_coll_stream_created(Stream *s) {
     CUDA_CHECK(cudaEventCreateWithFlags(&cs->ready, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreateWithFlags(&cs->reduced, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreateWithFlags(&cs->done, cudaEventDisableTiming));
-    if (!backend_is_multiprocess(w->cfg.backend)) cs->chan = cuda_world_channel(w, s->index);
+    if (!backend_is_multiprocess(w->cfg.backend)) cs->pg_chans[0] = cuda_world_channel(w, s->index, 0, 0);
     if (w->cfg.backend != BACKEND_NCCL && w->cfg.backend != BACKEND_NCCL_MPI) return;
 
     /* one communicator per stream index: rank 0's unique id, then every rank joins */
@@ -94,14 +104,14 @@ void cuda_coll_stream_created(Stream *s) {
     if (d->rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
     if (w->cfg.backend == BACKEND_NCCL) {
         if (d->rank == 0) {
-            pthread_mutex_lock(&cs->chan->mu);
-            cs->chan->nccl_id = id;
-            pthread_mutex_unlock(&cs->chan->mu);
+            pthread_mutex_lock(&cs->pg_chans[0]->mu);
+            cs->pg_chans[0]->nccl_id = id;
+            pthread_mutex_unlock(&cs->pg_chans[0]->mu);
         }
         dev_host_barrier(d); /* rank 0 wrote the id */
-        pthread_mutex_lock(&cs->chan->mu);
-        id = cs->chan->nccl_id;
-        pthread_mutex_unlock(&cs->chan->mu);
+        pthread_mutex_lock(&cs->pg_chans[0]->mu);
+        id = cs->pg_chans[0]->nccl_id;
+        pthread_mutex_unlock(&cs->pg_chans[0]->mu);
         dev_host_barrier(d); /* everyone read it before a later stream's id replaces it */
     } else {
 #ifdef HAVE_MPI
@@ -114,6 +124,8 @@ void cuda_coll_stream_created(Stream *s) {
 
 void cuda_coll_stream_destroy(Stream *s) {
     struct CudaStream *cs = s->cuda;
+    for (int i = 1; i < PG_MAX; i++)
+        if (cs->pg_comms[i]) NCCL_CHECK(ncclCommDestroy(cs->pg_comms[i]));
     if (cs->comm) NCCL_CHECK(ncclCommDestroy(cs->comm));
     if (cs->one) CUDA_CHECK(cudaFree(cs->one));
     if (cs->scratch) CUDA_CHECK(cudaFree(cs->scratch));
@@ -124,11 +136,19 @@ void cuda_coll_stream_destroy(Stream *s) {
     CUDA_CHECK(cudaEventDestroy(cs->done));
 }
 
+/* A group's communicator on s (nccl backends): split from the stream's world
+ * communicator; every rank makes its groups and streams in the same order. */
+void backend_stream_join_group(Stream *s, ProcessGroup *g) {
+    struct CudaStream *cs = s->cuda;
+    if (!cs->comm) return; /* local backend: rendezvous channels, made at the first collective */
+    NCCL_CHECK(ncclCommSplit(cs->comm, g->color, s->dev->rank, &cs->pg_comms[g->id], NULL));
+}
+
 /* --------------------------------------------------------------- local */
 
-static void wait_all(Stream *s, const CudaPost *all, int n) {
+static void wait_all(Stream *s, const Op *op, const CudaPost *all, int n) {
     for (int r = 0; r < n; r++)
-        if (r != s->dev->rank) CUDA_CHECK(cudaStreamWaitEvent(s->cuda->st, all[r].ev, 0));
+        if (r != op->pg->rank) CUDA_CHECK(cudaStreamWaitEvent(s->cuda->st, all[r].ev, 0));
 }
 
 /* This rank's all_reduce chunk buffer; outgrown buffers are kept until the
@@ -148,7 +168,7 @@ static float *scratch_for(Stream *s, size_t floats) {
 static void local_collective(Stream *s, const Op *op, const void *send, void *recv) {
     Dev *d = s->dev;
     struct CudaStream *cs = s->cuda;
-    const int n = d->world_size, me = d->rank;
+    const int n = op->pg->size, me = op->pg->rank; /* group ranks */
     const CollDesc *desc = &op->coll;
     const size_t cnt = (size_t)desc->count, esize = coll_dtype_size(desc->dtype);
     const int bf16 = desc->dtype == DTYPE_BF16;
@@ -163,7 +183,7 @@ static void local_collective(Stream *s, const Op *op, const void *send, void *re
     CollDesc descs[WORLD_MAX_RANKS];
     for (int r = 0; r < n; r++) descs[r] = all[r].post.desc;
     agree(s, op, descs, n);
-    wait_all(s, all, n);
+    wait_all(s, op, all, n);
 
     PendingTiming t;
     if (d->scope.tracing) cuda_timing_begin(s, &t);
@@ -191,7 +211,7 @@ static void local_collective(Stream *s, const Op *op, const void *send, void *re
         red.ev = cs->reduced;
         CUDA_CHECK(cudaEventRecord(cs->reduced, st));
         rendezvous(s, op, &red, reds); /* B */
-        wait_all(s, reds, n);
+        wait_all(s, op, reds, n);
         for (int r = 0; r < n; r++) {
             size_t rlo = (size_t)r * chunk, rhi = rlo + chunk < cnt ? rlo + chunk : cnt;
             if (rlo < rhi)
@@ -208,14 +228,15 @@ static void local_collective(Stream *s, const Op *op, const void *send, void *re
     }
     default: break;
     }
-    if (d->scope.tracing) cuda_timing_end(s, &t, op->label, op->name, "collective", op->bytes, coll_dtype_name(desc->dtype));
+    if (d->scope.tracing) cuda_timing_end(s, &t, op->label, op->name, "collective", op->bytes, coll_dtype_name(desc->dtype),
+                                         op->pg->name);
 
     /* C: nobody moves on until every peer finished reading this rank's buffers */
     CudaPost fin = mine;
     fin.ev = cs->done;
     CUDA_CHECK(cudaEventRecord(cs->done, st));
     rendezvous(s, op, &fin, all);
-    wait_all(s, all, n);
+    wait_all(s, op, all, n);
 }
 
 /* ----------------------------------------------------------------- nccl */
@@ -224,7 +245,9 @@ static void nccl_collective(Stream *s, const Op *op, const void *send, void *rec
     Dev *d = s->dev;
     struct CudaStream *cs = s->cuda;
     const CollDesc *desc = &op->coll;
-    const int n = d->world_size;
+    const ProcessGroup *g = op->pg;
+    const int n = g->size;
+    ncclComm_t comm = g->id ? cs->pg_comms[g->id] : cs->comm;
     CollDesc descs[WORLD_MAX_RANKS];
     if (d->world->cfg.backend == BACKEND_NCCL) {
         CudaPost mine = {{*desc, op->coll_seq, send, recv, NULL}, NULL}, all[WORLD_MAX_RANKS];
@@ -232,7 +255,7 @@ static void nccl_collective(Stream *s, const Op *op, const void *send, void *rec
         for (int r = 0; r < n; r++) descs[r] = all[r].post.desc;
     } else {
 #ifdef HAVE_MPI
-        MPI_Allgather(desc, (int)sizeof *desc, MPI_BYTE, descs, (int)sizeof *desc, MPI_BYTE, d->world->host_comm);
+        MPI_Allgather(desc, (int)sizeof *desc, MPI_BYTE, descs, (int)sizeof *desc, MPI_BYTE, g->host_comm);
 #endif
     }
     agree(s, op, descs, n);
@@ -246,20 +269,22 @@ static void nccl_collective(Stream *s, const Op *op, const void *send, void *rec
     PendingTiming t;
     if (d->scope.tracing) cuda_timing_begin(s, &t);
     switch (desc->kind) {
-    case COLL_ALL_GATHER: NCCL_CHECK(ncclAllGather(send, recv, cnt, type, cs->comm, cs->st)); break;
-    case COLL_REDUCE_SCATTER: NCCL_CHECK(ncclReduceScatter(send, recv, cnt, type, red, cs->comm, cs->st)); break;
-    case COLL_ALL_REDUCE: NCCL_CHECK(ncclAllReduce(send, recv, cnt, ncclFloat32, red, cs->comm, cs->st)); break;
-    case COLL_BROADCAST: NCCL_CHECK(ncclBroadcast(recv, recv, cnt, ncclFloat32, desc->root, cs->comm, cs->st)); break;
-    default: NCCL_CHECK(ncclAllReduce(cs->one, cs->one, 1, ncclFloat32, ncclSum, cs->comm, cs->st)); break;
+    case COLL_ALL_GATHER: NCCL_CHECK(ncclAllGather(send, recv, cnt, type, comm, cs->st)); break;
+    case COLL_REDUCE_SCATTER: NCCL_CHECK(ncclReduceScatter(send, recv, cnt, type, red, comm, cs->st)); break;
+    case COLL_ALL_REDUCE: NCCL_CHECK(ncclAllReduce(send, recv, cnt, ncclFloat32, red, comm, cs->st)); break;
+    case COLL_BROADCAST: NCCL_CHECK(ncclBroadcast(recv, recv, cnt, ncclFloat32, desc->root, comm, cs->st)); break;
+    default: NCCL_CHECK(ncclAllReduce(cs->one, cs->one, 1, ncclFloat32, ncclSum, comm, cs->st)); break;
     }
-    if (d->scope.tracing) cuda_timing_end(s, &t, op->label, op->name, "collective", op->bytes, coll_dtype_name(desc->dtype));
+    if (d->scope.tracing) cuda_timing_end(s, &t, op->label, op->name, "collective", op->bytes, coll_dtype_name(desc->dtype),
+                                         op->pg->name);
 }
 
 /* ------------------------------------------------------------- enqueue */
 
-void coll_enqueue(Dev *d, Stream *s, CollKind kind, const void *send, void *recv, size_t count, RedOp op, int root,
-                  DType dtype, const char *label) {
-    coll_validate(d, s, (int)kind, send, recv, count, (int)op, label);
+void coll_enqueue(ProcessGroup *g, Stream *s, CollKind kind, const void *send, void *recv, size_t count, RedOp op,
+                  int root, DType dtype, const char *label) {
+    coll_validate(g, s, (int)kind, send, recv, count, (int)op, root, label);
+    Dev *d = g->dev;
     Op o;
     memset(&o, 0, sizeof o);
     o.kind = OP_COLL;
@@ -267,7 +292,7 @@ void coll_enqueue(Dev *d, Stream *s, CollKind kind, const void *send, void *recv
     o.module = d->scope.module;
     o.phase = d->scope.phase;
     o.step = d->scope.step;
-    coll_op_describe(d, s, &o, kind, op, root, count, dtype, label);
+    coll_op_describe(d, s, &o, g, kind, op, root, count, dtype, label);
     if (d->world->cfg.backend == BACKEND_LOCAL) local_collective(s, &o, send, recv);
     else nccl_collective(s, &o, send, recv);
     /* the GPU runs it later: "started" means handed to the stream */

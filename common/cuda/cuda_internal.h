@@ -55,9 +55,10 @@ typedef struct {
     cudaEvent_t ev;
 } CudaPost;
 
-/* Host rendezvous of the ranks (threads of this process) for one stream
- * index; slots are double-buffered by generation parity. */
+/* Host rendezvous of a group's ranks (threads of this process) for one
+ * stream index; slots (by group rank) are double-buffered by generation parity. */
 typedef struct {
+    int stream_index, pg_id, color; /* its key */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int arrived;
@@ -83,16 +84,17 @@ struct CudaStream {
     size_t scratch_floats;
     void **retired;              /* outgrown scratch buffers (peers may still read them) */
     int n_retired;
-    ncclComm_t comm;             /* nccl backends: one communicator per stream index */
+    ncclComm_t comm;             /* nccl backends: the world's communicator for this stream index */
+    ncclComm_t pg_comms[PG_MAX]; /* nccl backends: group id >= 1: ncclCommSplit of comm */
     float *one;                  /* nccl barrier: a device float */
-    CudaChan *chan;              /* thread backends */
+    CudaChan *pg_chans[PG_MAX];  /* thread backends: rendezvous per group id ([0]: the world) */
 };
 
 /* runtime_cuda.c */
 void cuda_timing_begin(Stream *s, PendingTiming *t);
 void cuda_timing_end(Stream *s, PendingTiming *t, const char *prefix, const char *name, const char *cat, size_t bytes,
-                     const char *dtype);
-CudaChan *cuda_world_channel(World *w, int stream_index);
+                     const char *dtype, const char *group);
+CudaChan *cuda_world_channel(World *w, int stream_index, int pg_id, int color);
 /* coll_cuda.c */
 void cuda_coll_stream_created(Stream *s);
 void cuda_coll_stream_destroy(Stream *s);

@@ -93,20 +93,27 @@ void backend_world_fini(World *w) {
     w->cuda = NULL;
 }
 
-CudaChan *cuda_world_channel(World *w, int stream_index) {
+CudaChan *cuda_world_channel(World *w, int stream_index, int pg_id, int color) {
     struct CudaWorld *cw = w->cuda;
     pthread_mutex_lock(&cw->mu);
-    while (cw->nchans <= stream_index) {
+    CudaChan *c = NULL;
+    for (int i = 0; i < cw->nchans && !c; i++) {
+        CudaChan *k = cw->chans[i];
+        if (k->stream_index == stream_index && k->pg_id == pg_id && k->color == color) c = k;
+    }
+    if (!c) {
         if (cw->nchans == cw->chans_cap) {
             cw->chans_cap = cw->chans_cap ? cw->chans_cap * 2 : 8;
             cw->chans = xrealloc(cw->chans, (size_t)cw->chans_cap * sizeof *cw->chans);
         }
-        CudaChan *c = xcalloc(1, sizeof *c);
+        c = xcalloc(1, sizeof *c);
+        c->stream_index = stream_index;
+        c->pg_id = pg_id;
+        c->color = color;
         pthread_mutex_init(&c->mu, NULL);
         cond_init_monotonic(&c->cv);
         cw->chans[cw->nchans++] = c;
     }
-    CudaChan *c = cw->chans[stream_index];
     pthread_mutex_unlock(&cw->mu);
     return c;
 }
@@ -190,13 +197,13 @@ void cuda_timing_begin(Stream *s, PendingTiming *t) {
 }
 
 void cuda_timing_end(Stream *s, PendingTiming *t, const char *prefix, const char *name, const char *cat, size_t bytes,
-                     const char *dtype) {
+                     const char *dtype, const char *group) {
     Dev *d = s->dev;
     struct CudaDev *c = d->cuda;
     t->end = pool_get(&c->timing_pool, &c->n_timing_pool, cudaEventDefault);
     CUDA_CHECK(cudaEventRecord(t->end, s->cuda->st));
     t->rec = (TraceRec){prefix, dev_intern(d, name), d->scope.module, d->scope.phase, cat, s->index, d->scope.step, 0, 0, bytes,
-                      d->scope.micro, dtype};
+                      d->scope.micro, dtype, group};
     if (c->n_timing == c->timing_cap) {
         c->timing_cap = c->timing_cap ? c->timing_cap * 2 : 1024;
         c->timing = xrealloc(c->timing, c->timing_cap * sizeof *c->timing);
@@ -349,6 +356,7 @@ Stream *dev_stream_create(Dev *d, const char *name) {
     dev_add_stream(d, s);
     flight_stream_created(d, s);
     cuda_coll_stream_created(s); /* communicators: every rank creates the same streams in the same order */
+    stream_join_groups(s);
     return s;
 }
 
@@ -380,7 +388,7 @@ void dev_launch(Stream *s, const char *name, void (*fn)(void *args), const void 
     fn(copy.b);
     tls_stream = NULL;
     tls_blas = NULL;
-    if (d->scope.tracing) cuda_timing_end(s, &t, d->scope.module, name ? name : "kernel", "kernel", 0, NULL);
+    if (d->scope.tracing) cuda_timing_end(s, &t, d->scope.module, name ? name : "kernel", "kernel", 0, NULL, NULL);
     s->enqueued++;
 }
 
@@ -392,7 +400,7 @@ void dev_memcpy_async(Stream *s, void *dst, const void *src, size_t bytes) {
     if (d->scope.tracing) cuda_timing_begin(s, &t);
     /* cudaMemcpyDefault: unified addressing tells host from device memory */
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s->cuda->st));
-    if (d->scope.tracing) cuda_timing_end(s, &t, d->scope.module, "copy", "copy", bytes, NULL);
+    if (d->scope.tracing) cuda_timing_end(s, &t, d->scope.module, "copy", "copy", bytes, NULL, NULL);
     s->enqueued++;
 }
 
@@ -403,7 +411,7 @@ void dev_memset_async(Stream *s, void *dst, int byte, size_t bytes) {
     PendingTiming t;
     if (d->scope.tracing) cuda_timing_begin(s, &t);
     CUDA_CHECK(cudaMemsetAsync(dst, byte, bytes, s->cuda->st));
-    if (d->scope.tracing) cuda_timing_end(s, &t, d->scope.module, "memset", "memset", bytes, NULL);
+    if (d->scope.tracing) cuda_timing_end(s, &t, d->scope.module, "memset", "memset", bytes, NULL, NULL);
     s->enqueued++;
 }
 

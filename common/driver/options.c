@@ -45,6 +45,8 @@ static void usage(FILE *f, const char *prog) {
             "  --param-dtype fp32|bf16  what the all-gather moves and compute reads (FSDP2's MixedPrecisionPolicy\n"
             "                           param_dtype; bf16 is stage 08's); shards and optimizer stay fp32\n"
             "  --reduce-dtype fp32|bf16 what the reduce-scatter moves (reduce_dtype; default fp32)\n"
+            "  --mesh R,S               HSDP (stage 09): a 2-D mesh of R replicas x S shards (R*S = --world);\n"
+            "                           params are split over S ranks and replicated R times\n"
             "\nworld and runtime\n"
             "  --world N                number of ranks (default 1)\n"
             "  --backend B              local: ranks as threads (default; CUDA build: all on one GPU)\n"
@@ -52,6 +54,11 @@ static void usage(FILE *f, const char *prog) {
             "                           nccl: threads, one GPU per rank; nccl-mpi: mpirun, NCCL (CUDA build)\n"
             "  --link-gbps X            link model for local collectives, Gbit/s (0 = off, default)\n"
             "  --link-latency-us X      link model latency per ring hop (default 0)\n"
+            "  --ranks-per-node N       link model: ranks 0..N-1 share node 0, N..2N-1 node 1, ... (default: S of\n"
+            "                           --mesh, else all ranks on one node)\n"
+            "  --inter-link-gbps X      link model: a collective whose ranks span nodes runs at this bandwidth\n"
+            "                           (default: --link-gbps)\n"
+            "  --inter-link-latency-us X  ... and this latency per hop (default: --link-latency-us)\n"
             "  --blas-threads N         OpenBLAS threads per rank (default cores / ranks)\n"
             "  --no-poison              do not fill fresh allocations with NaN\n"
             "  --no-race-check          do not check streams for missing event waits (on by default, CPU build)\n"
@@ -88,7 +95,7 @@ static const char *const VALUE_FLAGS[] = {
     "--ffn-dim-multiplier", "--seq-len", "--batch-size", "--steps", "--lr", "--warmup-steps", "--weight-decay",
     "--max-norm", "--seed", "--data", "--load", "--save", "--save-init", "--out", "--profile-steps", "--save-every",
     "--world", "--backend", "--link-gbps", "--link-latency-us", "--blas-threads", "--collective-timeout-s", "--grad-accum", "--grad-sync",
-    "--param-dtype", "--reduce-dtype"};
+    "--param-dtype", "--reduce-dtype", "--mesh", "--ranks-per-node", "--inter-link-gbps", "--inter-link-latency-us"};
 
 /* Model overrides, applied after the flavour (-1: not given). */
 typedef struct {
@@ -164,7 +171,17 @@ static void apply_value(Options *o, ModelOverrides *ov, const char *flag, const 
         else fatal("--backend expects local, mpi, nccl or nccl-mpi, got '%s'", val);
     } else if (!strcmp(flag, "--link-gbps")) o->world.link_gbps = parse_num(flag, val, 0, 1e6);
     else if (!strcmp(flag, "--link-latency-us")) o->world.link_latency_us = parse_num(flag, val, 0, 1e7);
-    else if (!strcmp(flag, "--collective-timeout-s")) o->world.collective_timeout_s = parse_num(flag, val, 0, 1e7);
+    else if (!strcmp(flag, "--ranks-per-node")) o->world.ranks_per_node = (int)parse_int(flag, val, 1, WORLD_MAX_RANKS);
+    else if (!strcmp(flag, "--inter-link-gbps")) o->world.inter_link_gbps = parse_num(flag, val, 0, 1e6);
+    else if (!strcmp(flag, "--inter-link-latency-us")) o->world.inter_link_latency_us = parse_num(flag, val, 0, 1e7);
+    else if (!strcmp(flag, "--mesh")) {
+        char tail;
+        int r = 0, sh = 0;
+        if (sscanf(val, "%d,%d%c", &r, &sh, &tail) != 2 || r < 1 || sh < 1)
+            fatal("--mesh expects R,S (replicas,shards; two positive integers), got '%s'", val);
+        o->mesh_replicas = r;
+        o->mesh_shards = sh;
+    } else if (!strcmp(flag, "--collective-timeout-s")) o->world.collective_timeout_s = parse_num(flag, val, 0, 1e7);
     else if (!strcmp(flag, "--grad-accum")) o->grad_accum = (int)parse_int(flag, val, 1, 1 << 20);
     else if (!strcmp(flag, "--grad-sync")) {
         if (!strcmp(val, "every")) o->grad_sync_every = 1;
@@ -239,6 +256,14 @@ void parse_options(int argc, char **argv, Options *o) {
         fatal("--grad-accum %d must divide --batch-size %zu (each microbatch holds batch-size / K sequences)",
               o->grad_accum, o->batch_size);
     if (o->grad_accum > 1 && o->forward_only) fatal("--grad-accum needs a backward: it cannot go with --forward-only");
+    if (o->mesh_replicas && o->mesh_replicas * o->mesh_shards != o->world.world_size)
+        fatal("--mesh %d,%d holds %d ranks but --world is %d (R*S must equal the world)", o->mesh_replicas,
+              o->mesh_shards, o->mesh_replicas * o->mesh_shards, o->world.world_size);
+    if (o->mesh_replicas && !o->world.ranks_per_node) o->world.ranks_per_node = o->mesh_shards; /* a row per node */
+    if (o->world.ranks_per_node && o->world.world_size % o->world.ranks_per_node)
+        fatal("--ranks-per-node %d must divide --world %d", o->world.ranks_per_node, o->world.world_size);
+    if (!o->world.inter_link_gbps) o->world.inter_link_gbps = o->world.link_gbps;
+    if (o->world.inter_link_latency_us < o->world.link_latency_us) o->world.inter_link_latency_us = o->world.link_latency_us;
     if (!model_flavor(&o->model, o->flavor)) fatal("unknown flavor '%s' (tiny, debugmodel, 1B)", o->flavor);
     apply_model_overrides(&o->model, &ov);
     model_config_finalize(&o->model);

@@ -23,6 +23,7 @@ typedef struct {
     int grad_sync_every;        /* 1: reduce-scatter every microbatch; 0: only the last */
     int reshard_after_backward; /* 0: keep params unsharded between microbatches */
     MixedPrecision mp;          /* --param-dtype / --reduce-dtype (stage 08) */
+    int mesh_replicas, mesh_shards; /* --mesh R,S (stage 09); 0, 0: 1-D (the world) */
     int profile_steps;
     int save_every;
     int quiet;

@@ -89,6 +89,22 @@ void probe_hook_end(Dev *dev, const Probes *p, int step, const char *module, con
     dev_mem_note(dev, "hook_memory", f);
 }
 
+void probes_check_mesh(const Model *m, const DeviceMesh *mesh) {
+    if (mesh->ndim != 2) return;
+    size_t S = (size_t)pg_size(mesh->shard_group);
+    for (int i = 0; i < m->n_modules; i++)
+        for (int j = 0; j < m->modules[i].n_params; j++) {
+            const Param *p = &m->modules[i].params[j];
+            size_t want = (p->shape[0] + S - 1) / S;
+            if (p->dt.padded_rows != want)
+                fatal("--mesh %d,%d: %s's DTensor %s holds %zu padded rows of %zu, not ceil(%zu / %zu) = %zu: on a 2-D "
+                      "mesh params are split over the %zu ranks of the shard group (FsdpConfig.mesh->shard_group; "
+                      "stage 09, HANDOUT.md#stage-09-hsdp)",
+                      mesh->shape[0], mesh->shape[1], m->modules[i].name, p->name, p->dt.padded_rows, p->shape[0],
+                      p->shape[0], S, want, S);
+        }
+}
+
 void probes_write_dtensors(Dev *dev, Model *m, const float *init, const char *dir, const DeviceMesh *mesh) {
     dev_synchronize(dev);
     char path[4096];
@@ -101,7 +117,9 @@ void probes_write_dtensors(Dev *dev, Model *m, const float *init, const char *di
         while (len + (size_t)need_ + 1 > cap) buf = xrealloc(buf, cap *= 2);       \
         len += (size_t)snprintf(buf + len, cap - len, __VA_ARGS__);                \
     } while (0)
-    EMIT("{\"rank\":%d,\"world_size\":%d,\"params\":[", dev_rank(dev), dev_world_size(dev));
+    EMIT("{\"rank\":%d,\"world_size\":%d,\"mesh_shape\":[", dev_rank(dev), dev_world_size(dev));
+    EMIT(mesh->ndim == 2 ? "%d,%d" : "%d", mesh->shape[0], mesh->shape[1]);
+    EMIT("],\"shard_rank\":%d,\"shard_size\":%d,\"params\":[", pg_rank(mesh->shard_group), pg_size(mesh->shard_group));
     int first = 1;
     for (int i = 0; i < m->n_modules; i++)
         for (int j = 0; j < m->modules[i].n_params; j++) {
@@ -109,10 +127,13 @@ void probes_write_dtensors(Dev *dev, Model *m, const float *init, const char *di
             const DTensor *dt = &p->dt;
             /* the DTensor's own mesh, compared by value with the world's (a copy is fine) */
             const DeviceMesh *dm = dt->mesh;
-            int mesh_ok = dm && dm->size == mesh->size;
+            int mesh_ok = dm && dm->size == mesh->size && dm->ndim == mesh->ndim && dm->shape[0] == mesh->shape[0] &&
+                          dm->shape[1] == mesh->shape[1];
             for (int r = 0; mesh_ok && r < mesh->size; r++) mesh_ok = dm->ranks[r] == mesh->ranks[r];
             const char *pl = dt->placement == PLACEMENT_SHARD0 ? "Shard(0)"
                              : dt->placement == PLACEMENT_REPLICATE ? "Replicate()" : "none";
+            /* FSDP2's placements, one per mesh dim: a 2-D mesh replicates along its first */
+            int two_d = dm && dm->ndim == 2;
             /* does the local shard hold exactly the rows [row_offset, +local_rows) of the init? */
             int matches = -1, pad_zero = -1;
             if (dt->local && dt->row_offset + dt->local_rows <= p->shape[0] && dt->row_numel == p->numel / p->shape[0]) {
@@ -128,7 +149,11 @@ void probes_write_dtensors(Dev *dev, Model *m, const float *init, const char *di
             if (p->ndim == 2) EMIT("%zu", p->shape[1]);
             EMIT("],\"mesh\":[");
             for (int r = 0; dm && r < dm->size && r < WORLD_MAX_RANKS; r++) EMIT("%s%d", r ? "," : "", dm->ranks[r]);
-            EMIT("],\"mesh_is_world\":%s,\"placement\":\"%s\",\"local_rows\":%zu,\"padded_rows\":%zu,"
+            EMIT("],\"mesh_shape\":[");
+            if (dm) EMIT(two_d ? "%d,%d" : "%d", dm->shape[0], dm->shape[1]);
+            EMIT("],\"mesh_dim_names\":[%s],\"placements\":[%s\"%s\"]", two_d ? "\"replicate\",\"shard\"" : "\"shard\"",
+                 two_d && dt->placement == PLACEMENT_SHARD0 ? "\"Replicate()\"," : "", pl);
+            EMIT(",\"mesh_is_world\":%s,\"placement\":\"%s\",\"local_rows\":%zu,\"padded_rows\":%zu,"
                  "\"row_offset\":%zu,\"row_numel\":%zu,\"global_rows\":%zu,\"has_local\":%s,"
                  "\"local_matches_init\":%s,\"padding_is_zero\":%s}",
                  mesh_ok ? "true" : "false", pl, dt->local_rows, dt->padded_rows, dt->row_offset, dt->row_numel,

@@ -65,6 +65,10 @@ void probe_after_post_forward(Dev *dev, const Probes *p, int step, const Module 
 void probe_after_post_backward(Dev *dev, const Probes *p, int step, const Module *mod);
 /* dtensors_rank<r>.json in dir: every DTensor's geometry, mesh, placement and
  * whether its shard holds exactly its rows of the initial weights `init`. */
+/* After fsdp_init on a 2-D mesh (--mesh R,S): fatal, naming the first param,
+ * if a DTensor is not split over the shard group (a pre-09 stage splits over
+ * the world). */
+void probes_check_mesh(const Model *m, const DeviceMesh *mesh);
 void probes_write_dtensors(Dev *dev, Model *m, const float *init, const char *dir, const DeviceMesh *mesh);
 
 #endif

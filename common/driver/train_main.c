@@ -22,7 +22,8 @@ static void write_run_json(const Options *o, const Model *m) {
     snprintf(path, sizeof path, "%s/run.json", o->out_dir);
     char host[256] = "unknown";
     gethostname(host, sizeof host - 1);
-    char buf[4096];
+    char buf[4096], mesh[48] = "null";
+    if (o->mesh_replicas) snprintf(mesh, sizeof mesh, "[%d,%d]", o->mesh_replicas, o->mesh_shards);
     const ModelConfig *c = &m->cfg;
     int n = snprintf(buf, sizeof buf,
                      "{\"flavor\":\"%s\",\"dim\":%d,\"n_layers\":%d,\"n_heads\":%d,\"n_kv_heads\":%d,"
@@ -31,8 +32,9 @@ static void write_run_json(const Options *o, const Model *m) {
                      "\"device\":\"%s\",\"lr\":%g,\"warmup_steps\":%d,\"weight_decay\":%g,\"max_norm\":%g,"
                      "\"seed\":%llu,\"data\":\"%s\",\"ac\":%s,\"reshard_after_forward\":%s,\"forward_only\":%s,"
                      "\"grad_accum\":%d,\"grad_sync\":\"%s\",\"reshard_after_backward\":%s,"
-                     "\"param_dtype\":\"%s\",\"reduce_dtype\":\"%s\","
-                     "\"link_gbps\":%g,\"link_latency_us\":%g,\"profile_steps\":%d,\"host\":\"%s\"}\n",
+                     "\"param_dtype\":\"%s\",\"reduce_dtype\":\"%s\",\"mesh\":%s,"
+                     "\"link_gbps\":%g,\"link_latency_us\":%g,\"ranks_per_node\":%d,\"inter_link_gbps\":%g,"
+                     "\"inter_link_latency_us\":%g,\"profile_steps\":%d,\"host\":\"%s\"}\n",
                      o->flavor, c->dim, c->n_layers, c->n_heads, c->n_kv_heads, c->vocab_size, c->hidden_dim,
                      c->multiple_of, m->n_params_total, o->seq_len, o->batch_size, o->steps, o->world.world_size,
                      backend_name(o->world.backend), dev_is_cuda_build() ? "cuda" : "cpu", (double)o->optim.lr, o->optim.warmup_steps,
@@ -40,8 +42,9 @@ static void write_run_json(const Options *o, const Model *m) {
                      o->data_path, o->ac ? "true" : "false", o->reshard_after_forward ? "true" : "false",
                      o->forward_only ? "true" : "false", o->grad_accum, o->grad_sync_every ? "every" : "last",
                      o->reshard_after_backward ? "true" : "false", dtype_flag(o->mp.param_dtype),
-                     dtype_flag(o->mp.reduce_dtype), o->world.link_gbps, o->world.link_latency_us,
-                     o->profile_steps, host);
+                     dtype_flag(o->mp.reduce_dtype), mesh, o->world.link_gbps, o->world.link_latency_us,
+                     o->world.ranks_per_node ? o->world.ranks_per_node : o->world.world_size, o->world.inter_link_gbps,
+                     o->world.inter_link_latency_us, o->profile_steps, host);
     write_file_atomic(path, buf, (size_t)n);
 }
 

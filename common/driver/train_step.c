@@ -180,11 +180,11 @@ static void trainer_init(Trainer *t, Dev *dev, const TrainJob *job, DeviceMesh *
             p->data = dev_alloc_f32(dev, p->numel, MEM_PARAM, p->name);
             dev_memcpy_async(cs, p->data, job->init + model_param_offset(m, p), p->numel * sizeof(float));
         }
-    mesh->size = dev_world_size(dev);
-    for (int r = 0; r < mesh->size; r++) mesh->ranks[r] = r;
+    dev_mesh_build(dev, mesh, o->mesh_replicas, o->mesh_shards);
     FsdpConfig fc = {dev, m, mesh, o->reshard_after_forward, o->mp, o->optim};
     at(t, -1, "fsdp", "init");
     t->fsdp = fsdp_init(&fc);
+    probes_check_mesh(m, mesh);
     probes_init(&t->probes, m, o->mp.param_dtype == DTYPE_BF16);
     if (o->out_dir) probes_write_dtensors(dev, m, job->init, o->out_dir, mesh);
     if (job->init_exp_avg && !o->forward_only)

@@ -112,6 +112,10 @@ static void trace_events_of(Buf *b, Dev *d, int *first) {
         if (r->bytes) buf_printf(b, ",\"bytes\":%zu", r->bytes);
         if (r->micro >= 0) buf_printf(b, ",\"microbatch\":%d", r->micro);
         if (r->dtype) buf_printf(b, ",\"dtype\":\"%s\"", r->dtype);
+        if (r->group) {
+            buf_printf(b, ",\"group\":");
+            json_str(b, r->group);
+        }
         buf_printf(b, "}}");
     }
     pthread_mutex_unlock(&d->trace.mu);

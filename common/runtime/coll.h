@@ -15,11 +15,16 @@ typedef struct Op Op;
 
 typedef enum { COLL_ALL_GATHER = 0, COLL_REDUCE_SCATTER, COLL_ALL_REDUCE, COLL_BROADCAST, COLL_BARRIER } CollKind;
 
-/* What one rank asked for; ranks must agree on kind, count, op, root and dtype. */
+/* The most process groups a rank may create, the world included. */
+#define PG_MAX 16
+
+/* What one rank asked for; ranks must agree on kind, count, op, root, dtype and group. */
 typedef struct {
-    int32_t kind, op, root, dtype; /* dtype: DType (device.h) */
+    int32_t kind, op, root, dtype; /* dtype: DType (device.h); root: a group rank */
+    int32_t group;       /* the process group's id (0 = the world) */
     uint64_t count;      /* all_gather: send count; reduce_scatter: recv count; else buffer count */
     char label[48];      /* for messages only (not compared) */
+    char group_name[24]; /* for messages only */
 } CollDesc;
 
 typedef struct {
@@ -30,8 +35,10 @@ typedef struct {
     float *scratch;      /* all_reduce: this rank's reduced chunk, read by peers */
 } CollPost;
 
-/* Local backend: one rendezvous channel per stream index, shared by all ranks. */
+/* Local backend: one rendezvous channel per (stream index, group), shared by
+ * the group's ranks; posts and here[] are indexed by group rank. */
 typedef struct {
+    int stream_index, pg_id, color; /* its key */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int arrived;
@@ -47,6 +54,7 @@ typedef struct {
     uint64_t seq, count;
     int kind, state;             /* state 0 = slot unused */
     const char *label;           /* interned */
+    const char *group;           /* the group's name; NULL for the world */
 } FlightEntry;
 typedef struct {
     const char *stream;          /* the stream's name (lives as long as the Dev) */
@@ -65,20 +73,21 @@ const char *coll_kind_name(int kind);
 const char *coll_dtype_name(int dtype);   /* "f32", "bf16" */
 size_t coll_dtype_size(int dtype);        /* bytes per element */
 int coll_same_call(const CollDesc *a, const CollDesc *b);
-/* Fatal naming every rank's call if they differ (descs in rank order). */
-void coll_check_agreement(Stream *s, uint64_t seq, const CollDesc *descs, int n);
+/* Fatal naming every rank's call if they differ (descs in group-rank order;
+ * members[i]: the world rank of group rank i). */
+void coll_check_agreement(Stream *s, uint64_t seq, const CollDesc *descs, int n, const int *members);
 /* Fatal on a bad argument (other rank's stream, NULL buffer, unknown op). */
-void coll_validate(Dev *d, Stream *s, int kind, const void *send, const void *recv, size_t count, int op,
-                   const char *label);
+void coll_validate(ProcessGroup *g, Stream *s, int kind, const void *send, const void *recv, size_t count, int op,
+                   int root, const char *label);
 /* Fill o's collective fields (label, desc, bytes), give it s's next sequence
  * number and mark it issued in the flight recorder (both backends' coll_enqueue).
  * The bytes it moves (for the trace and the link model) follow from kind, count and dtype. */
-void coll_op_describe(Dev *d, Stream *s, Op *o, CollKind kind, RedOp op, int root, size_t count, DType dtype,
-                      const char *label);
+void coll_op_describe(Dev *d, Stream *s, Op *o, ProcessGroup *g, CollKind kind, RedOp op, int root, size_t count,
+                      DType dtype, const char *label);
 /* Enqueue one collective on s (collectives.c on the CPU, cuda/coll_cuda.c on CUDA).
  * The coll_* calls of device.h lead here. */
-void coll_enqueue(Dev *d, Stream *s, CollKind kind, const void *send, void *recv, size_t count, RedOp op, int root,
-                  DType dtype, const char *label);
+void coll_enqueue(ProcessGroup *g, Stream *s, CollKind kind, const void *send, void *recv, size_t count, RedOp op,
+                  int root, DType dtype, const char *label);
 /* Run a queued collective on the stream's worker (collectives.c). */
 void coll_execute(Stream *s, const Op *op);
 /* Wait (mu held) until *generation moves past gen; with timeout_s > 0, return
@@ -87,7 +96,9 @@ int coll_wait_generation(pthread_cond_t *cv, pthread_mutex_t *mu, const uint64_t
                          double timeout_s);
 void flight_stream_created(Dev *d, Stream *s);
 void flight_set(Stream *s, const Op *op, int state); /* FlightState */
-void watchdog_timeout(Stream *s, const Op *op, const CollPost *lowest, int lowest_rank, const uint8_t *here,
-                      int n) __attribute__((noreturn));
+/* lowest: the post of the lowest group rank waiting (NULL: op's own), here[i]:
+ * group rank i arrived (NULL: unknown); ranks are reported as world ranks. */
+void watchdog_timeout(Stream *s, const Op *op, const CollPost *lowest, int lowest_grank, const uint8_t *here)
+    __attribute__((noreturn));
 
 #endif

@@ -20,14 +20,16 @@ static void describe(char *buf, size_t cap, int rank, const CollDesc *c) {
     if ((c->kind == COLL_REDUCE_SCATTER || c->kind == COLL_ALL_REDUCE) && n >= 0 && (size_t)n < cap)
         n += snprintf(buf + n, cap - (size_t)n, " %s", c->op == RED_AVG ? "avg" : "sum");
     if (c->kind == COLL_BROADCAST && n >= 0 && (size_t)n < cap) n += snprintf(buf + n, cap - (size_t)n, " root %d", c->root);
+    if (c->group && n >= 0 && (size_t)n < cap) n += snprintf(buf + n, cap - (size_t)n, " in %s", c->group_name);
     if (n >= 0 && (size_t)n < cap) snprintf(buf + n, cap - (size_t)n, " (%s)", c->label);
 }
 
 int coll_same_call(const CollDesc *a, const CollDesc *b) {
-    return a->kind == b->kind && a->count == b->count && a->op == b->op && a->root == b->root && a->dtype == b->dtype;
+    return a->kind == b->kind && a->count == b->count && a->op == b->op && a->root == b->root && a->dtype == b->dtype &&
+           a->group == b->group;
 }
 
-void coll_check_agreement(Stream *s, uint64_t seq, const CollDesc *descs, int n) {
+void coll_check_agreement(Stream *s, uint64_t seq, const CollDesc *descs, int n, const int *members) {
     int ok = 1;
     for (int r = 1; r < n; r++) ok &= coll_same_call(&descs[0], &descs[r]);
     if (ok) return;
@@ -36,13 +38,13 @@ void coll_check_agreement(Stream *s, uint64_t seq, const CollDesc *descs, int n)
     len = (size_t)snprintf(msg, cap, "collective mismatch on stream '%s' #%llu: ", s->name, (unsigned long long)seq);
     for (int r = 0; r < n && len < cap; r++) {
         char one[160];
-        describe(one, sizeof one, r, &descs[r]);
+        describe(one, sizeof one, members ? members[r] : r, &descs[r]);
         len += (size_t)snprintf(msg + len, cap - len, "%s%s", r ? "; " : "", one);
     }
 #ifdef HAVE_MPI
     /* every process sees the mismatch: let rank 0 say it once (mpirun then
      * stops the job); the others report too if the job is still alive later */
-    if (backend_is_multiprocess(s->dev->world->cfg.backend) && s->dev->rank != 0) sleep(5);
+    if (backend_is_multiprocess(s->dev->world->cfg.backend) && (members ? members[0] : 0) != s->dev->rank) sleep(5);
 #endif
     fatal("%s", msg);
 }
@@ -51,11 +53,15 @@ const char *coll_kind_name(int kind) { return kind >= 0 && kind <= COLL_BARRIER 
 const char *coll_dtype_name(int dtype) { return dtype == DTYPE_BF16 ? "bf16" : dtype == DTYPE_F32 ? "f32" : "?"; }
 size_t coll_dtype_size(int dtype) { return dtype == DTYPE_BF16 ? sizeof(Bf16) : sizeof(float); }
 
-void coll_validate(Dev *d, Stream *s, int kind, const void *send, const void *recv, size_t count, int op,
-                   const char *label) {
+void coll_validate(ProcessGroup *g, Stream *s, int kind, const void *send, const void *recv, size_t count, int op,
+                   int root, const char *label) {
+    if (!g) fatal("%s (%s): NULL process group", KIND_NAMES[kind], label ? label : "");
+    Dev *d = g->dev;
     if (s->dev != d) fatal("%s: stream '%s' belongs to rank %d, not rank %d", KIND_NAMES[kind], s->name, s->dev->rank, d->rank);
     if (kind == COLL_REDUCE_SCATTER || kind == COLL_ALL_REDUCE)
         if (op != RED_SUM && op != RED_AVG) fatal("%s: unknown reduce op %d", KIND_NAMES[kind], op);
+    if (kind == COLL_BROADCAST && (root < 0 || root >= g->size))
+        fatal("broadcast (%s): root %d is not a rank of %s (0..%d)", label ? label : "", root, g->name, g->size - 1);
     if (count && kind != COLL_BARRIER && (!recv || (kind != COLL_BROADCAST && !send)))
         fatal("%s (%s): NULL buffer with %zu elements", KIND_NAMES[kind], label ? label : "", count);
 }
@@ -97,7 +103,8 @@ void flight_set(Stream *s, const Op *op, int state) {
     pthread_mutex_lock(&d->flight.mu);
     FlightEntry *e = &d->flight.rings[s->index].e[op->coll_seq % FLIGHT_DEPTH];
     if (state == FLIGHT_ISSUED)
-        *e = (FlightEntry){op->coll_seq, op->coll.count, op->coll.kind, state, op->label};
+        *e = (FlightEntry){op->coll_seq, op->coll.count, op->coll.kind, state, op->label,
+                           op->pg && op->pg->id ? op->pg->name : NULL};
     else if (e->seq == op->coll_seq && e->state)
         e->state = state;
     pthread_mutex_unlock(&d->flight.mu);
@@ -123,6 +130,7 @@ static void flight_print(FILE *f, Dev *d) {
             if (!e->state || e->seq != q) continue;
             fprintf(f, " #%llu %s", (unsigned long long)e->seq, KIND_NAMES[e->kind]);
             if (e->kind != COLL_BARRIER) fprintf(f, " %llu", (unsigned long long)e->count);
+            if (e->group) fprintf(f, " in %s", e->group);
             fprintf(f, "%s%s%s %s", *e->label ? " (" : "", e->label, *e->label ? ")" : "", STATE_NAMES[e->state]);
             fprintf(f, q < newest ? "," : "");
         }
@@ -134,8 +142,9 @@ static void flight_print(FILE *f, Dev *d) {
 /* The watchdog's report: once per world, then exit(2). `lowest` is the post of
  * the lowest rank waiting in the collective (so the message does not depend
  * on which waiter's timer fired first); here[r] marks the ranks that arrived. */
-void watchdog_timeout(Stream *s, const Op *op, const CollPost *lowest, int lowest_rank, const uint8_t *here, int n) {
+void watchdog_timeout(Stream *s, const Op *op, const CollPost *lowest, int lowest_grank, const uint8_t *here) {
     World *w = s->dev->world;
+    const ProcessGroup *g = op->pg;
     pthread_mutex_lock(&w->report_mu);
     if (w->reporting) { /* someone else speaks (and exits) */
         for (;;) pthread_cond_wait(&w->report_cv, &w->report_mu);
@@ -144,25 +153,28 @@ void watchdog_timeout(Stream *s, const Op *op, const CollPost *lowest, int lowes
     char missing[512] = "";
     size_t len = 0;
     int nmiss = 0;
-    for (int r = 0; here && r < n && len < sizeof missing - 16; r++)
+    for (int r = 0; here && r < g->size && len < sizeof missing - 16; r++)
         if (!here[r]) {
-            len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%d", nmiss ? ", " : "", r);
+            len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%d", nmiss ? ", " : "", g->members[r]);
             nmiss++;
         }
+    int lowest_rank = g->members[lowest_grank];
     const CollDesc *c = lowest ? &lowest->desc : &op->coll;
     uint64_t seq = lowest ? lowest->seq : op->coll_seq;
     char what[200];
     describe(what, sizeof what, 0, c); /* "rank 0 <kind> <count> f32 ... (label)" */
     const char *call = strchr(what + 5, ' ');
+    const char *fix = g->id ? "every rank of a group must issue its collectives in the same order, on the same stream"
+                            : "every rank must issue the same collectives, in the same order, on streams created in the "
+                              "same order";
     report_lock(); /* a plain fatal() of another thread may be speaking */
     fflush(stdout);
     fprintf(stderr, "error: collective timeout on rank %d: stream '%s' #%llu%s waited %.1f s", lowest_rank, s->name,
             (unsigned long long)seq, call ? call : "", w->cfg.collective_timeout_s);
     if (nmiss)
-        fprintf(stderr, "; rank%s %s never joined it (every rank must issue the same collectives, in the same order, "
-                        "on streams created in the same order)", nmiss > 1 ? "s" : "", missing);
+        fprintf(stderr, "; rank%s %s never joined it (%s)", nmiss > 1 ? "s" : "", missing, fix);
     fprintf(stderr, "\n");
-    fprintf(stderr, "flight recorder (the last %d collectives of every stream: #seq kind count (label) state):\n",
+    fprintf(stderr, "flight recorder (the last %d collectives of every stream: #seq kind count [in group] (label) state):\n",
             FLIGHT_DEPTH);
     if (!backend_is_multiprocess(w->cfg.backend)) {
         for (int r = 0; r < w->local_ranks; r++) {
@@ -179,47 +191,68 @@ void watchdog_timeout(Stream *s, const Op *op, const CollPost *lowest, int lowes
 /* ------------------------------------------------- the public collectives */
 
 void coll_all_gather(Dev *d, const float *send, float *recv, size_t send_count, Stream *s, const char *label) {
-    coll_enqueue(d, s, COLL_ALL_GATHER, send, recv, send_count, RED_SUM, 0, DTYPE_F32, label);
+    pg_all_gather(dev_world_group(d), send, recv, send_count, s, label);
 }
 void coll_reduce_scatter(Dev *d, const float *send, float *recv, size_t recv_count, RedOp op, Stream *s,
                          const char *label) {
-    coll_enqueue(d, s, COLL_REDUCE_SCATTER, send, recv, recv_count, op, 0, DTYPE_F32, label);
+    pg_reduce_scatter(dev_world_group(d), send, recv, recv_count, op, s, label);
 }
 void coll_all_reduce(Dev *d, const float *send, float *recv, size_t count, RedOp op, Stream *s, const char *label) {
-    coll_enqueue(d, s, COLL_ALL_REDUCE, send, recv, count, op, 0, DTYPE_F32, label);
+    pg_all_reduce(dev_world_group(d), send, recv, count, op, s, label);
 }
 void coll_broadcast(Dev *d, float *buf, size_t count, int root, Stream *s, const char *label) {
-    if (root < 0 || root >= d->world_size) fatal("broadcast (%s): root %d is not a rank (0..%d)", label ? label : "", root, d->world_size - 1);
-    coll_enqueue(d, s, COLL_BROADCAST, buf, buf, count, RED_SUM, root, DTYPE_F32, label);
+    coll_enqueue(dev_world_group(d), s, COLL_BROADCAST, buf, buf, count, RED_SUM, root, DTYPE_F32, label);
 }
 void coll_barrier(Dev *d, Stream *s, const char *label) {
-    coll_enqueue(d, s, COLL_BARRIER, NULL, NULL, 0, RED_SUM, 0, DTYPE_F32, label);
+    coll_enqueue(dev_world_group(d), s, COLL_BARRIER, NULL, NULL, 0, RED_SUM, 0, DTYPE_F32, label);
 }
 void coll_all_gather_bf16(Dev *d, const Bf16 *send, Bf16 *recv, size_t send_count, Stream *s, const char *label) {
-    coll_enqueue(d, s, COLL_ALL_GATHER, send, recv, send_count, RED_SUM, 0, DTYPE_BF16, label);
+    pg_all_gather_bf16(dev_world_group(d), send, recv, send_count, s, label);
 }
 void coll_reduce_scatter_bf16(Dev *d, const Bf16 *send, Bf16 *recv, size_t recv_count, RedOp op, Stream *s,
                               const char *label) {
-    coll_enqueue(d, s, COLL_REDUCE_SCATTER, send, recv, recv_count, op, 0, DTYPE_BF16, label);
+    pg_reduce_scatter_bf16(dev_world_group(d), send, recv, recv_count, op, s, label);
+}
+void pg_all_gather(ProcessGroup *g, const float *send, float *recv, size_t send_count, Stream *s, const char *label) {
+    coll_enqueue(g, s, COLL_ALL_GATHER, send, recv, send_count, RED_SUM, 0, DTYPE_F32, label);
+}
+void pg_reduce_scatter(ProcessGroup *g, const float *send, float *recv, size_t recv_count, RedOp op, Stream *s,
+                       const char *label) {
+    coll_enqueue(g, s, COLL_REDUCE_SCATTER, send, recv, recv_count, op, 0, DTYPE_F32, label);
+}
+void pg_all_reduce(ProcessGroup *g, const float *send, float *recv, size_t count, RedOp op, Stream *s,
+                   const char *label) {
+    coll_enqueue(g, s, COLL_ALL_REDUCE, send, recv, count, op, 0, DTYPE_F32, label);
+}
+void pg_all_gather_bf16(ProcessGroup *g, const Bf16 *send, Bf16 *recv, size_t send_count, Stream *s,
+                        const char *label) {
+    coll_enqueue(g, s, COLL_ALL_GATHER, send, recv, send_count, RED_SUM, 0, DTYPE_BF16, label);
+}
+void pg_reduce_scatter_bf16(ProcessGroup *g, const Bf16 *send, Bf16 *recv, size_t recv_count, RedOp op, Stream *s,
+                            const char *label) {
+    coll_enqueue(g, s, COLL_REDUCE_SCATTER, send, recv, recv_count, op, 0, DTYPE_BF16, label);
 }
 
 /* What a collective moves: the whole gathered / scattered buffer, the buffer. */
-static size_t coll_bytes(CollKind kind, size_t count, int world, DType dtype) {
-    size_t n = kind == COLL_ALL_GATHER || kind == COLL_REDUCE_SCATTER ? count * (size_t)world
+static size_t coll_bytes(CollKind kind, size_t count, int group_size, DType dtype) {
+    size_t n = kind == COLL_ALL_GATHER || kind == COLL_REDUCE_SCATTER ? count * (size_t)group_size
                : kind == COLL_BARRIER ? 0 : count;
     return n * coll_dtype_size(dtype);
 }
 
-void coll_op_describe(Dev *d, Stream *s, Op *o, CollKind kind, RedOp op, int root, size_t count, DType dtype,
-                      const char *label) {
+void coll_op_describe(Dev *d, Stream *s, Op *o, ProcessGroup *g, CollKind kind, RedOp op, int root, size_t count,
+                      DType dtype, const char *label) {
     o->label = dev_intern(d, label && *label ? label : "");
+    o->pg = g;
     o->coll.kind = kind;
     o->coll.op = (kind == COLL_REDUCE_SCATTER || kind == COLL_ALL_REDUCE) ? (int)op : 0;
     o->coll.root = root;
     o->coll.count = count;
     o->coll.dtype = dtype;
+    o->coll.group = g->id;
     snprintf(o->coll.label, sizeof o->coll.label, "%s", label ? label : "");
-    o->bytes = coll_bytes(kind, count, d->world_size, dtype);
+    snprintf(o->coll.group_name, sizeof o->coll.group_name, "%s", g->name);
+    o->bytes = coll_bytes(kind, count, g->size, dtype);
     o->coll_seq = s->coll_seq++;
     flight_set(s, o, FLIGHT_ISSUED);
 }

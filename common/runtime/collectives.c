@@ -1,8 +1,8 @@
 /* collectives.c — NCCL-shaped collectives executed on stream workers.
- * local backend: ranks are threads; one rendezvous channel per stream index;
+ * local backend: ranks are threads; one rendezvous channel per (stream, group);
  *   each rank computes its own output from the peers' buffers, then a link
  *   model makes the collective last as long as ring traffic would.
- * mpi backend: one communicator per stream index; reductions are done here in
+ * mpi backend: one communicator per (stream, group); reductions are done here in
  *   rank order so results are bitwise identical to the local backend.
  * Element types: float32 everywhere; all-gather and reduce-scatter also move
  * bfloat16 words (the reduce-scatter adds them in float32, rounding once). */
@@ -20,11 +20,19 @@
 
 /* ------------------------------------------------------------ link model */
 
-static double link_time_us(const WorldConfig *cfg, const CollDesc *c, size_t bytes) {
-    int n = cfg->world_size;
+/* A ring over the group's n ranks: every byte crosses n-1 hops. A group whose
+ * ranks sit on more than one node (--ranks-per-node) runs at the pace of the
+ * slower inter-node link, which every ring around nodes crosses. */
+static double link_time_us(const WorldConfig *cfg, const CollDesc *c, size_t bytes, const ProcessGroup *g) {
+    int n = g->size;
     if (n <= 1 || cfg->link_gbps <= 0) return 0.0;
-    double bw = cfg->link_gbps * 1e9 / 8.0; /* bytes per second */
-    double lat = (n - 1) * cfg->link_latency_us;
+    double gbps = cfg->link_gbps, hop_us = cfg->link_latency_us;
+    if (g->spans_nodes && cfg->inter_link_gbps > 0) {
+        gbps = cfg->inter_link_gbps < gbps ? cfg->inter_link_gbps : gbps;
+        hop_us = cfg->inter_link_latency_us > hop_us ? cfg->inter_link_latency_us : hop_us;
+    }
+    double bw = gbps * 1e9 / 8.0; /* bytes per second */
+    double lat = (n - 1) * hop_us;
     double ring = (double)(n - 1) / n * (double)bytes / bw * 1e6 + lat;
     switch (c->kind) {
     case COLL_ALL_GATHER:
@@ -64,15 +72,16 @@ static void reduce_ranks(void *recv, const void *const *parts, int n, size_t off
 
 /* --------------------------------------------------------- local backend */
 
-/* All ranks of the channel meet. With the watchdog on, a rank that waits
- * longer than the timeout reports the collective of the lowest waiting rank
- * (deterministic whichever timer fires first) and the ranks missing. */
+/* All ranks of the channel (the group's) meet. With the watchdog on, a rank
+ * that waits longer than the timeout reports the collective of the lowest
+ * waiting rank (deterministic whichever timer fires first) and the ranks
+ * missing. */
 static void chan_barrier(Stream *s, const Op *op, int n, int stamp) {
-    CollChannel *c = s->chan;
+    CollChannel *c = op->chan;
     const double timeout = s->dev->world->cfg.collective_timeout_s;
     pthread_mutex_lock(&c->mu);
     uint64_t gen = c->generation;
-    c->here[s->dev->rank] = 1;
+    c->here[op->pg->rank] = 1;
     if (++c->arrived == n) {
         c->arrived = 0;
         memset(c->here, 0, sizeof c->here);
@@ -82,19 +91,20 @@ static void chan_barrier(Stream *s, const Op *op, int n, int stamp) {
     } else if (coll_wait_generation(&c->cv, &c->mu, &c->generation, gen, timeout)) {
         int low = 0;
         while (low < n && !c->here[low]) low++;
-        CollPost post = c->posts[low < n ? low : s->dev->rank];
+        CollPost post = c->posts[low < n ? low : op->pg->rank];
         uint8_t here[WORLD_MAX_RANKS];
         memcpy(here, c->here, sizeof here);
         pthread_mutex_unlock(&c->mu);
-        watchdog_timeout(s, op, &post, low < n ? low : s->dev->rank, here, n);
+        watchdog_timeout(s, op, &post, low < n ? low : op->pg->rank, here);
     }
     pthread_mutex_unlock(&c->mu);
 }
 
 static void local_execute(Stream *s, const Op *op) {
     Dev *d = s->dev;
-    CollChannel *c = s->chan;
-    const int n = d->world_size, me = d->rank;
+    CollChannel *c = op->chan;
+    const ProcessGroup *g = op->pg;
+    const int n = g->size, me = g->rank; /* group ranks */
     const CollDesc *desc = &op->coll;
     const size_t cnt = (size_t)desc->count, esize = coll_dtype_size(desc->dtype);
     float *scratch = NULL, *recv = op->dst;
@@ -121,7 +131,7 @@ static void local_execute(Stream *s, const Op *op) {
         if (me == 0) {
             CollDesc descs[WORLD_MAX_RANKS];
             for (int r = 0; r < n; r++) descs[r] = posts[r].desc;
-            coll_check_agreement(s, op->coll_seq, descs, n);
+            coll_check_agreement(s, op->coll_seq, descs, n, g->members);
         }
         /* the other ranks wait for rank 0's fatal exit */
         pthread_mutex_lock(&c->mu);
@@ -159,7 +169,7 @@ static void local_execute(Stream *s, const Op *op) {
     }
     chan_barrier(s, op, n, 0); /* nobody reuses or frees its buffers while peers read them */
     free(scratch);
-    double t = link_time_us(&d->world->cfg, desc, op->bytes);
+    double t = link_time_us(&d->world->cfg, desc, op->bytes, g);
     if (t > 0) sleep_until(t_start + t);
 }
 
@@ -184,7 +194,7 @@ static void mpi_wait(Stream *s, const Op *op, MPI_Request *req) {
         int done = 0;
         MPI_Test(req, &done, MPI_STATUS_IGNORE);
         if (done) return;
-        if (now_us() > deadline) watchdog_timeout(s, op, NULL, s->dev->rank, NULL, 0);
+        if (now_us() > deadline) watchdog_timeout(s, op, NULL, op->pg->rank, NULL);
         if (polls > 1000) {
             struct timespec ts = {0, 20000}; /* past the first microseconds, poll every 20 us */
             nanosleep(&ts, NULL);
@@ -193,8 +203,9 @@ static void mpi_wait(Stream *s, const Op *op, MPI_Request *req) {
 }
 
 static void mpi_execute(Stream *s, const Op *op) {
-    Dev *d = s->dev;
-    const int n = d->world_size, me = d->rank;
+    const ProcessGroup *g = op->pg;
+    const int n = g->size, me = g->rank; /* group ranks */
+    MPI_Comm comm = g->id ? s->pg_comms[g->id] : s->comm;
     const CollDesc *desc = &op->coll;
     const size_t cnt = (size_t)desc->count, esize = coll_dtype_size(desc->dtype);
     MPI_Datatype type = desc->dtype == DTYPE_BF16 ? MPI_UINT16_T : MPI_FLOAT;
@@ -203,17 +214,17 @@ static void mpi_execute(Stream *s, const Op *op) {
 
     CollDesc descs[WORLD_MAX_RANKS];
     MPI_Request req;
-    MPI_Iallgather((void *)desc, (int)sizeof *desc, MPI_BYTE, descs, (int)sizeof *desc, MPI_BYTE, s->comm, &req);
+    MPI_Iallgather((void *)desc, (int)sizeof *desc, MPI_BYTE, descs, (int)sizeof *desc, MPI_BYTE, comm, &req);
     mpi_wait(s, op, &req);
-    coll_check_agreement(s, op->coll_seq, descs, n);
+    coll_check_agreement(s, op->coll_seq, descs, n, g->members);
 
     switch (desc->kind) {
     case COLL_ALL_GATHER:
         if (!cnt) break;
         if ((const char *)send == (const char *)recv + (size_t)me * cnt * esize)
-            MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, as_int(cnt, "all_gather"), type, s->comm, &req);
+            MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, as_int(cnt, "all_gather"), type, comm, &req);
         else
-            MPI_Iallgather(send, as_int(cnt, "all_gather"), type, recv, (int)cnt, type, s->comm, &req);
+            MPI_Iallgather(send, as_int(cnt, "all_gather"), type, recv, (int)cnt, type, comm, &req);
         mpi_wait(s, op, &req);
         break;
     case COLL_REDUCE_SCATTER:
@@ -230,7 +241,7 @@ static void mpi_execute(Stream *s, const Op *op) {
             in = padded;
         }
         char *gathered = xmalloc(chunk * (size_t)n * esize);
-        MPI_Ialltoall(in, (int)chunk, type, gathered, (int)chunk, type, s->comm, &req);
+        MPI_Ialltoall(in, (int)chunk, type, gathered, (int)chunk, type, comm, &req);
         mpi_wait(s, op, &req);
         float *mine = desc->kind == COLL_REDUCE_SCATTER ? recv : xmalloc(chunk * sizeof(float));
         const void *parts[WORLD_MAX_RANKS];
@@ -238,7 +249,7 @@ static void mpi_execute(Stream *s, const Op *op) {
         reduce_ranks(mine, parts, n, 0, chunk, desc->dtype, desc->op);
         if (desc->kind == COLL_ALL_REDUCE) {
             float *full = chunk * (size_t)n == cnt ? recv : xmalloc(chunk * (size_t)n * sizeof(float));
-            MPI_Iallgather(mine, (int)chunk, MPI_FLOAT, full, (int)chunk, MPI_FLOAT, s->comm, &req);
+            MPI_Iallgather(mine, (int)chunk, MPI_FLOAT, full, (int)chunk, MPI_FLOAT, comm, &req);
             mpi_wait(s, op, &req);
             if (full != recv) {
                 memcpy(recv, full, cnt * sizeof(float));
@@ -252,12 +263,12 @@ static void mpi_execute(Stream *s, const Op *op) {
     }
     case COLL_BROADCAST:
         if (cnt) {
-            MPI_Ibcast(recv, as_int(cnt, "broadcast"), MPI_FLOAT, desc->root, s->comm, &req);
+            MPI_Ibcast(recv, as_int(cnt, "broadcast"), MPI_FLOAT, desc->root, comm, &req);
             mpi_wait(s, op, &req);
         }
         break;
     default:
-        MPI_Ibarrier(s->comm, &req);
+        MPI_Ibarrier(comm, &req);
         mpi_wait(s, op, &req);
         break;
     }
@@ -276,12 +287,14 @@ void coll_execute(Stream *s, const Op *op) {
 
 /* ------------------------------------------------------------- enqueue */
 
-void coll_enqueue(Dev *d, Stream *s, CollKind kind, const void *send, void *recv, size_t count, RedOp op, int root,
-                  DType dtype, const char *label) {
-    coll_validate(d, s, (int)kind, send, recv, count, (int)op, label);
+void coll_enqueue(ProcessGroup *g, Stream *s, CollKind kind, const void *send, void *recv, size_t count, RedOp op,
+                  int root, DType dtype, const char *label) {
+    coll_validate(g, s, (int)kind, send, recv, count, (int)op, root, label);
+    Dev *d = g->dev;
     Op o;
     stream_op_init(s, &o, OP_COLL, coll_kind_name((int)kind));
-    coll_op_describe(d, s, &o, kind, op, root, count, dtype, label);
+    coll_op_describe(d, s, &o, g, kind, op, root, count, dtype, label);
+    if (d->world->cfg.backend == BACKEND_LOCAL) o.chan = stream_pg_channel(s, g);
     o.src = send;
     o.dst = recv;
     stream_enqueue_op(s, &o);

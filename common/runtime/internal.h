@@ -53,6 +53,8 @@ struct Op {
     uint64_t coll_seq;          /* per-stream collective number */
     CollDesc coll;
     const char *label;          /* collective: interned label (trace name prefix) */
+    ProcessGroup *pg;           /* collective: its group */
+    CollChannel *chan;          /* collective, local backend: the (stream, group) rendezvous */
     union {
         max_align_t align_;
         unsigned char args[DEV_ARGS_MAX];
@@ -77,13 +79,14 @@ struct Stream {
     uint64_t completed;             /* ops finished so far (worker) */
     int stop;
     uint64_t coll_seq;              /* collectives enqueued (host) */
-    CollChannel *chan;              /* local backend */
+    CollChannel *pg_chans[PG_MAX];  /* local backend: rendezvous per group id (host thread fills them) */
     /* race detector (host thread) */
     uint64_t *vc;                   /* [dev->race_width] vector clock: what this stream's next op is ordered after */
     RaceAccess *pending;            /* dev_access annotations for the next op */
     int npending, pending_cap;
 #ifdef HAVE_MPI
     MPI_Comm comm;                  /* mpi backend: a dup of MPI_COMM_WORLD per stream index */
+    MPI_Comm pg_comms[PG_MAX];      /* mpi backend: group id >= 1: its split of the world, per stream */
 #endif
 };
 
@@ -109,6 +112,22 @@ typedef struct {
     int tracing;
 } DevScope;
 
+/* A process group (device.h). Every rank creates the same groups in the same
+ * order (group.c: dev_group_new), so a group id names the same split on every
+ * rank; the ranks with the same (id, color) are one group. */
+struct ProcessGroup {
+    Dev *dev;
+    int id;                          /* creation index, the same on every rank; 0 = the world */
+    int color;                       /* which of the id's groups */
+    int rank, size;                  /* this rank's group rank; members */
+    int members[WORLD_MAX_RANKS];    /* world ranks, in group-rank order */
+    int spans_nodes;                 /* link model: members on more than one node */
+    char name[24];
+#ifdef HAVE_MPI
+    MPI_Comm host_comm;              /* multi-process backends: the host's communicator of the group */
+#endif
+};
+
 /* One rank. Each unit owns its part: the allocator (alloc.c) Dev.mem, the
  * race detector (race.c) Dev.race, the flight recorder (coll_common.c)
  * Dev.flight, the trace (artifacts.c) Dev.trace; world.c the rest. */
@@ -127,6 +146,8 @@ struct Dev {
     RaceDetector race;
     FlightRecorder flight;
     TraceBuffer trace;
+    ProcessGroup *pgs[PG_MAX];          /* [npgs] groups by id; pgs[0] = the world */
+    int npgs;
     /* the clip probe (clip_probe.c): device floats launch_adamw's kernels write */
     float *clip_slots;                  /* [CLIP_PROBE_SLOTS], allocated at the first launch */
     int clip_n;                         /* slots handed out since the last collect */
@@ -171,6 +192,7 @@ void backend_world_fini(World *w);            /* start of world_destroy */
 void backend_dev_init(Dev *d);                /* rank thread, before the compute stream exists */
 void backend_dev_fini(Dev *d);                /* last: streams, events and the allocator are gone */
 void backend_event_fini(Event *e);            /* an event is being freed */
+void backend_stream_join_group(Stream *s, ProcessGroup *g); /* host thread, same order on every rank */
 /* Probe memory (uncounted, outside the allocator): the clip probe's slots. probe_read first
  * waits for every stream of d without telling the race detector (a probe must not order
  * the student's work), then copies device -> host. */
@@ -187,7 +209,14 @@ void event_unregister(Event *e);
 void event_free(Event *e);
 /* dev_launch's argument checks (world.c; both backends) */
 void dev_launch_check(const char *name, void (*fn)(void *), size_t args_size);
-CollChannel *world_channel(World *w, int stream_index);
+/* the local backend's rendezvous of (stream index, group id, color) */
+CollChannel *world_channel(World *w, int stream_index, int pg_id, int color);
+/* group.c: the world group (dev_create), s's channel for g (local backend) */
+void dev_groups_init(Dev *d);
+void dev_groups_fini(Dev *d);
+CollChannel *stream_pg_channel(Stream *s, ProcessGroup *g);
+/* group.c, both CPU backends' dev_stream_create: s joins every group made so far (mpi: one split each) */
+void stream_join_groups(Stream *s);
 /* world.c: one fatal report for the whole world; ranks below `rank` that hit
  * the same verdict win, so the message is the same on every run */
 void world_report_race(World *w, int rank, const char *msg) __attribute__((noreturn));

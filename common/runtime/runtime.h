@@ -59,6 +59,9 @@ typedef struct {
     CollBackend backend;      /* local: threads; mpi: one process per rank */
     double link_gbps;         /* link model for local collectives; 0 = off */
     double link_latency_us;   /* per ring hop */
+    int ranks_per_node;       /* link model: ranks r / ranks_per_node share a node (0 = one node) */
+    double inter_link_gbps;   /* a group spanning nodes: its ring crosses this link (0 = link_gbps) */
+    double inter_link_latency_us; /* per hop across nodes (used when inter_link_gbps > 0) */
     int poison;               /* fill fresh allocations with NaN */
     int trace;                /* record op/collective timings for the trace */
     int blas_threads;         /* OpenBLAS threads per rank (0 = cores / ranks) */
@@ -84,6 +87,14 @@ int world_first_local_rank(const World *w);
 void dev_host_allgather_f64(Dev *d, double value, double *out /* [world] */);
 /* Host-side barrier (all ranks), outside streams and traces. */
 void dev_host_barrier(Dev *d);
+
+/* A new process group (device.h): every rank calls it, in the same order; the
+ * ranks passing the same color (>= 0) form one group, numbered in world-rank
+ * order; name is this rank's group's name ("shard0"). At most 16 per rank. */
+ProcessGroup *dev_group_new(Dev *d, int color, const char *name);
+/* The device mesh of --mesh replicas,shards (replicas <= 0: 1-D, the world):
+ * its shape, and this rank's shard and replicate groups (dev_group_new). */
+void dev_mesh_build(Dev *d, DeviceMesh *m, int replicas, int shards);
 
 /* Scope: what the host is doing now (module and phase, e.g. "block3",
  * "pre_forward"), attached to every op, collective, allocation and free made

@@ -14,7 +14,8 @@ static void trace_op(Stream *s, const Op *op, const char *prefix, const char *ca
     if (!op->traced) return;
     TraceRec r = {prefix, op->name, op->module, op->phase, cat, s->index, op->step,
                   t0 - s->dev->world->epoch_us, t1 - t0, op->bytes, op->micro,
-                  op->kind == OP_COLL ? coll_dtype_name(op->coll.dtype) : NULL};
+                  op->kind == OP_COLL ? coll_dtype_name(op->coll.dtype) : NULL,
+                  op->kind == OP_COLL && op->pg ? op->pg->name : NULL};
     dev_trace_add(s->dev, &r);
 }
 
@@ -25,7 +26,7 @@ static void trace_host_sync(Dev *d, const char *what, const char *name, double t
     char full[160];
     snprintf(full, sizeof full, "sync:%s%s", what, name ? name : "");
     TraceRec r = {"", dev_intern(d, full), d->scope.module, d->scope.phase, "host_sync", TRACE_HOST_TID,
-                  d->scope.step, t0 - d->world->epoch_us, t1 - t0, 0, d->scope.micro, NULL};
+                  d->scope.step, t0 - d->world->epoch_us, t1 - t0, 0, d->scope.micro, NULL, NULL};
     dev_trace_add(d, &r);
 }
 
@@ -220,9 +221,8 @@ Stream *dev_stream_create(Dev *d, const char *name) {
     Stream *s = stream_new(d, name);
     pthread_cond_init(&s->cv_work, NULL);
     pthread_cond_init(&s->cv_done, NULL);
-    if (d->world->cfg.backend == BACKEND_LOCAL) s->chan = world_channel(d->world, s->index);
 #ifdef HAVE_MPI
-    else { /* collective: streams are created in the same order on every rank (the watchdog catches a rank that does not) */
+    if (d->world->cfg.backend != BACKEND_LOCAL) { /* collective: streams are created in the same order on every rank (the watchdog catches a rank that does not) */
         MPI_Request req;
         MPI_Comm_idup(MPI_COMM_WORLD, &s->comm, &req);
         double timeout = d->world->cfg.collective_timeout_s, deadline = now_us() + timeout * 1e6;
@@ -239,6 +239,7 @@ Stream *dev_stream_create(Dev *d, const char *name) {
         }
     }
 #endif
+    stream_join_groups(s);
     dev_add_stream(d, s);
     race_stream_created(d, s);
     flight_stream_created(d, s);
@@ -254,7 +255,10 @@ void stream_destroy(Stream *s) {
     pthread_mutex_unlock(&s->mu);
     pthread_join(s->thread, NULL);
 #ifdef HAVE_MPI
-    if (s->dev->world->cfg.backend == BACKEND_MPI) MPI_Comm_free(&s->comm);
+    if (s->dev->world->cfg.backend == BACKEND_MPI) {
+        MPI_Comm_free(&s->comm);
+        for (int i = 1; i < s->dev->npgs; i++) MPI_Comm_free(&s->pg_comms[i]);
+    }
 #endif
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv_work);
@@ -418,3 +422,14 @@ void backend_probe_read(Dev *d, void *host, const void *probe, size_t bytes) {
 void backend_dev_init(Dev *d) { (void)d; }
 void backend_dev_fini(Dev *d) { (void)d; }
 void backend_event_fini(Event *e) { (void)e; }
+
+/* mpi: the stream's own communicator for g, split from the host's (MPI_Comm_split
+ * is collective: every rank makes its groups and streams in the same order) */
+void backend_stream_join_group(Stream *s, ProcessGroup *g) {
+#ifdef HAVE_MPI
+    if (s->dev->world->cfg.backend == BACKEND_MPI)
+        MPI_Comm_split(s->dev->world->host_comm, g->color, s->dev->rank, &s->pg_comms[g->id]);
+#else
+    (void)s, (void)g;
+#endif
+}

@@ -17,6 +17,7 @@ typedef struct {
     size_t bytes;                       /* 0 = not shown */
     int micro;                          /* microbatch (--grad-accum), -1 = not shown */
     const char *dtype;                  /* collectives: "f32" / "bf16" (static); NULL = not shown */
+    const char *group;                  /* collectives: the process group's name; NULL = not shown */
 } TraceRec;
 
 /* The rank's trace buffer (Dev.trace). */

@@ -108,19 +108,26 @@ int dev_is_cuda_build(void) {
 }
 int world_first_local_rank(const World *w) { return w->first_local_rank; }
 
-CollChannel *world_channel(World *w, int stream_index) {
+CollChannel *world_channel(World *w, int stream_index, int pg_id, int color) {
     pthread_mutex_lock(&w->mu);
-    while (w->nchans <= stream_index) {
+    CollChannel *c = NULL;
+    for (int i = 0; i < w->nchans && !c; i++) {
+        CollChannel *k = w->chans[i];
+        if (k->stream_index == stream_index && k->pg_id == pg_id && k->color == color) c = k;
+    }
+    if (!c) {
         if (w->nchans == w->chans_cap) {
             w->chans_cap = w->chans_cap ? w->chans_cap * 2 : 8;
             w->chans = xrealloc(w->chans, (size_t)w->chans_cap * sizeof *w->chans);
         }
-        CollChannel *c = xcalloc(1, sizeof *c);
+        c = xcalloc(1, sizeof *c);
+        c->stream_index = stream_index;
+        c->pg_id = pg_id;
+        c->color = color;
         pthread_mutex_init(&c->mu, NULL);
         cond_init_monotonic(&c->cv);
         w->chans[w->nchans++] = c;
     }
-    CollChannel *c = w->chans[stream_index];
     pthread_mutex_unlock(&w->mu);
     return c;
 }
@@ -184,6 +191,7 @@ static Dev *dev_create(World *w, int rank) {
     pthread_mutex_init(&d->flight.mu, NULL);
     d->race.on = !w->cfg.no_race_check && !dev_is_cuda_build(); /* the detector models the CPU streams */
     backend_dev_init(d);
+    dev_groups_init(d);
     dev_stream_create(d, "compute");
     return d;
 }
@@ -197,6 +205,7 @@ static void dev_destroy(Dev *d) {
     dev_alloc_destroy(d);
     dev_clip_probe_free(d);
     backend_dev_fini(d);
+    dev_groups_fini(d);
     free(d->race.host_vc);
     free(d->flight.rings);
     pthread_mutex_destroy(&d->flight.mu);

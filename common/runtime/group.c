@@ -1,0 +1,99 @@
+/* group.c — process groups (device.h): the world group every rank has, the
+ * groups the driver makes for a --mesh, and how a stream reaches a group's
+ * peers (local backend: a rendezvous channel per (stream, group); mpi: a
+ * split of the world per (stream, group); nccl: runtime_cuda.c). */
+#include "runtime/internal.h"
+#include "runtime/util.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int node_of(const World *w, int rank) {
+    int per = w->cfg.ranks_per_node > 0 ? w->cfg.ranks_per_node : w->cfg.world_size;
+    return rank / per;
+}
+
+static ProcessGroup *group_add(Dev *d, int color, const int *colors, const char *name) {
+    if (d->npgs >= PG_MAX) fatal("rank %d: dev_group_new('%s'): at most %d process groups per rank", d->rank, name, PG_MAX);
+    ProcessGroup *g = xcalloc(1, sizeof *g);
+    g->dev = d;
+    g->id = d->npgs;
+    g->color = color;
+    for (int r = 0; r < d->world_size; r++) {
+        if (colors && colors[r] != color) continue;
+        if (r == d->rank) g->rank = g->size;
+        g->members[g->size++] = r;
+        if (node_of(d->world, r) != node_of(d->world, g->members[0])) g->spans_nodes = 1;
+    }
+    snprintf(g->name, sizeof g->name, "%s", name);
+#ifdef HAVE_MPI
+    if (backend_is_multiprocess(d->world->cfg.backend)) {
+        if (colors) MPI_Comm_split(d->world->host_comm, color, d->rank, &g->host_comm);
+        else g->host_comm = d->world->host_comm;
+    }
+#endif
+    d->pgs[d->npgs++] = g;
+    return g;
+}
+
+void dev_groups_init(Dev *d) { group_add(d, 0, NULL, "world"); }
+
+void dev_groups_fini(Dev *d) {
+    for (int i = 0; i < d->npgs; i++) {
+#ifdef HAVE_MPI
+        if (i && backend_is_multiprocess(d->world->cfg.backend)) MPI_Comm_free(&d->pgs[i]->host_comm);
+#endif
+        free(d->pgs[i]);
+    }
+    d->npgs = 0;
+}
+
+ProcessGroup *dev_group_new(Dev *d, int color, const char *name) {
+    if (color < 0) fatal("rank %d: dev_group_new('%s'): color %d is negative", d->rank, name ? name : "", color);
+    double all[WORLD_MAX_RANKS];
+    dev_host_allgather_f64(d, (double)color, all); /* every rank's color: the members */
+    int colors[WORLD_MAX_RANKS];
+    for (int r = 0; r < d->world_size; r++) colors[r] = (int)all[r];
+    ProcessGroup *g = group_add(d, color, colors, name && *name ? name : "group");
+    for (int i = 0; i < d->nstreams; i++) backend_stream_join_group(d->streams[i], g);
+    return g;
+}
+
+void stream_join_groups(Stream *s) {
+    for (int i = 1; i < s->dev->npgs; i++) backend_stream_join_group(s, s->dev->pgs[i]);
+}
+
+CollChannel *stream_pg_channel(Stream *s, ProcessGroup *g) {
+    if (!s->pg_chans[g->id]) s->pg_chans[g->id] = world_channel(s->dev->world, s->index, g->id, g->color);
+    return s->pg_chans[g->id];
+}
+
+void dev_mesh_build(Dev *d, DeviceMesh *m, int replicas, int shards) {
+    memset(m, 0, sizeof *m);
+    m->size = d->world_size;
+    for (int r = 0; r < m->size; r++) m->ranks[r] = r;
+    if (replicas <= 0) { /* 1-D: the world */
+        m->ndim = 1;
+        m->shape[0] = m->size;
+        m->shape[1] = 1;
+        m->shard_group = dev_world_group(d);
+        return;
+    }
+    if (replicas * shards != d->world_size)
+        fatal("--mesh %d,%d has %d ranks but the world has %d", replicas, shards, replicas * shards, d->world_size);
+    m->ndim = 2;
+    m->shape[0] = replicas;
+    m->shape[1] = shards;
+    int row = d->rank / shards, col = d->rank % shards;
+    char name[24];
+    snprintf(name, sizeof name, "shard%d", row);
+    m->shard_group = dev_group_new(d, row, name);
+    snprintf(name, sizeof name, "replicate%d", col);
+    m->replicate_group = dev_group_new(d, col, name);
+}
+
+ProcessGroup *dev_world_group(Dev *d) { return d->pgs[0]; }
+int pg_rank(const ProcessGroup *g) { return g->rank; }
+int pg_size(const ProcessGroup *g) { return g->size; }
+const char *pg_name(const ProcessGroup *g) { return g->name; }

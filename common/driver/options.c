@@ -45,7 +45,7 @@ static void usage(FILE *f, const char *prog) {
             "  --param-dtype fp32|bf16  what the all-gather moves and compute reads (FSDP2's MixedPrecisionPolicy\n"
             "                           param_dtype; bf16 is stage 08's); shards and optimizer stay fp32\n"
             "  --reduce-dtype fp32|bf16 what the reduce-scatter moves (reduce_dtype; default fp32)\n"
-            "  --mesh R,S               HSDP (stage 09): a 2-D mesh of R replicas x S shards (R*S = --world);\n"
+            "  --mesh R,S               HSDP (stage 09): a 2-D mesh of R replicas x S shards (R*S = --world; or RxS);\n"
             "                           params are split over S ranks and replicated R times\n"
             "\nworld and runtime\n"
             "  --world N                number of ranks (default 1)\n"
@@ -177,8 +177,9 @@ static void apply_value(Options *o, ModelOverrides *ov, const char *flag, const 
     else if (!strcmp(flag, "--mesh")) {
         char tail;
         int r = 0, sh = 0;
-        if (sscanf(val, "%d,%d%c", &r, &sh, &tail) != 2 || r < 1 || sh < 1)
-            fatal("--mesh expects R,S (replicas,shards; two positive integers), got '%s'", val);
+        if ((sscanf(val, "%d,%d%c", &r, &sh, &tail) != 2 && sscanf(val, "%dx%d%c", &r, &sh, &tail) != 2) || r < 1 ||
+            sh < 1)
+            fatal("--mesh expects R,S or RxS (replicas, shards: two positive integers), got '%s'", val);
         o->mesh_replicas = r;
         o->mesh_shards = sh;
     } else if (!strcmp(flag, "--collective-timeout-s")) o->world.collective_timeout_s = parse_num(flag, val, 0, 1e7);

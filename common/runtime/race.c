@@ -305,7 +305,7 @@ void race_on_enqueue(Stream *s, const Op *op) {
         if (op->event->vc) vc_merge(s->vc, op->event->vc, op->event->vc_n);
         break;
     case OP_COLL: {
-        const size_t n = (size_t)d->world_size, cnt = (size_t)op->coll.count, f = coll_dtype_size(op->coll.dtype);
+        const size_t n = (size_t)op->pg->size, cnt = (size_t)op->coll.count, f = coll_dtype_size(op->coll.dtype);
         if (op->label && *op->label) me.module = op->label;
         me.name = coll_kind_name(op->coll.kind);
         switch ((CollKind)op->coll.kind) {

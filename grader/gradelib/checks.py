@@ -9,7 +9,7 @@ import os
 
 import manifest
 
-from .util import CheckFailed, fmt_bytes, is_finite, is_int, mp_policy, one_line, rel, relpath
+from .util import CheckFailed, fmt_bytes, is_finite, is_int, mesh_shape, mp_policy, one_line, rel, relpath
 
 FORWARD_PHASES = {"pre_forward", "forward", "post_forward"}
 BACKWARD_PHASES = {"pre_backward", "recompute.pre_forward", "recompute", "recompute.post_forward", "backward",
@@ -202,40 +202,56 @@ def check_peak_memory(ctx):
     return ""
 
 
+def _split(rows, n, k):
+    """torch.chunk's split of `rows` over n ranks: (padded rows, first row, rows) of chunk k."""
+    padded = -(-rows // n)
+    start = k * padded
+    return padded, start, max(0, min(rows, start + padded) - start)
+
+
 @check("dtensors")
 def check_dtensors(ctx):
     W = ctx.world
+    R, S = mesh_shape(ctx.flags, W)
+    two_d = any(f.startswith("--mesh=") for f in ctx.flags)
     for rank in range(W):
         d = ctx.dtensors(rank)
         params = d.get("params", [])
         if not params:
             raise CheckFailed("dtensors_rank%d.json lists no params" % rank)
+        k = rank % S  # this rank's place in its row (the shard group)
         for p in params:
             name, shape = p["name"], p["global_shape"]
             rows = shape[0]
-            padded = -(-rows // W)
-            start = rank * padded
-            local = max(0, min(rows, start + padded) - start)
+            padded, start, local = _split(rows, S, k)
             row_numel = math.prod(shape[1:]) if len(shape) > 1 else 1
             who = "rank %d: %s" % (rank, name)
+            over = ("the %d ranks of its shard group (--mesh %d,%d: rank %d is shard %d of row %d)"
+                    % (S, R, S, rank, k, rank // S) if two_d else "the %d ranks" % W)
             if p["placement"] != "Shard(0)":
                 raise CheckFailed("%s has placement %s, expected Shard(0): every param is sharded on dim 0"
                                   % (who, p["placement"]))
             if not p["mesh_is_world"] or p["mesh"] != list(range(W)):
                 raise CheckFailed("%s's mesh is %s, expected the world %s: use FsdpConfig.mesh"
                                   % (who, p["mesh"], list(range(W))))
+            if two_d and (p.get("mesh_shape") != [R, S] or p.get("placements") != ["Replicate()", "Shard(0)"]):
+                raise CheckFailed("%s lies on a mesh of shape %s with placements %s, expected [%d, %d] with "
+                                  "(Replicate(), Shard(0)): point DTensor.mesh at FsdpConfig.mesh"
+                                  % (who, p.get("mesh_shape"), p.get("placements"), R, S))
             if p["global_rows"] != rows or p["row_numel"] != row_numel:
                 raise CheckFailed("%s says global_rows %s x row_numel %s, the param is %s"
                                   % (who, p["global_rows"], p["row_numel"], "x".join(map(str, shape))))
             if p["padded_rows"] != padded:
-                raise CheckFailed("%s padded_rows %s, expected ceil(%d / %d) = %d: every rank's shard is padded to "
-                                  "the first chunk's size, as torch.chunk splits" % (who, p["padded_rows"], rows, W, padded))
+                raise CheckFailed("%s padded_rows %s, expected ceil(%d / %d) = %d: the param is split over %s, every "
+                                  "shard padded to the first chunk's size, as torch.chunk splits"
+                                  % (who, p["padded_rows"], rows, S, padded, over))
             if p["local_rows"] != local:
-                raise CheckFailed("%s local_rows %s, expected %d: torch.chunk gives rank r rows [r*%d, min(%d, "
-                                  "(r+1)*%d))" % (who, p["local_rows"], local, padded, rows, padded))
+                raise CheckFailed("%s local_rows %s, expected %d: torch.chunk gives chunk %d rows [%d*%d, min(%d, "
+                                  "%d*%d)) of a split over %s" % (who, p["local_rows"], local, k, k, padded, rows,
+                                                                   k + 1, padded, over))
             if local and p["row_offset"] != start:
-                raise CheckFailed("%s row_offset %s, expected %d = rank %d x %d padded rows: shard offsets follow "
-                                  "torch.chunk" % (who, p["row_offset"], start, rank, padded))
+                raise CheckFailed("%s row_offset %s, expected %d = chunk %d x %d padded rows: shard offsets follow "
+                                  "torch.chunk over %s" % (who, p["row_offset"], start, k, padded, over))
             if not p["has_local"]:
                 raise CheckFailed("%s has no local storage (DTensor.local is NULL)" % who)
             if p["local_matches_init"] is not True:
@@ -845,3 +861,124 @@ def check_mp_params(ctx):
         raise CheckFailed("the memory snapshots hold no unsharded-param records (memory_rank*.json): did the run "
                           "stop before its first module?")
     return "unsharded params in bfloat16 (2 bytes/element) at every unshard"
+
+
+def _groups(ctx):
+    """{rank: (shard group name, replicate group name or None)} of the run's mesh, as the runtime names them."""
+    R, S = mesh_shape(ctx.flags, ctx.world)
+    if not any(f.startswith("--mesh=") for f in ctx.flags):
+        return {r: ("world", None) for r in range(ctx.world)}
+    return {r: ("shard%d" % (r // S), "replicate%d" % (r % S)) for r in range(ctx.world)}
+
+
+@check("hsdp_collectives")
+def check_hsdp_collectives(ctx):
+    """Per rank, step and module: the all-gathers and reduce-scatters run in the rank's shard group (its row of
+    S ranks) and move the module's padded size split S ways; each reduce-scatter is followed by exactly one
+    all-reduce of the module's grad shard in the rank's replicate group (its column), none without a mesh; the
+    grad norm's all-reduce runs in the shard group. From the trace's group, bytes and order of every collective."""
+    R, S = mesh_shape(ctx.flags, ctx.world)
+    groups = _groups(ctx)
+    order, _ = ctx.module_order()
+    seg = {}  # module -> elements of one rank's padded segment
+    for p in ctx.dtensors(0)["params"]:
+        shape = p["global_shape"]
+        seg[p["module"]] = seg.get(p["module"], 0) + -(-shape[0] // S) * math.prod(shape[1:])
+    need_ar = groups[0][1] is not None
+    for r in range(ctx.world):
+        shard_g, rep_g = groups[r]
+        colls = [e for e in ctx.trace(r) if e.get("cat") == "collective"]
+        colls.sort(key=lambda e: e["ts"])
+        pending = {}  # (step, module) -> reduce-scatters not yet all-reduced
+        counts = {}
+        for e in colls:
+            kind = e["name"].rsplit(".", 1)[-1]
+            label = e["name"][: -len(kind) - 1]
+            args = e["args"]
+            group = args.get("group", "world")
+            where = "%s's %s (step %d, rank %d)" % (label, kind.replace("_", "-"), args["step"] + 1, r)
+            if label == "grad_norm":
+                if group != shard_g:
+                    raise CheckFailed("%s ran in %s, expected the shard group %s: the replicas hold the same grad "
+                                      "shards, so summing the squares over %s counts each shard %s times"
+                                      % (where, group, shard_g, group, R if group == "world" else "several"))
+                continue
+            if label not in seg:
+                continue
+            counts[(args["step"], label, kind)] = counts.get((args["step"], label, kind), 0) + 1
+            if kind in ("all_gather", "reduce_scatter"):
+                if group != shard_g:
+                    raise CheckFailed("%s ran in %s, expected this rank's shard group %s (the %d ranks its params "
+                                      "are split over): issue it with pg_%s(mesh->shard_group, ...)"
+                                      % (where, group, shard_g, S, kind))
+                want = 4 * seg[label] * S
+                if args.get("bytes") != want:
+                    raise CheckFailed("%s moved %s, expected %s: %d ranks' segments of %d padded elements (each "
+                                      "param's ceil(rows / %d) rows)" % (where, fmt_bytes(args.get("bytes", 0)),
+                                                                          fmt_bytes(want), S, seg[label], S))
+                if kind == "reduce_scatter":
+                    pending[(args["step"], label)] = pending.get((args["step"], label), 0) + 1
+            elif kind == "all_reduce":
+                if not need_ar:
+                    raise CheckFailed("%s: without --mesh there is no replicate group and no all-reduce of the "
+                                      "grads (the reduce-scatter over the world already averaged them)" % where)
+                if group != rep_g:
+                    raise CheckFailed("%s ran in %s, expected this rank's replicate group %s (the %d ranks holding "
+                                      "the same shard)" % (where, group, rep_g, R))
+                if not pending.get((args["step"], label)):
+                    raise CheckFailed("%s came before the module's reduce-scatter: all-reduce the reduce-scatter's "
+                                      "output (the grad shard) across the replicas, after it" % where)
+                pending[(args["step"], label)] -= 1
+                if args.get("bytes") != 4 * seg[label]:
+                    raise CheckFailed("%s moved %s, expected the grad shard's %s (%d elements): all-reduce the "
+                                      "shard, not the unsharded grads" % (where, fmt_bytes(args.get("bytes", 0)),
+                                                                          fmt_bytes(4 * seg[label]), seg[label]))
+        steps = sorted({k[0] for k in counts})
+        if not steps:
+            raise CheckFailed("rank %d's trace holds no collectives of the modules" % r)
+        for step in steps:
+            for mod in order:
+                rs, ar = counts.get((step, mod, "reduce_scatter"), 0), counts.get((step, mod, "all_reduce"), 0)
+                if rs != 1:
+                    raise CheckFailed("%s: %d reduce-scatters in step %d on rank %d, expected 1" % (mod, rs, step + 1, r))
+                if need_ar and ar != 1:
+                    raise CheckFailed("%s: %d all-reduces across replicas in step %d on rank %d, expected 1 after its "
+                                      "reduce-scatter: without it each row trains on its own grads and the replicas "
+                                      "drift apart" % (mod, ar, step + 1, r))
+    return ("all-gathers and reduce-scatters in shard groups of %d%s" %
+            (S, ", one all-reduce per module in replicate groups of %d" % R if need_ar else ", no all-reduce"))
+
+
+@check("hsdp_memory")
+def check_hsdp_memory(ctx):
+    """After every hook the rank's param shards (tag param_shard) take exactly the model split S ways
+    (sum over params of ceil(rows / S) x row_numel floats), and its optimizer state (tag optim_state), once
+    created, two floats per element of its chunk of that split: 1/S of the model, not 1/W. The sizes come from
+    the params' global shapes; the bytes from the hook_memory records of the snapshots."""
+    R, S = mesh_shape(ctx.flags, ctx.world)
+    shapes = [p["global_shape"] for p in ctx.dtensors(0)["params"]]
+    shard_bytes = sum(4 * -(-sh[0] // S) * math.prod(sh[1:]) for sh in shapes)
+    for r in range(ctx.world):
+        k = r % S
+        optim_bytes = sum(8 * _split(sh[0], S, k)[2] * math.prod(sh[1:]) for sh in shapes)
+        seen_optim = 0
+        for (step, module, hook, micro), n in sorted(ctx.hook_memory(r).items(), key=lambda kv: kv[0][:3]):
+            got = n["exit_by_tag"].get("param_shard", 0)
+            where = "after %s.%s (step %d, rank %d)" % (module, hook, step + 1, r)
+            if got != shard_bytes:
+                raise CheckFailed("%s the param shards take %s, expected %s: the model split over the %d ranks of the "
+                                  "shard group (%s); split over %d ranks it would take %s" % (
+                                      where, fmt_bytes(got), fmt_bytes(shard_bytes), S,
+                                      "--mesh %d,%d" % (R, S) if R > 1 or S != ctx.world else "the world",
+                                      ctx.world, fmt_bytes(sum(4 * -(-sh[0] // ctx.world) * math.prod(sh[1:])
+                                                               for sh in shapes))))
+            opt = n["exit_by_tag"].get("optim_state", 0)
+            if opt and opt != optim_bytes:
+                raise CheckFailed("%s the optimizer state takes %s, expected %s: exp_avg and exp_avg_sq of this "
+                                  "rank's rows of the split over %d ranks" % (where, fmt_bytes(opt),
+                                                                              fmt_bytes(optim_bytes), S))
+            seen_optim += bool(opt)
+        if ctx.steps > 1 and not seen_optim:
+            raise CheckFailed("rank %d never held optimizer state after a hook: is it created in the first "
+                              "fsdp_optimizer_step?" % r)
+    return "param shards %s per rank (1/%d of the model)" % (fmt_bytes(shard_bytes), S)

@@ -27,6 +27,15 @@ def mp_policy(flags):
     return ("bf16" if "--param-dtype=bf16" in flags else "fp32", "bf16" if "--reduce-dtype=bf16" in flags else "fp32")
 
 
+def mesh_shape(flags, world):
+    """(R, S) of the --mesh R,S (or RxS) a run's flags ask for; (1, world) without one (the 1-D mesh: the world)."""
+    for f in flags:
+        if f.startswith("--mesh="):
+            r, s = f[len("--mesh="):].replace("x", ",").split(",")
+            return int(r), int(s)
+    return 1, world
+
+
 def rel(a, b):
     return abs(a - b) / max(abs(b), 1e-12)
 

@@ -263,7 +263,7 @@ def test_reference_from_another_configuration_is_called_stale(tmp_path):
 # ------------------------------------------------------------------- usage
 
 @pytest.mark.parametrize("args,message", [
-    (["--stage", "09"], "unknown stage '09'"),
+    (["--stage", "99"], "unknown stage '99'"),
     (["--file", SOL01], "--file needs exactly one --stage"),
     (["--file", SOL01, "--stage", "01", "--stage", "02"], "--file needs exactly one --stage"),
     (["--file", "/nonexistent/hw_fsdp.c", "--stage", "01"], "no such file"),

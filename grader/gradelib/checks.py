@@ -949,6 +949,12 @@ def check_hsdp_collectives(ctx):
             (S, ", one all-reduce per module in replicate groups of %d" % R if need_ar else ", no all-reduce"))
 
 
+def _two_sizes(a, b):
+    """fmt_bytes of a and b, in exact bytes when they would print the same."""
+    fa, fb = fmt_bytes(a), fmt_bytes(b)
+    return ("%d bytes" % a, "%d bytes" % b) if fa == fb else (fa, fb)
+
+
 @check("hsdp_memory")
 def check_hsdp_memory(ctx):
     """After every hook the rank's param shards (tag param_shard) take exactly the model split S ways
@@ -968,15 +974,15 @@ def check_hsdp_memory(ctx):
             if got != shard_bytes:
                 raise CheckFailed("%s the param shards take %s, expected %s: the model split over the %d ranks of the "
                                   "shard group (%s); split over %d ranks it would take %s" % (
-                                      where, fmt_bytes(got), fmt_bytes(shard_bytes), S,
+                                      (where,) + _two_sizes(got, shard_bytes) + (S,) + (
                                       "--mesh %d,%d" % (R, S) if R > 1 or S != ctx.world else "the world",
                                       ctx.world, fmt_bytes(sum(4 * -(-sh[0] // ctx.world) * math.prod(sh[1:])
-                                                               for sh in shapes))))
+                                                               for sh in shapes)))))
             opt = n["exit_by_tag"].get("optim_state", 0)
             if opt and opt != optim_bytes:
                 raise CheckFailed("%s the optimizer state takes %s, expected %s: exp_avg and exp_avg_sq of this "
-                                  "rank's rows of the split over %d ranks" % (where, fmt_bytes(opt),
-                                                                              fmt_bytes(optim_bytes), S))
+                                  "rank's rows (chunk %d of the split over %d ranks)"
+                                  % ((where,) + _two_sizes(opt, optim_bytes) + (k, S)))
             seen_optim += bool(opt)
         if ctx.steps > 1 and not seen_optim:
             raise CheckFailed("rank %d never held optimizer state after a hook: is it created in the first "

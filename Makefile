@@ -31,7 +31,7 @@ HAVE_NCCL := $(if $(NVCC),$(shell test -e $(CUDA_HOME)/include/nccl.h -o -e /usr
 .DEFAULT_GOAL := all
 
 # ---- the stages (generated from the stage manifest, grader/rubric.json) -----------
-# STAGE_IDS, STAGE_DIRS, TRAINING_STAGE_DIRS, MAIN_JOB_DIR, STAGE_FLAGS_<dir>
+# STAGE_IDS, STAGE_DIRS, TRAINING_STAGE_DIRS, MAIN_JOB_DIR, STAGE_FLAGS_<dir> (STAGE_FLAGS_W3_<dir>: at world 3)
 STAGES_MK := $(BUILD)/stages.mk
 include $(STAGES_MK)
 $(STAGES_MK): grader/rubric.json grader/manifest.py
@@ -222,7 +222,7 @@ asan:
 	@set -e; export ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1; \
 	for t in test_runtime test_race test_model test_ops test_io; do echo "asan: $$t"; build-asan/tests/$$t | tail -1; done; \
 	$(foreach s,$(SOLUTIONS),echo "asan: $(s)"; build-asan/solutions/$(s)/train $(SAN_RUN) --world 3 \
-	  $(STAGE_FLAGS_$(s)) --out build-asan/runs/$(s);)
+	  $(STAGE_FLAGS_W3_$(s)) --out build-asan/runs/$(s);)
 	@echo "asan: clean"
 
 # The whole Python test suite against AddressSanitizer + UBSan binaries.

@@ -47,7 +47,7 @@ PLAIN = ["metrics.jsonl", "run.json", "dtensors_rank*.json"]
 TIMING_CHECKS = {"ag_overlap", "rs_overlap"}
 ATTEMPTS = 3
 GZIPPED = ["trace.json", "memory_rank*.json", "memory_rank*.pickle"]
-PLOTS = ["loss.png", "timeline.png", "memory.png"]
+PLOTS = ["loss.png", "timeline.png", "memory.png", "groups.png"]  # groups.png: 2-D mesh runs only
 
 
 def fail(msg):

@@ -59,6 +59,25 @@ class Stage:
     def zero2(self):
         return "--reshard-after-forward=false" in self.flags
 
+    def flags_at(self, world):
+        """The stage's flags for a run at `world` ranks: a 2-D --mesh=RxS keeps its shard size S where S divides
+        the world (R' = world / S), else becomes 1xworld, so the same stage runs at any world (tests, sanitizers,
+        bench); every other flag is kept."""
+        out = []
+        for f in self.flags:
+            if f.startswith("--mesh="):
+                s = int(f[len("--mesh="):].replace(",", "x").split("x")[1])
+                f = "--mesh=%dx%d" % ((world // s, s) if world % s == 0 else (1, world))
+            out.append(f)
+        return out
+
+    def shards_at(self, world):
+        """How many ranks a param is split over at `world` ranks: S of the stage's --mesh there, else the world."""
+        for f in self.flags_at(world):
+            if f.startswith("--mesh="):
+                return int(f[len("--mesh="):].split("x")[1])
+        return world
+
     def solution_src(self, root=ROOT):
         return os.path.join(root, "solutions", self.dir, "hw_fsdp.c")
 
@@ -177,6 +196,7 @@ def makefile(data=None):
              "MAIN_JOB_DIR := " + main_job_stage(data).dir]
     for s in all_:
         lines.append("STAGE_FLAGS_%s := %s" % (s.dir, " ".join(s.flags)))
+        lines.append("STAGE_FLAGS_W3_%s := %s" % (s.dir, " ".join(s.flags_at(3))))  # the asan runs' world
     return "\n".join(lines) + "\n"
 
 

@@ -9,6 +9,7 @@
 #define HWFSDP_COLL_CHECK_H
 
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -197,6 +198,113 @@ static void exercise_collectives(Dev *d, Stream *t /* a second stream */) {
         dev_free(d, rs_avg);
         exercise_bf16(d, t, c, 1000 + salt);
     }
+}
+
+/* ---- process groups: the same collectives among a subset of the ranks */
+
+/* op over the members' inputs, in member (group-rank) order */
+static float reduce_members(const int *members, int m, size_t i, int salt, RedOp op) {
+    float acc = input(members[0], i, salt);
+    for (int r = 1; r < m; r++) acc += input(members[r], i, salt);
+    if (op == RED_AVG) acc /= (float)m;
+    return acc;
+}
+
+/* Two splits of the world, interleaved on one stream: "block" (ranks r / 2:
+ * {0,1}, {2,3}, ...) and "stride" (ranks r % 2: {0,2,4}, {1,3}), as a 2-D
+ * mesh's rows and columns. Each group's all-gather, reduce-scatter (sum,
+ * avg), all-reduce and bf16 all-gather, checked bitwise against its members'
+ * inputs in world-rank order; then a mesh from dev_mesh_build. */
+static void exercise_groups(Dev *d, Stream *t, int c) {
+    const int n = dev_world_size(d), me = dev_rank(d);
+    int color[2] = {me / 2, me % 2};
+    char name[2][24];
+    snprintf(name[0], sizeof name[0], "block%d", color[0]);
+    snprintf(name[1], sizeof name[1], "stride%d", color[1]);
+    ProcessGroup *g[2];
+    int members[2][WORLD_MAX_RANKS], m[2] = {0, 0};
+    for (int k = 0; k < 2; k++) {
+        g[k] = dev_group_new(d, color[k], name[k]);
+        for (int r = 0; r < n; r++)
+            if ((k == 0 ? r / 2 : r % 2) == color[k]) members[k][m[k]++] = r;
+        COLL_CHECK(pg_size(g[k]) == m[k], "%s: size %d, expected %d", name[k], pg_size(g[k]), m[k]);
+        int want_rank = 0;
+        while (members[k][want_rank] != me) want_rank++;
+        COLL_CHECK(pg_rank(g[k]) == want_rank, "%s: rank %d, expected %d", name[k], pg_rank(g[k]), want_rank);
+        COLL_CHECK(strcmp(pg_name(g[k]), name[k]) == 0, "group name %s, expected %s", pg_name(g[k]), name[k]);
+    }
+    size_t cn = (size_t)c;
+    float *ag[2], *rs_in[2], *rs_sum[2], *rs_avg[2], *ar[2];
+    Bf16 *ag16[2], *mine16[2];
+    for (int k = 0; k < 2; k++) { /* queue both groups' collectives first: they share stream t */
+        int salt = 7000 + 10 * k, mk = m[k];
+        ag[k] = dev_alloc_f32(d, cn * (size_t)mk, MEM_COMM_BUFFER, "pg_ag");
+        float *mine = ag[k] + (size_t)pg_rank(g[k]) * cn;
+        for (size_t i = 0; i < cn; i++) mine[i] = input(me, i, salt);
+        rs_in[k] = dev_alloc_f32(d, cn * (size_t)mk, MEM_COMM_BUFFER, "pg_rs_in");
+        for (size_t i = 0; i < cn * (size_t)mk; i++) rs_in[k][i] = input(me, i, salt + 1);
+        rs_sum[k] = dev_alloc_f32(d, cn, MEM_COMM_BUFFER, "pg_rs_sum");
+        rs_avg[k] = dev_alloc_f32(d, cn, MEM_COMM_BUFFER, "pg_rs_avg");
+        ar[k] = dev_alloc_f32(d, cn, MEM_COMM_BUFFER, "pg_ar");
+        for (size_t i = 0; i < cn; i++) ar[k][i] = input(me, i, salt + 2);
+        ag16[k] = dev_alloc_bf16(d, cn * (size_t)mk, MEM_COMM_BUFFER, "pg_ag16");
+        mine16[k] = dev_alloc_bf16(d, cn, MEM_COMM_BUFFER, "pg_mine16");
+        for (size_t i = 0; i < cn; i++) mine16[k][i] = ref_bf16(input(me, i, salt + 3));
+    }
+    for (int k = 0; k < 2; k++) {
+        pg_all_gather(g[k], ag[k] + (size_t)pg_rank(g[k]) * cn, ag[k], cn, t, "pg_ag");
+        pg_reduce_scatter(g[k], rs_in[k], rs_sum[k], cn, RED_SUM, t, "pg_rs");
+    }
+    for (int k = 0; k < 2; k++) {
+        pg_reduce_scatter(g[k], rs_in[k], rs_avg[k], cn, RED_AVG, t, "pg_rs");
+        pg_all_reduce(g[k], ar[k], ar[k], cn, RED_AVG, t, "pg_ar");
+        pg_all_gather_bf16(g[k], mine16[k], ag16[k], cn, t, "pg_ag16");
+    }
+    dev_synchronize(d);
+    for (int k = 0; k < 2; k++) {
+        int salt = 7000 + 10 * k, mk = m[k], me_g = pg_rank(g[k]), ok_ag = 1, ok_sum = 1, ok_avg = 1, ok_ar = 1, ok16 = 1;
+        for (int r = 0; r < mk; r++)
+            for (size_t i = 0; i < cn; i++) {
+                float want = input(members[k][r], i, salt);
+                ok_ag &= memcmp(&ag[k][(size_t)r * cn + i], &want, sizeof want) == 0;
+                ok16 &= ag16[k][(size_t)r * cn + i] == ref_bf16(input(members[k][r], i, salt + 3));
+            }
+        for (size_t i = 0; i < cn; i++) {
+            float s1 = reduce_members(members[k], mk, (size_t)me_g * cn + i, salt + 1, RED_SUM);
+            float s2 = reduce_members(members[k], mk, (size_t)me_g * cn + i, salt + 1, RED_AVG);
+            float s3 = reduce_members(members[k], mk, i, salt + 2, RED_AVG);
+            ok_sum &= memcmp(&rs_sum[k][i], &s1, sizeof s1) == 0;
+            ok_avg &= memcmp(&rs_avg[k][i], &s2, sizeof s2) == 0;
+            ok_ar &= memcmp(&ar[k][i], &s3, sizeof s3) == 0;
+        }
+        COLL_CHECK(ok_ag, "pg_all_gather in %s (n=%d c=%d)", name[k], n, c);
+        COLL_CHECK(ok_sum, "pg_reduce_scatter sum in %s (n=%d c=%d)", name[k], n, c);
+        COLL_CHECK(ok_avg, "pg_reduce_scatter avg in %s (n=%d c=%d)", name[k], n, c);
+        COLL_CHECK(ok_ar, "pg_all_reduce avg in %s (n=%d c=%d)", name[k], n, c);
+        COLL_CHECK(ok16, "pg_all_gather_bf16 in %s (n=%d c=%d)", name[k], n, c);
+        dev_free(d, ag[k]);
+        dev_free(d, rs_in[k]);
+        dev_free(d, rs_sum[k]);
+        dev_free(d, rs_avg[k]);
+        dev_free(d, ar[k]);
+        dev_free(d, ag16[k]);
+        dev_free(d, mine16[k]);
+    }
+    /* a mesh: rows of 2 (or of the world when it is odd) */
+    DeviceMesh mesh;
+    int S = n % 2 ? n : 2, R = n / S;
+    dev_mesh_build(d, &mesh, R, S);
+    COLL_CHECK(mesh.ndim == 2 && mesh.shape[0] == R && mesh.shape[1] == S, "mesh %d,%d: shape %d x %d", R, S,
+               mesh.shape[0], mesh.shape[1]);
+    COLL_CHECK(pg_size(mesh.shard_group) == S && pg_rank(mesh.shard_group) == me % S, "mesh %d,%d: shard group", R, S);
+    COLL_CHECK(pg_size(mesh.replicate_group) == R && pg_rank(mesh.replicate_group) == me / S,
+               "mesh %d,%d: replicate group", R, S);
+    char want[24];
+    snprintf(want, sizeof want, "shard%d", me / S);
+    COLL_CHECK(strcmp(pg_name(mesh.shard_group), want) == 0, "shard group named %s", pg_name(mesh.shard_group));
+    DeviceMesh flat;
+    dev_mesh_build(d, &flat, 0, 0);
+    COLL_CHECK(flat.ndim == 1 && flat.shard_group == dev_world_group(d) && !flat.replicate_group, "1-D mesh");
 }
 
 #endif

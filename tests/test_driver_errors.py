@@ -69,6 +69,11 @@ LONG = "x" * 80
     (["--grad-sync", "sometimes"], "--grad-sync expects every or last, got 'sometimes'"),
     (["--param-dtype", "fp16"], "--param-dtype expects fp32 or bf16, got 'fp16'"),
     (["--reduce-dtype=bfloat16"], "--reduce-dtype expects fp32 or bf16, got 'bfloat16'"),
+    (["--mesh", "2"], "--mesh expects R,S or RxS (replicas, shards: two positive integers), got '2'"),
+    (["--mesh", "0,4", "--world", "4"], "--mesh expects R,S or RxS (replicas, shards: two positive integers), got '0,4'"),
+    (["--mesh", "2,2,1"], "--mesh expects R,S or RxS (replicas, shards: two positive integers), got '2,2,1'"),
+    (["--mesh", "2,3", "--world", "4"], "--mesh 2,3 holds 6 ranks but --world is 4 (R*S must equal the world)"),
+    (["--ranks-per-node", "3", "--world", "4"], "--ranks-per-node 3 must divide --world 4"),
     (["--data", "/nonexistent/tokens.npy"], "cannot open /nonexistent/tokens.npy: No such file or directory"),
     (["--load", "/nonexistent/w.safetensors"], "cannot open /nonexistent/w.safetensors: No such file or directory"),
     (["positional"], "unexpected argument 'positional' (see --help)"),
@@ -214,3 +219,15 @@ def test_bf16_params_need_a_stage_that_casts(tmp_path):
         expect_exact(p, "embedding: tok_embeddings.weight has no unsharded data after fsdp_pre_forward "
                         "(Param.data_bf16 is NULL) (--param-dtype bf16: compute reads Param.data_bf16; a stage "
                         "before 08 sets only Param.data)")
+
+
+def test_mesh_needs_a_stage_that_splits_over_the_shard_group():
+    """A stage before 09 run with --mesh splits over the world: one line after fsdp_init naming the param, the
+    split it made and the one the mesh asks for, not a silent 1-D run."""
+    if not any(s.id == "04" for s in SOLVED):
+        pytest.skip("stage 04's solution is the instructors' (not in a student tree)")
+    p = subprocess.run([solution_bin("04"), "--world", "4", "--mesh", "2,2", "--steps", "1", "--quiet", "--data",
+                        CORPUS], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    expect_exact(p, "--mesh 2,2: embedding's DTensor tok_embeddings.weight holds 65 padded rows of 259, not "
+                    "ceil(259 / 2) = 130: on a 2-D mesh params are split over the 2 ranks of the shard group "
+                    "(FsdpConfig.mesh->shard_group; stage 09, HANDOUT.md#stage-09-hsdp)")

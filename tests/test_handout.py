@@ -142,7 +142,7 @@ def test_carry_moves_your_file_forward(tmp_path):
                         "OUT=" + binary], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert b.returncode == 0, b.stdout + b.stderr
     r = subprocess.run([binary, "--flavor", "tiny", "--world", "2", "--seq-len", "16", "--batch-size", "1",
-                        "--steps", "2", "--data", CORPUS, "--out", str(tmp_path / "run"), "--quiet"] + cur.flags,
+                        "--steps", "2", "--data", CORPUS, "--out", str(tmp_path / "run"), "--quiet"] + cur.flags_at(2),
                        capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 0, r.stderr
 

@@ -153,3 +153,17 @@ def test_handout_score_examples_match_the_rubric():
         if bonus:
             assert bgot == btotal == fmt(sum(sum(st.spec["checks"].values()) for st in bonus)), (bgot, btotal)
             assert which.replace(" ", "").split(",") == [st.id for st in bonus], which
+
+
+def test_flags_at_another_world_resize_only_the_mesh():
+    """A stage's flags run at any world (tests, sanitizers, bench): a 2-D --mesh keeps its shard size where it
+    divides the world and becomes 1 x world where it does not; no other flag changes."""
+    st = manifest.Stage("99", {"dir": "99_x", "flags": ["--ac", "--mesh=2x2"]})
+    assert st.flags_at(4) == ["--ac", "--mesh=2x2"]
+    assert st.flags_at(6) == ["--ac", "--mesh=3x2"]
+    assert st.flags_at(2) == ["--ac", "--mesh=1x2"]
+    assert st.flags_at(3) == ["--ac", "--mesh=1x3"]
+    assert st.flags_at(1) == ["--ac", "--mesh=1x1"]
+    assert [st.shards_at(w) for w in (1, 2, 3, 4, 6)] == [1, 2, 3, 2, 2]
+    plain = manifest.Stage("98", {"dir": "98_y", "flags": ["--reshard-after-forward=false"]})
+    assert plain.flags_at(3) == plain.flags and plain.shards_at(3) == 3

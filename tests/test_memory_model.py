@@ -63,12 +63,13 @@ def test_rank0_peak_is_the_model(st, world, tmp_path):
     binary = os.path.join(BUILD, "solutions", st.dir, "train")
     assert os.path.exists(binary), "%s is not built: run make" % os.path.relpath(binary, ROOT)
     run_train(binary, tmp_path, "--flavor", "tiny", "--world", world, "--batch-size", B, "--seq-len", T,
-              "--steps", 2, "--profile-steps", 0, "--no-poison", *st.flags)
+              "--steps", 2, "--profile-steps", 0, "--no-poison", *st.flags_at(world))
     with open(tmp_path / "run.json") as fh:
         dims = model_dims(json.load(fh))
-    model_bytes, model_at, model_tags = memory_model(dims, B, T, world, st)
+    # the params are split over the shard group: the world, or S of a 2-D mesh (stage 09; rank 0 is chunk 0)
+    model_bytes, model_at, model_tags = memory_model(dims, B, T, st.shards_at(world), st)
     measured = max(m["peak_mem_bytes_per_rank"][0] for m in metrics(tmp_path))
     _, replay_at, live, _ = replay_peak(str(tmp_path / "memory_rank0.json"))
     assert (measured, live) == (model_bytes, model_tags), (
         "%s %s at world %d: measured %d bytes at %s, the model predicts %d at %s" % (
-            st.dir, " ".join(st.flags), world, measured, replay_at, model_bytes, model_at))
+            st.dir, " ".join(st.flags_at(world)), world, measured, replay_at, model_bytes, model_at))

@@ -189,6 +189,19 @@ static void rank_skip_all_gather(Dev *d, void *arg) {
     dev_free(d, buf);
 }
 
+/* A 2x2 mesh: rank 1 skips its shard group's second all-gather; rank 0 waits for it. */
+static void rank_skip_group_all_gather(Dev *d, void *arg) {
+    (void)arg;
+    DeviceMesh m;
+    dev_mesh_build(d, &m, 2, 2);
+    Stream *ag = dev_stream_create(d, "all_gather");
+    float *buf = dev_alloc_f32(d, 2 * 64, MEM_COMM_BUFFER, "buf");
+    for (int k = 0; k < 2; k++)
+        if (!(dev_rank(d) == 1 && k == 1)) pg_all_gather(m.shard_group, buf, buf, 64, ag, k ? "block2" : "warm");
+    dev_synchronize(d);
+    dev_free(d, buf);
+}
+
 /* Rank 0 issues a collective on a stream index the other ranks never create. */
 static void rank_extra_stream(Dev *d, void *arg) {
     (void)arg;
@@ -264,6 +277,7 @@ static int run_mode(const char *kind) {
     else if (!strcmp(kind, "race_collective_ordered")) fn = rank_collective, arg = 1, c = local_config(4);
     else if (!strcmp(kind, "timeout_skip")) fn = rank_skip_all_gather, c = local_config(4);
     else if (!strcmp(kind, "timeout_stream")) fn = rank_extra_stream, c = local_config(3);
+    else if (!strcmp(kind, "timeout_group")) fn = rank_skip_group_all_gather, c = local_config(4);
     else if (!strcmp(kind, "timeout_event")) fn = rank_stuck_event, c = local_config(2);
     else {
         fprintf(stderr, "unknown mode %s\n", kind);

@@ -444,7 +444,10 @@ TEST(host_allgather) { run_world(local_config(4), rank_host_exchange, NULL); }
 
 static void rank_collectives(Dev *d, void *arg) {
     (void)arg;
-    exercise_collectives(d, dev_stream_create(d, "ag"));
+    Stream *t = dev_stream_create(d, "ag");
+    exercise_collectives(d, t);
+    exercise_groups(d, t, 7);
+    exercise_groups(d, t, 1000);
 }
 TEST(collectives_world_1_to_5) {
     for (int n = 1; n <= 5; n++) {
@@ -639,6 +642,19 @@ static void rank_misuse_mismatch(Dev *d, void *arg) {
     dev_synchronize(d);
 }
 
+/* A 2x2 mesh: row 1's ranks disagree inside their shard group (row 0 is fine). */
+static void rank_misuse_group_mismatch(Dev *d, void *arg) {
+    int me = dev_rank(d);
+    DeviceMesh m;
+    dev_mesh_build(d, &m, 2, 2);
+    Stream *ag = dev_stream_create(d, "ag");
+    float *buf = dev_alloc_f32(d, 4096, MEM_COMM_BUFFER, "buf");
+    pg_all_reduce(m.replicate_group, buf, buf, 16, RED_SUM, ag, "warm");
+    if (me == 3) pg_reduce_scatter(m.shard_group, buf, buf + 1024, 8, RED_AVG, ag, "block3");
+    else pg_all_gather(m.shard_group, buf, buf + 1024, 16, ag, "block2");
+    dev_synchronize(d);
+}
+
 static int misuse(const char *kind) {
     void (*fn)(Dev *, void *) = NULL;
     WorldConfig c = local_config(1);
@@ -649,6 +665,9 @@ static int misuse(const char *kind) {
     else if (strcmp(kind, "mismatch") == 0) {
         fn = rank_misuse_mismatch;
         c = local_config(3);
+    } else if (strcmp(kind, "group_mismatch") == 0) {
+        fn = rank_misuse_group_mismatch;
+        c = local_config(4);
     } else if (strcmp(kind, "world0") == 0) c = local_config(0);
     else if (strcmp(kind, "world_big") == 0) c = local_config(WORLD_MAX_RANKS + 1);
     else if (strcmp(kind, "mpi_no_support") == 0) {

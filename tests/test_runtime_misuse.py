@@ -17,6 +17,9 @@ CASES = {
     "foreign_free": r"error: dev_free: 0x[0-9a-f]+ is not a live allocation of rank 0 \(double free\?\)",
     "mismatch": re.escape("error: collective mismatch on stream 'ag' #14: rank 0 all_gather 8192 f32 (block2); "
                           "rank 1 all_gather 8192 f32 (block2); rank 2 reduce_scatter 16384 f32 sum (block3)"),
+    # inside a group: the ranks are named by their world rank, the group by its name
+    "group_mismatch": re.escape("error: collective mismatch on stream 'ag' #1: rank 2 all_gather 16 f32 in shard1 "
+                                "(block2); rank 3 reduce_scatter 8 f32 avg in shard1 (block3)"),
     "world0": re.escape("error: world size 0 is out of range (1..64 ranks)"),
     "world_big": re.escape("error: world size 65 is out of range (1..64 ranks)"),
 }
@@ -104,6 +107,10 @@ WATCHDOG_CASES = {
     # a collective on a stream index the other ranks never created
     "timeout_stream": r"error: collective timeout on rank 0: stream 'extra' #0 all_reduce 16 f32 sum \(grad_norm\) "
                       r"waited 1\.0 s; ranks 1, 2 never joined it .*",
+    # in a 2x2 mesh rank 1 skips its shard group's all-gather: rank 0 (its row) waits; row 1 is not involved
+    "timeout_group": r"error: collective timeout on rank 0: stream 'all_gather' #1 all_gather 64 f32 in shard0 "
+                     r"\(block2\) waited 1\.0 s; rank 1 never joined it \(every rank of a group must issue its "
+                     r"collectives in the same order, on the same stream\)",
     # compute waits on an event recorded behind a collective that never completes
     "timeout_event": r"error: collective timeout on rank 0: stream 'all_gather' #0 all_gather 32 f32 \(block0\) "
                      r"waited 1\.0 s; rank 1 never joined it .*",
@@ -117,5 +124,5 @@ def test_collective_watchdog(kind):
     lines = p.stderr.strip().splitlines()
     assert re.fullmatch(WATCHDOG_CASES[kind], lines[0]), lines[0]
     assert lines[1].startswith("flight recorder"), p.stderr
-    ranks = {"timeout_skip": 4, "timeout_stream": 3, "timeout_event": 2}[kind]
+    ranks = {"timeout_skip": 4, "timeout_stream": 3, "timeout_event": 2, "timeout_group": 4}[kind]
     assert [l.split(":")[0].strip() for l in lines[2:]] == ["rank %d" % r for r in range(ranks)], p.stderr

@@ -52,6 +52,8 @@ static void rank_collectives(Dev *d, void *arg) {
         return;
     }
     exercise_collectives(d, t);
+    exercise_groups(d, t, 7);
+    exercise_groups(d, t, 1000);
     /* host exchange */
     double out[WORLD_MAX_RANKS];
     dev_host_allgather_f64(d, me * 2.5, out);

@@ -15,6 +15,7 @@ from helpers import BASELINE, SOLVED, manifest, metrics, rel, run_train, snapsho
 
 TINY = ["--flavor", "tiny", "--seq-len", "32", "--batch-size", "2", "--steps", "10", "--profile-steps", "10"]
 STAGE_FLAGS = {s.id: s.flags for s in SOLVED}
+FLAGS_AT = {s.id: s.flags_at for s in SOLVED}  # the flags at another world (a 2-D mesh resized)
 TRAINING = [s.id for s in SOLVED if not s.forward_only]  # every stage with a backward and an optimizer step
 LINK = ["--link-gbps", "5", "--link-latency-us", "10"]
 BACKWARD_PHASES = {"pre_backward", "recompute.pre_forward", "recompute", "recompute.post_forward", "backward",
@@ -53,7 +54,7 @@ def baseline(runs, world, stage_flags, base=TINY, save=False):
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 @pytest.mark.parametrize("stage", sorted(STAGE_FLAGS))
 def test_parity_with_non_sharded_baseline(runs, stage, world):
-    got = metrics(runs(solution_bin(stage), *(TINY + ["--world", str(world)] + STAGE_FLAGS[stage])))
+    got = metrics(runs(solution_bin(stage), *(TINY + ["--world", str(world)] + FLAGS_AT[stage](world))))
     ref = metrics(baseline(runs, world, STAGE_FLAGS[stage]))
     assert len(got) == len(ref) == 10
     for g, r in zip(got, ref):
@@ -66,16 +67,16 @@ def test_parity_with_non_sharded_baseline(runs, stage, world):
 
 
 def one_batch(flags):
-    """A stage's flags without gradient accumulation (one microbatch, the whole batch) or a mixed-precision
-    policy (float32)."""
+    """A stage's flags without gradient accumulation (one microbatch, the whole batch), a mixed-precision
+    policy (float32) or a 2-D mesh (FSDP over the world)."""
     return [f for f in flags if not f.startswith(("--grad-accum", "--grad-sync", "--reshard-after-backward",
-                                                  "--param-dtype", "--reduce-dtype"))]
+                                                  "--param-dtype", "--reduce-dtype", "--mesh"))]
 
 
 @pytest.mark.parametrize("world", [3, 4])
 def test_training_solutions_agree_bitwise(runs, world):
-    """Every training solution (07 with one microbatch, 08 in float32) gives the same bits: sharding, overlap,
-    recompute and ZeRO-2 change no arithmetic."""
+    """Every training solution (07 with one microbatch, 08 in float32, 09 without a mesh) gives the same bits:
+    sharding, overlap, recompute and ZeRO-2 change no arithmetic."""
     outs = {s: runs(solution_bin(s), *(TINY + ["--world", str(world)] + one_batch(STAGE_FLAGS[s])), save=True)
             for s in TRAINING}
     ref = metrics(outs["02"])

@@ -9,6 +9,9 @@ writes into DIR (default RUN/plots):
                 collectives and waits — overlap at a glance
   memory.png    rank R's allocated bytes over the run (host order), stacked by
                 tag, with the peak marked
+  groups.png    only for a run on a 2-D mesh (--mesh): every rank's collectives
+                of one step, coloured by process group (shard groups: rows of
+                the mesh; replicate groups: its columns)
 Needs matplotlib (Debian: python3-matplotlib).
 """
 import argparse
@@ -152,6 +155,52 @@ def plot_memory(plt, run, out, rank):
     plt.close(fig)
 
 
+GROUP_FAMILIES = {"shard": ["#dd8452", "#f2b880", "#c0622c", "#f6d2b0"],
+                  "replicate": ["#8172b3", "#b3a8db", "#5a4c8f", "#d4cdef"], "world": ["#999999"]}
+
+
+def plot_groups(plt, run, out, step):
+    """Collectives by process group: on a 2-D mesh the all-gathers and reduce-scatters run in shard groups
+    and the grads' all-reduces in replicate groups; the picture shows which rank talks to which."""
+    events, names = load_trace(run)
+    coll = [e for e in events if e.get("cat") == "collective"]
+    groups = sorted({e.get("args", {}).get("group", "world") for e in coll})
+    if not coll or groups == ["world"]:
+        return  # a 1-D run: every collective is the world's
+    steps = sorted({e["args"].get("step", -1) for e in coll if e["args"].get("step", -1) >= 0})
+    if step is None:
+        step = steps[len(steps) // 2] if steps else -1
+    sel = [e for e in coll if e["args"].get("step", -1) == step] or coll
+    t0 = min(e["ts"] for e in sel)
+    rows = sorted({(e["pid"], e["tid"]) for e in sel})
+
+    def colour(g):
+        fam = g.rstrip("0123456789")
+        pal = GROUP_FAMILIES.get(fam, ["#55a868"])
+        idx = int(g[len(fam):]) if g[len(fam):].isdigit() else 0
+        return pal[idx % len(pal)]
+    fig, ax = plt.subplots(figsize=(13, 0.5 * len(rows) + 1.8))
+    for y, key in enumerate(rows):
+        for e in sel:
+            if (e["pid"], e["tid"]) != key:
+                continue
+            g = e["args"].get("group", "world")
+            x, w = (e["ts"] - t0) / 1000.0, max(e["dur"], 1) / 1000.0
+            ax.broken_barh([(x, w)], (y - 0.4, 0.8), facecolors=colour(g), edgecolors="white", linewidth=0.5)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels(["rank %d %s" % (p, names.get((p, t), "stream %d" % t)) for p, t in rows])
+    ax.invert_yaxis()
+    ax.set_xlabel("ms since the step's first collective")
+    ax.set_title("collectives by process group, step %d: all-gathers and reduce-scatters inside the shard groups "
+                 "(rows of the mesh), the grads' all-reduces across the replicate groups (its columns)" % step,
+                 fontsize=9)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colour(g)) for g in groups]
+    ax.legend(handles, groups, loc="upper right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "groups.png"), dpi=110)
+    plt.close(fig)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run")
@@ -175,6 +224,7 @@ def main():
     plot_loss(plt, a.run, a.ref, out)
     plot_timeline(plt, a.run, out, a.step)
     plot_memory(plt, a.run, out, a.rank)
+    plot_groups(plt, a.run, out, a.step)
     print("wrote plots to %s" % out)
     return 0
 

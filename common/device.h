@@ -130,6 +130,19 @@ void dev_free(Dev *d, void *p);
  * work queued before the free. Memory then depends on how far the streams
  * got, not on your program, which is why FSDP2 avoids it. */
 void dev_record_stream(void *p, Stream *s);
+/* Pinned host memory (stage 10, CPU offload), as cudaHostAlloc: a pool of its
+ * own, counted apart from device memory (dev_mem_host_*; "host_events" in the
+ * snapshot), NaN-filled like device memory. A stream copies between it and
+ * device memory with dev_memcpy_async (traced "h2d" / "d2h", as long as the
+ * PCIe model says: --pcie-gbps, --pcie-latency-us), and kernels may read and
+ * write it, as a GPU kernel reads mapped pinned memory. The race detector
+ * orders streams on it as on device memory; dev_free gives a block back once
+ * every stream is past the free (PyTorch's pinned allocator waits for the
+ * streams that used a block the same way). */
+void *dev_alloc_host(Dev *d, size_t bytes, MemTag tag, const char *name);
+float *dev_alloc_host_f32(Dev *d, size_t count, MemTag tag, const char *name);
+size_t dev_mem_host_current(const Dev *d);
+size_t dev_mem_host_peak(const Dev *d);
 size_t dev_mem_current(const Dev *d);   /* bytes allocated now */
 size_t dev_mem_peak(const Dev *d);      /* most bytes allocated at once this step */
 

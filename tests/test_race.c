@@ -189,6 +189,23 @@ static void rank_skip_all_gather(Dev *d, void *arg) {
     dev_free(d, buf);
 }
 
+/* The copy stream writes a pinned host shard (d2h) that compute then reads
+ * (h2d) with no event wait: the detector orders streams on host memory too. */
+static void rank_host_race(Dev *d, void *arg) {
+    (void)arg;
+    Stream *c = dev_compute_stream(d), *copy = dev_stream_create(d, "copy");
+    dev_set_scope(d, 0, "block1", "post_backward");
+    float *dv = dev_alloc_f32(d, 64, MEM_GRAD_SHARD, "block1.grad_shards");
+    float *h = dev_alloc_host_f32(d, 64, MEM_GRAD_SHARD, "block1.host_grads");
+    float *dv2 = dev_alloc_f32(d, 64, MEM_TEMP, "scratch");
+    dev_memset_async(c, dv, 0, 256);
+    dev_synchronize(d);
+    dev_memcpy_async(copy, h, dv, 256);
+    dev_set_scope(d, 0, "optimizer", "optimizer");
+    dev_memcpy_async(c, dv2, h, 256);
+    dev_synchronize(d);
+}
+
 /* A 2x2 mesh: rank 1 skips its shard group's second all-gather; rank 0 waits for it. */
 static void rank_skip_group_all_gather(Dev *d, void *arg) {
     (void)arg;
@@ -277,6 +294,7 @@ static int run_mode(const char *kind) {
     else if (!strcmp(kind, "race_collective_ordered")) fn = rank_collective, arg = 1, c = local_config(4);
     else if (!strcmp(kind, "timeout_skip")) fn = rank_skip_all_gather, c = local_config(4);
     else if (!strcmp(kind, "timeout_stream")) fn = rank_extra_stream, c = local_config(3);
+    else if (!strcmp(kind, "race_host")) fn = rank_host_race;
     else if (!strcmp(kind, "timeout_group")) fn = rank_skip_group_all_gather, c = local_config(4);
     else if (!strcmp(kind, "timeout_event")) fn = rank_stuck_event, c = local_config(2);
     else {

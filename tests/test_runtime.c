@@ -519,6 +519,108 @@ TEST(link_model_timing) {
     printf("  link model: %.1f ms measured, %.1f ms modeled\n", la.elapsed_us / 1000, model / 1000);
 }
 
+/* A group whose ranks span nodes runs at the inter-node link; one inside a node at the fast one. */
+typedef struct {
+    double dur_inside, dur_across; /* traced durations of rank 0's two all-gathers */
+} NodeArgs;
+
+static void rank_nodes(Dev *d, void *arg) {
+    NodeArgs *na = arg;
+    DeviceMesh m; /* 2x2, rows on nodes: shard groups inside a node, replicate groups across */
+    dev_mesh_build(d, &m, 2, 2);
+    const size_t cnt = 125000; /* 2 x 0.5 MB gathered */
+    float *buf = dev_alloc_f32(d, 2 * cnt, MEM_COMM_BUFFER, "buf");
+    memset(buf, 0, 2 * cnt * sizeof(float));
+    Stream *s = dev_compute_stream(d);
+    pg_all_gather(m.shard_group, buf, buf, cnt, s, "inside");
+    pg_all_gather(m.replicate_group, buf, buf, cnt, s, "across");
+    dev_synchronize(d);
+    if (dev_rank(d) == 0) {
+        pthread_mutex_lock(&d->trace.mu);
+        for (size_t i = 0; i < d->trace.n; i++) {
+            const TraceRec *r = &d->trace.recs[i];
+            if (strcmp(r->cat, "collective")) continue;
+            if (!strcmp(r->prefix, "inside")) na->dur_inside = r->dur;
+            if (!strcmp(r->prefix, "across")) na->dur_across = r->dur;
+        }
+        pthread_mutex_unlock(&d->trace.mu);
+    }
+    dev_free(d, buf);
+}
+
+TEST(inter_node_link_model) {
+    WorldConfig c = local_config(4);
+    c.trace = 1;
+    c.link_gbps = 1000;       /* inside a node: 1 MB in 8 us */
+    c.inter_link_gbps = 0.1;  /* across nodes: 1 MB in 80 ms */
+    c.inter_link_latency_us = 1000;
+    c.ranks_per_node = 2;
+    NodeArgs na = {0, 0};
+    run_world(c, rank_nodes, &na);
+    double across = 0.5 * 1e6 / (0.1e9 / 8) * 1e6 + 1000; /* ring of 2: half the 1 MB, one hop */
+    /* lower bound only (the model sleeps until its end); the fast one is not timed */
+    CHECK(na.dur_across >= 0.9 * across, "the replicate group's all-gather took %.0f us, the inter-node model %.0f us",
+          na.dur_across, across);
+    CHECK(na.dur_inside > 0 && na.dur_inside < na.dur_across, "inside a node %.0f us, across %.0f us", na.dur_inside,
+          na.dur_across);
+}
+
+/* Pinned host memory: its own pool and counts, h2d / d2h copies (named and timed by the PCIe model), the
+ * race detector on it, and a free while a stream still reads it (deferred, not a race). */
+static void rank_host_memory(Dev *d, void *arg) {
+    (void)arg;
+    Stream *s = dev_compute_stream(d), *copy = dev_stream_create(d, "copy");
+    size_t dev0 = dev_mem_current(d);
+    const size_t n = 250000; /* 1 MB */
+    float *h = dev_alloc_host_f32(d, n, MEM_PARAM_SHARD, "host_shard");
+    TCHECK(dev_mem_current(d) == dev0, "a host allocation counted as device memory");
+    TCHECK(dev_mem_host_current(d) == n * 4 && dev_mem_host_peak(d) == n * 4, "host counts %zu / %zu",
+           dev_mem_host_current(d), dev_mem_host_peak(d));
+    TCHECK(dev_mem_host_current_by_tag(d, MEM_PARAM_SHARD) == n * 4, "host bytes by tag");
+    TCHECK(dev_mem_current_by_tag(d, MEM_PARAM_SHARD) == 0, "device bytes by tag");
+    uint32_t bits;
+    memcpy(&bits, &h[n / 2], 4);
+    TCHECK(bits == 0x7fc00000u, "fresh host memory is not NaN-filled");
+    for (size_t i = 0; i < n; i++) h[i] = (float)i;
+    float *dv = dev_alloc_f32(d, n, MEM_UNSHARDED_PARAM, "device_copy");
+    float *back = dev_alloc_host_f32(d, n, MEM_GRAD_SHARD, "host_back");
+    dev_set_scope(d, 0, "block0", "pre_forward");
+    dev_memcpy_async(copy, dv, h, n * 4);
+    dev_memcpy_async(copy, back, dv, n * 4);
+    dev_stream_synchronize(copy);
+    int same = 1;
+    for (size_t i = 0; i < n; i++) same &= back[i] == (float)i;
+    TCHECK(same, "h2d then d2h changed the data");
+    int h2d = 0, d2h = 0;
+    double model = 200.0 + 1e6 / 1e9 * 1e6; /* latency + 1 MB at 1 GB/s */
+    pthread_mutex_lock(&d->trace.mu);
+    for (size_t i = 0; i < d->trace.n; i++) {
+        const TraceRec *r = &d->trace.recs[i];
+        if (!strcmp(r->cat, "copy") && !strcmp(r->name, "h2d") && r->bytes == n * 4) h2d = r->dur >= 0.9 * model;
+        if (!strcmp(r->cat, "copy") && !strcmp(r->name, "d2h") && r->bytes == n * 4) d2h = r->dur >= 0.9 * model;
+    }
+    pthread_mutex_unlock(&d->trace.mu);
+    TCHECK(h2d && d2h, "trace: h2d %d d2h %d (named, and at least the PCIe model's %.0f us)", h2d, d2h, model);
+    dev_free(d, back);
+    dev_free(d, dv);
+    /* a stream still copying out of a host block when the host frees it: no race (the pool waits) */
+    float *dv2 = dev_alloc_f32_on(copy, n, MEM_TEMP, "device_copy2");
+    dev_memcpy_async(copy, dv2, h, n * 4);
+    dev_free(d, h);
+    TCHECK(dev_mem_host_current(d) == 0, "host bytes after the frees: %zu", dev_mem_host_current(d));
+    dev_stream_synchronize(copy);
+    dev_free(d, dv2);
+    (void)s;
+}
+TEST(host_memory_pool) {
+    WorldConfig c = local_config(1);
+    c.trace = 1;
+    c.poison = 1;
+    c.pcie_gbps = 1.0;
+    c.pcie_latency_us = 200;
+    run_world(c, rank_host_memory, NULL);
+}
+
 /* Scope and names reach the trace; tracing can be switched off. */
 static void rank_trace(Dev *d, void *arg) {
     (void)arg;
@@ -696,6 +798,8 @@ int main(int argc, char **argv) {
     if (argc > 2 && strcmp(argv[1], "--misuse") == 0) return misuse(argv[2]);
     CHECK_MAIN_ARGS(argc, argv);
     RUN(stream_fifo);
+    RUN(inter_node_link_model);
+    RUN(host_memory_pool);
     RUN(event_wait_across_streams);
     RUN(wait_uses_record_before_it);
     RUN(host_sync_and_query);

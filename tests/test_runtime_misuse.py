@@ -65,6 +65,11 @@ RACE_CASES = {
         "error: use after free on rank 0: compute stream's 'block2.copy' reads 'block2.all_gather_buffer' "
         "(comm_buffer, allocated in block2.pre_forward, freed in block2.pre_forward) after its dev_free (free "
         "a buffer only after enqueuing the last op that uses it)"),
+    # pinned host memory is ordered like device memory: a d2h copy, then a read on another stream
+    "race_host": re.escape(
+        "error: race on rank 0: compute stream's 'optimizer.h2d' reads 'block1.host_grads' (grad_shard, allocated in "
+        "block1.post_backward) written by copy stream's 'block1.d2h' with no event wait ordering it (record an event "
+        "on copy after the write and make compute wait for it)"),
     "race_collective": re.escape(
         "error: race on rank 0: compute stream's 'block2.copy' reads 'block2.all_gather_buffer' (comm_buffer, "
         "allocated in block1.pre_forward) written by all_gather stream's 'block2.all_gather' with no event wait "

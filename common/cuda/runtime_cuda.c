@@ -304,6 +304,26 @@ void backend_storage_free(Dev *d, void *p, size_t bytes, int stream) {
     c->cache_bytes += r;
 }
 
+/* Pinned host memory (dev_alloc_host): cudaHostAlloc, NaN-filled by the host
+ * when poisoning; freed once every stream passed its free (alloc.c fences it). */
+void *backend_host_alloc(Dev *d, size_t bytes, const char *name) {
+    void *p = NULL;
+    if (cudaHostAlloc(&p, bytes, cudaHostAllocDefault) != cudaSuccess || !p) {
+        (void)cudaGetLastError();
+        fatal("rank %d: out of pinned host memory allocating %zu bytes for '%s'", d->rank, bytes, name ? name : "?");
+    }
+    if (d->world->cfg.poison) {
+        uint32_t *w = p;
+        for (size_t i = 0; i < bytes / 4; i++) w[i] = 0x7fc00000u;
+    }
+    return p;
+}
+
+void backend_host_free(Dev *d, void *p, size_t bytes) {
+    (void)d, (void)bytes;
+    CUDA_CHECK(cudaFreeHost(p));
+}
+
 /* ----------------------------------------------------------------- fences */
 
 typedef struct {
@@ -400,7 +420,8 @@ void dev_memcpy_async(Stream *s, void *dst, const void *src, size_t bytes) {
     if (d->scope.tracing) cuda_timing_begin(s, &t);
     /* cudaMemcpyDefault: unified addressing tells host from device memory */
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s->cuda->st));
-    if (d->scope.tracing) cuda_timing_end(s, &t, d->scope.module, "copy", "copy", bytes, NULL, NULL);
+    const char *name = copy_direction_name(dev_copy_direction(d, dst, src)); /* the real PCIe link times it */
+    if (d->scope.tracing) cuda_timing_end(s, &t, d->scope.module, name, "copy", bytes, NULL, NULL);
     s->enqueued++;
 }
 

@@ -91,7 +91,8 @@ static void mev_from_alloc(MemEvent *e, const Alloc *a) {
 static size_t storage_bytes(size_t bytes) { return bytes ? (bytes + 63) / 64 * 64 : 64; }
 
 static void free_storage(Dev *d, Alloc *a) {
-    backend_storage_free(d, (void *)a->addr, storage_bytes(a->size), a->stream);
+    if (a->host) backend_host_free(d, (void *)a->addr, storage_bytes(a->size));
+    else backend_storage_free(d, (void *)a->addr, storage_bytes(a->size), a->stream);
     race_state_free(&a->race);
     free(a);
 }
@@ -122,7 +123,7 @@ static uint64_t all_streams(const Dev *d) { return d->nstreams >= 64 ? ~0ull : (
 /* A block no longer counted: its storage goes back to its stream's pool now
  * (CUDA), or once every stream is past this point (the CPU emulator). */
 static void retire_storage(Dev *d, Alloc *a) {
-    if (!backend_storage_fenced()) {
+    if (!backend_storage_fenced() && !a->host) {
         release_storage(d, a);
         return;
     }
@@ -143,10 +144,16 @@ static void log_free(Dev *d, MemEventKind kind, const Alloc *a) {
     e->phase = d->scope.phase;
     e->step = d->scope.step;
     e->time_us = now_us() - d->world->epoch_us;
-    e->current_bytes = d->mem.current;
+    e->host = a->host;
+    e->current_bytes = a->host ? d->mem.host_current : d->mem.current;
 }
 
 static void uncount(Dev *d, const Alloc *a) {
+    if (a->host) {
+        d->mem.host_current -= a->size;
+        d->mem.host_by_tag[a->tag] -= a->size;
+        return;
+    }
     d->mem.current -= a->size;
     d->mem.by_tag[a->tag] -= a->size;
 }
@@ -219,25 +226,29 @@ static Alloc *containing(Alloc *root, uintptr_t p) {
     if (!a || p - a->addr >= a->size) return NULL;
     return a;
 }
-Alloc *dev_live_alloc_containing(const Dev *d, uintptr_t p) { return containing(d->mem.live_root, p); }
+Alloc *dev_live_alloc_containing(const Dev *d, uintptr_t p) {
+    Alloc *a = containing(d->mem.live_root, p);
+    return a ? a : containing(d->mem.host_root, p);
+}
 Alloc *dev_dead_alloc_containing(const Dev *d, uintptr_t p) { return containing(d->race.dead_root, p); }
 
 /* --------------------------------------------------------------- alloc */
 
-void *dev_alloc_on(Stream *s, size_t bytes, MemTag tag, const char *name) {
-    if (!s) fatal("dev_alloc_on('%s'): NULL stream", name ? name : "?");
-    Dev *d = s->dev;
-    if ((int)tag < 0 || tag >= MEM_TAG_COUNT) fatal("dev_alloc('%s'): bad memory tag %d", name ? name : "?", (int)tag);
+/* A new allocation: device memory from stream s's pool, or (host) pinned host memory. */
+static void *alloc_block(Dev *d, Stream *s, int host, size_t bytes, MemTag tag, const char *name) {
+    const char *fn = host ? "dev_alloc_host" : "dev_alloc";
+    if ((int)tag < 0 || tag >= MEM_TAG_COUNT) fatal("%s('%s'): bad memory tag %d", fn, name ? name : "?", (int)tag);
     dev_complete_held_frees(d, 0);
     dev_release_pending_frees(d, 0);
     size_t real = storage_bytes(bytes); /* 0 bytes still get a unique address */
-    if (real < bytes) fatal("dev_alloc('%s'): %zu bytes is too large", name ? name : "?", bytes);
-    void *p = backend_storage_alloc(d, real, s->index, name);
+    if (real < bytes) fatal("%s('%s'): %zu bytes is too large", fn, name ? name : "?", bytes);
+    void *p = host ? backend_host_alloc(d, real, name) : backend_storage_alloc(d, real, s->index, name);
     Alloc *a = xcalloc(1, sizeof *a);
     a->addr = (uintptr_t)p;
     a->size = bytes;
     a->tag = tag;
-    a->stream = s->index;
+    a->host = host;
+    a->stream = host ? 0 : s->index;
     a->name = dev_intern(d, name ? name : "");
     a->module = d->scope.module;
     a->phase = d->scope.phase;
@@ -250,17 +261,24 @@ void *dev_alloc_on(Stream *s, size_t bytes, MemTag tag, const char *name) {
     d->mem.prio_state ^= d->mem.prio_state >> 7;
     d->mem.prio_state ^= d->mem.prio_state << 17;
     a->prio = (uint32_t)(d->mem.prio_state >> 16);
+    Alloc **root = host ? &d->mem.host_root : &d->mem.live_root;
     Alloc *lo, *hi;
-    treap_split(d->mem.live_root, a->addr, &lo, &hi);
-    d->mem.live_root = treap_merge(treap_merge(lo, a), hi);
+    treap_split(*root, a->addr, &lo, &hi);
+    *root = treap_merge(treap_merge(lo, a), hi);
     d->mem.n_live++;
 
-    d->mem.current += bytes;
-    d->mem.by_tag[tag] += bytes;
-    if (d->mem.current > d->mem.peak) d->mem.peak = d->mem.current;
-    if (d->mem.current > d->mem.window_peak) {
-        d->mem.window_peak = d->mem.current;
-        memcpy(d->mem.window_by_tag, d->mem.by_tag, sizeof d->mem.window_by_tag);
+    if (host) {
+        d->mem.host_current += bytes;
+        d->mem.host_by_tag[tag] += bytes;
+        if (d->mem.host_current > d->mem.host_peak) d->mem.host_peak = d->mem.host_current;
+    } else {
+        d->mem.current += bytes;
+        d->mem.by_tag[tag] += bytes;
+        if (d->mem.current > d->mem.peak) d->mem.peak = d->mem.current;
+        if (d->mem.current > d->mem.window_peak) {
+            d->mem.window_peak = d->mem.current;
+            memcpy(d->mem.window_by_tag, d->mem.by_tag, sizeof d->mem.window_by_tag);
+        }
     }
 
     MemEvent *e = mev_push(d);
@@ -271,8 +289,18 @@ void *dev_alloc_on(Stream *s, size_t bytes, MemTag tag, const char *name) {
     e->phase = a->phase;
     e->step = a->step;
     e->time_us = a->time_us;
-    e->current_bytes = d->mem.current;
+    e->host = host;
+    e->current_bytes = host ? d->mem.host_current : d->mem.current;
     return p;
+}
+
+void *dev_alloc_on(Stream *s, size_t bytes, MemTag tag, const char *name) {
+    if (!s) fatal("dev_alloc_on('%s'): NULL stream", name ? name : "?");
+    return alloc_block(s->dev, s, 0, bytes, tag, name);
+}
+
+void *dev_alloc_host(Dev *d, size_t bytes, MemTag tag, const char *name) {
+    return alloc_block(d, NULL, 1, bytes, tag, name);
 }
 
 void *dev_alloc(Dev *d, size_t bytes, MemTag tag, const char *name) {
@@ -300,8 +328,22 @@ Bf16 *dev_alloc_bf16_on(Stream *s, size_t count, MemTag tag, const char *name) {
     return dev_alloc_on(s, elem_bytes(count, sizeof(Bf16), "dev_alloc_bf16_on", name), tag, name);
 }
 
+float *dev_alloc_host_f32(Dev *d, size_t count, MemTag tag, const char *name) {
+    return dev_alloc_host(d, elem_bytes(count, sizeof(float), "dev_alloc_host_f32", name), tag, name);
+}
+
+int dev_copy_direction(const Dev *d, const void *dst, const void *src) {
+    const Alloc *a = dev_live_alloc_containing(d, (uintptr_t)dst), *b = dev_live_alloc_containing(d, (uintptr_t)src);
+    if (!a || !b || a->host == b->host) return 0;
+    return b->host ? 1 : 2;
+}
+
+const char *copy_direction_name(int dir) { return dir == 1 ? "h2d" : dir == 2 ? "d2h" : "copy"; }
+
 static Alloc *live_alloc(const Dev *d, const void *p) {
     Alloc *a = treap_floor(d->mem.live_root, (uintptr_t)p);
+    if (a && a->addr == (uintptr_t)p) return a;
+    a = treap_floor(d->mem.host_root, (uintptr_t)p);
     return a && a->addr == (uintptr_t)p ? a : NULL;
 }
 
@@ -309,6 +351,7 @@ void dev_record_stream(void *p, Stream *s) {
     if (!s) fatal("dev_record_stream: NULL stream");
     Alloc *a = live_alloc(s->dev, p);
     if (!a) fatal("dev_record_stream: %p is not a live allocation of rank %d (record before dev_free)", p, s->dev->rank);
+    if (a->host) return; /* pinned host memory: its free waits for every stream anyway */
     if (s->index >= 64) fatal("dev_record_stream: stream '%s' is the rank's 65th stream (at most 64)", s->name);
     if (s->index != a->stream) a->recorded |= 1ull << s->index; /* the owner's own work is ordered anyway */
 }
@@ -319,7 +362,8 @@ void dev_free(Dev *d, void *p) {
     if (!a) fatal("dev_free: %p is not a live allocation of rank %d (double free?)", p, d->rank);
     dev_complete_held_frees(d, 0);
     race_on_free(d, a); /* another stream may still use it: stops the run with the fix */
-    d->mem.live_root = treap_remove(d->mem.live_root, a->addr);
+    if (a->host) d->mem.host_root = treap_remove(d->mem.host_root, a->addr);
+    else d->mem.live_root = treap_remove(d->mem.live_root, a->addr);
     a->left = a->right = NULL;
     d->mem.n_live--;
     a->free_module = d->scope.module;
@@ -345,9 +389,18 @@ void dev_free(Dev *d, void *p) {
 }
 
 size_t dev_mem_current(const Dev *d) { return d->mem.current; }
+size_t dev_mem_host_current(const Dev *d) { return d->mem.host_current; }
+size_t dev_mem_host_peak(const Dev *d) { return d->mem.host_peak; }
+size_t dev_mem_host_current_by_tag(const Dev *d, MemTag tag) {
+    if ((int)tag < 0 || tag >= MEM_TAG_COUNT) return 0;
+    return d->mem.host_by_tag[tag];
+}
 size_t dev_mem_peak(const Dev *d) { return d->mem.peak; }
 size_t dev_mem_reserved(const Dev *d) { return d->mem.reserved; }
-void dev_mem_reset_peak(Dev *d) { d->mem.peak = d->mem.current; }
+void dev_mem_reset_peak(Dev *d) {
+    d->mem.peak = d->mem.current;
+    d->mem.host_peak = d->mem.host_current;
+}
 
 void dev_mem_window_begin(Dev *d) {
     d->mem.window_peak = d->mem.current;
@@ -410,6 +463,7 @@ void dev_alloc_destroy(Dev *d) {
     while (d->race.quar_count) quarantine_evict_one(d);
     free(d->race.quarantine);
     free_tree(d, d->mem.live_root);
+    free_tree(d, d->mem.host_root);
     for (size_t i = 0; i < d->mem.n_mev; i++) free(d->mem.mev[i].json);
     free(d->mem.mev);
 }

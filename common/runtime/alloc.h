@@ -28,6 +28,7 @@ typedef struct Alloc {
     RaceState race;                     /* race detector (host thread) */
     const char *free_module, *free_phase; /* scope of dev_free (use-after-free messages) */
     int quarantined, released;          /* race detector: storage held back / storage release done */
+    int host;                           /* pinned host memory (dev_alloc_host), not device memory */
 } Alloc;
 
 /* MEV_FREE: a plain free, bytes uncounted at the call. A free of a block
@@ -47,7 +48,8 @@ typedef struct {
     char *json;                         /* notes: owned copy of the fields */
     int step;
     double time_us;
-    size_t current_bytes;
+    size_t current_bytes;   /* device bytes (host bytes for a host event) */
+    int host;               /* an event of the host pool: "host_events" in the snapshot */
 } MemEvent;
 
 /* A freed block waiting for streams: held for dev_record_stream (counted), or
@@ -78,6 +80,9 @@ typedef struct {
     size_t pend_head, pend_count, pend_cap;
     uint64_t frees_deferred;            /* frees whose storage had to wait for a stream */
     uint64_t frees_released;            /* storage actually returned to the system */
+    /* the pinned host pool (dev_alloc_host): its own live tree and counts */
+    Alloc *host_root;
+    size_t host_current, host_peak, host_by_tag[MEM_TAG_COUNT];
 } DevMem;
 
 /* Complete the held (dev_record_stream) frees whose streams are past them:
@@ -90,6 +95,10 @@ void dev_complete_held_frees(Dev *d, int wait_all);
 void dev_release_pending_frees(Dev *d, int wait_all);
 void dev_alloc_destroy(Dev *d);
 Alloc *dev_live_alloc_containing(const Dev *d, uintptr_t p);
+/* A copy's direction across the PCIe link: 1 host -> device, 2 device -> host,
+ * 0 neither (both device, both host, or memory the allocator does not know). */
+int dev_copy_direction(const Dev *d, const void *dst, const void *src);
+const char *copy_direction_name(int dir); /* "copy", "h2d", "d2h" */
 Alloc *dev_dead_alloc_containing(const Dev *d, uintptr_t p);
 
 /* Backend hooks (CPU: stream.c; CUDA: cuda/runtime_cuda.c).
@@ -105,6 +114,11 @@ Alloc *dev_dead_alloc_containing(const Dev *d, uintptr_t p);
 void *backend_storage_alloc(Dev *d, size_t bytes, int stream, const char *name);
 void backend_storage_free(Dev *d, void *p, size_t bytes, int stream);
 int backend_storage_fenced(void);
+/* Pinned host storage (dev_alloc_host; CUDA: cudaHostAlloc): its free waits
+ * until every stream finished the work queued before it (as PyTorch's host
+ * allocator waits for the streams that used a block), on both backends. */
+void *backend_host_alloc(Dev *d, size_t bytes, const char *name);
+void backend_host_free(Dev *d, void *p, size_t bytes);
 /* Fences: mark the work queued so far on the streams of pf->mask; ready once
  * it finished. backend_fence_create returns 1 if one of them was busy. */
 int backend_fence_create(Dev *d, PendingFree *pf);

@@ -166,15 +166,28 @@ static const char *mev_action(MemEventKind k) {
     return "note";
 }
 
+/* One allocation event of the log (device or host), as a JSON object. */
+static void json_mem_event(Buf *b, Dev *d, const MemEvent *e) {
+    buf_printf(b, "\"action\":\"%s\",", mev_action(e->kind));
+    json_alloc_fields(b, e->addr, e->size, e->tag, e->name, e->step, e->module, e->phase);
+    if (!e->host) {
+        buf_printf(b, ",\"stream\":");
+        json_str(b, d->streams[e->stream]->name);
+    }
+    buf_printf(b, ",\"time_us\":%.3f,\"current_bytes\":%zu}", e->time_us, e->current_bytes);
+}
+
 static void write_memory_json(const char *dir, Dev *d) {
     Buf b = {0};
     buf_printf(&b, "{\"rank\":%d,\"world_size\":%d,\"peak_bytes\":%zu,\"current_bytes\":%zu,\"reserved_bytes\":%zu,"
-               "\"tags\":[", d->rank, d->world_size, d->mem.peak, d->mem.current, d->mem.reserved);
+               "\"host_peak_bytes\":%zu,\"host_current_bytes\":%zu,\"tags\":[", d->rank, d->world_size, d->mem.peak,
+               d->mem.current, d->mem.reserved, d->mem.host_peak, d->mem.host_current);
     for (int t = 0; t < MEM_TAG_COUNT; t++) buf_printf(&b, "%s\"%s\"", t ? "," : "", mem_tag_name((MemTag)t));
     buf_printf(&b, "],\"events\":[");
     int first = 1;
     for (size_t i = 0; i < d->mem.n_mev; i++) {
         const MemEvent *e = &d->mem.mev[i];
+        if (e->host) continue;
         buf_printf(&b, "%s\n{\"seq\":%llu,", first ? "" : ",", (unsigned long long)e->seq);
         first = 0;
         if (e->kind == MEV_NOTE) {
@@ -184,15 +197,24 @@ static void write_memory_json(const char *dir, Dev *d) {
             buf_printf(&b, "}");
             continue;
         }
-        buf_printf(&b, "\"action\":\"%s\",", mev_action(e->kind));
-        json_alloc_fields(&b, e->addr, e->size, e->tag, e->name, e->step, e->module, e->phase);
-        buf_printf(&b, ",\"stream\":");
-        json_str(&b, d->streams[e->stream]->name);
-        buf_printf(&b, ",\"time_us\":%.3f,\"current_bytes\":%zu}", e->time_us, e->current_bytes);
+        json_mem_event(&b, d, e);
+    }
+    /* the pinned host pool (dev_alloc_host): its own events, current_bytes counting host bytes */
+    buf_printf(&b, "\n],\"host_events\":[");
+    first = 1;
+    for (size_t i = 0; i < d->mem.n_mev; i++) {
+        const MemEvent *e = &d->mem.mev[i];
+        if (!e->host) continue;
+        buf_printf(&b, "%s\n{\"seq\":%llu,", first ? "" : ",", (unsigned long long)e->seq);
+        first = 0;
+        json_mem_event(&b, d, e);
     }
     buf_printf(&b, "\n],\"live_at_end\":[");
     first = 1;
     json_live(&b, d->mem.live_root, &first);
+    buf_printf(&b, "\n],\"host_live_at_end\":[");
+    first = 1;
+    json_live(&b, d->mem.host_root, &first);
     buf_printf(&b, "\n]}\n");
     char file[64];
     snprintf(file, sizeof file, "memory_rank%d.json", d->rank);
@@ -383,6 +405,7 @@ static void write_memory_pickle(const char *dir, Dev *d) {
     n = 0;
     for (size_t i = 0; i < d->mem.n_mev; i++) {
         const MemEvent *e = &d->mem.mev[i];
+        if (e->host) continue; /* the device's view: pinned host memory is in the json's host_events */
         if (e->kind == MEV_ALLOC) {
             pk_trace_entry(&b, e, "segment_alloc", real_size(e->size), &n);
             pk_trace_entry(&b, e, "alloc", e->size, &n);

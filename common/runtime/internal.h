@@ -50,6 +50,7 @@ struct Op {
     void *dst;                  /* copy / memset / collective recv */
     const void *src;            /* copy / collective send */
     int fill;
+    int pcie;                   /* copy: 1 host -> device, 2 device -> host (the PCIe model), 0 neither */
     uint64_t coll_seq;          /* per-stream collective number */
     CollDesc coll;
     const char *label;          /* collective: interned label (trace name prefix) */

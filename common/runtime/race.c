@@ -229,12 +229,12 @@ static void report_free_race(Dev *d, const Alloc *a, int other, const RaceStamp 
 
 void race_on_alloc(Dev *d, Alloc *a) {
     a->race.writer = -1;
-    a->race.owner = a->stream;
-    a->race.born = d->race.on ? d->streams[a->stream]->vc[a->stream] : 0;
+    a->race.owner = a->host ? -1 : a->stream; /* pinned host memory belongs to no stream's pool */
+    a->race.born = d->race.on && !a->host ? d->streams[a->stream]->vc[a->stream] : 0;
 }
 
 void race_on_free(Dev *d, const Alloc *a) {
-    if (!d->race.on) return;
+    if (!d->race.on || a->host) return; /* a host block's storage waits for every stream (alloc.c) */
     const RaceState *r = &a->race;
     const uint64_t *ovc = d->streams[a->stream]->vc, *hvc = d->race.host_vc;
     for (int t = 0; t < d->nstreams; t++) {
@@ -259,7 +259,7 @@ static void check_access(Stream *s, const RaceStamp *me, const void *p, size_t b
     RaceStamp stamp = *me;
     stamp.what = what;
     if (bytes > a->size - ((uintptr_t)p - a->addr)) report_overrun(s, &stamp, write, a, p, bytes, what);
-    if (si != r->owner && s->vc[r->owner] < r->born) report_alloc_race(s, &stamp, write, a, p, what);
+    if (r->owner >= 0 && si != r->owner && s->vc[r->owner] < r->born) report_alloc_race(s, &stamp, write, a, p, what);
     if (r->writer >= 0 && r->writer != si && s->vc[r->writer] < r->write.clock)
         report_race(s, &stamp, write, a, p, what, r->writer, &r->write, 1);
     if (write) {

@@ -62,6 +62,8 @@ typedef struct {
     int ranks_per_node;       /* link model: ranks r / ranks_per_node share a node (0 = one node) */
     double inter_link_gbps;   /* a group spanning nodes: its ring crosses this link (0 = link_gbps) */
     double inter_link_latency_us; /* per hop across nodes (used when inter_link_gbps > 0) */
+    double pcie_gbps;         /* PCIe model for host <-> device copies (pinned host memory), GB/s; 0 = off */
+    double pcie_latency_us;   /* per copy */
     int poison;               /* fill fresh allocations with NaN */
     int trace;                /* record op/collective timings for the trace */
     int blas_threads;         /* OpenBLAS threads per rank (0 = cores / ranks) */
@@ -147,6 +149,7 @@ int dev_clip_collect(Dev *d, float *host, int cap);
 const char *mem_tag_name(MemTag tag);
 void dev_mem_reset_peak(Dev *d);                      /* peak := current */
 size_t dev_mem_current_by_tag(const Dev *d, MemTag tag);
+size_t dev_mem_host_current_by_tag(const Dev *d, MemTag tag); /* the pinned host pool (dev_alloc_host) */
 /* Bytes of storage the allocator holds now: live allocations, freed ones
  * still in use by queued work, and (CUDA) cached segments. >= current. */
 size_t dev_mem_reserved(const Dev *d);

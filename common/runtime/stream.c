@@ -65,6 +65,19 @@ static void run_wait(Stream *s, const Op *op) {
 
 /* ---------------------------------------------------------------- worker */
 
+/* The PCIe model: a host <-> device copy of `bytes` that began at t0 lasts
+ * latency + bytes / bandwidth (the memcpy itself counts toward it). */
+static void pcie_wait(const WorldConfig *cfg, size_t bytes, double t0) {
+    if (cfg->pcie_gbps <= 0) return;
+    double until = t0 + cfg->pcie_latency_us + (double)bytes / (cfg->pcie_gbps * 1e9) * 1e6;
+    for (;;) {
+        double left = until - now_us();
+        if (left <= 0) return;
+        struct timespec ts = {(time_t)(left / 1e6), (long)((left - (double)(time_t)(left / 1e6) * 1e6) * 1e3)};
+        if (nanosleep(&ts, NULL) == 0) return;
+    }
+}
+
 static void execute(Stream *s, Op *op) {
     double t0, t1;
     switch (op->kind) {
@@ -77,6 +90,7 @@ static void execute(Stream *s, Op *op) {
     case OP_COPY:
         t0 = now_us();
         if (op->bytes && op->dst != op->src) memmove(op->dst, op->src, op->bytes);
+        if (op->pcie) pcie_wait(&s->dev->world->cfg, op->bytes, t0);
         t1 = now_us();
         trace_op(s, op, op->module, "copy", t0, t1);
         break;
@@ -187,6 +201,18 @@ void backend_storage_free(Dev *d, void *p, size_t bytes, int stream) {
 
 int backend_storage_fenced(void) { return 1; }
 
+/* Host memory is the C heap here too: the same storage, NaN-filled alike; not device-reserved. */
+void *backend_host_alloc(Dev *d, size_t bytes, const char *name) {
+    void *p = backend_storage_alloc(d, bytes, 0, name);
+    d->mem.reserved -= bytes;
+    return p;
+}
+
+void backend_host_free(Dev *d, void *p, size_t bytes) {
+    (void)d, (void)bytes;
+    free(p);
+}
+
 int backend_fence_create(Dev *d, PendingFree *pf) {
     pf->snapshot = xcalloc((size_t)(d->nstreams ? d->nstreams : 1), sizeof(uint64_t));
     pf->nstreams = d->nstreams;
@@ -292,7 +318,14 @@ static void enqueue_mem(Stream *s, OpKind kind, const char *name, void *dst, con
 
 void dev_memcpy_async(Stream *s, void *dst, const void *src, size_t bytes) {
     if (bytes && (!dst || !src)) fatal("dev_memcpy_async: NULL pointer with %zu bytes", bytes);
-    enqueue_mem(s, OP_COPY, "copy", dst, src, 0, bytes);
+    int dir = bytes ? dev_copy_direction(s->dev, dst, src) : 0;
+    Op op;
+    op_init(s, &op, OP_COPY, copy_direction_name(dir));
+    op.dst = dst;
+    op.src = src;
+    op.bytes = bytes;
+    op.pcie = dir;
+    enqueue(s, &op, 0);
 }
 
 void dev_memset_async(Stream *s, void *dst, int byte, size_t bytes) {

@@ -131,13 +131,23 @@ typedef struct {
     DType reduce_dtype;  /* --reduce-dtype: what the reduce-scatter moves */
 } MixedPrecision;
 
+/* When module i-1's all-gather is issued during the backward (stage 10):
+ * PRE at the start of module i's backward (fsdp_pre_backward; FSDP2's default),
+ * POST once module i's reduce-scatter is issued (fsdp_post_backward), NONE in
+ * module i-1's own fsdp_pre_backward (no prefetch). */
+typedef enum { BACKWARD_PREFETCH_PRE = 0, BACKWARD_PREFETCH_POST = 1, BACKWARD_PREFETCH_NONE = 2 } BackwardPrefetch;
+
 typedef struct {
     Dev *dev;
     Model *model;
-    const DeviceMesh *mesh;       /* the world: ranks 0..world-1 */
+    const DeviceMesh *mesh;       /* the world, or a 2-D mesh with --mesh (stage 09) */
     int reshard_after_forward;    /* 0 with --reshard-after-forward=false (ZeRO-2) */
     MixedPrecision mp;            /* stage 08 */
     AdamWConfig optim;            /* lr, betas, eps, weight decay, max_norm */
+    BackwardPrefetch backward_prefetch; /* --backward-prefetch pre|post|none (stage 10) */
+    int single_comm_stream;       /* --single-comm-stream: all-gathers and reduce-scatters share one stream (stage 10) */
+    int offload_params;           /* --offload-params: shards, grad shards and optimizer state in pinned host
+                                     memory, the optimizer step on them (stage 10) */
 } FsdpConfig;
 
 typedef struct Fsdp Fsdp;         /* yours: define struct Fsdp in hw_fsdp.c */

@@ -74,6 +74,8 @@ LONG = "x" * 80
     (["--mesh", "2,2,1"], "--mesh expects R,S or RxS (replicas, shards: two positive integers), got '2,2,1'"),
     (["--mesh", "2,3", "--world", "4"], "--mesh 2,3 holds 6 ranks but --world is 4 (R*S must equal the world)"),
     (["--ranks-per-node", "3", "--world", "4"], "--ranks-per-node 3 must divide --world 4"),
+    (["--backward-prefetch", "later"], "--backward-prefetch expects pre, post or none, got 'later'"),
+    (["--pcie-gbps", "-1"], "--pcie-gbps must be in [0, 1e+06], got -1"),
     (["--data", "/nonexistent/tokens.npy"], "cannot open /nonexistent/tokens.npy: No such file or directory"),
     (["--load", "/nonexistent/w.safetensors"], "cannot open /nonexistent/w.safetensors: No such file or directory"),
     (["positional"], "unexpected argument 'positional' (see --help)"),
@@ -231,3 +233,14 @@ def test_mesh_needs_a_stage_that_splits_over_the_shard_group():
     expect_exact(p, "--mesh 2,2: embedding's DTensor tok_embeddings.weight holds 65 padded rows of 259, not "
                     "ceil(259 / 2) = 130: on a 2-D mesh params are split over the 2 ranks of the shard group "
                     "(FsdpConfig.mesh->shard_group; stage 09, HANDOUT.md#stage-09-hsdp)")
+
+
+def test_offload_needs_a_stage_that_offloads():
+    """A stage before 10 run with --offload-params keeps its shards on the device: one line after fsdp_init."""
+    if not any(s.id == "04" for s in SOLVED):
+        pytest.skip("stage 04's solution is the instructors' (not in a student tree)")
+    p = subprocess.run([solution_bin("04"), "--world", "2", "--offload-params", "--steps", "1", "--quiet", "--data",
+                        CORPUS], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    expect_exact(p, "--offload-params: embedding's DTensor tok_embeddings.weight keeps its shard in device memory: "
+                    "with --offload-params the shards live in pinned host memory (dev_alloc_host; stage 10, "
+                    "HANDOUT.md#stage-10)")

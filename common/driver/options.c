@@ -47,6 +47,10 @@ static void usage(FILE *f, const char *prog) {
             "  --reduce-dtype fp32|bf16 what the reduce-scatter moves (reduce_dtype; default fp32)\n"
             "  --mesh R,S               HSDP (stage 09): a 2-D mesh of R replicas x S shards (R*S = --world; or RxS);\n"
             "                           params are split over S ranks and replicated R times\n"
+            "  --backward-prefetch P    stage 10: when the backward issues module i-1's all-gather: pre (at module\n"
+            "                           i's pre_backward, default), post (after module i's reduce-scatter), none\n"
+            "  --single-comm-stream     stage 10: all-gathers and reduce-scatters share one stream\n"
+            "  --offload-params         stage 10: shards, grad shards and optimizer state in pinned host memory\n"
             "\nworld and runtime\n"
             "  --world N                number of ranks (default 1)\n"
             "  --backend B              local: ranks as threads (default; CUDA build: all on one GPU)\n"
@@ -59,6 +63,8 @@ static void usage(FILE *f, const char *prog) {
             "  --inter-link-gbps X      link model: a collective whose ranks span nodes runs at this bandwidth\n"
             "                           (default: --link-gbps)\n"
             "  --inter-link-latency-us X  ... and this latency per hop (default: --link-latency-us)\n"
+            "  --pcie-gbps X            PCIe model for host <-> device copies (pinned host memory), GB/s (0 = off)\n"
+            "  --pcie-latency-us X      PCIe model latency per copy (default 0)\n"
             "  --blas-threads N         OpenBLAS threads per rank (default cores / ranks)\n"
             "  --no-poison              do not fill fresh allocations with NaN\n"
             "  --no-race-check          do not check streams for missing event waits (on by default, CPU build)\n"
@@ -95,7 +101,8 @@ static const char *const VALUE_FLAGS[] = {
     "--ffn-dim-multiplier", "--seq-len", "--batch-size", "--steps", "--lr", "--warmup-steps", "--weight-decay",
     "--max-norm", "--seed", "--data", "--load", "--save", "--save-init", "--out", "--profile-steps", "--save-every",
     "--world", "--backend", "--link-gbps", "--link-latency-us", "--blas-threads", "--collective-timeout-s", "--grad-accum", "--grad-sync",
-    "--param-dtype", "--reduce-dtype", "--mesh", "--ranks-per-node", "--inter-link-gbps", "--inter-link-latency-us"};
+    "--param-dtype", "--reduce-dtype", "--mesh", "--ranks-per-node", "--inter-link-gbps", "--inter-link-latency-us",
+    "--backward-prefetch", "--pcie-gbps", "--pcie-latency-us"};
 
 /* Model overrides, applied after the flavour (-1: not given). */
 typedef struct {
@@ -131,6 +138,8 @@ static int apply_switch(Options *o, const char *flag) {
     else if (!strcmp(flag, "--tf32")) o->world.tf32 = 1;
     else if (!strcmp(flag, "--no-race-check")) o->world.no_race_check = 1;
     else if (!strcmp(flag, "--quiet")) o->quiet = 1;
+    else if (!strcmp(flag, "--single-comm-stream")) o->single_comm_stream = 1;
+    else if (!strcmp(flag, "--offload-params")) o->offload_params = 1;
     else return 0;
     return 1;
 }
@@ -171,7 +180,14 @@ static void apply_value(Options *o, ModelOverrides *ov, const char *flag, const 
         else fatal("--backend expects local, mpi, nccl or nccl-mpi, got '%s'", val);
     } else if (!strcmp(flag, "--link-gbps")) o->world.link_gbps = parse_num(flag, val, 0, 1e6);
     else if (!strcmp(flag, "--link-latency-us")) o->world.link_latency_us = parse_num(flag, val, 0, 1e7);
-    else if (!strcmp(flag, "--ranks-per-node")) o->world.ranks_per_node = (int)parse_int(flag, val, 1, WORLD_MAX_RANKS);
+    else if (!strcmp(flag, "--pcie-gbps")) o->world.pcie_gbps = parse_num(flag, val, 0, 1e6);
+    else if (!strcmp(flag, "--pcie-latency-us")) o->world.pcie_latency_us = parse_num(flag, val, 0, 1e7);
+    else if (!strcmp(flag, "--backward-prefetch")) {
+        if (!strcmp(val, "pre")) o->backward_prefetch = BACKWARD_PREFETCH_PRE;
+        else if (!strcmp(val, "post")) o->backward_prefetch = BACKWARD_PREFETCH_POST;
+        else if (!strcmp(val, "none")) o->backward_prefetch = BACKWARD_PREFETCH_NONE;
+        else fatal("--backward-prefetch expects pre, post or none, got '%s'", val);
+    } else if (!strcmp(flag, "--ranks-per-node")) o->world.ranks_per_node = (int)parse_int(flag, val, 1, WORLD_MAX_RANKS);
     else if (!strcmp(flag, "--inter-link-gbps")) o->world.inter_link_gbps = parse_num(flag, val, 0, 1e6);
     else if (!strcmp(flag, "--inter-link-latency-us")) o->world.inter_link_latency_us = parse_num(flag, val, 0, 1e7);
     else if (!strcmp(flag, "--mesh")) {

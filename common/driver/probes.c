@@ -105,6 +105,17 @@ void probes_check_mesh(const Model *m, const DeviceMesh *mesh) {
         }
 }
 
+void probes_check_offload(Dev *dev, const Model *m) {
+    for (int i = 0; i < m->n_modules; i++)
+        for (int j = 0; j < m->modules[i].n_params; j++) {
+            const Param *p = &m->modules[i].params[j];
+            if (!dev_mem_is_host(dev, p->dt.local))
+                fatal("--offload-params: %s's DTensor %s keeps its shard in device memory: with --offload-params the "
+                      "shards live in pinned host memory (dev_alloc_host; stage 10, HANDOUT.md#stage-10)",
+                      m->modules[i].name, p->name);
+        }
+}
+
 void probes_write_dtensors(Dev *dev, Model *m, const float *init, const char *dir, const DeviceMesh *mesh) {
     dev_synchronize(dev);
     char path[4096];

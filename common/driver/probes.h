@@ -69,6 +69,9 @@ void probe_after_post_backward(Dev *dev, const Probes *p, int step, const Module
  * if a DTensor is not split over the shard group (a pre-09 stage splits over
  * the world). */
 void probes_check_mesh(const Model *m, const DeviceMesh *mesh);
+/* After fsdp_init with --offload-params: fatal, naming the first param, if a
+ * DTensor's shard is not in pinned host memory (a pre-10 stage keeps it on the device). */
+void probes_check_offload(Dev *dev, const Model *m);
 void probes_write_dtensors(Dev *dev, Model *m, const float *init, const char *dir, const DeviceMesh *mesh);
 
 #endif

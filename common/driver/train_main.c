@@ -34,7 +34,8 @@ static void write_run_json(const Options *o, const Model *m) {
                      "\"grad_accum\":%d,\"grad_sync\":\"%s\",\"reshard_after_backward\":%s,"
                      "\"param_dtype\":\"%s\",\"reduce_dtype\":\"%s\",\"mesh\":%s,"
                      "\"link_gbps\":%g,\"link_latency_us\":%g,\"ranks_per_node\":%d,\"inter_link_gbps\":%g,"
-                     "\"inter_link_latency_us\":%g,\"profile_steps\":%d,\"host\":\"%s\"}\n",
+                     "\"inter_link_latency_us\":%g,\"backward_prefetch\":\"%s\",\"single_comm_stream\":%s,"
+                     "\"offload_params\":%s,\"pcie_gbps\":%g,\"pcie_latency_us\":%g,\"profile_steps\":%d,\"host\":\"%s\"}\n",
                      o->flavor, c->dim, c->n_layers, c->n_heads, c->n_kv_heads, c->vocab_size, c->hidden_dim,
                      c->multiple_of, m->n_params_total, o->seq_len, o->batch_size, o->steps, o->world.world_size,
                      backend_name(o->world.backend), dev_is_cuda_build() ? "cuda" : "cpu", (double)o->optim.lr, o->optim.warmup_steps,
@@ -44,7 +45,12 @@ static void write_run_json(const Options *o, const Model *m) {
                      o->reshard_after_backward ? "true" : "false", dtype_flag(o->mp.param_dtype),
                      dtype_flag(o->mp.reduce_dtype), mesh, o->world.link_gbps, o->world.link_latency_us,
                      o->world.ranks_per_node ? o->world.ranks_per_node : o->world.world_size, o->world.inter_link_gbps,
-                     o->world.inter_link_latency_us, o->profile_steps, host);
+                     o->world.inter_link_latency_us,
+                     o->backward_prefetch == BACKWARD_PREFETCH_POST   ? "post"
+                     : o->backward_prefetch == BACKWARD_PREFETCH_NONE ? "none"
+                                                                      : "pre",
+                     o->single_comm_stream ? "true" : "false", o->offload_params ? "true" : "false", o->world.pcie_gbps,
+                     o->world.pcie_latency_us, o->profile_steps, host);
     write_file_atomic(path, buf, (size_t)n);
 }
 

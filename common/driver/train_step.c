@@ -181,10 +181,12 @@ static void trainer_init(Trainer *t, Dev *dev, const TrainJob *job, DeviceMesh *
             dev_memcpy_async(cs, p->data, job->init + model_param_offset(m, p), p->numel * sizeof(float));
         }
     dev_mesh_build(dev, mesh, o->mesh_replicas, o->mesh_shards);
-    FsdpConfig fc = {dev, m, mesh, o->reshard_after_forward, o->mp, o->optim};
+    FsdpConfig fc = {dev, m, mesh, o->reshard_after_forward, o->mp, o->optim, o->backward_prefetch,
+                     o->single_comm_stream, o->offload_params};
     at(t, -1, "fsdp", "init");
     t->fsdp = fsdp_init(&fc);
     probes_check_mesh(m, mesh);
+    if (o->offload_params) probes_check_offload(dev, m);
     probes_init(&t->probes, m, o->mp.param_dtype == DTYPE_BF16);
     if (o->out_dir) probes_write_dtensors(dev, m, job->init, o->out_dir, mesh);
     if (job->init_exp_avg && !o->forward_only)

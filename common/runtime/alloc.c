@@ -338,6 +338,11 @@ int dev_copy_direction(const Dev *d, const void *dst, const void *src) {
     return b->host ? 1 : 2;
 }
 
+int dev_mem_is_host(const Dev *d, const void *p) {
+    const Alloc *a = dev_live_alloc_containing(d, (uintptr_t)p);
+    return a && a->host;
+}
+
 const char *copy_direction_name(int dir) { return dir == 1 ? "h2d" : dir == 2 ? "d2h" : "copy"; }
 
 static Alloc *live_alloc(const Dev *d, const void *p) {

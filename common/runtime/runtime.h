@@ -150,6 +150,8 @@ const char *mem_tag_name(MemTag tag);
 void dev_mem_reset_peak(Dev *d);                      /* peak := current */
 size_t dev_mem_current_by_tag(const Dev *d, MemTag tag);
 size_t dev_mem_host_current_by_tag(const Dev *d, MemTag tag); /* the pinned host pool (dev_alloc_host) */
+/* 1 if p lies in a live pinned host allocation (dev_alloc_host), 0 otherwise. */
+int dev_mem_is_host(const Dev *d, const void *p);
 /* Bytes of storage the allocator holds now: live allocations, freed ones
  * still in use by queued work, and (CUDA) cached segments. >= current. */
 size_t dev_mem_reserved(const Dev *d);

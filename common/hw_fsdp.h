@@ -44,8 +44,9 @@
  *     Allocate a buffer on the stream that fills it (dev_alloc_on).
  *   - The same calls, in the same order, on every rank.
  *   - Resuming (--load of a --save checkpoint): DTensor.exp_avg/exp_avg_sq are
- *     already allocated and filled after fsdp_init; create optimizer state only
- *     where they are NULL.
+ *     already allocated and filled after fsdp_init (beside the shard: in pinned
+ *     host memory when DTensor.local is); create optimizer state only where
+ *     they are NULL.
  * What the grader checks, per stage: see HANDOUT.md.
  */
 #ifndef HWFSDP_HW_FSDP_H

@@ -308,7 +308,8 @@ void backend_storage_free(Dev *d, void *p, size_t bytes, int stream) {
  * when poisoning; freed once every stream passed its free (alloc.c fences it). */
 void *backend_host_alloc(Dev *d, size_t bytes, const char *name) {
     void *p = NULL;
-    if (cudaHostAlloc(&p, bytes, cudaHostAllocDefault) != cudaSuccess || !p) {
+    /* mapped: kernels read it (the optimizer on offloaded shards); portable: any context */
+    if (cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess || !p) {
         (void)cudaGetLastError();
         fatal("rank %d: out of pinned host memory allocating %zu bytes for '%s'", d->rank, bytes, name ? name : "?");
     }

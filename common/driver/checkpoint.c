@@ -151,8 +151,12 @@ void checkpoint_restore_optimizer(Dev *dev, Model *m, const float *exp_avg, cons
             if (dt->row_offset + dt->local_rows > p->shape[0] && dt->local_rows)
                 fatal("%s: DTensor rows [%zu, %zu) are outside the parameter's %zu rows", p->name, dt->row_offset,
                       dt->row_offset + dt->local_rows, p->shape[0]);
-            dt->exp_avg = dev_alloc_f32(dev, n, MEM_OPTIM_STATE, p->name);
-            dt->exp_avg_sq = dev_alloc_f32(dev, n, MEM_OPTIM_STATE, p->name);
+            /* beside the shard: pinned host memory when the stage offloads it (--offload-params) */
+            int host = dev_mem_is_host(dev, dt->local);
+            dt->exp_avg = host ? dev_alloc_host_f32(dev, n, MEM_OPTIM_STATE, p->name)
+                               : dev_alloc_f32(dev, n, MEM_OPTIM_STATE, p->name);
+            dt->exp_avg_sq = host ? dev_alloc_host_f32(dev, n, MEM_OPTIM_STATE, p->name)
+                                  : dev_alloc_f32(dev, n, MEM_OPTIM_STATE, p->name);
             dev_memcpy_async(s, dt->exp_avg, exp_avg + off, n * sizeof(float));
             dev_memcpy_async(s, dt->exp_avg_sq, exp_avg_sq + off, n * sizeof(float));
         }

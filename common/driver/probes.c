@@ -85,6 +85,13 @@ void probe_hook_end(Dev *dev, const Probes *p, int step, const char *module, con
     tag_fields(f, sizeof f, &len, high_by_tag);
     if (len < sizeof f) len += (size_t)snprintf(f + len, sizeof f - len, "},\"exit_by_tag\":{");
     tag_fields(f, sizeof f, &len, exit_by_tag);
+    /* the pinned host pool at exit (stage 10's offloaded shards), when it holds anything */
+    size_t host_by_tag[MEM_TAG_COUNT];
+    for (int t = 0; t < MEM_TAG_COUNT; t++) host_by_tag[t] = dev_mem_host_current_by_tag(dev, (MemTag)t);
+    if (dev_mem_host_current(dev) && len < sizeof f) {
+        len += (size_t)snprintf(f + len, sizeof f - len, "},\"host_exit_by_tag\":{");
+        tag_fields(f, sizeof f, &len, host_by_tag);
+    }
     if (len < sizeof f) snprintf(f + len, sizeof f - len, "}");
     dev_mem_note(dev, "hook_memory", f);
 }

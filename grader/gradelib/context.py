@@ -168,6 +168,8 @@ class Context:
             bad += [k for k in ("microbatch",) if k in e and not (is_int(e[k]) and 0 <= e[k] < 2 ** 31)]
             bad += [k for k in ("high_water_by_tag", "exit_by_tag") if not (
                 isinstance(e.get(k), dict) and all(is_int(v) and 0 <= v < 2 ** 53 for v in e[k].values()))]
+            bad += [k for k in ("host_exit_by_tag",) if k in e and not (
+                isinstance(e[k], dict) and all(is_int(v) and 0 <= v < 2 ** 53 for v in e[k].values()))]
             if bad:
                 raise CheckFailed("%s: event %d (hook_memory): %s is %s" % (name, i, bad[0], short(e.get(bad[0]))))
             out[(e["step"], e["module"], e["hook"], e.get("microbatch", -1))] = e

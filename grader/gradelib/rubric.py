@@ -20,7 +20,8 @@ OPTIONAL_CONFIG = {"max_norm", "n_kv_heads"}  # absent: the binary's default (th
 # checks a variant may run: they compare one run with its own reference and baseline
 VARIANT_CHECKS = {"loss", "grad_norm", "clip", "peak_memory", "hook_memory", "dtensors", "freed_after_forward", "freed_after_backward",
                   "grads_freed", "zero2_no_backward_all_gather", "zero2_params_kept", "accum_collectives", "accum_grads",
-                  "accum_reshard", "mp_bytes", "mp_params", "hsdp_collectives", "hsdp_memory"}
+                  "accum_reshard", "mp_bytes", "mp_params", "hsdp_collectives", "hsdp_memory", "prefetch_policy",
+                  "offload_memory"}
 LIMIT_KEYS = {"build_timeout_s": 1e7, "run_timeout_s": 1e7, "run_cpu_s": 1e7, "run_address_space_gib": 1e6,
               "run_file_size_mib": 1e9}
 TOLERANCE_KEYS = ["loss_rel", "grad_norm_rel", "peak_mem_band_rel", "ag_overlap_min", "rs_overlap_min",

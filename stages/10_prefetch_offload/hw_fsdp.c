@@ -1,0 +1,354 @@
+/* STARTER for stage 10 — this is your file. Fill every TODO(stage 10) below
+ * (each one stops the run until you do; see HANDOUT.md#stage-10).
+ * Generated from the instructors' solution by tools/make_starters.py. */
+/* hw_fsdp.c — stage 10: backward prefetch policy and CPU offload.
+ *
+ * Stage 06 plus two of FSDP's knobs:
+ *  --backward-prefetch pre|post|none: when the backward issues module i-1's
+ *    all-gather: at the start of module i's backward (pre: FSDP2's implicit
+ *    prefetch), right after module i's reduce-scatter is issued (post), or
+ *    only when module i-1's own backward begins (none). With one stream for
+ *    all collectives (--single-comm-stream), post queues the all-gather
+ *    behind the reduce-scatter, which waits for module i's grads.
+ *  --offload-params: the shards, the grad shards and the AdamW state live in
+ *    pinned host memory (FSDP2's CPUOffloadPolicy). Copy-in is a host-to-device
+ *    copy on the all-gather stream; the reduce-scatter's output goes back to
+ *    the host on the reduce-scatter stream; the optimizer updates the host
+ *    shards. The device holds only what a module needs while it runs.
+ * Without the flags this file is stage 06.
+ *
+ * Streams: compute, all_gather (copy-in + all-gather), reduce_scatter (the
+ * same stream as all_gather with --single-comm-stream).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hw_fsdp.h"
+
+/* FSDP2's training state of a module, so the hooks know where they are. */
+typedef enum {
+    TS_IDLE = 0,       /* between steps, or forward done */
+    TS_FORWARD,        /* between pre_forward and post_forward */
+    TS_PRE_BACKWARD,   /* pre_backward ran: params unsharded for the backward */
+    TS_POST_BACKWARD,  /* post_backward ran: grads handed to the reduce-scatter */
+} TrainingState;
+
+/* One FSDP unit: a module and the flat layout of its parameters. */
+typedef struct {
+    Module *mod;
+    TrainingState state;
+    size_t shard_numel;   /* per-rank segment: sum of every param's padded shard */
+    size_t offsets[MODULE_MAX_PARAMS]; /* where param j's padded shard starts in a segment */
+    float *ag_flat;       /* [world * shard_numel] all-gather output while in flight */
+    Event *ag_done;       /* recorded on the all-gather stream after the all-gather */
+    float *grad_shards;   /* [shard_numel] reduce-scatter output; DTensor.grad are views */
+} Group;
+
+struct Fsdp {
+    Dev *dev;
+    Model *model;
+    const DeviceMesh *mesh;
+    int rank, world;
+    Stream *compute, *ag_stream, *rs_stream;
+    Event *shards_ready;  /* compute: the shards were last written (init, optimizer) */
+    /* FSDP2's AllGatherState: the all-gather output compute last copied out of. Its
+     * block belongs to the all-gather stream's pool, so it is kept alive until that
+     * stream has waited for copy_out_done: freed earlier, the next all-gather could
+     * take the block while compute still copies out of it. */
+    float *ag_state;
+    Event *copy_out_done; /* compute: the latest copy-out finished */
+    Event *grads_ready;   /* compute: a reduce-scatter input is filled */
+    Event *rs_done;       /* reduce_scatter stream: the latest reduce-scatter finished */
+    /* FSDP2's ReduceScatterState: the latest reduce-scatter input (a block of
+     * compute's pool), kept alive until compute has waited for rs_done. */
+    float *rs_state;
+    int reshard_after_forward; /* 0: ZeRO-2, keep params unsharded from forward to backward */
+    BackwardPrefetch prefetch; /* when the backward issues the next module's all-gather */
+    int offload;               /* shards, grad shards and optimizer state in pinned host memory */
+    AdamWConfig optim;
+    Group *groups;        /* [n_modules] */
+};
+
+/* Rows of a dim-0 split that rank r owns: torch.chunk gives every rank
+ * ceil(rows / world) rows until they run out (5 rows, 4 ranks: 2, 2, 1, 0). */
+static size_t chunk_rows(size_t rows, int world) { return (rows + (size_t)world - 1) / (size_t)world; }
+static size_t rows_of_rank(size_t rows, int world, int r) {
+    size_t chunk = chunk_rows(rows, world), start = chunk * (size_t)r;
+    return start >= rows ? 0 : (rows - start < chunk ? rows - start : chunk);
+}
+
+Fsdp *fsdp_init(const FsdpConfig *cfg) {
+    Fsdp *f = xcalloc(1, sizeof *f);
+    f->dev = cfg->dev;
+    f->model = cfg->model;
+    f->mesh = cfg->mesh;
+    f->rank = dev_rank(cfg->dev);
+    f->world = dev_world_size(cfg->dev);
+    f->compute = dev_compute_stream(cfg->dev);
+    f->optim = cfg->optim;
+    f->reshard_after_forward = cfg->reshard_after_forward;
+    f->prefetch = cfg->backward_prefetch;
+    f->offload = cfg->offload_params;
+    f->groups = xcalloc((size_t)f->model->n_modules, sizeof(Group));
+    for (int i = 0; i < f->model->n_modules; i++) {
+        Module *mod = &f->model->modules[i];
+        Group *g = &f->groups[i];
+        g->mod = mod;
+        mod->fsdp = g;
+        for (int j = 0; j < mod->n_params; j++) {
+            Param *p = &mod->params[j];
+            DTensor *dt = &p->dt;
+            dt->global_rows = p->shape[0];
+            dt->row_numel = p->numel / p->shape[0];
+            dt->padded_rows = chunk_rows(p->shape[0], f->world);
+            dt->local_rows = rows_of_rank(p->shape[0], f->world, f->rank);
+            /* a rank with no rows starts at the end (device.h, DTensor.row_offset) */
+            dt->row_offset = dt->local_rows ? dt->padded_rows * (size_t)f->rank : p->shape[0];
+            dt->mesh = f->mesh;
+            dt->placement = PLACEMENT_SHARD0;
+            size_t padded = dt->padded_rows * dt->row_numel, local = dt->local_rows * dt->row_numel;
+            /* TODO(stage 10): with --offload-params the shard lives in pinned host memory. */
+            hw_todo("with --offload-params the shard lives in pinned host memory", "HANDOUT.md#stage-10");
+            dev_memcpy_async(f->compute, dt->local, p->data + dt->row_offset * dt->row_numel, local * sizeof(float));
+            dev_memset_async(f->compute, dt->local + local, 0, (padded - local) * sizeof(float));
+            dev_free(f->dev, p->data); /* the full tensor is gone: only the shard remains */
+            p->data = NULL;
+            g->offsets[j] = g->shard_numel;
+            g->shard_numel += padded;
+        }
+    }
+    f->ag_stream = dev_stream_create(f->dev, "all_gather");
+    f->shards_ready = dev_event_create(f->dev, "shards_ready");
+    f->copy_out_done = dev_event_create(f->dev, "copy_out_done");
+    dev_event_record(f->shards_ready, f->compute); /* the copies above wrote the shards */
+    for (int i = 0; i < f->model->n_modules; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "%s.all_gather_done", f->model->modules[i].name);
+        f->groups[i].ag_done = dev_event_create(f->dev, name);
+    }
+    /* TODO(stage 10): one stream for every collective with --single-comm-stream. */
+    hw_todo("one stream for every collective with --single-comm-stream", "HANDOUT.md#stage-10");
+    f->grads_ready = dev_event_create(f->dev, "grads_ready");
+    f->rs_done = dev_event_create(f->dev, "reduce_scatter_done");
+    return f;
+}
+
+static int is_unsharded(const Group *g) { return g->mod->params[0].data != NULL; }
+
+/* Drop the AllGatherState: once the all-gather stream has waited for the
+ * copy-out that read the kept output, its later work runs after that read,
+ * so its next allocation may take the block. */
+static void release_all_gather_state(Fsdp *f) {
+    if (!f->ag_state) return;
+    dev_stream_wait_event(f->ag_stream, f->copy_out_done);
+    dev_free(f->dev, f->ag_state);
+    f->ag_state = NULL;
+}
+
+/* Issue g's all-gather on the all-gather stream (returns at once): copy-in
+ * this rank's padded shards into its segment of the flat output, all-gather
+ * in place, record ag_done. The output is [r0: p0|p1|..][r1: p0|p1|..].. */
+static void issue_all_gather(Fsdp *f, Group *g) {
+    if (g->ag_flat || is_unsharded(g)) return; /* already in flight or done */
+    Module *mod = g->mod;
+    size_t S = g->shard_numel;
+    char name[64];
+    snprintf(name, sizeof name, "%s.all_gather_buffer", mod->name);
+    release_all_gather_state(f); /* before the allocation: its block may serve this one */
+    g->ag_flat = dev_alloc_f32_on(f->ag_stream, S * (size_t)f->world, MEM_COMM_BUFFER, name); /* the stream that fills it */
+    float *mine = g->ag_flat + (size_t)f->rank * S;
+    dev_stream_wait_event(f->ag_stream, f->shards_ready); /* read the shards only after the optimizer wrote them */
+    for (int j = 0; j < mod->n_params; j++) {
+        DTensor *dt = &mod->params[j].dt;
+        dev_memcpy_async(f->ag_stream, mine + g->offsets[j], dt->local, dt->padded_rows * dt->row_numel * sizeof(float));
+    }
+    coll_all_gather(f->dev, mine, g->ag_flat, S, f->ag_stream, mod->name);
+    dev_event_record(g->ag_done, f->ag_stream);
+}
+
+/* Make g's params usable by compute: the compute stream waits for the
+ * all-gather, then copies each param's rows out of every rank's segment. */
+static void wait_all_gather(Fsdp *f, Group *g) {
+    if (!g->ag_flat) return;
+    Module *mod = g->mod;
+    size_t S = g->shard_numel;
+    dev_stream_wait_event(f->compute, g->ag_done);
+    for (int j = 0; j < mod->n_params; j++) {
+        Param *p = &mod->params[j];
+        size_t chunk = p->dt.padded_rows, rn = p->dt.row_numel;
+        p->data = dev_alloc_f32(f->dev, p->numel, MEM_UNSHARDED_PARAM, p->name);
+        for (int r = 0; r < f->world; r++) {
+            size_t rows = rows_of_rank(p->shape[0], f->world, r);
+            if (rows)
+                dev_memcpy_async(f->compute, p->data + chunk * (size_t)r * rn, g->ag_flat + (size_t)r * S + g->offsets[j],
+                                 rows * rn * sizeof(float));
+        }
+    }
+    dev_event_record(f->copy_out_done, f->compute);
+    f->ag_state = g->ag_flat; /* kept until the all-gather stream waited for the copy-out */
+    g->ag_flat = NULL;
+}
+
+/* reshard: free the unsharded params; the DTensor shards stay. */
+static void reshard(Fsdp *f, Group *g) {
+    for (int j = 0; j < g->mod->n_params; j++) {
+        dev_free(f->dev, g->mod->params[j].data);
+        g->mod->params[j].data = NULL;
+    }
+}
+
+/* Drop the ReduceScatterState: once compute has waited for the reduce-scatter
+ * that read the kept input, compute's next allocation may take its block. */
+static void release_reduce_scatter_state(Fsdp *f) {
+    if (!f->rs_state) return;
+    dev_stream_wait_event(f->compute, f->rs_done);
+    dev_free(f->dev, f->rs_state);
+    f->rs_state = NULL;
+}
+
+/* reduce-scatter on its own stream: compute fills the chunk-cat input (row r
+ * of (world, S) holds chunk r of every grad) and frees the grads; the
+ * reduce-scatter stream waits for that, averages, and records rs_done. */
+static void reduce_grads(Fsdp *f, Group *g) {
+    Module *mod = g->mod;
+    size_t S = g->shard_numel;
+    char name[64];
+    /* one reduce-scatter in flight at a time bounds the comm buffers (FSDP2 does the same);
+     * the previous one's input goes once compute has waited for it */
+    release_reduce_scatter_state(f);
+    snprintf(name, sizeof name, "%s.reduce_scatter_input", mod->name);
+    float *in = dev_alloc_f32(f->dev, S * (size_t)f->world, MEM_COMM_BUFFER, name);
+    dev_memset_async(f->compute, in, 0, S * (size_t)f->world * sizeof(float));
+    for (int j = 0; j < mod->n_params; j++) {
+        Param *p = &mod->params[j];
+        size_t chunk = p->dt.padded_rows, rn = p->dt.row_numel;
+        for (int r = 0; r < f->world; r++) {
+            size_t rows = rows_of_rank(p->shape[0], f->world, r);
+            if (rows)
+                dev_memcpy_async(f->compute, in + (size_t)r * S + g->offsets[j], p->grad + chunk * (size_t)r * rn,
+                                 rows * rn * sizeof(float));
+        }
+        dev_free(f->dev, p->grad);
+        p->grad = NULL;
+    }
+    dev_event_record(f->grads_ready, f->compute);
+    dev_stream_wait_event(f->rs_stream, f->grads_ready);
+    snprintf(name, sizeof name, "%s.grad_shards", mod->name);
+    /* TODO(stage 10): with --offload-params reduce-scatter into a device buffer of the reduce-scatter stream, copy it to the host grad shards on that stream and free it there. */
+    hw_todo("with --offload-params reduce-scatter into a device buffer of the reduce-scatter stream, copy it to the host grad shards on that stream and free it there", "HANDOUT.md#stage-10");
+    dev_event_record(f->rs_done, f->rs_stream);
+    f->rs_state = in; /* the reduce-scatter stream still reads it: kept until compute waited for rs_done */
+    for (int j = 0; j < mod->n_params; j++) mod->params[j].dt.grad = g->grad_shards + g->offsets[j];
+}
+
+void fsdp_pre_forward(Fsdp *f, Module *mod) {
+    Group *g = mod->fsdp;
+    if (g->state == TS_PRE_BACKWARD) return;
+    g->state = TS_FORWARD;
+    issue_all_gather(f, g); /* no-op when the previous module prefetched it */
+    wait_all_gather(f, g);
+    if (mod->index + 1 < f->model->n_modules) issue_all_gather(f, &f->groups[mod->index + 1]);
+}
+
+void fsdp_post_forward(Fsdp *f, Module *mod) {
+    Group *g = mod->fsdp;
+    if (g->state == TS_PRE_BACKWARD) return;
+    if (!f->reshard_after_forward) {
+        g->state = TS_IDLE;
+        return; /* pre_backward's unshard is then a no-op: no all-gather in backward */
+    }
+    reshard(f, g);
+    g->state = TS_IDLE;
+}
+
+void fsdp_pre_backward(Fsdp *f, Module *mod) {
+    Group *g = mod->fsdp;
+    release_all_gather_state(f); /* the forward's last one: no forward all-gather comes to drop it */
+    if (g->state == TS_PRE_BACKWARD) return;
+    g->state = TS_PRE_BACKWARD;
+    issue_all_gather(f, g); /* a no-op when it was prefetched */
+    wait_all_gather(f, g);
+    /* TODO(stage 10): backward prefetch pre: issue the previous module's all-gather now, before this module's backward. */
+    hw_todo("backward prefetch pre: issue the previous module's all-gather now, before this module's backward", "HANDOUT.md#stage-10");
+}
+
+void fsdp_post_backward(Fsdp *f, Module *mod) {
+    Group *g = mod->fsdp;
+    g->state = TS_POST_BACKWARD;
+    reduce_grads(f, g);
+    reshard(f, g);
+    /* TODO(stage 10): backward prefetch post: issue the previous module's all-gather after this module's reduce-scatter. */
+    hw_todo("backward prefetch post: issue the previous module's all-gather after this module's reduce-scatter", "HANDOUT.md#stage-10");
+}
+
+void fsdp_finish_backward(Fsdp *f) {
+    release_all_gather_state(f); /* the backward's last one, before the optimizer */
+    release_reduce_scatter_state(f);
+    for (int i = 0; i < f->model->n_modules; i++) f->groups[i].state = TS_IDLE;
+}
+
+float fsdp_optimizer_step(Fsdp *f, float lr, int t) {
+    Model *m = f->model;
+    float *sumsq = dev_alloc_f32(f->dev, 1, MEM_TEMP, "grad_norm.sumsq");
+    dev_memset_async(f->compute, sumsq, 0, sizeof(float));
+    for (int i = 0; i < m->n_modules; i++)
+        for (int j = 0; j < m->modules[i].n_params; j++) {
+            DTensor *dt = &m->modules[i].params[j].dt;
+            launch_sumsq_accumulate(f->compute, sumsq, dt->grad, dt->local_rows * dt->row_numel);
+        }
+    coll_all_reduce(f->dev, sumsq, sumsq, 1, RED_SUM, f->compute, "grad_norm");
+    for (int i = 0; i < m->n_modules; i++) {
+        for (int j = 0; j < m->modules[i].n_params; j++) {
+            Param *p = &m->modules[i].params[j];
+            DTensor *dt = &p->dt;
+            size_t n = dt->local_rows * dt->row_numel;
+            if (!dt->exp_avg) { /* optimizer state is created at the first step, sharded like the param */
+                /* TODO(stage 10): the optimizer state lives beside the shard: pinned host memory with --offload-params. */
+                hw_todo("the optimizer state lives beside the shard: pinned host memory with --offload-params", "HANDOUT.md#stage-10");
+                dev_memset_async(f->compute, dt->exp_avg, 0, n * sizeof(float));
+                dev_memset_async(f->compute, dt->exp_avg_sq, 0, n * sizeof(float));
+            }
+            launch_adamw(f->compute, dt->local, dt->grad, dt->exp_avg, dt->exp_avg_sq, n, &f->optim, lr, t, sumsq);
+            dt->grad = NULL;
+        }
+        dev_free(f->dev, f->groups[i].grad_shards); /* zero_grad(set_to_none=True) */
+        f->groups[i].grad_shards = NULL;
+    }
+    dev_event_record(f->shards_ready, f->compute);
+    float host_sumsq = 0;
+    dev_memcpy_async(f->compute, &host_sumsq, sumsq, sizeof(float));
+    dev_stream_synchronize(f->compute);
+    dev_free(f->dev, sumsq);
+    return sqrtf(host_sumsq);
+}
+
+void fsdp_destroy(Fsdp *f) {
+    Model *m = f->model;
+    dev_synchronize(f->dev);
+    for (int i = 0; i < m->n_modules; i++) {
+        Group *g = &f->groups[i];
+        for (int j = 0; j < m->modules[i].n_params; j++) {
+            Param *p = &m->modules[i].params[j];
+            dev_free(f->dev, p->data);
+            dev_free(f->dev, p->dt.local);
+            dev_free(f->dev, p->dt.exp_avg);
+            dev_free(f->dev, p->dt.exp_avg_sq);
+            p->data = p->dt.local = p->dt.exp_avg = p->dt.exp_avg_sq = NULL;
+        }
+        dev_free(f->dev, g->ag_flat);
+        if (i == 0) {
+            dev_free(f->dev, f->ag_state);
+            dev_free(f->dev, f->rs_state);
+        }
+        dev_free(f->dev, g->grad_shards);
+        if (g->ag_done) dev_event_destroy(g->ag_done);
+    }
+    if (f->shards_ready) dev_event_destroy(f->shards_ready);
+    if (f->copy_out_done) dev_event_destroy(f->copy_out_done);
+    if (f->grads_ready) dev_event_destroy(f->grads_ready);
+    if (f->rs_done) dev_event_destroy(f->rs_done);
+    free(f->groups);
+    free(f);
+}

@@ -10,6 +10,7 @@ disagrees with the baseline is never written), and keep:
     trace.json.gz memory_rank*.json.gz memory_rank*.pickle.gz
                                                      gzip'd: the whole tree stays a few MB
     loss.png timeline.png memory.png                 when tools/plots.py and matplotlib work
+    groups.png backward.png                          the same, for a 2-D mesh / a stage 10 policy (variants too)
 
 plus stageNN/<variant>/ (metrics, run.json, DTensors of each variant the stage
 lists: rubric.json "variants"), stage05/no_ac/ (stage 04's solution on stage
@@ -47,7 +48,8 @@ PLAIN = ["metrics.jsonl", "run.json", "dtensors_rank*.json"]
 TIMING_CHECKS = {"ag_overlap", "rs_overlap"}
 ATTEMPTS = 3
 GZIPPED = ["trace.json", "memory_rank*.json", "memory_rank*.pickle"]
-PLOTS = ["loss.png", "timeline.png", "memory.png", "groups.png"]  # groups.png: 2-D mesh runs only
+PLOTS = ["loss.png", "timeline.png", "memory.png", "groups.png", "backward.png"]  # the last two: 2-D mesh / stage 10 runs
+VARIANT_PLOTS = ["groups.png", "backward.png"]  # a variant keeps only the pictures its own configuration has
 
 
 def fail(msg):
@@ -128,7 +130,7 @@ def run_solution(rubric, stage, solution_stage, flags, work, runner, commands, v
     return run_dir
 
 
-def keep(run_dir, dest, plain, gzipped, plots):
+def keep(run_dir, dest, plain, gzipped, plots, names=PLOTS):
     os.makedirs(dest, exist_ok=True)
     for pattern in plain:
         for path in sorted(glob.glob(os.path.join(run_dir, pattern))):
@@ -137,7 +139,7 @@ def keep(run_dir, dest, plain, gzipped, plots):
         for path in sorted(glob.glob(os.path.join(run_dir, pattern))):
             gzip_copy(path, os.path.join(dest, os.path.basename(path) + ".gz"))
     if plots:
-        for name in PLOTS:
+        for name in names:
             path = os.path.join(run_dir, "plots", name)
             if os.path.exists(path):
                 shutil.copy(path, os.path.join(dest, name))
@@ -203,7 +205,8 @@ def reference_stage(rubric, stage, work, staging, runner, baselines, commands, n
         vrun = run_solution(rubric, stage, stage, vflags, work, runner, commands, variant=v)
         vbase = check_against_baseline(rubric, stage, vrun, baselines, v)
         commands[-1]["baseline"] = " ".join(relpath(c) if os.path.isabs(c) else c for c in vbase.cmd)
-        keep(vrun, os.path.join(dest, v), PLAIN, ["memory_rank*.json"], False)
+        vplots = not args.no_plots and make_plots(vrun, notes)
+        keep(vrun, os.path.join(dest, v), PLAIN, ["memory_rank*.json"], vplots, VARIANT_PLOTS)
 
     ctx = Context(rubric, stage, RunResult(run_dir, True, "", 0.0, []), staging, baselines)
     failed = {}

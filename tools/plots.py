@@ -12,6 +12,9 @@ writes into DIR (default RUN/plots):
   groups.png    only for a run on a 2-D mesh (--mesh): every rank's collectives
                 of one step, coloured by process group (shard groups: rows of
                 the mesh; replicate groups: its columns)
+  backward.png  only for a run with a backward-prefetch policy other than pre or
+                one comm stream (stage 10): rank R's streams during one step's
+                backward, each collective labelled with its module
 Needs matplotlib (Debian: python3-matplotlib).
 """
 import argparse
@@ -155,6 +158,10 @@ def plot_memory(plt, run, out, rank):
     plt.close(fig)
 
 
+BACKWARD_PHASES = {"pre_backward", "recompute.pre_forward", "recompute", "recompute.post_forward", "backward",
+                   "post_backward", "finish_backward"}
+TRACE_HOST_TID = 1000  # the host's own track (runtime/trace.h)
+
 GROUP_FAMILIES = {"shard": ["#dd8452", "#f2b880", "#c0622c", "#f6d2b0"],
                   "replicate": ["#8172b3", "#b3a8db", "#5a4c8f", "#d4cdef"], "world": ["#999999"]}
 
@@ -201,6 +208,53 @@ def plot_groups(plt, run, out, step):
     plt.close(fig)
 
 
+def plot_backward(plt, run, out, step, rank):
+    """Rank `rank`'s compute and comm streams through one backward, every all-gather and reduce-scatter labelled
+    with its module: where the policy issues the all-gathers, and what they queue behind."""
+    try:
+        with open(os.path.join(run, "run.json")) as fh:
+            cfg = json.load(fh)
+    except (OSError, ValueError):
+        return
+    policy, single = cfg.get("backward_prefetch", "pre"), cfg.get("single_comm_stream", False)
+    if policy == "pre" and not single:
+        return
+    events, names = load_trace(run)
+    back = [e for e in events if e.get("pid") == rank and e.get("args", {}).get("phase") in BACKWARD_PHASES]
+    steps = sorted({e["args"].get("step", -1) for e in back if e["args"].get("step", -1) >= 0})
+    if not steps:
+        return
+    if step is None:
+        step = steps[len(steps) // 2]
+    sel = [e for e in back if e["args"].get("step") == step and e.get("tid") != TRACE_HOST_TID]
+    if not sel:
+        return
+    t0 = min(e["ts"] for e in sel)
+    tids = sorted({e["tid"] for e in sel})
+    fig, ax = plt.subplots(figsize=(13, 0.8 * len(tids) + 1.8))
+    for y, tid in enumerate(tids):
+        for e in sel:
+            if e["tid"] != tid:
+                continue
+            x, w = (e["ts"] - t0) / 1000.0, max(e["dur"], 1) / 1000.0
+            kind = e["name"].rsplit(".", 1)[-1]
+            colour = {"all_gather": "#dd8452", "reduce_scatter": "#8172b3"}.get(kind, CAT_COLORS.get(e.get("cat"),
+                                                                                                      "#999999"))
+            ax.broken_barh([(x, w)], (y - 0.4, 0.8), facecolors=colour, edgecolors="white", linewidth=0.3)
+            if e.get("cat") == "collective":  # the module's name, all-gathers above the middle, reduce-scatters below
+                ax.text(x + w / 2, y + (-0.22 if kind == "all_gather" else 0.22), e["name"].rsplit(".", 1)[0],
+                        ha="center", va="center", fontsize=6)
+    ax.set_yticks(range(len(tids)))
+    ax.set_yticklabels([names.get((rank, t), "stream %d" % t) for t in tids])
+    ax.invert_yaxis()
+    ax.set_xlabel("ms since the step's backward began (rank %d)" % rank)
+    ax.set_title("backward of step %d: --backward-prefetch %s%s (all-gathers orange, reduce-scatters purple, compute "
+                 "blue, waits red, events green)" % (step, policy, ", one comm stream" if single else ""), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "backward.png"), dpi=110)
+    plt.close(fig)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run")
@@ -225,6 +279,7 @@ def main():
     plot_timeline(plt, a.run, out, a.step)
     plot_memory(plt, a.run, out, a.rank)
     plot_groups(plt, a.run, out, a.step)
+    plot_backward(plt, a.run, out, a.step, a.rank)
     print("wrote plots to %s" % out)
     return 0
 

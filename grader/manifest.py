@@ -78,6 +78,15 @@ class Stage:
                 return int(f[len("--mesh="):].split("x")[1])
         return world
 
+    @property
+    def backward_prefetch(self):
+        """--backward-prefetch's policy (stage 10): pre (the default), post or none."""
+        return next((f.split("=", 1)[1] for f in self.flags if f.startswith("--backward-prefetch=")), "pre")
+
+    @property
+    def offload(self):
+        return "--offload-params" in self.flags
+
     def solution_src(self, root=ROOT):
         return os.path.join(root, "solutions", self.dir, "hw_fsdp.c")
 

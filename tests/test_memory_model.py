@@ -48,6 +48,11 @@ def cases():
         if accumulates(st) or mixed_precision(st):
             continue
         yield st, st.dir
+        if st.backward_prefetch != "pre" or st.offload:  # stage 10: the other policies, and offload
+            for extra, tag in ((["--backward-prefetch=pre"], "+pre"), (["--backward-prefetch=none"], "+none"),
+                               (["--offload-params"], "+offload")):
+                flags = [f for f in st.flags if not (extra[0].startswith("--backward") and f.startswith("--backward"))]
+                yield manifest.Stage(st.id, dict(st.spec, flags=flags + extra)), st.dir + tag
         if not st.forward_only:
             yield manifest.Stage(st.id, dict(st.spec, flags=st.flags + ["--forward-only"])), st.dir + "+forward-only"
 

@@ -59,7 +59,8 @@ def memory_model(m, B, T, W, stage):
     """Peak bytes of rank 0 predicted from the sizes alone, with the live set by tag.
 
     Fixed: sharded params (sum over params of ceil(d0/W) * row, rank 0 holds the padded
-    chunk) + AdamW exp_avg and exp_avg_sq (2x the shard; none with --forward-only).
+    chunk) + AdamW exp_avg and exp_avg_sq (2x the shard; none with --forward-only); with
+    --offload-params these and the grad shards live in host memory, not counted here.
     Per point of the step (end of every module's forward; every module's backward at its
     last scratch allocation) add: saved activations alive there, backward scratch,
     unsharded params (one module; with ZeRO-2 every module from its forward to its
@@ -73,7 +74,10 @@ def memory_model(m, B, T, W, stage):
     # grader/manifest.py Stage. Returns (bytes, "module phase", {tag: bytes}) of the largest
     # point. (The docstring above is printed in the report as the model's description.)
     fwd_prefetch = "forward" in stage.prefetch    # module i+1's all-gather buffer alive in module i's forward
-    bwd_prefetch = "backward" in stage.prefetch   # module i-1's all-gather buffer alive in module i's backward
+    # module i-1's all-gather buffer alive in module i's backward: prefetched at its start (the pre policy; post
+    # issues it once module i's backward is done, none not at all)
+    bwd_prefetch = "backward" in stage.prefetch and stage.backward_prefetch == "pre"
+    offload = stage.offload                       # shards, grad shards and optimizer state in host memory
     ag_state = "all_gather" in stage.streams      # all-gather output kept (AllGatherState) until its stream waited
     rs_state = "reduce_scatter" in stage.streams  # reduce-scatter input kept (ReduceScatterState) until compute waited
     f4 = 4
@@ -84,7 +88,8 @@ def memory_model(m, B, T, W, stage):
     shard = [sum(-(-a // W) * b for a, b in ps) for _, ps in mods]  # padded rows (rank 0)
     full = [sum(a * b for a, b in ps) for _, ps in mods]
     agbuf = [W * s for s in shard]
-    fixed = {"param_shard": sum(shard) * f4, "optim_state": 0 if stage.forward_only else 2 * sum(shard) * f4}
+    fixed = {"param_shard": 0 if offload else sum(shard) * f4,
+             "optim_state": 0 if stage.forward_only or offload else 2 * sum(shard) * f4}
     # activations (floats); every module's output is owned by the next module as its input x
     const = 2 * N + 2 * (T * hd // 2) + 1            # inputs, targets (int32), rope cos/sin, loss
     x_in = N * D                                       # embedding out / a block's out
@@ -121,7 +126,7 @@ def memory_model(m, B, T, W, stage):
         return max(points)
     # backward, module i at its last scratch allocation
     for i in range(M - 1, -1, -1):
-        gshard = sum(shard[i + 1:])
+        gshard = 0 if offload else sum(shard[i + 1:])
         uparam = sum(full[:i + 1]) if stage.zero2 else full[i]
         if stage.zero2 or not ag_state:
             comm = 0                                # no all-gather in backward / all-gathers on compute

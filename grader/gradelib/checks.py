@@ -1059,7 +1059,8 @@ def check_offload_memory(ctx):
     """After every hook: with --offload-params no param shard, grad shard or optimizer state is in device memory
     and the host pool holds the param shards at their analytic size (sum of ceil(rows / W) x row_numel floats)
     and the optimizer state, once created, at two floats per element of the rank's rows; without it nothing is
-    in the host pool and the shards are on the device. From the snapshots' hook_memory records."""
+    in the host pool and the shards are on the device. From the snapshots' hook_memory records. With offload,
+    the training steps' host-to-device and device-to-host copies run off the compute stream (the trace)."""
     offload = "--offload-params" in ctx.flags
     W = ctx.world
     shapes = [p["global_shape"] for p in ctx.dtensors(0)["params"]]
@@ -1098,5 +1099,26 @@ def check_offload_memory(ctx):
         if offload and ctx.steps > 1 and not seen_optim:
             raise CheckFailed("rank %d never held optimizer state in host memory after a hook: with --offload-params "
                               "create exp_avg / exp_avg_sq with dev_alloc_host" % r)
+        if offload:  # the copies off the compute stream, so they overlap compute (structure, not a clock)
+            names = {}
+            copies = {"h2d": 0, "d2h": 0}
+            for e in ctx.trace(r):
+                if e.get("ph") == "X" and e.get("cat") == "copy" and e["args"].get("step", -1) >= 0:
+                    kind = e["name"].rsplit(".", 1)[-1]
+                    if kind in copies:
+                        copies[kind] += 1
+                        if e["tid"] == 0:
+                            names.setdefault(kind, e)
+            for kind, what in (("h2d", "the copy-in of a host shard (host to device) goes on the all-gather stream, "
+                                       "before the all-gather"),
+                               ("d2h", "the reduce-scatter's output goes back to the host on the reduce-scatter "
+                                       "stream")):
+                if not copies[kind]:
+                    raise CheckFailed("rank %d's trace shows no %s copy during training with --offload-params: %s"
+                                      % (r, kind, what))
+                if kind in names:
+                    e = names[kind]
+                    raise CheckFailed("%s (step %d, rank %d) ran on the compute stream, where it delays compute "
+                                      "instead of overlapping it: %s" % (e["name"], e["args"]["step"] + 1, r, what))
     return ("shards %s per rank in host memory, none on the device" % fmt_bytes(shard_bytes) if offload
             else "nothing in host memory without --offload-params")

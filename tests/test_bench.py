@@ -92,6 +92,20 @@ def test_sections_hold_numbers(bench):
         assert 2 * bf["unsharded_param_high_bytes"] == f32["unsharded_param_high_bytes"] > 0
         assert f32["loss_rel_vs_fp32"] == 0 and 0 < bf["loss_rel_vs_fp32"] < 1e-2
         assert all(timing(r["step_ms"]) for r in rows.values())
+    if any(s.backward_prefetch != "pre" or s.offload for s in STAGES):  # stage 10: policies and offload
+        pf = {r["case"]: r for r in data["prefetch"]["rows"]}
+        assert len(pf) == 5 and data["prefetch"]["losses_agree"]
+        assert all(r["peak_bytes_rank0"] > 0 and timing(r["step_ms"]) for r in pf.values())
+        # pre holds the next module's all-gather buffer in the backward, post and none do not: never less
+        # (how much more depends on what else peaks there: the full bench's table)
+        assert pf["pre"]["backward_high_bytes"] >= pf["post"]["backward_high_bytes"] >= pf["none"]["backward_high_bytes"]
+        off = {r["case"]: r for r in data["offload"]["rows"]}
+        assert len(off) == 3 and data["offload"]["losses_agree"]
+        base, fast = off["no offload"], off["offload, PCIe 16 GB/s"]
+        assert base["host_peak_bytes_rank0"] == 0 < fast["host_peak_bytes_rank0"]
+        assert fast["device_shard_state_bytes"] == 0 < base["device_shard_state_bytes"]
+        assert fast["peak_bytes_rank0"] < base["peak_bytes_rank0"]
+        assert fast["h2d"][0] > 0 and fast["d2h"][0] > 0 and base["h2d"] == [0, 0]
     g = data["grading"]
     assert "skipped" in g or timing(g["wall_s"])
     assert data["profile"]["rows"] and all(number(r["ms"]) for r in data["profile"]["rows"])

@@ -14,6 +14,10 @@ Sections (results/bench.json, results/bench.md, and a table on stdout):
   memory      peak bytes per rank of every stage's solution next to an analytic model of the sizes
   accum       gradient accumulation (stage 07): K = 1, 2, 4, sync every / last / params kept: peak,
               what lives between microbatches, collectives and bytes per step, step time
+  prefetch    backward prefetch pre / post / none, two comm streams or one (stage 10): peak, backward
+              high-water, step time on a slow link
+  offload     CPU offload (stage 10) off, and on over a fast and a slow PCIe model: device and host
+              peaks, host-device copies per step, step time
   grading     wall time of `make grade SOLUTIONS=1`
   profile     where a baseline step spends its compute-stream time (the runtime's own trace)
 
@@ -30,7 +34,7 @@ import os
 import sys
 import time
 
-from benchlib import measure, report
+from benchlib import advanced, measure, report
 from benchlib.measure import BASELINE, ROOT, Bench, BinaryFailed, manifest
 
 
@@ -65,6 +69,8 @@ def main(argv=None):
         R["memory"] = measure.section_memory(bench, cfg)
         R["accum"] = measure.section_accum(bench, cfg)
         R["mixed_precision"] = measure.section_mixed_precision(bench, cfg)
+        R["prefetch"] = advanced.section_prefetch(bench, cfg)
+        R["offload"] = advanced.section_offload(bench, cfg)
         R["profile"] = measure.section_profile(bench, cfg)
         R["grading"] = measure.section_grading(bench, cfg)
     except BinaryFailed as e:

@@ -254,7 +254,8 @@ def section_overlap(bench, cfg, W):
     # 2. every schedule at that link: the compute stream's time in collectives and waits is exposed
     for st in overlap_stages():
         d = os.path.join(wd, st.dir)
-        met = bench.train(bench.solution(st), d, *base_flags, *st.flags, "--link-gbps", gbps, "--link-latency-us", lat)
+        met = bench.train(bench.solution(st), d, *base_flags, *st.flags_at(W), "--link-gbps", gbps, "--link-latency-us",
+                          lat)
         ev = trace_events(d)
         exposed = per_rank_step(ev, is_exposed_comm)
         comp = per_rank_step(ev, is_compute)
@@ -264,7 +265,7 @@ def section_overlap(bench, cfg, W):
         for s in steps0:
             fracs.append(statistics.mean(exposed.get((r, s), 0.0) for r in ranks) / step_ms[s])
             comps.append(statistics.mean(comp.get((r, s), 0.0) for r in ranks))
-        row = {"stage": st.dir, "flags": " ".join(st.flags),
+        row = {"stage": st.dir, "flags": " ".join(st.flags_at(W)),
                "step_ms": stats([step_ms[s] for s in steps0]), "exposed_comm_fraction": stats(fracs),
                "compute_ms": stats(comps)}
         res["rows"].append(row)
@@ -284,14 +285,14 @@ def section_memory(bench, cfg):
             continue  # no microbatches and float32 params only in the model: sections 4b and 4c
         d = os.path.join(wd, st.dir)
         met = bench.train(bench.solution(st), d, "--flavor", fl, "--world", W, "--batch-size", B, "--seq-len", T,
-                          "--steps", 2, "--profile-steps", 0, *st.flags)
+                          "--steps", 2, "--profile-steps", 0, *st.flags_at(W))
         measured = max(max(m["peak_mem_bytes_per_rank"]) for m in met)
         measured_r0 = max(m["peak_mem_bytes_per_rank"][0] for m in met)
         with open(os.path.join(d, "run.json")) as fh:
             dims = model_dims(json.load(fh))
-        model_bytes, model_where, model_tags = memory_model(dims, B, T, W, st)
+        model_bytes, model_where, model_tags = memory_model(dims, B, T, st.shards_at(W), st)  # split over S (09)
         peak, where, live, names = replay_peak(os.path.join(d, "memory_rank0.json"))
-        row = {"stage": st.dir, "flags": " ".join(st.flags), "measured_peak_bytes": measured,
+        row = {"stage": st.dir, "flags": " ".join(st.flags_at(W)), "measured_peak_bytes": measured,
                "measured_peak_bytes_rank0": measured_r0, "model_peak_bytes": model_bytes,
                "ratio_measured_over_model": measured_r0 / model_bytes, "model_peak_at": model_where,
                "model_by_tag": model_tags, "replay_peak_bytes": peak, "replay_peak_at": where,

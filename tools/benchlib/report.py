@@ -3,6 +3,7 @@ the sections' tables, a few sentences on this run's numbers, and the targets (sh
 asserted: the bench reports, it does not judge)."""
 import os
 
+from . import advanced
 from .figures import MIB, fmt, fmt_mib, fmt_s
 
 # the static notes (optimisations applied, opportunities left), appended to a full run's report
@@ -130,6 +131,7 @@ def markdown(R):
                  "weights through a float32 copy of one param at a time; a GPU kernel reads the 16-bit words "
                  "directly), which stay under the other scratch buffers' high-water here.")
         L.append("")
+    advanced.render(L, R, table)
     g = R["grading"]
     L.append("## 5. Grading time")
     L.append("")

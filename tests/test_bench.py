@@ -92,6 +92,15 @@ def test_sections_hold_numbers(bench):
         assert 2 * bf["unsharded_param_high_bytes"] == f32["unsharded_param_high_bytes"] > 0
         assert f32["loss_rel_vs_fp32"] == 0 and 0 < bf["loss_rel_vs_fp32"] < 1e-2
         assert all(timing(r["step_ms"]) for r in rows.values())
+    if any(f.startswith("--mesh") for s in STAGES for f in s.flags):  # stage 09: FSDP, HSDP, DDP
+        h = {r["case"].split()[0]: r for r in data["hsdp"]["rows"]}
+        assert sorted(h) == ["DDP", "FSDP", "HSDP"] and data["hsdp"]["losses_agree"]
+        # FSDP's rings all cross nodes; HSDP's all-reduce of the grad shards is the only traffic across them;
+        # the param shards grow from 1/W to 1/S to the whole model
+        assert h["FSDP"]["bytes_inside_node"] == 0 < h["HSDP"]["bytes_across_nodes"] < h["FSDP"]["bytes_across_nodes"]
+        assert h["HSDP"]["model_ms_across"] < h["FSDP"]["model_ms_across"]
+        assert h["FSDP"]["param_shard_bytes"] < h["HSDP"]["param_shard_bytes"] < h["DDP"]["param_shard_bytes"]
+        assert all(timing(r["step_ms"]) for r in h.values())
     if any(s.backward_prefetch != "pre" or s.offload for s in STAGES):  # stage 10: policies and offload
         pf = {r["case"]: r for r in data["prefetch"]["rows"]}
         assert len(pf) == 5 and data["prefetch"]["losses_agree"]

@@ -1,14 +1,20 @@
 """tools/fsdp2_check.py (make fsdp2-check): the stage solutions against real PyTorch FSDP2.
 
 - The comparisons, on made-up numbers: each one fails on the difference it exists for (a loss
-  2e-6 off, one all-gather too many, a wrong row offset, a changed shard value).
+  2e-6 off, one all-gather too many, a wrong row offset, a changed shard value); for HSDP, the
+  naming of FSDP2's process groups by their ranks (shard<i> / replicate<j> / world), an
+  all-reduce in the wrong group or of the wrong size, the one-rank groups left out, the 2-D
+  DTensor layout and mesh, and a grad norm summed over the replicas too.
+- table.txt after a run of some stages keeps the rows of the others.
 - Bad input: one line, exit status 2.
-- The tool itself on stage 02's grading configuration, and on a mutant of stage 05's solution
+- The tool itself on stage 02's grading configuration, on a mutant of stage 05's solution
   that all-gathers again for the recompute (same numbers, one all-gather too many: only the
-  collective counts catch it), when a torch >= 2.6 with fully_shard is importable from
-  build/fsdp2-venv (make fsdp2-check makes it) or from this interpreter; skipped with the
-  reason otherwise (CI has Debian's torch 1.13). They assert on the tool's comparisons (its
-  logs/fsdp2-style json), not only on its exit status.
+  collective counts catch it), and on a mutant of stage 09's that all-reduces the unsharded
+  grads across the replicas (same numbers, same counts and groups: only the sizes catch it),
+  when a torch >= 2.6 with fully_shard is importable from build/fsdp2-venv (make fsdp2-check
+  makes it) or from this interpreter; skipped with the reason otherwise (CI has Debian's torch
+  1.13). They assert on the tool's comparisons (its logs/fsdp2-style json), not only on its
+  exit status.
 """
 import json
 import os
@@ -65,9 +71,9 @@ def test_steps_differ(what):
 def counts(ag_dtype="f32"):
     out = {}
     for mod in ("embedding", "block0", "head"):
-        out[(0, -1, mod, "all_gather", "forward", ag_dtype)] = 1
-        out[(0, -1, mod, "all_gather", "backward", ag_dtype)] = 1
-        out[(0, -1, mod, "reduce_scatter", "backward", "f32")] = 1
+        out[(0, -1, mod, "all_gather", "forward", "world", ag_dtype)] = 1
+        out[(0, -1, mod, "all_gather", "backward", "world", ag_dtype)] = 1
+        out[(0, -1, mod, "reduce_scatter", "backward", "world", "f32")] = 1
     return out
 
 
@@ -76,7 +82,7 @@ def test_collectives_equal_and_differ():
     assert equal and not diffs
     assert summary["block0 all_gather backward"] == 1 and len(summary) == 9
     extra = counts()
-    extra[(0, -1, "block0", "all_gather", "backward", "f32")] = 2  # an all-gather twice in backward (recompute?)
+    extra[(0, -1, "block0", "all_gather", "backward", "world", "f32")] = 2  # twice in backward (recompute?)
     equal, diffs, _ = fc.compare_collectives([counts(), counts()], [counts(), extra])
     assert not equal and diffs == ["rank 1 step 1: block0 all-gather (f32) in backward: 1 in the C run, 2 in FSDP2's"]
     # the same counts in another element type differ: a float32 all-gather where FSDP2 moves bfloat16
@@ -84,6 +90,141 @@ def test_collectives_equal_and_differ():
     assert not equal and "rank 0 step 1: embedding all-gather (f32) in forward: 1 in the C run, 0 in FSDP2's" in diffs
     equal, diffs, _ = fc.compare_collectives([{}, {}], [{}, {}])
     assert not equal and "no collective of a module in the C trace" in diffs
+
+
+def test_group_names():
+    # without a mesh every group is the world; with --mesh R,S rows are shard<i>, columns replicate<j>
+    assert fc.group_name(["0", "1", "2", "3"], None, 4) == "world"
+    assert fc.group_name([0, 1], [2, 2], 4) == "shard0" and fc.group_name([3, 2], [2, 2], 4) == "shard1"
+    assert fc.group_name([1, 3], [2, 2], 4) == "replicate1"
+    assert fc.group_name([3, 4, 5], [2, 3], 6) == "shard1" and fc.group_name([2, 5], [2, 3], 6) == "replicate2"
+    # --mesh 4,1: the column holds every rank and is still the replicate group; a row is one rank
+    assert fc.group_name([0, 1, 2, 3], [4, 1], 4) == "replicate0" and fc.group_name([2], [4, 1], 4) == "shard2"
+    # a set that is neither a row nor a column (the world on a 2-D mesh, a column split wrong)
+    assert fc.group_name([0, 1, 2, 3], [2, 2], 4) == "ranks 0,1,2,3"
+    assert fc.group_name([0, 2], None, 4) == "ranks 0,2"
+    sizes = {g: fc.group_size(g, [2, 3], 6) for g in ("shard1", "replicate2", "ranks 0,4")}
+    assert sizes == {"shard1": 3, "replicate2": 2, "ranks 0,4": 2}
+    assert fc.group_size("world", None, 5) == 5 and fc.group_size("shard3", [4, 1], 4) == 1
+
+
+MODULE_SHARD_BYTES = {"embedding": 4 * 130 * 64, "block0": 4 * 24640, "head": 4 * 130 * 64}  # one rank's segment
+
+
+def hsdp_c_counts(R, S, norm_group=None):
+    """The C trace's counts on a --mesh R,S run, rank by rank, keyed with the bytes: each module's all-gathers
+    and reduce-scatter in the rank's row (S segments), its all-reduce in its column (one segment), the norm's
+    all-reduce (one float) in the row."""
+    out = []
+    for r in range(R * S):
+        row, col = "shard%d" % (r // S), "replicate%d" % (r % S)
+        c = {}
+        for mod, seg in MODULE_SHARD_BYTES.items():
+            c[(0, -1, mod, "all_gather", "forward", row, "f32", S * seg)] = 1
+            c[(0, -1, mod, "all_gather", "backward", row, "f32", S * seg)] = 1
+            c[(0, -1, mod, "reduce_scatter", "backward", row, "f32", S * seg)] = 1
+            c[(0, -1, mod, "all_reduce", "backward", col, "f32", seg)] = 1
+        c[(0, -1, "grad_norm", "all_reduce", "optimizer", norm_group or row, "f32", 4)] = 1
+        out.append(c)
+    return out
+
+
+def hsdp_torch_ranks(R, S):
+    """rank<r>.json's collectives as fsdp2_torch.py writes them for the same run (groups as ranks); FSDP2 skips
+    the collectives of a one-rank group."""
+    ranks = []
+    for r in range(R * S):
+        i, j = divmod(r, S)
+        row = ",".join(str(i * S + k) for k in range(S))
+        col = ",".join(str(k * S + j) for k in range(R))
+        rows = []
+        for mod, seg in MODULE_SHARD_BYTES.items():
+            for kind, phase, group, n in (("all_gather", "forward", row, S * seg),
+                                          ("all_gather", "backward", row, S * seg),
+                                          ("reduce_scatter", "backward", row, S * seg),
+                                          ("all_reduce", "backward", col, seg)):
+                if len(group.split(",")) > 1:
+                    rows.append({"step": 0, "microbatch": -1, "module": mod, "kind": kind, "phase": phase,
+                                 "group": group, "dtype": "f32", "bytes": n, "count": 1})
+        if S > 1:
+            rows.append({"step": 0, "microbatch": -1, "module": "grad_norm", "kind": "all_reduce",
+                         "phase": "optimizer", "group": row, "dtype": "f32", "bytes": 4, "count": 1})
+        rows.append({"step": 6, "microbatch": -1, "module": "head", "kind": "all_gather", "phase": "forward",
+                     "group": row, "dtype": "f32", "bytes": 4, "count": 9})  # past the profiled steps: not compared
+        ranks.append({"collectives": rows})
+    return ranks
+
+
+def compared(c8, t8, mesh):
+    """What compare_run does with both sides' counts: the one-rank groups out, then counts and sizes apart;
+    (count differences, size differences, summary, left out of C's, left out of FSDP2's)."""
+    W = mesh[0] * mesh[1]
+    c, c_single = fc.without_single_rank_groups(c8, mesh, W)
+    t, t_single = fc.without_single_rank_groups(t8, mesh, W)
+    (c, c_sizes), (t, t_sizes) = fc.counts_and_sizes(c), fc.counts_and_sizes(t)
+    equal, diffs, summary = fc.compare_collectives(c, t)
+    assert equal == (not diffs)
+    return diffs, fc.compare_sizes(c_sizes, t_sizes), summary, c_single, t_single
+
+
+@pytest.mark.parametrize("mesh", [(2, 2), (2, 3), (4, 1)])
+def test_hsdp_collectives(mesh):
+    R, S = mesh
+    t8 = fc.torch_collectives(hsdp_torch_ranks(R, S), 6, list(mesh))
+    diffs, size_diffs, summary, c_single, t_single = compared(hsdp_c_counts(R, S), t8, list(mesh))
+    assert not diffs and not size_diffs, diffs + size_diffs
+    # --mesh 4,1: the C runtime's all-gathers, reduce-scatters and norm in its one-rank rows are left out
+    assert (c_single, t_single) == ((R * S * 10, 0) if S == 1 else (0, 0))
+    if mesh == (2, 3):
+        assert summary["block0 all_reduce backward replicate0"] == 1
+        assert summary["grad_norm all_reduce optimizer shard0"] == 1 and len(summary) == 13
+
+
+def test_hsdp_collective_in_the_wrong_group():
+    t8 = fc.torch_collectives(hsdp_torch_ranks(2, 2), 6, [2, 2])
+    # the grad norm summed over the world: the C trace names the group world, FSDP2 reduces over the row
+    diffs, _, _, _, _ = compared(hsdp_c_counts(2, 2, norm_group="world"), t8, [2, 2])
+    assert len(diffs) == 8
+    assert "rank 3 step 1: grad_norm all-reduce (f32) in optimizer in shard1: 0 in the C run, 1 in FSDP2's" in diffs
+    assert "rank 3 step 1: grad_norm all-reduce (f32) in optimizer: 1 in the C run, 0 in FSDP2's" in diffs
+    # a module's all-reduce in the row instead of the column
+    c8 = hsdp_c_counts(2, 2)
+    n = c8[2].pop((0, -1, "block0", "all_reduce", "backward", "replicate0", "f32", 4 * 24640))
+    c8[2][(0, -1, "block0", "all_reduce", "backward", "shard1", "f32", 4 * 24640)] = n
+    diffs, _, _, _, _ = compared(c8, t8, [2, 2])
+    assert diffs == [
+        "rank 2 step 1: block0 all-reduce (f32) in backward in replicate0: 0 in the C run, 1 in FSDP2's",
+        "rank 2 step 1: block0 all-reduce (f32) in backward in shard1: 1 in the C run, 0 in FSDP2's"]
+    # FSDP2's all-reduce over ranks that are no group of the mesh
+    t8[1][(0, -1, "grad_norm", "all_reduce", "optimizer", fc.group_name([0, 1, 2, 3], [2, 2], 4), "f32", 4)] = 1
+    diffs, _, _, _, _ = compared(hsdp_c_counts(2, 2), t8, [2, 2])
+    assert diffs == ["rank 1 step 1: grad_norm all-reduce (f32) in optimizer in ranks 0,1,2,3: 0 in the C run, "
+                     "1 in FSDP2's"]
+
+
+def test_hsdp_collective_sizes():
+    t8 = fc.torch_collectives(hsdp_torch_ranks(2, 2), 6, [2, 2])
+    # the all-reduce across the replicas on the unsharded grads (before the reduce-scatter): as often, in the
+    # right group, S times the bytes
+    c8 = hsdp_c_counts(2, 2)
+    for c in c8:
+        for key in [k for k in c if k[3] == "all_reduce" and k[2] != "grad_norm"]:
+            c[key[:-1] + (2 * key[-1],)] = c.pop(key)
+    diffs, size_diffs, _, _, _ = compared(c8, t8, [2, 2])
+    assert not diffs and len(size_diffs) == 4 * 3
+    assert ("rank 1 step 1: block0 all-reduce (f32) in backward in replicate1 moved 197120 bytes in the C run, "
+            "98560 in FSDP2's") in size_diffs
+    # sizes are compared where the counts agree: one collective too many is a count difference only
+    c8 = hsdp_c_counts(2, 2)
+    c8[0][(0, -1, "head", "all_gather", "forward", "shard0", "f32", 3)] = 1
+    diffs, size_diffs, _, _, _ = compared(c8, t8, [2, 2])
+    assert diffs == ["rank 0 step 1: head all-gather (f32) in forward in shard0: 2 in the C run, 1 in FSDP2's"]
+    assert size_diffs == []
+    # the grad norm's bytes are not compared: DTensor all-reduces one partial norm per parameter
+    for t in t8:
+        for key in [k for k in t if k[2] == "grad_norm"]:
+            t[key[:-1] + (84,)] = t.pop(key)
+    assert compared(hsdp_c_counts(2, 2), t8, [2, 2])[:2] == ([], [])
 
 
 def layout(name="layers.0.attention.wk.weight", **kw):
@@ -102,6 +243,76 @@ def test_layouts():
     assert any("the C shard is not the initial weights' rows" in d for d in diffs)
     diffs = fc.compare_layouts([layout()], [layout(name="x")], 0)
     assert diffs[0].startswith("rank 0: layers.0.attention.wk.weight only")
+
+
+def layout_2d(rank, R=2, S=2, rows=16, **kw):
+    """A param of `rows` rows on a --mesh R,S run as both sides write it on `rank`: split over the row's S ranks."""
+    per = -(-rows // S)
+    k = rank % S
+    p = layout(mesh=list(range(R * S)), mesh_shape=[R, S], mesh_dim_names=["replicate", "shard"],
+               placements=["Replicate()", "Shard(0)"], placement="Shard(0)", padded_rows=per,
+               row_offset=min(k * per, rows), local_rows=max(0, min(per, rows - k * per)))
+    p.update(kw)
+    return p
+
+
+def test_layouts_2d():
+    for r in range(6):
+        assert fc.compare_layouts([layout_2d(r, 2, 3)], [layout_2d(r, 2, 3)], r) == []
+    assert layout_2d(5, 2, 3)["row_offset"] == 12 and layout_2d(5, 2, 3)["local_rows"] == 4
+    # split over the world (4 ranks) instead of the row (2): rank 3's rows
+    world = layout_2d(3, padded_rows=4, row_offset=12, local_rows=4)
+    diffs = fc.compare_layouts([world], [layout_2d(3)], 3)
+    assert [d.split(" is ")[0] for d in diffs] == ["rank 3: layers.0.attention.wk.weight %s" % f
+                                                   for f in ("local_rows", "padded_rows", "row_offset")]
+    # a 1-D placement on the 2-D mesh, the dims named the other way round
+    diffs = fc.compare_layouts([layout_2d(0, placements=["Shard(0)"])], [layout_2d(0)], 0)
+    assert diffs == ['rank 0: layers.0.attention.wk.weight placements is ["Shard(0)"] in the C run, '
+                     '["Replicate()", "Shard(0)"] in FSDP2\'s']
+    diffs = fc.compare_layouts([layout_2d(0, mesh_dim_names=["shard", "replicate"])], [layout_2d(0)], 0)
+    assert len(diffs) == 1 and "mesh_dim_names" in diffs[0]
+    # the top of dtensors_rank<r>.json: shard rank and size from the row
+    top = {"rank": 3, "world_size": 4, "mesh_shape": [2, 2], "shard_rank": 1, "shard_size": 2}
+    assert fc.compare_mesh(top, {"mesh_shape": [2, 2], "mesh_dim_names": ["replicate", "shard"], "shard_rank": 1,
+                                 "shard_size": 2}, 3) == []
+    assert fc.compare_mesh(top, {"mesh_shape": [4], "shard_rank": 3, "shard_size": 4}, 3) == [
+        "rank 3: mesh_shape is [2, 2] in the C run, [4] in FSDP2's",
+        "rank 3: shard_rank is 1 in the C run, 3 in FSDP2's", "rank 3: shard_size is 2 in the C run, 4 in FSDP2's"]
+
+
+def test_norm_definition():
+    rows = [{"step": 1, "grad_norm": 0.97, "grad_norm_dtensor": 0.97 * (1 + 1e-7)},
+            {"step": 2, "grad_norm": 0.9, "grad_norm_dtensor": None}]
+    worst, fails = fc.compare_norm_definition(rows, TOL["dtensor_norm_rel"])
+    assert worst == pytest.approx(1e-7, rel=1e-3) and not fails
+    rows[1]["grad_norm_dtensor"] = 0.9 / 2 ** 0.5  # the float64 norm summed each shard over both replicas
+    worst, fails = fc.compare_norm_definition(rows, TOL["dtensor_norm_rel"])
+    assert worst > 0.4 and len(fails) == 1 and fails[0].startswith("step 2: torch's total norm")
+    assert fc.compare_norm_definition([{"step": 1, "grad_norm": None}], 1e-3) == (None, [])
+
+
+def test_table_keeps_other_runs(tmp_path):
+    def rec(run, ok=True):
+        return {"run": run, "stage": run[5:7], "world": 4, "steps": 6, "max_loss_rel": 1e-8, "max_grad_norm_rel": 2e-8,
+                "dtensors": {"layout_identical": True, "values": {"bitwise_identical": 1, "shards": 2, "exact": False,
+                                                                  "max_abs_over_lr": 1e-3}},
+                "collectives": {"identical": ok}, "pass": ok}
+    for name in ("stage01", "stage08", "debugmodel"):
+        with open(tmp_path / (name + ".json"), "w") as fh:
+            json.dump(rec(name), fh)
+    (tmp_path / "notes.json").write_text("[]")  # not a run's record: ignored
+    order = ["stage01", "stage08", "stage09", "stage09-ddp", "debugmodel"]
+    now = [rec("stage09-ddp", ok=False), rec("stage09")]
+    fc.write_logs(str(tmp_path), now, fc.table(now), "meta", every_run=False, order=order)
+    lines = (tmp_path / "table.txt").read_text().splitlines()
+    assert lines[0] == "meta" and "rows of 3 runs not run now (stage01, stage08, debugmodel)" in lines[1]
+    assert [l.split()[0] for l in lines[5:]] == order
+    assert lines[5 + order.index("stage09-ddp")].endswith("DIFFER       FAIL")
+    assert json.load(open(tmp_path / "stage09.json"))["pass"] and (tmp_path / "stage01.json").exists()
+    # a run of everything starts afresh: the json of runs not in it go
+    fc.write_logs(str(tmp_path), now, fc.table(now), "meta", every_run=True, order=order)
+    assert sorted(os.listdir(tmp_path)) == ["stage09-ddp.json", "stage09.json", "table.txt"]
+    assert len((tmp_path / "table.txt").read_text().splitlines()) == 6  # meta, blank, head, rule, 2 runs
 
 
 def test_values():
@@ -188,8 +399,10 @@ def test_stage02_against_fsdp2(tmp_path):
     # what FSDP2 did in step 1 on rank 0: each module all-gathered in forward and again in
     # backward (resharded after forward), its grads reduce-scattered once
     modules = ["block0", "block1", "embedding", "head"]
-    assert coll["step1_rank0"] == {"%s %s" % (m, k): 1 for m in modules
-                                   for k in ("all_gather backward", "all_gather forward", "reduce_scatter backward")}
+    want = {"%s %s" % (m, k): 1 for m in modules
+            for k in ("all_gather backward", "all_gather forward", "reduce_scatter backward")}
+    assert coll["step1_rank0"] == dict(want, **{"grad_norm all_reduce optimizer": 1})  # the norm: over the world
+    assert coll["left_out_single_rank_groups"] == {"c": 0, "fsdp2": 0} and rec["max_dtensor_norm_rel"] <= 1e-4
     table = open(out / "table.txt").read()
     assert "stage02" in table and "PASS" in table and "FAIL" not in table
 
@@ -215,3 +428,35 @@ def test_extra_recompute_all_gather_is_caught(tmp_path):
     want = "rank 0 step 1: block1 all-gather (f32) in backward: 2 in the C run, 1 in FSDP2's"
     assert want in rec["collectives"]["differences"]
     assert "FAIL" in open(out / "table.txt").read()
+
+
+def test_hsdp_all_reduce_of_the_unsharded_grads_is_caught(tmp_path):
+    """Stage 09 at --mesh 2,2 with the replicas' all-reduce moved before the reduce-scatter, on the unsharded
+    grads: the same numbers and the same collectives in the same groups, S times the bytes across the
+    replicas. Only the sizes of FSDP2's all-reduces (the grad shard's) catch it."""
+    python, why = fsdp2_python()
+    if python is None:
+        pytest.skip(why)
+    with open(os.path.join(ROOT, "tests", "mutants", "mutants.json")) as fh:
+        mutant = next(m for m in json.load(fh)["mutants"] if m["name"] == "all_reduce_the_unsharded_grads")
+    src, binary = tmp_path / "hw_fsdp.c", tmp_path / "train"
+    apply_mutant(mutant, str(src))
+    p = subprocess.run(["make", "-s", "impl", "SRC=%s" % src, "OUT=%s" % binary], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    out = tmp_path / "logs"
+    p = run_tool("09", "--main-only", "--no-install", "--binary", str(binary), "--out", str(out), "--work",
+                 str(tmp_path / "work"), python=python, timeout=900)
+    assert p.returncode == 1, p.stdout[-3000:] + p.stderr[-3000:]
+    rec = json.load(open(out / "stage09.json"))
+    assert not rec["pass"] and rec["max_loss_rel"] <= 1e-6 and rec["max_grad_norm_rel"] <= 1e-6
+    assert rec["dtensors"]["layout_identical"] and not rec["collectives"]["identical"]
+    coll = rec["collectives"]
+    assert coll["fsdp2_reduce_ops"] == {"reduce_scatter": ["AVG"], "all_reduce": ["AVG"],
+                                        "grad_norm.all_reduce": ["SUM"]}
+    assert coll["step1_rank0"]["block0 all_reduce backward replicate0"] == 1
+    assert coll["step1_rank0"]["grad_norm all_reduce optimizer shard0"] == 1
+    diffs = coll["differences"]
+    assert diffs and all(" all-reduce (f32) in backward in replicate" in d and " moved " in d for d in diffs), diffs
+    assert "rank 0 step 1: block0 all-reduce (f32) in backward in replicate0 moved 197120 bytes in the C run, " \
+           "98560 in FSDP2's" in diffs

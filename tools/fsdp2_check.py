@@ -12,32 +12,65 @@ debugmodel (10 steps, world 4, stage 04's solution), this tool
 2. trains the same configuration with real FSDP2 (tools/fsdp2_torch.py: torch >= 2.6, gloo, W
    CPU processes, fully_shard per module group and on the root, the same weights, tokens, data
    order, AdamW, warmup and clipping, and FSDP2's own switches for --ac, ZeRO-2, gradient
-   accumulation and mixed precision);
+   accumulation and mixed precision; with --mesh R,S (stage 09) fully_shard on a 2-D DeviceMesh,
+   FSDP2's HSDP, see below);
 3. compares:
    - loss, every step: relative difference <= loss_rel (TOLERANCES). The C run prints 9 digits
      of a float;
    - grad norm before clipping, every step: both sides sum squares in float64 (the solutions
-     per tensor, then accumulate and all-reduce in float32; torch per shard and across ranks in
-     float64), so <= grad_norm_rel measures the sharded computation, not float32 summation
-     order. torch's own clip_grad_norm_ is up to ~1.5e-4 off on the debugmodel (REFERENCE.md)
-     and is not used: FSDP2's run clips with its formula on the float64 norm;
-   - DTensors: placement, mesh, global shape, local rows, padded rows, row offset of every
-     parameter on every rank, identical; both runs' local shards bitwise equal to the initial
-     weights' rows after sharding, padding zero. After training the fp32 shards are compared
-     with the C run's --save: bitwise where they agree, else the largest difference in units of
-     the learning rate (values_lr): the two sides' matmuls sum in other orders (OpenBLAS vs
-     MKL, ~1e-7 relative per op), and AdamW's m / sqrt(v) turns that into up to ~1e-3 of one
-     update where a gradient is near 0. A forward-only run must stay bitwise equal;
+     per tensor, then accumulate and all-reduce in float32; torch per shard and across the shard
+     group in float64), so <= grad_norm_rel measures the sharded computation, not float32
+     summation order. torch's own clip_grad_norm_ is up to ~1.5e-4 off on the debugmodel
+     (REFERENCE.md) and is not used for the comparison: FSDP2's run clips with its formula on the
+     float64 norm. It is computed, though (get_total_norm on the DTensor grads), and the float64
+     norm must agree with it within dtensor_norm_rel: that holds the float64 norm to torch's
+     definition (each shard once; on a 2-D mesh DTensor reduces over the shard dim only, the
+     replicas' copies are not summed again, which a sum over the world would do: x sqrt(R));
+   - DTensors: placement, mesh (its ranks, shape, dim names), placements per mesh dim, global
+     shape, local rows, padded rows, row offset of every parameter on every rank, and each
+     rank's mesh shape, shard rank and shard size, identical; both runs' local shards bitwise
+     equal to the initial weights' rows after sharding, padding zero. After training the fp32
+     shards are compared with the C run's --save: bitwise where they agree, else the largest
+     difference in units of the learning rate (values_lr): the two sides' matmuls sum in other
+     orders (OpenBLAS vs MKL, ~1e-7 relative per op), and AdamW's m / sqrt(v) turns that into up
+     to ~1e-3 of one update where a gradient is near 0. A forward-only run must stay bitwise equal;
    - collectives: per rank, step, microbatch and module, the all-gathers in forward, those in
-     backward (recompute included) and the reduce-scatters, from the C trace's collective
-     events (the grader's parsing: '<module>.<kind>', args.phase, args.dtype) and from FSDP2's
-     calls into torch.distributed (the output tensor's dtype), identical counts per element type.
+     backward (recompute included), the reduce-scatters and the all-reduces (HSDP's across the
+     replicas), and the grad norm's all-reduce (module grad_norm, phase optimizer), from the C
+     trace's collective events (the grader's parsing: '<module>.<kind>', args.phase, args.dtype,
+     args.group, args.bytes) and from FSDP2's calls into torch.distributed and DTensor's
+     functional all-reduce (the output tensor's dtype, the group's ranks): identical counts per
+     element type and group, and the same bytes (an all-gather's output, a reduce-scatter's
+     input, an all-reduce's tensor, as the C trace counts them). FSDP2's groups are named by
+     their ranks as the C runtime names them (world; with --mesh R,S shard<i> = row i,
+     replicate<j> = column j). The grad norm's all-reduce on the FSDP2 side is the one DTensor
+     issues for torch's own total norm (see above), not FSDP2's: one per step, in the shard
+     group, as the C runtime's; its bytes are not compared (the C runtime all-reduces one float,
+     the sum of squares; DTensor the stacked per-parameter partial norms, 4 bytes per
+     parameter: a choice of the norm's implementation, not of the sharding). A collective in a
+     group of one rank moves nothing and is left out on both sides (counted in the record): the
+     C runtime issues them (--mesh 4,1: all-gathers, reduce-scatters and the norm's all-reduce
+     in its one-rank shard group; the grader wants one reduce-scatter per module), FSDP2 skips
+     them (its world_size == 1 paths in FSDPParamGroup.unshard and foreach_reduce; DTensor does
+     not reduce a Partial over a mesh dim of size 1).
 4. prints a table and writes logs/fsdp2/ (table.txt, one <run>.json with the per-step numbers).
-   Exit status 1 if any comparison fails, 2 for bad input.
+   A run of some stages rewrites their <run>.json only; table.txt keeps the other runs' rows
+   (from their <run>.json). Exit status 1 if any comparison fails, 2 for bad input.
 
 Reduce-scatter: FSDP2 averages fp32 grads with ReduceOp.AVG; gloo accepts it in torch 2.15 and
 the results are bitwise those of set_force_sum_reduction_for_comms(True) (SUM, then divide;
 checked on stage 04). --force-sum-reduction runs the latter.
+
+HSDP (torch 2.15, _fsdp_collectives.foreach_reduce and _get_gradient_divide_factors): with a
+2-D mesh FSDP2 all-gathers in the shard group, reduce-scatters the grads in the shard group with
+ReduceOp.AVG, then all-reduces the reduce-scatter's output (the grad shard, in place) across the
+replicate group with ReduceOp.AVG, on its all-reduce stream (a no-op stream on CPU): fp32 has no
+pre/post-divide factor unless --force-sum-reduction (SUM both, then one divide by R*S). That is
+what the C runtime does (average over S, then over R). gloo takes AVG for the all-reduce too.
+The reduce ops FSDP2 used are in each record (collectives.fsdp2_reduce_ops). Not compared: the
+order of collectives within a step (an all-reduce of the unsharded grads before the
+reduce-scatter shows in its bytes, not in its order), the C run's streams and overlap (FSDP2 on
+CPU runs every collective synchronously), memory.
 
 torch: run by any python, the tool uses the current interpreter when it has torch >= 2.6 with
 fully_shard; else build/fsdp2-venv (made once by pip, several GB of CUDA wheels, unless
@@ -76,7 +109,7 @@ PIP_PACKAGES = ["torch", "numpy", "safetensors"]
 # <= 5.9e-8, grad norm <= 1.2e-7, trained values <= 1.6e-3 lr. A sharding bug moves them by
 # orders of magnitude more (a sum instead of an average: the grad norm x W).
 TOLERANCES = {
-    "default": {"loss_rel": 1e-6, "grad_norm_rel": 1e-6, "values_lr": 1e-2},
+    "default": {"loss_rel": 1e-6, "grad_norm_rel": 1e-6, "values_lr": 1e-2, "dtensor_norm_rel": 1e-3},
     # Stage 08 (mixed precision): FSDP2 with param_dtype bf16 computes the activations and the
     # unsharded grads in bf16; the C runtime computes in fp32 on the same bf16-rounded weights and
     # keeps fp32 grads, so the two agree only to bf16's precision reaching the loss. Measured
@@ -260,7 +293,7 @@ def torch_job(run, cdir, init, out, args):
             "grad_accum": r.get("grad_accum", 1), "grad_sync_every": r.get("grad_sync", "every") == "every",
             "reshard_after_backward": r.get("reshard_after_backward", True),
             "param_dtype": param_dtype, "reduce_dtype": reduce_dtype,
-            "force_sum_reduction": args.force_sum_reduction, "threads": 1, "port": free_port(),
+            "mesh": r.get("mesh"), "force_sum_reduction": args.force_sum_reduction, "threads": 1, "port": free_port(),
             "timeout_s": TORCH_TIMEOUT_S, "out": out}
 
 
@@ -296,8 +329,41 @@ def read_safetensors(path):
         raise Failure(str(e))
 
 
+GRAD_NORM = "grad_norm"  # the label of the grad norm's all-reduce in the C trace, its module name in FSDP2's
+
+
+def group_name(ranks, mesh, world):
+    """The C trace's name of the process group of these global ranks: without a mesh (mesh None) "world";
+    with --mesh R,S "shard<i>" (row i: ranks i*S .. i*S+S-1) or "replicate<j>" (column j: j, S+j, ..).
+    Any other set: "ranks a,b,..", which no C trace names (the comparison then differs)."""
+    ranks = sorted(int(r) for r in ranks)
+    if mesh:
+        R, S = mesh
+        for i in range(R):
+            if ranks == [i * S + j for j in range(S)]:
+                return "shard%d" % i
+        for j in range(S):
+            if ranks == [i * S + j for i in range(R)]:
+                return "replicate%d" % j
+    elif ranks == list(range(world)):
+        return "world"
+    return "ranks " + ",".join(str(r) for r in ranks)
+
+
+def group_size(name, mesh, world):
+    """How many ranks the group of a C trace name holds (shard<i>: S, replicate<j>: R, world: W)."""
+    if name.startswith("ranks "):
+        return len(name.split(" ", 1)[1].split(","))
+    if mesh and name.startswith("shard"):
+        return mesh[1]
+    if mesh and name.startswith("replicate"):
+        return mesh[0]
+    return world
+
+
 def c_collectives(cdir, world, modules):
-    """Per rank {(step, microbatch, module, kind, phase, dtype): count} of the C trace (the grader's parsing)."""
+    """Per rank {(step, microbatch, module, kind, phase, group, dtype, bytes): count} of the C trace (the grader's
+    parsing): the modules' all-gathers, reduce-scatters and all-reduces, and the grad norm's all-reduce."""
     per_rank = []
     for r in range(world):
         with open(os.path.join(cdir, "trace_rank%d.json" % r)) as fh:
@@ -307,20 +373,48 @@ def c_collectives(cdir, world, modules):
             if e.get("ph") != "X" or e.get("cat") != "collective":
                 continue
             label, _, kind = e["name"].rpartition(".")
-            if kind not in ("all_gather", "reduce_scatter") or label not in modules:
-                continue  # the grad norm's all-reduce, the checkpoint's gathers
+            if kind not in ("all_gather", "reduce_scatter", "all_reduce"):
+                continue
+            if label not in modules and (label, kind) != (GRAD_NORM, "all_reduce"):
+                continue  # the checkpoint's gathers
             a = e.get("args", {})
             phase = a.get("phase")
             phase = "forward" if phase in FORWARD_PHASES else "backward" if phase in BACKWARD_PHASES else phase
-            key = (a["step"], a.get("microbatch", -1), label, kind, phase, a.get("dtype", "f32"))
+            key = (a["step"], a.get("microbatch", -1), label, kind, phase, a.get("group", "world"),
+                   a.get("dtype", "f32"), a.get("bytes", -1))
             counts[key] = counts.get(key, 0) + 1
         per_rank.append(counts)
     return per_rank
 
 
-def torch_collectives(ranks, profiled_steps):
-    return [{(c["step"], c["microbatch"], c["module"], c["kind"], c["phase"], c["dtype"]): c["count"]
-             for c in rk["collectives"] if c["step"] < profiled_steps or c["step"] < 0} for rk in ranks]
+def torch_collectives(ranks, profiled_steps, mesh):
+    """FSDP2's counts per rank, keyed as c_collectives' (the groups' ranks named by group_name)."""
+    out = []
+    for rk in ranks:
+        counts = {}
+        for c in rk["collectives"]:
+            if c["step"] < profiled_steps or c["step"] < 0:
+                group = group_name(c["group"].split(","), mesh, len(ranks))
+                key = (c["step"], c["microbatch"], c["module"], c["kind"], c["phase"], group, c["dtype"],
+                       c.get("bytes", -1))
+                counts[key] = counts.get(key, 0) + c["count"]
+        out.append(counts)
+    return out
+
+
+def without_single_rank_groups(per_rank, mesh, world):
+    """(counts without the collectives in a group of one rank, how many were left out); any key whose element
+    5 is the group."""
+    kept, left_out = [], 0
+    for counts in per_rank:
+        k = {}
+        for key, n in counts.items():
+            if group_size(key[5], mesh, world) == 1:
+                left_out += n
+            else:
+                k[key] = n
+        kept.append(k)
+    return kept, left_out
 
 
 # ---------------------------------------------------------------------------- the comparisons
@@ -354,31 +448,71 @@ def compare_steps(c_rows, t_rows, tol):
     return rows, max_l, (max_g if any(r["grad_norm_rel"] is not None for r in rows) else None), fails
 
 
+def counts_and_sizes(per_rank):
+    """Per rank counts keyed by (.., group, dtype, bytes) -> ({key without bytes: count}, {key without bytes:
+    sorted bytes of each collective})."""
+    counts, sizes = [], []
+    for per in per_rank:
+        c, z = {}, {}
+        for key, n in per.items():
+            c[key[:-1]] = c.get(key[:-1], 0) + n
+            z.setdefault(key[:-1], []).extend([key[-1]] * n)
+        counts.append(c)
+        sizes.append({k: sorted(v) for k, v in z.items()})
+    return counts, sizes
+
+
+def compare_sizes(c_sizes, t_sizes):
+    """Differences in the bytes of the collectives that both runs issue as often (per rank and key), but the grad
+    norm's: the C runtime all-reduces one float (the sum of squares), DTensor the per-parameter partial norms."""
+    diffs = []
+    for r, (c, t) in enumerate(zip(c_sizes, t_sizes)):
+        for key in sorted(set(c) & set(t), key=str):
+            if key[2] != GRAD_NORM and len(c[key]) == len(t[key]) and c[key] != t[key]:
+                step, micro, mod, kind, phase, group, dtype = key
+                diffs.append("rank %d step %d%s: %s %s (%s) in %s%s moved %s bytes in the C run, %s in FSDP2's"
+                             % (r, step + 1, " microbatch %d" % micro if micro >= 0 else "", mod,
+                                kind.replace("_", "-"), dtype, phase, "" if group == "world" else " in " + group,
+                                "/".join(str(b) for b in c[key]), "/".join(str(b) for b in t[key])))
+    return diffs
+
+
 def compare_collectives(c_counts, t_counts):
-    """(equal, differences, summary): per rank the counts by (step, microbatch, module, kind, phase)."""
+    """(equal, differences, summary): per rank the counts by (step, microbatch, module, kind, phase, group,
+    dtype); the summary is rank 0's step 1 in FSDP2's run (the group named when it is not the world)."""
     diffs = []
     for r, (c, t) in enumerate(zip(c_counts, t_counts)):
         for key in sorted(set(c) | set(t), key=str):
             if c.get(key, 0) != t.get(key, 0):
-                step, micro, mod, kind, phase, dtype = key
-                diffs.append("rank %d step %d%s: %s %s (%s) in %s: %d in the C run, %d in FSDP2's"
+                step, micro, mod, kind, phase, group, dtype = key
+                diffs.append("rank %d step %d%s: %s %s (%s) in %s%s: %d in the C run, %d in FSDP2's"
                              % (r, step + 1, " microbatch %d" % micro if micro >= 0 else "", mod,
-                                kind.replace("_", "-"), dtype, phase, c.get(key, 0), t.get(key, 0)))
+                                kind.replace("_", "-"), dtype, phase, "" if group == "world" else " in " + group,
+                                c.get(key, 0), t.get(key, 0)))
     if len(c_counts) != len(t_counts):
         diffs.append("%d ranks traced in the C run, %d in FSDP2's" % (len(c_counts), len(t_counts)))
     if c_counts and not c_counts[0]:
         diffs.append("no collective of a module in the C trace")
     summary = {}
-    for (step, micro, mod, kind, phase, dtype), n in (t_counts[0] if t_counts else {}).items():
+    for (step, micro, mod, kind, phase, group, dtype), n in (t_counts[0] if t_counts else {}).items():
         if step == 0:
-            k = "%s %s %s" % (mod, kind, phase) + (" mb%d" % micro if micro >= 0 else "") + (
-                "" if dtype == "f32" else " " + dtype)
+            k = "%s %s %s" % (mod, kind, phase) + ("" if group == "world" else " " + group) + (
+                " mb%d" % micro if micro >= 0 else "") + ("" if dtype == "f32" else " " + dtype)
             summary[k] = n
     return not diffs, diffs, dict(sorted(summary.items()))
 
 
-LAYOUT_FIELDS = ["module", "global_shape", "mesh", "placement", "local_rows", "padded_rows", "row_offset", "row_numel",
-                 "global_rows", "local_matches_init", "padding_is_zero"]
+LAYOUT_FIELDS = ["module", "global_shape", "mesh", "mesh_shape", "mesh_dim_names", "placements", "placement",
+                 "local_rows", "padded_rows", "row_offset", "row_numel", "global_rows", "local_matches_init",
+                 "padding_is_zero"]
+MESH_FIELDS = ["mesh_shape", "shard_rank", "shard_size"]  # the top of dtensors_rank<r>.json, per rank
+
+
+def compare_mesh(c_top, t_mesh, rank):
+    """Differences between the top of the C run's dtensors_rank<r>.json and FSDP2's mesh on that rank."""
+    return ["rank %d: %s is %s in the C run, %s in FSDP2's" % (rank, f, json.dumps(c_top.get(f)),
+                                                                 json.dumps(t_mesh.get(f)))
+            for f in MESH_FIELDS if c_top.get(f) != t_mesh.get(f)]
 
 
 def compare_layouts(c_params, t_params, rank):
@@ -400,6 +534,23 @@ def compare_layouts(c_params, t_params, rank):
                 diffs.append("rank %d: %s: the %s shard is not the initial weights' rows with zero padding"
                              % (rank, name, side))
     return diffs
+
+
+def compare_norm_definition(t_rows, limit):
+    """torch's own float32 total norm of the DTensor grads against the float64 norm FSDP2's run is compared by,
+    every step: (largest relative difference or None, failures)."""
+    worst, fails = None, []
+    for t in t_rows:
+        a, b = t["grad_norm"], t.get("grad_norm_dtensor")
+        if a is None or b is None:
+            continue
+        d = rel(a, b)
+        worst = d if worst is None else max(worst, d)
+        if limit is not None and not d <= limit:
+            fails.append("step %d: torch's total norm of the DTensor grads %.9g is %.2e from the float64 norm "
+                         "%.9g over the shard group (> %.0e): the float64 norm is not torch's definition"
+                         % (t["step"], b, d, a, limit))
+    return worst, fails
 
 
 def compare_values(c_final, t_shards, t_layout, lr, limit, exact):
@@ -468,13 +619,16 @@ def compare_run(run, args):
     rows, max_l, max_g, f = compare_steps(read_jsonl(os.path.join(cdir, "metrics.jsonl")), ranks[0]["steps"], tol)
     rec.update({"per_step": rows, "max_loss_rel": max_l, "max_grad_norm_rel": max_g})
     fails += f
+    rec["max_dtensor_norm_rel"], f = compare_norm_definition(ranks[0]["steps"], tol["dtensor_norm_rel"])
+    fails += f
 
     layout_diffs = []
     c_layouts = []
     for r in range(job["world"]):
         with open(os.path.join(cdir, "dtensors_rank%d.json" % r)) as fh:
-            c_layouts.append(json.load(fh)["params"])
-        layout_diffs += compare_layouts(c_layouts[r], ranks[r]["dtensors"], r)
+            top = json.load(fh)
+        c_layouts.append(top["params"])
+        layout_diffs += compare_mesh(top, ranks[r]["mesh"], r) + compare_layouts(c_layouts[r], ranks[r]["dtensors"], r)
     shards = [read_safetensors(os.path.join(job["out"], "shards_rank%d.safetensors" % r)) for r in range(job["world"])]
     values, f = compare_values(read_safetensors(final), shards, [rk["dtensors"] for rk in ranks], job["lr"],
                                tol["values_lr"], exact=job["forward_only"])
@@ -485,10 +639,17 @@ def compare_run(run, args):
     with open(os.path.join(cdir, "run.json")) as fh:
         profiled = min(json.load(fh)["profile_steps"], job["steps"])
     modules = {p["module"] for p in c_layouts[0]}
-    equal, diffs, summary = compare_collectives(c_collectives(cdir, job["world"], modules),
-                                                torch_collectives(ranks, profiled))
+    mesh, world = job["mesh"], job["world"]
+    c_counts, c_single = without_single_rank_groups(c_collectives(cdir, world, modules), mesh, world)
+    t_counts, t_single = without_single_rank_groups(torch_collectives(ranks, profiled, mesh), mesh, world)
+    (c_counts, c_sizes), (t_counts, t_sizes) = counts_and_sizes(c_counts), counts_and_sizes(t_counts)
+    equal, diffs, summary = compare_collectives(c_counts, t_counts)
+    size_diffs = compare_sizes(c_sizes, t_sizes)
+    diffs += size_diffs
+    equal = equal and not size_diffs
     rec["collectives"] = {"identical": equal, "steps_compared": profiled, "differences": diffs[:20],
-                          "step1_rank0": summary}
+                          "step1_rank0": summary, "mesh": mesh, "fsdp2_reduce_ops": ranks[0].get("reduce_ops", {}),
+                          "left_out_single_rank_groups": {"c": c_single, "fsdp2": t_single}}
     fails += diffs[:5]
     if profiled < job["steps"]:
         fails.append("only %d of %d steps profiled in the C run: collectives of the rest not compared"
@@ -524,13 +685,43 @@ def table(records):
     return "\n".join(out)
 
 
-def write_logs(out, records, text, meta, every_run):
-    """table.txt and <run>.json; a run of everything first removes the json of runs that no longer exist."""
+def earlier_records(out, records, order):
+    """The records in out/<run>.json of runs not in `records` (an earlier invocation's), and all of them
+    ordered as `order` names the runs (others after, by name)."""
+    now = {r["run"] for r in records}
+    earlier = []
+    if os.path.isdir(out):
+        for name in sorted(os.listdir(out)):
+            if name.endswith(".json") and name[:-len(".json")] not in now:
+                try:
+                    with open(os.path.join(out, name)) as fh:
+                        rec = json.load(fh)
+                except (OSError, ValueError):
+                    continue
+                if isinstance(rec, dict) and rec.get("run") == name[:-len(".json")] and "pass" in rec:
+                    earlier.append(rec)
+    rank = {name: i for i, name in enumerate(order)}
+
+    def key(r):
+        return rank.get(r["run"], len(order)), r["run"]
+    return sorted(earlier, key=key), sorted(records + earlier, key=key)
+
+
+def write_logs(out, records, text, meta, every_run, order=()):
+    """table.txt and <run>.json; a run of everything first removes the json of runs that no longer exist. A run of
+    some stages keeps the other runs' json, and their rows in table.txt (from that json)."""
     os.makedirs(out, exist_ok=True)
     if every_run:
         for name in os.listdir(out):
             if name.endswith(".json"):
                 os.remove(os.path.join(out, name))
+    else:
+        earlier, merged = earlier_records(out, records, order)
+        if earlier:
+            text = table(merged)
+            meta += ("\nrows of %d runs not run now (%s) come from their <run>.json, written by an earlier "
+                     "make fsdp2-check" % (len(earlier), ", ".join(r["run"] for r in earlier[:3])
+                                           + (", ..." if len(earlier) > 3 else "")))
     for r in records:
         with open(os.path.join(out, r["run"] + ".json"), "w") as fh:
             json.dump(r, fh, indent=1)
@@ -592,7 +783,10 @@ def main(argv):
             TOLERANCES["default"]["loss_rel"], TOLERANCES["default"]["grad_norm_rel"],
             TOLERANCES["default"]["values_lr"]))
     print("\n" + meta + "\n\n" + text)
-    write_logs(os.path.abspath(args.out), records, text, meta, every_run=not args.stages and not args.main_only)
+    every = sorted(rubric["stages"])
+    order = [r.name for r in plan(rubric, every, False, DEBUGMODEL["stage"] in every)]
+    write_logs(os.path.abspath(args.out), records, text, meta, every_run=not args.stages and not args.main_only,
+               order=order)
     print("\nwrote %s/ (table.txt, one json per run)" % shown(args.out))
     return 0 if all(r["pass"] for r in records) else 1
 

@@ -20,22 +20,39 @@ the C run did is what this run does (read from the C run's run.json and the stag
 - AdamW (betas 0.9/0.95, eps 1e-8, the run's lr and weight decay, single-tensor), torchtitan's
   linear warmup (LambdaLR), clipping to --max-norm.
 
-The grad norm is the square root of the squares of every DTensor grad's local shard, summed
-in float64 and all-reduced in float64: torch's float32 clip_grad_norm_ sums without cascading
-and is off by up to ~1.5e-4 relative on the debugmodel. The clip coefficient is torch's
-formula, max_norm / (norm + 1e-6) clamped to 1 in float32, applied to the local grads.
+- --mesh R,S (stage 09, HSDP): fully_shard on a 2-D DeviceMesh (init_device_mesh("cpu", (R, S),
+  mesh_dim_names=("replicate", "shard"))): rank i*S + j in row i (the shard group, dim 1) and
+  column j (the replicate group, dim 0). Without --mesh the mesh is 1-D over the world, its dim
+  named "shard" as the C run's dtensors json names it.
 
-Collectives: torch.distributed's all-gather and reduce-scatter entry points are wrapped, and
-FSDPParamGroup.unshard / post_backward say which module a collective belongs to; the loop says
-the phase as the C runtime's host scope does (forward: the model call and the loss; backward:
-loss.backward(), recompute included), the step and the microbatch. A collective outside the
-loop is counted in the phase "outside" (the C run has none: the comparison fails).
+The grad norm is the square root of the squares of every DTensor grad's local shard, summed
+in float64 and all-reduced in float64 over the shard group (the mesh dim the grads are Shard(0)
+on; with a 2-D mesh the R replicas hold the same shards and are not summed again): torch's
+float32 clip_grad_norm_ sums without cascading and is off by up to ~1.5e-4 relative on the
+debugmodel. Torch's own total norm of the DTensor grads (torch.nn.utils.get_total_norm, float32)
+is computed as well, every step: it is the norm by torch's definition, its all-reduce is the
+grad norm's collective counted below, and its value goes into rank<r>.json beside the float64 one
+(fsdp2_check.py checks they agree to float32 precision). The clip coefficient is torch's formula,
+max_norm / (norm + 1e-6) clamped to 1 in float32, on the float64 norm, applied to the local grads.
+
+Collectives: torch.distributed's all-gather, reduce-scatter and all-reduce entry points are
+wrapped, and so is the functional all-reduce DTensor reduces a Partial placement with (the grad
+norm's); FSDPParamGroup.unshard / post_backward say which module a collective belongs to (the
+total norm counts as module "grad_norm", phase "optimizer"); the loop says the phase as the C
+runtime's host scope does (forward: the model call and the loss; backward: loss.backward(),
+recompute included), the step and the microbatch. Each collective is keyed by its group too,
+as the ranks in it (fsdp2_check.py names them as the C trace does), and by its size in bytes;
+its reduce op is noted. The tool's own reductions (the float64 norm, the mean loss) use the
+unwrapped all_reduce and are not counted. A collective outside the loop is counted in the phase
+"outside" (the C run has none: the comparison fails).
 
 Writes into OUT, per rank:
-  rank<r>.json                  steps (loss, grad norm, lr), collectives, DTensor layout after fully_shard
+  rank<r>.json                  steps (loss, grad norm, lr), collectives, reduce ops, the mesh, DTensor layout
+                                after fully_shard
   shards_rank<r>.safetensors    the local shards after training: params, optim.<name>.exp_avg(_sq)
 """
 import datetime
+import inspect
 import json
 import math
 import os
@@ -51,9 +68,12 @@ import torch_llama  # noqa: E402  (the PyTorch Llama the parity tests use)
 
 AC_PREFIX = "_checkpoint_wrapped_module."
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-# torch.distributed functions FSDP2 issues its collectives through (the names changed over versions)
+# torch.distributed functions FSDP2 issues its collectives through (the names changed over versions);
+# all_reduce: HSDP's all-reduce of the grad shards across the replicate group
 COLLECTIVE_FUNCTIONS = {"all_gather_single": "all_gather", "all_gather_into_tensor": "all_gather",
-                        "reduce_scatter_single": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter"}
+                        "reduce_scatter_single": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",
+                        "all_reduce": "all_reduce"}
+UNCOUNTED_ALL_REDUCE = dist.all_reduce  # the tool's own reductions (loss, float64 norm): never counted
 
 
 def c_module(fqn):
@@ -71,29 +91,59 @@ def c_module(fqn):
 TRACE_DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}
 
 
+def group_ranks(group):
+    """The global ranks of a process group (None: the default group, the world), as a list."""
+    return list(dist.get_process_group_ranks(group if group is not None else dist.group.WORLD))
+
+
+def op_name(op):
+    """A reduce op as text: AVG, SUM, PREMUL_SUM, or a functional collective's string (upper-cased)."""
+    if isinstance(op, str):
+        return op.upper()
+    return str(getattr(op, "name", op)).rsplit(".", 1)[-1].upper()
+
+
 class CollectiveLog:
-    """Counts FSDP2's collectives by (step, microbatch, module, kind, phase, dtype); dtype is the element type
-    of the collective's output tensor, named as the C trace names it (f32, bf16)."""
+    """Counts FSDP2's collectives by (step, microbatch, module, kind, phase, group, dtype, bytes); group is the
+    ranks of the process group as a comma-separated string, dtype the element type of the collective's output
+    tensor (of its in-place tensor for an all-reduce), named as the C trace names it (f32, bf16), bytes what the
+    C trace's args.bytes counts. The reduce ops seen are kept per kind (the grad norm's as
+    grad_norm.all_reduce)."""
 
     def __init__(self):
         self.where = None   # (step, microbatch, phase) while the loop trains; None outside
         self.module = None  # the FSDP group whose unshard / post_backward runs now
         self.depth = 0      # a wrapped function calling another counts once
         self.counts = Counter()
+        self.ops = {}       # kind -> set of reduce op names
 
     def install(self):
+        from torch.distributed import _functional_collectives as funcol
         from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
         wrapped = 0
         for name, kind in COLLECTIVE_FUNCTIONS.items():
             if hasattr(dist, name):
-                setattr(dist, name, self._counting(getattr(dist, name), kind))
+                setattr(dist, name, self._counting(getattr(dist, name), kind, group_ranks))
                 wrapped += 1
         if not wrapped:
             raise RuntimeError("torch.distributed has none of %s" % ", ".join(COLLECTIVE_FUNCTIONS))
+        # DTensor's Partial placements reduce through funcol.all_reduce(tensor, reduceOp, group=(mesh, dim))
+        funcol.all_reduce = self._counting(funcol.all_reduce, "all_reduce", self._funcol_ranks(funcol))
         for method in ("unshard", "post_backward"):
             setattr(FSDPParamGroup, method, self._labelling(getattr(FSDPParamGroup, method)))
 
-    def _counting(self, fn, kind):
+    @staticmethod
+    def _funcol_ranks(funcol):
+        from torch.distributed.distributed_c10d import _resolve_process_group
+
+        def ranks(group):
+            g = funcol._resolve_group(group, "")
+            return group_ranks(_resolve_process_group(g) if isinstance(g, str) else g)
+        return ranks
+
+    def _counting(self, fn, kind, ranks_of):
+        sig = inspect.signature(fn)
+
         def wrapper(*args, **kwargs):
             outer = self.depth == 0
             self.depth += 1
@@ -102,10 +152,20 @@ class CollectiveLog:
             finally:
                 self.depth -= 1
                 if outer:
+                    bound = sig.bind_partial(*args, **kwargs).arguments
                     step, micro, phase = self.where or (-1, -1, "outside")
-                    out = args[0] if args else kwargs.get("output")
+                    out = args[0] if args else next(iter(bound.values()), None)
                     dtype = TRACE_DTYPES.get(getattr(out, "dtype", None), str(getattr(out, "dtype", "?")))
-                    self.counts[(step, micro, self.module or "?", kind, phase, dtype)] += 1
+                    group = ",".join(str(r) for r in ranks_of(bound.get("group")))
+                    # the bytes the C trace gives: an all-gather's output, a reduce-scatter's input (the
+                    # group's segments), an all-reduce's tensor
+                    moved = bound.get("input", bound.get("input_tensor")) if kind == "reduce_scatter" else out
+                    nbytes = moved.numel() * moved.element_size() if hasattr(moved, "numel") else -1
+                    self.counts[(step, micro, self.module or "?", kind, phase, group, dtype, nbytes)] += 1
+                    op = bound.get("op", bound.get("reduceOp"))
+                    if kind != "all_gather":
+                        what = kind if self.module != "grad_norm" else "grad_norm." + kind
+                        self.ops.setdefault(what, set()).add(op_name(op) if op is not None else "SUM")
         return wrapper
 
     def _labelling(self, method):
@@ -118,8 +178,8 @@ class CollectiveLog:
         return wrapper
 
     def rows(self):
-        return [{"step": k[0], "microbatch": k[1], "module": k[2], "kind": k[3], "phase": k[4], "dtype": k[5],
-                 "count": n} for k, n in sorted(self.counts.items())]
+        return [{"step": k[0], "microbatch": k[1], "module": k[2], "kind": k[3], "phase": k[4], "group": k[5],
+                 "dtype": k[6], "bytes": k[7], "count": n} for k, n in sorted(self.counts.items())]
 
 
 # ---------------------------------------------------------------------------- the model
@@ -182,8 +242,17 @@ def placement_name(p):
     return str(p)
 
 
+def mesh_record(mesh):
+    """The mesh's shape and this rank's place on its shard dim, as the top of dtensors_rank<r>.json has them."""
+    names = list(mesh.mesh_dim_names or [])
+    dim = names.index("shard") if "shard" in names else mesh.ndim - 1
+    return {"mesh_shape": list(mesh.shape), "mesh_dim_names": names, "shard_rank": mesh.get_local_rank(dim),
+            "shard_size": mesh.size(dim)}
+
+
 def dtensor_layout(model, weights):
-    """Each parameter's DTensor as FSDP2 made it, in the fields of the C run's dtensors_rank<r>.json."""
+    """Each parameter's DTensor as FSDP2 made it, in the fields of the C run's dtensors_rank<r>.json: the mesh's
+    ranks (flattened), shape, dim names and placements; placement is the one on the shard dim (the last)."""
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
     records = fsdp_params(model)
     out = []
@@ -200,8 +269,11 @@ def dtensor_layout(model, weights):
         if fp is not None and hasattr(fp, "_sharded_param_data"):
             pad_zero = bool((fp._sharded_param_data[local.numel():] == 0).all())
         want = weights[name][offset[0]:offset[0] + rows]
+        placements = [placement_name(x) for x in p.placements]
         out.append({"name": name, "module": c_module(name), "global_shape": shape,
-                    "mesh": p.device_mesh.mesh.tolist(), "placement": ",".join(placement_name(x) for x in p.placements),
+                    "mesh": p.device_mesh.mesh.flatten().tolist(), "mesh_shape": list(p.device_mesh.shape),
+                    "mesh_dim_names": list(p.device_mesh.mesh_dim_names or []), "placements": placements,
+                    "placement": placements[-1],
                     "local_rows": rows, "padded_rows": padded, "row_offset": int(offset[0]), "row_numel": row_numel,
                     "global_rows": shape[0], "local_matches_init": bool(torch.equal(local, want)),
                     "padding_is_zero": pad_zero})
@@ -217,14 +289,23 @@ def rank_batch(tokens, step, rank, job):
     return inputs[rank * B:(rank + 1) * B], targets[rank * B:(rank + 1) * B]
 
 
-def grad_norm_f64(model):
-    """sqrt of the sum of squares of every grad, in float64 on each shard and across ranks."""
+def grad_norm_f64(model, shard_group):
+    """sqrt of the sum of squares of every grad, in float64 on each shard and across the shard group (each
+    shard once: the replicas of an HSDP mesh hold the same shards)."""
     total = torch.zeros((), dtype=torch.float64)
     for p in model.parameters():
         if p.grad is not None:
             total += p.grad.to_local().double().pow(2).sum()
-    dist.all_reduce(total)
+    UNCOUNTED_ALL_REDUCE(total, group=shard_group)
     return math.sqrt(total.item())
+
+
+def grad_norm_dtensor(model):
+    """torch's total norm of the DTensor grads (float32, as clip_grad_norm_ computes it): DTensor reduces the
+    Partial norm over the mesh dims the grads are sharded on; full_tensor() is a no-op when that already ran."""
+    norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None], 2.0,
+                                         foreach=False)
+    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
 
 
 def clip(model, norm, max_norm):
@@ -240,7 +321,7 @@ def clip(model, norm, max_norm):
 
 def mean_over_ranks(value):
     t = torch.tensor([value], dtype=torch.float64)
-    dist.all_reduce(t)
+    UNCOUNTED_ALL_REDUCE(t)
     return t.item() / dist.get_world_size()
 
 
@@ -254,7 +335,7 @@ def set_microbatch(model, job, k):
     model.set_reshard_after_backward(last or job["reshard_after_backward"])
 
 
-def train(model, job, log, rank):
+def train(model, job, log, rank, shard_group):
     tokens = torch_llama.load_tokens(job["data"])
     opt = sched = None
     if not job["forward_only"]:
@@ -279,10 +360,14 @@ def train(model, job, log, rank):
                 log.where = (s, micro, "backward")
                 (loss / K).backward()
         log.where = None
-        row = {"step": s + 1, "loss": mean_over_ranks(sum(losses) / K), "grad_norm": None, "lr": None}
+        row = {"step": s + 1, "loss": mean_over_ranks(sum(losses) / K), "grad_norm": None, "lr": None,
+               "grad_norm_dtensor": None}
         if opt is not None:
             row["lr"] = opt.param_groups[0]["lr"]
-            row["grad_norm"] = grad_norm_f64(model)
+            log.where, log.module = (s, -1, "optimizer"), "grad_norm"
+            row["grad_norm_dtensor"] = grad_norm_dtensor(model)
+            log.where, log.module = None, None
+            row["grad_norm"] = grad_norm_f64(model, shard_group)
             clip(model, row["grad_norm"], job["max_norm"])
             opt.step()
             sched.step()
@@ -311,16 +396,20 @@ def run_rank(rank, job):
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % job["port"], rank=rank,
                             world_size=job["world"], timeout=datetime.timedelta(seconds=job["timeout_s"]))
     try:
-        mesh = init_device_mesh("cpu", (job["world"],))
+        if job.get("mesh"):  # HSDP: R replicas x S shards, rank i*S + j
+            mesh = init_device_mesh("cpu", tuple(job["mesh"]), mesh_dim_names=("replicate", "shard"))
+        else:
+            mesh = init_device_mesh("cpu", (job["world"],), mesh_dim_names=("shard",))
         model, weights = build_model(job)
         model = shard(model, job, mesh)
         layout = dtensor_layout(model, weights)
         log = CollectiveLog()
         log.install()
-        steps, opt = train(model, job, log, rank)
+        steps, opt = train(model, job, log, rank, mesh.get_group("shard"))
         torch_llama.write_safetensors(os.path.join(job["out"], "shards_rank%d.safetensors" % rank),
                                       local_shards(model, opt))
         result = {"rank": rank, "torch": torch.__version__, "steps": steps, "collectives": log.rows(),
+                  "reduce_ops": {k: sorted(v) for k, v in log.ops.items()}, "mesh": mesh_record(mesh),
                   "dtensors": layout}
         with open(os.path.join(job["out"], "rank%d.json" % rank), "w") as fh:
             json.dump(result, fh)

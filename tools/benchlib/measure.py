@@ -14,7 +14,7 @@ import time
 from collections import defaultdict
 
 from .figures import MIB, fmt_mib, fmt_s, stats, tps_stats
-from .memory_model import flops_per_token, memory_model, model_dims, n_params, replay_peak
+from .memory_model import flops_per_token, memory_model, mesh_shape, model_dims, n_params, replay_peak
 from .traces import is_compute, is_exposed_comm, link_model_us, per_rank_step, trace_events
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -208,11 +208,18 @@ def section_scaling(bench, cfg):
     return res
 
 
-def overlap_stages():
-    """The stages whose communication schedules the overlap section compares: every stage
-    that trains, but activation checkpointing, which runs its base stage's schedule with
-    a recompute added (its row would only measure the extra compute)."""
-    return [st for st in manifest.stages() if not st.forward_only and not st.ac]
+def fits(st, W):
+    """Whether a stage's flags run at world W: a --mesh R,S needs R*S ranks."""
+    R, S = mesh_shape(st.flags, W)
+    return R * S == W
+
+
+def overlap_stages(W):
+    """The stages whose communication schedules the overlap section compares at world W: every
+    stage that trains, but activation checkpointing, which runs its base stage's schedule with
+    a recompute added (its row would only measure the extra compute), and a mesh that needs
+    another world."""
+    return [st for st in manifest.stages() if not st.forward_only and not st.ac and fits(st, W)]
 
 
 def section_overlap(bench, cfg, W):
@@ -252,7 +259,9 @@ def section_overlap(bench, cfg, W):
             W, os.cpu_count(), blocking.id, compute_ms, len(colls), sum(b for _, b in colls) / 1e6, gbps, lat,
             link_ms))
     # 2. every schedule at that link: the compute stream's time in collectives and waits is exposed
-    for st in overlap_stages():
+    res["not_at_this_world"] = ["%s %s" % (st.dir, " ".join(st.flags)) for st in manifest.stages()
+                                if not fits(st, W)]
+    for st in overlap_stages(W):
         d = os.path.join(wd, st.dir)
         met = bench.train(bench.solution(st), d, *base_flags, *st.flags, "--link-gbps", gbps, "--link-latency-us", lat)
         ev = trace_events(d)
@@ -280,8 +289,8 @@ def section_memory(bench, cfg):
     res = {"flavor": fl, "world": W, "batch": B, "seq_len": T, "steps": 2, "rank": 0, "rows": [],
            "model": memory_model.__doc__.strip()}
     for st in manifest.stages():
-        if accumulates(st) or mixed_precision(st):
-            continue  # no microbatches and float32 params only in the model: sections 4b and 4c
+        if accumulates(st) or mixed_precision(st) or not fits(st, W):
+            continue  # the model has no microbatches, float32 params only (4b, 4c); a --mesh needs R*S ranks
         d = os.path.join(wd, st.dir)
         met = bench.train(bench.solution(st), d, "--flavor", fl, "--world", W, "--batch-size", B, "--seq-len", T,
                           "--steps", 2, "--profile-steps", 0, *st.flags)

@@ -55,18 +55,29 @@ def flops_per_token(m, T):
 
 # ----------------------------------------------------------- analytic memory model
 
+def mesh_shape(flags, world):
+    """(R, S) of the --mesh R,S (or RxS; one argument or two) in a stage's flags; (1, world) without one."""
+    for i, f in enumerate(flags):
+        value = f[len("--mesh="):] if f.startswith("--mesh=") else flags[i + 1] if f == "--mesh" else None
+        if value is not None:
+            r, s = str(value).replace("x", ",").split(",")
+            return int(r), int(s)
+    return 1, world
+
+
 def memory_model(m, B, T, W, stage):
     """Peak bytes of rank 0 predicted from the sizes alone, with the live set by tag.
 
-    Fixed: sharded params (sum over params of ceil(d0/W) * row, rank 0 holds the padded
-    chunk) + AdamW exp_avg and exp_avg_sq (2x the shard; none with --forward-only).
+    Fixed: sharded params (sum over params of ceil(d0/S) * row, rank 0 holds the padded
+    chunk; S = W, or the shard group's S under HSDP's --mesh R,S) + AdamW exp_avg and
+    exp_avg_sq (2x the shard; none with --forward-only).
     Per point of the step (end of every module's forward; every module's backward at its
     last scratch allocation) add: saved activations alive there, backward scratch,
     unsharded params (one module; with ZeRO-2 every module from its forward to its
-    backward), unsharded grads of the module in backward, the all-gather buffers (W x a
+    backward), unsharded grads of the module in backward, the all-gather buffers (S x a
     module's padded shard: the prefetched one, or the AllGatherState kept until the next
     all-gather's stream waits for its copy-out), the ReduceScatterState (the previous
-    module's reduce-scatter input, W x its padded shard, kept until compute waits for its
+    module's reduce-scatter input, S x its padded shard, kept until compute waits for its
     reduce-scatter) and the grad shards already reduce-scattered (modules after it). The
     model's peak is the largest point."""
     # m: model_dims(); B: batch per rank; T: sequence length; W: world size; stage: a
@@ -81,9 +92,10 @@ def memory_model(m, B, T, W, stage):
     N = B * T
     mods = module_shapes(m)
     M = len(mods)
-    shard = [sum(-(-a // W) * b for a, b in ps) for _, ps in mods]  # padded rows (rank 0)
+    S = mesh_shape(stage.flags, W)[1]                  # the ranks a param is split over
+    shard = [sum(-(-a // S) * b for a, b in ps) for _, ps in mods]  # padded rows (rank 0)
     full = [sum(a * b for a, b in ps) for _, ps in mods]
-    agbuf = [W * s for s in shard]
+    agbuf = [S * s for s in shard]
     fixed = {"param_shard": sum(shard) * f4, "optim_state": 0 if stage.forward_only else 2 * sum(shard) * f4}
     # activations (floats); every module's output is owned by the next module as its input x
     const = 2 * N + 2 * (T * hd // 2) + 1            # inputs, targets (int32), rope cos/sin, loss

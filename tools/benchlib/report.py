@@ -188,6 +188,10 @@ def overlap_table(L, o):
           [("%s %s" % (r["stage"], r["flags"]), fmt_s(r["step_ms"], 1), fmt_s(r["compute_ms"], 1),
             fmt_s(r["exposed_comm_fraction"], 1, 100)) for r in o["rows"]])
     L.append("")
+    if o.get("not_at_this_world"):
+        L.append("Not run at world %d (the mesh needs another world size): %s." % (
+            o["world"], ", ".join(o["not_at_this_world"])))
+        L.append("")
 
 
 def run_notes(R):

@@ -227,7 +227,10 @@ def hsdp_section(L, hs):
             "%.1f (%.1f)" % (r["modelled_comm_ms"], r["modelled_inter_node_ms"]), fmt_s(r["exposed_comm_ms"], 1),
             fmt_s(r["step_ms"], 1), "%.6f" % r["loss_last"]) for r in hs["rows"]])
     L.append("")
-    if hs["losses_agree"]:
+    if hs["loss_max_rel_diff"] == 0:
+        L.append("The three runs train the same model on the same batches: their losses are equal at every step "
+                 "(to the digits metrics.jsonl prints).")
+    elif hs["losses_agree"]:
         L.append("The three runs train the same model on the same batches: their losses agree at every step "
                  "within %.1e (relative; tolerance %.0e)." % (hs["loss_max_rel_diff"], hs["loss_rtol"]))
     else:

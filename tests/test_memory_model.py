@@ -28,6 +28,8 @@ B, T = 2, 32
 # rank 0 holds padded shards: at world 2 of the tiny flavour's 259 vocabulary rows, at
 # world 3 also of its 64- and 32-row params
 WORLDS = (2, 3)
+# a stage with a --mesh (HSDP) runs at R*S ranks instead: shards over 2 ranks, and over 3 (padded)
+MESHES = ((2, 2), (2, 3))
 
 
 def accumulates(st):
@@ -38,8 +40,12 @@ def mixed_precision(st):
     return any(f.startswith("--param-dtype") for f in st.flags)
 
 
+def with_flags(st, flags):
+    return manifest.Stage(st.id, dict(st.spec, flags=flags))
+
+
 def cases():
-    """(stage, id) as the manifest has them, and each training stage forward only. A stage that
+    """(stage, world, id) as the manifest has them, and each training stage forward only. A stage that
     accumulates gradients (07) is left out: the model has no microbatches; what lives between them
     is held to its analytic size by the grader (accum_grads, accum_reshard). So is a mixed-precision
     stage (08): the model's params are float32; its unsharded params are held to 2 bytes per element
@@ -47,21 +53,28 @@ def cases():
     for st in manifest.stages():
         if accumulates(st) or mixed_precision(st):
             continue
-        yield st, st.dir
-        if st.backward_prefetch != "pre" or st.offload:  # stage 10: the other policies, and offload
-            for extra, tag in ((["--backward-prefetch=pre"], "+pre"), (["--backward-prefetch=none"], "+none"),
-                               (["--offload-params"], "+offload")):
-                flags = [f for f in st.flags if not (extra[0].startswith("--backward") and f.startswith("--backward"))]
-                yield manifest.Stage(st.id, dict(st.spec, flags=flags + extra)), st.dir + tag
-        if not st.forward_only:
-            yield manifest.Stage(st.id, dict(st.spec, flags=st.flags + ["--forward-only"])), st.dir + "+forward-only"
+        if any(f.startswith("--mesh") for f in st.flags):
+            plain = [f for f in st.flags if not f.startswith("--mesh")]
+            runs = [(with_flags(st, plain + ["--mesh=%dx%d" % m]), m[0] * m[1], "%s+%dx%d" % (st.dir, *m))
+                    for m in MESHES]
+        else:
+            runs = [(st, w, st.dir) for w in WORLDS]
+        for s, world, sid in runs:
+            yield s, world, "%s-%d" % (sid, world)
+            if s.backward_prefetch != "pre" or s.offload:  # stage 10: the other policies, and offload
+                for extra, tag in ((["--backward-prefetch=pre"], "+pre"), (["--backward-prefetch=none"], "+none"),
+                                   (["--offload-params"], "+offload")):
+                    flags = [f for f in s.flags
+                             if not (extra[0].startswith("--backward") and f.startswith("--backward"))]
+                    yield with_flags(s, flags + extra), world, "%s%s-%d" % (sid, tag, world)
+            if not s.forward_only:
+                yield with_flags(s, s.flags + ["--forward-only"]), world, "%s+forward-only-%d" % (sid, world)
 
 
 CASES = list(cases())
 
 
-@pytest.mark.parametrize("world", WORLDS)
-@pytest.mark.parametrize("st", [c for c, _ in CASES], ids=[i for _, i in CASES])
+@pytest.mark.parametrize("st,world", [(c, w) for c, w, _ in CASES], ids=[i for _, _, i in CASES])
 def test_rank0_peak_is_the_model(st, world, tmp_path):
     if not os.path.exists(st.solution_src()):
         pytest.skip("no solutions/%s" % st.dir)

@@ -14,8 +14,9 @@ Sections (results/bench.json, results/bench.md, and a table on stdout):
   memory      peak bytes per rank of every stage's solution next to an analytic model of the sizes
   accum       gradient accumulation (stage 07): K = 1, 2, 4, sync every / last / params kept: peak,
               what lives between microbatches, collectives and bytes per step, step time
-  hsdp        FSDP against HSDP (stage 09) and DDP with a 10x slower inter-node link: bytes inside and
-              across nodes, the link model's time for them, param shard memory, step time
+  hsdp        stage 09 on 2 nodes of 2 ranks, the link between nodes 10x slower: FSDP over the world vs
+              HSDP (shard in a node, all-reduce across) vs DDP; bytes on each link, the link model's time
+              for them, param shards, peak, step time, and the losses (which must agree)
   prefetch    backward prefetch pre / post / none, two comm streams or one (stage 10): peak, backward
               high-water, step time on a slow link
   offload     CPU offload (stage 10) off, and on over a fast and a slow PCIe model: device and host
@@ -71,7 +72,7 @@ def main(argv=None):
         R["memory"] = measure.section_memory(bench, cfg)
         R["accum"] = measure.section_accum(bench, cfg)
         R["mixed_precision"] = measure.section_mixed_precision(bench, cfg)
-        R["hsdp"] = advanced.section_hsdp(bench, cfg)
+        R["hsdp"] = measure.section_hsdp(bench, cfg)
         R["prefetch"] = advanced.section_prefetch(bench, cfg)
         R["offload"] = advanced.section_offload(bench, cfg)
         R["profile"] = measure.section_profile(bench, cfg)

@@ -36,75 +36,6 @@ def _hook_notes(run_dir):
     return doc, [e for e in doc["events"] if e.get("kind") == "hook_memory"]
 
 
-def _group_members(group, world, shards):
-    """World ranks of a group by its runtime name: world, shard<i> (a row of the mesh), replicate<j> (a column)."""
-    if group.startswith("shard"):
-        i = int(group[5:])
-        return list(range(i * shards, (i + 1) * shards))
-    if group.startswith("replicate"):
-        return list(range(int(group[9:]), world, shards))
-    return list(range(world))
-
-
-def ring_us(kind, nbytes, n, gbps, lat_us):
-    """The runtime's link model (collectives.c): a ring over n ranks; an all-reduce is two rings."""
-    if n <= 1:
-        return 0.0
-    t = (n - 1) / n * nbytes / (gbps * 1e9 / 8) * 1e6 + (n - 1) * lat_us
-    return 2 * t if kind == "all_reduce" else t
-
-
-def section_hsdp(bench, cfg):
-    """FSDP against HSDP (stage 09's solution) when the link between nodes is ten times slower than inside one:
-    world 4 as 2 nodes of 2 ranks; rank 0's bytes of the last step inside a node and across nodes (trace), the
-    link model's time for them, the param shards it keeps, its peak and the step time."""
-    st = next((s for s in manifest.stages() if any(f.startswith("--mesh") for f in s.flags)), None)
-    if st is None:
-        return {"skipped": "no stage runs on a mesh"}
-    c = dict(_config(cfg), world=4)
-    intra, inter = (10, 5), (1, 50)
-    link = ["--link-gbps", intra[0], "--link-latency-us", intra[1], "--inter-link-gbps", inter[0],
-            "--inter-link-latency-us", inter[1], "--ranks-per-node", 2]
-    cases = [("FSDP over the world", [], 4), ("HSDP --mesh 2,2", ["--mesh", "2,2"], 2),
-             ("DDP --mesh 4,1", ["--mesh", "4,1"], 1)]
-    res = dict(c, solution=st.dir, nodes="2 nodes of 2 ranks",
-               link="inside a node %g Gbit/s, %g us; across nodes %g Gbit/s, %g us" % (intra + inter), rows=[])
-    for name, flags, S in cases:
-        d = os.path.join(bench.work, "hsdp", name.split()[0].lower())
-        met = _run(bench, st, c, name, d, link, flags)
-        inside = [0, 0.0]
-        across = [0, 0.0]
-        counts = {}
-        for e in trace_events(d):
-            if e["pid"] != 0 or e.get("cat") != "collective" or e["args"].get("step") != c["steps"] - 1:
-                continue
-            kind = e["name"].rsplit(".", 1)[-1]
-            members = _group_members(e["args"].get("group", "world"), c["world"], S)
-            counts[kind] = counts.get(kind, 0) + 1
-            if len(members) < 2:
-                continue  # a group of one rank moves nothing over a link
-            spans = len({m // 2 for m in members}) > 1
-            nbytes = e["args"].get("bytes", 0)
-            gbps, lat = inter if spans else intra
-            acc = across if spans else inside
-            acc[0] += nbytes
-            acc[1] += ring_us(kind, nbytes, len(members), gbps, lat)
-        _, notes = _hook_notes(d)
-        shard = max((e["exit_by_tag"].get("param_shard", 0) for e in notes), default=0)
-        row = {"case": name, "flags": " ".join(flags), "bytes_inside_node": inside[0], "bytes_across_nodes": across[0],
-               "model_ms_inside": inside[1] / 1e3, "model_ms_across": across[1] / 1e3, "collectives": counts,
-               "param_shard_bytes": shard, "peak_bytes_rank0": max(m["peak_mem_bytes_per_rank"][0] for m in met),
-               "step_ms": stats([m["step_ms"] for m in met if m["step"] > 1]), "loss_last": met[-1]["loss"]}
-        res["rows"].append(row)
-        log("hsdp: %-20s inside %.2f MB (%.1f ms)  across %.2f MB (%.1f ms)  shards %.2f MiB  peak %.2f MiB  "
-            "step %s ms  loss %.6f" % (name, inside[0] / 1e6, inside[1] / 1e3, across[0] / 1e6, across[1] / 1e3,
-                                       shard / MIB, row["peak_bytes_rank0"] / MIB, fmt_s(row["step_ms"], 1),
-                                       row["loss_last"]))
-    losses = {r["loss_last"] for r in res["rows"]}
-    res["losses_agree"] = max(losses) - min(losses) <= 1e-5 * max(abs(x) for x in losses)
-    return res
-
-
 def section_prefetch(bench, cfg):
     """The backward prefetch policies (stage 10's solution) on a slow link, with two comm streams and with one:
     rank 0's peak, the high-water inside the backward's hooks, the step time; the same loss everywhere."""
@@ -179,30 +110,9 @@ def section_offload(bench, cfg):
 
 def render(L, R, table):
     """Append the sections' tables to the report lines L (table: report.table)."""
-    h = R.get("hsdp", {})
-    if h.get("rows"):
-        L.append("## 4c'. FSDP against HSDP on a slow inter-node link (%s, %s, world %d as %s, batch %d × seq %d "
-                 "per rank, rank 0, %d steps)" % (h["solution"], h["flavor"], h["world"], h["nodes"], h["batch"],
-                                                  h["seq"], h["steps"]))
-        L.append("")
-        L.append("Link model: %s. Bytes: rank 0's collectives of the last step (trace), split by whether the "
-                 "collective's group spans nodes (a group of one rank moves nothing); model ms: the link model's time for them, one after another. "
-                 "Losses %s." % (h["link"], "agree" if h["losses_agree"] else "DIFFER (a bug)"))
-        L.append("")
-        table(L, ["case", "MB inside a node", "MB across nodes", "model ms inside", "model ms across",
-                  "param shards MiB", "peak MiB", "step ms"],
-              [(r["case"], "%.2f" % (r["bytes_inside_node"] / 1e6), "%.2f" % (r["bytes_across_nodes"] / 1e6),
-                "%.1f" % r["model_ms_inside"], "%.1f" % r["model_ms_across"], "%.2f" % (r["param_shard_bytes"] / MIB),
-                "%.2f" % (r["peak_bytes_rank0"] / MIB), fmt_s(r["step_ms"], 1)) for r in h["rows"]])
-        L.append("")
-        L.append("FSDP over the world sends every all-gather and reduce-scatter around a ring that crosses the "
-                 "slow link; HSDP keeps them inside the node and sends only the grad shards' all-reduce across "
-                 "(1/S of the model, twice), at the price of param shards 1/S of the model instead of 1/W; DDP "
-                 "keeps the whole model and all-reduces all of it across.")
-        L.append("")
     p = R.get("prefetch", {})
     if p.get("rows"):
-        L.append("## 4d. Backward prefetch policy (%s, %s, world %d, batch %d × seq %d per rank, rank 0, %d steps)"
+        L.append("## 4e. Backward prefetch policy (%s, %s, world %d, batch %d × seq %d per rank, rank 0, %d steps)"
                  % (p["solution"], p["flavor"], p["world"], p["batch"], p["seq"], p["steps"]))
         L.append("")
         L.append("The same weights and batches under each `--backward-prefetch` policy, link %s. Backward "
@@ -221,7 +131,7 @@ def render(L, R, table):
         L.append("")
     o = R.get("offload", {})
     if o.get("rows"):
-        L.append("## 4e. CPU offload (%s, %s, world %d, batch %d × seq %d per rank, rank 0, %d steps)" % (
+        L.append("## 4f. CPU offload (%s, %s, world %d, batch %d × seq %d per rank, rank 0, %d steps)" % (
             o["solution"], o["flavor"], o["world"], o["batch"], o["seq"], o["steps"]))
         L.append("")
         L.append("Shards, grad shards and AdamW state in pinned host memory (`--offload-params`), link %s. "

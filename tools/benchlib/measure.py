@@ -14,8 +14,8 @@ import time
 from collections import defaultdict
 
 from .figures import MIB, fmt_mib, fmt_s, stats, tps_stats
-from .memory_model import flops_per_token, memory_model, model_dims, n_params, replay_peak
-from .traces import is_compute, is_exposed_comm, link_model_us, per_rank_step, trace_events
+from .memory_model import flops_per_token, memory_model, mesh_shape, model_dims, n_params, replay_peak
+from .traces import group_members, is_compute, is_exposed_comm, link_model_us, per_rank_step, ring_us, trace_events
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BUILD = os.path.join(ROOT, "build")
@@ -82,7 +82,8 @@ def configs(quick):
                     ov_comm_share=0.5,
                     mem_flavor="tiny", mem_world=4, mem_batch=2, mem_seq=32, grade_repeats=1,
                     acc_flavor="tiny", acc_world=2, acc_batch=4, acc_seq=32, acc_steps=2,
-                    mp_flavor="tiny", mp_world=2, mp_batch=2, mp_seq=32, mp_steps=2)
+                    mp_flavor="tiny", mp_world=2, mp_batch=2, mp_seq=32, mp_steps=2,
+                    hs_flavor="tiny", hs_world=4, hs_ranks_per_node=2, hs_batch=2, hs_seq=32, hs_steps=2, hs_rounds=1)
     return dict(quick=False, sgemm_n=2048,
                 tp_flavor="debugmodel", tp_batch=8, tp_seq=256, tp_steps=8, tp_first=3, tp_rounds=2, prof_steps=3,
                 sc_flavors=["tiny", "debugmodel"], sc_seq=128, sc_gbatch=8, sc_steps=6, sc_first=3,
@@ -91,7 +92,9 @@ def configs(quick):
                 ov_comm_share=0.5,
                 mem_flavor="debugmodel", mem_world=4, mem_batch=2, mem_seq=128, grade_repeats=1,
                 acc_flavor="debugmodel", acc_world=2, acc_batch=4, acc_seq=128, acc_steps=4,
-                mp_flavor="debugmodel", mp_world=2, mp_batch=4, mp_seq=128, mp_steps=6)
+                mp_flavor="debugmodel", mp_world=2, mp_batch=4, mp_seq=128, mp_steps=6,
+                hs_flavor="debugmodel", hs_world=4, hs_ranks_per_node=2, hs_batch=1, hs_seq=128, hs_steps=6,
+                hs_rounds=2)
 
 
 def section_sgemm(bench, cfg):
@@ -208,11 +211,18 @@ def section_scaling(bench, cfg):
     return res
 
 
-def overlap_stages():
-    """The stages whose communication schedules the overlap section compares: every stage
-    that trains, but activation checkpointing, which runs its base stage's schedule with
-    a recompute added (its row would only measure the extra compute)."""
-    return [st for st in manifest.stages() if not st.forward_only and not st.ac]
+def fits(st, W):
+    """Whether a stage's flags run at world W: a --mesh R,S needs R*S ranks."""
+    R, S = mesh_shape(st.flags, W)
+    return R * S == W
+
+
+def overlap_stages(W):
+    """The stages whose communication schedules the overlap section compares at world W: every
+    stage that trains, but activation checkpointing, which runs its base stage's schedule with
+    a recompute added (its row would only measure the extra compute), and a mesh that needs
+    another world."""
+    return [st for st in manifest.stages() if not st.forward_only and not st.ac and fits(st, W)]
 
 
 def section_overlap(bench, cfg, W):
@@ -252,7 +262,9 @@ def section_overlap(bench, cfg, W):
             W, os.cpu_count(), blocking.id, compute_ms, len(colls), sum(b for _, b in colls) / 1e6, gbps, lat,
             link_ms))
     # 2. every schedule at that link: the compute stream's time in collectives and waits is exposed
-    for st in overlap_stages():
+    res["not_at_this_world"] = ["%s %s" % (st.dir, " ".join(st.flags)) for st in manifest.stages()
+                                if not fits(st, W)]
+    for st in overlap_stages(W):
         d = os.path.join(wd, st.dir)
         met = bench.train(bench.solution(st), d, *base_flags, *st.flags_at(W), "--link-gbps", gbps, "--link-latency-us",
                           lat)
@@ -281,8 +293,8 @@ def section_memory(bench, cfg):
     res = {"flavor": fl, "world": W, "batch": B, "seq_len": T, "steps": 2, "rank": 0, "rows": [],
            "model": memory_model.__doc__.strip()}
     for st in manifest.stages():
-        if accumulates(st) or mixed_precision(st):
-            continue  # no microbatches and float32 params only in the model: sections 4b and 4c
+        if accumulates(st) or mixed_precision(st) or not fits(st, W):
+            continue  # the model has no microbatches, float32 params only (4b, 4c); a --mesh needs R*S ranks
         d = os.path.join(wd, st.dir)
         met = bench.train(bench.solution(st), d, "--flavor", fl, "--world", W, "--batch-size", B, "--seq-len", T,
                           "--steps", 2, "--profile-steps", 0, *st.flags_at(W))
@@ -476,4 +488,114 @@ def section_mixed_precision(bench, cfg):
                 row["unsharded_param_high_bytes"] / MIB, row["comm_buffer_high_bytes"] / MIB,
                 row["peak_bytes_rank0"] / MIB, fmt_s(row["step_ms"], 1), row["loss_last"], row["loss_rel_vs_fp32"],
                 row["grad_norm_rel_vs_fp32"]))
+    return res
+
+
+def hsdp(st):
+    return any(f.startswith("--mesh") for f in st.flags)
+
+
+# The HSDP section's two links: inside a node, and 10x slower between nodes.
+HSDP_LINK = {"link_gbps": 10, "link_latency_us": 5, "inter_link_gbps": 1, "inter_link_latency_us": 50}
+LOSS_RTOL = 1e-5  # the rows train the same model on the same batches: their losses agree to float32 rounding
+
+
+def group_links(rj):
+    """A run's link model from its run.json: (intra (Gbit/s, latency us), inter, ranks per node, mesh)."""
+    W = rj["world_size"]
+    per_node = rj.get("ranks_per_node") or W
+    intra = (rj["link_gbps"], rj["link_latency_us"])
+    inter = intra
+    if rj.get("inter_link_gbps"):
+        inter = (min(rj["inter_link_gbps"], intra[0]), max(rj["inter_link_latency_us"], intra[1]))
+    return intra, inter, per_node, rj.get("mesh")
+
+
+def step_collectives_by_group(run_dir, step, rj):
+    """Rank 0's collectives of one step (its trace) by kind and process group, each with the group's
+    size, whether its ranks span nodes, and its time in the link model (the runtime's formula)."""
+    intra, inter, per_node, mesh = group_links(rj)
+    W = rj["world_size"]
+    out = {}
+    for e in trace_events(run_dir):
+        if e["pid"] != 0 or e.get("cat") != "collective" or e["args"].get("step") != step:
+            continue
+        kind, group = e["name"].rsplit(".", 1)[-1], e["args"]["group"]
+        members = group_members(group, W, mesh)
+        spans = len({r // per_node for r in members}) > 1
+        gbps, lat = inter if spans else intra
+        c = out.setdefault((kind, group), {"kind": kind, "group": group, "ranks": len(members),
+                                           "spans_nodes": spans, "count": 0, "bytes": 0, "modelled_ms": 0.0})
+        c["count"] += 1
+        c["bytes"] += e["args"].get("bytes", 0)
+        c["modelled_ms"] += ring_us(kind, e["args"].get("bytes", 0), len(members), gbps, lat) / 1e3
+    order = ["all_gather", "reduce_scatter", "all_reduce"]
+    return sorted(out.values(), key=lambda c: (order.index(c["kind"]) if c["kind"] in order else len(order),
+                                               -c["ranks"], c["group"]))
+
+
+def section_hsdp(bench, cfg):
+    """FSDP over the world vs HSDP vs DDP (stage 09's solution) on 2 nodes whose link is 10x slower than
+    the link inside a node, trained from the same seed on the same batches: rank 0's collectives of the
+    last step by group (trace) and the bytes of those whose group spans nodes, the link model's time for
+    them, the param shards (memory snapshot) and peak, the exposed communication and step time, the loss.
+    The full run takes batch 1 per rank: its 4 ranks time-share 2 cores, and a step's compute is then of the
+    order of FSDP's modelled link time, so the layouts' link costs show in the step time instead of hiding
+    behind compute."""
+    st = next((s for s in manifest.stages() if hsdp(s)), None)
+    if st is None:
+        return {"skipped": "no stage builds a 2-D mesh"}
+    fl, W, P, B, T, N = (cfg["hs_flavor"], cfg["hs_world"], cfg["hs_ranks_per_node"], cfg["hs_batch"],
+                         cfg["hs_seq"], cfg["hs_steps"])
+    link = ["--ranks-per-node", P] + [x for k, v in HSDP_LINK.items() for x in ("--" + k.replace("_", "-"), v)]
+    wd = os.path.join(bench.work, "hsdp")
+    cases = [("FSDP over the world", []),
+             ("HSDP, shard in a node", ["--mesh", "%d,%d" % (W // P, P)]),
+             ("DDP, replicate only", ["--mesh", "%d,1" % W])]
+    steps0 = list(range(1, N))  # 0-based steps 1..N-1: the first step (warm-up) is left out
+    res = {"solution": st.dir, "flavor": fl, "world": W, "ranks_per_node": P, "nodes": W // P, "batch": B,
+           "seq_len": T, "steps": N, "rounds": cfg["hs_rounds"], "link": " ".join(str(x) for x in link),
+           "loss_rtol": LOSS_RTOL, "rows": []}
+    pooled = {name: {"ms": [], "exposed": []} for name, _ in cases}
+    # rounds interleave the cases so that load from elsewhere hits them alike
+    for rnd in range(cfg["hs_rounds"]):
+        for name, flags in cases:
+            d = os.path.join(wd, "%s_r%d" % (name.split(",")[0].split()[0].lower(), rnd))
+            met = bench.train(bench.solution(st), d, "--flavor", fl, "--world", W, "--batch-size", B,
+                              "--seq-len", T, "--steps", N, "--profile-steps", N, *link, *flags,
+                              what="%s %s" % (st.dir, name))
+            ev = trace_events(d)
+            exposed = per_rank_step(ev, is_exposed_comm)
+            pooled[name]["ms"] += [m["step_ms"] for m in met if m["step"] - 1 in steps0]
+            pooled[name]["exposed"] += [statistics.mean(exposed.get((r, s), 0.0) for r in range(W)) for s in steps0]
+            if rnd:
+                continue
+            with open(os.path.join(d, "run.json")) as fh:
+                rj = json.load(fh)
+            colls = step_collectives_by_group(d, N - 1, rj)
+            moving = [c for c in colls if c["ranks"] > 1]  # a one-rank group copies, it moves nothing
+            _, _, live, _ = replay_peak(os.path.join(d, "memory_rank0.json"))
+            res["rows"].append({
+                "case": name, "flags": " ".join(flags), "mesh": rj.get("mesh") or [1, W], "collectives": colls,
+                "inter_node_bytes": sum(c["bytes"] for c in moving if c["spans_nodes"]),
+                "intra_node_bytes": sum(c["bytes"] for c in moving if not c["spans_nodes"]),
+                "modelled_comm_ms": sum(c["modelled_ms"] for c in colls),
+                "modelled_inter_node_ms": sum(c["modelled_ms"] for c in colls if c["spans_nodes"]),
+                "param_shard_bytes": live.get("param_shard", 0), "optim_state_bytes": live.get("optim_state", 0),
+                "peak_bytes_rank0": max(m["peak_mem_bytes_per_rank"][0] for m in met),
+                "losses": [m["loss"] for m in met], "loss_last": met[-1]["loss"]})
+    ref = res["rows"][0]["losses"]
+    for row in res["rows"]:
+        row["step_ms"] = stats(pooled[row["case"]]["ms"])
+        row["exposed_comm_ms"] = stats(pooled[row["case"]]["exposed"])
+        row["loss_rel_vs_first"] = max(abs(a / b - 1) for a, b in zip(row.pop("losses"), ref))
+        log("hsdp: %-24s inter-node %6.2f MB  intra-node %6.2f MB  modelled link %6.1f ms (inter-node %6.1f)  "
+            "param shards %.2f MiB  peak %.2f MiB  exposed comm %s ms  step %s ms  loss %.6f" % (
+                row["case"], row["inter_node_bytes"] / 1e6, row["intra_node_bytes"] / 1e6, row["modelled_comm_ms"],
+                row["modelled_inter_node_ms"], row["param_shard_bytes"] / MIB, row["peak_bytes_rank0"] / MIB,
+                fmt_s(row["exposed_comm_ms"], 1), fmt_s(row["step_ms"], 1), row["loss_last"]))
+    res["loss_max_rel_diff"] = max(r["loss_rel_vs_first"] for r in res["rows"])
+    res["losses_agree"] = res["loss_max_rel_diff"] <= LOSS_RTOL
+    if not res["losses_agree"]:
+        log("hsdp: the rows' losses differ by %.1e (relative; tolerance %.0e)" % (res["loss_max_rel_diff"], LOSS_RTOL))
     return res

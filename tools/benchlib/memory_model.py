@@ -55,11 +55,22 @@ def flops_per_token(m, T):
 
 # ----------------------------------------------------------- analytic memory model
 
+def mesh_shape(flags, world):
+    """(R, S) of the --mesh R,S (or RxS; one argument or two) in a stage's flags; (1, world) without one."""
+    for i, f in enumerate(flags):
+        value = f[len("--mesh="):] if f.startswith("--mesh=") else flags[i + 1] if f == "--mesh" else None
+        if value is not None:
+            r, s = str(value).replace("x", ",").split(",")
+            return int(r), int(s)
+    return 1, world
+
+
 def memory_model(m, B, T, W, stage):
     """Peak bytes of rank 0 predicted from the sizes alone, with the live set by tag.
 
     Fixed: sharded params (sum over params of ceil(d0/W) * row, rank 0 holds the padded
-    chunk) + AdamW exp_avg and exp_avg_sq (2x the shard; none with --forward-only); with
+    chunk; W is the ranks a param is split over: the world, or S of HSDP's --mesh R,S)
+    + AdamW exp_avg and exp_avg_sq (2x the shard; none with --forward-only); with
     --offload-params these and the grad shards live in host memory, not counted here.
     Per point of the step (end of every module's forward; every module's backward at its
     last scratch allocation) add: saved activations alive there, backward scratch,

@@ -131,6 +131,9 @@ def markdown(R):
                  "weights through a float32 copy of one param at a time; a GPU kernel reads the 16-bit words "
                  "directly), which stay under the other scratch buffers' high-water here.")
         L.append("")
+    hs = R.get("hsdp", {})
+    if hs.get("rows"):
+        hsdp_section(L, hs)
     advanced.render(L, R, table)
     g = R["grading"]
     L.append("## 5. Grading time")
@@ -190,6 +193,61 @@ def overlap_table(L, o):
           [("%s %s" % (r["stage"], r["flags"]), fmt_s(r["step_ms"], 1), fmt_s(r["compute_ms"], 1),
             fmt_s(r["exposed_comm_fraction"], 1, 100)) for r in o["rows"]])
     L.append("")
+    if o.get("not_at_this_world"):
+        L.append("Not run at world %d (the mesh needs another world size): %s." % (
+            o["world"], ", ".join(o["not_at_this_world"])))
+        L.append("")
+
+
+def coll_summary(colls):
+    """'16 AG/shard(2), 8 AR/replicate(2)': count, kind and group (its size in brackets) of a step's collectives."""
+    abbrev = {"all_gather": "AG", "reduce_scatter": "RS", "all_reduce": "AR"}
+    return ", ".join("%d %s/%s(%d)" % (c["count"], abbrev.get(c["kind"], c["kind"]), c["group"].rstrip("0123456789"),
+                                       c["ranks"]) for c in colls)
+
+
+def hsdp_section(L, hs):
+    """Append section 4d (FSDP vs HSDP vs DDP across two nodes) to the lines L."""
+    L.append("## 4d. HSDP across nodes (%s, %s, world %d = %d nodes × %d ranks, batch %d × seq %d per rank, "
+             "%d steps)" % (hs["solution"], hs["flavor"], hs["world"], hs["nodes"], hs["ranks_per_node"],
+                            hs["batch"], hs["seq_len"], hs["steps"]))
+    L.append("")
+    L.append("Link model `%s`: a collective whose group's ranks span both nodes runs at the inter-node link, "
+             "10× slower. Bytes and collectives: rank 0's in the last step (trace args.bytes: the whole buffer; a "
+             "one-rank group moves nothing), split by whether the group spans nodes. Modelled link time: the "
+             "runtime's ring formula, (n−1)/n · bytes / bandwidth + (n−1) · latency per collective (an all-reduce "
+             "twice that), summed over the step. Exposed comm: the compute stream's time in collectives and waits "
+             "(mean over ranks). Times pool %d interleaved round%s, steps 2..%d." % (
+                 hs["link"], hs["rounds"], "s" if hs["rounds"] > 1 else "", hs["steps"]))
+    L.append("")
+    table(L, ["run", "mesh R×S", "inter-node MB/step", "intra-node MB/step", "collectives/step",
+              "param shards MiB", "peak MiB", "modelled link ms (inter-node)", "exposed comm ms", "step ms",
+              "loss (last step)"],
+          [(r["case"], "%d×%d" % tuple(r["mesh"]), "%.2f" % (r["inter_node_bytes"] / 1e6),
+            "%.2f" % (r["intra_node_bytes"] / 1e6), coll_summary(r["collectives"]),
+            "%.2f" % (r["param_shard_bytes"] / MIB), "%.2f" % (r["peak_bytes_rank0"] / MIB),
+            "%.1f (%.1f)" % (r["modelled_comm_ms"], r["modelled_inter_node_ms"]), fmt_s(r["exposed_comm_ms"], 1),
+            fmt_s(r["step_ms"], 1), "%.6f" % r["loss_last"]) for r in hs["rows"]])
+    L.append("")
+    if hs["loss_max_rel_diff"] == 0:
+        L.append("The three runs train the same model on the same batches: their losses are equal at every step "
+                 "(to the digits metrics.jsonl prints).")
+    elif hs["losses_agree"]:
+        L.append("The three runs train the same model on the same batches: their losses agree at every step "
+                 "within %.1e (relative; tolerance %.0e)." % (hs["loss_max_rel_diff"], hs["loss_rtol"]))
+    else:
+        L.append("**The losses differ: %.1e relative at worst (tolerance %.0e). The three runs train the same "
+                 "model on the same batches, so one of them is wrong.**" % (hs["loss_max_rel_diff"], hs["loss_rtol"]))
+    L.append("")
+    L.append("FSDP over the world sends every all-gather (each module twice a step) and reduce-scatter across the "
+             "slow link. HSDP keeps them inside a node and sends only each module's grad shard across, in an "
+             "all-reduce over the R replicas: 1/S of the reduce-scatter's bytes, once a step. DDP all-reduces whole "
+             "grads across. So the shard dimension, with the heavy and frequent traffic, goes on the fast link and "
+             "the replicate dimension on the slow one; the price is S/W of the model in param shards and optimizer "
+             "state per rank instead of 1/W. Prefetching hides the link time behind compute until it exceeds "
+             "compute: the modelled time says what each layout costs, the step time (ranks as threads sharing "
+             "this machine's cores) how much of it shows.")
+    L.append("")
 
 
 def run_notes(R):
@@ -227,6 +285,15 @@ def run_notes(R):
     out.append("Every peak matches the analytic model within %.2f %%: the allocator counts requested bytes in "
                "host call order, so the peak is a deterministic function of the sizes and the hook schedule." % (
                    100 * worst))
+    hs = {r["case"].split(",")[0].split()[0]: r for r in R.get("hsdp", {}).get("rows", [])}
+    if {"FSDP", "HSDP", "DDP"} <= set(hs):
+        f, h, d = hs["FSDP"], hs["HSDP"], hs["DDP"]
+        out.append("Across 2 nodes with a 10× slower link between them, HSDP sends %.2f MB per step over that link, "
+                   "FSDP over the world %.2f MB and DDP %.2f MB; the link model's time for them is %.0f, %.0f and "
+                   "%.0f ms per step, the measured steps %s, %s and %s ms (medians)." % (
+                       h["inter_node_bytes"] / 1e6, f["inter_node_bytes"] / 1e6, d["inter_node_bytes"] / 1e6,
+                       h["modelled_inter_node_ms"], f["modelled_inter_node_ms"], d["modelled_inter_node_ms"],
+                       fmt(h["step_ms"]["median"]), fmt(f["step_ms"]["median"]), fmt(d["step_ms"]["median"])))
     g = R["grading"]
     if "wall_s" in g:
         out.append("Grading: %s took %.1f s." % (g["command"], g["wall_s"]["median"]))
@@ -246,6 +313,10 @@ def targets(R):
                 R["overlap"]["world"], R["cores"], 100 * f, "✓" if f < 0.1 else "✗"))
     worst = max(abs(r["ratio_measured_over_model"] - 1) for r in R["memory"]["rows"])
     out.append("peaks within 5%% of the analytic model: worst %.2f %% %s" % (100 * worst, "✓" if worst <= 0.05 else "✗"))
+    hs = R.get("hsdp", {})
+    if hs.get("rows"):
+        out.append("FSDP, HSDP and DDP train the same model: losses within %.0e of each other: %.1e %s" % (
+            hs["loss_rtol"], hs["loss_max_rel_diff"], "✓" if hs["losses_agree"] else "✗"))
     g = R["grading"]
     if "wall_s" in g and not R["quick"]:
         out.append("grading of all %d stages < 60 s: %.1f s %s" % (len(R["memory"]["rows"]), g["wall_s"]["median"],

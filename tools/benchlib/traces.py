@@ -1,5 +1,6 @@
-"""The runtime's Chrome traces (trace_rank<r>.json) summed by rank and step, and the link
-model of common/runtime/collectives.c that the overlap section calibrates."""
+"""The runtime's Chrome traces (trace_rank<r>.json) summed by rank and step, the process groups
+they name, and the link model of common/runtime/collectives.c (the overlap section calibrates it,
+the HSDP section predicts its collectives' time with it)."""
 import glob
 import json
 import os
@@ -38,8 +39,30 @@ def is_exposed_comm(e):
 COLL_FACTOR = {"all_gather": 1.0, "reduce_scatter": 1.0, "all_reduce": 2.0}
 
 
-def link_model_us(colls, W, gbps, latency_us):
-    """The link model of common/runtime/collectives.c: a ring collective of `bytes` lasts
-    (W-1)/W * bytes / bandwidth + (W-1) * latency (an all-reduce twice that)."""
+def ring_us(kind, nbytes, n, gbps, latency_us):
+    """One collective of `nbytes` (the whole gathered / scattered / reduced buffer) over a ring of n ranks
+    in the link model: (n-1)/n * bytes / bandwidth + (n-1) * latency, twice for an all-reduce; a group of
+    one rank moves nothing."""
+    if n <= 1:
+        return 0.0
     bw = gbps * 1e9 / 8.0
-    return sum(COLL_FACTOR.get(kind, 1.0) * ((W - 1) / W * b / bw * 1e6 + (W - 1) * latency_us) for kind, b in colls)
+    return COLL_FACTOR.get(kind, 1.0) * ((n - 1) / n * nbytes / bw * 1e6 + (n - 1) * latency_us)
+
+
+def link_model_us(colls, W, gbps, latency_us):
+    """The link model of common/runtime/collectives.c for [(kind, bytes)] collectives over all W ranks."""
+    return sum(ring_us(kind, b, W, gbps, latency_us) for kind, b in colls)
+
+
+def group_members(name, world, mesh=None):
+    """The ranks of the process group a trace names (args.group): "world"; under --mesh R,S "shard<i>",
+    row i of the mesh (ranks i*S .. i*S+S-1), or "replicate<j>", column j (ranks j, S+j, 2S+j, ...)."""
+    S = mesh[1] if mesh else world
+    if name == "world":
+        return list(range(world))
+    if name.startswith("shard"):
+        i = int(name[len("shard"):])
+        return list(range(i * S, (i + 1) * S))
+    if name.startswith("replicate"):
+        return list(range(int(name[len("replicate"):]), world, S))
+    raise ValueError("unknown process group %r" % name)

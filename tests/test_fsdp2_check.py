@@ -5,6 +5,9 @@
   naming of FSDP2's process groups by their ranks (shard<i> / replicate<j> / world), an
   all-reduce in the wrong group or of the wrong size, the one-rank groups left out, the 2-D
   DTensor layout and mesh, and a grad norm summed over the replicas too.
+- Stage 10: the backward all-gathers' issuing hooks (C trace args.module/args.phase against
+  FSDP2's pre_backward/post_backward), compared under pre and none only, catch a policy read
+  as another.
 - table.txt after a run of some stages keeps the rows of the others.
 - Bad input: one line, exit status 2.
 - The tool itself on stage 02's grading configuration, on a mutant of stage 05's solution
@@ -291,6 +294,63 @@ def test_norm_definition():
     assert fc.compare_norm_definition([{"step": 1, "grad_norm": None}], 1e-3) == (None, [])
 
 
+MODULES = ["embedding", "block0", "block1", "head"]
+
+
+def issue_trace(tmp_path, policy):
+    """A C trace_rank0.json of one backward under a prefetch policy: each module's all-gather with the hook that
+    issued it (args.module, args.phase), the reduce-scatters and a forward all-gather, which are not issue points
+    of the backward."""
+    events = [{"ph": "X", "cat": "collective", "name": "block0.all_gather",
+               "args": {"step": 0, "phase": "pre_forward", "module": "embedding"}}]
+    rev = MODULES[::-1]
+    for i, mod in enumerate(rev):
+        if policy == "pre":
+            hook = (rev[i - 1], "pre_backward") if i else (mod, "pre_backward")
+        elif policy == "post":
+            hook = (rev[i - 1], "post_backward") if i else (mod, "pre_backward")
+        else:
+            hook = (mod, "pre_backward")
+        events.append({"ph": "X", "cat": "collective", "name": mod + ".all_gather",
+                       "args": {"step": 0, "phase": hook[1], "module": hook[0]}})
+        events.append({"ph": "X", "cat": "collective", "name": mod + ".reduce_scatter",
+                       "args": {"step": 0, "phase": "post_backward", "module": mod}})
+    d = tmp_path / policy
+    d.mkdir()
+    with open(d / "trace_rank0.json", "w") as fh:
+        json.dump({"traceEvents": events}, fh)
+    return str(d)
+
+
+def fsdp2_gathers(policy):
+    """rank<r>.json's backward_all_gathers as fsdp2_torch.py writes them: FSDP2's default prefetch (pre) or none."""
+    rev = MODULES[::-1]
+    return [{"backward_all_gathers": [
+        {"step": 0, "microbatch": -1, "module": mod, "hook_module": rev[i - 1] if i and policy == "pre" else mod,
+         "hook_phase": "pre_backward", "count": 1} for i, mod in enumerate(rev)]}]
+
+
+def test_backward_issue_points(tmp_path):
+    # compared only where the stage implements the flag and FSDP2 has the policy
+    assert fc.issue_points_compared(["--world", "4", "--backward-prefetch=pre"]) == "pre"
+    assert fc.issue_points_compared(["--backward-prefetch", "none"]) == "none"
+    assert fc.issue_points_compared(["--backward-prefetch=post"]) is None and fc.issue_points_compared([]) is None
+    c = {p: fc.c_backward_gathers(issue_trace(tmp_path, p), 1, set(MODULES)) for p in ("pre", "post", "none")}
+    assert c["pre"][0][(0, -1, "block0", "block1", "pre_backward")] == 1 and len(c["pre"][0]) == 4
+    t = {p: fc.torch_backward_gathers(fsdp2_gathers(p), 6) for p in ("pre", "none")}
+    assert fc.compare_issue_points(c["pre"], t["pre"]) == [] and fc.compare_issue_points(c["none"], t["none"]) == []
+    # none read as post: every all-gather but the first issued a module early, in the later module's post-backward
+    diffs = fc.compare_issue_points(c["post"], t["none"])
+    assert len(diffs) == 6, diffs
+    assert "rank 0 step 1: block1's all-gather issued in head's post_backward: 1 in the C run, 0 in FSDP2's" in diffs
+    assert "rank 0 step 1: block1's all-gather issued in block1's pre_backward: 0 in the C run, 1 in FSDP2's" in diffs
+    # pre and none differ in the same way; a trace without backward all-gathers says so
+    assert len(fc.compare_issue_points(c["pre"], t["none"])) == 6
+    assert fc.compare_issue_points([{}], t["pre"])[-1] == "no all-gather in the C run's backward"
+    # a step beyond the profiled ones is not compared
+    assert fc.torch_backward_gathers(fsdp2_gathers("pre"), 0) == [{}]
+
+
 def test_table_keeps_other_runs(tmp_path):
     def rec(run, ok=True):
         return {"run": run, "stage": run[5:7], "world": 4, "steps": 6, "max_loss_rel": 1e-8, "max_grad_norm_rel": 2e-8,
@@ -307,7 +367,7 @@ def test_table_keeps_other_runs(tmp_path):
     lines = (tmp_path / "table.txt").read_text().splitlines()
     assert lines[0] == "meta" and "rows of 3 runs not run now (stage01, stage08, debugmodel)" in lines[1]
     assert [l.split()[0] for l in lines[5:]] == order
-    assert lines[5 + order.index("stage09-ddp")].endswith("DIFFER       FAIL")
+    assert lines[5 + order.index("stage09-ddp")].split()[-3:] == ["DIFFER", "-", "FAIL"]
     assert json.load(open(tmp_path / "stage09.json"))["pass"] and (tmp_path / "stage01.json").exists()
     # a run of everything starts afresh: the json of runs not in it go
     fc.write_logs(str(tmp_path), now, fc.table(now), "meta", every_run=True, order=order)
@@ -460,3 +520,34 @@ def test_hsdp_all_reduce_of_the_unsharded_grads_is_caught(tmp_path):
     assert diffs and all(" all-reduce (f32) in backward in replicate" in d and " moved " in d for d in diffs), diffs
     assert "rank 0 step 1: block0 all-reduce (f32) in backward in replicate0 moved 197120 bytes in the C run, " \
            "98560 in FSDP2's" in diffs
+
+
+def test_none_policy_read_as_post_is_caught(tmp_path):
+    """Stage 10 with --backward-prefetch none read as post: the same numbers and the same collectives per phase;
+    only the issue points against FSDP2 with its backward prefetch turned off catch it (prefetch_none). The other
+    runs compare as the solution's do: post against FSDP2's default, pre's issue points FSDP2's own."""
+    python, why = fsdp2_python()
+    if python is None:
+        pytest.skip(why)
+    with open(os.path.join(ROOT, "tests", "mutants", "mutants.json")) as fh:
+        mutant = next(m for m in json.load(fh)["mutants"] if m["name"] == "none_policy_still_prefetches")
+    src, binary = tmp_path / "hw_fsdp.c", tmp_path / "train"
+    apply_mutant(mutant, str(src))
+    p = subprocess.run(["make", "-s", "impl", "SRC=%s" % src, "OUT=%s" % binary], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    out = tmp_path / "logs"
+    p = run_tool("10", "--no-install", "--binary", str(binary), "--out", str(out), "--work", str(tmp_path / "work"),
+                 python=python, timeout=900)
+    assert p.returncode == 1, p.stdout[-3000:] + p.stderr[-3000:]
+    rec = {v: json.load(open(out / ("stage10%s.json" % v))) for v in ("", "-prefetch_pre", "-prefetch_none",
+                                                                       "-offload")}
+    none = rec["-prefetch_none"]
+    assert not none["pass"] and none["max_loss_rel"] <= 1e-6 and none["collectives"]["identical"]
+    assert none["dtensors"]["layout_identical"] and none["backward_issue_points"]["identical"] is False
+    assert "rank 0 step 1: block1's all-gather issued in head's post_backward: 1 in the C run, 0 in FSDP2's" \
+        in none["backward_issue_points"]["differences"]
+    assert rec["-prefetch_pre"]["pass"] and rec["-prefetch_pre"]["backward_issue_points"]["identical"] is True
+    assert rec[""]["pass"] and rec[""]["backward_issue_points"]["identical"] is None
+    assert rec["-offload"]["pass"] and rec["-offload"]["fsdp2_schedule"]["offload"] == \
+        "CPUOffloadPolicy(pin_memory=False)"

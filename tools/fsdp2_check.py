@@ -72,6 +72,20 @@ order of collectives within a step (an all-reduce of the unsharded grads before 
 reduce-scatter shows in its bytes, not in its order), the C run's streams and overlap (FSDP2 on
 CPU runs every collective synchronously), memory.
 
+Stage 10 (backward prefetch, CPU offload). The policies change when the backward's all-gathers
+are issued, not what is computed or moved: under every policy (and --single-comm-stream, which
+FSDP2 on CPU has no counterpart for: its collectives run synchronously) the loss, grad norm,
+DTensors, trained values and the collectives per phase above are compared with FSDP2 on the
+same weights. Under --backward-prefetch pre and none the issue point is compared too: each
+backward all-gather by the hook that issued it (C trace: args.module and args.phase; FSDP2: the
+param group whose pre_backward / post_backward was running), per rank and step. Pre is FSDP2's
+default (module i's pre-backward prefetches module i-1); none is FSDP2 with that prefetch turned
+off (tools/fsdp2_torch.py). Post (FSDP1's BACKWARD_POST) has no FSDP2 counterpart: its numbers
+and collectives are compared against FSDP2's default, its issue points only by the grader.
+--offload-params runs FSDP2 with CPUOffloadPolicy(pin_memory=False); on a CPU mesh the shards
+are host memory already, so what is compared is the arithmetic of an optimizer step on host
+shards, not the copies (the grader checks those: offload_memory).
+
 torch: run by any python, the tool uses the current interpreter when it has torch >= 2.6 with
 fully_shard; else build/fsdp2-venv (made once by pip, several GB of CUDA wheels, unless
 --no-install), and runs itself again with that python.
@@ -293,7 +307,8 @@ def torch_job(run, cdir, init, out, args):
             "grad_accum": r.get("grad_accum", 1), "grad_sync_every": r.get("grad_sync", "every") == "every",
             "reshard_after_backward": r.get("reshard_after_backward", True),
             "param_dtype": param_dtype, "reduce_dtype": reduce_dtype,
-            "mesh": r.get("mesh"), "force_sum_reduction": args.force_sum_reduction, "threads": 1, "port": free_port(),
+            "mesh": r.get("mesh"), "backward_prefetch": r.get("backward_prefetch", "pre"),
+            "offload": bool(r.get("offload_params", False)), "force_sum_reduction": args.force_sum_reduction, "threads": 1, "port": free_port(),
             "timeout_s": TORCH_TIMEOUT_S, "out": out}
 
 
@@ -415,6 +430,53 @@ def without_single_rank_groups(per_rank, mesh, world):
                 k[key] = n
         kept.append(k)
     return kept, left_out
+
+
+def c_backward_gathers(cdir, world, modules):
+    """Per rank {(step, microbatch, module gathered, hook module, hook phase): count} of the all-gathers the C
+    trace has in the backward: args.module and args.phase name the host hook that issued each."""
+    per_rank = []
+    for r in range(world):
+        with open(os.path.join(cdir, "trace_rank%d.json" % r)) as fh:
+            events = json.load(fh).get("traceEvents", [])
+        counts = {}
+        for e in events:
+            label, _, kind = e.get("name", "").rpartition(".")
+            a = e.get("args", {})
+            if e.get("ph") != "X" or e.get("cat") != "collective" or kind != "all_gather" or label not in modules \
+                    or a.get("phase") not in BACKWARD_PHASES:
+                continue
+            key = (a["step"], a.get("microbatch", -1), label, a.get("module", "?"), a["phase"])
+            counts[key] = counts.get(key, 0) + 1
+        per_rank.append(counts)
+    return per_rank
+
+
+def torch_backward_gathers(ranks, profiled_steps):
+    return [{(g["step"], g["microbatch"], g["module"], g["hook_module"], g["hook_phase"]): g["count"]
+             for g in rk.get("backward_all_gathers", []) if g["step"] < profiled_steps} for rk in ranks]
+
+
+def issue_points_compared(flags):
+    """Why the backward all-gathers' issuing hooks are compared for this command line, or None: only where the
+    stage implements --backward-prefetch (stage 10) and FSDP2 has the policy (pre: its default; none: turned
+    off). Earlier stages ignore the flag; FSDP2 has no post."""
+    policy = flag_value(flags, "--backward-prefetch")
+    return policy if policy in ("pre", "none") else None
+
+
+def compare_issue_points(c_points, t_points):
+    diffs = []
+    for r, (c, t) in enumerate(zip(c_points, t_points)):
+        for key in sorted(set(c) | set(t), key=str):
+            if c.get(key, 0) != t.get(key, 0):
+                step, micro, mod, hook, phase = key
+                diffs.append("rank %d step %d%s: %s's all-gather issued in %s's %s: %d in the C run, %d in FSDP2's"
+                             % (r, step + 1, " microbatch %d" % micro if micro >= 0 else "", mod, hook, phase,
+                                c.get(key, 0), t.get(key, 0)))
+    if c_points and not c_points[0]:
+        diffs.append("no all-gather in the C run's backward")
+    return diffs
 
 
 # ---------------------------------------------------------------------------- the comparisons
@@ -651,6 +713,16 @@ def compare_run(run, args):
                           "step1_rank0": summary, "mesh": mesh, "fsdp2_reduce_ops": ranks[0].get("reduce_ops", {}),
                           "left_out_single_rank_groups": {"c": c_single, "fsdp2": t_single}}
     fails += diffs[:5]
+    policy = issue_points_compared(run.flags)
+    if policy:
+        points = compare_issue_points(c_backward_gathers(cdir, world, modules), torch_backward_gathers(ranks, profiled))
+        rec["backward_issue_points"] = {"policy": policy, "identical": not points, "differences": points[:20]}
+        fails += points[:5]
+    else:
+        rec["backward_issue_points"] = {"policy": flag_value(run.flags, "--backward-prefetch"), "identical": None,
+                                        "why_not": "compared under --backward-prefetch pre and none only (stage 10; "
+                                                   "FSDP2 has no post policy)"}
+    rec["fsdp2_schedule"] = ranks[0].get("schedule")
     if profiled < job["steps"]:
         fails.append("only %d of %d steps profiled in the C run: collectives of the rest not compared"
                      % (profiled, job["steps"]))
@@ -667,18 +739,21 @@ def fmt(x):
 
 
 def table(records):
-    head = ["run", "world", "steps", "loss rel", "gnorm rel", "DTensors", "values |d|/lr", "collectives", "result"]
+    head = ["run", "world", "steps", "loss rel", "gnorm rel", "DTensors", "values |d|/lr", "collectives",
+            "bwd issue", "result"]
     lines = []
     for r in records:
         if "error" in r:
-            lines.append([r["run"], "-", "-", "-", "-", "-", "-", "-", "FAIL: " + r["error"]])
+            lines.append([r["run"], "-", "-", "-", "-", "-", "-", "-", "-", "FAIL: " + r["error"]])
             continue
         v = r["dtensors"]["values"]
         vals = ("bitwise" if v["bitwise_identical"] == v["shards"] else "NOT bitwise" if v.get("exact")
                 else fmt(v["max_abs_over_lr"]))
         lines.append([r["run"], str(r["world"]), str(r["steps"]), fmt(r["max_loss_rel"]), fmt(r["max_grad_norm_rel"]),
                       "identical" if r["dtensors"]["layout_identical"] else "DIFFER", vals,
-                      "equal" if r["collectives"]["identical"] else "DIFFER", "PASS" if r["pass"] else "FAIL"])
+                      "equal" if r["collectives"]["identical"] else "DIFFER",
+                      {True: "same", False: "DIFFER"}.get((r.get("backward_issue_points") or {}).get("identical"), "-"),
+                      "PASS" if r["pass"] else "FAIL"])
     widths = [max(len(x[i]) for x in [head] + lines) for i in range(len(head))]
     out = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [head] + lines]
     out.insert(1, "  ".join("-" * w for w in widths))

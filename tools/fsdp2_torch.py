@@ -20,6 +20,13 @@ the C run did is what this run does (read from the C run's run.json and the stag
 - AdamW (betas 0.9/0.95, eps 1e-8, the run's lr and weight decay, single-tensor), torchtitan's
   linear warmup (LambdaLR), clipping to --max-norm.
 
+- --offload-params (stage 10): fully_shard(..., offload_policy=CPUOffloadPolicy(pin_memory=False))
+  (on a CPU mesh the shards already live in host memory: the same arithmetic, no copies),
+- --backward-prefetch (stage 10): pre is FSDP2's default (module i's pre-backward all-gathers
+  module i-1 after its own); none turns that off on every param group (FSDPParamGroup's
+  _backward_prefetch, private, replaced by a no-op: each module all-gathers in its own
+  pre-backward); post has no FSDP2 counterpart (FSDP1's BACKWARD_POST) and runs FSDP2's default,
+
 - --mesh R,S (stage 09, HSDP): fully_shard on a 2-D DeviceMesh (init_device_mesh("cpu", (R, S),
   mesh_dim_names=("replicate", "shard"))): rank i*S + j in row i (the shard group, dim 1) and
   column j (the replicate group, dim 0). Without --mesh the mesh is 1-D over the world, its dim
@@ -44,11 +51,15 @@ recompute included), the step and the microbatch. Each collective is keyed by it
 as the ranks in it (fsdp2_check.py names them as the C trace does), and by its size in bytes;
 its reduce op is noted. The tool's own reductions (the float64 norm, the mean loss) use the
 unwrapped all_reduce and are not counted. A collective outside the loop is counted in the phase
-"outside" (the C run has none: the comparison fails).
+"outside" (the C run has none: the comparison fails). Each all-gather in the backward is also
+listed with the hook that issued it, (module, pre_backward | post_backward) of the param group
+whose FSDPParamGroup.pre_backward / post_backward runs (FSDP2's backward prefetch issues the
+previous module's from inside this module's pre_backward), as the C trace's args.module and
+args.phase name the host hook.
 
 Writes into OUT, per rank:
   rank<r>.json                  steps (loss, grad norm, lr), collectives, reduce ops, the mesh, DTensor layout
-                                after fully_shard
+                                after fully_shard, the backward all-gathers by issuing hook, the schedule
   shards_rank<r>.safetensors    the local shards after training: params, optim.<name>.exp_avg(_sq)
 """
 import datetime
@@ -116,6 +127,8 @@ class CollectiveLog:
         self.depth = 0      # a wrapped function calling another counts once
         self.counts = Counter()
         self.ops = {}       # kind -> set of reduce op names
+        self.hook = None    # (module, pre_backward | post_backward) of the backward hook running now
+        self.backward_gathers = Counter()  # (step, microbatch, module gathered, hook module, hook phase)
 
     def install(self):
         from torch.distributed import _functional_collectives as funcol
@@ -131,6 +144,8 @@ class CollectiveLog:
         funcol.all_reduce = self._counting(funcol.all_reduce, "all_reduce", self._funcol_ranks(funcol))
         for method in ("unshard", "post_backward"):
             setattr(FSDPParamGroup, method, self._labelling(getattr(FSDPParamGroup, method)))
+        for method in ("pre_backward", "post_backward"):
+            setattr(FSDPParamGroup, method, self._hooking(getattr(FSDPParamGroup, method), method))
 
     @staticmethod
     def _funcol_ranks(funcol):
@@ -162,6 +177,9 @@ class CollectiveLog:
                     moved = bound.get("input", bound.get("input_tensor")) if kind == "reduce_scatter" else out
                     nbytes = moved.numel() * moved.element_size() if hasattr(moved, "numel") else -1
                     self.counts[(step, micro, self.module or "?", kind, phase, group, dtype, nbytes)] += 1
+                    if kind == "all_gather" and phase == "backward":
+                        hook = self.hook or ("?", "?")
+                        self.backward_gathers[(step, micro, self.module or "?") + hook] += 1
                     op = bound.get("op", bound.get("reduceOp"))
                     if kind != "all_gather":
                         what = kind if self.module != "grad_norm" else "grad_norm." + kind
@@ -176,6 +194,19 @@ class CollectiveLog:
             finally:
                 self.module = before
         return wrapper
+
+    def _hooking(self, method, phase):
+        def wrapper(group, *args, **kwargs):
+            before, self.hook = self.hook, (c_module(getattr(group, "_module_fqn", None)), phase)
+            try:
+                return method(group, *args, **kwargs)
+            finally:
+                self.hook = before
+        return wrapper
+
+    def issue_points(self):
+        return [{"step": k[0], "microbatch": k[1], "module": k[2], "hook_module": k[3], "hook_phase": k[4],
+                 "count": n} for k, n in sorted(self.backward_gathers.items())]
 
     def rows(self):
         return [{"step": k[0], "microbatch": k[1], "module": k[2], "kind": k[3], "phase": k[4], "group": k[5],
@@ -203,7 +234,7 @@ def build_model(job):
 
 def shard(model, job, mesh):
     """Activation checkpointing, then fully_shard per module group and on the root (torchtitan's order)."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
     if job["ac"]:
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
         for name in list(model.layers.keys()):
@@ -211,6 +242,9 @@ def shard(model, job, mesh):
     mp = MixedPrecisionPolicy(param_dtype=DTYPES[job["param_dtype"]] if job["param_dtype"] else None,
                               reduce_dtype=DTYPES[job["reduce_dtype"]] if job["reduce_dtype"] else None)
     kw = {"mesh": mesh, "reshard_after_forward": job["reshard_after_forward"], "mp_policy": mp}
+    if job.get("offload"):
+        from torch.distributed.fsdp import CPUOffloadPolicy
+        kw["offload_policy"] = CPUOffloadPolicy(pin_memory=False)  # pinning needs CUDA
     fully_shard(model.tok_embeddings, **kw)
     for block in model.layers.values():
         fully_shard(block, **kw)
@@ -218,7 +252,22 @@ def shard(model, job, mesh):
     fully_shard(model, **kw)
     if job["force_sum_reduction"]:
         model.set_force_sum_reduction_for_comms(True)
+    if job.get("backward_prefetch") == "none":
+        for m in model.modules():
+            if isinstance(m, FSDPModule):
+                group = m._get_fsdp_state()._fsdp_param_group
+                if group is not None:
+                    group._backward_prefetch = lambda: None  # each module all-gathers in its own pre-backward
     return model
+
+
+def schedule(job):
+    """What FSDP2's run did for --backward-prefetch and --offload-params, in words (rank<r>.json)."""
+    bp = job.get("backward_prefetch") or "pre"
+    return {"backward_prefetch": {"pre": "FSDP2's default: the previous module, in this module's pre-backward",
+                                  "none": "off: FSDPParamGroup._backward_prefetch replaced by a no-op",
+                                  "post": "FSDP2's default (pre): FSDP2 has no post policy"}.get(bp, bp),
+            "offload": "CPUOffloadPolicy(pin_memory=False)" if job.get("offload") else None}
 
 
 def fsdp_params(model):
@@ -410,6 +459,7 @@ def run_rank(rank, job):
                                       local_shards(model, opt))
         result = {"rank": rank, "torch": torch.__version__, "steps": steps, "collectives": log.rows(),
                   "reduce_ops": {k: sorted(v) for k, v in log.ops.items()}, "mesh": mesh_record(mesh),
+                  "backward_all_gathers": log.issue_points(), "schedule": schedule(job),
                   "dtensors": layout}
         with open(os.path.join(job["out"], "rank%d.json" % rank), "w") as fh:
             json.dump(result, fh)

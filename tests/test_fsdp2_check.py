@@ -437,6 +437,20 @@ def fsdp2_python():
                   "installs one)" % (fc.MIN_TORCH + (fc.shown(venv), sys.executable)))
 
 
+def tool_on_mutant(name, stage, tmp_path, python, *args):
+    """The tool on a stage's solution with the text replacements of tests/mutants/mutants.json's mutant `name`,
+    built with make impl; its logs in tmp_path/logs. The finished process."""
+    with open(os.path.join(ROOT, "tests", "mutants", "mutants.json")) as fh:
+        mutant = next(m for m in json.load(fh)["mutants"] if m["name"] == name)
+    src, binary = tmp_path / "hw_fsdp.c", tmp_path / "train"
+    apply_mutant(mutant, str(src))
+    p = subprocess.run(["make", "-s", "impl", "SRC=%s" % src, "OUT=%s" % binary], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    return run_tool(stage, "--no-install", "--binary", str(binary), "--out", str(tmp_path / "logs"), "--work",
+                    str(tmp_path / "work"), *args, python=python, timeout=900)
+
+
 def test_stage02_against_fsdp2(tmp_path):
     python, why = fsdp2_python()
     if python is None:
@@ -471,16 +485,8 @@ def test_extra_recompute_all_gather_is_caught(tmp_path):
     python, why = fsdp2_python()
     if python is None:
         pytest.skip(why)
-    with open(os.path.join(ROOT, "tests", "mutants", "mutants.json")) as fh:
-        mutant = next(m for m in json.load(fh)["mutants"] if m["name"] == "recompute_all_gathers_again")
-    src, binary = tmp_path / "hw_fsdp.c", tmp_path / "train"
-    apply_mutant(mutant, str(src))
-    p = subprocess.run(["make", "-s", "impl", "SRC=%s" % src, "OUT=%s" % binary], cwd=ROOT, capture_output=True,
-                       text=True, timeout=300)
-    assert p.returncode == 0, p.stderr
     out = tmp_path / "logs"
-    p = run_tool("05", "--main-only", "--no-install", "--binary", str(binary), "--out", str(out), "--work",
-                 str(tmp_path / "work"), python=python, timeout=900)
+    p = tool_on_mutant("recompute_all_gathers_again", "05", tmp_path, python, "--main-only")
     assert p.returncode == 1, p.stdout[-3000:] + p.stderr[-3000:]
     rec = json.load(open(out / "stage05.json"))
     assert not rec["pass"] and rec["max_loss_rel"] <= 1e-6 and rec["max_grad_norm_rel"] <= 1e-6
@@ -497,16 +503,8 @@ def test_hsdp_all_reduce_of_the_unsharded_grads_is_caught(tmp_path):
     python, why = fsdp2_python()
     if python is None:
         pytest.skip(why)
-    with open(os.path.join(ROOT, "tests", "mutants", "mutants.json")) as fh:
-        mutant = next(m for m in json.load(fh)["mutants"] if m["name"] == "all_reduce_the_unsharded_grads")
-    src, binary = tmp_path / "hw_fsdp.c", tmp_path / "train"
-    apply_mutant(mutant, str(src))
-    p = subprocess.run(["make", "-s", "impl", "SRC=%s" % src, "OUT=%s" % binary], cwd=ROOT, capture_output=True,
-                       text=True, timeout=300)
-    assert p.returncode == 0, p.stderr
     out = tmp_path / "logs"
-    p = run_tool("09", "--main-only", "--no-install", "--binary", str(binary), "--out", str(out), "--work",
-                 str(tmp_path / "work"), python=python, timeout=900)
+    p = tool_on_mutant("all_reduce_the_unsharded_grads", "09", tmp_path, python, "--main-only")
     assert p.returncode == 1, p.stdout[-3000:] + p.stderr[-3000:]
     rec = json.load(open(out / "stage09.json"))
     assert not rec["pass"] and rec["max_loss_rel"] <= 1e-6 and rec["max_grad_norm_rel"] <= 1e-6
@@ -529,16 +527,8 @@ def test_none_policy_read_as_post_is_caught(tmp_path):
     python, why = fsdp2_python()
     if python is None:
         pytest.skip(why)
-    with open(os.path.join(ROOT, "tests", "mutants", "mutants.json")) as fh:
-        mutant = next(m for m in json.load(fh)["mutants"] if m["name"] == "none_policy_still_prefetches")
-    src, binary = tmp_path / "hw_fsdp.c", tmp_path / "train"
-    apply_mutant(mutant, str(src))
-    p = subprocess.run(["make", "-s", "impl", "SRC=%s" % src, "OUT=%s" % binary], cwd=ROOT, capture_output=True,
-                       text=True, timeout=300)
-    assert p.returncode == 0, p.stderr
     out = tmp_path / "logs"
-    p = run_tool("10", "--no-install", "--binary", str(binary), "--out", str(out), "--work", str(tmp_path / "work"),
-                 python=python, timeout=900)
+    p = tool_on_mutant("none_policy_still_prefetches", "10", tmp_path, python)
     assert p.returncode == 1, p.stdout[-3000:] + p.stderr[-3000:]
     rec = {v: json.load(open(out / ("stage10%s.json" % v))) for v in ("", "-prefetch_pre", "-prefetch_none",
                                                                        "-offload")}

@@ -376,18 +376,21 @@ def group_size(name, mesh, world):
     return world
 
 
+def c_collective_events(cdir, rank):
+    """The collective events of the C run's trace_rank<r>.json, each with its label and kind ('<label>.<kind>')."""
+    with open(os.path.join(cdir, "trace_rank%d.json" % rank)) as fh:
+        events = json.load(fh).get("traceEvents", [])
+    return [(e, *e["name"].rpartition(".")[::2]) for e in events
+            if e.get("ph") == "X" and e.get("cat") == "collective" and "name" in e]
+
+
 def c_collectives(cdir, world, modules):
     """Per rank {(step, microbatch, module, kind, phase, group, dtype, bytes): count} of the C trace (the grader's
     parsing): the modules' all-gathers, reduce-scatters and all-reduces, and the grad norm's all-reduce."""
     per_rank = []
     for r in range(world):
-        with open(os.path.join(cdir, "trace_rank%d.json" % r)) as fh:
-            events = json.load(fh).get("traceEvents", [])
         counts = {}
-        for e in events:
-            if e.get("ph") != "X" or e.get("cat") != "collective":
-                continue
-            label, _, kind = e["name"].rpartition(".")
+        for e, label, kind in c_collective_events(cdir, r):
             if kind not in ("all_gather", "reduce_scatter", "all_reduce"):
                 continue
             if label not in modules and (label, kind) != (GRAD_NORM, "all_reduce"):
@@ -437,14 +440,10 @@ def c_backward_gathers(cdir, world, modules):
     trace has in the backward: args.module and args.phase name the host hook that issued each."""
     per_rank = []
     for r in range(world):
-        with open(os.path.join(cdir, "trace_rank%d.json" % r)) as fh:
-            events = json.load(fh).get("traceEvents", [])
         counts = {}
-        for e in events:
-            label, _, kind = e.get("name", "").rpartition(".")
+        for e, label, kind in c_collective_events(cdir, r):
             a = e.get("args", {})
-            if e.get("ph") != "X" or e.get("cat") != "collective" or kind != "all_gather" or label not in modules \
-                    or a.get("phase") not in BACKWARD_PHASES:
+            if kind != "all_gather" or label not in modules or a.get("phase") not in BACKWARD_PHASES:
                 continue
             key = (a["step"], a.get("microbatch", -1), label, a.get("module", "?"), a["phase"])
             counts[key] = counts.get(key, 0) + 1

@@ -7,6 +7,7 @@ file is safe to run in parallel. No timing assertions: the grader prints its own
 """
 import fcntl
 import json
+import math
 import os
 import re
 import shutil
@@ -175,6 +176,24 @@ def test_mutant_loses_exactly_its_points(mutant, tmp_path):
     reasons = [checks[n]["reason"] for n in mutant["expect_fail"]]
     assert any(mutant["expect_message"] in r for r in reasons), reasons
     assert all(r and "\n" not in r for r in reasons)
+
+
+@pytest.mark.parametrize("R,S", [(2, 2), (2, 3), (3, 2), (4, 1)])
+def test_grad_norm_hint_names_the_mesh_factor(R, S):
+    """On an R x S mesh each wrong reduction leaves its own factor on the norm (worked out here from the math,
+    not read from the grader): a replica all-reduce that sums gives R, a reduce-scatter that sums S, a sum of
+    squares all-reduced over the world, where every shard counts R times, sqrt(R). The hint names that one."""
+    from gradelib.checks import mesh_grad_norm_hint
+    replicas, row = "across the %d replicas" % R, "inside the %d-rank shard group" % S
+    h = mesh_grad_norm_hint(float(R), R, S)
+    assert replicas in h and (row in h) == (R == S), h
+    if S > 1:
+        h = mesh_grad_norm_hint(float(S), R, S)
+        assert row in h and (replicas in h) == (R == S), h
+    h = mesh_grad_norm_hint(math.sqrt(R), R, S)
+    assert "shard group only" in h and "sqrt(R)" in h, h
+    for ratio in (1.0, 0.5, R * S * 1.5):
+        assert mesh_grad_norm_hint(ratio, R, S) == "", ratio
 
 
 # ------------------------------------------------------------ resource limits

@@ -97,10 +97,29 @@ def check_loss(ctx):
     return series_check(ctx, "loss", ctx.tol["loss_rel"], "loss", hint)
 
 
+def mesh_grad_norm_hint(ratio, R, S):
+    """The grad norm's hint on an R x S mesh (HSDP), or "" when the ratio is none of the mesh's factors.
+
+    The grads are averaged twice (reduce-scatter over the S ranks of the row, all-reduce over the R
+    replicas of the column) and the norm's sum of squares is all-reduced over the row only: a SUM in
+    place of either average leaves a factor S or R, a norm summed over the whole world sqrt(R)."""
+    sums = [what for what, n in (("the all-reduce across the %d replicas (replicate group)" % R, R),
+                                 ("the reduce-scatter inside the %d-rank shard group" % S, S)) if n > 1 and near(ratio, n, 0.1)]
+    if sums:
+        return ("%.2f times too large: %s must average (RED_AVG), not sum; the two averages together are the mean "
+                "over all %d ranks' data" % (ratio, " or ".join(sums), R * S))
+    if near(ratio, math.sqrt(R), 0.05):
+        return ("%.2f times too large, about sqrt(R) = %.2f: each shard is held by the R = %d replicas, so the norm's "
+                "sum of squares must be all-reduced in the shard group only, not over the world"
+                % (ratio, math.sqrt(R), R))
+    return ""
+
+
 @check("grad_norm")
 def check_grad_norm(ctx):
     W = ctx.world
     K = Accum(ctx.flags).K
+    R, S = mesh_shape(ctx.flags, W)
 
     def hint(step, g, r):
         ratio = g / r if r else float("inf")
@@ -108,15 +127,20 @@ def check_grad_norm(ctx):
             return ("%.2f times the reference, about a part of the %d microbatches: does every microbatch's gradient "
                     "reach the optimizer? Without sync keep Param.grad for the next backward to add to; with sync add "
                     "each reduce-scatter into the grad shards (launch_add)" % (ratio, K))
+        if R > 1:  # HSDP: the two reductions and the norm's group each leave their own factor
+            hint_2d = mesh_grad_norm_hint(ratio, R, S)
+            if hint_2d:
+                return hint_2d
         if near(ratio, W, 0.1):
             return "%.2f times too large, about W = %d: are you averaging the reduce-scatter over %d ranks (RED_AVG, not RED_SUM)?" % (ratio, W, W)
         if near(ratio, 1.0 / W, 0.1):
             return "%.2f times the reference, about 1/W: is the average applied twice?" % ratio
         if near(ratio, math.sqrt(W), 0.15):
             return "%.2f times too large, about sqrt(W): is the norm's all-reduce a SUM of the squares, taken once?" % ratio
-        if ratio < 0.85 and ratio > 0.5 / math.sqrt(W):
-            return ("%.2f times the reference (about 1/sqrt(W) = %.2f is one rank's share): is the sum of squares "
-                    "all-reduced over the ranks before the square root?" % (ratio, 1 / math.sqrt(W)))
+        if ratio < 0.85 and ratio > 0.5 / math.sqrt(S):
+            return ("%.2f times the reference (about 1/sqrt(%s) = %.2f is one rank's share): is the sum of squares "
+                    "all-reduced over the %s before the square root?"
+                    % (ratio, "S" if R > 1 else "W", 1 / math.sqrt(S), "shard group" if R > 1 else "ranks"))
         if step == 1:
             return ("wrong at step 1 with the loss right: the backward side is wrong (chunk-cat layout of the "
                     "reduce-scatter input, the average, the norm over your local rows only, not the padding)")

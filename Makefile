@@ -211,7 +211,8 @@ tsan:
 	$(MAKE) -s BUILD=build-tsan OPT=-O1 EXTRA_CFLAGS=-fsanitize=thread EXTRA_LDFLAGS=-fsanitize=thread \
 	  $(addprefix build-tsan/,$(SAN_BINS)) >/dev/null
 	@set -e; export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 OPENBLAS_NUM_THREADS=1; \
-	for t in test_runtime test_race test_model; do echo "tsan: $$t"; build-tsan/tests/$$t | tail -1; done; \
+	for t in test_runtime test_race test_model; do echo "tsan: $$t"; build-tsan/tests/$$t >build-tsan/$$t.log 2>&1 || \
+	  { tail -60 build-tsan/$$t.log; echo "tsan: $$t failed (build-tsan/$$t.log)"; exit 1; }; tail -1 build-tsan/$$t.log; done; \
 	$(foreach s,$(SOLUTIONS),echo "tsan: $(s)"; build-tsan/solutions/$(s)/train $(SAN_RUN) --world 4 \
 	  $(STAGE_FLAGS_$(s)) --link-gbps 5 --out build-tsan/runs/$(s);)
 	@echo "tsan: clean"
@@ -220,7 +221,8 @@ asan:
 	$(MAKE) -s BUILD=build-asan OPT=-O1 EXTRA_CFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -Wno-format-truncation" \
 	  EXTRA_LDFLAGS="-fsanitize=address,undefined" $(addprefix build-asan/,$(SAN_BINS)) >/dev/null
 	@set -e; export ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1; \
-	for t in test_runtime test_race test_model test_ops test_io; do echo "asan: $$t"; build-asan/tests/$$t | tail -1; done; \
+	for t in test_runtime test_race test_model test_ops test_io; do echo "asan: $$t"; build-asan/tests/$$t >build-asan/$$t.log 2>&1 || \
+	  { tail -60 build-asan/$$t.log; echo "asan: $$t failed (build-asan/$$t.log)"; exit 1; }; tail -1 build-asan/$$t.log; done; \
 	$(foreach s,$(SOLUTIONS),echo "asan: $(s)"; build-asan/solutions/$(s)/train $(SAN_RUN) --world 3 \
 	  $(STAGE_FLAGS_W3_$(s)) --out build-asan/runs/$(s);)
 	@echo "asan: clean"

@@ -155,7 +155,9 @@ typedef enum { RED_SUM = 0, RED_AVG = 1 } RedOp;
  * all_gather:     recv[r*send_count + i] = send of rank r [i]
  *                 (in place allowed: send == recv + rank*send_count)
  * reduce_scatter: recv[i] = op over r of (send of rank r)[rank*recv_count + i]
+ *                 (in place allowed: recv == send + rank*recv_count)
  * all_reduce:     recv[i] = op over r of (send of rank r)[i]  (send == recv allowed)
+ * Send and recv that overlap any other way stop the run with one line.
  * broadcast:      buf of every rank := buf of root
  * Sums add in rank order 0, 1, ..., N-1 (bitwise reproducible); RED_AVG
  * divides the sum by N. */

@@ -115,7 +115,7 @@ static void exercise_bf16(Dev *d, Stream *t, size_t c, int salt) {
     dev_free(d, rs_avg);
 }
 
-/* All-gather (out of place and in place), reduce-scatter, all-reduce (sum,
+/* All-gather and reduce-scatter (out of place and in place), all-reduce (sum,
  * avg, in place or not) and broadcast from every root, for counts 7, 1, 0
  * and 1000, on two streams at once. */
 static void exercise_collectives(Dev *d, Stream *t /* a second stream */) {
@@ -151,6 +151,10 @@ static void exercise_collectives(Dev *d, Stream *t /* a second stream */) {
         }
         COLL_CHECK(bits_equal(rs_out, e2, c), "reduce_scatter sum n=%d c=%zu", n, c);
         COLL_CHECK(bits_equal(rs_avg, e3, c), "reduce_scatter avg n=%d c=%zu", n, c);
+        /* in-place reduce_scatter: recv is this rank's block of send */
+        coll_reduce_scatter(d, rs_in, rs_in + (size_t)me * c, c, RED_SUM, s, "rs_inplace");
+        dev_stream_synchronize(s);
+        COLL_CHECK(bits_equal(rs_in + (size_t)me * c, e2, c), "in-place reduce_scatter n=%d c=%zu", n, c);
 
         /* in-place all_gather: send is this rank's slice of recv */
         salt++;

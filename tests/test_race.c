@@ -184,7 +184,8 @@ static void rank_skip_all_gather(Dev *d, void *arg) {
     Stream *ag = dev_stream_create(d, "all_gather");
     float *buf = dev_alloc_f32(d, 4 * 64, MEM_COMM_BUFFER, "buf");
     for (int k = 0; k < 14; k++)
-        if (!(dev_rank(d) == 3 && k == 13)) coll_all_gather(d, buf, buf, 64, ag, k == 13 ? "block2" : "warm");
+        if (!(dev_rank(d) == 3 && k == 13)) /* in place: this rank's block of the gathered buffer */
+            coll_all_gather(d, buf + 64 * dev_rank(d), buf, 64, ag, k == 13 ? "block2" : "warm");
     dev_synchronize(d);
     dev_free(d, buf);
 }
@@ -214,7 +215,8 @@ static void rank_skip_group_all_gather(Dev *d, void *arg) {
     Stream *ag = dev_stream_create(d, "all_gather");
     float *buf = dev_alloc_f32(d, 2 * 64, MEM_COMM_BUFFER, "buf");
     for (int k = 0; k < 2; k++)
-        if (!(dev_rank(d) == 1 && k == 1)) pg_all_gather(m.shard_group, buf, buf, 64, ag, k ? "block2" : "warm");
+        if (!(dev_rank(d) == 1 && k == 1)) /* in place: this rank's block of the gathered buffer */
+            pg_all_gather(m.shard_group, buf + 64 * pg_rank(m.shard_group), buf, 64, ag, k ? "block2" : "warm");
     dev_synchronize(d);
     dev_free(d, buf);
 }

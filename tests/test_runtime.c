@@ -95,7 +95,7 @@ static void rank_event_wait(Dev *d, void *arg) {
     Gate gate = GATE_INIT, *gp = &gate;
     int x = 0;
     int seen_b = -1, seen_c = -1;
-    SleepSetArgs set = {0, &x, 1};
+    SleepSetArgs set = {1, &x, 1}; /* the write takes 1 ms: b's wait lasts longer than the trace's 1 us floor */
     dev_launch(a, "gate", k_gate_wait, &gp, sizeof gp); /* a's write waits for the host */
     dev_launch(a, "write", k_sleep_set, &set, sizeof set);
     dev_event_record(e, a);
@@ -106,6 +106,11 @@ static void rank_event_wait(Dev *d, void *arg) {
     dev_launch(c, "read_no_wait", k_read, &rc, sizeof rc);
     dev_stream_synchronize(c); /* c does not wait: it finishes while a is held at the gate */
     TCHECK(seen_c == 0, "without a wait, stream c runs before a's write (saw %d)", seen_c);
+    for (int blocked = 0; !blocked; sched_yield()) { /* b's worker is inside the wait before a may go on */
+        pthread_mutex_lock(&e->mu);
+        blocked = e->waiting > 0;
+        pthread_mutex_unlock(&e->mu);
+    }
     gate_open(&gate);
     dev_stream_synchronize(b);
     TCHECK(seen_b == 1, "after the wait, stream b sees a's write (saw %d)", seen_b);
@@ -532,8 +537,9 @@ static void rank_nodes(Dev *d, void *arg) {
     float *buf = dev_alloc_f32(d, 2 * cnt, MEM_COMM_BUFFER, "buf");
     memset(buf, 0, 2 * cnt * sizeof(float));
     Stream *s = dev_compute_stream(d);
-    pg_all_gather(m.shard_group, buf, buf, cnt, s, "inside");
-    pg_all_gather(m.replicate_group, buf, buf, cnt, s, "across");
+    /* in place: each rank's block is already at its place in the gathered buffer */
+    pg_all_gather(m.shard_group, buf + (size_t)pg_rank(m.shard_group) * cnt, buf, cnt, s, "inside");
+    pg_all_gather(m.replicate_group, buf + (size_t)pg_rank(m.replicate_group) * cnt, buf, cnt, s, "across");
     dev_synchronize(d);
     if (dev_rank(d) == 0) {
         pthread_mutex_lock(&d->trace.mu);
@@ -757,6 +763,20 @@ static void rank_misuse_group_mismatch(Dev *d, void *arg) {
     dev_synchronize(d);
 }
 
+/* Every rank passes its gathered buffer as the send buffer too: in place only for rank 0 (NCCL's in-place
+ * all-gather sends from recv + rank * count), a race between the ranks' copies for rank 1. */
+static void rank_misuse_inplace_offset(Dev *d, void *arg) {
+    float *buf = dev_alloc_f32(d, 64, MEM_COMM_BUFFER, "buf");
+    coll_all_gather(d, buf, buf, 32, dev_compute_stream(d), "block0");
+    dev_synchronize(d);
+}
+/* An all-reduce whose output starts 4 elements into its input. */
+static void rank_misuse_overlap_all_reduce(Dev *d, void *arg) {
+    float *buf = dev_alloc_f32(d, 64, MEM_COMM_BUFFER, "buf");
+    coll_all_reduce(d, buf, buf + 4, 16, RED_SUM, dev_compute_stream(d), "grad_norm");
+    dev_synchronize(d);
+}
+
 static int misuse(const char *kind) {
     void (*fn)(Dev *, void *) = NULL;
     WorldConfig c = local_config(1);
@@ -770,6 +790,11 @@ static int misuse(const char *kind) {
     } else if (strcmp(kind, "group_mismatch") == 0) {
         fn = rank_misuse_group_mismatch;
         c = local_config(4);
+    } else if (strcmp(kind, "inplace_offset") == 0) {
+        fn = rank_misuse_inplace_offset;
+        c = local_config(2);
+    } else if (strcmp(kind, "overlap_all_reduce") == 0) {
+        fn = rank_misuse_overlap_all_reduce;
     } else if (strcmp(kind, "world0") == 0) c = local_config(0);
     else if (strcmp(kind, "world_big") == 0) c = local_config(WORLD_MAX_RANKS + 1);
     else if (strcmp(kind, "mpi_no_support") == 0) {

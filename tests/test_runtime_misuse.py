@@ -20,6 +20,13 @@ CASES = {
     # inside a group: the ranks are named by their world rank, the group by its name
     "group_mismatch": re.escape("error: collective mismatch on stream 'ag' #1: rank 2 all_gather 16 f32 in shard1 "
                                 "(block2); rank 3 reduce_scatter 8 f32 avg in shard1 (block3)"),
+    # buffers that overlap other than in NCCL's in-place forms (a race between the ranks' copies)
+    "inplace_offset": re.escape("error: all_gather (block0) on rank 1: send is at recv+0 elements, overlapping recv but "
+                                "not in place: in place means send = recv + group rank * send_count, i.e. send at "
+                                "recv+32 (rank 1 of 2 in world); any other overlap races with the peers' copies"),
+    "overlap_all_reduce": re.escape("error: all_reduce (grad_norm) on rank 0: send is at recv-4 elements, overlapping "
+                                    "recv: pass the same buffer for both (in place) or two disjoint ones; any other "
+                                    "overlap races with the peers' reads"),
     "world0": re.escape("error: world size 0 is out of range (1..64 ranks)"),
     "world_big": re.escape("error: world size 65 is out of range (1..64 ranks)"),
 }

@@ -283,7 +283,7 @@ static void nccl_collective(Stream *s, const Op *op, const void *send, void *rec
 
 void coll_enqueue(ProcessGroup *g, Stream *s, CollKind kind, const void *send, void *recv, size_t count, RedOp op,
                   int root, DType dtype, const char *label) {
-    coll_validate(g, s, (int)kind, send, recv, count, (int)op, root, label);
+    coll_validate(g, s, (int)kind, send, recv, count, (int)op, root, (int)dtype, label);
     Dev *d = g->dev;
     Op o;
     memset(&o, 0, sizeof o);

@@ -76,9 +76,10 @@ int coll_same_call(const CollDesc *a, const CollDesc *b);
 /* Fatal naming every rank's call if they differ (descs in group-rank order;
  * members[i]: the world rank of group rank i). */
 void coll_check_agreement(Stream *s, uint64_t seq, const CollDesc *descs, int n, const int *members);
-/* Fatal on a bad argument (other rank's stream, NULL buffer, unknown op). */
+/* Fatal on a bad argument (other rank's stream, NULL buffer, unknown op, send and
+ * receive buffers that overlap other than in NCCL's in-place forms). */
 void coll_validate(ProcessGroup *g, Stream *s, int kind, const void *send, const void *recv, size_t count, int op,
-                   int root, const char *label);
+                   int root, int dtype, const char *label);
 /* Fill o's collective fields (label, desc, bytes), give it s's next sequence
  * number and mark it issued in the flight recorder (both backends' coll_enqueue).
  * The bytes it moves (for the trace and the link model) follow from kind, count and dtype. */

@@ -53,8 +53,35 @@ const char *coll_kind_name(int kind) { return kind >= 0 && kind <= COLL_BARRIER 
 const char *coll_dtype_name(int dtype) { return dtype == DTYPE_BF16 ? "bf16" : dtype == DTYPE_F32 ? "f32" : "?"; }
 size_t coll_dtype_size(int dtype) { return dtype == DTYPE_BF16 ? sizeof(Bf16) : sizeof(float); }
 
+/* NCCL's rule for a collective's two buffers: they are disjoint, or the send buffer is the rank's own
+ * block of the receive buffer (all-gather: send == recv + rank*count; reduce-scatter: recv == send +
+ * rank*count; all-reduce: send == recv). Any other overlap is undefined there, and here a data race
+ * between the ranks' copies: one line naming the in-place form instead. */
+static void check_overlap(const ProcessGroup *g, int kind, const void *send, const void *recv, size_t count,
+                          int dtype, const char *label) {
+    if (!count || !send || !recv || (send == recv && kind == COLL_ALL_REDUCE)) return;
+    const size_t es = coll_dtype_size(dtype), n = (size_t)g->size, me = (size_t)g->rank;
+    size_t send_len = count * es, recv_len = count * es;
+    if (kind == COLL_ALL_GATHER) recv_len *= n;
+    if (kind == COLL_REDUCE_SCATTER) send_len *= n;
+    const char *sp = send, *rp = recv;
+    if (sp + send_len <= rp || rp + recv_len <= sp) return; /* disjoint */
+    if (kind == COLL_ALL_GATHER && sp == rp + me * count * es) return;
+    if (kind == COLL_REDUCE_SCATTER && rp == sp + me * count * es) return;
+    const long long at = (long long)(sp - rp) / (long long)es, k = (long long)(me * count);
+    if (kind == COLL_ALL_REDUCE)
+        fatal("all_reduce (%s) on rank %d: send is at recv%+lld elements, overlapping recv: pass the same buffer for "
+              "both (in place) or two disjoint ones; any other overlap races with the peers' reads",
+              label ? label : "", g->dev->rank, at);
+    fatal("%s (%s) on rank %d: send is at recv%+lld elements, overlapping recv but not in place: in place means %s, "
+          "i.e. send at recv%+lld (rank %zu of %zu in %s); any other overlap races with the peers' copies",
+          KIND_NAMES[kind], label ? label : "", g->dev->rank, at,
+          kind == COLL_ALL_GATHER ? "send = recv + group rank * send_count" : "recv = send + group rank * recv_count",
+          kind == COLL_ALL_GATHER ? k : -k, me, n, g->name);
+}
+
 void coll_validate(ProcessGroup *g, Stream *s, int kind, const void *send, const void *recv, size_t count, int op,
-                   int root, const char *label) {
+                   int root, int dtype, const char *label) {
     if (!g) fatal("%s (%s): NULL process group", KIND_NAMES[kind], label ? label : "");
     Dev *d = g->dev;
     if (s->dev != d) fatal("%s: stream '%s' belongs to rank %d, not rank %d", KIND_NAMES[kind], s->name, s->dev->rank, d->rank);
@@ -64,6 +91,8 @@ void coll_validate(ProcessGroup *g, Stream *s, int kind, const void *send, const
         fatal("broadcast (%s): root %d is not a rank of %s (0..%d)", label ? label : "", root, g->name, g->size - 1);
     if (count && kind != COLL_BARRIER && (!recv || (kind != COLL_BROADCAST && !send)))
         fatal("%s (%s): NULL buffer with %zu elements", KIND_NAMES[kind], label ? label : "", count);
+    if (kind == COLL_ALL_GATHER || kind == COLL_REDUCE_SCATTER || kind == COLL_ALL_REDUCE)
+        check_overlap(g, kind, send, recv, count, dtype, label);
 }
 
 int coll_wait_generation(pthread_cond_t *cv, pthread_mutex_t *mu, const uint64_t *generation, uint64_t gen,

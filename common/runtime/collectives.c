@@ -289,7 +289,7 @@ void coll_execute(Stream *s, const Op *op) {
 
 void coll_enqueue(ProcessGroup *g, Stream *s, CollKind kind, const void *send, void *recv, size_t count, RedOp op,
                   int root, DType dtype, const char *label) {
-    coll_validate(g, s, (int)kind, send, recv, count, (int)op, root, label);
+    coll_validate(g, s, (int)kind, send, recv, count, (int)op, root, (int)dtype, label);
     Dev *d = g->dev;
     Op o;
     stream_op_init(s, &o, OP_COLL, coll_kind_name((int)kind));

@@ -99,6 +99,7 @@ struct Event {
     uint64_t recorded;    /* records enqueued (host) */
     uint64_t completed;   /* highest record number reached (workers) */
     int refs;             /* queued ops still pointing at this event */
+    int waiting;          /* stream workers blocked in a wait on it now (tests wait for one to block) */
     int destroyed;
     uint64_t *vc;         /* race detector (host thread): the recording stream's clock at the latest record */
     int vc_n;

@@ -55,7 +55,9 @@ static void run_wait(Stream *s, const Op *op) {
     double t0 = now_us(), t1 = t0;
     pthread_mutex_lock(&e->mu);
     if (e->completed < op->record_no) {
+        e->waiting++;
         while (e->completed < op->record_no) pthread_cond_wait(&e->cv, &e->mu);
+        e->waiting--;
         t1 = now_us();
     }
     pthread_mutex_unlock(&e->mu);

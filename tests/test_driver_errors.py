@@ -244,3 +244,79 @@ def test_offload_needs_a_stage_that_offloads():
     expect_exact(p, "--offload-params: embedding's DTensor tok_embeddings.weight keeps its shard in device memory: "
                     "with --offload-params the shards live in pinned host memory (dev_alloc_host; stage 10, "
                     "HANDOUT.md#stage-10)")
+
+
+def train(stage, *args):
+    return subprocess.run([solution_bin(stage), "--world", "4", "--steps", "1", "--quiet", "--data", CORPUS]
+                          + [str(a) for a in args], capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+def need(*stages):
+    missing = [s for s in stages if not any(st.id == s for st in SOLVED)]
+    if missing:
+        pytest.skip("stage %s's solution is the instructors' (not in a student tree)" % missing[0])
+
+
+PREFETCH_IGNORED = [
+    # stage 04 prefetches as pre whatever the flag says
+    ("04", "post", "block1's backward all-gather was issued in head's pre_backward, not head's post_backward: the "
+                   "hooks follow --backward-prefetch pre's schedule, not post's"),
+    ("04", "none", "block1's backward all-gather was issued in head's pre_backward, not block1's pre_backward: the "
+                   "hooks follow --backward-prefetch pre's schedule, not none's"),
+    # stage 03 has no backward prefetch at all
+    ("03", "pre", "block1's backward all-gather was issued in block1's pre_backward, not head's pre_backward: the "
+                  "hooks follow --backward-prefetch none's schedule, not pre's"),
+]
+
+
+@pytest.mark.parametrize("stage,policy,says", PREFETCH_IGNORED, ids=["%s-%s" % c[:2] for c in PREFETCH_IGNORED])
+def test_backward_prefetch_needs_a_stage_that_follows_it(stage, policy, says):
+    """A stage before 10 run with --backward-prefetch issues its backward all-gathers on its own schedule: one
+    line after the first backward naming a module, the hook that issued its all-gather and the hook the policy
+    asks for, not a run of another policy under the flag's name. Every rank (a thread) finds it at once: one
+    line on every run."""
+    need(stage)
+    for _ in range(5):
+        expect_exact(train(stage, "--backward-prefetch", policy),
+                     "--backward-prefetch %s: %s (FsdpConfig.backward_prefetch; stage 10, HANDOUT.md#stage-10)"
+                     % (policy, says))
+
+
+def test_single_comm_stream_needs_a_stage_that_follows_it():
+    """A stage that gives its reduce-scatters their own stream, run with --single-comm-stream: one line."""
+    need("04")
+    expect_exact(train("04", "--single-comm-stream"),
+                 "--single-comm-stream: the all-gathers and reduce-scatters ran on 2 streams (all_gather, "
+                 "reduce_scatter): with --single-comm-stream every one goes on one stream "
+                 "(FsdpConfig.single_comm_stream; stage 10, HANDOUT.md#stage-10)")
+
+
+@pytest.mark.parametrize("stage,flags", [
+    ("04", ["--backward-prefetch", "pre"]),            # what stage 04 does: nothing to say
+    ("03", ["--backward-prefetch", "none"]),           # stage 03 never prefetches: that is none
+    ("02", ["--single-comm-stream"]),                  # stage 02 queues every collective on the compute stream
+    ("06", ["--backward-prefetch", "post", "--reshard-after-forward=false"]),  # no all-gather in the backward
+    ("10", ["--backward-prefetch", "post", "--single-comm-stream", "--ac"]),
+    ("10", ["--backward-prefetch", "none", "--grad-accum", "2"]),
+], ids=["04-pre", "03-none", "02-single", "06-zero2-post", "10-post-single-ac", "10-none-accum"])
+def test_flags_a_stage_follows_run_on(stage, flags):
+    """The check stops only a schedule that is exactly another policy's (or collectives on two streams)."""
+    need(stage)
+    p = train(stage, *flags)
+    assert p.returncode == 0, p.stderr
+
+
+def test_backward_prefetch_ignored_under_mpirun():
+    """The same check with one process per rank (the mpi backend reports collectives the same way): each
+    process stops with the line."""
+    import shutil
+    if shutil.which("mpirun") is None:
+        pytest.skip("mpirun not installed (Debian: openmpi-bin)")
+    need("04")
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    p = subprocess.run(["mpirun", "--oversubscribe", "-np", "2", solution_bin("04"), "--backend", "mpi", "--world",
+                        "2", "--steps", "1", "--quiet", "--data", CORPUS, "--backward-prefetch", "post"],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    assert p.returncode != 0
+    assert ("error: --backward-prefetch post: block1's backward all-gather was issued in head's pre_backward, not "
+            "head's post_backward: the hooks follow --backward-prefetch pre's schedule") in p.stderr, p.stderr

@@ -462,6 +462,58 @@ TEST(collectives_world_1_to_5) {
     }
 }
 
+/* dev_watch_collectives: each collective reported once, as issued, with its
+ * kind, label, scope and stream; none once the watcher is removed. */
+typedef struct {
+    int n;
+    CollIssue seen[4];
+} Watched;
+static void record_issue(void *ctx, const CollIssue *c) {
+    Watched *w = ctx;
+    if (w->n < 4) w->seen[w->n] = *c;
+    w->n++;
+}
+static void rank_watch(Dev *d, void *arg) {
+    (void)arg;
+    Stream *ag = dev_stream_create(d, "ag"), *cs = dev_compute_stream(d);
+    float *x = dev_alloc_f32(d, 8, MEM_TEMP, "x");
+    dev_memset_async(cs, x, 0, 8 * sizeof(float));
+    dev_stream_synchronize(cs);
+    Watched w = {0};
+    coll_all_reduce(d, x, x, 8, RED_SUM, cs, "before"); /* not watched yet */
+    dev_stream_synchronize(cs);
+    dev_watch_collectives(d, record_issue, &w);
+    dev_set_scope(d, 3, "block1", "post_backward");
+    dev_set_microbatch(d, 1);
+    coll_all_gather(d, x + 2 * dev_rank(d), x, 2, ag, "block0");
+    Event *gathered = dev_event_create(d, "gathered");
+    dev_event_record(gathered, ag);
+    dev_stream_wait_event(cs, gathered);
+    dev_set_scope(d, 3, "head", "pre_backward");
+    dev_set_microbatch(d, -1);
+    coll_reduce_scatter(d, x, x + 2 * dev_rank(d), 2, RED_SUM, cs, NULL);
+    dev_watch_collectives(d, NULL, NULL);
+    coll_all_reduce(d, x, x, 8, RED_SUM, cs, "after"); /* not watched any more */
+    dev_synchronize(d);
+    dev_event_destroy(gathered);
+    TCHECK(w.n == 2, "rank %d: %d collectives reported, expected the 2 issued while watched", dev_rank(d), w.n);
+    if (w.n == 2) {
+        const CollIssue *a = &w.seen[0], *b = &w.seen[1];
+        TCHECK(!strcmp(a->kind, "all_gather") && !strcmp(a->label, "block0") && !strcmp(a->module, "block1") &&
+                   !strcmp(a->phase, "post_backward") && a->step == 3 && a->micro == 1 &&
+                   a->stream == stream_index(ag) && !strcmp(a->stream_name, "ag"),
+               "all-gather reported as %s %s in %s.%s step %d micro %d on %s", a->kind, a->label, a->module, a->phase,
+               a->step, a->micro, a->stream_name);
+        TCHECK(!strcmp(b->kind, "reduce_scatter") && !strcmp(b->label, "") && !strcmp(b->module, "head") &&
+                   !strcmp(b->phase, "pre_backward") && b->micro == -1 && b->stream == 0 &&
+                   !strcmp(b->stream_name, "compute"),
+               "reduce-scatter reported as %s '%s' in %s.%s micro %d on %s", b->kind, b->label, b->module, b->phase,
+               b->micro, b->stream_name);
+    }
+    dev_free(d, x);
+}
+TEST(watch_collectives) { run_world(local_config(2), rank_watch, NULL); }
+
 /* Rank-order sums differ from other orders: make sure the test would notice. */
 TEST(rank_order_matters) {
     int differs = 0;
@@ -836,6 +888,7 @@ int main(int argc, char **argv) {
     RUN(host_allgather);
     RUN(rank_order_matters);
     RUN(collectives_world_1_to_5);
+    RUN(watch_collectives);
     RUN(link_model_timing);
     RUN(trace_records);
     return check_summary();

@@ -187,6 +187,7 @@ static void apply_value(Options *o, ModelOverrides *ov, const char *flag, const 
         else if (!strcmp(val, "post")) o->backward_prefetch = BACKWARD_PREFETCH_POST;
         else if (!strcmp(val, "none")) o->backward_prefetch = BACKWARD_PREFETCH_NONE;
         else fatal("--backward-prefetch expects pre, post or none, got '%s'", val);
+        o->backward_prefetch_given = 1;
     } else if (!strcmp(flag, "--ranks-per-node")) o->world.ranks_per_node = (int)parse_int(flag, val, 1, WORLD_MAX_RANKS);
     else if (!strcmp(flag, "--inter-link-gbps")) o->world.inter_link_gbps = parse_num(flag, val, 0, 1e6);
     else if (!strcmp(flag, "--inter-link-latency-us")) o->world.inter_link_latency_us = parse_num(flag, val, 0, 1e7);

@@ -25,6 +25,7 @@ typedef struct {
     MixedPrecision mp;          /* --param-dtype / --reduce-dtype (stage 08) */
     int mesh_replicas, mesh_shards; /* --mesh R,S (stage 09); 0, 0: 1-D (the world) */
     BackwardPrefetch backward_prefetch; /* --backward-prefetch (stage 10) */
+    int backward_prefetch_given;        /* it was on the command line (a stage ignoring it stops) */
     int single_comm_stream, offload_params; /* --single-comm-stream, --offload-params (stage 10) */
     int profile_steps;
     int save_every;

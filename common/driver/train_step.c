@@ -8,6 +8,7 @@
 #include <stdlib.h>
 
 #include "driver/checkpoint.h"
+#include "driver/flag_check.h"
 #include "driver/probes.h"
 #include "driver/step_log.h"
 #include "driver/train.h"
@@ -25,6 +26,7 @@ typedef struct {
     Fsdp *fsdp;
     ModelRun run;
     Probes probes;
+    FlagCheck flags;                    /* the stage-10 flags against the first step's collectives */
     int32_t *inputs, *targets;          /* [B*T] device: this step's batch */
     int32_t *host_inputs, *host_targets;
     float *host_loss;                   /* [K] each microbatch's mean loss (K = --grad-accum) */
@@ -157,6 +159,7 @@ static float train_step(Trainer *t, int s) {
             return NAN;
         }
         backward(t, s);
+        if (k == 0 && s == t->flags.step) flag_check_end(t->dev, &t->flags);
     }
     set_microbatch(t, 0, 1); /* the whole batch again, no microbatch in scope */
     HOOK(t, s, "optimizer", "optimizer",
@@ -211,6 +214,7 @@ void train_rank(Dev *dev, void *arg) {
     DeviceMesh mesh;
     Trainer t;
     trainer_init(&t, dev, job, &mesh);
+    flag_check_begin(dev, &t.flags, o, t.model, job->start_step);
     StepLog log;
     step_log_open(&log, dev, o->out_dir);
     int stop_nan = 0;
@@ -241,6 +245,8 @@ void train_rank(Dev *dev, void *arg) {
     dev_free(dev, t.targets);
     dev_synchronize(dev);
     if (o->out_dir) dev_write_artifacts(dev, o->out_dir);
+    dev_watch_collectives(dev, NULL, NULL);
+    flag_check_free(&t.flags);
     fsdp_destroy(t.fsdp);
     probes_free(&t.probes);
     free(t.host_inputs);

@@ -284,4 +284,14 @@ void coll_op_describe(Dev *d, Stream *s, Op *o, ProcessGroup *g, CollKind kind, 
     o->bytes = coll_bytes(kind, count, g->size, dtype);
     o->coll_seq = s->coll_seq++;
     flight_set(s, o, FLIGHT_ISSUED);
+    if (d->coll_watch) {
+        CollIssue c = {coll_kind_name((int)kind), o->label, d->scope.module, d->scope.phase, d->scope.step,
+                       d->scope.micro, s->index, s->name};
+        d->coll_watch(d->coll_watch_ctx, &c);
+    }
+}
+
+void dev_watch_collectives(Dev *d, void (*fn)(void *ctx, const CollIssue *c), void *ctx) {
+    d->coll_watch = fn;
+    d->coll_watch_ctx = fn ? ctx : NULL;
 }

@@ -143,6 +143,21 @@ float *stream_clip_slot(Stream *s);
  * the step launched more than CLIP_PROBE_SLOTS. */
 int dev_clip_collect(Dev *d, float *host, int cap);
 
+/* Every collective this rank issues, as the host queues it (host thread):
+ * what the training driver checks the student's schedule with (a flag the
+ * hooks ignore, e.g. --backward-prefetch before stage 10). */
+typedef struct {
+    const char *kind;         /* "all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier" */
+    const char *label;        /* the label passed ("" for NULL) */
+    const char *module, *phase; /* the scope it was issued in (dev_set_scope) */
+    int step, micro;          /* dev_scope_step, dev_scope_microbatch */
+    int stream;               /* stream_index of the stream it was queued on */
+    const char *stream_name;
+} CollIssue;
+/* Call fn(ctx, c) for every collective this rank issues from now on; fn NULL:
+ * stop. One watcher per rank; fn runs on the issuing (host) thread. */
+void dev_watch_collectives(Dev *d, void (*fn)(void *ctx, const CollIssue *c), void *ctx);
+
 /* ----------------------------------------------------------------- memory */
 
 /* "param", "param_shard", "unsharded_param", ... (stable names used in snapshots) */

@@ -1,0 +1,127 @@
+/* flag_check.c — see flag_check.h. */
+#include "driver/flag_check.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/runtime.h"
+#include "runtime/util.h"
+
+static int module_index(const Model *m, const char *name) {
+    if (!name) return -1;
+    for (int i = 0; i < m->n_modules; i++)
+        if (!strcmp(m->modules[i].name, name)) return i;
+    return -1;
+}
+
+static const char *policy_name(BackwardPrefetch p) {
+    return p == BACKWARD_PREFETCH_POST ? "post" : p == BACKWARD_PREFETCH_NONE ? "none" : "pre";
+}
+
+/* Where policy p issues module i's backward all-gather: in module *issuer's
+ * pre_backward (*post 0) or post_backward (*post 1). The backward runs the
+ * modules from the last to the first; the first of them has nobody before it. */
+static void expected(const Model *m, BackwardPrefetch p, int i, int *issuer, int *post) {
+    if (i == m->n_modules - 1 || p == BACKWARD_PREFETCH_NONE) {
+        *issuer = i;
+        *post = 0;
+    } else {
+        *issuer = i + 1;
+        *post = p == BACKWARD_PREFETCH_POST;
+    }
+}
+
+static void on_collective(void *ctx, const CollIssue *c) {
+    FlagCheck *fc = ctx;
+    if (c->step != fc->step || c->micro > 0) return;
+    int ag = !strcmp(c->kind, "all_gather");
+    if (!ag && strcmp(c->kind, "reduce_scatter")) return;
+    int seen = 0;
+    for (int k = 0; k < fc->n_streams; k++) seen |= !strcmp(fc->streams[k], c->stream_name);
+    if (!seen && fc->n_streams < FLAG_CHECK_STREAMS) fc->streams[fc->n_streams++] = c->stream_name;
+    if (!ag || !c->phase) return;
+    int post = !strcmp(c->phase, "post_backward");
+    /* an --ac recompute's pre_forward runs inside the module's backward, after its pre_backward */
+    if (!post && strcmp(c->phase, "pre_backward") && strcmp(c->phase, "recompute.pre_forward")) return;
+    int target = module_index(fc->model, c->label), issuer = module_index(fc->model, c->module);
+    if (target < 0 || issuer < 0) return;
+    if (fc->issuer[target] < 0) {
+        fc->issuer[target] = issuer;
+        fc->issuer_post[target] = post;
+    } else if (fc->issuer[target] != issuer || fc->issuer_post[target] != post) {
+        fc->consistent[target] = 0;
+    }
+}
+
+void flag_check_begin(Dev *dev, FlagCheck *fc, const Options *o, const Model *m, int step) {
+    int n = m->n_modules;
+    *fc = (FlagCheck){.opt = o, .model = m, .step = step, .prefetch_given = o->backward_prefetch_given};
+    if (!fc->prefetch_given && !o->single_comm_stream) return;
+    fc->issuer = xmalloc((size_t)n * sizeof(int));
+    fc->issuer_post = xcalloc((size_t)n, sizeof(int));
+    fc->consistent = xmalloc((size_t)n * sizeof(int));
+    for (int i = 0; i < n; i++) {
+        fc->issuer[i] = -1;
+        fc->consistent[i] = 1;
+    }
+    dev_watch_collectives(dev, on_collective, fc);
+}
+
+/* 1 if every module's backward all-gather was issued once, or always in the
+ * same hook, exactly where policy p issues it. */
+static int follows(const FlagCheck *fc, BackwardPrefetch p) {
+    for (int i = 0; i < fc->model->n_modules; i++) {
+        int issuer, post;
+        expected(fc->model, p, i, &issuer, &post);
+        if (!fc->consistent[i] || fc->issuer[i] != issuer || fc->issuer_post[i] != post) return 0;
+    }
+    return 1;
+}
+
+static void check_prefetch(const FlagCheck *fc) {
+    const Model *m = fc->model;
+    BackwardPrefetch want = fc->opt->backward_prefetch;
+    if (follows(fc, want)) return;
+    static const BackwardPrefetch all[] = {BACKWARD_PREFETCH_PRE, BACKWARD_PREFETCH_POST, BACKWARD_PREFETCH_NONE};
+    for (int k = 0; k < 3; k++) {
+        BackwardPrefetch got = all[k];
+        if (got == want || !follows(fc, got)) continue;
+        for (int i = m->n_modules - 1; i >= 0; i--) { /* the first module of the backward where they differ */
+            int issuer, post;
+            expected(m, want, i, &issuer, &post);
+            if (fc->issuer[i] == issuer && fc->issuer_post[i] == post) continue;
+            fatal("--backward-prefetch %s: %s's backward all-gather was issued in %s's %s, not %s's %s: the hooks "
+                  "follow --backward-prefetch %s's schedule, not %s's (FsdpConfig.backward_prefetch; stage 10, "
+                  "HANDOUT.md#stage-10)",
+                  policy_name(want), m->modules[i].name, m->modules[fc->issuer[i]].name,
+                  fc->issuer_post[i] ? "post_backward" : "pre_backward", m->modules[issuer].name,
+                  post ? "post_backward" : "pre_backward", policy_name(got), policy_name(want));
+        }
+    }
+    /* another wrong schedule: the grader's prefetch_policy check names it */
+}
+
+void flag_check_end(Dev *dev, FlagCheck *fc) {
+    if (!fc->issuer) return;
+    dev_watch_collectives(dev, NULL, NULL);
+    if (fc->opt->single_comm_stream && fc->n_streams > 1) {
+        char names[256] = "";
+        size_t len = 0;
+        for (int k = 0; k < fc->n_streams && len < sizeof names; k++)
+            len += (size_t)snprintf(names + len, sizeof names - len, "%s%s", k ? ", " : "", fc->streams[k]);
+        fatal("--single-comm-stream: the all-gathers and reduce-scatters ran on %d streams (%s): with "
+              "--single-comm-stream every one goes on one stream (FsdpConfig.single_comm_stream; stage 10, "
+              "HANDOUT.md#stage-10)",
+              fc->n_streams, names);
+    }
+    if (fc->prefetch_given) check_prefetch(fc);
+    flag_check_free(fc);
+}
+
+void flag_check_free(FlagCheck *fc) {
+    free(fc->issuer);
+    free(fc->issuer_post);
+    free(fc->consistent);
+    fc->issuer = fc->issuer_post = fc->consistent = NULL;
+}

@@ -1,0 +1,42 @@
+/* flag_check.h — the stage-10 flags a hw_fsdp.c can silently ignore, checked
+ * from what its hooks queue in the run's first step (runtime.h:
+ * dev_watch_collectives), so that a stage before 10 run with them stops with
+ * one line instead of running another schedule under the flag's name:
+ *   --backward-prefetch P (given on the command line): where each module's
+ *     backward all-gather (labelled with the module's name) was issued. If
+ *     that is exactly the schedule of another policy, the hooks ignore
+ *     FsdpConfig.backward_prefetch: one line naming a module, the hook that
+ *     issued its all-gather and the hook P asks for.
+ *   --single-comm-stream: every all-gather and reduce-scatter of the step ran
+ *     on one stream, else one line naming the streams.
+ * Any other wrong schedule (a stage 10 bug, not the flag ignored) runs on:
+ * the grader's prefetch_policy check finds it in the trace. */
+#ifndef HWFSDP_FLAG_CHECK_H
+#define HWFSDP_FLAG_CHECK_H
+
+#include "driver/options.h"
+#include "model/model.h"
+
+#define FLAG_CHECK_STREAMS 8
+
+typedef struct {
+    const Options *opt;
+    const Model *model;
+    int step;                     /* the step watched: the run's first */
+    int prefetch_given;           /* check the backward prefetch schedule */
+    /* per module (model order): who issued its first backward all-gather */
+    int *issuer;                  /* [n_modules] issuing module's index, -1: none seen */
+    int *issuer_post;             /* [n_modules] 1: in post_backward, 0: in pre_backward */
+    int *consistent;              /* [n_modules] 0: a second all-gather issued elsewhere */
+    int n_streams;                /* streams the all-gathers and reduce-scatters ran on */
+    const char *streams[FLAG_CHECK_STREAMS];
+} FlagCheck;
+
+/* Watch the collectives this rank issues in step `step` (first microbatch). */
+void flag_check_begin(Dev *dev, FlagCheck *fc, const Options *o, const Model *m, int step);
+/* After that step's first backward: stop with one line if a flag was ignored;
+ * stop watching. */
+void flag_check_end(Dev *dev, FlagCheck *fc);
+void flag_check_free(FlagCheck *fc);
+
+#endif

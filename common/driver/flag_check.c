@@ -15,10 +15,6 @@ static int module_index(const Model *m, const char *name) {
     return -1;
 }
 
-static const char *policy_name(BackwardPrefetch p) {
-    return p == BACKWARD_PREFETCH_POST ? "post" : p == BACKWARD_PREFETCH_NONE ? "none" : "pre";
-}
-
 /* Where policy p issues module i's backward all-gather: in module *issuer's
  * pre_backward (*post 0) or post_backward (*post 1). The backward runs the
  * modules from the last to the first; the first of them has nobody before it. */
@@ -56,8 +52,8 @@ static void on_collective(void *ctx, const CollIssue *c) {
 
 void flag_check_begin(Dev *dev, FlagCheck *fc, const Options *o, const Model *m, int step) {
     int n = m->n_modules;
-    *fc = (FlagCheck){.opt = o, .model = m, .step = step, .prefetch_given = o->backward_prefetch_given};
-    if (!fc->prefetch_given && !o->single_comm_stream) return;
+    *fc = (FlagCheck){.opt = o, .model = m, .step = step};
+    if (!o->backward_prefetch_given && !o->single_comm_stream) return;
     fc->issuer = xmalloc((size_t)n * sizeof(int));
     fc->issuer_post = xcalloc((size_t)n, sizeof(int));
     fc->consistent = xmalloc((size_t)n * sizeof(int));
@@ -94,9 +90,9 @@ static void check_prefetch(const FlagCheck *fc) {
             fatal("--backward-prefetch %s: %s's backward all-gather was issued in %s's %s, not %s's %s: the hooks "
                   "follow --backward-prefetch %s's schedule, not %s's (FsdpConfig.backward_prefetch; stage 10, "
                   "HANDOUT.md#stage-10)",
-                  policy_name(want), m->modules[i].name, m->modules[fc->issuer[i]].name,
+                  backward_prefetch_name(want), m->modules[i].name, m->modules[fc->issuer[i]].name,
                   fc->issuer_post[i] ? "post_backward" : "pre_backward", m->modules[issuer].name,
-                  post ? "post_backward" : "pre_backward", policy_name(got), policy_name(want));
+                  post ? "post_backward" : "pre_backward", backward_prefetch_name(got), backward_prefetch_name(want));
         }
     }
     /* another wrong schedule: the grader's prefetch_policy check names it */
@@ -115,7 +111,7 @@ void flag_check_end(Dev *dev, FlagCheck *fc) {
               "HANDOUT.md#stage-10)",
               fc->n_streams, names);
     }
-    if (fc->prefetch_given) check_prefetch(fc);
+    if (fc->opt->backward_prefetch_given) check_prefetch(fc);
     flag_check_free(fc);
 }
 

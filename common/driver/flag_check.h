@@ -23,7 +23,6 @@ typedef struct {
     const Options *opt;
     const Model *model;
     int step;                     /* the step watched: the run's first */
-    int prefetch_given;           /* check the backward prefetch schedule */
     /* per module (model order): who issued its first backward all-gather */
     int *issuer;                  /* [n_modules] issuing module's index, -1: none seen */
     int *issuer_post;             /* [n_modules] 1: in post_backward, 0: in pre_backward */

@@ -286,3 +286,7 @@ void parse_options(int argc, char **argv, Options *o) {
     apply_model_overrides(&o->model, &ov);
     model_config_finalize(&o->model);
 }
+
+const char *backward_prefetch_name(BackwardPrefetch p) {
+    return p == BACKWARD_PREFETCH_POST ? "post" : p == BACKWARD_PREFETCH_NONE ? "none" : "pre";
+}

@@ -36,5 +36,7 @@ typedef struct {
 /* Fill o from argv (defaults first); --help prints the usage and exits 0, a
  * bad flag or value is one line and exit status 2. */
 void parse_options(int argc, char **argv, Options *o);
+/* "pre", "post", "none": the --backward-prefetch value of p */
+const char *backward_prefetch_name(BackwardPrefetch p);
 
 #endif

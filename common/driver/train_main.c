@@ -46,9 +46,7 @@ static void write_run_json(const Options *o, const Model *m) {
                      dtype_flag(o->mp.reduce_dtype), mesh, o->world.link_gbps, o->world.link_latency_us,
                      o->world.ranks_per_node ? o->world.ranks_per_node : o->world.world_size, o->world.inter_link_gbps,
                      o->world.inter_link_latency_us,
-                     o->backward_prefetch == BACKWARD_PREFETCH_POST   ? "post"
-                     : o->backward_prefetch == BACKWARD_PREFETCH_NONE ? "none"
-                                                                      : "pre",
+                     backward_prefetch_name(o->backward_prefetch),
                      o->single_comm_stream ? "true" : "false", o->offload_params ? "true" : "false", o->world.pcie_gbps,
                      o->world.pcie_latency_us, o->profile_steps, host);
     write_file_atomic(path, buf, (size_t)n);

@@ -23,6 +23,21 @@ def expect_error(p, message):
     assert message in lines[0], "%r not in %r" % (message, lines[0])
 
 
+def need(*stages):
+    """Skip where a stage's solution is not in the tree (a student copy)."""
+    missing = [s for s in stages if not any(st.id == s for st in SOLVED)]
+    if missing:
+        pytest.skip("stage %s's solution is the instructors' (not in a student tree)" % missing[0])
+
+
+def mpirun_env():
+    """mpirun's environment (as root), or a skip where OpenMPI is absent."""
+    import shutil
+    if shutil.which("mpirun") is None:
+        pytest.skip("mpirun not installed (Debian: openmpi-bin)")
+    return dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+
+
 def expect_exact(p, message):
     """Exit status 2 and stderr exactly "error: <message>\n"."""
     assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
@@ -197,10 +212,7 @@ def test_checkpoint_with_optimizer_state_needs_a_step(tmp_path, step):
 
 
 def test_mpi_world_disagrees_with_mpirun():
-    import shutil
-    if shutil.which("mpirun") is None:
-        pytest.skip("mpirun not installed (Debian: openmpi-bin)")
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    env = mpirun_env()
     p = subprocess.run(["mpirun", "--oversubscribe", "-np", "2", BASELINE, "--backend", "mpi",
                         "--world", "4", "--steps", "1", "--data", CORPUS], capture_output=True, text=True,
                        timeout=120, cwd=ROOT, env=env)
@@ -212,8 +224,7 @@ def test_bf16_params_need_a_stage_that_casts(tmp_path):
     """A stage before 08 run with --param-dtype bf16 leaves Param.data_bf16 NULL: one line naming the hook and
     the flag, not a crash in compute. Every rank (a thread) hits it at once; the process reports the first
     and only that one, on every run (20 runs: two lines came out in about 2% of them before)."""
-    if not any(s.id == "04" for s in SOLVED):
-        pytest.skip("stage 04's solution is the instructors' (not in a student tree)")
+    need("04")
     binary = solution_bin("04")
     for _ in range(20):
         p = subprocess.run([binary, "--world", "4", "--steps", "1", "--param-dtype", "bf16", "--quiet", "--data",
@@ -226,8 +237,7 @@ def test_bf16_params_need_a_stage_that_casts(tmp_path):
 def test_mesh_needs_a_stage_that_splits_over_the_shard_group():
     """A stage before 09 run with --mesh splits over the world: one line after fsdp_init naming the param, the
     split it made and the one the mesh asks for, not a silent 1-D run."""
-    if not any(s.id == "04" for s in SOLVED):
-        pytest.skip("stage 04's solution is the instructors' (not in a student tree)")
+    need("04")
     p = subprocess.run([solution_bin("04"), "--world", "4", "--mesh", "2,2", "--steps", "1", "--quiet", "--data",
                         CORPUS], capture_output=True, text=True, timeout=60, cwd=ROOT)
     expect_exact(p, "--mesh 2,2: embedding's DTensor tok_embeddings.weight holds 65 padded rows of 259, not "
@@ -237,8 +247,7 @@ def test_mesh_needs_a_stage_that_splits_over_the_shard_group():
 
 def test_offload_needs_a_stage_that_offloads():
     """A stage before 10 run with --offload-params keeps its shards on the device: one line after fsdp_init."""
-    if not any(s.id == "04" for s in SOLVED):
-        pytest.skip("stage 04's solution is the instructors' (not in a student tree)")
+    need("04")
     p = subprocess.run([solution_bin("04"), "--world", "2", "--offload-params", "--steps", "1", "--quiet", "--data",
                         CORPUS], capture_output=True, text=True, timeout=60, cwd=ROOT)
     expect_exact(p, "--offload-params: embedding's DTensor tok_embeddings.weight keeps its shard in device memory: "
@@ -249,12 +258,6 @@ def test_offload_needs_a_stage_that_offloads():
 def train(stage, *args):
     return subprocess.run([solution_bin(stage), "--world", "4", "--steps", "1", "--quiet", "--data", CORPUS]
                           + [str(a) for a in args], capture_output=True, text=True, timeout=120, cwd=ROOT)
-
-
-def need(*stages):
-    missing = [s for s in stages if not any(st.id == s for st in SOLVED)]
-    if missing:
-        pytest.skip("stage %s's solution is the instructors' (not in a student tree)" % missing[0])
 
 
 PREFETCH_IGNORED = [
@@ -309,11 +312,8 @@ def test_flags_a_stage_follows_run_on(stage, flags):
 def test_backward_prefetch_ignored_under_mpirun():
     """The same check with one process per rank (the mpi backend reports collectives the same way): each
     process stops with the line."""
-    import shutil
-    if shutil.which("mpirun") is None:
-        pytest.skip("mpirun not installed (Debian: openmpi-bin)")
     need("04")
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    env = mpirun_env()
     p = subprocess.run(["mpirun", "--oversubscribe", "-np", "2", solution_bin("04"), "--backend", "mpi", "--world",
                         "2", "--steps", "1", "--quiet", "--data", CORPUS, "--backward-prefetch", "post"],
                        capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)

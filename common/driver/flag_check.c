@@ -34,19 +34,23 @@ static void on_collective(void *ctx, const CollIssue *c) {
     int ag = !strcmp(c->kind, "all_gather");
     if (!ag && strcmp(c->kind, "reduce_scatter")) return;
     int seen = 0;
-    for (int k = 0; k < fc->n_streams; k++) seen |= !strcmp(fc->streams[k], c->stream_name);
-    if (!seen && fc->n_streams < FLAG_CHECK_STREAMS) fc->streams[fc->n_streams++] = c->stream_name;
+    for (int k = 0; k < fc->n_streams; k++) seen |= fc->stream[k] == c->stream;
+    if (!seen && fc->n_streams < FLAG_CHECK_STREAMS) {
+        fc->stream[fc->n_streams] = c->stream;
+        fc->stream_name[fc->n_streams++] = c->stream_name;
+    }
     if (!ag || !c->phase) return;
     int post = !strcmp(c->phase, "post_backward");
     /* an --ac recompute's pre_forward runs inside the module's backward, after its pre_backward */
     if (!post && strcmp(c->phase, "pre_backward") && strcmp(c->phase, "recompute.pre_forward")) return;
     int target = module_index(fc->model, c->label), issuer = module_index(fc->model, c->module);
     if (target < 0 || issuer < 0) return;
-    if (fc->issuer[target] < 0) {
-        fc->issuer[target] = issuer;
-        fc->issuer_post[target] = post;
-    } else if (fc->issuer[target] != issuer || fc->issuer_post[target] != post) {
-        fc->consistent[target] = 0;
+    Issued *got = &fc->issued[target];
+    if (got->issuer < 0) {
+        got->issuer = issuer;
+        got->post = post;
+    } else if (got->issuer != issuer || got->post != post) {
+        got->consistent = 0;
     }
 }
 
@@ -54,13 +58,8 @@ void flag_check_begin(Dev *dev, FlagCheck *fc, const Options *o, const Model *m,
     int n = m->n_modules;
     *fc = (FlagCheck){.opt = o, .model = m, .step = step};
     if (!o->backward_prefetch_given && !o->single_comm_stream) return;
-    fc->issuer = xmalloc((size_t)n * sizeof(int));
-    fc->issuer_post = xcalloc((size_t)n, sizeof(int));
-    fc->consistent = xmalloc((size_t)n * sizeof(int));
-    for (int i = 0; i < n; i++) {
-        fc->issuer[i] = -1;
-        fc->consistent[i] = 1;
-    }
+    fc->issued = xmalloc((size_t)n * sizeof *fc->issued);
+    for (int i = 0; i < n; i++) fc->issued[i] = (Issued){.issuer = -1, .post = 0, .consistent = 1};
     dev_watch_collectives(dev, on_collective, fc);
 }
 
@@ -70,7 +69,8 @@ static int follows(const FlagCheck *fc, BackwardPrefetch p) {
     for (int i = 0; i < fc->model->n_modules; i++) {
         int issuer, post;
         expected(fc->model, p, i, &issuer, &post);
-        if (!fc->consistent[i] || fc->issuer[i] != issuer || fc->issuer_post[i] != post) return 0;
+        const Issued *got = &fc->issued[i];
+        if (!got->consistent || got->issuer != issuer || got->post != post) return 0;
     }
     return 1;
 }
@@ -86,12 +86,13 @@ static void check_prefetch(const FlagCheck *fc) {
         for (int i = m->n_modules - 1; i >= 0; i--) { /* the first module of the backward where they differ */
             int issuer, post;
             expected(m, want, i, &issuer, &post);
-            if (fc->issuer[i] == issuer && fc->issuer_post[i] == post) continue;
+            const Issued *at = &fc->issued[i];
+            if (at->issuer == issuer && at->post == post) continue;
             fatal("--backward-prefetch %s: %s's backward all-gather was issued in %s's %s, not %s's %s: the hooks "
                   "follow --backward-prefetch %s's schedule, not %s's (FsdpConfig.backward_prefetch; stage 10, "
                   "HANDOUT.md#stage-10)",
-                  backward_prefetch_name(want), m->modules[i].name, m->modules[fc->issuer[i]].name,
-                  fc->issuer_post[i] ? "post_backward" : "pre_backward", m->modules[issuer].name,
+                  backward_prefetch_name(want), m->modules[i].name, m->modules[at->issuer].name,
+                  at->post ? "post_backward" : "pre_backward", m->modules[issuer].name,
                   post ? "post_backward" : "pre_backward", backward_prefetch_name(got), backward_prefetch_name(want));
         }
     }
@@ -99,25 +100,24 @@ static void check_prefetch(const FlagCheck *fc) {
 }
 
 void flag_check_end(Dev *dev, FlagCheck *fc) {
-    if (!fc->issuer) return;
-    dev_watch_collectives(dev, NULL, NULL);
+    if (!fc->issued) return;
     if (fc->opt->single_comm_stream && fc->n_streams > 1) {
         char names[256] = "";
         size_t len = 0;
         for (int k = 0; k < fc->n_streams && len < sizeof names; k++)
-            len += (size_t)snprintf(names + len, sizeof names - len, "%s%s", k ? ", " : "", fc->streams[k]);
+            len += (size_t)snprintf(names + len, sizeof names - len, "%s%s", k ? ", " : "", fc->stream_name[k]);
         fatal("--single-comm-stream: the all-gathers and reduce-scatters ran on %d streams (%s): with "
               "--single-comm-stream every one goes on one stream (FsdpConfig.single_comm_stream; stage 10, "
               "HANDOUT.md#stage-10)",
               fc->n_streams, names);
     }
     if (fc->opt->backward_prefetch_given) check_prefetch(fc);
-    flag_check_free(fc);
+    flag_check_free(dev, fc);
 }
 
-void flag_check_free(FlagCheck *fc) {
-    free(fc->issuer);
-    free(fc->issuer_post);
-    free(fc->consistent);
-    fc->issuer = fc->issuer_post = fc->consistent = NULL;
+void flag_check_free(Dev *dev, FlagCheck *fc) {
+    if (!fc->issued) return;
+    dev_watch_collectives(dev, NULL, NULL);
+    free(fc->issued);
+    fc->issued = NULL;
 }

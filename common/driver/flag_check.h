@@ -19,23 +19,29 @@
 
 #define FLAG_CHECK_STREAMS 8
 
+/* Who issued a module's first backward all-gather. */
+typedef struct {
+    int issuer;                   /* the issuing module's index; -1: none seen */
+    int post;                     /* 1: in its post_backward, 0: in its pre_backward */
+    int consistent;               /* 0: a later all-gather of the module was issued elsewhere */
+} Issued;
+
 typedef struct {
     const Options *opt;
     const Model *model;
     int step;                     /* the step watched: the run's first */
-    /* per module (model order): who issued its first backward all-gather */
-    int *issuer;                  /* [n_modules] issuing module's index, -1: none seen */
-    int *issuer_post;             /* [n_modules] 1: in post_backward, 0: in pre_backward */
-    int *consistent;              /* [n_modules] 0: a second all-gather issued elsewhere */
+    Issued *issued;               /* [n_modules] in model order; NULL: no flag to check */
     int n_streams;                /* streams the all-gathers and reduce-scatters ran on */
-    const char *streams[FLAG_CHECK_STREAMS];
+    int stream[FLAG_CHECK_STREAMS];           /* their stream_index */
+    const char *stream_name[FLAG_CHECK_STREAMS];
 } FlagCheck;
 
 /* Watch the collectives this rank issues in step `step` (first microbatch). */
 void flag_check_begin(Dev *dev, FlagCheck *fc, const Options *o, const Model *m, int step);
 /* After that step's first backward: stop with one line if a flag was ignored;
- * stop watching. */
+ * then flag_check_free. */
 void flag_check_end(Dev *dev, FlagCheck *fc);
-void flag_check_free(FlagCheck *fc);
+/* Stop watching and free (a no-op after flag_check_end). */
+void flag_check_free(Dev *dev, FlagCheck *fc);
 
 #endif

@@ -245,8 +245,7 @@ void train_rank(Dev *dev, void *arg) {
     dev_free(dev, t.targets);
     dev_synchronize(dev);
     if (o->out_dir) dev_write_artifacts(dev, o->out_dir);
-    dev_watch_collectives(dev, NULL, NULL);
-    flag_check_free(&t.flags);
+    flag_check_free(dev, &t.flags);
     fsdp_destroy(t.fsdp);
     probes_free(&t.probes);
     free(t.host_inputs);

@@ -14,8 +14,8 @@ NVCCFLAGS     := -std=c++17 -O2 -g -DHWFSDP_CUDA -Icommon $(NVCC_GENCODE) -Werro
 CUDA_CFLAGS   := $(CFLAGS) -DHWFSDP_CUDA -I$(CUDA_HOME)/include
 CUDA_LDLIBS   := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lnccl -lstdc++ $(LDLIBS)
 
-# The CPU streams and collectives (runtime/stream.c, runtime/collectives.c) are replaced by common/cuda/.
-CUDA_SHARED_SRC := $(filter-out common/runtime/stream.c common/runtime/collectives.c,$(COMMON_SRC))
+# The CPU backends (CPU_BACKEND_SRC, the Makefile's) are replaced by common/cuda/ (runtime/backend.h).
+CUDA_SHARED_SRC := $(filter-out $(CPU_BACKEND_SRC),$(COMMON_SRC))
 CUDA_OBJ := $(patsubst common/%.c,$(CUDA_BUILD)/common/%.o,$(CUDA_SHARED_SRC)) \
             $(patsubst common/cuda/%.c,$(CUDA_BUILD)/common/cuda/%.o,$(wildcard common/cuda/*.c)) \
             $(patsubst common/cuda/%.cu,$(CUDA_BUILD)/common/cuda/%.cu.o,$(wildcard common/cuda/*.cu))

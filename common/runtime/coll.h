@@ -85,8 +85,8 @@ void coll_validate(ProcessGroup *g, Stream *s, int kind, const void *send, const
  * The bytes it moves (for the trace and the link model) follow from kind, count and dtype. */
 void coll_op_describe(Dev *d, Stream *s, Op *o, ProcessGroup *g, CollKind kind, RedOp op, int root, size_t count,
                       DType dtype, const char *label);
-/* Enqueue one collective on s (collectives.c on the CPU, cuda/coll_cuda.c on CUDA).
- * The coll_* calls of device.h lead here. */
+/* Enqueue one collective on s (backend.c: checked and described here, then the
+ * backend's coll_enqueue). The coll_* calls of device.h lead here. */
 void coll_enqueue(ProcessGroup *g, Stream *s, CollKind kind, const void *send, void *recv, size_t count, RedOp op,
                   int root, DType dtype, const char *label);
 /* Run a queued collective on the stream's worker (collectives.c). */

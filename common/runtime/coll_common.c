@@ -41,11 +41,9 @@ void coll_check_agreement(Stream *s, uint64_t seq, const CollDesc *descs, int n,
         describe(one, sizeof one, members ? members[r] : r, &descs[r]);
         len += (size_t)snprintf(msg + len, cap - len, "%s%s", r ? "; " : "", one);
     }
-#ifdef HAVE_MPI
     /* every process sees the mismatch: let rank 0 say it once (mpirun then
      * stops the job); the others report too if the job is still alive later */
     if (backend_is_multiprocess(s->dev->world->cfg.backend) && (members ? members[0] : 0) != s->dev->rank) sleep(5);
-#endif
     fatal("%s", msg);
 }
 

@@ -8,6 +8,7 @@
  * bfloat16 words (the reduce-scatter adds them in float32, rounding once). */
 #include "model/ops_math.h" /* bf16_from_f32 / bf16_to_f32 */
 #include "runtime/internal.h"
+#include "runtime/mpi_world.h"
 #include "runtime/util.h"
 
 #include <errno.h>
@@ -205,7 +206,7 @@ static void mpi_wait(Stream *s, const Op *op, MPI_Request *req) {
 static void mpi_execute(Stream *s, const Op *op) {
     const ProcessGroup *g = op->pg;
     const int n = g->size, me = g->rank; /* group ranks */
-    MPI_Comm comm = g->id ? s->pg_comms[g->id] : s->comm;
+    MPI_Comm comm = mpi_stream_comm(s, g);
     const CollDesc *desc = &op->coll;
     const size_t cnt = (size_t)desc->count, esize = coll_dtype_size(desc->dtype);
     MPI_Datatype type = desc->dtype == DTYPE_BF16 ? MPI_UINT16_T : MPI_FLOAT;
@@ -283,19 +284,4 @@ void coll_execute(Stream *s, const Op *op) {
 #endif
         local_execute(s, op);
     flight_set(s, op, FLIGHT_COMPLETED);
-}
-
-/* ------------------------------------------------------------- enqueue */
-
-void coll_enqueue(ProcessGroup *g, Stream *s, CollKind kind, const void *send, void *recv, size_t count, RedOp op,
-                  int root, DType dtype, const char *label) {
-    coll_validate(g, s, (int)kind, send, recv, count, (int)op, root, (int)dtype, label);
-    Dev *d = g->dev;
-    Op o;
-    stream_op_init(s, &o, OP_COLL, coll_kind_name((int)kind));
-    coll_op_describe(d, s, &o, g, kind, op, root, count, dtype, label);
-    if (d->world->cfg.backend == BACKEND_LOCAL) o.chan = stream_pg_channel(s, g);
-    o.src = send;
-    o.dst = recv;
-    stream_enqueue_op(s, &o);
 }

@@ -1,0 +1,101 @@
+/* backend.c — the device API calls whose work is the backend's (backend.h):
+ * the argument checks every backend shares, then the world's table of
+ * operations. */
+#include <stdio.h>
+#include <string.h>
+
+#include "runtime/internal.h"
+#include "runtime/util.h"
+
+void op_init(Stream *s, Op *op, OpKind kind, const char *name) {
+    Dev *d = s->dev;
+    memset(op, 0, offsetof(Op, args));
+    op->kind = kind;
+    op->traced = d->scope.tracing;
+    op->name = dev_intern(d, name ? name : "op");
+    op->module = d->scope.module;
+    op->phase = d->scope.phase;
+    op->step = d->scope.step;
+    op->micro = d->scope.micro;
+}
+
+const struct KernelTable *stream_kernels(const Stream *s) { return dev_ops(s->dev)->kernels; }
+
+/* ---------------------------------------------------------------- streams */
+
+Stream *dev_stream_create(Dev *d, const char *name) { return dev_ops(d)->stream_create(d, name); }
+
+void dev_launch(Stream *s, const char *name, void (*fn)(void *args), const void *args, size_t args_size) {
+    if (!fn) fatal("dev_launch('%s'): no function", name ? name : "?");
+    if (args_size > DEV_ARGS_MAX)
+        fatal("dev_launch('%s'): %zu bytes of arguments, at most %d allowed", name ? name : "?", args_size, DEV_ARGS_MAX);
+    dev_ops(s->dev)->launch(s, name, fn, args, args_size);
+}
+
+void dev_memcpy_async(Stream *s, void *dst, const void *src, size_t bytes) {
+    if (bytes && (!dst || !src)) fatal("dev_memcpy_async: NULL pointer with %zu bytes", bytes);
+    dev_ops(s->dev)->copy(s, dst, src, bytes);
+}
+
+void dev_memset_async(Stream *s, void *dst, int byte, size_t bytes) {
+    if (bytes && !dst) fatal("dev_memset_async: NULL pointer with %zu bytes", bytes);
+    dev_ops(s->dev)->fill(s, dst, byte, bytes);
+}
+
+void dev_stream_synchronize(Stream *s) { dev_ops(s->dev)->stream_synchronize(s); }
+
+void dev_synchronize(Dev *d) { dev_ops(d)->synchronize(d); }
+
+/* ----------------------------------------------------------------- events */
+
+Event *dev_event_create(Dev *d, const char *name) {
+    Event *e = event_register_new(d, name);
+    dev_ops(d)->event_init(e);
+    return e;
+}
+
+void dev_event_destroy(Event *e) {
+    if (!e) return;
+    event_unregister(e);
+    dev_ops(e->dev)->event_destroy(e);
+}
+
+void dev_event_record(Event *e, Stream *s) {
+    if (e->dev != s->dev) fatal("event '%s' of rank %d recorded on a stream of rank %d", e->name, e->dev->rank, s->dev->rank);
+    dev_ops(s->dev)->event_record(e, s);
+}
+
+/* A wait, sync or query refers to the latest record. */
+static void check_recorded(const Event *e) {
+    if (e->recorded == 0) fatal("event '%s' waited on but never recorded", e->name);
+}
+
+void dev_stream_wait_event(Stream *s, Event *e) {
+    if (e->dev != s->dev) fatal("event '%s' of rank %d waited on by a stream of rank %d", e->name, e->dev->rank, s->dev->rank);
+    check_recorded(e);
+    dev_ops(s->dev)->event_wait(s, e);
+}
+
+void dev_event_synchronize(Event *e) {
+    check_recorded(e);
+    dev_ops(e->dev)->event_synchronize(e);
+}
+
+int dev_event_query(Event *e) {
+    check_recorded(e);
+    return dev_ops(e->dev)->event_query(e);
+}
+
+/* ------------------------------------------------------------ collectives */
+
+/* The coll_* and pg_* calls of device.h lead here. */
+void coll_enqueue(ProcessGroup *g, Stream *s, CollKind kind, const void *send, void *recv, size_t count, RedOp op,
+                  int root, DType dtype, const char *label) {
+    coll_validate(g, s, (int)kind, send, recv, count, (int)op, root, (int)dtype, label);
+    Op o;
+    op_init(s, &o, OP_COLL, coll_kind_name((int)kind));
+    coll_op_describe(g->dev, s, &o, g, kind, op, root, count, dtype, label);
+    o.src = send;
+    o.dst = recv;
+    dev_ops(g->dev)->coll_enqueue(s, &o);
+}

@@ -91,7 +91,7 @@ static void cuda_world_fini(World *w) {
 static void cuda_host_exchange(Dev *d, double value, double *out) {
     struct CudaWorld *cw = cuda_world(d->world);
     if (cw->mpi) mpi_world_exchange(cw->mpi, value, out);
-    else world_threads_exchange(d, value, out);
+    else threads_host_exchange(d, value, out);
 }
 
 static void cuda_group_init(ProcessGroup *g) {

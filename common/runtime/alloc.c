@@ -304,7 +304,7 @@ void *dev_alloc_host(Dev *d, size_t bytes, MemTag tag, const char *name) {
 }
 
 void *dev_alloc(Dev *d, size_t bytes, MemTag tag, const char *name) {
-    return dev_alloc_on(dev_compute_stream(d), bytes, tag, name);
+    return dev_alloc_on(d->streams[0], bytes, tag, name) /* the compute stream */;
 }
 
 static size_t elem_bytes(size_t count, size_t size, const char *fn, const char *name) {

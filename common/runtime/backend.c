@@ -1,6 +1,8 @@
-/* backend.c — the device API calls whose work is the backend's (backend.h):
- * the argument checks every backend shares, then the world's table of
- * operations. */
+/* backend.c — where the shared runtime and its backends meet (backend.h):
+ * the device API calls whose work is the backend's (the argument checks
+ * every backend shares, then the world's table of operations), and what the
+ * backends build on (a new Stream, an Op in the host's scope, the host
+ * exchange of ranks that are threads). */
 #include <stdio.h>
 #include <string.h>
 
@@ -19,9 +21,40 @@ void op_init(Stream *s, Op *op, OpKind kind, const char *name) {
     op->micro = d->scope.micro;
 }
 
+const char *backend_name(CollBackend b) {
+    switch (b) {
+    case BACKEND_LOCAL: return "local";
+    case BACKEND_MPI: return "mpi";
+    case BACKEND_NCCL: return "nccl";
+    case BACKEND_NCCL_MPI: return "nccl-mpi";
+    }
+    return "?";
+}
+
 const struct KernelTable *stream_kernels(const Stream *s) { return dev_ops(s->dev)->kernels; }
 
 /* ---------------------------------------------------------------- streams */
+
+Stream *stream_new(Dev *d, const char *name) {
+    if (d->nstreams >= 64) fatal("rank %d: dev_stream_create('%s'): at most 64 streams per rank", d->rank, name ? name : "");
+    Stream *s = xcalloc(1, sizeof *s);
+    s->dev = d;
+    s->index = d->nstreams;
+    s->name = xstrdup(name ? name : "stream");
+    return s;
+}
+
+void dev_add_stream(Dev *d, Stream *s) {
+    if (d->nstreams == d->streams_cap) {
+        d->streams_cap = d->streams_cap ? d->streams_cap * 2 : 4;
+        d->streams = xrealloc(d->streams, (size_t)d->streams_cap * sizeof *d->streams);
+    }
+    d->streams[d->nstreams++] = s;
+}
+
+void stream_join_groups(Stream *s) {
+    for (int i = 1; i < s->dev->npgs; i++) dev_ops(s->dev)->stream_join_group(s, s->dev->pgs[i]);
+}
 
 Stream *dev_stream_create(Dev *d, const char *name) { return dev_ops(d)->stream_create(d, name); }
 
@@ -85,6 +118,31 @@ int dev_event_query(Event *e) {
     check_recorded(e);
     return dev_ops(e->dev)->event_query(e);
 }
+
+/* ---------------------------------------------------------- host exchange */
+
+/* Ranks as threads: a generation barrier; values are double-buffered by
+ * generation parity so a fast rank's next call cannot overwrite values a
+ * slow rank has not read yet. */
+void threads_host_exchange(Dev *d, double value, double *out) {
+    World *w = d->world;
+    pthread_mutex_lock(&w->host_mu);
+    uint64_t gen = w->host_gen;
+    w->host_vals[gen & 1][d->rank] = value;
+    if (++w->host_arrived == w->cfg.world_size) {
+        w->host_arrived = 0;
+        w->host_gen++;
+        pthread_cond_broadcast(&w->host_cv);
+    } else {
+        while (w->host_gen == gen) pthread_cond_wait(&w->host_cv, &w->host_mu);
+    }
+    if (out) memcpy(out, w->host_vals[gen & 1], (size_t)w->cfg.world_size * sizeof *out);
+    pthread_mutex_unlock(&w->host_mu);
+}
+
+void dev_host_allgather_f64(Dev *d, double value, double *out) { dev_ops(d)->host_exchange(d, value, out); }
+
+void dev_host_barrier(Dev *d) { dev_ops(d)->host_exchange(d, 0.0, NULL); }
 
 /* ------------------------------------------------------------ collectives */
 

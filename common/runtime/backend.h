@@ -133,8 +133,8 @@ typedef struct BackendOps {
  * that has it otherwise (runtime/backends_cpu.c; cuda/backends_cuda.c). */
 const BackendOps *backend_ops(CollBackend b);
 
-/* The host exchange of ranks that are threads of this process (world.c):
+/* The host exchange of ranks that are threads of this process (backend.c):
  * the CPU's local backend and the CUDA build's local and nccl. */
-void world_threads_exchange(Dev *d, double value, double *out);
+void threads_host_exchange(Dev *d, double value, double *out);
 
 #endif

@@ -90,7 +90,7 @@ const BackendOps cpu_local_backend = {
     CPU_BACKEND_OPS,
     .world_init = local_world_init,
     .world_fini = local_world_fini,
-    .host_exchange = world_threads_exchange,
+    .host_exchange = threads_host_exchange,
     .group_init = local_group_init,
     .group_fini = local_group_fini,
     .coll_stream_init = local_coll_stream_init,

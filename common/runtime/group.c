@@ -47,16 +47,12 @@ void dev_groups_fini(Dev *d) {
 ProcessGroup *dev_group_new(Dev *d, int color, const char *name) {
     if (color < 0) fatal("rank %d: dev_group_new('%s'): color %d is negative", d->rank, name ? name : "", color);
     double all[WORLD_MAX_RANKS];
-    dev_host_allgather_f64(d, (double)color, all); /* every rank's color: the members */
+    dev_ops(d)->host_exchange(d, (double)color, all); /* every rank's color: the members */
     int colors[WORLD_MAX_RANKS];
     for (int r = 0; r < d->world_size; r++) colors[r] = (int)all[r];
     ProcessGroup *g = group_add(d, color, colors, name && *name ? name : "group");
     for (int i = 0; i < d->nstreams; i++) dev_ops(d)->stream_join_group(d->streams[i], g);
     return g;
-}
-
-void stream_join_groups(Stream *s) {
-    for (int i = 1; i < s->dev->npgs; i++) dev_ops(s->dev)->stream_join_group(s, s->dev->pgs[i]);
 }
 
 void dev_mesh_build(Dev *d, DeviceMesh *m, int replicas, int shards) {

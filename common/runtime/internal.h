@@ -137,7 +137,7 @@ struct World {
     void *backend;                      /* the backend's own (local: its channels; mpi: MpiWorld; CUDA: struct CudaWorld) */
     int local_ranks, first_local_rank;
     double epoch_us;
-    /* host barrier / allgather of ranks that are threads (world_threads_exchange) */
+    /* host barrier / allgather of ranks that are threads (threads_host_exchange) */
     pthread_mutex_t host_mu;
     pthread_cond_t host_cv;
     int host_arrived;
@@ -168,15 +168,16 @@ void event_free(Event *e);
 /* group.c: the world group (dev_create) */
 void dev_groups_init(Dev *d);
 void dev_groups_fini(Dev *d);
-/* group.c, for the backends' stream_create: s joins every group made so far (stream_join_group) */
-void stream_join_groups(Stream *s);
+
 /* race.c: one fatal report for the whole world; ranks below `rank` that hit
  * the same verdict win, so the message is the same on every run */
 void world_report_race(World *w, int rank, const char *msg) __attribute__((noreturn));
 
-/* world.c, for the backends' stream_create: a Stream with its dev, index
- * (the next in d's list) and name; and appending it to d's list */
+/* backend.c, for the backends' stream_create: a Stream with its dev, index
+ * (the next in d's list) and name; s joining every group made so far
+ * (stream_join_group); appending it to d's list */
 Stream *stream_new(Dev *d, const char *name);
+void stream_join_groups(Stream *s);
 void dev_add_stream(Dev *d, Stream *s);
 
 /* backend.c: an Op of `kind` named `name` with the host's current scope */

@@ -1,6 +1,5 @@
 /* world.c — the World (ranks as threads, or processes: the backend's
- * world_init), each rank's Dev, scope, and the host-side barrier/allgather of
- * ranks that are threads. */
+ * world_init), each rank's Dev and its scope. */
 #include "runtime/internal.h"
 #include "runtime/util.h"
 
@@ -44,16 +43,6 @@ World *world_create(const WorldConfig *cfg) {
 
 int world_local_ranks(const World *w) { return w->local_ranks; }
 
-const char *backend_name(CollBackend b) {
-    switch (b) {
-    case BACKEND_LOCAL: return "local";
-    case BACKEND_MPI: return "mpi";
-    case BACKEND_NCCL: return "nccl";
-    case BACKEND_NCCL_MPI: return "nccl-mpi";
-    }
-    return "?";
-}
-
 int world_first_local_rank(const World *w) { return w->first_local_rank; }
 
 void world_destroy(World *w) {
@@ -68,23 +57,6 @@ void world_destroy(World *w) {
 }
 
 /* ------------------------------------------------------------------ Dev */
-
-Stream *stream_new(Dev *d, const char *name) {
-    if (d->nstreams >= 64) fatal("rank %d: dev_stream_create('%s'): at most 64 streams per rank", d->rank, name ? name : "");
-    Stream *s = xcalloc(1, sizeof *s);
-    s->dev = d;
-    s->index = d->nstreams;
-    s->name = xstrdup(name ? name : "stream");
-    return s;
-}
-
-void dev_add_stream(Dev *d, Stream *s) {
-    if (d->nstreams == d->streams_cap) {
-        d->streams_cap = d->streams_cap ? d->streams_cap * 2 : 4;
-        d->streams = xrealloc(d->streams, (size_t)d->streams_cap * sizeof *d->streams);
-    }
-    d->streams[d->nstreams++] = s;
-}
 
 static Dev *dev_create(World *w, int rank) {
     Dev *d = xcalloc(1, sizeof *d);
@@ -187,28 +159,3 @@ void dev_set_microbatch(Dev *d, int micro) { d->scope.micro = micro < 0 ? -1 : m
 int dev_scope_microbatch(const Dev *d) { return d->scope.micro; }
 void dev_set_tracing(Dev *d, int on) { d->scope.tracing = on != 0; }
 int dev_tracing(const Dev *d) { return d->scope.tracing; }
-
-/* ------------------------------------------------- host barrier / gather */
-
-/* Ranks as threads: a generation barrier; values are double-buffered by
- * generation parity so a fast rank's next call cannot overwrite values a
- * slow rank has not read yet. */
-void world_threads_exchange(Dev *d, double value, double *out) {
-    World *w = d->world;
-    pthread_mutex_lock(&w->host_mu);
-    uint64_t gen = w->host_gen;
-    w->host_vals[gen & 1][d->rank] = value;
-    if (++w->host_arrived == w->cfg.world_size) {
-        w->host_arrived = 0;
-        w->host_gen++;
-        pthread_cond_broadcast(&w->host_cv);
-    } else {
-        while (w->host_gen == gen) pthread_cond_wait(&w->host_cv, &w->host_mu);
-    }
-    if (out) memcpy(out, w->host_vals[gen & 1], (size_t)w->cfg.world_size * sizeof *out);
-    pthread_mutex_unlock(&w->host_mu);
-}
-
-void dev_host_allgather_f64(Dev *d, double value, double *out) { dev_ops(d)->host_exchange(d, value, out); }
-
-void dev_host_barrier(Dev *d) { dev_ops(d)->host_exchange(d, 0.0, NULL); }

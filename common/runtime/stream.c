@@ -110,7 +110,7 @@ static void execute(Stream *s, Op *op) {
         break;
     case OP_COPY: {
         ops->span_begin(s->dev, s, &span);
-        double t0 = op->pcie ? now_us() : 0.0;
+        double t0 = op->pcie ? now_us() : 0.0; /* the PCIe model stretches the copy in wall time from here */
         if (op->bytes && op->dst != op->src) memmove(op->dst, op->src, op->bytes);
         if (op->pcie) pcie_wait(&s->dev->world->cfg, op->bytes, t0);
         op_done(s, op, &span, op->module, "copy");

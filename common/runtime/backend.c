@@ -1,25 +1,13 @@
 /* backend.c — where the shared runtime and its backends meet (backend.h):
  * the device API calls whose work is the backend's (the argument checks
  * every backend shares, then the world's table of operations), and what the
- * backends build on (a new Stream, an Op in the host's scope, the host
- * exchange of ranks that are threads). */
+ * backends build on (a new Stream, the host exchange of ranks that are
+ * threads). */
 #include <stdio.h>
 #include <string.h>
 
 #include "runtime/internal.h"
 #include "runtime/util.h"
-
-void op_init(Stream *s, Op *op, OpKind kind, const char *name) {
-    Dev *d = s->dev;
-    memset(op, 0, offsetof(Op, args));
-    op->kind = kind;
-    op->traced = d->scope.tracing;
-    op->name = dev_intern(d, name ? name : "op");
-    op->module = d->scope.module;
-    op->phase = d->scope.phase;
-    op->step = d->scope.step;
-    op->micro = d->scope.micro;
-}
 
 const char *backend_name(CollBackend b) {
     switch (b) {

@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "runtime/alloc.h"
 #include "runtime/backend.h"
@@ -180,7 +181,18 @@ Stream *stream_new(Dev *d, const char *name);
 void stream_join_groups(Stream *s);
 void dev_add_stream(Dev *d, Stream *s);
 
-/* backend.c: an Op of `kind` named `name` with the host's current scope */
-void op_init(Stream *s, Op *op, OpKind kind, const char *name);
+/* An Op of `kind` named `name` with the host's current scope (inline: the
+ * stream and collective code that queue ops then need no other file). */
+static inline void op_init(Stream *s, Op *op, OpKind kind, const char *name) {
+    Dev *d = s->dev;
+    memset(op, 0, offsetof(Op, args));
+    op->kind = kind;
+    op->traced = d->scope.tracing;
+    op->name = dev_intern(d, name ? name : "op");
+    op->module = d->scope.module;
+    op->phase = d->scope.phase;
+    op->step = d->scope.step;
+    op->micro = d->scope.micro;
+}
 
 #endif

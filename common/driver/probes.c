@@ -354,7 +354,9 @@ static void what_instead(const ParamsCheck *c, int j, uint64_t got, const ShardH
              c->bf16 ? "; in bfloat16 elements of 2 bytes, not sizeof(float)" : "");
 }
 
-static void k_params_check(void *arg) {
+/* The params check as a kernel on the compute stream (CPU backend only: it
+ * reads device memory on the host), hence kcpu_ as in model/kernels.h. */
+static void kcpu_params_check(void *arg) {
     ParamsCheck *c = arg;
     for (int j = 0; j < c->mod->n_params; j++) {
         const Param *p = &c->mod->params[j];
@@ -420,7 +422,7 @@ void probe_params_ready(Dev *dev, Probes *p, const Module *mod, int step, const 
     Stream *cs = dev_compute_stream(dev);
     int tracing = dev_tracing(dev);
     dev_set_tracing(dev, 0); /* not the student's compute: kept out of the trace and its overlap figures */
-    dev_launch(cs, "params_check", k_params_check, &c, sizeof c);
+    dev_launch(cs, "params_check", kcpu_params_check, &c, sizeof c);
     dev_set_tracing(dev, tracing);
 }
 

@@ -61,7 +61,7 @@ static void before_value(Json *j) {
 }
 
 static void open_level(Json *j, char open, char close, int lines) {
-    if (j->depth == JSON_MAX_DEPTH) fatal("json: more than %d nested objects and arrays", JSON_MAX_DEPTH);
+    if (j->depth == JSON_WRITE_MAX_DEPTH) fatal("json: more than %d nested objects and arrays", JSON_WRITE_MAX_DEPTH);
     if (open) {
         before_value(j);
         put_char(j, open);

@@ -20,7 +20,7 @@
 
 #include <stddef.h>
 
-#define JSON_MAX_DEPTH 16
+#define JSON_WRITE_MAX_DEPTH 16
 
 typedef struct {
     char *p;                 /* the text, NUL-terminated (NULL before anything is written) */
@@ -31,7 +31,7 @@ typedef struct {
         size_t items;        /* written so far: a comma goes before the next */
         char close;          /* '}' or ']'; 0: members_begin's object, whose braces are not ours */
         int lines;           /* json_array_begin_lines: each item, and the close, on a new line */
-    } level[JSON_MAX_DEPTH];
+    } level[JSON_WRITE_MAX_DEPTH];
 } Json;
 
 void json_object_begin(Json *j);

@@ -28,13 +28,19 @@ static void put(Json *j, const char *s, size_t n) {
 
 static void put_char(Json *j, char c) { put(j, &c, 1); }
 
+/* Formatted straight into the buffer (numbers: one vsnprintf); longer text
+ * than the room left is formatted again once the buffer has grown. */
 static void put_vfmt(Json *j, const char *fmt, va_list ap) {
     va_list again;
     va_copy(again, ap);
-    int n = vsnprintf(NULL, 0, fmt, ap);
+    reserve(j, 32);
+    size_t room = j->cap - j->len;
+    int n = vsnprintf(j->p + j->len, room, fmt, ap);
     if (n < 0) fatal("json: formatting '%s' failed", fmt);
-    reserve(j, (size_t)n);
-    vsnprintf(j->p + j->len, (size_t)n + 1, fmt, again);
+    if ((size_t)n >= room) {
+        reserve(j, (size_t)n);
+        vsnprintf(j->p + j->len, (size_t)n + 1, fmt, again);
+    }
     va_end(again);
     j->len += (size_t)n;
 }
@@ -74,7 +80,8 @@ static void open_level(Json *j, char open, char close, int lines) {
 
 static void close_level(Json *j, char close) {
     if (!j->depth || j->level[j->depth - 1].close != close || j->after_key)
-        fatal("json: '%c' does not close what is open", close ? close : '0');
+        fatal("json: %s does not close what is open",
+              close == '}' ? "json_object_end" : close == ']' ? "json_array_end" : "json_members_end");
     j->depth--;
     if (j->level[j->depth].lines) put_char(j, '\n');
     if (close) put_char(j, close);

@@ -20,7 +20,7 @@ FUZZ_LDFLAGS := -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=free -lm
 # libFuzzer: inputs up to 8 KiB, 10 s per input is a hang, 2 GiB is a runaway
 FUZZ_FLAGS   := -max_len=8192 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1
 
-FUZZ_SRC_safetensors := common/model/safetensors.c common/runtime/util.c
+FUZZ_SRC_safetensors := common/model/safetensors.c common/runtime/json.c common/runtime/util.c
 FUZZ_SRC_tokens      := common/model/data.c common/runtime/util.c
 FUZZ_BINS := $(patsubst %,$(FUZZ_BUILD)/fuzz_%,$(FUZZ_TARGETS))
 

@@ -112,15 +112,48 @@ def test_out_under_a_file(tmp_path):
                  "cannot create directory %s: Not a directory" % (blocker / "run"))
 
 
+def long_quoted_path(tmp_path, length):
+    """A path of exactly `length` characters to a small text file, with '"' and '\\' in a directory's and the
+    file's names: it goes down into that directory and back up ("D/..") as often as it takes."""
+    d = 'dir "quoted" \\back\\slashed ' + "d" * 200  # within NAME_MAX (255)
+    (tmp_path / d).mkdir()
+    name = 'tokens "q" \\b\\.txt'
+    (tmp_path / name).write_text("a few bytes of text for a short sequence, and some more\n" * 4)
+    path = str(tmp_path) + ("/" + d + "/..") * ((length - len(str(tmp_path)) - len(name) - 1) // (len(d) + 4))
+    path += "/" * (length - len(path) - len(name)) + name  # "//" is "/": pad to the exact length
+    assert len(path) == length and os.path.isfile(path)
+    return path
+
+
+def test_run_json_holds_any_data_path(tmp_path):
+    """run.json used to be formatted into a 4,096-byte buffer with the data path unescaped: a path of 3,432
+    characters made 4,160 bytes of invalid JSON (64 bytes read past the buffer), a '"' in it broke the file.
+    A path longer than PATH_MAX (4,096 with its NUL) cannot be opened, so the longest that can be, 4,095
+    characters, stands for the 5,000 of the report; its escaped quotes and backslashes make the file longer."""
+    path = long_quoted_path(tmp_path, 4095)
+    out = tmp_path / "run"
+    p = run("--data", path, "--seq-len", "8", "--steps", "0", "--quiet", "--out", out)
+    assert p.returncode == 0, p.stderr
+    raw = (out / "run.json").read_bytes()
+    assert len(raw) > 4096 + 600 and raw.endswith(b"}\n")
+    with open(out / "run.json") as fh:
+        meta = json.load(fh)
+    assert meta["data"] == path
+    assert meta["seq_len"] == 8 and meta["host"], meta
+
+
 def test_help_documents_every_flag():
+    """Every row of the flag table (options.c's FLAGS) is in --help, and every flag --help names is a row."""
     p = run("--help")
     assert p.returncode == 0
     src = open(os.path.join(ROOT, "common", "driver", "options.c")).read()
     import re
-    flags = set(re.findall(r'!strcmp\(flag, "(--[a-z-]+)"\)', src))
+    flags = set(re.findall(r'\.name = "(--[a-z0-9-]+)"', src))
     assert len(flags) > 25
     missing = [f for f in flags if f not in p.stdout]
     assert not missing, missing
+    listed = set(re.findall(r'(?:^  |\s)(--[a-z0-9-]+)', p.stdout, re.M))
+    assert listed == flags, listed ^ flags
 
 
 def test_seq_len_larger_than_data(tmp_path):

@@ -1,4 +1,4 @@
-/* test_io.c — unit tests for optim.c, data.c and safetensors.c.
+/* test_io.c — unit tests for optim.c, data.c, safetensors.c and json.c (runtime).
  *
  *   test_io [TEST_NAME]          run the unit tests (or one of them)
  *   test_io --load-npy FILE      probe modes used by tests/test_io_errors.py:
@@ -16,6 +16,7 @@
 #include "model/data.h"
 #include "model/optim.h"
 #include "model/safetensors.h"
+#include "runtime/json.h"
 #include "runtime/util.h"
 
 static void tmp_path(char *buf, size_t cap, const char *name) {
@@ -271,6 +272,131 @@ TEST(safetensors_unaligned_header) {
     unlink(path);
 }
 
+/* ------------------------------------------------------------------ json */
+
+TEST(json_escapes_strings) {
+    Json j = {0};
+    json_array_begin(&j);
+    json_string(&j, "a \"quoted\" \\path\\");
+    json_string(&j, "tab\tnewline\nbell\x07 unit\x1f del\x7f caf\xc3\xa9");
+    json_string(&j, NULL);
+    json_stringf(&j, "%s.%d", "block\"3", 7);
+    json_array_end(&j);
+    const char *want = "[\"a \\\"quoted\\\" \\\\path\\\\\","
+                       "\"tab\\u0009newline\\u000abell\\u0007 unit\\u001f del\x7f caf\xc3\xa9\","
+                       "\"\",\"block\\\"3.7\"]";
+    CHECK(!strcmp(json_text(&j), want), "got %s", json_text(&j));
+    CHECK(json_len(&j) == strlen(want), "length %zu", json_len(&j));
+    json_free(&j);
+    CHECK(!strcmp(json_text(&j), "") && json_len(&j) == 0, "freed writer is empty");
+}
+
+TEST(json_nests_with_commas) {
+    Json j = {0};
+    json_object_begin(&j);
+    json_key(&j, "n");
+    json_int(&j, -3);
+    json_key(&j, "big");
+    json_uint(&j, 18446744073709551615ull);
+    json_key(&j, "empty");
+    json_object_begin(&j);
+    json_object_end(&j);
+    json_key(&j, "rows");
+    json_array_begin(&j);
+    for (int i = 0; i < 2; i++) {
+        json_object_begin(&j);
+        json_key(&j, "i");
+        json_int(&j, i);
+        json_key(&j, "ok");
+        json_bool(&j, i);
+        json_key(&j, "none");
+        json_null(&j);
+        json_object_end(&j);
+    }
+    json_array_begin(&j);
+    json_array_end(&j);
+    json_array_end(&j);
+    json_key(&j, "lines");
+    json_array_begin_lines(&j);
+    json_int(&j, 1);
+    json_int(&j, 2);
+    json_array_end(&j);
+    json_key(&j, "no_lines");
+    json_array_begin_lines(&j);
+    json_array_end(&j);
+    json_key(&j, "num");
+    json_array_begin(&j);
+    json_g(&j, 0.1, 9);
+    json_g(&j, 8e-4, 6);
+    json_fixed(&j, 1.5, 3);
+    json_fixed(&j, 1234567.0, 0);
+    json_g(&j, NAN, 9);
+    json_fixed(&j, -INFINITY, 3);
+    json_array_end(&j);
+    /* a note's fields, written apart, then put inside an object */
+    Json f = {0};
+    json_members_begin(&f);
+    json_key(&f, "step");
+    json_int(&f, 2);
+    json_key(&f, "module");
+    json_string(&f, "head");
+    json_members_end(&f);
+    CHECK(!strcmp(json_text(&f), "\"step\":2,\"module\":\"head\""), "members: %s", json_text(&f));
+    json_key(&j, "note");
+    json_object_begin(&j);
+    json_key(&j, "kind");
+    json_string(&j, "hook_check");
+    json_members(&j, json_text(&f));
+    json_members(&j, "");
+    json_object_end(&j);
+    json_free(&f);
+    json_object_end(&j);
+    json_line_end(&j);
+    const char *want = "{\"n\":-3,\"big\":18446744073709551615,\"empty\":{},"
+                       "\"rows\":[{\"i\":0,\"ok\":false,\"none\":null},{\"i\":1,\"ok\":true,\"none\":null},[]],"
+                       "\"lines\":[\n1,\n2\n],\"no_lines\":[\n],"
+                       "\"num\":[0.1,0.0008,1.500,1234567,null,null],"
+                       "\"note\":{\"kind\":\"hook_check\",\"step\":2,\"module\":\"head\"}}\n";
+    CHECK(!strcmp(json_text(&j), want), "got %s", json_text(&j));
+    /* reset keeps the buffer and starts a new document */
+    json_reset(&j);
+    json_int(&j, 5);
+    CHECK(!strcmp(json_text(&j), "5"), "after reset: %s", json_text(&j));
+    json_free(&j);
+}
+
+TEST(json_grows_past_its_first_buffer) {
+    /* 5,000 characters, two in five of them quotes or backslashes: far past the first 256 bytes */
+    enum { N = 5000 };
+    char *s = xmalloc(N + 1);
+    for (int i = 0; i < N; i++) s[i] = i % 5 == 3 ? '"' : i % 5 == 4 ? '\\' : (char)('a' + i % 26);
+    s[N] = 0;
+    Json j = {0};
+    json_object_begin(&j);
+    json_key(&j, "data");
+    json_string(&j, s);
+    json_key(&j, "many");
+    json_array_begin(&j);
+    for (int i = 0; i < 1000; i++) json_int(&j, i);
+    json_array_end(&j);
+    json_object_end(&j);
+    const char *t = json_text(&j);
+    size_t escaped = N + N / 5 * 2; /* every quote and backslash gains a backslash */
+    CHECK(!strncmp(t, "{\"data\":\"", 9), "start");
+    size_t k = 9, bad = 0;
+    for (int i = 0; i < N; i++) {
+        if (s[i] == '"' || s[i] == '\\') bad += t[k++] != '\\';
+        bad += t[k++] != s[i];
+    }
+    CHECK(bad == 0 && k == 9 + escaped, "%zu characters escaped wrongly", bad);
+    CHECK(!strncmp(t + k, "\",\"many\":[0,1,2,", 14), "after the string: %.20s", t + k);
+    size_t tail = strlen(",998,999]}");
+    CHECK(json_len(&j) == strlen(t) && !strcmp(t + json_len(&j) - tail, ",998,999]}"), "end: %s",
+          t + json_len(&j) - tail);
+    json_free(&j);
+    free(s);
+}
+
 /* ---------------------------------------------------------- probe modes */
 
 static long arg_long(const char *s) {
@@ -355,5 +481,8 @@ int main(int argc, char **argv) {
     RUN(text_is_bytes);
     RUN(safetensors_round_trip);
     RUN(safetensors_unaligned_header);
+    RUN(json_escapes_strings);
+    RUN(json_nests_with_commas);
+    RUN(json_grows_past_its_first_buffer);
     return check_summary();
 }

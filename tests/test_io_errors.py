@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SOURCES = ["tests/test_io.c", "common/model/optim.c", "common/model/data.c", "common/model/safetensors.c", "common/runtime/util.c"]
+SOURCES = ["tests/test_io.c", "common/model/optim.c", "common/model/data.c", "common/model/safetensors.c",
+           "common/runtime/json.c", "common/runtime/util.c"]
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "model/safetensors.h"
+#include "runtime/json.h"
 #include "runtime/runtime.h"
 #include "runtime/util.h"
 
@@ -75,9 +76,16 @@ void checkpoint_save(const Model *m, const char *path, const float *w, const flo
                 t->numel = p->numel;
                 t->data = (float *)src + model_param_offset(m, p);
             }
-    char meta[128];
-    snprintf(meta, sizeof meta, "\"format\":\"pt\",\"step\":\"%d\"", step);
-    st_write(path, ts, n, meta);
+    /* safetensors metadata: string values only (torch's "format", and the step to resume from) */
+    Json meta = {0};
+    json_members_begin(&meta);
+    json_key(&meta, "format");
+    json_string(&meta, "pt");
+    json_key(&meta, "step");
+    json_stringf(&meta, "%d", step);
+    json_members_end(&meta);
+    st_write(path, ts, n, json_text(&meta));
+    json_free(&meta);
     for (int i = 0; i < n; i++) free(names[i]);
     free(names);
     free(ts);

@@ -1,5 +1,7 @@
-/* options.c — parsing the training binary's flags: every value checked, one
- * clear line for a bad one. */
+/* options.c — the training binary's flags: one table (FLAGS) says, for every
+ * flag, its kind, where its value goes, its default, its --help text and its
+ * run.json key; the usage, the parsing, the one-line error for a bad value
+ * and run.json all read it. */
 #include "driver/options.h"
 
 #include <errno.h>
@@ -9,74 +11,62 @@
 
 #include "runtime/util.h"
 
-static void usage(FILE *f, const char *prog) {
-    fprintf(f,
-            "usage: %s [flags]\n"
-            "Trains torchtitan's Llama 3 with the FSDP implementation linked into this binary.\n"
-            "\nmodel\n"
-            "  --flavor NAME            tiny | debugmodel | 1B (default tiny)\n"
-            "  --dim N --n-layers N --n-heads N --n-kv-heads N --vocab-size N --multiple-of N\n"
-            "  --ffn-dim-multiplier X   override the flavour's dimensions\n"
-            "\ntraining\n"
-            "  --seq-len T              sequence length (default 64)\n"
-            "  --batch-size B           sequences per rank per step (default 2)\n"
-            "  --steps S                optimizer steps (default 10)\n"
-            "  --lr X                   peak learning rate (default 8e-4)\n"
-            "  --warmup-steps N         linear warmup steps (default 2)\n"
-            "  --weight-decay X         AdamW decoupled weight decay (default 0.1)\n"
-            "  --max-norm X             clip grads to this global norm, 0 = off (default 1.0)\n"
-            "  --seed N                 init seed (default 0)\n"
-            "  --data FILE              .npy tokens (uint16/int32) or text (bytes) (default data/corpus.txt)\n"
-            "  --load FILE              start from these weights (safetensors) instead of --seed; a checkpoint\n"
-            "                           written by --save also restores the optimizer and continues its steps\n"
-            "  --save FILE              write a checkpoint at the end: weights (torchtitan names), AdamW state,\n"
-            "                           step (safetensors, atomic); --load FILE resumes from it bitwise\n"
-            "  --save-every N           also write the --save checkpoint every N steps\n"
-            "  --save-init FILE         write the initial weights and exit\n"
-            "  --ac                     activation checkpointing: blocks recompute their forward in backward\n"
-            "  --reshard-after-forward=true|false   false = ZeRO-2 (keep params unsharded until backward)\n"
-            "  --forward-only           no backward or optimizer: losses of the initial weights\n"
-            "  --grad-accum K           split each rank's batch into K microbatches, one optimizer step per K\n"
-            "                           (K divides --batch-size; default 1)\n"
-            "  --grad-sync every|last   with --grad-accum: reduce-scatter every microbatch (default), or only\n"
-            "                           the last (FSDP2's set_requires_gradient_sync(False) on the others)\n"
-            "  --reshard-after-backward=true|false   with --grad-accum: false keeps params unsharded between\n"
-            "                           microbatches (FSDP2's set_reshard_after_backward(False) on all but the last)\n"
-            "  --param-dtype fp32|bf16  what the all-gather moves and compute reads (FSDP2's MixedPrecisionPolicy\n"
-            "                           param_dtype; bf16 is stage 08's); shards and optimizer stay fp32\n"
-            "  --reduce-dtype fp32|bf16 what the reduce-scatter moves (reduce_dtype; default fp32)\n"
-            "  --mesh R,S               HSDP (stage 09): a 2-D mesh of R replicas x S shards (R*S = --world; or RxS);\n"
-            "                           params are split over S ranks and replicated R times\n"
-            "  --backward-prefetch P    stage 10: when the backward issues module i-1's all-gather: pre (at module\n"
-            "                           i's pre_backward, default), post (after module i's reduce-scatter), none\n"
-            "  --single-comm-stream     stage 10: all-gathers and reduce-scatters share one stream\n"
-            "  --offload-params         stage 10: shards, grad shards and optimizer state in pinned host memory\n"
-            "\nworld and runtime\n"
-            "  --world N                number of ranks (default 1)\n"
-            "  --backend B              local: ranks as threads (default; CUDA build: all on one GPU)\n"
-            "                           mpi: one process per rank under mpirun (CPU build)\n"
-            "                           nccl: threads, one GPU per rank; nccl-mpi: mpirun, NCCL (CUDA build)\n"
-            "  --link-gbps X            link model for local collectives, Gbit/s (0 = off, default)\n"
-            "  --link-latency-us X      link model latency per ring hop (default 0)\n"
-            "  --ranks-per-node N       link model: ranks 0..N-1 share node 0, N..2N-1 node 1, ... (default: S of\n"
-            "                           --mesh, else all ranks on one node)\n"
-            "  --inter-link-gbps X      link model: a collective whose ranks span nodes runs at this bandwidth\n"
-            "                           (default: --link-gbps)\n"
-            "  --inter-link-latency-us X  ... and this latency per hop (default: --link-latency-us)\n"
-            "  --pcie-gbps X            PCIe model for host <-> device copies (pinned host memory), GB/s (0 = off)\n"
-            "  --pcie-latency-us X      PCIe model latency per copy (default 0)\n"
-            "  --blas-threads N         OpenBLAS threads per rank (default cores / ranks)\n"
-            "  --no-poison              do not fill fresh allocations with NaN\n"
-            "  --no-race-check          do not check streams for missing event waits (on by default, CPU build)\n"
-            "  --tf32                   CUDA build: matmuls may use TF32 tensor cores (default exact fp32)\n"
-            "  --collective-timeout-s X stop when a collective waits longer than X s for its peers (default 30, 0 = off)\n"
-            "\noutput\n"
-            "  --out DIR                run directory: metrics.jsonl, run.json, traces, memory snapshots\n"
-            "  --profile-steps N        record op timings for the first N steps (default 3)\n"
-            "  --quiet                  no progress lines\n"
-            "  --help                   this text\n",
-            prog);
-}
+typedef enum {
+    FLAG_SET,    /* no value: the int becomes 1 (default 0) */
+    FLAG_CLEAR,  /* no value: the int becomes 0 (default 1) */
+    FLAG_BOOL,   /* int: =true|false (or 1|0); by itself true */
+    FLAG_INT,    /* int in [lo, hi] */
+    FLAG_SIZE,   /* size_t in [lo, hi] */
+    FLAG_U64,    /* uint64_t in [lo, hi] */
+    FLAG_DOUBLE, /* double in [lo, hi] */
+    FLAG_FLOAT,  /* float in [lo, hi] */
+    FLAG_STRING, /* const char *: the argument itself */
+    FLAG_ENUM,   /* an enum (int-sized): one of choices */
+    FLAG_CUSTOM, /* parse does it all; run.json needs json_value */
+    FLAG_HELP,   /* --help */
+} FlagKind;
+
+/* An enum flag's accepted values, in the order its error lists them; {NULL} ends them. */
+typedef struct {
+    const char *name;
+    int value;
+} FlagChoice;
+
+typedef struct Flag Flag;
+struct Flag {
+    const char *name;           /* "--seq-len" */
+    FlagKind kind;
+    size_t at;                  /* offsetof(Options, ...): where the value goes */
+    double lo, hi;              /* numbers: the accepted range */
+    const FlagChoice *choices;  /* FLAG_ENUM */
+    const char *def;            /* default, spelled as on the command line; NULL: zero */
+    /* A value the kind alone cannot parse (or more to do than store it); NULL: the kind's */
+    void (*parse)(const Flag *f, const char *val, Options *o);
+    const char *arg;            /* --help: what the value looks like ("N", "=true|false") */
+    const char *help;           /* --help: its text, lines split by \n; NULL: listed with the
+                                   flags around it on one line (they share the next row's text) */
+    const char *section;        /* --help: a heading before this flag */
+    const char *json;           /* run.json key (NULL: not in run.json) */
+    /* run.json's value where it is not the stored value in the kind's format; NULL: that */
+    void (*json_value)(Json *j, const Options *o);
+};
+
+/* Enum flags are stored through an int. */
+_Static_assert(sizeof(CollBackend) == sizeof(int), "CollBackend is stored as an int");
+_Static_assert(sizeof(DType) == sizeof(int), "DType is stored as an int");
+_Static_assert(sizeof(BackwardPrefetch) == sizeof(int), "BackwardPrefetch is stored as an int");
+
+static const FlagChoice BACKENDS[] = {
+    {"local", BACKEND_LOCAL}, {"mpi", BACKEND_MPI}, {"nccl", BACKEND_NCCL}, {"nccl-mpi", BACKEND_NCCL_MPI}, {NULL, 0}};
+static const FlagChoice GRAD_SYNC[] = {{"every", 1}, {"last", 0}, {NULL, 0}};
+static const FlagChoice DTYPES[] = {{"fp32", DTYPE_F32}, {"bf16", DTYPE_BF16}, {NULL, 0}};
+static const FlagChoice PREFETCH[] = {
+    {"pre", BACKWARD_PREFETCH_PRE}, {"post", BACKWARD_PREFETCH_POST}, {"none", BACKWARD_PREFETCH_NONE}, {NULL, 0}};
+
+/* ------------------------------------------------------------- values */
+
+static void *field(Options *o, const Flag *f) { return (char *)o + f->at; }
+static const void *cfield(const Options *o, const Flag *f) { return (const char *)o + f->at; }
 
 static double parse_num(const char *flag, const char *v, double lo, double hi) {
     char *end;
@@ -86,6 +76,7 @@ static double parse_num(const char *flag, const char *v, double lo, double hi) {
     if (!(x >= lo && x <= hi)) fatal("%s must be in [%g, %g], got %s", flag, lo, hi, v);
     return x;
 }
+
 static long parse_int(const char *flag, const char *v, long lo, long hi) {
     char *end;
     errno = 0;
@@ -95,180 +86,383 @@ static long parse_int(const char *flag, const char *v, long lo, long hi) {
     return x;
 }
 
-/* Flags that take a value, checked before the value is read. */
-static const char *const VALUE_FLAGS[] = {
-    "--flavor", "--dim", "--n-layers", "--n-heads", "--n-kv-heads", "--vocab-size", "--multiple-of",
-    "--ffn-dim-multiplier", "--seq-len", "--batch-size", "--steps", "--lr", "--warmup-steps", "--weight-decay",
-    "--max-norm", "--seed", "--data", "--load", "--save", "--save-init", "--out", "--profile-steps", "--save-every",
-    "--world", "--backend", "--link-gbps", "--link-latency-us", "--blas-threads", "--collective-timeout-s", "--grad-accum", "--grad-sync",
-    "--param-dtype", "--reduce-dtype", "--mesh", "--ranks-per-node", "--inter-link-gbps", "--inter-link-latency-us",
-    "--backward-prefetch", "--pcie-gbps", "--pcie-latency-us"};
+/* "a, b or c" */
+static void choices_text(const FlagChoice *c, char *out, size_t cap) {
+    size_t n = 0, len = 0;
+    while (c[n].name) n++;
+    out[0] = 0;
+    for (size_t i = 0; i < n && len < cap; i++)
+        len += (size_t)snprintf(out + len, cap - len, "%s%s", i == 0 ? "" : i + 1 == n ? " or " : ", ", c[i].name);
+}
 
-/* Model overrides, applied after the flavour (-1: not given). */
-typedef struct {
-    long dim, layers, heads, kv, vocab, mult;
-    double ffn;
-} ModelOverrides;
+static void parse_enum(const Flag *f, const char *val, Options *o) {
+    for (const FlagChoice *c = f->choices; c->name; c++)
+        if (!strcmp(val, c->name)) {
+            *(int *)field(o, f) = c->value;
+            return;
+        }
+    char expects[256];
+    choices_text(f->choices, expects, sizeof expects);
+    fatal("%s expects %s, got '%s'", f->name, expects, val);
+}
+
+/* Store val (NULL: a switch, or a boolean by itself) as f's kind says. */
+static void store(const Flag *f, const char *val, Options *o) {
+    switch (f->kind) {
+    case FLAG_SET: *(int *)field(o, f) = 1; break;
+    case FLAG_CLEAR: *(int *)field(o, f) = 0; break;
+    case FLAG_BOOL:
+        if (!val || !strcmp(val, "true") || !strcmp(val, "1")) *(int *)field(o, f) = 1;
+        else if (!strcmp(val, "false") || !strcmp(val, "0")) *(int *)field(o, f) = 0;
+        else fatal("%s expects true or false, got '%s'", f->name, val);
+        break;
+    case FLAG_INT: *(int *)field(o, f) = (int)parse_int(f->name, val, (long)f->lo, (long)f->hi); break;
+    case FLAG_SIZE: *(size_t *)field(o, f) = (size_t)parse_int(f->name, val, (long)f->lo, (long)f->hi); break;
+    case FLAG_U64: *(uint64_t *)field(o, f) = (uint64_t)parse_int(f->name, val, (long)f->lo, (long)f->hi); break;
+    case FLAG_DOUBLE: *(double *)field(o, f) = parse_num(f->name, val, f->lo, f->hi); break;
+    case FLAG_FLOAT: *(float *)field(o, f) = (float)parse_num(f->name, val, f->lo, f->hi); break;
+    case FLAG_STRING: *(const char **)field(o, f) = val; break;
+    case FLAG_ENUM: parse_enum(f, val, o); break;
+    case FLAG_CUSTOM:
+    case FLAG_HELP: break;
+    }
+}
+
+static void parse_mesh(const Flag *f, const char *val, Options *o) {
+    char tail;
+    int r = 0, s = 0;
+    if ((sscanf(val, "%d,%d%c", &r, &s, &tail) != 2 && sscanf(val, "%dx%d%c", &r, &s, &tail) != 2) || r < 1 || s < 1)
+        fatal("%s expects R,S or RxS (replicas, shards: two positive integers), got '%s'", f->name, val);
+    o->mesh_replicas = r;
+    o->mesh_shards = s;
+}
+
+static void parse_backward_prefetch(const Flag *f, const char *val, Options *o) {
+    parse_enum(f, val, o);
+    o->backward_prefetch_given = 1; /* a stage that ignores it stops (flag_check.h) */
+}
+
+/* run.json values that are not the flag's own: the model's final sizes (the
+ * flavour's unless overridden), the resolved link model, the mesh */
+#define MODEL_JSON(field_)                                                                                     \
+    static void json_model_##field_(Json *j, const Options *o) { json_int(j, o->model.field_); }
+MODEL_JSON(dim)
+MODEL_JSON(n_layers)
+MODEL_JSON(n_heads)
+MODEL_JSON(n_kv_heads)
+MODEL_JSON(vocab_size)
+MODEL_JSON(multiple_of)
+#undef MODEL_JSON
+
+static void json_ranks_per_node(Json *j, const Options *o) {
+    json_int(j, o->world.ranks_per_node ? o->world.ranks_per_node : o->world.world_size);
+}
+
+static void json_mesh(Json *j, const Options *o) {
+    if (!o->mesh_replicas) {
+        json_null(j);
+        return;
+    }
+    json_array_begin(j);
+    json_int(j, o->mesh_replicas);
+    json_int(j, o->mesh_shards);
+    json_array_end(j);
+}
+
+/* ------------------------------------------------------------ the table */
+
+#define AT(member) offsetof(Options, member)
+#define MAXRANKS ((double)WORLD_MAX_RANKS)
+
+static const Flag FLAGS[] = {
+    /* model */
+    {.name = "--flavor", .kind = FLAG_STRING, .at = AT(flavor), .def = "tiny", .arg = "NAME",
+     .help = "tiny | debugmodel | 1B (default tiny)", .section = "model", .json = "flavor"},
+    {.name = "--dim", .kind = FLAG_INT, .at = AT(overrides.dim), .lo = 1, .hi = 1 << 16, .arg = "N",
+     .json = "dim", .json_value = json_model_dim},
+    {.name = "--n-layers", .kind = FLAG_INT, .at = AT(overrides.n_layers), .lo = 1, .hi = 1024, .arg = "N",
+     .json = "n_layers", .json_value = json_model_n_layers},
+    {.name = "--n-heads", .kind = FLAG_INT, .at = AT(overrides.n_heads), .lo = 1, .hi = 1024, .arg = "N",
+     .json = "n_heads", .json_value = json_model_n_heads},
+    {.name = "--n-kv-heads", .kind = FLAG_INT, .at = AT(overrides.n_kv_heads), .lo = 1, .hi = 1024, .arg = "N",
+     .json = "n_kv_heads", .json_value = json_model_n_kv_heads},
+    {.name = "--vocab-size", .kind = FLAG_INT, .at = AT(overrides.vocab_size), .lo = 1, .hi = 1 << 24, .arg = "N",
+     .json = "vocab_size", .json_value = json_model_vocab_size},
+    {.name = "--multiple-of", .kind = FLAG_INT, .at = AT(overrides.multiple_of), .lo = 1, .hi = 1 << 16, .arg = "N",
+     .json = "multiple_of", .json_value = json_model_multiple_of},
+    {.name = "--ffn-dim-multiplier", .kind = FLAG_DOUBLE, .at = AT(overrides.ffn_dim_multiplier), .lo = 0.01,
+     .hi = 100, .arg = "X", .help = "override the flavour's dimensions"},
+
+    /* training */
+    {.name = "--seq-len", .kind = FLAG_SIZE, .at = AT(seq_len), .lo = 1, .hi = 1 << 20, .def = "64", .arg = "T",
+     .help = "sequence length (default 64)", .section = "training", .json = "seq_len"},
+    {.name = "--batch-size", .kind = FLAG_SIZE, .at = AT(batch_size), .lo = 1, .hi = 1 << 20, .def = "2", .arg = "B",
+     .help = "sequences per rank per step (default 2)", .json = "batch_size"},
+    {.name = "--steps", .kind = FLAG_INT, .at = AT(steps), .lo = 0, .hi = 100000000, .def = "10", .arg = "S",
+     .help = "optimizer steps (default 10)", .json = "steps"},
+    {.name = "--lr", .kind = FLAG_FLOAT, .at = AT(optim.lr), .lo = 0, .hi = 10, .def = "8e-4", .arg = "X",
+     .help = "peak learning rate (default 8e-4)", .json = "lr"},
+    {.name = "--warmup-steps", .kind = FLAG_INT, .at = AT(optim.warmup_steps), .lo = 0, .hi = 100000000, .def = "2",
+     .arg = "N", .help = "linear warmup steps (default 2)", .json = "warmup_steps"},
+    {.name = "--weight-decay", .kind = FLAG_FLOAT, .at = AT(optim.weight_decay), .lo = 0, .hi = 10, .def = "0.1",
+     .arg = "X", .help = "AdamW decoupled weight decay (default 0.1)", .json = "weight_decay"},
+    {.name = "--max-norm", .kind = FLAG_FLOAT, .at = AT(optim.max_norm), .lo = 0, .hi = 1e30, .def = "1.0",
+     .arg = "X", .help = "clip grads to this global norm, 0 = off (default 1.0)", .json = "max_norm"},
+    {.name = "--seed", .kind = FLAG_U64, .at = AT(seed), .lo = 0, .hi = 0x7fffffff, .def = "0", .arg = "N",
+     .help = "init seed (default 0)", .json = "seed"},
+    {.name = "--data", .kind = FLAG_STRING, .at = AT(data_path), .def = "data/corpus.txt", .arg = "FILE",
+     .help = ".npy tokens (uint16/int32) or text (bytes) (default data/corpus.txt)", .json = "data"},
+    {.name = "--load", .kind = FLAG_STRING, .at = AT(load_path), .arg = "FILE",
+     .help = "start from these weights (safetensors) instead of --seed; a checkpoint\n"
+             "written by --save also restores the optimizer and continues its steps"},
+    {.name = "--save", .kind = FLAG_STRING, .at = AT(save_path), .arg = "FILE",
+     .help = "write a checkpoint at the end: weights (torchtitan names), AdamW state,\n"
+             "step (safetensors, atomic); --load FILE resumes from it bitwise"},
+    {.name = "--save-every", .kind = FLAG_INT, .at = AT(save_every), .lo = 1, .hi = 100000000, .arg = "N",
+     .help = "also write the --save checkpoint every N steps"},
+    {.name = "--save-init", .kind = FLAG_STRING, .at = AT(save_init_path), .arg = "FILE",
+     .help = "write the initial weights and exit"},
+    {.name = "--ac", .kind = FLAG_SET, .at = AT(ac),
+     .help = "activation checkpointing: blocks recompute their forward in backward", .json = "ac"},
+    {.name = "--reshard-after-forward", .kind = FLAG_BOOL, .at = AT(reshard_after_forward), .def = "true",
+     .arg = "=true|false", .help = "false = ZeRO-2 (keep params unsharded until backward)",
+     .json = "reshard_after_forward"},
+    {.name = "--forward-only", .kind = FLAG_SET, .at = AT(forward_only),
+     .help = "no backward or optimizer: losses of the initial weights", .json = "forward_only"},
+    {.name = "--grad-accum", .kind = FLAG_INT, .at = AT(grad_accum), .lo = 1, .hi = 1 << 20, .def = "1", .arg = "K",
+     .help = "split each rank's batch into K microbatches, one optimizer step per K\n"
+             "(K divides --batch-size; default 1)",
+     .json = "grad_accum"},
+    {.name = "--grad-sync", .kind = FLAG_ENUM, .at = AT(grad_sync_every), .choices = GRAD_SYNC, .def = "every",
+     .arg = "every|last",
+     .help = "with --grad-accum: reduce-scatter every microbatch (default), or only\n"
+             "the last (FSDP2's set_requires_gradient_sync(False) on the others)",
+     .json = "grad_sync"},
+    {.name = "--reshard-after-backward", .kind = FLAG_BOOL, .at = AT(reshard_after_backward), .def = "true",
+     .arg = "=true|false",
+     .help = "with --grad-accum: false keeps params unsharded between\n"
+             "microbatches (FSDP2's set_reshard_after_backward(False) on all but the last)",
+     .json = "reshard_after_backward"},
+    {.name = "--param-dtype", .kind = FLAG_ENUM, .at = AT(mp.param_dtype), .choices = DTYPES, .def = "fp32",
+     .arg = "fp32|bf16",
+     .help = "what the all-gather moves and compute reads (FSDP2's MixedPrecisionPolicy\n"
+             "param_dtype; bf16 is stage 08's); shards and optimizer stay fp32",
+     .json = "param_dtype"},
+    {.name = "--reduce-dtype", .kind = FLAG_ENUM, .at = AT(mp.reduce_dtype), .choices = DTYPES, .def = "fp32",
+     .arg = "fp32|bf16", .help = "what the reduce-scatter moves (reduce_dtype; default fp32)", .json = "reduce_dtype"},
+    {.name = "--mesh", .kind = FLAG_CUSTOM, .parse = parse_mesh, .arg = "R,S",
+     .help = "HSDP (stage 09): a 2-D mesh of R replicas x S shards (R*S = --world; or RxS);\n"
+             "params are split over S ranks and replicated R times",
+     .json = "mesh", .json_value = json_mesh},
+    {.name = "--backward-prefetch", .kind = FLAG_ENUM, .at = AT(backward_prefetch), .choices = PREFETCH, .def = "pre",
+     .parse = parse_backward_prefetch, .arg = "P",
+     .help = "stage 10: when the backward issues module i-1's all-gather: pre (at module\n"
+             "i's pre_backward, default), post (after module i's reduce-scatter), none",
+     .json = "backward_prefetch"},
+    {.name = "--single-comm-stream", .kind = FLAG_SET, .at = AT(single_comm_stream),
+     .help = "stage 10: all-gathers and reduce-scatters share one stream", .json = "single_comm_stream"},
+    {.name = "--offload-params", .kind = FLAG_SET, .at = AT(offload_params),
+     .help = "stage 10: shards, grad shards and optimizer state in pinned host memory", .json = "offload_params"},
+
+    /* world and runtime */
+    {.name = "--world", .kind = FLAG_INT, .at = AT(world.world_size), .lo = 1, .hi = MAXRANKS, .def = "1", .arg = "N",
+     .help = "number of ranks (default 1)", .section = "world and runtime", .json = "world_size"},
+    {.name = "--backend", .kind = FLAG_ENUM, .at = AT(world.backend), .choices = BACKENDS, .def = "local", .arg = "B",
+     .help = "local: ranks as threads (default; CUDA build: all on one GPU)\n"
+             "mpi: one process per rank under mpirun (CPU build)\n"
+             "nccl: threads, one GPU per rank; nccl-mpi: mpirun, NCCL (CUDA build)",
+     .json = "backend"},
+    {.name = "--link-gbps", .kind = FLAG_DOUBLE, .at = AT(world.link_gbps), .lo = 0, .hi = 1e6, .arg = "X",
+     .help = "link model for local collectives, Gbit/s (0 = off, default)", .json = "link_gbps"},
+    {.name = "--link-latency-us", .kind = FLAG_DOUBLE, .at = AT(world.link_latency_us), .lo = 0, .hi = 1e7,
+     .arg = "X", .help = "link model latency per ring hop (default 0)", .json = "link_latency_us"},
+    {.name = "--ranks-per-node", .kind = FLAG_INT, .at = AT(world.ranks_per_node), .lo = 1, .hi = MAXRANKS,
+     .arg = "N",
+     .help = "link model: ranks 0..N-1 share node 0, N..2N-1 node 1, ... (default: S of\n"
+             "--mesh, else all ranks on one node)",
+     .json = "ranks_per_node", .json_value = json_ranks_per_node},
+    {.name = "--inter-link-gbps", .kind = FLAG_DOUBLE, .at = AT(world.inter_link_gbps), .lo = 0, .hi = 1e6,
+     .arg = "X",
+     .help = "link model: a collective whose ranks span nodes runs at this bandwidth\n"
+             "(default: --link-gbps)",
+     .json = "inter_link_gbps"},
+    {.name = "--inter-link-latency-us", .kind = FLAG_DOUBLE, .at = AT(world.inter_link_latency_us), .lo = 0,
+     .hi = 1e7, .arg = "X", .help = "... and this latency per hop (default: --link-latency-us)",
+     .json = "inter_link_latency_us"},
+    {.name = "--pcie-gbps", .kind = FLAG_DOUBLE, .at = AT(world.pcie_gbps), .lo = 0, .hi = 1e6, .arg = "X",
+     .help = "PCIe model for host <-> device copies (pinned host memory), GB/s (0 = off)", .json = "pcie_gbps"},
+    {.name = "--pcie-latency-us", .kind = FLAG_DOUBLE, .at = AT(world.pcie_latency_us), .lo = 0, .hi = 1e7,
+     .arg = "X", .help = "PCIe model latency per copy (default 0)", .json = "pcie_latency_us"},
+    {.name = "--blas-threads", .kind = FLAG_INT, .at = AT(world.blas_threads), .lo = 0, .hi = 1024, .arg = "N",
+     .help = "OpenBLAS threads per rank (default cores / ranks)"},
+    {.name = "--no-poison", .kind = FLAG_CLEAR, .at = AT(world.poison),
+     .help = "do not fill fresh allocations with NaN"},
+    {.name = "--no-race-check", .kind = FLAG_SET, .at = AT(world.no_race_check),
+     .help = "do not check streams for missing event waits (on by default, CPU build)"},
+    {.name = "--tf32", .kind = FLAG_SET, .at = AT(world.tf32),
+     .help = "CUDA build: matmuls may use TF32 tensor cores (default exact fp32)"},
+    {.name = "--collective-timeout-s", .kind = FLAG_DOUBLE, .at = AT(world.collective_timeout_s), .lo = 0,
+     .hi = 1e7, .def = "30", .arg = "X",
+     .help = "stop when a collective waits longer than X s for its peers (default 30, 0 = off)"},
+
+    /* output */
+    {.name = "--out", .kind = FLAG_STRING, .at = AT(out_dir), .arg = "DIR",
+     .help = "run directory: metrics.jsonl, run.json, traces, memory snapshots", .section = "output"},
+    {.name = "--profile-steps", .kind = FLAG_INT, .at = AT(profile_steps), .lo = 0, .hi = 100000000, .def = "3",
+     .arg = "N", .help = "record op timings for the first N steps (default 3)", .json = "profile_steps"},
+    {.name = "--quiet", .kind = FLAG_SET, .at = AT(quiet), .help = "no progress lines"},
+    {.name = "--help", .kind = FLAG_HELP, .help = "this text"},
+};
+#define N_FLAGS (sizeof FLAGS / sizeof FLAGS[0])
+#undef AT
+#undef MAXRANKS
+
+/* run.json's keys in the order the file has always had them: a flag's (the
+ * row whose json is the key) or a fact. A flag given a key later, not listed
+ * here, goes where OTHER_FLAGS stands. */
+typedef enum { RJ_FLAG = 0, RJ_HIDDEN_DIM, RJ_N_PARAMS, RJ_DEVICE, RJ_HOST, RJ_OTHER_FLAGS } RunJsonSource;
+static const struct {
+    const char *key;
+    RunJsonSource source;
+} RUN_JSON[] = {
+    {"flavor", RJ_FLAG}, {"dim", RJ_FLAG}, {"n_layers", RJ_FLAG}, {"n_heads", RJ_FLAG}, {"n_kv_heads", RJ_FLAG},
+    {"vocab_size", RJ_FLAG}, {"hidden_dim", RJ_HIDDEN_DIM}, {"multiple_of", RJ_FLAG}, {"n_params", RJ_N_PARAMS},
+    {"seq_len", RJ_FLAG}, {"batch_size", RJ_FLAG}, {"steps", RJ_FLAG}, {"world_size", RJ_FLAG},
+    {"backend", RJ_FLAG}, {"device", RJ_DEVICE}, {"lr", RJ_FLAG}, {"warmup_steps", RJ_FLAG},
+    {"weight_decay", RJ_FLAG}, {"max_norm", RJ_FLAG}, {"seed", RJ_FLAG}, {"data", RJ_FLAG}, {"ac", RJ_FLAG},
+    {"reshard_after_forward", RJ_FLAG}, {"forward_only", RJ_FLAG}, {"grad_accum", RJ_FLAG},
+    {"grad_sync", RJ_FLAG}, {"reshard_after_backward", RJ_FLAG}, {"param_dtype", RJ_FLAG},
+    {"reduce_dtype", RJ_FLAG}, {"mesh", RJ_FLAG}, {"link_gbps", RJ_FLAG}, {"link_latency_us", RJ_FLAG},
+    {"ranks_per_node", RJ_FLAG}, {"inter_link_gbps", RJ_FLAG}, {"inter_link_latency_us", RJ_FLAG},
+    {"backward_prefetch", RJ_FLAG}, {"single_comm_stream", RJ_FLAG}, {"offload_params", RJ_FLAG},
+    {"pcie_gbps", RJ_FLAG}, {"pcie_latency_us", RJ_FLAG}, {"profile_steps", RJ_FLAG}, {NULL, RJ_OTHER_FLAGS},
+    {"host", RJ_HOST},
+};
+
+/* ----------------------------------------------------------------- usage */
+
+#define USAGE_COLUMN 25 /* where the flags' texts start, after two spaces */
+
+static void usage(FILE *f, const char *prog) {
+    fprintf(f, "usage: %s [flags]\n"
+               "Trains torchtitan's Llama 3 with the FSDP implementation linked into this binary.\n", prog);
+    int open_line = 0; /* a line of flags without a text of their own is being written */
+    for (size_t i = 0; i < N_FLAGS; i++) {
+        const Flag *g = &FLAGS[i];
+        if (open_line && (g->help || g->section)) {
+            fputc('\n', f);
+            open_line = 0;
+        }
+        if (g->section) fprintf(f, "\n%s\n", g->section);
+        char left[96];
+        snprintf(left, sizeof left, "%s%s%s", g->name, g->arg && g->arg[0] != '=' ? " " : "", g->arg ? g->arg : "");
+        if (!g->help) { /* the text of the next row with one is also its: on one line with its neighbours */
+            fprintf(f, "%s%s", open_line ? " " : "  ", left);
+            open_line = 1;
+            continue;
+        }
+        size_t width = strlen(left);
+        fprintf(f, "  %s%*s", left, width < USAGE_COLUMN ? (int)(USAGE_COLUMN - width) : 2, "");
+        /* the text's lines, the second and later under the first */
+        for (const char *t = g->help;;) {
+            const char *nl = strchr(t, '\n');
+            if (!nl) {
+                fprintf(f, "%s\n", t);
+                break;
+            }
+            fprintf(f, "%.*s\n%*s", (int)(nl - t), t, USAGE_COLUMN + 2, "");
+            t = nl + 1;
+        }
+    }
+    if (open_line) fputc('\n', f);
+}
+
+/* --------------------------------------------------------------- parsing */
+
+static const Flag *find_flag(const char *name) {
+    for (size_t i = 0; i < N_FLAGS; i++)
+        if (!strcmp(FLAGS[i].name, name)) return &FLAGS[i];
+    return NULL;
+}
+
+/* A row that misses what its kind needs is a bug in the table: said at once
+ * rather than left to write into Options' first field (offset 0, the model). */
+static void check_row(const Flag *g) {
+    int stores = g->kind != FLAG_CUSTOM && g->kind != FLAG_HELP;
+    if ((stores && g->at == 0) || (g->kind == FLAG_ENUM && !g->choices) || (g->kind == FLAG_CUSTOM && !g->parse) ||
+        (g->kind == FLAG_CUSTOM && g->json && !g->json_value))
+        fatal("options.c: the row of %s lacks what a flag of its kind needs (at, choices, parse or json_value)",
+              g->name);
+}
 
 static void set_defaults(Options *o) {
     memset(o, 0, sizeof *o);
-    snprintf(o->flavor, sizeof o->flavor, "tiny");
-    o->seq_len = 64;
-    o->batch_size = 2;
-    o->steps = 10;
-    o->optim = adamw_default_config();
-    o->data_path = "data/corpus.txt";
-    o->reshard_after_forward = 1;
-    o->reshard_after_backward = 1;
-    o->grad_accum = 1;
-    o->grad_sync_every = 1;
-    o->profile_steps = 3;
-    o->world.world_size = 1;
-    o->world.backend = BACKEND_LOCAL;
-    o->world.poison = 1;
+    o->optim = adamw_default_config(); /* betas and eps: no flags */
     o->world.trace = 1;
-    o->world.collective_timeout_s = 30.0;
-}
-
-/* A flag without a value; 0 if `flag` is not one. */
-static int apply_switch(Options *o, const char *flag) {
-    if (!strcmp(flag, "--ac")) o->ac = 1;
-    else if (!strcmp(flag, "--forward-only")) o->forward_only = 1;
-    else if (!strcmp(flag, "--no-poison")) o->world.poison = 0;
-    else if (!strcmp(flag, "--tf32")) o->world.tf32 = 1;
-    else if (!strcmp(flag, "--no-race-check")) o->world.no_race_check = 1;
-    else if (!strcmp(flag, "--quiet")) o->quiet = 1;
-    else if (!strcmp(flag, "--single-comm-stream")) o->single_comm_stream = 1;
-    else if (!strcmp(flag, "--offload-params")) o->offload_params = 1;
-    else return 0;
-    return 1;
-}
-
-/* One of VALUE_FLAGS with its value. */
-static void apply_value(Options *o, ModelOverrides *ov, const char *flag, const char *val) {
-    if (!strcmp(flag, "--flavor")) {
-        if (strlen(val) >= sizeof o->flavor) fatal("unknown flavor '%s' (tiny, debugmodel, 1B)", val);
-        snprintf(o->flavor, sizeof o->flavor, "%s", val);
-    } else if (!strcmp(flag, "--dim")) ov->dim = parse_int(flag, val, 1, 1 << 16);
-    else if (!strcmp(flag, "--n-layers")) ov->layers = parse_int(flag, val, 1, 1024);
-    else if (!strcmp(flag, "--n-heads")) ov->heads = parse_int(flag, val, 1, 1024);
-    else if (!strcmp(flag, "--n-kv-heads")) ov->kv = parse_int(flag, val, 1, 1024);
-    else if (!strcmp(flag, "--vocab-size")) ov->vocab = parse_int(flag, val, 1, 1 << 24);
-    else if (!strcmp(flag, "--multiple-of")) ov->mult = parse_int(flag, val, 1, 1 << 16);
-    else if (!strcmp(flag, "--ffn-dim-multiplier")) ov->ffn = parse_num(flag, val, 0.01, 100);
-    else if (!strcmp(flag, "--seq-len")) o->seq_len = (size_t)parse_int(flag, val, 1, 1 << 20);
-    else if (!strcmp(flag, "--batch-size")) o->batch_size = (size_t)parse_int(flag, val, 1, 1 << 20);
-    else if (!strcmp(flag, "--steps")) o->steps = (int)parse_int(flag, val, 0, 100000000);
-    else if (!strcmp(flag, "--lr")) o->optim.lr = (float)parse_num(flag, val, 0, 10);
-    else if (!strcmp(flag, "--warmup-steps")) o->optim.warmup_steps = (int)parse_int(flag, val, 0, 100000000);
-    else if (!strcmp(flag, "--weight-decay")) o->optim.weight_decay = (float)parse_num(flag, val, 0, 10);
-    else if (!strcmp(flag, "--max-norm")) o->optim.max_norm = (float)parse_num(flag, val, 0, 1e30);
-    else if (!strcmp(flag, "--seed")) o->seed = (uint64_t)parse_int(flag, val, 0, 0x7fffffffL);
-    else if (!strcmp(flag, "--data")) o->data_path = val;
-    else if (!strcmp(flag, "--load")) o->load_path = val;
-    else if (!strcmp(flag, "--save")) o->save_path = val;
-    else if (!strcmp(flag, "--save-init")) o->save_init_path = val;
-    else if (!strcmp(flag, "--out")) o->out_dir = val;
-    else if (!strcmp(flag, "--profile-steps")) o->profile_steps = (int)parse_int(flag, val, 0, 100000000);
-    else if (!strcmp(flag, "--save-every")) o->save_every = (int)parse_int(flag, val, 1, 100000000);
-    else if (!strcmp(flag, "--world")) o->world.world_size = (int)parse_int(flag, val, 1, WORLD_MAX_RANKS);
-    else if (!strcmp(flag, "--backend")) {
-        if (!strcmp(val, "local")) o->world.backend = BACKEND_LOCAL;
-        else if (!strcmp(val, "mpi")) o->world.backend = BACKEND_MPI;
-        else if (!strcmp(val, "nccl")) o->world.backend = BACKEND_NCCL;
-        else if (!strcmp(val, "nccl-mpi")) o->world.backend = BACKEND_NCCL_MPI;
-        else fatal("--backend expects local, mpi, nccl or nccl-mpi, got '%s'", val);
-    } else if (!strcmp(flag, "--link-gbps")) o->world.link_gbps = parse_num(flag, val, 0, 1e6);
-    else if (!strcmp(flag, "--link-latency-us")) o->world.link_latency_us = parse_num(flag, val, 0, 1e7);
-    else if (!strcmp(flag, "--pcie-gbps")) o->world.pcie_gbps = parse_num(flag, val, 0, 1e6);
-    else if (!strcmp(flag, "--pcie-latency-us")) o->world.pcie_latency_us = parse_num(flag, val, 0, 1e7);
-    else if (!strcmp(flag, "--backward-prefetch")) {
-        if (!strcmp(val, "pre")) o->backward_prefetch = BACKWARD_PREFETCH_PRE;
-        else if (!strcmp(val, "post")) o->backward_prefetch = BACKWARD_PREFETCH_POST;
-        else if (!strcmp(val, "none")) o->backward_prefetch = BACKWARD_PREFETCH_NONE;
-        else fatal("--backward-prefetch expects pre, post or none, got '%s'", val);
-        o->backward_prefetch_given = 1;
-    } else if (!strcmp(flag, "--ranks-per-node")) o->world.ranks_per_node = (int)parse_int(flag, val, 1, WORLD_MAX_RANKS);
-    else if (!strcmp(flag, "--inter-link-gbps")) o->world.inter_link_gbps = parse_num(flag, val, 0, 1e6);
-    else if (!strcmp(flag, "--inter-link-latency-us")) o->world.inter_link_latency_us = parse_num(flag, val, 0, 1e7);
-    else if (!strcmp(flag, "--mesh")) {
-        char tail;
-        int r = 0, sh = 0;
-        if ((sscanf(val, "%d,%d%c", &r, &sh, &tail) != 2 && sscanf(val, "%dx%d%c", &r, &sh, &tail) != 2) || r < 1 ||
-            sh < 1)
-            fatal("--mesh expects R,S or RxS (replicas, shards: two positive integers), got '%s'", val);
-        o->mesh_replicas = r;
-        o->mesh_shards = sh;
-    } else if (!strcmp(flag, "--collective-timeout-s")) o->world.collective_timeout_s = parse_num(flag, val, 0, 1e7);
-    else if (!strcmp(flag, "--grad-accum")) o->grad_accum = (int)parse_int(flag, val, 1, 1 << 20);
-    else if (!strcmp(flag, "--grad-sync")) {
-        if (!strcmp(val, "every")) o->grad_sync_every = 1;
-        else if (!strcmp(val, "last")) o->grad_sync_every = 0;
-        else fatal("--grad-sync expects every or last, got '%s'", val);
-    } else if (!strcmp(flag, "--param-dtype") || !strcmp(flag, "--reduce-dtype")) {
-        DType *dst = !strcmp(flag, "--param-dtype") ? &o->mp.param_dtype : &o->mp.reduce_dtype;
-        if (!strcmp(val, "fp32")) *dst = DTYPE_F32;
-        else if (!strcmp(val, "bf16")) *dst = DTYPE_BF16;
-        else fatal("%s expects fp32 or bf16, got '%s'", flag, val);
-    } else if (!strcmp(flag, "--blas-threads")) o->world.blas_threads = (int)parse_int(flag, val, 0, 1024);
-    else fatal("unknown flag '%s' (see --help)", flag);
+    for (size_t i = 0; i < N_FLAGS; i++) {
+        const Flag *g = &FLAGS[i];
+        check_row(g);
+        if (g->kind == FLAG_CLEAR) *(int *)field(o, g) = 1; /* a --no-... switch: on unless given */
+        else if (g->def) store(g, g->def, o);
+    }
 }
 
 static void apply_model_overrides(ModelConfig *m, const ModelOverrides *ov) {
-    if (ov->dim > 0) m->dim = (int)ov->dim;
-    if (ov->layers > 0) m->n_layers = (int)ov->layers;
-    if (ov->heads > 0) {
-        m->n_heads = (int)ov->heads;
-        if (ov->kv < 0) m->n_kv_heads = 0; /* default: kv heads = heads */
+    if (ov->dim) m->dim = ov->dim;
+    if (ov->n_layers) m->n_layers = ov->n_layers;
+    if (ov->n_heads) {
+        m->n_heads = ov->n_heads;
+        if (!ov->n_kv_heads) m->n_kv_heads = 0; /* default: kv heads = heads */
     }
-    if (ov->kv > 0) m->n_kv_heads = (int)ov->kv;
-    if (ov->vocab > 0) m->vocab_size = (int)ov->vocab;
-    if (ov->mult > 0) m->multiple_of = (int)ov->mult;
-    if (ov->ffn > 0) m->ffn_dim_multiplier = (float)ov->ffn;
+    if (ov->n_kv_heads) m->n_kv_heads = ov->n_kv_heads;
+    if (ov->vocab_size) m->vocab_size = ov->vocab_size;
+    if (ov->multiple_of) m->multiple_of = ov->multiple_of;
+    if (ov->ffn_dim_multiplier > 0) m->ffn_dim_multiplier = (float)ov->ffn_dim_multiplier;
 }
 
 void parse_options(int argc, char **argv, Options *o) {
     set_defaults(o);
-    ModelOverrides ov = {-1, -1, -1, -1, -1, -1, -1};
     for (int i = 1; i < argc; i++) {
         /* "--flag", "--flag=value" or "--flag value" */
         const char *a = argv[i];
         const char *eq = strchr(a, '=');
-        char flag[64];
+        char name[64];
         const char *val = NULL;
         if (strncmp(a, "--", 2) != 0) fatal("unexpected argument '%s' (see --help)", a);
         if (eq) {
             size_t n = (size_t)(eq - a);
-            if (n >= sizeof flag) fatal("unknown flag '%s' (see --help)", a);
-            memcpy(flag, a, n);
-            flag[n] = 0;
+            if (n >= sizeof name) fatal("unknown flag '%s' (see --help)", a);
+            memcpy(name, a, n);
+            name[n] = 0;
             val = eq + 1;
         } else {
-            snprintf(flag, sizeof flag, "%s", a);
+            snprintf(name, sizeof name, "%s", a);
         }
-        if (!strcmp(flag, "--help")) {
+        const Flag *f = find_flag(name);
+        if (!f) fatal("unknown flag '%s' (see --help)", name);
+        switch (f->kind) {
+        case FLAG_HELP:
             usage(stdout, argv[0]);
             exit(0);
-        }
-        if (apply_switch(o, flag)) continue;
-        if (!strcmp(flag, "--reshard-after-forward") || !strcmp(flag, "--reshard-after-backward")) {
-            /* a value is optional: true by itself */
-            if (!val && i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) val = argv[++i];
-            int *dst = !strcmp(flag, "--reshard-after-forward") ? &o->reshard_after_forward : &o->reshard_after_backward;
-            if (!val || !strcmp(val, "true") || !strcmp(val, "1")) *dst = 1;
-            else if (!strcmp(val, "false") || !strcmp(val, "0")) *dst = 0;
-            else fatal("%s expects true or false, got '%s'", flag, val);
+        case FLAG_SET:
+        case FLAG_CLEAR: /* a switch: a value after = is ignored */
+            store(f, NULL, o);
             continue;
+        case FLAG_BOOL: /* a value is optional: true by itself */
+            if (!val && i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) val = argv[++i];
+            store(f, val, o);
+            continue;
+        default:
+            break;
         }
-        int known = 0;
-        for (size_t k = 0; k < sizeof VALUE_FLAGS / sizeof VALUE_FLAGS[0]; k++) known |= !strcmp(flag, VALUE_FLAGS[k]);
-        if (!known) fatal("unknown flag '%s' (see --help)", flag);
         if (!val) {
-            if (i + 1 >= argc) fatal("flag %s needs a value (see --help)", flag);
+            if (i + 1 >= argc) fatal("flag %s needs a value (see --help)", f->name);
             val = argv[++i];
         }
-        apply_value(o, &ov, flag, val);
+        if (f->parse) f->parse(f, val, o);
+        else store(f, val, o);
     }
+    /* what one flag's value says about another's */
     if (o->save_every && !o->save_path) fatal("--save-every needs --save FILE");
     if (o->batch_size % (size_t)o->grad_accum)
         fatal("--grad-accum %d must divide --batch-size %zu (each microbatch holds batch-size / K sequences)",
@@ -283,10 +477,90 @@ void parse_options(int argc, char **argv, Options *o) {
     if (!o->world.inter_link_gbps) o->world.inter_link_gbps = o->world.link_gbps;
     if (o->world.inter_link_latency_us < o->world.link_latency_us) o->world.inter_link_latency_us = o->world.link_latency_us;
     if (!model_flavor(&o->model, o->flavor)) fatal("unknown flavor '%s' (tiny, debugmodel, 1B)", o->flavor);
-    apply_model_overrides(&o->model, &ov);
+    apply_model_overrides(&o->model, &o->overrides);
     model_config_finalize(&o->model);
 }
 
 const char *backward_prefetch_name(BackwardPrefetch p) {
-    return p == BACKWARD_PREFETCH_POST ? "post" : p == BACKWARD_PREFETCH_NONE ? "none" : "pre";
+    for (const FlagChoice *c = PREFETCH; c->name; c++)
+        if (c->value == (int)p) return c->name;
+    return "pre";
+}
+
+/* -------------------------------------------------------------- run.json */
+
+/* A flag's value in run.json, in its kind's format. */
+static void flag_json(Json *j, const Flag *f, const Options *o) {
+    if (f->json_value) {
+        f->json_value(j, o);
+        return;
+    }
+    const void *v = cfield(o, f);
+    switch (f->kind) {
+    case FLAG_SET:
+    case FLAG_CLEAR:
+    case FLAG_BOOL: json_bool(j, *(const int *)v); break;
+    case FLAG_INT: json_int(j, *(const int *)v); break;
+    case FLAG_SIZE: json_uint(j, *(const size_t *)v); break;
+    case FLAG_U64: json_uint(j, *(const uint64_t *)v); break;
+    case FLAG_DOUBLE: json_g(j, *(const double *)v, 6); break;
+    case FLAG_FLOAT: json_g(j, (double)*(const float *)v, 6); break;
+    case FLAG_STRING: json_string(j, *(const char *const *)v); break;
+    case FLAG_ENUM: {
+        const FlagChoice *c = f->choices;
+        while (c->name && c->value != *(const int *)v) c++;
+        json_string(j, c->name);
+        break;
+    }
+    case FLAG_CUSTOM: /* check_row: it has a json_value */
+    case FLAG_HELP: break;
+    }
+}
+
+static int listed_in_run_json(const char *key) {
+    for (size_t k = 0; k < sizeof RUN_JSON / sizeof RUN_JSON[0]; k++)
+        if (RUN_JSON[k].key && !strcmp(RUN_JSON[k].key, key)) return 1;
+    return 0;
+}
+
+void options_run_json(Json *j, const Options *o, const RunFacts *facts) {
+    json_object_begin(j);
+    for (size_t k = 0; k < sizeof RUN_JSON / sizeof RUN_JSON[0]; k++) {
+        const char *key = RUN_JSON[k].key;
+        switch (RUN_JSON[k].source) {
+        case RJ_FLAG: {
+            const Flag *f = NULL;
+            for (size_t i = 0; i < N_FLAGS && !f; i++)
+                if (FLAGS[i].json && !strcmp(FLAGS[i].json, key)) f = &FLAGS[i];
+            if (!f) fatal("options.c: run.json key '%s' is no flag's", key);
+            json_key(j, key);
+            flag_json(j, f, o);
+            break;
+        }
+        case RJ_OTHER_FLAGS:
+            for (size_t i = 0; i < N_FLAGS; i++)
+                if (FLAGS[i].json && !listed_in_run_json(FLAGS[i].json)) {
+                    json_key(j, FLAGS[i].json);
+                    flag_json(j, &FLAGS[i], o);
+                }
+            break;
+        case RJ_HIDDEN_DIM:
+            json_key(j, key);
+            json_int(j, o->model.hidden_dim);
+            break;
+        case RJ_N_PARAMS:
+            json_key(j, key);
+            json_uint(j, facts->n_params);
+            break;
+        case RJ_DEVICE:
+            json_key(j, key);
+            json_string(j, facts->device);
+            break;
+        case RJ_HOST:
+            json_key(j, key);
+            json_string(j, facts->host);
+            break;
+        }
+    }
+    json_object_end(j);
 }

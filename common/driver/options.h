@@ -1,4 +1,6 @@
-/* options.h — the training binary's command line (--help lists it). */
+/* options.h — the training binary's command line (--help lists it). Every
+ * flag is one row of the flag table in options.c: its name, kind, where its
+ * value goes, its default, its --help text and its run.json key. */
 #ifndef HWFSDP_OPTIONS_H
 #define HWFSDP_OPTIONS_H
 
@@ -8,11 +10,19 @@
 #include "hw_fsdp.h"
 #include "model/model.h"
 #include "model/optim.h"
+#include "runtime/json.h"
 #include "runtime/runtime.h"
 
+/* The model flags as given (0: not given), applied over the flavour's sizes. */
 typedef struct {
-    ModelConfig model;
-    char flavor[32];
+    int dim, n_layers, n_heads, n_kv_heads, vocab_size, multiple_of;
+    double ffn_dim_multiplier;
+} ModelOverrides;
+
+typedef struct {
+    ModelConfig model;          /* the flavour with the overrides, finalized */
+    const char *flavor;
+    ModelOverrides overrides;
     size_t seq_len, batch_size;
     int steps;
     AdamWConfig optim;
@@ -38,5 +48,16 @@ typedef struct {
 void parse_options(int argc, char **argv, Options *o);
 /* "pre", "post", "none": the --backward-prefetch value of p */
 const char *backward_prefetch_name(BackwardPrefetch p);
+
+/* What run.json holds besides the flags. */
+typedef struct {
+    size_t n_params;            /* elements over all parameters */
+    const char *device;         /* "cpu" or "cuda" */
+    const char *host;
+} RunFacts;
+
+/* run.json's object: the run's configuration (the flags with a run.json key,
+ * in the file's order) and the facts, for plots, the grader and references. */
+void options_run_json(Json *j, const Options *o, const RunFacts *facts);
 
 #endif

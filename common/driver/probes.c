@@ -1,12 +1,12 @@
 /* probes.c — the driver's records for the grader (probes.h). */
 #include "driver/probes.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "model/ops_math.h" /* bf16_from_f32: what the params check expects with --param-dtype bf16 */
+#include "runtime/json.h"
 #include "runtime/runtime.h"
 #include "runtime/util.h"
 
@@ -30,30 +30,49 @@ static size_t still_live_bytes(Dev *dev, const Captured *c) {
     return total;
 }
 
-/* With --grad-accum: ",\"microbatch\":k" (and, for a module, the flags the loop set on it); else "". */
-static void micro_fields(const Dev *dev, const Module *mod, char *out, size_t cap) {
-    int k = dev_scope_microbatch(dev);
-    if (k < 0) out[0] = 0;
-    else if (!mod) snprintf(out, cap, ",\"microbatch\":%d", k);
-    else
-        snprintf(out, cap, ",\"microbatch\":%d,\"requires_gradient_sync\":%d,\"reshard_after_backward\":%d", k,
-                 mod->requires_gradient_sync, mod->reshard_after_backward);
+/* A note's first fields: the step, the module and the hook (json.h: a
+ * note's fields are members of an object the snapshot writes). */
+static void note_begin(Json *f, int step, const char *module, const char *hook) {
+    json_members_begin(f);
+    json_key(f, "step");
+    json_int(f, step);
+    json_key(f, "module");
+    json_string(f, module);
+    json_key(f, "hook");
+    json_string(f, hook);
 }
 
-/* A "hook_check" note of a module's hook: step, module, hook, then the JSON
- * fields `fmt` formats, then the microbatch fields. */
-static void hook_note(Dev *dev, int step, const Module *mod, const char *hook, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-static void hook_note(Dev *dev, int step, const Module *mod, const char *hook, const char *fmt, ...) {
-    char f[512], fields[256], micro[96];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(fields, sizeof fields, fmt, ap);
-    va_end(ap);
-    micro_fields(dev, mod, micro, sizeof micro);
-    snprintf(f, sizeof f, "\"step\":%d,\"module\":\"%s\",\"hook\":\"%s\",%s%s", step, mod->name, hook, fields,
-             micro);
-    dev_mem_note(dev, "hook_check", f);
+static void note_end(Dev *dev, Json *f, const char *kind) {
+    json_members_end(f);
+    dev_mem_note(dev, kind, json_text(f));
+    json_free(f);
+}
+
+static void size_field(Json *f, const char *key, size_t v) {
+    json_key(f, key);
+    json_uint(f, v);
+}
+
+/* With --grad-accum: the microbatch (and, for a module, the flags the loop set on it); else nothing. */
+static void micro_fields(Json *f, const Dev *dev, const Module *mod) {
+    int k = dev_scope_microbatch(dev);
+    if (k < 0) return;
+    json_key(f, "microbatch");
+    json_int(f, k);
+    if (!mod) return;
+    json_key(f, "requires_gradient_sync");
+    json_int(f, mod->requires_gradient_sync);
+    json_key(f, "reshard_after_backward");
+    json_int(f, mod->reshard_after_backward);
+}
+
+/* A "hook_check" note of a module's hook holding one count of bytes. */
+static void hook_check_bytes(Dev *dev, int step, const Module *mod, const char *hook, const char *key, size_t bytes) {
+    Json f = {0};
+    note_begin(&f, step, mod->name, hook);
+    size_field(&f, key, bytes);
+    micro_fields(&f, dev, mod);
+    note_end(dev, &f, "hook_check");
 }
 
 void probe_hook_begin(Dev *dev, Probes *p) {
@@ -61,39 +80,32 @@ void probe_hook_begin(Dev *dev, Probes *p) {
     dev_mem_window_begin(dev);
 }
 
-/* "tag":bytes,... for the nonzero tags of by_tag, appended at f[*len] */
-static void tag_fields(char *f, size_t cap, size_t *len, const size_t *by_tag) {
-    int first = 1;
-    for (int t = 0; t < MEM_TAG_COUNT && *len < cap; t++) {
-        if (!by_tag[t]) continue;
-        *len += (size_t)snprintf(f + *len, cap - *len, "%s\"%s\":%zu", first ? "" : ",", mem_tag_name((MemTag)t),
-                                 by_tag[t]);
-        first = 0;
-    }
+/* key: {"tag":bytes,...} over the nonzero tags of by_tag */
+static void tag_fields(Json *f, const char *key, const size_t *by_tag) {
+    json_key(f, key);
+    json_object_begin(f);
+    for (int t = 0; t < MEM_TAG_COUNT; t++)
+        if (by_tag[t]) size_field(f, mem_tag_name((MemTag)t), by_tag[t]);
+    json_object_end(f);
 }
 
 void probe_hook_end(Dev *dev, const Probes *p, int step, const char *module, const char *hook) {
-    size_t high_by_tag[MEM_TAG_COUNT], exit_by_tag[MEM_TAG_COUNT];
+    size_t high_by_tag[MEM_TAG_COUNT], exit_by_tag[MEM_TAG_COUNT], host_by_tag[MEM_TAG_COUNT];
     size_t high = dev_mem_window_peak(dev, high_by_tag);
-    for (int t = 0; t < MEM_TAG_COUNT; t++) exit_by_tag[t] = dev_mem_current_by_tag(dev, (MemTag)t);
-    char f[2048], micro[96];
-    micro_fields(dev, NULL, micro, sizeof micro);
-    size_t len = (size_t)snprintf(f, sizeof f,
-                                  "\"step\":%d,\"module\":\"%s\",\"hook\":\"%s\"%s,\"entry_bytes\":%zu,"
-                                  "\"high_water_bytes\":%zu,\"high_water_by_tag\":{",
-                                  step, module, hook, micro, p->hook_entry_bytes, high);
-    tag_fields(f, sizeof f, &len, high_by_tag);
-    if (len < sizeof f) len += (size_t)snprintf(f + len, sizeof f - len, "},\"exit_by_tag\":{");
-    tag_fields(f, sizeof f, &len, exit_by_tag);
-    /* the pinned host pool at exit (stage 10's offloaded shards), when it holds anything */
-    size_t host_by_tag[MEM_TAG_COUNT];
-    for (int t = 0; t < MEM_TAG_COUNT; t++) host_by_tag[t] = dev_mem_host_current_by_tag(dev, (MemTag)t);
-    if (dev_mem_host_current(dev) && len < sizeof f) {
-        len += (size_t)snprintf(f + len, sizeof f - len, "},\"host_exit_by_tag\":{");
-        tag_fields(f, sizeof f, &len, host_by_tag);
+    for (int t = 0; t < MEM_TAG_COUNT; t++) {
+        exit_by_tag[t] = dev_mem_current_by_tag(dev, (MemTag)t);
+        host_by_tag[t] = dev_mem_host_current_by_tag(dev, (MemTag)t);
     }
-    if (len < sizeof f) snprintf(f + len, sizeof f - len, "}");
-    dev_mem_note(dev, "hook_memory", f);
+    Json f = {0};
+    note_begin(&f, step, module, hook);
+    micro_fields(&f, dev, NULL);
+    size_field(&f, "entry_bytes", p->hook_entry_bytes);
+    size_field(&f, "high_water_bytes", high);
+    tag_fields(&f, "high_water_by_tag", high_by_tag);
+    tag_fields(&f, "exit_by_tag", exit_by_tag);
+    /* the pinned host pool at exit (stage 10's offloaded shards), when it holds anything */
+    if (dev_mem_host_current(dev)) tag_fields(&f, "host_exit_by_tag", host_by_tag);
+    note_end(dev, &f, "hook_memory");
 }
 
 void probes_check_mesh(const Model *m, const DeviceMesh *mesh) {
@@ -123,66 +135,115 @@ void probes_check_offload(Dev *dev, const Model *m) {
         }
 }
 
+/* true, false, or null for -1 (not known) */
+static void bool_or_null(Json *j, int v) {
+    if (v < 0) json_null(j);
+    else json_bool(j, v);
+}
+
+/* A mesh's shape: [S] or [R, S]. */
+static void mesh_shape(Json *j, const DeviceMesh *m) {
+    json_array_begin(j);
+    json_int(j, m->shape[0]);
+    if (m->ndim == 2) json_int(j, m->shape[1]);
+    json_array_end(j);
+}
+
+/* One param's DTensor; mesh: the world's (or --mesh's) mesh. */
+static void dtensor_json(Json *j, const Model *m, const Module *mod, const Param *p, const float *init,
+                         const DeviceMesh *mesh) {
+    const DTensor *dt = &p->dt;
+    /* the DTensor's own mesh, compared by value with the world's (a copy is fine) */
+    const DeviceMesh *dm = dt->mesh;
+    int mesh_ok = dm && dm->size == mesh->size && dm->ndim == mesh->ndim && dm->shape[0] == mesh->shape[0] &&
+                  dm->shape[1] == mesh->shape[1];
+    for (int r = 0; mesh_ok && r < mesh->size; r++) mesh_ok = dm->ranks[r] == mesh->ranks[r];
+    const char *pl = dt->placement == PLACEMENT_SHARD0 ? "Shard(0)"
+                     : dt->placement == PLACEMENT_REPLICATE ? "Replicate()" : "none";
+    /* FSDP2's placements, one per mesh dim: a 2-D mesh replicates along its first */
+    int two_d = dm && dm->ndim == 2;
+    /* does the local shard hold exactly the rows [row_offset, +local_rows) of the init? */
+    int matches = -1, pad_zero = -1;
+    if (dt->local && dt->row_offset + dt->local_rows <= p->shape[0] && dt->row_numel == p->numel / p->shape[0]) {
+        const float *want = init + model_param_offset(m, p) + dt->row_offset * dt->row_numel;
+        matches = memcmp(dt->local, want, dt->local_rows * dt->row_numel * sizeof(float)) == 0;
+        pad_zero = 1;
+        if (dt->padded_rows >= dt->local_rows && dt->placement == PLACEMENT_SHARD0)
+            for (size_t e = dt->local_rows * dt->row_numel; e < dt->padded_rows * dt->row_numel; e++)
+                if (dt->local[e] != 0.0f) pad_zero = 0;
+    }
+    json_object_begin(j);
+    json_key(j, "name");
+    json_string(j, p->name);
+    json_key(j, "module");
+    json_string(j, mod->name);
+    json_key(j, "global_shape");
+    json_array_begin(j);
+    for (int d = 0; d < p->ndim && d < 2; d++) json_uint(j, p->shape[d]);
+    json_array_end(j);
+    json_key(j, "mesh");
+    json_array_begin(j);
+    for (int r = 0; dm && r < dm->size && r < WORLD_MAX_RANKS; r++) json_int(j, dm->ranks[r]);
+    json_array_end(j);
+    json_key(j, "mesh_shape");
+    if (dm) mesh_shape(j, dm);
+    else {
+        json_array_begin(j);
+        json_array_end(j);
+    }
+    json_key(j, "mesh_dim_names");
+    json_array_begin(j);
+    if (two_d) json_string(j, "replicate");
+    json_string(j, "shard");
+    json_array_end(j);
+    json_key(j, "placements");
+    json_array_begin(j);
+    if (two_d && dt->placement == PLACEMENT_SHARD0) json_string(j, "Replicate()");
+    json_string(j, pl);
+    json_array_end(j);
+    json_key(j, "mesh_is_world");
+    json_bool(j, mesh_ok);
+    json_key(j, "placement");
+    json_string(j, pl);
+    size_field(j, "local_rows", dt->local_rows);
+    size_field(j, "padded_rows", dt->padded_rows);
+    size_field(j, "row_offset", dt->row_offset);
+    size_field(j, "row_numel", dt->row_numel);
+    size_field(j, "global_rows", dt->global_rows);
+    json_key(j, "has_local");
+    json_bool(j, dt->local != NULL);
+    json_key(j, "local_matches_init");
+    bool_or_null(j, matches);
+    json_key(j, "padding_is_zero");
+    bool_or_null(j, pad_zero);
+    json_object_end(j);
+}
+
 void probes_write_dtensors(Dev *dev, Model *m, const float *init, const char *dir, const DeviceMesh *mesh) {
     dev_synchronize(dev);
     char path[4096];
     snprintf(path, sizeof path, "%s/dtensors_rank%d.json", dir, dev_rank(dev));
-    size_t cap = 1 << 16, len = 0;
-    char *buf = xmalloc(cap);
-#define EMIT(...)                                                                  \
-    do {                                                                           \
-        int need_ = snprintf(NULL, 0, __VA_ARGS__);                                \
-        while (len + (size_t)need_ + 1 > cap) buf = xrealloc(buf, cap *= 2);       \
-        len += (size_t)snprintf(buf + len, cap - len, __VA_ARGS__);                \
-    } while (0)
-    EMIT("{\"rank\":%d,\"world_size\":%d,\"mesh_shape\":[", dev_rank(dev), dev_world_size(dev));
-    EMIT(mesh->ndim == 2 ? "%d,%d" : "%d", mesh->shape[0], mesh->shape[1]);
-    EMIT("],\"shard_rank\":%d,\"shard_size\":%d,\"params\":[", pg_rank(mesh->shard_group), pg_size(mesh->shard_group));
-    int first = 1;
+    Json j = {0};
+    json_object_begin(&j);
+    json_key(&j, "rank");
+    json_int(&j, dev_rank(dev));
+    json_key(&j, "world_size");
+    json_int(&j, dev_world_size(dev));
+    json_key(&j, "mesh_shape");
+    mesh_shape(&j, mesh);
+    json_key(&j, "shard_rank");
+    json_int(&j, pg_rank(mesh->shard_group));
+    json_key(&j, "shard_size");
+    json_int(&j, pg_size(mesh->shard_group));
+    json_key(&j, "params");
+    json_array_begin(&j);
     for (int i = 0; i < m->n_modules; i++)
-        for (int j = 0; j < m->modules[i].n_params; j++) {
-            const Param *p = &m->modules[i].params[j];
-            const DTensor *dt = &p->dt;
-            /* the DTensor's own mesh, compared by value with the world's (a copy is fine) */
-            const DeviceMesh *dm = dt->mesh;
-            int mesh_ok = dm && dm->size == mesh->size && dm->ndim == mesh->ndim && dm->shape[0] == mesh->shape[0] &&
-                          dm->shape[1] == mesh->shape[1];
-            for (int r = 0; mesh_ok && r < mesh->size; r++) mesh_ok = dm->ranks[r] == mesh->ranks[r];
-            const char *pl = dt->placement == PLACEMENT_SHARD0 ? "Shard(0)"
-                             : dt->placement == PLACEMENT_REPLICATE ? "Replicate()" : "none";
-            /* FSDP2's placements, one per mesh dim: a 2-D mesh replicates along its first */
-            int two_d = dm && dm->ndim == 2;
-            /* does the local shard hold exactly the rows [row_offset, +local_rows) of the init? */
-            int matches = -1, pad_zero = -1;
-            if (dt->local && dt->row_offset + dt->local_rows <= p->shape[0] && dt->row_numel == p->numel / p->shape[0]) {
-                const float *want = init + model_param_offset(m, p) + dt->row_offset * dt->row_numel;
-                matches = memcmp(dt->local, want, dt->local_rows * dt->row_numel * sizeof(float)) == 0;
-                pad_zero = 1;
-                if (dt->padded_rows >= dt->local_rows && dt->placement == PLACEMENT_SHARD0)
-                    for (size_t e = dt->local_rows * dt->row_numel; e < dt->padded_rows * dt->row_numel; e++)
-                        if (dt->local[e] != 0.0f) pad_zero = 0;
-            }
-            EMIT("%s{\"name\":\"%s\",\"module\":\"%s\",\"global_shape\":[%zu%s", first ? "" : ",", p->name,
-                 m->modules[i].name, p->shape[0], p->ndim == 2 ? "," : "");
-            if (p->ndim == 2) EMIT("%zu", p->shape[1]);
-            EMIT("],\"mesh\":[");
-            for (int r = 0; dm && r < dm->size && r < WORLD_MAX_RANKS; r++) EMIT("%s%d", r ? "," : "", dm->ranks[r]);
-            EMIT("],\"mesh_shape\":[");
-            if (dm) EMIT(two_d ? "%d,%d" : "%d", dm->shape[0], dm->shape[1]);
-            EMIT("],\"mesh_dim_names\":[%s],\"placements\":[%s\"%s\"]", two_d ? "\"replicate\",\"shard\"" : "\"shard\"",
-                 two_d && dt->placement == PLACEMENT_SHARD0 ? "\"Replicate()\"," : "", pl);
-            EMIT(",\"mesh_is_world\":%s,\"placement\":\"%s\",\"local_rows\":%zu,\"padded_rows\":%zu,"
-                 "\"row_offset\":%zu,\"row_numel\":%zu,\"global_rows\":%zu,\"has_local\":%s,"
-                 "\"local_matches_init\":%s,\"padding_is_zero\":%s}",
-                 mesh_ok ? "true" : "false", pl, dt->local_rows, dt->padded_rows, dt->row_offset, dt->row_numel,
-                 dt->global_rows, dt->local ? "true" : "false",
-                 matches < 0 ? "null" : matches ? "true" : "false", pad_zero < 0 ? "null" : pad_zero ? "true" : "false");
-            first = 0;
-        }
-    EMIT("]}\n");
-#undef EMIT
-    write_file_atomic(path, buf, len);
-    free(buf);
+        for (int k = 0; k < m->modules[i].n_params; k++)
+            dtensor_json(&j, m, &m->modules[i], &m->modules[i].params[k], init, mesh);
+    json_array_end(&j);
+    json_object_end(&j);
+    json_line_end(&j);
+    json_write_file(&j, path);
     /* every rank's file exists before any rank starts step 1: a run that fails later still
      * leaves all of them (the grader's DTensors check reads them), whichever rank fails first */
     dev_host_barrier(dev);
@@ -293,7 +354,9 @@ static void what_instead(const ParamsCheck *c, int j, uint64_t got, const ShardH
              c->bf16 ? "; in bfloat16 elements of 2 bytes, not sizeof(float)" : "");
 }
 
-static void k_params_check(void *arg) {
+/* The params check as a kernel on the compute stream (CPU backend only: it
+ * reads device memory on the host), hence kcpu_ as in model/kernels.h. */
+static void kcpu_params_check(void *arg) {
     ParamsCheck *c = arg;
     for (int j = 0; j < c->mod->n_params; j++) {
         const Param *p = &c->mod->params[j];
@@ -338,25 +401,28 @@ void probe_params_ready(Dev *dev, Probes *p, const Module *mod, int step, const 
         elems += q->numel;
     }
     capture(dev, &p->params, ptrs, mod->n_params);
+    Json f = {0};
+    note_begin(&f, step, mod->name, hook);
+    size_field(&f, "unsharded_param_bytes", still_live_bytes(dev, &p->params));
+    size_field(&f, "unsharded_param_elems", elems);
     /* what holds the unsharded params, for the mixed-precision check: their bytes per element, and
      * with bf16 any float32 Param.data kept beside them */
-    char extra[64] = "";
     if (p->param_bf16) {
         Captured f32;
         const void *data[MODULE_MAX_PARAMS];
         for (int j = 0; j < mod->n_params; j++) data[j] = mod->params[j].data;
         capture(dev, &f32, data, mod->n_params);
-        snprintf(extra, sizeof extra, ",\"unsharded_f32_bytes\":%zu", still_live_bytes(dev, &f32));
+        size_field(&f, "unsharded_f32_bytes", still_live_bytes(dev, &f32));
     }
-    hook_note(dev, step, mod, hook, "\"unsharded_param_bytes\":%zu,\"unsharded_param_elems\":%zu%s",
-              still_live_bytes(dev, &p->params), elems, extra);
+    micro_fields(&f, dev, mod);
+    note_end(dev, &f, "hook_check");
     if (dev_is_cuda_build() || !p->history) return; /* the check reads device memory on the host */
     ParamsCheck c = {mod, p, hook, step, dev_rank(dev), dev_world_size(dev), p->param_bf16, {0}};
     for (int j = 0; j < mod->n_params; j++) c.data[j] = ptrs[j];
     Stream *cs = dev_compute_stream(dev);
     int tracing = dev_tracing(dev);
     dev_set_tracing(dev, 0); /* not the student's compute: kept out of the trace and its overlap figures */
-    dev_launch(cs, "params_check", k_params_check, &c, sizeof c);
+    dev_launch(cs, "params_check", kcpu_params_check, &c, sizeof c);
     dev_set_tracing(dev, tracing);
 }
 
@@ -367,10 +433,10 @@ void probe_grads_allocated(Dev *dev, Probes *p, const Module *mod) {
 }
 
 void probe_after_post_forward(Dev *dev, const Probes *p, int step, const Module *mod) {
-    hook_note(dev, step, mod, "post_forward", "\"unsharded_param_live_bytes\":%zu", still_live_bytes(dev, &p->params));
+    hook_check_bytes(dev, step, mod, "post_forward", "unsharded_param_live_bytes", still_live_bytes(dev, &p->params));
 }
 
 void probe_after_post_backward(Dev *dev, const Probes *p, int step, const Module *mod) {
-    hook_note(dev, step, mod, "post_backward", "\"unsharded_grad_live_bytes\":%zu", still_live_bytes(dev, &p->grads));
-    hook_note(dev, step, mod, "post_backward", "\"unsharded_param_live_bytes\":%zu", still_live_bytes(dev, &p->params));
+    hook_check_bytes(dev, step, mod, "post_backward", "unsharded_grad_live_bytes", still_live_bytes(dev, &p->grads));
+    hook_check_bytes(dev, step, mod, "post_backward", "unsharded_param_live_bytes", still_live_bytes(dev, &p->params));
 }

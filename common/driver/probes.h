@@ -63,8 +63,6 @@ void probe_grads_allocated(Dev *dev, Probes *p, const Module *mod);
 /* After fsdp_post_forward / fsdp_post_backward: the hook_check notes. */
 void probe_after_post_forward(Dev *dev, const Probes *p, int step, const Module *mod);
 void probe_after_post_backward(Dev *dev, const Probes *p, int step, const Module *mod);
-/* dtensors_rank<r>.json in dir: every DTensor's geometry, mesh, placement and
- * whether its shard holds exactly its rows of the initial weights `init`. */
 /* After fsdp_init on a 2-D mesh (--mesh R,S): fatal, naming the first param,
  * if a DTensor is not split over the shard group (a pre-09 stage splits over
  * the world). */
@@ -72,6 +70,8 @@ void probes_check_mesh(const Model *m, const DeviceMesh *mesh);
 /* After fsdp_init with --offload-params: fatal, naming the first param, if a
  * DTensor's shard is not in pinned host memory (a pre-10 stage keeps it on the device). */
 void probes_check_offload(Dev *dev, const Model *m);
+/* dtensors_rank<r>.json in dir: every DTensor's geometry, mesh, placement and
+ * whether its shard holds exactly its rows of the initial weights `init`. */
 void probes_write_dtensors(Dev *dev, Model *m, const float *init, const char *dir, const DeviceMesh *mesh);
 
 #endif

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/json.h"
 #include "runtime/runtime.h"
 #include "runtime/util.h"
 
@@ -43,33 +44,51 @@ static ClipStats clip_stats(Dev *dev) {
     return c;
 }
 
-static void write_list(FILE *f, const char *key, const double *v, int world, const char *fmt) {
-    fprintf(f, "\"%s\":[", key);
+/* key: [v per rank], each printed as json_g (significant digits) or, with digits < 0, as a whole number */
+static void per_rank(Json *j, const char *key, const double *v, int world, int digits) {
+    json_key(j, key);
+    json_array_begin(j);
     for (int r = 0; r < world; r++) {
-        if (r) fputc(',', f);
-        if (isfinite(v[r])) fprintf(f, fmt, v[r]);
-        else fprintf(f, "null");
+        if (digits < 0) json_fixed(j, v[r], 0);
+        else json_g(j, v[r], digits);
     }
-    fprintf(f, "],");
+    json_array_end(j);
 }
 
+/* One line of metrics.jsonl (not finite: null). */
 static void write_metrics_line(FILE *f, int step, double loss, float grad_norm, float lr, const double *peaks,
                                const double *clip, int world, double step_max_us, double tps, int bad) {
-    fprintf(f, "{\"step\":%d,", step + 1);
-    if (isfinite(loss)) fprintf(f, "\"loss\":%.9g,", loss);
-    else fprintf(f, "\"loss\":null,");
-    if (isfinite(grad_norm)) fprintf(f, "\"grad_norm\":%.9g,", (double)grad_norm);
-    else fprintf(f, "\"grad_norm\":null,");
-    fprintf(f, "\"lr\":%.9g,\"peak_mem_bytes\":%.0f,\"peak_mem_bytes_per_rank\":[", (double)lr, max_of(peaks, world));
-    for (int r = 0; r < world; r++) fprintf(f, "%s%.0f", r ? "," : "", peaks[r]);
-    fprintf(f, "],");
+    Json j = {0};
+    json_object_begin(&j);
+    json_key(&j, "step");
+    json_int(&j, step + 1);
+    json_key(&j, "loss");
+    json_g(&j, loss, 9);
+    json_key(&j, "grad_norm");
+    json_g(&j, (double)grad_norm, 9);
+    json_key(&j, "lr");
+    json_g(&j, (double)lr, 9);
+    json_key(&j, "peak_mem_bytes");
+    json_fixed(&j, max_of(peaks, world), 0);
+    per_rank(&j, "peak_mem_bytes_per_rank", peaks, world, -1);
     if (clip) {
-        write_list(f, "clip_coef_min_per_rank", clip, world, "%.9g");
-        write_list(f, "clip_coef_max_per_rank", clip + world, world, "%.9g");
-        write_list(f, "adamw_launches_per_rank", clip + 2 * world, world, "%.0f");
+        per_rank(&j, "clip_coef_min_per_rank", clip, world, 9);
+        per_rank(&j, "clip_coef_max_per_rank", clip + world, world, 9);
+        per_rank(&j, "adamw_launches_per_rank", clip + 2 * world, world, -1);
     }
-    fprintf(f, "\"step_ms\":%.3f,\"tokens_per_s\":%.1f%s}\n", step_max_us / 1000.0, tps, bad ? ",\"nan\":true" : "");
-    fflush(f);
+    json_key(&j, "step_ms");
+    json_fixed(&j, step_max_us / 1000.0, 3);
+    json_key(&j, "tokens_per_s");
+    json_fixed(&j, tps, 1);
+    if (bad) {
+        json_key(&j, "nan");
+        json_bool(&j, 1);
+    }
+    json_object_end(&j);
+    json_line_end(&j);
+    if (fwrite(json_text(&j), 1, json_len(&j), f) != json_len(&j) || fflush(f))
+        fatal("cannot write metrics.jsonl: %s", strerror(errno));
+    json_free(&j);
 }
 
 int step_log_write(StepLog *l, Dev *dev, const Options *o, const ModelRun *run, int step, double loss_local,

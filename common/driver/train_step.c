@@ -184,8 +184,15 @@ static void trainer_init(Trainer *t, Dev *dev, const TrainJob *job, DeviceMesh *
             dev_memcpy_async(cs, p->data, job->init + model_param_offset(m, p), p->numel * sizeof(float));
         }
     dev_mesh_build(dev, mesh, o->mesh_replicas, o->mesh_shards);
-    FsdpConfig fc = {dev, m, mesh, o->reshard_after_forward, o->mp, o->optim, o->backward_prefetch,
-                     o->single_comm_stream, o->offload_params};
+    FsdpConfig fc = {.dev = dev,
+                     .model = m,
+                     .mesh = mesh,
+                     .reshard_after_forward = o->reshard_after_forward,
+                     .mp = o->mp,
+                     .optim = o->optim,
+                     .backward_prefetch = o->backward_prefetch,
+                     .single_comm_stream = o->single_comm_stream,
+                     .offload_params = o->offload_params};
     at(t, -1, "fsdp", "init");
     t->fsdp = fsdp_init(&fc);
     probes_check_mesh(m, mesh);

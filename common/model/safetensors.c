@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/json.h"
 #include "runtime/util.h"
 
 /* ------------------------------------------------------------------ JSON */
@@ -509,50 +510,15 @@ void st_free(StFile *f) {
 
 /* ----------------------------------------------------------------- write */
 
-typedef struct {
-    char *s;
-    size_t len, cap;
-} Buf;
-
-static void buf_put(Buf *b, const char *s, size_t n) {
-    if (b->len + n + 1 > b->cap) {
-        b->cap = 2 * b->cap + n + 64;
-        b->s = xrealloc(b->s, b->cap);
-    }
-    memcpy(b->s + b->len, s, n);
-    b->len += n;
-    b->s[b->len] = 0;
-}
-
-static void buf_puts(Buf *b, const char *s) { buf_put(b, s, strlen(s)); }
-
-static void buf_json_string(Buf *b, const char *s) {
-    buf_puts(b, "\"");
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        char esc[8];
-        if (*p == '"' || *p == '\\') {
-            esc[0] = '\\';
-            esc[1] = (char)*p;
-            buf_put(b, esc, 2);
-        } else if (*p < 0x20) {
-            snprintf(esc, sizeof esc, "\\u%04x", *p);
-            buf_puts(b, esc);
-        } else {
-            buf_put(b, (const char *)p, 1);
-        }
-    }
-    buf_puts(b, "\"");
-}
-
 void st_write(const char *path, const StTensor *t, int n, const char *metadata_json) {
-    Buf h = {0};
-    char num[96];
+    Json h = {0};
     size_t offset = 0;
-    buf_puts(&h, "{");
+    json_object_begin(&h);
     if (metadata_json && metadata_json[0]) {
-        buf_puts(&h, "\"__metadata__\":{");
-        buf_puts(&h, metadata_json);
-        buf_puts(&h, "}");
+        json_key(&h, "__metadata__");
+        json_object_begin(&h);
+        json_members(&h, metadata_json);
+        json_object_end(&h);
     }
     for (int i = 0; i < n; i++) {
         if (!t[i].name || !t[i].name[0]) fatal("st_write %s: tensor %d has no name", path, i);
@@ -566,38 +532,43 @@ void st_write(const char *path, const StTensor *t, int n, const char *metadata_j
         if (numel != t[i].numel)
             fatal("st_write %s: tensor '%s' numel %zu does not match its shape", path, t[i].name, t[i].numel);
         if (numel && !t[i].data) fatal("st_write %s: tensor '%s' has no data", path, t[i].name);
-        if (i > 0 || (metadata_json && metadata_json[0])) buf_puts(&h, ",");
-        buf_json_string(&h, t[i].name);
-        buf_puts(&h, ":{\"dtype\":\"F32\",\"shape\":[");
-        for (int d = 0; d < t[i].ndim; d++) {
-            snprintf(num, sizeof num, d ? ",%zu" : "%zu", t[i].shape[d]);
-            buf_puts(&h, num);
-        }
-        snprintf(num, sizeof num, "],\"data_offsets\":[%zu,%zu]}", offset, offset + numel * 4);
-        buf_puts(&h, num);
+        json_key(&h, t[i].name);
+        json_object_begin(&h);
+        json_key(&h, "dtype");
+        json_string(&h, "F32");
+        json_key(&h, "shape");
+        json_array_begin(&h);
+        for (int d = 0; d < t[i].ndim; d++) json_uint(&h, t[i].shape[d]);
+        json_array_end(&h);
+        json_key(&h, "data_offsets");
+        json_array_begin(&h);
+        json_uint(&h, offset);
+        json_uint(&h, offset + numel * 4);
+        json_array_end(&h);
+        json_object_end(&h);
         offset += numel * 4;
     }
-    buf_puts(&h, "}");
+    json_object_end(&h);
     /* the caller's metadata must keep the header valid */
-    JVal check = json_parse(h.s, h.len, path);
+    JVal check = json_parse(json_text(&h), json_len(&h), path);
     const JVal *meta = jget(&check, "__metadata__");
     if (meta && meta->type != J_OBJ) fatal("st_write %s: bad metadata", path);
     for (size_t i = 0; meta && i < meta->n; i++)
         if (meta->items[i].type != J_STR) fatal("st_write %s: metadata value '%s' is not a string", path, meta->keys[i]);
     jfree(&check);
-    while (h.len % 8 != 0) buf_puts(&h, " ");
+    size_t header = (json_len(&h) + 7) / 8 * 8; /* padded with spaces to 8 bytes: the data stay aligned */
 
-    size_t total = 8 + h.len + offset;
+    size_t total = 8 + header + offset;
     unsigned char *out = xmalloc(total);
-    uint64_t hl = (uint64_t)h.len;
-    for (int i = 0; i < 8; i++) out[i] = (unsigned char)(hl >> (8 * i));
-    memcpy(out + 8, h.s, h.len);
-    size_t pos = 8 + h.len;
+    for (int i = 0; i < 8; i++) out[i] = (unsigned char)((uint64_t)header >> (8 * i));
+    memcpy(out + 8, json_text(&h), json_len(&h));
+    memset(out + 8 + json_len(&h), ' ', header - json_len(&h));
+    size_t pos = 8 + header;
     for (int i = 0; i < n; i++) {
         if (t[i].numel) memcpy(out + pos, t[i].data, t[i].numel * sizeof(float));
         pos += t[i].numel * sizeof(float);
     }
     write_file_atomic(path, out, total);
     free(out);
-    free(h.s);
+    json_free(&h);
 }

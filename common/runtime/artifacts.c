@@ -2,9 +2,9 @@
  * pickle written by hand with only the opcodes memory_viz's unpickler accepts.
  * The trace timestamps of every rank are relative to the World's epoch. */
 #include "runtime/internal.h"
+#include "runtime/json.h"
 #include "runtime/util.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,36 +32,6 @@ static void buf_put(Buf *b, const void *data, size_t n) {
 
 static void buf_byte(Buf *b, unsigned char c) { buf_put(b, &c, 1); }
 
-static void buf_printf(Buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void buf_printf(Buf *b, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
-    if (n < 0) fatal("artifacts: formatting failed");
-    buf_reserve(b, (size_t)n + 1);
-    va_start(ap, fmt);
-    vsnprintf(b->p + b->len, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    b->len += (size_t)n;
-}
-
-/* A JSON string literal (quotes included). */
-static void json_str(Buf *b, const char *s) {
-    buf_byte(b, '"');
-    for (const unsigned char *c = (const unsigned char *)(s ? s : ""); *c; c++) {
-        if (*c == '"' || *c == '\\') {
-            buf_byte(b, '\\');
-            buf_byte(b, *c);
-        } else if (*c < 0x20) {
-            buf_printf(b, "\\u%04x", *c);
-        } else {
-            buf_byte(b, *c);
-        }
-    }
-    buf_byte(b, '"');
-}
-
 static void write_buf(const char *dir, const char *file, Buf *b) {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, file);
@@ -70,87 +40,143 @@ static void write_buf(const char *dir, const char *file, Buf *b) {
     memset(b, 0, sizeof *b);
 }
 
+static void write_json(const char *dir, const char *file, Json *j) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    json_write_file(j, path);
+}
+
 /* ----------------------------------------------------------------- trace */
 
-static void trace_events_of(Buf *b, Dev *d, int *first) {
-#define SEP() (*first ? (void)(*first = 0) : buf_byte(b, ','))
-    SEP();
-    buf_printf(b, "\n{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%d,\"tid\":0,\"args\":{\"name\":\"rank %d\"}}", d->rank,
-               d->rank);
-    SEP();
-    buf_printf(b, "\n{\"ph\":\"M\",\"name\":\"process_sort_index\",\"pid\":%d,\"tid\":0,\"args\":{\"sort_index\":%d}}",
-               d->rank, d->rank);
+/* A metadata event ("M") naming or ordering a track: args {arg_key: name, or index if name is NULL}. */
+static void trace_meta(Json *j, const char *what, int pid, int tid, const char *arg_key, const char *name, int index) {
+    json_object_begin(j);
+    json_key(j, "ph");
+    json_string(j, "M");
+    json_key(j, "name");
+    json_string(j, what);
+    json_key(j, "pid");
+    json_int(j, pid);
+    json_key(j, "tid");
+    json_int(j, tid);
+    json_key(j, "args");
+    json_object_begin(j);
+    json_key(j, arg_key);
+    if (name) json_string(j, name);
+    else json_int(j, index);
+    json_object_end(j);
+    json_object_end(j);
+}
+
+static void trace_events_of(Json *j, Dev *d) {
+    char rank_name[32];
+    snprintf(rank_name, sizeof rank_name, "rank %d", d->rank);
+    trace_meta(j, "process_name", d->rank, 0, "name", rank_name, 0);
+    trace_meta(j, "process_sort_index", d->rank, 0, "sort_index", NULL, d->rank);
     for (int i = 0; i < d->nstreams; i++) {
-        SEP();
-        buf_printf(b, "\n{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":", d->rank, i);
-        json_str(b, d->streams[i]->name);
-        buf_printf(b, "}}");
-        SEP();
-        buf_printf(b, "\n{\"ph\":\"M\",\"name\":\"thread_sort_index\",\"pid\":%d,\"tid\":%d,\"args\":{\"sort_index\":%d}}",
-                   d->rank, i, i);
+        trace_meta(j, "thread_name", d->rank, i, "name", d->streams[i]->name, 0);
+        trace_meta(j, "thread_sort_index", d->rank, i, "sort_index", NULL, i);
     }
-    SEP();
-    buf_printf(b, "\n{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"host\"}}",
-               d->rank, TRACE_HOST_TID);
-    SEP();
-    buf_printf(b, "\n{\"ph\":\"M\",\"name\":\"thread_sort_index\",\"pid\":%d,\"tid\":%d,\"args\":{\"sort_index\":-1}}",
-               d->rank, TRACE_HOST_TID);
+    trace_meta(j, "thread_name", d->rank, TRACE_HOST_TID, "name", "host", 0);
+    trace_meta(j, "thread_sort_index", d->rank, TRACE_HOST_TID, "sort_index", NULL, -1);
     pthread_mutex_lock(&d->trace.mu);
-    char name[512];
     for (size_t i = 0; i < d->trace.n; i++) {
         const TraceRec *r = &d->trace.recs[i];
-        if (r->prefix && *r->prefix) snprintf(name, sizeof name, "%s.%s", r->prefix, r->name);
-        else snprintf(name, sizeof name, "%s", r->name);
-        SEP();
-        buf_printf(b, "\n{\"ph\":\"X\",\"name\":");
-        json_str(b, name);
-        buf_printf(b, ",\"cat\":\"%s\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f,\"args\":{\"step\":%d,\"phase\":",
-                   r->cat, d->rank, r->stream, r->ts, r->dur, r->step);
-        json_str(b, r->phase);
-        buf_printf(b, ",\"module\":");
-        json_str(b, r->module);
-        if (r->bytes) buf_printf(b, ",\"bytes\":%zu", r->bytes);
-        if (r->micro >= 0) buf_printf(b, ",\"microbatch\":%d", r->micro);
-        if (r->dtype) buf_printf(b, ",\"dtype\":\"%s\"", r->dtype);
-        if (r->group) {
-            buf_printf(b, ",\"group\":");
-            json_str(b, r->group);
+        json_object_begin(j);
+        json_key(j, "ph");
+        json_string(j, "X");
+        json_key(j, "name");
+        if (r->prefix && *r->prefix) json_stringf(j, "%s.%s", r->prefix, r->name);
+        else json_string(j, r->name);
+        json_key(j, "cat");
+        json_string(j, r->cat);
+        json_key(j, "pid");
+        json_int(j, d->rank);
+        json_key(j, "tid");
+        json_int(j, r->stream);
+        json_key(j, "ts");
+        json_fixed(j, r->ts, 3);
+        json_key(j, "dur");
+        json_fixed(j, r->dur, 3);
+        json_key(j, "args");
+        json_object_begin(j);
+        json_key(j, "step");
+        json_int(j, r->step);
+        json_key(j, "phase");
+        json_string(j, r->phase);
+        json_key(j, "module");
+        json_string(j, r->module);
+        if (r->bytes) {
+            json_key(j, "bytes");
+            json_uint(j, r->bytes);
         }
-        buf_printf(b, "}}");
+        if (r->micro >= 0) {
+            json_key(j, "microbatch");
+            json_int(j, r->micro);
+        }
+        if (r->dtype) {
+            json_key(j, "dtype");
+            json_string(j, r->dtype);
+        }
+        if (r->group) {
+            json_key(j, "group");
+            json_string(j, r->group);
+        }
+        json_object_end(j);
+        json_object_end(j);
     }
     pthread_mutex_unlock(&d->trace.mu);
-#undef SEP
 }
 
 static void write_trace(const char *dir, const char *file, Dev **devs, int n) {
-    Buf b = {0};
-    int first = 1;
-    buf_printf(&b, "{\"traceEvents\":[");
-    for (int i = 0; i < n; i++) trace_events_of(&b, devs[i], &first);
-    buf_printf(&b, "\n],\"displayTimeUnit\":\"ms\"}\n");
-    write_buf(dir, file, &b);
+    Json j = {0};
+    json_object_begin(&j);
+    json_key(&j, "traceEvents");
+    json_array_begin_lines(&j);
+    for (int i = 0; i < n; i++) trace_events_of(&j, devs[i]);
+    json_array_end(&j);
+    json_key(&j, "displayTimeUnit");
+    json_string(&j, "ms");
+    json_object_end(&j);
+    json_line_end(&j);
+    write_json(dir, file, &j);
 }
 
 /* ------------------------------------------------------ memory snapshot */
 
-static void json_alloc_fields(Buf *b, uintptr_t addr, size_t size, MemTag tag, const char *name, int step,
-                              const char *module, const char *phase) {
-    buf_printf(b, "\"addr\":%llu,\"size\":%zu,\"tag\":\"%s\",\"name\":", (unsigned long long)addr, size, mem_tag_name(tag));
-    json_str(b, name);
-    buf_printf(b, ",\"step\":%d,\"module\":", step);
-    json_str(b, module);
-    buf_printf(b, ",\"phase\":");
-    json_str(b, phase);
+static void json_size_field(Json *j, const char *key, size_t v) {
+    json_key(j, key);
+    json_uint(j, v);
 }
 
-static void json_live(Buf *b, const Alloc *a, int *first) {
+static void json_alloc_fields(Json *j, uintptr_t addr, size_t size, MemTag tag, const char *name, int step,
+                              const char *module, const char *phase) {
+    json_key(j, "addr");
+    json_uint(j, addr);
+    json_size_field(j, "size", size);
+    json_key(j, "tag");
+    json_string(j, mem_tag_name(tag));
+    json_key(j, "name");
+    json_string(j, name);
+    json_key(j, "step");
+    json_int(j, step);
+    json_key(j, "module");
+    json_string(j, module);
+    json_key(j, "phase");
+    json_string(j, phase);
+}
+
+static void json_live(Json *j, const Alloc *a) {
     if (!a) return;
-    json_live(b, a->left, first);
-    buf_printf(b, "%s\n{\"seq\":%llu,", *first ? "" : ",", (unsigned long long)a->seq);
-    *first = 0;
-    json_alloc_fields(b, a->addr, a->size, a->tag, a->name, a->step, a->module, a->phase);
-    buf_printf(b, ",\"time_us\":%.3f}", a->time_us);
-    json_live(b, a->right, first);
+    json_live(j, a->left);
+    json_object_begin(j);
+    json_key(j, "seq");
+    json_uint(j, a->seq);
+    json_alloc_fields(j, a->addr, a->size, a->tag, a->name, a->step, a->module, a->phase);
+    json_key(j, "time_us");
+    json_fixed(j, a->time_us, 3);
+    json_object_end(j);
+    json_live(j, a->right);
 }
 
 /* "free": uncounted at the call; a dev_record_stream block: "free_requested"
@@ -166,59 +192,73 @@ static const char *mev_action(MemEventKind k) {
     return "note";
 }
 
-/* One allocation event of the log (device or host), as a JSON object. */
-static void json_mem_event(Buf *b, Dev *d, const MemEvent *e) {
-    buf_printf(b, "\"action\":\"%s\",", mev_action(e->kind));
-    json_alloc_fields(b, e->addr, e->size, e->tag, e->name, e->step, e->module, e->phase);
-    if (!e->host) {
-        buf_printf(b, ",\"stream\":");
-        json_str(b, d->streams[e->stream]->name);
+/* One event of the log (device or host) as a JSON object; a note
+ * (dev_mem_note) is its kind and the fields its writer gave. */
+static void json_mem_event(Json *j, Dev *d, const MemEvent *e) {
+    json_object_begin(j);
+    json_key(j, "seq");
+    json_uint(j, e->seq);
+    if (e->kind == MEV_NOTE) {
+        json_key(j, "kind");
+        json_string(j, e->name);
+        json_members(j, e->json);
+        json_object_end(j);
+        return;
     }
-    buf_printf(b, ",\"time_us\":%.3f,\"current_bytes\":%zu}", e->time_us, e->current_bytes);
+    json_key(j, "action");
+    json_string(j, mev_action(e->kind));
+    json_alloc_fields(j, e->addr, e->size, e->tag, e->name, e->step, e->module, e->phase);
+    if (!e->host) {
+        json_key(j, "stream");
+        json_string(j, d->streams[e->stream]->name);
+    }
+    json_key(j, "time_us");
+    json_fixed(j, e->time_us, 3);
+    json_size_field(j, "current_bytes", e->current_bytes);
+    json_object_end(j);
+}
+
+/* The events of the device (host = 0) or of the pinned host pool (host = 1). */
+static void json_mem_events(Json *j, Dev *d, const char *key, int host) {
+    json_key(j, key);
+    json_array_begin_lines(j);
+    for (size_t i = 0; i < d->mem.n_mev; i++)
+        if ((d->mem.mev[i].host != 0) == host) json_mem_event(j, d, &d->mem.mev[i]);
+    json_array_end(j);
 }
 
 static void write_memory_json(const char *dir, Dev *d) {
-    Buf b = {0};
-    buf_printf(&b, "{\"rank\":%d,\"world_size\":%d,\"peak_bytes\":%zu,\"current_bytes\":%zu,\"reserved_bytes\":%zu,"
-               "\"host_peak_bytes\":%zu,\"host_current_bytes\":%zu,\"tags\":[", d->rank, d->world_size, d->mem.peak,
-               d->mem.current, d->mem.reserved, d->mem.host_peak, d->mem.host_current);
-    for (int t = 0; t < MEM_TAG_COUNT; t++) buf_printf(&b, "%s\"%s\"", t ? "," : "", mem_tag_name((MemTag)t));
-    buf_printf(&b, "],\"events\":[");
-    int first = 1;
-    for (size_t i = 0; i < d->mem.n_mev; i++) {
-        const MemEvent *e = &d->mem.mev[i];
-        if (e->host) continue;
-        buf_printf(&b, "%s\n{\"seq\":%llu,", first ? "" : ",", (unsigned long long)e->seq);
-        first = 0;
-        if (e->kind == MEV_NOTE) {
-            buf_printf(&b, "\"kind\":");
-            json_str(&b, e->name);
-            if (e->json && *e->json) buf_printf(&b, ",%s", e->json);
-            buf_printf(&b, "}");
-            continue;
-        }
-        json_mem_event(&b, d, e);
-    }
+    Json j = {0};
+    json_object_begin(&j);
+    json_key(&j, "rank");
+    json_int(&j, d->rank);
+    json_key(&j, "world_size");
+    json_int(&j, d->world_size);
+    json_size_field(&j, "peak_bytes", d->mem.peak);
+    json_size_field(&j, "current_bytes", d->mem.current);
+    json_size_field(&j, "reserved_bytes", d->mem.reserved);
+    json_size_field(&j, "host_peak_bytes", d->mem.host_peak);
+    json_size_field(&j, "host_current_bytes", d->mem.host_current);
+    json_key(&j, "tags");
+    json_array_begin(&j);
+    for (int t = 0; t < MEM_TAG_COUNT; t++) json_string(&j, mem_tag_name((MemTag)t));
+    json_array_end(&j);
+    json_mem_events(&j, d, "events", 0);
     /* the pinned host pool (dev_alloc_host): its own events, current_bytes counting host bytes */
-    buf_printf(&b, "\n],\"host_events\":[");
-    first = 1;
-    for (size_t i = 0; i < d->mem.n_mev; i++) {
-        const MemEvent *e = &d->mem.mev[i];
-        if (!e->host) continue;
-        buf_printf(&b, "%s\n{\"seq\":%llu,", first ? "" : ",", (unsigned long long)e->seq);
-        first = 0;
-        json_mem_event(&b, d, e);
-    }
-    buf_printf(&b, "\n],\"live_at_end\":[");
-    first = 1;
-    json_live(&b, d->mem.live_root, &first);
-    buf_printf(&b, "\n],\"host_live_at_end\":[");
-    first = 1;
-    json_live(&b, d->mem.host_root, &first);
-    buf_printf(&b, "\n]}\n");
+    json_mem_events(&j, d, "host_events", 1);
+    json_key(&j, "live_at_end");
+    json_array_begin_lines(&j);
+    json_live(&j, d->mem.live_root);
+    json_array_end(&j);
+    json_key(&j, "host_live_at_end");
+    json_array_begin_lines(&j);
+    json_live(&j, d->mem.host_root);
+    json_array_end(&j);
+    json_object_end(&j);
+    json_line_end(&j);
     char file[64];
     snprintf(file, sizeof file, "memory_rank%d.json", d->rank);
-    write_buf(dir, file, &b);
+    write_json(dir, file, &j);
 }
 
 /* ---------------------------------------------------------------- pickle */

@@ -138,8 +138,6 @@ void coll_op_describe(Dev *d, Stream *s, Op *o, ProcessGroup *g, CollKind kind, 
  * The coll_* calls of device.h lead here. */
 void coll_enqueue(ProcessGroup *g, Stream *s, CollKind kind, const void *send, void *recv, size_t count, RedOp op,
                   int root, DType dtype, const char *label);
-/* Run a queued collective on the stream's worker (collectives.c). */
-void coll_execute(Stream *s, const Op *op);
 /* Wait (mu held) until *generation moves past gen; with timeout_s > 0, return
  * 1 (mu still held) if it has not after timeout_s seconds, else 0. */
 int coll_wait_generation(pthread_cond_t *cv, pthread_mutex_t *mu, const uint64_t *generation, uint64_t gen,

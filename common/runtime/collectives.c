@@ -291,7 +291,8 @@ static void mpi_execute(Stream *s, const Op *op) {
 }
 #endif
 
-void coll_execute(Stream *s, const Op *op) {
+/* A queued collective, run by the stream's worker (Op.exec). */
+static void coll_execute(Stream *s, const Op *op) {
     flight_set(s, op, FLIGHT_STARTED);
 #ifdef HAVE_MPI
     if (s->dev->world->cfg.backend == BACKEND_MPI) mpi_execute(s, op);
@@ -313,5 +314,6 @@ void coll_enqueue(ProcessGroup *g, Stream *s, CollKind kind, const void *send, v
     if (d->world->cfg.backend == BACKEND_LOCAL) o.chan = stream_pg_channel(s, g);
     o.src = send;
     o.dst = recv;
+    o.exec = coll_execute;
     stream_enqueue_op(s, &o);
 }

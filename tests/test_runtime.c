@@ -447,6 +447,18 @@ TEST(host_allgather) { run_world(local_config(4), rank_host_exchange, NULL); }
 #define COLL_CHECK TCHECK
 #include "coll_check.h"
 
+/* Rank-order sums differ from other orders: make sure the test would notice. */
+TEST(rank_order_matters) {
+    int differs = 0;
+    for (size_t i = 0; i < 1000 && !differs; i++) {
+        float fwd = reduce_expected(5, i, 3, RED_SUM);
+        float rev = input(4, i, 3);
+        for (int r = 3; r >= 0; r--) rev += input(r, i, 3);
+        differs = memcmp(&fwd, &rev, 4) != 0;
+    }
+    CHECK(differs, "inputs are too tame to detect a wrong summation order");
+}
+
 static void rank_collectives(Dev *d, void *arg) {
     (void)arg;
     Stream *t = dev_stream_create(d, "ag");
@@ -513,18 +525,6 @@ static void rank_watch(Dev *d, void *arg) {
     dev_free(d, x);
 }
 TEST(watch_collectives) { run_world(local_config(2), rank_watch, NULL); }
-
-/* Rank-order sums differ from other orders: make sure the test would notice. */
-TEST(rank_order_matters) {
-    int differs = 0;
-    for (size_t i = 0; i < 1000 && !differs; i++) {
-        float fwd = reduce_expected(5, i, 3, RED_SUM);
-        float rev = input(4, i, 3);
-        for (int r = 3; r >= 0; r--) rev += input(r, i, 3);
-        differs = memcmp(&fwd, &rev, 4) != 0;
-    }
-    CHECK(differs, "inputs are too tame to detect a wrong summation order");
-}
 
 typedef struct {
     size_t send_count;
@@ -873,23 +873,5 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (argc > 2 && strcmp(argv[1], "--misuse") == 0) return misuse(argv[2]);
-    CHECK_MAIN_ARGS(argc, argv);
-    RUN(stream_fifo);
-    RUN(inter_node_link_model);
-    RUN(host_memory_pool);
-    RUN(event_wait_across_streams);
-    RUN(wait_uses_record_before_it);
-    RUN(host_sync_and_query);
-    RUN(allocator_counts);
-    RUN(emulator_storage_waits_for_every_stream);
-    RUN(pool_rules_and_record_stream);
-    RUN(live_size_containing);
-    RUN(poison_nan);
-    RUN(host_allgather);
-    RUN(rank_order_matters);
-    RUN(collectives_world_1_to_5);
-    RUN(watch_collectives);
-    RUN(link_model_timing);
-    RUN(trace_records);
-    return check_summary();
+    return check_main(argc, argv);
 }

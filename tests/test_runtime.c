@@ -6,7 +6,7 @@
  *   ./test_runtime --misuse KIND   a deliberate misuse (tests/test_runtime_misuse.py checks the error)
  *
  * Rank functions run on several threads; TCHECK serializes the harness. White-box
- * checks (deferred frees, trace records) read the private structs of device_internal.h. */
+ * checks (deferred frees, trace records) read the private structs of runtime/internal.h. */
 #include "check.h"
 #include "local_world.h"
 #include "runtime/runtime.h"

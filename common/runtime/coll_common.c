@@ -80,7 +80,7 @@ void coll_check_agreement(Stream *s, uint64_t seq, const CollDesc *descs, int n,
 
 const char *coll_kind_name(int kind) {
     const CollKindInfo *k = coll_kind(kind);
-    return k ? k->name : "?";
+    return k && k->name ? k->name : "?";
 }
 const char *coll_dtype_name(int dtype) { return dtype == DTYPE_BF16 ? "bf16" : dtype == DTYPE_F32 ? "f32" : "?"; }
 size_t coll_dtype_size(int dtype) { return dtype == DTYPE_BF16 ? sizeof(Bf16) : sizeof(float); }

@@ -106,7 +106,7 @@ static void execute(Stream *s, Op *op) {
     case OP_WAIT: run_wait(s, op); break;
     case OP_COLL:
         t0 = now_us();
-        coll_execute(s, op);
+        op->exec(s, op);
         t1 = now_us();
         trace_op(s, op, op->label, "collective", t0, t1);
         break;

@@ -1,21 +1,50 @@
 /* check.h — a minimal test harness for the C unit tests.
  *
  *   TEST(name) { CHECK(cond, "fmt", ...); CHECK_CLOSE(a, b, rtol, atol, "what"); }
- *   int main(int argc, char **argv) { RUN(name); ...; return check_summary(); }
+ *   int main(int argc, char **argv) { return check_main(argc, argv); }
  *
- * Each test prints "== name == OK" or "== name == FAIL" with the failed checks;
- * the last line is "N passed, N failed". `./test_x NAME` runs one test. */
+ * TEST registers its test (a constructor, before main); check_main runs them
+ * in the order they are defined in the file (a negative control that vouches
+ * for the tests after it is defined before them). Each test prints
+ * "== name == OK" or "== name == FAIL" with the failed checks; the last line
+ * is "N passed, N failed". `./test_x NAME` runs one test; a NAME no TEST
+ * defines stops with one line (exit 2) instead of running nothing. */
 #ifndef HWFSDP_CHECK_H
 #define HWFSDP_CHECK_H
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static int check_failed_in_test, check_passed_tests, check_failed_tests;
-static const char *check_only;
 
-#define TEST(name) static void test_##name(void)
+#define CHECK_MAX_TESTS 128
+typedef struct {
+    const char *name;
+    void (*fn)(void);
+    int line; /* where TEST stands: the run order */
+} CheckTest;
+static struct {
+    CheckTest tests[CHECK_MAX_TESTS];
+    int n;
+} check_registry;
+
+static inline void check_register(const char *name, void (*fn)(void), int line) {
+    if (check_registry.n == CHECK_MAX_TESTS) {
+        fprintf(stderr, "error: check.h: more than %d TESTs in one file (raise CHECK_MAX_TESTS)\n", CHECK_MAX_TESTS);
+        exit(2);
+    }
+    check_registry.tests[check_registry.n++] = (CheckTest){name, fn, line};
+}
+
+#define TEST(name)                                                                                                     \
+    static void test_##name(void);                                                                                     \
+    __attribute__((constructor)) static void check_register_##name(void) {                                             \
+        check_register(#name, test_##name, __LINE__);                                                                  \
+    }                                                                                                                  \
+    static void test_##name(void)
+
 #define CHECK(cond, ...)                                                       \
     do {                                                                       \
         if (!(cond)) {                                                         \
@@ -31,20 +60,46 @@ static const char *check_only;
         CHECK(fabs(ca_ - cb_) <= (atol) + (rtol) * fabs(cb_) && !isnan(ca_) && !isnan(cb_), \
               "%s: %.9g vs %.9g", (what), ca_, cb_);                            \
     } while (0)
-#define RUN(name)                                                              \
-    do {                                                                       \
-        if (check_only && strcmp(check_only, #name) != 0) break;               \
-        check_failed_in_test = 0;                                              \
-        test_##name();                                                         \
-        printf("== %s == %s\n", #name, check_failed_in_test ? "FAIL" : "OK"); \
-        fflush(stdout);                                                        \
-        if (check_failed_in_test) check_failed_tests++; else check_passed_tests++; \
-    } while (0)
-#define CHECK_MAIN_ARGS(argc, argv) do { check_only = (argc) > 1 ? (argv)[1] : NULL; } while (0)
 
 static inline int check_summary(void) {
     printf("%d passed, %d failed\n", check_passed_tests, check_failed_tests);
     return check_failed_tests ? 1 : (check_passed_tests ? 0 : 1);
+}
+
+static inline void check_run(const CheckTest *t) {
+    check_failed_in_test = 0;
+    t->fn();
+    printf("== %s == %s\n", t->name, check_failed_in_test ? "FAIL" : "OK");
+    fflush(stdout);
+    if (check_failed_in_test) check_failed_tests++;
+    else check_passed_tests++;
+}
+
+/* Every test in definition order, or only argv[1]'s; the exit status of the run. */
+static inline int check_main(int argc, char **argv) {
+    CheckTest *t = check_registry.tests;
+    const int n = check_registry.n;
+    /* sorted by line: the order constructors run in is the toolchain's to choose */
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && t[j - 1].line > t[j].line; j--) {
+            CheckTest tmp = t[j];
+            t[j] = t[j - 1];
+            t[j - 1] = tmp;
+        }
+    const char *only = argc > 1 ? argv[1] : NULL;
+    if (only) {
+        for (int i = 0; i < n; i++)
+            if (!strcmp(t[i].name, only)) {
+                check_run(&t[i]);
+                return check_summary();
+            }
+        fprintf(stderr, "error: %s has no test '%s'; its tests:", argv[0], only);
+        for (int i = 0; i < n; i++) fprintf(stderr, " %s", t[i].name);
+        fprintf(stderr, "\n");
+        return 2;
+    }
+    for (int i = 0; i < n; i++) check_run(&t[i]);
+    return check_summary();
 }
 
 #endif

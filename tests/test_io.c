@@ -471,18 +471,5 @@ static int probe(int argc, char **argv) {
 
 int main(int argc, char **argv) {
     if (argc > 1 && argv[1][0] == '-' && argv[1][1] == '-') return probe(argc, argv);
-    CHECK_MAIN_ARGS(argc, argv);
-    RUN(adamw_matches_reference);
-    RUN(warmup);
-    RUN(clip_coefficient);
-    RUN(batch_formula);
-    RUN(batch_global_equivalence);
-    RUN(npy_round_trip);
-    RUN(text_is_bytes);
-    RUN(safetensors_round_trip);
-    RUN(safetensors_unaligned_header);
-    RUN(json_escapes_strings);
-    RUN(json_nests_with_commas);
-    RUN(json_grows_past_its_first_buffer);
-    return check_summary();
+    return check_main(argc, argv);
 }

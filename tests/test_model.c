@@ -228,6 +228,29 @@ static void run_world(Ctx *ctx) {
     world_destroy(w);
 }
 
+TEST(config_sizes) {
+    ModelConfig c;
+    CHECK(model_flavor(&c, "debugmodel"), "debugmodel flavour");
+    model_config_finalize(&c);
+    CHECK(c.dim == 256 && c.n_layers == 6 && c.n_heads == 16 && c.vocab_size == 2048, "debugmodel dims");
+    CHECK(c.hidden_dim == 768, "debugmodel FFN hidden %d (torchtitan: 768)", c.hidden_dim);
+    CHECK(c.head_dim == 16 && c.n_kv_heads == 16, "head dim %d kv %d", c.head_dim, c.n_kv_heads);
+    CHECK(model_flavor(&c, "1B"), "1B flavour");
+    model_config_finalize(&c);
+    CHECK(c.dim == 2048 && c.n_layers == 18 && c.n_heads == 16, "1B dims");
+    CHECK(c.hidden_dim == 5632, "1B FFN hidden %d", c.hidden_dim);
+    CHECK(!model_flavor(&c, "huge"), "unknown flavour refused");
+    Model *m;
+    model_flavor(&c, "tiny");
+    m = model_create(&c);
+    CHECK(m->n_modules == c.n_layers + 2, "modules");
+    CHECK(strcmp(m->modules[1].params[1].name, "layers.0.attention.wq.weight") == 0, "torchtitan names");
+    Param *wk = model_find_param(m, "layers.1.attention.wk.weight");
+    CHECK(wk && wk->shape[0] == (size_t)(c.n_kv_heads * (c.dim / c.n_heads)) && wk->shape[1] == (size_t)c.dim,
+          "wk is [kv*hd, dim] ([out, in])");
+    model_destroy(m);
+}
+
 TEST(gradient_check) {
     Job job = make_job(small_config(), 2, 5, 3);
     Ctx ctx = {&job, 0, 0, 0};
@@ -273,35 +296,4 @@ TEST(loss_at_init_is_about_log_vocab) {
     free_job(&j);
 }
 
-TEST(config_sizes) {
-    ModelConfig c;
-    CHECK(model_flavor(&c, "debugmodel"), "debugmodel flavour");
-    model_config_finalize(&c);
-    CHECK(c.dim == 256 && c.n_layers == 6 && c.n_heads == 16 && c.vocab_size == 2048, "debugmodel dims");
-    CHECK(c.hidden_dim == 768, "debugmodel FFN hidden %d (torchtitan: 768)", c.hidden_dim);
-    CHECK(c.head_dim == 16 && c.n_kv_heads == 16, "head dim %d kv %d", c.head_dim, c.n_kv_heads);
-    CHECK(model_flavor(&c, "1B"), "1B flavour");
-    model_config_finalize(&c);
-    CHECK(c.dim == 2048 && c.n_layers == 18 && c.n_heads == 16, "1B dims");
-    CHECK(c.hidden_dim == 5632, "1B FFN hidden %d", c.hidden_dim);
-    CHECK(!model_flavor(&c, "huge"), "unknown flavour refused");
-    Model *m;
-    model_flavor(&c, "tiny");
-    m = model_create(&c);
-    CHECK(m->n_modules == c.n_layers + 2, "modules");
-    CHECK(strcmp(m->modules[1].params[1].name, "layers.0.attention.wq.weight") == 0, "torchtitan names");
-    Param *wk = model_find_param(m, "layers.1.attention.wk.weight");
-    CHECK(wk && wk->shape[0] == (size_t)(c.n_kv_heads * (c.dim / c.n_heads)) && wk->shape[1] == (size_t)c.dim,
-          "wk is [kv*hd, dim] ([out, in])");
-    model_destroy(m);
-}
-
-int main(int argc, char **argv) {
-    CHECK_MAIN_ARGS(argc, argv);
-    RUN(config_sizes);
-    RUN(gradient_check);
-    RUN(recompute_equals_plain_backward);
-    RUN(no_leaks);
-    RUN(loss_at_init_is_about_log_vocab);
-    return check_summary();
-}
+int main(int argc, char **argv) { return check_main(argc, argv); }

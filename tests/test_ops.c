@@ -311,6 +311,37 @@ static double ce_loss(void *c) {
 
 /* ---- gradient checks ---- */
 
+/* Negative control: the comparison must flag a wrong gradient (test the test). */
+TEST(grad_check_detects_mismatch) {
+    Rng r;
+    rng_seed(&r, 11);
+    const size_t N = 3, C = 4, OC = 2;
+    float *x = frandn(&r, N * C, 1.0f), *w = frandn(&r, OC * C, 1.0f), *G = frandn(&r, N * OC, 1.0f);
+    float *dw = fzeros(OC * C);
+    matmul_backward(NULL, dw, G, x, w, N, C, OC);
+    MmCtx c = {N, C, OC, to_double(x, N * C), to_double(w, OC * C), to_double(G, N * OC), dzeros(N * OC)};
+    double *num = dzeros(OC * C), rel;
+    fd_grad(mm_loss, &c, c.w, OC * C, num);
+    CHECK(grad_mismatches(dw, num, OC * C, &rel) == 0, "the correct gradient must pass (max err %.3g)", rel);
+    /* one element off by 10x the tolerance: exactly one mismatch */
+    float *bad = fcopy(dw, OC * C);
+    bad[5] += (float)(10.0 * GRAD_RTOL * max_abs_d(num, OC * C));
+    CHECK(grad_mismatches(bad, num, OC * C, &rel) == 1, "a perturbed element was not detected (max err %.3g)", rel);
+    /* the gradient of the other input (a plausible wiring bug) must fail */
+    float *dx = fzeros(N * C);
+    matmul_backward(dx, NULL, G, x, w, N, C, OC);
+    CHECK(grad_mismatches(dx, num, OC * C, &rel) > 0, "dinp passed as dweight");
+    /* a NaN must fail, and an all-zero reference must fail */
+    bad[5] = NAN;
+    CHECK(grad_mismatches(bad, num, OC * C, &rel) == 1, "NaN not detected");
+    double *zero = dzeros(OC * C);
+    float *fz = fzeros(OC * C);
+    CHECK(grad_mismatches(fz, zero, OC * C, &rel) > 0, "zero vs zero must not count as a passed gradient check");
+    /* and the analytic vs numeric buffers really are distinct computations */
+    CHECK((void *)dw != (void *)num, "comparing a tensor with itself");
+    free_all();
+}
+
 TEST(embedding_grad) {
     Rng r;
     rng_seed(&r, 1);
@@ -576,37 +607,6 @@ TEST(add_grad) {
     add_forward(a2, a2, b, n);
     add_forward(b2, a, b2, n);
     CHECK(memcmp(a2, out, n * sizeof(float)) == 0 && memcmp(b2, out, n * sizeof(float)) == 0, "aliased add differs");
-    free_all();
-}
-
-/* Negative control: the comparison must flag a wrong gradient (test the test). */
-TEST(grad_check_detects_mismatch) {
-    Rng r;
-    rng_seed(&r, 11);
-    const size_t N = 3, C = 4, OC = 2;
-    float *x = frandn(&r, N * C, 1.0f), *w = frandn(&r, OC * C, 1.0f), *G = frandn(&r, N * OC, 1.0f);
-    float *dw = fzeros(OC * C);
-    matmul_backward(NULL, dw, G, x, w, N, C, OC);
-    MmCtx c = {N, C, OC, to_double(x, N * C), to_double(w, OC * C), to_double(G, N * OC), dzeros(N * OC)};
-    double *num = dzeros(OC * C), rel;
-    fd_grad(mm_loss, &c, c.w, OC * C, num);
-    CHECK(grad_mismatches(dw, num, OC * C, &rel) == 0, "the correct gradient must pass (max err %.3g)", rel);
-    /* one element off by 10x the tolerance: exactly one mismatch */
-    float *bad = fcopy(dw, OC * C);
-    bad[5] += (float)(10.0 * GRAD_RTOL * max_abs_d(num, OC * C));
-    CHECK(grad_mismatches(bad, num, OC * C, &rel) == 1, "a perturbed element was not detected (max err %.3g)", rel);
-    /* the gradient of the other input (a plausible wiring bug) must fail */
-    float *dx = fzeros(N * C);
-    matmul_backward(dx, NULL, G, x, w, N, C, OC);
-    CHECK(grad_mismatches(dx, num, OC * C, &rel) > 0, "dinp passed as dweight");
-    /* a NaN must fail, and an all-zero reference must fail */
-    bad[5] = NAN;
-    CHECK(grad_mismatches(bad, num, OC * C, &rel) == 1, "NaN not detected");
-    double *zero = dzeros(OC * C);
-    float *fz = fzeros(OC * C);
-    CHECK(grad_mismatches(fz, zero, OC * C, &rel) > 0, "zero vs zero must not count as a passed gradient check");
-    /* and the analytic vs numeric buffers really are distinct computations */
-    CHECK((void *)dw != (void *)num, "comparing a tensor with itself");
     free_all();
 }
 
@@ -1030,34 +1030,6 @@ static int bf16_filter(void) {
 
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--bf16")) return bf16_filter();
-    CHECK_MAIN_ARGS(argc, argv);
     verbose = getenv("TEST_OPS_VERBOSE") != NULL;
-    RUN(grad_check_detects_mismatch);
-    RUN(embedding_grad);
-    RUN(rmsnorm_grad);
-    RUN(matmul_grad);
-    RUN(rope_grad);
-    RUN(attention_grad_gqa);
-    RUN(attention_grad_mha);
-    RUN(attention_grad_mqa);
-    RUN(attention_grad_tiles);
-    RUN(exp_nonpositive_vs_expf);
-    RUN(softmax_row_matches_its_scalar_definition);
-    RUN(attention_long_sequence_tiles);
-    RUN(swiglu_grad);
-    RUN(crossentropy_grad);
-    RUN(add_grad);
-    RUN(backward_accumulates);
-    RUN(rope_position_zero_is_identity);
-    RUN(rope_backward_inverts_forward);
-    RUN(rope_adjacent_pairs_hand_example);
-    RUN(rope_tables_match_torch_formula);
-    RUN(attention_is_causal);
-    RUN(crossentropy_uniform_is_log_v);
-    RUN(crossentropy_vs_double);
-    RUN(matmul_odd_sizes);
-    RUN(matmul_large);
-    RUN(sumsq_vs_double);
-    RUN(determinism);
-    return check_summary();
+    return check_main(argc, argv);
 }

@@ -425,18 +425,5 @@ int main(int argc, char **argv) {
     ssize_t n = readlink("/proc/self/exe", self_path, sizeof self_path - 1);
     if (n <= 0) snprintf(self_path, sizeof self_path, "%s", argv[0]);
     else self_path[n] = 0;
-    CHECK_MAIN_ARGS(argc, argv);
-    RUN(missing_wait_is_reported);
-    RUN(event_wait_orders);
-    RUN(record_before_write_does_not_order);
-    RUN(host_syncs_order);
-    RUN(off_switch);
-    RUN(write_after_read);
-    RUN(use_after_free);
-    RUN(collective_race_deterministic);
-    RUN(free_while_in_use_deterministic);
-    RUN(foreign_pool);
-    RUN(overrun_is_named);
-    RUN(verdict_is_deterministic);
-    return check_summary();
+    return check_main(argc, argv);
 }

@@ -449,6 +449,82 @@ TEST(host_allgather) { run_world(local_config(4), rank_host_exchange, NULL); }
 #define COLL_CHECK TCHECK
 #include "coll_check.h"
 
+/* The table of kinds (coll_common.c): a row for every CollKind, rows that make
+ * sense, and every kind running on 1..4 ranks with buffers of exactly its
+ * row's sizes, out of place and in its in-place form, without a message (what
+ * each computes is coll_check.h's part). A new kind meets this test with its row. */
+static void rank_every_kind(Dev *d, void *arg) {
+    (void)arg;
+    ProcessGroup *g = dev_world_group(d);
+    Stream *s = dev_compute_stream(d);
+    const int n = pg_size(g), me = pg_rank(g);
+    const size_t cnt = 5;
+    for (int kind = 0; kind < COLL_KIND_COUNT; kind++) {
+        const CollKindInfo *k = coll_kind(kind);
+        const size_t ns = coll_buf_elems(k->send, cnt, n), nr = coll_buf_elems(k->recv, cnt, n);
+        const size_t nbig = ns > nr ? ns : nr;
+        for (int inplace = 0; inplace < 2; inplace++) {
+            if (inplace && k->in_place == COLL_INPLACE_NONE) continue;
+            float *a = nbig ? dev_alloc_f32(d, nbig, MEM_COMM_BUFFER, "a") : NULL, *b = NULL;
+            float *send = a, *recv = a;
+            if (!inplace) {
+                b = nr ? dev_alloc_f32(d, nr, MEM_COMM_BUFFER, "b") : NULL;
+                recv = b;
+                if (nr) memset(b, 0, nr * sizeof(float));
+            } else if (k->in_place == COLL_INPLACE_OWN_BLOCK) {
+                if (k->recv == COLL_BUF_PER_RANK) send = a + (size_t)me * cnt;
+                else recv = a + (size_t)me * cnt;
+            }
+            if (!ns) send = NULL;
+            if (!nr) recv = NULL;
+            for (size_t i = 0; i < nbig; i++) a[i] = (float)(me + 1) + (float)i;
+            coll_enqueue(g, s, (CollKind)kind, send, recv, cnt, RED_SUM, k->rooted ? n - 1 : 0, DTYPE_F32, k->name);
+            dev_stream_synchronize(s);
+            if (a) dev_free(d, a);
+            if (b) dev_free(d, b);
+        }
+    }
+}
+TEST(collective_kind_table) {
+    for (int kind = 0; kind < COLL_KIND_COUNT; kind++) {
+        const CollKindInfo *k = coll_kind(kind);
+        CHECK(k && k->name && *k->name, "kind %d has no row (or no name)", kind);
+        if (!k || !k->name) continue;
+        CHECK(!strcmp(coll_kind_name(kind), k->name), "coll_kind_name(%d) = %s", kind, coll_kind_name(kind));
+        for (int other = 0; other < kind; other++)
+            CHECK(strcmp(coll_kind_name(other), k->name), "kinds %d and %d are both %s", other, kind, k->name);
+        CHECK(k->link_passes >= 1, "%s: %d ring passes", k->name, k->link_passes);
+        if (k->in_place == COLL_INPLACE_OWN_BLOCK)
+            CHECK((k->send == COLL_BUF_COUNT && k->recv == COLL_BUF_PER_RANK) ||
+                      (k->send == COLL_BUF_PER_RANK && k->recv == COLL_BUF_COUNT),
+                  "%s: in place as a rank's block needs a block and a per-rank buffer", k->name);
+        if (k->in_place == COLL_INPLACE_SAME)
+            CHECK(k->send == COLL_BUF_NONE || k->send == k->recv, "%s: in place as one buffer needs equal sizes", k->name);
+        if (k->send == COLL_BUF_NONE && k->recv == COLL_BUF_NONE)
+            CHECK(k->link_share == COLL_LINK_LATENCY_ONLY, "%s moves no bytes but its link share is not latency only",
+                  k->name);
+    }
+    CHECK(!coll_kind(COLL_KIND_COUNT) && !coll_kind(-1), "a kind past the table");
+    CHECK(!strcmp(coll_kind_name(COLL_KIND_COUNT), "?") && !strcmp(coll_kind_name(-1), "?"), "name of a non-kind");
+    for (int n = 1; n <= 4 && !check_failed_in_test; n++) { /* (a broken row would crash it) */
+        WorldConfig c = local_config(n);
+        c.poison = 1;
+        run_world(c, rank_every_kind, NULL);
+    }
+}
+
+/* Rank-order sums differ from other orders: make sure the test would notice. */
+TEST(rank_order_matters) {
+    int differs = 0;
+    for (size_t i = 0; i < 1000 && !differs; i++) {
+        float fwd = reduce_expected(5, i, 3, RED_SUM);
+        float rev = input(4, i, 3);
+        for (int r = 3; r >= 0; r--) rev += input(r, i, 3);
+        differs = memcmp(&fwd, &rev, 4) != 0;
+    }
+    CHECK(differs, "inputs are too tame to detect a wrong summation order");
+}
+
 static void rank_collectives(Dev *d, void *arg) {
     (void)arg;
     Stream *t = dev_stream_create(d, "ag");
@@ -515,18 +591,6 @@ static void rank_watch(Dev *d, void *arg) {
     dev_free(d, x);
 }
 TEST(watch_collectives) { run_world(local_config(2), rank_watch, NULL); }
-
-/* Rank-order sums differ from other orders: make sure the test would notice. */
-TEST(rank_order_matters) {
-    int differs = 0;
-    for (size_t i = 0; i < 1000 && !differs; i++) {
-        float fwd = reduce_expected(5, i, 3, RED_SUM);
-        float rev = input(4, i, 3);
-        for (int r = 3; r >= 0; r--) rev += input(r, i, 3);
-        differs = memcmp(&fwd, &rev, 4) != 0;
-    }
-    CHECK(differs, "inputs are too tame to detect a wrong summation order");
-}
 
 typedef struct {
     size_t send_count;
@@ -875,23 +939,5 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (argc > 2 && strcmp(argv[1], "--misuse") == 0) return misuse(argv[2]);
-    CHECK_MAIN_ARGS(argc, argv);
-    RUN(stream_fifo);
-    RUN(inter_node_link_model);
-    RUN(host_memory_pool);
-    RUN(event_wait_across_streams);
-    RUN(wait_uses_record_before_it);
-    RUN(host_sync_and_query);
-    RUN(allocator_counts);
-    RUN(emulator_storage_waits_for_every_stream);
-    RUN(pool_rules_and_record_stream);
-    RUN(live_size_containing);
-    RUN(poison_nan);
-    RUN(host_allgather);
-    RUN(rank_order_matters);
-    RUN(collectives_world_1_to_5);
-    RUN(watch_collectives);
-    RUN(link_model_timing);
-    RUN(trace_records);
-    return check_summary();
+    return check_main(argc, argv);
 }

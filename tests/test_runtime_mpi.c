@@ -17,9 +17,7 @@
 #include <unistd.h>
 
 #ifndef HAVE_MPI
-int main(int argc, char **argv) {
-    CHECK_MAIN_ARGS(argc, argv);
-    (void)check_failed_in_test;
+int main(void) {
     printf("this build has no MPI support\n");
     return check_summary(); /* "0 passed, 0 failed", status 1 */
 }
@@ -64,7 +62,6 @@ static void rank_collectives(Dev *d, void *arg) {
 }
 
 int main(int argc, char **argv) {
-    CHECK_MAIN_ARGS(argc, argv); /* (no RUN here; keeps the harness happy) */
     int world = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--world") == 0 && i + 1 < argc) world = atoi(argv[++i]);

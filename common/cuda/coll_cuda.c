@@ -168,8 +168,6 @@ static void local_collective(Stream *s, const Op *op, const void *send, void *re
     const int bf16 = desc->dtype == DTYPE_BF16;
     cudaStream_t st = cs->st;
     CudaPost mine = {{*desc, op->coll_seq, send, recv, NULL}, cs->ready}, all[WORLD_MAX_RANKS];
-    size_t chunk = (cnt + (size_t)n - 1) / (size_t)n;
-    if (desc->kind == COLL_ALL_REDUCE) mine.post.scratch = scratch_for(s, chunk);
 
     /* A: inputs ready everywhere */
     CUDA_CHECK(cudaEventRecord(cs->ready, st));
@@ -181,7 +179,7 @@ static void local_collective(Stream *s, const Op *op, const void *send, void *re
 
     OpSpan span;
     if (d->scope.tracing) cuda_span_begin(d, s, &span);
-    switch (desc->kind) {
+    switch ((CollKind)desc->kind) {
     case COLL_ALL_GATHER:
         for (int r = 0; r < n; r++) {
             char *dst = (char *)recv + (size_t)r * cnt * esize;
@@ -196,12 +194,14 @@ static void local_collective(Stream *s, const Op *op, const void *send, void *re
         break;
     }
     case COLL_ALL_REDUCE: {
-        /* recv may alias send: reduce my chunk into scratch first, then copy everyone's chunks */
+        /* recv may alias send: reduce my chunk into scratch first, post it (B), then copy everyone's chunks */
         const void *in[WORLD_MAX_RANKS];
         for (int r = 0; r < n; r++) in[r] = all[r].post.send;
+        size_t chunk = (cnt + (size_t)n - 1) / (size_t)n;
         size_t lo = (size_t)me * chunk, hi = lo + chunk < cnt ? lo + chunk : cnt;
-        if (lo < hi) cuda_reduce_ranks(mine.post.scratch, in, n, lo, hi - lo, desc->op == RED_AVG, 0, st);
         CudaPost red = mine, reds[WORLD_MAX_RANKS];
+        red.post.scratch = scratch_for(s, chunk);
+        if (lo < hi) cuda_reduce_ranks(red.post.scratch, in, n, lo, hi - lo, desc->op == RED_AVG, 0, st);
         red.ev = cs->reduced;
         CUDA_CHECK(cudaEventRecord(cs->reduced, st));
         rendezvous(s, op, &red, reds); /* B */
@@ -220,7 +220,8 @@ static void local_collective(Stream *s, const Op *op, const void *send, void *re
             CUDA_CHECK(cudaMemcpyAsync(recv, src, cnt * sizeof(float), cudaMemcpyDeviceToDevice, st));
         break;
     }
-    default: break;
+    case COLL_BARRIER: break; /* the rendezvous around this switch are all of it */
+    case COLL_KIND_COUNT: break; /* not a kind */
     }
     if (d->scope.tracing) {
         TraceRec rec = cuda_trace_rec(s, op->label, op->name, "collective", op->bytes, coll_dtype_name(desc->dtype),
@@ -263,12 +264,13 @@ static void nccl_collective(Stream *s, const Op *op, const void *send, void *rec
     ncclDataType_t type = desc->dtype == DTYPE_BF16 ? ncclBfloat16 : ncclFloat32;
     OpSpan span;
     if (d->scope.tracing) cuda_span_begin(d, s, &span);
-    switch (desc->kind) {
+    switch ((CollKind)desc->kind) {
     case COLL_ALL_GATHER: NCCL_CHECK(ncclAllGather(send, recv, cnt, type, comm, cs->st)); break;
     case COLL_REDUCE_SCATTER: NCCL_CHECK(ncclReduceScatter(send, recv, cnt, type, red, comm, cs->st)); break;
     case COLL_ALL_REDUCE: NCCL_CHECK(ncclAllReduce(send, recv, cnt, ncclFloat32, red, comm, cs->st)); break;
     case COLL_BROADCAST: NCCL_CHECK(ncclBroadcast(recv, recv, cnt, ncclFloat32, desc->root, comm, cs->st)); break;
-    default: NCCL_CHECK(ncclAllReduce(cs->one, cs->one, 1, ncclFloat32, ncclSum, comm, cs->st)); break;
+    case COLL_BARRIER: NCCL_CHECK(ncclAllReduce(cs->one, cs->one, 1, ncclFloat32, ncclSum, comm, cs->st)); break;
+    case COLL_KIND_COUNT: break; /* not a kind */
     }
     if (d->scope.tracing) {
         TraceRec rec = cuda_trace_rec(s, op->label, op->name, "collective", op->bytes, coll_dtype_name(desc->dtype),

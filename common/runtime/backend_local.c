@@ -83,6 +83,7 @@ static void local_coll_enqueue(Stream *s, Op *op) {
     const ProcessGroup *g = op->pg;
     if (!ls->chans[g->id]) ls->chans[g->id] = world_channel(s->dev->world, s->index, g->id, g->color);
     op->chan = ls->chans[g->id];
+    op->exec = coll_execute;
     cpu_enqueue_op(s, op);
 }
 

@@ -71,7 +71,10 @@ MPI_Comm mpi_stream_comm(const Stream *s, const ProcessGroup *g) {
     return g->id ? ms->groups[g->id] : ms->world;
 }
 
-static void mpi_coll_enqueue(Stream *s, Op *op) { cpu_enqueue_op(s, op); }
+static void mpi_coll_enqueue(Stream *s, Op *op) {
+    op->exec = coll_execute;
+    cpu_enqueue_op(s, op);
+}
 
 static const BackendOps cpu_mpi_backend = {
     CPU_BACKEND_OPS,

@@ -1,7 +1,8 @@
-/* coll.h — collectives inside the runtime: what a rank asks for (CollDesc),
- * the local backend's rendezvous channels, the agreement check, the flight
- * recorder and the watchdog (coll_common.c, shared by both backends), and
- * each backend's enqueue/execute (collectives.c; cuda/coll_cuda.c). */
+/* coll.h — collectives inside the runtime: the kinds (CollKindInfo), what a
+ * rank asks for (CollDesc), the local backend's rendezvous channels, the
+ * agreement check, the flight recorder and the watchdog (coll_common.c,
+ * shared by both backends), and each backend's enqueue (collectives.c;
+ * cuda/coll_cuda.c). */
 #ifndef HWFSDP_COLL_H
 #define HWFSDP_COLL_H
 
@@ -13,7 +14,55 @@
 
 typedef struct Op Op;
 
-typedef enum { COLL_ALL_GATHER = 0, COLL_REDUCE_SCATTER, COLL_ALL_REDUCE, COLL_BROADCAST, COLL_BARRIER } CollKind;
+/* The collective kinds. A kind is its row of coll_kinds (coll_common.c: what
+ * it moves, its checks, its link cost) plus one execute case per backend
+ * (collectives.c: local and mpi; cuda/coll_cuda.c: local and nccl). */
+typedef enum {
+    COLL_ALL_GATHER = 0,
+    COLL_REDUCE_SCATTER,
+    COLL_ALL_REDUCE,
+    COLL_BROADCAST,
+    COLL_BARRIER,
+    COLL_KIND_COUNT /* keep last: the number of kinds (rows of coll_kinds) */
+} CollKind;
+
+/* How many elements one buffer of a collective holds. */
+typedef enum {
+    COLL_BUF_NONE = 0, /* it takes no such buffer */
+    COLL_BUF_COUNT,    /* count */
+    COLL_BUF_PER_RANK, /* a block of count per group rank: count * group size */
+} CollBufSize;
+
+/* NCCL's in-place form: where send may overlap recv (any other overlap races
+ * with the peers' copies and is refused). */
+typedef enum {
+    COLL_INPLACE_NONE = 0, /* nowhere: the two buffers are disjoint */
+    COLL_INPLACE_SAME,     /* send == recv */
+    COLL_INPLACE_OWN_BLOCK /* the count-sized buffer is this rank's block of the per-rank one (at group rank * count) */
+} CollInPlace;
+
+/* The link model's payload per ring pass: what share of the collective's bytes crosses each link. */
+typedef enum {
+    COLL_LINK_LATENCY_ONLY = 0, /* none: the hops' latency alone */
+    COLL_LINK_RING,             /* (n-1)/n of them: every rank's block but its own (ring all-gather) */
+    COLL_LINK_WHOLE             /* all of them: every rank receives the whole buffer (pipelined broadcast) */
+} CollLinkShare;
+
+/* Everything about a kind except how a backend executes it. */
+typedef struct {
+    const char *name;          /* messages, the trace, the flight recorder, dev_watch_collectives */
+    CollBufSize send, recv;    /* the race detector reads send and writes recv; a NONE buffer is never checked */
+    int reduces;               /* takes a RedOp (sum / avg) */
+    int rooted;                /* takes a root (a group rank) */
+    CollInPlace in_place;
+    CollLinkShare link_share;
+    int link_passes;           /* ring passes (all-reduce: a reduce-scatter and an all-gather) */
+} CollKindInfo;
+
+/* The row of a kind; NULL for a number that is not a kind. */
+const CollKindInfo *coll_kind(int kind);
+/* The elements of a buffer of size b for count and a group of group_size ranks. */
+size_t coll_buf_elems(CollBufSize b, size_t count, int group_size);
 
 /* The most process groups a rank may create, the world included. */
 #define PG_MAX 16
@@ -89,8 +138,6 @@ void coll_op_describe(Dev *d, Stream *s, Op *o, ProcessGroup *g, CollKind kind, 
  * backend's coll_enqueue). The coll_* calls of device.h lead here. */
 void coll_enqueue(ProcessGroup *g, Stream *s, CollKind kind, const void *send, void *recv, size_t count, RedOp op,
                   int root, DType dtype, const char *label);
-/* Run a queued collective on the stream's worker (collectives.c). */
-void coll_execute(Stream *s, const Op *op);
 /* Wait (mu held) until *generation moves past gen; with timeout_s > 0, return
  * 1 (mu still held) if it has not after timeout_s seconds, else 0. */
 int coll_wait_generation(pthread_cond_t *cv, pthread_mutex_t *mu, const uint64_t *generation, uint64_t gen,

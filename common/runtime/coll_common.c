@@ -1,6 +1,6 @@
-/* coll_common.c — what both backends' collectives share: names, the
- * cross-rank agreement check, argument checks, the flight recorder and the
- * watchdog's report. */
+/* coll_common.c — what both backends' collectives share: the table of kinds
+ * (sizes, checks, link cost), the cross-rank agreement check, argument
+ * checks, the flight recorder and the watchdog's report. */
 #include "runtime/internal.h"
 #include "runtime/util.h"
 
@@ -11,15 +11,44 @@
 #include <time.h>
 #include <unistd.h>
 
-static const char *const KIND_NAMES[] = {"all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier"};
+/* One row per CollKind, by its number (a row left out at the end fails the
+ * static assert below; one left out in the middle has no name, which
+ * test_runtime's collective_kind_table catches). */
+static const CollKindInfo KINDS[] = {
+    [COLL_ALL_GATHER] = {.name = "all_gather", .send = COLL_BUF_COUNT, .recv = COLL_BUF_PER_RANK,
+                         .in_place = COLL_INPLACE_OWN_BLOCK, .link_share = COLL_LINK_RING, .link_passes = 1},
+    [COLL_REDUCE_SCATTER] = {.name = "reduce_scatter", .send = COLL_BUF_PER_RANK, .recv = COLL_BUF_COUNT,
+                             .reduces = 1, .in_place = COLL_INPLACE_OWN_BLOCK, .link_share = COLL_LINK_RING,
+                             .link_passes = 1},
+    [COLL_ALL_REDUCE] = {.name = "all_reduce", .send = COLL_BUF_COUNT, .recv = COLL_BUF_COUNT, .reduces = 1,
+                         .in_place = COLL_INPLACE_SAME, .link_share = COLL_LINK_RING, .link_passes = 2},
+    /* one buffer, passed as both send and recv: the root's is read, the others' written */
+    [COLL_BROADCAST] = {.name = "broadcast", .send = COLL_BUF_NONE, .recv = COLL_BUF_COUNT, .rooted = 1,
+                        .in_place = COLL_INPLACE_SAME, .link_share = COLL_LINK_WHOLE, .link_passes = 1},
+    [COLL_BARRIER] = {.name = "barrier", .send = COLL_BUF_NONE, .recv = COLL_BUF_NONE,
+                      .in_place = COLL_INPLACE_NONE, .link_share = COLL_LINK_LATENCY_ONLY, .link_passes = 1},
+};
+_Static_assert(sizeof KINDS / sizeof *KINDS == COLL_KIND_COUNT, "one row of KINDS per CollKind");
+
+const CollKindInfo *coll_kind(int kind) {
+    return kind >= 0 && (size_t)kind < sizeof KINDS / sizeof *KINDS ? &KINDS[kind] : NULL;
+}
+
+size_t coll_buf_elems(CollBufSize b, size_t count, int group_size) {
+    return b == COLL_BUF_PER_RANK ? count * (size_t)group_size : b == COLL_BUF_COUNT ? count : 0;
+}
+
+/* A kind without buffers (a barrier) has no count or dtype worth naming. */
+static int has_buffers(const CollKindInfo *k) { return k && (k->send != COLL_BUF_NONE || k->recv != COLL_BUF_NONE); }
 
 static void describe(char *buf, size_t cap, int rank, const CollDesc *c) {
-    int n = snprintf(buf, cap, "rank %d %s", rank, KIND_NAMES[c->kind]);
-    if (c->kind != COLL_BARRIER && n >= 0 && (size_t)n < cap)
+    const CollKindInfo *k = coll_kind(c->kind);
+    int n = snprintf(buf, cap, "rank %d %s", rank, coll_kind_name(c->kind));
+    if (has_buffers(k) && n >= 0 && (size_t)n < cap)
         n += snprintf(buf + n, cap - (size_t)n, " %llu %s", (unsigned long long)c->count, coll_dtype_name(c->dtype));
-    if ((c->kind == COLL_REDUCE_SCATTER || c->kind == COLL_ALL_REDUCE) && n >= 0 && (size_t)n < cap)
+    if (k && k->reduces && n >= 0 && (size_t)n < cap)
         n += snprintf(buf + n, cap - (size_t)n, " %s", c->op == RED_AVG ? "avg" : "sum");
-    if (c->kind == COLL_BROADCAST && n >= 0 && (size_t)n < cap) n += snprintf(buf + n, cap - (size_t)n, " root %d", c->root);
+    if (k && k->rooted && n >= 0 && (size_t)n < cap) n += snprintf(buf + n, cap - (size_t)n, " root %d", c->root);
     if (c->group && n >= 0 && (size_t)n < cap) n += snprintf(buf + n, cap - (size_t)n, " in %s", c->group_name);
     if (n >= 0 && (size_t)n < cap) snprintf(buf + n, cap - (size_t)n, " (%s)", c->label);
 }
@@ -47,50 +76,58 @@ void coll_check_agreement(Stream *s, uint64_t seq, const CollDesc *descs, int n,
     fatal("%s", msg);
 }
 
-const char *coll_kind_name(int kind) { return kind >= 0 && kind <= COLL_BARRIER ? KIND_NAMES[kind] : "?"; }
+const char *coll_kind_name(int kind) {
+    const CollKindInfo *k = coll_kind(kind);
+    return k && k->name ? k->name : "?";
+}
 const char *coll_dtype_name(int dtype) { return dtype == DTYPE_BF16 ? "bf16" : dtype == DTYPE_F32 ? "f32" : "?"; }
 size_t coll_dtype_size(int dtype) { return dtype == DTYPE_BF16 ? sizeof(Bf16) : sizeof(float); }
 
-/* NCCL's rule for a collective's two buffers: they are disjoint, or the send buffer is the rank's own
- * block of the receive buffer (all-gather: send == recv + rank*count; reduce-scatter: recv == send +
- * rank*count; all-reduce: send == recv). Any other overlap is undefined there, and here a data race
- * between the ranks' copies: one line naming the in-place form instead. */
-static void check_overlap(const ProcessGroup *g, int kind, const void *send, const void *recv, size_t count,
-                          int dtype, const char *label) {
-    if (!count || !send || !recv || (send == recv && kind == COLL_ALL_REDUCE)) return;
+/* NCCL's rule for a collective's two buffers: they are disjoint, or in the kind's in-place form
+ * (all-gather: send == recv + rank*count; reduce-scatter: recv == send + rank*count; all-reduce:
+ * send == recv). Any other overlap is undefined there, and here a data race between the ranks'
+ * copies: one line naming the in-place form instead. */
+static void check_overlap(const ProcessGroup *g, const CollKindInfo *k, const void *send, const void *recv,
+                          size_t count, int dtype, const char *label) {
+    if (!count || !send || !recv || (send == recv && k->in_place == COLL_INPLACE_SAME)) return;
     const size_t es = coll_dtype_size(dtype), n = (size_t)g->size, me = (size_t)g->rank;
-    size_t send_len = count * es, recv_len = count * es;
-    if (kind == COLL_ALL_GATHER) recv_len *= n;
-    if (kind == COLL_REDUCE_SCATTER) send_len *= n;
+    const size_t send_len = coll_buf_elems(k->send, count, g->size) * es,
+                 recv_len = coll_buf_elems(k->recv, count, g->size) * es;
     const char *sp = send, *rp = recv;
     if (sp + send_len <= rp || rp + recv_len <= sp) return; /* disjoint */
-    if (kind == COLL_ALL_GATHER && sp == rp + me * count * es) return;
-    if (kind == COLL_REDUCE_SCATTER && rp == sp + me * count * es) return;
-    const long long at = (long long)(sp - rp) / (long long)es, k = (long long)(me * count);
-    if (kind == COLL_ALL_REDUCE)
-        fatal("all_reduce (%s) on rank %d: send is at recv%+lld elements, overlapping recv: pass the same buffer for "
+    const int send_is_block = k->recv == COLL_BUF_PER_RANK; /* else recv is the block of send */
+    if (k->in_place == COLL_INPLACE_OWN_BLOCK && (send_is_block ? sp == rp + me * count * es : rp == sp + me * count * es))
+        return;
+    const long long at = (long long)(sp - rp) / (long long)es, block = (long long)(me * count);
+    const char *lbl = label ? label : "";
+    if (k->in_place == COLL_INPLACE_SAME)
+        fatal("%s (%s) on rank %d: send is at recv%+lld elements, overlapping recv: pass the same buffer for "
               "both (in place) or two disjoint ones; any other overlap races with the peers' reads",
-              label ? label : "", g->dev->rank, at);
+              k->name, lbl, g->dev->rank, at);
+    if (k->in_place == COLL_INPLACE_NONE)
+        fatal("%s (%s) on rank %d: send is at recv%+lld elements, overlapping recv: %s has no in-place form, pass two "
+              "disjoint buffers; any overlap races with the peers' copies",
+              k->name, lbl, g->dev->rank, at, k->name);
     fatal("%s (%s) on rank %d: send is at recv%+lld elements, overlapping recv but not in place: in place means %s, "
           "i.e. send at recv%+lld (rank %zu of %zu in %s); any other overlap races with the peers' copies",
-          KIND_NAMES[kind], label ? label : "", g->dev->rank, at,
-          kind == COLL_ALL_GATHER ? "send = recv + group rank * send_count" : "recv = send + group rank * recv_count",
-          kind == COLL_ALL_GATHER ? k : -k, me, n, g->name);
+          k->name, lbl, g->dev->rank, at,
+          send_is_block ? "send = recv + group rank * send_count" : "recv = send + group rank * recv_count",
+          send_is_block ? block : -block, me, n, g->name);
 }
 
 void coll_validate(ProcessGroup *g, Stream *s, int kind, const void *send, const void *recv, size_t count, int op,
                    int root, int dtype, const char *label) {
-    if (!g) fatal("%s (%s): NULL process group", KIND_NAMES[kind], label ? label : "");
+    const CollKindInfo *k = coll_kind(kind);
+    if (!k) fatal("unknown collective kind %d (%s)", kind, label ? label : "");
+    if (!g) fatal("%s (%s): NULL process group", k->name, label ? label : "");
     Dev *d = g->dev;
-    if (s->dev != d) fatal("%s: stream '%s' belongs to rank %d, not rank %d", KIND_NAMES[kind], s->name, s->dev->rank, d->rank);
-    if (kind == COLL_REDUCE_SCATTER || kind == COLL_ALL_REDUCE)
-        if (op != RED_SUM && op != RED_AVG) fatal("%s: unknown reduce op %d", KIND_NAMES[kind], op);
-    if (kind == COLL_BROADCAST && (root < 0 || root >= g->size))
-        fatal("broadcast (%s): root %d is not a rank of %s (0..%d)", label ? label : "", root, g->name, g->size - 1);
-    if (count && kind != COLL_BARRIER && (!recv || (kind != COLL_BROADCAST && !send)))
-        fatal("%s (%s): NULL buffer with %zu elements", KIND_NAMES[kind], label ? label : "", count);
-    if (kind == COLL_ALL_GATHER || kind == COLL_REDUCE_SCATTER || kind == COLL_ALL_REDUCE)
-        check_overlap(g, kind, send, recv, count, dtype, label);
+    if (s->dev != d) fatal("%s: stream '%s' belongs to rank %d, not rank %d", k->name, s->name, s->dev->rank, d->rank);
+    if (k->reduces && op != RED_SUM && op != RED_AVG) fatal("%s: unknown reduce op %d", k->name, op);
+    if (k->rooted && (root < 0 || root >= g->size))
+        fatal("%s (%s): root %d is not a rank of %s (0..%d)", k->name, label ? label : "", root, g->name, g->size - 1);
+    if (count && ((k->recv != COLL_BUF_NONE && !recv) || (k->send != COLL_BUF_NONE && !send)))
+        fatal("%s (%s): NULL buffer with %zu elements", k->name, label ? label : "", count);
+    if (k->send != COLL_BUF_NONE && k->recv != COLL_BUF_NONE) check_overlap(g, k, send, recv, count, dtype, label);
 }
 
 int coll_wait_generation(pthread_cond_t *cv, pthread_mutex_t *mu, const uint64_t *generation, uint64_t gen,
@@ -155,8 +192,8 @@ static void flight_print(FILE *f, Dev *d) {
         for (uint64_t q = first; any && q <= newest; q++) {
             const FlightEntry *e = &r->e[q % FLIGHT_DEPTH];
             if (!e->state || e->seq != q) continue;
-            fprintf(f, " #%llu %s", (unsigned long long)e->seq, KIND_NAMES[e->kind]);
-            if (e->kind != COLL_BARRIER) fprintf(f, " %llu", (unsigned long long)e->count);
+            fprintf(f, " #%llu %s", (unsigned long long)e->seq, coll_kind_name(e->kind));
+            if (has_buffers(coll_kind(e->kind))) fprintf(f, " %llu", (unsigned long long)e->count);
             if (e->group) fprintf(f, " in %s", e->group);
             fprintf(f, "%s%s%s %s", *e->label ? " (" : "", e->label, *e->label ? ")" : "", STATE_NAMES[e->state]);
             fprintf(f, q < newest ? "," : "");
@@ -260,11 +297,11 @@ void pg_reduce_scatter_bf16(ProcessGroup *g, const Bf16 *send, Bf16 *recv, size_
     coll_enqueue(g, s, COLL_REDUCE_SCATTER, send, recv, recv_count, op, 0, DTYPE_BF16, label);
 }
 
-/* What a collective moves: the whole gathered / scattered buffer, the buffer. */
-static size_t coll_bytes(CollKind kind, size_t count, int group_size, DType dtype) {
-    size_t n = kind == COLL_ALL_GATHER || kind == COLL_REDUCE_SCATTER ? count * (size_t)group_size
-               : kind == COLL_BARRIER ? 0 : count;
-    return n * coll_dtype_size(dtype);
+/* What a collective moves (the trace, the link model): its larger buffer, e.g.
+ * the whole gathered / scattered one. */
+static size_t coll_bytes(const CollKindInfo *k, size_t count, int group_size, DType dtype) {
+    size_t send = coll_buf_elems(k->send, count, group_size), recv = coll_buf_elems(k->recv, count, group_size);
+    return (send > recv ? send : recv) * coll_dtype_size(dtype);
 }
 
 void coll_op_describe(Dev *d, Stream *s, Op *o, ProcessGroup *g, CollKind kind, RedOp op, int root, size_t count,
@@ -272,18 +309,19 @@ void coll_op_describe(Dev *d, Stream *s, Op *o, ProcessGroup *g, CollKind kind, 
     o->label = dev_intern(d, label && *label ? label : "");
     o->pg = g;
     o->coll.kind = kind;
-    o->coll.op = (kind == COLL_REDUCE_SCATTER || kind == COLL_ALL_REDUCE) ? (int)op : 0;
+    const CollKindInfo *k = coll_kind((int)kind);
+    o->coll.op = k->reduces ? (int)op : 0;
     o->coll.root = root;
     o->coll.count = count;
     o->coll.dtype = dtype;
     o->coll.group = g->id;
     snprintf(o->coll.label, sizeof o->coll.label, "%s", label ? label : "");
     snprintf(o->coll.group_name, sizeof o->coll.group_name, "%s", g->name);
-    o->bytes = coll_bytes(kind, count, g->size, dtype);
+    o->bytes = coll_bytes(k, count, g->size, dtype);
     o->coll_seq = s->coll_seq++;
     flight_set(s, o, FLIGHT_ISSUED);
     if (d->coll_watch) {
-        CollIssue c = {coll_kind_name((int)kind), o->label, d->scope.module, d->scope.phase, d->scope.step,
+        CollIssue c = {k->name, o->label, d->scope.module, d->scope.phase, d->scope.step,
                        d->scope.micro, s->index, s->name};
         d->coll_watch(d->coll_watch_ctx, &c);
     }

@@ -7,8 +7,8 @@
  * Element types: float32 everywhere; all-gather and reduce-scatter also move
  * bfloat16 words (the reduce-scatter adds them in float32, rounding once). */
 #include "model/ops_math.h" /* bf16_from_f32 / bf16_to_f32 */
-#include "runtime/internal.h"
 #include "runtime/mpi_world.h"
+#include "runtime/stream.h"
 #include "runtime/util.h"
 
 #include <errno.h>
@@ -21,10 +21,12 @@
 
 /* ------------------------------------------------------------ link model */
 
-/* A ring over the group's n ranks: every byte crosses n-1 hops. A group whose
- * ranks sit on more than one node (--ranks-per-node) runs at the pace of the
- * slower inter-node link, which every ring around nodes crosses. */
-static double link_time_us(const WorldConfig *cfg, const CollDesc *c, size_t bytes, const ProcessGroup *g) {
+/* A ring over the group's n ranks: every byte crosses n-1 hops; the kind says
+ * what share of its bytes each pass puts on a link and how many passes it
+ * makes. A group whose ranks sit on more than one node (--ranks-per-node)
+ * runs at the pace of the slower inter-node link, which every ring around
+ * nodes crosses. */
+static double link_time_us(const WorldConfig *cfg, const CollKindInfo *k, size_t bytes, const ProcessGroup *g) {
     int n = g->size;
     if (n <= 1 || cfg->link_gbps <= 0) return 0.0;
     double gbps = cfg->link_gbps, hop_us = cfg->link_latency_us;
@@ -34,14 +36,8 @@ static double link_time_us(const WorldConfig *cfg, const CollDesc *c, size_t byt
     }
     double bw = gbps * 1e9 / 8.0; /* bytes per second */
     double lat = (n - 1) * hop_us;
-    double ring = (double)(n - 1) / n * (double)bytes / bw * 1e6 + lat;
-    switch (c->kind) {
-    case COLL_ALL_GATHER:
-    case COLL_REDUCE_SCATTER: return ring;
-    case COLL_ALL_REDUCE: return 2.0 * ring;
-    case COLL_BROADCAST: return (double)bytes / bw * 1e6 + lat;
-    default: return lat;
-    }
+    double share = k->link_share == COLL_LINK_RING ? (double)(n - 1) / n : k->link_share == COLL_LINK_WHOLE ? 1.0 : 0.0;
+    return k->link_passes * (share * (double)bytes / bw * 1e6 + lat);
 }
 
 static void sleep_until(double target_us) {
@@ -108,15 +104,12 @@ static void local_execute(Stream *s, const Op *op) {
     const int n = g->size, me = g->rank; /* group ranks */
     const CollDesc *desc = &op->coll;
     const size_t cnt = (size_t)desc->count, esize = coll_dtype_size(desc->dtype);
-    float *scratch = NULL, *recv = op->dst;
+    float *scratch = NULL; /* a kind's buffer that peers read: freed after the last barrier */
+    float *recv = op->dst;
     const float *send = op->src;
-    if (desc->kind == COLL_ALL_REDUCE) {
-        size_t chunk = (cnt + (size_t)n - 1) / (size_t)n;
-        scratch = xmalloc((chunk ? chunk : 1) * sizeof(float));
-    }
 
     pthread_mutex_lock(&c->mu);
-    c->posts[me] = (CollPost){*desc, op->coll_seq, send, recv, scratch};
+    c->posts[me] = (CollPost){*desc, op->coll_seq, send, recv, NULL};
     pthread_mutex_unlock(&c->mu);
     chan_barrier(s, op, n, 1); /* everyone posted; their earlier stream work is visible (mutex) */
 
@@ -141,7 +134,7 @@ static void local_execute(Stream *s, const Op *op) {
 
     const void *parts[WORLD_MAX_RANKS];
     for (int r = 0; r < n; r++) parts[r] = posts[r].send;
-    switch (desc->kind) {
+    switch ((CollKind)desc->kind) {
     case COLL_ALL_GATHER:
         for (int r = 0; r < n; r++) {
             char *dst = (char *)recv + (size_t)r * cnt * esize;
@@ -150,12 +143,20 @@ static void local_execute(Stream *s, const Op *op) {
         break;
     case COLL_REDUCE_SCATTER: reduce_ranks(recv, parts, n, (size_t)me * cnt, cnt, desc->dtype, desc->op); break;
     case COLL_ALL_REDUCE: {
-        /* reduce my chunk into scratch; peers copy it after the next barrier
-         * (recv may alias send, so nobody writes recv while others read send) */
+        /* reduce my chunk into scratch and post it; peers copy it after the
+         * next barrier (recv may alias send, so nobody writes recv while
+         * others read send) */
         size_t chunk = (cnt + (size_t)n - 1) / (size_t)n;
         size_t lo = (size_t)me * chunk, hi = lo + chunk < cnt ? lo + chunk : cnt;
+        scratch = xmalloc((chunk ? chunk : 1) * sizeof(float));
         if (lo < hi) reduce_ranks(scratch, parts, n, lo, hi - lo, DTYPE_F32, desc->op);
+        pthread_mutex_lock(&c->mu);
+        c->posts[me].scratch = scratch;
+        pthread_mutex_unlock(&c->mu);
         chan_barrier(s, op, n, 0);
+        pthread_mutex_lock(&c->mu); /* the posts stay put until everyone passed the last barrier */
+        for (int r = 0; r < n; r++) posts[r].scratch = c->posts[r].scratch;
+        pthread_mutex_unlock(&c->mu);
         for (int r = 0; r < n; r++) {
             size_t rlo = (size_t)r * chunk, rhi = rlo + chunk < cnt ? rlo + chunk : cnt;
             if (rlo < rhi) memcpy(recv + rlo, posts[r].scratch, (rhi - rlo) * sizeof(float));
@@ -166,11 +167,12 @@ static void local_execute(Stream *s, const Op *op) {
         if (me != desc->root && cnt && (const void *)recv != posts[desc->root].recv)
             memcpy(recv, posts[desc->root].recv, cnt * sizeof(float));
         break;
-    default: break;
+    case COLL_BARRIER: break; /* the barriers around this switch are all of it */
+    case COLL_KIND_COUNT: break; /* not a kind */
     }
     chan_barrier(s, op, n, 0); /* nobody reuses or frees its buffers while peers read them */
     free(scratch);
-    double t = link_time_us(&d->world->cfg, desc, op->bytes, g);
+    double t = link_time_us(&d->world->cfg, coll_kind(desc->kind), op->bytes, g);
     if (t > 0) sleep_until(t_start + t);
 }
 
@@ -203,12 +205,29 @@ static void mpi_wait(Stream *s, const Op *op, MPI_Request *req) {
     }
 }
 
+/* Chunk `me` of every rank's `in` (n chunks of `chunk` elements, an alltoall),
+ * reduced in rank order into `mine`: what reduce-scatter and all-reduce share. */
+static void mpi_reduce_my_chunk(Stream *s, const Op *op, MPI_Comm comm, MPI_Datatype type, const void *in,
+                                size_t chunk, void *mine) {
+    const int n = op->pg->size;
+    const size_t esize = coll_dtype_size(op->coll.dtype);
+    char *gathered = xmalloc(chunk * (size_t)n * esize);
+    MPI_Request req;
+    MPI_Ialltoall(in, (int)chunk, type, gathered, (int)chunk, type, comm, &req);
+    mpi_wait(s, op, &req);
+    const void *parts[WORLD_MAX_RANKS];
+    for (int r = 0; r < n; r++) parts[r] = gathered + (size_t)r * chunk * esize;
+    reduce_ranks(mine, parts, n, 0, chunk, op->coll.dtype, op->coll.op);
+    free(gathered);
+}
+
 static void mpi_execute(Stream *s, const Op *op) {
     const ProcessGroup *g = op->pg;
     const int n = g->size, me = g->rank; /* group ranks */
     MPI_Comm comm = mpi_stream_comm(s, g);
     const CollDesc *desc = &op->coll;
     const size_t cnt = (size_t)desc->count, esize = coll_dtype_size(desc->dtype);
+    const char *name = coll_kind_name(desc->kind);
     MPI_Datatype type = desc->dtype == DTYPE_BF16 ? MPI_UINT16_T : MPI_FLOAT;
     float *recv = op->dst;
     const float *send = op->src;
@@ -219,63 +238,61 @@ static void mpi_execute(Stream *s, const Op *op) {
     mpi_wait(s, op, &req);
     coll_check_agreement(s, op->coll_seq, descs, n, g->members);
 
-    switch (desc->kind) {
+    switch ((CollKind)desc->kind) {
     case COLL_ALL_GATHER:
         if (!cnt) break;
         if ((const char *)send == (const char *)recv + (size_t)me * cnt * esize)
-            MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, as_int(cnt, "all_gather"), type, comm, &req);
+            MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, as_int(cnt, name), type, comm, &req);
         else
-            MPI_Iallgather(send, as_int(cnt, "all_gather"), type, recv, (int)cnt, type, comm, &req);
+            MPI_Iallgather(send, as_int(cnt, name), type, recv, (int)cnt, type, comm, &req);
         mpi_wait(s, op, &req);
         break;
     case COLL_REDUCE_SCATTER:
+        if (!cnt) break;
+        as_int(cnt * (size_t)n, name);
+        mpi_reduce_my_chunk(s, op, comm, type, send, cnt, recv);
+        break;
     case COLL_ALL_REDUCE: {
-        /* every rank gets chunk `me` of every peer (alltoall), sums in rank order */
-        size_t chunk = desc->kind == COLL_REDUCE_SCATTER ? cnt : (cnt + (size_t)n - 1) / (size_t)n;
+        /* reduce chunk `me` of the buffer (zero-padded to n equal chunks), then all-gather the chunks */
+        size_t chunk = (cnt + (size_t)n - 1) / (size_t)n;
         if (!chunk) break;
-        as_int(chunk * (size_t)n, desc->kind == COLL_REDUCE_SCATTER ? "reduce_scatter" : "all_reduce");
+        as_int(chunk * (size_t)n, name);
         const float *in = send;
         float *padded = NULL;
-        if (desc->kind == COLL_ALL_REDUCE && chunk * (size_t)n != cnt) {
+        if (chunk * (size_t)n != cnt) {
             padded = xcalloc(chunk * (size_t)n, sizeof(float));
             memcpy(padded, send, cnt * sizeof(float));
             in = padded;
         }
-        char *gathered = xmalloc(chunk * (size_t)n * esize);
-        MPI_Ialltoall(in, (int)chunk, type, gathered, (int)chunk, type, comm, &req);
+        float *mine = xmalloc(chunk * sizeof(float));
+        mpi_reduce_my_chunk(s, op, comm, type, in, chunk, mine);
+        float *full = chunk * (size_t)n == cnt ? recv : xmalloc(chunk * (size_t)n * sizeof(float));
+        MPI_Iallgather(mine, (int)chunk, MPI_FLOAT, full, (int)chunk, MPI_FLOAT, comm, &req);
         mpi_wait(s, op, &req);
-        float *mine = desc->kind == COLL_REDUCE_SCATTER ? recv : xmalloc(chunk * sizeof(float));
-        const void *parts[WORLD_MAX_RANKS];
-        for (int r = 0; r < n; r++) parts[r] = gathered + (size_t)r * chunk * esize;
-        reduce_ranks(mine, parts, n, 0, chunk, desc->dtype, desc->op);
-        if (desc->kind == COLL_ALL_REDUCE) {
-            float *full = chunk * (size_t)n == cnt ? recv : xmalloc(chunk * (size_t)n * sizeof(float));
-            MPI_Iallgather(mine, (int)chunk, MPI_FLOAT, full, (int)chunk, MPI_FLOAT, comm, &req);
-            mpi_wait(s, op, &req);
-            if (full != recv) {
-                memcpy(recv, full, cnt * sizeof(float));
-                free(full);
-            }
-            free(mine);
+        if (full != recv) {
+            memcpy(recv, full, cnt * sizeof(float));
+            free(full);
         }
-        free(gathered);
+        free(mine);
         free(padded);
         break;
     }
     case COLL_BROADCAST:
         if (cnt) {
-            MPI_Ibcast(recv, as_int(cnt, "broadcast"), MPI_FLOAT, desc->root, comm, &req);
+            MPI_Ibcast(recv, as_int(cnt, name), MPI_FLOAT, desc->root, comm, &req);
             mpi_wait(s, op, &req);
         }
         break;
-    default:
+    case COLL_BARRIER:
         MPI_Ibarrier(comm, &req);
         mpi_wait(s, op, &req);
         break;
+    case COLL_KIND_COUNT: break; /* not a kind */
     }
 }
 #endif
 
+/* A queued collective, run by the stream's worker (Op.exec: the CPU backends' coll_enqueue sets it). */
 void coll_execute(Stream *s, const Op *op) {
     flight_set(s, op, FLIGHT_STARTED);
 #ifdef HAVE_MPI

@@ -40,6 +40,7 @@ struct Op {
     OpKind kind;
     int traced;                 /* tracing was on when it was enqueued */
     void (*fn)(void *args);
+    void (*exec)(Stream *s, const Op *op); /* collective: runs it on the worker (set by its backend's enqueue) */
     const char *name;           /* interned */
     const char *module, *phase; /* interned scope at enqueue */
     int step, micro;            /* micro: the scope's microbatch (-1: none) */

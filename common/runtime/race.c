@@ -304,26 +304,13 @@ void race_on_enqueue(Stream *s, const Op *op) {
     case OP_WAIT:
         if (op->event->vc) vc_merge(s->vc, op->event->vc, op->event->vc_n);
         break;
-    case OP_COLL: {
-        const size_t n = (size_t)op->pg->size, cnt = (size_t)op->coll.count, f = coll_dtype_size(op->coll.dtype);
+    case OP_COLL: { /* its kind says what it reads (send) and writes (recv) */
+        const CollKindInfo *k = coll_kind(op->coll.kind);
+        const size_t cnt = (size_t)op->coll.count, f = coll_dtype_size(op->coll.dtype);
         if (op->label && *op->label) me.module = op->label;
-        me.name = coll_kind_name(op->coll.kind);
-        switch ((CollKind)op->coll.kind) {
-        case COLL_ALL_GATHER:
-            check_access(s, &me, op->src, cnt * f, 0, NULL);
-            check_access(s, &me, op->dst, cnt * n * f, 1, NULL);
-            break;
-        case COLL_REDUCE_SCATTER:
-            check_access(s, &me, op->src, cnt * n * f, 0, NULL);
-            check_access(s, &me, op->dst, cnt * f, 1, NULL);
-            break;
-        case COLL_ALL_REDUCE:
-            check_access(s, &me, op->src, cnt * f, 0, NULL);
-            check_access(s, &me, op->dst, cnt * f, 1, NULL);
-            break;
-        case COLL_BROADCAST: check_access(s, &me, op->dst, cnt * f, 1, NULL); break;
-        case COLL_BARRIER: break;
-        }
+        me.name = k->name;
+        check_access(s, &me, op->src, coll_buf_elems(k->send, cnt, op->pg->size) * f, 0, NULL);
+        check_access(s, &me, op->dst, coll_buf_elems(k->recv, cnt, op->pg->size) * f, 1, NULL);
         break;
     }
     case OP_LAUNCH: break;

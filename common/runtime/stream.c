@@ -125,7 +125,7 @@ static void execute(Stream *s, Op *op) {
     case OP_WAIT: run_wait(s, op); break;
     case OP_COLL:
         ops->span_begin(s->dev, s, &span);
-        coll_execute(s, op);
+        op->exec(s, op);
         op_done(s, op, &span, op->label, "collective");
         break;
     }

@@ -36,8 +36,10 @@ typedef struct {
 static inline CpuStream *cpu_stream(const Stream *s) { return s->backend; }
 static inline CpuEvent *cpu_event(const Event *e) { return e->backend; }
 
-/* Queue op (op_init'd; a collective: coll_op_describe'd) on s; the worker runs it. */
+/* Queue op (op_init'd; a collective: coll_op_describe'd, its exec set) on s; the worker runs it. */
 void cpu_enqueue_op(Stream *s, const Op *op);
+/* collectives.c: a collective of either CPU backend (Op.exec). */
+void coll_execute(Stream *s, const Op *op);
 
 /* stream.c: the entries of CPU_BACKEND_OPS */
 void cpu_dev_init(Dev *d);

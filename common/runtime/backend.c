@@ -131,17 +131,3 @@ void threads_host_exchange(Dev *d, double value, double *out) {
 void dev_host_allgather_f64(Dev *d, double value, double *out) { dev_ops(d)->host_exchange(d, value, out); }
 
 void dev_host_barrier(Dev *d) { dev_ops(d)->host_exchange(d, 0.0, NULL); }
-
-/* ------------------------------------------------------------ collectives */
-
-/* The coll_* and pg_* calls of device.h lead here. */
-void coll_enqueue(ProcessGroup *g, Stream *s, CollKind kind, const void *send, void *recv, size_t count, RedOp op,
-                  int root, DType dtype, const char *label) {
-    coll_validate(g, s, (int)kind, send, recv, count, (int)op, root, (int)dtype, label);
-    Op o;
-    op_init(s, &o, OP_COLL, coll_kind_name((int)kind));
-    coll_op_describe(g->dev, s, &o, g, kind, op, root, count, dtype, label);
-    o.src = send;
-    o.dst = recv;
-    dev_ops(g->dev)->coll_enqueue(s, &o);
-}

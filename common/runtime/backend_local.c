@@ -2,7 +2,7 @@
  * process; a stream reaches a group's peers through a rendezvous channel per
  * (stream index, group), shared by the group's ranks and made at the stream's
  * first collective in that group; collectives.c runs them (memcpy, sums in
- * rank order). Streams, events and storage: stream.c. */
+ * rank order, the link model). Streams, events and storage: stream.c. */
 #include "runtime/stream.h"
 #include "runtime/util.h"
 
@@ -83,7 +83,7 @@ static void local_coll_enqueue(Stream *s, Op *op) {
     const ProcessGroup *g = op->pg;
     if (!ls->chans[g->id]) ls->chans[g->id] = world_channel(s->dev->world, s->index, g->id, g->color);
     op->chan = ls->chans[g->id];
-    op->exec = coll_execute;
+    op->exec = local_coll_execute;
     cpu_enqueue_op(s, op);
 }
 

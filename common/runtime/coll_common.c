@@ -327,6 +327,18 @@ void coll_op_describe(Dev *d, Stream *s, Op *o, ProcessGroup *g, CollKind kind, 
     }
 }
 
+/* The public collectives lead here: checked and described, then the backend queues it (backend.h). */
+void coll_enqueue(ProcessGroup *g, Stream *s, CollKind kind, const void *send, void *recv, size_t count, RedOp op,
+                  int root, DType dtype, const char *label) {
+    coll_validate(g, s, (int)kind, send, recv, count, (int)op, root, (int)dtype, label);
+    Op o;
+    op_init(s, &o, OP_COLL, coll_kind_name((int)kind));
+    coll_op_describe(g->dev, s, &o, g, kind, op, root, count, dtype, label);
+    o.src = send;
+    o.dst = recv;
+    dev_ops(g->dev)->coll_enqueue(s, &o);
+}
+
 void dev_watch_collectives(Dev *d, void (*fn)(void *ctx, const CollIssue *c), void *ctx) {
     d->coll_watch = fn;
     d->coll_watch_ctx = fn ? ctx : NULL;

@@ -4,7 +4,7 @@
  * world's and each process group's, by group id) and the host-side exchanges
  * over them. Built with and without MPI: without it, mpi_world_create says
  * the build has no MPI support. MPI is seen only here, in mpi_world.c and in
- * backend_mpi.c. */
+ * backend_mpi.c (the CPU's MPI collectives). */
 #ifndef HWFSDP_MPI_WORLD_H
 #define HWFSDP_MPI_WORLD_H
 
@@ -39,8 +39,6 @@ int mpi_world_node_size(const MpiWorld *m);
 #ifdef HAVE_MPI
 /* The host's communicator of group `group_id` (0: the world's). */
 MPI_Comm mpi_world_comm(const MpiWorld *m, int group_id);
-/* backend_mpi.c: stream s's communicator for group g (collectives.c's mpi_execute). */
-MPI_Comm mpi_stream_comm(const Stream *s, const ProcessGroup *g);
 #endif
 
 #endif

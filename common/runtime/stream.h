@@ -38,8 +38,13 @@ static inline CpuEvent *cpu_event(const Event *e) { return e->backend; }
 
 /* Queue op (op_init'd; a collective: coll_op_describe'd, its exec set) on s; the worker runs it. */
 void cpu_enqueue_op(Stream *s, const Op *op);
-/* collectives.c: a collective of either CPU backend (Op.exec). */
-void coll_execute(Stream *s, const Op *op);
+
+/* collectives.c. recv[i] = op over the n inputs of element `off + i` (rank
+ * order, in float32), stored in the collective's dtype; parts[r] is group
+ * rank r's buffer: the sum both CPU backends reduce with. */
+void coll_reduce_ranks(void *recv, const void *const *parts, int n, size_t off, size_t cnt, int dtype, int op);
+/* The local backend's Op.exec: a collective through its rendezvous channel. */
+void local_coll_execute(Stream *s, const Op *op);
 
 /* stream.c: the entries of CPU_BACKEND_OPS */
 void cpu_dev_init(Dev *d);

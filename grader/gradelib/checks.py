@@ -9,7 +9,8 @@ import os
 
 import manifest
 
-from .util import CheckFailed, fmt_bytes, is_finite, is_int, mesh_shape, mp_policy, one_line, rel, relpath
+from .util import (CheckFailed, chunk, fmt_bytes, is_finite, is_int, mesh_shape, mp_policy, one_line, padded_rows, rel,
+                   relpath)
 
 FORWARD_PHASES = {"pre_forward", "forward", "post_forward"}
 BACKWARD_PHASES = {"pre_backward", "recompute.pre_forward", "recompute", "recompute.post_forward", "backward",
@@ -226,13 +227,6 @@ def check_peak_memory(ctx):
     return ""
 
 
-def _split(rows, n, k):
-    """torch.chunk's split of `rows` over n ranks: (padded rows, first row, rows) of chunk k."""
-    padded = -(-rows // n)
-    start = k * padded
-    return padded, start, max(0, min(rows, start + padded) - start)
-
-
 @check("dtensors")
 def check_dtensors(ctx):
     W = ctx.world
@@ -247,7 +241,7 @@ def check_dtensors(ctx):
         for p in params:
             name, shape = p["name"], p["global_shape"]
             rows = shape[0]
-            padded, start, local = _split(rows, S, k)
+            padded, start, local = chunk(rows, S, k)
             row_numel = math.prod(shape[1:]) if len(shape) > 1 else 1
             who = "rank %d: %s" % (rank, name)
             over = ("the %d ranks of its shard group (--mesh %d,%d: rank %d is shard %d of row %d)"
@@ -833,7 +827,7 @@ def check_mp_bytes(ctx):
     elems = {}
     for p in ctx.dtensors(0)["params"]:
         shape = p["global_shape"]
-        elems[p["module"]] = elems.get(p["module"], 0) + -(-shape[0] // W) * math.prod(shape[1:]) * W
+        elems[p["module"]] = elems.get(p["module"], 0) + padded_rows(shape[0], W) * math.prod(shape[1:]) * W
     for kind, dtype in (("all_gather", param_dtype), ("reduce_scatter", reduce_dtype)):
         seen = set()
         for rank, e in ctx.collectives(kind):
@@ -907,7 +901,7 @@ def check_hsdp_collectives(ctx):
     seg = {}  # module -> elements of one rank's padded segment
     for p in ctx.dtensors(0)["params"]:
         shape = p["global_shape"]
-        seg[p["module"]] = seg.get(p["module"], 0) + -(-shape[0] // S) * math.prod(shape[1:])
+        seg[p["module"]] = seg.get(p["module"], 0) + padded_rows(shape[0], S) * math.prod(shape[1:])
     need_ar = groups[0][1] is not None
     for r in range(ctx.world):
         shard_g, rep_g = groups[r]
@@ -987,10 +981,10 @@ def check_hsdp_memory(ctx):
     the params' global shapes; the bytes from the hook_memory records of the snapshots."""
     R, S = mesh_shape(ctx.flags, ctx.world)
     shapes = [p["global_shape"] for p in ctx.dtensors(0)["params"]]
-    shard_bytes = sum(4 * -(-sh[0] // S) * math.prod(sh[1:]) for sh in shapes)
+    shard_bytes = sum(4 * padded_rows(sh[0], S) * math.prod(sh[1:]) for sh in shapes)
     for r in range(ctx.world):
         k = r % S
-        optim_bytes = sum(8 * _split(sh[0], S, k)[2] * math.prod(sh[1:]) for sh in shapes)
+        optim_bytes = sum(8 * chunk(sh[0], S, k)[2] * math.prod(sh[1:]) for sh in shapes)
         seen_optim = 0
         for (step, module, hook, micro), n in sorted(ctx.hook_memory(r).items(), key=lambda kv: kv[0][:3]):
             got = n["exit_by_tag"].get("param_shard", 0)
@@ -1000,7 +994,7 @@ def check_hsdp_memory(ctx):
                                   "shard group (%s); split over %d ranks it would take %s" % (
                                       (where,) + _two_sizes(got, shard_bytes) + (S,) + (
                                       "--mesh %d,%d" % (R, S) if R > 1 or S != ctx.world else "the world",
-                                      ctx.world, fmt_bytes(sum(4 * -(-sh[0] // ctx.world) * math.prod(sh[1:])
+                                      ctx.world, fmt_bytes(sum(4 * padded_rows(sh[0], ctx.world) * math.prod(sh[1:])
                                                                for sh in shapes)))))
             opt = n["exit_by_tag"].get("optim_state", 0)
             if opt and opt != optim_bytes:
@@ -1088,10 +1082,10 @@ def check_offload_memory(ctx):
     offload = "--offload-params" in ctx.flags
     W = ctx.world
     shapes = [p["global_shape"] for p in ctx.dtensors(0)["params"]]
-    shard_bytes = sum(4 * -(-sh[0] // W) * math.prod(sh[1:]) for sh in shapes)
+    shard_bytes = sum(4 * padded_rows(sh[0], W) * math.prod(sh[1:]) for sh in shapes)
     kept = ("param_shard", "grad_shard", "optim_state")
     for r in range(W):
-        optim_bytes = sum(8 * _split(sh[0], W, r)[2] * math.prod(sh[1:]) for sh in shapes)
+        optim_bytes = sum(8 * chunk(sh[0], W, r)[2] * math.prod(sh[1:]) for sh in shapes)
         seen_optim = 0
         for (step, module, hook, micro), n in sorted(ctx.hook_memory(r).items(), key=lambda kv: kv[0][:3]):
             where = "after %s.%s (step %d, rank %d)" % (module, hook, step + 1, r)

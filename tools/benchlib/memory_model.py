@@ -10,6 +10,8 @@ Standard library only.
 import json
 from collections import defaultdict
 
+from gradelib.util import padded_rows
+
 
 # ----------------------------------------------------------------- model sizes
 
@@ -96,7 +98,7 @@ def memory_model(m, B, T, W, stage):
     N = B * T
     mods = module_shapes(m)
     M = len(mods)
-    shard = [sum(-(-a // W) * b for a, b in ps) for _, ps in mods]  # padded rows (rank 0)
+    shard = [sum(padded_rows(a, W) * b for a, b in ps) for _, ps in mods]  # rank 0's padded chunk
     full = [sum(a * b for a, b in ps) for _, ps in mods]
     agbuf = [W * s for s in shard]
     fixed = {"param_shard": 0 if offload else sum(shard) * f4,

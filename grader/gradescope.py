@@ -20,10 +20,9 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import manifest  # noqa: E402
-from gradelib.classroom import MAX_FILE, collect  # noqa: E402
-from gradelib.util import fmt_points, one_line  # noqa: E402
+import manifest
+from gradelib.classroom import MAX_FILE, collect
+from gradelib.util import fmt_points, one_line
 
 ROOT = manifest.ROOT
 VISIBILITIES = ("hidden", "after_due_date", "after_published", "visible")

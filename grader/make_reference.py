@@ -33,14 +33,13 @@ import socket
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # the grader's rubric, build and run code: references are made the way grading runs
-from gradelib.checks import run_check  # noqa: E402
-from gradelib.context import Context, read_metrics  # noqa: E402
-from gradelib.rubric import (RUBRIC_PATH, baseline_flags, load_rubric, stage_config, stage_flags, tolerances,  # noqa: E402
+from gradelib.checks import run_check
+from gradelib.context import Context, read_metrics
+from gradelib.rubric import (RUBRIC_PATH, baseline_flags, load_rubric, stage_config, stage_flags, tolerances,
                              stage_only_flags, stage_variants)
-from gradelib.runner import Baselines, Runner, RunResult  # noqa: E402
-from gradelib.util import ROOT, rel, relpath  # noqa: E402
+from gradelib.runner import Baselines, Runner, RunResult
+from gradelib.util import ROOT, rel, relpath
 
 PLAIN = ["metrics.jsonl", "run.json", "dtensors_rank*.json"]
 # checks that read wall-clock overlap from the trace: a reference run that misses them (a loaded

@@ -4,7 +4,7 @@
 Every tool reads the stages through this module (Python) or through the Makefile
 include it writes:
 
-    from manifest import stages, stage         # after sys.path gets ROOT/grader
+    from manifest import stages, stage         # grader/ on sys.path (tools: import repo_paths first)
     for s in stages(): s.id, s.dir, s.flags, s.forward_only, ...
 
     grader/manifest.py mk              the Makefile include (the Makefile writes it to build/stages.mk)

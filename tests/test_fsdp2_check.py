@@ -27,11 +27,9 @@ import sys
 import numpy as np
 import pytest
 
+import fsdp2_check as fc
+from gradelib.util import chunk
 from helpers import BUILD, ROOT, apply_mutant, manifest
-
-sys.path.insert(0, os.path.join(ROOT, "tools"))
-import fsdp2_check as fc  # noqa: E402
-from gradelib.util import chunk  # noqa: E402
 
 TOOL = os.path.join(ROOT, "tools", "fsdp2_check.py")
 TOL = fc.tolerances("02")

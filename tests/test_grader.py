@@ -16,10 +16,8 @@ import sys
 
 import pytest
 
+import manifest
 from helpers import ROOT, apply_mutant
-
-sys.path.insert(0, os.path.join(ROOT, "grader"))
-import manifest  # noqa: E402
 
 GRADER = os.path.join(ROOT, "grader", "grade.py")
 REFERENCE = os.path.join(ROOT, "logs", "reference")

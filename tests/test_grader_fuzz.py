@@ -26,13 +26,11 @@ import pytest
 
 from helpers import ROOT, manifest
 
-sys.path.insert(0, os.path.join(ROOT, "grader"))
-from gradelib.checks import CHECKS, run_check  # noqa: E402
-from gradelib.context import Context  # noqa: E402
-from gradelib.rubric import (RUBRIC_PATH, baseline_flags, check_name, load_rubric, parse_stage,  # noqa: E402
-                             stage_flags)
-from gradelib.runner import RunResult, last_completed_step  # noqa: E402
-from gradelib.util import CheckFailed, UsageError, is_int, one_line  # noqa: E402
+from gradelib.checks import CHECKS, run_check
+from gradelib.context import Context
+from gradelib.rubric import RUBRIC_PATH, baseline_flags, check_name, load_rubric, parse_stage, stage_flags
+from gradelib.runner import RunResult, last_completed_step
+from gradelib.util import CheckFailed, UsageError, is_int, one_line
 
 REFERENCE = os.path.join(ROOT, "logs", "reference")
 MUTATIONS = int(os.environ.get("GRADER_FUZZ_MUTATIONS", "400"))

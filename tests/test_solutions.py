@@ -318,8 +318,6 @@ def test_record_stream_holds_what_the_state_frees(runs, tmp_path):
     dev_record_stream instead of kept in the ReduceScatterState) trains bitwise the same, but
     its inputs stay counted until the reduce-scatter stream got past them: more comm_buffer
     at once, every held block completed by the end, none of that in the shipped solution."""
-    import sys
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
     import record_stream_demo as demo
     binary = str(tmp_path / "train_record_stream")
     demo.build(demo.variant_source(str(tmp_path)), binary)

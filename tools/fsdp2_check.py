@@ -104,13 +104,10 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "grader"))
-sys.path.insert(0, os.path.join(ROOT, "tools"))
-sys.path.insert(0, os.path.join(ROOT, "tests"))  # torch_llama (imported where torch is, read_safetensors)
-from gradelib.checks import BACKWARD_PHASES, FORWARD_PHASES  # noqa: E402
-from gradelib.rubric import load_rubric, parse_stage, stage_flags, stage_variants  # noqa: E402
-from gradelib.util import UsageError, rel  # noqa: E402
+from repo_paths import ROOT  # first: it puts grader/ on sys.path
+from gradelib.checks import BACKWARD_PHASES, FORWARD_PHASES
+from gradelib.rubric import load_rubric, parse_stage, stage_flags, stage_variants
+from gradelib.util import UsageError, rel
 
 BUILD = os.path.join(ROOT, os.environ.get("HWFSDP_BUILD", "build"))
 MIN_TORCH = (2, 6)
@@ -335,7 +332,7 @@ def read_jsonl(path):
 
 
 def read_safetensors(path):
-    """{name: float32 numpy array} of a safetensors file: tests/torch_llama.py's reader (the tool runs
+    """{name: float32 numpy array} of a safetensors file: tools/torch_llama.py's reader (the tool runs
     under a python with torch, see ensure_torch)."""
     import torch_llama
     try:

@@ -2,7 +2,7 @@
 
 Needs torch >= 2.6 (torch.distributed.fsdp.fully_shard); tools/fsdp2_check.py starts it under
 build/fsdp2-venv's python. W CPU processes (torch.multiprocessing) join a gloo process group
-(one thread each) and train tests/torch_llama.py's Llama, sharded in the groups torchtitan
+(one thread each) and train tools/torch_llama.py's Llama, sharded in the groups torchtitan
 and the C runtime use: fully_shard on tok_embeddings ("embedding"), on every block
 ("block<i>"), on [norm, output] ("head"), then on the root, which keeps no parameter of its
 own. Every group reshards after forward as the run's flag says (torchtitan's default keeps
@@ -67,15 +67,12 @@ import inspect
 import json
 import math
 import os
-import sys
 from collections import Counter
 
 import torch
 import torch.distributed as dist
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tests"))
-import torch_llama  # noqa: E402  (the PyTorch Llama the parity tests use)
+import torch_llama  # the PyTorch Llama the parity tests use (tools/, this file's folder)
 
 AC_PREFIX = "_checkpoint_wrapped_module."
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -216,7 +213,7 @@ class CollectiveLog:
 # ---------------------------------------------------------------------------- the model
 
 def build_model(job):
-    """tests/torch_llama.py's Llama with the C run's dimensions and initial weights."""
+    """tools/torch_llama.py's Llama with the C run's dimensions and initial weights."""
     d = job["model"]
     args = torch_llama.ModelArgs(d["dim"], d["n_layers"], d["n_heads"], d["n_kv_heads"], d["vocab_size"],
                                  d["multiple_of"], d.get("ffn_dim_multiplier") or None)

@@ -7,6 +7,7 @@
     cli.py       the arguments, the grading loop, the printed lines and results.json
     util.py      small helpers every module uses (numbers, messages, paths, errors)
 
-The stages themselves come from grader/manifest.py: grader/ must be on sys.path
-(grade.py and make_reference.py put it there). Standard library only (python3 >= 3.9).
+The stages themselves come from grader/manifest.py: grader/ must be on sys.path (it is for the
+scripts in grader/, which Python runs with their own folder first on sys.path; the tools get it
+from tools/repo_paths.py, the tests from tests/conftest.py). Standard library only (python3 >= 3.9).
 """

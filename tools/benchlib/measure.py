@@ -13,18 +13,17 @@ import sys
 import time
 from collections import defaultdict
 
+import manifest  # grader/manifest.py: the stages, from grader/rubric.json
+from repo_paths import ROOT
+
 from .figures import MIB, fmt_mib, fmt_s, stats, tps_stats
 from .memory_model import flops_per_token, memory_model, mesh_shape, model_dims, n_params, replay_peak
 from .traces import group_members, is_compute, is_exposed_comm, link_model_us, per_rank_step, ring_us, trace_events
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BUILD = os.path.join(ROOT, "build")
 BASELINE = os.path.join(BUILD, "baseline", "train")
 CORPUS = os.path.join(ROOT, "data", "corpus.txt")
-TORCH_LLAMA = os.path.join(ROOT, "tests", "torch_llama.py")
-
-sys.path.insert(0, os.path.join(ROOT, "grader"))
-import manifest  # noqa: E402  (grader/manifest.py: the stages, from grader/rubric.json)
+TORCH_LLAMA = os.path.join(ROOT, "tools", "torch_llama.py")
 
 # The stages the bench singles out, by number on purpose:
 FULL_FSDP = "04"  # prefetch both ways: throughput, scaling, and the overlap target
@@ -116,7 +115,7 @@ def torch_available():
 
 
 def section_throughput(bench, cfg, sgemm):
-    """One rank: the baseline and the full FSDP solution vs tests/torch_llama.py (same init,
+    """One rank: the baseline and the full FSDP solution vs tools/torch_llama.py (same init,
     data and optimizer); tokens/s and model FLOP/s."""
     fl, B, T, steps, first = cfg["tp_flavor"], cfg["tp_batch"], cfg["tp_seq"], cfg["tp_steps"], cfg["tp_first"]
     common = ["--flavor", fl, "--world", 1, "--batch-size", B, "--seq-len", T, "--steps", steps,
@@ -161,7 +160,7 @@ def section_throughput(bench, cfg, sgemm):
                    "--batch-size", B, "--steps", steps, "--threads", 2, "--out", out]
             if rj.get("ffn_dim_multiplier"):
                 cmd += ["--ffn-dim-multiplier", rj["ffn_dim_multiplier"]]
-            bench.run([str(c) for c in cmd], "tests/torch_llama.py")
+            bench.run([str(c) for c in cmd], "tools/torch_llama.py")
             with open(out) as fh:
                 pool(PYTORCH, [json.loads(l) for l in fh if l.strip()])
     res["rounds"] = cfg["tp_rounds"]

@@ -21,6 +21,7 @@ import tempfile
 import time
 
 import manifest
+from gradelib.checks import CHECKS
 from gradelib.classroom import MAX_FILE, collect
 from gradelib.util import fmt_points, one_line
 
@@ -67,7 +68,7 @@ def to_gradescope(results, stages, rubric, notes, visibility, seconds):
                 msg = c["reason"] if not ok else (c.get("detail") or "passed")
                 if not ok and msg.startswith("not graded: the run failed (above)"):  # no "above" on Gradescope
                     msg = "not graded: the run failed: %s" % r["run"]["reason"]
-            tests.append({"name": "Stage %s: %s" % (sid, rubric["check_names"][key]), "number": "%s.%d" % (sid, k),
+            tests.append({"name": "Stage %s: %s" % (sid, CHECKS[key].label), "number": "%s.%d" % (sid, k),
                           "score": float(points) if ok else 0.0, "max_score": float(points),
                           "status": "passed" if ok else "failed", "output": one_line(msg, 4000),
                           "visibility": visibility, "tags": ["stage-%s" % sid] + (["bonus"] if spec.get("bonus") else [])})

@@ -3,7 +3,7 @@
     rubric.py    grader/rubric.json: loading, checking, each stage's flags
     runner.py    building a hw_fsdp.c and running it under limits; why a run failed
     context.py   what the checks read of a run: its files, the reference logs, the baseline
-    checks.py    the checks, one function per rubric key, and run_check
+    checks.py    the checks, each declared with its key and label (@check), and run_check
     cli.py       the arguments, the grading loop, the printed lines and results.json
     util.py      small helpers every module uses (numbers, messages, paths, errors)
 

@@ -1,8 +1,11 @@
-"""The checks: one function per key of rubric.json's stages.NN.checks, registered with @check(key).
+"""The checks: one function per key of rubric.json's stages.NN.checks, declared with all the grader
+knows of it: @check(key, label=..., variants=..., timing=...) registers a Check in CHECKS.
 
 A check takes the stage's Context and returns a detail line ("" or what it measured), or raises
 CheckFailed with a one-line reason that says what is wrong and where to look. run_check runs one
 and turns anything else it raises into a failed check that says so: grading never crashes.
+The checks come in the order of the stage that first grades them (01 up); rubric.json gives the
+points per stage and names checks by key, never by label.
 """
 import math
 import os
@@ -16,15 +19,37 @@ FORWARD_PHASES = {"pre_forward", "forward", "post_forward"}
 BACKWARD_PHASES = {"pre_backward", "recompute.pre_forward", "recompute", "recompute.post_forward", "backward",
                    "post_backward", "finish_backward"}
 
-CHECKS = {}  # key -> check, in the order defined here (a rubric naming an unknown key is told this list)
+CHECKS = {}  # key -> Check, in the order defined here (a rubric naming an unknown key is told this list)
 
 
-def check(key):
-    """Register the decorated function as the check `key` (rubric.json names checks by these keys)."""
+class Check:
+    """One check: its function and what the rest of the grader reads of it.
+
+    key       how rubric.json, results.json ("key") and tests/mutants/mutants.json name it
+    label     the name the grader prints ("== stage 03 == <label>: OK"), results.json's "name"
+    variants  a variant may list it: it reads one run against that run's own reference and baseline, or
+              against the analytic model of the run's flags, so it holds at any world and flags (the
+              others compare with the grading configuration's runs or with the stage's schedule)
+    timing    it measures overlap on the trace's clock, which a loaded machine can disturb: make_reference
+              and tests/test_grader.py run a stage again when it misses only timing checks
+    """
+
+    def __init__(self, key, fn, label, variants, timing):
+        self.key, self.fn, self.label, self.variants, self.timing = key, fn, label, variants, timing
+
+    def __call__(self, ctx):
+        return self.fn(ctx)
+
+
+def check(key, *, label, variants=False, timing=False):
+    """Register the decorated function as the check `key`, printed as `label` (students and the reference
+    outputs see it: never change one lightly)."""
     def register(fn):
         if key in CHECKS:
             raise ValueError("two checks named %s" % key)
-        CHECKS[key] = fn
+        if label in (c.label for c in CHECKS.values()):
+            raise ValueError("two checks labelled %s" % label)
+        CHECKS[key] = Check(key, fn, label, variants, timing)
         return fn
     return register
 
@@ -83,7 +108,7 @@ def series_check(ctx, key, tol, label, hint):
     return ""
 
 
-@check("loss")
+@check("loss", label="loss parity", variants=True)
 def check_loss(ctx):
     def hint(step, g, r):
         if step == 1:
@@ -116,7 +141,7 @@ def mesh_grad_norm_hint(ratio, R, S):
     return ""
 
 
-@check("grad_norm")
+@check("grad_norm", label="grad norm parity", variants=True)
 def check_grad_norm(ctx):
     W = ctx.world
     K = Accum(ctx.flags).K
@@ -165,7 +190,7 @@ def _clip_lists(rows, world, where):
     return out
 
 
-@check("clip")
+@check("clip", label="clip coefficient", variants=True)
 def check_clip(ctx):
     """Every AdamW launch of a step applied the reference's clip coefficient, on every rank."""
     tol = ctx.tol["grad_norm_rel"]
@@ -202,7 +227,7 @@ def check_clip(ctx):
     return "coefficients %s" % ", ".join("%.3g" % got[i][0][0] for i in range(ctx.steps) if got[i][0][0] is not None)
 
 
-@check("peak_memory")
+@check("peak_memory", label="peak memory", variants=True)
 def check_peak_memory(ctx):
     band = ctx.tol["peak_mem_band_rel"]
     got = ctx.peaks(ctx.metrics())
@@ -227,7 +252,7 @@ def check_peak_memory(ctx):
     return ""
 
 
-@check("dtensors")
+@check("dtensors", label="DTensors", variants=True)
 def check_dtensors(ctx):
     W = ctx.world
     R, S = mesh_shape(ctx.flags, W)
@@ -311,19 +336,19 @@ def _notes_check(ctx, hook, field, want_zero, what, advice, unless=None):
     return ""
 
 
-@check("freed_after_forward")
+@check("freed_after_forward", label="params freed after forward", variants=True)
 def check_freed_after_forward(ctx):
     return _notes_check(ctx, "post_forward", "unsharded_param_live_bytes", True, "unsharded params",
                         "reshard: dev_free every unsharded Param.data (and set it to NULL)")
 
 
-@check("freed_after_backward")
+@check("freed_after_backward", label="params freed after backward", variants=True)
 def check_freed_after_backward(ctx):
     return _notes_check(ctx, "post_backward", "unsharded_param_live_bytes", True, "unsharded params",
                         "post_backward reshards after the reduce-scatter is queued", unless="reshard_after_backward")
 
 
-@check("grads_freed")
+@check("grads_freed", label="grads freed after reduce-scatter", variants=True)
 def check_grads_freed(ctx):
     return _notes_check(ctx, "post_backward", "unsharded_grad_live_bytes", True, "unsharded grads",
                         "free each Param.grad once it is copied into the reduce-scatter input",
@@ -349,7 +374,7 @@ def _live(by_tag):
     return ", ".join("%s %s" % (t, fmt_bytes(by_tag[t])) for t in LIFETIME_TAGS if by_tag.get(t)) or "none"
 
 
-@check("hook_memory")
+@check("hook_memory", label="memory inside hooks", variants=True)
 def check_hook_memory(ctx):
     """Inside every hook and after it, memory as the reference's: the rise above the hook's entry to its
     high-water, and each lifetime tag still allocated at its exit (the step's peak may lie elsewhere)."""
@@ -443,14 +468,14 @@ def _overlap(ctx, kind, phases, need, advice):
                          " (your %ss run on the compute stream)" % what if on_compute else "", advice))
 
 
-@check("ag_overlap")
+@check("ag_overlap", label="all-gather overlap", timing=True)
 def check_ag_overlap(ctx):
     return _overlap(ctx, "all_gather", {"forward"}, ctx.tol["ag_overlap_min"],
                     "are the all-gathers on their own stream, the next module's issued (prefetched) before this one "
                     "computes, with compute waiting on an event rather than the host?")
 
 
-@check("rs_overlap")
+@check("rs_overlap", label="reduce-scatter overlap", timing=True)
 def check_rs_overlap(ctx):
     return _overlap(ctx, "reduce_scatter", {"backward", "recompute"}, ctx.tol["rs_overlap_min"],
                     "are the reduce-scatters on their own stream, so that module i's reduce-scatter runs while "
@@ -463,7 +488,7 @@ def blocking_stage(rubric):
     return next((s.id for s in manifest.stages(rubric) if not (s.prefetch or s.forward_only)), None)
 
 
-@check("prefetch_bound")
+@check("prefetch_bound", label="prefetch memory bound")
 def check_prefetch_bound(ctx):
     order, size = ctx.module_order()
     index = {m: i for i, m in enumerate(order)}
@@ -498,7 +523,7 @@ HOOK_PHASES = {"pre_forward", "post_forward", "pre_backward", "post_backward", "
                "recompute.post_forward", "finish_backward"}
 
 
-@check("schedule")
+@check("schedule", label="prefetch schedule")
 def check_schedule(ctx):
     """The stage's prefetch exists and is one module ahead (forward: module i's hooks issue module i+1's
     all-gather; backward: module i's issue module i-1's), and no hook blocks the host (the trace's host
@@ -538,7 +563,7 @@ def check_schedule(ctx):
     return ""
 
 
-@check("recompute")
+@check("recompute", label="recompute all-gathers")
 def check_recompute(ctx):
     order, _ = ctx.module_order()
     want = ctx.tol["recompute_all_gathers_per_module_step"]
@@ -570,7 +595,7 @@ def check_recompute(ctx):
     return ""
 
 
-@check("activation_memory")
+@check("activation_memory", label="activation memory")
 def check_activation_memory(ctx):
     spec = ctx.rubric["stages"][ctx.stage]["no_ac_reference"]
     flags = [f for f in ctx.flags if f not in spec["drop_flags"]]
@@ -587,7 +612,7 @@ def check_activation_memory(ctx):
     return "%.0f%% of the peak without --ac" % (100.0 * max(g / max(n, 1) for g, n in zip(got, no_ac)))
 
 
-@check("zero2_no_backward_all_gather")
+@check("zero2_no_backward_all_gather", label="no all-gather in backward", variants=True)
 def check_zero2_no_backward_all_gather(ctx):
     bad = [(r, e) for r, e in ctx.collectives("all_gather") if e["args"].get("phase") in BACKWARD_PHASES]
     if bad:
@@ -599,7 +624,7 @@ def check_zero2_no_backward_all_gather(ctx):
     return ""
 
 
-@check("zero2_params_kept")
+@check("zero2_params_kept", label="reshard after forward follows the flag", variants=True)
 def check_zero2_params_kept(ctx):
     """post_forward follows --reshard-after-forward: keeps the params with false, frees them with true."""
     if "--reshard-after-forward=false" in ctx.flags:
@@ -651,7 +676,7 @@ def _accum(ctx):
     return a
 
 
-@check("accum_collectives")
+@check("accum_collectives", label="collectives per microbatch", variants=True)
 def check_accum_collectives(ctx):
     """Per rank, step, microbatch and module: reduce-scatters where the module syncs, none elsewhere; all-gathers
     as the reshard flags imply (the forward's unless the params were kept from the previous backward, the
@@ -711,7 +736,7 @@ def _finish_notes(ctx, rank):
     return {(s, m): n for (s, mod, hook, m), n in ctx.hook_memory(rank).items() if hook == "finish_backward"}
 
 
-@check("accum_grads")
+@check("accum_grads", label="unsharded grads between microbatches", variants=True)
 def check_accum_grads(ctx):
     """Without sync each module's post_backward keeps its whole unsharded grads (the next backward adds to them);
     with sync they are gone. Between microbatches (at finish_backward's exit) the unsharded grads are exactly
@@ -763,7 +788,7 @@ def check_accum_grads(ctx):
         "all" if not a.sync_every else "no", "all" if a.sync_every else "no")
 
 
-@check("accum_reshard")
+@check("accum_reshard", label="params between microbatches", variants=True)
 def check_accum_reshard(ctx):
     """post_backward follows mod->reshard_after_backward: frees the params (1) or keeps them (0, so the next
     microbatch's forward needs no all-gather); between microbatches the unsharded params live are all the
@@ -817,7 +842,7 @@ MP_ADVICE = {
 }
 
 
-@check("mp_bytes")
+@check("mp_bytes", label="bytes per element on the wire", variants=True)
 def check_mp_bytes(ctx):
     """Every all-gather moves the param dtype's bytes per element, every reduce-scatter the reduce dtype's, over
     the module's padded flat size (analytic: its params' ceil(rows / W) x row_numel, times W), from the trace's
@@ -850,7 +875,7 @@ def check_mp_bytes(ctx):
         param_dtype, DTYPE_BYTES[param_dtype], reduce_dtype, DTYPE_BYTES[reduce_dtype])
 
 
-@check("mp_params")
+@check("mp_params", label="unsharded params in bfloat16", variants=True)
 def check_mp_params(ctx):
     """After every pre_forward / pre_backward the module's Param.data_bf16 live in allocations of exactly 2 bytes
     per element of its params (bfloat16, nothing more), and no float32 Param.data is kept beside them: the
@@ -889,7 +914,7 @@ def _groups(ctx):
     return {r: ("shard%d" % (r // S), "replicate%d" % (r % S)) for r in range(ctx.world)}
 
 
-@check("hsdp_collectives")
+@check("hsdp_collectives", label="collectives in their groups", variants=True)
 def check_hsdp_collectives(ctx):
     """Per rank, step and module: the all-gathers and reduce-scatters run in the rank's shard group (its row of
     S ranks) and move the module's padded size split S ways; each reduce-scatter is followed by exactly one
@@ -973,7 +998,7 @@ def _two_sizes(a, b):
     return ("%d bytes" % a, "%d bytes" % b) if fa == fb else (fa, fb)
 
 
-@check("hsdp_memory")
+@check("hsdp_memory", label="shards split over the shard group", variants=True)
 def check_hsdp_memory(ctx):
     """After every hook the rank's param shards (tag param_shard) take exactly the model split S ways
     (sum over params of ceil(rows / S) x row_numel floats), and its optimizer state (tag optim_state), once
@@ -1022,7 +1047,7 @@ PREFETCH_ADVICE = {
 }
 
 
-@check("prefetch_policy")
+@check("prefetch_policy", label="backward prefetch follows the policy", variants=True)
 def check_prefetch_policy(ctx):
     """Where every backward all-gather was issued (the trace's module and phase of the hook that queued it):
     module i-1's in module i's pre_backward (pre), in module i's post_backward (post), or in its own
@@ -1072,7 +1097,7 @@ def check_prefetch_policy(ctx):
         policy, " on one comm stream" if single else "")
 
 
-@check("offload_memory")
+@check("offload_memory", label="shards offloaded to host memory", variants=True)
 def check_offload_memory(ctx):
     """After every hook: with --offload-params no param shard, grad shard or optimizer state is in device memory
     and the host pool holds the param shards at their analytic size (sum of ceil(rows / W) x row_numel floats)

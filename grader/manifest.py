@@ -18,10 +18,12 @@ import os
 import re
 import sys
 
+from trace_names import ALL_GATHER, REDUCE_SCATTER
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUBRIC_PATH = os.path.join(ROOT, "grader", "rubric.json")
 PREFETCH_KINDS = ("forward", "backward")
-STREAM_KINDS = ("all_gather", "reduce_scatter")  # the collectives a stage runs on a stream of their own
+STREAM_KINDS = (ALL_GATHER, REDUCE_SCATTER)  # the collectives a stage runs on a stream of their own
 
 
 class ManifestError(ValueError):

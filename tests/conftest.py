@@ -1,4 +1,4 @@
-"""The tests' one sys.path edit: tests/ (helpers), grader/ (the stage manifest and gradelib) and
+"""The tests' one sys.path edit: tests/ (helpers), grader/ (the stage manifest, trace_names, gradelib) and
 tools/ (the tools the tests drive in process, torch_llama), as each tool and grader script gets
 its own folder and grader/ when it runs (tools/repo_paths.py).
 

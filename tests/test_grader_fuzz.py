@@ -31,6 +31,7 @@ from gradelib.context import Context
 from gradelib.rubric import RUBRIC_PATH, baseline_flags, load_rubric, parse_stage, stage_flags
 from gradelib.runner import RunResult, last_completed_step
 from gradelib.util import CheckFailed, UsageError, is_int, one_line
+from trace_names import COLLECTIVE, COMPUTE
 
 REFERENCE = os.path.join(ROOT, "logs", "reference")
 MUTATIONS = int(os.environ.get("GRADER_FUZZ_MUTATIONS", "400"))
@@ -216,7 +217,7 @@ def pick_node(rng, root, bias_events):
                 # prefer the entries the checks read
                 for _ in range(20):
                     e = node[k]
-                    if e.get("ph") == "X" and e.get("cat") in ("collective", "compute") or \
+                    if e.get("ph") == "X" and e.get("cat") in (COLLECTIVE, COMPUTE) or \
                             e.get("kind") == "hook_check" or e.get("action") in ("alloc", "free") or "placement" in e:
                         break
                     k = rng.randrange(len(node))

@@ -2,7 +2,8 @@
 
 Python puts a script's own folder first on sys.path, so every tool (run as tools/x.py from any
 working directory) finds this module and its sibling tools; importing this puts grader/ there
-too, for the stage manifest (manifest.py) and the grader's library (gradelib/). The tests get the same folders from tests/conftest.py.
+too, for the stage manifest (manifest.py), the trace's words (trace_names.py) and the grader's
+library (gradelib/). The tests get the same folders from tests/conftest.py.
 
     from repo_paths import ROOT    # first, before anything of grader/
     import manifest

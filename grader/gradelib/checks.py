@@ -11,13 +11,11 @@ import math
 import os
 
 import manifest
+from trace_names import (ALL_GATHER, ALL_REDUCE, BACKWARD_PHASES, COLLECTIVE, COMPUTE, COMPUTE_TID, COPY, D2H,
+                         FORWARD_PHASES, H2D, HOOK_PHASES, HOST_SYNC, REDUCE_SCATTER, label_and_kind)
 
 from .util import (CheckFailed, chunk, fmt_bytes, is_finite, is_int, mesh_shape, mp_policy, one_line, padded_rows, rel,
                    relpath)
-
-FORWARD_PHASES = {"pre_forward", "forward", "post_forward"}
-BACKWARD_PHASES = {"pre_backward", "recompute.pre_forward", "recompute", "recompute.post_forward", "backward",
-                   "post_backward", "finish_backward"}
 
 CHECKS = {}  # key -> Check, in the order defined here (a rubric naming an unknown key is told this list)
 
@@ -444,11 +442,11 @@ def _overlap(ctx, kind, phases, need, advice):
     for r in range(ctx.world):
         trace = ctx.trace(r)
         kernels = [(e["ts"], e["ts"] + e["dur"]) for e in trace
-                   if e.get("cat") == "compute" and e.get("tid") == 0]
+                   if e.get("cat") == COMPUTE and e.get("tid") == COMPUTE_TID]
         in_flight = union_intervals([(e["ts"], e["ts"] + e["dur"]) for rr, e in events if rr == r])
         busy = union_intervals(kernels)
         for e in trace:
-            if e.get("cat") == "compute" and e.get("tid") == 0 and e.get("args", {}).get("phase") in phases:
+            if e.get("cat") == COMPUTE and e.get("tid") == COMPUTE_TID and e.get("args", {}).get("phase") in phases:
                 compute_total += e["dur"]
                 compute_covered += covered(e["ts"], e["ts"] + e["dur"], in_flight)
         for a, b in in_flight:
@@ -462,7 +460,7 @@ def _overlap(ctx, kind, phases, need, advice):
         100 * frac, "/".join(sorted(phases)), what, 100 * comm_frac, what)
     if frac >= need:
         return detail
-    on_compute = all(e.get("tid") == 0 for _, e in events)
+    on_compute = all(e.get("tid") == COMPUTE_TID for _, e in events)
     raise CheckFailed("%.1f%% of %s compute ran while a%s %s was in flight (need >= %g%%)%s: %s"
                       % (100 * frac, "/".join(sorted(phases)), "n" if what[0] == "a" else "", what, 100 * need,
                          " (your %ss run on the compute stream)" % what if on_compute else "", advice))
@@ -470,14 +468,14 @@ def _overlap(ctx, kind, phases, need, advice):
 
 @check("ag_overlap", label="all-gather overlap", timing=True)
 def check_ag_overlap(ctx):
-    return _overlap(ctx, "all_gather", {"forward"}, ctx.tol["ag_overlap_min"],
+    return _overlap(ctx, ALL_GATHER, {"forward"}, ctx.tol["ag_overlap_min"],
                     "are the all-gathers on their own stream, the next module's issued (prefetched) before this one "
                     "computes, with compute waiting on an event rather than the host?")
 
 
 @check("rs_overlap", label="reduce-scatter overlap", timing=True)
 def check_rs_overlap(ctx):
-    return _overlap(ctx, "reduce_scatter", {"backward", "recompute"}, ctx.tol["rs_overlap_min"],
+    return _overlap(ctx, REDUCE_SCATTER, {"backward", "recompute"}, ctx.tol["rs_overlap_min"],
                     "are the reduce-scatters on their own stream, so that module i's reduce-scatter runs while "
                     "module i-1's backward computes?")
 
@@ -506,8 +504,8 @@ def check_prefetch_bound(ctx):
     # The peak can sit in a part of the step the prefetch does not touch: also check how far ahead each
     # all-gather is issued (the trace names the module gathered and the module whose hook issued it).
     most = ctx.tol["prefetch_max_modules_ahead"]
-    for r, e in ctx.collectives("all_gather"):
-        label = e["name"][: -len(".all_gather")]
+    for r, e in ctx.collectives(ALL_GATHER):
+        label, _ = label_and_kind(e["name"])
         host, phase = e["args"].get("module"), e["args"].get("phase")
         if label not in index or host not in index:
             continue
@@ -519,10 +517,6 @@ def check_prefetch_bound(ctx):
     return ""
 
 
-HOOK_PHASES = {"pre_forward", "post_forward", "pre_backward", "post_backward", "recompute.pre_forward",
-               "recompute.post_forward", "finish_backward"}
-
-
 @check("schedule", label="prefetch schedule")
 def check_schedule(ctx):
     """The stage's prefetch exists and is one module ahead (forward: module i's hooks issue module i+1's
@@ -532,16 +526,16 @@ def check_schedule(ctx):
     order, _ = ctx.module_order()
     for r in range(ctx.world):
         for e in ctx.trace(r):
-            if e.get("cat") == "host_sync" and e["args"].get("phase") in HOOK_PHASES:
+            if e.get("cat") == HOST_SYNC and e["args"].get("phase") in HOOK_PHASES:
                 raise CheckFailed("step %d, rank %d: the host blocked inside %s.%s (%s): make the stream that needs "
                                   "the result wait for an event (dev_stream_wait_event), not the host"
                                   % (e["args"].get("step", -1) + 1, r, e["args"].get("module"), e["args"]["phase"],
                                      e["name"]))
     issued = {}  # (rank, step, gathered module, forward?) -> the module whose hook issued it
-    for r, e in ctx.collectives("all_gather"):
+    for r, e in ctx.collectives(ALL_GATHER):
         phase = e["args"].get("phase")
         if phase in FORWARD_PHASES | BACKWARD_PHASES:
-            key = (r, e["args"]["step"], e["name"][: -len(".all_gather")], phase in FORWARD_PHASES)
+            key = (r, e["args"]["step"], label_and_kind(e["name"])[0], phase in FORWARD_PHASES)
             issued.setdefault(key, e["args"].get("module"))
     steps = sorted({k[1] for k in issued})
     checks = []
@@ -568,8 +562,8 @@ def check_recompute(ctx):
     order, _ = ctx.module_order()
     want = ctx.tol["recompute_all_gathers_per_module_step"]
     per = {}
-    for r, e in ctx.collectives("all_gather"):
-        label = e["name"][: -len(".all_gather")]
+    for r, e in ctx.collectives(ALL_GATHER):
+        label, _ = label_and_kind(e["name"])
         per.setdefault((r, e["args"]["step"], label), []).append(e["args"].get("phase", "?"))
     if not per:
         raise CheckFailed("no all-gather in the trace")
@@ -614,7 +608,7 @@ def check_activation_memory(ctx):
 
 @check("zero2_no_backward_all_gather", label="no all-gather in backward", variants=True)
 def check_zero2_no_backward_all_gather(ctx):
-    bad = [(r, e) for r, e in ctx.collectives("all_gather") if e["args"].get("phase") in BACKWARD_PHASES]
+    bad = [(r, e) for r, e in ctx.collectives(ALL_GATHER) if e["args"].get("phase") in BACKWARD_PHASES]
     if bad:
         r, e = bad[0]
         raise CheckFailed("%d all-gathers in backward (first: %s in %s.%s, step %d, rank %d): with "
@@ -683,10 +677,10 @@ def check_accum_collectives(ctx):
     backward's unless ZeRO-2 kept them from the forward)."""
     a = _accum(ctx)
     seen = {}  # (rank, step, microbatch, module, kind) -> [phases]
-    for kind in ("all_gather", "reduce_scatter"):
+    for kind in (ALL_GATHER, REDUCE_SCATTER):
         for r, e in ctx.collectives(kind):
             args = e["args"]
-            label = e["name"][: -len("." + kind)]
+            label, _ = label_and_kind(e["name"])
             if label not in a.unsharded:
                 continue
             if not is_int(args.get("microbatch")):
@@ -701,7 +695,7 @@ def check_accum_collectives(ctx):
         for r in range(ctx.world):
             for k in range(a.K):
                 for mod in a.order:
-                    rs = seen.get((r, s, k, mod, "reduce_scatter"), [])
+                    rs = seen.get((r, s, k, mod, REDUCE_SCATTER), [])
                     where = "step %d, microbatch %d of %d, rank %d" % (s + 1, k, a.K, r)
                     if a.syncs(k) and len(rs) != 1:
                         raise CheckFailed(
@@ -714,7 +708,7 @@ def check_accum_collectives(ctx):
                             "mod->requires_gradient_sync == 0 post_backward keeps Param.grad and reduces nothing; "
                             "only the last microbatch reduce-scatters the accumulated grads"
                             % (mod, len(rs), "s" if len(rs) > 1 else "", where, a.describe()))
-                    ag = seen.get((r, s, k, mod, "all_gather"), [])
+                    ag = seen.get((r, s, k, mod, ALL_GATHER), [])
                     kept = k > 0 and not a.reshards(k - 1)
                     fwd = 0 if kept else 1
                     bwd = 1 if a.raf else 0
@@ -829,14 +823,14 @@ TRACE_DTYPE = {"fp32": "f32", "bf16": "bf16"}  # the trace's args.dtype of a col
 
 
 MP_ADVICE = {
-    ("all_gather", "bf16"): "with --param-dtype bf16 cast each padded shard to bfloat16 on copy-in "
+    (ALL_GATHER, "bf16"): "with --param-dtype bf16 cast each padded shard to bfloat16 on copy-in "
                             "(launch_cast_to_bf16 into this rank's segment) and all-gather the 16-bit words "
                             "(coll_all_gather_bf16)",
-    ("all_gather", "fp32"): "without --param-dtype bf16 the all-gather moves the float32 shards",
-    ("reduce_scatter", "fp32"): "--reduce-dtype fp32 is FSDP2's reduce_dtype=torch.float32: reduce-scatter the "
+    (ALL_GATHER, "fp32"): "without --param-dtype bf16 the all-gather moves the float32 shards",
+    (REDUCE_SCATTER, "fp32"): "--reduce-dtype fp32 is FSDP2's reduce_dtype=torch.float32: reduce-scatter the "
                                 "float32 grads (coll_reduce_scatter); rounding them to bfloat16 first drops their "
                                 "low bits before the sum",
-    ("reduce_scatter", "bf16"): "with --reduce-dtype bf16 cast the grads into a bfloat16 reduce-scatter input "
+    (REDUCE_SCATTER, "bf16"): "with --reduce-dtype bf16 cast the grads into a bfloat16 reduce-scatter input "
                                 "(launch_cast_to_bf16), reduce-scatter the 16-bit words (coll_reduce_scatter_bf16) "
                                 "and widen the result into the float32 grad shards",
 }
@@ -853,10 +847,10 @@ def check_mp_bytes(ctx):
     for p in ctx.dtensors(0)["params"]:
         shape = p["global_shape"]
         elems[p["module"]] = elems.get(p["module"], 0) + padded_rows(shape[0], W) * math.prod(shape[1:]) * W
-    for kind, dtype in (("all_gather", param_dtype), ("reduce_scatter", reduce_dtype)):
+    for kind, dtype in ((ALL_GATHER, param_dtype), (REDUCE_SCATTER, reduce_dtype)):
         seen = set()
         for rank, e in ctx.collectives(kind):
-            module = e["name"][: -len(kind) - 1]
+            module, _ = label_and_kind(e["name"])
             if module not in elems:
                 continue
             seen.add(module)
@@ -930,13 +924,12 @@ def check_hsdp_collectives(ctx):
     need_ar = groups[0][1] is not None
     for r in range(ctx.world):
         shard_g, rep_g = groups[r]
-        colls = [e for e in ctx.trace(r) if e.get("cat") == "collective"]
+        colls = [e for e in ctx.trace(r) if e.get("cat") == COLLECTIVE]
         colls.sort(key=lambda e: e["ts"])
         pending = {}  # (step, module) -> reduce-scatters not yet all-reduced
         counts = {}
         for e in colls:
-            kind = e["name"].rsplit(".", 1)[-1]
-            label = e["name"][: -len(kind) - 1]
+            label, kind = label_and_kind(e["name"])
             args = e["args"]
             group = args.get("group", "world")
             where = "%s's %s (step %d, rank %d)" % (label, kind.replace("_", "-"), args["step"] + 1, r)
@@ -949,7 +942,7 @@ def check_hsdp_collectives(ctx):
             if label not in seg:
                 continue
             counts[(args["step"], label, kind)] = counts.get((args["step"], label, kind), 0) + 1
-            if kind in ("all_gather", "reduce_scatter"):
+            if kind in (ALL_GATHER, REDUCE_SCATTER):
                 if group != shard_g:
                     raise CheckFailed("%s ran in %s, expected this rank's shard group %s (the %d ranks its params "
                                       "are split over): issue it with pg_%s(mesh->shard_group, ...)"
@@ -959,9 +952,9 @@ def check_hsdp_collectives(ctx):
                     raise CheckFailed("%s moved %s, expected %s: %d ranks' segments of %d padded elements (each "
                                       "param's ceil(rows / %d) rows)" % (where, fmt_bytes(args.get("bytes", 0)),
                                                                           fmt_bytes(want), S, seg[label], S))
-                if kind == "reduce_scatter":
+                if kind == REDUCE_SCATTER:
                     pending[(args["step"], label)] = pending.get((args["step"], label), 0) + 1
-            elif kind == "all_reduce":
+            elif kind == ALL_REDUCE:
                 if not need_ar:
                     raise CheckFailed("%s: without --mesh there is no replicate group and no all-reduce of the "
                                       "grads (the reduce-scatter over the world already averaged them)" % where)
@@ -981,7 +974,7 @@ def check_hsdp_collectives(ctx):
             raise CheckFailed("rank %d's trace holds no collectives of the modules" % r)
         for step in steps:
             for mod in order:
-                rs, ar = counts.get((step, mod, "reduce_scatter"), 0), counts.get((step, mod, "all_reduce"), 0)
+                rs, ar = counts.get((step, mod, REDUCE_SCATTER), 0), counts.get((step, mod, ALL_REDUCE), 0)
                 if rs != 1:
                     raise CheckFailed("%s: %d reduce-scatters in step %d on rank %d, expected 1" % (mod, rs, step + 1, r))
                 if need_ar and ar != 1:
@@ -1061,14 +1054,13 @@ def check_prefetch_policy(ctx):
         issued = {}  # (step, module) -> [(issuing module, phase)]
         streams = set()
         for e in ctx.trace(r):
-            if e.get("cat") != "collective":
+            if e.get("cat") != COLLECTIVE:
                 continue
-            kind = e["name"].rsplit(".", 1)[-1]
-            if kind in ("all_gather", "reduce_scatter"):
+            label, kind = label_and_kind(e["name"])
+            if kind in (ALL_GATHER, REDUCE_SCATTER):
                 streams.add(e["tid"])
-            label = e["name"][: -len(kind) - 1]
             args = e["args"]
-            if kind != "all_gather" or label not in order or args.get("phase") not in BACKWARD_PHASES:
+            if kind != ALL_GATHER or label not in order or args.get("phase") not in BACKWARD_PHASES:
                 continue
             issued.setdefault((args["step"], label), []).append((args.get("module", "?"), args.get("phase", "?")))
         if single and len(streams) > 1:
@@ -1144,17 +1136,17 @@ def check_offload_memory(ctx):
                               "create exp_avg / exp_avg_sq with dev_alloc_host" % r)
         if offload:  # the copies off the compute stream, so they overlap compute (structure, not a clock)
             names = {}
-            copies = {"h2d": 0, "d2h": 0}
+            copies = {H2D: 0, D2H: 0}
             for e in ctx.trace(r):
-                if e.get("ph") == "X" and e.get("cat") == "copy" and e["args"].get("step", -1) >= 0:
-                    kind = e["name"].rsplit(".", 1)[-1]
+                if e.get("ph") == "X" and e.get("cat") == COPY and e["args"].get("step", -1) >= 0:
+                    _, kind = label_and_kind(e["name"])
                     if kind in copies:
                         copies[kind] += 1
-                        if e["tid"] == 0:
+                        if e["tid"] == COMPUTE_TID:
                             names.setdefault(kind, e)
-            for kind, what in (("h2d", "the copy-in of a host shard (host to device) goes on the all-gather stream, "
+            for kind, what in ((H2D, "the copy-in of a host shard (host to device) goes on the all-gather stream, "
                                        "before the all-gather"),
-                               ("d2h", "the reduce-scatter's output goes back to the host on the reduce-scatter "
+                               (D2H, "the reduce-scatter's output goes back to the host on the reduce-scatter "
                                        "stream")):
                 if not copies[kind]:
                     raise CheckFailed("rank %d's trace shows no %s copy during training with --offload-params: %s"

@@ -11,6 +11,7 @@ import json
 from collections import defaultdict
 
 from gradelib.util import padded_rows
+from trace_names import ALL_GATHER, REDUCE_SCATTER
 
 
 # ----------------------------------------------------------------- model sizes
@@ -91,8 +92,8 @@ def memory_model(m, B, T, W, stage):
     # issues it once module i's backward is done, none not at all)
     bwd_prefetch = "backward" in stage.prefetch and stage.backward_prefetch == "pre"
     offload = stage.offload                       # shards, grad shards and optimizer state in host memory
-    ag_state = "all_gather" in stage.streams      # all-gather output kept (AllGatherState) until its stream waited
-    rs_state = "reduce_scatter" in stage.streams  # reduce-scatter input kept (ReduceScatterState) until compute waited
+    ag_state = ALL_GATHER in stage.streams        # all-gather output kept (AllGatherState) until its stream waited
+    rs_state = REDUCE_SCATTER in stage.streams    # reduce-scatter input kept (ReduceScatterState) until compute waited
     f4 = 4
     D, L, H, KV, hd, V, F = m["D"], m["L"], m["H"], m["KV"], m["hd"], m["V"], m["F"]
     N = B * T

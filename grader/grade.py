@@ -20,11 +20,9 @@ Exit status: 0 whenever grading happened (the score says how it went),
 2 for a usage error of the grader itself.
 Standard library only (python3 >= 3.9). The code is the package grader/gradelib/.
 """
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # gradelib and the stage manifest live here
-from gradelib.cli import main  # noqa: E402
+from gradelib.cli import main  # gradelib/ sits beside this script, whose folder Python puts on sys.path
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -20,10 +20,10 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import manifest  # noqa: E402
-from gradelib.classroom import MAX_FILE, collect  # noqa: E402
-from gradelib.util import fmt_points, one_line  # noqa: E402
+import manifest
+from gradelib.checks import CHECKS
+from gradelib.classroom import MAX_FILE, collect
+from gradelib.util import fmt_points, one_line
 
 ROOT = manifest.ROOT
 VISIBILITIES = ("hidden", "after_due_date", "after_published", "visible")
@@ -68,7 +68,7 @@ def to_gradescope(results, stages, rubric, notes, visibility, seconds):
                 msg = c["reason"] if not ok else (c.get("detail") or "passed")
                 if not ok and msg.startswith("not graded: the run failed (above)"):  # no "above" on Gradescope
                     msg = "not graded: the run failed: %s" % r["run"]["reason"]
-            tests.append({"name": "Stage %s: %s" % (sid, rubric["check_names"][key]), "number": "%s.%d" % (sid, k),
+            tests.append({"name": "Stage %s: %s" % (sid, CHECKS[key].label), "number": "%s.%d" % (sid, k),
                           "score": float(points) if ok else 0.0, "max_score": float(points),
                           "status": "passed" if ok else "failed", "output": one_line(msg, 4000),
                           "visibility": visibility, "tags": ["stage-%s" % sid] + (["bonus"] if spec.get("bonus") else [])})

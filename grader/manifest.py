@@ -4,7 +4,7 @@
 Every tool reads the stages through this module (Python) or through the Makefile
 include it writes:
 
-    from manifest import stages, stage         # after sys.path gets ROOT/grader
+    from manifest import stages, stage         # grader/ on sys.path (tools: import repo_paths first)
     for s in stages(): s.id, s.dir, s.flags, s.forward_only, ...
 
     grader/manifest.py mk              the Makefile include (the Makefile writes it to build/stages.mk)
@@ -18,10 +18,12 @@ import os
 import re
 import sys
 
+from trace_names import ALL_GATHER, REDUCE_SCATTER
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUBRIC_PATH = os.path.join(ROOT, "grader", "rubric.json")
 PREFETCH_KINDS = ("forward", "backward")
-STREAM_KINDS = ("all_gather", "reduce_scatter")  # the collectives a stage runs on a stream of their own
+STREAM_KINDS = (ALL_GATHER, REDUCE_SCATTER)  # the collectives a stage runs on a stream of their own
 
 
 class ManifestError(ValueError):

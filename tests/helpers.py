@@ -6,9 +6,9 @@ import os
 import subprocess
 import sys
 
+import manifest  # the stages: grader/rubric.json (grader/ is on sys.path: tests/conftest.py)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "grader"))
-import manifest  # noqa: E402  (the stages: grader/rubric.json)
 
 # HWFSDP_BUILD=build-asan runs the suite against the sanitizer build (make asan-test)
 BUILD = os.path.join(ROOT, os.environ.get("HWFSDP_BUILD", "build"))

@@ -15,12 +15,10 @@ import tempfile
 
 import pytest
 
+import class_fixtures as cf
+from gradelib import classroom
+from gradelib.util import fmt_points
 from helpers import BUILD, ROOT, SOLVED
-
-sys.path.insert(0, os.path.join(ROOT, "grader"))
-import class_fixtures as cf  # noqa: E402
-from gradelib import classroom  # noqa: E402
-from gradelib.util import fmt_points  # noqa: E402
 
 STAGES = [s.id for s in SOLVED[:2]]  # stages 01-02: no timing-based check, so points are deterministic
 GRADE = os.path.join(ROOT, "grader", "grade.py")

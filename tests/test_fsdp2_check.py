@@ -27,10 +27,9 @@ import sys
 import numpy as np
 import pytest
 
+import fsdp2_check as fc
+from gradelib.util import chunk
 from helpers import BUILD, ROOT, apply_mutant, manifest
-
-sys.path.insert(0, os.path.join(ROOT, "tools"))
-import fsdp2_check as fc  # noqa: E402
 
 TOOL = os.path.join(ROOT, "tools", "fsdp2_check.py")
 TOL = fc.tolerances("02")
@@ -250,11 +249,10 @@ def test_layouts():
 
 def layout_2d(rank, R=2, S=2, rows=16, **kw):
     """A param of `rows` rows on a --mesh R,S run as both sides write it on `rank`: split over the row's S ranks."""
-    per = -(-rows // S)
-    k = rank % S
+    per, start, local = chunk(rows, S, rank % S)
     p = layout(mesh=list(range(R * S)), mesh_shape=[R, S], mesh_dim_names=["replicate", "shard"],
                placements=["Replicate()", "Shard(0)"], placement="Shard(0)", padded_rows=per,
-               row_offset=min(k * per, rows), local_rows=max(0, min(per, rows - k * per)))
+               row_offset=min(start, rows), local_rows=local)
     p.update(kw)
     return p
 

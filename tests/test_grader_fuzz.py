@@ -26,13 +26,12 @@ import pytest
 
 from helpers import ROOT, manifest
 
-sys.path.insert(0, os.path.join(ROOT, "grader"))
-from gradelib.checks import CHECKS, run_check  # noqa: E402
-from gradelib.context import Context  # noqa: E402
-from gradelib.rubric import (RUBRIC_PATH, baseline_flags, check_name, load_rubric, parse_stage,  # noqa: E402
-                             stage_flags)
-from gradelib.runner import RunResult, last_completed_step  # noqa: E402
-from gradelib.util import CheckFailed, UsageError, is_int, one_line  # noqa: E402
+from gradelib.checks import CHECKS, run_check
+from gradelib.context import Context
+from gradelib.rubric import RUBRIC_PATH, baseline_flags, load_rubric, parse_stage, stage_flags
+from gradelib.runner import RunResult, last_completed_step
+from gradelib.util import CheckFailed, UsageError, is_int, one_line
+from trace_names import COLLECTIVE, COMPUTE
 
 REFERENCE = os.path.join(ROOT, "logs", "reference")
 MUTATIONS = int(os.environ.get("GRADER_FUZZ_MUTATIONS", "400"))
@@ -218,7 +217,7 @@ def pick_node(rng, root, bias_events):
                 # prefer the entries the checks read
                 for _ in range(20):
                     e = node[k]
-                    if e.get("ph") == "X" and e.get("cat") in ("collective", "compute") or \
+                    if e.get("ph") == "X" and e.get("cat") in (COLLECTIVE, COMPUTE) or \
                             e.get("kind") == "hook_check" or e.get("action") in ("alloc", "free") or "placement" in e:
                         break
                     k = rng.randrange(len(node))
@@ -432,7 +431,7 @@ def test_mutated_rubric_is_a_usage_error_or_usable(world, tmp_path):
                 stage_flags(rubric, stage)
                 baseline_flags(rubric, stage)
                 for key in rubric["stages"][stage]["checks"]:
-                    assert isinstance(check_name(rubric, key), str)
+                    assert isinstance(CHECKS[key].label, str)
             for text in ("03", "3", manifest.stage("03").dir, "x"):
                 try:
                     parse_stage(rubric, text)
@@ -494,6 +493,29 @@ def test_cli_bad_rubric_is_one_line_exit_2(tmp_path, content, message):
     lines = p.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("grade.py: error: ") and message in lines[0], p.stderr
     assert p.stdout == ""
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda r: r["stages"]["02"]["checks"].update(lost=1), 'stages.02.checks must be keys among loss, grad_norm, '),
+    (lambda r: r["variants"]["uneven"]["checks"].append("lost"), 'variants.uneven.checks must be keys among loss, '),
+    (lambda r: r["variants"]["uneven"]["checks"].append("ag_overlap"),
+     "variants.uneven.checks: ag_overlap (all-gather overlap) grades the main run only, a variant cannot run it; "
+     "a variant may list loss, grad_norm, "),
+    (lambda r: r["variants"]["uneven"].update(checks=[]), "variants.uneven.checks must be a non-empty list of checks"),
+    (lambda r: r.update(check_names={"loss": "loss parity"}), "check_names is no longer read"),
+], ids=["unknown-check", "variant-unknown-check", "variant-main-run-check", "variant-no-checks", "check-names"])
+def test_rubric_names_only_checks_the_grader_has(tmp_path, edit, message):
+    """rubric.json names checks by key; the checks themselves (label, whether a variant may run them) live
+    in gradelib/checks.py: a key it does not have, or a variant listing a check of the main run only, is
+    one line naming the entry."""
+    with open(RUBRIC_PATH) as fh:
+        rubric = json.load(fh)
+    edit(rubric)
+    path = tmp_path / "rubric.json"
+    path.write_text(json.dumps(rubric))
+    with pytest.raises(UsageError) as e:
+        load_rubric(str(path))
+    assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
 
 
 def test_cli_out_is_a_file_is_one_line_exit_2(tmp_path):

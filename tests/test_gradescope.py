@@ -9,18 +9,15 @@ import os
 import shutil
 import stat
 import subprocess
-import sys
 import tempfile
 import zipfile
 
 import jsonschema
 import pytest
 
-from helpers import BUILD, ROOT, SOLVED
-
-sys.path.insert(0, os.path.join(ROOT, "tools"))
-import class_fixtures as cf  # noqa: E402
-import make_gradescope  # noqa: E402
+import class_fixtures as cf
+import make_gradescope
+from helpers import BUILD, SOLVED
 
 VIS = {"enum": ["hidden", "after_due_date", "after_published", "visible"]}
 FMT = {"enum": ["text", "html", "simple_format", "md", "ansi"]}

@@ -12,15 +12,14 @@ import tarfile
 
 import pytest
 
+import make_handout
 from helpers import BUILD, CORPUS, ROOT, STAGES
-
-sys.path.insert(0, os.path.join(ROOT, "tools"))
-import make_handout  # noqa: E402
 
 BEGIN = re.compile(r"^\s*/\* BEGIN SOLUTION: .* \(HANDOUT\.md#stage-(\d\d)\) \*/\s*$")
 END = re.compile(r"^\s*/\* END SOLUTION \*/\s*$")
 
-pytestmark = pytest.mark.skipif(not os.path.isdir(os.path.join(ROOT, ".git")), reason="needs the git checkout")
+# .git is a folder in a clone, a file in a git worktree
+pytestmark = pytest.mark.skipif(not os.path.exists(os.path.join(ROOT, ".git")), reason="needs the git checkout")
 
 
 def solution_regions():

@@ -10,16 +10,13 @@ one also runs --forward-only, whose peak is in the forward (prefetch, ZeRO-2's u
 params and AC's transient saved set there)."""
 import json
 import os
-import sys
 
 import pytest
 
 from helpers import BUILD, ROOT, metrics, run_train
 
-sys.path.insert(0, os.path.join(ROOT, "grader"))
-sys.path.insert(0, os.path.join(ROOT, "tools"))
-import manifest  # noqa: E402
-from benchlib.memory_model import memory_model, model_dims, replay_peak  # noqa: E402
+import manifest
+from benchlib.memory_model import memory_model, model_dims, replay_peak
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(os.path.join(ROOT, "solutions")),
                                 reason="compares the instructors' solutions/ with the model")

@@ -1,6 +1,6 @@
 """Parity with PyTorch: the same initial weights (safetensors written by the C
 driver) and the same token file, trained 5 AdamW steps (3 for the debugmodel) by
-the C runtime and by an independent PyTorch Llama (tests/torch_llama.py): loss
+the C runtime and by an independent PyTorch Llama (tools/torch_llama.py): loss
 and grad norm per step within 1e-4 relative (both sides sum the norm's squares
 in float64), and the final weights close.
 
@@ -21,7 +21,7 @@ import torch  # noqa: E402
 from torch_llama import read_safetensors_arrays  # noqa: E402
 TORCH_VERSION = torch.__version__
 
-TORCH_LLAMA = os.path.join(ROOT, "tests", "torch_llama.py")
+TORCH_LLAMA = os.path.join(ROOT, "tools", "torch_llama.py")
 
 # (name, model flags, world, batch per rank, implementation, training overrides)
 CONFIGS = [

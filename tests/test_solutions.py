@@ -12,14 +12,13 @@ import shutil
 import pytest
 
 from helpers import BASELINE, SOLVED, manifest, metrics, rel, run_train, snapshot, solution_bin, trace_events
+from trace_names import ALL_GATHER, BACKWARD_PHASES, COLLECTIVE, COMPUTE, COMPUTE_TID, REDUCE_SCATTER
 
 TINY = ["--flavor", "tiny", "--seq-len", "32", "--batch-size", "2", "--steps", "10", "--profile-steps", "10"]
 STAGE_FLAGS = {s.id: s.flags for s in SOLVED}
 FLAGS_AT = {s.id: s.flags_at for s in SOLVED}  # the flags at another world (a 2-D mesh resized)
 TRAINING = [s.id for s in SOLVED if not s.forward_only]  # every stage with a backward and an optimizer step
 LINK = ["--link-gbps", "5", "--link-latency-us", "10"]
-BACKWARD_PHASES = {"pre_backward", "recompute.pre_forward", "recompute", "recompute.post_forward", "backward",
-                   "post_backward", "finish_backward"}
 
 _cache = {}
 
@@ -120,7 +119,7 @@ MIXED = [s for s in TRAINING if any(f.startswith("--param-dtype") for f in STAGE
 
 def collective_bytes(out, kind):
     """Rank 0's total bytes of one kind of collective over the traced steps."""
-    return sum(e["args"]["bytes"] for e in trace_events(out) if e.get("cat") == "collective" and e["pid"] == 0
+    return sum(e["args"]["bytes"] for e in trace_events(out) if e.get("cat") == COLLECTIVE and e["pid"] == 0
                and e["name"].endswith("." + kind))
 
 
@@ -141,8 +140,8 @@ def test_mixed_precision_halves_traffic_and_unsharded_memory(runs):
     flags = TINY + ["--world", "3"] + one_batch(STAGE_FLAGS[s])
     out = {name: runs(solution_bin(s), *(flags + extra)) for name, extra in [
         ("fp32", []), ("bf16", ["--param-dtype=bf16"]), ("both", ["--param-dtype=bf16", "--reduce-dtype=bf16"])]}
-    ag = {k: collective_bytes(o, "all_gather") for k, o in out.items()}
-    rs = {k: collective_bytes(o, "reduce_scatter") for k, o in out.items()}
+    ag = {k: collective_bytes(o, ALL_GATHER) for k, o in out.items()}
+    rs = {k: collective_bytes(o, REDUCE_SCATTER) for k, o in out.items()}
     assert ag["fp32"] > 0 and ag["fp32"] == 2 * ag["bf16"] == 2 * ag["both"], ag
     assert rs["fp32"] > 0 and rs["fp32"] == rs["bf16"] == 2 * rs["both"], rs
     high = {k: unsharded_param_high(o) for k, o in out.items()}
@@ -254,9 +253,9 @@ def overlap_fraction(events, kind):
     for rank in {e["pid"] for e in events}:
         evs = [e for e in events if e["pid"] == rank]
         comm = [(e["ts"], e["ts"] + e["dur"]) for e in evs
-                if e.get("cat") == "collective" and e["name"].endswith("." + kind)]
+                if e.get("cat") == COLLECTIVE and e["name"].endswith("." + kind)]
         for e in evs:
-            if e.get("cat") != "compute" or e["tid"] != 0:
+            if e.get("cat") != COMPUTE or e["tid"] != COMPUTE_TID:
                 continue
             a, b = e["ts"], e["ts"] + e["dur"]
             total += b - a
@@ -271,10 +270,10 @@ def overlap_fraction(events, kind):
 
 def test_overlap_in_traces(runs):
     flags = TINY + ["--world", "4"] + LINK
-    f02 = overlap_fraction(trace_events(runs(solution_bin("02"), *flags)), "all_gather")
-    f03 = overlap_fraction(trace_events(runs(solution_bin("03"), *flags)), "all_gather")
+    f02 = overlap_fraction(trace_events(runs(solution_bin("02"), *flags)), ALL_GATHER)
+    f03 = overlap_fraction(trace_events(runs(solution_bin("03"), *flags)), ALL_GATHER)
     ev04 = trace_events(runs(solution_bin("04"), *flags))
-    f04, rs04 = overlap_fraction(ev04, "all_gather"), overlap_fraction(ev04, "reduce_scatter")
+    f04, rs04 = overlap_fraction(ev04, ALL_GATHER), overlap_fraction(ev04, REDUCE_SCATTER)
     assert f02 < 0.02, f02
     assert f03 > 0.15, f03
     assert f04 > 0.15 and rs04 > 0.05, (f04, rs04)
@@ -284,7 +283,7 @@ def test_recompute_all_gathers_once_per_pass(runs):
     ev = trace_events(runs(solution_bin("05"), *(TINY + ["--world", "2", "--ac"])))
     counts = {}
     for e in ev:
-        if e.get("cat") == "collective" and e["name"].endswith(".all_gather"):
+        if e.get("cat") == COLLECTIVE and e["name"].endswith("." + ALL_GATHER):
             key = (e["pid"], e["args"]["step"], e["name"])
             counts[key] = counts.get(key, 0) + 1
     assert counts and all(c == 2 for c in counts.values()), {k: c for k, c in counts.items() if c != 2}
@@ -292,11 +291,11 @@ def test_recompute_all_gathers_once_per_pass(runs):
 
 def test_zero2_has_no_backward_all_gather(runs):
     ev = trace_events(runs(solution_bin("06"), *(TINY + ["--world", "4", "--reshard-after-forward=false"])))
-    ags = [e for e in ev if e.get("cat") == "collective" and e["name"].endswith(".all_gather")]
+    ags = [e for e in ev if e.get("cat") == COLLECTIVE and e["name"].endswith("." + ALL_GATHER)]
     assert ags, "no all-gathers traced at all"
     assert not [e for e in ags if e["args"]["phase"] in BACKWARD_PHASES]
     ev04 = trace_events(runs(solution_bin("04"), *(TINY + ["--world", "4"])))
-    assert [e for e in ev04 if e.get("cat") == "collective" and e["name"].endswith(".all_gather")
+    assert [e for e in ev04 if e.get("cat") == COLLECTIVE and e["name"].endswith("." + ALL_GATHER)
             and e["args"]["phase"] in BACKWARD_PHASES], "stage 04 must all-gather in backward (test of the test)"
 
 
@@ -318,8 +317,6 @@ def test_record_stream_holds_what_the_state_frees(runs, tmp_path):
     dev_record_stream instead of kept in the ReduceScatterState) trains bitwise the same, but
     its inputs stay counted until the reduce-scatter stream got past them: more comm_buffer
     at once, every held block completed by the end, none of that in the shipped solution."""
-    import sys
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
     import record_stream_demo as demo
     binary = str(tmp_path / "train_record_stream")
     demo.build(demo.variant_source(str(tmp_path)), binary)

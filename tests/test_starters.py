@@ -19,7 +19,6 @@ def test_stages_in_sync_with_solutions():
 
 
 def test_generator_refuses_unbalanced_markers(tmp_path):
-    sys.path.insert(0, os.path.join(ROOT, "tools"))
     import make_starters
     good = "int f(void) {\n    /* BEGIN SOLUTION: do it (HANDOUT.md#stage-02) */\n    return 1;\n    /* END SOLUTION */\n}\n"
     out, todos = make_starters.convert(good, "02", "x.c")

@@ -6,7 +6,7 @@
 Sections (results/bench.json, results/bench.md, and a table on stdout):
   sgemm       the machine's OpenBLAS fp32 rate (tools/bench_sgemm.c, n=2048, 2 threads, best of 5)
   throughput  one rank, fp32, 2 threads: build/baseline/train and solution 04 at --world 1
-              vs tests/torch_llama.py (same init, data, optimizer); tokens/s and model FLOP/s
+              vs tools/torch_llama.py (same init, data, optimizer); tokens/s and model FLOP/s
   scaling     solution 04 at world 1, 2, 4 on tiny and debugmodel, same global batch
   overlap     the solutions of every training stage but activation checkpointing, with a link
               model calibrated (on 02) so that communication is about half of compute: step

@@ -20,9 +20,8 @@ import re
 import shutil
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "grader"))
-import manifest  # noqa: E402
+from repo_paths import ROOT  # first: it puts grader/ on sys.path
+import manifest
 
 TODO_CALL = re.compile(r'hw_todo\("(?P<what>(?:[^"\\]|\\.)*)",\s*"(?P<where>[^"]*)"\)')
 FUNC_START = re.compile(r"^(?:static\s+)?[A-Za-z_][\w \*]*?\b(?P<name>[A-Za-z_]\w*)\s*\([^;]*$")

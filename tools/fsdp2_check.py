@@ -104,13 +104,11 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "grader"))
-sys.path.insert(0, os.path.join(ROOT, "tools"))
-sys.path.insert(0, os.path.join(ROOT, "tests"))  # torch_llama (imported where torch is, read_safetensors)
-from gradelib.checks import BACKWARD_PHASES, FORWARD_PHASES  # noqa: E402
-from gradelib.rubric import load_rubric, parse_stage, stage_flags, stage_variants  # noqa: E402
-from gradelib.util import UsageError, rel  # noqa: E402
+from repo_paths import ROOT  # first: it puts grader/ on sys.path
+from gradelib.rubric import load_rubric, parse_stage, stage_flags, stage_variants
+from gradelib.util import UsageError, rel
+from trace_names import (ALL_GATHER, ALL_REDUCE, BACKWARD_PHASES, COLLECTIVE, FORWARD_PHASES, REDUCE_SCATTER,
+                         label_and_kind)
 
 BUILD = os.path.join(ROOT, os.environ.get("HWFSDP_BUILD", "build"))
 MIN_TORCH = (2, 6)
@@ -335,7 +333,7 @@ def read_jsonl(path):
 
 
 def read_safetensors(path):
-    """{name: float32 numpy array} of a safetensors file: tests/torch_llama.py's reader (the tool runs
+    """{name: float32 numpy array} of a safetensors file: tools/torch_llama.py's reader (the tool runs
     under a python with torch, see ensure_torch)."""
     import torch_llama
     try:
@@ -380,8 +378,8 @@ def c_collective_events(cdir, rank):
     """The collective events of the C run's trace_rank<r>.json, each with its label and kind ('<label>.<kind>')."""
     with open(os.path.join(cdir, "trace_rank%d.json" % rank)) as fh:
         events = json.load(fh).get("traceEvents", [])
-    return [(e, *e["name"].rpartition(".")[::2]) for e in events
-            if e.get("ph") == "X" and e.get("cat") == "collective" and "name" in e]
+    return [(e, *label_and_kind(e["name"])) for e in events
+            if e.get("ph") == "X" and e.get("cat") == COLLECTIVE and "name" in e]
 
 
 def c_collectives(cdir, world, modules):
@@ -391,9 +389,9 @@ def c_collectives(cdir, world, modules):
     for r in range(world):
         counts = {}
         for e, label, kind in c_collective_events(cdir, r):
-            if kind not in ("all_gather", "reduce_scatter", "all_reduce"):
+            if kind not in (ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE):
                 continue
-            if label not in modules and (label, kind) != (GRAD_NORM, "all_reduce"):
+            if label not in modules and (label, kind) != (GRAD_NORM, ALL_REDUCE):
                 continue  # the checkpoint's gathers
             a = e.get("args", {})
             phase = a.get("phase")
@@ -443,7 +441,7 @@ def c_backward_gathers(cdir, world, modules):
         counts = {}
         for e, label, kind in c_collective_events(cdir, r):
             a = e.get("args", {})
-            if kind != "all_gather" or label not in modules or a.get("phase") not in BACKWARD_PHASES:
+            if kind != ALL_GATHER or label not in modules or a.get("phase") not in BACKWARD_PHASES:
                 continue
             key = (a["step"], a.get("microbatch", -1), label, a.get("module", "?"), a["phase"])
             counts[key] = counts.get(key, 0) + 1

@@ -2,7 +2,7 @@
 
 Needs torch >= 2.6 (torch.distributed.fsdp.fully_shard); tools/fsdp2_check.py starts it under
 build/fsdp2-venv's python. W CPU processes (torch.multiprocessing) join a gloo process group
-(one thread each) and train tests/torch_llama.py's Llama, sharded in the groups torchtitan
+(one thread each) and train tools/torch_llama.py's Llama, sharded in the groups torchtitan
 and the C runtime use: fully_shard on tok_embeddings ("embedding"), on every block
 ("block<i>"), on [norm, output] ("head"), then on the root, which keeps no parameter of its
 own. Every group reshards after forward as the run's flag says (torchtitan's default keeps
@@ -67,23 +67,22 @@ import inspect
 import json
 import math
 import os
-import sys
 from collections import Counter
 
 import torch
 import torch.distributed as dist
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tests"))
-import torch_llama  # noqa: E402  (the PyTorch Llama the parity tests use)
+import repo_paths  # noqa: F401  (grader/ on sys.path, for trace_names)
+import torch_llama  # the PyTorch Llama the parity tests use (tools/, this file's folder)
+from trace_names import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
 
 AC_PREFIX = "_checkpoint_wrapped_module."
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-# torch.distributed functions FSDP2 issues its collectives through (the names changed over versions);
-# all_reduce: HSDP's all-reduce of the grad shards across the replicate group
-COLLECTIVE_FUNCTIONS = {"all_gather_single": "all_gather", "all_gather_into_tensor": "all_gather",
-                        "reduce_scatter_single": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",
-                        "all_reduce": "all_reduce"}
+# torch.distributed functions FSDP2 issues its collectives through (the names changed over versions), each
+# with the kind the C trace names it by; all_reduce: HSDP's all-reduce of the grad shards across the replicate group
+COLLECTIVE_FUNCTIONS = {"all_gather_single": ALL_GATHER, "all_gather_into_tensor": ALL_GATHER,
+                        "reduce_scatter_single": REDUCE_SCATTER, "reduce_scatter_tensor": REDUCE_SCATTER,
+                        "all_reduce": ALL_REDUCE}
 UNCOUNTED_ALL_REDUCE = dist.all_reduce  # the tool's own reductions (loss, float64 norm): never counted
 
 
@@ -141,7 +140,7 @@ class CollectiveLog:
         if not wrapped:
             raise RuntimeError("torch.distributed has none of %s" % ", ".join(COLLECTIVE_FUNCTIONS))
         # DTensor's Partial placements reduce through funcol.all_reduce(tensor, reduceOp, group=(mesh, dim))
-        funcol.all_reduce = self._counting(funcol.all_reduce, "all_reduce", self._funcol_ranks(funcol))
+        funcol.all_reduce = self._counting(funcol.all_reduce, ALL_REDUCE, self._funcol_ranks(funcol))
         for method in ("unshard", "post_backward"):
             setattr(FSDPParamGroup, method, self._labelling(getattr(FSDPParamGroup, method)))
         for method in ("pre_backward", "post_backward"):
@@ -174,14 +173,14 @@ class CollectiveLog:
                     group = ",".join(str(r) for r in ranks_of(bound.get("group")))
                     # the bytes the C trace gives: an all-gather's output, a reduce-scatter's input (the
                     # group's segments), an all-reduce's tensor
-                    moved = bound.get("input", bound.get("input_tensor")) if kind == "reduce_scatter" else out
+                    moved = bound.get("input", bound.get("input_tensor")) if kind == REDUCE_SCATTER else out
                     nbytes = moved.numel() * moved.element_size() if hasattr(moved, "numel") else -1
                     self.counts[(step, micro, self.module or "?", kind, phase, group, dtype, nbytes)] += 1
-                    if kind == "all_gather" and phase == "backward":
+                    if kind == ALL_GATHER and phase == "backward":
                         hook = self.hook or ("?", "?")
                         self.backward_gathers[(step, micro, self.module or "?") + hook] += 1
                     op = bound.get("op", bound.get("reduceOp"))
-                    if kind != "all_gather":
+                    if kind != ALL_GATHER:
                         what = kind if self.module != "grad_norm" else "grad_norm." + kind
                         self.ops.setdefault(what, set()).add(op_name(op) if op is not None else "SUM")
         return wrapper
@@ -216,7 +215,7 @@ class CollectiveLog:
 # ---------------------------------------------------------------------------- the model
 
 def build_model(job):
-    """tests/torch_llama.py's Llama with the C run's dimensions and initial weights."""
+    """tools/torch_llama.py's Llama with the C run's dimensions and initial weights."""
     d = job["model"]
     args = torch_llama.ModelArgs(d["dim"], d["n_layers"], d["n_heads"], d["n_kv_heads"], d["vocab_size"],
                                  d["multiple_of"], d.get("ffn_dim_multiplier") or None)

@@ -17,9 +17,8 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "grader"))
-import manifest  # noqa: E402
+from repo_paths import ROOT  # first: it puts grader/ on sys.path
+import manifest
 
 BUILD = os.path.join(ROOT, os.environ.get("HWFSDP_BUILD", "build"))
 SMOKE = ["--flavor", "tiny", "--world", "2", "--seq-len", "16", "--batch-size", "1", "--steps", "1",

@@ -20,9 +20,8 @@ import os
 import sys
 import zipfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tools"))
-import make_handout  # noqa: E402
+import make_handout
+from repo_paths import ROOT
 
 PACKAGES = "make gcc libc6-dev libopenblas-dev openmpi-bin libopenmpi-dev python3"
 

@@ -19,9 +19,8 @@ import subprocess
 import sys
 import tarfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "grader"))
-import manifest  # noqa: E402
+from repo_paths import ROOT  # first: it puts grader/ on sys.path
+import manifest
 
 INSTRUCTORS_ONLY = ("solutions/", "tests/mutants/", "tests/test_solutions", "tests/test_grader", "tests/test_handout",
                     "tests/test_class", "tests/class_fixtures", "tests/test_gradescope", "INSTRUCTORS.md")

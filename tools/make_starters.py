@@ -19,9 +19,8 @@ import os
 import re
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "grader"))
-import manifest  # noqa: E402  (the stages: grader/rubric.json)
+from repo_paths import ROOT  # first: it puts grader/ on sys.path
+import manifest  # the stages: grader/rubric.json
 BEGIN = re.compile(r"^(?P<indent>\s*)/\* BEGIN SOLUTION: (?P<what>.*) \(HANDOUT\.md#stage-(?P<stage>\d\d)\) \*/\s*$")
 END = re.compile(r"^\s*/\* END SOLUTION \*/\s*$")
 

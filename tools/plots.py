@@ -23,6 +23,10 @@ import json
 import os
 import sys
 
+import repo_paths  # noqa: F401  (grader/ on sys.path, for trace_names)
+from trace_names import (ALL_GATHER, BACKWARD_PHASES, COLLECTIVE, COMPUTE, COPY, EVENT, HOST_TID, MEMSET,
+                         REDUCE_SCATTER, WAIT, label_and_kind)
+
 
 def load_metrics(run):
     path = os.path.join(run, "metrics.jsonl")
@@ -61,8 +65,8 @@ def plot_loss(plt, run, ref, out):
     plt.close(fig)
 
 
-CAT_COLORS = {"compute": "#4C72B0", "copy": "#8C8C8C", "collective": "#DD8452", "wait": "#C44E52",
-              "event": "#55A868", "memset": "#B0B0B0"}
+CAT_COLORS = {COMPUTE: "#4C72B0", COPY: "#8C8C8C", COLLECTIVE: "#DD8452", WAIT: "#C44E52", EVENT: "#55A868",
+              MEMSET: "#B0B0B0"}
 
 
 def load_trace(run):
@@ -158,10 +162,6 @@ def plot_memory(plt, run, out, rank):
     plt.close(fig)
 
 
-BACKWARD_PHASES = {"pre_backward", "recompute.pre_forward", "recompute", "recompute.post_forward", "backward",
-                   "post_backward", "finish_backward"}
-TRACE_HOST_TID = 1000  # the host's own track (runtime/trace.h)
-
 GROUP_FAMILIES = {"shard": ["#dd8452", "#f2b880", "#c0622c", "#f6d2b0"],
                   "replicate": ["#8172b3", "#b3a8db", "#5a4c8f", "#d4cdef"], "world": ["#999999"]}
 
@@ -170,7 +170,7 @@ def plot_groups(plt, run, out, step):
     """Collectives by process group: on a 2-D mesh the all-gathers and reduce-scatters run in shard groups
     and the grads' all-reduces in replicate groups; the picture shows which rank talks to which."""
     events, names = load_trace(run)
-    coll = [e for e in events if e.get("cat") == "collective"]
+    coll = [e for e in events if e.get("cat") == COLLECTIVE]
     groups = sorted({e.get("args", {}).get("group", "world") for e in coll})
     if not coll or groups == ["world"]:
         return  # a 1-D run: every collective is the world's
@@ -226,7 +226,7 @@ def plot_backward(plt, run, out, step, rank):
         return
     if step is None:
         step = steps[len(steps) // 2]
-    sel = [e for e in back if e["args"].get("step") == step and e.get("tid") != TRACE_HOST_TID]
+    sel = [e for e in back if e["args"].get("step") == step and e.get("tid") != HOST_TID]
     if not sel:
         return
     t0 = min(e["ts"] for e in sel)
@@ -237,12 +237,12 @@ def plot_backward(plt, run, out, step, rank):
             if e["tid"] != tid:
                 continue
             x, w = (e["ts"] - t0) / 1000.0, max(e["dur"], 1) / 1000.0
-            kind = e["name"].rsplit(".", 1)[-1]
-            colour = {"all_gather": "#dd8452", "reduce_scatter": "#8172b3"}.get(kind, CAT_COLORS.get(e.get("cat"),
-                                                                                                      "#999999"))
+            label, kind = label_and_kind(e["name"])
+            colour = {ALL_GATHER: "#dd8452", REDUCE_SCATTER: "#8172b3"}.get(kind, CAT_COLORS.get(e.get("cat"),
+                                                                                                  "#999999"))
             ax.broken_barh([(x, w)], (y - 0.4, 0.8), facecolors=colour, edgecolors="white", linewidth=0.3)
-            if e.get("cat") == "collective":  # the module's name, all-gathers above the middle, reduce-scatters below
-                ax.text(x + w / 2, y + (-0.22 if kind == "all_gather" else 0.22), e["name"].rsplit(".", 1)[0],
+            if e.get("cat") == COLLECTIVE:  # the module's name, all-gathers above the middle, reduce-scatters below
+                ax.text(x + w / 2, y + (-0.22 if kind == ALL_GATHER else 0.22), label or kind,
                         ha="center", va="center", fontsize=6)
     ax.set_yticks(range(len(tids)))
     ax.set_yticklabels([names.get((rank, t), "stream %d" % t) for t in tids])

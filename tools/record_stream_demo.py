@@ -31,9 +31,8 @@ import os
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "grader"))
-import manifest  # noqa: E402  (the stage folders come from grader/rubric.json)
+from repo_paths import ROOT  # first: it puts grader/ on sys.path
+import manifest  # the stage folders come from grader/rubric.json
 
 SOLUTION = manifest.stage("04").solution_src(ROOT)
 

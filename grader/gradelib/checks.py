@@ -1,29 +1,53 @@
-"""The checks: one function per key of rubric.json's stages.NN.checks, registered with @check(key).
+"""The checks: one function per key of rubric.json's stages.NN.checks, declared with all the grader
+knows of it: @check(key, label=..., variants=..., timing=...) registers a Check in CHECKS.
 
 A check takes the stage's Context and returns a detail line ("" or what it measured), or raises
 CheckFailed with a one-line reason that says what is wrong and where to look. run_check runs one
 and turns anything else it raises into a failed check that says so: grading never crashes.
+The checks come in the order of the stage that first grades them (01 up); rubric.json gives the
+points per stage and names checks by key, never by label.
 """
 import math
 import os
 
 import manifest
+from trace_names import (ALL_GATHER, ALL_REDUCE, BACKWARD_PHASES, COLLECTIVE, COMPUTE, COMPUTE_TID, COPY, D2H,
+                         FORWARD_PHASES, H2D, HOOK_PHASES, HOST_SYNC, REDUCE_SCATTER, label_and_kind)
 
-from .util import CheckFailed, fmt_bytes, is_finite, is_int, mesh_shape, mp_policy, one_line, rel, relpath
+from .util import (CheckFailed, chunk, fmt_bytes, is_finite, is_int, mesh_shape, mp_policy, one_line, padded_rows, rel,
+                   relpath)
 
-FORWARD_PHASES = {"pre_forward", "forward", "post_forward"}
-BACKWARD_PHASES = {"pre_backward", "recompute.pre_forward", "recompute", "recompute.post_forward", "backward",
-                   "post_backward", "finish_backward"}
-
-CHECKS = {}  # key -> check, in the order defined here (a rubric naming an unknown key is told this list)
+CHECKS = {}  # key -> Check, in the order defined here (a rubric naming an unknown key is told this list)
 
 
-def check(key):
-    """Register the decorated function as the check `key` (rubric.json names checks by these keys)."""
+class Check:
+    """One check: its function and what the rest of the grader reads of it.
+
+    key       how rubric.json, results.json ("key") and tests/mutants/mutants.json name it
+    label     the name the grader prints ("== stage 03 == <label>: OK"), results.json's "name"
+    variants  a variant may list it: it reads one run against that run's own reference and baseline, or
+              against the analytic model of the run's flags, so it holds at any world and flags (the
+              others compare with the grading configuration's runs or with the stage's schedule)
+    timing    it measures overlap on the trace's clock, which a loaded machine can disturb: make_reference
+              and tests/test_grader.py run a stage again when it misses only timing checks
+    """
+
+    def __init__(self, key, fn, label, variants, timing):
+        self.key, self.fn, self.label, self.variants, self.timing = key, fn, label, variants, timing
+
+    def __call__(self, ctx):
+        return self.fn(ctx)
+
+
+def check(key, *, label, variants=False, timing=False):
+    """Register the decorated function as the check `key`, printed as `label` (students and the reference
+    outputs see it: never change one lightly)."""
     def register(fn):
         if key in CHECKS:
             raise ValueError("two checks named %s" % key)
-        CHECKS[key] = fn
+        if label in (c.label for c in CHECKS.values()):
+            raise ValueError("two checks labelled %s" % label)
+        CHECKS[key] = Check(key, fn, label, variants, timing)
         return fn
     return register
 
@@ -82,7 +106,7 @@ def series_check(ctx, key, tol, label, hint):
     return ""
 
 
-@check("loss")
+@check("loss", label="loss parity", variants=True)
 def check_loss(ctx):
     def hint(step, g, r):
         if step == 1:
@@ -115,7 +139,7 @@ def mesh_grad_norm_hint(ratio, R, S):
     return ""
 
 
-@check("grad_norm")
+@check("grad_norm", label="grad norm parity", variants=True)
 def check_grad_norm(ctx):
     W = ctx.world
     K = Accum(ctx.flags).K
@@ -164,7 +188,7 @@ def _clip_lists(rows, world, where):
     return out
 
 
-@check("clip")
+@check("clip", label="clip coefficient", variants=True)
 def check_clip(ctx):
     """Every AdamW launch of a step applied the reference's clip coefficient, on every rank."""
     tol = ctx.tol["grad_norm_rel"]
@@ -201,7 +225,7 @@ def check_clip(ctx):
     return "coefficients %s" % ", ".join("%.3g" % got[i][0][0] for i in range(ctx.steps) if got[i][0][0] is not None)
 
 
-@check("peak_memory")
+@check("peak_memory", label="peak memory", variants=True)
 def check_peak_memory(ctx):
     band = ctx.tol["peak_mem_band_rel"]
     got = ctx.peaks(ctx.metrics())
@@ -226,14 +250,7 @@ def check_peak_memory(ctx):
     return ""
 
 
-def _split(rows, n, k):
-    """torch.chunk's split of `rows` over n ranks: (padded rows, first row, rows) of chunk k."""
-    padded = -(-rows // n)
-    start = k * padded
-    return padded, start, max(0, min(rows, start + padded) - start)
-
-
-@check("dtensors")
+@check("dtensors", label="DTensors", variants=True)
 def check_dtensors(ctx):
     W = ctx.world
     R, S = mesh_shape(ctx.flags, W)
@@ -247,7 +264,7 @@ def check_dtensors(ctx):
         for p in params:
             name, shape = p["name"], p["global_shape"]
             rows = shape[0]
-            padded, start, local = _split(rows, S, k)
+            padded, start, local = chunk(rows, S, k)
             row_numel = math.prod(shape[1:]) if len(shape) > 1 else 1
             who = "rank %d: %s" % (rank, name)
             over = ("the %d ranks of its shard group (--mesh %d,%d: rank %d is shard %d of row %d)"
@@ -317,19 +334,19 @@ def _notes_check(ctx, hook, field, want_zero, what, advice, unless=None):
     return ""
 
 
-@check("freed_after_forward")
+@check("freed_after_forward", label="params freed after forward", variants=True)
 def check_freed_after_forward(ctx):
     return _notes_check(ctx, "post_forward", "unsharded_param_live_bytes", True, "unsharded params",
                         "reshard: dev_free every unsharded Param.data (and set it to NULL)")
 
 
-@check("freed_after_backward")
+@check("freed_after_backward", label="params freed after backward", variants=True)
 def check_freed_after_backward(ctx):
     return _notes_check(ctx, "post_backward", "unsharded_param_live_bytes", True, "unsharded params",
                         "post_backward reshards after the reduce-scatter is queued", unless="reshard_after_backward")
 
 
-@check("grads_freed")
+@check("grads_freed", label="grads freed after reduce-scatter", variants=True)
 def check_grads_freed(ctx):
     return _notes_check(ctx, "post_backward", "unsharded_grad_live_bytes", True, "unsharded grads",
                         "free each Param.grad once it is copied into the reduce-scatter input",
@@ -355,7 +372,7 @@ def _live(by_tag):
     return ", ".join("%s %s" % (t, fmt_bytes(by_tag[t])) for t in LIFETIME_TAGS if by_tag.get(t)) or "none"
 
 
-@check("hook_memory")
+@check("hook_memory", label="memory inside hooks", variants=True)
 def check_hook_memory(ctx):
     """Inside every hook and after it, memory as the reference's: the rise above the hook's entry to its
     high-water, and each lifetime tag still allocated at its exit (the step's peak may lie elsewhere)."""
@@ -425,11 +442,11 @@ def _overlap(ctx, kind, phases, need, advice):
     for r in range(ctx.world):
         trace = ctx.trace(r)
         kernels = [(e["ts"], e["ts"] + e["dur"]) for e in trace
-                   if e.get("cat") == "compute" and e.get("tid") == 0]
+                   if e.get("cat") == COMPUTE and e.get("tid") == COMPUTE_TID]
         in_flight = union_intervals([(e["ts"], e["ts"] + e["dur"]) for rr, e in events if rr == r])
         busy = union_intervals(kernels)
         for e in trace:
-            if e.get("cat") == "compute" and e.get("tid") == 0 and e.get("args", {}).get("phase") in phases:
+            if e.get("cat") == COMPUTE and e.get("tid") == COMPUTE_TID and e.get("args", {}).get("phase") in phases:
                 compute_total += e["dur"]
                 compute_covered += covered(e["ts"], e["ts"] + e["dur"], in_flight)
         for a, b in in_flight:
@@ -443,22 +460,22 @@ def _overlap(ctx, kind, phases, need, advice):
         100 * frac, "/".join(sorted(phases)), what, 100 * comm_frac, what)
     if frac >= need:
         return detail
-    on_compute = all(e.get("tid") == 0 for _, e in events)
+    on_compute = all(e.get("tid") == COMPUTE_TID for _, e in events)
     raise CheckFailed("%.1f%% of %s compute ran while a%s %s was in flight (need >= %g%%)%s: %s"
                       % (100 * frac, "/".join(sorted(phases)), "n" if what[0] == "a" else "", what, 100 * need,
                          " (your %ss run on the compute stream)" % what if on_compute else "", advice))
 
 
-@check("ag_overlap")
+@check("ag_overlap", label="all-gather overlap", timing=True)
 def check_ag_overlap(ctx):
-    return _overlap(ctx, "all_gather", {"forward"}, ctx.tol["ag_overlap_min"],
+    return _overlap(ctx, ALL_GATHER, {"forward"}, ctx.tol["ag_overlap_min"],
                     "are the all-gathers on their own stream, the next module's issued (prefetched) before this one "
                     "computes, with compute waiting on an event rather than the host?")
 
 
-@check("rs_overlap")
+@check("rs_overlap", label="reduce-scatter overlap", timing=True)
 def check_rs_overlap(ctx):
-    return _overlap(ctx, "reduce_scatter", {"backward", "recompute"}, ctx.tol["rs_overlap_min"],
+    return _overlap(ctx, REDUCE_SCATTER, {"backward", "recompute"}, ctx.tol["rs_overlap_min"],
                     "are the reduce-scatters on their own stream, so that module i's reduce-scatter runs while "
                     "module i-1's backward computes?")
 
@@ -469,7 +486,7 @@ def blocking_stage(rubric):
     return next((s.id for s in manifest.stages(rubric) if not (s.prefetch or s.forward_only)), None)
 
 
-@check("prefetch_bound")
+@check("prefetch_bound", label="prefetch memory bound")
 def check_prefetch_bound(ctx):
     order, size = ctx.module_order()
     index = {m: i for i, m in enumerate(order)}
@@ -487,8 +504,8 @@ def check_prefetch_bound(ctx):
     # The peak can sit in a part of the step the prefetch does not touch: also check how far ahead each
     # all-gather is issued (the trace names the module gathered and the module whose hook issued it).
     most = ctx.tol["prefetch_max_modules_ahead"]
-    for r, e in ctx.collectives("all_gather"):
-        label = e["name"][: -len(".all_gather")]
+    for r, e in ctx.collectives(ALL_GATHER):
+        label, _ = label_and_kind(e["name"])
         host, phase = e["args"].get("module"), e["args"].get("phase")
         if label not in index or host not in index:
             continue
@@ -500,11 +517,7 @@ def check_prefetch_bound(ctx):
     return ""
 
 
-HOOK_PHASES = {"pre_forward", "post_forward", "pre_backward", "post_backward", "recompute.pre_forward",
-               "recompute.post_forward", "finish_backward"}
-
-
-@check("schedule")
+@check("schedule", label="prefetch schedule")
 def check_schedule(ctx):
     """The stage's prefetch exists and is one module ahead (forward: module i's hooks issue module i+1's
     all-gather; backward: module i's issue module i-1's), and no hook blocks the host (the trace's host
@@ -513,16 +526,16 @@ def check_schedule(ctx):
     order, _ = ctx.module_order()
     for r in range(ctx.world):
         for e in ctx.trace(r):
-            if e.get("cat") == "host_sync" and e["args"].get("phase") in HOOK_PHASES:
+            if e.get("cat") == HOST_SYNC and e["args"].get("phase") in HOOK_PHASES:
                 raise CheckFailed("step %d, rank %d: the host blocked inside %s.%s (%s): make the stream that needs "
                                   "the result wait for an event (dev_stream_wait_event), not the host"
                                   % (e["args"].get("step", -1) + 1, r, e["args"].get("module"), e["args"]["phase"],
                                      e["name"]))
     issued = {}  # (rank, step, gathered module, forward?) -> the module whose hook issued it
-    for r, e in ctx.collectives("all_gather"):
+    for r, e in ctx.collectives(ALL_GATHER):
         phase = e["args"].get("phase")
         if phase in FORWARD_PHASES | BACKWARD_PHASES:
-            key = (r, e["args"]["step"], e["name"][: -len(".all_gather")], phase in FORWARD_PHASES)
+            key = (r, e["args"]["step"], label_and_kind(e["name"])[0], phase in FORWARD_PHASES)
             issued.setdefault(key, e["args"].get("module"))
     steps = sorted({k[1] for k in issued})
     checks = []
@@ -544,13 +557,13 @@ def check_schedule(ctx):
     return ""
 
 
-@check("recompute")
+@check("recompute", label="recompute all-gathers")
 def check_recompute(ctx):
     order, _ = ctx.module_order()
     want = ctx.tol["recompute_all_gathers_per_module_step"]
     per = {}
-    for r, e in ctx.collectives("all_gather"):
-        label = e["name"][: -len(".all_gather")]
+    for r, e in ctx.collectives(ALL_GATHER):
+        label, _ = label_and_kind(e["name"])
         per.setdefault((r, e["args"]["step"], label), []).append(e["args"].get("phase", "?"))
     if not per:
         raise CheckFailed("no all-gather in the trace")
@@ -576,7 +589,7 @@ def check_recompute(ctx):
     return ""
 
 
-@check("activation_memory")
+@check("activation_memory", label="activation memory")
 def check_activation_memory(ctx):
     spec = ctx.rubric["stages"][ctx.stage]["no_ac_reference"]
     flags = [f for f in ctx.flags if f not in spec["drop_flags"]]
@@ -593,9 +606,9 @@ def check_activation_memory(ctx):
     return "%.0f%% of the peak without --ac" % (100.0 * max(g / max(n, 1) for g, n in zip(got, no_ac)))
 
 
-@check("zero2_no_backward_all_gather")
+@check("zero2_no_backward_all_gather", label="no all-gather in backward", variants=True)
 def check_zero2_no_backward_all_gather(ctx):
-    bad = [(r, e) for r, e in ctx.collectives("all_gather") if e["args"].get("phase") in BACKWARD_PHASES]
+    bad = [(r, e) for r, e in ctx.collectives(ALL_GATHER) if e["args"].get("phase") in BACKWARD_PHASES]
     if bad:
         r, e = bad[0]
         raise CheckFailed("%d all-gathers in backward (first: %s in %s.%s, step %d, rank %d): with "
@@ -605,7 +618,7 @@ def check_zero2_no_backward_all_gather(ctx):
     return ""
 
 
-@check("zero2_params_kept")
+@check("zero2_params_kept", label="reshard after forward follows the flag", variants=True)
 def check_zero2_params_kept(ctx):
     """post_forward follows --reshard-after-forward: keeps the params with false, frees them with true."""
     if "--reshard-after-forward=false" in ctx.flags:
@@ -657,17 +670,17 @@ def _accum(ctx):
     return a
 
 
-@check("accum_collectives")
+@check("accum_collectives", label="collectives per microbatch", variants=True)
 def check_accum_collectives(ctx):
     """Per rank, step, microbatch and module: reduce-scatters where the module syncs, none elsewhere; all-gathers
     as the reshard flags imply (the forward's unless the params were kept from the previous backward, the
     backward's unless ZeRO-2 kept them from the forward)."""
     a = _accum(ctx)
     seen = {}  # (rank, step, microbatch, module, kind) -> [phases]
-    for kind in ("all_gather", "reduce_scatter"):
+    for kind in (ALL_GATHER, REDUCE_SCATTER):
         for r, e in ctx.collectives(kind):
             args = e["args"]
-            label = e["name"][: -len("." + kind)]
+            label, _ = label_and_kind(e["name"])
             if label not in a.unsharded:
                 continue
             if not is_int(args.get("microbatch")):
@@ -682,7 +695,7 @@ def check_accum_collectives(ctx):
         for r in range(ctx.world):
             for k in range(a.K):
                 for mod in a.order:
-                    rs = seen.get((r, s, k, mod, "reduce_scatter"), [])
+                    rs = seen.get((r, s, k, mod, REDUCE_SCATTER), [])
                     where = "step %d, microbatch %d of %d, rank %d" % (s + 1, k, a.K, r)
                     if a.syncs(k) and len(rs) != 1:
                         raise CheckFailed(
@@ -695,7 +708,7 @@ def check_accum_collectives(ctx):
                             "mod->requires_gradient_sync == 0 post_backward keeps Param.grad and reduces nothing; "
                             "only the last microbatch reduce-scatters the accumulated grads"
                             % (mod, len(rs), "s" if len(rs) > 1 else "", where, a.describe()))
-                    ag = seen.get((r, s, k, mod, "all_gather"), [])
+                    ag = seen.get((r, s, k, mod, ALL_GATHER), [])
                     kept = k > 0 and not a.reshards(k - 1)
                     fwd = 0 if kept else 1
                     bwd = 1 if a.raf else 0
@@ -717,7 +730,7 @@ def _finish_notes(ctx, rank):
     return {(s, m): n for (s, mod, hook, m), n in ctx.hook_memory(rank).items() if hook == "finish_backward"}
 
 
-@check("accum_grads")
+@check("accum_grads", label="unsharded grads between microbatches", variants=True)
 def check_accum_grads(ctx):
     """Without sync each module's post_backward keeps its whole unsharded grads (the next backward adds to them);
     with sync they are gone. Between microbatches (at finish_backward's exit) the unsharded grads are exactly
@@ -769,7 +782,7 @@ def check_accum_grads(ctx):
         "all" if not a.sync_every else "no", "all" if a.sync_every else "no")
 
 
-@check("accum_reshard")
+@check("accum_reshard", label="params between microbatches", variants=True)
 def check_accum_reshard(ctx):
     """post_backward follows mod->reshard_after_backward: frees the params (1) or keeps them (0, so the next
     microbatch's forward needs no all-gather); between microbatches the unsharded params live are all the
@@ -810,20 +823,20 @@ TRACE_DTYPE = {"fp32": "f32", "bf16": "bf16"}  # the trace's args.dtype of a col
 
 
 MP_ADVICE = {
-    ("all_gather", "bf16"): "with --param-dtype bf16 cast each padded shard to bfloat16 on copy-in "
+    (ALL_GATHER, "bf16"): "with --param-dtype bf16 cast each padded shard to bfloat16 on copy-in "
                             "(launch_cast_to_bf16 into this rank's segment) and all-gather the 16-bit words "
                             "(coll_all_gather_bf16)",
-    ("all_gather", "fp32"): "without --param-dtype bf16 the all-gather moves the float32 shards",
-    ("reduce_scatter", "fp32"): "--reduce-dtype fp32 is FSDP2's reduce_dtype=torch.float32: reduce-scatter the "
+    (ALL_GATHER, "fp32"): "without --param-dtype bf16 the all-gather moves the float32 shards",
+    (REDUCE_SCATTER, "fp32"): "--reduce-dtype fp32 is FSDP2's reduce_dtype=torch.float32: reduce-scatter the "
                                 "float32 grads (coll_reduce_scatter); rounding them to bfloat16 first drops their "
                                 "low bits before the sum",
-    ("reduce_scatter", "bf16"): "with --reduce-dtype bf16 cast the grads into a bfloat16 reduce-scatter input "
+    (REDUCE_SCATTER, "bf16"): "with --reduce-dtype bf16 cast the grads into a bfloat16 reduce-scatter input "
                                 "(launch_cast_to_bf16), reduce-scatter the 16-bit words (coll_reduce_scatter_bf16) "
                                 "and widen the result into the float32 grad shards",
 }
 
 
-@check("mp_bytes")
+@check("mp_bytes", label="bytes per element on the wire", variants=True)
 def check_mp_bytes(ctx):
     """Every all-gather moves the param dtype's bytes per element, every reduce-scatter the reduce dtype's, over
     the module's padded flat size (analytic: its params' ceil(rows / W) x row_numel, times W), from the trace's
@@ -833,11 +846,11 @@ def check_mp_bytes(ctx):
     elems = {}
     for p in ctx.dtensors(0)["params"]:
         shape = p["global_shape"]
-        elems[p["module"]] = elems.get(p["module"], 0) + -(-shape[0] // W) * math.prod(shape[1:]) * W
-    for kind, dtype in (("all_gather", param_dtype), ("reduce_scatter", reduce_dtype)):
+        elems[p["module"]] = elems.get(p["module"], 0) + padded_rows(shape[0], W) * math.prod(shape[1:]) * W
+    for kind, dtype in ((ALL_GATHER, param_dtype), (REDUCE_SCATTER, reduce_dtype)):
         seen = set()
         for rank, e in ctx.collectives(kind):
-            module = e["name"][: -len(kind) - 1]
+            module, _ = label_and_kind(e["name"])
             if module not in elems:
                 continue
             seen.add(module)
@@ -856,7 +869,7 @@ def check_mp_bytes(ctx):
         param_dtype, DTYPE_BYTES[param_dtype], reduce_dtype, DTYPE_BYTES[reduce_dtype])
 
 
-@check("mp_params")
+@check("mp_params", label="unsharded params in bfloat16", variants=True)
 def check_mp_params(ctx):
     """After every pre_forward / pre_backward the module's Param.data_bf16 live in allocations of exactly 2 bytes
     per element of its params (bfloat16, nothing more), and no float32 Param.data is kept beside them: the
@@ -895,7 +908,7 @@ def _groups(ctx):
     return {r: ("shard%d" % (r // S), "replicate%d" % (r % S)) for r in range(ctx.world)}
 
 
-@check("hsdp_collectives")
+@check("hsdp_collectives", label="collectives in their groups", variants=True)
 def check_hsdp_collectives(ctx):
     """Per rank, step and module: the all-gathers and reduce-scatters run in the rank's shard group (its row of
     S ranks) and move the module's padded size split S ways; each reduce-scatter is followed by exactly one
@@ -907,17 +920,16 @@ def check_hsdp_collectives(ctx):
     seg = {}  # module -> elements of one rank's padded segment
     for p in ctx.dtensors(0)["params"]:
         shape = p["global_shape"]
-        seg[p["module"]] = seg.get(p["module"], 0) + -(-shape[0] // S) * math.prod(shape[1:])
+        seg[p["module"]] = seg.get(p["module"], 0) + padded_rows(shape[0], S) * math.prod(shape[1:])
     need_ar = groups[0][1] is not None
     for r in range(ctx.world):
         shard_g, rep_g = groups[r]
-        colls = [e for e in ctx.trace(r) if e.get("cat") == "collective"]
+        colls = [e for e in ctx.trace(r) if e.get("cat") == COLLECTIVE]
         colls.sort(key=lambda e: e["ts"])
         pending = {}  # (step, module) -> reduce-scatters not yet all-reduced
         counts = {}
         for e in colls:
-            kind = e["name"].rsplit(".", 1)[-1]
-            label = e["name"][: -len(kind) - 1]
+            label, kind = label_and_kind(e["name"])
             args = e["args"]
             group = args.get("group", "world")
             where = "%s's %s (step %d, rank %d)" % (label, kind.replace("_", "-"), args["step"] + 1, r)
@@ -930,7 +942,7 @@ def check_hsdp_collectives(ctx):
             if label not in seg:
                 continue
             counts[(args["step"], label, kind)] = counts.get((args["step"], label, kind), 0) + 1
-            if kind in ("all_gather", "reduce_scatter"):
+            if kind in (ALL_GATHER, REDUCE_SCATTER):
                 if group != shard_g:
                     raise CheckFailed("%s ran in %s, expected this rank's shard group %s (the %d ranks its params "
                                       "are split over): issue it with pg_%s(mesh->shard_group, ...)"
@@ -940,9 +952,9 @@ def check_hsdp_collectives(ctx):
                     raise CheckFailed("%s moved %s, expected %s: %d ranks' segments of %d padded elements (each "
                                       "param's ceil(rows / %d) rows)" % (where, fmt_bytes(args.get("bytes", 0)),
                                                                           fmt_bytes(want), S, seg[label], S))
-                if kind == "reduce_scatter":
+                if kind == REDUCE_SCATTER:
                     pending[(args["step"], label)] = pending.get((args["step"], label), 0) + 1
-            elif kind == "all_reduce":
+            elif kind == ALL_REDUCE:
                 if not need_ar:
                     raise CheckFailed("%s: without --mesh there is no replicate group and no all-reduce of the "
                                       "grads (the reduce-scatter over the world already averaged them)" % where)
@@ -962,7 +974,7 @@ def check_hsdp_collectives(ctx):
             raise CheckFailed("rank %d's trace holds no collectives of the modules" % r)
         for step in steps:
             for mod in order:
-                rs, ar = counts.get((step, mod, "reduce_scatter"), 0), counts.get((step, mod, "all_reduce"), 0)
+                rs, ar = counts.get((step, mod, REDUCE_SCATTER), 0), counts.get((step, mod, ALL_REDUCE), 0)
                 if rs != 1:
                     raise CheckFailed("%s: %d reduce-scatters in step %d on rank %d, expected 1" % (mod, rs, step + 1, r))
                 if need_ar and ar != 1:
@@ -979,7 +991,7 @@ def _two_sizes(a, b):
     return ("%d bytes" % a, "%d bytes" % b) if fa == fb else (fa, fb)
 
 
-@check("hsdp_memory")
+@check("hsdp_memory", label="shards split over the shard group", variants=True)
 def check_hsdp_memory(ctx):
     """After every hook the rank's param shards (tag param_shard) take exactly the model split S ways
     (sum over params of ceil(rows / S) x row_numel floats), and its optimizer state (tag optim_state), once
@@ -987,10 +999,10 @@ def check_hsdp_memory(ctx):
     the params' global shapes; the bytes from the hook_memory records of the snapshots."""
     R, S = mesh_shape(ctx.flags, ctx.world)
     shapes = [p["global_shape"] for p in ctx.dtensors(0)["params"]]
-    shard_bytes = sum(4 * -(-sh[0] // S) * math.prod(sh[1:]) for sh in shapes)
+    shard_bytes = sum(4 * padded_rows(sh[0], S) * math.prod(sh[1:]) for sh in shapes)
     for r in range(ctx.world):
         k = r % S
-        optim_bytes = sum(8 * _split(sh[0], S, k)[2] * math.prod(sh[1:]) for sh in shapes)
+        optim_bytes = sum(8 * chunk(sh[0], S, k)[2] * math.prod(sh[1:]) for sh in shapes)
         seen_optim = 0
         for (step, module, hook, micro), n in sorted(ctx.hook_memory(r).items(), key=lambda kv: kv[0][:3]):
             got = n["exit_by_tag"].get("param_shard", 0)
@@ -1000,7 +1012,7 @@ def check_hsdp_memory(ctx):
                                   "shard group (%s); split over %d ranks it would take %s" % (
                                       (where,) + _two_sizes(got, shard_bytes) + (S,) + (
                                       "--mesh %d,%d" % (R, S) if R > 1 or S != ctx.world else "the world",
-                                      ctx.world, fmt_bytes(sum(4 * -(-sh[0] // ctx.world) * math.prod(sh[1:])
+                                      ctx.world, fmt_bytes(sum(4 * padded_rows(sh[0], ctx.world) * math.prod(sh[1:])
                                                                for sh in shapes)))))
             opt = n["exit_by_tag"].get("optim_state", 0)
             if opt and opt != optim_bytes:
@@ -1028,7 +1040,7 @@ PREFETCH_ADVICE = {
 }
 
 
-@check("prefetch_policy")
+@check("prefetch_policy", label="backward prefetch follows the policy", variants=True)
 def check_prefetch_policy(ctx):
     """Where every backward all-gather was issued (the trace's module and phase of the hook that queued it):
     module i-1's in module i's pre_backward (pre), in module i's post_backward (post), or in its own
@@ -1042,14 +1054,13 @@ def check_prefetch_policy(ctx):
         issued = {}  # (step, module) -> [(issuing module, phase)]
         streams = set()
         for e in ctx.trace(r):
-            if e.get("cat") != "collective":
+            if e.get("cat") != COLLECTIVE:
                 continue
-            kind = e["name"].rsplit(".", 1)[-1]
-            if kind in ("all_gather", "reduce_scatter"):
+            label, kind = label_and_kind(e["name"])
+            if kind in (ALL_GATHER, REDUCE_SCATTER):
                 streams.add(e["tid"])
-            label = e["name"][: -len(kind) - 1]
             args = e["args"]
-            if kind != "all_gather" or label not in order or args.get("phase") not in BACKWARD_PHASES:
+            if kind != ALL_GATHER or label not in order or args.get("phase") not in BACKWARD_PHASES:
                 continue
             issued.setdefault((args["step"], label), []).append((args.get("module", "?"), args.get("phase", "?")))
         if single and len(streams) > 1:
@@ -1078,7 +1089,7 @@ def check_prefetch_policy(ctx):
         policy, " on one comm stream" if single else "")
 
 
-@check("offload_memory")
+@check("offload_memory", label="shards offloaded to host memory", variants=True)
 def check_offload_memory(ctx):
     """After every hook: with --offload-params no param shard, grad shard or optimizer state is in device memory
     and the host pool holds the param shards at their analytic size (sum of ceil(rows / W) x row_numel floats)
@@ -1088,10 +1099,10 @@ def check_offload_memory(ctx):
     offload = "--offload-params" in ctx.flags
     W = ctx.world
     shapes = [p["global_shape"] for p in ctx.dtensors(0)["params"]]
-    shard_bytes = sum(4 * -(-sh[0] // W) * math.prod(sh[1:]) for sh in shapes)
+    shard_bytes = sum(4 * padded_rows(sh[0], W) * math.prod(sh[1:]) for sh in shapes)
     kept = ("param_shard", "grad_shard", "optim_state")
     for r in range(W):
-        optim_bytes = sum(8 * _split(sh[0], W, r)[2] * math.prod(sh[1:]) for sh in shapes)
+        optim_bytes = sum(8 * chunk(sh[0], W, r)[2] * math.prod(sh[1:]) for sh in shapes)
         seen_optim = 0
         for (step, module, hook, micro), n in sorted(ctx.hook_memory(r).items(), key=lambda kv: kv[0][:3]):
             where = "after %s.%s (step %d, rank %d)" % (module, hook, step + 1, r)
@@ -1125,17 +1136,17 @@ def check_offload_memory(ctx):
                               "create exp_avg / exp_avg_sq with dev_alloc_host" % r)
         if offload:  # the copies off the compute stream, so they overlap compute (structure, not a clock)
             names = {}
-            copies = {"h2d": 0, "d2h": 0}
+            copies = {H2D: 0, D2H: 0}
             for e in ctx.trace(r):
-                if e.get("ph") == "X" and e.get("cat") == "copy" and e["args"].get("step", -1) >= 0:
-                    kind = e["name"].rsplit(".", 1)[-1]
+                if e.get("ph") == "X" and e.get("cat") == COPY and e["args"].get("step", -1) >= 0:
+                    _, kind = label_and_kind(e["name"])
                     if kind in copies:
                         copies[kind] += 1
-                        if e["tid"] == 0:
+                        if e["tid"] == COMPUTE_TID:
                             names.setdefault(kind, e)
-            for kind, what in (("h2d", "the copy-in of a host shard (host to device) goes on the all-gather stream, "
+            for kind, what in ((H2D, "the copy-in of a host shard (host to device) goes on the all-gather stream, "
                                        "before the all-gather"),
-                               ("d2h", "the reduce-scatter's output goes back to the host on the reduce-scatter "
+                               (D2H, "the reduce-scatter's output goes back to the host on the reduce-scatter "
                                        "stream")):
                 if not copies[kind]:
                     raise CheckFailed("rank %d's trace shows no %s copy during training with --offload-params: %s"

@@ -14,9 +14,9 @@ import time
 
 import manifest
 
-from .checks import run_check
+from .checks import CHECKS, run_check
 from .context import Context
-from .rubric import (RUBRIC_PATH, check_name, load_rubric, parse_stage, stage_config, stage_flags, stage_variants,
+from .rubric import (RUBRIC_PATH, load_rubric, parse_stage, stage_config, stage_flags, stage_variants,
                      variant_label)
 from .runner import Baselines, Runner, RunResult, Sandbox
 from .util import ROOT, UsageError, fmt_points, one_line, relpath
@@ -86,7 +86,7 @@ def grade_stage(rubric, stage, src, out_root, ref_root, runner, baselines):
     vctx = {v: Context(rubric, stage, r, ref_root, baselines, cuda=runner.cuda, variant=v) for v, r in extra.items()}
     checks = []
     for key, points in spec["checks"].items():
-        name = check_name(rubric, key)
+        name = CHECKS[key].label
         t1 = time.monotonic()
         ok, reason, detail = _grade_check(ctx, key)
         for v, c in vctx.items():

@@ -10,6 +10,8 @@ import json
 import math
 import os
 
+from trace_names import COLLECTIVE
+
 from .rubric import baseline_flags, stage_config, stage_only_flags, tolerances, variant_label
 from .util import CheckFailed, fmt_bytes, is_finite, is_int, is_num, mp_policy, one_line, read_json, relpath, short
 
@@ -200,7 +202,7 @@ class Context:
                 if not isinstance(args, dict):
                     raise CheckFailed("%s (%s): args is not a JSON object" % (where, one_line(e["name"], 80)))
                 bad = [k for k in ("module", "phase") if k in args and not isinstance(args[k], str)]
-                if "step" in args and not is_int(args["step"]) or e.get("cat") == "collective" and "step" not in args:
+                if "step" in args and not is_int(args["step"]) or e.get("cat") == COLLECTIVE and "step" not in args:
                     bad.append("step")
                 if "microbatch" in args and not (is_int(args["microbatch"]) and 0 <= args["microbatch"] < 2 ** 31):
                     bad.append("microbatch")
@@ -249,7 +251,7 @@ class Context:
         """[(rank, event)] for collectives named '<label>.<kind>', all ranks."""
         out = []
         for r in range(self.world):
-            out += [(r, e) for e in self.trace(r) if e.get("cat") == "collective" and e["name"].endswith("." + kind)]
+            out += [(r, e) for e in self.trace(r) if e.get("cat") == COLLECTIVE and e["name"].endswith("." + kind)]
         return out
 
     def reference_dir(self, stage=None, sub=None):

@@ -2,9 +2,9 @@
 
 The stage entries' structure (folder, title, flags, prefetch, the main job) is checked by
 grader/manifest.py, which every tool shares; this module checks only what grading adds on
-top: the configuration, the limits, the tolerances, the checks and their points and names,
-the no-AC reference. A rubric that fails either is a UsageError of one line (exit status 2),
-never a crash mid-grading.
+top: the configuration, the limits, the tolerances, the checks and their points (a check's label,
+and whether a variant may run it, are declared with the check: checks.py), the no-AC reference.
+A rubric that fails either is a UsageError of one line (exit status 2), never a crash mid-grading.
 """
 import manifest
 
@@ -17,11 +17,6 @@ CONFIG_KEYS = {"flavor": "name", "world": "world", "seq_len": "count", "batch_si
                "profile_steps": "count0", "link_gbps": "number0", "link_latency_us": "number0", "max_norm": "number0",
                "n_kv_heads": "count"}
 OPTIONAL_CONFIG = {"max_norm", "n_kv_heads"}  # absent: the binary's default (the flavour's n_kv_heads, max norm 1)
-# checks a variant may run: they compare one run with its own reference and baseline
-VARIANT_CHECKS = {"loss", "grad_norm", "clip", "peak_memory", "hook_memory", "dtensors", "freed_after_forward", "freed_after_backward",
-                  "grads_freed", "zero2_no_backward_all_gather", "zero2_params_kept", "accum_collectives", "accum_grads",
-                  "accum_reshard", "mp_bytes", "mp_params", "hsdp_collectives", "hsdp_memory", "prefetch_policy",
-                  "offload_memory"}
 LIMIT_KEYS = {"build_timeout_s": 1e7, "run_timeout_s": 1e7, "run_cpu_s": 1e7, "run_address_space_gib": 1e6,
               "run_file_size_mib": 1e9}
 TOLERANCE_KEYS = ["loss_rel", "grad_norm_rel", "peak_mem_band_rel", "ag_overlap_min", "rs_overlap_min",
@@ -65,8 +60,11 @@ def validate_rubric(rubric, name):
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             bad(where, "a list of strings", value)
 
-    for key in ("config", "limits", "tolerances", "check_names", "baseline"):
+    for key in ("config", "limits", "tolerances", "baseline"):
         obj(key, rubric.get(key))
+    if "check_names" in rubric:  # a rubric from before the checks carried their labels: say where they went
+        raise UsageError("%s: check_names is no longer read: each check's label is declared with the check "
+                         "(@check(key, label=...) in grader/gradelib/checks.py); delete the entry" % name)
     for key, kind in CONFIG_KEYS.items():
         if key in OPTIONAL_CONFIG and key not in rubric["config"]:
             continue
@@ -96,8 +94,6 @@ def validate_rubric(rubric, name):
                 bad(where + ".checks", "keys among %s" % ", ".join(CHECKS), key)
             if not (is_finite(points) and 0 <= points <= 1e6):
                 bad("%s.checks.%s" % (where, key), "a number of points >= 0", points)
-            if not isinstance(rubric["check_names"].get(key), str):
-                bad("check_names." + key, "a string", rubric["check_names"].get(key))
         if "activation_memory" in checks:
             ref = obj(where + ".no_ac_reference", spec.get("no_ac_reference"))
             if not (isinstance(ref.get("dir"), str) and ref["dir"]):
@@ -125,8 +121,15 @@ def validate_rubric(rubric, name):
                 bad(where + ".tolerances", "keys of tolerances (%s)" % ", ".join(TOLERANCE_KEYS), key)
             if not (is_finite(value) and value >= 0):
                 bad("%s.tolerances.%s" % (where, key), "a number >= 0", value)
-        if not v.get("checks") or any(k not in VARIANT_CHECKS for k in v["checks"]):
-            bad(where + ".checks", "a non-empty list among %s" % ", ".join(sorted(VARIANT_CHECKS)), v.get("checks"))
+        if not v.get("checks"):
+            bad(where + ".checks", "a non-empty list of checks", v.get("checks"))
+        for key in v["checks"]:
+            if key not in CHECKS:
+                bad(where + ".checks", "keys among %s" % ", ".join(CHECKS), key)
+            if not CHECKS[key].variants:
+                raise UsageError("%s: %s.checks: %s (%s) grades the main run only, a variant cannot run it; a "
+                                 "variant may list %s" % (name, where, key, CHECKS[key].label, ", ".join(
+                                     k for k, c in CHECKS.items() if c.variants)))
     for stage, spec in rubric["stages"].items():
         names = spec.get("variants", [])
         str_list("stages.%s.variants" % stage, names)
@@ -200,10 +203,6 @@ def baseline_flags(rubric, stage, variant=None):
     cfg["world"] = 1
     keep = set(rubric["baseline"]["keep_flags"])
     return config_flags(cfg) + [f for f in stage_only_flags(rubric, stage, variant) if f in keep]
-
-
-def check_name(rubric, key):
-    return rubric["check_names"][key]
 
 
 def parse_stage(rubric, text):

@@ -36,6 +36,20 @@ def mesh_shape(flags, world):
     return 1, world
 
 
+def padded_rows(rows, n):
+    """Rows of every rank's shard when `rows` are split over n ranks: ceil(rows / n), as torch.chunk
+    splits and FSDP2 pads every shard to the first chunk's size."""
+    return -(-rows // n)
+
+
+def chunk(rows, n, k):
+    """torch.chunk's split of `rows` over n ranks: (padded rows, first row, rows) of chunk k (trailing
+    chunks may hold fewer rows or none)."""
+    padded = padded_rows(rows, n)
+    start = k * padded
+    return padded, start, max(0, min(rows, start + padded) - start)
+
+
 def rel(a, b):
     return abs(a - b) / max(abs(b), 1e-12)
 

@@ -9,3 +9,4 @@ optional (the throughput section compares with it when `import torch` works).
 
 The stages come from grader/manifest.py; a stage the bench singles out is named by number.
 """
+import repo_paths  # noqa: F401  (grader/ on sys.path: the modules here import the manifest and gradelib)

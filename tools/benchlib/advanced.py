@@ -7,6 +7,8 @@ trace (copies and collectives). Rendered by render(); numbers only, never assert
 import json
 import os
 
+from trace_names import COPY, D2H, H2D, label_and_kind
+
 from .figures import MIB, fmt_s, stats
 from .measure import log, manifest
 from .traces import trace_events
@@ -86,22 +88,22 @@ def section_offload(bench, cfg):
         doc, notes = _hook_notes(d)
         kept = max((sum(e["exit_by_tag"].get(t, 0) for t in ("param_shard", "grad_shard", "optim_state"))
                     for e in notes), default=0)
-        copies = {"h2d": [0, 0], "d2h": [0, 0]}
+        copies = {H2D: [0, 0], D2H: [0, 0]}
         for e in trace_events(d):
-            kind = e["name"].rsplit(".", 1)[-1]
-            if e["pid"] == 0 and e.get("cat") == "copy" and kind in copies and e["args"].get("step") == c["steps"] - 1:
+            _, kind = label_and_kind(e["name"])
+            if e["pid"] == 0 and e.get("cat") == COPY and kind in copies and e["args"].get("step") == c["steps"] - 1:
                 copies[kind][0] += 1
                 copies[kind][1] += e["args"].get("bytes", 0)
         row = {"case": name, "flags": " ".join(str(f) for f in flags),
                "peak_bytes_rank0": max(m["peak_mem_bytes_per_rank"][0] for m in met),
                "host_peak_bytes_rank0": doc.get("host_peak_bytes", 0), "device_shard_state_bytes": kept,
-               "h2d": copies["h2d"], "d2h": copies["d2h"],
+               "h2d": copies[H2D], "d2h": copies[D2H],
                "step_ms": stats([m["step_ms"] for m in met if m["step"] > 1]), "loss_last": met[-1]["loss"]}
         res["rows"].append(row)
         log("offload: %-22s device peak %.2f MiB  host peak %.2f MiB  shards+state on device %.2f MiB  "
             "h2d %d (%.2f MB)  d2h %d (%.2f MB)  step %s ms  loss %.6f" % (
                 name, row["peak_bytes_rank0"] / MIB, row["host_peak_bytes_rank0"] / MIB, kept / MIB,
-                copies["h2d"][0], copies["h2d"][1] / 1e6, copies["d2h"][0], copies["d2h"][1] / 1e6,
+                copies[H2D][0], copies[H2D][1] / 1e6, copies[D2H][0], copies[D2H][1] / 1e6,
                 fmt_s(row["step_ms"], 1), row["loss_last"]))
     losses = {r["loss_last"] for r in res["rows"]}
     res["losses_agree"] = max(losses) - min(losses) <= 1e-6 * max(abs(x) for x in losses)

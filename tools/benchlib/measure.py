@@ -13,18 +13,18 @@ import sys
 import time
 from collections import defaultdict
 
+import manifest  # grader/manifest.py: the stages, from grader/rubric.json
+from repo_paths import ROOT
+from trace_names import ALL_GATHER, ALL_REDUCE, COLLECTIVE, COMPUTE, COMPUTE_TID, REDUCE_SCATTER, label_and_kind
+
 from .figures import MIB, fmt_mib, fmt_s, stats, tps_stats
 from .memory_model import flops_per_token, memory_model, mesh_shape, model_dims, n_params, replay_peak
 from .traces import group_members, is_compute, is_exposed_comm, link_model_us, per_rank_step, ring_us, trace_events
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BUILD = os.path.join(ROOT, "build")
 BASELINE = os.path.join(BUILD, "baseline", "train")
 CORPUS = os.path.join(ROOT, "data", "corpus.txt")
-TORCH_LLAMA = os.path.join(ROOT, "tests", "torch_llama.py")
-
-sys.path.insert(0, os.path.join(ROOT, "grader"))
-import manifest  # noqa: E402  (grader/manifest.py: the stages, from grader/rubric.json)
+TORCH_LLAMA = os.path.join(ROOT, "tools", "torch_llama.py")
 
 # The stages the bench singles out, by number on purpose:
 FULL_FSDP = "04"  # prefetch both ways: throughput, scaling, and the overlap target
@@ -116,7 +116,7 @@ def torch_available():
 
 
 def section_throughput(bench, cfg, sgemm):
-    """One rank: the baseline and the full FSDP solution vs tests/torch_llama.py (same init,
+    """One rank: the baseline and the full FSDP solution vs tools/torch_llama.py (same init,
     data and optimizer); tokens/s and model FLOP/s."""
     fl, B, T, steps, first = cfg["tp_flavor"], cfg["tp_batch"], cfg["tp_seq"], cfg["tp_steps"], cfg["tp_first"]
     common = ["--flavor", fl, "--world", 1, "--batch-size", B, "--seq-len", T, "--steps", steps,
@@ -161,7 +161,7 @@ def section_throughput(bench, cfg, sgemm):
                    "--batch-size", B, "--steps", steps, "--threads", 2, "--out", out]
             if rj.get("ffn_dim_multiplier"):
                 cmd += ["--ffn-dim-multiplier", rj["ffn_dim_multiplier"]]
-            bench.run([str(c) for c in cmd], "tests/torch_llama.py")
+            bench.run([str(c) for c in cmd], "tools/torch_llama.py")
             with open(out) as fh:
                 pool(PYTORCH, [json.loads(l) for l in fh if l.strip()])
     res["rounds"] = cfg["tp_rounds"]
@@ -239,11 +239,11 @@ def section_overlap(bench, cfg, W):
     ev = trace_events(cal_dir)
     steps0 = list(range(1, N))  # traced steps 2..N (1-based)
     comp = per_rank_step(ev, is_compute)
-    comm = per_rank_step(ev, lambda e: e.get("cat") == "collective" and e["tid"] == 0)
+    comm = per_rank_step(ev, lambda e: e.get("cat") == COLLECTIVE and e["tid"] == COMPUTE_TID)
     compute_ms = statistics.median(v for (r, s), v in comp.items() if s in steps0)
     comm_nolink_ms = statistics.median(v for (r, s), v in comm.items() if s in steps0)
-    colls = [(e["name"].rsplit(".", 1)[-1], e["args"]["bytes"]) for e in ev
-             if e.get("cat") == "collective" and e["pid"] == 0 and e["args"].get("step") == steps0[-1]]
+    colls = [(label_and_kind(e["name"])[1], e["args"]["bytes"]) for e in ev
+             if e.get("cat") == COLLECTIVE and e["pid"] == 0 and e["args"].get("step") == steps0[-1]]
     target_us = cfg["ov_comm_share"] * compute_ms * 1e3
     lat_us = link_model_us(colls, W, 1e30, lat)
     ring_bytes = link_model_us(colls, W, 8e-9, 0.0) / 1e6  # at 1 byte/s: the ring bytes, (W-1)/W each
@@ -355,16 +355,16 @@ def section_profile(bench, cfg):
     d = os.path.join(bench.work, "profile")
     met = bench.train(BASELINE, d, "--flavor", fl, "--world", 1, "--batch-size", B, "--seq-len", T, "--steps", steps,
                       "--blas-threads", 2, "--profile-steps", steps)
-    ev = [e for e in trace_events(d) if e["tid"] == 0 and e["args"].get("step") == steps - 1]
+    ev = [e for e in trace_events(d) if e["tid"] == COMPUTE_TID and e["args"].get("step") == steps - 1]
     by = defaultdict(float)
     for e in ev:
         name = e["name"].split(".", 1)[-1] if "." in e["name"] else e["name"]
         name = name.replace("_bwd", " bwd")
-        if e.get("cat") == "compute" and name in MATMULS:
+        if e.get("cat") == COMPUTE and name in MATMULS:
             name = "matmul fwd"
-        elif e.get("cat") == "compute" and name.endswith(" bwd") and name.split()[0] in MATMULS:
+        elif e.get("cat") == COMPUTE and name.endswith(" bwd") and name.split()[0] in MATMULS:
             name = "matmul bwd"
-        elif e.get("cat") != "compute":
+        elif e.get("cat") != COMPUTE:
             name = "%s (%s)" % (name, e.get("cat"))
         by[name] += e["dur"] / 1e3
     step_ms = met[-1]["step_ms"]
@@ -381,8 +381,8 @@ def step_collectives(run_dir, step):
     """{kind: [count, bytes]} of rank 0's collectives in one step of a run (its trace)."""
     colls = defaultdict(lambda: [0, 0])
     for e in trace_events(run_dir):
-        if e["pid"] == 0 and e.get("cat") == "collective" and e["args"].get("step") == step:
-            kind = e["name"].rsplit(".", 1)[-1]
+        if e["pid"] == 0 and e.get("cat") == COLLECTIVE and e["args"].get("step") == step:
+            _, kind = label_and_kind(e["name"])
             colls[kind][0] += 1
             colls[kind][1] += e["args"].get("bytes", 0)
     return colls
@@ -436,8 +436,8 @@ def section_accum(bench, cfg):
             "AG %d (%.2f MB)  step %s ms" % (
                 name, row["peak_bytes_rank0"] / MIB, fmt_mib(row["between_unsharded_grad_bytes"]),
                 fmt_mib(row["between_grad_shard_bytes"]), fmt_mib(row["between_unsharded_param_bytes"]),
-                colls["reduce_scatter"][0], colls["reduce_scatter"][1] / 1e6, colls["all_gather"][0],
-                colls["all_gather"][1] / 1e6, fmt_s(row["step_ms"], 1)))
+                colls[REDUCE_SCATTER][0], colls[REDUCE_SCATTER][1] / 1e6, colls[ALL_GATHER][0],
+                colls[ALL_GATHER][1] / 1e6, fmt_s(row["step_ms"], 1)))
     return res
 
 
@@ -473,7 +473,7 @@ def section_mixed_precision(bench, cfg):
                 for t in ("unsharded_param", "comm_buffer", "temp")}
         ref = ref or met
         row = {"case": name, "flags": " ".join(str(f) for f in flags),
-               "all_gather_bytes": colls["all_gather"][1], "reduce_scatter_bytes": colls["reduce_scatter"][1],
+               "all_gather_bytes": colls[ALL_GATHER][1], "reduce_scatter_bytes": colls[REDUCE_SCATTER][1],
                "unsharded_param_high_bytes": high["unsharded_param"], "comm_buffer_high_bytes": high["comm_buffer"],
                "temp_high_bytes": high["temp"],
                "peak_bytes_rank0": max(m["peak_mem_bytes_per_rank"][0] for m in met),
@@ -518,9 +518,9 @@ def step_collectives_by_group(run_dir, step, rj):
     W = rj["world_size"]
     out = {}
     for e in trace_events(run_dir):
-        if e["pid"] != 0 or e.get("cat") != "collective" or e["args"].get("step") != step:
+        if e["pid"] != 0 or e.get("cat") != COLLECTIVE or e["args"].get("step") != step:
             continue
-        kind, group = e["name"].rsplit(".", 1)[-1], e["args"]["group"]
+        kind, group = label_and_kind(e["name"])[1], e["args"]["group"]
         members = group_members(group, W, mesh)
         spans = len({r // per_node for r in members}) > 1
         gbps, lat = inter if spans else intra
@@ -529,7 +529,7 @@ def step_collectives_by_group(run_dir, step, rj):
         c["count"] += 1
         c["bytes"] += e["args"].get("bytes", 0)
         c["modelled_ms"] += ring_us(kind, e["args"].get("bytes", 0), len(members), gbps, lat) / 1e3
-    order = ["all_gather", "reduce_scatter", "all_reduce"]
+    order = [ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE]
     return sorted(out.values(), key=lambda c: (order.index(c["kind"]) if c["kind"] in order else len(order),
                                                -c["ranks"], c["group"]))
 

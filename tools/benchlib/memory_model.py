@@ -10,6 +10,9 @@ Standard library only.
 import json
 from collections import defaultdict
 
+from gradelib.util import padded_rows
+from trace_names import ALL_GATHER, REDUCE_SCATTER
+
 
 # ----------------------------------------------------------------- model sizes
 
@@ -89,14 +92,14 @@ def memory_model(m, B, T, W, stage):
     # issues it once module i's backward is done, none not at all)
     bwd_prefetch = "backward" in stage.prefetch and stage.backward_prefetch == "pre"
     offload = stage.offload                       # shards, grad shards and optimizer state in host memory
-    ag_state = "all_gather" in stage.streams      # all-gather output kept (AllGatherState) until its stream waited
-    rs_state = "reduce_scatter" in stage.streams  # reduce-scatter input kept (ReduceScatterState) until compute waited
+    ag_state = ALL_GATHER in stage.streams        # all-gather output kept (AllGatherState) until its stream waited
+    rs_state = REDUCE_SCATTER in stage.streams    # reduce-scatter input kept (ReduceScatterState) until compute waited
     f4 = 4
     D, L, H, KV, hd, V, F = m["D"], m["L"], m["H"], m["KV"], m["hd"], m["V"], m["F"]
     N = B * T
     mods = module_shapes(m)
     M = len(mods)
-    shard = [sum(-(-a // W) * b for a, b in ps) for _, ps in mods]  # padded rows (rank 0)
+    shard = [sum(padded_rows(a, W) * b for a, b in ps) for _, ps in mods]  # rank 0's padded chunk
     full = [sum(a * b for a, b in ps) for _, ps in mods]
     agbuf = [W * s for s in shard]
     fixed = {"param_shard": 0 if offload else sum(shard) * f4,

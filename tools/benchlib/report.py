@@ -3,6 +3,8 @@ the sections' tables, a few sentences on this run's numbers, and the targets (sh
 asserted: the bench reports, it does not judge)."""
 import os
 
+from trace_names import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
+
 from . import advanced
 from .figures import MIB, fmt, fmt_mib, fmt_s
 
@@ -97,10 +99,10 @@ def markdown(R):
                   "unsharded params between MiB", "reduce-scatters (MB)", "all-gathers (MB)", "step ms"],
               [(r["case"], "%.2f" % (r["peak_bytes_rank0"] / MIB), fmt_mib(r["between_unsharded_grad_bytes"]),
                 fmt_mib(r["between_grad_shard_bytes"]), fmt_mib(r["between_unsharded_param_bytes"]),
-                "%d (%.2f)" % (r["collectives"].get("reduce_scatter", {}).get("count", 0),
-                               r["collectives"].get("reduce_scatter", {}).get("bytes", 0) / 1e6),
-                "%d (%.2f)" % (r["collectives"].get("all_gather", {}).get("count", 0),
-                               r["collectives"].get("all_gather", {}).get("bytes", 0) / 1e6),
+                "%d (%.2f)" % (r["collectives"].get(REDUCE_SCATTER, {}).get("count", 0),
+                               r["collectives"].get(REDUCE_SCATTER, {}).get("bytes", 0) / 1e6),
+                "%d (%.2f)" % (r["collectives"].get(ALL_GATHER, {}).get("count", 0),
+                               r["collectives"].get(ALL_GATHER, {}).get("bytes", 0) / 1e6),
                 fmt_s(r["step_ms"], 1)) for r in a["rows"]])
         L.append("")
         L.append("Sync every microbatch keeps only grad shards between microbatches and reduce-scatters K times; "
@@ -201,7 +203,7 @@ def overlap_table(L, o):
 
 def coll_summary(colls):
     """'16 AG/shard(2), 8 AR/replicate(2)': count, kind and group (its size in brackets) of a step's collectives."""
-    abbrev = {"all_gather": "AG", "reduce_scatter": "RS", "all_reduce": "AR"}
+    abbrev = {ALL_GATHER: "AG", REDUCE_SCATTER: "RS", ALL_REDUCE: "AR"}
     return ", ".join("%d %s/%s(%d)" % (c["count"], abbrev.get(c["kind"], c["kind"]), c["group"].rstrip("0123456789"),
                                        c["ranks"]) for c in colls)
 

@@ -6,6 +6,8 @@ import json
 import os
 from collections import defaultdict
 
+from trace_names import ALL_GATHER, ALL_REDUCE, COLLECTIVE, COMPUTE, COMPUTE_TID, REDUCE_SCATTER, WAIT
+
 
 def trace_events(run_dir):
     """The complete ("X") events of every rank's trace in run_dir."""
@@ -25,18 +27,18 @@ def per_rank_step(events, pred):
     return out
 
 
-# tid 0 is a rank's compute stream: time spent there in a collective or a wait is
-# communication the step could not hide behind compute.
+# time a rank's compute stream spends in a collective or a wait is communication the step could not
+# hide behind compute.
 def is_compute(e):
-    return e.get("cat") == "compute" and e["tid"] == 0
+    return e.get("cat") == COMPUTE and e["tid"] == COMPUTE_TID
 
 
 def is_exposed_comm(e):
-    return e["tid"] == 0 and e.get("cat") in ("collective", "wait")
+    return e["tid"] == COMPUTE_TID and e.get("cat") in (COLLECTIVE, WAIT)
 
 
 # ring passes per collective: an all-reduce is a reduce-scatter then an all-gather
-COLL_FACTOR = {"all_gather": 1.0, "reduce_scatter": 1.0, "all_reduce": 2.0}
+COLL_FACTOR = {ALL_GATHER: 1.0, REDUCE_SCATTER: 1.0, ALL_REDUCE: 2.0}
 
 
 def ring_us(kind, nbytes, n, gbps, latency_us):

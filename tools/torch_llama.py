@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""A self-contained PyTorch reference of torchtitan's Llama 3, for the parity tests.
+"""A self-contained PyTorch reference of torchtitan's Llama 3, for the parity tests
+(tests/test_parity_torch.py), the bench and the FSDP2 check (tools/fsdp2_torch.py shards it).
 
 Same model, parameter names, data order, optimizer, LR schedule and clipping
 as the C runtime, written plainly (explicit attention, no SDPA):
 
-    python3 tests/torch_llama.py --init INIT.safetensors --data TOKENS.npy \\
+    python3 tools/torch_llama.py --init INIT.safetensors --data TOKENS.npy \\
         --dim 64 --n-layers 2 --n-heads 4 --n-kv-heads 2 --vocab-size 259 --multiple-of 16 \\
         --seq-len 32 --batch-size 2 --world 2 --steps 10 --lr 8e-4 --warmup-steps 2 \\
         --weight-decay 0.1 --max-norm 1.0 --out metrics.jsonl [--save-final final.safetensors] [--forward-only]
@@ -14,7 +15,7 @@ writes one JSON line per step: {"step": s+1, "loss", "grad_norm", "lr", "step_ms
 --forward-only; step_ms is the wall time of the whole step, batch to optimizer, for
 tools/bench.py).
 
-    python3 tests/torch_llama.py --make-init INIT.safetensors --dim .. [--init-std 0.02 --seed 0]
+    python3 tools/torch_llama.py --make-init INIT.safetensors --dim .. [--init-std 0.02 --seed 0]
 
 writes a random initial model (normal weights, unit norms) for tests.
 

@@ -1,0 +1,52 @@
+"""The words of the runtime's traces that the Python side reads: the grader, the tools and the tests
+take them from here. The C side writes them (common/runtime/coll_common.c the collective kinds,
+stream.c the categories, alloc.c the copy directions, world.c the compute stream first, trace.h the
+host's track, driver/train_step.c the phases); tests/test_trace_names.py runs the runtime and
+compares.
+
+A trace event ("ph": "X") of a rank has "cat" one of CATEGORIES, "tid" its stream's index (the
+compute stream COMPUTE_TID, the host's own track HOST_TID), "args.phase" the hook or pass that
+queued it and, for a collective, the name "<label>.<kind>" (label: the module, or grad_norm). A
+rubric stage's "streams" name the comm streams by the kind they carry (ALL_GATHER, REDUCE_SCATTER).
+Standard library only.
+"""
+
+# collective kinds, in the order of CollKind (common/runtime/coll.h)
+ALL_GATHER = "all_gather"
+REDUCE_SCATTER = "reduce_scatter"
+ALL_REDUCE = "all_reduce"
+BROADCAST = "broadcast"
+BARRIER = "barrier"
+COLLECTIVE_KINDS = (ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE, BROADCAST, BARRIER)
+
+# categories ("cat") of the trace's slices
+COMPUTE = "compute"        # a kernel
+COPY = "copy"              # a copy or a memset; a copy between host and device is named "<module>.h2d" / ".d2h"
+COLLECTIVE = "collective"
+EVENT = "event"            # an event recorded on a stream
+WAIT = "wait"              # a stream waiting for an event (only waits longer than 1 us are traced)
+HOST_SYNC = "host_sync"    # the host blocked ("sync:<what>"), on the host's track
+MEMSET = "memset"          # a memset on the CUDA backend (common/cuda/runtime_cuda.c); the CPU one files it under copy
+CATEGORIES = (COMPUTE, COPY, COLLECTIVE, EVENT, WAIT, HOST_SYNC, MEMSET)
+
+# copy directions: the last part of a copy's name
+H2D = "h2d"
+D2H = "d2h"
+
+COMPUTE_TID = 0    # each rank's first stream is its compute stream
+HOST_TID = 1000    # TRACE_HOST_TID: the host's own track
+
+# args.phase: where the training loop was when the op was queued
+FORWARD_PHASES = frozenset({"pre_forward", "forward", "post_forward"})
+BACKWARD_PHASES = frozenset({"pre_backward", "recompute.pre_forward", "recompute", "recompute.post_forward",
+                             "backward", "post_backward", "finish_backward"})
+HOOK_PHASES = frozenset({"pre_forward", "post_forward", "pre_backward", "post_backward", "recompute.pre_forward",
+                         "recompute.post_forward", "finish_backward"})  # inside a student's hook
+OTHER_PHASES = frozenset({"init", "data", "optimizer", "end"})  # fsdp_init, the batch, the optimizer step, the end
+
+
+def label_and_kind(name):
+    """('block0', 'all_gather') of a collective named 'block0.all_gather' (a copy's name splits the same way);
+    ('', name) for a name without a dot."""
+    label, _, kind = name.rpartition(".")
+    return label, kind

@@ -50,6 +50,9 @@ $(shell mkdir -p $(BUILD); printf '%s\n' '$(CC) $(CFLAGS) $(LDLIBS)' | cmp -s - 
 HEADERS    := $(wildcard common/*.h common/*/*.h)
 COMMON_SRC := $(wildcard common/runtime/*.c common/model/*.c)
 COMMON_OBJ := $(patsubst common/%.c,$(BUILD)/common/%.o,$(COMMON_SRC))
+# the CPU backends (runtime/backend.h), which the CUDA build (mk/cuda.mk) replaces by common/cuda/
+CPU_BACKEND_SRC := $(addprefix common/runtime/,backends_cpu.c backend_local.c backend_mpi.c collectives.c stream.c \
+                     wall_clock.c)
 DRIVER_SRC := $(filter-out common/driver/baseline.c,$(wildcard common/driver/*.c))
 DRIVER_OBJ := $(patsubst common/%.c,$(BUILD)/common/%.o,$(DRIVER_SRC))
 LIB        := $(BUILD)/libhwfsdp.a
@@ -61,7 +64,8 @@ SOL_BIN    := $(patsubst %,$(BUILD)/solutions/%/train,$(SOLUTIONS))
 STAGE_BIN  := $(patsubst %,$(BUILD)/stages/%/train,$(STAGES))
 BASELINE   := $(BUILD)/baseline/train
 
-.PHONY: fsdp2-check asan-test longrun tsan asan run plots handout starters impl all detect run test test-c test-py grade reference plots handout bench clean tsan asan record-stream-demo carry gradescope stage-bins
+.PHONY: all detect run longrun test grade reference plots starters carry bench fsdp2-check record-stream-demo \
+        handout gradescope impl stage-bins tsan asan asan-test clean
 
 all: detect $(LIB) $(BASELINE) $(SOL_BIN) stage-bins $(TEST_BIN) $(BUILD)/tests/check_ops_selftest
 
@@ -82,21 +86,33 @@ $(LIB): $(COMMON_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
+# Every binary is one C file linked with objects and a runtime library, by one recipe for the CPU
+# and the CUDA builds alike: $(call link_binary,OUT,SRC) links SRC into OUT with the binary's
+#   LINK_CFLAGS  compile flags (CFLAGS, CUDA_CFLAGS; a starter adds STARTER_CFLAGS)
+#   LINK_WITH    what it links besides its own file (the training driver, the runtime library)
+#   LINK_LIBS    system libraries (LDLIBS, CUDA_LDLIBS)
+# set per binary below (target- and pattern-specific); the defaults are the CPU training binary's.
+LINK_CFLAGS = $(CFLAGS)
+LINK_WITH   = $(DRIVER_OBJ) $(LIB)
+LINK_LIBS   = $(LDLIBS)
+define link_binary
+@mkdir -p $(dir $(1))
+$(CC) $(LINK_CFLAGS) -o $(1) $(2) $(LINK_WITH) $(LDFLAGS) $(LINK_LIBS)
+endef
+
 # Every FSDP implementation (baseline, solution, starter) is one hw_fsdp.c
 # linked with the runtime and the training driver.
 $(BASELINE): common/driver/baseline.c $(DRIVER_OBJ) $(LIB)
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< $(DRIVER_OBJ) $(LIB) $(LDFLAGS) $(LDLIBS)
+	$(call link_binary,$@,$<)
 
 $(BUILD)/solutions/%/train: solutions/%/hw_fsdp.c $(DRIVER_OBJ) $(LIB)
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< $(DRIVER_OBJ) $(LIB) $(LDFLAGS) $(LDLIBS)
+	$(call link_binary,$@,$<)
 
 # A starter's stubs leave variables unused until the student fills them.
 STARTER_CFLAGS := -Wno-unused-variable -Wno-unused-but-set-variable -Wno-unused-function
+$(BUILD)/stages/%/train: LINK_CFLAGS = $(CFLAGS) $(STARTER_CFLAGS)
 $(BUILD)/stages/%/train: stages/%/hw_fsdp.c $(DRIVER_OBJ) $(LIB)
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(STARTER_CFLAGS) -o $@ $< $(DRIVER_OBJ) $(LIB) $(LDFLAGS) $(LDLIBS)
+	$(call link_binary,$@,$<)
 
 # The stages/ binaries. In the student tree (no solutions/) a stage whose file does not build
 # yet is said and left out (its old binary removed), so that make run, make test and grading
@@ -105,21 +121,22 @@ stage-bins: $(DRIVER_OBJ) $(LIB)
 	@$(foreach s,$(STAGES),$(MAKE) -s --no-print-directory $(BUILD)/stages/$(s)/train || { rm -f $(BUILD)/stages/$(s)/train; \
 	  $(if $(strip $(SOLUTIONS)),exit 1,echo "✗ stages/$(s)/hw_fsdp.c does not build yet (errors above); everything else goes on without it"); };)
 
+$(BUILD)/tests/%: LINK_CFLAGS = $(CFLAGS) -Itests
+$(BUILD)/tests/%: LINK_WITH = $(LIB)
 $(BUILD)/tests/%: tests/%.c $(LIB) $(wildcard tests/*.h)
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Itests -o $@ $< $(LIB) $(LDFLAGS) $(LDLIBS)
+	$(call link_binary,$@,$<)
 
 # gpu-check's op harness run against itself on the CPU (tests/test_cuda_build.py)
+$(BUILD)/tests/check_ops_selftest: LINK_CFLAGS = $(CFLAGS) -DCHECK_OPS_SELFTEST
 $(BUILD)/tests/check_ops_selftest: tests/gpu/check_ops.c $(LIB) $(HEADERS)
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -DCHECK_OPS_SELFTEST -o $@ $< $(LIB) $(LDFLAGS) $(LDLIBS)
+	$(call link_binary,$@,$<)
 
 # Build any hw_fsdp.c into a training binary (the grader and the mutant tests use it):
 #   make impl SRC=path/to/hw_fsdp.c OUT=path/to/train
+impl: LINK_CFLAGS = $(CFLAGS) $(STARTER_CFLAGS)
 impl: $(DRIVER_OBJ) $(LIB)
 	@test -n "$(SRC)" -a -n "$(OUT)" || { echo "usage: make impl SRC=hw_fsdp.c OUT=binary"; exit 2; }
-	@mkdir -p $(dir $(OUT))
-	$(CC) $(CFLAGS) $(STARTER_CFLAGS) -o $(OUT) $(SRC) $(DRIVER_OBJ) $(LIB) $(LDFLAGS) $(LDLIBS)
+	$(call link_binary,$(OUT),$(SRC))
 
 # ---- the main job -------------------------------------------------------------
 RUN_DIR   ?= runs/debugmodel

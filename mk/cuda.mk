@@ -14,8 +14,8 @@ NVCCFLAGS     := -std=c++17 -O2 -g -DHWFSDP_CUDA -Icommon $(NVCC_GENCODE) -Werro
 CUDA_CFLAGS   := $(CFLAGS) -DHWFSDP_CUDA -I$(CUDA_HOME)/include
 CUDA_LDLIBS   := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lnccl -lstdc++ $(LDLIBS)
 
-# The CPU streams and collectives (runtime/stream.c, runtime/collectives.c) are replaced by common/cuda/.
-CUDA_SHARED_SRC := $(filter-out common/runtime/stream.c common/runtime/collectives.c,$(COMMON_SRC))
+# The CPU backends (CPU_BACKEND_SRC, the Makefile's) are replaced by common/cuda/ (runtime/backend.h).
+CUDA_SHARED_SRC := $(filter-out $(CPU_BACKEND_SRC),$(COMMON_SRC))
 CUDA_OBJ := $(patsubst common/%.c,$(CUDA_BUILD)/common/%.o,$(CUDA_SHARED_SRC)) \
             $(patsubst common/cuda/%.c,$(CUDA_BUILD)/common/cuda/%.o,$(wildcard common/cuda/*.c)) \
             $(patsubst common/cuda/%.cu,$(CUDA_BUILD)/common/cuda/%.cu.o,$(wildcard common/cuda/*.cu))
@@ -46,27 +46,33 @@ $(CUDA_LIB): $(CUDA_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
+# The binaries: the Makefile's one link recipe (link_binary), with the CUDA flags, objects and libraries.
+$(CUDA_BUILD)/%: LINK_CFLAGS = $(CUDA_CFLAGS)
+$(CUDA_BUILD)/%: LINK_WITH = $(CUDA_DRIVER_OBJ) $(CUDA_LIB)
+$(CUDA_BUILD)/%: LINK_LIBS = $(CUDA_LDLIBS)
+
 $(CUDA_BUILD)/baseline/train: common/driver/baseline.c $(CUDA_DRIVER_OBJ) $(CUDA_LIB)
-	@mkdir -p $(dir $@)
-	$(CC) $(CUDA_CFLAGS) -o $@ $< $(CUDA_DRIVER_OBJ) $(CUDA_LIB) $(LDFLAGS) $(CUDA_LDLIBS)
+	$(call link_binary,$@,$<)
 
 $(CUDA_BUILD)/solutions/%/train: solutions/%/hw_fsdp.c $(CUDA_DRIVER_OBJ) $(CUDA_LIB)
-	@mkdir -p $(dir $@)
-	$(CC) $(CUDA_CFLAGS) -o $@ $< $(CUDA_DRIVER_OBJ) $(CUDA_LIB) $(LDFLAGS) $(CUDA_LDLIBS)
+	$(call link_binary,$@,$<)
 
+$(CUDA_BUILD)/stages/%/train: LINK_CFLAGS = $(CUDA_CFLAGS) $(STARTER_CFLAGS)
 $(CUDA_BUILD)/stages/%/train: stages/%/hw_fsdp.c $(CUDA_DRIVER_OBJ) $(CUDA_LIB)
-	@mkdir -p $(dir $@)
-	$(CC) $(CUDA_CFLAGS) $(STARTER_CFLAGS) -o $@ $< $(CUDA_DRIVER_OBJ) $(CUDA_LIB) $(LDFLAGS) $(CUDA_LDLIBS)
+	$(call link_binary,$@,$<)
 
+$(CUDA_BUILD)/tests/check_ops: LINK_CFLAGS = $(CUDA_CFLAGS) -Itests
+$(CUDA_BUILD)/tests/check_ops: LINK_WITH = $(CUDA_LIB)
 $(CUDA_BUILD)/tests/check_ops: tests/gpu/check_ops.c $(CUDA_LIB)
-	@mkdir -p $(dir $@)
-	$(CC) $(CUDA_CFLAGS) -Itests -o $@ $< $(CUDA_LIB) $(LDFLAGS) $(CUDA_LDLIBS)
+	$(call link_binary,$@,$<)
 
 # Any hw_fsdp.c against the CUDA runtime (the grader's --cuda uses it).
+impl-cuda: LINK_CFLAGS = $(CUDA_CFLAGS) $(STARTER_CFLAGS)
+impl-cuda: LINK_WITH = $(CUDA_DRIVER_OBJ) $(CUDA_LIB)
+impl-cuda: LINK_LIBS = $(CUDA_LDLIBS)
 impl-cuda: cuda-check-tools $(CUDA_DRIVER_OBJ) $(CUDA_LIB)
 	@test -n "$(SRC)" -a -n "$(OUT)" || { echo "usage: make impl-cuda SRC=hw_fsdp.c OUT=binary"; exit 2; }
-	@mkdir -p $(dir $(OUT))
-	$(CC) $(CUDA_CFLAGS) $(STARTER_CFLAGS) -o $(OUT) $(SRC) $(CUDA_DRIVER_OBJ) $(CUDA_LIB) $(LDFLAGS) $(CUDA_LDLIBS)
+	$(call link_binary,$(OUT),$(SRC))
 
 gpu-check: all cuda
 	sh tools/gpu_check.sh

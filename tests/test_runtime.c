@@ -6,11 +6,13 @@
  *   ./test_runtime --misuse KIND   a deliberate misuse (tests/test_runtime_misuse.py checks the error)
  *
  * Rank functions run on several threads; TCHECK serializes the harness. White-box
- * checks (deferred frees, trace records) read the private structs of runtime/internal.h. */
+ * checks (deferred frees, trace records, a CPU event's waiters) read the private
+ * structs of runtime/internal.h and runtime/stream.h. */
 #include "check.h"
 #include "local_world.h"
 #include "runtime/runtime.h"
 #include "runtime/internal.h"
+#include "runtime/stream.h"
 #include "runtime/util.h"
 
 #include <pthread.h>
@@ -107,9 +109,9 @@ static void rank_event_wait(Dev *d, void *arg) {
     dev_stream_synchronize(c); /* c does not wait: it finishes while a is held at the gate */
     TCHECK(seen_c == 0, "without a wait, stream c runs before a's write (saw %d)", seen_c);
     for (int blocked = 0; !blocked; sched_yield()) { /* b's worker is inside the wait before a may go on */
-        pthread_mutex_lock(&e->mu);
-        blocked = e->waiting > 0;
-        pthread_mutex_unlock(&e->mu);
+        pthread_mutex_lock(&cpu_event(e)->mu);
+        blocked = cpu_event(e)->waiting > 0;
+        pthread_mutex_unlock(&cpu_event(e)->mu);
     }
     gate_open(&gate);
     dev_stream_synchronize(b);

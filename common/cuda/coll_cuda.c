@@ -34,15 +34,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#ifdef HAVE_MPI
-#include <mpi.h>
-#endif
-
 /* ------------------------------------------------------------ rendezvous */
 
 /* The rendezvous of op's group on s (created at the group's first collective). */
 static CudaChan *chan_of(Stream *s, const ProcessGroup *g) {
-    struct CudaStream *cs = s->cuda;
+    struct CudaStream *cs = cuda_stream(s);
     if (!cs->pg_chans[g->id]) cs->pg_chans[g->id] = cuda_world_channel(s->dev->world, s->index, g->id, g->color);
     return cs->pg_chans[g->id];
 }
@@ -92,7 +88,7 @@ static void agree(Stream *s, const Op *op, const CollDesc *descs, int n) {
 void cuda_coll_stream_created(Stream *s) {
     Dev *d = s->dev;
     World *w = d->world;
-    struct CudaStream *cs = s->cuda;
+    struct CudaStream *cs = cuda_stream(s);
     CUDA_CHECK(cudaEventCreateWithFlags(&cs->ready, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreateWithFlags(&cs->reduced, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreateWithFlags(&cs->done, cudaEventDisableTiming));
@@ -114,16 +110,14 @@ void cuda_coll_stream_created(Stream *s) {
         pthread_mutex_unlock(&cs->pg_chans[0]->mu);
         dev_host_barrier(d); /* everyone read it before a later stream's id replaces it */
     } else {
-#ifdef HAVE_MPI
-        MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, w->host_comm);
-#endif
+        mpi_world_bcast_bytes(cuda_world(w)->mpi, &id, sizeof id, 0);
     }
     NCCL_CHECK(ncclCommInitRank(&cs->comm, d->world_size, id, d->rank));
     CUDA_CHECK(cudaMalloc((void **)&cs->one, sizeof(float))); /* runtime bookkeeping, not a tensor */
 }
 
 void cuda_coll_stream_destroy(Stream *s) {
-    struct CudaStream *cs = s->cuda;
+    struct CudaStream *cs = cuda_stream(s);
     for (int i = 1; i < PG_MAX; i++)
         if (cs->pg_comms[i]) NCCL_CHECK(ncclCommDestroy(cs->pg_comms[i]));
     if (cs->comm) NCCL_CHECK(ncclCommDestroy(cs->comm));
@@ -138,8 +132,8 @@ void cuda_coll_stream_destroy(Stream *s) {
 
 /* A group's communicator on s (nccl backends): split from the stream's world
  * communicator; every rank makes its groups and streams in the same order. */
-void backend_stream_join_group(Stream *s, ProcessGroup *g) {
-    struct CudaStream *cs = s->cuda;
+void cuda_stream_join_group(Stream *s, ProcessGroup *g) {
+    struct CudaStream *cs = cuda_stream(s);
     if (!cs->comm) return; /* local backend: rendezvous channels, made at the first collective */
     NCCL_CHECK(ncclCommSplit(cs->comm, g->color, s->dev->rank, &cs->pg_comms[g->id], NULL));
 }
@@ -148,13 +142,13 @@ void backend_stream_join_group(Stream *s, ProcessGroup *g) {
 
 static void wait_all(Stream *s, const Op *op, const CudaPost *all, int n) {
     for (int r = 0; r < n; r++)
-        if (r != op->pg->rank) CUDA_CHECK(cudaStreamWaitEvent(s->cuda->st, all[r].ev, 0));
+        if (r != op->pg->rank) CUDA_CHECK(cudaStreamWaitEvent(cuda_stream(s)->st, all[r].ev, 0));
 }
 
 /* This rank's all_reduce chunk buffer; outgrown buffers are kept until the
  * stream dies because a peer's queued copy may still read them. */
 static float *scratch_for(Stream *s, size_t floats) {
-    struct CudaStream *cs = s->cuda;
+    struct CudaStream *cs = cuda_stream(s);
     if (cs->scratch_floats >= floats && cs->scratch) return cs->scratch;
     if (cs->scratch) {
         cs->retired = xrealloc(cs->retired, (size_t)(cs->n_retired + 1) * sizeof *cs->retired);
@@ -167,7 +161,7 @@ static float *scratch_for(Stream *s, size_t floats) {
 
 static void local_collective(Stream *s, const Op *op, const void *send, void *recv) {
     Dev *d = s->dev;
-    struct CudaStream *cs = s->cuda;
+    struct CudaStream *cs = cuda_stream(s);
     const int n = op->pg->size, me = op->pg->rank; /* group ranks */
     const CollDesc *desc = &op->coll;
     const size_t cnt = (size_t)desc->count, esize = coll_dtype_size(desc->dtype);
@@ -183,8 +177,8 @@ static void local_collective(Stream *s, const Op *op, const void *send, void *re
     agree(s, op, descs, n);
     wait_all(s, op, all, n);
 
-    PendingTiming t;
-    if (d->scope.tracing) cuda_timing_begin(s, &t);
+    OpSpan span;
+    if (d->scope.tracing) cuda_span_begin(d, s, &span);
     switch ((CollKind)desc->kind) {
     case COLL_ALL_GATHER:
         for (int r = 0; r < n; r++) {
@@ -229,8 +223,11 @@ static void local_collective(Stream *s, const Op *op, const void *send, void *re
     case COLL_BARRIER: break; /* the rendezvous around this switch are all of it */
     case COLL_KIND_COUNT: break; /* not a kind */
     }
-    if (d->scope.tracing) cuda_timing_end(s, &t, op->label, op->name, "collective", op->bytes, coll_dtype_name(desc->dtype),
-                                         op->pg->name);
+    if (d->scope.tracing) {
+        TraceRec rec = cuda_trace_rec(s, op->label, op->name, "collective", op->bytes, coll_dtype_name(desc->dtype),
+                                      op->pg->name);
+        cuda_span_end(d, s, &span, &rec, SPAN_ANY_LENGTH);
+    }
 
     /* C: nobody moves on until every peer finished reading this rank's buffers */
     CudaPost fin = mine;
@@ -244,7 +241,7 @@ static void local_collective(Stream *s, const Op *op, const void *send, void *re
 
 static void nccl_collective(Stream *s, const Op *op, const void *send, void *recv) {
     Dev *d = s->dev;
-    struct CudaStream *cs = s->cuda;
+    struct CudaStream *cs = cuda_stream(s);
     const CollDesc *desc = &op->coll;
     const ProcessGroup *g = op->pg;
     const int n = g->size;
@@ -255,9 +252,7 @@ static void nccl_collective(Stream *s, const Op *op, const void *send, void *rec
         rendezvous(s, op, &mine, all);
         for (int r = 0; r < n; r++) descs[r] = all[r].post.desc;
     } else {
-#ifdef HAVE_MPI
-        MPI_Allgather(desc, (int)sizeof *desc, MPI_BYTE, descs, (int)sizeof *desc, MPI_BYTE, g->host_comm);
-#endif
+        mpi_world_allgather_bytes(cuda_world(d->world)->mpi, g->id, desc, descs, sizeof *desc);
     }
     agree(s, op, descs, n);
 
@@ -267,8 +262,8 @@ static void nccl_collective(Stream *s, const Op *op, const void *send, void *rec
      * its ring, so its sums may differ from the CPU backend's (one rounding)
      * by a few units in the last place. */
     ncclDataType_t type = desc->dtype == DTYPE_BF16 ? ncclBfloat16 : ncclFloat32;
-    PendingTiming t;
-    if (d->scope.tracing) cuda_timing_begin(s, &t);
+    OpSpan span;
+    if (d->scope.tracing) cuda_span_begin(d, s, &span);
     switch ((CollKind)desc->kind) {
     case COLL_ALL_GATHER: NCCL_CHECK(ncclAllGather(send, recv, cnt, type, comm, cs->st)); break;
     case COLL_REDUCE_SCATTER: NCCL_CHECK(ncclReduceScatter(send, recv, cnt, type, red, comm, cs->st)); break;
@@ -277,27 +272,21 @@ static void nccl_collective(Stream *s, const Op *op, const void *send, void *rec
     case COLL_BARRIER: NCCL_CHECK(ncclAllReduce(cs->one, cs->one, 1, ncclFloat32, ncclSum, comm, cs->st)); break;
     case COLL_KIND_COUNT: break; /* not a kind */
     }
-    if (d->scope.tracing) cuda_timing_end(s, &t, op->label, op->name, "collective", op->bytes, coll_dtype_name(desc->dtype),
-                                         op->pg->name);
+    if (d->scope.tracing) {
+        TraceRec rec = cuda_trace_rec(s, op->label, op->name, "collective", op->bytes, coll_dtype_name(desc->dtype),
+                                      op->pg->name);
+        cuda_span_end(d, s, &span, &rec, SPAN_ANY_LENGTH);
+    }
 }
 
 /* ------------------------------------------------------------- enqueue */
 
-void coll_enqueue(ProcessGroup *g, Stream *s, CollKind kind, const void *send, void *recv, size_t count, RedOp op,
-                  int root, DType dtype, const char *label) {
-    coll_validate(g, s, (int)kind, send, recv, count, (int)op, root, (int)dtype, label);
-    Dev *d = g->dev;
-    Op o;
-    memset(&o, 0, sizeof o);
-    o.kind = OP_COLL;
-    o.name = dev_intern(d, coll_kind_name((int)kind));
-    o.module = d->scope.module;
-    o.phase = d->scope.phase;
-    o.step = d->scope.step;
-    coll_op_describe(d, s, &o, g, kind, op, root, count, dtype, label);
-    if (d->world->cfg.backend == BACKEND_LOCAL) local_collective(s, &o, send, recv);
-    else nccl_collective(s, &o, send, recv);
+/* A collective coll_enqueue (runtime/backend.c) checked and described: each
+ * rank enqueues its part on its stream now, on the host thread. */
+void cuda_coll_enqueue(Stream *s, Op *o) {
+    if (s->dev->world->cfg.backend == BACKEND_LOCAL) local_collective(s, o, o->src, o->dst);
+    else nccl_collective(s, o, o->src, o->dst);
     /* the GPU runs it later: "started" means handed to the stream */
-    flight_set(s, &o, FLIGHT_STARTED);
+    flight_set(s, o, FLIGHT_STARTED);
     s->enqueued++;
 }

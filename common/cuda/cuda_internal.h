@@ -1,11 +1,13 @@
 /* cuda_internal.h — private state of the CUDA backend (runtime_cuda.c,
- * coll_cuda.c, coll_kernels.cu). Plain C over the CUDA runtime API; only the
- * kernels are CUDA C++. */
+ * coll_cuda.c, coll_kernels.cu): what hangs off the runtime's `backend`
+ * pointers (backend.h) and the functions its table of operations points to.
+ * Plain C over the CUDA runtime API; only the kernels are CUDA C++. */
 #ifndef HWFSDP_CUDA_INTERNAL_H
 #define HWFSDP_CUDA_INTERNAL_H
 
 #include "cuda/cuda_check.h"
 #include "runtime/internal.h"
+#include "runtime/mpi_world.h"
 
 #include <nccl.h>
 
@@ -15,8 +17,8 @@
         if (r_ != ncclSuccess) fatal("%s:%d: %s failed: %s", __FILE__, __LINE__, #call, ncclGetErrorString(r_));      \
     } while (0)
 
-/* An op whose duration is measured by two timing events on its stream; it
- * becomes a TraceRec once both completed. */
+/* An op whose duration is measured by two timing events on its stream (the
+ * clock's OpSpan); it becomes a TraceRec once both completed. */
 typedef struct {
     cudaEvent_t start, end;
     TraceRec rec; /* ts/dur filled at resolution */
@@ -31,6 +33,7 @@ typedef struct {
     int stream;
 } CachedBlock;
 
+/* Dev.backend */
 struct CudaDev {
     int device;                  /* cudaSetDevice index of this rank */
     cudaStream_t side;           /* poisoning fresh storage (synchronous) */
@@ -68,14 +71,17 @@ typedef struct {
     ncclUniqueId nccl_id;        /* nccl backend: rank 0's id for this stream's communicator */
 } CudaChan;
 
+/* World.backend */
 struct CudaWorld {
     int ndevices;                /* visible GPUs */
+    MpiWorld *mpi;               /* nccl-mpi: the ranks are MPI processes (mpi_world.c); NULL: threads */
     int node_rank, node_size;    /* nccl-mpi: this process among the ranks of its node */
     pthread_mutex_t mu;          /* guards chans */
     CudaChan **chans;
     int nchans, chans_cap;
 };
 
+/* Stream.backend (Event.backend is the cudaEvent_t itself) */
 struct CudaStream {
     cudaStream_t st;
     cublasHandle_t blas;
@@ -90,14 +96,26 @@ struct CudaStream {
     CudaChan *pg_chans[PG_MAX];  /* thread backends: rendezvous per group id ([0]: the world) */
 };
 
-/* runtime_cuda.c */
-void cuda_timing_begin(Stream *s, PendingTiming *t);
-void cuda_timing_end(Stream *s, PendingTiming *t, const char *prefix, const char *name, const char *cat, size_t bytes,
-                     const char *dtype, const char *group);
+static inline struct CudaWorld *cuda_world(const World *w) { return (struct CudaWorld *)w->backend; }
+static inline struct CudaDev *cuda_dev(const Dev *d) { return (struct CudaDev *)d->backend; }
+static inline struct CudaStream *cuda_stream(const Stream *s) { return (struct CudaStream *)s->backend; }
+static inline cudaEvent_t cuda_event(const Event *e) { return (cudaEvent_t)e->backend; }
+
+/* runtime_cuda.c. The clock (backend.h: span_begin/span_end): two timing
+ * events on the stream, turned into the trace record at a synchronization;
+ * host waits (s NULL) are not traced, nor are stream waits (min_us unused). */
+void cuda_span_begin(Dev *d, Stream *s, OpSpan *span);
+void cuda_span_end(Dev *d, Stream *s, OpSpan *span, const TraceRec *rec, double min_us);
+/* The trace record of an op enqueued now on s, in the host's scope. */
+TraceRec cuda_trace_rec(Stream *s, const char *prefix, const char *name, const char *cat, size_t bytes,
+                        const char *dtype, const char *group);
 CudaChan *cuda_world_channel(World *w, int stream_index, int pg_id, int color);
-/* coll_cuda.c */
+extern const BackendOps cuda_backend; /* local, nccl and nccl-mpi (backends_cuda.c) */
+/* coll_cuda.c: the collective entries of cuda_backend */
 void cuda_coll_stream_created(Stream *s);
 void cuda_coll_stream_destroy(Stream *s);
+void cuda_stream_join_group(Stream *s, ProcessGroup *g);
+void cuda_coll_enqueue(Stream *s, Op *o);
 /* coll_kernels.cu: out[i] = sum over r in rank order of in[r][offset + i] (divided by n if avg), in
  * float32; the buffers hold float32, or bfloat16 words when bf16 (summed widened, rounded once) */
 void cuda_reduce_ranks(void *out, const void *const *in, int n, size_t offset, size_t count, int avg, int bf16,

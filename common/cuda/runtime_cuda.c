@@ -1,5 +1,6 @@
-/* runtime_cuda.c — the CUDA backend of device.h: streams, events, launches,
- * copies, op timings for the trace, and the caching allocator's storage.
+/* runtime_cuda.c — the CUDA backend of device.h (its table of operations,
+ * cuda_backend, is at the end): streams, events, launches, copies, op timings
+ * for the trace, and the caching allocator's storage.
  *
  * What is shared with the CPU backend (world.c, alloc.c, artifacts.c):
  * ranks, scopes, host exchange, allocation accounting in host order, memory
@@ -17,15 +18,12 @@
  *     dev_record_stream waits for events recorded on those streams first.
  * Built only by `make cuda`. */
 #include "cuda/cuda_internal.h"
+#include "model/kernels.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-#ifdef HAVE_MPI
-#include <mpi.h>
-#endif
 
 /* The launch context: which stream the kernel function being run on this
  * host thread enqueues on. Set only around the call in dev_launch. */
@@ -51,9 +49,16 @@ static int event_done(cudaEvent_t e) {
 
 /* ------------------------------------------------------------------ world */
 
-void backend_world_init(World *w) {
+/* nccl-mpi: the ranks are MPI processes first (mpi_world.c), then one GPU each. */
+static void cuda_world_init(World *w, long *cores) {
     struct CudaWorld *cw = xcalloc(1, sizeof *cw);
     pthread_mutex_init(&cw->mu, NULL);
+    w->backend = cw;
+    if (w->cfg.backend == BACKEND_NCCL_MPI) {
+        cw->mpi = mpi_world_create(w, cores);
+        cw->node_rank = mpi_world_node_rank(cw->mpi);
+        cw->node_size = mpi_world_node_size(cw->mpi);
+    }
     cudaError_t r = cudaGetDeviceCount(&cw->ndevices);
     if (r != cudaSuccess || cw->ndevices < 1)
         fatal("no CUDA device is visible (%s); the CPU build (make) runs without one",
@@ -62,25 +67,13 @@ void backend_world_init(World *w) {
     if (w->cfg.backend == BACKEND_NCCL && world > cw->ndevices)
         fatal("--backend nccl needs one GPU per rank: --world %d but %d GPU%s visible (--backend local lets ranks "
               "share one GPU)", world, cw->ndevices, cw->ndevices == 1 ? " is" : "s are");
-#ifdef HAVE_MPI
-    if (w->cfg.backend == BACKEND_NCCL_MPI) {
-        MPI_Comm node;
-        MPI_Comm_split_type(w->host_comm, MPI_COMM_TYPE_SHARED, w->first_local_rank, MPI_INFO_NULL, &node);
-        MPI_Comm_rank(node, &cw->node_rank);
-        MPI_Comm_size(node, &cw->node_size);
-        MPI_Comm_free(&node);
-        if (cw->node_size > cw->ndevices)
-            fatal("--backend nccl-mpi needs one GPU per rank: %d ranks on this node but %d GPU%s visible",
-                  cw->node_size, cw->ndevices, cw->ndevices == 1 ? " is" : "s are");
-    }
-#else
-    if (w->cfg.backend == BACKEND_NCCL_MPI) fatal("--backend nccl-mpi needs MPI: rebuild with OpenMPI installed");
-#endif
-    w->cuda = cw;
+    if (w->cfg.backend == BACKEND_NCCL_MPI && cw->node_size > cw->ndevices)
+        fatal("--backend nccl-mpi needs one GPU per rank: %d ranks on this node but %d GPU%s visible",
+              cw->node_size, cw->ndevices, cw->ndevices == 1 ? " is" : "s are");
 }
 
-void backend_world_fini(World *w) {
-    struct CudaWorld *cw = w->cuda;
+static void cuda_world_fini(World *w) {
+    struct CudaWorld *cw = cuda_world(w);
     if (!cw) return;
     for (int i = 0; i < cw->nchans; i++) {
         pthread_mutex_destroy(&cw->chans[i]->mu);
@@ -89,12 +82,30 @@ void backend_world_fini(World *w) {
     }
     free(cw->chans);
     pthread_mutex_destroy(&cw->mu);
+    mpi_world_destroy(cw->mpi);
     free(cw);
-    w->cuda = NULL;
+    w->backend = NULL;
+}
+
+/* Ranks as threads (local, nccl) or as MPI processes (nccl-mpi). */
+static void cuda_host_exchange(Dev *d, double value, double *out) {
+    struct CudaWorld *cw = cuda_world(d->world);
+    if (cw->mpi) mpi_world_exchange(cw->mpi, value, out);
+    else threads_host_exchange(d, value, out);
+}
+
+static void cuda_group_init(ProcessGroup *g) {
+    struct CudaWorld *cw = cuda_world(g->dev->world);
+    if (cw->mpi) mpi_world_group_init(cw->mpi, g);
+}
+
+static void cuda_group_fini(ProcessGroup *g) {
+    struct CudaWorld *cw = cuda_world(g->dev->world);
+    if (cw->mpi) mpi_world_group_fini(cw->mpi, g);
 }
 
 CudaChan *cuda_world_channel(World *w, int stream_index, int pg_id, int color) {
-    struct CudaWorld *cw = w->cuda;
+    struct CudaWorld *cw = cuda_world(w);
     pthread_mutex_lock(&cw->mu);
     CudaChan *c = NULL;
     for (int i = 0; i < cw->nchans && !c; i++) {
@@ -135,12 +146,12 @@ static void pool_put(cudaEvent_t **pool, size_t *n, size_t *cap, cudaEvent_t e) 
     (*pool)[(*n)++] = e;
 }
 
-void backend_dev_init(Dev *d) {
+static void cuda_dev_init(Dev *d) {
     World *w = d->world;
     struct CudaDev *c = xcalloc(1, sizeof *c);
     switch (w->cfg.backend) {
     case BACKEND_NCCL: c->device = d->rank; break;                   /* one GPU per rank */
-    case BACKEND_NCCL_MPI: c->device = w->cuda->node_rank; break;    /* rank on its node */
+    case BACKEND_NCCL_MPI: c->device = cuda_world(w)->node_rank; break; /* rank on its node */
     default: c->device = 0; break;                                   /* local: all ranks share GPU 0 */
     }
     CUDA_CHECK(cudaSetDevice(c->device));
@@ -149,29 +160,29 @@ void backend_dev_init(Dev *d) {
     CUDA_CHECK(cudaEventRecord(c->epoch, c->side));
     CUDA_CHECK(cudaEventSynchronize(c->epoch));
     c->epoch_host_us = now_us() - w->epoch_us;
-    d->cuda = c;
+    d->backend = c;
 }
 
 static void timing_resolve(Dev *d, int wait_all);
 
-void *backend_probe_alloc(Dev *d, size_t bytes) {
+static void *cuda_probe_alloc(Dev *d, size_t bytes) {
     (void)d;
     void *p = NULL;
     CUDA_CHECK(cudaMalloc(&p, bytes));
     CUDA_CHECK(cudaMemset(p, 0, bytes));
     return p;
 }
-void backend_probe_free(Dev *d, void *p) {
+static void cuda_probe_free(Dev *d, void *p) {
     (void)d;
     CUDA_CHECK(cudaFree(p));
 }
-void backend_probe_read(Dev *d, void *host, const void *probe, size_t bytes) {
-    for (int i = 0; i < d->nstreams; i++) CUDA_CHECK(cudaStreamSynchronize(d->streams[i]->cuda->st));
+static void cuda_probe_read(Dev *d, void *host, const void *probe, size_t bytes) {
+    for (int i = 0; i < d->nstreams; i++) CUDA_CHECK(cudaStreamSynchronize(cuda_stream(d->streams[i])->st));
     CUDA_CHECK(cudaMemcpy(host, probe, bytes, cudaMemcpyDeviceToHost));
 }
 
-void backend_dev_fini(Dev *d) {
-    struct CudaDev *c = d->cuda;
+static void cuda_dev_fini(Dev *d) {
+    struct CudaDev *c = cuda_dev(d);
     if (!c) return;
     timing_resolve(d, 1);
     for (size_t i = 0; i < c->n_cache; i++) CUDA_CHECK(cudaFree(c->cache[i].p));
@@ -185,36 +196,48 @@ void backend_dev_fini(Dev *d) {
     free(c->fence_pool);
     free(c->cache);
     free(c);
-    d->cuda = NULL;
+    d->backend = NULL;
 }
 
 /* ----------------------------------------------------------------- timing */
 
-void cuda_timing_begin(Stream *s, PendingTiming *t) {
-    struct CudaDev *c = s->dev->cuda;
-    t->start = pool_get(&c->timing_pool, &c->n_timing_pool, cudaEventDefault);
-    CUDA_CHECK(cudaEventRecord(t->start, s->cuda->st));
+void cuda_span_begin(Dev *d, Stream *s, OpSpan *span) {
+    span->start = span->end = NULL;
+    if (!s) return; /* the host's waits are not traced here */
+    struct CudaDev *c = cuda_dev(d);
+    cudaEvent_t e = pool_get(&c->timing_pool, &c->n_timing_pool, cudaEventDefault);
+    CUDA_CHECK(cudaEventRecord(e, cuda_stream(s)->st));
+    span->start = e;
 }
 
-void cuda_timing_end(Stream *s, PendingTiming *t, const char *prefix, const char *name, const char *cat, size_t bytes,
-                     const char *dtype, const char *group) {
-    Dev *d = s->dev;
-    struct CudaDev *c = d->cuda;
-    t->end = pool_get(&c->timing_pool, &c->n_timing_pool, cudaEventDefault);
-    CUDA_CHECK(cudaEventRecord(t->end, s->cuda->st));
-    t->rec = (TraceRec){prefix, dev_intern(d, name), d->scope.module, d->scope.phase, cat, s->index, d->scope.step, 0, 0, bytes,
-                      d->scope.micro, dtype, group};
+void cuda_span_end(Dev *d, Stream *s, OpSpan *span, const TraceRec *rec, double min_us) {
+    (void)min_us;
+    struct CudaDev *c = cuda_dev(d);
+    if (!span->start) return;
+    if (!rec) { /* not traced: the start event goes back to the pool */
+        pool_put(&c->timing_pool, &c->n_timing_pool, &c->timing_pool_cap, (cudaEvent_t)span->start);
+        return;
+    }
+    PendingTiming t = {(cudaEvent_t)span->start, pool_get(&c->timing_pool, &c->n_timing_pool, cudaEventDefault), *rec};
+    CUDA_CHECK(cudaEventRecord(t.end, cuda_stream(s)->st));
     if (c->n_timing == c->timing_cap) {
         c->timing_cap = c->timing_cap ? c->timing_cap * 2 : 1024;
         c->timing = xrealloc(c->timing, c->timing_cap * sizeof *c->timing);
     }
-    c->timing[c->n_timing++] = *t;
+    c->timing[c->n_timing++] = t;
     if (c->n_timing >= 8192) timing_resolve(d, 1); /* bound the events in flight */
+}
+
+TraceRec cuda_trace_rec(Stream *s, const char *prefix, const char *name, const char *cat, size_t bytes,
+                        const char *dtype, const char *group) {
+    Dev *d = s->dev;
+    return (TraceRec){prefix, dev_intern(d, name), d->scope.module, d->scope.phase, cat, s->index, d->scope.step, 0, 0,
+                      bytes, d->scope.micro, dtype, group};
 }
 
 /* Turn completed timings into trace records (all of them if wait_all). */
 static void timing_resolve(Dev *d, int wait_all) {
-    struct CudaDev *c = d->cuda;
+    struct CudaDev *c = cuda_dev(d);
     size_t keep = 0;
     for (size_t i = 0; i < c->n_timing; i++) {
         PendingTiming *t = &c->timing[i];
@@ -242,15 +265,15 @@ static void timing_resolve(Dev *d, int wait_all) {
 static size_t round_storage(size_t bytes) { return (bytes + 511) / 512 * 512; }
 
 static void cache_trim(Dev *d) {
-    struct CudaDev *c = d->cuda;
+    struct CudaDev *c = cuda_dev(d);
     for (size_t i = 0; i < c->n_cache; i++) CUDA_CHECK(cudaFree(c->cache[i].p));
     d->mem.reserved -= c->cache_bytes;
     c->n_cache = 0;
     c->cache_bytes = 0;
 }
 
-void *backend_storage_alloc(Dev *d, size_t bytes, int stream, const char *name) {
-    struct CudaDev *c = d->cuda;
+static void *cuda_storage_alloc(Dev *d, size_t bytes, int stream, const char *name) {
+    struct CudaDev *c = cuda_dev(d);
     size_t r = round_storage(bytes);
     void *p = NULL;
     for (size_t i = c->n_cache; i-- > 0;)
@@ -291,10 +314,8 @@ void *backend_storage_alloc(Dev *d, size_t bytes, int stream, const char *name) 
     return p;
 }
 
-int backend_storage_fenced(void) { return 0; }
-
-void backend_storage_free(Dev *d, void *p, size_t bytes, int stream) {
-    struct CudaDev *c = d->cuda;
+static void cuda_storage_free(Dev *d, void *p, size_t bytes, int stream) {
+    struct CudaDev *c = cuda_dev(d);
     if (c->n_cache == c->cache_cap) {
         c->cache_cap = c->cache_cap ? c->cache_cap * 2 : 256;
         c->cache = xrealloc(c->cache, c->cache_cap * sizeof *c->cache);
@@ -306,7 +327,7 @@ void backend_storage_free(Dev *d, void *p, size_t bytes, int stream) {
 
 /* Pinned host memory (dev_alloc_host): cudaHostAlloc, NaN-filled by the host
  * when poisoning; freed once every stream passed its free (alloc.c fences it). */
-void *backend_host_alloc(Dev *d, size_t bytes, const char *name) {
+static void *cuda_host_alloc(Dev *d, size_t bytes, const char *name) {
     void *p = NULL;
     /* mapped: kernels read it (the optimizer on offloaded shards); portable: any context */
     if (cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess || !p) {
@@ -320,7 +341,7 @@ void *backend_host_alloc(Dev *d, size_t bytes, const char *name) {
     return p;
 }
 
-void backend_host_free(Dev *d, void *p, size_t bytes) {
+static void cuda_host_free(Dev *d, void *p, size_t bytes) {
     (void)d, (void)bytes;
     CUDA_CHECK(cudaFreeHost(p));
 }
@@ -332,15 +353,15 @@ typedef struct {
     cudaEvent_t ev[];
 } Fence;
 
-int backend_fence_create(Dev *d, PendingFree *pf) {
-    struct CudaDev *c = d->cuda;
+static int cuda_fence_create(Dev *d, PendingFree *pf) {
+    struct CudaDev *c = cuda_dev(d);
     Fence *f = xmalloc(sizeof *f + (size_t)d->nstreams * sizeof(cudaEvent_t));
     f->n = 0;
     int busy = 0;
     for (int i = 0; i < d->nstreams && i < 64; i++) {
         if (!(pf->mask >> i & 1)) continue;
         cudaEvent_t e = pool_get(&c->fence_pool, &c->n_fence_pool, cudaEventDisableTiming);
-        CUDA_CHECK(cudaEventRecord(e, d->streams[i]->cuda->st));
+        CUDA_CHECK(cudaEventRecord(e, cuda_stream(d->streams[i])->st));
         busy |= !event_done(e);
         f->ev[f->n++] = e;
     }
@@ -348,7 +369,7 @@ int backend_fence_create(Dev *d, PendingFree *pf) {
     return busy;
 }
 
-int backend_fence_ready(Dev *d, const PendingFree *pf) {
+static int cuda_fence_ready(Dev *d, const PendingFree *pf) {
     (void)d;
     const Fence *f = pf->fence;
     for (int i = 0; i < f->n; i++)
@@ -356,8 +377,8 @@ int backend_fence_ready(Dev *d, const PendingFree *pf) {
     return 1;
 }
 
-void backend_fence_release(Dev *d, PendingFree *pf) {
-    struct CudaDev *c = d->cuda;
+static void cuda_fence_release(Dev *d, PendingFree *pf) {
+    struct CudaDev *c = cuda_dev(d);
     Fence *f = pf->fence;
     if (!f) return;
     for (int i = 0; i < f->n; i++) pool_put(&c->fence_pool, &c->n_fence_pool, &c->fence_pool_cap, f->ev[i]);
@@ -367,13 +388,13 @@ void backend_fence_release(Dev *d, PendingFree *pf) {
 
 /* ---------------------------------------------------------------- streams */
 
-
-Stream *dev_stream_create(Dev *d, const char *name) {
+static Stream *cuda_stream_create(Dev *d, const char *name) {
     Stream *s = stream_new(d, name);
-    s->cuda = xcalloc(1, sizeof *s->cuda);
-    CUDA_CHECK(cudaStreamCreateWithFlags(&s->cuda->st, cudaStreamNonBlocking));
-    CUBLAS_CHECK(cublasCreate(&s->cuda->blas));
-    CUBLAS_CHECK(cublasSetStream(s->cuda->blas, s->cuda->st));
+    struct CudaStream *cs = xcalloc(1, sizeof *cs);
+    s->backend = cs;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&cs->st, cudaStreamNonBlocking));
+    CUBLAS_CHECK(cublasCreate(&cs->blas));
+    CUBLAS_CHECK(cublasSetStream(cs->blas, cs->st));
     dev_add_stream(d, s);
     flight_stream_created(d, s);
     cuda_coll_stream_created(s); /* communicators: every rank creates the same streams in the same order */
@@ -381,114 +402,154 @@ Stream *dev_stream_create(Dev *d, const char *name) {
     return s;
 }
 
-void stream_destroy(Stream *s) {
-    CUDA_CHECK(cudaStreamSynchronize(s->cuda->st));
+static void cuda_stream_destroy(Stream *s) {
+    struct CudaStream *cs = cuda_stream(s);
+    CUDA_CHECK(cudaStreamSynchronize(cs->st));
     cuda_coll_stream_destroy(s);
-    CUBLAS_CHECK(cublasDestroy(s->cuda->blas));
-    CUDA_CHECK(cudaStreamDestroy(s->cuda->st));
-    free(s->cuda);
-    pthread_mutex_destroy(&s->mu);
+    CUBLAS_CHECK(cublasDestroy(cs->blas));
+    CUDA_CHECK(cudaStreamDestroy(cs->st));
+    free(cs);
     free(s->name);
     free(s);
 }
 
-
-void dev_launch(Stream *s, const char *name, void (*fn)(void *args), const void *args, size_t args_size) {
-    dev_launch_check(name, fn, args_size);
+static void cuda_launch(Stream *s, const char *name, void (*fn)(void *args), const void *args, size_t args_size) {
     union {
         max_align_t align_;
         unsigned char b[DEV_ARGS_MAX];
     } copy;
     if (args_size) memcpy(copy.b, args, args_size);
     Dev *d = s->dev;
-    PendingTiming t;
-    if (d->scope.tracing) cuda_timing_begin(s, &t);
-    tls_stream = s->cuda->st;
-    tls_blas = s->cuda->blas;
+    OpSpan span;
+    if (d->scope.tracing) cuda_span_begin(d, s, &span);
+    tls_stream = cuda_stream(s)->st;
+    tls_blas = cuda_stream(s)->blas;
     tls_tf32 = d->world->cfg.tf32;
     fn(copy.b);
     tls_stream = NULL;
     tls_blas = NULL;
-    if (d->scope.tracing) cuda_timing_end(s, &t, d->scope.module, name ? name : "kernel", "kernel", 0, NULL, NULL);
+    if (d->scope.tracing) {
+        TraceRec rec = cuda_trace_rec(s, d->scope.module, name ? name : "kernel", "kernel", 0, NULL, NULL);
+        cuda_span_end(d, s, &span, &rec, SPAN_ANY_LENGTH);
+    }
     s->enqueued++;
 }
 
-void dev_memcpy_async(Stream *s, void *dst, const void *src, size_t bytes) {
-    if (bytes && (!dst || !src)) fatal("dev_memcpy_async: NULL pointer with %zu bytes", bytes);
+static void cuda_copy(Stream *s, void *dst, const void *src, size_t bytes) {
     if (!bytes) return;
     Dev *d = s->dev;
-    PendingTiming t;
-    if (d->scope.tracing) cuda_timing_begin(s, &t);
+    OpSpan span;
+    if (d->scope.tracing) cuda_span_begin(d, s, &span);
     /* cudaMemcpyDefault: unified addressing tells host from device memory */
-    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s->cuda->st));
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cuda_stream(s)->st));
     const char *name = copy_direction_name(dev_copy_direction(d, dst, src)); /* the real PCIe link times it */
-    if (d->scope.tracing) cuda_timing_end(s, &t, d->scope.module, name, "copy", bytes, NULL, NULL);
+    if (d->scope.tracing) {
+        TraceRec rec = cuda_trace_rec(s, d->scope.module, name, "copy", bytes, NULL, NULL);
+        cuda_span_end(d, s, &span, &rec, SPAN_ANY_LENGTH);
+    }
     s->enqueued++;
 }
 
-void dev_memset_async(Stream *s, void *dst, int byte, size_t bytes) {
-    if (bytes && !dst) fatal("dev_memset_async: NULL pointer with %zu bytes", bytes);
+static void cuda_fill(Stream *s, void *dst, int byte, size_t bytes) {
     if (!bytes) return;
     Dev *d = s->dev;
-    PendingTiming t;
-    if (d->scope.tracing) cuda_timing_begin(s, &t);
-    CUDA_CHECK(cudaMemsetAsync(dst, byte, bytes, s->cuda->st));
-    if (d->scope.tracing) cuda_timing_end(s, &t, d->scope.module, "memset", "memset", bytes, NULL, NULL);
+    OpSpan span;
+    if (d->scope.tracing) cuda_span_begin(d, s, &span);
+    CUDA_CHECK(cudaMemsetAsync(dst, byte, bytes, cuda_stream(s)->st));
+    if (d->scope.tracing) {
+        TraceRec rec = cuda_trace_rec(s, d->scope.module, "memset", "memset", bytes, NULL, NULL);
+        cuda_span_end(d, s, &span, &rec, SPAN_ANY_LENGTH);
+    }
     s->enqueued++;
 }
 
-void dev_stream_synchronize(Stream *s) {
-    CUDA_CHECK(cudaStreamSynchronize(s->cuda->st));
+static void cuda_stream_synchronize(Stream *s) {
+    CUDA_CHECK(cudaStreamSynchronize(cuda_stream(s)->st));
     timing_resolve(s->dev, 0);
     dev_release_pending_frees(s->dev, 0);
 }
 
-void dev_synchronize(Dev *d) {
-    for (int i = 0; i < d->nstreams; i++) CUDA_CHECK(cudaStreamSynchronize(d->streams[i]->cuda->st));
+static void cuda_synchronize(Dev *d) {
+    for (int i = 0; i < d->nstreams; i++) CUDA_CHECK(cudaStreamSynchronize(cuda_stream(d->streams[i])->st));
     timing_resolve(d, 0);
     dev_release_pending_frees(d, 0);
 }
 
 /* ----------------------------------------------------------------- events */
 
-Event *dev_event_create(Dev *d, const char *name) {
-    Event *e = event_register_new(d, name); /* its mutex and condvar are unused here */
+static void cuda_event_init(Event *e) {
     cudaEvent_t ev;
     CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-    e->cuda_event = ev;
-    return e;
+    e->backend = ev;
 }
 
-void backend_event_fini(Event *e) {
-    if (e->cuda_event) CUDA_CHECK(cudaEventDestroy((cudaEvent_t)e->cuda_event)); /* deferred by CUDA if pending */
-    e->cuda_event = NULL;
+static void cuda_event_fini(Event *e) {
+    if (e->backend) CUDA_CHECK(cudaEventDestroy(cuda_event(e))); /* deferred by CUDA if pending */
+    e->backend = NULL;
 }
 
-void dev_event_destroy(Event *e) {
-    if (!e) return;
-    event_unregister(e);
-    event_free(e);
-}
+/* CUDA keeps a recorded event alive for the work that still uses it. */
+static void cuda_event_destroy(Event *e) { event_free(e); }
 
-void dev_event_record(Event *e, Stream *s) {
-    if (e->dev != s->dev) fatal("event '%s' of rank %d recorded on a stream of rank %d", e->name, e->dev->rank, s->dev->rank);
-    CUDA_CHECK(cudaEventRecord((cudaEvent_t)e->cuda_event, s->cuda->st));
+static void cuda_event_record(Event *e, Stream *s) {
+    CUDA_CHECK(cudaEventRecord(cuda_event(e), cuda_stream(s)->st));
     e->recorded++;
 }
 
-static cudaEvent_t recorded(Event *e) {
-    if (!e->recorded) fatal("event '%s' waited on but never recorded", e->name);
-    return (cudaEvent_t)e->cuda_event;
-}
+static void cuda_event_wait(Stream *s, Event *e) { CUDA_CHECK(cudaStreamWaitEvent(cuda_stream(s)->st, cuda_event(e), 0)); }
 
-void dev_stream_wait_event(Stream *s, Event *e) {
-    if (e->dev != s->dev) fatal("event '%s' of rank %d waited on by a stream of rank %d", e->name, e->dev->rank, s->dev->rank);
-    CUDA_CHECK(cudaStreamWaitEvent(s->cuda->st, recorded(e), 0));
-}
-
-void dev_event_synchronize(Event *e) {
-    CUDA_CHECK(cudaEventSynchronize(recorded(e)));
+static void cuda_event_synchronize(Event *e) {
+    CUDA_CHECK(cudaEventSynchronize(cuda_event(e)));
     dev_release_pending_frees(e->dev, 0);
 }
 
-int dev_event_query(Event *e) { return event_done(recorded(e)); }
+static int cuda_event_query(Event *e) { return event_done(cuda_event(e)); }
+
+/* ---------------------------------------------------- the table of operations */
+
+#define KCUDA_ENTRY(name) .name = kcuda_##name,
+const KernelTable kcuda_kernels = {HWFSDP_KERNEL_LIST(KCUDA_ENTRY).attention_scratch_floats = kcuda_attention_scratch_floats};
+#undef KCUDA_ENTRY
+
+const BackendOps cuda_backend = {
+    .race_checked = 0, /* the detector models the CPU's streams */
+    .storage_fenced = 0,
+    .kernels = &kcuda_kernels,
+    .world_init = cuda_world_init,
+    .world_fini = cuda_world_fini,
+    .dev_init = cuda_dev_init,
+    .dev_fini = cuda_dev_fini,
+    .host_exchange = cuda_host_exchange,
+    .stream_create = cuda_stream_create,
+    .stream_destroy = cuda_stream_destroy,
+    .launch = cuda_launch,
+    .copy = cuda_copy,
+    .fill = cuda_fill,
+    .stream_synchronize = cuda_stream_synchronize,
+    .synchronize = cuda_synchronize,
+    .event_init = cuda_event_init,
+    .event_fini = cuda_event_fini,
+    .event_destroy = cuda_event_destroy,
+    .event_record = cuda_event_record,
+    .event_wait = cuda_event_wait,
+    .event_synchronize = cuda_event_synchronize,
+    .event_query = cuda_event_query,
+    .storage_alloc = cuda_storage_alloc,
+    .storage_free = cuda_storage_free,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
+    .fence_create = cuda_fence_create,
+    .fence_ready = cuda_fence_ready,
+    .fence_release = cuda_fence_release,
+    .probe_alloc = cuda_probe_alloc,
+    .probe_free = cuda_probe_free,
+    .probe_read = cuda_probe_read,
+    .group_init = cuda_group_init,
+    .group_fini = cuda_group_fini,
+    .coll_stream_init = cuda_coll_stream_created,
+    .coll_stream_fini = cuda_coll_stream_destroy,
+    .stream_join_group = cuda_stream_join_group,
+    .coll_enqueue = cuda_coll_enqueue,
+    .span_begin = cuda_span_begin,
+    .span_end = cuda_span_end,
+};

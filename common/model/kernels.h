@@ -2,16 +2,17 @@
  *
  * A kernel is `void k(void *args)` handed to dev_launch with its argument
  * struct below. Every pointer in an argument struct is DEVICE memory (a
- * dev_alloc'd buffer), except where a comment says otherwise. Two backends
- * define the same set:
+ * dev_alloc'd buffer), except where a comment says otherwise. Each backend
+ * has the same set, as a KernelTable its table of operations points to:
  *   kcpu_*   (kernels_cpu.c)       run on the stream's worker thread and call
  *                                  the plain C ops of ops.c / optim.c;
  *   kcuda_*  (cuda/kernels_cuda.cu) run on the host thread at launch time and
  *                                  enqueue CUDA kernels on the launching
  *                                  stream (cuda_current_stream()).
- * KERNEL(name) picks the backend the runtime was built for, so model.c names
- * each kernel once. Semantics, shapes and the accumulate (+=) convention are
- * those of ops.h; the forward/backward pairs are the ops of ops.h.
+ * KERNEL(s, name) is the kernel of the backend that runs stream s, so
+ * model.c names each kernel once. Semantics, shapes and the accumulate (+=)
+ * convention are those of ops.h; the forward/backward pairs are the ops of
+ * ops.h.
  */
 #ifndef HWFSDP_KERNELS_H
 #define HWFSDP_KERNELS_H
@@ -21,11 +22,9 @@
 
 #include "model/optim.h"
 
-#ifdef HWFSDP_CUDA
-#define KERNEL(name) kcuda_##name
-#else
-#define KERNEL(name) kcpu_##name
-#endif
+/* The kernel `name` (a KernelTable field) of the backend that runs stream s
+ * (stream_kernels: runtime/runtime.h). */
+#define KERNEL(s, name) (stream_kernels(s)->name)
 
 /* embedding forward: out[N,D] = w[tok[n]]; backward: out (= dwte) += rows of w (= dout) */
 typedef struct { float *out; const int32_t *tok; const float *w; size_t N, D; } EmbArgs;
@@ -77,6 +76,15 @@ typedef struct {
     X(swiglu_backward) X(add) X(crossentropy_forward) X(crossentropy_backward) X(sumsq_accumulate) X(adamw)            \
     X(cast_to_bf16) X(cast_from_bf16)
 
+/* One backend's kernels. */
+#define HWFSDP_KERNEL_FIELD(name) void (*name)(void *args);
+typedef struct KernelTable {
+    HWFSDP_KERNEL_LIST(HWFSDP_KERNEL_FIELD)
+    /* Workspace (floats) attention_backward needs for this shape. */
+    size_t (*attention_scratch_floats)(size_t B, size_t T, size_t H);
+} KernelTable;
+#undef HWFSDP_KERNEL_FIELD
+
 #define HWFSDP_DECLARE_KERNEL(name) void kcpu_##name(void *args); void kcuda_##name(void *args);
 #ifdef __cplusplus
 extern "C" {
@@ -85,6 +93,8 @@ HWFSDP_KERNEL_LIST(HWFSDP_DECLARE_KERNEL)
 /* Workspace (floats) attention_backward needs for this shape on each backend. */
 size_t kcpu_attention_scratch_floats(size_t B, size_t T, size_t H);
 size_t kcuda_attention_scratch_floats(size_t B, size_t T, size_t H);
+extern const KernelTable kcpu_kernels;  /* kernels_cpu.c */
+extern const KernelTable kcuda_kernels; /* cuda/runtime_cuda.c */
 #ifdef __cplusplus
 }
 #endif

@@ -9,7 +9,7 @@ void launch_sumsq_accumulate(Stream *s, float *acc, const float *x, size_t n) {
     SumsqArgs a = {acc, x, n};
     dev_access(s, x, n * sizeof(float), 0, NULL);
     dev_access(s, acc, sizeof(float), 1, NULL);
-    dev_launch(s, "grad_sumsq", KERNEL(sumsq_accumulate), &a, sizeof a);
+    dev_launch(s, "grad_sumsq", KERNEL(s, sumsq_accumulate), &a, sizeof a);
 }
 
 void launch_add(Stream *s, float *out, const float *a, const float *b, size_t n) {
@@ -17,21 +17,21 @@ void launch_add(Stream *s, float *out, const float *a, const float *b, size_t n)
     dev_access(s, a, n * sizeof(float), 0, NULL);
     dev_access(s, b, n * sizeof(float), 0, NULL);
     dev_access(s, out, n * sizeof(float), 1, NULL);
-    dev_launch(s, "add", KERNEL(add), &x, sizeof x);
+    dev_launch(s, "add", KERNEL(s, add), &x, sizeof x);
 }
 
 void launch_cast_to_bf16(Stream *s, Bf16 *out, const float *in, size_t n) {
     CastArgs x = {(float *)in, out, n};
     dev_access(s, in, n * sizeof(float), 0, NULL);
     dev_access(s, out, n * sizeof(Bf16), 1, NULL);
-    dev_launch(s, "cast_to_bf16", KERNEL(cast_to_bf16), &x, sizeof x);
+    dev_launch(s, "cast_to_bf16", KERNEL(s, cast_to_bf16), &x, sizeof x);
 }
 
 void launch_cast_from_bf16(Stream *s, float *out, const Bf16 *in, size_t n) {
     CastArgs x = {out, (Bf16 *)in, n};
     dev_access(s, in, n * sizeof(Bf16), 0, NULL);
     dev_access(s, out, n * sizeof(float), 1, NULL);
-    dev_launch(s, "cast_from_bf16", KERNEL(cast_from_bf16), &x, sizeof x);
+    dev_launch(s, "cast_from_bf16", KERNEL(s, cast_from_bf16), &x, sizeof x);
 }
 
 void launch_adamw(Stream *s, float *param, const float *grad, float *exp_avg, float *exp_avg_sq, size_t n,
@@ -42,5 +42,5 @@ void launch_adamw(Stream *s, float *param, const float *grad, float *exp_avg, fl
     dev_access(s, param, n * sizeof(float), 1, NULL);
     dev_access(s, exp_avg, n * sizeof(float), 1, NULL);
     dev_access(s, exp_avg_sq, n * sizeof(float), 1, NULL);
-    dev_launch(s, "adamw", KERNEL(adamw), &a, sizeof a);
+    dev_launch(s, "adamw", KERNEL(s, adamw), &a, sizeof a);
 }

@@ -286,30 +286,30 @@ static void param_done(ModelRun *run, const float *w) {
 }
 static void rmsnorm_q(Q *q, float *out, float *rstd, const float *in, const float *w, size_t N, size_t D, float eps) {
     NormArgs a = {out, rstd, in, w, N, D, eps};
-    dev_launch(q->s, "rmsnorm", KERNEL(rmsnorm_forward), &a, sizeof a);
+    dev_launch(q->s, "rmsnorm", KERNEL(q->s, rmsnorm_forward), &a, sizeof a);
 }
 static void rmsnorm_bwd_q(Q *q, float *dinp, float *dw, const float *dout, const float *in, const float *w,
                           const float *rstd, size_t N, size_t D) {
     NormBwdArgs a = {dinp, dw, dout, in, w, rstd, N, D};
-    dev_launch(q->s, "rmsnorm_bwd", KERNEL(rmsnorm_backward), &a, sizeof a);
+    dev_launch(q->s, "rmsnorm_bwd", KERNEL(q->s, rmsnorm_backward), &a, sizeof a);
 }
 static void matmul_q(Q *q, const char *name, float *out, const float *in, const float *w, size_t N, size_t C,
                      size_t OC) {
     MmArgs a = {out, in, w, N, C, OC};
-    dev_launch(q->s, name, KERNEL(matmul_forward), &a, sizeof a);
+    dev_launch(q->s, name, KERNEL(q->s, matmul_forward), &a, sizeof a);
 }
 static void matmul_bwd_q(Q *q, const char *name, float *dinp, float *dw, const float *dout, const float *in,
                          const float *w, size_t N, size_t C, size_t OC) {
     MmBwdArgs a = {dinp, dw, dout, in, w, N, C, OC};
-    dev_launch(q->s, name, KERNEL(matmul_backward), &a, sizeof a);
+    dev_launch(q->s, name, KERNEL(q->s, matmul_backward), &a, sizeof a);
 }
 static void rope_q(Q *q, float *x, const ModelRun *run, size_t nh, size_t hd, int backward) {
     RopeArgs a = {x, run->rope_cos, run->rope_sin, run->B, run->T, nh, hd, backward};
-    dev_launch(q->s, backward ? "rope_bwd" : "rope", KERNEL(rope), &a, sizeof a);
+    dev_launch(q->s, backward ? "rope_bwd" : "rope", KERNEL(q->s, rope), &a, sizeof a);
 }
 static void add_q(Q *q, float *out, const float *a_, const float *b_, size_t n) {
     AddArgs a = {out, a_, b_, n};
-    dev_launch(q->s, "residual_add", KERNEL(add), &a, sizeof a);
+    dev_launch(q->s, "residual_add", KERNEL(q->s, add), &a, sizeof a);
 }
 
 static void free_acts(Dev *dev, ModuleActs *A, int keep_input) {
@@ -333,7 +333,7 @@ void model_run_begin(Model *m, ModelRun *run) {
     run->rope_cos = act(&q, run->T * hd / 2, "cos");
     run->rope_sin = act(&q, run->T * hd / 2, "sin");
     RopeTabArgs a = {run->rope_cos, run->rope_sin, run->T, hd, m->cfg.rope_theta};
-    dev_launch(run->stream, "rope_tables", KERNEL(rope_tables), &a, sizeof a);
+    dev_launch(run->stream, "rope_tables", KERNEL(run->stream, rope_tables), &a, sizeof a);
     Q ql = {run->dev, run->stream, "head"};
     run->loss = act(&ql, 1, "loss");
     run->h = run->dh = NULL;
@@ -389,7 +389,7 @@ static void block_forward_saved(Model *m, Module *mod, ModelRun *run, Q *q) {
     A->probs = act(q, run->B * H * run->T * run->T, "probs");
     A->att = act(q, N * H * hd, "att");
     AttArgs aa = {A->att, A->probs, A->q, A->k, A->v, run->B, run->T, H, KV, hd};
-    dev_launch(q->s, "attention", KERNEL(attention_forward), &aa, sizeof aa);
+    dev_launch(q->s, "attention", KERNEL(q->s, attention_forward), &aa, sizeof aa);
     A->h = act(q, N * D, "h");
     w = param_in(run, &P[P_WO]);
     matmul_q(q, "wo", A->h, A->att, w, N, H * hd, D);
@@ -410,7 +410,7 @@ static void block_forward_saved(Model *m, Module *mod, ModelRun *run, Q *q) {
     param_done(run, w);
     A->g = act(q, N * F, "swiglu");
     SwiArgs sa = {A->g, A->a, A->b, N * F};
-    dev_launch(q->s, "swiglu", KERNEL(swiglu_forward), &sa, sizeof sa);
+    dev_launch(q->s, "swiglu", KERNEL(q->s, swiglu_forward), &sa, sizeof sa);
 }
 
 void module_forward(Model *m, Module *mod, ModelRun *run) {
@@ -424,7 +424,7 @@ void module_forward(Model *m, Module *mod, ModelRun *run) {
         float *out = act(&q, N * D, "out");
         w = param_in(run, &P[0]);
         EmbArgs a = {out, run->inputs, w, N, D};
-        dev_launch(run->stream, "embedding", KERNEL(embedding_forward), &a, sizeof a);
+        dev_launch(run->stream, "embedding", KERNEL(run->stream, embedding_forward), &a, sizeof a);
         param_done(run, w);
         run->h = out;
     } else if (mod->kind == MOD_BLOCK) {
@@ -450,7 +450,7 @@ void module_forward(Model *m, Module *mod, ModelRun *run) {
         matmul_q(&q, "output", A->logits, A->xn, w, N, D, V);
         param_done(run, w);
         CeArgs ce = {run->loss, NULL, A->logits, run->targets, N, V, N};
-        dev_launch(run->stream, "cross_entropy", KERNEL(crossentropy_forward), &ce, sizeof ce);
+        dev_launch(run->stream, "cross_entropy", KERNEL(run->stream, crossentropy_forward), &ce, sizeof ce);
         run->h = NULL;
     }
 }
@@ -476,7 +476,7 @@ void module_backward(Model *m, Module *mod, ModelRun *run) {
         float *dlogits = zeros(&q, N * V, "dlogits");
         size_t mean_over = N * (run->microbatches > 1 ? (size_t)run->microbatches : 1); /* loss / K */
         CeArgs ce = {NULL, dlogits, A->logits, run->targets, N, V, mean_over};
-        dev_launch(run->stream, "cross_entropy_bwd", KERNEL(crossentropy_backward), &ce, sizeof ce);
+        dev_launch(run->stream, "cross_entropy_bwd", KERNEL(run->stream, crossentropy_backward), &ce, sizeof ce);
         float *dxn = zeros(&q, N * D, "dxn");
         dev_access(run->stream, P[P_OUTPUT].grad, P[P_OUTPUT].numel * sizeof(float), 1, NULL);
         w = param_in(run, &P[P_OUTPUT]);
@@ -501,7 +501,7 @@ void module_backward(Model *m, Module *mod, ModelRun *run) {
         param_done(run, w);
         float *da = zeros(&q, N * F, "dw1_out"), *db = zeros(&q, N * F, "dw3_out");
         SwiBwdArgs sb = {da, db, dg, A->a, A->b, N * F};
-        dev_launch(run->stream, "swiglu_bwd", KERNEL(swiglu_backward), &sb, sizeof sb);
+        dev_launch(run->stream, "swiglu_bwd", KERNEL(run->stream, swiglu_backward), &sb, sizeof sb);
         float *dhn = zeros(&q, N * D, "dhn");
         dev_access(run->stream, P[P_W1].grad, P[P_W1].numel * sizeof(float), 1, NULL);
         w = param_in(run, &P[P_W1]);
@@ -523,9 +523,9 @@ void module_backward(Model *m, Module *mod, ModelRun *run) {
         matmul_bwd_q(&q, "wo_bwd", datt, P[P_WO].grad, dh, A->att, w, N, H * hd, D);
         param_done(run, w);
         float *dq = zeros(&q, N * H * hd, "dq"), *dk = zeros(&q, N * KV * hd, "dk"), *dv = zeros(&q, N * KV * hd, "dv");
-        float *scratch = temp(&q, KERNEL(attention_scratch_floats)(run->B, run->T, H), "att_scratch");
+        float *scratch = temp(&q, KERNEL(run->stream, attention_scratch_floats)(run->B, run->T, H), "att_scratch");
         AttBwdArgs ab = {dq, dk, dv, scratch, datt, A->q, A->k, A->v, A->probs, run->B, run->T, H, KV, hd};
-        dev_launch(run->stream, "attention_bwd", KERNEL(attention_backward), &ab, sizeof ab);
+        dev_launch(run->stream, "attention_bwd", KERNEL(run->stream, attention_backward), &ab, sizeof ab);
         rope_q(&q, dq, run, H, hd, 1);
         rope_q(&q, dk, run, KV, hd, 1);
         float *dxn = zeros(&q, N * D, "dxn");
@@ -553,7 +553,7 @@ void module_backward(Model *m, Module *mod, ModelRun *run) {
     } else {
         dev_access(run->stream, P[0].grad, P[0].numel * sizeof(float), 1, NULL);
         EmbArgs a = {P[0].grad, run->inputs, run->dh, N, D};
-        dev_launch(run->stream, "embedding_bwd", KERNEL(embedding_backward), &a, sizeof a);
+        dev_launch(run->stream, "embedding_bwd", KERNEL(run->stream, embedding_backward), &a, sizeof a);
         dev_free(run->dev, run->dh);
         run->dh = NULL;
     }

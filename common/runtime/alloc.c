@@ -91,8 +91,8 @@ static void mev_from_alloc(MemEvent *e, const Alloc *a) {
 static size_t storage_bytes(size_t bytes) { return bytes ? (bytes + 63) / 64 * 64 : 64; }
 
 static void free_storage(Dev *d, Alloc *a) {
-    if (a->host) backend_host_free(d, (void *)a->addr, storage_bytes(a->size));
-    else backend_storage_free(d, (void *)a->addr, storage_bytes(a->size), a->stream);
+    if (a->host) dev_ops(d)->host_free(d, (void *)a->addr, storage_bytes(a->size));
+    else dev_ops(d)->storage_free(d, (void *)a->addr, storage_bytes(a->size), a->stream);
     race_state_free(&a->race);
     free(a);
 }
@@ -123,12 +123,12 @@ static uint64_t all_streams(const Dev *d) { return d->nstreams >= 64 ? ~0ull : (
 /* A block no longer counted: its storage goes back to its stream's pool now
  * (CUDA), or once every stream is past this point (the CPU emulator). */
 static void retire_storage(Dev *d, Alloc *a) {
-    if (!backend_storage_fenced() && !a->host) {
+    if (!dev_ops(d)->storage_fenced && !a->host) {
         release_storage(d, a);
         return;
     }
-    PendingFree pf = {a, all_streams(d), NULL, 0, NULL};
-    if (backend_fence_create(d, &pf)) d->mem.frees_deferred++;
+    PendingFree pf = {a, all_streams(d), NULL};
+    if (dev_ops(d)->fence_create(d, &pf)) d->mem.frees_deferred++;
     d->mem.pending = ring_reserve(d->mem.pending, &d->mem.pend_cap, &d->mem.pend_head, d->mem.pend_count,
                                   sizeof *d->mem.pending);
     d->mem.pending[(d->mem.pend_head + d->mem.pend_count++) % d->mem.pend_cap] = pf;
@@ -162,8 +162,8 @@ void dev_complete_held_frees(Dev *d, int wait_all) {
     size_t kept = 0;
     for (size_t i = 0; i < d->mem.n_held; i++) {
         PendingFree *p = &d->mem.held[i];
-        if (wait_all || backend_fence_ready(d, p)) {
-            backend_fence_release(d, p);
+        if (wait_all || dev_ops(d)->fence_ready(d, p)) {
+            dev_ops(d)->fence_release(d, p);
             uncount(d, p->alloc);
             log_free(d, MEV_FREE_COMPLETED, p->alloc);
             retire_storage(d, p->alloc);
@@ -178,8 +178,8 @@ void dev_release_pending_frees(Dev *d, int wait_all) {
     /* fences only grow in FIFO order, so stop at the first not ready */
     while (d->mem.pend_count) {
         PendingFree *p = &d->mem.pending[d->mem.pend_head];
-        if (!wait_all && !backend_fence_ready(d, p)) break;
-        backend_fence_release(d, p);
+        if (!wait_all && !dev_ops(d)->fence_ready(d, p)) break;
+        dev_ops(d)->fence_release(d, p);
         release_storage(d, p->alloc);
         d->mem.pend_head = (d->mem.pend_head + 1) % d->mem.pend_cap;
         d->mem.pend_count--;
@@ -242,7 +242,7 @@ static void *alloc_block(Dev *d, Stream *s, int host, size_t bytes, MemTag tag, 
     dev_release_pending_frees(d, 0);
     size_t real = storage_bytes(bytes); /* 0 bytes still get a unique address */
     if (real < bytes) fatal("%s('%s'): %zu bytes is too large", fn, name ? name : "?", bytes);
-    void *p = host ? backend_host_alloc(d, real, name) : backend_storage_alloc(d, real, s->index, name);
+    void *p = host ? dev_ops(d)->host_alloc(d, real, name) : dev_ops(d)->storage_alloc(d, real, s->index, name);
     Alloc *a = xcalloc(1, sizeof *a);
     a->addr = (uintptr_t)p;
     a->size = bytes;
@@ -304,7 +304,7 @@ void *dev_alloc_host(Dev *d, size_t bytes, MemTag tag, const char *name) {
 }
 
 void *dev_alloc(Dev *d, size_t bytes, MemTag tag, const char *name) {
-    return dev_alloc_on(dev_compute_stream(d), bytes, tag, name);
+    return dev_alloc_on(d->streams[0], bytes, tag, name) /* the compute stream */;
 }
 
 static size_t elem_bytes(size_t count, size_t size, const char *fn, const char *name) {
@@ -376,8 +376,8 @@ void dev_free(Dev *d, void *p) {
     if (d->race.on) quarantine(d, a);
     if (a->recorded) {
         /* record_stream: held and counted until the recorded streams finished the work queued so far */
-        PendingFree pf = {a, a->recorded, NULL, 0, NULL};
-        backend_fence_create(d, &pf);
+        PendingFree pf = {a, a->recorded, NULL};
+        dev_ops(d)->fence_create(d, &pf);
         if (d->mem.n_held == d->mem.held_cap) {
             d->mem.held_cap = d->mem.held_cap ? d->mem.held_cap * 2 : 16;
             d->mem.held = xrealloc(d->mem.held, d->mem.held_cap * sizeof *d->mem.held);
@@ -453,13 +453,13 @@ static void free_tree(Dev *d, Alloc *t) {
 /* At Dev destroy (streams already idle and joined). */
 void dev_alloc_destroy(Dev *d) {
     for (size_t i = 0; i < d->mem.n_held; i++) {
-        backend_fence_release(d, &d->mem.held[i]);
+        dev_ops(d)->fence_release(d, &d->mem.held[i]);
         release_storage(d, d->mem.held[i].alloc);
     }
     free(d->mem.held);
     while (d->mem.pend_count) {
         PendingFree *p = &d->mem.pending[d->mem.pend_head];
-        backend_fence_release(d, p);
+        dev_ops(d)->fence_release(d, p);
         release_storage(d, p->alloc);
         d->mem.pend_head = (d->mem.pend_head + 1) % d->mem.pend_cap;
         d->mem.pend_count--;

@@ -58,9 +58,7 @@ typedef struct {
 typedef struct {
     Alloc *alloc;           /* detached from the live tree */
     uint64_t mask;          /* the streams the fence covers (bit i = stream index i) */
-    uint64_t *snapshot;     /* CPU: per stream index, ops enqueued at free time */
-    int nstreams;
-    void *fence;            /* CUDA: events recorded on the streams at free time */
+    void *fence;            /* the backend's mark of their work at free time (CPU: ops enqueued; CUDA: events) */
 } PendingFree;
 
 /* The rank's allocator (Dev.mem). Touched only by the rank's host thread. */
@@ -69,7 +67,7 @@ typedef struct {
     size_t n_live;
     size_t current, peak, by_tag[MEM_TAG_COUNT];
     size_t window_peak, window_by_tag[MEM_TAG_COUNT]; /* the most since dev_mem_window_begin, and by tag then */
-    size_t reserved;                    /* storage held (backend_storage_*; CUDA: cudaMalloc'd segments) */
+    size_t reserved;                    /* storage held (the backend's storage_alloc; CUDA: cudaMalloc'd segments) */
     uint64_t mem_seq;
     uint64_t prio_state;
     MemEvent *mev;
@@ -101,28 +99,7 @@ int dev_copy_direction(const Dev *d, const void *dst, const void *src);
 const char *copy_direction_name(int dir); /* "copy", "h2d", "d2h" */
 Alloc *dev_dead_alloc_containing(const Dev *d, uintptr_t p);
 
-/* Backend hooks (CPU: stream.c; CUDA: cuda/runtime_cuda.c).
- * Storage for an allocation of `bytes` (a multiple of 64, > 0) from stream
- * `stream`'s pool, fatal when out of memory; backend_storage_free gives it
- * back to that pool. Both keep d->mem.reserved.
- * backend_storage_fenced: 1 if freed storage must wait until every stream of
- * the rank finished the work queued before the free (the CPU emulator: its
- * storage is the C heap, shared by every stream and the host, so even a
- * program run with --no-race-check never has its memory handed to another
- * owner early); 0 if it goes back to its stream's pool at once (CUDA, as
- * PyTorch's caching allocator: reuse there is in stream order). */
-void *backend_storage_alloc(Dev *d, size_t bytes, int stream, const char *name);
-void backend_storage_free(Dev *d, void *p, size_t bytes, int stream);
-int backend_storage_fenced(void);
-/* Pinned host storage (dev_alloc_host; CUDA: cudaHostAlloc): its free waits
- * until every stream finished the work queued before it (as PyTorch's host
- * allocator waits for the streams that used a block), on both backends. */
-void *backend_host_alloc(Dev *d, size_t bytes, const char *name);
-void backend_host_free(Dev *d, void *p, size_t bytes);
-/* Fences: mark the work queued so far on the streams of pf->mask; ready once
- * it finished. backend_fence_create returns 1 if one of them was busy. */
-int backend_fence_create(Dev *d, PendingFree *pf);
-int backend_fence_ready(Dev *d, const PendingFree *pf);
-void backend_fence_release(Dev *d, PendingFree *pf);
+/* Storage, pinned host storage and fences come from the world's backend
+ * (backend.h: storage_alloc ... fence_release). */
 
 #endif

@@ -9,7 +9,7 @@
 
 float *stream_clip_slot(Stream *s) {
     Dev *d = s->dev;
-    if (!d->clip_slots) d->clip_slots = backend_probe_alloc(d, CLIP_PROBE_SLOTS * sizeof(float));
+    if (!d->clip_slots) d->clip_slots = dev_ops(d)->probe_alloc(d, CLIP_PROBE_SLOTS * sizeof(float));
     if (d->clip_n >= CLIP_PROBE_SLOTS) {
         d->clip_n = CLIP_PROBE_SLOTS + 1; /* overflowed: the collect says so */
         return NULL;
@@ -22,11 +22,11 @@ int dev_clip_collect(Dev *d, float *host, int cap) {
     d->clip_n = 0;
     if (n > CLIP_PROBE_SLOTS) return -1;
     if (n > cap) n = cap;
-    if (n > 0) backend_probe_read(d, host, d->clip_slots, (size_t)n * sizeof(float));
+    if (n > 0) dev_ops(d)->probe_read(d, host, d->clip_slots, (size_t)n * sizeof(float));
     return n;
 }
 
 void dev_clip_probe_free(Dev *d) {
-    if (d->clip_slots) backend_probe_free(d, d->clip_slots);
+    if (d->clip_slots) dev_ops(d)->probe_free(d, d->clip_slots);
     d->clip_slots = NULL;
 }

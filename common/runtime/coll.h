@@ -1,8 +1,8 @@
 /* coll.h — collectives inside the runtime: the kinds (CollKindInfo), what a
  * rank asks for (CollDesc), the local backend's rendezvous channels, the
- * agreement check, the flight recorder and the watchdog (coll_common.c,
- * shared by both backends), and each backend's enqueue (collectives.c;
- * cuda/coll_cuda.c). */
+ * agreement check, the flight recorder, the watchdog and coll_enqueue
+ * (coll_common.c, shared by every backend); each backend queues and runs them
+ * (backend.h: coll_enqueue; collectives.c, backend_mpi.c, cuda/coll_cuda.c). */
 #ifndef HWFSDP_COLL_H
 #define HWFSDP_COLL_H
 
@@ -16,7 +16,7 @@ typedef struct Op Op;
 
 /* The collective kinds. A kind is its row of coll_kinds (coll_common.c: what
  * it moves, its checks, its link cost) plus one execute case per backend
- * (collectives.c: local and mpi; cuda/coll_cuda.c: local and nccl). */
+ * (collectives.c: local; backend_mpi.c: mpi; cuda/coll_cuda.c: local and nccl). */
 typedef enum {
     COLL_ALL_GATHER = 0,
     COLL_REDUCE_SCATTER,
@@ -134,8 +134,9 @@ void coll_validate(ProcessGroup *g, Stream *s, int kind, const void *send, const
  * The bytes it moves (for the trace and the link model) follow from kind, count and dtype. */
 void coll_op_describe(Dev *d, Stream *s, Op *o, ProcessGroup *g, CollKind kind, RedOp op, int root, size_t count,
                       DType dtype, const char *label);
-/* Enqueue one collective on s (collectives.c on the CPU, cuda/coll_cuda.c on CUDA).
- * The coll_* calls of device.h lead here. */
+/* Enqueue one collective on s (coll_common.c): checked and described, then the
+ * world's backend queues it (backend.h: coll_enqueue). The coll_* calls of
+ * device.h lead here. */
 void coll_enqueue(ProcessGroup *g, Stream *s, CollKind kind, const void *send, void *recv, size_t count, RedOp op,
                   int root, DType dtype, const char *label);
 /* Wait (mu held) until *generation moves past gen; with timeout_s > 0, return

@@ -70,11 +70,9 @@ void coll_check_agreement(Stream *s, uint64_t seq, const CollDesc *descs, int n,
         describe(one, sizeof one, members ? members[r] : r, &descs[r]);
         len += (size_t)snprintf(msg + len, cap - len, "%s%s", r ? "; " : "", one);
     }
-#ifdef HAVE_MPI
     /* every process sees the mismatch: let rank 0 say it once (mpirun then
      * stops the job); the others report too if the job is still alive later */
     if (backend_is_multiprocess(s->dev->world->cfg.backend) && (members ? members[0] : 0) != s->dev->rank) sleep(5);
-#endif
     fatal("%s", msg);
 }
 
@@ -327,6 +325,18 @@ void coll_op_describe(Dev *d, Stream *s, Op *o, ProcessGroup *g, CollKind kind, 
                        d->scope.micro, s->index, s->name};
         d->coll_watch(d->coll_watch_ctx, &c);
     }
+}
+
+/* The public collectives lead here: checked and described, then the backend queues it (backend.h). */
+void coll_enqueue(ProcessGroup *g, Stream *s, CollKind kind, const void *send, void *recv, size_t count, RedOp op,
+                  int root, DType dtype, const char *label) {
+    coll_validate(g, s, (int)kind, send, recv, count, (int)op, root, (int)dtype, label);
+    Op o;
+    op_init(s, &o, OP_COLL, coll_kind_name((int)kind));
+    coll_op_describe(g->dev, s, &o, g, kind, op, root, count, dtype, label);
+    o.src = send;
+    o.dst = recv;
+    dev_ops(g->dev)->coll_enqueue(s, &o);
 }
 
 void dev_watch_collectives(Dev *d, void (*fn)(void *ctx, const CollIssue *c), void *ctx) {

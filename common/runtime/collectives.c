@@ -1,17 +1,19 @@
-/* collectives.c — NCCL-shaped collectives executed on stream workers.
- * local backend: ranks are threads; one rendezvous channel per (stream, group);
- *   each rank computes its own output from the peers' buffers, then a link
- *   model makes the collective last as long as ring traffic would.
- * mpi backend: one communicator per (stream, group); reductions are done here in
- *   rank order so results are bitwise identical to the local backend.
+/* collectives.c — the CPU backends' NCCL-shaped collectives, executed on
+ * stream workers (stream.h).
+ * local backend (backend_local.c): ranks are threads; one rendezvous channel
+ *   per (stream, group); each rank computes its own output from the peers'
+ *   buffers, then a link model makes the collective last as long as ring
+ *   traffic would.
+ * mpi backend (backend_mpi.c, its execution there too): one communicator per
+ *   (stream, group); its reductions use coll_reduce_ranks below, in rank order,
+ *   so results are bitwise identical to the local backend's.
  * Element types: float32 everywhere; all-gather and reduce-scatter also move
  * bfloat16 words (the reduce-scatter adds them in float32, rounding once). */
 #include "model/ops_math.h" /* bf16_from_f32 / bf16_to_f32 */
-#include "runtime/internal.h"
+#include "runtime/stream.h"
 #include "runtime/util.h"
 
 #include <errno.h>
-#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,9 +56,7 @@ static float elem_in(const void *send, int dtype, size_t i) {
     return dtype == DTYPE_BF16 ? bf16_to_f32(((const Bf16 *)send)[i]) : ((const float *)send)[i];
 }
 
-/* recv[i] = op over the n inputs of element `off + i` (rank order, float32),
- * stored in the collective's dtype. parts[r] is rank r's send buffer. */
-static void reduce_ranks(void *recv, const void *const *parts, int n, size_t off, size_t cnt, int dtype, int op) {
+void coll_reduce_ranks(void *recv, const void *const *parts, int n, size_t off, size_t cnt, int dtype, int op) {
     for (size_t i = 0; i < cnt; i++) {
         float acc = elem_in(parts[0], dtype, off + i);
         for (int r = 1; r < n; r++) acc += elem_in(parts[r], dtype, off + i);
@@ -140,7 +140,7 @@ static void local_execute(Stream *s, const Op *op) {
             if (cnt && (const void *)dst != posts[r].send) memcpy(dst, posts[r].send, cnt * esize);
         }
         break;
-    case COLL_REDUCE_SCATTER: reduce_ranks(recv, parts, n, (size_t)me * cnt, cnt, desc->dtype, desc->op); break;
+    case COLL_REDUCE_SCATTER: coll_reduce_ranks(recv, parts, n, (size_t)me * cnt, cnt, desc->dtype, desc->op); break;
     case COLL_ALL_REDUCE: {
         /* reduce my chunk into scratch and post it; peers copy it after the
          * next barrier (recv may alias send, so nobody writes recv while
@@ -148,7 +148,7 @@ static void local_execute(Stream *s, const Op *op) {
         size_t chunk = (cnt + (size_t)n - 1) / (size_t)n;
         size_t lo = (size_t)me * chunk, hi = lo + chunk < cnt ? lo + chunk : cnt;
         scratch = xmalloc((chunk ? chunk : 1) * sizeof(float));
-        if (lo < hi) reduce_ranks(scratch, parts, n, lo, hi - lo, DTYPE_F32, desc->op);
+        if (lo < hi) coll_reduce_ranks(scratch, parts, n, lo, hi - lo, DTYPE_F32, desc->op);
         pthread_mutex_lock(&c->mu);
         c->posts[me].scratch = scratch;
         pthread_mutex_unlock(&c->mu);
@@ -175,145 +175,9 @@ static void local_execute(Stream *s, const Op *op) {
     if (t > 0) sleep_until(t_start + t);
 }
 
-/* ----------------------------------------------------------- mpi backend */
-
-#ifdef HAVE_MPI
-static int as_int(size_t v, const char *what) {
-    if (v > INT_MAX) fatal("mpi backend: %s of %zu elements exceeds INT_MAX", what, v);
-    return (int)v;
-}
-
-/* Complete an MPI request, polling against the watchdog's deadline (a peer
- * that never joins would otherwise block this stream forever). */
-static void mpi_wait(Stream *s, const Op *op, MPI_Request *req) {
-    double timeout = s->dev->world->cfg.collective_timeout_s;
-    if (timeout <= 0) {
-        MPI_Wait(req, MPI_STATUS_IGNORE);
-        return;
-    }
-    double deadline = now_us() + timeout * 1e6;
-    for (int polls = 0;; polls++) {
-        int done = 0;
-        MPI_Test(req, &done, MPI_STATUS_IGNORE);
-        if (done) return;
-        if (now_us() > deadline) watchdog_timeout(s, op, NULL, op->pg->rank, NULL);
-        if (polls > 1000) {
-            struct timespec ts = {0, 20000}; /* past the first microseconds, poll every 20 us */
-            nanosleep(&ts, NULL);
-        }
-    }
-}
-
-/* Chunk `me` of every rank's `in` (n chunks of `chunk` elements, an alltoall),
- * reduced in rank order into `mine`: what reduce-scatter and all-reduce share. */
-static void mpi_reduce_my_chunk(Stream *s, const Op *op, MPI_Comm comm, MPI_Datatype type, const void *in,
-                                size_t chunk, void *mine) {
-    const int n = op->pg->size;
-    const size_t esize = coll_dtype_size(op->coll.dtype);
-    char *gathered = xmalloc(chunk * (size_t)n * esize);
-    MPI_Request req;
-    MPI_Ialltoall(in, (int)chunk, type, gathered, (int)chunk, type, comm, &req);
-    mpi_wait(s, op, &req);
-    const void *parts[WORLD_MAX_RANKS];
-    for (int r = 0; r < n; r++) parts[r] = gathered + (size_t)r * chunk * esize;
-    reduce_ranks(mine, parts, n, 0, chunk, op->coll.dtype, op->coll.op);
-    free(gathered);
-}
-
-static void mpi_execute(Stream *s, const Op *op) {
-    const ProcessGroup *g = op->pg;
-    const int n = g->size, me = g->rank; /* group ranks */
-    MPI_Comm comm = g->id ? s->pg_comms[g->id] : s->comm;
-    const CollDesc *desc = &op->coll;
-    const size_t cnt = (size_t)desc->count, esize = coll_dtype_size(desc->dtype);
-    const char *name = coll_kind_name(desc->kind);
-    MPI_Datatype type = desc->dtype == DTYPE_BF16 ? MPI_UINT16_T : MPI_FLOAT;
-    float *recv = op->dst;
-    const float *send = op->src;
-
-    CollDesc descs[WORLD_MAX_RANKS];
-    MPI_Request req;
-    MPI_Iallgather((void *)desc, (int)sizeof *desc, MPI_BYTE, descs, (int)sizeof *desc, MPI_BYTE, comm, &req);
-    mpi_wait(s, op, &req);
-    coll_check_agreement(s, op->coll_seq, descs, n, g->members);
-
-    switch ((CollKind)desc->kind) {
-    case COLL_ALL_GATHER:
-        if (!cnt) break;
-        if ((const char *)send == (const char *)recv + (size_t)me * cnt * esize)
-            MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, as_int(cnt, name), type, comm, &req);
-        else
-            MPI_Iallgather(send, as_int(cnt, name), type, recv, (int)cnt, type, comm, &req);
-        mpi_wait(s, op, &req);
-        break;
-    case COLL_REDUCE_SCATTER:
-        if (!cnt) break;
-        as_int(cnt * (size_t)n, name);
-        mpi_reduce_my_chunk(s, op, comm, type, send, cnt, recv);
-        break;
-    case COLL_ALL_REDUCE: {
-        /* reduce chunk `me` of the buffer (zero-padded to n equal chunks), then all-gather the chunks */
-        size_t chunk = (cnt + (size_t)n - 1) / (size_t)n;
-        if (!chunk) break;
-        as_int(chunk * (size_t)n, name);
-        const float *in = send;
-        float *padded = NULL;
-        if (chunk * (size_t)n != cnt) {
-            padded = xcalloc(chunk * (size_t)n, sizeof(float));
-            memcpy(padded, send, cnt * sizeof(float));
-            in = padded;
-        }
-        float *mine = xmalloc(chunk * sizeof(float));
-        mpi_reduce_my_chunk(s, op, comm, type, in, chunk, mine);
-        float *full = chunk * (size_t)n == cnt ? recv : xmalloc(chunk * (size_t)n * sizeof(float));
-        MPI_Iallgather(mine, (int)chunk, MPI_FLOAT, full, (int)chunk, MPI_FLOAT, comm, &req);
-        mpi_wait(s, op, &req);
-        if (full != recv) {
-            memcpy(recv, full, cnt * sizeof(float));
-            free(full);
-        }
-        free(mine);
-        free(padded);
-        break;
-    }
-    case COLL_BROADCAST:
-        if (cnt) {
-            MPI_Ibcast(recv, as_int(cnt, name), MPI_FLOAT, desc->root, comm, &req);
-            mpi_wait(s, op, &req);
-        }
-        break;
-    case COLL_BARRIER:
-        MPI_Ibarrier(comm, &req);
-        mpi_wait(s, op, &req);
-        break;
-    case COLL_KIND_COUNT: break; /* not a kind */
-    }
-}
-#endif
-
-/* A queued collective, run by the stream's worker (Op.exec). */
-static void coll_execute(Stream *s, const Op *op) {
+/* A queued collective of the local backend, run by the stream's worker (Op.exec). */
+void local_coll_execute(Stream *s, const Op *op) {
     flight_set(s, op, FLIGHT_STARTED);
-#ifdef HAVE_MPI
-    if (s->dev->world->cfg.backend == BACKEND_MPI) mpi_execute(s, op);
-    else
-#endif
-        local_execute(s, op);
+    local_execute(s, op);
     flight_set(s, op, FLIGHT_COMPLETED);
-}
-
-/* ------------------------------------------------------------- enqueue */
-
-void coll_enqueue(ProcessGroup *g, Stream *s, CollKind kind, const void *send, void *recv, size_t count, RedOp op,
-                  int root, DType dtype, const char *label) {
-    coll_validate(g, s, (int)kind, send, recv, count, (int)op, root, (int)dtype, label);
-    Dev *d = g->dev;
-    Op o;
-    stream_op_init(s, &o, OP_COLL, coll_kind_name((int)kind));
-    coll_op_describe(d, s, &o, g, kind, op, root, count, dtype, label);
-    if (d->world->cfg.backend == BACKEND_LOCAL) o.chan = stream_pg_channel(s, g);
-    o.src = send;
-    o.dst = recv;
-    o.exec = coll_execute;
-    stream_enqueue_op(s, &o);
 }

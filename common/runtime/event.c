@@ -1,26 +1,14 @@
-/* event.c — what both backends' streams share: the rank's list of events
- * (created, unregistered, freed in one place) and dev_launch's argument
- * checks. */
-#include <pthread.h>
+/* event.c — what every backend's events share: the rank's list of events
+ * (created, unregistered, freed in one place). */
 #include <stdlib.h>
 
 #include "runtime/internal.h"
 #include "runtime/util.h"
 
-void dev_launch_check(const char *name, void (*fn)(void *), size_t args_size) {
-    if (!fn) fatal("dev_launch('%s'): no function", name ? name : "?");
-    if (args_size > DEV_ARGS_MAX)
-        fatal("dev_launch('%s'): %zu bytes of arguments, at most %d allowed", name ? name : "?", args_size, DEV_ARGS_MAX);
-}
-
-/* ---------------------------------------------------------------- events */
-
 Event *event_register_new(Dev *d, const char *name) {
     Event *e = xcalloc(1, sizeof *e);
     e->dev = d;
     e->name = xstrdup(name ? name : "event");
-    pthread_mutex_init(&e->mu, NULL);
-    pthread_cond_init(&e->cv, NULL);
     if (d->nevents == d->events_cap) {
         d->events_cap = d->events_cap ? d->events_cap * 2 : 16;
         d->events = xrealloc(d->events, (size_t)d->events_cap * sizeof *d->events);
@@ -30,10 +18,8 @@ Event *event_register_new(Dev *d, const char *name) {
 }
 
 void event_free(Event *e) {
-    pthread_mutex_destroy(&e->mu);
-    pthread_cond_destroy(&e->cv);
     race_event_free(e);
-    backend_event_fini(e);
+    dev_ops(e->dev)->event_fini(e);
     free(e->name);
     free(e);
 }

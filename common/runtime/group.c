@@ -1,7 +1,9 @@
 /* group.c — process groups (device.h): the world group every rank has, the
- * groups the driver makes for a --mesh, and how a stream reaches a group's
- * peers (local backend: a rendezvous channel per (stream, group); mpi: a
- * split of the world per (stream, group); nccl: runtime_cuda.c). */
+ * groups the driver makes for a --mesh, and the order in which streams join
+ * them. How a stream reaches a group's peers is the backend's
+ * (stream_join_group; local: a rendezvous channel per (stream, group), made
+ * at its first collective; mpi: a split of the world per (stream, group);
+ * nccl: a split of the stream's communicator). */
 #include "runtime/internal.h"
 #include "runtime/util.h"
 
@@ -27,12 +29,7 @@ static ProcessGroup *group_add(Dev *d, int color, const int *colors, const char 
         if (node_of(d->world, r) != node_of(d->world, g->members[0])) g->spans_nodes = 1;
     }
     snprintf(g->name, sizeof g->name, "%s", name);
-#ifdef HAVE_MPI
-    if (backend_is_multiprocess(d->world->cfg.backend)) {
-        if (colors) MPI_Comm_split(d->world->host_comm, color, d->rank, &g->host_comm);
-        else g->host_comm = d->world->host_comm;
-    }
-#endif
+    dev_ops(d)->group_init(g);
     d->pgs[d->npgs++] = g;
     return g;
 }
@@ -41,9 +38,7 @@ void dev_groups_init(Dev *d) { group_add(d, 0, NULL, "world"); }
 
 void dev_groups_fini(Dev *d) {
     for (int i = 0; i < d->npgs; i++) {
-#ifdef HAVE_MPI
-        if (i && backend_is_multiprocess(d->world->cfg.backend)) MPI_Comm_free(&d->pgs[i]->host_comm);
-#endif
+        dev_ops(d)->group_fini(d->pgs[i]);
         free(d->pgs[i]);
     }
     d->npgs = 0;
@@ -52,21 +47,12 @@ void dev_groups_fini(Dev *d) {
 ProcessGroup *dev_group_new(Dev *d, int color, const char *name) {
     if (color < 0) fatal("rank %d: dev_group_new('%s'): color %d is negative", d->rank, name ? name : "", color);
     double all[WORLD_MAX_RANKS];
-    dev_host_allgather_f64(d, (double)color, all); /* every rank's color: the members */
+    dev_ops(d)->host_exchange(d, (double)color, all); /* every rank's color: the members */
     int colors[WORLD_MAX_RANKS];
     for (int r = 0; r < d->world_size; r++) colors[r] = (int)all[r];
     ProcessGroup *g = group_add(d, color, colors, name && *name ? name : "group");
-    for (int i = 0; i < d->nstreams; i++) backend_stream_join_group(d->streams[i], g);
+    for (int i = 0; i < d->nstreams; i++) dev_ops(d)->stream_join_group(d->streams[i], g);
     return g;
-}
-
-void stream_join_groups(Stream *s) {
-    for (int i = 1; i < s->dev->npgs; i++) backend_stream_join_group(s, s->dev->pgs[i]);
-}
-
-CollChannel *stream_pg_channel(Stream *s, ProcessGroup *g) {
-    if (!s->pg_chans[g->id]) s->pg_chans[g->id] = world_channel(s->dev->world, s->index, g->id, g->color);
-    return s->pg_chans[g->id];
 }
 
 void dev_mesh_build(Dev *d, DeviceMesh *m, int replicas, int shards) {

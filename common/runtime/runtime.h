@@ -38,6 +38,7 @@
 #include "device.h"
 
 typedef struct World World;
+struct KernelTable; /* model/kernels.h */
 
 /* ------------------------------------------------------------------ world */
 
@@ -124,6 +125,8 @@ const char *stream_name(const Stream *s);
  * "<scope module>.<name>". */
 #define DEV_ARGS_MAX 256
 void dev_launch(Stream *s, const char *name, void (*fn)(void *args), const void *args, size_t args_size);
+/* The kernels of s's backend (model/kernels.h: KERNEL(s, name)). */
+const struct KernelTable *stream_kernels(const Stream *s);
 /* Race-detector annotation for kernels: the NEXT op enqueued on s (normally
  * the dev_launch that follows) reads (write = 0) or writes (write = 1, which
  * also covers read-modify-write) [p, p + bytes). `what` names the data for

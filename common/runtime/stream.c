@@ -1,6 +1,9 @@
-/* stream.c — streams (a worker thread per stream executing a FIFO of ops),
- * events, launches, async copies and host synchronization. */
-#include "runtime/internal.h"
+/* stream.c — the CPU backends' streams (stream.h; both "local" and "mpi"):
+ * a worker thread per stream executing a FIFO of ops, events, launches, async
+ * copies, host synchronization and storage from the C heap. An op's times
+ * come from the world's clock (span_begin/span_end: wall_clock.c), its
+ * collectives from the backend (backend_local.c, backend_mpi.c). */
+#include "runtime/stream.h"
 #include "runtime/util.h"
 
 #include <stdio.h>
@@ -10,58 +13,74 @@
 
 /* ----------------------------------------------------------------- trace */
 
-static void trace_op(Stream *s, const Op *op, const char *prefix, const char *cat, double t0, double t1) {
-    if (!op->traced) return;
-    TraceRec r = {prefix, op->name, op->module, op->phase, cat, s->index, op->step,
-                  t0 - s->dev->world->epoch_us, t1 - t0, op->bytes, op->micro,
-                  op->kind == OP_COLL ? coll_dtype_name(op->coll.dtype) : NULL,
-                  op->kind == OP_COLL && op->pg ? op->pg->name : NULL};
-    dev_trace_add(s->dev, &r);
+/* op's trace record in *r (ts and dur are the clock's), or NULL when it is not traced. */
+static const TraceRec *op_rec(Stream *s, const Op *op, const char *prefix, const char *cat, TraceRec *r) {
+    if (!op->traced) return NULL;
+    *r = (TraceRec){prefix, op->name, op->module, op->phase, cat, s->index, op->step, 0, 0, op->bytes, op->micro,
+                    op->kind == OP_COLL ? coll_dtype_name(op->coll.dtype) : NULL,
+                    op->kind == OP_COLL && op->pg ? op->pg->name : NULL};
+    return r;
 }
 
-/* A host wait that began at t0 (now_us) and ends now, on the host's track. */
-static void trace_host_sync(Dev *d, const char *what, const char *name, double t0) {
-    if (!d->scope.tracing) return;
-    double t1 = now_us();
-    char full[160];
-    snprintf(full, sizeof full, "sync:%s%s", what, name ? name : "");
-    TraceRec r = {"", dev_intern(d, full), d->scope.module, d->scope.phase, "host_sync", TRACE_HOST_TID,
-                  d->scope.step, t0 - d->world->epoch_us, t1 - t0, 0, d->scope.micro, NULL, NULL};
-    dev_trace_add(d, &r);
+/* op ended: the clock gets its end and, when traced, its record. */
+static void op_done(Stream *s, const Op *op, OpSpan *span, const char *prefix, const char *cat) {
+    TraceRec r;
+    dev_ops(s->dev)->span_end(s->dev, s, span, op_rec(s, op, prefix, cat, &r), SPAN_ANY_LENGTH);
+}
+
+/* A host wait that began at span ends now, on the host's track. */
+static void host_sync_done(Dev *d, const char *what, const char *name, OpSpan *span) {
+    TraceRec r, *rec = NULL;
+    if (d->scope.tracing) {
+        char full[160];
+        snprintf(full, sizeof full, "sync:%s%s", what, name ? name : "");
+        r = (TraceRec){"", dev_intern(d, full), d->scope.module, d->scope.phase, "host_sync", TRACE_HOST_TID,
+                       d->scope.step, 0, 0, 0, d->scope.micro, NULL, NULL};
+        rec = &r;
+    }
+    dev_ops(d)->span_end(d, NULL, span, rec, SPAN_ANY_LENGTH);
 }
 
 /* ---------------------------------------------------------------- events */
 
 static void event_unref(Event *e) {
-    pthread_mutex_lock(&e->mu);
-    int last = --e->refs == 0 && e->destroyed;
-    pthread_mutex_unlock(&e->mu);
+    CpuEvent *ev = cpu_event(e);
+    pthread_mutex_lock(&ev->mu);
+    int last = --ev->refs == 0 && ev->destroyed;
+    pthread_mutex_unlock(&ev->mu);
     if (last) event_free(e);
 }
 
 static void run_record(Stream *s, const Op *op) {
     Event *e = op->event;
-    double t0 = now_us();
-    pthread_mutex_lock(&e->mu);
-    if (op->record_no > e->completed) e->completed = op->record_no;
-    pthread_cond_broadcast(&e->cv);
-    pthread_mutex_unlock(&e->mu);
-    trace_op(s, op, op->module, "event", t0, now_us());
+    CpuEvent *ev = cpu_event(e);
+    OpSpan span;
+    dev_ops(s->dev)->span_begin(s->dev, s, &span);
+    pthread_mutex_lock(&ev->mu);
+    if (op->record_no > ev->completed) ev->completed = op->record_no;
+    pthread_cond_broadcast(&ev->cv);
+    pthread_mutex_unlock(&ev->mu);
+    op_done(s, op, &span, op->module, "event");
     event_unref(e);
 }
 
+/* Traced only when the stream stalled for more than 1 µs. */
 static void run_wait(Stream *s, const Op *op) {
     Event *e = op->event;
-    double t0 = now_us(), t1 = t0;
-    pthread_mutex_lock(&e->mu);
-    if (e->completed < op->record_no) {
-        e->waiting++;
-        while (e->completed < op->record_no) pthread_cond_wait(&e->cv, &e->mu);
-        e->waiting--;
-        t1 = now_us();
+    CpuEvent *ev = cpu_event(e);
+    OpSpan span;
+    dev_ops(s->dev)->span_begin(s->dev, s, &span);
+    int stalled = 0;
+    pthread_mutex_lock(&ev->mu);
+    if (ev->completed < op->record_no) {
+        ev->waiting++;
+        while (ev->completed < op->record_no) pthread_cond_wait(&ev->cv, &ev->mu);
+        ev->waiting--;
+        stalled = 1;
     }
-    pthread_mutex_unlock(&e->mu);
-    if (t1 - t0 > 1.0) trace_op(s, op, NULL, "wait", t0, t1);
+    pthread_mutex_unlock(&ev->mu);
+    TraceRec r;
+    dev_ops(s->dev)->span_end(s->dev, s, &span, stalled ? op_rec(s, op, NULL, "wait", &r) : NULL, 1.0);
     event_unref(e);
 }
 
@@ -81,105 +100,95 @@ static void pcie_wait(const WorldConfig *cfg, size_t bytes, double t0) {
 }
 
 static void execute(Stream *s, Op *op) {
-    double t0, t1;
+    const BackendOps *ops = dev_ops(s->dev);
+    OpSpan span;
     switch (op->kind) {
     case OP_LAUNCH:
-        t0 = now_us();
+        ops->span_begin(s->dev, s, &span);
         op->fn(op->args);
-        t1 = now_us();
-        trace_op(s, op, op->module, "compute", t0, t1);
+        op_done(s, op, &span, op->module, "compute");
         break;
-    case OP_COPY:
-        t0 = now_us();
+    case OP_COPY: {
+        ops->span_begin(s->dev, s, &span);
+        double t0 = op->pcie ? now_us() : 0.0; /* the PCIe model stretches the copy in wall time from here */
         if (op->bytes && op->dst != op->src) memmove(op->dst, op->src, op->bytes);
         if (op->pcie) pcie_wait(&s->dev->world->cfg, op->bytes, t0);
-        t1 = now_us();
-        trace_op(s, op, op->module, "copy", t0, t1);
+        op_done(s, op, &span, op->module, "copy");
         break;
+    }
     case OP_MEMSET:
-        t0 = now_us();
+        ops->span_begin(s->dev, s, &span);
         if (op->bytes) memset(op->dst, op->fill, op->bytes);
-        t1 = now_us();
-        trace_op(s, op, op->module, "copy", t0, t1);
+        op_done(s, op, &span, op->module, "copy");
         break;
     case OP_RECORD: run_record(s, op); break;
     case OP_WAIT: run_wait(s, op); break;
     case OP_COLL:
-        t0 = now_us();
+        ops->span_begin(s->dev, s, &span);
         op->exec(s, op);
-        t1 = now_us();
-        trace_op(s, op, op->label, "collective", t0, t1);
+        op_done(s, op, &span, op->label, "collective");
         break;
     }
 }
 
 static void *stream_worker(void *p) {
     Stream *s = p;
+    CpuStream *cs = cpu_stream(s);
     Op op;
-    pthread_mutex_lock(&s->mu);
+    pthread_mutex_lock(&cs->mu);
     for (;;) {
-        while (s->count == 0 && !s->stop) pthread_cond_wait(&s->cv_work, &s->mu);
-        if (s->count == 0) break; /* stop requested and queue drained */
-        memcpy(&op, &s->ring[s->head], sizeof op);
-        pthread_mutex_unlock(&s->mu);
+        while (cs->count == 0 && !cs->stop) pthread_cond_wait(&cs->cv_work, &cs->mu);
+        if (cs->count == 0) break; /* stop requested and queue drained */
+        memcpy(&op, &cs->ring[cs->head], sizeof op);
+        pthread_mutex_unlock(&cs->mu);
         execute(s, &op);
-        pthread_mutex_lock(&s->mu);
-        s->head = (s->head + 1) % s->ring_cap;
-        s->count--;
-        s->completed++;
-        pthread_cond_broadcast(&s->cv_done);
+        pthread_mutex_lock(&cs->mu);
+        cs->head = (cs->head + 1) % cs->ring_cap;
+        cs->count--;
+        cs->completed++;
+        pthread_cond_broadcast(&cs->cv_done);
     }
-    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_unlock(&cs->mu);
     return NULL;
 }
 
-/* Fill the scope fields of op from the host's current scope. */
-static void op_init(Stream *s, Op *op, OpKind kind, const char *name) {
-    Dev *d = s->dev;
-    memset(op, 0, offsetof(Op, args));
-    op->kind = kind;
-    op->traced = d->scope.tracing;
-    op->name = dev_intern(d, name ? name : "op");
-    op->module = d->scope.module;
-    op->phase = d->scope.phase;
-    op->step = d->scope.step;
-    op->micro = d->scope.micro;
+static void enqueue(Stream *s, const Op *op, size_t args_size) {
+    CpuStream *cs = cpu_stream(s);
+    race_on_enqueue(s, op); /* host order: the verdict never depends on timing */
+    pthread_mutex_lock(&cs->mu);
+    if (cs->count == cs->ring_cap) {
+        size_t ncap = cs->ring_cap ? cs->ring_cap * 2 : 64;
+        Op *nr = xmalloc(ncap * sizeof *nr);
+        for (size_t i = 0; i < cs->count; i++) memcpy(&nr[i], &cs->ring[(cs->head + i) % cs->ring_cap], sizeof *nr);
+        free(cs->ring);
+        cs->ring = nr;
+        cs->ring_cap = ncap;
+        cs->head = 0;
+    }
+    Op *slot = &cs->ring[(cs->head + cs->count) % cs->ring_cap];
+    memcpy(slot, op, offsetof(Op, args) + args_size);
+    cs->count++;
+    s->enqueued++;
+    pthread_cond_signal(&cs->cv_work);
+    pthread_mutex_unlock(&cs->mu);
 }
 
-static void enqueue(Stream *s, const Op *op, size_t args_size) {
-    race_on_enqueue(s, op); /* host order: the verdict never depends on timing */
-    pthread_mutex_lock(&s->mu);
-    if (s->count == s->ring_cap) {
-        size_t ncap = s->ring_cap ? s->ring_cap * 2 : 64;
-        Op *nr = xmalloc(ncap * sizeof *nr);
-        for (size_t i = 0; i < s->count; i++) memcpy(&nr[i], &s->ring[(s->head + i) % s->ring_cap], sizeof *nr);
-        free(s->ring);
-        s->ring = nr;
-        s->ring_cap = ncap;
-        s->head = 0;
-    }
-    Op *slot = &s->ring[(s->head + s->count) % s->ring_cap];
-    memcpy(slot, op, offsetof(Op, args) + args_size);
-    s->count++;
-    s->enqueued++;
-    pthread_cond_signal(&s->cv_work);
-    pthread_mutex_unlock(&s->mu);
-}
+void cpu_enqueue_op(Stream *s, const Op *op) { enqueue(s, op, 0); }
 
 static uint64_t stream_completed(Stream *s) {
-    pthread_mutex_lock(&s->mu);
-    uint64_t c = s->completed;
-    pthread_mutex_unlock(&s->mu);
+    CpuStream *cs = cpu_stream(s);
+    pthread_mutex_lock(&cs->mu);
+    uint64_t c = cs->completed;
+    pthread_mutex_unlock(&cs->mu);
     return c;
 }
 
 /* ------------------------------------------------- storage and fences */
 
-/* CPU backend: storage is the C heap (one pool for every stream, so freed
- * storage waits for every stream: backend_storage_fenced); a fence is the
- * count of ops enqueued on each stream of its mask, ready when those streams'
- * workers have passed it. */
-void *backend_storage_alloc(Dev *d, size_t bytes, int stream, const char *name) {
+/* Storage is the C heap (one pool for every stream, so freed storage waits
+ * for every stream: storage_fenced); a fence is the count of ops enqueued on
+ * each stream of its mask, ready when those streams' workers have passed it. */
+void *cpu_storage_alloc(Dev *d, size_t bytes, int stream, const char *name) {
     (void)stream;
     void *p = NULL;
     if (posix_memalign(&p, 64, bytes) != 0 || !p)
@@ -195,111 +204,98 @@ void *backend_storage_alloc(Dev *d, size_t bytes, int stream, const char *name) 
     return p;
 }
 
-void backend_storage_free(Dev *d, void *p, size_t bytes, int stream) {
+void cpu_storage_free(Dev *d, void *p, size_t bytes, int stream) {
     (void)stream;
     free(p);
     d->mem.reserved -= bytes;
 }
 
-int backend_storage_fenced(void) { return 1; }
-
 /* Host memory is the C heap here too: the same storage, NaN-filled alike; not device-reserved. */
-void *backend_host_alloc(Dev *d, size_t bytes, const char *name) {
-    void *p = backend_storage_alloc(d, bytes, 0, name);
+void *cpu_host_alloc(Dev *d, size_t bytes, const char *name) {
+    void *p = cpu_storage_alloc(d, bytes, 0, name);
     d->mem.reserved -= bytes;
     return p;
 }
 
-void backend_host_free(Dev *d, void *p, size_t bytes) {
+void cpu_host_free(Dev *d, void *p, size_t bytes) {
     (void)d, (void)bytes;
     free(p);
 }
 
-int backend_fence_create(Dev *d, PendingFree *pf) {
-    pf->snapshot = xcalloc((size_t)(d->nstreams ? d->nstreams : 1), sizeof(uint64_t));
-    pf->nstreams = d->nstreams;
+/* A fence: per stream index, the ops enqueued at the free. */
+typedef struct {
+    int nstreams;
+    uint64_t enqueued[];
+} CpuFence;
+
+int cpu_fence_create(Dev *d, PendingFree *pf) {
+    CpuFence *f = xcalloc(1, sizeof *f + (size_t)(d->nstreams ? d->nstreams : 1) * sizeof(uint64_t));
+    f->nstreams = d->nstreams;
     int busy = 0;
     for (int i = 0; i < d->nstreams; i++) {
         if (!(pf->mask >> i & 1)) continue; /* 0: nothing to wait for (stream_new: at most 64 streams) */
         Stream *s = d->streams[i];
-        pthread_mutex_lock(&s->mu);
-        pf->snapshot[i] = s->enqueued;
-        busy |= s->completed < s->enqueued;
-        pthread_mutex_unlock(&s->mu);
+        CpuStream *cs = cpu_stream(s);
+        pthread_mutex_lock(&cs->mu);
+        f->enqueued[i] = s->enqueued;
+        busy |= cs->completed < s->enqueued;
+        pthread_mutex_unlock(&cs->mu);
     }
+    pf->fence = f;
     return busy;
 }
 
-int backend_fence_ready(Dev *d, const PendingFree *p) {
-    for (int i = 0; i < p->nstreams; i++)
-        if (stream_completed(d->streams[i]) < p->snapshot[i]) return 0;
+int cpu_fence_ready(Dev *d, const PendingFree *pf) {
+    const CpuFence *f = pf->fence;
+    for (int i = 0; i < f->nstreams; i++)
+        if (stream_completed(d->streams[i]) < f->enqueued[i]) return 0;
     return 1;
 }
 
-void backend_fence_release(Dev *d, PendingFree *pf) {
+void cpu_fence_release(Dev *d, PendingFree *pf) {
     (void)d;
-    free(pf->snapshot);
-    pf->snapshot = NULL;
+    free(pf->fence);
+    pf->fence = NULL;
 }
 
 /* --------------------------------------------------------------- streams */
 
-
-Stream *dev_stream_create(Dev *d, const char *name) {
+Stream *cpu_stream_create(Dev *d, const char *name) {
     Stream *s = stream_new(d, name);
-    pthread_cond_init(&s->cv_work, NULL);
-    pthread_cond_init(&s->cv_done, NULL);
-#ifdef HAVE_MPI
-    if (d->world->cfg.backend != BACKEND_LOCAL) { /* collective: streams are created in the same order on every rank (the watchdog catches a rank that does not) */
-        MPI_Request req;
-        MPI_Comm_idup(MPI_COMM_WORLD, &s->comm, &req);
-        double timeout = d->world->cfg.collective_timeout_s, deadline = now_us() + timeout * 1e6;
-        for (int done = 0, polls = 0; !done; polls++) {
-            MPI_Test(&req, &done, MPI_STATUS_IGNORE);
-            if (!done && timeout > 0 && now_us() > deadline)
-                fatal("collective timeout on rank %d: dev_stream_create('%s') (stream index %d) waited %.1f s for the "
-                      "other ranks (every rank must create the same streams in the same order)",
-                      d->rank, s->name, s->index, timeout);
-            if (!done && polls > 1000) {
-                struct timespec ts = {0, 20000};
-                nanosleep(&ts, NULL);
-            }
-        }
-    }
-#endif
+    CpuStream *cs = xcalloc(1, sizeof *cs);
+    s->backend = cs;
+    pthread_mutex_init(&cs->mu, NULL);
+    pthread_cond_init(&cs->cv_work, NULL);
+    pthread_cond_init(&cs->cv_done, NULL);
+    dev_ops(d)->coll_stream_init(s);
     stream_join_groups(s);
     dev_add_stream(d, s);
     race_stream_created(d, s);
     flight_stream_created(d, s);
-    if (pthread_create(&s->thread, NULL, stream_worker, s) != 0)
+    if (pthread_create(&cs->thread, NULL, stream_worker, s) != 0)
         fatal("cannot start the worker thread of stream '%s'", s->name);
     return s;
 }
 
-void stream_destroy(Stream *s) {
-    pthread_mutex_lock(&s->mu);
-    s->stop = 1;
-    pthread_cond_signal(&s->cv_work);
-    pthread_mutex_unlock(&s->mu);
-    pthread_join(s->thread, NULL);
-#ifdef HAVE_MPI
-    if (s->dev->world->cfg.backend == BACKEND_MPI) {
-        MPI_Comm_free(&s->comm);
-        for (int i = 1; i < s->dev->npgs; i++) MPI_Comm_free(&s->pg_comms[i]);
-    }
-#endif
-    pthread_mutex_destroy(&s->mu);
-    pthread_cond_destroy(&s->cv_work);
-    pthread_cond_destroy(&s->cv_done);
+void cpu_stream_destroy(Stream *s) {
+    CpuStream *cs = cpu_stream(s);
+    pthread_mutex_lock(&cs->mu);
+    cs->stop = 1;
+    pthread_cond_signal(&cs->cv_work);
+    pthread_mutex_unlock(&cs->mu);
+    pthread_join(cs->thread, NULL);
+    dev_ops(s->dev)->coll_stream_fini(s);
+    pthread_mutex_destroy(&cs->mu);
+    pthread_cond_destroy(&cs->cv_work);
+    pthread_cond_destroy(&cs->cv_done);
     race_stream_destroy(s);
-    free(s->ring);
+    free(cs->ring);
+    free(cs);
     free(s->name);
     free(s);
 }
 
-
-void dev_launch(Stream *s, const char *name, void (*fn)(void *args), const void *args, size_t args_size) {
-    dev_launch_check(name, fn, args_size);
+void cpu_launch(Stream *s, const char *name, void (*fn)(void *args), const void *args, size_t args_size) {
     Op op;
     op_init(s, &op, OP_LAUNCH, name);
     op.fn = fn;
@@ -307,19 +303,7 @@ void dev_launch(Stream *s, const char *name, void (*fn)(void *args), const void 
     enqueue(s, &op, args_size);
 }
 
-/* A copy (src != NULL) or a fill of `bytes` at dst, in stream order. */
-static void enqueue_mem(Stream *s, OpKind kind, const char *name, void *dst, const void *src, int fill, size_t bytes) {
-    Op op;
-    op_init(s, &op, kind, name);
-    op.dst = dst;
-    op.src = src;
-    op.fill = fill;
-    op.bytes = bytes;
-    enqueue(s, &op, 0);
-}
-
-void dev_memcpy_async(Stream *s, void *dst, const void *src, size_t bytes) {
-    if (bytes && (!dst || !src)) fatal("dev_memcpy_async: NULL pointer with %zu bytes", bytes);
+void cpu_copy(Stream *s, void *dst, const void *src, size_t bytes) {
     int dir = bytes ? dev_copy_direction(s->dev, dst, src) : 0;
     Op op;
     op_init(s, &op, OP_COPY, copy_direction_name(dir));
@@ -330,141 +314,134 @@ void dev_memcpy_async(Stream *s, void *dst, const void *src, size_t bytes) {
     enqueue(s, &op, 0);
 }
 
-void dev_memset_async(Stream *s, void *dst, int byte, size_t bytes) {
-    if (bytes && !dst) fatal("dev_memset_async: NULL pointer with %zu bytes", bytes);
-    enqueue_mem(s, OP_MEMSET, "memset", dst, NULL, byte, bytes);
+void cpu_fill(Stream *s, void *dst, int byte, size_t bytes) {
+    Op op;
+    op_init(s, &op, OP_MEMSET, "memset");
+    op.dst = dst;
+    op.fill = byte;
+    op.bytes = bytes;
+    enqueue(s, &op, 0);
 }
-
-/* Used by collectives.c to enqueue a collective op. */
-void stream_enqueue_op(Stream *s, const Op *op) { enqueue(s, op, 0); }
-void stream_op_init(Stream *s, Op *op, int kind, const char *name) { op_init(s, op, (OpKind)kind, name); }
 
 /* Block until s has run everything enqueued so far (the host-side wait of every sync). */
 static void stream_drain(Stream *s) {
-    pthread_mutex_lock(&s->mu);
+    CpuStream *cs = cpu_stream(s);
+    pthread_mutex_lock(&cs->mu);
     uint64_t target = s->enqueued;
-    while (s->completed < target) pthread_cond_wait(&s->cv_done, &s->mu);
-    pthread_mutex_unlock(&s->mu);
+    while (cs->completed < target) pthread_cond_wait(&cs->cv_done, &cs->mu);
+    pthread_mutex_unlock(&cs->mu);
 }
 
-void dev_stream_synchronize(Stream *s) {
-    double t0 = now_us();
+void cpu_stream_synchronize(Stream *s) {
+    OpSpan span;
+    dev_ops(s->dev)->span_begin(s->dev, NULL, &span);
     stream_drain(s);
     race_host_waited_stream(s);
     dev_release_pending_frees(s->dev, 0);
-    trace_host_sync(s->dev, "", s->name, t0);
+    host_sync_done(s->dev, "", s->name, &span);
 }
 
-void dev_synchronize(Dev *d) {
-    double t0 = now_us();
+void cpu_synchronize(Dev *d) {
+    OpSpan span;
+    dev_ops(d)->span_begin(d, NULL, &span);
     for (int i = 0; i < d->nstreams; i++) stream_drain(d->streams[i]);
     race_host_waited_all(d);
     dev_release_pending_frees(d, 0);
-    trace_host_sync(d, "all streams", NULL, t0);
+    host_sync_done(d, "all streams", NULL, &span);
 }
 
 /* ---------------------------------------------------------------- events */
 
-Event *dev_event_create(Dev *d, const char *name) { return event_register_new(d, name); }
+void cpu_event_init(Event *e) {
+    CpuEvent *ev = xcalloc(1, sizeof *ev);
+    pthread_mutex_init(&ev->mu, NULL);
+    pthread_cond_init(&ev->cv, NULL);
+    e->backend = ev;
+}
 
-void dev_event_destroy(Event *e) {
-    if (!e) return;
-    event_unregister(e);
-    /* queued records/waits may still point at it: the last one frees it */
-    pthread_mutex_lock(&e->mu);
-    e->destroyed = 1;
-    int last = e->refs == 0;
-    pthread_mutex_unlock(&e->mu);
+void cpu_event_fini(Event *e) {
+    CpuEvent *ev = cpu_event(e);
+    pthread_mutex_destroy(&ev->mu);
+    pthread_cond_destroy(&ev->cv);
+    free(ev);
+    e->backend = NULL;
+}
+
+/* Queued records/waits may still point at it: the last one frees it. */
+void cpu_event_destroy(Event *e) {
+    CpuEvent *ev = cpu_event(e);
+    pthread_mutex_lock(&ev->mu);
+    ev->destroyed = 1;
+    int last = ev->refs == 0;
+    pthread_mutex_unlock(&ev->mu);
     if (last) event_free(e);
 }
 
-void dev_event_record(Event *e, Stream *s) {
-    if (e->dev != s->dev) fatal("event '%s' of rank %d recorded on a stream of rank %d", e->name, e->dev->rank, s->dev->rank);
+void cpu_event_record(Event *e, Stream *s) {
+    CpuEvent *ev = cpu_event(e);
     Op op;
     char name[300];
     snprintf(name, sizeof name, "record:%s", e->name);
     op_init(s, &op, OP_RECORD, name);
-    pthread_mutex_lock(&e->mu);
+    pthread_mutex_lock(&ev->mu);
     op.record_no = ++e->recorded;
-    e->refs++;
-    pthread_mutex_unlock(&e->mu);
+    ev->refs++;
+    pthread_mutex_unlock(&ev->mu);
     op.event = e;
     enqueue(s, &op, 0);
 }
 
-/* The record number a wait/sync/query refers to; fatal if never recorded. */
-static uint64_t last_record(Event *e) {
-    pthread_mutex_lock(&e->mu);
-    uint64_t n = e->recorded;
-    pthread_mutex_unlock(&e->mu);
-    if (n == 0) fatal("event '%s' waited on but never recorded", e->name);
-    return n;
-}
-
-void dev_stream_wait_event(Stream *s, Event *e) {
-    if (e->dev != s->dev) fatal("event '%s' of rank %d waited on by a stream of rank %d", e->name, e->dev->rank, s->dev->rank);
-    uint64_t n = last_record(e);
+void cpu_event_wait(Stream *s, Event *e) {
+    CpuEvent *ev = cpu_event(e);
     Op op;
     char name[300];
     snprintf(name, sizeof name, "wait:%s", e->name);
     op_init(s, &op, OP_WAIT, name);
     op.event = e;
-    op.record_no = n;
-    pthread_mutex_lock(&e->mu);
-    e->refs++;
-    pthread_mutex_unlock(&e->mu);
+    op.record_no = e->recorded;
+    pthread_mutex_lock(&ev->mu);
+    ev->refs++;
+    pthread_mutex_unlock(&ev->mu);
     enqueue(s, &op, 0);
 }
 
-void dev_event_synchronize(Event *e) {
-    double t0 = now_us();
-    uint64_t n = last_record(e);
-    pthread_mutex_lock(&e->mu);
-    while (e->completed < n) pthread_cond_wait(&e->cv, &e->mu);
-    pthread_mutex_unlock(&e->mu);
+void cpu_event_synchronize(Event *e) {
+    CpuEvent *ev = cpu_event(e);
+    OpSpan span;
+    dev_ops(e->dev)->span_begin(e->dev, NULL, &span);
+    uint64_t n = e->recorded;
+    pthread_mutex_lock(&ev->mu);
+    while (ev->completed < n) pthread_cond_wait(&ev->cv, &ev->mu);
+    pthread_mutex_unlock(&ev->mu);
     race_host_waited_event(e);
     dev_release_pending_frees(e->dev, 0);
-    trace_host_sync(e->dev, "event ", e->name, t0);
+    host_sync_done(e->dev, "event ", e->name, &span);
 }
 
-int dev_event_query(Event *e) {
-    uint64_t n = last_record(e);
-    pthread_mutex_lock(&e->mu);
-    int done = e->completed >= n;
-    pthread_mutex_unlock(&e->mu);
+int cpu_event_query(Event *e) {
+    CpuEvent *ev = cpu_event(e);
+    pthread_mutex_lock(&ev->mu);
+    int done = ev->completed >= e->recorded;
+    pthread_mutex_unlock(&ev->mu);
     if (done) race_host_waited_event(e); /* the host saw it complete: later enqueues are ordered after it */
     return done;
 }
 
-/* ------------------------------------------------- backend hooks (CPU) */
+/* ---------------------------------------------------- dev, probe memory */
 
-/* The CPU backend keeps no state beyond the shared structures. */
-void backend_world_init(World *w) { (void)w; }
-void backend_world_fini(World *w) { (void)w; }
-void *backend_probe_alloc(Dev *d, size_t bytes) {
+/* The CPU backends keep no state per rank. */
+void cpu_dev_init(Dev *d) { (void)d; }
+void cpu_dev_fini(Dev *d) { (void)d; }
+
+void *cpu_probe_alloc(Dev *d, size_t bytes) {
     (void)d;
     return xcalloc(1, bytes);
 }
-void backend_probe_free(Dev *d, void *p) {
+void cpu_probe_free(Dev *d, void *p) {
     (void)d;
     free(p);
 }
-void backend_probe_read(Dev *d, void *host, const void *probe, size_t bytes) {
+void cpu_probe_read(Dev *d, void *host, const void *probe, size_t bytes) {
     for (int i = 0; i < d->nstreams; i++) stream_drain(d->streams[i]); /* no happens-before: a probe */
     memcpy(host, probe, bytes);
-}
-
-void backend_dev_init(Dev *d) { (void)d; }
-void backend_dev_fini(Dev *d) { (void)d; }
-void backend_event_fini(Event *e) { (void)e; }
-
-/* mpi: the stream's own communicator for g, split from the host's (MPI_Comm_split
- * is collective: every rank makes its groups and streams in the same order) */
-void backend_stream_join_group(Stream *s, ProcessGroup *g) {
-#ifdef HAVE_MPI
-    if (s->dev->world->cfg.backend == BACKEND_MPI)
-        MPI_Comm_split(s->dev->world->host_comm, g->color, s->dev->rank, &s->pg_comms[g->id]);
-#else
-    (void)s, (void)g;
-#endif
 }

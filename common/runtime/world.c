@@ -1,5 +1,5 @@
-/* world.c — the World (ranks as threads or MPI processes), each rank's Dev,
- * scope, string interning and the host-side barrier/allgather. */
+/* world.c — the World (ranks as threads, or processes: the backend's
+ * world_init), each rank's Dev and its scope. */
 #include "runtime/internal.h"
 #include "runtime/util.h"
 
@@ -11,8 +11,6 @@
 
 void openblas_set_num_threads(int num_threads); /* OpenBLAS; no header needed */
 
-/* ------------------------------------------------------------- interning */
-
 /* ----------------------------------------------------------------- world */
 
 World *world_create(const WorldConfig *cfg) {
@@ -23,131 +21,33 @@ World *world_create(const WorldConfig *cfg) {
         fatal("link model: --link-gbps and --link-latency-us must be >= 0");
     if (!(cfg->collective_timeout_s >= 0) || cfg->collective_timeout_s > 1e7)
         fatal("--collective-timeout-s must be between 0 (off) and 1e7 seconds (got %g)", cfg->collective_timeout_s);
+    const BackendOps *ops = backend_ops(cfg->backend); /* one line if this build lacks it */
     World *w = xcalloc(1, sizeof *w);
     w->cfg = *cfg;
+    w->ops = ops;
     pthread_mutex_init(&w->report_mu, NULL);
     pthread_cond_init(&w->report_cv, NULL);
-    pthread_mutex_init(&w->mu, NULL);
     pthread_mutex_init(&w->host_mu, NULL);
     pthread_cond_init(&w->host_cv, NULL);
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     if (cores < 1) cores = 1;
-#ifdef HWFSDP_CUDA
-    if (cfg->backend == BACKEND_MPI)
-        fatal("--backend mpi is the CPU build's multi-process backend; the CUDA build uses nccl-mpi under mpirun");
-#else
-    if (cfg->backend == BACKEND_NCCL || cfg->backend == BACKEND_NCCL_MPI)
-        fatal("--backend %s needs the CUDA build (make cuda, then build-cuda/.../train)", backend_name(cfg->backend));
-#endif
-    if (cfg->backend == BACKEND_LOCAL || cfg->backend == BACKEND_NCCL) {
-        w->local_ranks = cfg->world_size;
-        w->first_local_rank = 0;
-        w->epoch_us = now_us();
-    } else if (backend_is_multiprocess(cfg->backend)) {
-#ifdef HAVE_MPI
-        int inited = 0, provided = 0;
-        MPI_Initialized(&inited);
-        if (!inited) {
-            MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
-            w->mpi_initialized_here = 1;
-        } else {
-            MPI_Query_thread(&provided);
-        }
-        if (provided < MPI_THREAD_MULTIPLE)
-            fatal("MPI does not provide MPI_THREAD_MULTIPLE (got level %d); streams need it", provided);
-        int size = 0, rank = 0;
-        MPI_Comm_size(MPI_COMM_WORLD, &size);
-        MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-        if (size != cfg->world_size) {
-            if (rank != 0) sleep(5); /* one message (rank 0's); mpirun then stops the job */
-            fatal("--world %d but mpirun started %d processes", cfg->world_size, size);
-        }
-        MPI_Comm_dup(MPI_COMM_WORLD, &w->host_comm);
-        w->local_ranks = 1;
-        w->first_local_rank = rank;
-        /* ranks on this node share its cores */
-        MPI_Comm node;
-        int node_size = 1;
-        MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
-        MPI_Comm_size(node, &node_size);
-        MPI_Comm_free(&node);
-        cores = cores / node_size;
-        MPI_Barrier(w->host_comm);
-        w->epoch_us = now_us(); /* same machine: CLOCK_MONOTONIC is shared, ranks line up */
-#else
-        fatal("this build has no MPI support (rebuild with OpenMPI installed)");
-#endif
-    } else {
-        fatal("unknown collective backend %d", (int)cfg->backend);
-    }
+    w->local_ranks = cfg->world_size; /* ranks as threads, unless the backend makes them processes */
+    w->first_local_rank = 0;
+    ops->world_init(w, &cores);
+    w->epoch_us = now_us(); /* multi-process: after a barrier; one machine's CLOCK_MONOTONIC lines ranks up */
     int blas = cfg->blas_threads > 0 ? cfg->blas_threads : (int)(cores / w->local_ranks);
     if (blas < 1) blas = 1;
     openblas_set_num_threads(blas);
-    backend_world_init(w);
     return w;
 }
 
 int world_local_ranks(const World *w) { return w->local_ranks; }
 
-const char *backend_name(CollBackend b) {
-    switch (b) {
-    case BACKEND_LOCAL: return "local";
-    case BACKEND_MPI: return "mpi";
-    case BACKEND_NCCL: return "nccl";
-    case BACKEND_NCCL_MPI: return "nccl-mpi";
-    }
-    return "?";
-}
-
-int dev_is_cuda_build(void) {
-#ifdef HWFSDP_CUDA
-    return 1;
-#else
-    return 0;
-#endif
-}
 int world_first_local_rank(const World *w) { return w->first_local_rank; }
-
-CollChannel *world_channel(World *w, int stream_index, int pg_id, int color) {
-    pthread_mutex_lock(&w->mu);
-    CollChannel *c = NULL;
-    for (int i = 0; i < w->nchans && !c; i++) {
-        CollChannel *k = w->chans[i];
-        if (k->stream_index == stream_index && k->pg_id == pg_id && k->color == color) c = k;
-    }
-    if (!c) {
-        if (w->nchans == w->chans_cap) {
-            w->chans_cap = w->chans_cap ? w->chans_cap * 2 : 8;
-            w->chans = xrealloc(w->chans, (size_t)w->chans_cap * sizeof *w->chans);
-        }
-        c = xcalloc(1, sizeof *c);
-        c->stream_index = stream_index;
-        c->pg_id = pg_id;
-        c->color = color;
-        pthread_mutex_init(&c->mu, NULL);
-        cond_init_monotonic(&c->cv);
-        w->chans[w->nchans++] = c;
-    }
-    pthread_mutex_unlock(&w->mu);
-    return c;
-}
 
 void world_destroy(World *w) {
     if (!w) return;
-    backend_world_fini(w);
-    for (int i = 0; i < w->nchans; i++) {
-        pthread_mutex_destroy(&w->chans[i]->mu);
-        pthread_cond_destroy(&w->chans[i]->cv);
-        free(w->chans[i]);
-    }
-    free(w->chans);
-#ifdef HAVE_MPI
-    if (backend_is_multiprocess(w->cfg.backend)) {
-        MPI_Comm_free(&w->host_comm);
-        if (w->mpi_initialized_here) MPI_Finalize();
-    }
-#endif
-    pthread_mutex_destroy(&w->mu);
+    w->ops->world_fini(w);
     pthread_mutex_destroy(&w->host_mu);
     pthread_cond_destroy(&w->host_cv);
     pthread_mutex_destroy(&w->report_mu);
@@ -157,24 +57,6 @@ void world_destroy(World *w) {
 }
 
 /* ------------------------------------------------------------------ Dev */
-
-Stream *stream_new(Dev *d, const char *name) {
-    if (d->nstreams >= 64) fatal("rank %d: dev_stream_create('%s'): at most 64 streams per rank", d->rank, name ? name : "");
-    Stream *s = xcalloc(1, sizeof *s);
-    s->dev = d;
-    s->index = d->nstreams;
-    s->name = xstrdup(name ? name : "stream");
-    pthread_mutex_init(&s->mu, NULL);
-    return s;
-}
-
-void dev_add_stream(Dev *d, Stream *s) {
-    if (d->nstreams == d->streams_cap) {
-        d->streams_cap = d->streams_cap ? d->streams_cap * 2 : 4;
-        d->streams = xrealloc(d->streams, (size_t)d->streams_cap * sizeof *d->streams);
-    }
-    d->streams[d->nstreams++] = s;
-}
 
 static Dev *dev_create(World *w, int rank) {
     Dev *d = xcalloc(1, sizeof *d);
@@ -189,8 +71,8 @@ static Dev *dev_create(World *w, int rank) {
     d->mem.prio_state = 0x9E3779B97F4A7C15ull ^ (uint64_t)(rank + 1);
     pthread_mutex_init(&d->trace.mu, NULL);
     pthread_mutex_init(&d->flight.mu, NULL);
-    d->race.on = !w->cfg.no_race_check && !dev_is_cuda_build(); /* the detector models the CPU streams */
-    backend_dev_init(d);
+    d->race.on = !w->cfg.no_race_check && w->ops->race_checked; /* the detector models the CPU streams */
+    w->ops->dev_init(d);
     dev_groups_init(d);
     dev_stream_create(d, "compute");
     return d;
@@ -198,13 +80,13 @@ static Dev *dev_create(World *w, int rank) {
 
 static void dev_destroy(Dev *d) {
     dev_synchronize(d);
-    for (int i = 0; i < d->nstreams; i++) stream_destroy(d->streams[i]);
+    for (int i = 0; i < d->nstreams; i++) dev_ops(d)->stream_destroy(d->streams[i]);
     free(d->streams);
     for (int i = 0; i < d->nevents; i++) event_free(d->events[i]);
     free(d->events);
     dev_alloc_destroy(d);
     dev_clip_probe_free(d);
-    backend_dev_fini(d);
+    dev_ops(d)->dev_fini(d);
     dev_groups_fini(d);
     free(d->race.host_vc);
     free(d->flight.rings);
@@ -277,48 +159,3 @@ void dev_set_microbatch(Dev *d, int micro) { d->scope.micro = micro < 0 ? -1 : m
 int dev_scope_microbatch(const Dev *d) { return d->scope.micro; }
 void dev_set_tracing(Dev *d, int on) { d->scope.tracing = on != 0; }
 int dev_tracing(const Dev *d) { return d->scope.tracing; }
-
-/* ------------------------------------------------- host barrier / gather */
-
-/* Local backend: a generation barrier; values are double-buffered by
- * generation parity so a fast rank's next call cannot overwrite values a
- * slow rank has not read yet. */
-static void local_host_exchange(Dev *d, double value, double *out) {
-    World *w = d->world;
-    pthread_mutex_lock(&w->host_mu);
-    uint64_t gen = w->host_gen;
-    w->host_vals[gen & 1][d->rank] = value;
-    if (++w->host_arrived == w->cfg.world_size) {
-        w->host_arrived = 0;
-        w->host_gen++;
-        pthread_cond_broadcast(&w->host_cv);
-    } else {
-        while (w->host_gen == gen) pthread_cond_wait(&w->host_cv, &w->host_mu);
-    }
-    if (out) memcpy(out, w->host_vals[gen & 1], (size_t)w->cfg.world_size * sizeof *out);
-    pthread_mutex_unlock(&w->host_mu);
-}
-
-void dev_host_allgather_f64(Dev *d, double value, double *out) {
-#ifdef HAVE_MPI
-    if (backend_is_multiprocess(d->world->cfg.backend)) {
-        MPI_Allgather(&value, 1, MPI_DOUBLE, out, 1, MPI_DOUBLE, d->world->host_comm);
-        return;
-    }
-#endif
-    local_host_exchange(d, value, out);
-}
-
-void dev_host_barrier(Dev *d) {
-#ifdef HAVE_MPI
-    if (backend_is_multiprocess(d->world->cfg.backend)) {
-        MPI_Barrier(d->world->host_comm);
-        return;
-    }
-#endif
-    local_host_exchange(d, 0.0, NULL);
-}
-
-/* ------------------------------------------------------- one race report */
-
-

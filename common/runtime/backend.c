@@ -1,0 +1,133 @@
+/* backend.c — where the shared runtime and its backends meet (backend.h):
+ * the device API calls whose work is the backend's (the argument checks
+ * every backend shares, then the world's table of operations), and what the
+ * backends build on (a new Stream, the host exchange of ranks that are
+ * threads). */
+#include <stdio.h>
+#include <string.h>
+
+#include "runtime/internal.h"
+#include "runtime/util.h"
+
+const char *backend_name(CollBackend b) {
+    switch (b) {
+    case BACKEND_LOCAL: return "local";
+    case BACKEND_MPI: return "mpi";
+    case BACKEND_NCCL: return "nccl";
+    case BACKEND_NCCL_MPI: return "nccl-mpi";
+    }
+    return "?";
+}
+
+const struct KernelTable *stream_kernels(const Stream *s) { return dev_ops(s->dev)->kernels; }
+
+/* ---------------------------------------------------------------- streams */
+
+Stream *stream_new(Dev *d, const char *name) {
+    if (d->nstreams >= 64) fatal("rank %d: dev_stream_create('%s'): at most 64 streams per rank", d->rank, name ? name : "");
+    Stream *s = xcalloc(1, sizeof *s);
+    s->dev = d;
+    s->index = d->nstreams;
+    s->name = xstrdup(name ? name : "stream");
+    return s;
+}
+
+void dev_add_stream(Dev *d, Stream *s) {
+    if (d->nstreams == d->streams_cap) {
+        d->streams_cap = d->streams_cap ? d->streams_cap * 2 : 4;
+        d->streams = xrealloc(d->streams, (size_t)d->streams_cap * sizeof *d->streams);
+    }
+    d->streams[d->nstreams++] = s;
+}
+
+void stream_join_groups(Stream *s) {
+    for (int i = 1; i < s->dev->npgs; i++) dev_ops(s->dev)->stream_join_group(s, s->dev->pgs[i]);
+}
+
+Stream *dev_stream_create(Dev *d, const char *name) { return dev_ops(d)->stream_create(d, name); }
+
+void dev_launch(Stream *s, const char *name, void (*fn)(void *args), const void *args, size_t args_size) {
+    if (!fn) fatal("dev_launch('%s'): no function", name ? name : "?");
+    if (args_size > DEV_ARGS_MAX)
+        fatal("dev_launch('%s'): %zu bytes of arguments, at most %d allowed", name ? name : "?", args_size, DEV_ARGS_MAX);
+    dev_ops(s->dev)->launch(s, name, fn, args, args_size);
+}
+
+void dev_memcpy_async(Stream *s, void *dst, const void *src, size_t bytes) {
+    if (bytes && (!dst || !src)) fatal("dev_memcpy_async: NULL pointer with %zu bytes", bytes);
+    dev_ops(s->dev)->copy(s, dst, src, bytes);
+}
+
+void dev_memset_async(Stream *s, void *dst, int byte, size_t bytes) {
+    if (bytes && !dst) fatal("dev_memset_async: NULL pointer with %zu bytes", bytes);
+    dev_ops(s->dev)->fill(s, dst, byte, bytes);
+}
+
+void dev_stream_synchronize(Stream *s) { dev_ops(s->dev)->stream_synchronize(s); }
+
+void dev_synchronize(Dev *d) { dev_ops(d)->synchronize(d); }
+
+/* ----------------------------------------------------------------- events */
+
+Event *dev_event_create(Dev *d, const char *name) {
+    Event *e = event_register_new(d, name);
+    dev_ops(d)->event_init(e);
+    return e;
+}
+
+void dev_event_destroy(Event *e) {
+    if (!e) return;
+    event_unregister(e);
+    dev_ops(e->dev)->event_destroy(e);
+}
+
+void dev_event_record(Event *e, Stream *s) {
+    if (e->dev != s->dev) fatal("event '%s' of rank %d recorded on a stream of rank %d", e->name, e->dev->rank, s->dev->rank);
+    dev_ops(s->dev)->event_record(e, s);
+}
+
+/* A wait, sync or query refers to the latest record. */
+static void check_recorded(const Event *e) {
+    if (e->recorded == 0) fatal("event '%s' waited on but never recorded", e->name);
+}
+
+void dev_stream_wait_event(Stream *s, Event *e) {
+    if (e->dev != s->dev) fatal("event '%s' of rank %d waited on by a stream of rank %d", e->name, e->dev->rank, s->dev->rank);
+    check_recorded(e);
+    dev_ops(s->dev)->event_wait(s, e);
+}
+
+void dev_event_synchronize(Event *e) {
+    check_recorded(e);
+    dev_ops(e->dev)->event_synchronize(e);
+}
+
+int dev_event_query(Event *e) {
+    check_recorded(e);
+    return dev_ops(e->dev)->event_query(e);
+}
+
+/* ---------------------------------------------------------- host exchange */
+
+/* Ranks as threads: a generation barrier; values are double-buffered by
+ * generation parity so a fast rank's next call cannot overwrite values a
+ * slow rank has not read yet. */
+void threads_host_exchange(Dev *d, double value, double *out) {
+    World *w = d->world;
+    pthread_mutex_lock(&w->host_mu);
+    uint64_t gen = w->host_gen;
+    w->host_vals[gen & 1][d->rank] = value;
+    if (++w->host_arrived == w->cfg.world_size) {
+        w->host_arrived = 0;
+        w->host_gen++;
+        pthread_cond_broadcast(&w->host_cv);
+    } else {
+        while (w->host_gen == gen) pthread_cond_wait(&w->host_cv, &w->host_mu);
+    }
+    if (out) memcpy(out, w->host_vals[gen & 1], (size_t)w->cfg.world_size * sizeof *out);
+    pthread_mutex_unlock(&w->host_mu);
+}
+
+void dev_host_allgather_f64(Dev *d, double value, double *out) { dev_ops(d)->host_exchange(d, value, out); }
+
+void dev_host_barrier(Dev *d) { dev_ops(d)->host_exchange(d, 0.0, NULL); }

@@ -1,0 +1,223 @@
+/* backend_mpi.c — the CPU's "mpi" backend: one process per rank under mpirun
+ * (mpi_world.c), streams, events and storage as the local backend's
+ * (stream.c), and each stream reaches its peers through communicators of its
+ * own: a dup of the world's per stream index, a split of the world's per
+ * (stream, group), so collectives on different streams never meet in one
+ * communicator; reductions sum in rank order (collectives.c's
+ * coll_reduce_ranks), bitwise as the local backend's. A build without MPI
+ * has this backend answer with one line. */
+#include "runtime/mpi_world.h"
+#include "runtime/stream.h"
+#include "runtime/util.h"
+
+#ifdef HAVE_MPI
+
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* CpuStream.coll: the stream's communicators. */
+typedef struct {
+    MPI_Comm world;           /* a dup of MPI_COMM_WORLD per stream index */
+    MPI_Comm groups[PG_MAX];  /* group id >= 1: its split of the world, per stream */
+} MpiStream;
+
+static void mpi_backend_world_init(World *w, long *cores) { w->backend = mpi_world_create(w, cores); }
+
+static void mpi_backend_world_fini(World *w) {
+    mpi_world_destroy(w->backend);
+    w->backend = NULL;
+}
+
+static void mpi_host_exchange(Dev *d, double value, double *out) { mpi_world_exchange(d->world->backend, value, out); }
+static void mpi_group_init(ProcessGroup *g) { mpi_world_group_init(g->dev->world->backend, g); }
+static void mpi_group_fini(ProcessGroup *g) { mpi_world_group_fini(g->dev->world->backend, g); }
+
+/* Collective: streams are created in the same order on every rank (the watchdog catches a rank that does not). */
+static void mpi_coll_stream_init(Stream *s) {
+    Dev *d = s->dev;
+    MpiStream *ms = xcalloc(1, sizeof *ms);
+    cpu_stream(s)->coll = ms;
+    MPI_Request req;
+    MPI_Comm_idup(MPI_COMM_WORLD, &ms->world, &req);
+    double timeout = d->world->cfg.collective_timeout_s, deadline = now_us() + timeout * 1e6;
+    for (int done = 0, polls = 0; !done; polls++) {
+        MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+        if (!done && timeout > 0 && now_us() > deadline)
+            fatal("collective timeout on rank %d: dev_stream_create('%s') (stream index %d) waited %.1f s for the "
+                  "other ranks (every rank must create the same streams in the same order)",
+                  d->rank, s->name, s->index, timeout);
+        if (!done && polls > 1000) {
+            struct timespec ts = {0, 20000};
+            nanosleep(&ts, NULL);
+        }
+    }
+}
+
+static void mpi_coll_stream_fini(Stream *s) {
+    MpiStream *ms = cpu_stream(s)->coll;
+    MPI_Comm_free(&ms->world);
+    for (int i = 1; i < s->dev->npgs; i++) MPI_Comm_free(&ms->groups[i]);
+    free(ms);
+    cpu_stream(s)->coll = NULL;
+}
+
+/* MPI_Comm_split is collective: every rank makes its groups and streams in the same order. */
+static void mpi_stream_join_group(Stream *s, ProcessGroup *g) {
+    MpiStream *ms = cpu_stream(s)->coll;
+    MPI_Comm_split(mpi_world_comm(s->dev->world->backend, 0), g->color, s->dev->rank, &ms->groups[g->id]);
+}
+
+/* s's communicator for g. */
+static MPI_Comm stream_comm(const Stream *s, const ProcessGroup *g) {
+    const MpiStream *ms = cpu_stream(s)->coll;
+    return g->id ? ms->groups[g->id] : ms->world;
+}
+
+/* ----------------------------------------------------------- execution */
+
+static int as_int(size_t v, const char *what) {
+    if (v > INT_MAX) fatal("mpi backend: %s of %zu elements exceeds INT_MAX", what, v);
+    return (int)v;
+}
+
+/* Complete an MPI request, polling against the watchdog's deadline (a peer
+ * that never joins would otherwise block this stream forever). */
+static void mpi_wait(Stream *s, const Op *op, MPI_Request *req) {
+    double timeout = s->dev->world->cfg.collective_timeout_s;
+    if (timeout <= 0) {
+        MPI_Wait(req, MPI_STATUS_IGNORE);
+        return;
+    }
+    double deadline = now_us() + timeout * 1e6;
+    for (int polls = 0;; polls++) {
+        int done = 0;
+        MPI_Test(req, &done, MPI_STATUS_IGNORE);
+        if (done) return;
+        if (now_us() > deadline) watchdog_timeout(s, op, NULL, op->pg->rank, NULL);
+        if (polls > 1000) {
+            struct timespec ts = {0, 20000}; /* past the first microseconds, poll every 20 us */
+            nanosleep(&ts, NULL);
+        }
+    }
+}
+
+/* Chunk `me` of every rank's `in` (n chunks of `chunk` elements, an alltoall),
+ * reduced in rank order into `mine`: what reduce-scatter and all-reduce share. */
+static void mpi_reduce_my_chunk(Stream *s, const Op *op, MPI_Comm comm, MPI_Datatype type, const void *in,
+                                size_t chunk, void *mine) {
+    const int n = op->pg->size;
+    const size_t esize = coll_dtype_size(op->coll.dtype);
+    char *gathered = xmalloc(chunk * (size_t)n * esize);
+    MPI_Request req;
+    MPI_Ialltoall(in, (int)chunk, type, gathered, (int)chunk, type, comm, &req);
+    mpi_wait(s, op, &req);
+    const void *parts[WORLD_MAX_RANKS];
+    for (int r = 0; r < n; r++) parts[r] = gathered + (size_t)r * chunk * esize;
+    coll_reduce_ranks(mine, parts, n, 0, chunk, op->coll.dtype, op->coll.op);
+    free(gathered);
+}
+
+static void mpi_execute(Stream *s, const Op *op) {
+    const ProcessGroup *g = op->pg;
+    const int n = g->size, me = g->rank; /* group ranks */
+    MPI_Comm comm = stream_comm(s, g);
+    const CollDesc *desc = &op->coll;
+    const size_t cnt = (size_t)desc->count, esize = coll_dtype_size(desc->dtype);
+    const char *name = coll_kind_name(desc->kind);
+    MPI_Datatype type = desc->dtype == DTYPE_BF16 ? MPI_UINT16_T : MPI_FLOAT;
+    float *recv = op->dst;
+    const float *send = op->src;
+
+    CollDesc descs[WORLD_MAX_RANKS];
+    MPI_Request req;
+    MPI_Iallgather((void *)desc, (int)sizeof *desc, MPI_BYTE, descs, (int)sizeof *desc, MPI_BYTE, comm, &req);
+    mpi_wait(s, op, &req);
+    coll_check_agreement(s, op->coll_seq, descs, n, g->members);
+
+    switch ((CollKind)desc->kind) {
+    case COLL_ALL_GATHER:
+        if (!cnt) break;
+        if ((const char *)send == (const char *)recv + (size_t)me * cnt * esize)
+            MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, as_int(cnt, name), type, comm, &req);
+        else
+            MPI_Iallgather(send, as_int(cnt, name), type, recv, (int)cnt, type, comm, &req);
+        mpi_wait(s, op, &req);
+        break;
+    case COLL_REDUCE_SCATTER:
+        if (!cnt) break;
+        as_int(cnt * (size_t)n, name);
+        mpi_reduce_my_chunk(s, op, comm, type, send, cnt, recv);
+        break;
+    case COLL_ALL_REDUCE: {
+        /* reduce chunk `me` of the buffer (zero-padded to n equal chunks), then all-gather the chunks */
+        size_t chunk = (cnt + (size_t)n - 1) / (size_t)n;
+        if (!chunk) break;
+        as_int(chunk * (size_t)n, name);
+        const float *in = send;
+        float *padded = NULL;
+        if (chunk * (size_t)n != cnt) {
+            padded = xcalloc(chunk * (size_t)n, sizeof(float));
+            memcpy(padded, send, cnt * sizeof(float));
+            in = padded;
+        }
+        float *mine = xmalloc(chunk * sizeof(float));
+        mpi_reduce_my_chunk(s, op, comm, type, in, chunk, mine);
+        float *full = chunk * (size_t)n == cnt ? recv : xmalloc(chunk * (size_t)n * sizeof(float));
+        MPI_Iallgather(mine, (int)chunk, MPI_FLOAT, full, (int)chunk, MPI_FLOAT, comm, &req);
+        mpi_wait(s, op, &req);
+        if (full != recv) {
+            memcpy(recv, full, cnt * sizeof(float));
+            free(full);
+        }
+        free(mine);
+        free(padded);
+        break;
+    }
+    case COLL_BROADCAST:
+        if (cnt) {
+            MPI_Ibcast(recv, as_int(cnt, name), MPI_FLOAT, desc->root, comm, &req);
+            mpi_wait(s, op, &req);
+        }
+        break;
+    case COLL_BARRIER:
+        MPI_Ibarrier(comm, &req);
+        mpi_wait(s, op, &req);
+        break;
+    case COLL_KIND_COUNT: break; /* not a kind */
+    }
+}
+
+/* A queued collective, run by the stream's worker (Op.exec). */
+static void mpi_coll_execute(Stream *s, const Op *op) {
+    flight_set(s, op, FLIGHT_STARTED);
+    mpi_execute(s, op);
+    flight_set(s, op, FLIGHT_COMPLETED);
+}
+
+static void mpi_coll_enqueue(Stream *s, Op *op) {
+    op->exec = mpi_coll_execute;
+    cpu_enqueue_op(s, op);
+}
+
+static const BackendOps cpu_mpi_backend = {
+    CPU_BACKEND_OPS,
+    .world_init = mpi_backend_world_init,
+    .world_fini = mpi_backend_world_fini,
+    .host_exchange = mpi_host_exchange,
+    .group_init = mpi_group_init,
+    .group_fini = mpi_group_fini,
+    .coll_stream_init = mpi_coll_stream_init,
+    .coll_stream_fini = mpi_coll_stream_fini,
+    .stream_join_group = mpi_stream_join_group,
+    .coll_enqueue = mpi_coll_enqueue,
+};
+
+const BackendOps *cpu_mpi_backend_ops(void) { return &cpu_mpi_backend; }
+
+#else
+
+const BackendOps *cpu_mpi_backend_ops(void) { fatal("this build has no MPI support (rebuild with OpenMPI installed)"); }
+
+#endif

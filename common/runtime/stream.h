@@ -1,0 +1,99 @@
+/* stream.h — what the two CPU backends ("local": backend_local.c, "mpi":
+ * backend_mpi.c) share: streams as worker threads, events, storage from the
+ * C heap (stream.c) and the wall clock (wall_clock.c). Each CPU backend's
+ * table of operations starts from CPU_BACKEND_OPS and adds its own world,
+ * host exchange, groups and collectives. */
+#ifndef HWFSDP_STREAM_H
+#define HWFSDP_STREAM_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "runtime/internal.h"
+
+/* A CPU stream (Stream.backend): a worker thread running a FIFO of ops. */
+typedef struct {
+    pthread_t thread;
+    pthread_mutex_t mu;             /* guards the ring, the counts (Stream.enqueued too) and stop */
+    pthread_cond_t cv_work, cv_done;
+    Op *ring;
+    size_t ring_cap, head, count;   /* count includes the op being executed */
+    uint64_t completed;             /* ops finished so far (worker) */
+    int stop;
+    void *coll;                     /* the collective backend's own (local: channels; mpi: communicators) */
+} CpuStream;
+
+/* A CPU event (Event.backend): record numbers the workers reach. */
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint64_t completed;   /* highest record number reached (workers) */
+    int refs;             /* queued ops still pointing at this event */
+    int waiting;          /* stream workers blocked in a wait on it now (tests wait for one to block) */
+    int destroyed;
+} CpuEvent;
+
+static inline CpuStream *cpu_stream(const Stream *s) { return s->backend; }
+static inline CpuEvent *cpu_event(const Event *e) { return e->backend; }
+
+/* Queue op (op_init'd; a collective: coll_op_describe'd, its exec set) on s; the worker runs it. */
+void cpu_enqueue_op(Stream *s, const Op *op);
+
+/* collectives.c. recv[i] = op over the n inputs of element `off + i` (rank
+ * order, in float32), stored in the collective's dtype; parts[r] is group
+ * rank r's buffer: the sum both CPU backends reduce with. */
+void coll_reduce_ranks(void *recv, const void *const *parts, int n, size_t off, size_t cnt, int dtype, int op);
+/* The local backend's Op.exec: a collective through its rendezvous channel. */
+void local_coll_execute(Stream *s, const Op *op);
+
+/* stream.c: the entries of CPU_BACKEND_OPS */
+void cpu_dev_init(Dev *d);
+void cpu_dev_fini(Dev *d);
+Stream *cpu_stream_create(Dev *d, const char *name);
+void cpu_stream_destroy(Stream *s);
+void cpu_launch(Stream *s, const char *name, void (*fn)(void *args), const void *args, size_t args_size);
+void cpu_copy(Stream *s, void *dst, const void *src, size_t bytes);
+void cpu_fill(Stream *s, void *dst, int byte, size_t bytes);
+void cpu_stream_synchronize(Stream *s);
+void cpu_synchronize(Dev *d);
+void cpu_event_init(Event *e);
+void cpu_event_fini(Event *e);
+void cpu_event_destroy(Event *e);
+void cpu_event_record(Event *e, Stream *s);
+void cpu_event_wait(Stream *s, Event *e);
+void cpu_event_synchronize(Event *e);
+int cpu_event_query(Event *e);
+void *cpu_storage_alloc(Dev *d, size_t bytes, int stream, const char *name);
+void cpu_storage_free(Dev *d, void *p, size_t bytes, int stream);
+void *cpu_host_alloc(Dev *d, size_t bytes, const char *name);
+void cpu_host_free(Dev *d, void *p, size_t bytes);
+int cpu_fence_create(Dev *d, PendingFree *pf);
+int cpu_fence_ready(Dev *d, const PendingFree *pf);
+void cpu_fence_release(Dev *d, PendingFree *pf);
+void *cpu_probe_alloc(Dev *d, size_t bytes);
+void cpu_probe_free(Dev *d, void *p);
+void cpu_probe_read(Dev *d, void *host, const void *probe, size_t bytes);
+/* wall_clock.c */
+void wall_span_begin(Dev *d, Stream *s, OpSpan *span);
+void wall_span_end(Dev *d, Stream *s, OpSpan *span, const TraceRec *rec, double min_us);
+
+extern const struct KernelTable kcpu_kernels; /* model/kernels_cpu.c */
+
+/* The two CPU backends (backends_cpu.c offers them). */
+extern const BackendOps cpu_local_backend;     /* backend_local.c */
+const BackendOps *cpu_mpi_backend_ops(void);   /* backend_mpi.c; one fatal line in a build without MPI */
+
+/* The entries both CPU backends share, for their tables' initializers. */
+#define CPU_BACKEND_OPS                                                                                                \
+    .race_checked = 1, .storage_fenced = 1, .kernels = &kcpu_kernels, .dev_init = cpu_dev_init,                        \
+    .dev_fini = cpu_dev_fini, .stream_create = cpu_stream_create, .stream_destroy = cpu_stream_destroy,                \
+    .launch = cpu_launch, .copy = cpu_copy, .fill = cpu_fill, .stream_synchronize = cpu_stream_synchronize,             \
+    .synchronize = cpu_synchronize, .event_init = cpu_event_init, .event_fini = cpu_event_fini,                         \
+    .event_destroy = cpu_event_destroy, .event_record = cpu_event_record, .event_wait = cpu_event_wait,                 \
+    .event_synchronize = cpu_event_synchronize, .event_query = cpu_event_query, .storage_alloc = cpu_storage_alloc,     \
+    .storage_free = cpu_storage_free, .host_alloc = cpu_host_alloc, .host_free = cpu_host_free,                         \
+    .fence_create = cpu_fence_create, .fence_ready = cpu_fence_ready, .fence_release = cpu_fence_release,               \
+    .probe_alloc = cpu_probe_alloc, .probe_free = cpu_probe_free, .probe_read = cpu_probe_read,                         \
+    .span_begin = wall_span_begin, .span_end = wall_span_end
+
+#endif

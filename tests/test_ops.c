@@ -131,6 +131,12 @@ static void fd_grad(LossFn loss, void *ctx, double *param, size_t n, double *gra
         grad[i] = (lp - lm) / (2.0 * FD_H);
     }
 }
+/* The whole check for one input: its numeric gradient against the analytic one. */
+static void check_fd_grad(const char *what, const float *analytic, LossFn loss, void *ctx, double *param, size_t n) {
+    double *num = dzeros(n);
+    fd_grad(loss, ctx, param, n, num);
+    check_grad(what, analytic, num, n);
+}
 static double dot_d(const double *a, const double *b, size_t n) {
     double s = 0.0;
     for (size_t i = 0; i < n; i++) s += a[i] * b[i];
@@ -354,9 +360,7 @@ TEST(embedding_grad) {
     emb_loss(&c);
     check_close_tensor("embedding out", out, c.out, N * D, 0.0); /* a copy: exact */
     embedding_backward(dwte, G, tok, N, D);
-    double *num = dzeros(V * D);
-    fd_grad(emb_loss, &c, c.wte, V * D, num);
-    check_grad("embedding dwte", dwte, num, V * D);
+    check_fd_grad("embedding dwte", dwte, emb_loss, &c, c.wte, V * D);
     for (size_t d = 0; d < D; d++) CHECK(dwte[4 * D + d] == 0.0f, "unused token 4 got gradient %g", dwte[4 * D + d]);
     free_all();
 }
@@ -377,11 +381,8 @@ TEST(rmsnorm_grad) {
     check_close_tensor("rmsnorm out", out, c.out, N * D, FWD_RTOL);
     check_close_tensor("rmsnorm rstd", rstd, rstd_ref, N, FWD_RTOL);
     rmsnorm_backward(dx, dw, G, x, w, rstd, N, D);
-    double *nx = dzeros(N * D), *nw = dzeros(D);
-    fd_grad(norm_loss, &c, c.x, N * D, nx);
-    fd_grad(norm_loss, &c, c.w, D, nw);
-    check_grad("rmsnorm dinp", dx, nx, N * D);
-    check_grad("rmsnorm dweight", dw, nw, D);
+    check_fd_grad("rmsnorm dinp", dx, norm_loss, &c, c.x, N * D);
+    check_fd_grad("rmsnorm dweight", dw, norm_loss, &c, c.w, D);
     free_all();
 }
 
@@ -396,11 +397,8 @@ TEST(matmul_grad) {
     mm_loss(&c);
     check_close_tensor("matmul out", out, c.out, N * OC, FWD_RTOL);
     matmul_backward(dx, dw, G, x, w, N, C, OC);
-    double *nx = dzeros(N * C), *nw = dzeros(OC * C);
-    fd_grad(mm_loss, &c, c.x, N * C, nx);
-    fd_grad(mm_loss, &c, c.w, OC * C, nw);
-    check_grad("matmul dinp", dx, nx, N * C);
-    check_grad("matmul dweight", dw, nw, OC * C);
+    check_fd_grad("matmul dinp", dx, mm_loss, &c, c.x, N * C);
+    check_fd_grad("matmul dweight", dw, mm_loss, &c, c.w, OC * C);
     /* either gradient may be NULL; the other is unchanged */
     float *dx2 = fzeros(N * C), *dw2 = fzeros(OC * C);
     matmul_backward(dx2, NULL, G, x, w, N, C, OC);
@@ -425,9 +423,7 @@ TEST(rope_grad) {
     check_close_tensor("rope out", y, c.out, n, FWD_RTOL);
     float *dx = fcopy(G, n); /* rope_backward works in place: dL/dy -> dL/dx */
     rope_backward(dx, cs, sn, B, T, nh, hd);
-    double *num = dzeros(n);
-    fd_grad(rope_loss, &c, c.x, n, num);
-    check_grad("rope dx", dx, num, n);
+    check_fd_grad("rope dx", dx, rope_loss, &c, c.x, n);
     free_all();
 }
 
@@ -492,17 +488,17 @@ static void attention_grad_case(size_t B, size_t T, size_t H, size_t KV, size_t 
     check_close_tensor("attention out", out, c.out, nq, FWD_RTOL);
     check_close_tensor("attention probs", probs, probs_ref, B * H * T * T, FWD_RTOL);
     attention_backward_tiled(dq, dk, dv, G, q, k, v, probs, scratch, B, T, H, KV, hd, tile);
-    double *nq_ = dzeros(nq), *nk_ = dzeros(nk), *nv_ = dzeros(nk);
-    fd_grad(att_loss, &c, c.q, nq, nq_);
-    fd_grad(att_loss, &c, c.k, nk, nk_);
-    fd_grad(att_loss, &c, c.v, nk, nv_);
-    char what[64];
-    snprintf(what, sizeof what, "attention dq (KV=%zu, tile %zu)", KV, tile);
-    check_grad(what, dq, nq_, nq);
-    snprintf(what, sizeof what, "attention dk (KV=%zu, tile %zu)", KV, tile);
-    check_grad(what, dk, nk_, nk);
-    snprintf(what, sizeof what, "attention dv (KV=%zu, tile %zu)", KV, tile);
-    check_grad(what, dv, nv_, nk);
+    const struct {
+        const char *name;
+        const float *analytic;
+        double *param;
+        size_t n;
+    } in[3] = {{"dq", dq, c.q, nq}, {"dk", dk, c.k, nk}, {"dv", dv, c.v, nk}};
+    for (int i = 0; i < 3; i++) {
+        char what[64];
+        snprintf(what, sizeof what, "attention %s (KV=%zu, tile %zu)", in[i].name, KV, tile);
+        check_fd_grad(what, in[i].analytic, att_loss, &c, in[i].param, in[i].n);
+    }
     free_all();
 }
 TEST(attention_grad_gqa) { attention_grad_case(2, 5, 4, 2, 6, 5, ATTENTION_TILE); }
@@ -540,22 +536,36 @@ TEST(attention_long_sequence_tiles) {
     free_all();
 }
 
-TEST(swiglu_grad) {
+/* The two-input element-wise ops (swiglu, add) share their check: forward
+ * against the float64 reference, both gradients by finite differences. The
+ * inputs and output come back for each op's own edge cases. */
+typedef struct {
+    const float *a, *b, *out;
+} EwCase;
+typedef void (*EwForward)(float *out, const float *a, const float *b, size_t n);
+typedef void (*EwBackward)(float *da, float *db, const float *dout, const float *a, const float *b, size_t n);
+static EwCase ew_grad_case(const char *op, uint64_t seed, size_t n, float a_scale, EwForward fwd, EwBackward bwd,
+                           LossFn loss) {
     Rng r;
-    rng_seed(&r, 8);
-    const size_t n = 37;
-    float *a = frandn(&r, n, 3.0f), *b = frandn(&r, n, 1.0f), *G = frandn(&r, n, 1.0f);
+    rng_seed(&r, seed);
+    float *a = frandn(&r, n, a_scale), *b = frandn(&r, n, 1.0f), *G = frandn(&r, n, 1.0f);
     float *out = fzeros(n), *da = fzeros(n), *db = fzeros(n);
-    swiglu_forward(out, a, b, n);
+    fwd(out, a, b, n);
     EwCtx c = {n, to_double(a, n), to_double(b, n), to_double(G, n), dzeros(n)};
-    swiglu_loss(&c);
-    check_close_tensor("swiglu out", out, c.out, n, FWD_RTOL);
-    swiglu_backward(da, db, G, a, b, n);
-    double *na = dzeros(n), *nb = dzeros(n);
-    fd_grad(swiglu_loss, &c, c.a, n, na);
-    fd_grad(swiglu_loss, &c, c.b, n, nb);
-    check_grad("swiglu da", da, na, n);
-    check_grad("swiglu db", db, nb, n);
+    loss(&c);
+    char what[64];
+    snprintf(what, sizeof what, "%s out", op);
+    check_close_tensor(what, out, c.out, n, FWD_RTOL);
+    bwd(da, db, G, a, b, n);
+    snprintf(what, sizeof what, "%s da", op);
+    check_fd_grad(what, da, loss, &c, c.a, n);
+    snprintf(what, sizeof what, "%s db", op);
+    check_fd_grad(what, db, loss, &c, c.b, n);
+    return (EwCase){a, b, out};
+}
+
+TEST(swiglu_grad) {
+    ew_grad_case("swiglu", 8, 37, 3.0f, swiglu_forward, swiglu_backward, swiglu_loss);
     /* far tails: no NaN, silu(-100) = -0 or tiny, silu(100) = 100 */
     float ta[2] = {-100.0f, 100.0f}, tb[2] = {1.0f, 1.0f}, to[2], tg[2] = {1.0f, 1.0f}, tda[2] = {0, 0}, tdb[2] = {0, 0};
     swiglu_forward(to, ta, tb, 2);
@@ -566,42 +576,39 @@ TEST(swiglu_grad) {
     free_all();
 }
 
-TEST(crossentropy_grad) {
+/* The cross-entropy tests' inputs: N rows of V random logits and their targets. */
+static float *ce_inputs(uint64_t seed, size_t N, size_t V, float scale, int32_t **tgt) {
     Rng r;
-    rng_seed(&r, 9);
+    rng_seed(&r, seed);
+    float *logits = frandn(&r, N * V, scale);
+    *tgt = rand_tokens(&r, N, V);
+    return logits;
+}
+
+TEST(crossentropy_grad) {
     const size_t N = 6, V = 9;
-    float *logits = frandn(&r, N * V, 2.0f), *dl = fzeros(N * V);
-    int32_t *tgt = rand_tokens(&r, N, V);
+    int32_t *tgt;
+    float *logits = ce_inputs(9, N, V, 2.0f, &tgt), *dl = fzeros(N * V);
     float loss = crossentropy_forward(logits, tgt, N, V);
     CeCtx c = {N, V, tgt, to_double(logits, N * V)};
     double ref = ce_loss(&c);
     CHECK_CLOSE(loss, ref, FWD_RTOL, 0.0, "crossentropy loss");
     crossentropy_backward(dl, logits, tgt, N, V, 1.0f / (float)N);
-    double *num = dzeros(N * V);
-    fd_grad(ce_loss, &c, c.logits, N * V, num);
-    check_grad("crossentropy dlogits", dl, num, N * V);
+    check_fd_grad("crossentropy dlogits", dl, ce_loss, &c, c.logits, N * V);
     free_all();
 }
 
 /* add has no *_backward of its own: d(a+b)/da = d(a+b)/db = 1, so its backward
  * is add_inplace(da, dout) and add_inplace(db, dout). */
+static void add_backward(float *da, float *db, const float *dout, const float *a, const float *b, size_t n) {
+    (void)a, (void)b;
+    add_inplace(da, dout, n);
+    add_inplace(db, dout, n);
+}
 TEST(add_grad) {
-    Rng r;
-    rng_seed(&r, 10);
     const size_t n = 23;
-    float *a = frandn(&r, n, 1.0f), *b = frandn(&r, n, 1.0f), *G = frandn(&r, n, 1.0f);
-    float *out = fzeros(n), *da = fzeros(n), *db = fzeros(n);
-    add_forward(out, a, b, n);
-    EwCtx c = {n, to_double(a, n), to_double(b, n), to_double(G, n), dzeros(n)};
-    add_loss(&c);
-    check_close_tensor("add out", out, c.out, n, FWD_RTOL);
-    add_inplace(da, G, n);
-    add_inplace(db, G, n);
-    double *na = dzeros(n), *nb = dzeros(n);
-    fd_grad(add_loss, &c, c.a, n, na);
-    fd_grad(add_loss, &c, c.b, n, nb);
-    check_grad("add da", da, na, n);
-    check_grad("add db", db, nb, n);
+    EwCase e = ew_grad_case("add", 10, n, 1.0f, add_forward, add_backward, add_loss);
+    const float *a = e.a, *b = e.b, *out = e.out;
     /* out may alias a or b */
     float *a2 = fcopy(a, n), *b2 = fcopy(b, n);
     add_forward(a2, a2, b, n);
@@ -619,113 +626,117 @@ static void check_doubled(const char *what, const float *once, const float *twic
     check_close_tensor(what, twice, ref, n, 1e-6);
 }
 
+/* One gradient under that check: buf[0] gets pass 0 of the backward, buf[1]
+ * passes 1 and 2 (so a loop writes into buf[pass > 0]). */
+typedef struct {
+    const char *what;
+    size_t n;
+    float *buf[2];
+} AccGrad;
+static AccGrad acc_grad(const char *what, size_t n) { return (AccGrad){what, n, {fzeros(n), fzeros(n)}}; }
+static void check_accumulated(const AccGrad *g, int n_grads) {
+    for (int i = 0; i < n_grads; i++) check_doubled(g[i].what, g[i].buf[0], g[i].buf[1], g[i].n);
+}
+
 TEST(backward_accumulates) {
     Rng r;
     rng_seed(&r, 12);
     { /* embedding */
         const size_t V = 5, D = 4, N = 6;
         int32_t *tok = rand_tokens(&r, N, V);
-        float *G = frandn(&r, N * D, 1.0f), *g1 = fzeros(V * D), *g2 = fzeros(V * D);
-        embedding_backward(g1, G, tok, N, D);
-        embedding_backward(g2, G, tok, N, D);
-        embedding_backward(g2, G, tok, N, D);
-        check_doubled("embedding dwte x2", g1, g2, V * D);
+        float *G = frandn(&r, N * D, 1.0f);
+        AccGrad g = acc_grad("embedding dwte x2", V * D);
+        for (int pass = 0; pass < 3; pass++) embedding_backward(g.buf[pass > 0], G, tok, N, D);
+        check_accumulated(&g, 1);
     }
     { /* rmsnorm */
         const size_t N = 3, D = 8;
         float *x = frandn(&r, N * D, 1.0f), *w = frandn(&r, D, 1.0f), *G = frandn(&r, N * D, 1.0f);
         float *out = fzeros(N * D), *rs = fzeros(N);
         rmsnorm_forward(out, rs, x, w, N, D, 1e-5f);
-        float *dx1 = fzeros(N * D), *dw1 = fzeros(D), *dx2 = fzeros(N * D), *dw2 = fzeros(D);
-        rmsnorm_backward(dx1, dw1, G, x, w, rs, N, D);
-        rmsnorm_backward(dx2, dw2, G, x, w, rs, N, D);
-        rmsnorm_backward(dx2, dw2, G, x, w, rs, N, D);
-        check_doubled("rmsnorm dinp x2", dx1, dx2, N * D);
-        check_doubled("rmsnorm dweight x2", dw1, dw2, D);
+        AccGrad g[2] = {acc_grad("rmsnorm dinp x2", N * D), acc_grad("rmsnorm dweight x2", D)};
+        for (int pass = 0; pass < 3; pass++) rmsnorm_backward(g[0].buf[pass > 0], g[1].buf[pass > 0], G, x, w, rs, N, D);
+        check_accumulated(g, 2);
     }
     { /* matmul */
         const size_t N = 9, C = 6, OC = 4;
         float *x = frandn(&r, N * C, 1.0f), *w = frandn(&r, OC * C, 1.0f), *G = frandn(&r, N * OC, 1.0f);
-        float *dx1 = fzeros(N * C), *dw1 = fzeros(OC * C), *dx2 = fzeros(N * C), *dw2 = fzeros(OC * C);
-        matmul_backward(dx1, dw1, G, x, w, N, C, OC);
-        matmul_backward(dx2, dw2, G, x, w, N, C, OC);
-        matmul_backward(dx2, dw2, G, x, w, N, C, OC);
-        check_doubled("matmul dinp x2", dx1, dx2, N * C);
-        check_doubled("matmul dweight x2", dw1, dw2, OC * C);
+        AccGrad g[2] = {acc_grad("matmul dinp x2", N * C), acc_grad("matmul dweight x2", OC * C)};
+        for (int pass = 0; pass < 3; pass++) matmul_backward(g[0].buf[pass > 0], g[1].buf[pass > 0], G, x, w, N, C, OC);
+        check_accumulated(g, 2);
     }
     { /* attention (GQA: dk, dv also sum over the heads of a group) */
         const size_t B = 2, T = 6, H = 4, KV = 2, hd = 4, nq = B * T * H * hd, nk = B * T * KV * hd;
         float *q = frandn(&r, nq, 1.0f), *k = frandn(&r, nk, 1.0f), *v = frandn(&r, nk, 1.0f), *G = frandn(&r, nq, 1.0f);
         float *out = fzeros(nq), *probs = fzeros(B * H * T * T), *scr = fzeros(T * T);
         attention_forward(out, probs, q, k, v, B, T, H, KV, hd);
-        float *dq1 = fzeros(nq), *dk1 = fzeros(nk), *dv1 = fzeros(nk);
-        float *dq2 = fzeros(nq), *dk2 = fzeros(nk), *dv2 = fzeros(nk);
-        attention_backward(dq1, dk1, dv1, G, q, k, v, probs, scr, B, T, H, KV, hd);
-        attention_backward(dq2, dk2, dv2, G, q, k, v, probs, scr, B, T, H, KV, hd);
-        attention_backward(dq2, dk2, dv2, G, q, k, v, probs, scr, B, T, H, KV, hd);
-        check_doubled("attention dq x2", dq1, dq2, nq);
-        check_doubled("attention dk x2", dk1, dk2, nk);
-        check_doubled("attention dv x2", dv1, dv2, nk);
+        AccGrad g[3] = {acc_grad("attention dq x2", nq), acc_grad("attention dk x2", nk), acc_grad("attention dv x2", nk)};
+        for (int pass = 0; pass < 3; pass++)
+            attention_backward(g[0].buf[pass > 0], g[1].buf[pass > 0], g[2].buf[pass > 0], G, q, k, v, probs, scr, B, T,
+                               H, KV, hd);
+        check_accumulated(g, 3);
     }
     { /* swiglu */
         const size_t n = 17;
         float *a = frandn(&r, n, 2.0f), *b = frandn(&r, n, 1.0f), *G = frandn(&r, n, 1.0f);
-        float *da1 = fzeros(n), *db1 = fzeros(n), *da2 = fzeros(n), *db2 = fzeros(n);
-        swiglu_backward(da1, db1, G, a, b, n);
-        swiglu_backward(da2, db2, G, a, b, n);
-        swiglu_backward(da2, db2, G, a, b, n);
-        check_doubled("swiglu da x2", da1, da2, n);
-        check_doubled("swiglu db x2", db1, db2, n);
+        AccGrad g[2] = {acc_grad("swiglu da x2", n), acc_grad("swiglu db x2", n)};
+        for (int pass = 0; pass < 3; pass++) swiglu_backward(g[0].buf[pass > 0], g[1].buf[pass > 0], G, a, b, n);
+        check_accumulated(g, 2);
     }
     { /* cross-entropy */
         const size_t N = 4, V = 11;
-        float *lg = frandn(&r, N * V, 2.0f), *d1 = fzeros(N * V), *d2 = fzeros(N * V);
+        float *lg = frandn(&r, N * V, 2.0f);
         int32_t *tgt = rand_tokens(&r, N, V);
-        crossentropy_backward(d1, lg, tgt, N, V, 0.25f);
-        crossentropy_backward(d2, lg, tgt, N, V, 0.25f);
-        crossentropy_backward(d2, lg, tgt, N, V, 0.25f);
-        check_doubled("crossentropy dlogits x2", d1, d2, N * V);
+        AccGrad g = acc_grad("crossentropy dlogits x2", N * V);
+        for (int pass = 0; pass < 3; pass++) crossentropy_backward(g.buf[pass > 0], lg, tgt, N, V, 0.25f);
+        check_accumulated(&g, 1);
     }
     { /* add (its backward is add_inplace) */
         const size_t n = 9;
-        float *G = frandn(&r, n, 1.0f), *d1 = fzeros(n), *d2 = fzeros(n);
-        add_inplace(d1, G, n);
-        add_inplace(d2, G, n);
-        add_inplace(d2, G, n);
-        check_doubled("add_inplace x2", d1, d2, n);
+        float *G = frandn(&r, n, 1.0f);
+        AccGrad g = acc_grad("add_inplace x2", n);
+        for (int pass = 0; pass < 3; pass++) add_inplace(g.buf[pass > 0], G, n);
+        check_accumulated(&g, 1);
     }
     free_all();
 }
 
 /* ---- RoPE ---- */
 
-TEST(rope_position_zero_is_identity) {
+/* y = rope(x) at Llama 3's theta for a random x, with the tables it used. */
+typedef struct {
+    float *x, *y, *cs, *sn;
+} RopeCase;
+static RopeCase rope_case(uint64_t seed, size_t B, size_t T, size_t nh, size_t hd) {
     Rng r;
-    rng_seed(&r, 13);
-    const size_t B = 2, T = 4, nh = 3, hd = 10, n = B * T * nh * hd;
-    float *cs = fzeros(T * hd / 2), *sn = fzeros(T * hd / 2);
-    rope_tables(cs, sn, T, hd, 500000.0f);
-    for (size_t i = 0; i < hd / 2; i++) CHECK(cs[i] == 1.0f && sn[i] == 0.0f, "table at t=0, i=%zu: %g %g", i, cs[i], sn[i]);
-    float *x = frandn(&r, n, 1.0f), *y = fcopy(x, n);
-    rope_forward(y, cs, sn, B, T, nh, hd);
+    rng_seed(&r, seed);
+    const size_t n = B * T * nh * hd;
+    RopeCase c = {frandn(&r, n, 1.0f), NULL, fzeros(T * hd / 2), fzeros(T * hd / 2)};
+    rope_tables(c.cs, c.sn, T, hd, 500000.0f);
+    c.y = fcopy(c.x, n);
+    rope_forward(c.y, c.cs, c.sn, B, T, nh, hd);
+    return c;
+}
+
+TEST(rope_position_zero_is_identity) {
+    const size_t B = 2, T = 4, nh = 3, hd = 10;
+    RopeCase c = rope_case(13, B, T, nh, hd);
+    for (size_t i = 0; i < hd / 2; i++)
+        CHECK(c.cs[i] == 1.0f && c.sn[i] == 0.0f, "table at t=0, i=%zu: %g %g", i, c.cs[i], c.sn[i]);
     for (size_t b = 0; b < B; b++) {
         size_t o = b * T * nh * hd; /* t = 0 */
-        CHECK(memcmp(x + o, y + o, nh * hd * sizeof(float)) == 0, "batch %zu position 0 was changed", b);
-        CHECK(memcmp(x + o + nh * hd, y + o + nh * hd, nh * hd * sizeof(float)) != 0, "batch %zu position 1 unchanged", b);
+        CHECK(memcmp(c.x + o, c.y + o, nh * hd * sizeof(float)) == 0, "batch %zu position 0 was changed", b);
+        CHECK(memcmp(c.x + o + nh * hd, c.y + o + nh * hd, nh * hd * sizeof(float)) != 0, "batch %zu position 1 unchanged",
+              b);
     }
     free_all();
 }
 
 TEST(rope_backward_inverts_forward) {
-    Rng r;
-    rng_seed(&r, 14);
     const size_t B = 2, T = 33, nh = 4, hd = 16, n = B * T * nh * hd;
-    float *cs = fzeros(T * hd / 2), *sn = fzeros(T * hd / 2);
-    rope_tables(cs, sn, T, hd, 500000.0f);
-    float *x = frandn(&r, n, 1.0f), *y = fcopy(x, n);
-    rope_forward(y, cs, sn, B, T, nh, hd);
-    rope_backward(y, cs, sn, B, T, nh, hd);
-    check_close_tensor("rope_backward(rope_forward(x)) vs x", y, to_double(x, n), n, 1e-6);
+    RopeCase c = rope_case(14, B, T, nh, hd);
+    rope_backward(c.y, c.cs, c.sn, B, T, nh, hd);
+    check_close_tensor("rope_backward(rope_forward(x)) vs x", c.y, to_double(c.x, n), n, 1e-6);
     free_all();
 }
 
@@ -837,13 +848,11 @@ TEST(crossentropy_uniform_is_log_v) {
 }
 
 TEST(crossentropy_vs_double) {
-    Rng r;
-    rng_seed(&r, 16);
     const size_t N = 16, V = 3001;
-    float *lg = frandn(&r, N * V, 5.0f), *dl = fzeros(N * V);
+    int32_t *tgt;
+    float *lg = ce_inputs(16, N, V, 5.0f, &tgt), *dl = fzeros(N * V);
     for (size_t j = 0; j < V; j++) lg[3 * V + j] += 100.0f, lg[4 * V + j] -= 100.0f; /* exp(100) overflows fp32 */
     lg[5 * V + 1234] = 200.0f;                                                           /* one dominant logit */
-    int32_t *tgt = rand_tokens(&r, N, V);
     tgt[5] = 1234;
     double *ld = to_double(lg, N * V);
     double ref = ref_crossentropy(ld, tgt, N, V);

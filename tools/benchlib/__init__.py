@@ -5,7 +5,7 @@ optional (the throughput section compares with it when `import torch` works).
     traces.py        reads the runtime's traces; the link model of common/runtime/collectives.c
     memory_model.py  the model's sizes and the analytic memory model (tests/test_memory_model.py)
     report.py        results/bench.md and the targets, from the collected figures
-    figures.py       statistics and number formatting that measure.py and report.py share
+    figures.py       statistics, number formatting and markdown sections that measure.py and report.py share
 
 The stages come from grader/manifest.py; a stage the bench singles out is named by number.
 """

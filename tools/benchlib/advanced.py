@@ -9,15 +9,15 @@ import os
 
 from trace_names import COPY, D2H, H2D, label_and_kind
 
-from .figures import MIB, fmt_s, stats
-from .measure import log, manifest
+from .figures import MIB, fmt_mib, fmt_s, runs_section, stats
+from .measure import CASE_LINK, first_stage, log, train_cases
 from .traces import trace_events
 
 BACKWARD_PHASES = {"pre_backward", "backward", "post_backward", "finish_backward"}
 
 
 def _stage10():
-    return next((s for s in manifest.stages() if s.backward_prefetch != "pre" or s.offload), None)
+    return first_stage(lambda s: s.backward_prefetch != "pre" or s.offload)
 
 
 def _config(cfg):
@@ -26,16 +26,16 @@ def _config(cfg):
     return dict(flavor="debugmodel", world=4, batch=2, seq=128, steps=6)
 
 
-def _run(bench, st, c, name, d, link, flags):
-    return bench.train(bench.solution(st), d, "--flavor", c["flavor"], "--world", c["world"], "--batch-size",
-                       c["batch"], "--seq-len", c["seq"], "--steps", c["steps"], "--profile-steps", c["steps"],
-                       *link, *flags, what="%s %s" % (st.dir, name))
-
-
 def _hook_notes(run_dir):
     with open(os.path.join(run_dir, "memory_rank0.json")) as fh:
         doc = json.load(fh)
     return doc, [e for e in doc["events"] if e.get("kind") == "hook_memory"]
+
+
+def _losses_agree(rows):
+    """The cases train the same model on the same batches: their last losses agree to float32 rounding."""
+    losses = {r["loss_last"] for r in rows}
+    return max(losses) - min(losses) <= 1e-6 * max(abs(x) for x in losses)
 
 
 def section_prefetch(bench, cfg):
@@ -50,10 +50,8 @@ def section_prefetch(bench, cfg):
              ("none", ["--backward-prefetch", "none"]),
              ("pre, one comm stream", ["--backward-prefetch", "pre", "--single-comm-stream"]),
              ("post, one comm stream", ["--backward-prefetch", "post", "--single-comm-stream"])]
-    res = dict(c, solution=st.dir, link="--link-gbps 1 --link-latency-us 50", rows=[])
-    for name, flags in cases:
-        d = os.path.join(bench.work, "prefetch", name.replace(", ", "_").replace(" ", "_"))
-        met = _run(bench, st, c, name, d, link, flags)
+    res = dict(c, solution=st.dir, link=" ".join(str(x) for x in link), rows=[])
+    for name, flags, d, met in train_cases(bench, st, c, "prefetch", link, cases):
         _, notes = _hook_notes(d)
         back = [e for e in notes if e["hook"] in BACKWARD_PHASES and e["step"] >= 0]
         row = {"case": name, "flags": " ".join(flags),
@@ -64,8 +62,7 @@ def section_prefetch(bench, cfg):
         log("prefetch: %-22s peak %.2f MiB  backward high-water %.2f MiB  step %s ms  loss %.6f" % (
             name, row["peak_bytes_rank0"] / MIB, row["backward_high_bytes"] / MIB, fmt_s(row["step_ms"], 1),
             row["loss_last"]))
-    losses = {r["loss_last"] for r in res["rows"]}
-    res["losses_agree"] = max(losses) - min(losses) <= 1e-6 * max(abs(x) for x in losses)
+    res["losses_agree"] = _losses_agree(res["rows"])
     return res
 
 
@@ -77,14 +74,11 @@ def section_offload(bench, cfg):
     if st is None:
         return {"skipped": "no stage offloads"}
     c = _config(cfg)
-    link = ["--link-gbps", 10, "--link-latency-us", 5]
     cases = [("no offload", []), ("offload, PCIe 16 GB/s", ["--offload-params", "--pcie-gbps", 16,
                                                              "--pcie-latency-us", 10]),
              ("offload, PCIe 0.05 GB/s", ["--offload-params", "--pcie-gbps", 0.05, "--pcie-latency-us", 10])]
-    res = dict(c, solution=st.dir, link="--link-gbps 10 --link-latency-us 5", rows=[])
-    for name, flags in cases:
-        d = os.path.join(bench.work, "offload", name.replace(", ", "_").replace(" ", "_").replace("/", ""))
-        met = _run(bench, st, c, name, d, link, flags)
+    res = dict(c, solution=st.dir, link=" ".join(str(x) for x in CASE_LINK), rows=[])
+    for name, flags, d, met in train_cases(bench, st, c, "offload", CASE_LINK, cases):
         doc, notes = _hook_notes(d)
         kept = max((sum(e["exit_by_tag"].get(t, 0) for t in ("param_shard", "grad_shard", "optim_state"))
                     for e in notes), default=0)
@@ -105,49 +99,33 @@ def section_offload(bench, cfg):
                 name, row["peak_bytes_rank0"] / MIB, row["host_peak_bytes_rank0"] / MIB, kept / MIB,
                 copies[H2D][0], copies[H2D][1] / 1e6, copies[D2H][0], copies[D2H][1] / 1e6,
                 fmt_s(row["step_ms"], 1), row["loss_last"]))
-    losses = {r["loss_last"] for r in res["rows"]}
-    res["losses_agree"] = max(losses) - min(losses) <= 1e-6 * max(abs(x) for x in losses)
+    res["losses_agree"] = _losses_agree(res["rows"])
     return res
 
 
-def render(L, R, table):
-    """Append the sections' tables to the report lines L (table: report.table)."""
-    p = R.get("prefetch", {})
-    if p.get("rows"):
-        L.append("## 4e. Backward prefetch policy (%s, %s, world %d, batch %d × seq %d per rank, rank 0, %d steps)"
-                 % (p["solution"], p["flavor"], p["world"], p["batch"], p["seq"], p["steps"]))
-        L.append("")
-        L.append("The same weights and batches under each `--backward-prefetch` policy, link %s. Backward "
-                 "high-water: the most bytes allocated inside any backward hook (hook_memory records). Losses %s."
-                 % (p["link"], "agree" if p["losses_agree"] else "DIFFER (a bug)"))
-        L.append("")
-        table(L, ["policy", "peak MiB", "backward high-water MiB", "step ms"],
-              [(r["case"], "%.2f" % (r["peak_bytes_rank0"] / MIB), "%.2f" % (r["backward_high_bytes"] / MIB),
-                fmt_s(r["step_ms"], 1)) for r in p["rows"]])
-        L.append("")
-        L.append("Pre holds module i-1's all-gather buffer beside module i's params and grads (the backward's "
+def render(L, R):
+    """Append the sections' tables to the report lines L."""
+    runs_section(L, R.get("prefetch", {}), "4e. Backward prefetch policy",
+                 "The same weights and batches under each `--backward-prefetch` policy, link %(link)s. Backward "
+                 "high-water: the most bytes allocated inside any backward hook (hook_memory records). Losses "
+                 "%(losses)s.",
+                 ["policy", "peak MiB", "backward high-water MiB", "step ms"],
+                 lambda r: (r["case"], fmt_mib(r["peak_bytes_rank0"]), fmt_mib(r["backward_high_bytes"]),
+                            fmt_s(r["step_ms"], 1)),
+                 "Pre holds module i-1's all-gather buffer beside module i's params and grads (the backward's "
                  "high-water); post issues it once module i's reduce-scatter is queued; none not ahead at all. "
                  "With one comm stream post queues each all-gather behind the previous module's reduce-scatter, "
-                 "which waits for that module's grads: the backward serializes. The memory difference is one module's "
-                 "all-gather buffer; next to the debugmodel's activations it is small.")
-        L.append("")
-    o = R.get("offload", {})
-    if o.get("rows"):
-        L.append("## 4f. CPU offload (%s, %s, world %d, batch %d × seq %d per rank, rank 0, %d steps)" % (
-            o["solution"], o["flavor"], o["world"], o["batch"], o["seq"], o["steps"]))
-        L.append("")
-        L.append("Shards, grad shards and AdamW state in pinned host memory (`--offload-params`), link %s. "
-                 "Copies: rank 0's host-device copies of the last step (trace). Losses %s."
-                 % (o["link"], "agree" if o["losses_agree"] else "DIFFER (a bug)"))
-        L.append("")
-        table(L, ["case", "device peak MiB", "host peak MiB", "shards + state on device MiB", "h2d (MB)",
+                 "which waits for that module's grads: the backward serializes. The memory difference is one "
+                 "module's all-gather buffer; next to the debugmodel's activations it is small.")
+    runs_section(L, R.get("offload", {}), "4f. CPU offload",
+                 "Shards, grad shards and AdamW state in pinned host memory (`--offload-params`), link %(link)s. "
+                 "Copies: rank 0's host-device copies of the last step (trace). Losses %(losses)s.",
+                 ["case", "device peak MiB", "host peak MiB", "shards + state on device MiB", "h2d (MB)",
                   "d2h (MB)", "step ms"],
-              [(r["case"], "%.2f" % (r["peak_bytes_rank0"] / MIB), "%.2f" % (r["host_peak_bytes_rank0"] / MIB),
-                "%.2f" % (r["device_shard_state_bytes"] / MIB), "%d (%.2f)" % (r["h2d"][0], r["h2d"][1] / 1e6),
-                "%d (%.2f)" % (r["d2h"][0], r["d2h"][1] / 1e6), fmt_s(r["step_ms"], 1)) for r in o["rows"]])
-        L.append("")
-        L.append("The device keeps only the modules at work, their comm buffers and the activations; every step "
+                 lambda r: (r["case"], fmt_mib(r["peak_bytes_rank0"]), fmt_mib(r["host_peak_bytes_rank0"]),
+                            fmt_mib(r["device_shard_state_bytes"]), "%d (%.2f)" % (r["h2d"][0], r["h2d"][1] / 1e6),
+                            "%d (%.2f)" % (r["d2h"][0], r["d2h"][1] / 1e6), fmt_s(r["step_ms"], 1)),
+                 "The device keeps only the modules at work, their comm buffers and the activations; every step "
                  "copies the shards in (once per all-gather) and the grad shards out. A slow PCIe link shows in "
                  "the step time once the copies no longer hide under compute (0.05 GB/s is deliberately slow: at "
                  "PCIe speeds the copies hide under this model's compute).")
-        L.append("")

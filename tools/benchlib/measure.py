@@ -6,6 +6,7 @@ The stages come from grader/manifest.py; the few the bench singles out are named
 """
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -388,6 +389,38 @@ def step_collectives(run_dir, step):
     return colls
 
 
+def first_stage(picks):
+    """The first manifest Stage that picks(stage) is true of; None when there is none."""
+    return next((s for s in manifest.stages() if picks(s)), None)
+
+
+# The link of the sections that run one solution under several flags (cases) at the grading link model.
+CASE_LINK = ["--link-gbps", 10, "--link-latency-us", 5]
+
+
+def case_config(cfg, prefix):
+    """A cases section's flavor, world, batch, seq and steps: configs()' keys that start with prefix + '_'."""
+    return {k: cfg[prefix + "_" + k] for k in ("flavor", "world", "batch", "seq", "steps")}
+
+
+def case_figures(st, c, link):
+    """The head of a cases section's figures (bench.json), with its rows still to come."""
+    return {"solution": st.dir, "flavor": c["flavor"], "world": c["world"], "batch": c["batch"], "seq_len": c["seq"],
+            "steps": c["steps"], "link": " ".join(str(x) for x in link), "rows": []}
+
+
+def train_cases(bench, st, c, section, link, cases):
+    """Train st's solution once per case (name, flags) with config c (case_config) and every step traced, each
+    in work/section/<name, spaces as underscores, other punctuation dropped>; yields name, flags, that directory
+    and the metrics."""
+    for name, flags in cases:
+        d = os.path.join(bench.work, section, re.sub(r"[^A-Za-z0-9_.-]", "", name.replace(" ", "_")))
+        met = bench.train(bench.solution(st), d, "--flavor", c["flavor"], "--world", c["world"], "--batch-size",
+                          c["batch"], "--seq-len", c["seq"], "--steps", c["steps"], "--profile-steps", c["steps"],
+                          *link, *flags, what="%s %s" % (st.dir, name))
+        yield name, flags, d, met
+
+
 def accumulates(st):
     return any(f.startswith("--grad-accum") for f in st.flags)
 
@@ -397,12 +430,11 @@ def section_accum(bench, cfg):
     mode; rank 0's peak, the unsharded grads and grad shards alive between microbatches (from the memory
     snapshot's finish_backward records), the collectives and their bytes per step (from the trace) and the
     step time at the grading link model."""
-    st = next((s for s in manifest.stages() if accumulates(s)), None)
+    st = first_stage(accumulates)
     if st is None:
         return {"skipped": "no stage accumulates gradients"}
-    fl, W, B, T, N = cfg["acc_flavor"], cfg["acc_world"], cfg["acc_batch"], cfg["acc_seq"], cfg["acc_steps"]
-    link = ["--link-gbps", 10, "--link-latency-us", 5]
-    wd = os.path.join(bench.work, "accum")
+    c = case_config(cfg, "acc")
+    N = c["steps"]
     cases = [("K=1", [])]
     for K in (2, 4):
         cases += [("K=%d sync every" % K, ["--grad-accum", K, "--grad-sync", "every"]),
@@ -410,12 +442,8 @@ def section_accum(bench, cfg):
                   ("K=%d sync last, params kept" % K, ["--grad-accum", K, "--grad-sync", "last",
                                                        "--reshard-after-backward=false",
                                                        "--reshard-after-forward=false"])]
-    res = {"solution": st.dir, "flavor": fl, "world": W, "batch": B, "seq_len": T, "steps": N,
-           "link": "--link-gbps 10 --link-latency-us 5", "rows": []}
-    for name, flags in cases:
-        d = os.path.join(wd, name.replace(" ", "_").replace(",", "").replace("=", ""))
-        met = bench.train(bench.solution(st), d, "--flavor", fl, "--world", W, "--batch-size", B, "--seq-len", T,
-                          "--steps", N, "--profile-steps", N, *link, *flags, what="%s %s" % (st.dir, name))
+    res = case_figures(st, c, CASE_LINK)
+    for name, flags, d, met in train_cases(bench, st, c, "accum", CASE_LINK, cases):
         colls = step_collectives(d, N - 1)
         with open(os.path.join(d, "memory_rank0.json")) as fh:
             between = [e for e in json.load(fh)["events"] if e.get("kind") == "hook_memory"
@@ -451,22 +479,16 @@ def section_mixed_precision(bench, cfg):
     all-gather and reduce-scatter bytes of the last step (trace), the high-water of its unsharded params and
     communication buffers (the hook_memory records), its peak, the step time, and how far loss and grad norm
     move from the float32 run."""
-    st = next((s for s in manifest.stages() if mixed_precision(s)), None)
+    st = first_stage(mixed_precision)
     if st is None:
         return {"skipped": "no stage has a mixed-precision policy"}
-    fl, W, B, T, N = cfg["mp_flavor"], cfg["mp_world"], cfg["mp_batch"], cfg["mp_seq"], cfg["mp_steps"]
-    link = ["--link-gbps", 10, "--link-latency-us", 5]
-    wd = os.path.join(bench.work, "mixed_precision")
+    c = case_config(cfg, "mp")
     cases = [("fp32", []), ("bf16 params, fp32 reduce", ["--param-dtype", "bf16"]),
              ("bf16 params, bf16 reduce", ["--param-dtype", "bf16", "--reduce-dtype", "bf16"])]
-    res = {"solution": st.dir, "flavor": fl, "world": W, "batch": B, "seq_len": T, "steps": N,
-           "link": "--link-gbps 10 --link-latency-us 5", "rows": []}
+    res = case_figures(st, c, CASE_LINK)
     ref = None
-    for name, flags in cases:
-        d = os.path.join(wd, name.replace(" ", "_").replace(",", ""))
-        met = bench.train(bench.solution(st), d, "--flavor", fl, "--world", W, "--batch-size", B, "--seq-len", T,
-                          "--steps", N, "--profile-steps", N, *link, *flags, what="%s %s" % (st.dir, name))
-        colls = step_collectives(d, N - 1)
+    for name, flags, d, met in train_cases(bench, st, c, "mixed_precision", CASE_LINK, cases):
+        colls = step_collectives(d, c["steps"] - 1)
         with open(os.path.join(d, "memory_rank0.json")) as fh:
             notes = [e for e in json.load(fh)["events"] if e.get("kind") == "hook_memory"]
         high = {t: max((e["high_water_by_tag"].get(t, 0) for e in notes), default=0)
@@ -542,7 +564,7 @@ def section_hsdp(bench, cfg):
     The full run takes batch 1 per rank: its 4 ranks time-share 2 cores, and a step's compute is then of the
     order of FSDP's modelled link time, so the layouts' link costs show in the step time instead of hiding
     behind compute."""
-    st = next((s for s in manifest.stages() if hsdp(s)), None)
+    st = first_stage(hsdp)
     if st is None:
         return {"skipped": "no stage builds a 2-D mesh"}
     fl, W, P, B, T, N = (cfg["hs_flavor"], cfg["hs_world"], cfg["hs_ranks_per_node"], cfg["hs_batch"],

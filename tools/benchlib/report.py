@@ -6,7 +6,7 @@ import os
 from trace_names import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
 
 from . import advanced
-from .figures import MIB, fmt, fmt_mib, fmt_s
+from .figures import MIB, fmt, fmt_mib, fmt_s, runs_section, section, table
 
 # the static notes (optimisations applied, opportunities left), appended to a full run's report
 NOTES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench_notes.md")
@@ -27,18 +27,15 @@ def markdown(R):
         s["n"], s["repeats"], s["gflops_best"], s["gflops_median"]))
     L.append("")
     t = R["throughput"]
-    L.append("## 1. Throughput vs PyTorch (one rank, %s, fp32, 2 threads, batch %d × seq %d, steps %s)" % (
-        t["flavor"], t["batch"], t["seq_len"], t["median_over_steps"]))
-    L.append("")
-    table(L, ["run", "tokens/s", "step ms", "vs PyTorch (median; fastest steps)", "model GFLOP/s", "of SGEMM"],
-          [(name, fmt_s(r["tokens_per_s"]), fmt_s(r["step_ms"]),
-            ("%.2f×; %.2f×" % (r["vs_pytorch"], r["vs_pytorch_best"])) if "vs_pytorch" in r
-            else ("1.00×" if "pytorch" in name else "–"),
-            "%.1f" % r["achieved_gflops"], "%.0f %%" % (100 * r["of_sgemm"])) for name, r in t["runs"].items()])
-    L.append("")
-    L.append("%d interleaved round%s of each program; steps %s of every round pooled." % (
-        t["rounds"], "s" if t["rounds"] > 1 else "", t["median_over_steps"]))
-    L.append("")
+    section(L, "1. Throughput vs PyTorch (one rank, %s, fp32, 2 threads, batch %d × seq %d, steps %s)" % (
+                t["flavor"], t["batch"], t["seq_len"], t["median_over_steps"]), None,
+            ["run", "tokens/s", "step ms", "vs PyTorch (median; fastest steps)", "model GFLOP/s", "of SGEMM"],
+            [(name, fmt_s(r["tokens_per_s"]), fmt_s(r["step_ms"]),
+              ("%.2f×; %.2f×" % (r["vs_pytorch"], r["vs_pytorch_best"])) if "vs_pytorch" in r
+              else ("1.00×" if "pytorch" in name else "–"),
+              "%.1f" % r["achieved_gflops"], "%.0f %%" % (100 * r["of_sgemm"])) for name, r in t["runs"].items()],
+            "%d interleaved round%s of each program; steps %s of every round pooled." % (
+                t["rounds"], "s" if t["rounds"] > 1 else "", t["median_over_steps"]))
     L.append("FLOPs per token: %s = %s (non-embedding params %s)." % (
         t["flops_formula"], fmt(t["flops_per_token"]), fmt(t["non_embedding_params"])))
     if "pytorch_skipped" in t:
@@ -47,13 +44,11 @@ def markdown(R):
         L.append("Same init and data: step-1 loss differs by %.1e (relative)." % t["loss_step1_rel_diff"])
     L.append("")
     sc = R["scaling"]
-    L.append("## 2. Scaling of the emulation (%s, global batch %d × seq %d, steps %s)" % (
-        sc["solution"], sc["global_batch"], sc["seq_len"], sc["median_over_steps"]))
-    L.append("")
-    table(L, ["flavour", "world", "batch/rank", "tokens/s", "step ms", "vs world 1"],
-          [(r["flavor"], r["world"], r["batch_per_rank"], fmt_s(r["tokens_per_s"]), fmt_s(r["step_ms"], 1),
-            "%.2f×" % r["vs_world1"]) for r in sc["rows"]])
-    L.append("")
+    section(L, "2. Scaling of the emulation (%s, global batch %d × seq %d, steps %s)" % (
+                sc["solution"], sc["global_batch"], sc["seq_len"], sc["median_over_steps"]), None,
+            ["flavour", "world", "batch/rank", "tokens/s", "step ms", "vs world 1"],
+            [(r["flavor"], r["world"], r["batch_per_rank"], fmt_s(r["tokens_per_s"]), fmt_s(r["step_ms"], 1),
+              "%.2f×" % r["vs_world1"]) for r in sc["rows"]])
     L.append("## 3. Overlap (%s, seq %d, traced steps %s)" % (
         R["overlap"]["flavor"], R["overlap"]["seq_len"], R["overlap"]["traced_steps"]))
     L.append("")
@@ -87,56 +82,40 @@ def markdown(R):
     L.append("")
     L.append("Model: " + " ".join(m["model"].split()))
     L.append("")
-    a = R.get("accum", {})
-    if a.get("rows"):
-        L.append("## 4b. Gradient accumulation (%s, %s, world %d, batch %d × seq %d per rank, rank 0, step %d)" % (
-            a["solution"], a["flavor"], a["world"], a["batch"], a["seq_len"], a["steps"]))
-        L.append("")
-        L.append("One optimizer step over the same batch, split into K microbatches; link %s. Between "
-                 "microbatches: what microbatch 0's finish_backward leaves alive." % a["link"])
-        L.append("")
-        table(L, ["case", "peak MiB", "unsharded grads between MiB", "grad shards between MiB",
+    runs_section(L, R.get("accum", {}), "4b. Gradient accumulation",
+                 "One optimizer step over the same batch, split into K microbatches; link %(link)s. Between "
+                 "microbatches: what microbatch 0's finish_backward leaves alive.",
+                 ["case", "peak MiB", "unsharded grads between MiB", "grad shards between MiB",
                   "unsharded params between MiB", "reduce-scatters (MB)", "all-gathers (MB)", "step ms"],
-              [(r["case"], "%.2f" % (r["peak_bytes_rank0"] / MIB), fmt_mib(r["between_unsharded_grad_bytes"]),
-                fmt_mib(r["between_grad_shard_bytes"]), fmt_mib(r["between_unsharded_param_bytes"]),
-                "%d (%.2f)" % (r["collectives"].get(REDUCE_SCATTER, {}).get("count", 0),
-                               r["collectives"].get(REDUCE_SCATTER, {}).get("bytes", 0) / 1e6),
-                "%d (%.2f)" % (r["collectives"].get(ALL_GATHER, {}).get("count", 0),
-                               r["collectives"].get(ALL_GATHER, {}).get("bytes", 0) / 1e6),
-                fmt_s(r["step_ms"], 1)) for r in a["rows"]])
-        L.append("")
-        L.append("Sync every microbatch keeps only grad shards between microbatches and reduce-scatters K times; "
+                 lambda r: (r["case"], fmt_mib(r["peak_bytes_rank0"]), fmt_mib(r["between_unsharded_grad_bytes"]),
+                            fmt_mib(r["between_grad_shard_bytes"]), fmt_mib(r["between_unsharded_param_bytes"]),
+                            coll_count_mb(r["collectives"], REDUCE_SCATTER),
+                            coll_count_mb(r["collectives"], ALL_GATHER), fmt_s(r["step_ms"], 1)),
+                 "Sync every microbatch keeps only grad shards between microbatches and reduce-scatters K times; "
                  "sync on the last keeps every module's unsharded grads (the whole model) and reduce-scatters "
                  "once; keeping the params too (reshard after forward and backward off) all-gathers once per "
-                 "step at the cost of the whole unsharded model.")
-        L.append("")
-    mp = R.get("mixed_precision", {})
-    if mp.get("rows"):
-        L.append("## 4c. Mixed precision (%s, %s, world %d, batch %d × seq %d per rank, rank 0, %d steps)" % (
-            mp["solution"], mp["flavor"], mp["world"], mp["batch"], mp["seq_len"], mp["steps"]))
-        L.append("")
-        L.append("The same weights and batches under each policy; link %s. Bytes: rank 0's collectives of the last "
-                 "step (trace). High-water: the most bytes of the tag alive in any hook (hook_memory records). "
-                 "Drift: the largest relative difference from the float32 run over the steps." % mp["link"])
-        L.append("")
-        table(L, ["policy", "all-gather MB/step", "reduce-scatter MB/step", "unsharded params MiB",
+                 "step at the cost of the whole unsharded model.", steps="step %d")
+    runs_section(L, R.get("mixed_precision", {}), "4c. Mixed precision",
+                 "The same weights and batches under each policy; link %(link)s. Bytes: rank 0's collectives of the "
+                 "last step (trace). High-water: the most bytes of the tag alive in any hook (hook_memory records). "
+                 "Drift: the largest relative difference from the float32 run over the steps.",
+                 ["policy", "all-gather MB/step", "reduce-scatter MB/step", "unsharded params MiB",
                   "comm buffers MiB", "temp MiB", "peak MiB", "step ms", "loss drift", "grad-norm drift"],
-              [(r["case"], "%.2f" % (r["all_gather_bytes"] / 1e6), "%.2f" % (r["reduce_scatter_bytes"] / 1e6),
-                "%.2f" % (r["unsharded_param_high_bytes"] / MIB), "%.2f" % (r["comm_buffer_high_bytes"] / MIB),
-                "%.2f" % (r["temp_high_bytes"] / MIB), "%.2f" % (r["peak_bytes_rank0"] / MIB), fmt_s(r["step_ms"], 1),
-                "%.1e" % r["loss_rel_vs_fp32"], "%.1e" % r["grad_norm_rel_vs_fp32"]) for r in mp["rows"]])
-        L.append("")
-        L.append("bfloat16 params halve the all-gather bytes and the unsharded params; the reduce-scatter halves "
+                 lambda r: (r["case"], "%.2f" % (r["all_gather_bytes"] / 1e6),
+                            "%.2f" % (r["reduce_scatter_bytes"] / 1e6), fmt_mib(r["unsharded_param_high_bytes"]),
+                            fmt_mib(r["comm_buffer_high_bytes"]), fmt_mib(r["temp_high_bytes"]),
+                            fmt_mib(r["peak_bytes_rank0"]), fmt_s(r["step_ms"], 1), "%.1e" % r["loss_rel_vs_fp32"],
+                            "%.1e" % r["grad_norm_rel_vs_fp32"]),
+                 "bfloat16 params halve the all-gather bytes and the unsharded params; the reduce-scatter halves "
                  "only with a bfloat16 reduce. The drift is bfloat16's precision reaching the loss, not a bug: "
                  "the non-sharded baseline under the same policy agrees with the sharded run to float32 rounding. "
                  "The temp column includes the widened weights (this runtime's float32 kernels read bfloat16 "
                  "weights through a float32 copy of one param at a time; a GPU kernel reads the 16-bit words "
                  "directly), which stay under the other scratch buffers' high-water here.")
-        L.append("")
     hs = R.get("hsdp", {})
     if hs.get("rows"):
         hsdp_section(L, hs)
-    advanced.render(L, R, table)
+    advanced.render(L, R)
     g = R["grading"]
     L.append("## 5. Grading time")
     L.append("")
@@ -147,12 +126,10 @@ def markdown(R):
                                                           "s" if g["repeats"] > 1 else "", g["last_line"]))
     L.append("")
     p = R["profile"]
-    L.append("## 6. Where a baseline step goes (%s, batch %d × seq %d, world 1, step %d: %.0f ms; "
-             "compute-stream trace)" % (p["flavor"], p["batch"], p["seq_len"], p["step"], p["step_ms"]))
-    L.append("")
-    table(L, ["kernel", "ms", "% of step"],
-          [(r["kernel"], "%.1f" % r["ms"], "%.1f" % (100 * r["share_of_step"])) for r in p["rows"]])
-    L.append("")
+    section(L, "6. Where a baseline step goes (%s, batch %d × seq %d, world 1, step %d: %.0f ms; compute-stream "
+            "trace)" % (p["flavor"], p["batch"], p["seq_len"], p["step"], p["step_ms"]), None,
+            ["kernel", "ms", "% of step"],
+            [(r["kernel"], "%.1f" % r["ms"], "%.1f" % (100 * r["share_of_step"])) for r in p["rows"]])
     L.append("## Targets (shown, not asserted)")
     L.append("")
     for line in R["targets"]:
@@ -170,14 +147,6 @@ def markdown(R):
             L.append(fh.read().rstrip())
         L.append("")
     return "\n".join(L)
-
-
-def table(L, header, rows):
-    """Append a markdown table (header: column titles; rows: cells, formatted or plain) to the lines L."""
-    L.append("| " + " | ".join(header) + " |")
-    L.append("|" + " --- |" * len(header))
-    for row in rows:
-        L.append("| " + " | ".join(str(c) for c in row) + " |")
 
 
 def overlap_table(L, o):
@@ -201,6 +170,12 @@ def overlap_table(L, o):
         L.append("")
 
 
+def coll_count_mb(colls, kind):
+    """'8 (1.23)': how many collectives of the kind a step ran and their MB."""
+    c = colls.get(kind, {})
+    return "%d (%.2f)" % (c.get("count", 0), c.get("bytes", 0) / 1e6)
+
+
 def coll_summary(colls):
     """'16 AG/shard(2), 8 AR/replicate(2)': count, kind and group (its size in brackets) of a step's collectives."""
     abbrev = {ALL_GATHER: "AG", REDUCE_SCATTER: "RS", ALL_REDUCE: "AR"}
@@ -210,27 +185,23 @@ def coll_summary(colls):
 
 def hsdp_section(L, hs):
     """Append section 4d (FSDP vs HSDP vs DDP across two nodes) to the lines L."""
-    L.append("## 4d. HSDP across nodes (%s, %s, world %d = %d nodes × %d ranks, batch %d × seq %d per rank, "
-             "%d steps)" % (hs["solution"], hs["flavor"], hs["world"], hs["nodes"], hs["ranks_per_node"],
-                            hs["batch"], hs["seq_len"], hs["steps"]))
-    L.append("")
-    L.append("Link model `%s`: a collective whose group's ranks span both nodes runs at the inter-node link, "
-             "10× slower. Bytes and collectives: rank 0's in the last step (trace args.bytes: the whole buffer; a "
-             "one-rank group moves nothing), split by whether the group spans nodes. Modelled link time: the "
-             "runtime's ring formula, (n−1)/n · bytes / bandwidth + (n−1) · latency per collective (an all-reduce "
-             "twice that), summed over the step. Exposed comm: the compute stream's time in collectives and waits "
-             "(mean over ranks). Times pool %d interleaved round%s, steps 2..%d." % (
-                 hs["link"], hs["rounds"], "s" if hs["rounds"] > 1 else "", hs["steps"]))
-    L.append("")
-    table(L, ["run", "mesh R×S", "inter-node MB/step", "intra-node MB/step", "collectives/step",
-              "param shards MiB", "peak MiB", "modelled link ms (inter-node)", "exposed comm ms", "step ms",
-              "loss (last step)"],
-          [(r["case"], "%d×%d" % tuple(r["mesh"]), "%.2f" % (r["inter_node_bytes"] / 1e6),
-            "%.2f" % (r["intra_node_bytes"] / 1e6), coll_summary(r["collectives"]),
-            "%.2f" % (r["param_shard_bytes"] / MIB), "%.2f" % (r["peak_bytes_rank0"] / MIB),
-            "%.1f (%.1f)" % (r["modelled_comm_ms"], r["modelled_inter_node_ms"]), fmt_s(r["exposed_comm_ms"], 1),
-            fmt_s(r["step_ms"], 1), "%.6f" % r["loss_last"]) for r in hs["rows"]])
-    L.append("")
+    section(L, "4d. HSDP across nodes (%s, %s, world %d = %d nodes × %d ranks, batch %d × seq %d per rank, "
+            "%d steps)" % (hs["solution"], hs["flavor"], hs["world"], hs["nodes"], hs["ranks_per_node"],
+                           hs["batch"], hs["seq_len"], hs["steps"]),
+            "Link model `%s`: a collective whose group's ranks span both nodes runs at the inter-node link, "
+            "10× slower. Bytes and collectives: rank 0's in the last step (trace args.bytes: the whole buffer; a "
+            "one-rank group moves nothing), split by whether the group spans nodes. Modelled link time: the "
+            "runtime's ring formula, (n−1)/n · bytes / bandwidth + (n−1) · latency per collective (an all-reduce "
+            "twice that), summed over the step. Exposed comm: the compute stream's time in collectives and waits "
+            "(mean over ranks). Times pool %d interleaved round%s, steps 2..%d." % (
+                hs["link"], hs["rounds"], "s" if hs["rounds"] > 1 else "", hs["steps"]),
+            ["run", "mesh R×S", "inter-node MB/step", "intra-node MB/step", "collectives/step", "param shards MiB",
+             "peak MiB", "modelled link ms (inter-node)", "exposed comm ms", "step ms", "loss (last step)"],
+            [(r["case"], "%d×%d" % tuple(r["mesh"]), "%.2f" % (r["inter_node_bytes"] / 1e6),
+              "%.2f" % (r["intra_node_bytes"] / 1e6), coll_summary(r["collectives"]),
+              "%.2f" % (r["param_shard_bytes"] / MIB), "%.2f" % (r["peak_bytes_rank0"] / MIB),
+              "%.1f (%.1f)" % (r["modelled_comm_ms"], r["modelled_inter_node_ms"]), fmt_s(r["exposed_comm_ms"], 1),
+              fmt_s(r["step_ms"], 1), "%.6f" % r["loss_last"]) for r in hs["rows"]])
     if hs["loss_max_rel_diff"] == 0:
         L.append("The three runs train the same model on the same batches: their losses are equal at every step "
                  "(to the digits metrics.jsonl prints).")

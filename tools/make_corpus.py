@@ -94,33 +94,38 @@ def cap(s):
     return s[0].upper() + s[1:]
 
 
+# Sentence templates: {a}, {p} ... are the subject's fields; {feel}, {time} and {somewhere} are fresh picks
+# from these lists, drawn left to right as the sentence is written.
+DRAWS = {"feel": ADJ_FEEL, "time": TIMES, "somewhere": PLACES}
+ANIMAL_FACTS = ["The {a} is {colour}. It lives near {home} and eats {food}.",
+                "The {a} {sound} when it is {feel}.",
+                "The {a} is {size}. Every day it looks for {food} near {home}.",
+                "Where does the {a} live? The {a} lives near {home}.",
+                "What does the {a} eat? The {a} eats {food}, and it {sound}."]
+PERSON_WORK = ["{p} is the {trade}. Every day {pro} works at {place}.",
+               "{time}, {p} walked to {place}, because {pro} is the {trade}.",
+               "Who works at {place}? {p} does. {Pro} is the {trade}.",
+               "{p} the {trade} was {feel}, so {pro} sat down near {somewhere}."]
+
+
+def one_of(r, templates, **fields):
+    """One of the templates, picked uniformly, written out with fields (and DRAWS' fresh picks)."""
+    class Drawing(dict):
+        def __missing__(self, name):
+            return r.pick(DRAWS[name])
+    return templates[r.below(len(templates))].format_map(Drawing(fields))
+
+
 def s_animal_fact(r):
     a = r.pick(list(ANIMALS))
     colour, home, food, sound, size = ANIMALS[a]
-    k = r.below(5)
-    if k == 0:
-        return f"The {a} is {colour}. It lives near {home} and eats {food}."
-    if k == 1:
-        return f"The {a} {sound} when it is {r.pick(ADJ_FEEL)}."
-    if k == 2:
-        return f"The {a} is {size}. Every day it looks for {food} near {home}."
-    if k == 3:
-        return f"Where does the {a} live? The {a} lives near {home}."
-    return f"What does the {a} eat? The {a} eats {food}, and it {sound}."
+    return one_of(r, ANIMAL_FACTS, a=a, colour=colour, home=home, food=food, sound=sound, size=size)
 
 
 def s_person_work(r):
     p = r.pick(list(PEOPLE))
-    pro, pos, trade = PEOPLE[p]
-    place = WORKPLACE[trade]
-    k = r.below(4)
-    if k == 0:
-        return f"{p} is the {trade}. Every day {pro} works at {place}."
-    if k == 1:
-        return f"{r.pick(TIMES)}, {p} walked to {place}, because {pro} is the {trade}."
-    if k == 2:
-        return f"Who works at {place}? {p} does. {cap(pro)} is the {trade}."
-    return f"{p} the {trade} was {r.pick(ADJ_FEEL)}, so {pro} sat down near {r.pick(PLACES)}."
+    pro, _, trade = PEOPLE[p]
+    return one_of(r, PERSON_WORK, p=p, pro=pro, Pro=cap(pro), trade=trade, place=WORKPLACE[trade])
 
 
 def s_sum(r):

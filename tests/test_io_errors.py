@@ -84,45 +84,27 @@ def test_text_is_bytes(probe, tmp_path):
     assert loaded(probe, p) == (5, 255, [65, 98, 10, 0, 255])
 
 
-def test_truncated_npy(probe, tmp_path):
-    p = tmp_path / "trunc.npy"
-    np.save(p, np.arange(1000, dtype=np.uint16))
-    data = p.read_bytes()
-    p.write_bytes(data[:-1000])
-    fails_with(probe, f"{p}: truncated .npy data: shape (1000,) of '<u2' needs 2000 bytes, the file has 1000",
-               "--load-npy", p)
+# arrays numpy saves that the loader refuses; keep: the bytes of the saved file left (a slice), or None for all
+SAVED_BAD_NPY = [
+    ("trunc", np.arange(1000, dtype=np.uint16), slice(None, -1000),
+     "truncated .npy data: shape (1000,) of '<u2' needs 2000 bytes, the file has 1000"),
+    ("trunchead", np.arange(10, dtype=np.int32), slice(None, 40),
+     "truncated .npy header (header says 118 bytes, file has 30 after the preamble)"),
+    ("f", np.zeros(10, dtype=np.float32), None, "unsupported dtype '<f4' (want uint16 or int32 .npy)"),
+    ("l", np.zeros(10, dtype=np.int64), None, "unsupported dtype '<i8' (want uint16 or int32 .npy)"),
+    ("m", np.zeros((3, 4), dtype=np.int32), None, ".npy array has shape (3, 4); only 1-D token arrays are supported"),
+    ("neg", np.array([1, 2, 3, -5, 4], dtype=np.int32), None, "negative token -5 at index 3"),
+    ("empty", np.zeros(0, dtype=np.uint16), None, ".npy array has no tokens"),
+]
 
 
-def test_truncated_npy_header(probe, tmp_path):
-    p = tmp_path / "trunc.npy"
-    np.save(p, np.arange(10, dtype=np.int32))
-    p.write_bytes(p.read_bytes()[:40])
-    fails_with(probe, f"{p}: truncated .npy header (header says 118 bytes, file has 30 after the preamble)",
-               "--load-npy", p)
-
-
-def test_float_npy(probe, tmp_path):
-    p = tmp_path / "f.npy"
-    np.save(p, np.zeros(10, dtype=np.float32))
-    fails_with(probe, f"{p}: unsupported dtype '<f4' (want uint16 or int32 .npy)", "--load-npy", p)
-
-
-def test_int64_npy(probe, tmp_path):
-    p = tmp_path / "l.npy"
-    np.save(p, np.zeros(10, dtype=np.int64))
-    fails_with(probe, f"{p}: unsupported dtype '<i8' (want uint16 or int32 .npy)", "--load-npy", p)
-
-
-def test_2d_npy(probe, tmp_path):
-    p = tmp_path / "m.npy"
-    np.save(p, np.zeros((3, 4), dtype=np.int32))
-    fails_with(probe, f"{p}: .npy array has shape (3, 4); only 1-D token arrays are supported", "--load-npy", p)
-
-
-def test_negative_token(probe, tmp_path):
-    p = tmp_path / "neg.npy"
-    np.save(p, np.array([1, 2, 3, -5, 4], dtype=np.int32))
-    fails_with(probe, f"{p}: negative token -5 at index 3", "--load-npy", p)
+@pytest.mark.parametrize("name,array,keep,message", SAVED_BAD_NPY, ids=[c[0] for c in SAVED_BAD_NPY])
+def test_saved_bad_npy(probe, tmp_path, name, array, keep, message):
+    p = tmp_path / f"{name}.npy"
+    np.save(p, array)
+    if keep is not None:
+        p.write_bytes(p.read_bytes()[keep])
+    fails_with(probe, f"{p}: {message}", "--load-npy", p)
 
 
 def test_empty_file(probe, tmp_path):
@@ -131,23 +113,9 @@ def test_empty_file(probe, tmp_path):
     fails_with(probe, f"{p}: file is empty (no tokens)", "--load-npy", p)
 
 
-def test_empty_npy(probe, tmp_path):
-    p = tmp_path / "empty.npy"
-    np.save(p, np.zeros(0, dtype=np.uint16))
-    fails_with(probe, f"{p}: .npy array has no tokens", "--load-npy", p)
-
-
 def test_missing_file(probe, tmp_path):
     p = tmp_path / "nope.npy"
     fails_with(probe, f"cannot open {p}: No such file or directory", "--load-npy", p)
-
-
-def test_malformed_npy_header(probe, tmp_path):
-    p = tmp_path / "bad.npy"
-    body = b"{'descr': '<u2', 'shape': (3,), }"
-    hdr = body + b" " * (64 - 10 - len(body) - 1) + b"\n"
-    p.write_bytes(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(hdr)) + hdr + b"\x00" * 6)
-    fails_with(probe, f"{p}: malformed .npy header (missing 'fortran_order')", "--load-npy", p)
 
 
 def npy_bytes(header, data=b"", version=1, pad=True):
@@ -196,6 +164,8 @@ BAD_NPY = [
      "malformed .npy header (missing 'shape')"),
     ("nodescr", npy_bytes("{'fortran_order': False, 'shape': (4,)}", b"\0" * 8),
      "malformed .npy header (missing 'descr')"),
+    ("nofortran", npy_bytes("{'descr': '<u2', 'shape': (3,), }", b"\0" * 6),
+     "malformed .npy header (missing 'fortran_order')"),
 ]
 
 

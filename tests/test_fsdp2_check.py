@@ -449,10 +449,30 @@ def tool_on_mutant(name, stage, tmp_path, python, *args):
                     str(tmp_path / "work"), *args, python=python, timeout=900)
 
 
-def test_stage02_against_fsdp2(tmp_path):
+def fsdp2_python_or_skip():
     python, why = fsdp2_python()
     if python is None:
         pytest.skip(why)
+    return python
+
+
+def mutant_fails(name, stage, tmp_path, *args):
+    """tool_on_mutant with FSDP2's python (the test skipped without one): the tool must fail. Its logs folder."""
+    p = tool_on_mutant(name, stage, tmp_path, fsdp2_python_or_skip(), *args)
+    assert p.returncode == 1, p.stdout[-3000:] + p.stderr[-3000:]
+    return tmp_path / "logs"
+
+
+def caught_by_collectives(name, stage, tmp_path):
+    """A mutant whose numbers and DTensor layouts are FSDP2's, its collectives not (--main-only): its record."""
+    rec = json.load(open(mutant_fails(name, stage, tmp_path, "--main-only") / ("stage%s.json" % stage)))
+    assert not rec["pass"] and rec["max_loss_rel"] <= 1e-6 and rec["max_grad_norm_rel"] <= 1e-6
+    assert rec["dtensors"]["layout_identical"] and not rec["collectives"]["identical"]
+    return rec
+
+
+def test_stage02_against_fsdp2(tmp_path):
+    python = fsdp2_python_or_skip()
     out = tmp_path / "logs"
     p = run_tool("02", "--main-only", "--no-install", "--out", str(out), "--work", str(tmp_path / "work"),
                  python=python, timeout=900)
@@ -480,33 +500,17 @@ def test_stage02_against_fsdp2(tmp_path):
 
 
 def test_extra_recompute_all_gather_is_caught(tmp_path):
-    python, why = fsdp2_python()
-    if python is None:
-        pytest.skip(why)
-    out = tmp_path / "logs"
-    p = tool_on_mutant("recompute_all_gathers_again", "05", tmp_path, python, "--main-only")
-    assert p.returncode == 1, p.stdout[-3000:] + p.stderr[-3000:]
-    rec = json.load(open(out / "stage05.json"))
-    assert not rec["pass"] and rec["max_loss_rel"] <= 1e-6 and rec["max_grad_norm_rel"] <= 1e-6
-    assert rec["dtensors"]["layout_identical"] and not rec["collectives"]["identical"]
+    rec = caught_by_collectives("recompute_all_gathers_again", "05", tmp_path)
     want = "rank 0 step 1: block1 all-gather (f32) in backward: 2 in the C run, 1 in FSDP2's"
     assert want in rec["collectives"]["differences"]
-    assert "FAIL" in open(out / "table.txt").read()
+    assert "FAIL" in open(tmp_path / "logs" / "table.txt").read()
 
 
 def test_hsdp_all_reduce_of_the_unsharded_grads_is_caught(tmp_path):
     """Stage 09 at --mesh 2,2 with the replicas' all-reduce moved before the reduce-scatter, on the unsharded
     grads: the same numbers and the same collectives in the same groups, S times the bytes across the
     replicas. Only the sizes of FSDP2's all-reduces (the grad shard's) catch it."""
-    python, why = fsdp2_python()
-    if python is None:
-        pytest.skip(why)
-    out = tmp_path / "logs"
-    p = tool_on_mutant("all_reduce_the_unsharded_grads", "09", tmp_path, python, "--main-only")
-    assert p.returncode == 1, p.stdout[-3000:] + p.stderr[-3000:]
-    rec = json.load(open(out / "stage09.json"))
-    assert not rec["pass"] and rec["max_loss_rel"] <= 1e-6 and rec["max_grad_norm_rel"] <= 1e-6
-    assert rec["dtensors"]["layout_identical"] and not rec["collectives"]["identical"]
+    rec = caught_by_collectives("all_reduce_the_unsharded_grads", "09", tmp_path)
     coll = rec["collectives"]
     assert coll["fsdp2_reduce_ops"] == {"reduce_scatter": ["AVG"], "all_reduce": ["AVG"],
                                         "grad_norm.all_reduce": ["SUM"]}
@@ -522,12 +526,7 @@ def test_none_policy_read_as_post_is_caught(tmp_path):
     """Stage 10 with --backward-prefetch none read as post: the same numbers and the same collectives per phase;
     only the issue points against FSDP2 with its backward prefetch turned off catch it (prefetch_none). The other
     runs compare as the solution's do: post against FSDP2's default, pre's issue points FSDP2's own."""
-    python, why = fsdp2_python()
-    if python is None:
-        pytest.skip(why)
-    out = tmp_path / "logs"
-    p = tool_on_mutant("none_policy_still_prefetches", "10", tmp_path, python)
-    assert p.returncode == 1, p.stdout[-3000:] + p.stderr[-3000:]
+    out = mutant_fails("none_policy_still_prefetches", "10", tmp_path)
     rec = {v: json.load(open(out / ("stage10%s.json" % v))) for v in ("", "-prefetch_pre", "-prefetch_none",
                                                                        "-offload")}
     none = rec["-prefetch_none"]

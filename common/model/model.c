@@ -284,24 +284,42 @@ static const float *param_in(ModelRun *run, const Param *p) {
 static void param_done(ModelRun *run, const float *w) {
     if (run->param_bf16) dev_free(run->dev, (void *)w);
 }
-static void rmsnorm_q(Q *q, float *out, float *rstd, const float *in, const float *w, size_t N, size_t D, float eps) {
+/* A backward accumulates into p's grad: the race detector sees the write. */
+static void grad_written(ModelRun *run, const Param *p) {
+    dev_access(run->stream, p->grad, p->numel * sizeof(float), 1, NULL);
+}
+
+/* The ops on a parameter p read it through param_in for that one op; their
+ * backwards accumulate its gradient into p->grad. */
+static void rmsnorm_q(Q *q, ModelRun *run, float *out, float *rstd, const float *in, const Param *p, size_t N,
+                      size_t D, float eps) {
+    const float *w = param_in(run, p);
     NormArgs a = {out, rstd, in, w, N, D, eps};
     dev_launch(q->s, "rmsnorm", KERNEL(q->s, rmsnorm_forward), &a, sizeof a);
+    param_done(run, w);
 }
-static void rmsnorm_bwd_q(Q *q, float *dinp, float *dw, const float *dout, const float *in, const float *w,
+static void rmsnorm_bwd_q(Q *q, ModelRun *run, float *dinp, const float *dout, const float *in, const Param *p,
                           const float *rstd, size_t N, size_t D) {
-    NormBwdArgs a = {dinp, dw, dout, in, w, rstd, N, D};
+    grad_written(run, p);
+    const float *w = param_in(run, p);
+    NormBwdArgs a = {dinp, p->grad, dout, in, w, rstd, N, D};
     dev_launch(q->s, "rmsnorm_bwd", KERNEL(q->s, rmsnorm_backward), &a, sizeof a);
+    param_done(run, w);
 }
-static void matmul_q(Q *q, const char *name, float *out, const float *in, const float *w, size_t N, size_t C,
-                     size_t OC) {
+static void matmul_q(Q *q, ModelRun *run, const char *name, float *out, const float *in, const Param *p, size_t N,
+                     size_t C, size_t OC) {
+    const float *w = param_in(run, p);
     MmArgs a = {out, in, w, N, C, OC};
     dev_launch(q->s, name, KERNEL(q->s, matmul_forward), &a, sizeof a);
+    param_done(run, w);
 }
-static void matmul_bwd_q(Q *q, const char *name, float *dinp, float *dw, const float *dout, const float *in,
-                         const float *w, size_t N, size_t C, size_t OC) {
-    MmBwdArgs a = {dinp, dw, dout, in, w, N, C, OC};
+static void matmul_bwd_q(Q *q, ModelRun *run, const char *name, float *dinp, const float *dout, const float *in,
+                         const Param *p, size_t N, size_t C, size_t OC) {
+    grad_written(run, p);
+    const float *w = param_in(run, p);
+    MmBwdArgs a = {dinp, p->grad, dout, in, w, N, C, OC};
     dev_launch(q->s, name, KERNEL(q->s, matmul_backward), &a, sizeof a);
+    param_done(run, w);
 }
 static void rope_q(Q *q, float *x, const ModelRun *run, size_t nh, size_t hd, int backward) {
     RopeArgs a = {x, run->rope_cos, run->rope_sin, run->B, run->T, nh, hd, backward};
@@ -360,7 +378,6 @@ void model_run_end(Model *m, ModelRun *run) {
 
 /* The block forward up to g (everything the backward needs). */
 static void block_forward_saved(Model *m, Module *mod, ModelRun *run, Q *q) {
-    const float *w;
     const ModelConfig *c = &m->cfg;
     size_t N = run->B * run->T, D = (size_t)c->dim, F = (size_t)c->hidden_dim, hd = (size_t)c->head_dim;
     size_t H = (size_t)c->n_heads, KV = (size_t)c->n_kv_heads;
@@ -369,21 +386,13 @@ static void block_forward_saved(Model *m, Module *mod, ModelRun *run, Q *q) {
     A->xn = act(q, N * D, "xn");
     A->rstd1 = act(q, N, "rstd1");
     dev_access(run->stream, A->x, N * D * sizeof(float), 0, "input");
-    w = param_in(run, &P[P_ATTN_NORM]);
-    rmsnorm_q(q, A->xn, A->rstd1, A->x, w, N, D, c->norm_eps);
-    param_done(run, w);
+    rmsnorm_q(q, run, A->xn, A->rstd1, A->x, &P[P_ATTN_NORM], N, D, c->norm_eps);
     A->q = act(q, N * H * hd, "q");
     A->k = act(q, N * KV * hd, "k");
     A->v = act(q, N * KV * hd, "v");
-    w = param_in(run, &P[P_WQ]);
-    matmul_q(q, "wq", A->q, A->xn, w, N, D, H * hd);
-    param_done(run, w);
-    w = param_in(run, &P[P_WK]);
-    matmul_q(q, "wk", A->k, A->xn, w, N, D, KV * hd);
-    param_done(run, w);
-    w = param_in(run, &P[P_WV]);
-    matmul_q(q, "wv", A->v, A->xn, w, N, D, KV * hd);
-    param_done(run, w);
+    matmul_q(q, run, "wq", A->q, A->xn, &P[P_WQ], N, D, H * hd);
+    matmul_q(q, run, "wk", A->k, A->xn, &P[P_WK], N, D, KV * hd);
+    matmul_q(q, run, "wv", A->v, A->xn, &P[P_WV], N, D, KV * hd);
     rope_q(q, A->q, run, H, hd, 0);
     rope_q(q, A->k, run, KV, hd, 0);
     A->probs = act(q, run->B * H * run->T * run->T, "probs");
@@ -391,30 +400,21 @@ static void block_forward_saved(Model *m, Module *mod, ModelRun *run, Q *q) {
     AttArgs aa = {A->att, A->probs, A->q, A->k, A->v, run->B, run->T, H, KV, hd};
     dev_launch(q->s, "attention", KERNEL(q->s, attention_forward), &aa, sizeof aa);
     A->h = act(q, N * D, "h");
-    w = param_in(run, &P[P_WO]);
-    matmul_q(q, "wo", A->h, A->att, w, N, H * hd, D);
-    param_done(run, w);
+    matmul_q(q, run, "wo", A->h, A->att, &P[P_WO], N, H * hd, D);
     add_q(q, A->h, A->h, A->x, N * D);
     A->hn = act(q, N * D, "hn");
     A->rstd2 = act(q, N, "rstd2");
-    w = param_in(run, &P[P_FFN_NORM]);
-    rmsnorm_q(q, A->hn, A->rstd2, A->h, w, N, D, c->norm_eps);
-    param_done(run, w);
+    rmsnorm_q(q, run, A->hn, A->rstd2, A->h, &P[P_FFN_NORM], N, D, c->norm_eps);
     A->a = act(q, N * F, "w1_out");
     A->b = act(q, N * F, "w3_out");
-    w = param_in(run, &P[P_W1]);
-    matmul_q(q, "w1", A->a, A->hn, w, N, D, F);
-    param_done(run, w);
-    w = param_in(run, &P[P_W3]);
-    matmul_q(q, "w3", A->b, A->hn, w, N, D, F);
-    param_done(run, w);
+    matmul_q(q, run, "w1", A->a, A->hn, &P[P_W1], N, D, F);
+    matmul_q(q, run, "w3", A->b, A->hn, &P[P_W3], N, D, F);
     A->g = act(q, N * F, "swiglu");
     SwiArgs sa = {A->g, A->a, A->b, N * F};
     dev_launch(q->s, "swiglu", KERNEL(q->s, swiglu_forward), &sa, sizeof sa);
 }
 
 void module_forward(Model *m, Module *mod, ModelRun *run) {
-    const float *w;
     const ModelConfig *c = &m->cfg;
     size_t N = run->B * run->T, D = (size_t)c->dim, V = (size_t)c->vocab_size;
     Q q = {run->dev, run->stream, mod->name};
@@ -422,7 +422,7 @@ void module_forward(Model *m, Module *mod, ModelRun *run) {
     Param *P = mod->params;
     if (mod->kind == MOD_EMBEDDING) {
         float *out = act(&q, N * D, "out");
-        w = param_in(run, &P[0]);
+        const float *w = param_in(run, &P[0]);
         EmbArgs a = {out, run->inputs, w, N, D};
         dev_launch(run->stream, "embedding", KERNEL(run->stream, embedding_forward), &a, sizeof a);
         param_done(run, w);
@@ -431,9 +431,7 @@ void module_forward(Model *m, Module *mod, ModelRun *run) {
         A->x = run->h; /* the block owns its input until its backward */
         block_forward_saved(m, mod, run, &q);
         float *out = act(&q, N * D, "out");
-        w = param_in(run, &P[P_W2]);
-        matmul_q(&q, "w2", out, A->g, w, N, (size_t)c->hidden_dim, D);
-        param_done(run, w);
+        matmul_q(&q, run, "w2", out, A->g, &P[P_W2], N, (size_t)c->hidden_dim, D);
         add_q(&q, out, out, A->h, N * D);
         if (run->recompute) free_acts(run->dev, A, 1); /* keep only the input */
         run->h = out;
@@ -442,13 +440,9 @@ void module_forward(Model *m, Module *mod, ModelRun *run) {
         A->xn = act(&q, N * D, "xn");
         A->rstd1 = act(&q, N, "rstd");
         dev_access(run->stream, A->x, N * D * sizeof(float), 0, "input");
-        w = param_in(run, &P[P_HEAD_NORM]);
-        rmsnorm_q(&q, A->xn, A->rstd1, A->x, w, N, D, c->norm_eps);
-        param_done(run, w);
+        rmsnorm_q(&q, run, A->xn, A->rstd1, A->x, &P[P_HEAD_NORM], N, D, c->norm_eps);
         A->logits = act(&q, N * V, "logits");
-        w = param_in(run, &P[P_OUTPUT]);
-        matmul_q(&q, "output", A->logits, A->xn, w, N, D, V);
-        param_done(run, w);
+        matmul_q(&q, run, "output", A->logits, A->xn, &P[P_OUTPUT], N, D, V);
         CeArgs ce = {run->loss, NULL, A->logits, run->targets, N, V, N};
         dev_launch(run->stream, "cross_entropy", KERNEL(run->stream, crossentropy_forward), &ce, sizeof ce);
         run->h = NULL;
@@ -463,7 +457,6 @@ void module_recompute(Model *m, Module *mod, ModelRun *run) {
 }
 
 void module_backward(Model *m, Module *mod, ModelRun *run) {
-    const float *w;
     const ModelConfig *c = &m->cfg;
     size_t N = run->B * run->T, D = (size_t)c->dim, V = (size_t)c->vocab_size, F = (size_t)c->hidden_dim;
     size_t H = (size_t)c->n_heads, KV = (size_t)c->n_kv_heads, hd = (size_t)c->head_dim;
@@ -478,15 +471,9 @@ void module_backward(Model *m, Module *mod, ModelRun *run) {
         CeArgs ce = {NULL, dlogits, A->logits, run->targets, N, V, mean_over};
         dev_launch(run->stream, "cross_entropy_bwd", KERNEL(run->stream, crossentropy_backward), &ce, sizeof ce);
         float *dxn = zeros(&q, N * D, "dxn");
-        dev_access(run->stream, P[P_OUTPUT].grad, P[P_OUTPUT].numel * sizeof(float), 1, NULL);
-        w = param_in(run, &P[P_OUTPUT]);
-        matmul_bwd_q(&q, "output_bwd", dxn, P[P_OUTPUT].grad, dlogits, A->xn, w, N, D, V);
-        param_done(run, w);
+        matmul_bwd_q(&q, run, "output_bwd", dxn, dlogits, A->xn, &P[P_OUTPUT], N, D, V);
         float *dx = zeros(&q, N * D, "dx");
-        dev_access(run->stream, P[P_HEAD_NORM].grad, P[P_HEAD_NORM].numel * sizeof(float), 1, NULL);
-        w = param_in(run, &P[P_HEAD_NORM]);
-        rmsnorm_bwd_q(&q, dx, P[P_HEAD_NORM].grad, dxn, A->x, w, A->rstd1, N, D);
-        param_done(run, w);
+        rmsnorm_bwd_q(&q, run, dx, dxn, A->x, &P[P_HEAD_NORM], A->rstd1, N, D);
         dev_free(run->dev, dlogits);
         dev_free(run->dev, dxn);
         free_acts(run->dev, A, 0);
@@ -495,33 +482,18 @@ void module_backward(Model *m, Module *mod, ModelRun *run) {
         float *dout = run->dh; /* [N, D]; becomes dL/dh below (the residual passes it through) */
         /* out = h + g W2^T */
         float *dg = zeros(&q, N * F, "dswiglu");
-        dev_access(run->stream, P[P_W2].grad, P[P_W2].numel * sizeof(float), 1, NULL);
-        w = param_in(run, &P[P_W2]);
-        matmul_bwd_q(&q, "w2_bwd", dg, P[P_W2].grad, dout, A->g, w, N, F, D);
-        param_done(run, w);
+        matmul_bwd_q(&q, run, "w2_bwd", dg, dout, A->g, &P[P_W2], N, F, D);
         float *da = zeros(&q, N * F, "dw1_out"), *db = zeros(&q, N * F, "dw3_out");
         SwiBwdArgs sb = {da, db, dg, A->a, A->b, N * F};
         dev_launch(run->stream, "swiglu_bwd", KERNEL(run->stream, swiglu_backward), &sb, sizeof sb);
         float *dhn = zeros(&q, N * D, "dhn");
-        dev_access(run->stream, P[P_W1].grad, P[P_W1].numel * sizeof(float), 1, NULL);
-        w = param_in(run, &P[P_W1]);
-        matmul_bwd_q(&q, "w1_bwd", dhn, P[P_W1].grad, da, A->hn, w, N, D, F);
-        param_done(run, w);
-        dev_access(run->stream, P[P_W3].grad, P[P_W3].numel * sizeof(float), 1, NULL);
-        w = param_in(run, &P[P_W3]);
-        matmul_bwd_q(&q, "w3_bwd", dhn, P[P_W3].grad, db, A->hn, w, N, D, F);
-        param_done(run, w);
+        matmul_bwd_q(&q, run, "w1_bwd", dhn, da, A->hn, &P[P_W1], N, D, F);
+        matmul_bwd_q(&q, run, "w3_bwd", dhn, db, A->hn, &P[P_W3], N, D, F);
         float *dh = dout; /* dL/dh = dout (residual) + RMSNorm backward of dhn */
-        dev_access(run->stream, P[P_FFN_NORM].grad, P[P_FFN_NORM].numel * sizeof(float), 1, NULL);
-        w = param_in(run, &P[P_FFN_NORM]);
-        rmsnorm_bwd_q(&q, dh, P[P_FFN_NORM].grad, dhn, A->h, w, A->rstd2, N, D);
-        param_done(run, w);
+        rmsnorm_bwd_q(&q, run, dh, dhn, A->h, &P[P_FFN_NORM], A->rstd2, N, D);
         /* h = x + att Wo^T */
         float *datt = zeros(&q, N * H * hd, "datt");
-        dev_access(run->stream, P[P_WO].grad, P[P_WO].numel * sizeof(float), 1, NULL);
-        w = param_in(run, &P[P_WO]);
-        matmul_bwd_q(&q, "wo_bwd", datt, P[P_WO].grad, dh, A->att, w, N, H * hd, D);
-        param_done(run, w);
+        matmul_bwd_q(&q, run, "wo_bwd", datt, dh, A->att, &P[P_WO], N, H * hd, D);
         float *dq = zeros(&q, N * H * hd, "dq"), *dk = zeros(&q, N * KV * hd, "dk"), *dv = zeros(&q, N * KV * hd, "dv");
         float *scratch = temp(&q, KERNEL(run->stream, attention_scratch_floats)(run->B, run->T, H), "att_scratch");
         AttBwdArgs ab = {dq, dk, dv, scratch, datt, A->q, A->k, A->v, A->probs, run->B, run->T, H, KV, hd};
@@ -529,29 +501,17 @@ void module_backward(Model *m, Module *mod, ModelRun *run) {
         rope_q(&q, dq, run, H, hd, 1);
         rope_q(&q, dk, run, KV, hd, 1);
         float *dxn = zeros(&q, N * D, "dxn");
-        dev_access(run->stream, P[P_WQ].grad, P[P_WQ].numel * sizeof(float), 1, NULL);
-        w = param_in(run, &P[P_WQ]);
-        matmul_bwd_q(&q, "wq_bwd", dxn, P[P_WQ].grad, dq, A->xn, w, N, D, H * hd);
-        param_done(run, w);
-        dev_access(run->stream, P[P_WK].grad, P[P_WK].numel * sizeof(float), 1, NULL);
-        w = param_in(run, &P[P_WK]);
-        matmul_bwd_q(&q, "wk_bwd", dxn, P[P_WK].grad, dk, A->xn, w, N, D, KV * hd);
-        param_done(run, w);
-        dev_access(run->stream, P[P_WV].grad, P[P_WV].numel * sizeof(float), 1, NULL);
-        w = param_in(run, &P[P_WV]);
-        matmul_bwd_q(&q, "wv_bwd", dxn, P[P_WV].grad, dv, A->xn, w, N, D, KV * hd);
-        param_done(run, w);
+        matmul_bwd_q(&q, run, "wq_bwd", dxn, dq, A->xn, &P[P_WQ], N, D, H * hd);
+        matmul_bwd_q(&q, run, "wk_bwd", dxn, dk, A->xn, &P[P_WK], N, D, KV * hd);
+        matmul_bwd_q(&q, run, "wv_bwd", dxn, dv, A->xn, &P[P_WV], N, D, KV * hd);
         /* x feeds both the residual (dh) and the attention norm (dxn) */
-        dev_access(run->stream, P[P_ATTN_NORM].grad, P[P_ATTN_NORM].numel * sizeof(float), 1, NULL);
-        w = param_in(run, &P[P_ATTN_NORM]);
-        rmsnorm_bwd_q(&q, dh, P[P_ATTN_NORM].grad, dxn, A->x, w, A->rstd1, N, D);
-        param_done(run, w);
+        rmsnorm_bwd_q(&q, run, dh, dxn, A->x, &P[P_ATTN_NORM], A->rstd1, N, D);
         float *frees[] = {dg, da, db, dhn, datt, dq, dk, dv, scratch, dxn};
         for (size_t i = 0; i < sizeof frees / sizeof frees[0]; i++) dev_free(run->dev, frees[i]);
         free_acts(run->dev, A, 0);
         run->dh = dh; /* now dL/dx */
     } else {
-        dev_access(run->stream, P[0].grad, P[0].numel * sizeof(float), 1, NULL);
+        grad_written(run, &P[0]);
         EmbArgs a = {P[0].grad, run->inputs, run->dh, N, D};
         dev_launch(run->stream, "embedding_bwd", KERNEL(run->stream, embedding_backward), &a, sizeof a);
         dev_free(run->dev, run->dh);

@@ -32,26 +32,23 @@
  * the 23 mantissa bits. The one conversion everything uses (kernels on both
  * backends, the collectives, the runtime's checks, the tests): */
 
-/* A float's bits and back (the two bit casts below use). */
-HWFSDP_HD uint32_t f32_bits(float x) {
+/* A float's bits and back (the two bit casts below use): f32_bits(float)
+ * gives a uint32_t, f32_from_bits(uint32_t) a float. The device has an
+ * intrinsic for each; the host copies the bytes, the bit cast that both C and
+ * C++ (the .cu files' host code) define. */
 #ifdef __CUDA_ARCH__
-    return __float_as_uint(x);
+#define HWFSDP_BIT_CAST(name, To, From, intrinsic) \
+    HWFSDP_HD To name(From x) { return intrinsic(x); }
 #else
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    return u;
+#define HWFSDP_BIT_CAST(name, To, From, intrinsic) \
+    HWFSDP_HD To name(From x) {                    \
+        To y;                                      \
+        memcpy(&y, &x, sizeof y);                  \
+        return y;                                  \
+    }
 #endif
-}
-
-HWFSDP_HD float f32_from_bits(uint32_t u) {
-#ifdef __CUDA_ARCH__
-    return __uint_as_float(u);
-#else
-    float x;
-    memcpy(&x, &u, sizeof x);
-    return x;
-#endif
-}
+HWFSDP_BIT_CAST(f32_bits, uint32_t, float, __float_as_uint)
+HWFSDP_BIT_CAST(f32_from_bits, float, uint32_t, __uint_as_float)
 
 /* float32 -> bfloat16, round to nearest, ties to even: add 0x7fff plus the
  * lowest kept bit, then drop the low 16 bits. A tie (low half exactly 0x8000)

@@ -16,16 +16,8 @@ typedef struct {
     size_t len, cap;
 } Buf;
 
-static void buf_reserve(Buf *b, size_t more) {
-    if (b->len + more <= b->cap) return;
-    size_t ncap = b->cap ? b->cap : 4096;
-    while (ncap < b->len + more) ncap *= 2;
-    b->p = xrealloc(b->p, ncap);
-    b->cap = ncap;
-}
-
 static void buf_put(Buf *b, const void *data, size_t n) {
-    buf_reserve(b, n);
+    b->p = xgrow(b->p, &b->cap, b->len + n, 4096);
     memcpy(b->p + b->len, data, n);
     b->len += n;
 }

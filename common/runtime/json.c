@@ -12,11 +12,7 @@
 #define JSON_INITIAL_CAP 256
 
 static void reserve(Json *j, size_t more) {
-    if (j->len + more + 1 <= j->cap) return; /* +1: the text stays NUL-terminated */
-    size_t cap = j->cap ? j->cap : JSON_INITIAL_CAP;
-    while (cap < j->len + more + 1) cap *= 2;
-    j->p = xrealloc(j->p, cap);
-    j->cap = cap;
+    j->p = xgrow(j->p, &j->cap, j->len + more + 1, JSON_INITIAL_CAP); /* +1: the text stays NUL-terminated */
 }
 
 static void put(Json *j, const char *s, size_t n) {

@@ -73,6 +73,13 @@ void *xrealloc(void *p, size_t bytes) {
     if (!q) fatal("out of host memory reallocating %zu bytes", bytes);
     return q;
 }
+void *xgrow(void *p, size_t *cap, size_t need, size_t initial) {
+    if (need <= *cap) return p;
+    size_t c = *cap ? *cap : initial;
+    while (c < need) c *= 2;
+    *cap = c;
+    return xrealloc(p, c);
+}
 char *xstrdup(const char *s) {
     size_t n = strlen(s) + 1;
     char *d = xmalloc(n);

@@ -36,6 +36,9 @@ void hw_todo(const char *what, const char *where) __attribute__((noreturn));
 void *xmalloc(size_t bytes);
 void *xcalloc(size_t n, size_t size);
 void *xrealloc(void *p, size_t bytes);
+/* A growing buffer p of capacity *cap made to hold need bytes: the capacity
+ * doubles (from initial when *cap is 0); returns the buffer, maybe moved. */
+void *xgrow(void *p, size_t *cap, size_t need, size_t initial);
 char *xstrdup(const char *s);
 
 /* Monotonic wall clock in microseconds (CLOCK_MONOTONIC; common to all threads). */

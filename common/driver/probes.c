@@ -173,10 +173,8 @@ static void dtensor_json(Json *j, const Model *m, const Module *mod, const Param
                 if (dt->local[e] != 0.0f) pad_zero = 0;
     }
     json_object_begin(j);
-    json_key(j, "name");
-    json_string(j, p->name);
-    json_key(j, "module");
-    json_string(j, mod->name);
+    json_key_string(j, "name", p->name);
+    json_key_string(j, "module", mod->name);
     json_key(j, "global_shape");
     json_array_begin(j);
     for (int d = 0; d < p->ndim && d < 2; d++) json_uint(j, p->shape[d]);
@@ -203,8 +201,7 @@ static void dtensor_json(Json *j, const Model *m, const Module *mod, const Param
     json_array_end(j);
     json_key(j, "mesh_is_world");
     json_bool(j, mesh_ok);
-    json_key(j, "placement");
-    json_string(j, pl);
+    json_key_string(j, "placement", pl);
     size_field(j, "local_rows", dt->local_rows);
     size_field(j, "padded_rows", dt->padded_rows);
     size_field(j, "row_offset", dt->row_offset);
@@ -225,16 +222,12 @@ void probes_write_dtensors(Dev *dev, Model *m, const float *init, const char *di
     snprintf(path, sizeof path, "%s/dtensors_rank%d.json", dir, dev_rank(dev));
     Json j = {0};
     json_object_begin(&j);
-    json_key(&j, "rank");
-    json_int(&j, dev_rank(dev));
-    json_key(&j, "world_size");
-    json_int(&j, dev_world_size(dev));
+    json_key_int(&j, "rank", dev_rank(dev));
+    json_key_int(&j, "world_size", dev_world_size(dev));
     json_key(&j, "mesh_shape");
     mesh_shape(&j, mesh);
-    json_key(&j, "shard_rank");
-    json_int(&j, pg_rank(mesh->shard_group));
-    json_key(&j, "shard_size");
-    json_int(&j, pg_size(mesh->shard_group));
+    json_key_int(&j, "shard_rank", pg_rank(mesh->shard_group));
+    json_key_int(&j, "shard_size", pg_size(mesh->shard_group));
     json_key(&j, "params");
     json_array_begin(&j);
     for (int i = 0; i < m->n_modules; i++)

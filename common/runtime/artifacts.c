@@ -92,12 +92,9 @@ static void trace_events_of(Json *j, Dev *d) {
         json_fixed(j, r->dur, 3);
         json_key(j, "args");
         json_object_begin(j);
-        json_key(j, "step");
-        json_int(j, r->step);
-        json_key(j, "phase");
-        json_string(j, r->phase);
-        json_key(j, "module");
-        json_string(j, r->module);
+        json_key_int(j, "step", r->step);
+        json_key_string(j, "phase", r->phase);
+        json_key_string(j, "module", r->module);
         if (r->bytes) {
             json_key(j, "bytes");
             json_uint(j, r->bytes);

@@ -146,6 +146,16 @@ void json_int(Json *j, long long v) {
     put_fmt(j, "%lld", v);
 }
 
+void json_key_string(Json *j, const char *key, const char *s) {
+    json_key(j, key);
+    json_string(j, s);
+}
+
+void json_key_int(Json *j, const char *key, long long v) {
+    json_key(j, key);
+    json_int(j, v);
+}
+
 void json_uint(Json *j, unsigned long long v) {
     before_value(j);
     put_fmt(j, "%llu", v);

@@ -56,6 +56,9 @@ void json_g(Json *j, double v, int precision);
 void json_fixed(Json *j, double v, int decimals);
 void json_bool(Json *j, int v);
 void json_null(Json *j);
+/* json_key then the value: the members most objects are made of. */
+void json_key_string(Json *j, const char *key, const char *s);
+void json_key_int(Json *j, const char *key, long long v);
 
 /* The members of an object whose braces someone else writes: dev_mem_note
  * takes a note's fields as such a text ("\"step\":1,\"module\":\"head\""),

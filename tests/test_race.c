@@ -32,6 +32,12 @@ static void k_copy(void *p) {
  * detector-off case must not be a real data race (TSan runs these tests). */
 static void k_pretend(void *p) { (void)p; }
 
+/* waiter's later work waits for the work queued on s so far (through e). */
+static void wait_for(Stream *waiter, Event *e, Stream *s) {
+    dev_event_record(e, s);
+    dev_stream_wait_event(waiter, e);
+}
+
 /* ------------------------------------------------------------ scenarios */
 
 /* Stream "producer" writes buf (memcpy); "compute" reads it. mode selects the
@@ -77,10 +83,7 @@ static void rank_write_after_read(Dev *d, void *arg) {
     float *tmp = dev_alloc_f32(d, 64, MEM_TEMP, "tmp");
     memset(buf, 0, 64 * sizeof(float)); /* host writes are not tracked */
     dev_memcpy_async(c, tmp, buf, 64 * sizeof(float));
-    if (ordered) {
-        dev_event_record(e, c);
-        dev_stream_wait_event(wr, e);
-    }
+    if (ordered) wait_for(wr, e, c);
     dev_memset_async(wr, buf, 0, 64 * sizeof(float));
     dev_synchronize(d);
     dev_free(d, buf);
@@ -138,8 +141,7 @@ static void rank_free_in_use(Dev *d, void *arg) {
     dev_set_scope(d, 0, "block2", "pre_forward");
     float *flat = mode == 3 ? dev_alloc_f32_on(ag, 128 * (size_t)W, MEM_COMM_BUFFER, "block2.all_gather_buffer")
                             : dev_alloc_f32(d, 128 * (size_t)W, MEM_COMM_BUFFER, "block2.all_gather_buffer");
-    dev_event_record(ready, c);
-    dev_stream_wait_event(ag, ready);
+    wait_for(ag, ready, c);
     dev_memset_async(ag, flat + (size_t)me * 128, 0, 128 * sizeof(float));
     coll_all_gather(d, flat + (size_t)me * 128, flat, 128, ag, "block2");
     dev_event_record(done, ag);
@@ -167,10 +169,7 @@ static void rank_foreign_pool(Dev *d, void *arg) {
     dev_memset_async(c, act, 0, 64 * sizeof(float)); /* compute has work queued */
     float *flat = mode == 1 ? dev_alloc_f32_on(ag, 64, MEM_COMM_BUFFER, "block3.all_gather_buffer")
                             : dev_alloc_f32(d, 64, MEM_COMM_BUFFER, "block3.all_gather_buffer");
-    if (mode == 2) {
-        dev_event_record(e, c);
-        dev_stream_wait_event(ag, e);
-    }
+    if (mode == 2) wait_for(ag, e, c);
     dev_memset_async(ag, flat, 0, 64 * sizeof(float));
     dev_synchronize(d);
     dev_free(d, flat);
@@ -241,8 +240,7 @@ static void rank_stuck_event(Dev *d, void *arg) {
     Event *e = dev_event_create(d, "ag_done");
     float *buf = dev_alloc_f32(d, 2 * 32, MEM_COMM_BUFFER, "buf");
     if (dev_rank(d) == 0) coll_all_gather(d, buf, buf, 32, ag, "block0");
-    dev_event_record(e, ag);
-    dev_stream_wait_event(c, e);
+    wait_for(c, e, ag);
     dev_stream_synchronize(c);
     dev_free(d, buf);
     dev_event_destroy(e);

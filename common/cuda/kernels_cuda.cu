@@ -460,6 +460,15 @@ void attn_check(size_t H, size_t KV, size_t hd, const char *what) {
     if (hd > 4 * (size_t)kThreads) fatal("%s: head dim %zu is more than %d", what, hd, 4 * kThreads);
 }
 
+/* A kernel with a grid-stride loop over n elements, launched on the current
+ * stream (args convert to its parameters); for n == 0 there is nothing to do. */
+template <typename... Params, typename... Args>
+void launch_per_element(void (*kernel)(Params...), size_t n, const char *what, Args... args) {
+    if (!n) return;
+    kernel<<<blocks_for(n), kThreads, 0, cuda_current_stream()>>>(args...);
+    CUDA_CHECK_LAUNCH(what);
+}
+
 } // namespace
 
 /* ================================================================== kcuda_* */
@@ -545,10 +554,8 @@ void kcuda_rope(void *a) {
     RopeArgs *r = (RopeArgs *)a;
     if (r->hd % 2 != 0) fatal("rope: head dim %zu is odd", r->hd);
     size_t half = r->hd / 2, n = r->B * r->T * r->nh * half;
-    if (!n) return;
-    rope_rot<<<blocks_for(n), kThreads, 0, cuda_current_stream()>>>(r->x, r->cos, r->sin, r->B, r->T, r->nh, half,
-                                                                     r->backward ? -1.0f : 1.0f);
-    CUDA_CHECK_LAUNCH("rope_rot");
+    launch_per_element(rope_rot, n, "rope_rot", r->x, r->cos, r->sin, r->B, r->T, r->nh, half,
+                       r->backward ? -1.0f : 1.0f);
 }
 
 void kcuda_rope_tables(void *a) {
@@ -592,37 +599,27 @@ void kcuda_attention_backward(void *a) {
 
 void kcuda_swiglu_forward(void *a) {
     SwiArgs *x = (SwiArgs *)a;
-    if (!x->n) return;
-    swiglu_fwd<<<blocks_for(x->n), kThreads, 0, cuda_current_stream()>>>(x->out, x->a, x->b, x->n);
-    CUDA_CHECK_LAUNCH("swiglu_fwd");
+    launch_per_element(swiglu_fwd, x->n, "swiglu_fwd", x->out, x->a, x->b, x->n);
 }
 
 void kcuda_swiglu_backward(void *a) {
     SwiBwdArgs *x = (SwiBwdArgs *)a;
-    if (!x->n) return;
-    swiglu_bwd<<<blocks_for(x->n), kThreads, 0, cuda_current_stream()>>>(x->da, x->db, x->dout, x->a, x->b, x->n);
-    CUDA_CHECK_LAUNCH("swiglu_bwd");
+    launch_per_element(swiglu_bwd, x->n, "swiglu_bwd", x->da, x->db, x->dout, x->a, x->b, x->n);
 }
 
 void kcuda_add(void *a) {
     AddArgs *x = (AddArgs *)a;
-    if (!x->n) return;
-    add_k<<<blocks_for(x->n), kThreads, 0, cuda_current_stream()>>>(x->out, x->a, x->b, x->n);
-    CUDA_CHECK_LAUNCH("add");
+    launch_per_element(add_k, x->n, "add", x->out, x->a, x->b, x->n);
 }
 
 void kcuda_cast_to_bf16(void *a) {
     CastArgs *x = (CastArgs *)a;
-    if (!x->n) return;
-    cast_to_bf16_k<<<blocks_for(x->n), kThreads, 0, cuda_current_stream()>>>(x->bf16, x->f32, x->n);
-    CUDA_CHECK_LAUNCH("cast_to_bf16");
+    launch_per_element(cast_to_bf16_k, x->n, "cast_to_bf16", x->bf16, x->f32, x->n);
 }
 
 void kcuda_cast_from_bf16(void *a) {
     CastArgs *x = (CastArgs *)a;
-    if (!x->n) return;
-    cast_from_bf16_k<<<blocks_for(x->n), kThreads, 0, cuda_current_stream()>>>(x->f32, x->bf16, x->n);
-    CUDA_CHECK_LAUNCH("cast_from_bf16");
+    launch_per_element(cast_from_bf16_k, x->n, "cast_from_bf16", x->f32, x->bf16, x->n);
 }
 
 void kcuda_crossentropy_forward(void *a) {

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#define FUZZ_TARGET "fuzz_safetensors"
 #include "fuzz_support.h"
 #include "model/safetensors.h"
 
@@ -41,15 +42,6 @@ static int valid_utf8(const char *s) {
     }
     return 1;
 }
-
-#define CHECK(cond, ...)                                                  \
-    do {                                                                  \
-        if (!(cond)) {                                                    \
-            fprintf(stderr, "fuzz_safetensors: check failed: " __VA_ARGS__); \
-            fprintf(stderr, "\n");                                        \
-            abort();                                                      \
-        }                                                                 \
-    } while (0)
 
 /* Appends to a growing string: raw text, or s as a JSON string. */
 static void put_raw(char **buf, size_t *len, size_t *cap, const char *s) {

@@ -17,7 +17,12 @@
  *    allocation made between FUZZ_TRY and fuzz_end(): after a fatal() those are
  *    freed; after a clean read there must be none left (the target has called
  *    st_free / data_free), otherwise the reader leaks and the target aborts.
- *    LeakSanitizer stays on for everything else. */
+ *    LeakSanitizer stays on for everything else.
+ *
+ * 4. CHECK(cond, printf args): a target's own check of what a reader gave
+ *    back. Failing, it prints "<FUZZ_TARGET>: check failed: <message>" and
+ *    aborts (a finding); a target defines FUZZ_TARGET, its name, before
+ *    including this header. */
 #ifndef HWFSDP_FUZZ_SUPPORT_H
 #define HWFSDP_FUZZ_SUPPORT_H
 
@@ -236,5 +241,19 @@ static inline const char *fuzz_scratch(const char *name) {
     snprintf(buf, sizeof buf, "%s/%s", fuzz_dir, name);
     return buf;
 }
+
+/* ------------------------------------------------------ consistency checks */
+
+#ifndef FUZZ_TARGET
+#error "define FUZZ_TARGET (the target's name) before including fuzz_support.h"
+#endif
+#define CHECK(cond, ...)                                                   \
+    do {                                                                   \
+        if (!(cond)) {                                                     \
+            fprintf(stderr, FUZZ_TARGET ": check failed: " __VA_ARGS__);   \
+            fprintf(stderr, "\n");                                         \
+            abort();                                                       \
+        }                                                                  \
+    } while (0)
 
 #endif

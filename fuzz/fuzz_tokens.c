@@ -13,16 +13,8 @@
 #include <string.h>
 
 #include "model/data.h"
+#define FUZZ_TARGET "fuzz_tokens"
 #include "fuzz_support.h"
-
-#define CHECK(cond, ...)                                                  \
-    do {                                                                  \
-        if (!(cond)) {                                                    \
-            fprintf(stderr, "fuzz_tokens: check failed: " __VA_ARGS__);   \
-            fprintf(stderr, "\n");                                        \
-            abort();                                                      \
-        }                                                                 \
-    } while (0)
 
 static uint64_t fnv1a(const uint8_t *p, size_t n) {
     uint64_t h = 0xcbf29ce484222325ull;

@@ -17,6 +17,16 @@ static inline WorldConfig local_config(int n) {
     return c;
 }
 
+/* c with tracing, or with fresh device memory poisoned (NaN), turned on. */
+static inline WorldConfig traced(WorldConfig c) {
+    c.trace = 1;
+    return c;
+}
+static inline WorldConfig poisoned(WorldConfig c) {
+    c.poison = 1;
+    return c;
+}
+
 static inline void run_world(WorldConfig c, void (*fn)(Dev *, void *), void *arg) {
     World *w = world_create(&c);
     world_run(w, fn, arg);

@@ -127,9 +127,7 @@ static void rank_event_wait(Dev *d, void *arg) {
     dev_event_destroy(e);
 }
 TEST(event_wait_across_streams) {
-    WorldConfig c = local_config(1);
-    c.trace = 1;
-    run_world(c, rank_event_wait, NULL);
+    run_world(traced(local_config(1)), rank_event_wait, NULL);
 }
 
 /* A wait refers to the record made before it, not to later ones. */
@@ -425,9 +423,7 @@ static void rank_poison(Dev *d, void *arg) {
     dev_free(d, f);
 }
 TEST(poison_nan) {
-    WorldConfig c = local_config(2);
-    c.poison = 1;
-    run_world(c, rank_poison, NULL);
+    run_world(poisoned(local_config(2)), rank_poison, NULL);
 }
 
 static void rank_host_exchange(Dev *d, void *arg) {
@@ -507,9 +503,7 @@ TEST(collective_kind_table) {
     CHECK(!coll_kind(COLL_KIND_COUNT) && !coll_kind(-1), "a kind past the table");
     CHECK(!strcmp(coll_kind_name(COLL_KIND_COUNT), "?") && !strcmp(coll_kind_name(-1), "?"), "name of a non-kind");
     for (int n = 1; n <= 4 && !check_failed_in_test; n++) { /* (a broken row would crash it) */
-        WorldConfig c = local_config(n);
-        c.poison = 1;
-        run_world(c, rank_every_kind, NULL);
+        run_world(poisoned(local_config(n)), rank_every_kind, NULL);
     }
 }
 
@@ -534,9 +528,7 @@ static void rank_collectives(Dev *d, void *arg) {
 }
 TEST(collectives_world_1_to_5) {
     for (int n = 1; n <= 5; n++) {
-        WorldConfig c = local_config(n);
-        c.poison = 1;
-        run_world(c, rank_collectives, NULL);
+        run_world(poisoned(local_config(n)), rank_collectives, NULL);
     }
 }
 
@@ -778,9 +770,7 @@ static void rank_trace(Dev *d, void *arg) {
     dev_free(d, buf);
 }
 TEST(trace_records) {
-    WorldConfig c = local_config(2);
-    c.trace = 1;
-    run_world(c, rank_trace, NULL);
+    run_world(traced(local_config(2)), rank_trace, NULL);
 }
 
 /* ------------------------------------------------------ artifacts mode */
@@ -933,9 +923,7 @@ static int misuse(const char *kind) {
 
 int main(int argc, char **argv) {
     if (argc > 2 && strcmp(argv[1], "--write-artifacts") == 0) {
-        WorldConfig c = local_config(2);
-        c.trace = 1;
-        run_world(c, rank_artifacts, argv[2]);
+        run_world(traced(local_config(2)), rank_artifacts, argv[2]);
         return 0;
     }
     if (argc > 2 && strcmp(argv[1], "--misuse") == 0) return misuse(argv[2]);

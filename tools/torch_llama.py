@@ -280,26 +280,18 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description="PyTorch reference Llama 3 (torchtitan) for the parity tests")
     ap.add_argument("--init", help="initial weights (.safetensors)")
     ap.add_argument("--make-init", help="write random initial weights here and exit")
-    ap.add_argument("--init-std", type=float, default=0.02)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--data")
-    ap.add_argument("--dim", type=int, required=True)
-    ap.add_argument("--n-layers", type=int, required=True)
-    ap.add_argument("--n-heads", type=int, required=True)
-    ap.add_argument("--n-kv-heads", type=int, default=0)
-    ap.add_argument("--vocab-size", type=int, required=True)
-    ap.add_argument("--multiple-of", type=int, default=256)
-    ap.add_argument("--ffn-dim-multiplier", type=float, default=0.0)
-    ap.add_argument("--norm-eps", type=float, default=1e-5)
-    ap.add_argument("--rope-theta", type=float, default=500000.0)
-    ap.add_argument("--seq-len", type=int, default=64)
-    ap.add_argument("--batch-size", type=int, default=2)
-    ap.add_argument("--world", type=int, default=1)
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--lr", type=float, default=8e-4)
-    ap.add_argument("--warmup-steps", type=int, default=2)
-    ap.add_argument("--weight-decay", type=float, default=0.1)
-    ap.add_argument("--max-norm", type=float, default=1.0)
+    # (flag, default) as the C driver has them: a number's type is its default's; int alone: required; None: a path
+    for flag, default in [("--init-std", 0.02), ("--seed", 0), ("--data", None), ("--dim", int), ("--n-layers", int),
+                          ("--n-heads", int), ("--n-kv-heads", 0), ("--vocab-size", int), ("--multiple-of", 256),
+                          ("--ffn-dim-multiplier", 0.0), ("--norm-eps", 1e-5), ("--rope-theta", 500000.0),
+                          ("--seq-len", 64), ("--batch-size", 2), ("--world", 1), ("--steps", 10), ("--lr", 8e-4),
+                          ("--warmup-steps", 2), ("--weight-decay", 0.1), ("--max-norm", 1.0)]:
+        if default is None:
+            ap.add_argument(flag)
+        elif default is int:
+            ap.add_argument(flag, type=int, required=True)
+        else:
+            ap.add_argument(flag, type=type(default), default=default)
     ap.add_argument("--out", help="metrics JSONL")
     ap.add_argument("--save-final")
     ap.add_argument("--forward-only", action="store_true")

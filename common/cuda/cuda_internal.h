@@ -61,7 +61,6 @@ typedef struct {
 /* Host rendezvous of a group's ranks (threads of this process) for one
  * stream index; slots (by group rank) are double-buffered by generation parity. */
 typedef struct {
-    int stream_index, pg_id, color; /* its key */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int arrived;
@@ -76,9 +75,7 @@ struct CudaWorld {
     int ndevices;                /* visible GPUs */
     MpiWorld *mpi;               /* nccl-mpi: the ranks are MPI processes (mpi_world.c); NULL: threads */
     int node_rank, node_size;    /* nccl-mpi: this process among the ranks of its node */
-    pthread_mutex_t mu;          /* guards chans */
-    CudaChan **chans;
-    int nchans, chans_cap;
+    ChanRegistry chans;          /* CudaChan, for ranks that are threads */
 };
 
 /* Stream.backend (Event.backend is the cudaEvent_t itself) */

@@ -20,6 +20,7 @@
 #include "cuda/cuda_internal.h"
 #include "model/kernels.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,7 +53,7 @@ static int event_done(cudaEvent_t e) {
 /* nccl-mpi: the ranks are MPI processes first (mpi_world.c), then one GPU each. */
 static void cuda_world_init(World *w, long *cores) {
     struct CudaWorld *cw = xcalloc(1, sizeof *cw);
-    pthread_mutex_init(&cw->mu, NULL);
+    chan_registry_init(&cw->chans, sizeof(CudaChan), offsetof(CudaChan, mu), offsetof(CudaChan, cv));
     w->backend = cw;
     if (w->cfg.backend == BACKEND_NCCL_MPI) {
         cw->mpi = mpi_world_create(w, cores);
@@ -75,13 +76,7 @@ static void cuda_world_init(World *w, long *cores) {
 static void cuda_world_fini(World *w) {
     struct CudaWorld *cw = cuda_world(w);
     if (!cw) return;
-    for (int i = 0; i < cw->nchans; i++) {
-        pthread_mutex_destroy(&cw->chans[i]->mu);
-        pthread_cond_destroy(&cw->chans[i]->cv);
-        free(cw->chans[i]);
-    }
-    free(cw->chans);
-    pthread_mutex_destroy(&cw->mu);
+    chan_registry_fini(&cw->chans);
     mpi_world_destroy(cw->mpi);
     free(cw);
     w->backend = NULL;
@@ -105,28 +100,7 @@ static void cuda_group_fini(ProcessGroup *g) {
 }
 
 CudaChan *cuda_world_channel(World *w, int stream_index, int pg_id, int color) {
-    struct CudaWorld *cw = cuda_world(w);
-    pthread_mutex_lock(&cw->mu);
-    CudaChan *c = NULL;
-    for (int i = 0; i < cw->nchans && !c; i++) {
-        CudaChan *k = cw->chans[i];
-        if (k->stream_index == stream_index && k->pg_id == pg_id && k->color == color) c = k;
-    }
-    if (!c) {
-        if (cw->nchans == cw->chans_cap) {
-            cw->chans_cap = cw->chans_cap ? cw->chans_cap * 2 : 8;
-            cw->chans = xrealloc(cw->chans, (size_t)cw->chans_cap * sizeof *cw->chans);
-        }
-        c = xcalloc(1, sizeof *c);
-        c->stream_index = stream_index;
-        c->pg_id = pg_id;
-        c->color = color;
-        pthread_mutex_init(&c->mu, NULL);
-        cond_init_monotonic(&c->cv);
-        cw->chans[cw->nchans++] = c;
-    }
-    pthread_mutex_unlock(&cw->mu);
-    return c;
+    return chan_registry_get(&cuda_world(w)->chans, stream_index, pg_id, color);
 }
 
 /* -------------------------------------------------------------------- Dev */

@@ -131,3 +131,47 @@ void threads_host_exchange(Dev *d, double value, double *out) {
 void dev_host_allgather_f64(Dev *d, double value, double *out) { dev_ops(d)->host_exchange(d, value, out); }
 
 void dev_host_barrier(Dev *d) { dev_ops(d)->host_exchange(d, 0.0, NULL); }
+
+/* ------------------------------------------------ rendezvous channels */
+
+struct ChanSlot {
+    int stream_index, pg_id, color; /* the key */
+    void *chan;
+};
+
+void chan_registry_init(ChanRegistry *r, size_t size, size_t mu_at, size_t cv_at) {
+    *r = (ChanRegistry){.size = size, .mu_at = mu_at, .cv_at = cv_at};
+    pthread_mutex_init(&r->lock, NULL);
+}
+
+void *chan_registry_get(ChanRegistry *r, int stream_index, int pg_id, int color) {
+    pthread_mutex_lock(&r->lock);
+    void *c = NULL;
+    for (int i = 0; i < r->n && !c; i++) {
+        const struct ChanSlot *k = &r->slots[i];
+        if (k->stream_index == stream_index && k->pg_id == pg_id && k->color == color) c = k->chan;
+    }
+    if (!c) {
+        if (r->n == r->cap) {
+            r->cap = r->cap ? r->cap * 2 : 8;
+            r->slots = xrealloc(r->slots, (size_t)r->cap * sizeof *r->slots);
+        }
+        c = xcalloc(1, r->size);
+        pthread_mutex_init((pthread_mutex_t *)((char *)c + r->mu_at), NULL);
+        cond_init_monotonic((pthread_cond_t *)((char *)c + r->cv_at));
+        r->slots[r->n++] = (struct ChanSlot){stream_index, pg_id, color, c};
+    }
+    pthread_mutex_unlock(&r->lock);
+    return c;
+}
+
+void chan_registry_fini(ChanRegistry *r) {
+    for (int i = 0; i < r->n; i++) {
+        char *c = r->slots[i].chan;
+        pthread_mutex_destroy((pthread_mutex_t *)(c + r->mu_at));
+        pthread_cond_destroy((pthread_cond_t *)(c + r->cv_at));
+        free(c);
+    }
+    free(r->slots);
+    pthread_mutex_destroy(&r->lock);
+}

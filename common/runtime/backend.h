@@ -19,6 +19,7 @@
 #ifndef HWFSDP_BACKEND_H
 #define HWFSDP_BACKEND_H
 
+#include <pthread.h>
 #include <stddef.h>
 
 #include "runtime/alloc.h"
@@ -136,5 +137,19 @@ const BackendOps *backend_ops(CollBackend b);
 /* The host exchange of ranks that are threads of this process (backend.c):
  * the CPU's local backend and the CUDA build's local and nccl. */
 void threads_host_exchange(Dev *d, double value, double *out);
+
+/* The rendezvous channels of ranks that are threads of this process (backend.c),
+ * for the same backends: one per (stream index, group id, color), made by the
+ * first rank to ask, zeroed, with its mutex and (monotonic) condition variable
+ * ready. A backend's channel type is named by its size and where those two sit. */
+typedef struct {
+    size_t size, mu_at, cv_at;  /* sizeof the channel type, offsetof its mutex and its condition variable */
+    pthread_mutex_t lock;       /* guards the list */
+    struct ChanSlot *slots;
+    int n, cap;
+} ChanRegistry;
+void chan_registry_init(ChanRegistry *r, size_t size, size_t mu_at, size_t cv_at);
+void *chan_registry_get(ChanRegistry *r, int stream_index, int pg_id, int color);
+void chan_registry_fini(ChanRegistry *r);
 
 #endif

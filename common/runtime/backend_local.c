@@ -6,64 +6,26 @@
 #include "runtime/stream.h"
 #include "runtime/util.h"
 
+#include <stddef.h>
 #include <stdlib.h>
-
-/* World.backend: every channel of the world. */
-typedef struct {
-    pthread_mutex_t mu; /* guards chans */
-    CollChannel **chans;
-    int nchans, chans_cap;
-} LocalWorld;
 
 /* CpuStream.coll: the stream's channel per group id, filled by its host thread. */
 typedef struct {
     CollChannel *chans[PG_MAX];
 } LocalStream;
 
+/* World.backend: every channel of the world. */
 static void local_world_init(World *w, long *cores) {
     (void)cores;
-    LocalWorld *lw = xcalloc(1, sizeof *lw);
-    pthread_mutex_init(&lw->mu, NULL);
-    w->backend = lw;
+    ChanRegistry *chans = xmalloc(sizeof *chans);
+    chan_registry_init(chans, sizeof(CollChannel), offsetof(CollChannel, mu), offsetof(CollChannel, cv));
+    w->backend = chans;
 }
 
 static void local_world_fini(World *w) {
-    LocalWorld *lw = w->backend;
-    for (int i = 0; i < lw->nchans; i++) {
-        pthread_mutex_destroy(&lw->chans[i]->mu);
-        pthread_cond_destroy(&lw->chans[i]->cv);
-        free(lw->chans[i]);
-    }
-    free(lw->chans);
-    pthread_mutex_destroy(&lw->mu);
-    free(lw);
+    chan_registry_fini(w->backend);
+    free(w->backend);
     w->backend = NULL;
-}
-
-/* The rendezvous of (stream index, group id, color): the first rank to ask makes it. */
-static CollChannel *world_channel(World *w, int stream_index, int pg_id, int color) {
-    LocalWorld *lw = w->backend;
-    pthread_mutex_lock(&lw->mu);
-    CollChannel *c = NULL;
-    for (int i = 0; i < lw->nchans && !c; i++) {
-        CollChannel *k = lw->chans[i];
-        if (k->stream_index == stream_index && k->pg_id == pg_id && k->color == color) c = k;
-    }
-    if (!c) {
-        if (lw->nchans == lw->chans_cap) {
-            lw->chans_cap = lw->chans_cap ? lw->chans_cap * 2 : 8;
-            lw->chans = xrealloc(lw->chans, (size_t)lw->chans_cap * sizeof *lw->chans);
-        }
-        c = xcalloc(1, sizeof *c);
-        c->stream_index = stream_index;
-        c->pg_id = pg_id;
-        c->color = color;
-        pthread_mutex_init(&c->mu, NULL);
-        cond_init_monotonic(&c->cv);
-        lw->chans[lw->nchans++] = c;
-    }
-    pthread_mutex_unlock(&lw->mu);
-    return c;
 }
 
 /* Groups and streams need nothing until a stream's first collective in a group. */
@@ -81,7 +43,7 @@ static void local_coll_stream_fini(Stream *s) {
 static void local_coll_enqueue(Stream *s, Op *op) {
     LocalStream *ls = cpu_stream(s)->coll;
     const ProcessGroup *g = op->pg;
-    if (!ls->chans[g->id]) ls->chans[g->id] = world_channel(s->dev->world, s->index, g->id, g->color);
+    if (!ls->chans[g->id]) ls->chans[g->id] = chan_registry_get(s->dev->world->backend, s->index, g->id, g->color);
     op->chan = ls->chans[g->id];
     op->exec = local_coll_execute;
     cpu_enqueue_op(s, op);

@@ -87,7 +87,6 @@ typedef struct {
 /* Local backend: one rendezvous channel per (stream index, group), shared by
  * the group's ranks; posts and here[] are indexed by group rank. */
 typedef struct {
-    int stream_index, pg_id, color; /* its key */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int arrived;

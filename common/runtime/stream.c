@@ -377,33 +377,26 @@ void cpu_event_destroy(Event *e) {
     if (last) event_free(e);
 }
 
-void cpu_event_record(Event *e, Stream *s) {
+/* A record (kind OP_RECORD: the event's next record number) or a wait
+ * (OP_WAIT: for its latest record) of e on s; the queued op holds a reference
+ * to e until it ran. */
+static void enqueue_event_op(Stream *s, Event *e, OpKind kind, const char *verb) {
     CpuEvent *ev = cpu_event(e);
     Op op;
     char name[300];
-    snprintf(name, sizeof name, "record:%s", e->name);
-    op_init(s, &op, OP_RECORD, name);
+    snprintf(name, sizeof name, "%s:%s", verb, e->name);
+    op_init(s, &op, kind, name);
+    op.event = e;
     pthread_mutex_lock(&ev->mu);
-    op.record_no = ++e->recorded;
+    op.record_no = kind == OP_RECORD ? ++e->recorded : e->recorded;
     ev->refs++;
     pthread_mutex_unlock(&ev->mu);
-    op.event = e;
     enqueue(s, &op, 0);
 }
 
-void cpu_event_wait(Stream *s, Event *e) {
-    CpuEvent *ev = cpu_event(e);
-    Op op;
-    char name[300];
-    snprintf(name, sizeof name, "wait:%s", e->name);
-    op_init(s, &op, OP_WAIT, name);
-    op.event = e;
-    op.record_no = e->recorded;
-    pthread_mutex_lock(&ev->mu);
-    ev->refs++;
-    pthread_mutex_unlock(&ev->mu);
-    enqueue(s, &op, 0);
-}
+void cpu_event_record(Event *e, Stream *s) { enqueue_event_op(s, e, OP_RECORD, "record"); }
+
+void cpu_event_wait(Stream *s, Event *e) { enqueue_event_op(s, e, OP_WAIT, "wait"); }
 
 void cpu_event_synchronize(Event *e) {
     CpuEvent *ev = cpu_event(e);

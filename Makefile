@@ -4,6 +4,7 @@
 #   make test            every test (C unit tests, PyTorch parity, solutions, grader)
 #   make grade [STAGE=03] [SOLUTIONS=1]   grade your stages/ (or solutions/)
 #   make reference       rebuild logs/reference/ from solutions/ (instructors)
+#   make reference-check does the code still make logs/reference/? (a rebuild, compared but for wall clock and addresses)
 #   make plots RUN=dir [REF=dir]          PNGs for a run directory
 #   make handout         the student tarball (no solutions/)
 #   make bench           benchmarks (prints a table, writes results/bench.json)
@@ -64,7 +65,7 @@ SOL_BIN    := $(patsubst %,$(BUILD)/solutions/%/train,$(SOLUTIONS))
 STAGE_BIN  := $(patsubst %,$(BUILD)/stages/%/train,$(STAGES))
 BASELINE   := $(BUILD)/baseline/train
 
-.PHONY: all detect run longrun test grade reference plots starters carry bench fsdp2-check record-stream-demo \
+.PHONY: all detect run longrun test grade reference reference-check plots starters carry bench fsdp2-check record-stream-demo \
         handout gradescope impl stage-bins tsan asan asan-test clean
 
 all: detect $(LIB) $(BASELINE) $(SOL_BIN) stage-bins $(TEST_BIN) $(BUILD)/tests/check_ops_selftest
@@ -176,6 +177,12 @@ grade:
 # Instructors: rerun every solution on the grading configuration into logs/reference/.
 reference: all
 	$(PYTHON) grader/make_reference.py
+
+# Does the code still make logs/reference/? A rebuild into $(BUILD)/reference-check compared with it
+# on everything but the wall clock and the heap's addresses (a refactor must change nothing there).
+reference-check: all
+	$(PYTHON) grader/make_reference.py --out $(BUILD)/reference-check --work $(BUILD)/reference-check-runs --no-plots
+	$(PYTHON) tools/compare_reference.py logs/reference $(BUILD)/reference-check
 
 plots:
 	@test -n "$(RUN)" || { echo "usage: make plots RUN=dir [REF=dir]"; exit 2; }

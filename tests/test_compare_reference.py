@@ -1,0 +1,142 @@
+"""tools/compare_reference.py (make reference-check) on copies of a published reference run: what
+the machine changes between two runs of the same program passes, anything the program determines
+is caught and named."""
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from helpers import ROOT
+
+TOOL = os.path.join(ROOT, "tools", "compare_reference.py")
+STAGE = os.path.join(ROOT, "logs", "reference", "stage04")
+
+
+def run_tool(old, new):
+    p = subprocess.run([sys.executable, TOOL, str(old), str(new)], capture_output=True, text=True, timeout=120)
+    return p.returncode, p.stdout + p.stderr
+
+
+def edit_json(path, change):
+    """Rewrite the (possibly gzip'd) JSON file at path through change(obj)."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        obj = json.load(f)
+    change(obj)
+    with opener(path, "wt") as f:
+        json.dump(obj, f)
+
+
+def edit_metrics(path, change):
+    with open(path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    for row in rows:
+        change(row)
+    with open(path, "w") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in rows))
+
+
+@pytest.fixture
+def trees(tmp_path):
+    if not os.path.isdir(STAGE):
+        pytest.skip("no logs/reference/stage04 in this checkout")
+    old, new = tmp_path / "old" / "stage04", tmp_path / "new" / "stage04"
+    shutil.copytree(STAGE, old)
+    shutil.copytree(STAGE, new)
+    return old, new
+
+
+def shift_wall_clock(new):
+    """What a second run of the same program on a busy machine changes."""
+    edit_metrics(str(new / "metrics.jsonl"), lambda r: r.update(step_ms=r["step_ms"] * 3, tokens_per_s=1.0))
+    edit_json(str(new / "run.json"), lambda r: r.update(host="another-machine"))
+
+    def trace(t):
+        for e in t["traceEvents"]:
+            if "ts" in e:
+                e["ts"] += 1000.0
+                e["dur"] = e.get("dur", 0) * 2
+        t["traceEvents"].append({"ph": "X", "name": "wait:ag_done", "cat": "wait", "pid": 0, "tid": 0, "ts": 1,
+                                 "dur": 5, "args": {}})
+    edit_json(str(new / "trace.json.gz"), trace)
+
+    def memory(m):
+        for e in m["events"]:
+            if "addr" in e:  # notes have none
+                e["addr"] += 4096
+            e["time_us"] = 0.0
+        m["live_at_end"].reverse()
+    edit_json(str(new / "memory_rank0.json.gz"), memory)
+
+
+def test_identical_trees_agree(trees):
+    old, new = trees
+    rc, out = run_tool(old.parent, new.parent)
+    assert rc == 0 and " 0 differ" in out, out
+    assert int(out.split()[0]) >= 10, out  # metrics, run.json, 4 dtensors, 4 snapshots, the trace
+
+
+def test_the_machines_share_is_left_out(trees):
+    old, new = trees
+    shift_wall_clock(new)
+    rc, out = run_tool(old.parent, new.parent)
+    assert rc == 0 and " 0 differ" in out, out
+
+
+def bump_loss(new):
+    edit_metrics(str(new / "metrics.jsonl"), lambda r: r.update(loss=r["loss"] + 1e-9))
+
+
+def grow_an_allocation(new):
+    def memory(m):
+        next(e for e in m["events"] if e.get("action") == "alloc")["size"] += 64
+    edit_json(str(new / "memory_rank2.json.gz"), memory)
+
+
+def rename_a_collective(new):
+    def trace(t):
+        first = next(e for e in t["traceEvents"] if e.get("cat") == "collective")
+        first["name"] = first["name"].replace("all_gather", "all_reduce")
+    edit_json(str(new / "trace.json.gz"), trace)
+
+
+def reorder_a_track(new):
+    def trace(t):
+        ev = t["traceEvents"]
+        xs = [i for i, e in enumerate(ev) if e.get("ph") == "X" and e["tid"] == 0 and e["pid"] == 1]
+        a, b = next((a, b) for a, b in zip(xs, xs[1:]) if (ev[a]["name"], ev[a]["args"]) != (ev[b]["name"], ev[b]["args"]))
+        ev[a], ev[b] = ev[b], ev[a]
+    edit_json(str(new / "trace.json.gz"), trace)
+
+
+def change_a_shard(new):
+    edit_json(str(new / "dtensors_rank1.json"), lambda d: d["params"][0].update(local_rows=d["params"][0]["local_rows"] + 1))
+
+
+def drop_a_file(new):
+    os.remove(str(new / "dtensors_rank3.json"))
+
+
+@pytest.mark.parametrize("change,named", [
+    (bump_loss, "metrics.jsonl"), (grow_an_allocation, "memory_rank2.json.gz"),
+    (rename_a_collective, "trace.json.gz"), (reorder_a_track, "trace.json.gz"),
+    (change_a_shard, "dtensors_rank1.json"), (drop_a_file, "dtensors_rank3.json")])
+def test_what_the_program_determines_is_caught(trees, change, named):
+    old, new = trees
+    shift_wall_clock(new)  # a real rebuild differs there too: it must not hide the change
+    change(new)
+    rc, out = run_tool(old.parent, new.parent)
+    assert rc == 1 and " 1 differ" in out, out
+    assert "stage04/" + named in out, out
+
+
+def test_bad_arguments_are_one_line(tmp_path):
+    rc, out = run_tool(tmp_path / "nowhere", tmp_path)
+    assert rc == 2 and "is not a folder" in out and "Traceback" not in out, out
+    (tmp_path / "empty").mkdir()
+    rc, out = run_tool(tmp_path / "empty", tmp_path)
+    assert rc == 2 and "holds no reference files" in out, out

@@ -9,9 +9,9 @@
 CUDA_BUILD    ?= build-cuda
 CUDA_ARCHS    ?= 80 90
 NVCC_GENCODE  := $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a))
-NVCCFLAGS     := -std=c++17 -O2 -g -DHWFSDP_CUDA -Icommon $(NVCC_GENCODE) -Werror all-warnings \
+NVCCFLAGS     := -std=c++17 -O2 -g -Icommon $(NVCC_GENCODE) -Werror all-warnings \
                  -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter
-CUDA_CFLAGS   := $(CFLAGS) -DHWFSDP_CUDA -I$(CUDA_HOME)/include
+CUDA_CFLAGS   := $(CFLAGS) -I$(CUDA_HOME)/include
 CUDA_LDLIBS   := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lnccl -lstdc++ $(LDLIBS)
 
 # The CPU backends (CPU_BACKEND_SRC, the Makefile's) are replaced by common/cuda/ (runtime/backend.h).

@@ -34,8 +34,6 @@ import sys
 from repo_paths import ROOT  # first: it puts grader/ on sys.path
 import manifest  # the stage folders come from grader/rubric.json
 
-SOLUTION = manifest.stage("04").solution_src(ROOT)
-
 # (old, new): each old text must occur exactly once in the solution.
 RECORD_STREAM = [
     ("    f->rs_state = in; /* the reduce-scatter stream still reads it: kept until compute waited for rs_done */\n",
@@ -57,10 +55,19 @@ def fail(msg):
     sys.exit(1)
 
 
-def variant_source(out_dir):
-    if not os.path.exists(SOLUTION):
-        fail("%s is missing (the demo needs the solutions: an instructor's checkout)" % SOLUTION)
-    with open(SOLUTION) as fh:
+def stage04_solution():
+    """The stage-04 solution's path, or one line saying why there is none here."""
+    try:
+        path = manifest.stage("04").solution_src(ROOT)
+    except KeyError:
+        fail("grader/rubric.json has no stage 04 (a staged release before it): the demo runs stage 04's solution")
+    if not os.path.exists(path):
+        fail("%s is missing (the demo needs the solutions: an instructor's checkout)" % path)
+    return path
+
+
+def variant_source(solution, out_dir):
+    with open(solution) as fh:
         text = fh.read()
     for old, new in RECORD_STREAM:
         if text.count(old) != 1:
@@ -123,8 +130,9 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     binaries = {"state": os.path.join(args.out, "train_state"),
                 "record_stream": os.path.join(args.out, "train_record_stream")}
-    build(SOLUTION, binaries["state"])
-    build(variant_source(args.out), binaries["record_stream"])
+    solution = stage04_solution()
+    build(solution, binaries["state"])
+    build(variant_source(solution, args.out), binaries["record_stream"])
 
     runs = []
     for variant, binary in binaries.items():

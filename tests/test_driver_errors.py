@@ -142,6 +142,21 @@ def test_run_json_holds_any_data_path(tmp_path):
     assert meta["seq_len"] == 8 and meta["host"], meta
 
 
+def test_out_near_path_max(tmp_path):
+    """An --out whose run.json fits in PATH_MAX but whose other files do not: the paths used to be cut to
+    4,096 bytes with snprintf, so metrics.jsonl went to a file of another name. Now the run stops at the
+    first file it cannot write, in one line with the reason, and leaves no file of a cut name."""
+    out = str(tmp_path)
+    while len(out) < 4085 - 201:
+        out += "/" + "o" * 200
+    out += "/" + "p" * (4085 - len(out) - 1)
+    assert len(out) == 4085 and len(out + "/run.json") < 4096 < len(out + "/metrics.jsonl")
+    p = run("--seq-len", "8", "--steps", "1", "--quiet", "--out", out)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode != 0 and len(lines) == 1 and lines[0].endswith(": File name too long"), p.stderr[-500:]
+    assert sorted(os.listdir(out)) == ["run.json"], os.listdir(out)
+
+
 def test_help_documents_every_flag():
     """Every row of the flag table (options.c's FLAGS) is in --help, and every flag --help names is a row."""
     p = run("--help")

@@ -218,8 +218,6 @@ static void dtensor_json(Json *j, const Model *m, const Module *mod, const Param
 
 void probes_write_dtensors(Dev *dev, Model *m, const float *init, const char *dir, const DeviceMesh *mesh) {
     dev_synchronize(dev);
-    char path[4096];
-    snprintf(path, sizeof path, "%s/dtensors_rank%d.json", dir, dev_rank(dev));
     Json j = {0};
     json_object_begin(&j);
     json_key_int(&j, "rank", dev_rank(dev));
@@ -236,7 +234,9 @@ void probes_write_dtensors(Dev *dev, Model *m, const float *init, const char *di
     json_array_end(&j);
     json_object_end(&j);
     json_line_end(&j);
+    char *path = xasprintf("%s/dtensors_rank%d.json", dir, dev_rank(dev));
     json_write_file(&j, path);
+    free(path);
     /* every rank's file exists before any rank starts step 1: a run that fails later still
      * leaves all of them (the grader's DTensors check reads them), whichever rank fails first */
     dev_host_barrier(dev);

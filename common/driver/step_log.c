@@ -14,10 +14,10 @@ void step_log_open(StepLog *l, Dev *dev, const char *out_dir) {
     l->metrics = NULL;
     l->all = xcalloc((size_t)dev_world_size(dev), sizeof(double));
     if (dev_rank(dev) != 0 || !out_dir) return;
-    char path[4096];
-    snprintf(path, sizeof path, "%s/metrics.jsonl", out_dir);
+    char *path = xasprintf("%s/metrics.jsonl", out_dir);
     l->metrics = fopen(path, "w");
     if (!l->metrics) fatal("cannot write %s: %s", path, strerror(errno));
+    free(path);
 }
 
 /* max over the ranks of the values the last host exchange gathered */

@@ -24,9 +24,7 @@ static void write_run_json(const Options *o, const Model *m) {
     Json j = {0};
     options_run_json(&j, o, &facts);
     json_line_end(&j);
-    size_t n = strlen(o->out_dir) + sizeof "/run.json";
-    char *path = xmalloc(n);
-    snprintf(path, n, "%s/run.json", o->out_dir);
+    char *path = xasprintf("%s/run.json", o->out_dir);
     json_write_file(&j, path);
     free(path);
 }

@@ -25,17 +25,17 @@ static void buf_put(Buf *b, const void *data, size_t n) {
 static void buf_byte(Buf *b, unsigned char c) { buf_put(b, &c, 1); }
 
 static void write_buf(const char *dir, const char *file, Buf *b) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/%s", dir, file);
+    char *path = xasprintf("%s/%s", dir, file);
     write_file_atomic(path, b->p ? b->p : "", b->len);
+    free(path);
     free(b->p);
     memset(b, 0, sizeof *b);
 }
 
 static void write_json(const char *dir, const char *file, Json *j) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/%s", dir, file);
+    char *path = xasprintf("%s/%s", dir, file);
     json_write_file(j, path);
+    free(path);
 }
 
 /* ----------------------------------------------------------------- trace */

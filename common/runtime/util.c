@@ -35,10 +35,19 @@ void cond_init_monotonic(pthread_cond_t *cv) {
 
 void fatal(const char *fmt, ...) {
     char line[2048];
-    va_list ap;
+    va_list ap, again;
     va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
+    va_copy(again, ap);
+    int n = vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
+    char *full = n >= (int)sizeof line ? malloc((size_t)n + 1) : NULL;
+    if (full) { /* too long (a path near PATH_MAX): keep the head and the tail, where the reason is */
+        vsnprintf(full, (size_t)n + 1, fmt, again);
+        const int keep = ((int)sizeof line - 8) / 2;
+        snprintf(line, sizeof line, "%.*s ... %s", keep, full, full + n - keep);
+        free(full);
+    }
+    va_end(again);
     if (fatal_hook) fatal_hook(line);
     report_lock(); /* never released: the process ends below */
     fflush(stdout);
@@ -85,6 +94,19 @@ char *xstrdup(const char *s) {
     char *d = xmalloc(n);
     memcpy(d, s, n);
     return d;
+}
+
+char *xasprintf(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (n < 0) fatal("xasprintf: cannot format '%s'", fmt);
+    char *s = xmalloc((size_t)n + 1);
+    va_start(ap, fmt);
+    vsnprintf(s, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    return s;
 }
 
 double now_us(void) {

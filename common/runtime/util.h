@@ -40,6 +40,8 @@ void *xrealloc(void *p, size_t bytes);
  * doubles (from initial when *cap is 0); returns the buffer, maybe moved. */
 void *xgrow(void *p, size_t *cap, size_t need, size_t initial);
 char *xstrdup(const char *s);
+/* A new string formatted by printf, as long as it needs (file paths under any --out). */
+char *xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* Monotonic wall clock in microseconds (CLOCK_MONOTONIC; common to all threads). */
 double now_us(void);

@@ -130,12 +130,7 @@ void json_string(Json *j, const char *s) {
 void json_stringf(Json *j, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    int n = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
-    if (n < 0) fatal("json: formatting '%s' failed", fmt);
-    char *s = xmalloc((size_t)n + 1);
-    va_start(ap, fmt);
-    vsnprintf(s, (size_t)n + 1, fmt, ap);
+    char *s = xvasprintf(fmt, ap);
     va_end(ap);
     json_string(j, s);
     free(s);

@@ -7,6 +7,7 @@
 #define HWFSDP_UTIL_H
 
 #include <pthread.h>
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -42,6 +43,7 @@ void *xgrow(void *p, size_t *cap, size_t need, size_t initial);
 char *xstrdup(const char *s);
 /* A new string formatted by printf, as long as it needs (file paths under any --out). */
 char *xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+char *xvasprintf(const char *fmt, va_list ap) __attribute__((format(printf, 1, 0)));
 
 /* Monotonic wall clock in microseconds (CLOCK_MONOTONIC; common to all threads). */
 double now_us(void);

@@ -66,8 +66,8 @@ def stage04_solution():
     return path
 
 
-def variant_source(solution, out_dir):
-    with open(solution) as fh:
+def variant_source(out_dir):
+    with open(stage04_solution()) as fh:
         text = fh.read()
     for old, new in RECORD_STREAM:
         if text.count(old) != 1:
@@ -130,9 +130,8 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     binaries = {"state": os.path.join(args.out, "train_state"),
                 "record_stream": os.path.join(args.out, "train_record_stream")}
-    solution = stage04_solution()
-    build(solution, binaries["state"])
-    build(variant_source(solution, args.out), binaries["record_stream"])
+    build(stage04_solution(), binaries["state"])
+    build(variant_source(args.out), binaries["record_stream"])
 
     runs = []
     for variant, binary in binaries.items():

@@ -13,11 +13,9 @@
 #include "runtime/stream.h"
 #include "runtime/util.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 /* ------------------------------------------------------------ link model */
@@ -39,16 +37,6 @@ static double link_time_us(const WorldConfig *cfg, const CollKindInfo *k, size_t
     double lat = (n - 1) * hop_us;
     double share = k->link_share == COLL_LINK_RING ? (double)(n - 1) / n : k->link_share == COLL_LINK_WHOLE ? 1.0 : 0.0;
     return k->link_passes * (share * (double)bytes / bw * 1e6 + lat);
-}
-
-static void sleep_until(double target_us) {
-    for (;;) {
-        double left = target_us - now_us();
-        if (left <= 0) return;
-        struct timespec ts = {(time_t)(left / 1e6), (long)((left - (double)(time_t)(left / 1e6) * 1e6) * 1e3)};
-        if (nanosleep(&ts, NULL) == 0) return;
-        if (errno != EINTR) return;
-    }
 }
 
 /* Element i of rank r's send buffer (one of `parts`), widened to float32. */
@@ -172,7 +160,7 @@ static void local_execute(Stream *s, const Op *op) {
     chan_barrier(s, op, n, 0); /* nobody reuses or frees its buffers while peers read them */
     free(scratch);
     double t = link_time_us(&d->world->cfg, coll_kind(desc->kind), op->bytes, g);
-    if (t > 0) sleep_until(t_start + t);
+    if (t > 0) sleep_until_us(t_start + t);
 }
 
 /* A queued collective of the local backend, run by the stream's worker (Op.exec). */

@@ -9,7 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 /* ----------------------------------------------------------------- trace */
 
@@ -90,13 +89,7 @@ static void run_wait(Stream *s, const Op *op) {
  * latency + bytes / bandwidth (the memcpy itself counts toward it). */
 static void pcie_wait(const WorldConfig *cfg, size_t bytes, double t0) {
     if (cfg->pcie_gbps <= 0) return;
-    double until = t0 + cfg->pcie_latency_us + (double)bytes / (cfg->pcie_gbps * 1e9) * 1e6;
-    for (;;) {
-        double left = until - now_us();
-        if (left <= 0) return;
-        struct timespec ts = {(time_t)(left / 1e6), (long)((left - (double)(time_t)(left / 1e6) * 1e6) * 1e3)};
-        if (nanosleep(&ts, NULL) == 0) return;
-    }
+    sleep_until_us(t0 + cfg->pcie_latency_us + (double)bytes / (cfg->pcie_gbps * 1e9) * 1e6);
 }
 
 static void execute(Stream *s, Op *op) {

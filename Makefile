@@ -53,7 +53,7 @@ COMMON_SRC := $(wildcard common/runtime/*.c common/model/*.c)
 COMMON_OBJ := $(patsubst common/%.c,$(BUILD)/common/%.o,$(COMMON_SRC))
 # the CPU backends (runtime/backend.h), which the CUDA build (mk/cuda.mk) replaces by common/cuda/
 CPU_BACKEND_SRC := $(addprefix common/runtime/,backends_cpu.c backend_local.c backend_mpi.c collectives.c stream.c \
-                     wall_clock.c)
+                     model_clock.c)
 DRIVER_SRC := $(filter-out common/driver/baseline.c,$(wildcard common/driver/*.c))
 DRIVER_OBJ := $(patsubst common/%.c,$(BUILD)/common/%.o,$(DRIVER_SRC))
 LIB        := $(BUILD)/libhwfsdp.a

@@ -79,7 +79,9 @@ void dev_event_record(Event *e, Stream *s);
  * was never recorded. In the trace: a "wait" slice on s when it had to wait. */
 void dev_stream_wait_event(Stream *s, Event *e);
 /* Block the host until e's most recent record completed (fatal if never
- * recorded); dev_event_query: 1 if it has, 0 if not yet. */
+ * recorded); dev_event_query: 1 if it has, 0 if not yet. On the CPU both
+ * follow the modelled clock (HANDOUT: "Time"): query answers whether the
+ * record's modelled time is past the host's, the same on every run. */
 void dev_event_synchronize(Event *e);
 int dev_event_query(Event *e);
 

@@ -9,6 +9,12 @@
 
 #include "runtime/runtime.h"
 
+/* The declared cost of the tests' own kernels (runtime.h: every launch declares
+ * one): a kernel's fixed time on the profile, no FLOPs, no bytes. */
+#define TEST_COST (&(KernelCost){COST_ELEMENTWISE, DTYPE_F32, 0, 0})
+/* A kernel that lasts 1 ms on the modelled clock ("teach" profile: 100 MB at 100 GB/s). */
+#define LONG_COST (&(KernelCost){COST_ELEMENTWISE, DTYPE_F32, 0, 100e6})
+
 static inline WorldConfig local_config(int n) {
     WorldConfig c = {0};
     c.world_size = n;

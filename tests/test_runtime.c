@@ -14,7 +14,10 @@
 #include "runtime/internal.h"
 #include "runtime/stream.h"
 #include "runtime/util.h"
+#include "runtime/profile.h"
+#include "model/kernels.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdint.h>
@@ -80,7 +83,7 @@ static void rank_fifo(Dev *d, void *arg) {
     TCHECK(stream_index(t) == 1 && strcmp(stream_name(t), "side") == 0, "second stream is index 1");
     for (int i = 0; i < N; i++) {
         AppendArgs a = {log, &pos, i};
-        dev_launch(s, "append", k_append, &a, sizeof a);
+        dev_launch(s, "append", TEST_COST, k_append, &a, sizeof a);
     }
     dev_stream_synchronize(s);
     int ok = pos == N;
@@ -97,15 +100,15 @@ static void rank_event_wait(Dev *d, void *arg) {
     Gate gate = GATE_INIT, *gp = &gate;
     int x = 0;
     int seen_b = -1, seen_c = -1;
-    SleepSetArgs set = {1, &x, 1}; /* the write takes 1 ms: b's wait lasts longer than the trace's 1 us floor */
-    dev_launch(a, "gate", k_gate_wait, &gp, sizeof gp); /* a's write waits for the host */
-    dev_launch(a, "write", k_sleep_set, &set, sizeof set);
+    SleepSetArgs set = {1, &x, 1};
+    dev_launch(a, "gate", TEST_COST, k_gate_wait, &gp, sizeof gp); /* a's write waits for the host */
+    dev_launch(a, "write", LONG_COST, k_sleep_set, &set, sizeof set); /* b's wait stalls on the modelled clock */
     dev_event_record(e, a);
     dev_stream_wait_event(b, e);
     ReadArgs rb = {&x, &seen_b};
-    dev_launch(b, "read_after_wait", k_read, &rb, sizeof rb);
+    dev_launch(b, "read_after_wait", TEST_COST, k_read, &rb, sizeof rb);
     ReadArgs rc = {&x, &seen_c};
-    dev_launch(c, "read_no_wait", k_read, &rc, sizeof rc);
+    dev_launch(c, "read_no_wait", TEST_COST, k_read, &rc, sizeof rc);
     dev_stream_synchronize(c); /* c does not wait: it finishes while a is held at the gate */
     TCHECK(seen_c == 0, "without a wait, stream c runs before a's write (saw %d)", seen_c);
     for (int blocked = 0; !blocked; sched_yield()) { /* b's worker is inside the wait before a may go on */
@@ -130,30 +133,27 @@ TEST(event_wait_across_streams) {
     run_world(traced(local_config(1)), rank_event_wait, NULL);
 }
 
-/* A wait refers to the record made before it, not to later ones. */
+/* A wait refers to the record made before it, not to later ones (on the
+ * modelled clock: b's work ends long before record #2, which follows a
+ * kernel of 1 ms; dev_event_query answers on that clock). */
 static void rank_wait_uses_earlier_record(Dev *d, void *arg) {
     (void)arg;
     Stream *a = dev_compute_stream(d), *b = dev_stream_create(d, "b");
     Event *e = dev_event_create(d, "e"), *b_done = dev_event_create(d, "b_done");
-    Gate gate = GATE_INIT, *gp = &gate;
     int slow_ran = 0;
     dev_event_record(e, a); /* record #1: completes at once */
     dev_stream_wait_event(b, e);
     SleepSetArgs set = {0, &slow_ran, 1};
-    dev_launch(a, "held", k_gate_wait, &gp, sizeof gp);
-    dev_launch(a, "slow", k_sleep_set, &set, sizeof set);
-    dev_event_record(e, a); /* record #2: only once the host opens the gate; must not hold b */
+    dev_launch(a, "slow", LONG_COST, k_sleep_set, &set, sizeof set);
+    dev_event_record(e, a); /* record #2: 1 ms later on the modelled clock; must not hold b */
     dev_event_record(b_done, b);
-    /* b finishes while a is held (waiting for b_done, not for a time: a b that waited for
-     * record #2 never gets there, and the poll's limit turns that hang into a failure) */
-    double t0 = now_us();
-    while (!dev_event_query(b_done) && now_us() - t0 < 60e6) sched_yield();
-    TCHECK(dev_event_query(b_done) == 1, "b waited for a later record");
-    TCHECK(dev_event_query(e) == 0, "record #2 not reached while a is held");
-    gate_open(&gate);
+    TCHECK(dev_event_query(b_done) == 1, "b waited for record #1 only (its end is past already)");
+    TCHECK(dev_event_query(e) == 0, "record #2 not reached by the host's modelled time");
     dev_event_synchronize(e);
     TCHECK(dev_event_query(e) == 1 && __atomic_load_n(&slow_ran, __ATOMIC_RELAXED) == 1,
            "record #2 reached after event sync, after the op before it");
+    TCHECK(dev_host_time_us(d) >= 1000.0, "the event sync moved the host past the 1 ms kernel (%.1f us)",
+           dev_host_time_us(d));
     dev_event_destroy(b_done);
     dev_event_destroy(e);
 }
@@ -165,7 +165,7 @@ static void rank_host_sync(Dev *d, void *arg) {
     int flags[3] = {0, 0, 0};
     for (int i = 0; i < 3; i++) {
         SleepSetArgs a = {20.0 + 10 * i, &flags[i], i + 1};
-        dev_launch(s[i], "sleep_set", k_sleep_set, &a, sizeof a);
+        dev_launch(s[i], "sleep_set", TEST_COST, k_sleep_set, &a, sizeof a);
     }
     dev_stream_synchronize(s[0]);
     TCHECK(flags[0] == 1, "stream sync waited for its op");
@@ -173,18 +173,15 @@ static void rank_host_sync(Dev *d, void *arg) {
     TCHECK(flags[1] == 2 && flags[2] == 3, "dev_synchronize waited for every stream");
     /* event query / sync */
     Event *e = dev_event_create(d, "q");
-    Gate gate = GATE_INIT, *gp = &gate;
     int f = 0;
     SleepSetArgs a = {40, &f, 7};
-    dev_launch(s[1], "held", k_gate_wait, &gp, sizeof gp);
-    dev_launch(s[1], "sleep_set", k_sleep_set, &a, sizeof a);
+    dev_launch(s[1], "sleep_set", LONG_COST, k_sleep_set, &a, sizeof a);
     dev_event_record(e, s[1]);
-    TCHECK(dev_event_query(e) == 0, "query before completion is 0");
-    gate_open(&gate);
+    TCHECK(dev_event_query(e) == 0, "query before completion (on the modelled clock) is 0");
     dev_event_synchronize(e);
     TCHECK(f == 7 && dev_event_query(e) == 1, "event sync waited; query is 1");
     /* destroying an event with a queued record is safe */
-    dev_launch(s[2], "sleep_set", k_sleep_set, &a, sizeof a);
+    dev_launch(s[2], "sleep_set", TEST_COST, k_sleep_set, &a, sizeof a);
     Event *g = dev_event_create(d, "g");
     dev_event_record(g, s[2]);
     dev_stream_wait_event(s[0], g);
@@ -198,7 +195,7 @@ static void rank_alloc_counts(Dev *d, void *arg) {
     (void)arg;
     Stream *s = dev_compute_stream(d);
     SleepSetArgs busy = {30, NULL, 0};
-    dev_launch(s, "busy", k_sleep_set, &busy, sizeof busy); /* counts follow host order even while busy */
+    dev_launch(s, "busy", TEST_COST, k_sleep_set, &busy, sizeof busy); /* counts follow host order even while busy */
     TCHECK(dev_mem_current(d) == 0 && dev_mem_peak(d) == 0, "starts empty");
     void *a = dev_alloc(d, 1000, MEM_PARAM_SHARD, "a");
     float *b = dev_alloc_f32(d, 100, MEM_ACTIVATION, "b");
@@ -254,7 +251,7 @@ static void rank_storage_waits(Dev *d, void *arg) {
     for (int i = 0; i < 1024; i++) buf[i] = 42.0f;
     float seen = 0;
     Gate gate = GATE_INIT, *gp = &gate;
-    dev_launch(side, "gate", k_gate_wait, &gp, sizeof gp);
+    dev_launch(side, "gate", TEST_COST, k_gate_wait, &gp, sizeof gp);
     dev_memcpy_async(side, &seen, buf, sizeof seen);
     uint64_t deferred0 = d->mem.frees_deferred, released0 = d->mem.frees_released;
     dev_free(d, buf);
@@ -308,7 +305,7 @@ static void rank_pool_rules(Dev *d, void *arg) {
     /* same stream: held by queued work on its own stream, still complete at the call */
     float *a = dev_alloc_f32(d, 256, MEM_TEMP, "a");
     dev_memset_async(c, a, 0, 256 * sizeof(float));
-    dev_launch(c, "gate", k_gate_wait, &p1, sizeof p1);
+    dev_launch(c, "gate", TEST_COST, k_gate_wait, &p1, sizeof p1);
     dev_memcpy_async(c, &host, a, sizeof host);
     dev_free(d, a);
     TCHECK(dev_mem_current(d) == 0, "same-stream free uncounted at once");
@@ -324,7 +321,7 @@ static void rank_pool_rules(Dev *d, void *arg) {
     Event *e = dev_event_create(d, "filled");
     dev_event_record(e, c);
     dev_stream_wait_event(side, e);
-    dev_launch(side, "gate", k_gate_wait, &p2, sizeof p2);
+    dev_launch(side, "gate", TEST_COST, k_gate_wait, &p2, sizeof p2);
     dev_memcpy_async(side, &host, b, sizeof host);
     dev_record_stream(b, side);
     dev_free(d, b);
@@ -616,6 +613,9 @@ static void rank_link(Dev *d, void *arg) {
     dev_free(d, recv);
 }
 
+/* The link model by hand: an all-gather of 10 MB over a ring of 4 at 1 Gbit/s,
+ * 100 us per hop, lasts (n-1)/n of its bytes at the link's rate plus n-1 hops
+ * on the modelled clock, exactly, whatever the machine does meanwhile. */
 TEST(link_model_timing) {
     const int n = 4;
     WorldConfig c = local_config(n);
@@ -625,13 +625,10 @@ TEST(link_model_timing) {
     LinkArgs la = {625000, 0, 0}; /* output S = 10 MB */
     run_world(c, rank_link, &la);
     double S = (double)la.send_count * n * 4;
-    double model = (double)(n - 1) / n * S / (1e9 / 8) * 1e6 + (n - 1) * 100.0;
-    CHECK(model >= 50000, "modeled time too short to measure: %.0f us", model);
-    /* the link model sleeps until the modelled end, so these are lower bounds whatever the load;
-     * how close to the model it lands is the bench's figure, not a test */
-    CHECK(la.elapsed_us >= 0.9 * model, "all_gather took %.0f us, less than the model's %.0f us", la.elapsed_us, model);
-    CHECK(la.trace_dur_us >= 0.9 * model, "traced duration %.0f us, model %.0f us", la.trace_dur_us, model);
-    printf("  link model: %.1f ms measured, %.1f ms modeled\n", la.elapsed_us / 1000, model / 1000);
+    double model = (double)(n - 1) / n * S / (1e9 / 8) * 1e6 + (n - 1) * 100.0; /* 60,300 us */
+    CHECK(fabs(la.trace_dur_us - model) < 1e-6 * model, "traced duration %.3f us, the link model's %.3f us",
+          la.trace_dur_us, model);
+    printf("  link model: %.1f ms modelled (%.1f ms of wall time)\n", la.trace_dur_us / 1000, la.elapsed_us / 1000);
 }
 
 /* A group whose ranks span nodes runs at the inter-node link; one inside a node at the fast one. */
@@ -674,11 +671,11 @@ TEST(inter_node_link_model) {
     NodeArgs na = {0, 0};
     run_world(c, rank_nodes, &na);
     double across = 0.5 * 1e6 / (0.1e9 / 8) * 1e6 + 1000; /* ring of 2: half the 1 MB, one hop */
-    /* lower bound only (the model sleeps until its end); the fast one is not timed */
-    CHECK(na.dur_across >= 0.9 * across, "the replicate group's all-gather took %.0f us, the inter-node model %.0f us",
-          na.dur_across, across);
-    CHECK(na.dur_inside > 0 && na.dur_inside < na.dur_across, "inside a node %.0f us, across %.0f us", na.dur_inside,
-          na.dur_across);
+    double inside = 0.5 * 1e6 / (1000e9 / 8) * 1e6;      /* no latency inside a node (local_config's 0) */
+    CHECK(fabs(na.dur_across - across) < 1e-6 * across,
+          "the replicate group's all-gather took %.3f us, the inter-node model %.3f us", na.dur_across, across);
+    CHECK(fabs(na.dur_inside - inside) < 1e-6 * inside, "inside a node %.3f us, the model %.3f us", na.dur_inside,
+          inside);
 }
 
 /* Pinned host memory: its own pool and counts, h2d / d2h copies (named and timed by the PCIe model), the
@@ -712,11 +709,11 @@ static void rank_host_memory(Dev *d, void *arg) {
     pthread_mutex_lock(&d->trace.mu);
     for (size_t i = 0; i < d->trace.n; i++) {
         const TraceRec *r = &d->trace.recs[i];
-        if (!strcmp(r->cat, "copy") && !strcmp(r->name, "h2d") && r->bytes == n * 4) h2d = r->dur >= 0.9 * model;
-        if (!strcmp(r->cat, "copy") && !strcmp(r->name, "d2h") && r->bytes == n * 4) d2h = r->dur >= 0.9 * model;
+        if (!strcmp(r->cat, "copy") && !strcmp(r->name, "h2d") && r->bytes == n * 4) h2d = fabs(r->dur - model) < 1e-6;
+        if (!strcmp(r->cat, "copy") && !strcmp(r->name, "d2h") && r->bytes == n * 4) d2h = fabs(r->dur - model) < 1e-6;
     }
     pthread_mutex_unlock(&d->trace.mu);
-    TCHECK(h2d && d2h, "trace: h2d %d d2h %d (named, and at least the PCIe model's %.0f us)", h2d, d2h, model);
+    TCHECK(h2d && d2h, "trace: h2d %d d2h %d (named, and lasting the PCIe model's %.0f us)", h2d, d2h, model);
     dev_free(d, back);
     dev_free(d, dv);
     /* a stream still copying out of a host block when the host frees it: no race (the pool waits) */
@@ -745,12 +742,12 @@ static void rank_trace(Dev *d, void *arg) {
     TCHECK(dev_scope_step(d) == 3 && strcmp(dev_scope_module(d), "block2") == 0 &&
            strcmp(dev_scope_phase(d), "forward") == 0, "scope getters");
     SleepSetArgs a = {1, NULL, 0};
-    dev_launch(s, "matmul", k_sleep_set, &a, sizeof a);
+    dev_launch(s, "matmul", LONG_COST, k_sleep_set, &a, sizeof a);
     float *buf = dev_alloc_f32(d, 64, MEM_TEMP, "buf");
     dev_memset_async(s, buf, 0, 256);
     coll_all_reduce(d, buf, buf, 64, RED_SUM, s, "block2");
     dev_set_tracing(d, 0);
-    dev_launch(s, "hidden", k_sleep_set, &a, sizeof a);
+    dev_launch(s, "hidden", TEST_COST, k_sleep_set, &a, sizeof a);
     dev_set_tracing(d, 1);
     dev_synchronize(d);
     int saw_op = 0, saw_coll = 0, saw_hidden = 0, saw_copy = 0;
@@ -758,7 +755,7 @@ static void rank_trace(Dev *d, void *arg) {
     for (size_t i = 0; i < d->trace.n; i++) {
         TraceRec *r = &d->trace.recs[i];
         if (strcmp(r->name, "matmul") == 0 && strcmp(r->prefix, "block2") == 0 && r->step == 3 &&
-            strcmp(r->phase, "forward") == 0 && strcmp(r->cat, "compute") == 0 && r->dur >= 900)
+            strcmp(r->phase, "forward") == 0 && strcmp(r->cat, "compute") == 0 && fabs(r->dur - 1001) < 1e-6)
             saw_op = 1;
         if (strcmp(r->name, "all_reduce") == 0 && strcmp(r->cat, "collective") == 0 && r->bytes == 256) saw_coll = 1;
         if (strcmp(r->name, "memset") == 0 && strcmp(r->cat, "copy") == 0 && r->bytes == 256) saw_copy = 1;
@@ -772,6 +769,88 @@ static void rank_trace(Dev *d, void *arg) {
 TEST(trace_records) {
     run_world(traced(local_config(2)), rank_trace, NULL);
 }
+
+/* ------------------------------------------------------- the modelled clock */
+
+static void k_nothing(void *p) { (void)p; }
+
+/* The record of `name` (prefix.name or name) on track tid, or NULL. */
+static const TraceRec *find_rec(Dev *d, int tid, const char *name) {
+    const TraceRec *found = NULL;
+    pthread_mutex_lock(&d->trace.mu);
+    for (size_t i = 0; i < d->trace.n; i++)
+        if (d->trace.recs[i].stream == tid && !strcmp(d->trace.recs[i].name, name)) found = &d->trace.recs[i];
+    pthread_mutex_unlock(&d->trace.mu);
+    return found;
+}
+
+/* By hand, on the A100 profile (its datasheet figures and the efficiencies profile.c
+ * states: 70 % of dense peak for a GEMM, 80 % of HBM; 3 us per kernel, 4 us of host
+ * time per op): a float32 matmul of 1024 x 4096 x 4096 (bound by its math) and a
+ * bf16 one of 128 x 256 x 512 (bound by its bytes), a host wait that moves the
+ * host to their end, a stream that waits for an event. */
+static void rank_clock_by_hand(Dev *d, void *arg) {
+    (void)arg;
+    Stream *s = dev_compute_stream(d), *b = dev_stream_create(d, "b");
+    Event *e = dev_event_create(d, "mm_done");
+    const double flops = 2.0 * 1024 * 4096 * 4096, bytes_f32 = 4.0 * (1024 * 4096 + 1024 * 4096) + 4.0 * 4096 * 4096;
+    const double flops_small = 2.0 * 128 * 256 * 512, bytes_bf16 = 4.0 * (128 * 256 + 128 * 512) + 2.0 * 512 * 256;
+    const double hbm = 2039e9 * 0.8;
+    double f32_us = 3 + 1e6 * flops / (19.5e12 * 0.7);   /* 2,520.2 us: its bytes take 61.7 */
+    double bf16_us = 3 + 1e6 * bytes_bf16 / hbm;         /* 3.402 us: its math takes 0.154 */
+    TCHECK(1e6 * bytes_f32 / hbm < f32_us - 3 && 1e6 * flops_small / (312e12 * 0.7) < bf16_us - 3, "test's own bounds");
+    KernelCost f32 = kcost_matmul_forward(1024, 4096, 4096, DTYPE_F32);
+    KernelCost bf16 = kcost_matmul_forward(128, 256, 512, DTYPE_BF16);
+    TCHECK(f32.flops == flops && f32.bytes == bytes_f32 && bf16.flops == flops_small && bf16.bytes == bytes_bf16,
+           "matmul cost: %g FLOPs, %g bytes", f32.flops, f32.bytes);
+    TCHECK(dev_host_time_us(d) == 0, "the host starts at 0 (%g)", dev_host_time_us(d));
+    dev_launch(s, "mm_f32", &f32, k_nothing, NULL, 0);  /* host 4: runs 4 .. 4 + f32_us */
+    dev_launch(s, "mm_bf16", &bf16, k_nothing, NULL, 0); /* host 8: starts when mm_f32 ends */
+    dev_event_record(e, s);                              /* host 12 */
+    dev_stream_wait_event(b, e);                         /* host 16 */
+    dev_launch(b, "after", &bf16, k_nothing, NULL, 0);   /* host 20: starts at the event */
+    TCHECK(fabs(dev_host_time_us(d) - 20) < 1e-9, "5 ops enqueued cost the host 20 us (%g)", dev_host_time_us(d));
+    dev_stream_synchronize(s);
+    double end = 4 + f32_us + bf16_us;
+    TCHECK(fabs(dev_host_time_us(d) - end) < 1e-9, "the host waited until the compute stream's end %.4f (%.4f)", end,
+           dev_host_time_us(d));
+    const TraceRec *mm = find_rec(d, 0, "mm_f32"), *mb = find_rec(d, 0, "mm_bf16"), *af = find_rec(d, 1, "after");
+    const TraceRec *sync = find_rec(d, TRACE_HOST_TID, "sync:compute");
+    TCHECK(mm && fabs(mm->ts - 4) < 1e-9 && fabs(mm->dur - f32_us) < 1e-9, "mm_f32 at %g for %g us, expected 4 for %g",
+           mm ? mm->ts : -1, mm ? mm->dur : -1, f32_us);
+    TCHECK(mb && fabs(mb->ts - (4 + f32_us)) < 1e-9 && fabs(mb->dur - bf16_us) < 1e-9, "mm_bf16 at %g for %g us",
+           mb ? mb->ts : -1, mb ? mb->dur : -1);
+    TCHECK(af && fabs(af->ts - end) < 1e-9, "b's kernel starts at the event (%g), not at its enqueue (20)",
+           af ? af->ts : -1);
+    TCHECK(sync && fabs(sync->ts - 20) < 1e-9 && fabs(sync->dur - (end - 20)) < 1e-9,
+           "the host's wait is a slice from 20 to %.4f on its track", end);
+    dev_synchronize(d);
+    dev_event_destroy(e);
+}
+TEST(modelled_clock_by_hand) {
+    WorldConfig c = traced(local_config(1));
+    c.profile = device_profile_find("a100-80g");
+    run_world(c, rank_clock_by_hand, NULL);
+}
+
+/* A collective starts when the last rank of its group is ready: rank 1 reaches
+ * it 1 ms later (a kernel before it), so rank 0's all-gather starts then too. */
+static void rank_clock_collective(Dev *d, void *arg) {
+    (void)arg;
+    Stream *s = dev_compute_stream(d);
+    float *x = dev_alloc_f32(d, 2, MEM_COMM_BUFFER, "x");
+    memset(x, 0, 2 * sizeof(float));
+    if (dev_rank(d) == 1) dev_launch(s, "late", LONG_COST, k_nothing, NULL, 0); /* 1 .. 1002 */
+    coll_all_gather(d, x + dev_rank(d), x, 1, s, "meet"); /* in place: rank r's element at x[r] */
+    dev_synchronize(d);
+    const TraceRec *ag = find_rec(d, 0, "all_gather");
+    /* rank 0 enqueued at host 1, rank 1 at host 2 after its 1001-us kernel (1 .. 1002) */
+    TCHECK(ag && fabs(ag->ts - 1002) < 1e-9, "rank %d: the all-gather starts at %g, expected 1002 (rank 1 ready)",
+           dev_rank(d), ag ? ag->ts : -1);
+    TCHECK(ag && ag->dur == 0, "no link: it takes no time (%g)", ag ? ag->dur : -1);
+    dev_free(d, x);
+}
+TEST(modelled_collective_waits_for_the_group) { run_world(traced(local_config(2)), rank_clock_collective, NULL); }
 
 /* ------------------------------------------------------ artifacts mode */
 
@@ -793,7 +872,7 @@ static void rank_artifacts(Dev *d, void *arg) {
         dev_stream_wait_event(c, ev);
         dev_set_scope(d, step, "block0", "forward");
         float *act = dev_alloc_f32(d, 4096, MEM_ACTIVATION, "block0.out");
-        dev_launch(c, "matmul", k_noop, NULL, 0);
+        dev_launch(c, "matmul", TEST_COST, k_noop, NULL, 0);
         dev_memcpy_async(c, act, full, 1024 * sizeof(float));
         dev_set_scope(d, step, "block0", "post_forward");
         dev_event_record(used, c);

@@ -98,9 +98,14 @@ static inline struct CudaDev *cuda_dev(const Dev *d) { return (struct CudaDev *)
 static inline struct CudaStream *cuda_stream(const Stream *s) { return (struct CudaStream *)s->backend; }
 static inline cudaEvent_t cuda_event(const Event *e) { return (cudaEvent_t)e->backend; }
 
-/* runtime_cuda.c. The clock (backend.h: span_begin/span_end): two timing
- * events on the stream, turned into the trace record at a synchronization;
+/* runtime_cuda.c. The clock: the GPU's own. An op's span is two timing
+ * events on its stream, turned into its trace record at a synchronization;
  * host waits (s NULL) are not traced, nor are stream waits (min_us unused). */
+typedef struct {
+    void *start, *end;    /* the two timing events on the stream */
+} OpSpan;
+/* span_end's min_us for a slice kept whatever its length. */
+#define SPAN_ANY_LENGTH (-1.0)
 void cuda_span_begin(Dev *d, Stream *s, OpSpan *span);
 void cuda_span_end(Dev *d, Stream *s, OpSpan *span, const TraceRec *rec, double min_us);
 /* The trace record of an op enqueued now on s, in the host's scope. */

@@ -175,6 +175,9 @@ static void cuda_dev_fini(Dev *d) {
 
 /* ----------------------------------------------------------------- timing */
 
+/* The host's wall clock since the world's epoch (the device's events are on the same line: epoch_host_us). */
+static double cuda_host_time_us(const Dev *d) { return now_us() - d->world->epoch_us; }
+
 void cuda_span_begin(Dev *d, Stream *s, OpSpan *span) {
     span->start = span->end = NULL;
     if (!s) return; /* the host's waits are not traced here */
@@ -387,7 +390,10 @@ static void cuda_stream_destroy(Stream *s) {
     free(s);
 }
 
-static void cuda_launch(Stream *s, const char *name, void (*fn)(void *args), const void *args, size_t args_size) {
+/* The cost is the modelled clock's (CPU backends): the GPU times itself. */
+static void cuda_launch(Stream *s, const char *name, const KernelCost *cost, void (*fn)(void *args), const void *args,
+                        size_t args_size) {
+    (void)cost;
     union {
         max_align_t align_;
         unsigned char b[DEV_ARGS_MAX];
@@ -524,6 +530,6 @@ const BackendOps cuda_backend = {
     .coll_stream_fini = cuda_coll_stream_destroy,
     .stream_join_group = cuda_stream_join_group,
     .coll_enqueue = cuda_coll_enqueue,
-    .span_begin = cuda_span_begin,
-    .span_end = cuda_span_end,
+    .clock = "gpu",
+    .host_time_us = cuda_host_time_us,
 };

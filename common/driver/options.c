@@ -5,10 +5,12 @@
 #include "driver/options.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/profile.h"
 #include "runtime/util.h"
 
 typedef enum {
@@ -158,6 +160,14 @@ static void json_ranks_per_node(Json *j, const Options *o) {
     json_int(j, o->world.ranks_per_node ? o->world.ranks_per_node : o->world.world_size);
 }
 
+static void parse_device_profile(const Flag *f, const char *val, Options *o) {
+    const DeviceProfile *p = device_profile_find(val);
+    if (!p) fatal("%s: no profile '%s' (profiles: %s)", f->name, val, device_profile_names());
+    o->world.profile = p;
+}
+
+static void json_device_profile(Json *j, const Options *o) { json_string(j, o->world.profile->name); }
+
 static void json_mesh(Json *j, const Options *o) {
     if (!o->mesh_replicas) {
         json_null(j);
@@ -272,10 +282,14 @@ static const Flag FLAGS[] = {
              "mpi: one process per rank under mpirun (CPU build)\n"
              "nccl: threads, one GPU per rank; nccl-mpi: mpirun, NCCL (CUDA build)",
      .json = "backend"},
+    {.name = "--device-profile", .kind = FLAG_CUSTOM, .parse = parse_device_profile, .arg = "NAME",
+     .help = "what the modelled clock prices every op on (HANDOUT: Time): teach\n"
+             "(default, the grader's), a100-80g, h100-sxm",
+     .json = "device_profile", .json_value = json_device_profile},
     {.name = "--link-gbps", .kind = FLAG_DOUBLE, .at = AT(world.link_gbps), .lo = 0, .hi = 1e6, .arg = "X",
-     .help = "link model for local collectives, Gbit/s (0 = off, default)", .json = "link_gbps"},
+     .help = "link model for collectives, Gbit/s each way (0 = free; default: the profile's)", .json = "link_gbps"},
     {.name = "--link-latency-us", .kind = FLAG_DOUBLE, .at = AT(world.link_latency_us), .lo = 0, .hi = 1e7,
-     .arg = "X", .help = "link model latency per ring hop (default 0)", .json = "link_latency_us"},
+     .arg = "X", .help = "link model latency per ring hop (default: the profile's)", .json = "link_latency_us"},
     {.name = "--ranks-per-node", .kind = FLAG_INT, .at = AT(world.ranks_per_node), .lo = 1, .hi = MAXRANKS,
      .arg = "N",
      .help = "link model: ranks 0..N-1 share node 0, N..2N-1 node 1, ... (default: S of\n"
@@ -284,15 +298,17 @@ static const Flag FLAGS[] = {
     {.name = "--inter-link-gbps", .kind = FLAG_DOUBLE, .at = AT(world.inter_link_gbps), .lo = 0, .hi = 1e6,
      .arg = "X",
      .help = "link model: a collective whose ranks span nodes runs at this bandwidth\n"
-             "(default: --link-gbps)",
+             "(default: the profile's)",
      .json = "inter_link_gbps"},
     {.name = "--inter-link-latency-us", .kind = FLAG_DOUBLE, .at = AT(world.inter_link_latency_us), .lo = 0,
-     .hi = 1e7, .arg = "X", .help = "... and this latency per hop (default: --link-latency-us)",
+     .hi = 1e7, .arg = "X", .help = "... and this latency per hop (default: the profile's)",
      .json = "inter_link_latency_us"},
     {.name = "--pcie-gbps", .kind = FLAG_DOUBLE, .at = AT(world.pcie_gbps), .lo = 0, .hi = 1e6, .arg = "X",
-     .help = "PCIe model for host <-> device copies (pinned host memory), GB/s (0 = off)", .json = "pcie_gbps"},
+     .help = "PCIe model for host <-> device copies (pinned host memory), GB/s each way\n"
+             "(0 = off: priced as device copies; default: the profile's)",
+     .json = "pcie_gbps"},
     {.name = "--pcie-latency-us", .kind = FLAG_DOUBLE, .at = AT(world.pcie_latency_us), .lo = 0, .hi = 1e7,
-     .arg = "X", .help = "PCIe model latency per copy (default 0)", .json = "pcie_latency_us"},
+     .arg = "X", .help = "PCIe model latency per copy (default: the profile's)", .json = "pcie_latency_us"},
     {.name = "--blas-threads", .kind = FLAG_INT, .at = AT(world.blas_threads), .lo = 0, .hi = 1024, .arg = "N",
      .help = "OpenBLAS threads per rank (default cores / ranks)"},
     {.name = "--no-poison", .kind = FLAG_CLEAR, .at = AT(world.poison),
@@ -399,12 +415,32 @@ static void set_defaults(Options *o) {
     memset(o, 0, sizeof *o);
     o->optim = adamw_default_config(); /* betas and eps: no flags */
     o->world.trace = 1;
+    o->world.profile = device_profile_find(DEVICE_PROFILE_DEFAULT);
+    /* the links: the profile's unless a flag gives them (resolve_links) */
+    o->world.link_gbps = o->world.link_latency_us = NAN;
+    o->world.inter_link_gbps = o->world.inter_link_latency_us = NAN;
+    o->world.pcie_gbps = o->world.pcie_latency_us = NAN;
     for (size_t i = 0; i < N_FLAGS; i++) {
         const Flag *g = &FLAGS[i];
         check_row(g);
         if (g->kind == FLAG_CLEAR) *(int *)field(o, g) = 1; /* a --no-... switch: on unless given */
         else if (g->def) store(g, g->def, o);
     }
+}
+
+/* A link the flags did not give (NAN) is the device profile's. */
+static void resolve_links(WorldConfig *w) {
+    const DeviceProfile *p = w->profile;
+    const struct {
+        double *v, profile;
+    } links[] = {{&w->link_gbps, p->link_gbps},
+                 {&w->link_latency_us, p->link_latency_us},
+                 {&w->inter_link_gbps, p->inter_link_gbps},
+                 {&w->inter_link_latency_us, p->inter_link_latency_us},
+                 {&w->pcie_gbps, p->pcie_gbs},
+                 {&w->pcie_latency_us, p->pcie_latency_us}};
+    for (size_t i = 0; i < sizeof links / sizeof links[0]; i++)
+        if (isnan(*links[i].v)) *links[i].v = links[i].profile;
 }
 
 static void apply_model_overrides(ModelConfig *m, const ModelOverrides *ov) {
@@ -474,8 +510,7 @@ void parse_options(int argc, char **argv, Options *o) {
     if (o->mesh_replicas && !o->world.ranks_per_node) o->world.ranks_per_node = o->mesh_shards; /* a row per node */
     if (o->world.ranks_per_node && o->world.world_size % o->world.ranks_per_node)
         fatal("--ranks-per-node %d must divide --world %d", o->world.ranks_per_node, o->world.world_size);
-    if (!o->world.inter_link_gbps) o->world.inter_link_gbps = o->world.link_gbps;
-    if (o->world.inter_link_latency_us < o->world.link_latency_us) o->world.inter_link_latency_us = o->world.link_latency_us;
+    resolve_links(&o->world);
     if (!model_flavor(&o->model, o->flavor)) fatal("unknown flavor '%s' (tiny, debugmodel, 1B)", o->flavor);
     apply_model_overrides(&o->model, &o->overrides);
     model_config_finalize(&o->model);

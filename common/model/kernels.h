@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 #include "model/optim.h"
+#include "runtime/runtime.h"
 
 /* The kernel `name` (a KernelTable field) of the backend that runs stream s
  * (stream_kernels: runtime/runtime.h). */
@@ -69,6 +70,42 @@ typedef struct {
     const float *total_sumsq;
     float *clip_out; /* the clip probe's slot (runtime.h): the coefficient applied; may be NULL */
 } AdamArgs;
+
+/* What each kernel costs (runtime.h: KernelCost), declared by whoever launches
+ * it: FLOPs as its math counts them (a multiply-add is 2), bytes as each
+ * tensor read or written once in device memory (float32 activations; a
+ * weight read in `math` bf16 is 2 bytes). A backward that accumulates (+=)
+ * reads and writes its output. */
+static inline KernelCost kcost(CostClass cls, DType math, double flops, double bytes) {
+    KernelCost c = {cls, math, flops, bytes};
+    return c;
+}
+static inline KernelCost kcost_elementwise(double flops, double bytes) {
+    return kcost(COST_ELEMENTWISE, DTYPE_F32, flops, bytes);
+}
+/* out[N,OC] = in[N,C] @ w[OC,C]^T */
+static inline KernelCost kcost_matmul_forward(size_t N, size_t C, size_t OC, DType math) {
+    double n = (double)N, c = (double)C, oc = (double)OC, wsz = math == DTYPE_BF16 ? 2 : 4;
+    return kcost(COST_MATMUL, math, 2 * n * c * oc, 4 * (n * c + n * oc) + wsz * oc * c);
+}
+/* dinp += dout @ w, dw += dout^T @ in: two GEMMs */
+static inline KernelCost kcost_matmul_backward(size_t N, size_t C, size_t OC, DType math) {
+    double n = (double)N, c = (double)C, oc = (double)OC, wsz = math == DTYPE_BF16 ? 2 : 4;
+    return kcost(COST_MATMUL, math, 4 * n * c * oc, 4 * (2 * n * oc + 3 * n * c + 2 * oc * c) + wsz * oc * c);
+}
+/* causal: each of the B*H heads scores T^2/2 pairs (2 hd FLOPs each in QK^T and
+ * again in PV, about 5 for the softmax) and writes its probabilities [T, T] */
+static inline KernelCost kcost_attention_forward(size_t B, size_t T, size_t H, size_t KV, size_t hd) {
+    double bh = (double)(B * H), t2 = (double)T * (double)T, n = (double)(B * T);
+    return kcost(COST_ATTENTION, DTYPE_F32, bh * t2 * (2.0 * (double)hd + 2.5),
+                 4 * (n * (double)hd * (double)(2 * H + 2 * KV) + bh * t2));
+}
+/* twice the forward's GEMMs (dV, dP, dQ, dK), the softmax backward; reads the probabilities */
+static inline KernelCost kcost_attention_backward(size_t B, size_t T, size_t H, size_t KV, size_t hd) {
+    double bh = (double)(B * H), t2 = (double)T * (double)T, n = (double)(B * T);
+    return kcost(COST_ATTENTION, DTYPE_F32, bh * t2 * (4.0 * (double)hd + 5.0),
+                 4 * (n * (double)hd * (double)(3 * H + 4 * KV) + 2 * bh * t2));
+}
 
 #define HWFSDP_KERNEL_LIST(X)                                                                                          \
     X(embedding_forward) X(embedding_backward) X(rmsnorm_forward) X(rmsnorm_backward) X(matmul_forward)                \

@@ -1,7 +1,8 @@
 /* launch.c — the launch helpers device.h offers student code: the
  * squared-norm accumulation, an element-wise add (accumulating grad shards),
- * the bfloat16 casts (mixed precision) and the AdamW update of a shard, as stream kernels with their race-detector
- * annotations. */
+ * the bfloat16 casts (mixed precision) and the AdamW update of a shard, as
+ * stream kernels with their race-detector annotations and their costs on the
+ * modelled clock. */
 #include "model/kernels.h"
 #include "runtime/runtime.h"
 
@@ -9,7 +10,8 @@ void launch_sumsq_accumulate(Stream *s, float *acc, const float *x, size_t n) {
     SumsqArgs a = {acc, x, n};
     dev_access(s, x, n * sizeof(float), 0, NULL);
     dev_access(s, acc, sizeof(float), 1, NULL);
-    dev_launch(s, "grad_sumsq", KERNEL(s, sumsq_accumulate), &a, sizeof a);
+    KernelCost c = kcost_elementwise(2.0 * (double)n, 4.0 * (double)n);
+    dev_launch(s, "grad_sumsq", &c, KERNEL(s, sumsq_accumulate), &a, sizeof a);
 }
 
 void launch_add(Stream *s, float *out, const float *a, const float *b, size_t n) {
@@ -17,21 +19,24 @@ void launch_add(Stream *s, float *out, const float *a, const float *b, size_t n)
     dev_access(s, a, n * sizeof(float), 0, NULL);
     dev_access(s, b, n * sizeof(float), 0, NULL);
     dev_access(s, out, n * sizeof(float), 1, NULL);
-    dev_launch(s, "add", KERNEL(s, add), &x, sizeof x);
+    KernelCost c = kcost_elementwise((double)n, 12.0 * (double)n);
+    dev_launch(s, "add", &c, KERNEL(s, add), &x, sizeof x);
 }
 
 void launch_cast_to_bf16(Stream *s, Bf16 *out, const float *in, size_t n) {
     CastArgs x = {(float *)in, out, n};
     dev_access(s, in, n * sizeof(float), 0, NULL);
     dev_access(s, out, n * sizeof(Bf16), 1, NULL);
-    dev_launch(s, "cast_to_bf16", KERNEL(s, cast_to_bf16), &x, sizeof x);
+    KernelCost c = kcost_elementwise((double)n, 6.0 * (double)n);
+    dev_launch(s, "cast_to_bf16", &c, KERNEL(s, cast_to_bf16), &x, sizeof x);
 }
 
 void launch_cast_from_bf16(Stream *s, float *out, const Bf16 *in, size_t n) {
     CastArgs x = {out, (Bf16 *)in, n};
     dev_access(s, in, n * sizeof(Bf16), 0, NULL);
     dev_access(s, out, n * sizeof(float), 1, NULL);
-    dev_launch(s, "cast_from_bf16", KERNEL(s, cast_from_bf16), &x, sizeof x);
+    KernelCost c = kcost_elementwise((double)n, 6.0 * (double)n);
+    dev_launch(s, "cast_from_bf16", &c, KERNEL(s, cast_from_bf16), &x, sizeof x);
 }
 
 void launch_adamw(Stream *s, float *param, const float *grad, float *exp_avg, float *exp_avg_sq, size_t n,
@@ -42,5 +47,6 @@ void launch_adamw(Stream *s, float *param, const float *grad, float *exp_avg, fl
     dev_access(s, param, n * sizeof(float), 1, NULL);
     dev_access(s, exp_avg, n * sizeof(float), 1, NULL);
     dev_access(s, exp_avg_sq, n * sizeof(float), 1, NULL);
-    dev_launch(s, "adamw", KERNEL(s, adamw), &a, sizeof a);
+    KernelCost cost = kcost_elementwise(15.0 * (double)n, 28.0 * (double)n); /* param, m, v read and written; grad read */
+    dev_launch(s, "adamw", &cost, KERNEL(s, adamw), &a, sizeof a);
 }

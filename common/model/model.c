@@ -295,7 +295,8 @@ static void rmsnorm_q(Q *q, ModelRun *run, float *out, float *rstd, const float 
                       size_t D, float eps) {
     const float *w = param_in(run, p);
     NormArgs a = {out, rstd, in, w, N, D, eps};
-    dev_launch(q->s, "rmsnorm", KERNEL(q->s, rmsnorm_forward), &a, sizeof a);
+    KernelCost c = kcost_elementwise(4.0 * N * D, 4.0 * (2 * N * D + D + N));
+    dev_launch(q->s, "rmsnorm", &c, KERNEL(q->s, rmsnorm_forward), &a, sizeof a);
     param_done(run, w);
 }
 static void rmsnorm_bwd_q(Q *q, ModelRun *run, float *dinp, const float *dout, const float *in, const Param *p,
@@ -303,14 +304,16 @@ static void rmsnorm_bwd_q(Q *q, ModelRun *run, float *dinp, const float *dout, c
     grad_written(run, p);
     const float *w = param_in(run, p);
     NormBwdArgs a = {dinp, p->grad, dout, in, w, rstd, N, D};
-    dev_launch(q->s, "rmsnorm_bwd", KERNEL(q->s, rmsnorm_backward), &a, sizeof a);
+    KernelCost c = kcost_elementwise(8.0 * N * D, 4.0 * (4 * N * D + 3 * D + N));
+    dev_launch(q->s, "rmsnorm_bwd", &c, KERNEL(q->s, rmsnorm_backward), &a, sizeof a);
     param_done(run, w);
 }
 static void matmul_q(Q *q, ModelRun *run, const char *name, float *out, const float *in, const Param *p, size_t N,
                      size_t C, size_t OC) {
     const float *w = param_in(run, p);
     MmArgs a = {out, in, w, N, C, OC};
-    dev_launch(q->s, name, KERNEL(q->s, matmul_forward), &a, sizeof a);
+    KernelCost c = kcost_matmul_forward(N, C, OC, run->param_bf16 ? DTYPE_BF16 : DTYPE_F32);
+    dev_launch(q->s, name, &c, KERNEL(q->s, matmul_forward), &a, sizeof a);
     param_done(run, w);
 }
 static void matmul_bwd_q(Q *q, ModelRun *run, const char *name, float *dinp, const float *dout, const float *in,
@@ -318,16 +321,20 @@ static void matmul_bwd_q(Q *q, ModelRun *run, const char *name, float *dinp, con
     grad_written(run, p);
     const float *w = param_in(run, p);
     MmBwdArgs a = {dinp, p->grad, dout, in, w, N, C, OC};
-    dev_launch(q->s, name, KERNEL(q->s, matmul_backward), &a, sizeof a);
+    KernelCost c = kcost_matmul_backward(N, C, OC, run->param_bf16 ? DTYPE_BF16 : DTYPE_F32);
+    dev_launch(q->s, name, &c, KERNEL(q->s, matmul_backward), &a, sizeof a);
     param_done(run, w);
 }
 static void rope_q(Q *q, float *x, const ModelRun *run, size_t nh, size_t hd, int backward) {
     RopeArgs a = {x, run->rope_cos, run->rope_sin, run->B, run->T, nh, hd, backward};
-    dev_launch(q->s, backward ? "rope_bwd" : "rope", KERNEL(q->s, rope), &a, sizeof a);
+    double n = (double)(run->B * run->T * nh * hd); /* a rotation: 6 FLOPs per pair */
+    KernelCost c = kcost_elementwise(3.0 * n, 4.0 * (2 * n + (double)(run->T * hd)));
+    dev_launch(q->s, backward ? "rope_bwd" : "rope", &c, KERNEL(q->s, rope), &a, sizeof a);
 }
 static void add_q(Q *q, float *out, const float *a_, const float *b_, size_t n) {
     AddArgs a = {out, a_, b_, n};
-    dev_launch(q->s, "residual_add", KERNEL(q->s, add), &a, sizeof a);
+    KernelCost c = kcost_elementwise((double)n, 12.0 * (double)n);
+    dev_launch(q->s, "residual_add", &c, KERNEL(q->s, add), &a, sizeof a);
 }
 
 static void free_acts(Dev *dev, ModuleActs *A, int keep_input) {
@@ -351,7 +358,8 @@ void model_run_begin(Model *m, ModelRun *run) {
     run->rope_cos = act(&q, run->T * hd / 2, "cos");
     run->rope_sin = act(&q, run->T * hd / 2, "sin");
     RopeTabArgs a = {run->rope_cos, run->rope_sin, run->T, hd, m->cfg.rope_theta};
-    dev_launch(run->stream, "rope_tables", KERNEL(run->stream, rope_tables), &a, sizeof a);
+    KernelCost c = kcost_elementwise(20.0 * (double)(run->T * hd / 2), 4.0 * (double)(run->T * hd)); /* a pow, a sin, a cos */
+    dev_launch(run->stream, "rope_tables", &c, KERNEL(run->stream, rope_tables), &a, sizeof a);
     Q ql = {run->dev, run->stream, "head"};
     run->loss = act(&ql, 1, "loss");
     run->h = run->dh = NULL;
@@ -398,7 +406,8 @@ static void block_forward_saved(Model *m, Module *mod, ModelRun *run, Q *q) {
     A->probs = act(q, run->B * H * run->T * run->T, "probs");
     A->att = act(q, N * H * hd, "att");
     AttArgs aa = {A->att, A->probs, A->q, A->k, A->v, run->B, run->T, H, KV, hd};
-    dev_launch(q->s, "attention", KERNEL(q->s, attention_forward), &aa, sizeof aa);
+    KernelCost ca = kcost_attention_forward(run->B, run->T, H, KV, hd);
+    dev_launch(q->s, "attention", &ca, KERNEL(q->s, attention_forward), &aa, sizeof aa);
     A->h = act(q, N * D, "h");
     matmul_q(q, run, "wo", A->h, A->att, &P[P_WO], N, H * hd, D);
     add_q(q, A->h, A->h, A->x, N * D);
@@ -411,7 +420,8 @@ static void block_forward_saved(Model *m, Module *mod, ModelRun *run, Q *q) {
     matmul_q(q, run, "w3", A->b, A->hn, &P[P_W3], N, D, F);
     A->g = act(q, N * F, "swiglu");
     SwiArgs sa = {A->g, A->a, A->b, N * F};
-    dev_launch(q->s, "swiglu", KERNEL(q->s, swiglu_forward), &sa, sizeof sa);
+    KernelCost cs = kcost_elementwise(6.0 * (double)(N * F), 12.0 * (double)(N * F)); /* silu(a) * b */
+    dev_launch(q->s, "swiglu", &cs, KERNEL(q->s, swiglu_forward), &sa, sizeof sa);
 }
 
 void module_forward(Model *m, Module *mod, ModelRun *run) {
@@ -424,7 +434,8 @@ void module_forward(Model *m, Module *mod, ModelRun *run) {
         float *out = act(&q, N * D, "out");
         const float *w = param_in(run, &P[0]);
         EmbArgs a = {out, run->inputs, w, N, D};
-        dev_launch(run->stream, "embedding", KERNEL(run->stream, embedding_forward), &a, sizeof a);
+        KernelCost c = kcost_elementwise(0, 8.0 * (double)(N * D) + 4.0 * (double)N); /* a row copied per token */
+        dev_launch(run->stream, "embedding", &c, KERNEL(run->stream, embedding_forward), &a, sizeof a);
         param_done(run, w);
         run->h = out;
     } else if (mod->kind == MOD_BLOCK) {
@@ -444,7 +455,8 @@ void module_forward(Model *m, Module *mod, ModelRun *run) {
         A->logits = act(&q, N * V, "logits");
         matmul_q(&q, run, "output", A->logits, A->xn, &P[P_OUTPUT], N, D, V);
         CeArgs ce = {run->loss, NULL, A->logits, run->targets, N, V, N};
-        dev_launch(run->stream, "cross_entropy", KERNEL(run->stream, crossentropy_forward), &ce, sizeof ce);
+        KernelCost c = kcost_elementwise(5.0 * (double)(N * V), 4.0 * (double)(N * V + 2 * N)); /* log-sum-exp per row */
+        dev_launch(run->stream, "cross_entropy", &c, KERNEL(run->stream, crossentropy_forward), &ce, sizeof ce);
         run->h = NULL;
     }
 }
@@ -469,7 +481,8 @@ void module_backward(Model *m, Module *mod, ModelRun *run) {
         float *dlogits = zeros(&q, N * V, "dlogits");
         size_t mean_over = N * (run->microbatches > 1 ? (size_t)run->microbatches : 1); /* loss / K */
         CeArgs ce = {NULL, dlogits, A->logits, run->targets, N, V, mean_over};
-        dev_launch(run->stream, "cross_entropy_bwd", KERNEL(run->stream, crossentropy_backward), &ce, sizeof ce);
+        KernelCost c = kcost_elementwise(5.0 * (double)(N * V), 4.0 * (double)(3 * N * V + N)); /* softmax - onehot */
+        dev_launch(run->stream, "cross_entropy_bwd", &c, KERNEL(run->stream, crossentropy_backward), &ce, sizeof ce);
         float *dxn = zeros(&q, N * D, "dxn");
         matmul_bwd_q(&q, run, "output_bwd", dxn, dlogits, A->xn, &P[P_OUTPUT], N, D, V);
         float *dx = zeros(&q, N * D, "dx");
@@ -485,7 +498,8 @@ void module_backward(Model *m, Module *mod, ModelRun *run) {
         matmul_bwd_q(&q, run, "w2_bwd", dg, dout, A->g, &P[P_W2], N, F, D);
         float *da = zeros(&q, N * F, "dw1_out"), *db = zeros(&q, N * F, "dw3_out");
         SwiBwdArgs sb = {da, db, dg, A->a, A->b, N * F};
-        dev_launch(run->stream, "swiglu_bwd", KERNEL(run->stream, swiglu_backward), &sb, sizeof sb);
+        KernelCost cs = kcost_elementwise(10.0 * (double)(N * F), 28.0 * (double)(N * F)); /* da, db += */
+        dev_launch(run->stream, "swiglu_bwd", &cs, KERNEL(run->stream, swiglu_backward), &sb, sizeof sb);
         float *dhn = zeros(&q, N * D, "dhn");
         matmul_bwd_q(&q, run, "w1_bwd", dhn, da, A->hn, &P[P_W1], N, D, F);
         matmul_bwd_q(&q, run, "w3_bwd", dhn, db, A->hn, &P[P_W3], N, D, F);
@@ -497,7 +511,8 @@ void module_backward(Model *m, Module *mod, ModelRun *run) {
         float *dq = zeros(&q, N * H * hd, "dq"), *dk = zeros(&q, N * KV * hd, "dk"), *dv = zeros(&q, N * KV * hd, "dv");
         float *scratch = temp(&q, KERNEL(run->stream, attention_scratch_floats)(run->B, run->T, H), "att_scratch");
         AttBwdArgs ab = {dq, dk, dv, scratch, datt, A->q, A->k, A->v, A->probs, run->B, run->T, H, KV, hd};
-        dev_launch(run->stream, "attention_bwd", KERNEL(run->stream, attention_backward), &ab, sizeof ab);
+        KernelCost ca = kcost_attention_backward(run->B, run->T, H, KV, hd);
+        dev_launch(run->stream, "attention_bwd", &ca, KERNEL(run->stream, attention_backward), &ab, sizeof ab);
         rope_q(&q, dq, run, H, hd, 1);
         rope_q(&q, dk, run, KV, hd, 1);
         float *dxn = zeros(&q, N * D, "dxn");
@@ -513,7 +528,8 @@ void module_backward(Model *m, Module *mod, ModelRun *run) {
     } else {
         grad_written(run, &P[0]);
         EmbArgs a = {P[0].grad, run->inputs, run->dh, N, D};
-        dev_launch(run->stream, "embedding_bwd", KERNEL(run->stream, embedding_backward), &a, sizeof a);
+        KernelCost c = kcost_elementwise((double)(N * D), 12.0 * (double)(N * D) + 4.0 * (double)N); /* rows += */
+        dev_launch(run->stream, "embedding_bwd", &c, KERNEL(run->stream, embedding_backward), &a, sizeof a);
         dev_free(run->dev, run->dh);
         run->dh = NULL;
     }

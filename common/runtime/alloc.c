@@ -143,7 +143,7 @@ static void log_free(Dev *d, MemEventKind kind, const Alloc *a) {
     e->module = d->scope.module;
     e->phase = d->scope.phase;
     e->step = d->scope.step;
-    e->time_us = now_us() - d->world->epoch_us;
+    e->time_us = dev_host_time_us(d);
     e->host = a->host;
     e->current_bytes = a->host ? d->mem.host_current : d->mem.current;
 }
@@ -255,7 +255,7 @@ static void *alloc_block(Dev *d, Stream *s, int host, size_t bytes, MemTag tag, 
     a->step = d->scope.step;
     a->seq = ++d->mem.mem_seq;
     race_on_alloc(d, a);
-    a->time_us = now_us() - d->world->epoch_us;
+    a->time_us = dev_host_time_us(d);
     /* xorshift priorities: deterministic, balanced in expectation */
     d->mem.prio_state ^= d->mem.prio_state << 13;
     d->mem.prio_state ^= d->mem.prio_state >> 7;
@@ -439,7 +439,7 @@ void dev_mem_note(Dev *d, const char *kind, const char *json_fields) {
     e->module = d->scope.module;
     e->phase = d->scope.phase;
     e->step = d->scope.step;
-    e->time_us = now_us() - d->world->epoch_us;
+    e->time_us = dev_host_time_us(d);
     e->current_bytes = d->mem.current;
 }
 

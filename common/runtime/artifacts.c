@@ -2,6 +2,7 @@
  * pickle written by hand with only the opcodes memory_viz's unpickler accepts.
  * The trace timestamps of every rank are relative to the World's epoch. */
 #include "runtime/internal.h"
+#include "runtime/profile.h"
 #include "runtime/json.h"
 #include "runtime/util.h"
 
@@ -60,6 +61,18 @@ static void trace_meta(Json *j, const char *what, int pid, int tid, const char *
     json_object_end(j);
 }
 
+/* Records by track, each track in the order it ran (stable by the order they
+ * were added): the workers of the streams append concurrently, so the file is
+ * the same on every run only once sorted. */
+static pthread_mutex_t sort_mu = PTHREAD_MUTEX_INITIALIZER; /* ranks write their traces at once */
+static const TraceRec *sort_base;
+static int by_track(const void *a, const void *b) {
+    size_t i = *(const size_t *)a, k = *(const size_t *)b;
+    int ti = sort_base[i].stream, tk = sort_base[k].stream;
+    if (ti != tk) return ti < tk ? -1 : 1;
+    return i < k ? -1 : i > k;
+}
+
 static void trace_events_of(Json *j, Dev *d) {
     char rank_name[32];
     snprintf(rank_name, sizeof rank_name, "rank %d", d->rank);
@@ -72,8 +85,14 @@ static void trace_events_of(Json *j, Dev *d) {
     trace_meta(j, "thread_name", d->rank, TRACE_HOST_TID, "name", "host", 0);
     trace_meta(j, "thread_sort_index", d->rank, TRACE_HOST_TID, "sort_index", NULL, -1);
     pthread_mutex_lock(&d->trace.mu);
+    size_t *order = xmalloc((d->trace.n ? d->trace.n : 1) * sizeof *order);
+    for (size_t i = 0; i < d->trace.n; i++) order[i] = i;
+    pthread_mutex_lock(&sort_mu);
+    sort_base = d->trace.recs;
+    qsort(order, d->trace.n, sizeof *order, by_track);
+    pthread_mutex_unlock(&sort_mu);
     for (size_t i = 0; i < d->trace.n; i++) {
-        const TraceRec *r = &d->trace.recs[i];
+        const TraceRec *r = &d->trace.recs[order[i]];
         json_object_begin(j);
         json_key(j, "ph");
         json_string(j, "X");
@@ -111,9 +130,16 @@ static void trace_events_of(Json *j, Dev *d) {
             json_key(j, "group");
             json_string(j, r->group);
         }
+        if (r->wall) {
+            json_key(j, "wall_ts_us");
+            json_fixed(j, r->wall_ts, 3);
+            json_key(j, "wall_dur_us");
+            json_fixed(j, r->wall_dur, 3);
+        }
         json_object_end(j);
         json_object_end(j);
     }
+    free(order);
     pthread_mutex_unlock(&d->trace.mu);
 }
 
@@ -126,6 +152,13 @@ static void write_trace(const char *dir, const char *file, Dev **devs, int n) {
     json_array_end(&j);
     json_key(&j, "displayTimeUnit");
     json_string(&j, "ms");
+    /* which clock ts and dur are on (HANDOUT: "Time"); the wall clock is in each event's args (CPU) */
+    json_key(&j, "otherData");
+    json_object_begin(&j);
+    json_key_string(&j, "clock", dev_clock_name(devs[0]));
+    if (devs[0]->world->cfg.profile && strcmp(dev_clock_name(devs[0]), "model") == 0)
+        json_key_string(&j, "device_profile", devs[0]->world->cfg.profile->name);
+    json_object_end(&j);
     json_object_end(&j);
     json_line_end(&j);
     write_json(dir, file, &j);

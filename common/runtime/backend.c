@@ -21,6 +21,10 @@ const char *backend_name(CollBackend b) {
 
 const struct KernelTable *stream_kernels(const Stream *s) { return dev_ops(s->dev)->kernels; }
 
+double dev_host_time_us(const Dev *d) { return dev_ops(d)->host_time_us(d); }
+
+const char *dev_clock_name(const Dev *d) { return dev_ops(d)->clock; }
+
 /* ---------------------------------------------------------------- streams */
 
 Stream *stream_new(Dev *d, const char *name) {
@@ -46,11 +50,18 @@ void stream_join_groups(Stream *s) {
 
 Stream *dev_stream_create(Dev *d, const char *name) { return dev_ops(d)->stream_create(d, name); }
 
-void dev_launch(Stream *s, const char *name, void (*fn)(void *args), const void *args, size_t args_size) {
+void dev_launch(Stream *s, const char *name, const KernelCost *cost, void (*fn)(void *args), const void *args,
+                size_t args_size) {
     if (!fn) fatal("dev_launch('%s'): no function", name ? name : "?");
     if (args_size > DEV_ARGS_MAX)
         fatal("dev_launch('%s'): %zu bytes of arguments, at most %d allowed", name ? name : "?", args_size, DEV_ARGS_MAX);
-    dev_ops(s->dev)->launch(s, name, fn, args, args_size);
+    if (!cost)
+        fatal("dev_launch('%s'): no declared cost (every kernel declares its FLOPs and bytes: a KernelCost, "
+              "runtime.h)", name ? name : "?");
+    if ((unsigned)cost->cls > COST_FREE || !(cost->flops >= 0) || !(cost->bytes >= 0))
+        fatal("dev_launch('%s'): a bad cost (class %d, %g FLOPs, %g bytes)", name ? name : "?", (int)cost->cls,
+              cost->flops, cost->bytes);
+    dev_ops(s->dev)->launch(s, name, cost, fn, args, args_size);
 }
 
 void dev_memcpy_async(Stream *s, void *dst, const void *src, size_t bytes) {

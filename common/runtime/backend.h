@@ -12,7 +12,7 @@
  *   make       runtime/backends_cpu.c  local: backend_local.c + collectives.c (ranks as threads, memcpy)
  *                                      mpi:   backend_mpi.c + mpi_world.c (one process per rank)
  *              both CPU backends share stream.c (streams as worker threads, events,
- *              C-heap storage) and wall_clock.c (op timing)
+ *              C-heap storage) and model_clock.c (the modelled clock)
  *   make cuda  cuda/backends_cuda.c    local, nccl, nccl-mpi: cuda/runtime_cuda.c + cuda/coll_cuda.c
  *                                      (nccl-mpi stands on mpi_world.c too)
  */
@@ -29,15 +29,6 @@
 
 struct KernelTable; /* model/kernels.h */
 
-/* What a clock keeps between an op's start and its end. */
-typedef struct {
-    double start_us;      /* the wall clock at the start (CPU) */
-    void *start, *end;    /* the two timing events on the stream (CUDA) */
-} OpSpan;
-
-/* span_end's min_us for a slice kept whatever its length. */
-#define SPAN_ANY_LENGTH (-1.0)
-
 typedef struct BackendOps {
     int race_checked;     /* the race detector models these streams (the CPU's worker threads) */
     /* 1 if freed storage must wait until every stream of the rank finished
@@ -48,6 +39,7 @@ typedef struct BackendOps {
      * caching allocator: reuse there is in stream order). */
     int storage_fenced;
     const struct KernelTable *kernels; /* what dev_launch runs (model/kernels.h) */
+    const char *clock;    /* what trace times are (dev_clock_name): "model" (CPU), "gpu" (CUDA) */
 
     /* ---- world and ranks */
     /* world_create, before the epoch is taken: the processes (w->local_ranks,
@@ -67,7 +59,8 @@ typedef struct BackendOps {
      * come after the shared argument checks (backend.c). */
     Stream *(*stream_create)(Dev *d, const char *name);
     void (*stream_destroy)(Stream *s);
-    void (*launch)(Stream *s, const char *name, void (*fn)(void *args), const void *args, size_t args_size);
+    void (*launch)(Stream *s, const char *name, const KernelCost *cost, void (*fn)(void *args), const void *args,
+                   size_t args_size);
     void (*copy)(Stream *s, void *dst, const void *src, size_t bytes);
     void (*fill)(Stream *s, void *dst, int byte, size_t bytes);
     void (*stream_synchronize)(Stream *s);
@@ -120,14 +113,8 @@ typedef struct BackendOps {
     void (*stream_join_group)(Stream *s, ProcessGroup *g);
     void (*coll_enqueue)(Stream *s, Op *op);
 
-    /* ---- timing: how an op's start and end times reach the trace. span_begin
-     * marks the start of an op on s (NULL: a blocking wait of d's host);
-     * span_end marks its end and hands over its trace record (NULL: not traced),
-     * whose ts and dur the clock fills, kept only if it lasted longer than
-     * min_us. CPU (wall_clock.c): now_us() around the execution on the worker,
-     * added at once; CUDA: two events on the stream, added once both completed. */
-    void (*span_begin)(Dev *d, Stream *s, OpSpan *span);
-    void (*span_end)(Dev *d, Stream *s, OpSpan *span, const TraceRec *rec, double min_us);
+    /* ---- the host's time on the backend's clock (dev_host_time_us) */
+    double (*host_time_us)(const Dev *d);
 } BackendOps;
 
 /* The backend b among those this build has; one fatal line naming the build

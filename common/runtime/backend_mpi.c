@@ -119,7 +119,15 @@ static void mpi_reduce_my_chunk(Stream *s, const Op *op, MPI_Comm comm, MPI_Data
     free(gathered);
 }
 
-static void mpi_execute(Stream *s, const Op *op) {
+/* What each rank tells its group before a collective: its call (the agreement
+ * check) and when its stream could start it on the modelled clock. */
+typedef struct {
+    CollDesc desc;
+    double ready_us;
+} MpiPost;
+
+/* Returns the modelled time the group could start: the latest ready_us of its ranks. */
+static double mpi_execute(Stream *s, const Op *op, double ready_us) {
     const ProcessGroup *g = op->pg;
     const int n = g->size, me = g->rank; /* group ranks */
     MPI_Comm comm = stream_comm(s, g);
@@ -130,10 +138,16 @@ static void mpi_execute(Stream *s, const Op *op) {
     float *recv = op->dst;
     const float *send = op->src;
 
-    CollDesc descs[WORLD_MAX_RANKS];
+    MpiPost mine = {*desc, ready_us}, posts[WORLD_MAX_RANKS];
     MPI_Request req;
-    MPI_Iallgather((void *)desc, (int)sizeof *desc, MPI_BYTE, descs, (int)sizeof *desc, MPI_BYTE, comm, &req);
+    MPI_Iallgather(&mine, (int)sizeof mine, MPI_BYTE, posts, (int)sizeof mine, MPI_BYTE, comm, &req);
     mpi_wait(s, op, &req);
+    CollDesc descs[WORLD_MAX_RANKS];
+    double start_us = ready_us;
+    for (int r = 0; r < n; r++) {
+        descs[r] = posts[r].desc;
+        if (posts[r].ready_us > start_us) start_us = posts[r].ready_us;
+    }
     coll_check_agreement(s, op->coll_seq, descs, n, g->members);
 
     switch ((CollKind)desc->kind) {
@@ -187,13 +201,15 @@ static void mpi_execute(Stream *s, const Op *op) {
         break;
     case COLL_KIND_COUNT: break; /* not a kind */
     }
+    return start_us;
 }
 
 /* A queued collective, run by the stream's worker (Op.exec). */
-static void mpi_coll_execute(Stream *s, const Op *op) {
+static double mpi_coll_execute(Stream *s, const Op *op, double ready_us) {
     flight_set(s, op, FLIGHT_STARTED);
-    mpi_execute(s, op);
+    double start_us = mpi_execute(s, op, ready_us);
     flight_set(s, op, FLIGHT_COMPLETED);
+    return start_us;
 }
 
 static void mpi_coll_enqueue(Stream *s, Op *op) {

@@ -59,6 +59,10 @@ typedef struct {
     int link_passes;           /* ring passes (all-reduce: a reduce-scatter and an all-gather) */
 } CollKindInfo;
 
+/* The link model: how long a collective of kind k moving `bytes` (coll_bytes)
+ * takes on the links of group g (cfg's intra- and inter-node links), in us. */
+double coll_link_time_us(const WorldConfig *cfg, const CollKindInfo *k, size_t bytes, const ProcessGroup *g);
+
 /* The row of a kind; NULL for a number that is not a kind. */
 const CollKindInfo *coll_kind(int kind);
 /* The elements of a buffer of size b for count and a group of group_size ranks. */
@@ -82,6 +86,7 @@ typedef struct {
     const void *send;
     void *recv;
     float *scratch;      /* all_reduce: this rank's reduced chunk, read by peers */
+    double ready_us;     /* when the poster's stream could start it, on the modelled clock */
 } CollPost;
 
 /* Local backend: one rendezvous channel per (stream index, group), shared by
@@ -92,7 +97,6 @@ typedef struct {
     int arrived;
     uint8_t here[WORLD_MAX_RANKS]; /* ranks waiting in the current barrier (watchdog) */
     uint64_t generation;       /* bumped each time all ranks arrived */
-    double t_last_arrival;     /* now_us() when the last rank reached the first barrier */
     CollPost posts[WORLD_MAX_RANKS];
 } CollChannel;
 
@@ -128,9 +132,11 @@ void coll_check_agreement(Stream *s, uint64_t seq, const CollDesc *descs, int n,
  * receive buffers that overlap other than in NCCL's in-place forms). */
 void coll_validate(ProcessGroup *g, Stream *s, int kind, const void *send, const void *recv, size_t count, int op,
                    int root, int dtype, const char *label);
-/* Fill o's collective fields (label, desc, bytes), give it s's next sequence
- * number and mark it issued in the flight recorder (both backends' coll_enqueue).
- * The bytes it moves (for the trace and the link model) follow from kind, count and dtype. */
+/* Fill o's collective fields (label, desc, bytes, cost_us), give it s's next
+ * sequence number and mark it issued in the flight recorder (both backends'
+ * coll_enqueue). The bytes it moves (for the trace and the link model) follow
+ * from kind, count and dtype; its cost on the modelled clock is the link
+ * model's time for them (coll_link_time_us). */
 void coll_op_describe(Dev *d, Stream *s, Op *o, ProcessGroup *g, CollKind kind, RedOp op, int root, size_t count,
                       DType dtype, const char *label);
 /* Enqueue one collective on s (coll_common.c): checked and described, then the

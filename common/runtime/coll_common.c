@@ -304,6 +304,25 @@ static size_t coll_bytes(const CollKindInfo *k, size_t count, int group_size, DT
     return (send > recv ? send : recv) * coll_dtype_size(dtype);
 }
 
+/* A ring over the group's n ranks: every byte crosses n-1 hops; the kind says
+ * what share of its bytes each pass puts on a link and how many passes it
+ * makes. A group whose ranks sit on more than one node (--ranks-per-node)
+ * runs at the pace of the slower inter-node link, which every ring around
+ * nodes crosses. A link of 0 Gbit/s is off: collectives take no time. */
+double coll_link_time_us(const WorldConfig *cfg, const CollKindInfo *k, size_t bytes, const ProcessGroup *g) {
+    int n = g->size;
+    if (n <= 1 || cfg->link_gbps <= 0) return 0.0;
+    double gbps = cfg->link_gbps, hop_us = cfg->link_latency_us;
+    if (g->spans_nodes && cfg->inter_link_gbps > 0) {
+        gbps = cfg->inter_link_gbps < gbps ? cfg->inter_link_gbps : gbps;
+        hop_us = cfg->inter_link_latency_us > hop_us ? cfg->inter_link_latency_us : hop_us;
+    }
+    double bw = gbps * 1e9 / 8.0; /* bytes per second */
+    double lat = (n - 1) * hop_us;
+    double share = k->link_share == COLL_LINK_RING ? (double)(n - 1) / n : k->link_share == COLL_LINK_WHOLE ? 1.0 : 0.0;
+    return k->link_passes * (share * (double)bytes / bw * 1e6 + lat);
+}
+
 void coll_op_describe(Dev *d, Stream *s, Op *o, ProcessGroup *g, CollKind kind, RedOp op, int root, size_t count,
                       DType dtype, const char *label) {
     o->label = dev_intern(d, label && *label ? label : "");
@@ -318,6 +337,7 @@ void coll_op_describe(Dev *d, Stream *s, Op *o, ProcessGroup *g, CollKind kind, 
     snprintf(o->coll.label, sizeof o->coll.label, "%s", label ? label : "");
     snprintf(o->coll.group_name, sizeof o->coll.group_name, "%s", g->name);
     o->bytes = coll_bytes(k, count, g->size, dtype);
+    o->cost_us = coll_link_time_us(&d->world->cfg, k, o->bytes, g);
     o->coll_seq = s->coll_seq++;
     flight_set(s, o, FLIGHT_ISSUED);
     if (d->coll_watch) {

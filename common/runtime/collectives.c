@@ -2,8 +2,8 @@
  * stream workers (stream.h).
  * local backend (backend_local.c): ranks are threads; one rendezvous channel
  *   per (stream, group); each rank computes its own output from the peers'
- *   buffers, then a link model makes the collective last as long as ring
- *   traffic would.
+ *   buffers. How long it lasts is the modelled clock's (its link model:
+ *   coll_common.c), from the time the last rank of the group was ready.
  * mpi backend (backend_mpi.c, its execution there too): one communicator per
  *   (stream, group); its reductions use coll_reduce_ranks below, in rank order,
  *   so results are bitwise identical to the local backend's.
@@ -17,27 +17,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-/* ------------------------------------------------------------ link model */
-
-/* A ring over the group's n ranks: every byte crosses n-1 hops; the kind says
- * what share of its bytes each pass puts on a link and how many passes it
- * makes. A group whose ranks sit on more than one node (--ranks-per-node)
- * runs at the pace of the slower inter-node link, which every ring around
- * nodes crosses. */
-static double link_time_us(const WorldConfig *cfg, const CollKindInfo *k, size_t bytes, const ProcessGroup *g) {
-    int n = g->size;
-    if (n <= 1 || cfg->link_gbps <= 0) return 0.0;
-    double gbps = cfg->link_gbps, hop_us = cfg->link_latency_us;
-    if (g->spans_nodes && cfg->inter_link_gbps > 0) {
-        gbps = cfg->inter_link_gbps < gbps ? cfg->inter_link_gbps : gbps;
-        hop_us = cfg->inter_link_latency_us > hop_us ? cfg->inter_link_latency_us : hop_us;
-    }
-    double bw = gbps * 1e9 / 8.0; /* bytes per second */
-    double lat = (n - 1) * hop_us;
-    double share = k->link_share == COLL_LINK_RING ? (double)(n - 1) / n : k->link_share == COLL_LINK_WHOLE ? 1.0 : 0.0;
-    return k->link_passes * (share * (double)bytes / bw * 1e6 + lat);
-}
 
 /* Element i of rank r's send buffer (one of `parts`), widened to float32. */
 static float elem_in(const void *send, int dtype, size_t i) {
@@ -60,7 +39,7 @@ void coll_reduce_ranks(void *recv, const void *const *parts, int n, size_t off, 
  * that waits longer than the timeout reports the collective of the lowest
  * waiting rank (deterministic whichever timer fires first) and the ranks
  * missing. */
-static void chan_barrier(Stream *s, const Op *op, int n, int stamp) {
+static void chan_barrier(Stream *s, const Op *op, int n) {
     CollChannel *c = op->chan;
     const double timeout = s->dev->world->cfg.collective_timeout_s;
     pthread_mutex_lock(&c->mu);
@@ -69,7 +48,6 @@ static void chan_barrier(Stream *s, const Op *op, int n, int stamp) {
     if (++c->arrived == n) {
         c->arrived = 0;
         memset(c->here, 0, sizeof c->here);
-        if (stamp) c->t_last_arrival = now_us();
         c->generation++;
         pthread_cond_broadcast(&c->cv);
     } else if (coll_wait_generation(&c->cv, &c->mu, &c->generation, gen, timeout)) {
@@ -84,8 +62,8 @@ static void chan_barrier(Stream *s, const Op *op, int n, int stamp) {
     pthread_mutex_unlock(&c->mu);
 }
 
-static void local_execute(Stream *s, const Op *op) {
-    Dev *d = s->dev;
+/* Returns the modelled time the group could start: the latest ready_us of its ranks. */
+static double local_execute(Stream *s, const Op *op, double ready_us) {
     CollChannel *c = op->chan;
     const ProcessGroup *g = op->pg;
     const int n = g->size, me = g->rank; /* group ranks */
@@ -96,15 +74,17 @@ static void local_execute(Stream *s, const Op *op) {
     const float *send = op->src;
 
     pthread_mutex_lock(&c->mu);
-    c->posts[me] = (CollPost){*desc, op->coll_seq, send, recv, NULL};
+    c->posts[me] = (CollPost){*desc, op->coll_seq, send, recv, NULL, ready_us};
     pthread_mutex_unlock(&c->mu);
-    chan_barrier(s, op, n, 1); /* everyone posted; their earlier stream work is visible (mutex) */
+    chan_barrier(s, op, n); /* everyone posted; their earlier stream work is visible (mutex) */
 
     pthread_mutex_lock(&c->mu);
     CollPost posts[WORLD_MAX_RANKS];
     memcpy(posts, c->posts, (size_t)n * sizeof *posts);
-    double t_start = c->t_last_arrival;
     pthread_mutex_unlock(&c->mu);
+    double start_us = ready_us;
+    for (int r = 0; r < n; r++)
+        if (posts[r].ready_us > start_us) start_us = posts[r].ready_us;
 
     int agree = 1;
     for (int r = 1; r < n; r++) agree &= coll_same_call(&posts[0].desc, &posts[r].desc);
@@ -140,7 +120,7 @@ static void local_execute(Stream *s, const Op *op) {
         pthread_mutex_lock(&c->mu);
         c->posts[me].scratch = scratch;
         pthread_mutex_unlock(&c->mu);
-        chan_barrier(s, op, n, 0);
+        chan_barrier(s, op, n);
         pthread_mutex_lock(&c->mu); /* the posts stay put until everyone passed the last barrier */
         for (int r = 0; r < n; r++) posts[r].scratch = c->posts[r].scratch;
         pthread_mutex_unlock(&c->mu);
@@ -157,15 +137,15 @@ static void local_execute(Stream *s, const Op *op) {
     case COLL_BARRIER: break; /* the barriers around this switch are all of it */
     case COLL_KIND_COUNT: break; /* not a kind */
     }
-    chan_barrier(s, op, n, 0); /* nobody reuses or frees its buffers while peers read them */
+    chan_barrier(s, op, n); /* nobody reuses or frees its buffers while peers read them */
     free(scratch);
-    double t = link_time_us(&d->world->cfg, coll_kind(desc->kind), op->bytes, g);
-    if (t > 0) sleep_until_us(t_start + t);
+    return start_us;
 }
 
 /* A queued collective of the local backend, run by the stream's worker (Op.exec). */
-void local_coll_execute(Stream *s, const Op *op) {
+double local_coll_execute(Stream *s, const Op *op, double ready_us) {
     flight_set(s, op, FLIGHT_STARTED);
-    local_execute(s, op);
+    double start_us = local_execute(s, op, ready_us);
     flight_set(s, op, FLIGHT_COMPLETED);
+    return start_us;
 }

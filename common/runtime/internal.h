@@ -40,7 +40,9 @@ struct Op {
     OpKind kind;
     int traced;                 /* tracing was on when it was enqueued */
     void (*fn)(void *args);
-    void (*exec)(Stream *s, const Op *op); /* collective: runs it on the worker (set by its backend's enqueue) */
+    /* collective: runs it on the worker (set by its backend's enqueue); ready_us: when this rank's
+     * stream could start it on the modelled clock; returns when the group could (the latest of theirs) */
+    double (*exec)(Stream *s, const Op *op, double ready_us);
     const char *name;           /* interned */
     const char *module, *phase; /* interned scope at enqueue */
     int step, micro;            /* micro: the scope's microbatch (-1: none) */
@@ -51,6 +53,9 @@ struct Op {
     const void *src;            /* copy / collective send */
     int fill;
     int pcie;                   /* copy: 1 host -> device, 2 device -> host (the PCIe model), 0 neither */
+    /* the modelled clock (CPU backends, model_clock.c) */
+    double host_us;             /* the host's modelled time once it had enqueued this op */
+    double cost_us;             /* how long it runs once started */
     uint64_t coll_seq;          /* per-stream collective number */
     CollDesc coll;
     const char *label;          /* collective: interned label (trace name prefix) */
@@ -113,6 +118,7 @@ struct Dev {
     int rank, world_size;
     void *backend;                      /* the backend's own (CPU: none; CUDA: struct CudaDev) */
     DevScope scope;                     /* host thread */
+    double host_us;                     /* the host's modelled time (CPU backends, model_clock.c; host thread) */
     InternTable strings;                /* host thread */
     /* streams and events (host thread) */
     Stream **streams;

@@ -39,6 +39,7 @@
 
 typedef struct World World;
 struct KernelTable; /* model/kernels.h */
+struct DeviceProfile; /* runtime/profile.h */
 
 /* ------------------------------------------------------------------ world */
 
@@ -70,7 +71,8 @@ typedef struct {
     int blas_threads;         /* OpenBLAS threads per rank (0 = cores / ranks) */
     int no_race_check;        /* 1 = turn the stream race detector off (on by default) */
     double collective_timeout_s; /* watchdog: a collective waiting longer stops the run; 0 = off */
-    int tf32;                 /* CUDA build: matmuls may use TF32 tensor cores */
+    int tf32;                 /* matmuls may use TF32 tensor cores (CUDA build; the modelled clock prices them so) */
+    const struct DeviceProfile *profile; /* what the modelled clock prices ops on (NULL: "teach") */
 } WorldConfig;
 
 /* Create the world. With BACKEND_MPI this calls MPI_Init_thread and checks that
@@ -120,11 +122,29 @@ int dev_tracing(const Dev *d);
 int stream_index(const Stream *s);      /* 0 = compute, then creation order */
 const char *stream_name(const Stream *s);
 
-/* Enqueue fn(args) on s. args (at most DEV_ARGS_MAX bytes) is copied, so the
- * caller's struct may go out of scope. name appears in the trace as
- * "<scope module>.<name>". */
+/* What a kernel costs: every launch declares its work where it is launched,
+ * and the modelled clock (CPU backends) prices it on the device profile
+ * (runtime/profile.h): the FLOPs it does, in which math, and the bytes it
+ * reads and writes in device memory. */
+typedef enum {
+    COST_MATMUL = 0,   /* a GEMM (tensor cores where its math has them) */
+    COST_ATTENTION,    /* softmax(Q K^T) V and its backward */
+    COST_ELEMENTWISE,  /* norms, RoPE, SwiGLU, adds, casts, AdamW, sums: bound by bandwidth */
+    COST_FREE          /* not the program's work (the driver's probes): no time on any clock */
+} CostClass;
+typedef struct {
+    CostClass cls;
+    DType math;        /* what its FLOPs run in: DTYPE_F32 (TF32 for a matmul under --tf32) or DTYPE_BF16 */
+    double flops;
+    double bytes;      /* read + written */
+} KernelCost;
+
+/* Enqueue fn(args) on s, costing *cost (NULL: fatal, naming the kernel).
+ * args (at most DEV_ARGS_MAX bytes) is copied, so the caller's struct may go
+ * out of scope. name appears in the trace as "<scope module>.<name>". */
 #define DEV_ARGS_MAX 256
-void dev_launch(Stream *s, const char *name, void (*fn)(void *args), const void *args, size_t args_size);
+void dev_launch(Stream *s, const char *name, const KernelCost *cost, void (*fn)(void *args), const void *args,
+                size_t args_size);
 /* The kernels of s's backend (model/kernels.h: KERNEL(s, name)). */
 const struct KernelTable *stream_kernels(const Stream *s);
 /* Race-detector annotation for kernels: the NEXT op enqueued on s (normally
@@ -193,6 +213,16 @@ void dev_mem_note(Dev *d, const char *kind, const char *json_fields);
  * tag at that moment. */
 void dev_mem_window_begin(Dev *d);
 size_t dev_mem_window_peak(const Dev *d, size_t *by_tag);
+
+/* ------------------------------------------------------------------ clock */
+
+/* The host's time now on the world's clock, us since the world began: the
+ * modelled clock on the CPU backends (what every op the host enqueued so far
+ * cost it, and where its waits moved it: the same on every run), the wall
+ * clock on CUDA. Traces, memory events and the modelled step time read it. */
+double dev_host_time_us(const Dev *d);
+/* "model" (CPU backends: the profile's modelled clock) or "gpu" (CUDA: the device's own). */
+const char *dev_clock_name(const Dev *d);
 
 /* ------------------------------------------------------- traces, snapshots */
 

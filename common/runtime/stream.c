@@ -1,44 +1,14 @@
 /* stream.c — the CPU backends' streams (stream.h; both "local" and "mpi"):
  * a worker thread per stream executing a FIFO of ops, events, launches, async
  * copies, host synchronization and storage from the C heap. An op's times
- * come from the world's clock (span_begin/span_end: wall_clock.c), its
- * collectives from the backend (backend_local.c, backend_mpi.c). */
+ * are the modelled clock's (model_clock.c), its collectives the backend's
+ * (backend_local.c, backend_mpi.c). */
 #include "runtime/stream.h"
 #include "runtime/util.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* ----------------------------------------------------------------- trace */
-
-/* op's trace record in *r (ts and dur are the clock's), or NULL when it is not traced. */
-static const TraceRec *op_rec(Stream *s, const Op *op, const char *prefix, const char *cat, TraceRec *r) {
-    if (!op->traced) return NULL;
-    *r = (TraceRec){prefix, op->name, op->module, op->phase, cat, s->index, op->step, 0, 0, op->bytes, op->micro,
-                    op->kind == OP_COLL ? coll_dtype_name(op->coll.dtype) : NULL,
-                    op->kind == OP_COLL && op->pg ? op->pg->name : NULL};
-    return r;
-}
-
-/* op ended: the clock gets its end and, when traced, its record. */
-static void op_done(Stream *s, const Op *op, OpSpan *span, const char *prefix, const char *cat) {
-    TraceRec r;
-    dev_ops(s->dev)->span_end(s->dev, s, span, op_rec(s, op, prefix, cat, &r), SPAN_ANY_LENGTH);
-}
-
-/* A host wait that began at span ends now, on the host's track. */
-static void host_sync_done(Dev *d, const char *what, const char *name, OpSpan *span) {
-    TraceRec r, *rec = NULL;
-    if (d->scope.tracing) {
-        char full[160];
-        snprintf(full, sizeof full, "sync:%s%s", what, name ? name : "");
-        r = (TraceRec){"", dev_intern(d, full), d->scope.module, d->scope.phase, "host_sync", TRACE_HOST_TID,
-                       d->scope.step, 0, 0, 0, d->scope.micro, NULL, NULL};
-        rec = &r;
-    }
-    dev_ops(d)->span_end(d, NULL, span, rec, SPAN_ANY_LENGTH);
-}
 
 /* ---------------------------------------------------------------- events */
 
@@ -50,78 +20,93 @@ static void event_unref(Event *e) {
     if (last) event_free(e);
 }
 
-static void run_record(Stream *s, const Op *op) {
-    Event *e = op->event;
-    CpuEvent *ev = cpu_event(e);
-    OpSpan span;
-    dev_ops(s->dev)->span_begin(s->dev, s, &span);
-    pthread_mutex_lock(&ev->mu);
-    if (op->record_no > ev->completed) ev->completed = op->record_no;
-    pthread_cond_broadcast(&ev->cv);
-    pthread_mutex_unlock(&ev->mu);
-    op_done(s, op, &span, op->module, "event");
-    event_unref(e);
+/* The modelled time of e's record n (1-based), blocking until a worker ran it (ev->mu held). */
+static double record_time_locked(CpuEvent *ev, uint64_t n) {
+    while (n > ev->ntimes || ev->times[n - 1] < 0) pthread_cond_wait(&ev->cv, &ev->mu);
+    return ev->times[n - 1];
 }
 
-/* Traced only when the stream stalled for more than 1 µs. */
-static void run_wait(Stream *s, const Op *op) {
-    Event *e = op->event;
+static double record_time(Event *e, uint64_t n) {
     CpuEvent *ev = cpu_event(e);
-    OpSpan span;
-    dev_ops(s->dev)->span_begin(s->dev, s, &span);
-    int stalled = 0;
     pthread_mutex_lock(&ev->mu);
-    if (ev->completed < op->record_no) {
-        ev->waiting++;
-        while (ev->completed < op->record_no) pthread_cond_wait(&ev->cv, &ev->mu);
-        ev->waiting--;
-        stalled = 1;
-    }
+    double t = record_time_locked(ev, n);
     pthread_mutex_unlock(&ev->mu);
-    TraceRec r;
-    dev_ops(s->dev)->span_end(s->dev, s, &span, stalled ? op_rec(s, op, NULL, "wait", &r) : NULL, 1.0);
-    event_unref(e);
+    return t;
+}
+
+/* A record completes at the modelled time the stream got there. */
+static void run_record(const Op *op, double at_us) {
+    CpuEvent *ev = cpu_event(op->event);
+    pthread_mutex_lock(&ev->mu);
+    if (op->record_no > ev->ntimes) {
+        size_t n = ev->ntimes ? ev->ntimes : 8;
+        while (n < op->record_no) n *= 2;
+        ev->times = xrealloc(ev->times, n * sizeof *ev->times);
+        for (size_t i = ev->ntimes; i < n; i++) ev->times[i] = -1.0; /* not reached yet */
+        ev->ntimes = n;
+    }
+    ev->times[op->record_no - 1] = at_us;
+    pthread_cond_broadcast(&ev->cv);
+    pthread_mutex_unlock(&ev->mu);
+    event_unref(op->event);
+}
+
+/* A wait ends when the record it waits for completed, on the modelled clock;
+ * the worker blocks until that record ran. */
+static double run_wait(const Op *op) {
+    CpuEvent *ev = cpu_event(op->event);
+    pthread_mutex_lock(&ev->mu);
+    ev->waiting++;
+    double t = record_time_locked(ev, op->record_no);
+    ev->waiting--;
+    pthread_mutex_unlock(&ev->mu);
+    event_unref(op->event);
+    return t;
 }
 
 /* ---------------------------------------------------------------- worker */
 
-/* The PCIe model: a host <-> device copy of `bytes` that began at t0 lasts
- * latency + bytes / bandwidth (the memcpy itself counts toward it). */
-static void pcie_wait(const WorldConfig *cfg, size_t bytes, double t0) {
-    if (cfg->pcie_gbps <= 0) return;
-    sleep_until_us(t0 + cfg->pcie_latency_us + (double)bytes / (cfg->pcie_gbps * 1e9) * 1e6);
-}
-
+/* Run op for real, then give it its modelled start and end (model_clock.c):
+ * it starts when its stream is free and the host has enqueued it (and its
+ * event was recorded, or its group is ready), and lasts its cost. */
 static void execute(Stream *s, Op *op) {
-    const BackendOps *ops = dev_ops(s->dev);
-    OpSpan span;
+    CpuStream *cs = cpu_stream(s);
+    double ready = cs->end_us > op->host_us ? cs->end_us : op->host_us, start = ready, end = ready;
+    double wall0 = now_us();
     switch (op->kind) {
     case OP_LAUNCH:
-        ops->span_begin(s->dev, s, &span);
         op->fn(op->args);
-        op_done(s, op, &span, op->module, "compute");
+        end = start + op->cost_us;
+        clock_trace_op(s, op, op->module, "compute", start, end, wall0);
         break;
-    case OP_COPY: {
-        ops->span_begin(s->dev, s, &span);
-        double t0 = op->pcie ? now_us() : 0.0; /* the PCIe model stretches the copy in wall time from here */
+    case OP_COPY:
         if (op->bytes && op->dst != op->src) memmove(op->dst, op->src, op->bytes);
-        if (op->pcie) pcie_wait(&s->dev->world->cfg, op->bytes, t0);
-        op_done(s, op, &span, op->module, "copy");
+        end = start + op->cost_us;
+        clock_trace_op(s, op, op->module, "copy", start, end, wall0);
         break;
-    }
     case OP_MEMSET:
-        ops->span_begin(s->dev, s, &span);
         if (op->bytes) memset(op->dst, op->fill, op->bytes);
-        op_done(s, op, &span, op->module, "copy");
+        end = start + op->cost_us;
+        clock_trace_op(s, op, op->module, "copy", start, end, wall0);
         break;
-    case OP_RECORD: run_record(s, op); break;
-    case OP_WAIT: run_wait(s, op); break;
-    case OP_COLL:
-        ops->span_begin(s->dev, s, &span);
-        op->exec(s, op);
-        op_done(s, op, &span, op->label, "collective");
+    case OP_RECORD:
+        end = start;
+        clock_trace_op(s, op, op->module, "event", start, end, wall0);
+        run_record(op, start);
+        break;
+    case OP_WAIT: {
+        double t = run_wait(op);
+        end = t > start ? t : start;
+        if (end > start) clock_trace_op(s, op, NULL, "wait", start, end, wall0); /* only a wait that stalled */
         break;
     }
+    case OP_COLL:
+        start = op->exec(s, op, ready);
+        end = start + op->cost_us;
+        clock_trace_op(s, op, op->label, "collective", start, end, wall0);
+        break;
+    }
+    cs->end_us = end; /* read by the host only once it saw this op completed (cs->mu) */
 }
 
 static void *stream_worker(void *p) {
@@ -145,9 +130,12 @@ static void *stream_worker(void *p) {
     return NULL;
 }
 
-static void enqueue(Stream *s, const Op *op, size_t args_size) {
+/* Queue op (its cost_us set) on s: the host's modelled time moves on by a
+ * launch unless the op is not the program's (charged 0: the driver's probes). */
+static void enqueue(Stream *s, Op *op, size_t args_size, int charged) {
     CpuStream *cs = cpu_stream(s);
     race_on_enqueue(s, op); /* host order: the verdict never depends on timing */
+    clock_enqueue(s->dev, op, charged);
     pthread_mutex_lock(&cs->mu);
     if (cs->count == cs->ring_cap) {
         size_t ncap = cs->ring_cap ? cs->ring_cap * 2 : 64;
@@ -166,7 +154,7 @@ static void enqueue(Stream *s, const Op *op, size_t args_size) {
     pthread_mutex_unlock(&cs->mu);
 }
 
-void cpu_enqueue_op(Stream *s, const Op *op) { enqueue(s, op, 0); }
+void cpu_enqueue_op(Stream *s, Op *op) { enqueue(s, op, 0, 1); }
 
 static uint64_t stream_completed(Stream *s) {
     CpuStream *cs = cpu_stream(s);
@@ -288,12 +276,14 @@ void cpu_stream_destroy(Stream *s) {
     free(s);
 }
 
-void cpu_launch(Stream *s, const char *name, void (*fn)(void *args), const void *args, size_t args_size) {
+void cpu_launch(Stream *s, const char *name, const KernelCost *cost, void (*fn)(void *args), const void *args,
+                size_t args_size) {
     Op op;
     op_init(s, &op, OP_LAUNCH, name);
     op.fn = fn;
     if (args_size) memcpy(op.args, args, args_size);
-    enqueue(s, &op, args_size);
+    op.cost_us = clock_kernel_cost(s->dev, cost);
+    enqueue(s, &op, args_size, cost->cls != COST_FREE);
 }
 
 void cpu_copy(Stream *s, void *dst, const void *src, size_t bytes) {
@@ -304,7 +294,8 @@ void cpu_copy(Stream *s, void *dst, const void *src, size_t bytes) {
     op.src = src;
     op.bytes = bytes;
     op.pcie = dir;
-    enqueue(s, &op, 0);
+    op.cost_us = clock_copy_cost(s->dev, bytes, dir);
+    enqueue(s, &op, 0, 1);
 }
 
 void cpu_fill(Stream *s, void *dst, int byte, size_t bytes) {
@@ -313,34 +304,38 @@ void cpu_fill(Stream *s, void *dst, int byte, size_t bytes) {
     op.dst = dst;
     op.fill = byte;
     op.bytes = bytes;
-    enqueue(s, &op, 0);
+    op.cost_us = clock_fill_cost(s->dev, bytes);
+    enqueue(s, &op, 0, 1);
 }
 
-/* Block until s has run everything enqueued so far (the host-side wait of every sync). */
-static void stream_drain(Stream *s) {
+/* Block until s has run everything enqueued so far (the host-side wait of
+ * every sync); returns the modelled end of that work. */
+static double stream_drain(Stream *s) {
     CpuStream *cs = cpu_stream(s);
     pthread_mutex_lock(&cs->mu);
     uint64_t target = s->enqueued;
     while (cs->completed < target) pthread_cond_wait(&cs->cv_done, &cs->mu);
+    double end = cs->end_us;
     pthread_mutex_unlock(&cs->mu);
+    return end;
 }
 
 void cpu_stream_synchronize(Stream *s) {
-    OpSpan span;
-    dev_ops(s->dev)->span_begin(s->dev, NULL, &span);
-    stream_drain(s);
+    double end = stream_drain(s);
     race_host_waited_stream(s);
     dev_release_pending_frees(s->dev, 0);
-    host_sync_done(s->dev, "", s->name, &span);
+    clock_host_wait(s->dev, end, "", s->name);
 }
 
 void cpu_synchronize(Dev *d) {
-    OpSpan span;
-    dev_ops(d)->span_begin(d, NULL, &span);
-    for (int i = 0; i < d->nstreams; i++) stream_drain(d->streams[i]);
+    double end = 0;
+    for (int i = 0; i < d->nstreams; i++) {
+        double e = stream_drain(d->streams[i]);
+        if (e > end) end = e;
+    }
     race_host_waited_all(d);
     dev_release_pending_frees(d, 0);
-    host_sync_done(d, "all streams", NULL, &span);
+    clock_host_wait(d, end, "all streams", NULL);
 }
 
 /* ---------------------------------------------------------------- events */
@@ -356,6 +351,7 @@ void cpu_event_fini(Event *e) {
     CpuEvent *ev = cpu_event(e);
     pthread_mutex_destroy(&ev->mu);
     pthread_cond_destroy(&ev->cv);
+    free(ev->times);
     free(ev);
     e->backend = NULL;
 }
@@ -384,7 +380,7 @@ static void enqueue_event_op(Stream *s, Event *e, OpKind kind, const char *verb)
     op.record_no = kind == OP_RECORD ? ++e->recorded : e->recorded;
     ev->refs++;
     pthread_mutex_unlock(&ev->mu);
-    enqueue(s, &op, 0);
+    enqueue(s, &op, 0, 1); /* records and waits cost nothing on the stream itself */
 }
 
 void cpu_event_record(Event *e, Stream *s) { enqueue_event_op(s, e, OP_RECORD, "record"); }
@@ -392,23 +388,19 @@ void cpu_event_record(Event *e, Stream *s) { enqueue_event_op(s, e, OP_RECORD, "
 void cpu_event_wait(Stream *s, Event *e) { enqueue_event_op(s, e, OP_WAIT, "wait"); }
 
 void cpu_event_synchronize(Event *e) {
-    CpuEvent *ev = cpu_event(e);
-    OpSpan span;
-    dev_ops(e->dev)->span_begin(e->dev, NULL, &span);
-    uint64_t n = e->recorded;
-    pthread_mutex_lock(&ev->mu);
-    while (ev->completed < n) pthread_cond_wait(&ev->cv, &ev->mu);
-    pthread_mutex_unlock(&ev->mu);
+    double t = record_time(e, e->recorded);
     race_host_waited_event(e);
     dev_release_pending_frees(e->dev, 0);
-    host_sync_done(e->dev, "event ", e->name, &span);
+    clock_host_wait(e->dev, t, "event ", e->name);
 }
 
+/* On the modelled clock: has the latest record completed by the host's time
+ * (after this call's own launch time)? The host waits in wall time until the
+ * record ran, so the answer is the same on every run. */
 int cpu_event_query(Event *e) {
-    CpuEvent *ev = cpu_event(e);
-    pthread_mutex_lock(&ev->mu);
-    int done = ev->completed >= e->recorded;
-    pthread_mutex_unlock(&ev->mu);
+    Dev *d = e->dev;
+    clock_host_call(d);
+    int done = record_time(e, e->recorded) <= d->host_us;
     if (done) race_host_waited_event(e); /* the host saw it complete: later enqueues are ordered after it */
     return done;
 }

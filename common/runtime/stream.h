@@ -1,6 +1,6 @@
 /* stream.h — what the two CPU backends ("local": backend_local.c, "mpi":
  * backend_mpi.c) share: streams as worker threads, events, storage from the
- * C heap (stream.c) and the wall clock (wall_clock.c). Each CPU backend's
+ * C heap (stream.c) and the modelled clock (model_clock.c). Each CPU backend's
  * table of operations starts from CPU_BACKEND_OPS and adds its own world,
  * host exchange, groups and collectives. */
 #ifndef HWFSDP_STREAM_H
@@ -19,15 +19,17 @@ typedef struct {
     Op *ring;
     size_t ring_cap, head, count;   /* count includes the op being executed */
     uint64_t completed;             /* ops finished so far (worker) */
+    double end_us;                  /* the modelled end of the last op finished (worker; the host reads it under mu) */
     int stop;
     void *coll;                     /* the collective backend's own (local: channels; mpi: communicators) */
 } CpuStream;
 
-/* A CPU event (Event.backend): record numbers the workers reach. */
+/* A CPU event (Event.backend): when each record completed on the modelled clock. */
 typedef struct {
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    uint64_t completed;   /* highest record number reached (workers) */
+    double *times;        /* [ntimes] record n's modelled time at times[n-1]; < 0: not reached yet (workers) */
+    size_t ntimes;
     int refs;             /* queued ops still pointing at this event */
     int waiting;          /* stream workers blocked in a wait on it now (tests wait for one to block) */
     int destroyed;
@@ -37,21 +39,22 @@ static inline CpuStream *cpu_stream(const Stream *s) { return s->backend; }
 static inline CpuEvent *cpu_event(const Event *e) { return e->backend; }
 
 /* Queue op (op_init'd; a collective: coll_op_describe'd, its exec set) on s; the worker runs it. */
-void cpu_enqueue_op(Stream *s, const Op *op);
+void cpu_enqueue_op(Stream *s, Op *op);
 
 /* collectives.c. recv[i] = op over the n inputs of element `off + i` (rank
  * order, in float32), stored in the collective's dtype; parts[r] is group
  * rank r's buffer: the sum both CPU backends reduce with. */
 void coll_reduce_ranks(void *recv, const void *const *parts, int n, size_t off, size_t cnt, int dtype, int op);
 /* The local backend's Op.exec: a collective through its rendezvous channel. */
-void local_coll_execute(Stream *s, const Op *op);
+double local_coll_execute(Stream *s, const Op *op, double ready_us);
 
 /* stream.c: the entries of CPU_BACKEND_OPS */
 void cpu_dev_init(Dev *d);
 void cpu_dev_fini(Dev *d);
 Stream *cpu_stream_create(Dev *d, const char *name);
 void cpu_stream_destroy(Stream *s);
-void cpu_launch(Stream *s, const char *name, void (*fn)(void *args), const void *args, size_t args_size);
+void cpu_launch(Stream *s, const char *name, const KernelCost *cost, void (*fn)(void *args), const void *args,
+                size_t args_size);
 void cpu_copy(Stream *s, void *dst, const void *src, size_t bytes);
 void cpu_fill(Stream *s, void *dst, int byte, size_t bytes);
 void cpu_stream_synchronize(Stream *s);
@@ -73,9 +76,21 @@ void cpu_fence_release(Dev *d, PendingFree *pf);
 void *cpu_probe_alloc(Dev *d, size_t bytes);
 void cpu_probe_free(Dev *d, void *p);
 void cpu_probe_read(Dev *d, void *host, const void *probe, size_t bytes);
-/* wall_clock.c */
-void wall_span_begin(Dev *d, Stream *s, OpSpan *span);
-void wall_span_end(Dev *d, Stream *s, OpSpan *span, const TraceRec *rec, double min_us);
+/* model_clock.c: the host's modelled time (BackendOps.host_time_us); a host
+ * call that costs the host a launch; the host enqueuing op (its host_us; the
+ * host moves on by a launch if charged); the
+ * costs of a kernel, a copy (pcie: copy_direction) and a memset, us; the host
+ * waiting until until_us (a "sync:<what><name>" slice on its track if it
+ * stalled); a finished op's trace record (if traced), started at wall0_us. */
+double cpu_host_time_us(const Dev *d);
+void clock_host_call(Dev *d);
+void clock_enqueue(Dev *d, Op *op, int charged);
+double clock_kernel_cost(const Dev *d, const KernelCost *c);
+double clock_copy_cost(const Dev *d, size_t bytes, int pcie);
+double clock_fill_cost(const Dev *d, size_t bytes);
+void clock_host_wait(Dev *d, double until_us, const char *what, const char *name);
+void clock_trace_op(Stream *s, const Op *op, const char *prefix, const char *cat, double start_us, double end_us,
+                    double wall0_us);
 
 extern const struct KernelTable kcpu_kernels; /* model/kernels_cpu.c */
 
@@ -94,6 +109,6 @@ const BackendOps *cpu_mpi_backend_ops(void);   /* backend_mpi.c; one fatal line 
     .storage_free = cpu_storage_free, .host_alloc = cpu_host_alloc, .host_free = cpu_host_free,                         \
     .fence_create = cpu_fence_create, .fence_ready = cpu_fence_ready, .fence_release = cpu_fence_release,               \
     .probe_alloc = cpu_probe_alloc, .probe_free = cpu_probe_free, .probe_read = cpu_probe_read,                         \
-    .span_begin = wall_span_begin, .span_end = wall_span_end
+    .clock = "model", .host_time_us = cpu_host_time_us
 
 #endif

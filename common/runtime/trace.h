@@ -13,11 +13,13 @@ typedef struct {
     const char *module, *phase;         /* interned scope at enqueue */
     const char *cat;                    /* static string */
     int stream, step;
-    double ts, dur;                     /* µs, ts relative to the world epoch */
+    double ts, dur;                     /* µs on the world's clock (dev_clock_name), ts from its start */
     size_t bytes;                       /* 0 = not shown */
     int micro;                          /* microbatch (--grad-accum), -1 = not shown */
     const char *dtype;                  /* collectives: "f32" / "bf16" (static); NULL = not shown */
     const char *group;                  /* collectives: the process group's name; NULL = not shown */
+    int wall;                           /* 1: wall_ts and wall_dur hold its wall-clock times (CPU backends) */
+    double wall_ts, wall_dur;           /* µs of wall time since the world's epoch: performance work, never grading */
 } TraceRec;
 
 /* The rank's trace buffer (Dev.trace). */

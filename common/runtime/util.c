@@ -115,15 +115,6 @@ char *xasprintf(const char *fmt, ...) {
     return s;
 }
 
-void sleep_until_us(double target_us) {
-    for (;;) {
-        double left = target_us - now_us();
-        if (left <= 0) return;
-        struct timespec ts = {(time_t)(left / 1e6), (long)((left - (double)(time_t)(left / 1e6) * 1e6) * 1e3)};
-        if (nanosleep(&ts, NULL) == 0 || errno != EINTR) return;
-    }
-}
-
 double now_us(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

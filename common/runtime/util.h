@@ -47,8 +47,6 @@ char *xvasprintf(const char *fmt, va_list ap) __attribute__((format(printf, 1, 0
 
 /* Monotonic wall clock in microseconds (CLOCK_MONOTONIC; common to all threads). */
 double now_us(void);
-/* Sleep until now_us() reaches target_us (the link and PCIe models stretch ops in wall time). */
-void sleep_until_us(double target_us);
 /* A condition variable whose timed waits count on CLOCK_MONOTONIC (the
  * watchdog's deadlines come from now_us, which never jumps). */
 void cond_init_monotonic(pthread_cond_t *cv);

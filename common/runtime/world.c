@@ -1,6 +1,7 @@
 /* world.c — the World (ranks as threads, or processes: the backend's
  * world_init), each rank's Dev and its scope. */
 #include "runtime/internal.h"
+#include "runtime/profile.h"
 #include "runtime/util.h"
 
 #include <stdio.h>
@@ -24,6 +25,7 @@ World *world_create(const WorldConfig *cfg) {
     const BackendOps *ops = backend_ops(cfg->backend); /* one line if this build lacks it */
     World *w = xcalloc(1, sizeof *w);
     w->cfg = *cfg;
+    if (!w->cfg.profile) w->cfg.profile = device_profile_find(DEVICE_PROFILE_DEFAULT);
     w->ops = ops;
     pthread_mutex_init(&w->report_mu, NULL);
     pthread_cond_init(&w->report_cv, NULL);

@@ -1,0 +1,73 @@
+/* model_clock.c — the CPU backends' clock: modelled time (HANDOUT: "Time").
+ *
+ * Every op gets a modelled start and end from program order alone, never from
+ * the wall clock, the threads' interleaving or the machine's load:
+ *   - the host enqueues it at its own modelled time, which each op it enqueues
+ *     moves on by the profile's host_launch_us (clock_enqueue);
+ *   - it starts at the latest of: the end of its stream's previous op, the
+ *     host's time when it was enqueued, the time of the event record it waits
+ *     for, and, for a collective, the same over every rank of its group;
+ *   - it ends its cost later: the profile's roofline for a kernel (the work
+ *     its launch declared), bytes for a copy or memset (PCIe for host <->
+ *     device), the ring model of coll_common.c for a collective.
+ * A host wait (synchronize a stream or the device, an event) moves the host to
+ * the modelled end of what it waited for, shown as a "sync:" slice on the
+ * host's track. The stream workers run the ops for real in the meantime (the
+ * math, the copies, the rendezvous); the model only reads their order. The
+ * wall-clock times of each op stay in its trace args, for performance work. */
+#include "runtime/profile.h"
+#include "runtime/stream.h"
+#include "runtime/util.h"
+
+#include <stdio.h>
+
+static const DeviceProfile *profile(const Dev *d) { return d->world->cfg.profile; }
+
+double cpu_host_time_us(const Dev *d) { return d->host_us; }
+
+void clock_host_call(Dev *d) { d->host_us += profile(d)->host_launch_us; }
+
+void clock_enqueue(Dev *d, Op *op, int charged) {
+    if (charged) clock_host_call(d);
+    op->host_us = d->host_us;
+}
+
+double clock_kernel_cost(const Dev *d, const KernelCost *c) { return kernel_time_us(profile(d), c, d->world->cfg.tf32); }
+
+/* Host <-> device (pcie 1 or 2) over the PCIe model; device -> device reads and writes its bytes. */
+double clock_copy_cost(const Dev *d, size_t bytes, int pcie) {
+    const WorldConfig *cfg = &d->world->cfg;
+    if (pcie && cfg->pcie_gbps > 0) return cfg->pcie_latency_us + (double)bytes / (cfg->pcie_gbps * 1e9) * 1e6;
+    const DeviceProfile *p = profile(d);
+    return p->kernel_latency_us + 2.0 * (double)bytes / (p->hbm_bytes_s * p->eff_memory) * 1e6;
+}
+
+double clock_fill_cost(const Dev *d, size_t bytes) {
+    const DeviceProfile *p = profile(d);
+    return p->kernel_latency_us + (double)bytes / (p->hbm_bytes_s * p->eff_memory) * 1e6;
+}
+
+void clock_host_wait(Dev *d, double until_us, const char *what, const char *name) {
+    if (!(until_us > d->host_us)) return;
+    if (d->scope.tracing) {
+        char full[160];
+        snprintf(full, sizeof full, "sync:%s%s", what, name ? name : "");
+        TraceRec r = {.prefix = "", .name = dev_intern(d, full), .module = d->scope.module, .phase = d->scope.phase,
+                      .cat = "host_sync", .stream = TRACE_HOST_TID, .step = d->scope.step, .ts = d->host_us,
+                      .dur = until_us - d->host_us, .micro = d->scope.micro};
+        dev_trace_add(d, &r);
+    }
+    d->host_us = until_us;
+}
+
+void clock_trace_op(Stream *s, const Op *op, const char *prefix, const char *cat, double start_us, double end_us,
+                    double wall0_us) {
+    if (!op->traced) return;
+    double wall1_us = now_us(), epoch = s->dev->world->epoch_us;
+    TraceRec r = {.prefix = prefix, .name = op->name, .module = op->module, .phase = op->phase, .cat = cat,
+                  .stream = s->index, .step = op->step, .ts = start_us, .dur = end_us - start_us, .bytes = op->bytes,
+                  .micro = op->micro, .dtype = op->kind == OP_COLL ? coll_dtype_name(op->coll.dtype) : NULL,
+                  .group = op->kind == OP_COLL && op->pg ? op->pg->name : NULL, .wall = 1,
+                  .wall_ts = wall0_us - epoch, .wall_dur = wall1_us - wall0_us};
+    dev_trace_add(s->dev, &r);
+}

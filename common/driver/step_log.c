@@ -57,7 +57,8 @@ static void per_rank(Json *j, const char *key, const double *v, int world, int d
 
 /* One line of metrics.jsonl (not finite: null). */
 static void write_metrics_line(FILE *f, int step, double loss, float grad_norm, float lr, const double *peaks,
-                               const double *clip, int world, double step_max_us, double tps, int bad) {
+                               const double *clip, int world, double step_max_us, double tps,
+                               double model_step_max_us, int bad) {
     Json j = {0};
     json_object_begin(&j);
     json_key(&j, "step");
@@ -80,6 +81,8 @@ static void write_metrics_line(FILE *f, int step, double loss, float grad_norm, 
     json_fixed(&j, step_max_us / 1000.0, 3);
     json_key(&j, "tokens_per_s");
     json_fixed(&j, tps, 1);
+    json_key(&j, "model_step_ms"); /* on the world's clock (dev_clock_name): the same on every run on the CPU */
+    json_fixed(&j, model_step_max_us / 1000.0, 3);
     if (bad) {
         json_key(&j, "nan");
         json_bool(&j, 1);
@@ -92,7 +95,7 @@ static void write_metrics_line(FILE *f, int step, double loss, float grad_norm, 
 }
 
 int step_log_write(StepLog *l, Dev *dev, const Options *o, const ModelRun *run, int step, double loss_local,
-                   float grad_norm, double step_us) {
+                   float grad_norm, double step_us, double model_step_us) {
     const int W = dev_world_size(dev);
     dev_host_allgather_f64(dev, loss_local, l->all);
     double loss = 0;
@@ -109,14 +112,18 @@ int step_log_write(StepLog *l, Dev *dev, const Options *o, const ModelRun *run, 
     }
     dev_host_allgather_f64(dev, step_us, l->all);
     double step_max = max_of(l->all, W);
+    dev_host_allgather_f64(dev, model_step_us, l->all);
+    double model_step_max = max_of(l->all, W);
     int bad = !isfinite(loss) || (!o->forward_only && !isfinite(grad_norm));
     if (dev_rank(dev) == 0) {
         double tps = (double)(run->B * run->T * (size_t)W) / (step_max * 1e-6);
         float lr = lr_at_step(&o->optim, step);
-        if (l->metrics) write_metrics_line(l->metrics, step, loss, grad_norm, lr, peaks, clip, W, step_max, tps, bad);
+        if (l->metrics)
+            write_metrics_line(l->metrics, step, loss, grad_norm, lr, peaks, clip, W, step_max, tps, model_step_max, bad);
         if (!o->quiet)
-            printf("step: %3d  loss: %8.4f  grad_norm: %8.4f  memory: %7.2fMiB  tps: %9.0f  lr: %.2e\n", step + 1, loss,
-                   (double)grad_norm, max_of(peaks, W) / 1048576.0, tps, (double)lr);
+            printf("step: %3d  loss: %8.4f  grad_norm: %8.4f  memory: %7.2fMiB  tps: %9.0f  lr: %.2e  %s: %.3fms\n",
+                   step + 1, loss, (double)grad_norm, max_of(peaks, W) / 1048576.0, tps, (double)lr,
+                   strcmp(dev_clock_name(dev), "model") ? "step" : "modelled step", model_step_max / 1000.0);
         fflush(stdout);
         if (bad)
             fprintf(stderr, "error: %s is not finite at step %d (loss %g, grad_norm %g)\n",

@@ -229,13 +229,14 @@ void train_rank(Dev *dev, void *arg) {
         dev_synchronize(dev);
         dev_set_tracing(dev, s < o->profile_steps);
         dev_mem_reset_peak(dev);
-        double t0 = now_us();
+        double t0 = now_us(), m0 = dev_host_time_us(dev);
         load_batch(&t, job, s);
         float grad_norm = train_step(&t, s);
         dev_synchronize(dev);
         double loss = 0; /* the mean over the whole batch: the mean of the K equal microbatches' means */
         for (int k = 0; k < o->grad_accum; k++) loss += t.host_loss[k];
-        int bad = step_log_write(&log, dev, o, &t.run, s, loss / o->grad_accum, grad_norm, now_us() - t0);
+        int bad = step_log_write(&log, dev, o, &t.run, s, loss / o->grad_accum, grad_norm, now_us() - t0,
+                                 dev_host_time_us(dev) - m0);
         if (o->save_every && (s + 1) % o->save_every == 0 && !bad) checkpoint_write(dev, t.model, o->save_path, s + 1);
         if (bad) {
             stop_nan = 1;

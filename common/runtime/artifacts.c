@@ -130,6 +130,10 @@ static void trace_events_of(Json *j, Dev *d) {
             json_key(j, "group");
             json_string(j, r->group);
         }
+        if (r->flops > 0) {
+            json_key(j, "flops");
+            json_fixed(j, r->flops, 0);
+        }
         if (r->wall) {
             json_key(j, "wall_ts_us");
             json_fixed(j, r->wall_ts, 3);
@@ -156,8 +160,21 @@ static void write_trace(const char *dir, const char *file, Dev **devs, int n) {
     json_key(&j, "otherData");
     json_object_begin(&j);
     json_key_string(&j, "clock", dev_clock_name(devs[0]));
-    if (devs[0]->world->cfg.profile && strcmp(dev_clock_name(devs[0]), "model") == 0)
-        json_key_string(&j, "device_profile", devs[0]->world->cfg.profile->name);
+    const DeviceProfile *p = devs[0]->world->cfg.profile;
+    if (p && strcmp(dev_clock_name(devs[0]), "model") == 0) { /* what the modelled times were priced on */
+        json_key_string(&j, "device_profile", p->name);
+        json_key(&j, "peak_flops");
+        json_object_begin(&j);
+        json_key(&j, "f32");
+        json_g(&j, p->peak_f32, 6);
+        json_key(&j, "tf32");
+        json_g(&j, p->peak_tf32, 6);
+        json_key(&j, "bf16");
+        json_g(&j, p->peak_bf16, 6);
+        json_object_end(&j);
+        json_key(&j, "hbm_bytes_per_s");
+        json_g(&j, p->hbm_bytes_s, 6);
+    }
     json_object_end(&j);
     json_object_end(&j);
     json_line_end(&j);

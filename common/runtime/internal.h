@@ -56,6 +56,7 @@ struct Op {
     /* the modelled clock (CPU backends, model_clock.c) */
     double host_us;             /* the host's modelled time once it had enqueued this op */
     double cost_us;             /* how long it runs once started */
+    double flops;               /* a kernel's declared FLOPs (the trace's "flops" arg) */
     uint64_t coll_seq;          /* per-stream collective number */
     CollDesc coll;
     const char *label;          /* collective: interned label (trace name prefix) */

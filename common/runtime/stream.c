@@ -283,6 +283,7 @@ void cpu_launch(Stream *s, const char *name, const KernelCost *cost, void (*fn)(
     op.fn = fn;
     if (args_size) memcpy(op.args, args, args_size);
     op.cost_us = clock_kernel_cost(s->dev, cost);
+    op.flops = cost->cls == COST_FREE ? 0 : cost->flops;
     enqueue(s, &op, args_size, cost->cls != COST_FREE);
 }
 

@@ -76,6 +76,8 @@ LONG = "x" * 80
     (["--world", "0"], "--world must be in [1, 64], got 0"),
     (["--world", "65"], "--world must be in [1, 64], got 65"),
     (["--backend", "gloo"], "--backend expects local, mpi, nccl or nccl-mpi, got 'gloo'"),
+    (["--device-profile", "h200"], "--device-profile: no profile 'h200' (profiles: teach, a100-80g, h100-sxm)"),
+    (["--device-profile"], "flag --device-profile needs a value (see --help)"),
     (["--backend", "nccl"], "--backend nccl needs the CUDA build (make cuda, then build-cuda/.../train)"),
     (["--backend", "nccl-mpi"], "--backend nccl-mpi needs the CUDA build (make cuda, then build-cuda/.../train)"),
     (["--reshard-after-forward=maybe"], "--reshard-after-forward expects true or false, got 'maybe'"),

@@ -127,7 +127,7 @@ static void retire_storage(Dev *d, Alloc *a) {
         release_storage(d, a);
         return;
     }
-    PendingFree pf = {a, all_streams(d), NULL};
+    PendingFree pf = {a, all_streams(d), NULL, 0};
     if (dev_ops(d)->fence_create(d, &pf)) d->mem.frees_deferred++;
     d->mem.pending = ring_reserve(d->mem.pending, &d->mem.pend_cap, &d->mem.pend_head, d->mem.pend_count,
                                   sizeof *d->mem.pending);
@@ -376,7 +376,7 @@ void dev_free(Dev *d, void *p) {
     if (d->race.on) quarantine(d, a);
     if (a->recorded) {
         /* record_stream: held and counted until the recorded streams finished the work queued so far */
-        PendingFree pf = {a, a->recorded, NULL};
+        PendingFree pf = {a, a->recorded, NULL, 1};
         dev_ops(d)->fence_create(d, &pf);
         if (d->mem.n_held == d->mem.held_cap) {
             d->mem.held_cap = d->mem.held_cap ? d->mem.held_cap * 2 : 16;

@@ -59,6 +59,10 @@ typedef struct {
     Alloc *alloc;           /* detached from the live tree */
     uint64_t mask;          /* the streams the fence covers (bit i = stream index i) */
     void *fence;            /* the backend's mark of their work at free time (CPU: ops enqueued; CUDA: events) */
+    /* 1: the count follows the world's clock (dev_record_stream's hold): on the CPU the fence
+     * is ready once the host's modelled time passed the modelled end of that work, so the
+     * memory count is the same on every run; 0: once that work really ran (storage) */
+    int timed;
 } PendingFree;
 
 /* The rank's allocator (Dev.mem). Touched only by the rank's host thread. */

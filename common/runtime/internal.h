@@ -34,7 +34,8 @@ void intern_free(InternTable *t);
 
 /* ----------------------------------------------------------------- ops */
 
-typedef enum { OP_LAUNCH = 0, OP_COPY, OP_MEMSET, OP_RECORD, OP_WAIT, OP_COLL } OpKind;
+/* OP_MARK: the CPU's own (stream.c), a timed fence's marker: not the program's work, never traced or raced */
+typedef enum { OP_LAUNCH = 0, OP_COPY, OP_MEMSET, OP_RECORD, OP_WAIT, OP_COLL, OP_MARK } OpKind;
 
 struct Op {
     OpKind kind;
@@ -49,7 +50,7 @@ struct Op {
     size_t bytes;               /* copies / collectives, for the trace */
     Event *event;               /* record / wait */
     uint64_t record_no;
-    void *dst;                  /* copy / memset / collective recv */
+    void *dst;                  /* copy / memset / collective recv; a marker's double */
     const void *src;            /* copy / collective send */
     int fill;
     int pcie;                   /* copy: 1 host -> device, 2 device -> host (the PCIe model), 0 neither */

@@ -314,6 +314,7 @@ void race_on_enqueue(Stream *s, const Op *op) {
         break;
     }
     case OP_LAUNCH: break;
+    case OP_MARK: break; /* never enqueued through here */
     }
     /* dev_access annotations describe this op (reads first: a kernel may read and write one buffer) */
     for (int pass = 0; pass < 2; pass++)

@@ -105,6 +105,7 @@ static void execute(Stream *s, Op *op) {
         end = start + op->cost_us;
         clock_trace_op(s, op, op->label, "collective", start, end, wall0);
         break;
+    case OP_MARK: *(double *)op->dst = ready; break; /* the host reads it once it saw this op completed */
     }
     cs->end_us = end; /* read by the host only once it saw this op completed (cs->mu) */
 }
@@ -130,12 +131,9 @@ static void *stream_worker(void *p) {
     return NULL;
 }
 
-/* Queue op (its cost_us set) on s: the host's modelled time moves on by a
- * launch unless the op is not the program's (charged 0: the driver's probes). */
-static void enqueue(Stream *s, Op *op, size_t args_size, int charged) {
+/* Append op to s's queue (the worker runs it). */
+static void push(Stream *s, const Op *op, size_t args_size) {
     CpuStream *cs = cpu_stream(s);
-    race_on_enqueue(s, op); /* host order: the verdict never depends on timing */
-    clock_enqueue(s->dev, op, charged);
     pthread_mutex_lock(&cs->mu);
     if (cs->count == cs->ring_cap) {
         size_t ncap = cs->ring_cap ? cs->ring_cap * 2 : 64;
@@ -152,6 +150,14 @@ static void enqueue(Stream *s, Op *op, size_t args_size, int charged) {
     s->enqueued++;
     pthread_cond_signal(&cs->cv_work);
     pthread_mutex_unlock(&cs->mu);
+}
+
+/* Queue op (its cost_us set) on s: the host's modelled time moves on by a
+ * launch unless the op is not the program's (charged 0: the driver's probes). */
+static void enqueue(Stream *s, Op *op, size_t args_size, int charged) {
+    race_on_enqueue(s, op); /* host order: the verdict never depends on timing */
+    clock_enqueue(s->dev, op, charged);
+    push(s, op, args_size);
 }
 
 void cpu_enqueue_op(Stream *s, Op *op) { enqueue(s, op, 0, 1); }
@@ -203,19 +209,41 @@ void cpu_host_free(Dev *d, void *p, size_t bytes) {
     free(p);
 }
 
-/* A fence: per stream index, the ops enqueued at the free. */
+/* A fence: per stream index, the ops enqueued at the free. A timed fence
+ * (dev_record_stream's hold) also queues a marker on each of its streams,
+ * which writes the modelled time its stream got there. */
 typedef struct {
-    int nstreams;
-    uint64_t enqueued[];
+    int nstreams, timed;
+    uint64_t *enqueued;   /* [nstreams] */
+    double *marks;        /* [nstreams] timed: each marker's modelled time */
 } CpuFence;
 
+/* Block until s's worker finished its first n ops. */
+static void wait_completed(Stream *s, uint64_t n) {
+    CpuStream *cs = cpu_stream(s);
+    pthread_mutex_lock(&cs->mu);
+    while (cs->completed < n) pthread_cond_wait(&cs->cv_done, &cs->mu);
+    pthread_mutex_unlock(&cs->mu);
+}
+
 int cpu_fence_create(Dev *d, PendingFree *pf) {
-    CpuFence *f = xcalloc(1, sizeof *f + (size_t)(d->nstreams ? d->nstreams : 1) * sizeof(uint64_t));
+    int n = d->nstreams ? d->nstreams : 1;
+    CpuFence *f = xcalloc(1, sizeof *f);
+    f->enqueued = xcalloc((size_t)n, sizeof *f->enqueued);
+    f->marks = pf->timed ? xcalloc((size_t)n, sizeof *f->marks) : NULL;
     f->nstreams = d->nstreams;
+    f->timed = pf->timed;
     int busy = 0;
     for (int i = 0; i < d->nstreams; i++) {
         if (!(pf->mask >> i & 1)) continue; /* 0: nothing to wait for (stream_new: at most 64 streams) */
         Stream *s = d->streams[i];
+        if (f->timed) {
+            Op mark;
+            op_init(s, &mark, OP_MARK, "mark");
+            mark.traced = 0;
+            mark.dst = &f->marks[i];
+            push(s, &mark, 0);
+        }
         CpuStream *cs = cpu_stream(s);
         pthread_mutex_lock(&cs->mu);
         f->enqueued[i] = s->enqueued;
@@ -226,16 +254,33 @@ int cpu_fence_create(Dev *d, PendingFree *pf) {
     return busy;
 }
 
+/* Untimed: the streams ran the work. Timed: the host's modelled time is past
+ * the markers' (the host waits in wall time until the markers ran, so the
+ * answer is the same on every run). */
 int cpu_fence_ready(Dev *d, const PendingFree *pf) {
     const CpuFence *f = pf->fence;
-    for (int i = 0; i < f->nstreams; i++)
-        if (stream_completed(d->streams[i]) < f->enqueued[i]) return 0;
-    return 1;
+    if (!f->timed) {
+        for (int i = 0; i < f->nstreams; i++)
+            if (stream_completed(d->streams[i]) < f->enqueued[i]) return 0;
+        return 1;
+    }
+    double t = 0;
+    for (int i = 0; i < f->nstreams; i++) {
+        if (!(pf->mask >> i & 1)) continue;
+        wait_completed(d->streams[i], f->enqueued[i]);
+        if (f->marks[i] > t) t = f->marks[i];
+    }
+    return t <= d->host_us;
 }
 
 void cpu_fence_release(Dev *d, PendingFree *pf) {
-    (void)d;
-    free(pf->fence);
+    CpuFence *f = pf->fence;
+    if (f->timed) /* a marker still queued writes into f */
+        for (int i = 0; i < f->nstreams; i++)
+            if (pf->mask >> i & 1) wait_completed(d->streams[i], f->enqueued[i]);
+    free(f->enqueued);
+    free(f->marks);
+    free(f);
     pf->fence = NULL;
 }
 

@@ -167,7 +167,7 @@ static void local_collective(Stream *s, const Op *op, const void *send, void *re
     const size_t cnt = (size_t)desc->count, esize = coll_dtype_size(desc->dtype);
     const int bf16 = desc->dtype == DTYPE_BF16;
     cudaStream_t st = cs->st;
-    CudaPost mine = {{*desc, op->coll_seq, send, recv, NULL}, cs->ready}, all[WORLD_MAX_RANKS];
+    CudaPost mine = {{*desc, op->coll_seq, send, recv, NULL, 0}, cs->ready}, all[WORLD_MAX_RANKS];
 
     /* A: inputs ready everywhere */
     CUDA_CHECK(cudaEventRecord(cs->ready, st));
@@ -248,7 +248,7 @@ static void nccl_collective(Stream *s, const Op *op, const void *send, void *rec
     ncclComm_t comm = g->id ? cs->pg_comms[g->id] : cs->comm;
     CollDesc descs[WORLD_MAX_RANKS];
     if (d->world->cfg.backend == BACKEND_NCCL) {
-        CudaPost mine = {{*desc, op->coll_seq, send, recv, NULL}, NULL}, all[WORLD_MAX_RANKS];
+        CudaPost mine = {{*desc, op->coll_seq, send, recv, NULL, 0}, NULL}, all[WORLD_MAX_RANKS];
         rendezvous(s, op, &mine, all);
         for (int r = 0; r < n; r++) descs[r] = all[r].post.desc;
     } else {

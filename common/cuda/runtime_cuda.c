@@ -208,8 +208,9 @@ void cuda_span_end(Dev *d, Stream *s, OpSpan *span, const TraceRec *rec, double 
 TraceRec cuda_trace_rec(Stream *s, const char *prefix, const char *name, const char *cat, size_t bytes,
                         const char *dtype, const char *group) {
     Dev *d = s->dev;
-    return (TraceRec){prefix, dev_intern(d, name), d->scope.module, d->scope.phase, cat, s->index, d->scope.step, 0, 0,
-                      bytes, d->scope.micro, dtype, group};
+    return (TraceRec){.prefix = prefix, .name = dev_intern(d, name), .module = d->scope.module,
+                      .phase = d->scope.phase, .cat = cat, .stream = s->index, .step = d->scope.step, .bytes = bytes,
+                      .micro = d->scope.micro, .dtype = dtype, .group = group};
 }
 
 /* Turn completed timings into trace records (all of them if wait_all). */

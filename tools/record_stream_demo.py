@@ -20,7 +20,9 @@ What it shows: the state frees each input at a point of the program, so one inpu
 counted at a time. A block freed after record_stream is given back only when the allocator
 sees that the reduce-scatter stream got past it; the host enqueues the whole backward long
 before that stream has run (on this runtime as on a GPU), so every module's input is held
-at once. How many are held is decided by device progress, not by the program.
+at once. How many are held is decided by the device's progress (here the modelled clock's:
+the same on every run, but it moves with the link, the profile and everything else queued),
+not by where the program frees them.
 --publish copies comm_buffer.png, summary.json and the first slow record_stream run's
 memory_rank0.pickle (gzipped) into logs/record_stream/, which students get.
 Needs the solutions (instructors) and matplotlib for the picture.
@@ -122,7 +124,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.path.join(ROOT, "build", "record_stream_demo"))
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--publish", action="store_true", help="copy the results into logs/record_stream/")
     args = ap.parse_args()
     if args.steps < 2 or args.repeats < 1:

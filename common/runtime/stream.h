@@ -80,8 +80,9 @@ void cpu_probe_read(Dev *d, void *host, const void *probe, size_t bytes);
  * call that costs the host a launch; the host enqueuing op (its host_us; the
  * host moves on by a launch if charged); the
  * costs of a kernel, a copy (pcie: copy_direction) and a memset, us; the host
- * waiting until until_us (a "sync:<what><name>" slice on its track if it
- * stalled); a finished op's trace record (if traced), started at wall0_us. */
+ * waiting until until_us (a "sync:<what><name>" slice on its track, of length
+ * 0 if it did not stall); a finished op's trace record (if traced), started
+ * at wall0_us. */
 double cpu_host_time_us(const Dev *d);
 void clock_host_call(Dev *d);
 void clock_enqueue(Dev *d, Op *op, int charged);

@@ -104,7 +104,9 @@ def test_sections_hold_numbers(bench):
         assert m["exposed_comm_ms"] == pytest.approx(sum(m["exposed_comm_ms_by_phase"].values()), rel=1e-12)
         assert m["math"] == ("bf16" if "--param-dtype=bf16" in r["flags"] else "f32")
     rows = {r["stage"][:2]: r["model"] for r in ov["rows"]}
-    assert rows["04"]["model_step_ms"] <= rows["02"]["model_step_ms"]  # overlap never lengthens the step
+    # on teach (compute and link time of the same order) overlap shortens the step; a profile whose steps are
+    # bound by the host's launches can show the opposite (prefetching enqueues more ops)
+    assert rows["04"]["model_step_ms"] < rows["02"]["model_step_ms"]
     mem = data["memory"]["rows"]
     accum = [s.id for s in STAGES if any(f.startswith("--grad-accum") for f in s.flags)]
     mixed = [s.id for s in STAGES if any(f.startswith("--param-dtype") for f in s.flags)]

@@ -122,8 +122,10 @@ def render(L, R):
                  "Pre holds module i-1's all-gather buffer beside module i's params and grads (the backward's "
                  "high-water); post issues it once module i's reduce-scatter is queued; none not ahead at all. "
                  "With one comm stream post queues each all-gather behind the previous module's reduce-scatter, "
-                 "which waits for that module's grads: the backward serializes. The memory difference is one "
-                 "module's all-gather buffer; next to the debugmodel's activations it is small.")
+                 "which waits for that module's grads: the backward serializes. With two, the modelled host "
+                 "(which pays only a launch cost per op and runs ahead of the device) enqueues the all-gathers at "
+                 "almost the same time under every policy, and the all-gather stream's order decides. The memory "
+                 "difference is one module's all-gather buffer; next to the debugmodel's activations it is small.")
     runs_section(L, R.get("offload", {}), "4f. CPU offload",
                  "Shards, grad shards and AdamW state in pinned host memory (`--offload-params`), link %(link)s. "
                  "Copies: rank 0's host-device copies of the last step (trace). Exposed comm and step: rank 0's last "

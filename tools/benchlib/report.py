@@ -61,14 +61,15 @@ def markdown(R):
     for o in ov:
         overlap_table(L, o)
     peaks = ov[0]["peak_flops"]
-    L.append("Modelled step: rank 0's step %d on the modelled clock (metrics.jsonl model_step_ms, the max over "
-             "ranks). Exposed comm: the time rank 0's compute stream (tid 0) spends in collectives and `wait` "
+    L.append("Modelled step: the last step (%d) on the modelled clock, metrics.jsonl model_step_ms (the slowest "
+             "rank's). Exposed comm: the time rank 0's compute stream (tid 0) spends in collectives and `wait` "
              "slices in that step, as ms and %% of the modelled step, then split by phase (forward / backward / "
              "other: data, grad norm, optimizer). FLOP utilization = the FLOPs rank 0's kernels declared in the "
-             "step (trace args.flops) / (modelled step × the profile's peak for the matmuls' math: otherData."
-             "peak_flops f32 = %s, bf16 = %s FLOP/s; bf16 under --param-dtype bf16). Wall: this machine's step "
+             "step (trace args.flops) / (modelled step × the profile's peak for the matmuls' math, otherData."
+             "peak_flops: f32 %s GFLOP/s, bf16 %s GFLOP/s under --param-dtype bf16). Wall: this machine's step "
              "and tokens/s over steps %s, median [min–max]; the ranks share its %d cores and no link time is "
-             "in it." % (ov[0]["model_step"], fmt(peaks["f32"]), fmt(peaks["bf16"]), ov[0]["wall_steps"], R["cores"]))
+             "in it." % (ov[0]["model_step"], fmt(peaks["f32"] / 1e9), fmt(peaks["bf16"] / 1e9), ov[0]["wall_steps"],
+                          R["cores"]))
     L.append("")
     m = R["memory"]
     L.append("## 4. Memory (%s, world %d, batch %d × seq %d, rank 0, max over 2 steps)" % (

@@ -2,7 +2,7 @@
 optional (the throughput section compares with it when `import torch` works).
 
     measure.py       runs the training binaries and collects every section's figures
-    traces.py        reads the runtime's traces; the link model of common/runtime/collectives.c
+    traces.py        reads the runtime's traces: a step's figures on the modelled clock, the process groups
     memory_model.py  the model's sizes and the analytic memory model (tests/test_memory_model.py)
     report.py        results/bench.md and the targets, from the collected figures
     figures.py       statistics, number formatting and markdown sections that measure.py and report.py share

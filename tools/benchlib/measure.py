@@ -8,7 +8,6 @@ import json
 import os
 import re
 import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -20,7 +19,7 @@ from trace_names import ALL_GATHER, ALL_REDUCE, COLLECTIVE, COMPUTE, COMPUTE_TID
 
 from .figures import MIB, fmt_mib, fmt_s, stats, tps_stats
 from .memory_model import flops_per_token, memory_model, mesh_shape, model_dims, n_params, replay_peak
-from .traces import group_members, is_compute, is_exposed_comm, link_model_us, per_rank_step, ring_us, trace_events
+from .traces import group_members, last_step_on_model_clock, trace_events, trace_meta
 
 BUILD = os.path.join(ROOT, "build")
 BASELINE = os.path.join(BUILD, "baseline", "train")
@@ -29,7 +28,6 @@ TORCH_LLAMA = os.path.join(ROOT, "tools", "torch_llama.py")
 
 # The stages the bench singles out, by number on purpose:
 FULL_FSDP = "04"  # prefetch both ways: throughput, scaling, and the overlap target
-BLOCKING = "02"   # no prefetch: its collectives calibrate the overlap section's link model
 PYTORCH = "pytorch 1.13 eager"
 
 
@@ -45,9 +43,11 @@ class BinaryFailed(Exception):
 class Bench:
     """One bench run: where scratch runs go, and one line per binary that failed."""
 
-    def __init__(self, work=None):
+    def __init__(self, work=None, device_profile=None):
         self.work = os.path.abspath(work) if work else os.path.join(BUILD, "bench")
         self.failures = []  # the bench exits 1 when a binary failed
+        # every training run is priced on this profile (None: the runtime's default, teach)
+        self.profile_flags = ["--device-profile", device_profile] if device_profile else []
 
     @staticmethod
     def solution(st):
@@ -67,7 +67,8 @@ class Bench:
     def train(self, binary, out, *flags, what=None):
         """Run a training binary into run directory `out`; return its metrics (list of dicts)."""
         shutil.rmtree(out, ignore_errors=True)
-        cmd = [binary, "--out", out, "--quiet", "--data", CORPUS, "--no-poison"] + [str(f) for f in flags]
+        cmd = [binary, "--out", out, "--quiet", "--data", CORPUS, "--no-poison"] + [
+            str(f) for f in self.profile_flags + list(flags)]
         self.run(cmd, what or os.path.relpath(binary, ROOT))
         with open(os.path.join(out, "metrics.jsonl")) as fh:
             return [json.loads(l) for l in fh if l.strip()]
@@ -79,23 +80,19 @@ def configs(quick):
         return dict(quick=True, sgemm_n=512,
                     tp_flavor="tiny", tp_batch=4, tp_seq=64, tp_steps=4, tp_first=3, tp_rounds=1, prof_steps=3,
                     sc_flavors=["tiny"], sc_seq=64, sc_gbatch=4, sc_steps=3, sc_first=2,
-                    ov_flavor="tiny", ov_world=4, ov_gbatch=8, ov_seq=32, ov_steps=3, ov_latency_us=5,
-                    ov_comm_share=0.5,
+                    ov_flavor="tiny", ov_worlds=[4], ov_gbatch=8, ov_seq=32, ov_steps=3,
                     mem_flavor="tiny", mem_world=4, mem_batch=2, mem_seq=32, grade_repeats=1,
                     acc_flavor="tiny", acc_world=2, acc_batch=4, acc_seq=32, acc_steps=2,
                     mp_flavor="tiny", mp_world=2, mp_batch=2, mp_seq=32, mp_steps=2,
-                    hs_flavor="tiny", hs_world=4, hs_ranks_per_node=2, hs_batch=2, hs_seq=32, hs_steps=2, hs_rounds=1)
+                    hs_flavor="tiny", hs_world=4, hs_ranks_per_node=2, hs_batch=2, hs_seq=32, hs_steps=2)
     return dict(quick=False, sgemm_n=2048,
                 tp_flavor="debugmodel", tp_batch=8, tp_seq=256, tp_steps=8, tp_first=3, tp_rounds=2, prof_steps=3,
                 sc_flavors=["tiny", "debugmodel"], sc_seq=128, sc_gbatch=8, sc_steps=6, sc_first=3,
-                ov_flavor="debugmodel", ov_world=2, ov_world_oversubscribed=4, ov_gbatch=8, ov_seq=128, ov_steps=8,
-                ov_latency_us=20,
-                ov_comm_share=0.5,
+                ov_flavor="debugmodel", ov_worlds=[4, 2], ov_gbatch=8, ov_seq=128, ov_steps=8,
                 mem_flavor="debugmodel", mem_world=4, mem_batch=2, mem_seq=128, grade_repeats=1,
                 acc_flavor="debugmodel", acc_world=2, acc_batch=4, acc_seq=128, acc_steps=4,
                 mp_flavor="debugmodel", mp_world=2, mp_batch=4, mp_seq=128, mp_steps=6,
-                hs_flavor="debugmodel", hs_world=4, hs_ranks_per_node=2, hs_batch=1, hs_seq=128, hs_steps=6,
-                hs_rounds=2)
+                hs_flavor="debugmodel", hs_world=4, hs_ranks_per_node=2, hs_batch=1, hs_seq=128, hs_steps=6)
 
 
 def section_sgemm(bench, cfg):
@@ -227,63 +224,34 @@ def overlap_stages(W):
 
 
 def section_overlap(bench, cfg, W):
-    """Overlap at world W with the global batch cfg["ov_gbatch"] split over the ranks."""
+    """Overlap at world W with the global batch cfg["ov_gbatch"] split over the ranks: every schedule at the
+    device profile's own link. The step on the modelled clock (rank 0's last step: exact, the same on every
+    run), the compute stream's time in collectives and waits (exposed communication, by phase), the FLOP
+    utilization on the profile; beside them the wall-clock step time and tokens/s (median over steps 2..N)."""
     fl, T, N = cfg["ov_flavor"], cfg["ov_seq"], cfg["ov_steps"]
     B = max(1, cfg["ov_gbatch"] // W)
-    lat = cfg["ov_latency_us"]
     wd = os.path.join(bench.work, "overlap_world%d" % W)
     base_flags = ["--flavor", fl, "--world", W, "--batch-size", B, "--seq-len", T, "--steps", N, "--profile-steps", N]
-    # 1. calibrate: the blocking stage without a link model; its compute kernels and its collectives' bytes
-    blocking = manifest.stage(BLOCKING)
-    cal_dir = os.path.join(wd, "calibrate_" + blocking.id)
-    bench.train(bench.solution(blocking), cal_dir, *base_flags)
-    ev = trace_events(cal_dir)
-    steps0 = list(range(1, N))  # traced steps 2..N (1-based)
-    comp = per_rank_step(ev, is_compute)
-    comm = per_rank_step(ev, lambda e: e.get("cat") == COLLECTIVE and e["tid"] == COMPUTE_TID)
-    compute_ms = statistics.median(v for (r, s), v in comp.items() if s in steps0)
-    comm_nolink_ms = statistics.median(v for (r, s), v in comm.items() if s in steps0)
-    colls = [(label_and_kind(e["name"])[1], e["args"]["bytes"]) for e in ev
-             if e.get("cat") == COLLECTIVE and e["pid"] == 0 and e["args"].get("step") == steps0[-1]]
-    target_us = cfg["ov_comm_share"] * compute_ms * 1e3
-    lat_us = link_model_us(colls, W, 1e30, lat)
-    ring_bytes = link_model_us(colls, W, 8e-9, 0.0) / 1e6  # at 1 byte/s: the ring bytes, (W-1)/W each
-    # solve ring_bytes / bandwidth + latency terms = target for the bandwidth
-    gbps = ring_bytes * 8 / ((target_us - lat_us) * 1e-6) / 1e9 if target_us > 1.1 * lat_us else 100.0
-    gbps = float("%.2g" % gbps)
-    link_ms = link_model_us(colls, W, gbps, lat) / 1e3
-    res = {"flavor": fl, "world": W, "batch": B, "seq_len": T, "steps": N, "traced_steps": "2..%d" % N,
-           "calibration": {"stage": blocking.dir, "compute_ms_per_rank_step": compute_ms,
-                           "collective_ms_per_rank_step_without_link": comm_nolink_ms,
-                           "collectives_per_step": len(colls), "collective_bytes_per_step": sum(b for _, b in colls),
-                           "target_comm_share_of_compute": cfg["ov_comm_share"]},
-           "link_gbps": gbps, "link_latency_us": lat, "modelled_link_ms_per_step": link_ms, "rows": []}
-    log("overlap, world %d on %d cores: stage %s compute %.1f ms/step/rank, %d collectives %.2f MB/step -> "
-        "--link-gbps %g --link-latency-us %g (modelled link time %.1f ms/step)" % (
-            W, os.cpu_count(), blocking.id, compute_ms, len(colls), sum(b for _, b in colls) / 1e6, gbps, lat,
-            link_ms))
-    # 2. every schedule at that link: the compute stream's time in collectives and waits is exposed
-    res["not_at_this_world"] = ["%s %s" % (st.dir, " ".join(st.flags)) for st in manifest.stages()
-                                if not fits(st, W)]
+    res = {"flavor": fl, "world": W, "batch": B, "seq_len": T, "steps": N, "wall_steps": "2..%d" % N,
+           "model_step": N, "rows": [],
+           "not_at_this_world": ["%s %s" % (st.dir, " ".join(st.flags)) for st in manifest.stages() if not fits(st, W)]}
+    log("overlap, world %d, batch %d x seq %d per rank (%d cores)" % (W, B, T, os.cpu_count()))
     for st in overlap_stages(W):
         d = os.path.join(wd, st.dir)
-        met = bench.train(bench.solution(st), d, *base_flags, *st.flags_at(W), "--link-gbps", gbps, "--link-latency-us",
-                          lat)
-        ev = trace_events(d)
-        exposed = per_rank_step(ev, is_exposed_comm)
-        comp = per_rank_step(ev, is_compute)
-        ranks = sorted({e["pid"] for e in ev})
-        step_ms = {m["step"] - 1: m["step_ms"] for m in met}
-        fracs, comps = [], []
-        for s in steps0:
-            fracs.append(statistics.mean(exposed.get((r, s), 0.0) for r in ranks) / step_ms[s])
-            comps.append(statistics.mean(comp.get((r, s), 0.0) for r in ranks))
-        row = {"stage": st.dir, "flags": " ".join(st.flags_at(W)),
-               "step_ms": stats([step_ms[s] for s in steps0]), "exposed_comm_fraction": stats(fracs),
-               "compute_ms": stats(comps)}
+        met = bench.train(bench.solution(st), d, *base_flags, *st.flags_at(W))
+        mod = last_step_on_model_clock(d, met)
+        wall = [m for m in met if m["step"] >= 2]
+        row = {"stage": st.dir, "flags": " ".join(st.flags_at(W)), "model": mod,
+               "step_ms": stats([m["step_ms"] for m in wall]), "tokens_per_s": stats([m["tokens_per_s"] for m in wall])}
         res["rows"].append(row)
-        log("  %-28s step %s ms  exposed comm %s" % (row["stage"], fmt_s(row["step_ms"], 1),
-                                                     fmt_s(row["exposed_comm_fraction"], 1, 100) + " %"))
+        res["device_profile"], res["peak_flops"] = mod["device_profile"], trace_meta(d)["peak_flops"]
+        with open(os.path.join(d, "run.json")) as fh:
+            rj = json.load(fh)
+        res["link"] = "--link-gbps %g --link-latency-us %g" % (rj["link_gbps"], rj["link_latency_us"])
+        log("  %-28s modelled step %.3f ms  exposed comm %.3f ms (%.1f %%)  FLOP util %.1f %% of %s  "
+            "| wall: step %s ms, %s tokens/s" % (
+                row["stage"], mod["model_step_ms"], mod["exposed_comm_ms"], 100 * mod["exposed_comm_fraction"],
+                100 * mod["flop_utilization"], mod["math"], fmt_s(row["step_ms"], 1), fmt_s(row["tokens_per_s"])))
     return res
 
 
@@ -351,13 +319,15 @@ MATMULS = ("wq", "wk", "wv", "wo", "w1", "w2", "w3", "output")
 
 
 def section_profile(bench, cfg):
-    """Compute-stream time by kernel of the baseline (world 1) for one traced step."""
+    """Compute-stream time by kernel of the baseline (world 1) for one traced step: on the wall clock (args.wall_dur_us,
+    where this machine spends it: what the CPU optimisations of tools/bench_notes.md worked from) and on the
+    modelled clock (the device profile's price for the same kernels)."""
     fl, B, T, steps = cfg["tp_flavor"], cfg["tp_batch"], cfg["tp_seq"], cfg["prof_steps"]
     d = os.path.join(bench.work, "profile")
     met = bench.train(BASELINE, d, "--flavor", fl, "--world", 1, "--batch-size", B, "--seq-len", T, "--steps", steps,
                       "--blas-threads", 2, "--profile-steps", steps)
     ev = [e for e in trace_events(d) if e["tid"] == COMPUTE_TID and e["args"].get("step") == steps - 1]
-    by = defaultdict(float)
+    by = defaultdict(lambda: [0.0, 0.0])  # wall ms, modelled ms
     for e in ev:
         name = e["name"].split(".", 1)[-1] if "." in e["name"] else e["name"]
         name = name.replace("_bwd", " bwd")
@@ -367,13 +337,15 @@ def section_profile(bench, cfg):
             name = "matmul bwd"
         elif e.get("cat") != COMPUTE:
             name = "%s (%s)" % (name, e.get("cat"))
-        by[name] += e["dur"] / 1e3
-    step_ms = met[-1]["step_ms"]
-    rows = sorted(({"kernel": k, "ms": v, "share_of_step": v / step_ms} for k, v in by.items()),
-                  key=lambda r: -r["ms"])
-    res = {"flavor": fl, "batch": B, "seq_len": T, "step": steps, "step_ms": step_ms,
-           "traced_ms": sum(by.values()), "rows": rows[:14]}
-    log("profile: baseline step %d: %.1f ms, top: %s" % (steps, step_ms, ", ".join(
+        by[name][0] += e["args"]["wall_dur_us"] / 1e3
+        by[name][1] += e["dur"] / 1e3
+    step_ms, model_ms = met[-1]["step_ms"], met[-1]["model_step_ms"]
+    rows = sorted(({"kernel": k, "ms": w, "share_of_step": w / step_ms, "model_ms": m,
+                    "share_of_model_step": m / model_ms} for k, (w, m) in by.items()), key=lambda r: -r["ms"])
+    res = {"flavor": fl, "batch": B, "seq_len": T, "step": steps, "step_ms": step_ms, "model_step_ms": model_ms,
+           "device_profile": trace_meta(d)["device_profile"],
+           "traced_ms": sum(w for w, _ in by.values()), "rows": rows[:14]}
+    log("profile: baseline step %d: %.1f ms wall (%.3f ms modelled), top: %s" % (steps, step_ms, model_ms, ", ".join(
         "%s %.0f%%" % (r["kernel"], 100 * r["share_of_step"]) for r in rows[:5])))
     return res
 
@@ -428,8 +400,8 @@ def accumulates(st):
 def section_accum(bench, cfg):
     """Gradient accumulation's trade-off (stage 07's solution): K = 1, 2, 4 microbatches of one batch, each
     mode; rank 0's peak, the unsharded grads and grad shards alive between microbatches (from the memory
-    snapshot's finish_backward records), the collectives and their bytes per step (from the trace) and the
-    step time at the grading link model."""
+    snapshot's finish_backward records), the collectives and their bytes per step (from the trace), the last
+    step on the modelled clock at the grading link model, and the wall-clock step time."""
     st = first_stage(accumulates)
     if st is None:
         return {"skipped": "no stage accumulates gradients"}
@@ -457,15 +429,17 @@ def section_accum(bench, cfg):
                "between_grad_shard_bytes": None if tags is None else tags.get("grad_shard", 0),
                "between_unsharded_param_bytes": None if tags is None else tags.get("unsharded_param", 0),
                "collectives": {k: {"count": c, "bytes": b} for k, (c, b) in colls.items()},
+               "model": last_step_on_model_clock(d, met),
                "step_ms": stats([m["step_ms"] for m in met if m["step"] - 1 in steps]),
                "loss_last": met[-1]["loss"]}
         res["rows"].append(row)
         log("accum: %-28s peak %7.2f MiB  between: ugrad %s gshard %s uparam %s MiB  RS %d (%.2f MB) "
-            "AG %d (%.2f MB)  step %s ms" % (
+            "AG %d (%.2f MB)  modelled step %.3f ms (exposed comm %.3f)  wall step %s ms" % (
                 name, row["peak_bytes_rank0"] / MIB, fmt_mib(row["between_unsharded_grad_bytes"]),
                 fmt_mib(row["between_grad_shard_bytes"]), fmt_mib(row["between_unsharded_param_bytes"]),
                 colls[REDUCE_SCATTER][0], colls[REDUCE_SCATTER][1] / 1e6, colls[ALL_GATHER][0],
-                colls[ALL_GATHER][1] / 1e6, fmt_s(row["step_ms"], 1)))
+                colls[ALL_GATHER][1] / 1e6, row["model"]["model_step_ms"], row["model"]["exposed_comm_ms"],
+                fmt_s(row["step_ms"], 1)))
     return res
 
 
@@ -477,8 +451,9 @@ def section_mixed_precision(bench, cfg):
     """Mixed precision's bytes, memory and precision (stage 08's solution): float32, bfloat16 params with a
     float32 reduce-scatter, and both in bfloat16, trained from the same weights on the same batches; rank 0's
     all-gather and reduce-scatter bytes of the last step (trace), the high-water of its unsharded params and
-    communication buffers (the hook_memory records), its peak, the step time, and how far loss and grad norm
-    move from the float32 run."""
+    communication buffers (the hook_memory records), its peak, the last step on the modelled clock (bfloat16
+    matmuls are priced at the profile's bfloat16 peak, and their FLOP utilization taken against it), the
+    wall-clock step time, and how far loss and grad norm move from the float32 run."""
     st = first_stage(mixed_precision)
     if st is None:
         return {"skipped": "no stage has a mixed-precision policy"}
@@ -499,16 +474,19 @@ def section_mixed_precision(bench, cfg):
                "unsharded_param_high_bytes": high["unsharded_param"], "comm_buffer_high_bytes": high["comm_buffer"],
                "temp_high_bytes": high["temp"],
                "peak_bytes_rank0": max(m["peak_mem_bytes_per_rank"][0] for m in met),
+               "model": last_step_on_model_clock(d, met),
                "step_ms": stats([m["step_ms"] for m in met if m["step"] > 1]),
                "loss_last": met[-1]["loss"],
                "loss_rel_vs_fp32": max(abs(m["loss"] / r["loss"] - 1) for m, r in zip(met, ref)),
                "grad_norm_rel_vs_fp32": max(abs(m["grad_norm"] / r["grad_norm"] - 1) for m, r in zip(met, ref))}
         res["rows"].append(row)
         log("mixed precision: %-26s AG %.2f MB  RS %.2f MB  unsharded params %.2f MiB  comm %.2f MiB  peak %.2f MiB  "
-            "step %s ms  loss %.6f (max rel %.1e vs fp32)  grad norm max rel %.1e" % (
+            "modelled step %.3f ms (FLOP util %.1f %% of %s)  wall step %s ms  loss %.6f (max rel %.1e vs fp32)  "
+            "grad norm max rel %.1e" % (
                 name, row["all_gather_bytes"] / 1e6, row["reduce_scatter_bytes"] / 1e6,
                 row["unsharded_param_high_bytes"] / MIB, row["comm_buffer_high_bytes"] / MIB,
-                row["peak_bytes_rank0"] / MIB, fmt_s(row["step_ms"], 1), row["loss_last"], row["loss_rel_vs_fp32"],
+                row["peak_bytes_rank0"] / MIB, row["model"]["model_step_ms"], 100 * row["model"]["flop_utilization"],
+                row["model"]["math"], fmt_s(row["step_ms"], 1), row["loss_last"], row["loss_rel_vs_fp32"],
                 row["grad_norm_rel_vs_fp32"]))
     return res
 
@@ -522,35 +500,25 @@ HSDP_LINK = {"link_gbps": 10, "link_latency_us": 5, "inter_link_gbps": 1, "inter
 LOSS_RTOL = 1e-5  # the rows train the same model on the same batches: their losses agree to float32 rounding
 
 
-def group_links(rj):
-    """A run's link model from its run.json: (intra (Gbit/s, latency us), inter, ranks per node, mesh)."""
-    W = rj["world_size"]
-    per_node = rj.get("ranks_per_node") or W
-    intra = (rj["link_gbps"], rj["link_latency_us"])
-    inter = intra
-    if rj.get("inter_link_gbps"):
-        inter = (min(rj["inter_link_gbps"], intra[0]), max(rj["inter_link_latency_us"], intra[1]))
-    return intra, inter, per_node, rj.get("mesh")
-
-
 def step_collectives_by_group(run_dir, step, rj):
     """Rank 0's collectives of one step (its trace) by kind and process group, each with the group's
-    size, whether its ranks span nodes, and its time in the link model (the runtime's formula)."""
-    intra, inter, per_node, mesh = group_links(rj)
+    size, whether its ranks span nodes, and its time on the modelled clock (the trace's durations: the link
+    model of common/runtime/coll_common.c coll_link_time_us, at the inter-node link when the group spans
+    nodes)."""
     W = rj["world_size"]
+    per_node, mesh = rj.get("ranks_per_node") or W, rj.get("mesh")
     out = {}
     for e in trace_events(run_dir):
         if e["pid"] != 0 or e.get("cat") != COLLECTIVE or e["args"].get("step") != step:
             continue
         kind, group = label_and_kind(e["name"])[1], e["args"]["group"]
         members = group_members(group, W, mesh)
-        spans = len({r // per_node for r in members}) > 1
-        gbps, lat = inter if spans else intra
         c = out.setdefault((kind, group), {"kind": kind, "group": group, "ranks": len(members),
-                                           "spans_nodes": spans, "count": 0, "bytes": 0, "modelled_ms": 0.0})
+                                           "spans_nodes": len({r // per_node for r in members}) > 1,
+                                           "count": 0, "bytes": 0, "modelled_ms": 0.0})
         c["count"] += 1
         c["bytes"] += e["args"].get("bytes", 0)
-        c["modelled_ms"] += ring_us(kind, e["args"].get("bytes", 0), len(members), gbps, lat) / 1e3
+        c["modelled_ms"] += e["dur"] / 1e3
     order = [ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE]
     return sorted(out.values(), key=lambda c: (order.index(c["kind"]) if c["kind"] in order else len(order),
                                                -c["ranks"], c["group"]))
@@ -559,11 +527,10 @@ def step_collectives_by_group(run_dir, step, rj):
 def section_hsdp(bench, cfg):
     """FSDP over the world vs HSDP vs DDP (stage 09's solution) on 2 nodes whose link is 10x slower than
     the link inside a node, trained from the same seed on the same batches: rank 0's collectives of the
-    last step by group (trace) and the bytes of those whose group spans nodes, the link model's time for
-    them, the param shards (memory snapshot) and peak, the exposed communication and step time, the loss.
-    The full run takes batch 1 per rank: its 4 ranks time-share 2 cores, and a step's compute is then of the
-    order of FSDP's modelled link time, so the layouts' link costs show in the step time instead of hiding
-    behind compute."""
+    last step by group (trace) and the bytes of those whose group spans nodes, their time on the modelled
+    clock, the param shards (memory snapshot) and peak, the last step's exposed communication and step time
+    on the modelled clock, the loss. Batch 1 per rank: the step's compute is then small next to FSDP's link
+    time over the slow link, so the layouts' link costs dominate the step."""
     st = first_stage(hsdp)
     if st is None:
         return {"skipped": "no stage builds a 2-D mesh"}
@@ -574,48 +541,36 @@ def section_hsdp(bench, cfg):
     cases = [("FSDP over the world", []),
              ("HSDP, shard in a node", ["--mesh", "%d,%d" % (W // P, P)]),
              ("DDP, replicate only", ["--mesh", "%d,1" % W])]
-    steps0 = list(range(1, N))  # 0-based steps 1..N-1: the first step (warm-up) is left out
     res = {"solution": st.dir, "flavor": fl, "world": W, "ranks_per_node": P, "nodes": W // P, "batch": B,
-           "seq_len": T, "steps": N, "rounds": cfg["hs_rounds"], "link": " ".join(str(x) for x in link),
-           "loss_rtol": LOSS_RTOL, "rows": []}
-    pooled = {name: {"ms": [], "exposed": []} for name, _ in cases}
-    # rounds interleave the cases so that load from elsewhere hits them alike
-    for rnd in range(cfg["hs_rounds"]):
-        for name, flags in cases:
-            d = os.path.join(wd, "%s_r%d" % (name.split(",")[0].split()[0].lower(), rnd))
-            met = bench.train(bench.solution(st), d, "--flavor", fl, "--world", W, "--batch-size", B,
-                              "--seq-len", T, "--steps", N, "--profile-steps", N, *link, *flags,
-                              what="%s %s" % (st.dir, name))
-            ev = trace_events(d)
-            exposed = per_rank_step(ev, is_exposed_comm)
-            pooled[name]["ms"] += [m["step_ms"] for m in met if m["step"] - 1 in steps0]
-            pooled[name]["exposed"] += [statistics.mean(exposed.get((r, s), 0.0) for r in range(W)) for s in steps0]
-            if rnd:
-                continue
-            with open(os.path.join(d, "run.json")) as fh:
-                rj = json.load(fh)
-            colls = step_collectives_by_group(d, N - 1, rj)
-            moving = [c for c in colls if c["ranks"] > 1]  # a one-rank group copies, it moves nothing
-            _, _, live, _ = replay_peak(os.path.join(d, "memory_rank0.json"))
-            res["rows"].append({
-                "case": name, "flags": " ".join(flags), "mesh": rj.get("mesh") or [1, W], "collectives": colls,
-                "inter_node_bytes": sum(c["bytes"] for c in moving if c["spans_nodes"]),
-                "intra_node_bytes": sum(c["bytes"] for c in moving if not c["spans_nodes"]),
-                "modelled_comm_ms": sum(c["modelled_ms"] for c in colls),
-                "modelled_inter_node_ms": sum(c["modelled_ms"] for c in colls if c["spans_nodes"]),
-                "param_shard_bytes": live.get("param_shard", 0), "optim_state_bytes": live.get("optim_state", 0),
-                "peak_bytes_rank0": max(m["peak_mem_bytes_per_rank"][0] for m in met),
-                "losses": [m["loss"] for m in met], "loss_last": met[-1]["loss"]})
+           "seq_len": T, "steps": N, "link": " ".join(str(x) for x in link), "loss_rtol": LOSS_RTOL, "rows": []}
+    for name, flags in cases:
+        d = os.path.join(wd, name.split(",")[0].split()[0].lower())
+        met = bench.train(bench.solution(st), d, "--flavor", fl, "--world", W, "--batch-size", B,
+                          "--seq-len", T, "--steps", N, "--profile-steps", N, *link, *flags,
+                          what="%s %s" % (st.dir, name))
+        with open(os.path.join(d, "run.json")) as fh:
+            rj = json.load(fh)
+        colls = step_collectives_by_group(d, N - 1, rj)
+        moving = [c for c in colls if c["ranks"] > 1]  # a one-rank group copies, it moves nothing
+        _, _, live, _ = replay_peak(os.path.join(d, "memory_rank0.json"))
+        res["rows"].append({
+            "case": name, "flags": " ".join(flags), "mesh": rj.get("mesh") or [1, W], "collectives": colls,
+            "inter_node_bytes": sum(c["bytes"] for c in moving if c["spans_nodes"]),
+            "intra_node_bytes": sum(c["bytes"] for c in moving if not c["spans_nodes"]),
+            "modelled_comm_ms": sum(c["modelled_ms"] for c in colls),
+            "modelled_inter_node_ms": sum(c["modelled_ms"] for c in colls if c["spans_nodes"]),
+            "param_shard_bytes": live.get("param_shard", 0), "optim_state_bytes": live.get("optim_state", 0),
+            "peak_bytes_rank0": max(m["peak_mem_bytes_per_rank"][0] for m in met),
+            "model": last_step_on_model_clock(d, met),
+            "losses": [m["loss"] for m in met], "loss_last": met[-1]["loss"]})
     ref = res["rows"][0]["losses"]
     for row in res["rows"]:
-        row["step_ms"] = stats(pooled[row["case"]]["ms"])
-        row["exposed_comm_ms"] = stats(pooled[row["case"]]["exposed"])
         row["loss_rel_vs_first"] = max(abs(a / b - 1) for a, b in zip(row.pop("losses"), ref))
-        log("hsdp: %-24s inter-node %6.2f MB  intra-node %6.2f MB  modelled link %6.1f ms (inter-node %6.1f)  "
-            "param shards %.2f MiB  peak %.2f MiB  exposed comm %s ms  step %s ms  loss %.6f" % (
+        log("hsdp: %-24s inter-node %6.2f MB  intra-node %6.2f MB  modelled link %7.3f ms (inter-node %7.3f)  "
+            "param shards %.2f MiB  peak %.2f MiB  modelled: exposed comm %.3f ms, step %.3f ms  loss %.6f" % (
                 row["case"], row["inter_node_bytes"] / 1e6, row["intra_node_bytes"] / 1e6, row["modelled_comm_ms"],
                 row["modelled_inter_node_ms"], row["param_shard_bytes"] / MIB, row["peak_bytes_rank0"] / MIB,
-                fmt_s(row["exposed_comm_ms"], 1), fmt_s(row["step_ms"], 1), row["loss_last"]))
+                row["model"]["exposed_comm_ms"], row["model"]["model_step_ms"], row["loss_last"]))
     res["loss_max_rel_diff"] = max(r["loss_rel_vs_first"] for r in res["rows"])
     res["losses_agree"] = res["loss_max_rel_diff"] <= LOSS_RTOL
     if not res["losses_agree"]:

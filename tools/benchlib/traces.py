@@ -1,12 +1,17 @@
 """The runtime's Chrome traces (trace_rank<r>.json) summed by rank and step, the process groups
-they name, and the link model of common/runtime/collectives.c (the overlap section calibrates it,
-the HSDP section predicts its collectives' time with it)."""
+they name, and the figures of one step on the modelled clock.
+
+Every event's ts/dur is on the modelled clock (common/runtime/model_clock.c): the same on every run,
+whatever the load. A collective's dur is the link model's time for it (coll_common.c
+coll_link_time_us), a host-device copy's the PCIe model's, a kernel's the device profile's roofline for
+the FLOPs it declared (args.flops); the wall-clock times are in args.wall_ts_us / wall_dur_us. The
+profile the run was priced on is in the trace's otherData (device_profile, peak_flops, hbm_bytes_per_s).
+"""
 import glob
 import json
 import os
-from collections import defaultdict
 
-from trace_names import ALL_GATHER, ALL_REDUCE, COLLECTIVE, COMPUTE, COMPUTE_TID, REDUCE_SCATTER, WAIT
+from trace_names import BACKWARD_PHASES, COLLECTIVE, COMPUTE, COMPUTE_TID, FORWARD_PHASES, WAIT
 
 
 def trace_events(run_dir):
@@ -18,13 +23,10 @@ def trace_events(run_dir):
     return events
 
 
-def per_rank_step(events, pred):
-    """{(rank, step0): summed duration in ms} of the events pred accepts."""
-    out = defaultdict(float)
-    for e in events:
-        if pred(e):
-            out[(e["pid"], e["args"].get("step", -1))] += e["dur"] / 1e3
-    return out
+def trace_meta(run_dir):
+    """The otherData of rank 0's trace: clock, device_profile, peak_flops {f32, tf32, bf16}, hbm_bytes_per_s."""
+    with open(os.path.join(run_dir, "trace_rank0.json")) as fh:
+        return json.load(fh).get("otherData", {})
 
 
 # time a rank's compute stream spends in a collective or a wait is communication the step could not
@@ -37,23 +39,57 @@ def is_exposed_comm(e):
     return e["tid"] == COMPUTE_TID and e.get("cat") in (COLLECTIVE, WAIT)
 
 
-# ring passes per collective: an all-reduce is a reduce-scatter then an all-gather
-COLL_FACTOR = {ALL_GATHER: 1.0, REDUCE_SCATTER: 1.0, ALL_REDUCE: 2.0}
+def phase_group(phase):
+    """'forward', 'backward' or 'other' (data, optimizer, the grad norm, ...) of an event's args.phase."""
+    return "forward" if phase in FORWARD_PHASES else "backward" if phase in BACKWARD_PHASES else "other"
 
 
-def ring_us(kind, nbytes, n, gbps, latency_us):
-    """One collective of `nbytes` (the whole gathered / scattered / reduced buffer) over a ring of n ranks
-    in the link model: (n-1)/n * bytes / bandwidth + (n-1) * latency, twice for an all-reduce; a group of
-    one rank moves nothing."""
-    if n <= 1:
-        return 0.0
-    bw = gbps * 1e9 / 8.0
-    return COLL_FACTOR.get(kind, 1.0) * ((n - 1) / n * nbytes / bw * 1e6 + (n - 1) * latency_us)
+def matmul_math(rj):
+    """The math the matmuls of a run declared (its run.json): 'bf16' under --param-dtype bf16, 'tf32' under
+    --tf32, 'f32' otherwise; the key of otherData.peak_flops they were priced at."""
+    if rj.get("param_dtype") == "bf16":
+        return "bf16"
+    return "tf32" if rj.get("tf32") else "f32"
 
 
-def link_model_us(colls, W, gbps, latency_us):
-    """The link model of common/runtime/collectives.c for [(kind, bytes)] collectives over all W ranks."""
-    return sum(ring_us(kind, b, W, gbps, latency_us) for kind, b in colls)
+def step_on_model_clock(run_dir, step, model_step_ms, rank=0, events=None):
+    """One rank's figures of one step (0-based) on the modelled clock, from run_dir's traces and the step's
+    modelled time (metrics.jsonl model_step_ms: the max over ranks):
+      exposed_comm_ms            the compute stream's time in collectives and waits (is_exposed_comm)
+      exposed_comm_ms_by_phase   the same split by phase_group
+      exposed_comm_fraction      exposed_comm_ms / model_step_ms
+      compute_ms                 the compute stream's time in kernels
+      collective_ms              the rank's collectives on every stream (the link model's time for them)
+      kernel_flops               the FLOPs its kernels declared (args.flops), every stream
+      math, peak_flops           the matmuls' math (matmul_math) and the profile's peak for it (otherData)
+      flop_utilization           kernel_flops / (model_step_ms * peak_flops)"""
+    with open(os.path.join(run_dir, "run.json")) as fh:
+        rj = json.load(fh)
+    meta = trace_meta(run_dir)
+    math = matmul_math(rj)
+    peak = meta["peak_flops"][math]
+    ev = [e for e in (trace_events(run_dir) if events is None else events)
+          if e["pid"] == rank and e["args"].get("step") == step]
+    by_phase = {"forward": 0.0, "backward": 0.0, "other": 0.0}
+    for e in ev:
+        if is_exposed_comm(e):
+            by_phase[phase_group(e["args"].get("phase"))] += e["dur"] / 1e3
+    flops = sum(e["args"].get("flops", 0) for e in ev if e.get("cat") == COMPUTE)
+    exposed = sum(by_phase.values())
+    return {"rank": rank, "step": step + 1, "device_profile": meta["device_profile"], "model_step_ms": model_step_ms,
+            "exposed_comm_ms": exposed, "exposed_comm_ms_by_phase": by_phase,
+            "exposed_comm_fraction": exposed / model_step_ms,
+            "compute_ms": sum(e["dur"] for e in ev if is_compute(e)) / 1e3,
+            "collective_ms": sum(e["dur"] for e in ev if e.get("cat") == COLLECTIVE) / 1e3,
+            "kernel_flops": flops, "math": math, "peak_flops": peak,
+            "flop_utilization": flops / (model_step_ms / 1e3 * peak)}
+
+
+def last_step_on_model_clock(run_dir, metrics, rank=0):
+    """step_on_model_clock of a run's last step (metrics: its metrics.jsonl; the step must be traced): on the
+    modelled clock every run of a configuration gives the same figures, so one step says it all."""
+    m = metrics[-1]
+    return step_on_model_clock(run_dir, m["step"] - 1, m["model_step_ms"], rank)
 
 
 def group_members(name, world, mesh=None):

@@ -316,7 +316,9 @@ static const Flag FLAGS[] = {
     {.name = "--no-race-check", .kind = FLAG_SET, .at = AT(world.no_race_check),
      .help = "do not check streams for missing event waits (on by default, CPU build)"},
     {.name = "--tf32", .kind = FLAG_SET, .at = AT(world.tf32),
-     .help = "CUDA build: matmuls may use TF32 tensor cores (default exact fp32)"},
+     .help = "matmuls may use TF32 tensor cores (CUDA build; the modelled clock prices\n"
+             "float32 matmuls at the profile's TF32 peak; default exact fp32)",
+     .json = "tf32"},
     {.name = "--collective-timeout-s", .kind = FLAG_DOUBLE, .at = AT(world.collective_timeout_s), .lo = 0,
      .hi = 1e7, .def = "30", .arg = "X",
      .help = "stop when a collective waits longer than X s for its peers (default 30, 0 = off)"},

@@ -201,7 +201,7 @@ def test_memory_peak_label_is_clear_of_the_legend_and_the_reference_overlaid(pea
 
 def test_loss_panels_share_one_legend_vocabulary():
     rows = [{"step": s, "loss": 5.0 - s, "grad_norm": 1.0 + s, "peak_mem_bytes": 3 << 20,
-             "peak_mem_bytes_per_rank": [3 << 20, 2 << 20]} for s in (1, 2, 3)]
+             "peak_mem_bytes_per_rank": [3 << 20, 2 << 20, 3 << 20]} for s in (1, 2, 3)]
     ref = [{"step": s, "loss": 5.1 - s, "grad_norm": 1.1 + s, "peak_mem_bytes": 3 << 20} for s in (1, 2, 3)]
     fig = plots.draw_steps(plt, rows, ref, "mine", "stage04")
     try:
@@ -212,9 +212,10 @@ def test_loss_panels_share_one_legend_vocabulary():
             for line in ax.get_lines():
                 key = (line.get_color(), line.get_linestyle())
                 assert style.setdefault(line.get_label(), key) == key, line.get_label()
-        assert set(style) == {"your run (mine)", "reference (stage04)", "rank 0", "rank 1"}
+        assert set(style) == {"your run (mine)", "reference (stage04)", "ranks 0, 2", "rank 1"}
         assert [line.get_label() for line in axes[1].get_lines()] == ["your run (mine)", "reference (stage04)"]
-        assert {line.get_label() for line in axes[2].get_lines()} == {"rank 0", "rank 1", "reference (stage04)"}
+        assert {line.get_label() for line in axes[2].get_lines()} == {"ranks 0, 2", "rank 1", "reference (stage04)"}
+        assert axes[2].get_title() == "peak memory per rank (MiB)"
         assert len(fig.legends) == 1 and {t.get_text() for t in fig.legends[0].get_texts()} == set(style)
         assert not any(ax.get_legend() for ax in axes), "one legend for the figure, none per panel"
     finally:

@@ -5,7 +5,7 @@
 
 writes into DIR (default RUN/plots):
   loss.png      loss, grad norm and peak memory per step: your run, and with --ref the
-                reference (dashed); per-rank lines where the ranks differ
+                reference (dashed); peak memory per rank where the ranks differ by over 1 %
   timeline.png  one row per (rank, stream) for one step on the trace's clock (the modelled
                 clock on the CPU): compute, copies, collectives, the streams' waits and the
                 host's waits; the forward, backward and optimizer phases along the top;
@@ -83,24 +83,30 @@ def reference(name):
     return {"label": "reference (%s)" % name, "color": "black", "ls": "--", "lw": 1.2}
 
 
-def rank_line(rank):
-    return {"label": "rank %d" % rank, "color": RANK_COLORS[rank % len(RANK_COLORS)], "ls": "-", "lw": 1.2}
+def rank_line(ranks):
+    """Your run's line of one rank, or of ranks with the same values ('ranks 0, 1, 3'), in the first one's colour."""
+    return {"label": "rank%s %s" % ("s" if len(ranks) > 1 else "", ", ".join(map(str, ranks))),
+            "color": RANK_COLORS[ranks[0] % len(RANK_COLORS)], "ls": "-", "lw": 1.2}
 
 
 # ---- loss.png -----------------------------------------------------------------------------------
 
-STEP_PANELS = [("loss", "loss", 1.0), ("grad_norm", "grad norm (before clipping)", 1.0),
-               ("peak_mem_bytes", "peak memory (MiB)", 2.0 ** -20)]
+STEP_PANELS = [("loss", "loss", "", 1.0), ("grad_norm", "grad norm (before clipping)", "", 1.0),
+               ("peak_mem_bytes", "peak memory", " (MiB)", 2.0 ** -20)]
 
 
 def per_rank(rows, key):
-    """Each rank's values of key (from key_per_rank) when the ranks differ by more than 1 %, else None."""
+    """[(ranks, values per step)] of key_per_rank, the ranks with equal values together, when some rank differs
+    from another by more than 1 %; else None."""
     lists = [r.get(key + "_per_rank") for r in rows]
     if not lists or any(not v for v in lists):
         return None
     if all(max(v) - min(v) <= 0.01 * abs(max(v)) for v in lists):
         return None
-    return [[v[rank] for v in lists] for rank in range(len(lists[0]))]
+    lines = {}
+    for rank in range(len(lists[0])):
+        lines.setdefault(tuple(v[rank] for v in lists), []).append(rank)
+    return sorted((ranks, list(values)) for values, ranks in lines.items())
 
 
 def draw_steps(plt, rows, ref_rows, name, ref_name):
@@ -112,18 +118,18 @@ def draw_steps(plt, rows, ref_rows, name, ref_name):
     def points(rs, key):
         rs = [r for r in rs if r.get(key) is not None]
         return [r["step"] for r in rs], rs
-    for ax, (key, title, scale) in zip(axes[0], panels):
+    for ax, (key, title, unit, scale) in zip(axes[0], panels):
         steps, rs = points(rows, key)
         ranks = per_rank(rs, key)
-        for rank, ys in enumerate(ranks or []):
-            ax.plot(steps, [y * scale for y in ys], marker=marker, ms=3, **rank_line(rank))
+        for group, ys in ranks or []:
+            ax.plot(steps, [y * scale for y in ys], marker=marker, ms=3, **rank_line(group))
         if not ranks:
             ax.plot(steps, [r[key] * scale for r in rs], marker=marker, ms=4, **your_run(name))
         ref_steps, ref_rs = points(ref_rows or [], key)
         if ref_rs:
             ax.plot(ref_steps, [r[key] * scale for r in ref_rs], **reference(ref_name))
         ax.set_xlabel("step")
-        ax.set_title(title + (" per rank" if ranks else ""))
+        ax.set_title(title + (" per rank" if ranks else "") + unit)
         ax.grid(alpha=0.3)
     legend = {}
     for ax in axes[0]:
@@ -405,7 +411,7 @@ def draw_memory(plt, snap, rank, ref_snap=None, ref_name=None):
 def plot_memory(plt, run, out, rank, ref=None):
     snap = open_json(os.path.join(run, "memory_rank%d.json" % rank))
     if not snap or not any(e.get("action") == "alloc" for e in snap.get("events", [])):
-        print("no allocation events in %s's memory_rank%d.json: skipping memory.png" % (run, rank))
+        print("no %s in %s: skipping memory.png" % ("allocation events" if snap else "memory_rank%d.json" % rank, run))
         return
     ref_snap = open_json(os.path.join(ref, "memory_rank%d.json" % rank)) if ref else None
     fig = draw_memory(plt, snap, rank, ref_snap, run_name(ref) if ref else None)[0]

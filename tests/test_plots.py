@@ -91,6 +91,11 @@ def test_label_runs_merge_a_modules_kernels_and_name_each_collective():
     assert [(s, t, texts[0]) for s, t, texts, _ in runs] == [
         (0, 100, "block0"), (100, 200, "block1"), (210, 400, "block1"), (400, 600, "block0"),
         (600, 650, "optimizer")]
+    gap = [ev("block0.wq", "compute", 0, 40), ev("block0.wk", "compute", 60, 40), ev("block0.wv", "compute", 201, 9)]
+    assert [r[:2] for r in plots.label_runs(gap)] == [(0, 100), (201, 210)], "idle longer than the run: a new run"
+    sparse = [ev("block0.wq", "compute", 0, 100), ev("block0.wk", "compute", 190, 10),
+              ev("block0.wv", "compute", 400, 10)]
+    assert plots.label_runs(sparse) == [], "kernels filling less than half of their run: no name"
     comm = [e for e in events if e["pid"] == 0 and e["tid"] == 1 and e["args"]["step"] == 0]
     assert plots.label_runs(comm)[0] == (-50, 0, ["block0.all_gather", "block0 AG", "block0"], "collective")
     host = [e for e in events if e["pid"] == 0 and e["tid"] == 1000 and e["args"]["step"] == 0]

@@ -225,7 +225,8 @@ def label_runs(track):
     """[(start_us, end_us, names longest first, category)] worth writing on one stream's slices (sorted by ts):
     each collective ('block2.all_gather', 'block2 AG', 'block2'), each host wait ('host waits for compute
     (optimizer)', 'sync:compute'), each run of kernels of one module ('block2'; copies between them neither end
-    nor extend a run, a wait ends it)."""
+    nor extend a run, a wait ends it, and an idle gap longer than the run so far; a run whose kernels fill less
+    than half of it has no name)."""
     runs, cur = [], None
     for e in track:
         cat, end = e.get("cat"), e["ts"] + e["dur"]
@@ -236,10 +237,10 @@ def label_runs(track):
             cur = None
         elif cat == COMPUTE and e.get("args", {}).get("module"):
             module = e["args"]["module"]
-            if cur and cur[2] == [module]:
-                cur[1] = end
+            if cur and cur[2] == [module] and e["ts"] - cur[1] <= cur[1] - cur[0]:
+                cur[1], cur[4] = end, cur[4] + e["dur"]
             else:
-                cur = [e["ts"], end, [module], COMPUTE]
+                cur = [e["ts"], end, [module], COMPUTE, e["dur"]]
                 runs.append(cur)
         elif cat == HOST_SYNC:
             what, module = e["name"].partition(":")[2], e.get("args", {}).get("module")
@@ -247,7 +248,7 @@ def label_runs(track):
             cur = None
         elif cat == WAIT:
             cur = None
-    return [tuple(r) for r in runs]
+    return [tuple(r[:4]) for r in runs if len(r) == 4 or r[4] >= 0.5 * (r[1] - r[0])]  # a run: kernels half of it
 
 
 def fit_label(texts, width_px, points=LABEL_PT, dpi=DPI):

@@ -198,6 +198,7 @@ def test_memory_peak_label_is_clear_of_the_legend_and_the_reference_overlaid(pea
         assert label.get_text() == ("peak 9.00 MiB" if peak_step < 0 else "peak 12.00 MiB")
         refs = [line for line in ax.get_lines() if line.get_label() == "reference (stage04)"]
         assert refs and max(refs[0].get_ydata()) == 8
+        assert max(refs[0].get_xdata()) < 4, "the reference's end is not drawn (it need not line up with the run's)"
         assert "reference (stage04)" in [t.get_text() for t in legend.get_texts()]
         assert [t.get_text() for t in legend.get_texts() if t.get_text() in TAGS] == TAGS[::-1]  # the stack's order
     finally:

@@ -378,10 +378,11 @@ def draw_memory(plt, snap, rank, ref_snap=None, ref_name=None):
     peak_i = max(range(len(xs)), key=lambda i: total[i])
     peak, top = total[peak_i], total[peak_i]
     if ref_snap:
-        rxs, rseries, _ = memory_series(ref_snap)
-        if rxs:
-            rtotal = [sum(col) for col in zip(*rseries.values())]
-            ax.step(rxs, rtotal, where="post", **reference(ref_name))
+        rxs, rseries, rbands = memory_series(ref_snap)
+        n = sum(1 for x in rxs if not rbands or rbands[-1][2] != "end" or x < rbands[-1][0])  # its steps, not its end
+        if n:
+            rtotal = [sum(col) for col in zip(*rseries.values())][:n]
+            ax.step(rxs[:n], rtotal, where="post", **reference(ref_name))
             top = max(top, max(rtotal))
     ax.axhline(peak, color="0.25", lw=0.8, ls=":")
     right = (xs[peak_i] - xs[0]) > 0.5 * (xs[-1] - xs[0])  # the label reads away from the nearer edge

@@ -149,10 +149,10 @@ TAGS = ["param", "param_shard", "unsharded_param", "grad_shard", "unsharded_grad
         "comm_buffer", "temp"]
 
 
-def snapshot(peak_step=0, big_mib=8):
+def snapshot(peak_step=0, big_mib=8, steps=3):
     """A run's memory in the runtime's nine tags: init allocates the params (big_mib when peak_step is -1, else
-    1 MiB) and their 1 MiB of shards, then frees the params; steps 0..2 allocate half a MiB of each other tag
-    (activations: big_mib in step peak_step, else 1 MiB) and free them; the last step asks to free the shards
+    1 MiB) and their 1 MiB of shards, then frees the params; each step allocates half a MiB of each other tag
+    (activations: big_mib in step peak_step, else 1 MiB) and free them; step 2 asks to free the shards
     (free_requested: still held); the end allocates and frees a temp."""
     mib = lambda n: int(n * (1 << 20))  # noqa: E731
     big = lambda step: mib(big_mib if step == peak_step else 1)  # noqa: E731
@@ -160,7 +160,7 @@ def snapshot(peak_step=0, big_mib=8):
               {"action": "alloc", "addr": 2, "size": mib(1), "tag": "param_shard", "step": -1, "phase": "init"},
               {"action": "free", "addr": 1, "step": -1, "phase": "init"}]
     addr = 10
-    for step in range(3):
+    for step in range(steps):
         for tag in TAGS[2:]:
             addr += 1
             events.append({"action": "alloc", "addr": addr, "size": big(step) if tag == "activation" else mib(0.5),
@@ -169,8 +169,8 @@ def snapshot(peak_step=0, big_mib=8):
             events.append({"action": "free", "addr": a, "step": step, "phase": "backward"})
         if step == 2:
             events.append({"action": "free_requested", "addr": 2, "step": step, "phase": "backward"})
-    events += [{"action": "alloc", "addr": 99, "size": mib(1), "tag": "temp", "step": 3, "phase": "end"},
-               {"action": "free", "addr": 99, "step": 3, "phase": "end"}]
+    events += [{"action": "alloc", "addr": 99, "size": mib(1), "tag": "temp", "step": steps, "phase": "end"},
+               {"action": "free", "addr": 99, "step": steps, "phase": "end"}]
     return {"tags": TAGS, "events": events}
 
 
@@ -199,6 +199,12 @@ def test_memory_peak_label_is_clear_of_the_legend_and_the_reference_overlaid(pea
         refs = [line for line in ax.get_lines() if line.get_label() == "reference (stage04)"]
         assert refs and max(refs[0].get_ydata()) == 8
         assert max(refs[0].get_xdata()) < 4, "the reference's end is not drawn (it need not line up with the run's)"
+    finally:
+        plt.close(fig)
+    fig, ax, label, legend = plots.draw_memory(plt, snapshot(peak_step), 0, snapshot(1, steps=5), "stage04")
+    try:
+        refs = [line for line in ax.get_lines() if line.get_label() == "reference (stage04)"]
+        assert max(refs[0].get_xdata()) < 4, "a reference with more steps stops at the run's last step"
         assert "reference (stage04)" in [t.get_text() for t in legend.get_texts()]
         assert [t.get_text() for t in legend.get_texts() if t.get_text() in TAGS] == TAGS[::-1]  # the stack's order
     finally:

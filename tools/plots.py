@@ -129,6 +129,7 @@ def draw_steps(plt, rows, ref_rows, name, ref_name):
         if ref_rs:
             ax.plot(ref_steps, [r[key] * scale for r in ref_rs], **reference(ref_name))
         ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
         ax.set_title(title + (" per rank" if ranks else "") + unit)
         ax.grid(alpha=0.3)
     legend = {}
@@ -379,7 +380,8 @@ def draw_memory(plt, snap, rank, ref_snap=None, ref_name=None):
     peak, top = total[peak_i], total[peak_i]
     if ref_snap:
         rxs, rseries, rbands = memory_series(ref_snap)
-        n = sum(1 for x in rxs if not rbands or rbands[-1][2] != "end" or x < rbands[-1][0])  # its steps, not its end
+        ends = [b[-1][0] for b in (bands, rbands) if b and b[-1][2] == "end"]  # up to its or the run's last step
+        n = sum(1 for x in rxs if x < min(ends, default=math.inf))
         if n:
             rtotal = [sum(col) for col in zip(*rseries.values())][:n]
             ax.step(rxs[:n], rtotal, where="post", **reference(ref_name))

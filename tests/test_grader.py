@@ -18,11 +18,9 @@ import sys
 import pytest
 
 import manifest
-from gradelib.checks import CHECKS, OVERLAP_CHECKS, overlap_figures
-from gradelib.context import Context
+from gradelib.checks import CHECKS, OVERLAP_CHECKS
 from gradelib.rubric import stage_variants
-from gradelib.runner import RunResult
-from helpers import ROOT, apply_mutant
+from helpers import ROOT, apply_mutant, assert_overlap_figures
 
 GRADER = os.path.join(ROOT, "grader", "grade.py")
 REFERENCE = os.path.join(ROOT, "logs", "reference")
@@ -81,21 +79,6 @@ def rewrite_metrics(path, change):
 
 
 # ------------------------------------------------------------------ whole trees
-
-def assert_overlap_figures(stage, run_dir, want, variant=None):
-    """The overlap figures of the run in run_dir, read with the grader's own function at full precision, are
-    `want` ({check key: [compute share, collective share]}, as rubric.json's overlap_figures documents them to
-    10 significant digits): equal to 1e-9 relative, a documented 0 exactly. Returns {key: OverlapFigures}."""
-    ctx = Context(RUBRIC, stage, RunResult(str(run_dir), True, "", 0.0, []), REFERENCE, None, variant=variant)
-    got = {}
-    for key, (compute, collective) in want.items():
-        f = got[key] = overlap_figures(ctx, key)
-        for what, g, w in (("compute share", f.compute_share, compute), ("collective share", f.collective_share,
-                                                                          collective)):
-            assert abs(g - w) <= 1e-9 * abs(w), "stage %s%s %s %s: %r, rubric.json overlap_figures says %r" % (
-                stage, "/" + variant if variant else "", key, what, g, w)
-    return got
-
 
 def test_solutions_score_full_marks(tmp_path):
     out, res = grade(tmp_path, "--solutions")

@@ -19,12 +19,16 @@ import tempfile
 import pytest
 
 import class_fixtures as cf
+import manifest
 from gradelib import classroom
 from gradelib.util import fmt_points
 from helpers import BUILD, ROOT, SOLVED, assert_overlap_figures
 
 STAGES = [s.id for s in SOLVED[:2]]  # stages 01-02: the misbehaving submissions need no more
-LOADED_STAGES = ["04", "05"]  # both overlap checks; 05 reads the lowest figures (rubric.json overlap_figures)
+# under load: the first stage with both overlap checks, and the one whose solution reads the lowest figures
+_FIGURES = manifest.rubric()["overlap_figures"]["solutions"]
+_BOTH = [s.id for s in SOLVED if {"ag_overlap", "rs_overlap"} <= set(s.checks)]
+LOADED_STAGES = sorted({_BOTH[0], min(_BOTH, key=lambda s: min(f[0] for f in _FIGURES[s].values()))})
 GRADE = os.path.join(ROOT, "grader", "grade.py")
 
 
@@ -110,7 +114,7 @@ def busy_cores(n, cpu_seconds=300):
 
 
 def test_class_under_load_grades_overlap_as_an_idle_machine(request):
-    """The solutions (full marks) and the starters (0) on stages 04 and 05, two students at a time, while a
+    """The solutions (full marks) and the starters (0) on LOADED_STAGES, two students at a time, while a
     spinning process per core keeps the machine loaded: the overlap checks read the modelled clock, so the
     solutions pass them with exactly the figures rubric.json documents, as alone."""
     tmp = _reachable_tmp(request)

@@ -6,8 +6,10 @@ compares.
 
 A trace event ("ph": "X") of a rank has "cat" one of CATEGORIES, "tid" its stream's index (the
 compute stream COMPUTE_TID, the host's own track HOST_TID), "args.phase" the hook or pass that
-queued it and, for a collective, the name "<label>.<kind>" (label: the module, or grad_norm). A
-rubric stage's "streams" name the comm streams by the kind they carry (ALL_GATHER, REDUCE_SCATTER).
+queued it and, for a collective, the name "<label>.<kind>" (label: the module, or grad_norm); "ts" and
+"dur" are on the world's clock (the file's otherData.clock: "model" on the CPU backends, the same on every
+run), args.wall_ts_us / wall_dur_us the wall clock's (WALL_ARGS: never graded). A rubric stage's "streams"
+name the comm streams by the kind they carry (ALL_GATHER, REDUCE_SCATTER).
 Standard library only.
 """
 
@@ -24,10 +26,13 @@ COMPUTE = "compute"        # a kernel
 COPY = "copy"              # a copy or a memset; a copy between host and device is named "<module>.h2d" / ".d2h"
 COLLECTIVE = "collective"
 EVENT = "event"            # an event recorded on a stream
-WAIT = "wait"              # a stream waiting for an event (only waits longer than 1 us are traced)
-HOST_SYNC = "host_sync"    # the host blocked ("sync:<what>"), on the host's track
+WAIT = "wait"              # a stream stalled on an event (traced iff it stalled on the modelled clock)
+HOST_SYNC = "host_sync"    # the host blocked ("sync:<what>"), on the host's track (iff it stalled, modelled)
 MEMSET = "memset"          # a memset on the CUDA backend (common/cuda/runtime_cuda.c); the CPU one files it under copy
 CATEGORIES = (COMPUTE, COPY, COLLECTIVE, EVENT, WAIT, HOST_SYNC, MEMSET)
+
+# args of a slice that hold wall-clock times (CPU backends): for performance work, never for grading
+WALL_ARGS = ("wall_ts_us", "wall_dur_us")
 
 # copy directions: the last part of a copy's name
 H2D = "h2d"

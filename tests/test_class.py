@@ -2,7 +2,10 @@
 solutions/). Two copies of the same solution (a folder and a tarball) must get the same full marks, the
 starter and the misbehaving submissions 0, and none of them may disturb the batch: the reference logs,
 the class's own files and the other students' results stay as they were, no process outlives the
-grading, and every run directory goes back to the grader."""
+grading, and every run directory goes back to the grader. A second, small class is graded on a stage
+with overlap checks while every core is kept busy: the overlap figures are the modelled clock's, so the
+points and the figures are those of an idle machine."""
+import contextlib
 import csv
 import json
 import os
@@ -16,11 +19,16 @@ import tempfile
 import pytest
 
 import class_fixtures as cf
+import manifest
 from gradelib import classroom
 from gradelib.util import fmt_points
-from helpers import BUILD, ROOT, SOLVED
+from helpers import BUILD, ROOT, SOLVED, assert_overlap_figures
 
-STAGES = [s.id for s in SOLVED[:2]]  # stages 01-02: no timing-based check, so points are deterministic
+STAGES = [s.id for s in SOLVED[:2]]  # stages 01-02: the misbehaving submissions need no more
+# under load: the first stage with both overlap checks, and the one whose solution reads the lowest figures
+_FIGURES = manifest.rubric()["overlap_figures"]["solutions"]
+_BOTH = [s.id for s in SOLVED if {"ag_overlap", "rs_overlap"} <= set(s.checks)]
+LOADED_STAGES = sorted({_BOTH[0], min(_BOTH, key=lambda s: min(f[0] for f in _FIGURES[s].values()))})
 GRADE = os.path.join(ROOT, "grader", "grade.py")
 
 
@@ -46,14 +54,18 @@ def _procs_mentioning(text):
     return found
 
 
-@pytest.fixture(scope="module")
-def graded(request):
-    # the sandbox's users must reach the runs: pytest's own tmp folders are private (0700)
+def _reachable_tmp(request):
+    """A fresh folder under build/ the sandbox's users can reach (pytest's own tmp folders are private, 0700)."""
     os.makedirs(BUILD, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="test-class-", dir=BUILD)
     os.chmod(tmp, 0o755)
     request.addfinalizer(lambda: shutil.rmtree(tmp, ignore_errors=True))
-    tmp = pathlib.Path(tmp)
+    return pathlib.Path(tmp)
+
+
+@pytest.fixture(scope="module")
+def graded(request):
+    tmp = _reachable_tmp(request)
     klass, out, ref = str(tmp / "submissions"), str(tmp / "out"), str(tmp / "reference")
     shutil.copytree(os.path.join(ROOT, "logs", "reference"), ref)  # a copy: a failed sandbox must not hurt main's
     rubric = json.load(open(os.path.join(ROOT, "grader", "rubric.json")))
@@ -81,6 +93,55 @@ def graded(request):
            "--timeout", "15"] + [a for s in STAGES for a in ("--stage", s)]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200)
     return {"p": p, "out": out, "ref": ref, "tmp": tmp, "rubric_before": rubric_before}
+
+
+SPIN = "import time\nend = time.process_time() + %d\nwhile time.process_time() < end:\n    pass\n"
+
+
+@contextlib.contextmanager
+def busy_cores(n, cpu_seconds=300):
+    """n processes that spin on a core each, never sleeping; each ends by itself after cpu_seconds of CPU time
+    (should this test die before its finally) and is killed, by its own pid, when the block ends."""
+    procs = [subprocess.Popen([sys.executable, "-c", SPIN % cpu_seconds], stdin=subprocess.DEVNULL)
+             for _ in range(n)]
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
+
+
+def test_class_under_load_grades_overlap_as_an_idle_machine(request):
+    """The solutions (full marks) and the starters (0) on LOADED_STAGES, two students at a time, while a
+    spinning process per core keeps the machine loaded: the overlap checks read the modelled clock, so the
+    solutions pass them with exactly the figures rubric.json documents, as alone."""
+    tmp = _reachable_tmp(request)
+    klass, out, ref = str(tmp / "submissions"), str(tmp / "out"), str(tmp / "reference")
+    shutil.copytree(os.path.join(ROOT, "logs", "reference"), ref)
+    cf.write_tree(os.path.join(klass, "solved"), LOADED_STAGES)
+    cf.write_tree(os.path.join(klass, "starter"), LOADED_STAGES, starter=True)
+    cmd = [sys.executable, GRADE, "--class", klass, "--out", out, "--reference", ref, "--jobs", "2"]
+    cmd += [a for s in LOADED_STAGES for a in ("--stage", s)]
+    with busy_cores(os.cpu_count() or 2) as spinners:
+        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert all(s.poll() is None for s in spinners), "a spinning process ended early: the load was not there"
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = list(csv.reader(open(os.path.join(out, "scores.csv"))))
+    per = [fmt_points(sum(s.checks.values())) for s in SOLVED if s.id in LOADED_STAGES]
+    full = fmt_points(sum(sum(s.checks.values()) for s in SOLVED if s.id in LOADED_STAGES))
+    got = {r[0]: r[1:] for r in rows[1:]}
+    assert got == {"solved": per + [full, full, "0"], "starter": ["0"] * len(per) + ["0", full, "0"]}, p.stdout
+    results = json.load(open(os.path.join(out, "solved", "results.json")))
+    rubric = json.load(open(os.path.join(ROOT, "grader", "rubric.json")))
+    for stage in LOADED_STAGES:
+        checks = {c["key"]: c for c in results["stages"][stage]["checks"]}
+        want = rubric["overlap_figures"]["solutions"][stage]
+        assert set(want) == {"ag_overlap", "rs_overlap"}
+        run_dir = os.path.join(out, "solved", "runs", "stage" + stage)
+        for key, f in assert_overlap_figures(stage, run_dir, want).items():
+            assert checks[key]["ok"] and checks[key]["detail"].startswith("%.1f%% of " % (100 * f.compute_share))
 
 
 def test_class_scores(graded):

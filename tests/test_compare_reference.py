@@ -1,6 +1,6 @@
 """tools/compare_reference.py (make reference-check) on copies of a published reference run: what
-the machine changes between two runs of the same program passes, anything the program determines
-is caught and named."""
+the machine changes between two runs of the same program passes (the wall clock, the host, the heap's
+addresses), anything the program determines is caught and named, the modelled timeline included."""
 import gzip
 import json
 import os
@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from helpers import ROOT
+from trace_names import COLLECTIVE, WAIT, WALL_ARGS
 
 TOOL = os.path.join(ROOT, "tools", "compare_reference.py")
 STAGE = os.path.join(ROOT, "logs", "reference", "stage04")
@@ -51,25 +52,27 @@ def trees(tmp_path):
 
 
 def shift_wall_clock(new):
-    """What a second run of the same program on a busy machine changes."""
+    """What a second run of the same program on a busy machine, another day, changes: the wall clock (metrics'
+    step_ms and tokens_per_s, the trace's wall_* args), the host's name and the heap's addresses."""
     edit_metrics(str(new / "metrics.jsonl"), lambda r: r.update(step_ms=r["step_ms"] * 3, tokens_per_s=1.0))
     edit_json(str(new / "run.json"), lambda r: r.update(host="another-machine"))
 
     def trace(t):
+        walls = 0
         for e in t["traceEvents"]:
-            if "ts" in e:
-                e["ts"] += 1000.0
-                e["dur"] = e.get("dur", 0) * 2
-        t["traceEvents"].append({"ph": "X", "name": "wait:ag_done", "cat": "wait", "pid": 0, "tid": 0, "ts": 1,
-                                 "dur": 5, "args": {}})
+            for k in WALL_ARGS:
+                if k in e.get("args", {}):
+                    e["args"][k] = e["args"][k] * 3 + 1000.0
+                    walls += 1
+        assert walls, "the reference trace has no wall-clock args (%s): make reference" % ", ".join(WALL_ARGS)
     edit_json(str(new / "trace.json.gz"), trace)
 
     def memory(m):
         for e in m["events"]:
             if "addr" in e:  # notes have none
                 e["addr"] += 4096
-            e["time_us"] = 0.0
         m["live_at_end"].reverse()
+        m["reserved_bytes"] += 4096
     edit_json(str(new / "memory_rank0.json.gz"), memory)
 
 
@@ -99,7 +102,7 @@ def grow_an_allocation(new):
 
 def rename_a_collective(new):
     def trace(t):
-        first = next(e for e in t["traceEvents"] if e.get("cat") == "collective")
+        first = next(e for e in t["traceEvents"] if e.get("cat") == COLLECTIVE and "all_gather" in e["name"])
         first["name"] = first["name"].replace("all_gather", "all_reduce")
     edit_json(str(new / "trace.json.gz"), trace)
 
@@ -113,6 +116,41 @@ def reorder_a_track(new):
     edit_json(str(new / "trace.json.gz"), trace)
 
 
+def move_a_slice(new):
+    """One nanosecond later on the modelled clock: the program's timeline changed."""
+    def trace(t):
+        next(e for e in t["traceEvents"] if e.get("cat") == COLLECTIVE)["ts"] += 0.001
+    edit_json(str(new / "trace.json.gz"), trace)
+
+
+def stretch_a_slice(new):
+    def trace(t):
+        next(e for e in t["traceEvents"] if e.get("cat") == "compute")["dur"] += 0.001
+    edit_json(str(new / "trace.json.gz"), trace)
+
+
+def drop_a_wait(new):
+    """A stream that no longer stalls on an event: traced iff it stalled in modelled time, so a difference."""
+    def trace(t):
+        t["traceEvents"].remove(next(e for e in t["traceEvents"] if e.get("cat") == WAIT))
+    edit_json(str(new / "trace.json.gz"), trace)
+
+
+def another_device_profile(new):
+    edit_json(str(new / "trace.json.gz"), lambda t: t["otherData"].update(device_profile="a100-80g"))
+
+
+def slow_the_modelled_step(new):
+    edit_metrics(str(new / "metrics.jsonl"), lambda r: r.update(model_step_ms=r["model_step_ms"] + 1e-3))
+
+
+def allocate_later(new):
+    """The host's modelled time of an allocation."""
+    def memory(m):
+        next(e for e in m["events"] if e.get("action") == "alloc")["time_us"] += 1.0
+    edit_json(str(new / "memory_rank1.json.gz"), memory)
+
+
 def change_a_shard(new):
     edit_json(str(new / "dtensors_rank1.json"), lambda d: d["params"][0].update(local_rows=d["params"][0]["local_rows"] + 1))
 
@@ -124,7 +162,10 @@ def drop_a_file(new):
 @pytest.mark.parametrize("change,named", [
     (bump_loss, "metrics.jsonl"), (grow_an_allocation, "memory_rank2.json.gz"),
     (rename_a_collective, "trace.json.gz"), (reorder_a_track, "trace.json.gz"),
-    (change_a_shard, "dtensors_rank1.json"), (drop_a_file, "dtensors_rank3.json")])
+    (change_a_shard, "dtensors_rank1.json"), (drop_a_file, "dtensors_rank3.json"),
+    (move_a_slice, "trace.json.gz"), (stretch_a_slice, "trace.json.gz"), (drop_a_wait, "trace.json.gz"),
+    (another_device_profile, "trace.json.gz"), (slow_the_modelled_step, "metrics.jsonl"),
+    (allocate_later, "memory_rank1.json.gz")])
 def test_what_the_program_determines_is_caught(trees, change, named):
     old, new = trees
     shift_wall_clock(new)  # a real rebuild differs there too: it must not hide the change

@@ -37,8 +37,8 @@ REFERENCE = os.path.join(ROOT, "logs", "reference")
 MUTATIONS = int(os.environ.get("GRADER_FUZZ_MUTATIONS", "400"))
 SEED = int(os.environ.get("GRADER_FUZZ_SEED", "20251122"))
 # Keep the snapshots to the init and the first two steps: the same structure, a third of the bytes.
-# Traces stay whole: the overlap checks measure the run's timing, and make_reference publishes only
-# runs that pass their own checks, so the pristine files pass every check (test_pristine_world_passes).
+# Traces stay whole: the overlap checks measure the whole run's modelled timeline, and make_reference publishes
+# only runs that pass their own checks, so the pristine files pass every check (test_pristine_world_passes).
 KEEP_STEPS = 2
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(REFERENCE), reason="no logs/reference")

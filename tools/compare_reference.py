@@ -3,13 +3,15 @@
 --out`) hold the same runs? `make reference-check` runs it on logs/reference/ and a rebuild.
 
 It compares what the program determines, bit for bit, and leaves out what the machine does:
-  metrics.jsonl        every field but step_ms and tokens_per_s (wall clock)
+  metrics.jsonl        every field but step_ms and tokens_per_s (wall clock; model_step_ms is compared)
   run.json             every field but host
   dtensors_rank*.json  all of it
-  memory_rank*.json.gz every field but addr and reserved_bytes (the heap's) and time_us (wall
-                       clock); the allocations live at the end in allocation order, not by address
-  trace.json.gz        each track's records in order (name, category, args), without ts and dur
-                       (wall clock) and without the stream waits (traced only when one blocked)
+  memory_rank*.json.gz every field but addr and reserved_bytes (the heap's); time_us is the host's
+                       modelled time, compared; the allocations live at the end in allocation order,
+                       not by address
+  trace.json.gz        all of it (otherData, each track's slices in order with their ts and dur on
+                       the modelled clock, the stream waits and host syncs, which are traced iff they
+                       stalled in modelled time) but the slices' wall-clock args (wall_ts_us, wall_dur_us)
 A file of OLD missing from NEW is a difference; exit status 1 when anything differs."""
 import argparse
 import glob
@@ -18,8 +20,11 @@ import json
 import os
 import sys
 
+import repo_paths  # noqa: F401  (grader/ on sys.path: the trace's words)
+from trace_names import WALL_ARGS
+
 WALL_CLOCK_METRICS = ("step_ms", "tokens_per_s")
-MACHINE_FIELDS = {"addr", "reserved_bytes", "time_us"}
+MACHINE_FIELDS = {"addr", "reserved_bytes"}
 
 
 def read_text(path):
@@ -54,12 +59,15 @@ def memory_snapshot(text):
 
 
 def trace_tracks(text):
-    tracks = {}
-    for e in json.loads(text)["traceEvents"]:
-        if e.get("ph") == "X" and e.get("cat") != "wait":
-            track = "pid %s tid %s" % (e["pid"], e["tid"])
-            tracks.setdefault(track, []).append([e["name"], e.get("cat"), e.get("args")])
-    return tracks
+    """The trace's top level (otherData: the clock and the device profile) and its events by track, in file
+    order (the runtime writes them sorted by track), each whole but for its wall-clock args."""
+    trace = json.loads(text)
+    out = {k: v for k, v in trace.items() if k != "traceEvents"}
+    for e in trace["traceEvents"]:
+        if isinstance(e.get("args"), dict):
+            e = dict(e, args={k: v for k, v in e["args"].items() if k not in WALL_ARGS})
+        out.setdefault("pid %s tid %s" % (e.get("pid"), e.get("tid")), []).append(e)
+    return out
 
 
 READERS = [("metrics.jsonl", metrics), ("run.json", run_config), ("dtensors_rank*.json", json.loads),

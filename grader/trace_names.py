@@ -27,7 +27,7 @@ COPY = "copy"              # a copy or a memset; a copy between host and device 
 COLLECTIVE = "collective"
 EVENT = "event"            # an event recorded on a stream
 WAIT = "wait"              # a stream stalled on an event (traced iff it stalled on the modelled clock)
-HOST_SYNC = "host_sync"    # the host blocked ("sync:<what>"), on the host's track (iff it stalled, modelled)
+HOST_SYNC = "host_sync"    # the host waited ("sync:<what>") on the host's track: every wait, 0 long if it did not stall
 MEMSET = "memset"          # a memset on the CUDA backend (common/cuda/runtime_cuda.c); the CPU one files it under copy
 CATEGORIES = (COMPUTE, COPY, COLLECTIVE, EVENT, WAIT, HOST_SYNC, MEMSET)
 

@@ -558,9 +558,10 @@ def check_prefetch_bound(ctx):
 def check_schedule(ctx):
     """The stage's prefetch exists and is one module ahead (forward: module i's hooks issue module i+1's
     all-gather; backward: module i's issue module i-1's), and no hook blocks the host (the trace's host
-    track holds a host_sync slice wherever a host wait stalled the host on the modelled clock: the same on
-    every run). With the host running ahead of the device, a host wait or a missing prefetch still reads as
-    overlap (rubric.json overlap_figures), so this check, not the overlap one, catches them."""
+    track holds a host_sync slice for every host wait, 0 long where it did not stall the host on the
+    modelled clock: the same on every run). With the host running ahead of the device, a host wait or a
+    missing prefetch still reads as overlap (rubric.json overlap_figures), so this check, not the overlap
+    one, catches them."""
     stage = manifest.stage(ctx.stage, ctx.rubric)
     order, _ = ctx.module_order()
     for r in range(ctx.world):

@@ -86,17 +86,25 @@ def require_torch(what):
                     % (sys.executable, e, what), allow_module_level=True)
 
 
-def assert_overlap_figures(stage, run_dir, want, variant=None):
-    """The overlap figures of the run in run_dir, read with the grader's own function at full precision, are
-    `want` ({check key: [compute share, collective share]}, as grader/rubric.json's overlap_figures documents
-    them to 10 significant digits): equal to 1e-9 relative, a documented 0 exactly. Returns {key: OverlapFigures}."""
+def overlap_of(stage, run_dir, key, variant=None, world=None):
+    """The OverlapFigures of overlap check `key` on the run in run_dir, read with the grader's own function
+    (world: the run's, where it is not the grading configuration's)."""
     from gradelib.checks import overlap_figures
     from gradelib.context import Context
     from gradelib.runner import RunResult
     ctx = Context(manifest.rubric(), stage, RunResult(str(run_dir), True, "", 0.0, []), None, None, variant=variant)
+    if world:
+        ctx.world = world
+    return overlap_figures(ctx, key)
+
+
+def assert_overlap_figures(stage, run_dir, want, variant=None):
+    """The overlap figures of the run in run_dir, read with the grader's own function at full precision, are
+    `want` ({check key: [compute share, collective share]}, as grader/rubric.json's overlap_figures documents
+    them to 10 significant digits): equal to 1e-9 relative, a documented 0 exactly. Returns {key: OverlapFigures}."""
     got = {}
     for key, (compute, collective) in want.items():
-        f = got[key] = overlap_figures(ctx, key)
+        f = got[key] = overlap_of(stage, run_dir, key, variant)
         for what, g, w in (("compute share", f.compute_share, compute),
                            ("collective share", f.collective_share, collective)):
             assert abs(g - w) <= 1e-9 * abs(w), "stage %s%s %s %s: %r, rubric.json overlap_figures says %r" % (

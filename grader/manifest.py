@@ -42,6 +42,7 @@ class Stage:
         self.fill = spec.get("fill", "")
         self.graded_on = spec.get("graded_on", "")
         self.flags = list(spec.get("flags", []))
+        self.honours = list(spec.get("honours", []))  # the flags (rubric.json "flags") its hooks follow
         self.prefetch = list(spec.get("prefetch", []))
         self.streams = list(spec.get("streams", []))  # all_gather / reduce_scatter: on their own stream
         self.config = dict(spec.get("config", {}))
@@ -97,6 +98,92 @@ class Stage:
 
     def __repr__(self):
         return "Stage(%s)" % self.dir
+
+
+# The contract field each flag sets (common/hw_fsdp.h: FsdpConfig, or the Module field the loop sets): a stage
+# whose solution reads the field honours the flag (tests/test_manifest.py; --ac has no field: from stage 05 on
+# the hooks keep a training state for the recompute).
+FLAG_FIELDS = {
+    "--reshard-after-forward": "reshard_after_forward",
+    "--grad-sync": "requires_gradient_sync",
+    "--reshard-after-backward": "reshard_after_backward",
+    "--param-dtype": "param_dtype",
+    "--reduce-dtype": "reduce_dtype",
+    "--mesh": "shard_group",
+    "--backward-prefetch": "backward_prefetch",
+    "--single-comm-stream": "single_comm_stream",
+    "--offload-params": "offload_params",
+}
+
+
+def run_flags(rubric, stage, variant=None):
+    """The stage's own flags (--ac, --forward-only, ...) on one graded run: with the variant's drops and
+    additions (None: the grading configuration)."""
+    flags = list(rubric["stages"][stage].get("flags", []))
+    if variant:
+        v = rubric["variants"][variant]
+        drop = set(v.get("drop_flags", []))
+        flags = [f for f in flags if f not in drop] + [f for f in v.get("add_flags", []) if f not in flags]
+    return flags
+
+
+def run_settings(rubric, stage, variant=None):
+    """The settings (rubric.json "flags") one graded run of the stage sets: a setting "--name=value" when the
+    run passes it (or passes no --name and value is the flag's default), "--name" when it passes --name or
+    any --name=value."""
+    flags = run_flags(rubric, stage, variant)
+    names = {f.split("=", 1)[0] for f in flags}
+    out = set()
+    for name, spec in rubric.get("flags", {}).items():
+        if name == "about":
+            continue
+        for setting in spec["settings"]:
+            if "=" not in setting:
+                if any(f == setting or f.startswith(setting + "=") for f in flags):
+                    out.add(setting)
+            elif setting in flags or (name not in names and setting == "%s=%s" % (name, spec.get("default"))):
+                out.add(setting)
+    return out
+
+
+def interacting_pairs(rubric, stage):
+    """[(a, b, hooks)]: the pairs of settings of two different flags the stage honours that change a common
+    hook (rubric.json "flags"), hooks the ones they share."""
+    spec = rubric.get("flags", {})
+    honoured = [n for n in rubric["stages"][stage].get("honours", [])]
+    out = []
+    for i, x in enumerate(honoured):
+        for y in honoured[i + 1:]:
+            common = sorted(set(spec[x]["changes"]) & set(spec[y]["changes"]))
+            if common:
+                out += [(a, b, common) for a in spec[x]["settings"] for b in spec[y]["settings"]]
+    return out
+
+
+def flag_coverage(rubric):
+    """What the graded runs leave out, one sentence each (empty: every setting a stage honours is graded, and
+    every interacting pair of them is set together by some graded run)."""
+    problems = []
+    spec = rubric.get("flags", {})
+    flag_of = {x: n for n, f in spec.items() if n != "about" for x in f["settings"]}
+
+    def exercised(settings, s, beside=()):
+        """`s` is set by a run with `settings` and no other of them (but those in `beside`) masks it."""
+        masks = set(spec[flag_of[s]].get("masked_by", [])) - set(beside)
+        return s in settings and not masks & settings
+
+    for sid in sorted(rubric["stages"]):
+        runs = [None] + list(rubric["stages"][sid].get("variants", []))
+        sets = {v: run_settings(rubric, sid, v) for v in runs}
+        for name in rubric["stages"][sid].get("honours", []):
+            for setting in spec[name]["settings"]:
+                if not any(exercised(s, setting) for s in sets.values()):
+                    problems.append("stage %s honours %s but no graded run sets %s" % (sid, name, setting))
+        for a, b, hooks in interacting_pairs(rubric, sid):
+            if not any(exercised(s, a, [b]) and exercised(s, b, [a]) for s in sets.values()):
+                problems.append("stage %s: no graded run sets both %s and %s (both change %s)"
+                                % (sid, a, b, ", ".join(hooks)))
+    return problems
 
 
 def _short(value, limit=80):
@@ -157,6 +244,31 @@ def validate_stages(rubric, name="rubric.json"):
         for p in spec.get("prefetch", []):
             if p not in PREFETCH_KINDS:
                 bad(where + ".prefetch", "a list of %s" % " / ".join(PREFETCH_KINDS), p)
+    flags = rubric.get("flags", {})
+    if not isinstance(flags, dict):
+        bad("flags", "a JSON object", flags)
+    for name, f in flags.items():
+        if name == "about":
+            continue
+        where = "flags." + name
+        if not re.fullmatch(r"--[a-z0-9-]+", name):
+            bad(where, "named by the flag (--name)", name)
+        if not isinstance(f, dict):
+            bad(where, "a JSON object", f)
+        str_list(where + ".settings", f.get("settings"))
+        str_list(where + ".changes", f.get("changes"))
+        str_list(where + ".masked_by", f.get("masked_by", []))
+        if not f["settings"] or not f["changes"]:
+            bad(where, "an object with settings and changes, both non-empty", f)
+        for setting in f["settings"]:
+            if setting != name and not setting.startswith(name + "="):
+                bad(where + ".settings", "%s or %s=value" % (name, name), setting)
+    for sid, spec in stages_.items():
+        str_list("stages.%s.honours" % sid, spec.get("honours", []))
+        for name in spec.get("honours", []):
+            if name not in flags or name == "about":
+                bad("stages.%s.honours" % sid, "flags listed in rubric.json \"flags\" (%s)"
+                    % ", ".join(k for k in flags if k != "about"), name)
     job = rubric.get("main_job", {"stage": sorted(stages_)[-1]})
     if not (isinstance(job, dict) and isinstance(job.get("stage"), str) and job["stage"] in stages_):
         bad("main_job.stage", "one of the stages (%s)" % ", ".join(sorted(stages_)), job)

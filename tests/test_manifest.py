@@ -166,3 +166,77 @@ def test_flags_at_another_world_resize_only_the_mesh():
     assert [st.shards_at(w) for w in (1, 2, 3, 4, 6)] == [1, 2, 3, 2, 2]
     plain = manifest.Stage("98", {"dir": "98_y", "flags": ["--reshard-after-forward=false"]})
     assert plain.flags_at(3) == plain.flags and plain.shards_at(3) == 3
+
+
+# ------------------------------------------------------------------ flag coverage (rubric.json "flags")
+
+# the variants issue 33 added so that every interacting pair of settings is graded together
+PAIR_VARIANTS = ["sync_every_keep_params", "accum_zero2_ac", "accum_zero2_sync_every", "mp_zero2_ac",
+                 "mp_zero2_reduce_bf16", "hsdp_zero2_ac", "all_pre", "all_post", "all_none", "zero2_pre",
+                 "zero2_post", "zero2_none"]
+
+
+def _rubric_copy():
+    import copy
+    return copy.deepcopy(manifest.rubric())
+
+
+def test_every_setting_and_interacting_pair_is_graded():
+    """Every flag setting a stage honours is set by one of its graded runs (the grading configuration or a
+    variant), and every pair of settings that change a common hook by one run together."""
+    assert manifest.flag_coverage(manifest.rubric()) == []
+
+
+def test_flag_coverage_fails_without_the_pair_variants():
+    """The coverage property is not vacuous: the variants before issue 33 graded each flag alone, and the
+    check names what that leaves out (the pairs the unseen bugs lived in among them)."""
+    r = _rubric_copy()
+    for s in r["stages"].values():
+        s["variants"] = [v for v in s.get("variants", []) if v not in PAIR_VARIANTS]
+    problems = manifest.flag_coverage(r)
+    said = "\n".join(problems)
+    assert "stage 07: no graded run sets both --grad-sync=every and --reshard-after-backward=false" in said
+    assert "stage 08 honours --reshard-after-forward but no graded run sets --reshard-after-forward=false" in said
+    assert "stage 10: no graded run sets both --single-comm-stream and --offload-params" in said
+    # each pair variant is needed: without it some pair or setting goes ungraded
+    for v in PAIR_VARIANTS:
+        r = _rubric_copy()
+        for s in r["stages"].values():
+            s["variants"] = [x for x in s.get("variants", []) if x != v]
+        assert manifest.flag_coverage(r), "%s covers nothing no other run covers" % v
+
+
+def test_a_new_flag_needs_a_graded_run():
+    """A stage that gains a flag (a setting in rubric.json "flags" it honours) fails coverage until a graded
+    run sets it, with every flag it interacts with."""
+    r = _rubric_copy()
+    r["flags"]["--single-comm-stream"]["changes"].append("post_forward")
+    r["stages"]["06"]["honours"].append("--single-comm-stream")
+    problems = manifest.flag_coverage(r)
+    assert "stage 06 honours --single-comm-stream but no graded run sets --single-comm-stream" in problems
+    assert any(p.startswith("stage 06: no graded run sets both --ac and --single-comm-stream") for p in problems)
+
+
+def _reads(src, field):
+    """The solution reads the contract field (cfg->field, mod->field, cfg->mp.field, cfg->mesh->field)."""
+    text = re.sub(r"/\*.*?\*/|//[^\n]*", "", open(src).read(), flags=re.S)  # code, not comments
+    return re.search(r"(->|\.)%s\b" % field, text) is not None
+
+
+@pytest.mark.parametrize("stage", [s.id for s in STAGES])
+def test_honours_is_what_the_solution_reads(stage):
+    """A stage honours a flag exactly when its solution reads the contract field the flag sets
+    (manifest.FLAG_FIELDS), and --ac from the stage whose own flags first ask for it on (every later
+    solution carries that stage's training state): a stage that starts reading another field fails here
+    until the manifest says it honours the flag, and then the coverage test until a graded run sets it."""
+    s = manifest.stage(stage)
+    src = s.solution_src()
+    if not os.path.isfile(src):
+        pytest.skip("%s is not in this release" % os.path.relpath(src, ROOT))
+    first_ac = min(t.id for t in STAGES if "--ac" in t.flags)
+    derived = {flag for flag, field in manifest.FLAG_FIELDS.items() if _reads(src, field)}
+    if stage >= first_ac:
+        derived.add("--ac")
+    assert sorted(derived) == sorted(s.honours), "stage %s's solution reads the fields of %s" % (stage, sorted(derived))
+    # every flag the manifest names has a field (or is --ac): the table covers the flags the rubric grades
+    assert set(manifest.rubric()["flags"]) - {"about", "--ac"} <= set(manifest.FLAG_FIELDS)

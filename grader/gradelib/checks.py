@@ -25,9 +25,11 @@ class Check:
 
     key       how rubric.json, results.json ("key") and tests/mutants/mutants.json name it
     label     the name the grader prints ("== stage 03 == <label>: OK"), results.json's "name"
-    variants  a variant may list it: it reads one run against that run's own reference and baseline, or
-              against the analytic model of the run's flags, so it holds at any world and flags (the
-              others compare with the grading configuration's runs or with the stage's schedule)
+    variants  True: a variant may list it: it reads one run against that run's own reference and baseline,
+              or against the analytic model of the run's flags, so it holds at any world and flags (the
+              others compare with the grading configuration's runs or with the stage's schedule);
+              "every": a stage that grades it grades it on its main run and on every variant by itself
+              (no variant lists it), the check deciding where it applies
     """
 
     def __init__(self, key, fn, label, variants):
@@ -38,6 +40,7 @@ class Check:
 
 
 def check(key, *, label, variants=False):
+    assert variants in (False, True, "every"), variants
     """Register the decorated function as the check `key`, printed as `label` (students and the reference
     outputs see it: never change one lightly)."""
     def register(fn):
@@ -423,23 +426,74 @@ def covered(a, b, merged):
     return total
 
 
-# the overlap checks: the collective kind each measures, the compute it should run under, its tolerance
-OVERLAP_CHECKS = {"ag_overlap": (ALL_GATHER, frozenset({"forward"}), "ag_overlap_min"),
-                  "rs_overlap": (REDUCE_SCATTER, frozenset({"backward", "recompute"}), "rs_overlap_min")}
+class OverlapKind:
+    """What one overlap check measures: the transfers of one kind and the compute they should run under.
+
+    cat, kind   the trace slices: collectives named "<label>.<kind>", or copies named "<module>.<kind>"
+                (h2d / d2h: the host <-> device copies of --offload-params)
+    phases      the compute kernels' phases it covers (args.phase of the compute stream's kernels)
+    modules     only transfers labelled with a module's name (the replica all-reduces of HSDP, not the grad
+                norm's all-reduce in the optimizer step)
+    what        how the grader names the transfers ("all-gather", ...)
+    advice      what to change when a run misses the bar"""
+
+    def __init__(self, cat, kind, phases, what, advice, modules=False):
+        self.cat, self.kind, self.phases, self.what, self.advice = cat, kind, frozenset(phases), what, advice
+        self.modules = modules
+
+
+OVERLAP_CHECKS = {
+    "ag_overlap": OverlapKind(
+        COLLECTIVE, ALL_GATHER, {"forward"}, "all-gather",
+        "are the all-gathers on their own stream, the next module's issued (prefetched) before this one computes, "
+        "with compute waiting on an event rather than the host?"),
+    "rs_overlap": OverlapKind(
+        COLLECTIVE, REDUCE_SCATTER, {"backward", "recompute"}, "reduce-scatter",
+        "are the reduce-scatters on their own stream, so that module i's reduce-scatter runs while module i-1's "
+        "backward computes?"),
+    "ar_overlap": OverlapKind(
+        COLLECTIVE, ALL_REDUCE, {"backward", "recompute"}, "replica all-reduce",
+        "issue each module's all-reduce across the replicas in its post_backward, on the reduce-scatter's stream "
+        "right after its reduce-scatter, so that it runs while the next module's backward computes (not all at "
+        "the end of the backward, not on the compute stream)", modules=True),
+    "h2d_overlap": OverlapKind(
+        COPY, H2D, {"forward", "backward", "recompute"}, "host-to-device copy",
+        "queue each host shard's copy to the device on the all-gather stream, before its all-gather, with no host "
+        "wait in between, so that it runs while the previous module computes"),
+    "d2h_overlap": OverlapKind(
+        COPY, D2H, {"backward", "recompute"}, "device-to-host copy",
+        "queue each reduce-scatter output's copy back to the host grad shards on the reduce-scatter stream and "
+        "let the host go on (no dev_stream_synchronize / dev_event_synchronize in the hook)"),
+}
 
 
 class OverlapFigures:
     """What an overlap check reads of a run, at full precision (rubric.json's overlap_figures quotes them).
 
     compute_share     of the rank's compute-stream kernels in the check's phases (their durations summed
-                      over every rank), the share that ran while one of the rank's collectives of the kind
+                      over every rank), the share that ran while one of the rank's transfers of the kind
                       was in flight (the union of their slices): graded
-    collective_share  of that union of collective slices, the share during which the rank's compute stream
+    collective_share  of that union of transfer slices, the share during which the rank's compute stream
                       ran a kernel (any phase): printed, not graded
-    on_compute        every collective of the kind ran on the compute stream"""
+    on_compute        every transfer of the kind ran on the compute stream"""
 
     def __init__(self, compute_share, collective_share, on_compute):
         self.compute_share, self.collective_share, self.on_compute = compute_share, collective_share, on_compute
+
+
+def overlap_transfers(ctx, key):
+    """[(rank, event)] of the transfers overlap check `key` measures, every rank, training steps only."""
+    k = OVERLAP_CHECKS[key]
+    order = set(ctx.module_order()[0]) if k.modules else None
+    out = []
+    for r in range(ctx.world):
+        for e in ctx.trace(r):
+            if e.get("cat") != k.cat or e.get("args", {}).get("step", -1) < 0:
+                continue
+            label, kind = label_and_kind(e["name"])
+            if kind == k.kind and (order is None or label in order):
+                out.append((r, e))
+    return out
 
 
 def overlap_figures(ctx, key):
@@ -448,73 +502,132 @@ def overlap_figures(ctx, key):
     On the CPU backends those are the modelled clock's (program order priced on the device profile), so
     the same program gives the same figures on every run, loaded machine or not; on the CUDA backend they
     are the GPU's."""
-    kind, phases, _ = OVERLAP_CHECKS[key]
-    events = ctx.collectives(kind)
+    k = OVERLAP_CHECKS[key]
+    events = overlap_transfers(ctx, key)
     if not events:
-        raise CheckFailed("no %s in the trace (trace_rank*.json)" % kind.replace("_", "-"))
+        raise CheckFailed("no %s in the trace (trace_rank*.json)" % k.what)
     compute_total = compute_covered = comm_total = comm_covered = 0.0
     for r in range(ctx.world):
         trace = ctx.trace(r)
         kernels = [e for e in trace if e.get("cat") == COMPUTE and e.get("tid") == COMPUTE_TID]
         mine = [e for rr, e in events if rr == r]
         in_flight = union_intervals([(e["ts"], e["ts"] + e["dur"]) for e in mine])
-        # a collective on the compute stream runs between that stream's kernels, never beside them: left out of
+        # a transfer on the compute stream runs between that stream's kernels, never beside them: left out of
         # what can cover them (the trace rounds ts and dur to the nanosecond each, so back-to-back slices of one
         # stream may touch by 1 ns)
         beside = union_intervals([(e["ts"], e["ts"] + e["dur"]) for e in mine if e.get("tid") != COMPUTE_TID])
         busy = union_intervals([(e["ts"], e["ts"] + e["dur"]) for e in kernels])
         for e in kernels:
-            if e.get("args", {}).get("phase") in phases:
+            if e.get("args", {}).get("phase") in k.phases:
                 compute_total += e["dur"]
                 compute_covered += covered(e["ts"], e["ts"] + e["dur"], beside)
         comm_total += sum(b - a for a, b in in_flight)
         comm_covered += sum(covered(a, b, busy) for a, b in beside)
     if compute_total <= 0:
-        raise CheckFailed("no %s compute kernels in the trace" % "/".join(sorted(phases)))
+        raise CheckFailed("no %s compute kernels in the trace" % "/".join(sorted(k.phases)))
     return OverlapFigures(compute_covered / compute_total, comm_covered / comm_total if comm_total > 0 else 0.0,
                           all(e.get("tid") == COMPUTE_TID for _, e in events))
 
 
-def _overlap(ctx, key, advice):
-    """The overlap check `key`: the share of the rank's compute in the check's phases that ran while one of its
-    collectives of the check's kind was in flight (OverlapFigures.compute_share) must reach the tolerance.
+def solution_overlap(rubric, stage, variant, key):
+    """The solution's graded figure of overlap check `key` on a run (rubric.json overlap_figures, at full
+    precision), or None where the rubric lists none (the check does not apply to that run)."""
+    def member(d, k):
+        return d.get(k) if isinstance(d, dict) else None
+    figs = member(rubric, "overlap_figures")
+    runs = (member(member(member(figs, "variants"), stage), variant) if variant
+            else member(member(figs, "solutions"), stage))
+    got = member(runs, key)
+    return got[0] if isinstance(got, list) and got and is_finite(got[0]) else None
 
-    Measured from the compute side: a collective on the compute stream cannot run during that stream's
-    kernels, so a serialized schedule reads exactly 0, while one whose collectives have their own stream reads
-    well above the bar (rubric.json's overlap_note gives every solution's figure and the serialized ones').
-    The clock is the modelled one, so the figure is one fixed number per program and a miss is the
-    schedule's, never the machine's.
 
-    The collective side, the share of collective time under compute, is printed but not graded: it says how
-    much communication is hidden, which depends on the configuration as much as on the schedule (the first
-    all-gather of a step and the last reduce-scatter have no compute to hide under; a module whose collective
-    outlasts its compute leaves the rest exposed), and it cannot separate more than the compute side does: a
-    serialized schedule reads 0 on both."""
-    kind, phases, tol = OVERLAP_CHECKS[key]
-    need = ctx.tol[tol]
-    what = kind.replace("_", "-")
+def overlap_applies(rubric, stage, variant, key):
+    """Overlap check `key` grades this run: the solution's figure there is positive (a run whose solution has
+    nothing of the kind to overlap, e.g. --mesh 4,1's all-gathers in shard groups of one rank, is not graded
+    on it)."""
+    fig = solution_overlap(rubric, stage, variant, key)
+    return fig is not None and fig > 0
+
+
+def overlap_runs(rubric, stage, key):
+    """The runs of a stage (None: the grading configuration, else a variant's name) overlap check `key` grades."""
+    from .rubric import stage_variants
+    return [v for v in [None] + stage_variants(rubric, stage) if overlap_applies(rubric, stage, v, key)]
+
+
+def overlap_bar(ctx, key):
+    """(bar, what it is) of overlap check `key` on ctx's run. On the modelled clock: overlap_share_min of the
+    solution's own figure on the same run (rubric.json overlap_figures); on a GPU's clock (grade.py --cuda)
+    the figures are the GPU's, so the bar is the fixed floor gpu_overlap_min that only a serialized schedule
+    (0) misses."""
+    if ctx.cuda:
+        return ctx.tol["gpu_overlap_min"], "the floor on a GPU's clock"
+    fig = solution_overlap(ctx.rubric, ctx.stage, ctx.variant, key)
+    share = ctx.tol["overlap_share_min"]
+    return share * fig, "%g of the solution's %.1f%%" % (share, 100 * fig)
+
+
+def _overlap(ctx, key):
+    """The overlap check `key` on one run: the share of the rank's compute in the check's phases that ran while
+    one of its transfers of the check's kind was in flight (OverlapFigures.compute_share) must reach the bar,
+    a fixed share of what the solution reads on the same run.
+
+    Measured from the compute side: a transfer on the compute stream cannot run during that stream's kernels,
+    so a serialized schedule reads exactly 0, while one whose transfers have their own stream reads what its
+    schedule leaves beside compute (rubric.json's overlap_note gives every solution's figure and the
+    serialized ones'). The clock is the modelled one, so the figure is one fixed number per program and a
+    miss is the schedule's, never the machine's.
+
+    The transfer side, the share of transfer time under compute, is printed but not graded: it says how much
+    communication is hidden, which depends on the configuration as much as on the schedule, and it cannot
+    separate more than the compute side does: a serialized schedule reads 0 on both.
+
+    A run the check does not apply to (overlap_applies) passes with a line that says where it is graded."""
+    k = OVERLAP_CHECKS[key]
+    if not ctx.cuda and not overlap_applies(ctx.rubric, ctx.stage, ctx.variant, key):
+        runs = [ctx.rubric["variants"][v]["label"] if v else "the grading configuration"
+                for v in overlap_runs(ctx.rubric, ctx.stage, key)]
+        if not runs:
+            raise CheckFailed("grader/rubric.json's overlap_figures gives stage %s's solution no %s figure on any "
+                              "run, so there is no bar to grade against (instructors: tools/overlap_figures.py "
+                              "--write)" % (ctx.stage, key))
+        if ctx.variant is None and runs:
+            return "graded on %s (the grading configuration has no %ss to overlap)" % ("; ".join(runs), k.what)
+        return ""
+    need, how = overlap_bar(ctx, key)
     f = overlap_figures(ctx, key)
-    where = "/".join(sorted(phases))
+    where = "/".join(p for p in ("forward", "backward", "recompute") if p in k.phases)
     if f.compute_share >= need:
         return "%.1f%% of %s compute ran during %ss (%.1f%% of %s time under compute, not graded)" % (
-            100 * f.compute_share, where, what, 100 * f.collective_share, what)
-    raise CheckFailed("%.1f%% of %s compute ran while a%s %s was in flight (need >= %g%%)%s: %s"
-                      % (100 * f.compute_share, where, "n" if what[0] == "a" else "", what, 100 * need,
-                         " (your %ss run on the compute stream)" % what if f.on_compute else "", advice))
+            100 * f.compute_share, where, k.what, 100 * f.collective_share, k.what)
+    raise CheckFailed("%.1f%% of %s compute ran while a%s %s was in flight (need >= %.2g%%, %s)%s: %s"
+                      % (100 * f.compute_share, where, "n" if k.what[0] in "aeiouh" else "", k.what, 100 * need, how,
+                         " (your %ss run on the compute stream)" % k.what if f.on_compute else "", k.advice))
 
 
-@check("ag_overlap", label="all-gather overlap")
+@check("ag_overlap", label="all-gather overlap", variants="every")
 def check_ag_overlap(ctx):
-    return _overlap(ctx, "ag_overlap",
-                    "are the all-gathers on their own stream, the next module's issued (prefetched) before this one "
-                    "computes, with compute waiting on an event rather than the host?")
+    return _overlap(ctx, "ag_overlap")
 
 
-@check("rs_overlap", label="reduce-scatter overlap")
+@check("rs_overlap", label="reduce-scatter overlap", variants="every")
 def check_rs_overlap(ctx):
-    return _overlap(ctx, "rs_overlap",
-                    "are the reduce-scatters on their own stream, so that module i's reduce-scatter runs while "
-                    "module i-1's backward computes?")
+    return _overlap(ctx, "rs_overlap")
+
+
+@check("ar_overlap", label="replica all-reduce overlap", variants="every")
+def check_ar_overlap(ctx):
+    return _overlap(ctx, "ar_overlap")
+
+
+@check("h2d_overlap", label="host-to-device copy overlap", variants="every")
+def check_h2d_overlap(ctx):
+    return _overlap(ctx, "h2d_overlap")
+
+
+@check("d2h_overlap", label="device-to-host copy overlap", variants="every")
+def check_d2h_overlap(ctx):
+    return _overlap(ctx, "d2h_overlap")
 
 
 def blocking_stage(rubric):
@@ -554,16 +667,15 @@ def check_prefetch_bound(ctx):
     return ""
 
 
-@check("schedule", label="prefetch schedule")
-def check_schedule(ctx):
-    """The stage's prefetch exists and is one module ahead (forward: module i's hooks issue module i+1's
-    all-gather; backward: module i's issue module i-1's), and no hook blocks the host (the trace's host
-    track holds a host_sync slice for every host wait, 0 long where it did not stall the host on the
-    modelled clock: the same on every run). With the host running ahead of the device, a host wait or a
-    missing prefetch still reads as overlap (rubric.json overlap_figures), so this check, not the overlap
-    one, catches them."""
-    stage = manifest.stage(ctx.stage, ctx.rubric)
-    order, _ = ctx.module_order()
+@check("host_waits", label="no host wait in a hook", variants="every")
+def check_host_waits(ctx):
+    """No hook blocks the host: the trace's host track holds a host_sync slice for every host wait (0 long
+    where it did not stall the host on the modelled clock, so a wait is seen whether or not it cost time,
+    the same on every run). No stage's contract needs one inside a hook: whatever a hook queues, another
+    stream can wait for with an event; the host waits only outside them (the optimizer step, to return the
+    grad norm; the runtime, between steps). A host wait in a hook stalls the queueing of everything after
+    it, which on a GPU leaves the device idle and on the modelled clock shows as lost overlap where the
+    device is behind the host (stage 10's offload copies)."""
     for r in range(ctx.world):
         for e in ctx.trace(r):
             if e.get("cat") == HOST_SYNC and e["args"].get("phase") in HOOK_PHASES:
@@ -571,6 +683,17 @@ def check_schedule(ctx):
                                   "the result wait for an event (dev_stream_wait_event), not the host"
                                   % (e["args"].get("step", -1) + 1, r, e["args"].get("module"), e["args"]["phase"],
                                      e["name"]))
+    return ""
+
+
+@check("schedule", label="prefetch schedule")
+def check_schedule(ctx):
+    """The stage's prefetch exists and is one module ahead (forward: module i's hooks issue module i+1's
+    all-gather; backward: module i's issue module i-1's). With the host running ahead of the device, a
+    missing prefetch still reads as overlap (rubric.json overlap_figures), so this check, not the overlap
+    one, catches it (and host_waits a hook that blocks the host)."""
+    stage = manifest.stage(ctx.stage, ctx.rubric)
+    order, _ = ctx.module_order()
     issued = {}  # (rank, step, gathered module, forward?) -> the module whose hook issued it
     for r, e in ctx.collectives(ALL_GATHER):
         phase = e["args"].get("phase")
@@ -1088,6 +1211,7 @@ def check_prefetch_policy(ctx):
     --single-comm-stream every all-gather and reduce-scatter of a rank runs on one stream."""
     policy = _flag_value(ctx.flags, "--backward-prefetch", "pre")
     single = "--single-comm-stream" in ctx.flags
+    zero2 = "--reshard-after-forward=false" in ctx.flags
     order, _ = ctx.module_order()
     last = len(order) - 1
     for r in range(ctx.world):
@@ -1110,6 +1234,14 @@ def check_prefetch_policy(ctx):
         if not single and len(streams) < 2:
             raise CheckFailed("rank %d ran its all-gathers and reduce-scatters on one stream without "
                               "--single-comm-stream: give the reduce-scatters their own stream" % r)
+        if zero2:  # the params kept from the forward: nothing to all-gather, under any policy
+            if issued:
+                (step, mod), got = sorted(issued.items())[0]
+                raise CheckFailed("%s's backward all-gather (step %d, rank %d) was issued in %s's %s although "
+                                  "--reshard-after-forward=false kept its params from the forward: with ZeRO-2 no "
+                                  "policy all-gathers (or prefetches) in the backward; check that the module is "
+                                  "resharded before issuing its all-gather" % (mod, step + 1, r, got[0][0], got[0][1]))
+            continue
         steps = sorted({s for s, _ in issued})
         if not steps:
             raise CheckFailed("rank %d's trace holds no all-gather issued in a backward hook" % r)
@@ -1125,6 +1257,8 @@ def check_prefetch_policy(ctx):
                     raise CheckFailed("%s's backward all-gather (step %d, rank %d) was issued in %s, expected %s's %s "
                                       "(--backward-prefetch %s): %s" % (mod, step + 1, r, where, want[0], want[1],
                                                                         policy, PREFETCH_ADVICE[policy]))
+    if zero2:
+        return "no backward all-gather (ZeRO-2 kept the params)%s" % (" on one comm stream" if single else "")
     return "backward all-gathers issued as --backward-prefetch %s says%s" % (
         policy, " on one comm stream" if single else "")
 

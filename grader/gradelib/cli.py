@@ -41,7 +41,8 @@ def grade_stage(rubric, stage, src, out_root, ref_root, runner, baselines):
 
     The binary runs on the grading configuration and then on each of the stage's variants
     (rubric.json "variants": another world, other flags) into run_dir/<variant>; a check a
-    variant lists passes only if it passes on the main run and on that variant."""
+    variant lists, or one graded on every run (checks.py variants="every": the overlap checks, the host
+    waits), passes only if it passes on the main run and on every such variant."""
     spec = rubric["stages"][stage]
     run_dir = os.path.join(out_root, "stage" + stage)
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -90,7 +91,7 @@ def grade_stage(rubric, stage, src, out_root, ref_root, runner, baselines):
         t1 = time.monotonic()
         ok, reason, detail = _grade_check(ctx, key)
         for v, c in vctx.items():
-            if ok and key in rubric["variants"][v]["checks"]:
+            if ok and (key in rubric["variants"][v]["checks"] or CHECKS[key].variants == "every"):
                 ok, why, _ = _grade_check(c, key)
                 reason = "" if ok else why if not c.run.ok else "on %s: %s" % (c.label, why)
         seconds = time.monotonic() - t1

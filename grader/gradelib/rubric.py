@@ -19,7 +19,7 @@ CONFIG_KEYS = {"flavor": "name", "world": "world", "seq_len": "count", "batch_si
 OPTIONAL_CONFIG = {"max_norm", "n_kv_heads"}  # absent: the binary's default (the flavour's n_kv_heads, max norm 1)
 LIMIT_KEYS = {"build_timeout_s": 1e7, "run_timeout_s": 1e7, "run_cpu_s": 1e7, "run_address_space_gib": 1e6,
               "run_file_size_mib": 1e9}
-TOLERANCE_KEYS = ["loss_rel", "grad_norm_rel", "peak_mem_band_rel", "ag_overlap_min", "rs_overlap_min",
+TOLERANCE_KEYS = ["loss_rel", "grad_norm_rel", "peak_mem_band_rel", "overlap_share_min", "gpu_overlap_min",
                   "prefetch_extra_unsharded_modules", "prefetch_max_modules_ahead",
                   "recompute_all_gathers_per_module_step", "activation_memory_max_ratio", "hook_memory_slack_rel",
                   "hook_memory_slack_min_bytes"]
@@ -126,10 +126,13 @@ def validate_rubric(rubric, name):
         for key in v["checks"]:
             if key not in CHECKS:
                 bad(where + ".checks", "keys among %s" % ", ".join(CHECKS), key)
+            if CHECKS[key].variants == "every":
+                raise UsageError("%s: %s.checks: %s (%s) is graded on every variant of a stage that grades it, "
+                                 "by itself: do not list it" % (name, where, key, CHECKS[key].label))
             if not CHECKS[key].variants:
                 raise UsageError("%s: %s.checks: %s (%s) grades the main run only, a variant cannot run it; a "
                                  "variant may list %s" % (name, where, key, CHECKS[key].label, ", ".join(
-                                     k for k, c in CHECKS.items() if c.variants)))
+                                     k for k, c in CHECKS.items() if c.variants is True)))
     for stage, spec in rubric["stages"].items():
         names = spec.get("variants", [])
         str_list("stages.%s.variants" % stage, names)
@@ -137,6 +140,9 @@ def validate_rubric(rubric, name):
             if vname == "about" or vname not in variants:
                 bad("stages.%s.variants" % stage, "names of variants (%s)" % ", ".join(
                     sorted(k for k in variants if k != "about")), vname)
+    figures = obj("overlap_figures", rubric.get("overlap_figures", {}))
+    for part in ("solutions", "variants", "mutants"):
+        obj("overlap_figures." + part, figures.get(part, {}))
     # after the loop: manifest.stages() reads every stage's config and checks
     graded = any("prefetch_bound" in spec["checks"] for spec in rubric["stages"].values())
     if graded and blocking_stage(rubric) is None:
@@ -184,12 +190,7 @@ def config_flags(cfg):
 
 def stage_only_flags(rubric, stage, variant=None):
     """The stage's own flags (--ac, --forward-only, ...) with the variant's drops and additions."""
-    flags = list(rubric["stages"][stage].get("flags", []))
-    if variant:
-        v = rubric["variants"][variant]
-        drop = set(v.get("drop_flags", []))
-        flags = [f for f in flags if f not in drop] + [f for f in v.get("add_flags", []) if f not in flags]
-    return flags
+    return manifest.run_flags(rubric, stage, variant)
 
 
 def stage_flags(rubric, stage, variant=None):

@@ -498,12 +498,16 @@ def test_cli_bad_rubric_is_one_line_exit_2(tmp_path, content, message):
 @pytest.mark.parametrize("edit,message", [
     (lambda r: r["stages"]["02"]["checks"].update(lost=1), 'stages.02.checks must be keys among loss, grad_norm, '),
     (lambda r: r["variants"]["uneven"]["checks"].append("lost"), 'variants.uneven.checks must be keys among loss, '),
+    (lambda r: r["variants"]["uneven"]["checks"].append("prefetch_bound"),
+     "variants.uneven.checks: prefetch_bound (prefetch memory bound) grades the main run only, a variant cannot run "
+     "it; a variant may list loss, grad_norm, "),
     (lambda r: r["variants"]["uneven"]["checks"].append("ag_overlap"),
-     "variants.uneven.checks: ag_overlap (all-gather overlap) grades the main run only, a variant cannot run it; "
-     "a variant may list loss, grad_norm, "),
+     "variants.uneven.checks: ag_overlap (all-gather overlap) is graded on every variant of a stage that grades it, "
+     "by itself: do not list it"),
     (lambda r: r["variants"]["uneven"].update(checks=[]), "variants.uneven.checks must be a non-empty list of checks"),
     (lambda r: r.update(check_names={"loss": "loss parity"}), "check_names is no longer read"),
-], ids=["unknown-check", "variant-unknown-check", "variant-main-run-check", "variant-no-checks", "check-names"])
+], ids=["unknown-check", "variant-unknown-check", "variant-main-run-check", "variant-every-run-check",
+        "variant-no-checks", "check-names"])
 def test_rubric_names_only_checks_the_grader_has(tmp_path, edit, message):
     """rubric.json names checks by key; the checks themselves (label, whether a variant may run them) live
     in gradelib/checks.py: a key it does not have, or a variant listing a check of the main run only, is

@@ -596,6 +596,15 @@ def _overlap(ctx, key):
         return ""
     need, how = overlap_bar(ctx, key)
     f = overlap_figures(ctx, key)
+    serial = [(r, e) for r, e in overlap_transfers(ctx, key) if e.get("tid") == COMPUTE_TID]
+    if serial and not f.on_compute:  # some of them: the share of the step may still clear the bar
+        r, e = serial[0]
+        micro = e["args"].get("microbatch")
+        raise CheckFailed("%d of your %ss ran on the compute stream, where nothing can run beside them (first: %s in "
+                          "%s.%s, step %d%s, rank %d) while the others have a stream of their own: %s"
+                          % (len(serial), k.what, e["name"], e["args"].get("module"), e["args"].get("phase"),
+                             e["args"].get("step", -1) + 1, ", microbatch %d" % micro if is_int(micro) else "", r,
+                             k.advice))
     where = "/".join(p for p in ("forward", "backward", "recompute") if p in k.phases)
     if f.compute_share >= need:
         return "%.1f%% of %s compute ran during %ss (%.1f%% of %s time under compute, not graded)" % (

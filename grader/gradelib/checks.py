@@ -610,7 +610,7 @@ def _overlap(ctx, key):
         return "%.1f%% of %s compute ran during %ss (%.1f%% of %s time under compute, not graded)" % (
             100 * f.compute_share, where, k.what, 100 * f.collective_share, k.what)
     raise CheckFailed("%.1f%% of %s compute ran while a%s %s was in flight (need >= %.2g%%, %s)%s: %s"
-                      % (100 * f.compute_share, where, "n" if k.what[0] in "aeiouh" else "", k.what, 100 * need, how,
+                      % (100 * f.compute_share, where, "n" if k.what[0] in "aeiou" else "", k.what, 100 * need, how,
                          " (your %ss run on the compute stream)" % k.what if f.on_compute else "", k.advice))
 
 

@@ -404,6 +404,25 @@ def check_hook_memory(ctx):
     return ""
 
 
+@check("host_waits", label="no host wait in a hook", variants="every")
+def check_host_waits(ctx):
+    """No hook blocks the host: the trace's host track holds a host_sync slice for every host wait (0 long
+    where it did not stall the host on the modelled clock, so a wait is seen whether or not it cost time,
+    the same on every run). No stage's contract needs one inside a hook: whatever a hook queues, another
+    stream can wait for with an event; the host waits only outside them (the optimizer step, to return the
+    grad norm; the runtime, between steps). A host wait in a hook stalls the queueing of everything after
+    it, which on a GPU leaves the device idle and on the modelled clock shows as lost overlap where the
+    device is behind the host (stage 10's offload copies)."""
+    for r in range(ctx.world):
+        for e in ctx.trace(r):
+            if e.get("cat") == HOST_SYNC and e["args"].get("phase") in HOOK_PHASES:
+                raise CheckFailed("step %d, rank %d: the host blocked inside %s.%s (%s): make the stream that needs "
+                                  "the result wait for an event (dev_stream_wait_event), not the host"
+                                  % (e["args"].get("step", -1) + 1, r, e["args"].get("module"), e["args"]["phase"],
+                                     e["name"]))
+    return ""
+
+
 def union_intervals(intervals):
     merged = []
     for a, b in sorted(intervals):
@@ -673,25 +692,6 @@ def check_prefetch_bound(ctx):
             raise CheckFailed("step %d: %s's %s issued %s's all-gather, %d modules ahead (at most %d): is your "
                               "prefetch unbounded? Keep at most two modules unsharded"
                               % (e["args"]["step"] + 1, host, phase, label, ahead, most))
-    return ""
-
-
-@check("host_waits", label="no host wait in a hook", variants="every")
-def check_host_waits(ctx):
-    """No hook blocks the host: the trace's host track holds a host_sync slice for every host wait (0 long
-    where it did not stall the host on the modelled clock, so a wait is seen whether or not it cost time,
-    the same on every run). No stage's contract needs one inside a hook: whatever a hook queues, another
-    stream can wait for with an event; the host waits only outside them (the optimizer step, to return the
-    grad norm; the runtime, between steps). A host wait in a hook stalls the queueing of everything after
-    it, which on a GPU leaves the device idle and on the modelled clock shows as lost overlap where the
-    device is behind the host (stage 10's offload copies)."""
-    for r in range(ctx.world):
-        for e in ctx.trace(r):
-            if e.get("cat") == HOST_SYNC and e["args"].get("phase") in HOOK_PHASES:
-                raise CheckFailed("step %d, rank %d: the host blocked inside %s.%s (%s): make the stream that needs "
-                                  "the result wait for an event (dev_stream_wait_event), not the host"
-                                  % (e["args"].get("step", -1) + 1, r, e["args"].get("module"), e["args"]["phase"],
-                                     e["name"]))
     return ""
 
 

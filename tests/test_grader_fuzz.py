@@ -468,7 +468,7 @@ def test_one_line():
     (b"[]", "the rubric must be a JSON object"),
     (b"[" * 100000 + b"]" * 100000, "cannot read the rubric"),
     (b'{"config": {}}', "limits must be a JSON object, got null"),
-    (None, "tolerances.loss_rel must be a number >= 0, got \"tiny\""),
+    (None, "tolerances.cuda_loss_rel must be a number >= 0, got \"tiny\""),
     (None, "stages.02.checks must be a JSON object"),
     (None, "no_ac_reference.solution must be one of the stages"),
 ], ids=["not-json", "array", "deep", "no-flavor", "tolerance-string", "checks-list", "no-ac-solution"])
@@ -477,7 +477,7 @@ def test_cli_bad_rubric_is_one_line_exit_2(tmp_path, content, message):
     if content is None:
         rubric = json.loads(open(RUBRIC_PATH).read())
         if "loss_rel" in message:
-            rubric["tolerances"]["loss_rel"] = "tiny"
+            rubric["tolerances"]["cuda_loss_rel"] = "tiny"
         elif "no_ac_reference" in message:  # a stage that does not exist
             for spec in rubric["stages"].values():
                 if "no_ac_reference" in spec:

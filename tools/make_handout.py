@@ -69,6 +69,9 @@ def release_rubric(kept):
         rubric["main_job"] = dict(rubric.get("main_job", {}), stage=kept[-1])
     used = {v for spec in rubric["stages"].values() for v in spec.get("variants", [])}
     rubric["variants"] = {k: v for k, v in rubric.get("variants", {}).items() if k == "about" or k in used}
+    if isinstance(rubric.get("parity_spread"), dict):  # the measured tolerances of the kept stages' runs
+        runs = rubric["parity_spread"].get("runs") or {}
+        rubric["parity_spread"]["runs"] = {k: v for k, v in runs.items() if k in kept}
     manifest.validate_stages(rubric, "the release's rubric.json")
     return (json.dumps(rubric, indent=2, ensure_ascii=False) + "\n").encode()
 

@@ -12,7 +12,8 @@ import os
 
 from trace_names import COLLECTIVE
 
-from .rubric import baseline_flags, stage_config, stage_only_flags, tolerances, variant_label
+from .rubric import (MAIN_RUN, REMEASURE, baseline_flags, parity_tolerances, stage_config, stage_only_flags,
+                     tolerances, variant_label)
 from .util import CheckFailed, fmt_bytes, is_finite, is_int, is_num, mp_policy, one_line, read_json, relpath, short
 
 
@@ -87,6 +88,7 @@ class Context:
         self.cfg = stage_config(rubric, stage, variant)
         self.world, self.steps = int(self.cfg["world"]), int(self.cfg["steps"])
         self.tol = tolerances(rubric, variant)
+        self.parity = parity_tolerances(rubric, stage, variant)
         self.flags = stage_only_flags(rubric, stage, variant)
         self.forward_only = "--forward-only" in self.flags
         self._cache = {}
@@ -95,6 +97,21 @@ class Context:
         if key not in self._cache:
             self._cache[key] = fn()
         return self._cache[key]
+
+    def parity_tol(self, metric):
+        """(tolerance against the reference log, tolerance against the baseline) of metric (loss, grad_norm) on
+        this run, from the spread measured between correct implementations (rubric.json parity_spread). With
+        --cuda (a GPU sums in another order than the CPU the spreads were measured on) each is at least
+        tolerances.cuda_<metric>_rel, a round number that is not measured: the loss and grad norm compare with
+        the baseline on the same GPU, the clip coefficients with the (CPU) reference."""
+        if metric not in self.parity:
+            raise CheckFailed("rubric.json has no measured %s spread for stage %s, run %s (instructors: %s)"
+                              % (metric, self.stage, self.variant or MAIN_RUN, REMEASURE))
+        ref, base = self.parity[metric]
+        if self.cuda:
+            least = self.tol["cuda_%s_rel" % metric]
+            return max(least, ref), max(least, base)
+        return ref, base
 
     def path(self, name):
         return os.path.join(self.run.dir, name)

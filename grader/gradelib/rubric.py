@@ -6,6 +6,8 @@ top: the configuration, the limits, the tolerances, the checks and their points 
 and whether a variant may run it, are declared with the check: checks.py), the no-AC reference.
 A rubric that fails either is a UsageError of one line (exit status 2), never a crash mid-grading.
 """
+import math
+
 import manifest
 
 from .checks import CHECKS, blocking_stage
@@ -19,25 +21,85 @@ CONFIG_KEYS = {"flavor": "name", "world": "world", "seq_len": "count", "batch_si
 OPTIONAL_CONFIG = {"max_norm", "n_kv_heads"}  # absent: the binary's default (the flavour's n_kv_heads, max norm 1)
 LIMIT_KEYS = {"build_timeout_s": 1e7, "run_timeout_s": 1e7, "run_cpu_s": 1e7, "run_address_space_gib": 1e6,
               "run_file_size_mib": 1e9}
-TOLERANCE_KEYS = ["loss_rel", "grad_norm_rel", "peak_mem_band_rel", "overlap_share_min", "gpu_overlap_min",
+TOLERANCE_KEYS = ["cuda_loss_rel", "cuda_grad_norm_rel", "peak_mem_band_rel", "overlap_share_min", "gpu_overlap_min",
                   "prefetch_extra_unsharded_modules", "prefetch_max_modules_ahead",
                   "recompute_all_gathers_per_module_step", "activation_memory_max_ratio", "hook_memory_slack_rel",
                   "hook_memory_slack_min_bytes"]
 
+# Loss and grad norm parity: the tolerances come from the spread measured between correct implementations
+# (tools/parity_spread.py, rubric.json "parity_spread"), per stage, run and metric.
+PARITY_METRICS = ("loss", "grad_norm")
+SPREAD_FLOOR = 2.0 ** -23  # float32's resolution: a spread is never counted below it (another machine's BLAS)
+MAIN_RUN = "main"  # parity_spread's name for a stage's run on the grading configuration
+REMEASURE = "tools/parity_spread.py --write measures it"
 
-def load_rubric(path=RUBRIC_PATH):
+
+def _dict(value):
+    return value if isinstance(value, dict) else {}
+
+
+def round_up_one_digit(x):
+    """x > 0 rounded up to one significant digit: 1.2e-6 -> 2e-6, 3e-4 -> 3e-4, 9.6e-4 -> 1e-3. The 1e-9 slack
+    keeps a value that is one digit times a power of ten in floating point (3e-5 / 1e-5 = 3.0000000000000004)
+    from going up a digit."""
+    exp = math.floor(math.log10(x))
+    digit = math.ceil(x / 10.0 ** exp - 1e-9)
+    if digit >= 10:
+        digit, exp = 1, exp + 1
+    return float("%de%d" % (digit, exp))
+
+
+def tolerance_from_spread(spread, margin):
+    """The tolerance a measured spread gives: the spread (never below SPREAD_FLOOR) times the margin, rounded up
+    to one significant digit."""
+    return round_up_one_digit(max(spread, SPREAD_FLOOR) * margin)
+
+
+def run_checks(rubric, stage, variant=None):
+    """The checks one run of a stage is graded on: the stage's on its main run; on a variant those of the stage's
+    that the variant lists (grade.py runs a variant's check only beside the stage's)."""
+    checks = list(rubric["stages"][stage]["checks"])
+    return [k for k in checks if k in rubric["variants"][variant]["checks"]] if variant else checks
+
+
+def parity_metrics(rubric, stage, variant=None):
+    """The metrics whose tolerance the run's checks read: loss (loss parity), grad_norm (grad norm parity, and the
+    clip coefficient: max_norm / the grad norm)."""
+    checks = set(run_checks(rubric, stage, variant))
+    return [m for m, keys in (("loss", {"loss"}), ("grad_norm", {"grad_norm", "clip"})) if checks & keys]
+
+
+def parity_tolerances(rubric, stage, variant=None):
+    """{metric: (tolerance against the reference log, tolerance against the non-sharded baseline)} of one run,
+    from its measured spread (rubric.json parity_spread: spread_ref, gap_base); a metric without figures is
+    left out (load_rubric has refused a rubric that lacks one the run's checks need)."""
+    block = _dict(rubric.get("parity_spread"))
+    margin = block.get("margin")
+    figures = _dict(_dict(_dict(block.get("runs")).get(stage)).get(variant or MAIN_RUN))
+    out = {}
+    for metric in PARITY_METRICS:
+        f = _dict(figures.get(metric))
+        if all(is_finite(f.get(k)) and f[k] >= 0 for k in ("spread_ref", "gap_base")) and is_finite(margin) and \
+                margin > 0:
+            out[metric] = (tolerance_from_spread(f["spread_ref"], margin), tolerance_from_spread(f["gap_base"], margin))
+    return out
+
+
+def load_rubric(path=RUBRIC_PATH, spread=True):
     """The rubric, checked. Read on every call, not through manifest.rubric()'s cache: the tests load many
-    rubrics from one path."""
+    rubrics from one path. spread=False: without the measured spreads (tools/parity_spread.py and
+    make_reference.py, which run before there is one to read)."""
     try:
         rubric = manifest.load_json(path)
     except manifest.ManifestError as e:
         raise UsageError(one_line(str(e)))
-    validate_rubric(rubric, relpath(path))
+    validate_rubric(rubric, relpath(path), spread=spread)
     return rubric
 
 
-def validate_rubric(rubric, name):
-    """UsageError naming the first entry of the rubric the grader cannot use."""
+def validate_rubric(rubric, name, spread=True):
+    """UsageError naming the first entry of the rubric the grader cannot use (spread=False: the parity_spread
+    block is not required)."""
     def bad(where, what, value):
         raise UsageError("%s: %s must be %s, got %s" % (name, where, what, short(value, 80)))
 
@@ -73,6 +135,14 @@ def validate_rubric(rubric, name):
         v = rubric["limits"].get(key)
         if not (is_finite(v) and 0 < v <= most):
             bad("limits." + key, "a number in (0, %g]" % most, v)
+    for where, tol in [("tolerances", rubric["tolerances"])] + [
+            ("variants.%s.tolerances" % k, v.get("tolerances")) for k, v in _dict(rubric.get("variants")).items()
+            if isinstance(v, dict) and isinstance(v.get("tolerances"), dict)]:
+        for key in ("loss_rel", "grad_norm_rel"):
+            if key in tol:  # a rubric from before the measured spreads: say where they went
+                raise UsageError("%s: %s.%s is no longer read: the loss and grad-norm tolerances come from the "
+                                 "spread measured per stage and run (parity_spread; %s), grade.py --cuda reads "
+                                 "tolerances.cuda_%s; delete the entry" % (name, where, key, REMEASURE, key))
     for key in TOLERANCE_KEYS:
         v = rubric["tolerances"].get(key)
         if not (is_finite(v) and v >= 0):
@@ -143,11 +213,43 @@ def validate_rubric(rubric, name):
     figures = obj("overlap_figures", rubric.get("overlap_figures", {}))
     for part in ("solutions", "variants", "mutants"):
         obj("overlap_figures." + part, figures.get(part, {}))
+    if spread:
+        validate_parity_spread(rubric, name)
     # after the loop: manifest.stages() reads every stage's config and checks
     graded = any("prefetch_bound" in spec["checks"] for spec in rubric["stages"].values())
     if graded and blocking_stage(rubric) is None:
         bad("stages", "an object with a stage that trains without prefetch (the prefetch bound compares with it)",
             sorted(rubric["stages"]))
+
+
+def validate_parity_spread(rubric, name):
+    """Every graded run (each stage's main run and its variants) has the measured figures of each metric its
+    checks compare (parity_metrics): a UsageError of one line naming the first that has none."""
+    def bad(where, what, value):
+        raise UsageError("%s: %s must be %s, got %s" % (name, where, what, short(value, 80)))
+
+    block = rubric.get("parity_spread")
+    if not isinstance(block, dict):
+        raise UsageError("%s: parity_spread is missing: the loss and grad-norm tolerances come from the spread "
+                         "measured between correct implementations (%s)" % (name, REMEASURE))
+    margin = block.get("margin")
+    if not (is_finite(margin) and 1 <= margin <= 1e6):
+        bad("parity_spread.margin", "a number in [1, 1e6]", margin)
+    runs = block.get("runs")
+    if not isinstance(runs, dict):
+        bad("parity_spread.runs", "a JSON object", runs)
+    for stage in rubric["stages"]:
+        for variant in [None] + stage_variants(rubric, stage):
+            where = "parity_spread.runs.%s.%s" % (stage, variant or MAIN_RUN)
+            for metric in parity_metrics(rubric, stage, variant):
+                f = _dict(_dict(runs.get(stage)).get(variant or MAIN_RUN)).get(metric)
+                if f is None:
+                    raise UsageError("%s: %s has no measured %s spread (stage %s%s is graded on %s; %s)" % (
+                        name, where, metric, stage, ", variant " + variant if variant else "", metric, REMEASURE))
+                for key in ("spread_ref", "gap_base"):
+                    v = f.get(key) if isinstance(f, dict) else None
+                    if not (is_finite(v) and 0 <= v < 1):
+                        bad("%s.%s.%s" % (where, metric, key), "a number in [0, 1)", v)
 
 
 def stage_config(rubric, stage, variant=None):
@@ -160,7 +262,8 @@ def stage_config(rubric, stage, variant=None):
 
 
 def tolerances(rubric, variant=None):
-    """The tolerances, with a variant's own where it loosens one (its "why" says why)."""
+    """The tolerances, with a variant's own where it loosens one (its "why" says why). Loss and grad norm parity
+    read parity_tolerances instead (cuda_*_rel: grade.py --cuda only)."""
     tol = dict(rubric["tolerances"])
     if variant:
         tol.update(rubric["variants"][variant].get("tolerances", {}))

@@ -1,0 +1,463 @@
+#!/usr/bin/env python3
+"""parity_spread.py [--write | --check] [--stage NN]... [--jobs N] — how far correct implementations spread
+around the reference logs: the figures the grader's loss and grad-norm tolerances come from.
+
+For every stage of grader/rubric.json and every run the grader grades (the main configuration and each
+variant the stage lists, read from the rubric), this runs
+  - the solution as the grader runs it, and again under --blas-threads 1, 2, 4 and under
+    OPENBLAS_CORETYPE=Haswell, Sandybridge, Prescott (another machine's thread split and BLAS kernels);
+  - every correct reordering of the solution that tests/mutants/equivalents.json lists for the stage
+    (the same program but for the order of its floating-point operations), as the grader runs it;
+and for each metric the run's checks compare (loss; grad_norm, which the clip check reads too) records
+  spread_ref  the largest relative difference, over those runs and steps, from the reference log
+              (logs/reference/stageNN[/variant]/metrics.jsonl)
+  gap_base    the largest relative difference from the non-sharded baseline (build/baseline's driver, one
+              rank with the global batch, run as the grader runs it)
+each to 3 significant digits, with the run it came from. The grader compares a student's run with the
+reference within tolerance_from_spread(spread_ref) and with the baseline within tolerance_from_spread(gap_base)
+(grader/gradelib/rubric.py): the figure, never below float32's resolution 2**-23, times the margin, rounded up
+to one significant digit.
+
+  (default)  print the figures and the tolerances they give
+  --write    store them in grader/rubric.json's parity_spread block (the rest of the file is left as it is)
+  --check    exit 1 naming every run whose stored figures differ from this measurement (or that has none)
+
+Re-measure after any change to the solutions, the runtime, the equivalents or the rubric's stages and variants,
+after `make reference` (spread_ref reads the reference logs). The runs go to a temporary folder (--keep DIR
+keeps them there); two at a time by default (--jobs).
+"""
+import argparse
+import concurrent.futures
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+from repo_paths import ROOT  # noqa: F401  (first: grader/ on sys.path)
+import manifest
+from gradelib.context import Context, read_metrics
+from gradelib.rubric import (MAIN_RUN, RUBRIC_PATH, baseline_flags, load_rubric, parity_metrics,
+                             parse_stage, stage_config, stage_flags, stage_variants, tolerance_from_spread)
+from gradelib.runner import Runner, RunResult, classify_run, run_limited
+from gradelib.util import CheckFailed, UsageError, one_line, rel, relpath
+
+EQUIVALENTS = os.path.join(ROOT, "tests", "mutants", "equivalents.json")
+REFERENCE = os.path.join(ROOT, "logs", "reference")
+BASELINE_SRC = os.path.join(ROOT, "common", "driver", "baseline.c")
+BLAS_THREADS = (1, 2, 4)
+CORETYPES = ("Haswell", "Sandybridge", "Prescott")
+DEFAULT_MARGIN = 10
+SOLUTION = "solution"  # the label of the solution run as the grader runs it
+FIGURES = (("spread_ref", "ref_by"), ("gap_base", "base_by"))
+
+ABOUT = ("The loss and grad-norm tolerances, measured (tools/parity_spread.py; HANDOUT.md#grading, INSTRUCTORS.md). "
+         "Per stage, run (main: the grading configuration; then each variant the stage lists) and metric: "
+         "spread_ref is the largest relative difference from the reference log, over the steps of every correct run "
+         "of that configuration, and gap_base the largest from the non-sharded baseline; ref_by / base_by name the "
+         "run it came from. The correct runs: the solution as the grader runs it, under --blas-threads %s and "
+         "under OPENBLAS_CORETYPE=%s, and each reordering of the solution that "
+         "tests/mutants/equivalents.json lists for the stage (the same program but for the order of its "
+         "floating-point operations). The grader compares a run with the reference within tol(spread_ref) and with "
+         "the baseline within tol(gap_base), where tol(x) = max(x, 2**-23) x margin, rounded up to one significant "
+         "digit (grader/gradelib/rubric.py tolerance_from_spread; 2**-23 is float32's resolution: the reference "
+         "prints 9 digits and another machine's BLAS may round differently). The clip coefficient is compared with "
+         "the reference within the grad norm's tolerance. Written by tools/parity_spread.py --write; re-measure "
+         "after any change to the solutions, the runtime or the stages and variants (after make reference)."
+         % (", ".join(map(str, BLAS_THREADS)), ", ".join(CORETYPES)))
+
+
+class Fatal(Exception):
+    """What stops the measurement: one line."""
+
+
+def fig3(x):
+    """A figure as stored: 3 significant digits."""
+    return float("%.3g" % x)
+
+
+# ------------------------------------------------------------------------------------------------ the sources
+
+def load_equivalents(rubric, path=EQUIVALENTS):
+    """The equivalents of tests/mutants/equivalents.json, checked: {name, stage, base, replace}."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+        items = data["equivalents"]
+        assert isinstance(items, list)
+    except (OSError, ValueError, KeyError, TypeError, AssertionError) as e:
+        raise Fatal("%s: cannot read its list of equivalents (%s)" % (relpath(path), one_line(str(e), 200)))
+    names = set()
+    for i, e in enumerate(items):
+        ok = isinstance(e, dict) and all(isinstance(e.get(k), str) and e[k] for k in ("name", "stage", "base", "why"))
+        ok = ok and isinstance(e.get("replace"), list) and e["replace"] and all(
+            isinstance(p, list) and len(p) == 2 and all(isinstance(t, str) for t in p) for p in e["replace"])
+        if not ok:
+            raise Fatal("%s: equivalent %d needs name, stage, base, why and replace (pairs of texts)"
+                        % (relpath(path), i))
+        if e["name"] in names or e["name"] == SOLUTION or e["name"].startswith(SOLUTION + " "):
+            raise Fatal("%s: the name %s is taken" % (relpath(path), e["name"]))
+        names.add(e["name"])
+        if e["stage"] not in rubric["stages"]:
+            raise Fatal("%s: %s: stage %s is not in the rubric" % (relpath(path), e["name"], e["stage"]))
+    return items
+
+
+def equivalent_source(e):
+    """The text of an equivalent: its base with each replacement made (each old text exactly once)."""
+    base = os.path.join(ROOT, e["base"])
+    try:
+        with open(base, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as err:
+        raise Fatal("equivalent %s: cannot read its base %s (%s)" % (e["name"], e["base"], err.strerror or err))
+    for old, new in e["replace"]:
+        n = text.count(old)
+        if n != 1:
+            raise Fatal("equivalent %s: a text to replace occurs %d times in %s, not once (the solution changed? "
+                        "update tests/mutants/equivalents.json): %s" % (e["name"], n, e["base"], one_line(old, 120)))
+        text = text.replace(old, new)
+    return text
+
+
+def solution_configs(sweep):
+    """[(label, extra flags, environment prefix)] of the solution's runs: as the grader runs it, then (sweep)
+    each BLAS thread count and core type."""
+    out = [(SOLUTION, [], [])]
+    if sweep:
+        out += [("%s --blas-threads %d" % (SOLUTION, n), ["--blas-threads", str(n)], []) for n in BLAS_THREADS]
+        out += [("%s OPENBLAS_CORETYPE=%s" % (SOLUTION, c), [], ["OPENBLAS_CORETYPE=" + c]) for c in CORETYPES]
+    return out
+
+
+def openblas_core(binary, coretype=None):
+    """The core type OpenBLAS picks for binary (OPENBLAS_VERBOSE=2 names it), or None if it does not say."""
+    env = ["OPENBLAS_VERBOSE=2"] + (["OPENBLAS_CORETYPE=" + coretype] if coretype else [])
+    try:
+        p = subprocess.run(["env"] + env + [binary, "--help"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = re.findall(r"^Core: (\S+)", p.stdout + p.stderr, re.M)
+    return found[-1] if found else None
+
+
+# ------------------------------------------------------------------------------------------------ measuring
+
+class Measurement:
+    """Builds and runs everything one measurement needs in `work`, two at a time (jobs)."""
+
+    def __init__(self, rubric, stages, sweep=True, jobs=2, work=None, keep=False, reference=REFERENCE,
+                 equivalents=EQUIVALENTS, say=print):
+        self.rubric, self.stages, self.sweep, self.jobs = rubric, stages, sweep, max(1, jobs)
+        self.reference, self.say, self.keep = reference, say, keep
+        self.equivalents = [e for e in load_equivalents(rubric, equivalents) if e["stage"] in stages]
+        self.work = work
+        self.limits = rubric["limits"]
+        self.timeout = self.limits["run_timeout_s"]
+        self.runner = Runner(self.limits, self.timeout)
+        self.notes = []
+
+    def run_list(self):
+        """[(stage, variant or None)] of every graded run of the stages, main runs first in each stage."""
+        return [(s, v) for s in self.stages for v in [None] + stage_variants(self.rubric, s)]
+
+    def _build(self, name, src):
+        d = os.path.join(self.work, "bin", name.replace(" ", "_"))
+        os.makedirs(d, exist_ok=True)
+        binary = os.path.join(d, "train")
+        ok, reason, _ = self.runner.build(src, binary, os.path.join(d, "log.txt"))
+        if not ok:
+            raise Fatal("%s did not build: %s (log: %s)" % (name, reason, relpath(os.path.join(d, "log.txt"))))
+        return binary
+
+    def _run(self, task):
+        """Run one binary into a fresh folder; {metric: [value per step]} of its metrics.jsonl."""
+        name, binary, flags, env, steps, metrics = task
+        d = os.path.join(self.work, "runs", re.sub(r"[^A-Za-z0-9_.=-]+", "_", name))
+        shutil.rmtree(d, ignore_errors=True)
+        os.makedirs(d)
+        log = os.path.join(d, "log.txt")
+        cmd = (["env"] + env if env else []) + [binary] + flags + ["--out", d, "--quiet"]
+        rc, _ = run_limited(cmd, log, self.timeout, self.limits)
+        ok, reason = classify_run(rc, log, d, self.timeout, steps, self.limits)
+        if not ok:
+            raise Fatal("%s failed: %s (log: %s)" % (name, one_line(reason, 300), relpath(log)))
+        try:
+            rows = read_metrics(os.path.join(d, "metrics.jsonl"), name)
+        except CheckFailed as e:
+            raise Fatal(str(e))
+        if len(rows) != steps:
+            raise Fatal("%s wrote %d steps, not %d (log: %s)" % (name, len(rows), steps, relpath(log)))
+        out = {}
+        for m in metrics:
+            out[m] = [r.get(m) for r in rows]
+            if any(v is None for v in out[m]):
+                raise Fatal("%s: %s is missing or not finite at some step (log: %s)" % (name, m, relpath(log)))
+        if not self.keep:
+            shutil.rmtree(d, ignore_errors=True)
+        return out
+
+    def _parallel(self, fn, items):
+        with concurrent.futures.ThreadPoolExecutor(self.jobs) as pool:
+            return list(pool.map(fn, items))
+
+    def reference_rows(self, stage, variant):
+        """The reference log's rows, checked to be recorded on the configuration the rubric grades."""
+        ctx = Context(self.rubric, stage, RunResult(self.work, True, "", 0.0, []), self.reference, None,
+                      variant=variant)
+        try:
+            return ctx.reference_metrics()
+        except CheckFailed as e:
+            raise Fatal("stage %s%s: %s" % (stage, "/" + variant if variant else "", e))
+
+    def measure(self):
+        """{stage: {run: {metric: {spread_ref, ref_by, gap_base, base_by}}}} (figures to 3 digits)."""
+        t0 = time.monotonic()
+        runs = self.run_list()
+        refs = {(s, v): self.reference_rows(s, v) for s, v in runs}  # a stale reference stops us before any build
+        baseline = self._build("baseline", BASELINE_SRC)  # first and alone: it brings the runtime up to date
+        self.core = openblas_core(baseline)
+        if self.sweep:
+            for c in CORETYPES:
+                got = openblas_core(baseline, c)
+                if got != c:
+                    self.notes.append("OPENBLAS_CORETYPE=%s is not honoured by this OpenBLAS (it runs %s): that "
+                                      "run measures %s" % (c, got or "an unnamed core", got or "the default"))
+        src_dir = os.path.join(self.work, "src")
+        sources = [(SOLUTION + " " + s, manifest.stage(s, self.rubric).solution_src()) for s in self.stages]
+        for e in self.equivalents:
+            d = os.path.join(src_dir, e["name"])
+            os.makedirs(d, exist_ok=True)
+            path = os.path.join(d, "hw_fsdp.c")
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.write(equivalent_source(e))
+            sources.append((e["name"], path))
+        for name, src in sources:
+            if not os.path.isfile(src):
+                raise Fatal("%s: no such file: %s" % (name, relpath(src)))
+        binaries = dict(zip([n for n, _ in sources], self._parallel(lambda ns: self._build(*ns), sources)))
+
+        tasks, keys = [], []
+        base_tasks = {}
+        for stage, variant in runs:
+            metrics = parity_metrics(self.rubric, stage, variant)
+            steps = int(stage_config(self.rubric, stage, variant)["steps"])
+            where = "stage %s %s" % (stage, variant or MAIN_RUN)
+            flags = stage_flags(self.rubric, stage, variant)
+            configs = [(label, binaries[SOLUTION + " " + stage], extra, env)
+                       for label, extra, env in solution_configs(self.sweep)]
+            configs += [(e["name"], binaries[e["name"]], [], []) for e in self.equivalents if e["stage"] == stage]
+            for label, binary, extra, env in configs:
+                tasks.append(("%s: %s" % (where, label), binary, flags + extra, env, steps, metrics))
+                keys.append((stage, variant, label))
+            bflags = tuple(baseline_flags(self.rubric, stage, variant))
+            base_tasks.setdefault(bflags, ("baseline %s" % " ".join(bflags), baseline, list(bflags), [], steps, []))
+            base_tasks[bflags][5].extend(m for m in metrics if m not in base_tasks[bflags][5])
+        base_keys = list(base_tasks)
+        results = self._parallel(self._run, tasks + [base_tasks[k] for k in base_keys])
+        got = dict(zip(keys, results[:len(tasks)]))
+        bases = dict(zip(base_keys, results[len(tasks):]))
+
+        figures = {}
+        for stage, variant in runs:
+            run = variant or MAIN_RUN
+            ref = refs[(stage, variant)]
+            base = bases[tuple(baseline_flags(self.rubric, stage, variant))]
+            labels = [k[2] for k in keys if k[:2] == (stage, variant)]
+            for metric in parity_metrics(self.rubric, stage, variant):
+                want = [r.get(metric) for r in ref]
+                if any(v is None for v in want):
+                    raise Fatal("stage %s %s: the reference log has no %s at some step (make reference)"
+                                % (stage, run, metric))
+                fig = {"spread_ref": 0.0, "ref_by": SOLUTION, "gap_base": 0.0, "base_by": SOLUTION}
+                for label in labels:  # in a fixed order: the first run that reaches the largest names it
+                    values = got[(stage, variant, label)][metric]
+                    d_ref = max(rel(g, r) for g, r in zip(values, want))
+                    d_base = max(rel(g, b) for g, b in zip(values, base[metric]))
+                    if label == SOLUTION and d_ref > 0:
+                        self.notes.append("stage %s %s: the solution, run as the grader runs it, differs from the "
+                                          "reference log (%s rel %.2g): is logs/reference from another machine or "
+                                          "stale (make reference)?" % (stage, run, metric, d_ref))
+                    if fig3(d_ref) > fig["spread_ref"]:
+                        fig["spread_ref"], fig["ref_by"] = fig3(d_ref), label
+                    if fig3(d_base) > fig["gap_base"]:
+                        fig["gap_base"], fig["base_by"] = fig3(d_base), label
+                figures.setdefault(stage, {}).setdefault(run, {})[metric] = fig
+        self.runs_done = len(tasks) + len(base_keys)
+        self.seconds = time.monotonic() - t0
+        return figures
+
+
+# ------------------------------------------------------------------------------------------------ the rubric
+
+def stored_block(rubric):
+    block = rubric.get("parity_spread")
+    return block if isinstance(block, dict) else {}
+
+
+def margin_of(rubric):
+    m = stored_block(rubric).get("margin")
+    return m if isinstance(m, (int, float)) and not isinstance(m, bool) and m >= 1 else DEFAULT_MARGIN
+
+
+def merged_block(rubric, figures):
+    """The parity_spread block with the measured stages' figures replaced (stages not measured kept as stored),
+    in rubric order."""
+    runs = dict(stored_block(rubric).get("runs") or {})
+    runs.update(figures)
+    order = {s: i for i, s in enumerate(rubric["stages"])}
+    runs = {s: runs[s] for s in sorted(runs, key=lambda s: (order.get(s, len(order)), s))}
+    for s in figures:  # runs in rubric order: main, then the variants as the stage lists them
+        names = [MAIN_RUN] + stage_variants(rubric, s)
+        runs[s] = {r: runs[s][r] for r in names if r in runs[s]}
+    return {"about": ABOUT, "margin": margin_of(rubric), "runs": runs}
+
+
+def block_text(block):
+    """The block as rubric.json holds it: one line per run and metric."""
+    lines = ['  "parity_spread": {', '    "about": %s,' % json.dumps(block["about"], ensure_ascii=False),
+             '    "margin": %s,' % json.dumps(block["margin"]), '    "runs": {']
+    stages = list(block["runs"])
+    for i, stage in enumerate(stages):
+        lines.append('      %s: {' % json.dumps(stage))
+        runs = list(block["runs"][stage])
+        for j, run in enumerate(runs):
+            lines.append('        %s: {' % json.dumps(run))
+            metrics = list(block["runs"][stage][run])
+            for k, metric in enumerate(metrics):
+                lines.append('          %s: %s%s' % (json.dumps(metric), json.dumps(block["runs"][stage][run][metric]),
+                                                     "," if k + 1 < len(metrics) else ""))
+            lines.append('        }%s' % ("," if j + 1 < len(runs) else ""))
+        lines.append('      }%s' % ("," if i + 1 < len(stages) else ""))
+    lines += ['    }', '  }']
+    return "\n".join(lines)
+
+
+def _value_span(text, key):
+    """(start of the line holding the top-level "key":, end of its value) in rubric.json's text, or None."""
+    m = re.search(r'^  %s:\s*' % re.escape(json.dumps(key)), text, re.M)
+    if not m:
+        return None
+    _, end = json.JSONDecoder().raw_decode(text, m.end())
+    return m.start(), end
+
+
+def write_block(path, block):
+    """Store the block in the rubric file: replace the parity_spread block, or add it after the tolerances;
+    every other byte of the file stays as it is."""
+    with open(path, encoding="utf-8") as fh:
+        text = fh.read()
+    new = block_text(block)
+    span = _value_span(text, "parity_spread")
+    if span:
+        text = text[:span[0]] + new + text[span[1]:]
+    else:
+        span = _value_span(text, "tolerances")
+        if not span:
+            raise Fatal("%s has no top-level tolerances block to add parity_spread after" % relpath(path))
+        text = text[:span[1]] + ",\n" + new + text[span[1]:]
+    if json.loads(text).get("parity_spread") != block:
+        raise Fatal("%s: the block did not read back as written (not writing)" % relpath(path))
+    with open(path + ".tmp", "w", encoding="utf-8") as fh:
+        fh.write(text)
+    os.replace(path + ".tmp", path)
+
+
+def differences(rubric, figures):
+    """Lines naming every run whose stored figures differ from the measured ones."""
+    runs = stored_block(rubric).get("runs") or {}
+    out = []
+    for stage, by_run in figures.items():
+        for run, by_metric in by_run.items():
+            for metric, fig in by_metric.items():
+                stored = ((runs.get(stage) or {}).get(run) or {}).get(metric)
+                if not isinstance(stored, dict):
+                    out.append("stage %s %s %s: nothing stored, measured spread_ref %g, gap_base %g"
+                               % (stage, run, metric, fig["spread_ref"], fig["gap_base"]))
+                    continue
+                for key, by in FIGURES:
+                    if stored.get(key) != fig[key]:
+                        out.append("stage %s %s %s: %s stored %s, measured %g (%s)"
+                                   % (stage, run, metric, key, stored.get(key), fig[key], fig[by]))
+    return out
+
+
+def table(rubric, figures):
+    margin = margin_of(rubric)
+    lines = ["%-5s %-14s %-9s %10s %10s   %-8s %-8s  %s" % ("stage", "run", "metric", "spread_ref", "gap_base",
+                                                           "tol ref", "tol base", "largest from (ref; base)")]
+    for stage, by_run in figures.items():
+        for run, by_metric in by_run.items():
+            for metric, f in by_metric.items():
+                lines.append("%-5s %-14s %-9s %10.3g %10.3g   %-8g %-8g  %s; %s" % (
+                    stage, run, metric, f["spread_ref"], f["gap_base"], tolerance_from_spread(f["spread_ref"], margin),
+                    tolerance_from_spread(f["gap_base"], margin), f["ref_by"], f["base_by"]))
+    return lines
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="parity_spread.py", description=__doc__.split("\n\n")[0])
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--write", action="store_true", help="store the figures in the rubric's parity_spread block")
+    mode.add_argument("--check", action="store_true", help="exit 1 if the stored figures differ from a fresh measurement")
+    ap.add_argument("--stage", action="append", default=[], help="measure this stage only (repeatable; default all)")
+    ap.add_argument("--jobs", type=int, default=2, help="builds and runs at once (default 2)")
+    ap.add_argument("--no-sweep", action="store_true",
+                    help="the solution only as the grader runs it (no BLAS thread counts or core types)")
+    ap.add_argument("--keep", metavar="DIR", help="build and run in DIR and keep the runs (default: a temporary folder)")
+    ap.add_argument("--rubric", default=RUBRIC_PATH, help=argparse.SUPPRESS)
+    ap.add_argument("--reference", default=REFERENCE, help=argparse.SUPPRESS)
+    ap.add_argument("--equivalents", default=EQUIVALENTS, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.jobs < 1:
+        ap.error("--jobs must be at least 1")
+    if args.write and args.no_sweep:
+        ap.error("--write stores the full measurement: drop --no-sweep")
+    work = None
+    try:
+        rubric = load_rubric(args.rubric, spread=False)
+        stages = sorted({parse_stage(rubric, s) for s in args.stage}) or list(rubric["stages"])
+        work = os.path.abspath(args.keep) if args.keep else tempfile.mkdtemp(prefix="parity_spread.")
+        os.makedirs(work, exist_ok=True)
+        m = Measurement(rubric, stages, sweep=not args.no_sweep, jobs=args.jobs, work=work, keep=bool(args.keep),
+                        reference=os.path.abspath(args.reference), equivalents=args.equivalents)
+        print("measuring %d graded runs of %d stage%s: the solution%s and %d equivalent%s" % (
+            len(m.run_list()), len(stages), "" if len(stages) == 1 else "s",
+            " as graded and under %d BLAS settings" % (len(solution_configs(True)) - 1) if m.sweep else "",
+            len(m.equivalents), "" if len(m.equivalents) == 1 else "s"), flush=True)
+        figures = m.measure()
+    except (UsageError, Fatal) as e:
+        print("parity_spread.py: error: %s" % one_line(str(e)), file=sys.stderr)
+        return 2
+    finally:
+        if work and not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    for line in table(rubric, figures):
+        print(line)
+    for n in m.notes:
+        print("note: " + n)
+    print("%d runs in %.0f s (OpenBLAS core %s)" % (m.runs_done, m.seconds, m.core or "unknown"))
+    if args.check:
+        diff = differences(rubric, figures)
+        for line in diff:
+            print("differs: " + line)
+        if diff:
+            print("%s: the stored spread is not this measurement: tools/parity_spread.py --write" % relpath(args.rubric))
+            return 1
+        print("%s: the stored spread matches" % relpath(args.rubric))
+    elif args.write:
+        try:
+            write_block(args.rubric, merged_block(rubric, figures))
+        except Fatal as e:
+            print("parity_spread.py: error: %s" % e, file=sys.stderr)
+            return 2
+        print("wrote %s parity_spread (%d stage%s)" % (relpath(args.rubric), len(figures),
+                                                       "" if len(figures) == 1 else "s"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

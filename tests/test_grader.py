@@ -306,6 +306,10 @@ def test_norm_hint_names_the_group_from_the_trace(R, S):
     # a trace that does not cover the step, or a group the mesh does not name: no evidence, the ratio decides
     assert norm_reduction_hint(HintContext(R, S, traces={r: [] for r in range(W)}), 1, 2.0) == ""
     assert norm_reduction_hint(ctx(lambda r: ["somewhere"]), 1, 2.0) == ""
+    # another all-reduce in the optimizer (a vector of per-param sums?) may be part of the norm: no verdict
+    vector = dict(norm_all_reduce("world"), name="per_param_sumsq.all_reduce")
+    vector["args"] = dict(vector["args"], bytes=84)
+    assert norm_reduction_hint(HintContext(R, S, traces={r: [step_marker(), vector] for r in range(W)}), 1, 2.0) == ""
 
 
 def grad_note(step, micro, state, previous=None, kind=1):

@@ -42,8 +42,9 @@ def _mesh_groups(ctx):
 
 def _norm_all_reduces(ctx, step):
     """{rank: [(group, op)]} of the all-reduces of the norm's sum of squares in `step` (1-based), in issue
-    order: those of fsdp_optimizer_step (phase optimizer) labelled grad_norm or moving one scalar. None when a
-    rank's trace holds no collective of the step (not traced)."""
+    order: those of fsdp_optimizer_step (phase optimizer) labelled grad_norm or moving one or two floats. None
+    when a rank's trace holds no collective of the step (not traced), or another all-reduce in the optimizer
+    that may be part of the norm."""
     out = {}
     for r in range(ctx.world):
         seen, found = False, []
@@ -53,9 +54,11 @@ def _norm_all_reduces(ctx, step):
                 continue
             seen = True
             label, kind = label_and_kind(e["name"])
-            if kind == ALL_REDUCE and args.get("phase") == "optimizer" and (label == "grad_norm" or
-                                                                           args.get("bytes", 0) <= 8):
-                found.append((e["ts"], args.get("group", "world"), args.get("op", "sum")))
+            if kind != ALL_REDUCE or args.get("phase") != "optimizer":
+                continue
+            if label != "grad_norm" and args.get("bytes", 0) > 8:
+                return None
+            found.append((e["ts"], args.get("group", "world"), args.get("op", "sum")))
         if not seen:
             return None
         out[r] = [(g, op) for _, g, op in sorted(found, key=lambda t: t[0])]
@@ -94,22 +97,21 @@ def _times(x):
     return "%s times" % x if x.denominator == 1 else "only %s" % x
 
 
-def _clip_disagreement(ctx, step):
-    """' (their clip coefficients: 0.515 on ranks 0, 2; 0.62 on ranks 1, 3)' when the ranks clipped step with
-    different coefficients (metrics.jsonl's clip probe), else ''."""
+def _disagreement(ctx, step):
+    """'the ranks disagree (their clip coefficients: 0.515 on ranks 0, 2; 0.62 on ranks 1, 3)' when the ranks
+    clipped `step` with different coefficients (metrics.jsonl's clip probe), else what the sums imply."""
+    coefs = None
     try:
-        row = ctx.metrics()[step - 1]
+        coefs = ctx.metrics()[step - 1].get("clip_coef_min_per_rank")
     except (CheckFailed, IndexError):
-        return ""
-    coefs = row.get("clip_coef_min_per_rank")
-    if not (isinstance(coefs, list) and len(coefs) == ctx.world and all(is_finite(c) for c in coefs)):
-        return ""
+        pass
     by = {}
-    for r, c in enumerate(coefs):
-        by.setdefault("%.3g" % c, []).append(r)
+    if isinstance(coefs, list) and len(coefs) == ctx.world and all(is_finite(c) for c in coefs):
+        for r, c in enumerate(coefs):
+            by.setdefault("%.3g" % c, []).append(r)
     if len(by) < 2:
-        return ""
-    return " (their clip coefficients: %s)" % "; ".join(
+        return "the ranks' norms depend on their shard"
+    return "the ranks disagree (their clip coefficients: %s)" % "; ".join(
         "%s on rank%s %s" % (c, "s" if len(rs) > 1 else "", ", ".join(map(str, rs))) for c, rs in by.items())
 
 
@@ -153,14 +155,14 @@ def norm_reduction_hint(ctx, step, ratio):
     own, others = coef[0][0], sorted(set(coef[0][1:]))
     if others == [0] and own > 0:
         what = ("each rank sums %s and nothing of the other %d shard%s: each rank's norm is its own shard's%s, and "
-                "the ranks disagree%s"
+                "%s"
                 % ("%s copies of its own shard's squares" % own if own.denominator == 1 and own > 1 else
                    "its own shard's squares %s" % _times(own), S - 1, "s" if S > 2 else "",
-                   "" if own == 1 else " times sqrt(%s)" % own, _clip_disagreement(ctx, step)))
+                   "" if own == 1 else " times sqrt(%s)" % own, _disagreement(ctx, step)))
     else:
-        what = ("rank 0's sum counts its own shard's squares %s%s: the ranks disagree%s"
+        what = ("rank 0's sum counts its own shard's squares %s%s: %s"
                 % (_times(own), "".join(" and the others' %s" % ", ".join(_times(o) for o in others)
-                                        for _ in others[:1]), _clip_disagreement(ctx, step)))
+                                        for _ in others[:1]), _disagreement(ctx, step)))
     if two_d and len(ars[0]) == 1 and ars[0][0][0].startswith("replicate"):
         what = "the ranks of a replicate group hold the same shard, so " + what
     return "%s: %s; expected %s" % (head, what, want)
@@ -326,7 +328,7 @@ def _uniform(g, f, kind, q):
     return bool(pairs) and all(x is not None and abs(x / y - q) <= 1e-3 * max(q, 1e-12) for x, y in pairs)
 
 
-def _state_difference(ctx, g, f, g_prev, f_prev, k, W, K, tol):
+def _state_difference(g, f, g_prev, f_prev, k, W, K, tol):
     """How the student's state g differs from the reference's f after microbatch k (None: it does not)."""
     counts = [(g[c], f[c]) for _, c, _, _ in KINDS]
     if counts[0][0] != counts[0][1] or counts[1][0] != counts[1][1]:
@@ -405,7 +407,7 @@ def _grad_state_hint(ctx, step, K):
             if g is None:
                 return "%s your run recorded no gradient state: did microbatch %d's backward finish?" % (where, k)
             prev = (got[r].get((s, k - 1)), ref[r].get((s, k - 1))) if k else (None, None)
-            diff = _state_difference(ctx, g, f, prev[0], prev[1], k, W, K, tol)
+            diff = _state_difference(g, f, prev[0], prev[1], k, W, K, tol)
             if diff is None:
                 continue
             if k == 0 and s > 0:

@@ -230,6 +230,155 @@ def test_grad_norm_hint_names_the_mesh_factor(R, S):
     assert "shard group only" in h and "sqrt(R)" in h, h
     for ratio in (1.0, 0.5, R * S * 1.5):
         assert mesh_grad_norm_hint(ratio, R, S) == "", ratio
+    # the trace showed the norm's all-reduce in the shard group: sqrt(R) is then not its doing
+    assert mesh_grad_norm_hint(math.sqrt(R), R, S, norm_group_right=True) == ""
+
+
+class HintContext:
+    """What the evidence-based hints read of a Context (gradelib/hints.py), made up by a test: the mesh's
+    flags, per rank the trace's collectives of one step and the grad_state notes of the run and the
+    reference."""
+
+    def __init__(self, R, S, mesh=True, traces=None, clip=None, got=None, ref=None, K=1):
+        self.world = R * S
+        self.flags = (["--mesh=%dx%d" % (R, S)] if mesh else []) + (["--grad-accum=%d" % K] if K > 1 else [])
+        self.tol = {"grad_norm_rel": 1e-4, "loss_rel": 1e-5}
+        self.cuda = False
+        self._traces, self._clip, self._got, self._ref = traces or {}, clip, got, ref
+
+    def trace(self, rank):
+        return self._traces[rank]
+
+    def metrics(self):
+        return [{"loss": 1.0, "clip_coef_min_per_rank": self._clip}]
+
+    def module_order(self):
+        return ["embedding", "head"], {"embedding": 4, "head": 4}
+
+    def grad_states(self, rank, reference=False):
+        return (self._ref if reference else self._got)[rank]
+
+
+def norm_all_reduce(group, op="sum", ts=10.0):
+    return {"name": "grad_norm.all_reduce", "cat": "collective", "ts": ts, "dur": 1.0,
+            "args": {"step": 0, "phase": "optimizer", "module": "optimizer", "bytes": 4, "group": group, "op": op}}
+
+
+def step_marker():
+    """A collective of the step that is not the norm's (a module's all-gather), so the trace covers it."""
+    return {"name": "head.all_gather", "cat": "collective", "ts": 1.0, "dur": 1.0,
+            "args": {"step": 0, "phase": "pre_forward", "module": "head", "bytes": 64, "group": "world"}}
+
+
+@pytest.mark.parametrize("R,S", [(2, 2), (2, 3), (3, 2), (4, 1)])
+def test_norm_hint_names_the_group_from_the_trace(R, S):
+    """The norm's hint reads the group and op of its all-reduce in the trace. What each choice does is worked
+    out here from the mesh, not read from the grader: rank i*S+j holds shard j; over the world every shard is
+    summed once per replica (R times: the norm sqrt(R) too large); over the replicate group (the R ranks
+    holding the same shard) each rank sums R copies of its own shard and nothing of the other S-1, so ranks
+    of different shards disagree; an average over the shard group leaves 1/S of the sum; no all-reduce leaves
+    each rank its own shard."""
+    from gradelib.hints import norm_reduction_hint, norm_reduction_ok
+    W = R * S
+
+    def ctx(groups_of_rank, op="sum"):
+        traces = {r: [step_marker()] + [norm_all_reduce(g, op) for g in groups_of_rank(r)] for r in range(W)}
+        return HintContext(R, S, traces=traces, clip=[0.5 + 0.1 * (r % S) for r in range(W)])
+
+    right = ctx(lambda r: ["shard%d" % (r // S)])
+    assert norm_reduction_hint(right, 1, 1.3) == "" and norm_reduction_ok(right, 1) is True
+    world = ctx(lambda r: ["world"])
+    h = norm_reduction_hint(world, 1, math.sqrt(R))
+    assert norm_reduction_ok(world, 1) is False
+    if R > 1:
+        assert "ran in world (%d ranks, sum)" % W in h and "count %d times" % R in h, h
+        assert "sqrt(%d) = %.2f" % (R, math.sqrt(R)) in h and "shard group shard0" in h, h
+    else:
+        assert h == "", h
+    if R > 1 and S > 1:
+        h = norm_reduction_hint(ctx(lambda r: ["replicate%d" % (r % S)]), 1, 1.2)
+        assert "ran in replicate0 (%d ranks, sum)" % R in h, h
+        assert "each rank sums %d copies of its own shard's squares and nothing of the other %d shard" % (R, S - 1) in h, h
+        assert "the ranks disagree (their clip coefficients: 0.5 on ranks 0, %d" % S in h, h
+    if R > 1 and S == 1:  # the replicate group is the world: every rank sums the one shard R times
+        h = norm_reduction_hint(ctx(lambda r: ["replicate0"]), 1, 2.0)
+        assert "count %d times" % R in h, h
+    if S > 1:
+        h = norm_reduction_hint(ctx(lambda r: ["shard%d" % (r // S)], op="avg"), 1, 0.7)
+        assert "ran in shard0 (%d ranks, avg)" % S in h and "count only 1/%d" % S in h, h
+        h = norm_reduction_hint(ctx(lambda r: []), 1, 0.7)
+        assert "no all-reduce of the norm's sum of squares" in h and "all-reduced before the square root" in h, h
+    # a trace that does not cover the step, or a group the mesh does not name: no evidence, the ratio decides
+    assert norm_reduction_hint(HintContext(R, S, traces={r: [] for r in range(W)}), 1, 2.0) == ""
+    assert norm_reduction_hint(ctx(lambda r: ["somewhere"]), 1, 2.0) == ""
+    # another all-reduce in the optimizer (a vector of per-param sums?) may be part of the norm: no verdict
+    vector = dict(norm_all_reduce("world"), name="per_param_sumsq.all_reduce")
+    vector["args"] = dict(vector["args"], bytes=84)
+    assert norm_reduction_hint(HintContext(R, S, traces={r: [step_marker(), vector] for r in range(W)}), 1, 2.0) == ""
+
+
+def grad_note(step, micro, state, previous=None, kind=1):
+    """A grad_state note (probes.h) of a made-up state {module: [floats]} of one kind (0: kept Param.grad,
+    1: grad shards), with its dot product with the previous microbatch's state."""
+    sq = {m: sum(x * x for x in v) for m, v in state.items()}
+    dot = {m: sum(x * y for x, y in zip(v, previous[m])) for m, v in state.items()} if previous else None
+    by = {m: [sq[m] if kind == 0 else None, sq[m] if kind == 1 else None, dot[m] if dot else None] for m in state}
+    n = 2 * len(state)  # two params per module
+    return {"step": step, "microbatch": micro, "by_module": by,
+            "unsharded_grad_sumsq": sum(sq.values()) if kind == 0 else 0, "unsharded_grads": n if kind == 0 else 0,
+            "grad_shard_sumsq": sum(sq.values()) if kind == 1 else 0, "grad_shards": n if kind == 1 else 0,
+            "grad_shards_unreadable": 0, "dot_previous": sum(dot.values()) if dot else None,
+            "dot_params": n if dot else 0}
+
+
+@pytest.mark.parametrize("c,d,names,advice", [
+    (0.25, 1.0, ("0.25 (1/W)", "1"), "the earlier microbatches' grads are divided by W = 4"),
+    (0.0, 1.0, ("nothing", "1"), "what the earlier microbatches left is gone"),
+    (1.0, 4.0, ("1", "4 (W)"), "microbatch 1's gradient is W = 4 times too large"),
+    (1.0, 0.0, ("1", "nothing"), "microbatch 1's gradient never reached the grad shards"),
+    (0.7, 1.3, ("0.7", "1.3"), "both parts must be 1"),
+])
+def test_grad_state_hint_splits_the_accumulated_state(c, d, names, advice):
+    """Two microbatches accumulate into the grad shards: the reference holds A after the first and A + B after
+    the second; a student's second state c*A + d*B (made up here from random A and B) is split back into
+    (c, d) from the notes' sums of squares and dot products, which the hint names."""
+    import random
+    from gradelib.hints import grad_state_hint
+    rng = random.Random(7)
+    mods = ("embedding", "head")
+    A = {m: [rng.gauss(0, 1) for _ in range(50)] for m in mods}
+    B = {m: [rng.gauss(0, 1) for _ in range(50)] for m in mods}
+    AB = {m: [a + b for a, b in zip(A[m], B[m])] for m in mods}
+    X = {m: [c * a + d * b for a, b in zip(A[m], B[m])] for m in mods}
+    ref = {r: {(0, 0): grad_note(0, 0, A), (0, 1): grad_note(0, 1, AB, A)} for r in range(4)}
+    got = {r: {(0, 0): grad_note(0, 0, A), (0, 1): grad_note(0, 1, X, A)} for r in range(4)}
+    h = grad_state_hint(HintContext(1, 4, mesh=False, got=got, ref=ref, K=2), 1, 2)
+    assert h.startswith("after microbatch 1 of step 1 on rank 0"), h
+    assert "after microbatch 0 they matched" in h, h
+    assert "into %s x what the earlier microbatches left + %s x microbatch 1's gradient" % names in h, h
+    assert advice in h, h
+
+
+def test_grad_state_hint_names_the_first_microbatch_that_differs():
+    """A state off from the first microbatch is named there, with its factor (1/W of the values: 1/W^2 of the
+    sum of squares, in every module); a state the reference keeps and the run does not, by its counts; a run
+    whose every state matches is told the grads reaching the optimizer are right."""
+    import random
+    from gradelib.hints import grad_state_hint
+    rng = random.Random(8)
+    A = {m: [rng.gauss(0, 1) for _ in range(20)] for m in ("embedding", "head")}
+    ref = {r: {(0, 0): grad_note(0, 0, A)} for r in range(4)}
+    quarter = {m: [x / 4 for x in v] for m, v in A.items()}
+    got = {r: {(0, 0): grad_note(0, 0, quarter if r == 2 else A)} for r in range(4)}
+    h = grad_state_hint(HintContext(1, 4, mesh=False, got=got, ref=ref, K=2), 1, 2)
+    assert h.startswith("after microbatch 0 of step 1 on rank 2"), h
+    assert "hold 0.0625 x the reference's sum of squares (0.25 (1/W) x its norm, in every module alike)" in h, h
+    kept = {r: {(0, 0): grad_note(0, 0, A, kind=0)} for r in range(4)}
+    h = grad_state_hint(HintContext(1, 4, mesh=False, got=ref, ref=kept, K=2), 1, 2)
+    assert "Param.grad is kept for 0 params and DTensor.grad set for 4, the reference's 4 and 0" in h, h
+    h = grad_state_hint(HintContext(1, 4, mesh=False, got=ref, ref=ref, K=2), 1, 2)
+    assert h.startswith("the gradient state after every microbatch matches the reference's up to step 1"), h
+    assert grad_state_hint(HintContext(1, 4, mesh=False, got=ref, ref={r: {} for r in range(4)}, K=2), 1, 2) == ""
 
 
 # ------------------------------------------------------------ resource limits

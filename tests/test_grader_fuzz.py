@@ -404,6 +404,48 @@ def test_mutated_artifacts_fail_checks_cleanly(world, reader):
     assert world._fingerprint() == world.fingerprint, "a check modified the parsed files it was given"
 
 
+def test_mutated_artifacts_keep_the_evidence_hints_clean(world):
+    """The grad norm's hints from the evidence (gradelib/hints.py) read the run's and the reference's grad_state
+    notes and the trace's reductions, but only once the check has failed, which a pristine world never does:
+    they are called here directly on mutated snapshots (run and reference, stage 07) and traces. Each gives a
+    one-line hint or "" (norm_reduction_ok: True, False or None), never an exception."""
+    from gradelib.hints import grad_reduction_hint, grad_state_hint, norm_reduction_hint, norm_reduction_ok
+    rng = random.Random(SEED + zlib.crc32(b"hints"))
+    failures = []
+    for n in range(MUTATIONS):
+        which = rng.choice(["memory", "reference_memory", "trace"])
+        stage = rng.choice(["09", "07", "02"]) if which == "trace" else "07"
+        rank = rng.randrange(world.world)
+        if which == "memory":
+            path, drop = os.path.join(world.runs[stage], "memory_rank%d.json" % rank), (("mem", rank),)
+        elif which == "reference_memory":
+            path, drop = os.path.join(world.ref, "stage07", "memory_rank%d.json.gz" % rank), (("refmem", rank),)
+        else:
+            path, drop = os.path.join(world.runs[stage], "trace_rank%d.json" % rank), (("trace", rank),)
+        raw = world.pristine_bytes[path]
+        gz = path.endswith(".gz")
+        what, data = mutate_file(rng, gzip.decompress(raw) if gz else raw, False)
+        what = "#%d %s stage %s %s: %s" % (n, which, stage, os.path.relpath(path, world.root), what)
+        with open(path, "wb") as fh:
+            fh.write(gzip.compress(data) if gz else data)
+        try:
+            ctx = world.context(stage, drop=drop)
+            for fn, args in ((grad_state_hint, (ctx, 2, 2)), (norm_reduction_hint, (ctx, 1, 1.5)),
+                             (grad_reduction_hint, (ctx, 1, 1.5)), (norm_reduction_ok, (ctx, 1))):
+                try:
+                    out = fn(*args)
+                    ok = out in (True, False, None) if fn is norm_reduction_ok else (
+                        isinstance(out, str) and "\n" not in out)
+                    if not ok:
+                        failures.append("%s: %s gave %r" % (what, fn.__name__, out))
+                except Exception:  # noqa: BLE001 -- exactly what this test hunts
+                    failures.append("%s: %s raised\n%s" % (what, fn.__name__, traceback.format_exc(limit=4)))
+        finally:
+            world.restore(path)
+    report(failures)
+    assert world._fingerprint() == world.fingerprint, "a hint modified the parsed files it was given"
+
+
 def test_mutated_rubric_is_a_usage_error_or_usable(world, tmp_path):
     rng = random.Random(SEED + zlib.crc32(b"rubric"))
     with open(RUBRIC_PATH, "rb") as fh:

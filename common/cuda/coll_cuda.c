@@ -226,6 +226,7 @@ static void local_collective(Stream *s, const Op *op, const void *send, void *re
     if (d->scope.tracing) {
         TraceRec rec = cuda_trace_rec(s, op->label, op->name, "collective", op->bytes, coll_dtype_name(desc->dtype),
                                       op->pg->name);
+        rec.op = coll_op_name(desc->kind, desc->op);
         cuda_span_end(d, s, &span, &rec, SPAN_ANY_LENGTH);
     }
 
@@ -275,6 +276,7 @@ static void nccl_collective(Stream *s, const Op *op, const void *send, void *rec
     if (d->scope.tracing) {
         TraceRec rec = cuda_trace_rec(s, op->label, op->name, "collective", op->bytes, coll_dtype_name(desc->dtype),
                                       op->pg->name);
+        rec.op = coll_op_name(desc->kind, desc->op);
         cuda_span_end(d, s, &span, &rec, SPAN_ANY_LENGTH);
     }
 }

@@ -247,11 +247,20 @@ void probes_init(Probes *p, const Model *m, int param_bf16) {
     p->param_bf16 = param_bf16;
     p->history = xcalloc((size_t)m->n_modules * MODULE_MAX_PARAMS, sizeof *p->history);
     for (int i = 0; i < m->n_modules * MODULE_MAX_PARAMS; i++) p->history[i].step = -1;
+    p->grad_state = xcalloc((size_t)m->n_modules * MODULE_MAX_PARAMS, sizeof *p->grad_state);
 }
 
 void probes_free(Probes *p) {
     free(p->history);
     p->history = NULL;
+    for (int i = 0; p->grad_state && i < p->model->n_modules * MODULE_MAX_PARAMS; i++) {
+        free(p->grad_state[i].now);
+        free(p->grad_state[i].before);
+    }
+    free(p->grad_state);
+    p->grad_state = NULL;
+    free(p->spare);
+    p->spare = NULL;
 }
 
 /* ------------------------------------------------------- the params check */
@@ -433,4 +442,124 @@ void probe_after_post_forward(Dev *dev, const Probes *p, int step, const Module 
 void probe_after_post_backward(Dev *dev, const Probes *p, int step, const Module *mod) {
     hook_check_bytes(dev, step, mod, "post_backward", "unsharded_grad_live_bytes", still_live_bytes(dev, &p->grads));
     hook_check_bytes(dev, step, mod, "post_backward", "unsharded_param_live_bytes", still_live_bytes(dev, &p->params));
+}
+
+/* ------------------------------------------------- the grad-state probe */
+
+/* Does [p, p + bytes) lie in one live allocation (device, or pinned host)? A
+ * DTensor.grad left pointing into freed memory is not read. */
+static int readable(Dev *dev, const void *p, size_t bytes) {
+    const char *last = (const char *)p + bytes - 1;
+    uint64_t id = dev_mem_live_id_containing(dev, p);
+    if (id) return dev_mem_live_id_containing(dev, last) == id;
+    return dev_mem_is_host(dev, p) && dev_mem_is_host(dev, last);
+}
+
+/* n floats at src into *buf (grown to cap): their sum of squares in float64, in index order. */
+static double read_sumsq(Dev *dev, const float *src, size_t n, float **buf, size_t *cap) {
+    if (n > *cap) {
+        free(*buf);
+        *buf = xmalloc(n * sizeof(float));
+        *cap = n;
+    }
+    dev_probe_read(dev, *buf, src, n * sizeof(float));
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += (double)(*buf)[i] * (double)(*buf)[i];
+    return s;
+}
+
+/* A param's gradient state now (kind GRAD_KEPT: its unsharded Param.grad;
+ * GRAD_SHARD: its DTensor.grad's local rows), n floats at src: adds its sum of
+ * squares to *sumsq and, if c->before holds the same kind of state of the
+ * same length (the previous microbatch's), its dot product with it to *dot
+ * (and 1 to *n_dot), in float64; the state becomes c->before for the next one. */
+static void track_state(Dev *dev, GradCopy *c, GradKind kind, const float *src, size_t n, double *sumsq, double *dot,
+                        int *n_dot) {
+    size_t cap = c->cap;
+    *sumsq += read_sumsq(dev, src, n, &c->now, &cap);
+    if (cap != c->cap) { /* grown: `before` no longer fits this param's state */
+        free(c->before);
+        c->before = xmalloc(cap * sizeof(float));
+        c->cap = cap;
+        c->before_kind = GRAD_NONE;
+    }
+    if (c->before_kind == kind && c->before_n == n) {
+        double d = 0;
+        for (size_t i = 0; i < n; i++) d += (double)c->now[i] * (double)c->before[i];
+        *dot += d;
+        (*n_dot)++;
+    }
+    float *t = c->before;
+    c->before = c->now;
+    c->now = t;
+    c->before_kind = kind;
+    c->before_n = n;
+}
+
+/* JSON number, or null when `has` is 0 */
+static void g_or_null(Json *f, int has, double v) {
+    if (has) json_g(f, v, 17);
+    else json_null(f);
+}
+
+void probe_grad_state(Dev *dev, Probes *p, int step) {
+    int k = dev_scope_microbatch(dev);
+    if (k < 0 || dev_is_cuda_build() || !p->grad_state) return; /* one batch per step; the CPU backend only */
+    const Model *m = p->model;
+    double total[2] = {0, 0}, total_dot = 0;
+    int count[2] = {0, 0}, unreadable = 0, dot_params = 0;
+    Json f = {0};
+    note_begin(&f, step, "root", "finish_backward");
+    micro_fields(&f, dev, NULL);
+    json_key(&f, "by_module");
+    json_object_begin(&f);
+    for (int i = 0; i < m->n_modules; i++) {
+        const Module *mod = &m->modules[i];
+        double sum[2] = {0, 0}, dot = 0;
+        int has[2] = {0, 0}, n_dot = 0;
+        for (int j = 0; j < mod->n_params; j++) {
+            const Param *q = &mod->params[j];
+            const DTensor *dt = &q->dt;
+            GradCopy *c = &p->grad_state[i * MODULE_MAX_PARAMS + j];
+            size_t n = dt->local_rows * dt->row_numel;
+            if (k == 0) c->before_kind = GRAD_NONE; /* the optimizer consumed the last step's */
+            int shard_ok = dt->grad && (!n || readable(dev, dt->grad, n * sizeof(float)));
+            if (dt->grad) {
+                has[1] = 1;
+                count[1]++;
+                unreadable += !shard_ok;
+            }
+            if (q->grad) { /* kept by the loop (after_post_backward): a live allocation of numel floats */
+                has[0] = 1;
+                count[0]++;
+            }
+            /* the state compared across microbatches: the grad shard, else the kept Param.grad */
+            if (shard_ok) track_state(dev, c, GRAD_SHARD, dt->grad, n, &sum[1], &dot, &n_dot);
+            else if (q->grad) track_state(dev, c, GRAD_KEPT, q->grad, q->numel, &sum[0], &dot, &n_dot);
+            else c->before_kind = GRAD_NONE;
+            if (shard_ok && q->grad) sum[0] += read_sumsq(dev, q->grad, q->numel, &p->spare, &p->spare_cap);
+        }
+        total[0] += sum[0];
+        total[1] += sum[1];
+        total_dot += dot;
+        dot_params += n_dot;
+        json_key(&f, mod->name);
+        json_array_begin(&f);
+        g_or_null(&f, has[0], sum[0]);
+        g_or_null(&f, has[1], sum[1]);
+        g_or_null(&f, n_dot > 0, dot);
+        json_array_end(&f);
+    }
+    json_object_end(&f);
+    json_key(&f, "unsharded_grad_sumsq");
+    json_g(&f, total[0], 17);
+    json_key_int(&f, "unsharded_grads", count[0]);
+    json_key(&f, "grad_shard_sumsq");
+    json_g(&f, total[1], 17);
+    json_key_int(&f, "grad_shards", count[1]);
+    json_key_int(&f, "grad_shards_unreadable", unreadable);
+    json_key(&f, "dot_previous");
+    g_or_null(&f, dot_params > 0, total_dot);
+    json_key_int(&f, "dot_params", dot_params);
+    note_end(dev, &f, "grad_state");
 }

@@ -10,6 +10,8 @@
  *     "hook_check" notes in the memory snapshot;
  *   - around every hook: its memory (entry, high-water, by tag at the
  *     high-water and at exit) as "hook_memory" notes;
+ *   - after fsdp_finish_backward with --grad-accum: the gradient state the
+ *     next microbatch or the optimizer reads, as a "grad_state" note;
  *   - after fsdp_init: the DTensors, as dtensors_rank<r>.json. */
 #ifndef HWFSDP_PROBES_H
 #define HWFSDP_PROBES_H
@@ -34,6 +36,15 @@ typedef struct {
     uint64_t now, before;
 } ShardHistory;
 
+/* The grad-state probe's copy of one param's gradient state (host memory,
+ * outside the allocator): what it held after the previous microbatch. */
+typedef enum { GRAD_NONE = 0, GRAD_KEPT, GRAD_SHARD } GradKind;
+typedef struct {
+    float *now, *before;      /* [cap] each: read now, and after the previous microbatch */
+    size_t cap, before_n;
+    GradKind before_kind;     /* what `before` holds (GRAD_NONE: nothing to compare with) */
+} GradCopy;
+
 typedef struct {
     Captured params;          /* the module's Param.data */
     Captured grads;           /* the module's Param.grad */
@@ -41,6 +52,9 @@ typedef struct {
     const Model *model;
     ShardHistory *history;    /* [n_modules * MODULE_MAX_PARAMS] */
     int param_bf16;           /* --param-dtype bf16: the params are Param.data_bf16 */
+    GradCopy *grad_state;     /* [n_modules * MODULE_MAX_PARAMS] the grad-state probe's copies */
+    float *spare;             /* [spare_cap] the grad-state probe's scratch */
+    size_t spare_cap;
 } Probes;
 
 void probes_init(Probes *p, const Model *m, int param_bf16);
@@ -63,6 +77,21 @@ void probe_grads_allocated(Dev *dev, Probes *p, const Module *mod);
 /* After fsdp_post_forward / fsdp_post_backward: the hook_check notes. */
 void probe_after_post_forward(Dev *dev, const Probes *p, int step, const Module *mod);
 void probe_after_post_backward(Dev *dev, const Probes *p, int step, const Module *mod);
+/* After fsdp_finish_backward of a microbatch (--grad-accum K > 1, CPU
+ * backend; nothing otherwise): a "grad_state" note of the gradient state the
+ * next microbatch or the optimizer reads, as sums of squares in float64: the
+ * unsharded Param.grad the loop kept for the next backward
+ * (unsharded_grad_sumsq, over unsharded_grads params) and every
+ * DTensor.grad's local rows (grad_shard_sumsq, over grad_shards params; a
+ * DTensor.grad outside a live allocation counts in grad_shards_unreadable,
+ * not in the sum); dot_previous, the dot product of the state with the
+ * previous microbatch's over the dot_params params holding the same kind of
+ * state in both (null at microbatch 0, or when none does: it tells what the
+ * earlier microbatches left from what this one added); per module
+ * [unsharded, shards, dot_previous] (null: none). Read once every stream has
+ * run what was queued (dev_probe_read), at no cost on the modelled clock or
+ * the memory counts. */
+void probe_grad_state(Dev *dev, Probes *p, int step);
 /* After fsdp_init on a 2-D mesh (--mesh R,S): fatal, naming the first param,
  * if a DTensor is not split over the shard group (a pre-09 stage splits over
  * the world). */

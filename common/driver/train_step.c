@@ -141,6 +141,7 @@ static void backward(Trainer *t, int s) {
         after_post_backward(t, mod);
     }
     HOOK(t, s, "root", "finish_backward", fsdp_finish_backward(f));
+    probe_grad_state(t->dev, &t->probes, s);
 }
 
 /* One step: forward and backward of each microbatch (one without

@@ -130,6 +130,10 @@ static void trace_events_of(Json *j, Dev *d) {
             json_key(j, "group");
             json_string(j, r->group);
         }
+        if (r->op) {
+            json_key(j, "op");
+            json_string(j, r->op);
+        }
         if (r->flops > 0) {
             json_key(j, "flops");
             json_fixed(j, r->flops, 0);

@@ -1,7 +1,8 @@
 /* clip_probe.c — the clip probe (runtime.h): one device float per AdamW
  * launch, where the kernel writes the clip coefficient it applied, so the
  * grader can compare every launch's coefficient with the reference. Probe
- * memory is outside the allocator: it never shows in counts or snapshots. */
+ * memory is outside the allocator: it never shows in counts or snapshots.
+ * Also dev_probe_read, the driver's probes' read of device memory. */
 #include "runtime/internal.h"
 #include "runtime/util.h"
 
@@ -24,6 +25,10 @@ int dev_clip_collect(Dev *d, float *host, int cap) {
     if (n > cap) n = cap;
     if (n > 0) dev_ops(d)->probe_read(d, host, d->clip_slots, (size_t)n * sizeof(float));
     return n;
+}
+
+void dev_probe_read(Dev *d, void *host, const void *src, size_t bytes) {
+    if (bytes) dev_ops(d)->probe_read(d, host, src, bytes);
 }
 
 void dev_clip_probe_free(Dev *d) {

@@ -123,6 +123,7 @@ typedef struct {
 
 const char *coll_kind_name(int kind);
 const char *coll_dtype_name(int dtype);   /* "f32", "bf16" */
+const char *coll_op_name(int kind, int op); /* a reducing kind's "sum" / "avg"; NULL for the others */
 size_t coll_dtype_size(int dtype);        /* bytes per element */
 int coll_same_call(const CollDesc *a, const CollDesc *b);
 /* Fatal naming every rank's call if they differ (descs in group-rank order;

@@ -81,6 +81,10 @@ const char *coll_kind_name(int kind) {
     return k && k->name ? k->name : "?";
 }
 const char *coll_dtype_name(int dtype) { return dtype == DTYPE_BF16 ? "bf16" : dtype == DTYPE_F32 ? "f32" : "?"; }
+const char *coll_op_name(int kind, int op) {
+    const CollKindInfo *k = coll_kind(kind);
+    return k && k->reduces ? (op == RED_AVG ? "avg" : "sum") : NULL;
+}
 size_t coll_dtype_size(int dtype) { return dtype == DTYPE_BF16 ? sizeof(Bf16) : sizeof(float); }
 
 /* NCCL's rule for a collective's two buffers: they are disjoint, or in the kind's in-place form

@@ -166,6 +166,13 @@ float *stream_clip_slot(Stream *s);
  * the step launched more than CLIP_PROBE_SLOTS. */
 int dev_clip_collect(Dev *d, float *host, int cap);
 
+/* The driver's probes read device memory: copy `bytes` at src (device or
+ * pinned host memory) into host once every stream of d has run what was
+ * queued so far. A wait in wall time only: not ordered for the race detector
+ * (a probe must not order the student's work), nothing on the modelled clock,
+ * the memory counts or the trace. */
+void dev_probe_read(Dev *d, void *host, const void *src, size_t bytes);
+
 /* Every collective this rank issues, as the host queues it (host thread):
  * what the training driver checks the student's schedule with (a flag the
  * hooks ignore, e.g. --backward-prefetch before stage 10). */

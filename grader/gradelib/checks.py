@@ -14,6 +14,7 @@ import manifest
 from trace_names import (ALL_GATHER, ALL_REDUCE, BACKWARD_PHASES, COLLECTIVE, COMPUTE, COMPUTE_TID, COPY, D2H,
                          FORWARD_PHASES, H2D, HOOK_PHASES, HOST_SYNC, REDUCE_SCATTER, label_and_kind)
 
+from .hints import grad_reduction_hint, grad_state_hint, norm_reduction_hint, norm_reduction_ok
 from .util import (CheckFailed, chunk, fmt_bytes, is_finite, is_int, mesh_shape, mp_policy, one_line, padded_rows, rel,
                    relpath)
 
@@ -128,8 +129,10 @@ def check_loss(ctx):
     return series_check(ctx, "loss", "loss", hint)
 
 
-def mesh_grad_norm_hint(ratio, R, S):
-    """The grad norm's hint on an R x S mesh (HSDP), or "" when the ratio is none of the mesh's factors.
+def mesh_grad_norm_hint(ratio, R, S, norm_group_right=False):
+    """The grad norm's hint on an R x S mesh (HSDP), or "" when the ratio is none of the mesh's factors: the
+    fallback when the evidence (hints.py: the norm's and the grads' reductions in the trace) says nothing;
+    norm_group_right: the trace shows the norm's all-reduce in the shard group, so sqrt(R) is not its doing.
 
     The grads are averaged twice (reduce-scatter over the S ranks of the row, all-reduce over the R
     replicas of the column) and the norm's sum of squares is all-reduced over the row only: a SUM in
@@ -139,11 +142,24 @@ def mesh_grad_norm_hint(ratio, R, S):
     if sums:
         return ("%.2f times too large: %s must average (RED_AVG), not sum; the two averages together are the mean "
                 "over all %d ranks' data" % (ratio, " or ".join(sums), R * S))
-    if near(ratio, math.sqrt(R), 0.05):
+    if near(ratio, math.sqrt(R), 0.05) and not norm_group_right:
         return ("%.2f times too large, about sqrt(R) = %.2f: each shard is held by the R = %d replicas, so the norm's "
                 "sum of squares must be all-reduced in the shard group only, not over the world"
                 % (ratio, math.sqrt(R), R))
     return ""
+
+
+def _loss_differs(ctx, step):
+    """'(loss 6.12 vs 6.11)' when the run's loss of `step` already differs from the reference's (the baseline's
+    on a GPU), else ''."""
+    try:
+        got = ctx.metrics()[step - 1].get("loss")
+        want = (ctx.baseline_metrics() if ctx.cuda else ctx.reference_metrics())[step - 1].get("loss")
+    except (CheckFailed, IndexError):
+        return ""
+    if not (is_finite(got) and is_finite(want)) or rel(got, want) <= ctx.tol["loss_rel"]:
+        return ""
+    return "loss %.6g vs %.6g" % (got, want)
 
 
 @check("grad_norm", label="grad norm parity", variants=True)
@@ -154,24 +170,35 @@ def check_grad_norm(ctx):
 
     def hint(step, g, r):
         ratio = g / r if r else float("inf")
+        # the evidence first (hints.py): the norm's all-reduce in the trace, (--grad-accum) the gradient state
+        # between microbatches in the snapshots, the grads' reductions in the trace; the ratio's suspects after
+        said = (norm_reduction_hint(ctx, step, ratio) or (grad_state_hint(ctx, step, K) if K > 1 else "") or
+                grad_reduction_hint(ctx, step, ratio))
+        if said:
+            return said
+        norm_right = norm_reduction_ok(ctx, step) is True  # the trace shows the norm's all-reduce right
         if K > 1 and any(near(ratio, j / K, 0.15) for j in range(1, K)):
             return ("%.2f times the reference, about a part of the %d microbatches: does every microbatch's gradient "
                     "reach the optimizer? Without sync keep Param.grad for the next backward to add to; with sync add "
                     "each reduce-scatter into the grad shards (launch_add)" % (ratio, K))
         if R > 1:  # HSDP: the two reductions and the norm's group each leave their own factor
-            hint_2d = mesh_grad_norm_hint(ratio, R, S)
+            hint_2d = mesh_grad_norm_hint(ratio, R, S, norm_group_right=norm_right)
             if hint_2d:
                 return hint_2d
         if near(ratio, W, 0.1):
             return "%.2f times too large, about W = %d: are you averaging the reduce-scatter over %d ranks (RED_AVG, not RED_SUM)?" % (ratio, W, W)
         if near(ratio, 1.0 / W, 0.1):
             return "%.2f times the reference, about 1/W: is the average applied twice?" % ratio
-        if near(ratio, math.sqrt(W), 0.15):
+        if not norm_right and near(ratio, math.sqrt(W), 0.15):
             return "%.2f times too large, about sqrt(W): is the norm's all-reduce a SUM of the squares, taken once?" % ratio
-        if ratio < 0.85 and ratio > 0.5 / math.sqrt(S):
+        if not norm_right and 0.5 / math.sqrt(S) < ratio < 0.85:
             return ("%.2f times the reference (about 1/sqrt(%s) = %.2f is one rank's share): is the sum of squares "
                     "all-reduced over the %s before the square root?"
                     % (ratio, "S" if R > 1 else "W", 1 / math.sqrt(S), "shard group" if R > 1 else "ranks"))
+        loss = _loss_differs(ctx, step)
+        if loss:
+            return ("the loss of step %d differs as well (%s): the params this backward ran on, or its forward, are "
+                    "already wrong (see loss parity first)" % (step, loss))
         if step == 1:
             return ("wrong at step 1 with the loss right: the backward side is wrong (chunk-cat layout of the "
                     "reduce-scatter input, the average, the norm over your local rows only, not the padding)")
@@ -1115,8 +1142,12 @@ def check_hsdp_collectives(ctx):
             if label == "grad_norm":
                 if group != shard_g:
                     raise CheckFailed("%s ran in %s, expected the shard group %s: the replicas hold the same grad "
-                                      "shards, so summing the squares over %s counts each shard %s times"
-                                      % (where, group, shard_g, group, R if group == "world" else "several"))
+                                      "shards, so summing the squares over %s counts %s"
+                                      % (where, group, shard_g, group,
+                                         "each shard %d times" % R if group == "world" else
+                                         "this rank's own shard %d times and no other shard" % R
+                                         if group == rep_g else "other ranks' squares than the %d shards of "
+                                         "one replica" % S))
                 continue
             if label not in seg:
                 continue

@@ -196,6 +196,36 @@ class Context:
             raise CheckFailed("%s holds no hook_memory records" % name)
         return out
 
+    def grad_states(self, rank, reference=False):
+        """{(step, microbatch): note} of the rank's "grad_state" notes (probes.h: the gradient state after each
+        microbatch of a --grad-accum run, as sums of squares), each checked; {} when the run has none."""
+        name = "the reference's memory_rank%d.json.gz" % rank if reference else "memory_rank%d.json" % rank
+        data = self.reference_memory(rank) if reference else self.memory(rank)
+
+        def num(v):  # a dot product: finite, or null for a non-finite one
+            return v is None or is_finite(v)
+
+        def sumsq(v):  # a sum of squares: finite and not negative, or null
+            return v is None or is_finite(v) and v >= 0
+
+        out = {}
+        for i, e in enumerate(data.get("events", [])):
+            if e.get("kind") != "grad_state":
+                continue
+            bad = [k for k in ("step", "microbatch") if not (is_int(e.get(k)) and 0 <= e[k] < 2 ** 31)]
+            bad += [k for k in ("unsharded_grads", "grad_shards", "grad_shards_unreadable", "dot_params")
+                    if not (is_int(e.get(k)) and 0 <= e[k] < 2 ** 31)]
+            bad += [k for k in ("unsharded_grad_sumsq", "grad_shard_sumsq") if k not in e or not sumsq(e[k])]
+            bad += [k for k in ("dot_previous",) if k not in e or not num(e[k])]
+            mods = e.get("by_module")
+            if not (isinstance(mods, dict) and all(isinstance(v, list) and len(v) == 3 and sumsq(v[0]) and
+                                                   sumsq(v[1]) and num(v[2]) for v in mods.values())):
+                bad.append("by_module")
+            if bad:
+                raise CheckFailed("%s: event %d (grad_state): %s is %s" % (name, i, bad[0], short(e.get(bad[0]))))
+            out[(e["step"], e["microbatch"])] = e
+        return out
+
     def trace(self, rank):
         def load():
             name = "trace_rank%d.json" % rank
@@ -218,7 +248,9 @@ class Context:
                 args = e.get("args", {})
                 if not isinstance(args, dict):
                     raise CheckFailed("%s (%s): args is not a JSON object" % (where, one_line(e["name"], 80)))
-                bad = [k for k in ("module", "phase") if k in args and not isinstance(args[k], str)]
+                bad = [k for k in ("module", "phase", "group", "op") if k in args and not isinstance(args[k], str)]
+                if "bytes" in args and not (is_int(args["bytes"]) and 0 <= args["bytes"] < 2 ** 53):
+                    bad.append("bytes")
                 if "step" in args and not is_int(args["step"]) or e.get("cat") == COLLECTIVE and "step" not in args:
                     bad.append("step")
                 if "microbatch" in args and not (is_int(args["microbatch"]) and 0 <= args["microbatch"] < 2 ** 31):

@@ -176,6 +176,13 @@ PAIR_VARIANTS = ["sync_every_keep_params", "accum_zero2_ac", "accum_zero2_sync_e
                  "zero2_post", "zero2_none"]
 
 
+def _need_stages(*ids):
+    """Skip where a staged release's rubric lists fewer stages (its variants go with them)."""
+    missing = [i for i in ids if i not in manifest.rubric()["stages"]]
+    if missing:
+        pytest.skip("a staged release: no stage %s in its rubric" % ", ".join(missing))
+
+
 def _rubric_copy():
     import copy
     return copy.deepcopy(manifest.rubric())
@@ -190,6 +197,7 @@ def test_every_setting_and_interacting_pair_is_graded():
 def test_flag_coverage_fails_without_the_pair_variants():
     """The coverage property is not vacuous: the variants before issue 33 graded each flag alone, and the
     check names what that leaves out (the pairs the unseen bugs lived in among them)."""
+    _need_stages("06", "07", "08", "09", "10")
     r = _rubric_copy()
     for s in r["stages"].values():
         s["variants"] = [v for v in s.get("variants", []) if v not in PAIR_VARIANTS]
@@ -209,6 +217,7 @@ def test_flag_coverage_fails_without_the_pair_variants():
 def test_a_new_flag_needs_a_graded_run():
     """A stage that gains a flag (a setting in rubric.json "flags" it honours) fails coverage until a graded
     run sets it, with every flag it interacts with."""
+    _need_stages("06")
     r = _rubric_copy()
     r["flags"]["--single-comm-stream"]["changes"].append("post_forward")
     r["stages"]["06"]["honours"].append("--single-comm-stream")

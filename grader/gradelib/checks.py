@@ -157,7 +157,7 @@ def _loss_differs(ctx, step):
         want = (ctx.baseline_metrics() if ctx.cuda else ctx.reference_metrics())[step - 1].get("loss")
     except (CheckFailed, IndexError):
         return ""
-    if not (is_finite(got) and is_finite(want)) or rel(got, want) <= ctx.tol["loss_rel"]:
+    if not (is_finite(got) and is_finite(want)) or rel(got, want) <= ctx.parity_tol("loss")[1 if ctx.cuda else 0]:
         return ""
     return "loss %.6g vs %.6g" % (got, want)
 

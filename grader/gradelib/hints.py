@@ -389,7 +389,7 @@ def grad_state_hint(ctx, step, K):
 
 def _grad_state_hint(ctx, step, K):
     W = ctx.world
-    tol = 2 * ctx.tol["grad_norm_rel"]  # sums of squares: twice the norm's relative tolerance
+    tol = 2 * ctx.parity_tol("grad_norm")[0]  # sums of squares: twice the norm's relative tolerance
     got = [ctx.grad_states(r) for r in range(W)]
     ref = [ctx.grad_states(r, reference=True) for r in range(W)]
     if not all(ref):

@@ -492,6 +492,7 @@ class OverlapKind:
 
     def __init__(self, cat, kind, phases, what, advice, modules=False):
         self.cat, self.kind, self.phases, self.what, self.advice = cat, kind, frozenset(phases), what, advice
+        self.whats = what[:-1] + "ies" if what.endswith("y") else what + "s"  # "copies", "all-gathers"
         self.modules = modules
 
 
@@ -645,7 +646,7 @@ def _overlap(ctx, key):
                               "run, so there is no bar to grade against (instructors: tools/overlap_figures.py "
                               "--write)" % (ctx.stage, key))
         if ctx.variant is None and runs:
-            return "graded on %s (the grading configuration has no %ss to overlap)" % ("; ".join(runs), k.what)
+            return "graded on %s (the grading configuration has no %s to overlap)" % ("; ".join(runs), k.whats)
         return ""
     need, how = overlap_bar(ctx, key)
     f = overlap_figures(ctx, key)
@@ -653,43 +654,31 @@ def _overlap(ctx, key):
     if serial and not f.on_compute:  # some of them: the share of the step may still clear the bar
         r, e = serial[0]
         micro = e["args"].get("microbatch")
-        raise CheckFailed("%d of your %ss ran on the compute stream, where nothing can run beside them (first: %s in "
+        raise CheckFailed("%d of your %s ran on the compute stream, where nothing can run beside them (first: %s in "
                           "%s.%s, step %d%s, rank %d) while the others have a stream of their own: %s"
-                          % (len(serial), k.what, e["name"], e["args"].get("module"), e["args"].get("phase"),
+                          % (len(serial), k.whats, e["name"], e["args"].get("module"), e["args"].get("phase"),
                              e["args"].get("step", -1) + 1, ", microbatch %d" % micro if is_int(micro) else "", r,
                              k.advice))
     where = "/".join(p for p in ("forward", "backward", "recompute") if p in k.phases)
     if f.compute_share >= need:
-        return "%.1f%% of %s compute ran during %ss (%.1f%% of %s time under compute, not graded)" % (
-            100 * f.compute_share, where, k.what, 100 * f.collective_share, k.what)
+        return "%.1f%% of %s compute ran during %s (%.1f%% of %s time under compute, not graded)" % (
+            100 * f.compute_share, where, k.whats, 100 * f.collective_share, k.what)
     raise CheckFailed("%.1f%% of %s compute ran while a%s %s was in flight (need >= %.2g%%, %s)%s: %s"
                       % (100 * f.compute_share, where, "n" if k.what[0] in "aeiou" else "", k.what, 100 * need, how,
-                         " (your %ss run on the compute stream)" % k.what if f.on_compute else "", k.advice))
+                         " (your %s run on the compute stream)" % k.whats if f.on_compute else "", k.advice))
 
 
-@check("ag_overlap", label="all-gather overlap", variants="every")
-def check_ag_overlap(ctx):
-    return _overlap(ctx, "ag_overlap")
+def _register_overlap_checks():
+    """One check per OVERLAP_CHECKS entry, labelled "<what> overlap" ("all-gather overlap", ...), graded on every
+    run of a stage that grades it."""
+    for key, k in OVERLAP_CHECKS.items():
+        def fn(ctx, key=key):
+            return _overlap(ctx, key)
+        fn.__name__ = "check_" + key
+        check(key, label=k.what + " overlap", variants="every")(fn)
 
 
-@check("rs_overlap", label="reduce-scatter overlap", variants="every")
-def check_rs_overlap(ctx):
-    return _overlap(ctx, "rs_overlap")
-
-
-@check("ar_overlap", label="replica all-reduce overlap", variants="every")
-def check_ar_overlap(ctx):
-    return _overlap(ctx, "ar_overlap")
-
-
-@check("h2d_overlap", label="host-to-device copy overlap", variants="every")
-def check_h2d_overlap(ctx):
-    return _overlap(ctx, "h2d_overlap")
-
-
-@check("d2h_overlap", label="device-to-host copy overlap", variants="every")
-def check_d2h_overlap(ctx):
-    return _overlap(ctx, "d2h_overlap")
+_register_overlap_checks()
 
 
 def blocking_stage(rubric):

@@ -23,6 +23,7 @@ from repo_paths import ROOT  # first: it puts grader/ on sys.path
 import manifest
 
 INSTRUCTORS_ONLY = ("solutions/", "tests/mutants/", "tests/test_solutions", "tests/test_grader", "tests/test_handout",
+                    "tests/test_parity_spread",
                     "tests/test_class", "tests/class_fixtures", "tests/test_gradescope", "INSTRUCTORS.md")
 
 

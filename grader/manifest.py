@@ -150,7 +150,7 @@ def interacting_pairs(rubric, stage):
     """[(a, b, hooks)]: the pairs of settings of two different flags the stage honours that change a common
     hook (rubric.json "flags"), hooks the ones they share."""
     spec = rubric.get("flags", {})
-    honoured = [n for n in rubric["stages"][stage].get("honours", [])]
+    honoured = rubric["stages"][stage].get("honours", [])
     out = []
     for i, x in enumerate(honoured):
         for y in honoured[i + 1:]:

@@ -90,22 +90,26 @@ def write(measured, path=RUBRIC):
         fh.write(new)
 
 
+def _flat(figs):
+    """{(part, stage, run, key): [compute, transfer]} of a {"solutions": ..., "variants": ...} block (run None:
+    the main run)."""
+    out = {}
+    for sid, f in figs.get("solutions", {}).items():
+        out.update({("solutions", sid, None, k): v for k, v in f.items()})
+    for sid, runs in figs.get("variants", {}).items():
+        for run, f in runs.items():
+            out.update({("variants", sid, run, k): v for k, v in f.items()})
+    return out
+
+
 def differences(rubric, measured):
     """One line per figure the rubric does not say (to 1e-9 relative)."""
-    have = rubric["overlap_figures"]
+    got, have = _flat(measured), _flat(rubric["overlap_figures"])
     out = []
-    for part in ("solutions", "variants"):
-        flat_m, flat_h = {}, {}
-        for sid, x in measured[part].items():
-            for k, v in (x.items() if part == "solutions" else [((r, kk), vv) for r, f in x.items() for kk, vv in f.items()]):
-                flat_m[(sid, k)] = v
-        for sid, x in have.get(part, {}).items():
-            for k, v in (x.items() if part == "solutions" else [((r, kk), vv) for r, f in x.items() for kk, vv in f.items()]):
-                flat_h[(sid, k)] = v
-        for key in sorted(set(flat_m) | set(flat_h), key=str):
-            a, b = flat_m.get(key), flat_h.get(key)
-            if a is None or b is None or any(abs(x - y) > 1e-9 * abs(y) for x, y in zip(a, b)):
-                out.append("%s %s: measured %s, rubric.json says %s" % (part, key, a, b))
+    for key in sorted(set(got) | set(have), key=str):
+        a, b = got.get(key), have.get(key)
+        if a is None or b is None or any(abs(x - y) > 1e-9 * abs(y) for x, y in zip(a, b)):
+            out.append("%s: measured %s, rubric.json says %s" % (" ".join(str(x) for x in key if x), a, b))
     return out
 
 

@@ -41,9 +41,9 @@ class Check:
 
 
 def check(key, *, label, variants=False):
-    assert variants in (False, True, "every"), variants
     """Register the decorated function as the check `key`, printed as `label` (students and the reference
     outputs see it: never change one lightly)."""
+    assert variants in (False, True, "every"), variants
     def register(fn):
         if key in CHECKS:
             raise ValueError("two checks named %s" % key)
@@ -529,10 +529,12 @@ class OverlapFigures:
                       was in flight (the union of their slices): graded
     collective_share  of that union of transfer slices, the share during which the rank's compute stream
                       ran a kernel (any phase): printed, not graded
-    on_compute        every transfer of the kind ran on the compute stream"""
+    serial            [(rank, event)] of the transfers that ran on the compute stream
+    on_compute        every transfer of the kind did"""
 
-    def __init__(self, compute_share, collective_share, on_compute):
-        self.compute_share, self.collective_share, self.on_compute = compute_share, collective_share, on_compute
+    def __init__(self, compute_share, collective_share, serial, on_compute):
+        self.compute_share, self.collective_share, self.serial, self.on_compute = (compute_share, collective_share,
+                                                                                   serial, on_compute)
 
 
 def overlap_transfers(ctx, key):
@@ -579,8 +581,9 @@ def overlap_figures(ctx, key):
         comm_covered += sum(covered(a, b, busy) for a, b in beside)
     if compute_total <= 0:
         raise CheckFailed("no %s compute kernels in the trace" % "/".join(sorted(k.phases)))
+    serial = [(r, e) for r, e in events if e.get("tid") == COMPUTE_TID]
     return OverlapFigures(compute_covered / compute_total, comm_covered / comm_total if comm_total > 0 else 0.0,
-                          all(e.get("tid") == COMPUTE_TID for _, e in events))
+                          serial, len(serial) == len(events))
 
 
 def solution_overlap(rubric, stage, variant, key):
@@ -639,24 +642,23 @@ def _overlap(ctx, key):
     A run the check does not apply to (overlap_applies) passes with a line that says where it is graded."""
     k = OVERLAP_CHECKS[key]
     if not ctx.cuda and not overlap_applies(ctx.rubric, ctx.stage, ctx.variant, key):
-        runs = [ctx.rubric["variants"][v]["label"] if v else "the grading configuration"
-                for v in overlap_runs(ctx.rubric, ctx.stage, key)]
+        from .rubric import variant_label  # rubric.py imports this module
+        runs = [variant_label(ctx.rubric, v) for v in overlap_runs(ctx.rubric, ctx.stage, key)]
         if not runs:
             raise CheckFailed("grader/rubric.json's overlap_figures gives stage %s's solution no %s figure on any "
                               "run, so there is no bar to grade against (instructors: tools/overlap_figures.py "
                               "--write)" % (ctx.stage, key))
-        if ctx.variant is None and runs:
+        if ctx.variant is None:
             return "graded on %s (the grading configuration has no %s to overlap)" % ("; ".join(runs), k.whats)
         return ""
     need, how = overlap_bar(ctx, key)
     f = overlap_figures(ctx, key)
-    serial = [(r, e) for r, e in overlap_transfers(ctx, key) if e.get("tid") == COMPUTE_TID]
-    if serial and not f.on_compute:  # some of them: the share of the step may still clear the bar
-        r, e = serial[0]
+    if f.serial and not f.on_compute:  # some of them: the share of the step may still clear the bar
+        r, e = f.serial[0]
         micro = e["args"].get("microbatch")
         raise CheckFailed("%d of your %s ran on the compute stream, where nothing can run beside them (first: %s in "
                           "%s.%s, step %d%s, rank %d) while the others have a stream of their own: %s"
-                          % (len(serial), k.whats, e["name"], e["args"].get("module"), e["args"].get("phase"),
+                          % (len(f.serial), k.whats, e["name"], e["args"].get("module"), e["args"].get("phase"),
                              e["args"].get("step", -1) + 1, ", microbatch %d" % micro if is_int(micro) else "", r,
                              k.advice))
     where = "/".join(p for p in ("forward", "backward", "recompute") if p in k.phases)

@@ -71,6 +71,7 @@ Fsdp *fsdp_init(const FsdpConfig *cfg) {
         for (int j = 0; j < mod->n_params; j++) {
             Param *p = &mod->params[j];
             DTensor *dt = &p->dt;
+            /* BEGIN SOLUTION: shard p into a DTensor: Shard(0) on the world mesh, torch.chunk rows, padded local storage (HANDOUT.md#stage-01) */
             dt->global_rows = p->shape[0];
             dt->row_numel = p->numel / p->shape[0];
             dt->padded_rows = chunk_rows(p->shape[0], f->world);
@@ -87,6 +88,7 @@ Fsdp *fsdp_init(const FsdpConfig *cfg) {
             p->data = NULL;
             g->offsets[j] = g->shard_numel;
             g->shard_numel += padded;
+            /* END SOLUTION */
         }
     }
     /* BEGIN SOLUTION: create the all-gather stream and the events that order it with compute (HANDOUT.md#stage-03) */
@@ -167,10 +169,12 @@ static void wait_all_gather(Fsdp *f, Group *g) {
 
 /* reshard: free the unsharded params; the DTensor shards stay. */
 static void reshard(Fsdp *f, Group *g) {
+    /* BEGIN SOLUTION: free every unsharded Param.data of the module (HANDOUT.md#stage-01) */
     for (int j = 0; j < g->mod->n_params; j++) {
         dev_free(f->dev, g->mod->params[j].data);
         g->mod->params[j].data = NULL;
     }
+    /* END SOLUTION */
 }
 
 /* reduce-scatter: row r of the (world, S) input holds chunk r of every grad
@@ -215,23 +219,30 @@ void fsdp_pre_forward(Fsdp *f, Module *mod) {
 void fsdp_post_forward(Fsdp *f, Module *mod) { reshard(f, mod->fsdp); }
 
 void fsdp_pre_backward(Fsdp *f, Module *mod) {
+    /* BEGIN SOLUTION: the backward needs the params again: drop the forward's AllGatherState, all-gather and wait (HANDOUT.md#stage-03) */
     Group *g = mod->fsdp;
     release_all_gather_state(f); /* the forward's last one: no forward all-gather comes to drop it */
     issue_all_gather(f, g); /* no backward prefetch yet: stage 04 */
     wait_all_gather(f, g);
+    /* END SOLUTION */
 }
 
 void fsdp_post_backward(Fsdp *f, Module *mod) {
+    /* BEGIN SOLUTION: reduce-scatter this module's grads, then reshard (HANDOUT.md#stage-02) */
     reduce_grads(f, mod->fsdp);
     reshard(f, mod->fsdp);
+    /* END SOLUTION */
 }
 
 void fsdp_finish_backward(Fsdp *f) {
+    /* BEGIN SOLUTION: drop the backward's last AllGatherState before the optimizer (HANDOUT.md#stage-03) */
     release_all_gather_state(f); /* the backward's last one, before the optimizer */
+    /* END SOLUTION */
     /* reduce-scatters run on the compute stream: already ordered before the optimizer */
 }
 
 float fsdp_optimizer_step(Fsdp *f, float lr, int t) {
+    /* BEGIN SOLUTION: global grad norm = sqrt(all-reduce of local sums of squares); clip; AdamW on local rows; free the grad shards (HANDOUT.md#stage-02) */
     Model *m = f->model;
     float *sumsq = dev_alloc_f32(f->dev, 1, MEM_TEMP, "grad_norm.sumsq");
     dev_memset_async(f->compute, sumsq, 0, sizeof(float));
@@ -258,14 +269,17 @@ float fsdp_optimizer_step(Fsdp *f, float lr, int t) {
         dev_free(f->dev, f->groups[i].grad_shards); /* zero_grad(set_to_none=True) */
         f->groups[i].grad_shards = NULL;
     }
+    /* END SOLUTION */
     /* BEGIN SOLUTION: the next all-gathers must read the updated shards (HANDOUT.md#stage-03) */
     dev_event_record(f->shards_ready, f->compute);
     /* END SOLUTION */
+    /* BEGIN SOLUTION: read the global grad norm back and return it (HANDOUT.md#stage-02) */
     float host_sumsq = 0;
     dev_memcpy_async(f->compute, &host_sumsq, sumsq, sizeof(float));
     dev_stream_synchronize(f->compute);
     dev_free(f->dev, sumsq);
     return sqrtf(host_sumsq);
+    /* END SOLUTION */
 }
 
 void fsdp_destroy(Fsdp *f) {

@@ -95,6 +95,7 @@ Fsdp *fsdp_init(const FsdpConfig *cfg) {
         for (int j = 0; j < mod->n_params; j++) {
             Param *p = &mod->params[j];
             DTensor *dt = &p->dt;
+            /* BEGIN SOLUTION: shard p into a DTensor: Shard(0) over the shard group (nshards, srank), torch.chunk rows, padded local storage (HANDOUT.md#stage-01) */
             dt->global_rows = p->shape[0];
             dt->row_numel = p->numel / p->shape[0];
             dt->padded_rows = chunk_rows(p->shape[0], f->nshards);
@@ -111,8 +112,10 @@ Fsdp *fsdp_init(const FsdpConfig *cfg) {
             p->data = NULL;
             g->offsets[j] = g->shard_numel;
             g->shard_numel += padded;
+            /* END SOLUTION */
         }
     }
+    /* BEGIN SOLUTION: create the all-gather stream and the events that order it with compute (HANDOUT.md#stage-03) */
     f->ag_stream = dev_stream_create(f->dev, "all_gather");
     f->shards_ready = dev_event_create(f->dev, "shards_ready");
     f->copy_out_done = dev_event_create(f->dev, "copy_out_done");
@@ -122,9 +125,12 @@ Fsdp *fsdp_init(const FsdpConfig *cfg) {
         snprintf(name, sizeof name, "%s.all_gather_done", f->model->modules[i].name);
         f->groups[i].ag_done = dev_event_create(f->dev, name);
     }
+    /* END SOLUTION */
+    /* BEGIN SOLUTION: create the reduce-scatter stream and its events (HANDOUT.md#stage-04) */
     f->rs_stream = dev_stream_create(f->dev, "reduce_scatter");
     f->grads_ready = dev_event_create(f->dev, "grads_ready");
     f->rs_done = dev_event_create(f->dev, "reduce_scatter_done");
+    /* END SOLUTION */
     return f;
 }
 
@@ -135,9 +141,11 @@ static int is_unsharded(const Group *g) { return g->mod->params[0].data != NULL;
  * so its next allocation may take the block. */
 static void release_all_gather_state(Fsdp *f) {
     if (!f->ag_state) return;
+    /* BEGIN SOLUTION: the all-gather stream waits for the copy-out, then the kept output is freed (HANDOUT.md#stage-03) */
     dev_stream_wait_event(f->ag_stream, f->copy_out_done);
     dev_free(f->dev, f->ag_state);
     f->ag_state = NULL;
+    /* END SOLUTION */
 }
 
 /* Issue g's all-gather on the all-gather stream (returns at once): copy-in
@@ -146,6 +154,7 @@ static void release_all_gather_state(Fsdp *f) {
 static void issue_all_gather(Fsdp *f, Group *g) {
     if (g->ag_flat || is_unsharded(g)) return; /* already in flight or done */
     Module *mod = g->mod;
+    /* BEGIN SOLUTION: copy-in on the all-gather stream into this rank's segment of the shard group's output, after the shards are ready (HANDOUT.md#stage-03) */
     size_t S = g->shard_numel;
     char name[64];
     snprintf(name, sizeof name, "%s.all_gather_buffer", mod->name);
@@ -157,10 +166,13 @@ static void issue_all_gather(Fsdp *f, Group *g) {
         DTensor *dt = &mod->params[j].dt;
         dev_memcpy_async(f->ag_stream, mine + g->offsets[j], dt->local, dt->padded_rows * dt->row_numel * sizeof(float));
     }
+    /* END SOLUTION */
     /* BEGIN SOLUTION: all-gather the module's segments inside the shard group (HANDOUT.md#stage-09) */
     pg_all_gather(f->shard_pg, mine, g->ag_flat, S, f->ag_stream, mod->name);
     /* END SOLUTION */
+    /* BEGIN SOLUTION: record ag_done (HANDOUT.md#stage-03) */
     dev_event_record(g->ag_done, f->ag_stream);
+    /* END SOLUTION */
 }
 
 /* Make g's params usable by compute: the compute stream waits for the
@@ -168,6 +180,7 @@ static void issue_all_gather(Fsdp *f, Group *g) {
 static void wait_all_gather(Fsdp *f, Group *g) {
     if (!g->ag_flat) return;
     Module *mod = g->mod;
+    /* BEGIN SOLUTION: compute waits on ag_done, copy-out of every shard-group rank's rows into each Param.data, record copy_out_done and keep the flat buffer as the AllGatherState (HANDOUT.md#stage-03) */
     size_t S = g->shard_numel;
     dev_stream_wait_event(f->compute, g->ag_done);
     for (int j = 0; j < mod->n_params; j++) {
@@ -184,23 +197,28 @@ static void wait_all_gather(Fsdp *f, Group *g) {
     dev_event_record(f->copy_out_done, f->compute);
     f->ag_state = g->ag_flat; /* kept until the all-gather stream waited for the copy-out */
     g->ag_flat = NULL;
+    /* END SOLUTION */
 }
 
 /* reshard: free the unsharded params; the DTensor shards stay. */
 static void reshard(Fsdp *f, Group *g) {
+    /* BEGIN SOLUTION: free every unsharded Param.data of the module (HANDOUT.md#stage-01) */
     for (int j = 0; j < g->mod->n_params; j++) {
         dev_free(f->dev, g->mod->params[j].data);
         g->mod->params[j].data = NULL;
     }
+    /* END SOLUTION */
 }
 
 /* Drop the ReduceScatterState: once compute has waited for the reduce-scatter
  * that read the kept input, compute's next allocation may take its block. */
 static void release_reduce_scatter_state(Fsdp *f) {
     if (!f->rs_state) return;
+    /* BEGIN SOLUTION: compute waits for the reduce-scatter, then its input is freed (HANDOUT.md#stage-04) */
     dev_stream_wait_event(f->compute, f->rs_done);
     dev_free(f->dev, f->rs_state);
     f->rs_state = NULL;
+    /* END SOLUTION */
 }
 
 /* reduce-scatter on its own stream: compute fills the chunk-cat input (row r
@@ -209,6 +227,7 @@ static void release_reduce_scatter_state(Fsdp *f) {
  * across the replicas, and records rs_done. */
 static void reduce_grads(Fsdp *f, Group *g) {
     Module *mod = g->mod;
+    /* BEGIN SOLUTION: chunk-cat over the shard group on compute (after releasing the previous ReduceScatterState) and free the grads; the reduce-scatter stream waits for the input; allocate the grad shards (HANDOUT.md#stage-04) */
     size_t S = g->shard_numel;
     char name[64];
     /* one reduce-scatter in flight at a time bounds the comm buffers (FSDP2 does the same);
@@ -233,28 +252,37 @@ static void reduce_grads(Fsdp *f, Group *g) {
     dev_stream_wait_event(f->rs_stream, f->grads_ready);
     snprintf(name, sizeof name, "%s.grad_shards", mod->name);
     g->grad_shards = dev_alloc_f32(f->dev, S, MEM_GRAD_SHARD, name);
+    /* END SOLUTION */
     /* BEGIN SOLUTION: average the grads inside the shard group (reduce-scatter), then across the replicas (all-reduce of the grad shards), both on the reduce-scatter stream (HANDOUT.md#stage-09) */
     pg_reduce_scatter(f->shard_pg, in, g->grad_shards, S, RED_AVG, f->rs_stream, mod->name);
     if (f->replicate_pg) /* mean over S, then over R: the mean over all R*S ranks' data */
         pg_all_reduce(f->replicate_pg, g->grad_shards, g->grad_shards, S, RED_AVG, f->rs_stream, mod->name);
     /* END SOLUTION */
+    /* BEGIN SOLUTION: record rs_done, keep the input as the ReduceScatterState, DTensor.grad as views of the grad shards (HANDOUT.md#stage-04) */
     dev_event_record(f->rs_done, f->rs_stream);
     f->rs_state = in; /* the reduce-scatter stream still reads it: kept until compute waited for rs_done */
     for (int j = 0; j < mod->n_params; j++) mod->params[j].dt.grad = g->grad_shards + g->offsets[j];
+    /* END SOLUTION */
 }
 
 void fsdp_pre_forward(Fsdp *f, Module *mod) {
     Group *g = mod->fsdp;
+    /* BEGIN SOLUTION: an activation-checkpoint recompute runs pre_forward inside backward: params are already unsharded, do nothing (HANDOUT.md#stage-05) */
     if (g->state == TS_PRE_BACKWARD) return;
     g->state = TS_FORWARD;
+    /* END SOLUTION */
+    /* BEGIN SOLUTION: unshard (unless prefetched), wait, then prefetch the next module in forward order (HANDOUT.md#stage-03) */
     issue_all_gather(f, g); /* no-op when the previous module prefetched it */
     wait_all_gather(f, g);
     if (mod->index + 1 < f->model->n_modules) issue_all_gather(f, &f->groups[mod->index + 1]);
+    /* END SOLUTION */
 }
 
 void fsdp_post_forward(Fsdp *f, Module *mod) {
     Group *g = mod->fsdp;
+    /* BEGIN SOLUTION: after a recompute the backward still needs the params: do not reshard (HANDOUT.md#stage-05) */
     if (g->state == TS_PRE_BACKWARD) return;
+    /* END SOLUTION */
     /* BEGIN SOLUTION: ZeRO-2: without reshard-after-forward the params stay unsharded until post_backward (HANDOUT.md#stage-06) */
     if (!f->reshard_after_forward) {
         g->state = TS_IDLE;
@@ -262,33 +290,52 @@ void fsdp_post_forward(Fsdp *f, Module *mod) {
     }
     /* END SOLUTION */
     reshard(f, g);
+    /* BEGIN SOLUTION: the forward is done: back to IDLE (HANDOUT.md#stage-05) */
     g->state = TS_IDLE;
+    /* END SOLUTION */
 }
 
 void fsdp_pre_backward(Fsdp *f, Module *mod) {
     Group *g = mod->fsdp;
+    /* BEGIN SOLUTION: drop the forward's last AllGatherState (HANDOUT.md#stage-03) */
     release_all_gather_state(f); /* the forward's last one: no forward all-gather comes to drop it */
+    /* END SOLUTION */
+    /* BEGIN SOLUTION: enter PRE_BACKWARD (once) so the recompute's forward hooks know (HANDOUT.md#stage-05) */
     if (g->state == TS_PRE_BACKWARD) return;
     g->state = TS_PRE_BACKWARD;
+    /* END SOLUTION */
+    /* BEGIN SOLUTION: unshard (unless prefetched), wait, prefetch the module that ran forward just before (HANDOUT.md#stage-04) */
     issue_all_gather(f, g);
     wait_all_gather(f, g);
     if (mod->index > 0) issue_all_gather(f, &f->groups[mod->index - 1]);
+    /* END SOLUTION */
 }
 
 void fsdp_post_backward(Fsdp *f, Module *mod) {
     Group *g = mod->fsdp;
+    /* BEGIN SOLUTION: enter POST_BACKWARD (HANDOUT.md#stage-05) */
     g->state = TS_POST_BACKWARD;
+    /* END SOLUTION */
+    /* BEGIN SOLUTION: reduce-scatter this module's grads, then reshard (HANDOUT.md#stage-02) */
     reduce_grads(f, g);
     reshard(f, g);
+    /* END SOLUTION */
 }
 
 void fsdp_finish_backward(Fsdp *f) {
+    /* BEGIN SOLUTION: drop the backward's last AllGatherState before the optimizer (HANDOUT.md#stage-03) */
     release_all_gather_state(f); /* the backward's last one, before the optimizer */
+    /* END SOLUTION */
+    /* BEGIN SOLUTION: the optimizer (compute stream) must see every reduce-scatter's output (HANDOUT.md#stage-04) */
     release_reduce_scatter_state(f);
+    /* END SOLUTION */
+    /* BEGIN SOLUTION: every module back to IDLE for the next step (HANDOUT.md#stage-05) */
     for (int i = 0; i < f->model->n_modules; i++) f->groups[i].state = TS_IDLE;
+    /* END SOLUTION */
 }
 
 float fsdp_optimizer_step(Fsdp *f, float lr, int t) {
+    /* BEGIN SOLUTION: the local sums of squares of the grad shards (HANDOUT.md#stage-02) */
     Model *m = f->model;
     float *sumsq = dev_alloc_f32(f->dev, 1, MEM_TEMP, "grad_norm.sumsq");
     dev_memset_async(f->compute, sumsq, 0, sizeof(float));
@@ -297,9 +344,11 @@ float fsdp_optimizer_step(Fsdp *f, float lr, int t) {
             DTensor *dt = &m->modules[i].params[j].dt;
             launch_sumsq_accumulate(f->compute, sumsq, dt->grad, dt->local_rows * dt->row_numel);
         }
+    /* END SOLUTION */
     /* BEGIN SOLUTION: the global norm: sum the local sums of squares over the shard group only (the replicas hold the same grad shards) (HANDOUT.md#stage-09) */
     pg_all_reduce(f->shard_pg, sumsq, sumsq, 1, RED_SUM, f->compute, "grad_norm");
     /* END SOLUTION */
+    /* BEGIN SOLUTION: clip; AdamW on local rows; free the grad shards (HANDOUT.md#stage-02) */
     for (int i = 0; i < m->n_modules; i++) {
         for (int j = 0; j < m->modules[i].n_params; j++) {
             Param *p = &m->modules[i].params[j];
@@ -317,12 +366,17 @@ float fsdp_optimizer_step(Fsdp *f, float lr, int t) {
         dev_free(f->dev, f->groups[i].grad_shards); /* zero_grad(set_to_none=True) */
         f->groups[i].grad_shards = NULL;
     }
+    /* END SOLUTION */
+    /* BEGIN SOLUTION: the next all-gathers must read the updated shards (HANDOUT.md#stage-03) */
     dev_event_record(f->shards_ready, f->compute);
+    /* END SOLUTION */
+    /* BEGIN SOLUTION: read the global grad norm back and return it (HANDOUT.md#stage-02) */
     float host_sumsq = 0;
     dev_memcpy_async(f->compute, &host_sumsq, sumsq, sizeof(float));
     dev_stream_synchronize(f->compute);
     dev_free(f->dev, sumsq);
     return sqrtf(host_sumsq);
+    /* END SOLUTION */
 }
 
 void fsdp_destroy(Fsdp *f) {

@@ -97,6 +97,7 @@ Fsdp *fsdp_init(const FsdpConfig *cfg) {
         for (int j = 0; j < mod->n_params; j++) {
             Param *p = &mod->params[j];
             DTensor *dt = &p->dt;
+            /* BEGIN SOLUTION: shard p into a DTensor: Shard(0) on the world mesh, torch.chunk rows, the padded size (HANDOUT.md#stage-01) */
             dt->global_rows = p->shape[0];
             dt->row_numel = p->numel / p->shape[0];
             dt->padded_rows = chunk_rows(p->shape[0], f->world);
@@ -106,18 +107,22 @@ Fsdp *fsdp_init(const FsdpConfig *cfg) {
             dt->mesh = f->mesh;
             dt->placement = PLACEMENT_SHARD0;
             size_t padded = dt->padded_rows * dt->row_numel, local = dt->local_rows * dt->row_numel;
+            /* END SOLUTION */
             /* BEGIN SOLUTION: with --offload-params the shard lives in pinned host memory (HANDOUT.md#stage-10) */
             dt->local = f->offload ? dev_alloc_host_f32(f->dev, padded, MEM_PARAM_SHARD, p->name)
                                    : dev_alloc_f32(f->dev, padded, MEM_PARAM_SHARD, p->name);
             /* END SOLUTION */
+            /* BEGIN SOLUTION: copy this rank's rows into the shard, zero its padding, free the full tensor, place the shard in the module's segment (HANDOUT.md#stage-01) */
             dev_memcpy_async(f->compute, dt->local, p->data + dt->row_offset * dt->row_numel, local * sizeof(float));
             dev_memset_async(f->compute, dt->local + local, 0, (padded - local) * sizeof(float));
             dev_free(f->dev, p->data); /* the full tensor is gone: only the shard remains */
             p->data = NULL;
             g->offsets[j] = g->shard_numel;
             g->shard_numel += padded;
+            /* END SOLUTION */
         }
     }
+    /* BEGIN SOLUTION: create the all-gather stream and the events that order it with compute (HANDOUT.md#stage-03) */
     f->ag_stream = dev_stream_create(f->dev, "all_gather");
     f->shards_ready = dev_event_create(f->dev, "shards_ready");
     f->copy_out_done = dev_event_create(f->dev, "copy_out_done");
@@ -127,11 +132,14 @@ Fsdp *fsdp_init(const FsdpConfig *cfg) {
         snprintf(name, sizeof name, "%s.all_gather_done", f->model->modules[i].name);
         f->groups[i].ag_done = dev_event_create(f->dev, name);
     }
+    /* END SOLUTION */
     /* BEGIN SOLUTION: one stream for every collective with --single-comm-stream (HANDOUT.md#stage-10) */
     f->rs_stream = cfg->single_comm_stream ? f->ag_stream : dev_stream_create(f->dev, "reduce_scatter");
     /* END SOLUTION */
+    /* BEGIN SOLUTION: the reduce-scatter's events (HANDOUT.md#stage-04) */
     f->grads_ready = dev_event_create(f->dev, "grads_ready");
     f->rs_done = dev_event_create(f->dev, "reduce_scatter_done");
+    /* END SOLUTION */
     return f;
 }
 
@@ -142,9 +150,11 @@ static int is_unsharded(const Group *g) { return g->mod->params[0].data != NULL;
  * so its next allocation may take the block. */
 static void release_all_gather_state(Fsdp *f) {
     if (!f->ag_state) return;
+    /* BEGIN SOLUTION: the all-gather stream waits for the copy-out, then the kept output is freed (HANDOUT.md#stage-03) */
     dev_stream_wait_event(f->ag_stream, f->copy_out_done);
     dev_free(f->dev, f->ag_state);
     f->ag_state = NULL;
+    /* END SOLUTION */
 }
 
 /* Issue g's all-gather on the all-gather stream (returns at once): copy-in
@@ -153,6 +163,7 @@ static void release_all_gather_state(Fsdp *f) {
 static void issue_all_gather(Fsdp *f, Group *g) {
     if (g->ag_flat || is_unsharded(g)) return; /* already in flight or done */
     Module *mod = g->mod;
+    /* BEGIN SOLUTION: copy-in + all-gather on the all-gather stream, after the shards are ready; record ag_done (HANDOUT.md#stage-03) */
     size_t S = g->shard_numel;
     char name[64];
     snprintf(name, sizeof name, "%s.all_gather_buffer", mod->name);
@@ -166,6 +177,7 @@ static void issue_all_gather(Fsdp *f, Group *g) {
     }
     coll_all_gather(f->dev, mine, g->ag_flat, S, f->ag_stream, mod->name);
     dev_event_record(g->ag_done, f->ag_stream);
+    /* END SOLUTION */
 }
 
 /* Make g's params usable by compute: the compute stream waits for the
@@ -173,6 +185,7 @@ static void issue_all_gather(Fsdp *f, Group *g) {
 static void wait_all_gather(Fsdp *f, Group *g) {
     if (!g->ag_flat) return;
     Module *mod = g->mod;
+    /* BEGIN SOLUTION: compute waits on ag_done, copy-out into each Param.data, record copy_out_done and keep the flat buffer as the AllGatherState (HANDOUT.md#stage-03) */
     size_t S = g->shard_numel;
     dev_stream_wait_event(f->compute, g->ag_done);
     for (int j = 0; j < mod->n_params; j++) {
@@ -189,23 +202,28 @@ static void wait_all_gather(Fsdp *f, Group *g) {
     dev_event_record(f->copy_out_done, f->compute);
     f->ag_state = g->ag_flat; /* kept until the all-gather stream waited for the copy-out */
     g->ag_flat = NULL;
+    /* END SOLUTION */
 }
 
 /* reshard: free the unsharded params; the DTensor shards stay. */
 static void reshard(Fsdp *f, Group *g) {
+    /* BEGIN SOLUTION: free every unsharded Param.data of the module (HANDOUT.md#stage-01) */
     for (int j = 0; j < g->mod->n_params; j++) {
         dev_free(f->dev, g->mod->params[j].data);
         g->mod->params[j].data = NULL;
     }
+    /* END SOLUTION */
 }
 
 /* Drop the ReduceScatterState: once compute has waited for the reduce-scatter
  * that read the kept input, compute's next allocation may take its block. */
 static void release_reduce_scatter_state(Fsdp *f) {
     if (!f->rs_state) return;
+    /* BEGIN SOLUTION: compute waits for the reduce-scatter, then its input is freed (HANDOUT.md#stage-04) */
     dev_stream_wait_event(f->compute, f->rs_done);
     dev_free(f->dev, f->rs_state);
     f->rs_state = NULL;
+    /* END SOLUTION */
 }
 
 /* reduce-scatter on its own stream: compute fills the chunk-cat input (row r
@@ -213,6 +231,7 @@ static void release_reduce_scatter_state(Fsdp *f) {
  * reduce-scatter stream waits for that, averages, and records rs_done. */
 static void reduce_grads(Fsdp *f, Group *g) {
     Module *mod = g->mod;
+    /* BEGIN SOLUTION: chunk-cat on compute (after releasing the previous ReduceScatterState) and free the grads; the reduce-scatter stream waits for the input (HANDOUT.md#stage-04) */
     size_t S = g->shard_numel;
     char name[64];
     /* one reduce-scatter in flight at a time bounds the comm buffers (FSDP2 does the same);
@@ -236,6 +255,7 @@ static void reduce_grads(Fsdp *f, Group *g) {
     dev_event_record(f->grads_ready, f->compute);
     dev_stream_wait_event(f->rs_stream, f->grads_ready);
     snprintf(name, sizeof name, "%s.grad_shards", mod->name);
+    /* END SOLUTION */
     /* BEGIN SOLUTION: with --offload-params reduce-scatter into a device buffer of the reduce-scatter stream, copy it to the host grad shards on that stream and free it there (HANDOUT.md#stage-10) */
     if (f->offload) {
         float *out = dev_alloc_f32_on(f->rs_stream, S, MEM_COMM_BUFFER, name);
@@ -248,23 +268,31 @@ static void reduce_grads(Fsdp *f, Group *g) {
         coll_reduce_scatter(f->dev, in, g->grad_shards, S, RED_AVG, f->rs_stream, mod->name);
     }
     /* END SOLUTION */
+    /* BEGIN SOLUTION: record rs_done, keep the input as the ReduceScatterState, DTensor.grad as views of the grad shards (HANDOUT.md#stage-04) */
     dev_event_record(f->rs_done, f->rs_stream);
     f->rs_state = in; /* the reduce-scatter stream still reads it: kept until compute waited for rs_done */
     for (int j = 0; j < mod->n_params; j++) mod->params[j].dt.grad = g->grad_shards + g->offsets[j];
+    /* END SOLUTION */
 }
 
 void fsdp_pre_forward(Fsdp *f, Module *mod) {
     Group *g = mod->fsdp;
+    /* BEGIN SOLUTION: an activation-checkpoint recompute runs pre_forward inside backward: params are already unsharded, do nothing (HANDOUT.md#stage-05) */
     if (g->state == TS_PRE_BACKWARD) return;
     g->state = TS_FORWARD;
+    /* END SOLUTION */
+    /* BEGIN SOLUTION: unshard (unless prefetched), wait, then prefetch the next module in forward order (HANDOUT.md#stage-03) */
     issue_all_gather(f, g); /* no-op when the previous module prefetched it */
     wait_all_gather(f, g);
     if (mod->index + 1 < f->model->n_modules) issue_all_gather(f, &f->groups[mod->index + 1]);
+    /* END SOLUTION */
 }
 
 void fsdp_post_forward(Fsdp *f, Module *mod) {
     Group *g = mod->fsdp;
+    /* BEGIN SOLUTION: after a recompute the backward still needs the params: do not reshard (HANDOUT.md#stage-05) */
     if (g->state == TS_PRE_BACKWARD) return;
+    /* END SOLUTION */
     /* BEGIN SOLUTION: ZeRO-2: without reshard-after-forward the params stay unsharded until post_backward (HANDOUT.md#stage-06) */
     if (!f->reshard_after_forward) {
         g->state = TS_IDLE;
@@ -272,16 +300,24 @@ void fsdp_post_forward(Fsdp *f, Module *mod) {
     }
     /* END SOLUTION */
     reshard(f, g);
+    /* BEGIN SOLUTION: the forward is done: back to IDLE (HANDOUT.md#stage-05) */
     g->state = TS_IDLE;
+    /* END SOLUTION */
 }
 
 void fsdp_pre_backward(Fsdp *f, Module *mod) {
     Group *g = mod->fsdp;
+    /* BEGIN SOLUTION: drop the forward's last AllGatherState (HANDOUT.md#stage-03) */
     release_all_gather_state(f); /* the forward's last one: no forward all-gather comes to drop it */
+    /* END SOLUTION */
+    /* BEGIN SOLUTION: enter PRE_BACKWARD (once) so the recompute's forward hooks know (HANDOUT.md#stage-05) */
     if (g->state == TS_PRE_BACKWARD) return;
     g->state = TS_PRE_BACKWARD;
+    /* END SOLUTION */
+    /* BEGIN SOLUTION: unshard for the backward (unless prefetched) and wait (HANDOUT.md#stage-04) */
     issue_all_gather(f, g); /* a no-op when it was prefetched */
     wait_all_gather(f, g);
+    /* END SOLUTION */
     /* BEGIN SOLUTION: backward prefetch pre: issue the previous module's all-gather now, before this module's backward (HANDOUT.md#stage-10) */
     if (f->prefetch == BACKWARD_PREFETCH_PRE && mod->index > 0) issue_all_gather(f, &f->groups[mod->index - 1]);
     /* END SOLUTION */
@@ -289,21 +325,32 @@ void fsdp_pre_backward(Fsdp *f, Module *mod) {
 
 void fsdp_post_backward(Fsdp *f, Module *mod) {
     Group *g = mod->fsdp;
+    /* BEGIN SOLUTION: enter POST_BACKWARD (HANDOUT.md#stage-05) */
     g->state = TS_POST_BACKWARD;
+    /* END SOLUTION */
+    /* BEGIN SOLUTION: reduce-scatter this module's grads, then reshard (HANDOUT.md#stage-02) */
     reduce_grads(f, g);
     reshard(f, g);
+    /* END SOLUTION */
     /* BEGIN SOLUTION: backward prefetch post: issue the previous module's all-gather after this module's reduce-scatter (HANDOUT.md#stage-10) */
     if (f->prefetch == BACKWARD_PREFETCH_POST && mod->index > 0) issue_all_gather(f, &f->groups[mod->index - 1]);
     /* END SOLUTION */
 }
 
 void fsdp_finish_backward(Fsdp *f) {
+    /* BEGIN SOLUTION: drop the backward's last AllGatherState before the optimizer (HANDOUT.md#stage-03) */
     release_all_gather_state(f); /* the backward's last one, before the optimizer */
+    /* END SOLUTION */
+    /* BEGIN SOLUTION: the optimizer (compute stream) must see every reduce-scatter's output (HANDOUT.md#stage-04) */
     release_reduce_scatter_state(f);
+    /* END SOLUTION */
+    /* BEGIN SOLUTION: every module back to IDLE for the next step (HANDOUT.md#stage-05) */
     for (int i = 0; i < f->model->n_modules; i++) f->groups[i].state = TS_IDLE;
+    /* END SOLUTION */
 }
 
 float fsdp_optimizer_step(Fsdp *f, float lr, int t) {
+    /* BEGIN SOLUTION: global grad norm: all-reduce of the local sums of squares (HANDOUT.md#stage-02) */
     Model *m = f->model;
     float *sumsq = dev_alloc_f32(f->dev, 1, MEM_TEMP, "grad_norm.sumsq");
     dev_memset_async(f->compute, sumsq, 0, sizeof(float));
@@ -313,6 +360,8 @@ float fsdp_optimizer_step(Fsdp *f, float lr, int t) {
             launch_sumsq_accumulate(f->compute, sumsq, dt->grad, dt->local_rows * dt->row_numel);
         }
     coll_all_reduce(f->dev, sumsq, sumsq, 1, RED_SUM, f->compute, "grad_norm");
+    /* END SOLUTION */
+    /* BEGIN SOLUTION: clip; AdamW on local rows (its state created at the first step); free the grad shards (HANDOUT.md#stage-02) */
     for (int i = 0; i < m->n_modules; i++) {
         for (int j = 0; j < m->modules[i].n_params; j++) {
             Param *p = &m->modules[i].params[j];
@@ -334,12 +383,17 @@ float fsdp_optimizer_step(Fsdp *f, float lr, int t) {
         dev_free(f->dev, f->groups[i].grad_shards); /* zero_grad(set_to_none=True) */
         f->groups[i].grad_shards = NULL;
     }
+    /* END SOLUTION */
+    /* BEGIN SOLUTION: the next all-gathers must read the updated shards (HANDOUT.md#stage-03) */
     dev_event_record(f->shards_ready, f->compute);
+    /* END SOLUTION */
+    /* BEGIN SOLUTION: read the global grad norm back and return it (HANDOUT.md#stage-02) */
     float host_sumsq = 0;
     dev_memcpy_async(f->compute, &host_sumsq, sumsq, sizeof(float));
     dev_stream_synchronize(f->compute);
     dev_free(f->dev, sumsq);
     return sqrtf(host_sumsq);
+    /* END SOLUTION */
 }
 
 void fsdp_destroy(Fsdp *f) {

@@ -7,10 +7,18 @@ A solution marks the code a stage asks for:
     ...code...
     /* END SOLUTION */
 
-For stage NN, regions tagged stage-NN become a TODO stub that stops the run
-with a message naming the TODO (hw_todo, exit status 3); regions tagged with
-another stage keep their code (stage N's starter contains the earlier stages'
-solutions) and lose only their marker lines.
+Solution NN marks every piece of code that answers a stage up to NN, each region tagged with
+the stage that asks for it. For stage NN, every region tagged NN or earlier becomes a TODO
+stub that stops the run with a message naming the TODO (hw_todo, exit status 3): the
+committed stages/ (what the full handout ships) holds no answer of any stage, and a student
+who did the earlier stages carries their own file forward (make carry STAGE=NN). Regions
+tagged with a later stage keep their code; every marker line goes. A region may hold a region
+of the same or a later stage (whole statements inside a block of the outer one): stubbing the
+outer one drops what it holds, and the inner region's TODO follows the outer stub.
+
+Staged releases (tools/make_handout.py --release NN) instead keep the earlier stages'
+solutions in each starter (published after the earlier deadlines): convert(...,
+keep_earlier=True) stubs only the stage's own regions.
 
     tools/make_starters.py            write stages/NN_name/{hw_fsdp.c,README.md}
     tools/make_starters.py --check    exit 1 (and say which file) if stages/ is out of date
@@ -24,20 +32,28 @@ import manifest  # the stages: grader/rubric.json
 BEGIN = re.compile(r"^(?P<indent>\s*)/\* BEGIN SOLUTION: (?P<what>.*) \(HANDOUT\.md#stage-(?P<stage>\d\d)\) \*/\s*$")
 END = re.compile(r"^\s*/\* END SOLUTION \*/\s*$")
 
-def convert(text, stage, src_name):
+def convert(text, stage, src_name, keep_earlier=False):
+    """(starter text, [TODO what]) of stage `stage` from a solution's text. Stubs the regions tagged
+    `stage` and, unless keep_earlier, those of every earlier stage."""
     out, stack, todos = [], [], []
     for lineno, line in enumerate(text.split("\n"), 1):
         m = BEGIN.match(line)
         if m:
-            if stack:
-                raise SystemExit(f"{src_name}:{lineno}: nested BEGIN SOLUTION")
-            stub = m.group("stage") == stage
-            stack.append(stub)
+            tag = m.group("stage")
+            if stack and tag < stack[-1][0]:
+                raise SystemExit(f"{src_name}:{lineno}: a region of stage {tag} inside one of stage {stack[-1][0]} "
+                                 "(a nested region belongs to the same or a later stage)")
+            stub = tag == stage or (tag < stage and not keep_earlier)
+            dropping = any(st for _, st in stack)  # inside a stubbed region: its code is gone already
+            stack.append((tag, stub or dropping))
             if stub:
+                # a region nested in a stubbed one: its TODO follows the outer stub's
                 ind, what = m.group("indent"), m.group("what")
-                where = f"HANDOUT.md#stage-{stage}"
-                todos.append(what)
-                out.append(f"{ind}/* TODO(stage {stage}): {what}. */")
+                if dropping:
+                    ind = next((l[:len(l) - len(l.lstrip())] for l in reversed(out) if l.strip()), ind)
+                where = f"HANDOUT.md#stage-{tag}"
+                todos.append((tag, what))
+                out.append(f"{ind}/* TODO(stage {tag}): {what}. */")
                 c_what = what.replace("\\", "\\\\").replace('"', '\\"')
                 out.append(f'{ind}hw_todo("{c_what}", "{where}");')
             continue
@@ -46,17 +62,33 @@ def convert(text, stage, src_name):
                 raise SystemExit(f"{src_name}:{lineno}: END SOLUTION without BEGIN")
             stack.pop()
             continue
-        if stack and stack[-1]:
-            continue  # solution code of this stage: dropped
+        if any(st for _, st in stack):
+            continue  # solution code of a stubbed stage: dropped
         out.append(line)
     if stack:
         raise SystemExit(f"{src_name}: BEGIN SOLUTION without END")
-    if not todos:
+    if not any(tag == stage for tag, _ in todos):
         raise SystemExit(f"{src_name}: no BEGIN SOLUTION region tagged stage-{stage}")
-    banner = (f"/* STARTER for stage {stage} — this is your file. Fill every TODO(stage {stage}) below\n"
-              f" * (each one stops the run until you do; see HANDOUT.md#stage-{stage}).\n"
-              f" * Generated from the instructors' solution by tools/make_starters.py. */\n")
-    return banner + "\n".join(out), todos
+    return banner(stage, keep_earlier) + "\n".join(out), todos
+
+
+def banner(stage, keep_earlier):
+    """The starter's first comment: what the file is."""
+    if keep_earlier:
+        return (f"/* STARTER for stage {stage} (staged release) — this is your file. Fill every TODO(stage {stage})\n"
+                f" * below (each one stops the run until you do; see HANDOUT.md#stage-{stage}). The code of the\n"
+                f" * earlier stages is the instructors' solution, published after their deadlines.\n"
+                f" * Generated from the instructors' solution by tools/make_starters.py. */\n")
+    if stage == "01" or stage == min(s.id for s in manifest.stages()):
+        return (f"/* STARTER for stage {stage} — this is your file. Fill every TODO(stage {stage}) below\n"
+                f" * (each one stops the run until you do; see HANDOUT.md#stage-{stage}).\n"
+                f" * Generated from the instructors' solution by tools/make_starters.py. */\n")
+    first = min(s.id for s in manifest.stages())
+    return (f"/* STARTER for stage {stage} — it stubs every stage up to {stage}: each TODO(stage NN) below stops\n"
+            f" * the run until you fill it (see HANDOUT.md#stage-NN). If you did the earlier stages, do not\n"
+            f" * start here: run `make carry STAGE={stage}`, which carries your own file into this stage and\n"
+            f" * lists what stage {stage} adds. Starting from scratch, fill the TODOs stage by stage from\n"
+            f" * stage {first}. Generated from the instructors' solution by tools/make_starters.py. */\n")
 
 
 def readme(st, todos):
@@ -64,8 +96,14 @@ def readme(st, todos):
     stage, dirname = st.id, st.dir
     lines = [f"# Stage {stage} — {st.title}", "", st.goal, "",
              f"**Your file:** `stages/{dirname}/hw_fsdp.c`. **What to fill:** {st.fill}.", "",
-             "The TODOs in it:", ""]
-    lines += [f"- {t}" for t in todos]
+             f"The TODOs of stage {stage} in it:", ""]
+    lines += [f"- {t}" for tag, t in todos if tag == stage]
+    earlier = [(tag, t) for tag, t in todos if tag != stage]
+    if earlier:
+        lines += ["", f"This starter also stubs every earlier stage's work ({len(earlier)} more TODOs, stages "
+                  f"{', '.join(sorted({tag for tag, _ in earlier}))}): it holds no answer. If you did those stages, "
+                  f"run `make carry STAGE={stage}` instead: it carries your own file into this stage (the starter "
+                  f"stays beside it as `hw_fsdp.starter.c`) and lists what stage {stage} adds."]
     lines += ["", f"**Graded on:** {st.graded_on}. Run `make grade STAGE={stage}`; details in "
               f"[HANDOUT.md](../../HANDOUT.md#stage-{stage}).", ""]
     return "\n".join(lines)

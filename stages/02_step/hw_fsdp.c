@@ -1,6 +1,8 @@
-/* STARTER for stage 02 — this is your file. Fill every TODO(stage 02) below
- * (each one stops the run until you do; see HANDOUT.md#stage-02).
- * Generated from the instructors' solution by tools/make_starters.py. */
+/* STARTER for stage 02 — it stubs every stage up to 02: each TODO(stage NN) below stops
+ * the run until you fill it (see HANDOUT.md#stage-NN). If you did the earlier stages, do not
+ * start here: run `make carry STAGE=02`, which carries your own file into this stage and
+ * lists what stage 02 adds. Starting from scratch, fill the TODOs stage by stage from
+ * stage 01. Generated from the instructors' solution by tools/make_starters.py. */
 /* hw_fsdp.c — stage 02: a full FSDP training step, blocking, one stream.
  *
  * Everything (copies, collectives, compute) is queued on the compute stream,
@@ -64,22 +66,8 @@ Fsdp *fsdp_init(const FsdpConfig *cfg) {
         for (int j = 0; j < mod->n_params; j++) {
             Param *p = &mod->params[j];
             DTensor *dt = &p->dt;
-            dt->global_rows = p->shape[0];
-            dt->row_numel = p->numel / p->shape[0];
-            dt->padded_rows = chunk_rows(p->shape[0], f->world);
-            dt->local_rows = rows_of_rank(p->shape[0], f->world, f->rank);
-            /* a rank with no rows starts at the end (device.h, DTensor.row_offset) */
-            dt->row_offset = dt->local_rows ? dt->padded_rows * (size_t)f->rank : p->shape[0];
-            dt->mesh = f->mesh;
-            dt->placement = PLACEMENT_SHARD0;
-            size_t padded = dt->padded_rows * dt->row_numel, local = dt->local_rows * dt->row_numel;
-            dt->local = dev_alloc_f32(f->dev, padded, MEM_PARAM_SHARD, p->name);
-            dev_memcpy_async(f->compute, dt->local, p->data + dt->row_offset * dt->row_numel, local * sizeof(float));
-            dev_memset_async(f->compute, dt->local + local, 0, (padded - local) * sizeof(float));
-            dev_free(f->dev, p->data); /* the full tensor is gone: only the shard remains */
-            p->data = NULL;
-            g->offsets[j] = g->shard_numel;
-            g->shard_numel += padded;
+            /* TODO(stage 01): shard p into a DTensor: Shard(0) on the world mesh, torch.chunk rows, padded local storage. */
+            hw_todo("shard p into a DTensor: Shard(0) on the world mesh, torch.chunk rows, padded local storage", "HANDOUT.md#stage-01");
         }
     }
     return f;
@@ -91,36 +79,14 @@ Fsdp *fsdp_init(const FsdpConfig *cfg) {
 static void unshard(Fsdp *f, Group *g) {
     Module *mod = g->mod;
     if (mod->params[0].data) return; /* already unsharded */
-    size_t S = g->shard_numel;
-    char name[64];
-    snprintf(name, sizeof name, "%s.all_gather_buffer", mod->name);
-    float *flat = dev_alloc_f32(f->dev, S * (size_t)f->world, MEM_COMM_BUFFER, name);
-    float *mine = flat + (size_t)f->rank * S;
-    for (int j = 0; j < mod->n_params; j++) {
-        DTensor *dt = &mod->params[j].dt;
-        dev_memcpy_async(f->compute, mine + g->offsets[j], dt->local, dt->padded_rows * dt->row_numel * sizeof(float));
-    }
-    coll_all_gather(f->dev, mine, flat, S, f->compute, mod->name);
-    for (int j = 0; j < mod->n_params; j++) {
-        Param *p = &mod->params[j];
-        size_t chunk = p->dt.padded_rows, rn = p->dt.row_numel;
-        p->data = dev_alloc_f32(f->dev, p->numel, MEM_UNSHARDED_PARAM, p->name);
-        for (int r = 0; r < f->world; r++) {
-            size_t rows = rows_of_rank(p->shape[0], f->world, r);
-            if (rows)
-                dev_memcpy_async(f->compute, p->data + chunk * (size_t)r * rn, flat + (size_t)r * S + g->offsets[j],
-                                 rows * rn * sizeof(float));
-        }
-    }
-    dev_free(f->dev, flat);
+    /* TODO(stage 01): copy-in, all-gather on the compute stream, copy-out into each Param.data. */
+    hw_todo("copy-in, all-gather on the compute stream, copy-out into each Param.data", "HANDOUT.md#stage-01");
 }
 
 /* reshard: free the unsharded params; the DTensor shards stay. */
 static void reshard(Fsdp *f, Group *g) {
-    for (int j = 0; j < g->mod->n_params; j++) {
-        dev_free(f->dev, g->mod->params[j].data);
-        g->mod->params[j].data = NULL;
-    }
+    /* TODO(stage 01): free every unsharded Param.data of the module. */
+    hw_todo("free every unsharded Param.data of the module", "HANDOUT.md#stage-01");
 }
 
 /* reduce-scatter: row r of the (world, S) input holds chunk r of every grad

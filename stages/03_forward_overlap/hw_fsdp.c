@@ -1,6 +1,8 @@
-/* STARTER for stage 03 — this is your file. Fill every TODO(stage 03) below
- * (each one stops the run until you do; see HANDOUT.md#stage-03).
- * Generated from the instructors' solution by tools/make_starters.py. */
+/* STARTER for stage 03 — it stubs every stage up to 03: each TODO(stage NN) below stops
+ * the run until you fill it (see HANDOUT.md#stage-NN). If you did the earlier stages, do not
+ * start here: run `make carry STAGE=03`, which carries your own file into this stage and
+ * lists what stage 03 adds. Starting from scratch, fill the TODOs stage by stage from
+ * stage 01. Generated from the instructors' solution by tools/make_starters.py. */
 /* hw_fsdp.c — stage 03: forward all-gathers overlapped with compute.
  *
  * Streams (as FSDP2):
@@ -74,22 +76,8 @@ Fsdp *fsdp_init(const FsdpConfig *cfg) {
         for (int j = 0; j < mod->n_params; j++) {
             Param *p = &mod->params[j];
             DTensor *dt = &p->dt;
-            dt->global_rows = p->shape[0];
-            dt->row_numel = p->numel / p->shape[0];
-            dt->padded_rows = chunk_rows(p->shape[0], f->world);
-            dt->local_rows = rows_of_rank(p->shape[0], f->world, f->rank);
-            /* a rank with no rows starts at the end (device.h, DTensor.row_offset) */
-            dt->row_offset = dt->local_rows ? dt->padded_rows * (size_t)f->rank : p->shape[0];
-            dt->mesh = f->mesh;
-            dt->placement = PLACEMENT_SHARD0;
-            size_t padded = dt->padded_rows * dt->row_numel, local = dt->local_rows * dt->row_numel;
-            dt->local = dev_alloc_f32(f->dev, padded, MEM_PARAM_SHARD, p->name);
-            dev_memcpy_async(f->compute, dt->local, p->data + dt->row_offset * dt->row_numel, local * sizeof(float));
-            dev_memset_async(f->compute, dt->local + local, 0, (padded - local) * sizeof(float));
-            dev_free(f->dev, p->data); /* the full tensor is gone: only the shard remains */
-            p->data = NULL;
-            g->offsets[j] = g->shard_numel;
-            g->shard_numel += padded;
+            /* TODO(stage 01): shard p into a DTensor: Shard(0) on the world mesh, torch.chunk rows, padded local storage. */
+            hw_todo("shard p into a DTensor: Shard(0) on the world mesh, torch.chunk rows, padded local storage", "HANDOUT.md#stage-01");
         }
     }
     /* TODO(stage 03): create the all-gather stream and the events that order it with compute. */
@@ -129,38 +117,16 @@ static void wait_all_gather(Fsdp *f, Group *g) {
 
 /* reshard: free the unsharded params; the DTensor shards stay. */
 static void reshard(Fsdp *f, Group *g) {
-    for (int j = 0; j < g->mod->n_params; j++) {
-        dev_free(f->dev, g->mod->params[j].data);
-        g->mod->params[j].data = NULL;
-    }
+    /* TODO(stage 01): free every unsharded Param.data of the module. */
+    hw_todo("free every unsharded Param.data of the module", "HANDOUT.md#stage-01");
 }
 
 /* reduce-scatter: row r of the (world, S) input holds chunk r of every grad
  * (FSDP2's chunk-cat, zero padded); rank r receives the average of row r. */
 static void reduce_grads(Fsdp *f, Group *g) {
     Module *mod = g->mod;
-    size_t S = g->shard_numel;
-    char name[64];
-    snprintf(name, sizeof name, "%s.reduce_scatter_input", mod->name);
-    float *in = dev_alloc_f32(f->dev, S * (size_t)f->world, MEM_COMM_BUFFER, name);
-    dev_memset_async(f->compute, in, 0, S * (size_t)f->world * sizeof(float));
-    for (int j = 0; j < mod->n_params; j++) {
-        Param *p = &mod->params[j];
-        size_t chunk = p->dt.padded_rows, rn = p->dt.row_numel;
-        for (int r = 0; r < f->world; r++) {
-            size_t rows = rows_of_rank(p->shape[0], f->world, r);
-            if (rows)
-                dev_memcpy_async(f->compute, in + (size_t)r * S + g->offsets[j], p->grad + chunk * (size_t)r * rn,
-                                 rows * rn * sizeof(float));
-        }
-        dev_free(f->dev, p->grad); /* the unsharded grad is not needed any more */
-        p->grad = NULL;
-    }
-    snprintf(name, sizeof name, "%s.grad_shards", mod->name);
-    g->grad_shards = dev_alloc_f32(f->dev, S, MEM_GRAD_SHARD, name);
-    coll_reduce_scatter(f->dev, in, g->grad_shards, S, RED_AVG, f->compute, mod->name);
-    dev_free(f->dev, in);
-    for (int j = 0; j < mod->n_params; j++) mod->params[j].dt.grad = g->grad_shards + g->offsets[j];
+    /* TODO(stage 02): chunk-cat the grads, free them, reduce-scatter with an average, DTensor.grad as views. */
+    hw_todo("chunk-cat the grads, free them, reduce-scatter with an average, DTensor.grad as views", "HANDOUT.md#stage-02");
 }
 
 void fsdp_pre_forward(Fsdp *f, Module *mod) {
@@ -172,56 +138,28 @@ void fsdp_pre_forward(Fsdp *f, Module *mod) {
 void fsdp_post_forward(Fsdp *f, Module *mod) { reshard(f, mod->fsdp); }
 
 void fsdp_pre_backward(Fsdp *f, Module *mod) {
-    Group *g = mod->fsdp;
-    release_all_gather_state(f); /* the forward's last one: no forward all-gather comes to drop it */
-    issue_all_gather(f, g); /* no backward prefetch yet: stage 04 */
-    wait_all_gather(f, g);
+    /* TODO(stage 03): the backward needs the params again: drop the forward's AllGatherState, all-gather and wait. */
+    hw_todo("the backward needs the params again: drop the forward's AllGatherState, all-gather and wait", "HANDOUT.md#stage-03");
 }
 
 void fsdp_post_backward(Fsdp *f, Module *mod) {
-    reduce_grads(f, mod->fsdp);
-    reshard(f, mod->fsdp);
+    /* TODO(stage 02): reduce-scatter this module's grads, then reshard. */
+    hw_todo("reduce-scatter this module's grads, then reshard", "HANDOUT.md#stage-02");
 }
 
 void fsdp_finish_backward(Fsdp *f) {
-    release_all_gather_state(f); /* the backward's last one, before the optimizer */
+    /* TODO(stage 03): drop the backward's last AllGatherState before the optimizer. */
+    hw_todo("drop the backward's last AllGatherState before the optimizer", "HANDOUT.md#stage-03");
     /* reduce-scatters run on the compute stream: already ordered before the optimizer */
 }
 
 float fsdp_optimizer_step(Fsdp *f, float lr, int t) {
-    Model *m = f->model;
-    float *sumsq = dev_alloc_f32(f->dev, 1, MEM_TEMP, "grad_norm.sumsq");
-    dev_memset_async(f->compute, sumsq, 0, sizeof(float));
-    for (int i = 0; i < m->n_modules; i++)
-        for (int j = 0; j < m->modules[i].n_params; j++) {
-            DTensor *dt = &m->modules[i].params[j].dt;
-            launch_sumsq_accumulate(f->compute, sumsq, dt->grad, dt->local_rows * dt->row_numel);
-        }
-    coll_all_reduce(f->dev, sumsq, sumsq, 1, RED_SUM, f->compute, "grad_norm");
-    for (int i = 0; i < m->n_modules; i++) {
-        for (int j = 0; j < m->modules[i].n_params; j++) {
-            Param *p = &m->modules[i].params[j];
-            DTensor *dt = &p->dt;
-            size_t n = dt->local_rows * dt->row_numel;
-            if (!dt->exp_avg) { /* optimizer state is created at the first step, sharded like the param */
-                dt->exp_avg = dev_alloc_f32(f->dev, n, MEM_OPTIM_STATE, p->name);
-                dt->exp_avg_sq = dev_alloc_f32(f->dev, n, MEM_OPTIM_STATE, p->name);
-                dev_memset_async(f->compute, dt->exp_avg, 0, n * sizeof(float));
-                dev_memset_async(f->compute, dt->exp_avg_sq, 0, n * sizeof(float));
-            }
-            launch_adamw(f->compute, dt->local, dt->grad, dt->exp_avg, dt->exp_avg_sq, n, &f->optim, lr, t, sumsq);
-            dt->grad = NULL;
-        }
-        dev_free(f->dev, f->groups[i].grad_shards); /* zero_grad(set_to_none=True) */
-        f->groups[i].grad_shards = NULL;
-    }
+    /* TODO(stage 02): global grad norm = sqrt(all-reduce of local sums of squares); clip; AdamW on local rows; free the grad shards. */
+    hw_todo("global grad norm = sqrt(all-reduce of local sums of squares); clip; AdamW on local rows; free the grad shards", "HANDOUT.md#stage-02");
     /* TODO(stage 03): the next all-gathers must read the updated shards. */
     hw_todo("the next all-gathers must read the updated shards", "HANDOUT.md#stage-03");
-    float host_sumsq = 0;
-    dev_memcpy_async(f->compute, &host_sumsq, sumsq, sizeof(float));
-    dev_stream_synchronize(f->compute);
-    dev_free(f->dev, sumsq);
-    return sqrtf(host_sumsq);
+    /* TODO(stage 02): read the global grad norm back and return it. */
+    hw_todo("read the global grad norm back and return it", "HANDOUT.md#stage-02");
 }
 
 void fsdp_destroy(Fsdp *f) {

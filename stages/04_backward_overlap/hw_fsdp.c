@@ -1,6 +1,8 @@
-/* STARTER for stage 04 — this is your file. Fill every TODO(stage 04) below
- * (each one stops the run until you do; see HANDOUT.md#stage-04).
- * Generated from the instructors' solution by tools/make_starters.py. */
+/* STARTER for stage 04 — it stubs every stage up to 04: each TODO(stage NN) below stops
+ * the run until you fill it (see HANDOUT.md#stage-NN). If you did the earlier stages, do not
+ * start here: run `make carry STAGE=04`, which carries your own file into this stage and
+ * lists what stage 04 adds. Starting from scratch, fill the TODOs stage by stage from
+ * stage 01. Generated from the instructors' solution by tools/make_starters.py. */
 /* hw_fsdp.c — stage 04: FSDP with communication overlapped in both passes.
  *
  * Streams (as FSDP2):
@@ -82,33 +84,12 @@ Fsdp *fsdp_init(const FsdpConfig *cfg) {
         for (int j = 0; j < mod->n_params; j++) {
             Param *p = &mod->params[j];
             DTensor *dt = &p->dt;
-            dt->global_rows = p->shape[0];
-            dt->row_numel = p->numel / p->shape[0];
-            dt->padded_rows = chunk_rows(p->shape[0], f->world);
-            dt->local_rows = rows_of_rank(p->shape[0], f->world, f->rank);
-            /* a rank with no rows starts at the end (device.h, DTensor.row_offset) */
-            dt->row_offset = dt->local_rows ? dt->padded_rows * (size_t)f->rank : p->shape[0];
-            dt->mesh = f->mesh;
-            dt->placement = PLACEMENT_SHARD0;
-            size_t padded = dt->padded_rows * dt->row_numel, local = dt->local_rows * dt->row_numel;
-            dt->local = dev_alloc_f32(f->dev, padded, MEM_PARAM_SHARD, p->name);
-            dev_memcpy_async(f->compute, dt->local, p->data + dt->row_offset * dt->row_numel, local * sizeof(float));
-            dev_memset_async(f->compute, dt->local + local, 0, (padded - local) * sizeof(float));
-            dev_free(f->dev, p->data); /* the full tensor is gone: only the shard remains */
-            p->data = NULL;
-            g->offsets[j] = g->shard_numel;
-            g->shard_numel += padded;
+            /* TODO(stage 01): shard p into a DTensor: Shard(0) on the world mesh, torch.chunk rows, padded local storage. */
+            hw_todo("shard p into a DTensor: Shard(0) on the world mesh, torch.chunk rows, padded local storage", "HANDOUT.md#stage-01");
         }
     }
-    f->ag_stream = dev_stream_create(f->dev, "all_gather");
-    f->shards_ready = dev_event_create(f->dev, "shards_ready");
-    f->copy_out_done = dev_event_create(f->dev, "copy_out_done");
-    dev_event_record(f->shards_ready, f->compute); /* the copies above wrote the shards */
-    for (int i = 0; i < f->model->n_modules; i++) {
-        char name[64];
-        snprintf(name, sizeof name, "%s.all_gather_done", f->model->modules[i].name);
-        f->groups[i].ag_done = dev_event_create(f->dev, name);
-    }
+    /* TODO(stage 03): create the all-gather stream and the events that order it with compute. */
+    hw_todo("create the all-gather stream and the events that order it with compute", "HANDOUT.md#stage-03");
     /* TODO(stage 04): create the reduce-scatter stream and its events. */
     hw_todo("create the reduce-scatter stream and its events", "HANDOUT.md#stage-04");
     return f;
@@ -121,9 +102,8 @@ static int is_unsharded(const Group *g) { return g->mod->params[0].data != NULL;
  * so its next allocation may take the block. */
 static void release_all_gather_state(Fsdp *f) {
     if (!f->ag_state) return;
-    dev_stream_wait_event(f->ag_stream, f->copy_out_done);
-    dev_free(f->dev, f->ag_state);
-    f->ag_state = NULL;
+    /* TODO(stage 03): the all-gather stream waits for the copy-out, then the kept output is freed. */
+    hw_todo("the all-gather stream waits for the copy-out, then the kept output is freed", "HANDOUT.md#stage-03");
 }
 
 /* Issue g's all-gather on the all-gather stream (returns at once): copy-in
@@ -132,19 +112,8 @@ static void release_all_gather_state(Fsdp *f) {
 static void issue_all_gather(Fsdp *f, Group *g) {
     if (g->ag_flat || is_unsharded(g)) return; /* already in flight or done */
     Module *mod = g->mod;
-    size_t S = g->shard_numel;
-    char name[64];
-    snprintf(name, sizeof name, "%s.all_gather_buffer", mod->name);
-    release_all_gather_state(f); /* before the allocation: its block may serve this one */
-    g->ag_flat = dev_alloc_f32_on(f->ag_stream, S * (size_t)f->world, MEM_COMM_BUFFER, name); /* the stream that fills it */
-    float *mine = g->ag_flat + (size_t)f->rank * S;
-    dev_stream_wait_event(f->ag_stream, f->shards_ready); /* read the shards only after the optimizer wrote them */
-    for (int j = 0; j < mod->n_params; j++) {
-        DTensor *dt = &mod->params[j].dt;
-        dev_memcpy_async(f->ag_stream, mine + g->offsets[j], dt->local, dt->padded_rows * dt->row_numel * sizeof(float));
-    }
-    coll_all_gather(f->dev, mine, g->ag_flat, S, f->ag_stream, mod->name);
-    dev_event_record(g->ag_done, f->ag_stream);
+    /* TODO(stage 03): copy-in + all-gather on the all-gather stream, after the shards are ready; record ag_done. */
+    hw_todo("copy-in + all-gather on the all-gather stream, after the shards are ready; record ag_done", "HANDOUT.md#stage-03");
 }
 
 /* Make g's params usable by compute: the compute stream waits for the
@@ -152,30 +121,14 @@ static void issue_all_gather(Fsdp *f, Group *g) {
 static void wait_all_gather(Fsdp *f, Group *g) {
     if (!g->ag_flat) return;
     Module *mod = g->mod;
-    size_t S = g->shard_numel;
-    dev_stream_wait_event(f->compute, g->ag_done);
-    for (int j = 0; j < mod->n_params; j++) {
-        Param *p = &mod->params[j];
-        size_t chunk = p->dt.padded_rows, rn = p->dt.row_numel;
-        p->data = dev_alloc_f32(f->dev, p->numel, MEM_UNSHARDED_PARAM, p->name);
-        for (int r = 0; r < f->world; r++) {
-            size_t rows = rows_of_rank(p->shape[0], f->world, r);
-            if (rows)
-                dev_memcpy_async(f->compute, p->data + chunk * (size_t)r * rn, g->ag_flat + (size_t)r * S + g->offsets[j],
-                                 rows * rn * sizeof(float));
-        }
-    }
-    dev_event_record(f->copy_out_done, f->compute);
-    f->ag_state = g->ag_flat; /* kept until the all-gather stream waited for the copy-out */
-    g->ag_flat = NULL;
+    /* TODO(stage 03): compute waits on ag_done, copy-out into each Param.data, record copy_out_done and keep the flat buffer as the AllGatherState. */
+    hw_todo("compute waits on ag_done, copy-out into each Param.data, record copy_out_done and keep the flat buffer as the AllGatherState", "HANDOUT.md#stage-03");
 }
 
 /* reshard: free the unsharded params; the DTensor shards stay. */
 static void reshard(Fsdp *f, Group *g) {
-    for (int j = 0; j < g->mod->n_params; j++) {
-        dev_free(f->dev, g->mod->params[j].data);
-        g->mod->params[j].data = NULL;
-    }
+    /* TODO(stage 01): free every unsharded Param.data of the module. */
+    hw_todo("free every unsharded Param.data of the module", "HANDOUT.md#stage-01");
 }
 
 /* Drop the ReduceScatterState: once compute has waited for the reduce-scatter
@@ -197,64 +150,39 @@ static void reduce_grads(Fsdp *f, Group *g) {
 
 void fsdp_pre_forward(Fsdp *f, Module *mod) {
     Group *g = mod->fsdp;
-    issue_all_gather(f, g); /* no-op when the previous module prefetched it */
-    wait_all_gather(f, g);
-    if (mod->index + 1 < f->model->n_modules) issue_all_gather(f, &f->groups[mod->index + 1]);
+    /* TODO(stage 03): unshard (unless prefetched), wait, then prefetch the next module in forward order. */
+    hw_todo("unshard (unless prefetched), wait, then prefetch the next module in forward order", "HANDOUT.md#stage-03");
 }
 
 void fsdp_post_forward(Fsdp *f, Module *mod) { reshard(f, mod->fsdp); }
 
 void fsdp_pre_backward(Fsdp *f, Module *mod) {
     Group *g = mod->fsdp;
-    release_all_gather_state(f); /* the forward's last one: no forward all-gather comes to drop it */
+    /* TODO(stage 03): drop the forward's last AllGatherState. */
+    hw_todo("drop the forward's last AllGatherState", "HANDOUT.md#stage-03");
     /* TODO(stage 04): unshard (unless prefetched), wait, prefetch the module that ran forward just before. */
     hw_todo("unshard (unless prefetched), wait, prefetch the module that ran forward just before", "HANDOUT.md#stage-04");
 }
 
 void fsdp_post_backward(Fsdp *f, Module *mod) {
-    reduce_grads(f, mod->fsdp);
-    reshard(f, mod->fsdp);
+    /* TODO(stage 02): reduce-scatter this module's grads, then reshard. */
+    hw_todo("reduce-scatter this module's grads, then reshard", "HANDOUT.md#stage-02");
 }
 
 void fsdp_finish_backward(Fsdp *f) {
-    release_all_gather_state(f); /* the backward's last one, before the optimizer */
+    /* TODO(stage 03): drop the backward's last AllGatherState before the optimizer. */
+    hw_todo("drop the backward's last AllGatherState before the optimizer", "HANDOUT.md#stage-03");
     /* TODO(stage 04): the optimizer (compute stream) must see every reduce-scatter's output. */
     hw_todo("the optimizer (compute stream) must see every reduce-scatter's output", "HANDOUT.md#stage-04");
 }
 
 float fsdp_optimizer_step(Fsdp *f, float lr, int t) {
-    Model *m = f->model;
-    float *sumsq = dev_alloc_f32(f->dev, 1, MEM_TEMP, "grad_norm.sumsq");
-    dev_memset_async(f->compute, sumsq, 0, sizeof(float));
-    for (int i = 0; i < m->n_modules; i++)
-        for (int j = 0; j < m->modules[i].n_params; j++) {
-            DTensor *dt = &m->modules[i].params[j].dt;
-            launch_sumsq_accumulate(f->compute, sumsq, dt->grad, dt->local_rows * dt->row_numel);
-        }
-    coll_all_reduce(f->dev, sumsq, sumsq, 1, RED_SUM, f->compute, "grad_norm");
-    for (int i = 0; i < m->n_modules; i++) {
-        for (int j = 0; j < m->modules[i].n_params; j++) {
-            Param *p = &m->modules[i].params[j];
-            DTensor *dt = &p->dt;
-            size_t n = dt->local_rows * dt->row_numel;
-            if (!dt->exp_avg) { /* optimizer state is created at the first step, sharded like the param */
-                dt->exp_avg = dev_alloc_f32(f->dev, n, MEM_OPTIM_STATE, p->name);
-                dt->exp_avg_sq = dev_alloc_f32(f->dev, n, MEM_OPTIM_STATE, p->name);
-                dev_memset_async(f->compute, dt->exp_avg, 0, n * sizeof(float));
-                dev_memset_async(f->compute, dt->exp_avg_sq, 0, n * sizeof(float));
-            }
-            launch_adamw(f->compute, dt->local, dt->grad, dt->exp_avg, dt->exp_avg_sq, n, &f->optim, lr, t, sumsq);
-            dt->grad = NULL;
-        }
-        dev_free(f->dev, f->groups[i].grad_shards); /* zero_grad(set_to_none=True) */
-        f->groups[i].grad_shards = NULL;
-    }
-    dev_event_record(f->shards_ready, f->compute);
-    float host_sumsq = 0;
-    dev_memcpy_async(f->compute, &host_sumsq, sumsq, sizeof(float));
-    dev_stream_synchronize(f->compute);
-    dev_free(f->dev, sumsq);
-    return sqrtf(host_sumsq);
+    /* TODO(stage 02): global grad norm = sqrt(all-reduce of local sums of squares); clip; AdamW on local rows; free the grad shards. */
+    hw_todo("global grad norm = sqrt(all-reduce of local sums of squares); clip; AdamW on local rows; free the grad shards", "HANDOUT.md#stage-02");
+    /* TODO(stage 03): the next all-gathers must read the updated shards. */
+    hw_todo("the next all-gathers must read the updated shards", "HANDOUT.md#stage-03");
+    /* TODO(stage 02): read the global grad norm back and return it. */
+    hw_todo("read the global grad norm back and return it", "HANDOUT.md#stage-02");
 }
 
 void fsdp_destroy(Fsdp *f) {

@@ -1,6 +1,8 @@
-/* STARTER for stage 08 — this is your file. Fill every TODO(stage 08) below
- * (each one stops the run until you do; see HANDOUT.md#stage-08).
- * Generated from the instructors' solution by tools/make_starters.py. */
+/* STARTER for stage 08 — it stubs every stage up to 08: each TODO(stage NN) below stops
+ * the run until you fill it (see HANDOUT.md#stage-NN). If you did the earlier stages, do not
+ * start here: run `make carry STAGE=08`, which carries your own file into this stage and
+ * lists what stage 08 adds. Starting from scratch, fill the TODOs stage by stage from
+ * stage 01. Generated from the instructors' solution by tools/make_starters.py. */
 /* hw_fsdp.c — stage 08: mixed precision (--param-dtype bf16).
  *
  * Stage 06 plus FSDP2's MixedPrecisionPolicy(param_dtype, reduce_dtype):
@@ -98,36 +100,14 @@ Fsdp *fsdp_init(const FsdpConfig *cfg) {
         for (int j = 0; j < mod->n_params; j++) {
             Param *p = &mod->params[j];
             DTensor *dt = &p->dt;
-            dt->global_rows = p->shape[0];
-            dt->row_numel = p->numel / p->shape[0];
-            dt->padded_rows = chunk_rows(p->shape[0], f->world);
-            dt->local_rows = rows_of_rank(p->shape[0], f->world, f->rank);
-            /* a rank with no rows starts at the end (device.h, DTensor.row_offset) */
-            dt->row_offset = dt->local_rows ? dt->padded_rows * (size_t)f->rank : p->shape[0];
-            dt->mesh = f->mesh;
-            dt->placement = PLACEMENT_SHARD0;
-            size_t padded = dt->padded_rows * dt->row_numel, local = dt->local_rows * dt->row_numel;
-            dt->local = dev_alloc_f32(f->dev, padded, MEM_PARAM_SHARD, p->name);
-            dev_memcpy_async(f->compute, dt->local, p->data + dt->row_offset * dt->row_numel, local * sizeof(float));
-            dev_memset_async(f->compute, dt->local + local, 0, (padded - local) * sizeof(float));
-            dev_free(f->dev, p->data); /* the full tensor is gone: only the shard remains */
-            p->data = NULL;
-            g->offsets[j] = g->shard_numel;
-            g->shard_numel += padded;
+            /* TODO(stage 01): shard p into a DTensor: Shard(0) on the world mesh, torch.chunk rows, padded local storage. */
+            hw_todo("shard p into a DTensor: Shard(0) on the world mesh, torch.chunk rows, padded local storage", "HANDOUT.md#stage-01");
         }
     }
-    f->ag_stream = dev_stream_create(f->dev, "all_gather");
-    f->shards_ready = dev_event_create(f->dev, "shards_ready");
-    f->copy_out_done = dev_event_create(f->dev, "copy_out_done");
-    dev_event_record(f->shards_ready, f->compute); /* the copies above wrote the shards */
-    for (int i = 0; i < f->model->n_modules; i++) {
-        char name[64];
-        snprintf(name, sizeof name, "%s.all_gather_done", f->model->modules[i].name);
-        f->groups[i].ag_done = dev_event_create(f->dev, name);
-    }
-    f->rs_stream = dev_stream_create(f->dev, "reduce_scatter");
-    f->grads_ready = dev_event_create(f->dev, "grads_ready");
-    f->rs_done = dev_event_create(f->dev, "reduce_scatter_done");
+    /* TODO(stage 03): create the all-gather stream and the events that order it with compute. */
+    hw_todo("create the all-gather stream and the events that order it with compute", "HANDOUT.md#stage-03");
+    /* TODO(stage 04): create the reduce-scatter stream and its events. */
+    hw_todo("create the reduce-scatter stream and its events", "HANDOUT.md#stage-04");
     return f;
 }
 
@@ -138,9 +118,8 @@ static int is_unsharded(const Group *g) { return g->mod->params[0].data || g->mo
  * so its next allocation may take the block. */
 static void release_all_gather_state(Fsdp *f) {
     if (!f->ag_state) return;
-    dev_stream_wait_event(f->ag_stream, f->copy_out_done);
-    dev_free(f->dev, f->ag_state);
-    f->ag_state = NULL;
+    /* TODO(stage 03): the all-gather stream waits for the copy-out, then the kept output is freed. */
+    hw_todo("the all-gather stream waits for the copy-out, then the kept output is freed", "HANDOUT.md#stage-03");
 }
 
 /* Issue g's all-gather on the all-gather stream (returns at once): copy-in
@@ -149,25 +128,17 @@ static void release_all_gather_state(Fsdp *f) {
 static void issue_all_gather(Fsdp *f, Group *g) {
     if (g->ag_flat || is_unsharded(g)) return; /* already in flight or done */
     Module *mod = g->mod;
-    size_t S = g->shard_numel;
-    char name[64];
-    snprintf(name, sizeof name, "%s.all_gather_buffer", mod->name);
-    release_all_gather_state(f); /* before the allocation: its block may serve this one */
-    dev_stream_wait_event(f->ag_stream, f->shards_ready); /* read the shards only after the optimizer wrote them */
+    /* TODO(stage 03): name the all-gather output, drop the AllGatherState, wait until the shards are ready. */
+    hw_todo("name the all-gather output, drop the AllGatherState, wait until the shards are ready", "HANDOUT.md#stage-03");
     if (f->param_bf16) {
         /* TODO(stage 08): bfloat16 all-gather: cast each padded shard into this rank's segment on copy-in, then all-gather the 16-bit words. */
         hw_todo("bfloat16 all-gather: cast each padded shard into this rank's segment on copy-in, then all-gather the 16-bit words", "HANDOUT.md#stage-08");
     } else {
-        float *flat = dev_alloc_f32_on(f->ag_stream, S * (size_t)f->world, MEM_COMM_BUFFER, name); /* the stream that fills it */
-        float *mine = flat + (size_t)f->rank * S;
-        for (int j = 0; j < mod->n_params; j++) {
-            DTensor *dt = &mod->params[j].dt;
-            dev_memcpy_async(f->ag_stream, mine + g->offsets[j], dt->local, dt->padded_rows * dt->row_numel * sizeof(float));
-        }
-        coll_all_gather(f->dev, mine, flat, S, f->ag_stream, mod->name);
-        g->ag_flat = flat;
+        /* TODO(stage 03): float32: copy-in + all-gather on the all-gather stream. */
+        hw_todo("float32: copy-in + all-gather on the all-gather stream", "HANDOUT.md#stage-03");
     }
-    dev_event_record(g->ag_done, f->ag_stream);
+    /* TODO(stage 03): record ag_done. */
+    hw_todo("record ag_done", "HANDOUT.md#stage-03");
 }
 
 /* Make g's params usable by compute: the compute stream waits for the
@@ -175,48 +146,35 @@ static void issue_all_gather(Fsdp *f, Group *g) {
 static void wait_all_gather(Fsdp *f, Group *g) {
     if (!g->ag_flat) return;
     Module *mod = g->mod;
-    size_t S = g->shard_numel;
-    dev_stream_wait_event(f->compute, g->ag_done);
+    /* TODO(stage 03): compute waits on ag_done. */
+    hw_todo("compute waits on ag_done", "HANDOUT.md#stage-03");
     for (int j = 0; j < mod->n_params; j++) {
-        Param *p = &mod->params[j];
-        size_t chunk = p->dt.padded_rows, rn = p->dt.row_numel;
+        /* TODO(stage 03): param j and its padded rows. */
+        hw_todo("param j and its padded rows", "HANDOUT.md#stage-03");
         if (f->param_bf16) {
             /* TODO(stage 08): copy each rank's rows out of the bfloat16 all-gather output into Param.data_bf16. */
             hw_todo("copy each rank's rows out of the bfloat16 all-gather output into Param.data_bf16", "HANDOUT.md#stage-08");
             continue;
         }
-        const float *flat = g->ag_flat;
-        p->data = dev_alloc_f32(f->dev, p->numel, MEM_UNSHARDED_PARAM, p->name);
-        for (int r = 0; r < f->world; r++) {
-            size_t rows = rows_of_rank(p->shape[0], f->world, r);
-            if (rows)
-                dev_memcpy_async(f->compute, p->data + chunk * (size_t)r * rn, flat + (size_t)r * S + g->offsets[j],
-                                 rows * rn * sizeof(float));
-        }
+        /* TODO(stage 03): float32: copy each rank's rows out of the all-gather output into Param.data. */
+        hw_todo("float32: copy each rank's rows out of the all-gather output into Param.data", "HANDOUT.md#stage-03");
     }
-    dev_event_record(f->copy_out_done, f->compute);
-    f->ag_state = g->ag_flat; /* kept until the all-gather stream waited for the copy-out */
-    g->ag_flat = NULL;
+    /* TODO(stage 03): record copy_out_done and keep the flat buffer as the AllGatherState. */
+    hw_todo("record copy_out_done and keep the flat buffer as the AllGatherState", "HANDOUT.md#stage-03");
 }
 
 /* reshard: free the unsharded params (float32 or bfloat16); the DTensor shards stay. */
 static void reshard(Fsdp *f, Group *g) {
-    for (int j = 0; j < g->mod->n_params; j++) {
-        Param *p = &g->mod->params[j];
-        dev_free(f->dev, p->data);
-        dev_free(f->dev, p->data_bf16);
-        p->data = NULL;
-        p->data_bf16 = NULL;
-    }
+    /* TODO(stage 08): free every unsharded Param.data and Param.data_bf16. */
+    hw_todo("free every unsharded Param.data and Param.data_bf16", "HANDOUT.md#stage-08");
 }
 
 /* Drop the ReduceScatterState: once compute has waited for the reduce-scatter
  * that read the kept input, compute's next allocation may take its block. */
 static void release_reduce_scatter_state(Fsdp *f) {
     if (!f->rs_state) return;
-    dev_stream_wait_event(f->compute, f->rs_done);
-    dev_free(f->dev, f->rs_state);
-    f->rs_state = NULL;
+    /* TODO(stage 04): compute waits for the reduce-scatter, then its input is freed. */
+    hw_todo("compute waits for the reduce-scatter, then its input is freed", "HANDOUT.md#stage-04");
 }
 
 /* --reduce-dtype bf16: the same reduce-scatter on bfloat16 words. The input
@@ -225,9 +183,6 @@ static void release_reduce_scatter_state(Fsdp *f) {
  * grad shards the optimizer reads. */
 static void reduce_grads_bf16(Fsdp *f, Group *g) {
     Module *mod = g->mod;
-    size_t S = g->shard_numel;
-    char name[64];
-    release_reduce_scatter_state(f);
     /* TODO(stage 08): reduce-scatter in bfloat16: cast each grad chunk into the input, reduce-scatter the 16-bit words, widen the result into the float32 grad shards, keep the input as the reduce-scatter state. */
     hw_todo("reduce-scatter in bfloat16: cast each grad chunk into the input, reduce-scatter the 16-bit words, widen the result into the float32 grad shards, keep the input as the reduce-scatter state", "HANDOUT.md#stage-08");
 }
@@ -236,117 +191,66 @@ static void reduce_grads_bf16(Fsdp *f, Group *g) {
  * of (world, S) holds chunk r of every grad) and frees the grads; the
  * reduce-scatter stream waits for that, averages, and records rs_done. */
 static void reduce_grads(Fsdp *f, Group *g) {
-    if (f->reduce_bf16) {
-        reduce_grads_bf16(f, g);
-        return;
-    }
+    /* TODO(stage 08): with --reduce-dtype bf16 the reduce-scatter runs in bfloat16. */
+    hw_todo("with --reduce-dtype bf16 the reduce-scatter runs in bfloat16", "HANDOUT.md#stage-08");
     Module *mod = g->mod;
-    size_t S = g->shard_numel;
-    char name[64];
-    /* one reduce-scatter in flight at a time bounds the comm buffers (FSDP2 does the same);
-     * the previous one's input goes once compute has waited for it */
-    release_reduce_scatter_state(f);
-    snprintf(name, sizeof name, "%s.reduce_scatter_input", mod->name);
-    float *in = dev_alloc_f32(f->dev, S * (size_t)f->world, MEM_COMM_BUFFER, name);
-    dev_memset_async(f->compute, in, 0, S * (size_t)f->world * sizeof(float));
-    for (int j = 0; j < mod->n_params; j++) {
-        Param *p = &mod->params[j];
-        size_t chunk = p->dt.padded_rows, rn = p->dt.row_numel;
-        for (int r = 0; r < f->world; r++) {
-            size_t rows = rows_of_rank(p->shape[0], f->world, r);
-            if (rows)
-                dev_memcpy_async(f->compute, in + (size_t)r * S + g->offsets[j], p->grad + chunk * (size_t)r * rn,
-                                 rows * rn * sizeof(float));
-        }
-        dev_free(f->dev, p->grad);
-        p->grad = NULL;
-    }
-    dev_event_record(f->grads_ready, f->compute);
-    dev_stream_wait_event(f->rs_stream, f->grads_ready);
-    snprintf(name, sizeof name, "%s.grad_shards", mod->name);
-    g->grad_shards = dev_alloc_f32(f->dev, S, MEM_GRAD_SHARD, name);
-    coll_reduce_scatter(f->dev, in, g->grad_shards, S, RED_AVG, f->rs_stream, mod->name);
-    dev_event_record(f->rs_done, f->rs_stream);
-    f->rs_state = in; /* the reduce-scatter stream still reads it: kept until compute waited for rs_done */
-    for (int j = 0; j < mod->n_params; j++) mod->params[j].dt.grad = g->grad_shards + g->offsets[j];
+    /* TODO(stage 04): chunk-cat on compute (after releasing the previous ReduceScatterState), reduce-scatter on its stream, record rs_done, keep the input as the ReduceScatterState. */
+    hw_todo("chunk-cat on compute (after releasing the previous ReduceScatterState), reduce-scatter on its stream, record rs_done, keep the input as the ReduceScatterState", "HANDOUT.md#stage-04");
 }
 
 void fsdp_pre_forward(Fsdp *f, Module *mod) {
     Group *g = mod->fsdp;
-    if (g->state == TS_PRE_BACKWARD) return;
-    g->state = TS_FORWARD;
-    issue_all_gather(f, g); /* no-op when the previous module prefetched it */
-    wait_all_gather(f, g);
-    if (mod->index + 1 < f->model->n_modules) issue_all_gather(f, &f->groups[mod->index + 1]);
+    /* TODO(stage 05): an activation-checkpoint recompute runs pre_forward inside backward: params are already unsharded, do nothing. */
+    hw_todo("an activation-checkpoint recompute runs pre_forward inside backward: params are already unsharded, do nothing", "HANDOUT.md#stage-05");
+    /* TODO(stage 03): unshard (unless prefetched), wait, then prefetch the next module in forward order. */
+    hw_todo("unshard (unless prefetched), wait, then prefetch the next module in forward order", "HANDOUT.md#stage-03");
 }
 
 void fsdp_post_forward(Fsdp *f, Module *mod) {
     Group *g = mod->fsdp;
-    if (g->state == TS_PRE_BACKWARD) return;
-    if (!f->reshard_after_forward) { /* ZeRO-2 (stage 06) */
-        g->state = TS_IDLE;
-        return; /* pre_backward's unshard is then a no-op: no all-gather in backward */
-    }
+    /* TODO(stage 05): after a recompute the backward still needs the params: do not reshard. */
+    hw_todo("after a recompute the backward still needs the params: do not reshard", "HANDOUT.md#stage-05");
+    /* TODO(stage 06): ZeRO-2: without reshard-after-forward the params stay unsharded until post_backward. */
+    hw_todo("ZeRO-2: without reshard-after-forward the params stay unsharded until post_backward", "HANDOUT.md#stage-06");
     reshard(f, g);
-    g->state = TS_IDLE;
+    /* TODO(stage 05): the forward is done: back to IDLE. */
+    hw_todo("the forward is done: back to IDLE", "HANDOUT.md#stage-05");
 }
 
 void fsdp_pre_backward(Fsdp *f, Module *mod) {
     Group *g = mod->fsdp;
-    release_all_gather_state(f); /* the forward's last one: no forward all-gather comes to drop it */
-    if (g->state == TS_PRE_BACKWARD) return;
-    g->state = TS_PRE_BACKWARD;
-    issue_all_gather(f, g);
-    wait_all_gather(f, g);
-    if (mod->index > 0) issue_all_gather(f, &f->groups[mod->index - 1]);
+    /* TODO(stage 03): drop the forward's last AllGatherState. */
+    hw_todo("drop the forward's last AllGatherState", "HANDOUT.md#stage-03");
+    /* TODO(stage 05): enter PRE_BACKWARD (once) so the recompute's forward hooks know. */
+    hw_todo("enter PRE_BACKWARD (once) so the recompute's forward hooks know", "HANDOUT.md#stage-05");
+    /* TODO(stage 04): unshard (unless prefetched), wait, prefetch the module that ran forward just before. */
+    hw_todo("unshard (unless prefetched), wait, prefetch the module that ran forward just before", "HANDOUT.md#stage-04");
 }
 
 void fsdp_post_backward(Fsdp *f, Module *mod) {
     Group *g = mod->fsdp;
-    g->state = TS_POST_BACKWARD;
-    reduce_grads(f, g);
-    reshard(f, g);
+    /* TODO(stage 05): enter POST_BACKWARD. */
+    hw_todo("enter POST_BACKWARD", "HANDOUT.md#stage-05");
+    /* TODO(stage 02): reduce-scatter this module's grads, then reshard. */
+    hw_todo("reduce-scatter this module's grads, then reshard", "HANDOUT.md#stage-02");
 }
 
 void fsdp_finish_backward(Fsdp *f) {
-    release_all_gather_state(f); /* the backward's last one, before the optimizer */
-    release_reduce_scatter_state(f);
-    for (int i = 0; i < f->model->n_modules; i++) f->groups[i].state = TS_IDLE;
+    /* TODO(stage 03): drop the backward's last AllGatherState before the optimizer. */
+    hw_todo("drop the backward's last AllGatherState before the optimizer", "HANDOUT.md#stage-03");
+    /* TODO(stage 04): the optimizer (compute stream) must see every reduce-scatter's output. */
+    hw_todo("the optimizer (compute stream) must see every reduce-scatter's output", "HANDOUT.md#stage-04");
+    /* TODO(stage 05): every module back to IDLE for the next step. */
+    hw_todo("every module back to IDLE for the next step", "HANDOUT.md#stage-05");
 }
 
 float fsdp_optimizer_step(Fsdp *f, float lr, int t) {
-    Model *m = f->model;
-    float *sumsq = dev_alloc_f32(f->dev, 1, MEM_TEMP, "grad_norm.sumsq");
-    dev_memset_async(f->compute, sumsq, 0, sizeof(float));
-    for (int i = 0; i < m->n_modules; i++)
-        for (int j = 0; j < m->modules[i].n_params; j++) {
-            DTensor *dt = &m->modules[i].params[j].dt;
-            launch_sumsq_accumulate(f->compute, sumsq, dt->grad, dt->local_rows * dt->row_numel);
-        }
-    coll_all_reduce(f->dev, sumsq, sumsq, 1, RED_SUM, f->compute, "grad_norm");
-    for (int i = 0; i < m->n_modules; i++) {
-        for (int j = 0; j < m->modules[i].n_params; j++) {
-            Param *p = &m->modules[i].params[j];
-            DTensor *dt = &p->dt;
-            size_t n = dt->local_rows * dt->row_numel;
-            if (!dt->exp_avg) { /* optimizer state is created at the first step, sharded like the param */
-                dt->exp_avg = dev_alloc_f32(f->dev, n, MEM_OPTIM_STATE, p->name);
-                dt->exp_avg_sq = dev_alloc_f32(f->dev, n, MEM_OPTIM_STATE, p->name);
-                dev_memset_async(f->compute, dt->exp_avg, 0, n * sizeof(float));
-                dev_memset_async(f->compute, dt->exp_avg_sq, 0, n * sizeof(float));
-            }
-            launch_adamw(f->compute, dt->local, dt->grad, dt->exp_avg, dt->exp_avg_sq, n, &f->optim, lr, t, sumsq);
-            dt->grad = NULL;
-        }
-        dev_free(f->dev, f->groups[i].grad_shards); /* zero_grad(set_to_none=True) */
-        f->groups[i].grad_shards = NULL;
-    }
-    dev_event_record(f->shards_ready, f->compute);
-    float host_sumsq = 0;
-    dev_memcpy_async(f->compute, &host_sumsq, sumsq, sizeof(float));
-    dev_stream_synchronize(f->compute);
-    dev_free(f->dev, sumsq);
-    return sqrtf(host_sumsq);
+    /* TODO(stage 02): global grad norm = sqrt(all-reduce of local sums of squares); clip; AdamW on local rows; free the grad shards. */
+    hw_todo("global grad norm = sqrt(all-reduce of local sums of squares); clip; AdamW on local rows; free the grad shards", "HANDOUT.md#stage-02");
+    /* TODO(stage 03): the next all-gathers must read the updated shards. */
+    hw_todo("the next all-gathers must read the updated shards", "HANDOUT.md#stage-03");
+    /* TODO(stage 02): read the global grad norm back and return it. */
+    hw_todo("read the global grad norm back and return it", "HANDOUT.md#stage-02");
 }
 
 void fsdp_destroy(Fsdp *f) {

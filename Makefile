@@ -216,10 +216,11 @@ fsdp2-check: all $(FSDP2_VENV)/.fsdp2-ready
 record-stream-demo: all
 	$(PYTHON) tools/record_stream_demo.py --publish
 
-# The student tree: everything but solutions/ (and the mutants built from them); RELEASE=NN
-# writes the staged release holding stages 01..NN only (tools/make_handout.py says how).
+# The student tree: everything but solutions/ (and the mutants built from them); its starters
+# hold no answer. RELEASE=NN writes the staged release holding stages 01..NN only, whose
+# starters hold the earlier stages' solutions unless NO_EARLIER_SOLUTIONS=1 (tools/make_handout.py says how).
 handout: all
-	$(PYTHON) tools/make_handout.py $(if $(RELEASE),--release $(RELEASE))
+	$(PYTHON) tools/make_handout.py $(if $(RELEASE),--release $(RELEASE)) $(if $(filter-out 0,$(NO_EARLIER_SOLUTIONS)),--no-earlier-solutions)
 
 # Instructors: the Gradescope autograder zip (dist/hwfsdp-gradescope*.zip; INSTRUCTORS.md#gradescope).
 # RELEASE=NN: release NN's tree; STAGE=NN: the assignment grades that stage only; VISIBILITY=after_due_date ...

@@ -1,15 +1,24 @@
 #!/usr/bin/env python3
 """The student copy (make handout [RELEASE=NN]).
 
-    make_handout.py [--release NN] [--out FILE]
+    make_handout.py [--release NN [--no-earlier-solutions]] [--out FILE]
 
 Everything git tracks but what only instructors have (solutions/, the mutants built from
-them, the tests that need them). With --release NN: a staged release for a course that hands
-out one stage at a time, holding stages 01..NN only: their starters, their reference logs,
-and a rubric (grader/rubric.json) that lists only them. Stage N's starter contains the
-solutions of the stages before N (being stuck never blocks the next stage), so release N is
-published after stage N-1's deadline; a self-learner takes the last release (or no --release:
-the same tree). Writes dist/hwfsdp-handout.tar.gz, or dist/hwfsdp-release-NN.tar.gz.
+them, the tests that need them).
+
+Without --release: the full handout, for a self-learner or a course that hands out everything
+at once. Its starters are the committed stages/, which hold no answer: stage NN's starter
+stubs every stage up to NN, and a student who did the earlier stages carries their own file
+forward (make carry STAGE=NN).
+
+With --release NN: a staged release for a course that hands out one stage at a time, holding
+stages 01..NN only: their starters, their reference logs, and a rubric (grader/rubric.json)
+that lists only them. Its starters are generated here from solutions/: stage N's starter
+contains the solutions of the stages before N (being stuck never blocks the next stage), so
+release N is published after stage N-1's deadline. --no-earlier-solutions ships the
+committed, answer-free starters instead (students then carry their own files forward).
+
+Writes dist/hwfsdp-handout.tar.gz, or dist/hwfsdp-release-NN.tar.gz.
 """
 import argparse
 import io
@@ -21,6 +30,7 @@ import tarfile
 
 from repo_paths import ROOT  # first: it puts grader/ on sys.path
 import manifest
+import make_starters
 
 INSTRUCTORS_ONLY = ("solutions/", "tests/mutants/", "tests/test_solutions", "tests/test_grader", "tests/test_handout",
                     "tests/test_parity_spread",
@@ -77,6 +87,24 @@ def release_rubric(kept):
     return (json.dumps(rubric, indent=2, ensure_ascii=False) + "\n").encode()
 
 
+def release_starters(kept):
+    """{path: bytes}: the staged release's starters and their READMEs, with the solutions of the earlier
+    stages kept (make_starters.convert(keep_earlier=True))."""
+    out = {}
+    for st in manifest.stages():
+        if st.id not in kept:
+            continue
+        src = st.solution_src()
+        if not os.path.isfile(src):
+            fail("%s is missing: a staged release's starters are made from the solutions (or give "
+                 "--no-earlier-solutions)" % os.path.relpath(src, ROOT))
+        with open(src, encoding="utf-8") as fh:
+            text, todos = make_starters.convert(fh.read(), st.id, src, keep_earlier=True)
+        out["stages/%s/hw_fsdp.c" % st.dir] = text.encode()
+        out["stages/%s/README.md" % st.dir] = make_starters.readme(st, todos).encode()
+    return out
+
+
 def reference_manifest(data, keep):
     m = json.loads(data)
     m["files"] = [f for f in m.get("files", []) if keep("logs/reference/" + f["path"])]
@@ -86,12 +114,18 @@ def reference_manifest(data, keep):
 def main(argv=None):
     ap = argparse.ArgumentParser(description="Write the student copy (a staged release with --release).")
     ap.add_argument("--release", help="the last stage the release holds (01..)")
+    ap.add_argument("--no-earlier-solutions", action="store_true",
+                    help="with --release: ship the answer-free starters of the full handout, not starters holding "
+                         "the earlier stages' solutions")
     ap.add_argument("--out", help="the tarball (default dist/hwfsdp-handout.tar.gz or dist/hwfsdp-release-NN.tar.gz)")
     args = ap.parse_args(argv)
     release = None
     if args.release:
         release = "%02d" % int(args.release) if args.release.isdigit() else args.release
     kept, dropped = release_plan(release)
+    if args.no_earlier_solutions and release is None:
+        fail("--no-earlier-solutions goes with --release NN (the full handout's starters hold no solution anyway)")
+    generated = release_starters(kept) if release is not None and not args.no_earlier_solutions else {}
     out = args.out or os.path.join(ROOT, "dist", "hwfsdp-handout.tar.gz" if release is None
                                    else "hwfsdp-release-%s.tar.gz" % release)
     files = [f for f in tracked_files() if not f.startswith(INSTRUCTORS_ONLY) and not dropped_path(f, dropped)]
@@ -102,7 +136,9 @@ def main(argv=None):
             if not os.path.exists(path):
                 continue  # deleted in the work tree, not yet in git
             data = None
-            if dropped and f == "grader/rubric.json":
+            if f in generated:
+                data = generated[f]
+            elif dropped and f == "grader/rubric.json":
                 data = release_rubric(kept)
             elif dropped and f == "logs/reference/MANIFEST.json":
                 with open(path, "rb") as fh:
@@ -117,8 +153,9 @@ def main(argv=None):
                 info.size = len(data)
                 tar.addfile(info, io.BytesIO(data))
     os.replace(out + ".tmp", out)
-    print("wrote %s (stages %s, %d files, %.1f MB)" % (out, ", ".join(kept), len(files),
-                                                       os.path.getsize(out) / 1e6))
+    print("wrote %s (stages %s, %d files, %.1f MB; starters: %s)" % (
+        out, ", ".join(kept), len(files), os.path.getsize(out) / 1e6,
+        "with the earlier stages' solutions" if generated else "answer-free"))
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ class Stage:
         self.streams = list(spec.get("streams", []))  # all_gather / reduce_scatter: on their own stream
         self.config = dict(spec.get("config", {}))
         self.checks = dict(spec.get("checks", {}))
+        self.builds_on = spec.get("builds_on")  # "06": the stage whose file `make carry` brings here (None: the first)
         self.spec = spec
 
     # what the flags make the training loop do
@@ -232,6 +233,14 @@ def validate_stages(rubric, name="rubric.json"):
                 bad("%s.%s" % (where, key), "a string", spec.get(key))
         if not isinstance(spec.get("bonus", False), bool):
             bad(where + ".bonus", "true or false", spec.get("bonus"))
+        if "builds_on" in spec:
+            b = spec["builds_on"]
+            if not (isinstance(b, str) and b in stages_ and b < sid):
+                bad(where + ".builds_on", "an earlier stage of this rubric (the one whose file `make carry` brings "
+                    "into stage %s)" % sid, b)
+        elif sid != min(stages_):
+            bad(where + ".builds_on", "the earlier stage this one builds on (every stage but the first names one)",
+                None)
         str_list(where + ".flags", spec.get("flags", []))
         for f in spec.get("flags", []):
             if not re.fullmatch(r"--[a-z0-9-]+(=[A-Za-z0-9._-]+)?", f):

@@ -191,8 +191,9 @@ plots:
 starters:
 	$(PYTHON) tools/make_starters.py
 
-# Students: evolve one file of your own. Copies stages/<NN-1>/hw_fsdp.c into stage NN (its starter
-# stays beside it as hw_fsdp.starter.c) and lists what stage NN adds. FORCE=1 carries again.
+# Students: evolve one file of your own. Copies your file of the stage NN builds on (rubric.json's
+# builds_on: NN-1, or 06 for the bonus stages) into stage NN, says so in its first comment, keeps
+# the answer-free starter beside it as hw_fsdp.starter.c and lists what stage NN adds. FORCE=1 carries again.
 carry:
 	@test -n "$(STAGE)" || { echo "usage: make carry STAGE=NN [FORCE=1]"; exit 2; }
 	@$(PYTHON) tools/carry.py $(STAGE) $(if $(filter-out 0,$(FORCE)),--force)

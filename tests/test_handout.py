@@ -1,6 +1,8 @@
 """The student copy and its staged releases (tools/make_handout.py; instructors only: it needs
-solutions/ and git). Release NN holds stages 01..NN, their reference logs and a rubric listing
-only them; no release holds a solution of a stage it hands out (or of any later stage)."""
+solutions/ and git). The full handout's starters hold no line of any stage's solution regions.
+Release NN holds stages 01..NN, their reference logs and a rubric listing only them; its
+starters hold the earlier stages' solutions (unless --no-earlier-solutions), never one of a
+stage it hands out (or of any later stage)."""
 import glob
 import json
 import os
@@ -23,24 +25,85 @@ pytestmark = pytest.mark.skipif(not os.path.exists(os.path.join(ROOT, ".git")), 
 
 
 def solution_regions():
-    """{stage: [region body, ...]}: the code between BEGIN/END SOLUTION markers, by the stage it solves."""
+    """{stage: [region body, ...]}: the code between BEGIN/END SOLUTION markers, by the stage it solves (a nested
+    region's lines count for the inner and the outer one)."""
     out = {}
     for st in STAGES:
-        lines, tag, body = open(st.solution_src()).read().splitlines(), None, []
-        for line in lines:
+        open_ = []  # [tag, body] of every region the line is in
+        for line in open(st.solution_src()).read().splitlines():
             m = BEGIN.match(line)
             if m:
-                tag, body = m.group(1), []
-            elif END.match(line) and tag:
+                open_.append([m.group(1), []])
+            elif END.match(line) and open_:
+                tag, body = open_.pop()
                 text = "\n".join(l.strip() for l in body if l.strip())
                 if text.count("\n") >= 1:  # two lines or more: a one-liner may occur by chance
                     out.setdefault(tag, []).append(text)
-                tag = None
-            elif tag:
-                body.append(line)
+            else:
+                for _, body in open_:
+                    body.append(line)
     return out
 
 
+TRIVIAL = {"return 0;", "return;", "break;", "continue;", "} else {", "else {", "};"}
+
+
+def code_lines(text):
+    """[(significant line, inside a SOLUTION region)] of a C file: comments stripped (a block comment may span
+    lines), whitespace collapsed, braces-only, trivial and short (under 12 characters) lines left out."""
+    out, depth, in_comment = [], 0, False
+    for line in text.splitlines():
+        if BEGIN.match(line):
+            depth += 1
+            continue
+        if END.match(line):
+            depth = max(depth - 1, 0)
+            continue
+        code, i = [], 0
+        while i < len(line):
+            if in_comment:
+                j = line.find("*/", i)
+                if j < 0:
+                    break
+                in_comment, i = False, j + 2
+            elif line.startswith("/*", i):
+                in_comment, i = True, i + 2
+            elif line.startswith("//", i):
+                break
+            else:
+                code.append(line[i])
+                i += 1
+        c = " ".join("".join(code).split())
+        if len(c) >= 12 and c not in TRIVIAL and c.strip("{}; ") != "":
+            out.append((c, depth > 0))
+    return out
+
+
+def answer_lines(solution_text):
+    """The significant lines inside the solution's regions that occur nowhere outside them in that solution."""
+    lines = code_lines(solution_text)
+    return {c for c, inside in lines if inside} - {c for c, inside in lines if not inside}
+
+
+def teardown_removed(text):
+    """The starter without its fsdp_destroy (the teardown every starter gives: freeing the state the stages
+    allocate, e.g. the AllGatherState, reveals nothing of how a stage uses it)."""
+    m = re.search(r"^void fsdp_destroy\(Fsdp \*f\) \{\n.*?^\}\n?", text, re.S | re.M)
+    return text[:m.start()] + text[m.end():] if m else text
+
+
+def leaked_answers(starters, solutions):
+    """[(solution stage M, starter stage N, line)] for every answer line of solution M (answer_lines) found in a
+    starter of stage N >= M. starters, solutions: {stage id: text}."""
+    leaks = []
+    for m_id, sol in sorted(solutions.items()):
+        answers = answer_lines(sol)
+        for n_id, starter in sorted(starters.items()):
+            if n_id < m_id:
+                continue
+            for c in sorted(answers & {c for c, _ in code_lines(teardown_removed(starter))}):
+                leaks.append((m_id, n_id, c))
+    return leaks
 def members(path):
     with tarfile.open(path) as tar:
         return tar.getnames()
@@ -78,22 +141,68 @@ def test_release_holds_its_stages_and_no_later_solution(release, tmp_path):
 
 
 def test_the_regions_are_found():
-    """The leak check above is only as good as its region parser: every stage has solution regions,
-    and a later stage's starter does hold an earlier stage's solution (what releases are for)."""
+    """The leak checks are only as good as their region parser: every stage has solution regions, a staged
+    release's later starter does hold an earlier stage's solution (what releases are for), and every earlier
+    stage's answer lines are found in the old kind of starter (keep_earlier) while none is in the committed one."""
+    import make_starters
     regions = solution_regions()
     assert sorted(regions) == [s.id for s in STAGES]
-    later = "\n".join(l.strip() for l in open(STAGES[-1].starter_src()).read().splitlines() if l.strip())
+    last = STAGES[-1]
+    kept, _ = make_starters.convert(open(last.solution_src()).read(), last.id, "x.c", keep_earlier=True)
+    later = "\n".join(l.strip() for l in kept.splitlines() if l.strip())
     assert any(b in later for b in regions[STAGES[0].id])
+    sols = {s.id: open(s.solution_src()).read() for s in STAGES}
+    assert leaked_answers({last.id: kept}, sols)
+    assert not leaked_answers({last.id: open(last.starter_src()).read()}, sols)
 
 
-def test_full_handout_holds_every_stage(tmp_path):
-    out = str(tmp_path / "h.tar.gz")
+@pytest.fixture(scope="module")
+def full_handout(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("handout") / "h.tar.gz")
     make_handout.main(["--out", out])
+    return out
+
+
+def test_full_handout_holds_every_stage(full_handout):
+    out = full_handout
     names = members(out)
     assert {n.split("/")[2] for n in names if n.startswith("hwfsdp/stages/") and n.count("/") >= 3} == \
         {s.dir for s in STAGES}
     assert json.loads(read(out, "hwfsdp/grader/rubric.json")) == json.load(open(os.path.join(ROOT, "grader",
                                                                                              "rubric.json")))
+
+
+def test_full_handout_starters_hold_no_solution_region(full_handout):
+    """No starter of the full handout holds a line of any stage's solution: for every solution M, the significant
+    lines inside its BEGIN/END SOLUTION regions (comments, whitespace and trivial lines left out) minus those that
+    occur outside its regions too; no starter of a stage N >= M may contain one."""
+    starters = {s.id: read(full_handout, "hwfsdp/stages/%s/hw_fsdp.c" % s.dir) for s in STAGES}
+    sols = {s.id: open(s.solution_src()).read() for s in STAGES}
+    leaks = leaked_answers(starters, sols)
+    assert not leaks, "%d solution lines in the full handout's starters, e.g.\n%s" % (
+        len(leaks), "\n".join("solution %s -> starter %s: %s" % l for l in leaks[:10]))
+
+
+def test_release_keeps_earlier_solutions_unless_asked(tmp_path):
+    """A staged release's starter of stage N holds the solutions of the stages before N (today's choice for
+    courses); --no-earlier-solutions ships the full handout's answer-free starters instead."""
+    rel = STAGES[2]
+    regions = solution_regions()
+    flat = lambda text: "\n".join(l.strip() for l in text.splitlines() if l.strip())  # noqa: E731
+    with_sol, without = str(tmp_path / "a.tar.gz"), str(tmp_path / "b.tar.gz")
+    make_handout.main(["--release", rel.id, "--out", with_sol])
+    make_handout.main(["--release", rel.id, "--no-earlier-solutions", "--out", without])
+    starter = read(with_sol, "hwfsdp/stages/%s/hw_fsdp.c" % rel.dir)
+    for earlier in STAGES[:2]:
+        assert any(b in flat(starter) for b in regions[earlier.id]), earlier.id
+    assert "TODO(stage %s)" % rel.id in starter and "TODO(stage %s)" % STAGES[0].id not in starter
+    assert "staged release" in starter.split("*/", 1)[0]
+    for s in STAGES[:3]:
+        assert read(without, "hwfsdp/stages/%s/hw_fsdp.c" % s.dir) == open(s.starter_src()).read()
+        assert read(without, "hwfsdp/stages/%s/README.md" % s.dir) == \
+            open(os.path.join(ROOT, "stages", s.dir, "README.md")).read()
+    sols = {s.id: open(s.solution_src()).read() for s in STAGES[:3]}
+    assert not leaked_answers({s.id: read(without, "hwfsdp/stages/%s/hw_fsdp.c" % s.dir) for s in STAGES[:3]}, sols)
 
 
 def _carry(root, *args):
@@ -115,15 +224,19 @@ def test_carry_moves_your_file_forward(tmp_path):
     p = _carry(root, cur.id)
     assert p.returncode == 0, p.stderr
     here = os.path.join(root, "stages", cur.dir)
-    assert open(os.path.join(here, "hw_fsdp.c")).read() == mine
+    carried = open(os.path.join(here, "hw_fsdp.c")).read()
+    # your file, under a first comment that says what it now is (your own first comment stays below it)
+    assert carried.endswith(mine) and carried.startswith("/* CARRIED into stage %s" % cur.id), carried[:400]
+    banner = carried[:len(carried) - len(mine)]
+    assert "stage-%s file" % prev.id in banner and "HANDOUT.md#stage-%s" % cur.id in banner
     assert open(os.path.join(here, "hw_fsdp.starter.c")).read() == starter
     listed = [l for l in p.stdout.splitlines() if l.startswith("  - ")]
-    stubs = re.findall(r'hw_todo\("([^"]*)"', starter)
+    stubs = re.findall(r'hw_todo\("([^"]*)", "HANDOUT\.md#stage-%s"' % cur.id, starter)
     assert len(stubs) == starter.count("/* TODO(stage %s):" % cur.id) > 0
     assert len(listed) == len(stubs)
     for line, what in zip(listed, stubs):
         assert what in line and "HANDOUT.md#stage-%s" % cur.id in line, line
-    assert "TODO stub" not in p.stdout  # a finished stage 02 file: no warning
+    assert "warning:" not in p.stdout  # a finished stage 02 file: no warning
 
     # carried already: one line, exit 2, nothing touched; FORCE keeps the replaced file
     open(os.path.join(here, "hw_fsdp.c"), "a").write("/* stage 03 work */\n")
@@ -133,7 +246,9 @@ def test_carry_moves_your_file_forward(tmp_path):
     p = _carry(root, cur.id, "--force")
     assert p.returncode == 0, p.stderr
     assert open(os.path.join(here, "hw_fsdp.c.bak")).read().endswith("/* stage 03 work */\n")
-    assert open(os.path.join(here, "hw_fsdp.c")).read() == mine
+    assert open(os.path.join(here, "hw_fsdp.c")).read() == carried
+    # the advice never lays official code beside yours: the starter it names holds no answer of any stage
+    assert "holds no answer" in p.stdout and "diff -u" in p.stdout
 
     # the carried file trains on stage 03's flags
     binary = str(tmp_path / "train")
@@ -144,6 +259,38 @@ def test_carry_moves_your_file_forward(tmp_path):
                         "--steps", "2", "--data", CORPUS, "--out", str(tmp_path / "run"), "--quiet"] + cur.flags_at(2),
                        capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 0, r.stderr
+
+
+def test_carry_follows_builds_on_and_renames_the_banner(tmp_path):
+    """Each stage carries from its builds_on (a bonus stage from 06, not from the stage before it), and a carried
+    starter's banner ("STARTER for stage ...") becomes one that says what the file now is; carrying it again
+    (a file carried before) replaces the CARRIED banner instead of stacking a second one."""
+    by_id = {s.id: s for s in STAGES}
+    assert [s.builds_on for s in STAGES] == [None] + [s.id for s in STAGES[:6]] + ["06", "06", "06"]
+    root = str(tmp_path / "tree")
+    shutil.copytree(os.path.join(ROOT, "stages"), os.path.join(root, "stages"))
+    six, nine = by_id["06"], by_id["09"]
+    mine = open(six.solution_src()).read()
+    open(os.path.join(root, "stages", six.dir, "hw_fsdp.c"), "w").write(mine)
+    p = _carry(root, "09")
+    assert p.returncode == 0, p.stderr
+    assert "carried stages/%s/hw_fsdp.c -> stages/%s/hw_fsdp.c" % (six.dir, nine.dir) in p.stdout
+    carried = open(os.path.join(root, "stages", nine.dir, "hw_fsdp.c")).read()
+    assert carried.endswith(mine) and carried.startswith("/* CARRIED into stage 09")
+    listed = [l for l in p.stdout.splitlines() if l.startswith("  - ")]
+    assert listed and all("HANDOUT.md#stage-09" in l for l in listed)
+    # a carried file carried on: one banner, the newest
+    p = _carry(root, "10")  # from 06 too
+    assert p.returncode == 0, p.stderr
+    p = _carry(root, STAGES[1].id)  # stage 01's untouched starter: its STARTER banner is replaced
+    assert p.returncode == 0, p.stderr
+    text = open(os.path.join(root, "stages", STAGES[1].dir, "hw_fsdp.c")).read()
+    assert "STARTER for stage" not in text and text.count("CARRIED into stage") == 1, text[:300]
+    p = _carry(root, STAGES[2].id)  # that carried file carried on
+    assert p.returncode == 0, p.stderr
+    text = open(os.path.join(root, "stages", STAGES[2].dir, "hw_fsdp.c")).read()
+    assert text.count("CARRIED into stage") == 1 and text.startswith("/* CARRIED into stage %s" % STAGES[2].id)
+    assert "stage-%s file" % STAGES[1].id in text.split("*/", 1)[0], text[:300]
 
 
 def test_carry_warns_about_open_todos_and_refuses_bad_stages(tmp_path):

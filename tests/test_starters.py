@@ -1,6 +1,8 @@
 """stages/ is generated from solutions/ and in sync; every starter builds,
-runs, and stops at its first TODO with a message naming it (exit status 3)."""
+runs, and stops at its first TODO with a message naming it (exit status 3);
+stage NN's starter stubs every stage up to NN (it holds no answer)."""
 import os
+import re
 import subprocess
 import sys
 
@@ -22,30 +24,61 @@ def test_generator_refuses_unbalanced_markers(tmp_path):
     import make_starters
     good = "int f(void) {\n    /* BEGIN SOLUTION: do it (HANDOUT.md#stage-02) */\n    return 1;\n    /* END SOLUTION */\n}\n"
     out, todos = make_starters.convert(good, "02", "x.c")
-    assert 'hw_todo("do it", "HANDOUT.md#stage-02");' in out and "return 1;" not in out and todos == ["do it"]
-    kept, _ = make_starters.convert(good + good.replace("stage-02", "stage-03"), "03", "x.c")
-    assert "return 1;" in kept and "BEGIN SOLUTION" not in kept  # other stages' code stays, markers go
+    assert 'hw_todo("do it", "HANDOUT.md#stage-02");' in out and "return 1;" not in out and todos == [("02", "do it")]
+    two = good + good.replace("stage-02", "stage-03").replace("do it", "do more")
+    stubbed, todos = make_starters.convert(two, "03", "x.c")  # the full handout: every stage up to 03 stubbed
+    assert "return 1;" not in stubbed and "BEGIN SOLUTION" not in stubbed and \
+        todos == [("02", "do it"), ("03", "do more")] and 'hw_todo("do it", "HANDOUT.md#stage-02");' in stubbed
+    kept, todos = make_starters.convert(two, "03", "x.c", keep_earlier=True)  # a staged release
+    assert "return 1;" in kept and "BEGIN SOLUTION" not in kept and todos == [("03", "do more")]
+    # a region nested in an earlier stage's: stubbing the outer one lists the inner TODO after it
+    nested = ("int f(void) {\n    /* BEGIN SOLUTION: outer (HANDOUT.md#stage-02) */\n    if (1) {\n"
+              "        /* BEGIN SOLUTION: inner (HANDOUT.md#stage-03) */\n        return 2;\n        /* END SOLUTION */\n"
+              "    }\n    /* END SOLUTION */\n    return 1;\n}\n")
+    out, todos = make_starters.convert(nested, "03", "x.c")
+    assert todos == [("02", "outer"), ("03", "inner")] and "if (1)" not in out and "return 2;" not in out
+    out, todos = make_starters.convert(nested, "03", "x.c", keep_earlier=True)
+    assert todos == [("03", "inner")] and "if (1)" in out and "return 2;" not in out
+    with pytest.raises(SystemExit):  # an earlier stage's region inside a later one's
+        make_starters.convert(nested.replace("stage-02", "stage-04"), "04", "x.c")
     with pytest.raises(SystemExit):
         make_starters.convert(good.replace("    /* END SOLUTION */\n", ""), "02", "x.c")
     with pytest.raises(SystemExit):
         make_starters.convert(good, "05", "x.c")  # no region for the stage
 
 
+def _stubs(text):
+    """[(what, anchor)] of the starter's hw_todo stubs."""
+    return re.findall(r'hw_todo\("((?:[^"\\]|\\.)*)",\s*"(HANDOUT\.md#stage-\d\d)"\)', text)
+
+
 @pytest.mark.parametrize("stage", STAGES)
 def test_starter_stops_at_a_named_todo(stage, tmp_path):
+    """The starter stops at the first TODO its run reaches (often an earlier stage's: it stubs them all), with a
+    message that names one of its own stubs and that stub's HANDOUT section."""
     binary = os.path.join(BUILD, "stages", stage, "train")
     flags = FLAGS[stage]
     p = subprocess.run([binary, "--world", "2", "--steps", "2", "--data", CORPUS, "--out", str(tmp_path), "--quiet"]
                        + flags, capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert p.returncode == 3, (p.returncode, p.stderr)
-    assert "TODO not implemented:" in p.stderr and "HANDOUT.md#stage-%s" % stage[:2] in p.stderr, p.stderr
+    m = re.search(r"TODO not implemented: (.*) \(see (HANDOUT\.md#stage-(\d\d))\)", p.stderr)
+    assert m, p.stderr
+    stubs = _stubs(open(os.path.join(ROOT, "stages", stage, "hw_fsdp.c")).read())
+    assert (m.group(1), m.group(2)) in [(w.replace('\\"', '"'), a) for w, a in stubs], (m.group(0), stubs)
+    assert m.group(3) <= stage[:2]
 
 
 @pytest.mark.parametrize("stage", STAGES)
-def test_starter_contains_previous_stage_solution(stage):
-    """Stage N's starter stubs only stage N's regions: no TODO of an earlier stage."""
+def test_starter_stubs_every_stage_up_to_its_own(stage):
+    """Stage N's starter (the full handout's) holds no answer: it has TODOs of stage N and of the first stage (whose
+    sharding every later stage needs), none of a later stage, and each TODO's stub names the stage of its comment.
+    tests/test_handout.py holds every starter to "no line of any solution region" against solutions/."""
     text = open(os.path.join(ROOT, "stages", stage, "hw_fsdp.c")).read()
-    n = int(stage[:2])
-    for earlier in range(1, n):
-        assert "TODO(stage %02d)" % earlier not in text
-    assert "TODO(stage %02d)" % n in text
+    n, first = stage[:2], STAGES[0][:2]
+    tagged = re.findall(r"TODO\(stage (\d\d)\)", text.split("*/", 1)[1])  # past the banner
+    assert n in tagged and first in tagged, tagged
+    assert max(tagged) == n, tagged
+    pairs = re.findall(r"/\* TODO\(stage (\d\d)\): .*\. \*/\n\s*hw_todo\(\"(?:[^\"\\\\]|\\\\.)*\", \"HANDOUT\.md#stage-(\d\d)\"\);", text)
+    assert len(pairs) == len(tagged) and all(a == b for a, b in pairs), pairs
+    if n != first:
+        assert "make carry STAGE=%s" % n in text.split("*/", 1)[0]  # the banner says how to carry instead

@@ -199,10 +199,9 @@ static void wait_all_gather(Fsdp *f, Group *g) {
     dev_stream_wait_event(f->compute, g->ag_done);
     /* END SOLUTION */
     for (int j = 0; j < mod->n_params; j++) {
-        /* BEGIN SOLUTION: param j and its padded rows (HANDOUT.md#stage-03) */
+        /* BEGIN SOLUTION: param j: copy each rank's rows out of the all-gather output (float32: into Param.data) (HANDOUT.md#stage-03) */
         Param *p = &mod->params[j];
         size_t chunk = p->dt.padded_rows, rn = p->dt.row_numel;
-        /* END SOLUTION */
         if (f->param_bf16) {
             /* BEGIN SOLUTION: copy each rank's rows out of the bfloat16 all-gather output into Param.data_bf16 (HANDOUT.md#stage-08) */
             const Bf16 *flat = g->ag_flat;
@@ -216,7 +215,6 @@ static void wait_all_gather(Fsdp *f, Group *g) {
             /* END SOLUTION */
             continue;
         }
-        /* BEGIN SOLUTION: float32: copy each rank's rows out of the all-gather output into Param.data (HANDOUT.md#stage-03) */
         const float *flat = g->ag_flat;
         p->data = dev_alloc_f32(f->dev, p->numel, MEM_UNSHARDED_PARAM, p->name);
         for (int r = 0; r < f->world; r++) {

@@ -149,15 +149,10 @@ static void wait_all_gather(Fsdp *f, Group *g) {
     /* TODO(stage 03): compute waits on ag_done. */
     hw_todo("compute waits on ag_done", "HANDOUT.md#stage-03");
     for (int j = 0; j < mod->n_params; j++) {
-        /* TODO(stage 03): param j and its padded rows. */
-        hw_todo("param j and its padded rows", "HANDOUT.md#stage-03");
-        if (f->param_bf16) {
-            /* TODO(stage 08): copy each rank's rows out of the bfloat16 all-gather output into Param.data_bf16. */
-            hw_todo("copy each rank's rows out of the bfloat16 all-gather output into Param.data_bf16", "HANDOUT.md#stage-08");
-            continue;
-        }
-        /* TODO(stage 03): float32: copy each rank's rows out of the all-gather output into Param.data. */
-        hw_todo("float32: copy each rank's rows out of the all-gather output into Param.data", "HANDOUT.md#stage-03");
+        /* TODO(stage 03): param j: copy each rank's rows out of the all-gather output (float32: into Param.data). */
+        hw_todo("param j: copy each rank's rows out of the all-gather output (float32: into Param.data)", "HANDOUT.md#stage-03");
+        /* TODO(stage 08): copy each rank's rows out of the bfloat16 all-gather output into Param.data_bf16. */
+        hw_todo("copy each rank's rows out of the bfloat16 all-gather output into Param.data_bf16", "HANDOUT.md#stage-08");
     }
     /* TODO(stage 03): record copy_out_done and keep the flat buffer as the AllGatherState. */
     hw_todo("record copy_out_done and keep the flat buffer as the AllGatherState", "HANDOUT.md#stage-03");

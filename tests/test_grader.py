@@ -127,7 +127,9 @@ def test_starters_score_zero_on_their_todos(tmp_path):
     for stage, st in res["stages"].items():
         reason = st["run"]["reason"]
         assert not st["run"]["ok"]
-        assert reason.startswith("TODO not implemented:") and "HANDOUT.md#stage-%s" % stage in reason, reason
+        # a starter stubs every stage up to its own: it stops at the first TODO its run reaches, often an earlier one
+        m = re.search(r"HANDOUT\.md#stage-(\d\d)", reason)
+        assert reason.startswith("TODO not implemented:") and m and m.group(1) <= stage, reason
         for c in st["checks"]:
             assert not c["ok"] and c["points"] == 0 and c["reason"].startswith("not graded: the run failed (above)")
     # xv6 style: the failed run's line is followed by its indented reason, once; each FAIL line by its own

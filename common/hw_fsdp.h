@@ -38,10 +38,17 @@
  *   - With --param-dtype bf16 (stage 08) compute reads Param.data_bf16 and
  *     never Param.data: its rows must hold this rank's shard rounded to
  *     bfloat16 (launch_cast_to_bf16). The grads stay float32.
- *   - dev_free gives a block back to its stream's pool at once, as PyTorch's
- *     caching allocator does: keep a buffer another stream still uses alive
- *     until its owner stream has waited for an event recorded after that use.
- *     Allocate a buffer on the stream that fills it (dev_alloc_on).
+ *   - Buffers, FSDP2's rule: allocate a buffer on the stream that fills it
+ *     (dev_alloc_on; dev_alloc is the compute stream's pool) and dev_free it
+ *     once the last op that uses it is queued. dev_free gives the block back
+ *     to its stream's pool at once (PyTorch's caching allocator), so before
+ *     that stream touches blocks of its pool again it must have waited for an
+ *     event recorded after any other stream's use of the freed one. Hence the
+ *     all-gather output and the reduce-scatter input are kept (AllGatherState,
+ *     ReduceScatterState) until their owner waited, while the grad shards (the
+ *     reduce-scatter output, read by AdamW on compute) are freed right after
+ *     their AdamW is queued: the rs stream waits for compute before its next
+ *     reduce-scatter. HANDOUT.md#the-mental-model ("Memory") says more.
  *   - The same calls, in the same order, on every rank.
  *   - Resuming (--load of a --save checkpoint): DTensor.exp_avg/exp_avg_sq are
  *     already allocated and filled after fsdp_init (beside the shard: in pinned

@@ -130,9 +130,13 @@ static void rank_collective(Dev *d, void *arg) {
  * pool is filled by a collective on "all_gather" (ordered after compute's
  * work by an event), then freed right after enqueueing it; compute allocates
  * next, which may take the block while the all-gather still writes it.
- * mode 0: that bug; 1: compute waits for the all-gather first; 2:
- * dev_record_stream(buf, all_gather) instead; 3: the buffer is allocated on
- * "all_gather" itself (its own queued work is ordered: no verdict). */
+ * mode 0: that bug (reported at compute's first use of the new block); 1:
+ * compute waits for the all-gather before the free; 2: dev_record_stream(buf,
+ * all_gather) instead; 3: the buffer is allocated on "all_gather" itself (its
+ * own queued work is ordered: no verdict); 4: compute waits after the free,
+ * before the next allocation (FSDP2's reduce-scatter output: freed while the
+ * optimizer's read is queued, safe because the owner waits before reusing);
+ * 5: compute waits after the next allocation but before its first use. */
 static void rank_free_in_use(Dev *d, void *arg) {
     int mode = *(int *)arg;
     int W = dev_world_size(d), me = dev_rank(d);
@@ -148,7 +152,9 @@ static void rank_free_in_use(Dev *d, void *arg) {
     if (mode == 1) dev_stream_wait_event(c, done);
     if (mode == 2) dev_record_stream(flat, ag);
     dev_free(d, flat);
+    if (mode == 4) dev_stream_wait_event(c, done);
     float *next = dev_alloc_f32(d, 128 * (size_t)W, MEM_UNSHARDED_PARAM, "layers.2.w");
+    if (mode == 5) dev_stream_wait_event(c, done);
     dev_memset_async(c, next, 0, 128 * (size_t)W * sizeof(float));
     dev_synchronize(d);
     dev_free(d, next);
@@ -286,6 +292,8 @@ static int run_mode(const char *kind) {
     else if (!strcmp(kind, "free_after_wait")) fn = rank_free_in_use, arg = 1, c = local_config(4);
     else if (!strcmp(kind, "free_recorded")) fn = rank_free_in_use, arg = 2, c = local_config(4);
     else if (!strcmp(kind, "free_own_stream")) fn = rank_free_in_use, arg = 3, c = local_config(4);
+    else if (!strcmp(kind, "free_then_wait")) fn = rank_free_in_use, arg = 4, c = local_config(4);
+    else if (!strcmp(kind, "free_then_wait_late")) fn = rank_free_in_use, arg = 5, c = local_config(4);
     else if (!strcmp(kind, "free_in_use_unchecked")) fn = rank_free_in_use, arg = 0, c = local_config(4), c.no_race_check = 1;
     else if (!strcmp(kind, "foreign_pool")) fn = rank_foreign_pool, arg = 0;
     else if (!strcmp(kind, "foreign_pool_own")) fn = rank_foreign_pool, arg = 1;
@@ -375,17 +383,21 @@ TEST(collective_race_deterministic) {
 }
 #define FREE_IN_USE                                                                                                    \
     "error: free while in use on rank 0: dev_free of 'block2.all_gather_buffer' (comm_buffer, allocated in "          \
-    "block2.pre_forward) in block2.pre_forward, but all_gather stream's 'block2.all_gather' still writes it with "    \
-    "nothing ordering that before the free: the block goes back to the compute stream's pool at once and the next "  \
-    "allocation there may reuse it. Keep the buffer alive until compute has waited for an event recorded on "         \
-    "all_gather after that use (as FSDP2's AllGatherState and ReduceScatterState do), or call "                       \
-    "dev_record_stream(buf, all_gather stream) before dev_free"
+    "block2.pre_forward) in block2.pre_forward gave it back to the compute stream's pool while all_gather stream's "  \
+    "'block2.all_gather' still writes it; now compute stream's 'block2.memset' writes 'layers.2.w' (unsharded_param, " \
+    "allocated in block2.pre_forward), allocated from that pool after the free (so possibly the same memory), with "  \
+    "nothing ordering that write before it. Make compute wait for an event recorded on all_gather after that write "  \
+    "before it touches blocks of the compute stream's pool again (as FSDP2's reduce-scatter stream waits for compute " \
+    "before each reduce-scatter), keep 'block2.all_gather_buffer' alive until then (as FSDP2's AllGatherState does), " \
+    "or call dev_record_stream(buf, all_gather stream) before dev_free"
 TEST(free_while_in_use_deterministic) {
     /* 4 ranks, decided in host order: the same line on every run */
     for (int i = 0; i < 20; i++) EXPECT_LINE("free_in_use", FREE_IN_USE);
     EXPECT_CLEAN("free_after_wait");
     EXPECT_CLEAN("free_recorded");
     EXPECT_CLEAN("free_own_stream");
+    EXPECT_CLEAN("free_then_wait");
+    EXPECT_CLEAN("free_then_wait_late");
     EXPECT_CLEAN("free_in_use_unchecked"); /* detector off: the emulator still never crashes */
 }
 TEST(foreign_pool) {

@@ -80,6 +80,8 @@ struct Stream {
     uint64_t *vc;                   /* [dev->race_width] vector clock: what this stream's next op is ordered after */
     RaceAccess *pending;            /* dev_access annotations for the next op */
     int npending, pending_cap;
+    PoolDebt *debts;                /* this stream's pool: uses of freed blocks not yet ordered (race.c) */
+    int ndebts, debts_cap;
 };
 
 struct Event {

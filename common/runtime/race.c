@@ -21,9 +21,16 @@
  *   - a stream other than the owner that touches a block must be ordered
  *     after the owner's work queued before the allocation (that work may still
  *     use the memory under its previous owner): VC_s[owner] >= born;
- *   - at dev_free, every access by another stream must be ordered before the
+ *   - at dev_free, an access by another stream that is not ordered before the
  *     owner's position (VC_owner merged with the host's clock), unless that
- *     stream was recorded with dev_record_stream.
+ *     stream was recorded with dev_record_stream, leaves a debt on the owner's
+ *     pool: every block the pool hands out afterwards may be that memory, so
+ *     every op touching such a block must be ordered after the access ("free
+ *     while in use", reported at that op). The debt is paid once the owner is
+ *     ordered after it: blocks allocated from then on carry none. This is the
+ *     caching allocator's real hazard, and it accepts FSDP2's reduce-scatter
+ *     output, freed after the optimizer queued its read on compute, because
+ *     the reduce-scatter stream waits for compute before it uses its pool.
  * Every range must end inside the allocation it starts in (an overrun is
  * named with its op, buffer, size and excess instead of corrupting a neighbour).
  * Ops enqueued on a buffer after its dev_free are a use after free: the
@@ -66,8 +73,11 @@ void race_stream_created(Dev *d, Stream *s) {
 void race_stream_destroy(Stream *s) {
     free(s->vc);
     free(s->pending);
+    free(s->debts);
     s->vc = NULL;
     s->pending = NULL;
+    s->debts = NULL;
+    s->ndebts = s->debts_cap = 0;
 }
 
 void race_host_waited_stream(Stream *s) { vc_merge(s->dev->race.host_vc, s->vc, s->dev->race.width); }
@@ -207,41 +217,85 @@ static void report_alloc_race(Stream *s, const RaceStamp *me, int write, const A
     report(d, msg);
 }
 
-static void report_free_race(Dev *d, const Alloc *a, int other, const RaceStamp *them, int them_wrote)
-    __attribute__((noreturn));
-static void report_free_race(Dev *d, const Alloc *a, int other, const RaceStamp *them, int them_wrote) {
-    char theirs[200], bufdesc[600], hook[160], msg[2000];
-    op_text(theirs, sizeof theirs, them);
-    buffer_text(bufdesc, sizeof bufdesc, a, (const void *)a->addr, NULL, 0);
-    scope_text(hook, sizeof hook, d->scope.module, d->scope.phase);
-    const char *os = d->streams[other]->name, *owner = d->streams[a->stream]->name;
+static void report_free_race(Stream *s, const RaceStamp *me, int write, const Alloc *a, const void *p,
+                             const char *what, const PoolDebt *debt) __attribute__((noreturn));
+static void report_free_race(Stream *s, const RaceStamp *me, int write, const Alloc *a, const void *p,
+                             const char *what, const PoolDebt *debt) {
+    Dev *d = s->dev;
+    char mine[200], theirs[200], bufdesc[600], born[160], freed_in[160], msg[2400];
+    op_text(mine, sizeof mine, me);
+    op_text(theirs, sizeof theirs, &debt->use);
+    buffer_text(bufdesc, sizeof bufdesc, a, p, what, 0);
+    scope_text(born, sizeof born, debt->alloc_module, debt->alloc_phase);
+    scope_text(freed_in, sizeof freed_in, debt->free_module, debt->free_phase);
+    const char *ts = d->streams[debt->stream]->name, *owner = d->streams[a->stream]->name;
+    const char *use = debt->wrote ? "write" : "read";
     snprintf(msg, sizeof msg,
-             "free while in use on rank %d: dev_free of %s in %s, but %s stream's '%s' still %s it with nothing "
-             "ordering that before the free: the block goes back to the %s stream's pool at once and the next "
-             "allocation there may reuse it. Keep the buffer alive until %s has waited for an event recorded on %s "
-             "after that use (as FSDP2's AllGatherState and ReduceScatterState do), or call dev_record_stream(buf, "
-             "%s stream) before dev_free",
-             d->rank, bufdesc, hook, os, theirs, them_wrote ? "writes" : "reads", owner, owner, os, os);
+             "free while in use on rank %d: dev_free of '%s' (%s, allocated in %s) in %s gave it back to the %s "
+             "stream's pool while %s stream's '%s' still %s it; now %s stream's '%s' %s %s, allocated from that pool "
+             "after the free (so possibly the same memory), with nothing ordering that %s before it. Make %s wait for "
+             "an event recorded on %s after that %s before it touches blocks of the %s stream's pool again (as "
+             "FSDP2's reduce-scatter stream waits for compute before each reduce-scatter), keep '%s' alive until then "
+             "(as FSDP2's AllGatherState does), or call dev_record_stream(buf, %s stream) before dev_free",
+             d->rank, debt->freed, mem_tag_name((MemTag)debt->freed_tag), born, freed_in, owner, ts, theirs,
+             debt->wrote ? "writes" : "reads", s->name, mine, write ? "writes" : "reads", bufdesc, use, s->name, ts,
+             use, owner, debt->freed, ts);
     report(d, msg);
 }
 
 /* ---------------------------------------------------------------- checks */
 
+/* Is stream t's op at `clock` ordered before the next op of stream o? */
+static int ordered_for(const Dev *d, const Stream *o, int t, uint64_t clock) {
+    const uint64_t *ovc = o->vc, *hvc = d->race.host_vc;
+    return ovc[t] >= clock || hvc[t] >= clock;
+}
+
 void race_on_alloc(Dev *d, Alloc *a) {
     a->race.writer = -1;
     a->race.owner = a->host ? -1 : a->stream; /* pinned host memory belongs to no stream's pool */
     a->race.born = d->race.on && !a->host ? d->streams[a->stream]->vc[a->stream] : 0;
+    a->race.debts = NULL;
+    a->race.ndebts = 0;
+    if (!d->race.on || a->host) return;
+    /* the pool's debts its stream is ordered after are paid: no block it hands out from now on needs them
+     * (another stream touching the block is ordered after the owner's work so far: the `born` rule) */
+    Stream *o = d->streams[a->stream];
+    int n = 0;
+    for (int i = 0; i < o->ndebts; i++)
+        if (!ordered_for(d, o, o->debts[i].stream, o->debts[i].use.clock)) o->debts[n++] = o->debts[i];
+    o->ndebts = n;
+    if (n) {
+        a->race.debts = xmalloc((size_t)n * sizeof *a->race.debts);
+        memcpy(a->race.debts, o->debts, (size_t)n * sizeof *a->race.debts);
+        a->race.ndebts = n;
+    }
+}
+
+static void add_debt(Dev *d, Stream *o, const Alloc *a, int t, const RaceStamp *use, int wrote) {
+    for (int i = 0; i < o->ndebts; i++) /* one per stream: the latest use covers the earlier ones */
+        if (o->debts[i].stream == t) {
+            if (o->debts[i].use.clock >= use->clock) return;
+            o->debts[i] = o->debts[--o->ndebts];
+            break;
+        }
+    if (o->ndebts == o->debts_cap) {
+        o->debts_cap = o->debts_cap ? o->debts_cap * 2 : 4;
+        o->debts = xrealloc(o->debts, (size_t)o->debts_cap * sizeof *o->debts);
+    }
+    o->debts[o->ndebts++] = (PoolDebt){t, *use, wrote, a->name, (int)a->tag, a->module, a->phase,
+                                       d->scope.module, d->scope.phase};
 }
 
 void race_on_free(Dev *d, const Alloc *a) {
     if (!d->race.on || a->host) return; /* a host block's storage waits for every stream (alloc.c) */
     const RaceState *r = &a->race;
-    const uint64_t *ovc = d->streams[a->stream]->vc, *hvc = d->race.host_vc;
+    Stream *o = d->streams[a->stream];
     for (int t = 0; t < d->nstreams; t++) {
         if (t == a->stream || (a->recorded >> t & 1)) continue;
-        uint64_t ordered = ovc[t] > hvc[t] ? ovc[t] : hvc[t]; /* t's ops the owner's next work runs after */
-        if (r->writer == t && r->write.clock > ordered) report_free_race(d, a, t, &r->write, 1);
-        if (t < r->nreads && r->reads[t].clock > ordered) report_free_race(d, a, t, &r->reads[t], 0);
+        if (r->writer == t && !ordered_for(d, o, t, r->write.clock)) add_debt(d, o, a, t, &r->write, 1);
+        if (t < r->nreads && r->reads[t].clock && !ordered_for(d, o, t, r->reads[t].clock))
+            add_debt(d, o, a, t, &r->reads[t], 0);
     }
 }
 
@@ -260,6 +314,10 @@ static void check_access(Stream *s, const RaceStamp *me, const void *p, size_t b
     stamp.what = what;
     if (bytes > a->size - ((uintptr_t)p - a->addr)) report_overrun(s, &stamp, write, a, p, bytes, what);
     if (r->owner >= 0 && si != r->owner && s->vc[r->owner] < r->born) report_alloc_race(s, &stamp, write, a, p, what);
+    for (int i = 0; i < r->ndebts; i++) {
+        const PoolDebt *dt = &r->debts[i];
+        if (dt->stream != si && s->vc[dt->stream] < dt->use.clock) report_free_race(s, &stamp, write, a, p, what, dt);
+    }
     if (r->writer >= 0 && r->writer != si && s->vc[r->writer] < r->write.clock)
         report_race(s, &stamp, write, a, p, what, r->writer, &r->write, 1);
     if (write) {

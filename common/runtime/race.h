@@ -22,6 +22,20 @@ typedef struct {
     const char *what;            /* interned dev_access label, or NULL */
 } RaceStamp;
 
+/* A use of a freed block by a stream other than its owner that nothing had
+ * ordered before the dev_free: the block went back to the owner's pool, so
+ * whatever that pool hands out next may be this memory. Every later access to
+ * a block allocated from that pool must be ordered after the use. */
+typedef struct {
+    int stream;                  /* the stream whose use is pending */
+    RaceStamp use;               /* its op (clock on that stream) */
+    int wrote;                   /* it writes (else reads) */
+    const char *freed;           /* interned name of the freed block */
+    int freed_tag;               /* its MemTag */
+    const char *alloc_module, *alloc_phase; /* interned: the scope of its allocation */
+    const char *free_module, *free_phase;   /* interned: the scope of the dev_free */
+} PoolDebt;
+
 typedef struct {
     int owner;                   /* the stream whose pool the block came from */
     uint64_t born;               /* owner's clock at the allocation: its earlier work may still use the block */
@@ -29,6 +43,8 @@ typedef struct {
     RaceStamp write;
     RaceStamp *reads;            /* [nreads] per stream index: latest read since the last write */
     int nreads;
+    PoolDebt *debts;             /* [ndebts] the owner pool's debts not yet ordered at the allocation */
+    int ndebts;
 } RaceState;
 
 typedef struct {
@@ -42,6 +58,9 @@ typedef struct {
 static inline void race_state_free(RaceState *r) {
     free(r->reads);
     r->reads = NULL;
+    free(r->debts);
+    r->debts = NULL;
+    r->ndebts = 0;
 }
 
 /* The rank's detector (Dev.race). */
@@ -58,9 +77,11 @@ void race_on_enqueue(Stream *s, const Op *op);
 /* An allocation on stream index `stream`: other streams must be ordered
  * after the owner's work queued so far before they touch it. */
 void race_on_alloc(Dev *d, Alloc *a);
-/* dev_free: fatal if a stream other than the owner (and not recorded with
- * dev_record_stream) has queued work on the block that the owner's stream and
- * the host are not ordered after. */
+/* dev_free: a stream other than the owner (and not recorded with
+ * dev_record_stream) that has queued work on the block which the owner's
+ * stream and the host are not ordered after leaves a debt on the owner's pool:
+ * every block that pool hands out from now on is checked against it (a "free
+ * while in use" is a race with whatever reuses the memory, as on a GPU). */
 void race_on_free(Dev *d, const Alloc *a);
 void race_stream_created(Dev *d, Stream *s);
 void race_stream_destroy(Stream *s);

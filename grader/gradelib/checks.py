@@ -396,9 +396,13 @@ HOOK_HINTS = {
                    "allocating the next all-gather output",
     "post_forward": "reshard: free every unsharded Param.data",
     "finish_backward": "release the kept all-gather and reduce-scatter states",
-    "optimizer": "free the grad shards (zero_grad) and the norm's temporaries",
+    "optimizer": "free each module's grad shards (zero_grad) right after its AdamW is queued, and the norm's "
+                 "temporaries",
 }
-HOOK_HINTS["pre_backward"] = HOOK_HINTS["recompute.pre_forward"] = HOOK_HINTS["pre_forward"]
+HOOK_HINTS["pre_backward"] = ("release the all-gather state the forward left at the top of fsdp_pre_backward (when this "
+                              "hook all-gathers nothing, as under ZeRO-2, nothing else drops it), unshard this module "
+                              "and prefetch at most the one before it")
+HOOK_HINTS["recompute.pre_forward"] = HOOK_HINTS["pre_forward"]
 HOOK_HINTS["recompute.post_forward"] = HOOK_HINTS["post_forward"]
 LIFETIME_TAGS = ("unsharded_param", "unsharded_grad", "grad_shard", "comm_buffer", "optim_state")
 

@@ -230,7 +230,7 @@ static void reduce_grads(Fsdp *f, Group *g) {
     dev_event_record(f->grads_ready, f->compute);
     dev_stream_wait_event(f->rs_stream, f->grads_ready);
     snprintf(name, sizeof name, "%s.grad_shards", mod->name);
-    g->grad_shards = dev_alloc_f32(f->dev, S, MEM_GRAD_SHARD, name);
+    g->grad_shards = dev_alloc_f32_on(f->rs_stream, S, MEM_GRAD_SHARD, name); /* the stream that fills it */
     coll_reduce_scatter(f->dev, in, g->grad_shards, S, RED_AVG, f->rs_stream, mod->name);
     dev_event_record(f->rs_done, f->rs_stream);
     f->rs_state = in; /* the reduce-scatter stream still reads it: kept until compute waited for rs_done */

@@ -244,7 +244,7 @@ static void reduce_grads(Fsdp *f, Group *g) {
     /* BEGIN SOLUTION: reduce-scatter into the grad shards; with --grad-sync every a later microbatch's goes to a buffer of its own and is added to what the earlier ones left (HANDOUT.md#stage-07) */
     if (!g->grad_shards) {
         snprintf(name, sizeof name, "%s.grad_shards", mod->name);
-        g->grad_shards = dev_alloc_f32(f->dev, S, MEM_GRAD_SHARD, name);
+        g->grad_shards = dev_alloc_f32_on(f->rs_stream, S, MEM_GRAD_SHARD, name); /* the stream that fills it */
         coll_reduce_scatter(f->dev, in, g->grad_shards, S, RED_AVG, f->rs_stream, mod->name);
     } else { /* FSDP2: sharded_param.grad += the new reduce-scatter output */
         snprintf(name, sizeof name, "%s.reduce_scatter_output", mod->name);

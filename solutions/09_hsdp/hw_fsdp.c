@@ -251,7 +251,7 @@ static void reduce_grads(Fsdp *f, Group *g) {
     dev_event_record(f->grads_ready, f->compute);
     dev_stream_wait_event(f->rs_stream, f->grads_ready);
     snprintf(name, sizeof name, "%s.grad_shards", mod->name);
-    g->grad_shards = dev_alloc_f32(f->dev, S, MEM_GRAD_SHARD, name);
+    g->grad_shards = dev_alloc_f32_on(f->rs_stream, S, MEM_GRAD_SHARD, name); /* the stream that fills it */
     /* END SOLUTION */
     /* BEGIN SOLUTION: average the grads inside the shard group (reduce-scatter), then across the replicas (all-reduce of the grad shards), both on the reduce-scatter stream (HANDOUT.md#stage-09) */
     pg_reduce_scatter(f->shard_pg, in, g->grad_shards, S, RED_AVG, f->rs_stream, mod->name);

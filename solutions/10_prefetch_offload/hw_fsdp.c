@@ -264,7 +264,7 @@ static void reduce_grads(Fsdp *f, Group *g) {
         dev_memcpy_async(f->rs_stream, g->grad_shards, out, S * sizeof(float)); /* device -> host */
         dev_free(f->dev, out); /* its stream's later work is ordered after the copy */
     } else {
-        g->grad_shards = dev_alloc_f32(f->dev, S, MEM_GRAD_SHARD, name);
+        g->grad_shards = dev_alloc_f32_on(f->rs_stream, S, MEM_GRAD_SHARD, name); /* the stream that fills it */
         coll_reduce_scatter(f->dev, in, g->grad_shards, S, RED_AVG, f->rs_stream, mod->name);
     }
     /* END SOLUTION */

@@ -2,7 +2,7 @@
 #   make                 build the runtime, the baseline, every solution and starter
 #   make run             the main job: train the debugmodel with FSDP (the manifest's main_job stage) on 4 thread-ranks
 #   make test            every test (C unit tests, PyTorch parity, solutions, grader)
-#   make grade [STAGE=03] [SOLUTIONS=1]   grade your stages/ (or solutions/)
+#   make grade [STAGE=03] [SOLUTIONS=1]   grade your stages/: the core stages and the bonus stages you started (or one; or solutions/)
 #   make reference       rebuild logs/reference/ from solutions/ (instructors)
 #   make reference-check does the code still make logs/reference/? (a rebuild, compared but for wall clock and addresses)
 #   make plots RUN=dir [REF=dir]          PNGs for a run directory
@@ -165,7 +165,9 @@ test: all
 	$(PYTHON) -m pytest -q -p no:cacheprovider tests
 
 # ---- grading ----------------------------------------------------------------------
-# Runs and results go to grade-runs/ (results.json); the rubric is grader/rubric.json.
+# Runs and results go to grade-runs/ (results.json); the rubric is grader/rubric.json. Without STAGE the
+# grader grades every core stage and each bonus stage whose hw_fsdp.c differs from its starter (as
+# stages/NN/.starter.sha256 records it) or was carried; it names the bonus stages it skipped.
 # SOLUTIONS=1 on the command line replaces the list of solution directories the build
 # uses (SOLUTIONS above), so `all` runs in a sub-make with the list restored.
 GRADE_SOLUTIONS := $(foreach d,$(STAGE_DIRS),$(if $(wildcard solutions/$(d)/hw_fsdp.c),$(d)))

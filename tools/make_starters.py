@@ -12,7 +12,7 @@ with a message naming the TODO (hw_todo, exit status 3); regions tagged with
 another stage keep their code (stage N's starter contains the earlier stages'
 solutions) and lose only their marker lines.
 
-    tools/make_starters.py            write stages/NN_name/{hw_fsdp.c,README.md}
+    tools/make_starters.py            write stages/NN_name/{hw_fsdp.c,README.md,.starter.sha256}
     tools/make_starters.py --check    exit 1 (and say which file) if stages/ is out of date
 """
 import os
@@ -86,7 +86,8 @@ def main():
         d = st.dir
         with open(src) as fh:
             starter, todos = convert(fh.read(), st.id, src)
-        wanted = {"hw_fsdp.c": starter, "README.md": readme(st, todos)}
+        wanted = {"hw_fsdp.c": starter, "README.md": readme(st, todos),
+                  manifest.STARTER_RECORD: manifest.starter_record(starter)}  # what `make grade` compares with
         for name, content in wanted.items():
             path = os.path.join(stage_root, d, name)
             have = open(path).read() if os.path.exists(path) else None

@@ -1,6 +1,7 @@
 # hwFSDP in C — build, grade, test.
 #   make                 build the runtime, the baseline, every solution and starter
-#   make run             the main job: train the debugmodel with FSDP (the manifest's main_job stage) on 4 thread-ranks
+#   make run             the main job: train the debugmodel with FSDP on 4 thread-ranks (the manifest's main_job
+#                        stage; in a student tree the highest stage you changed that runs)
 #   make test            every test (C unit tests, PyTorch parity, solutions, grader)
 #   make grade [STAGE=03] [SOLUTIONS=1]   grade your stages/: the core stages and the bonus stages you started (or one; or solutions/)
 #   make reference       rebuild logs/reference/ from solutions/ (instructors)
@@ -143,12 +144,13 @@ impl: $(DRIVER_OBJ) $(LIB)
 RUN_DIR   ?= runs/debugmodel
 RUN_FLAGS ?= --flavor debugmodel --world 4 --seq-len 128 --batch-size 2 --steps 30 --warmup-steps 5 \
              --lr 3e-3 --link-gbps 20 --link-latency-us 20 --profile-steps 3
-# (tools/main_job.py: the main job's solution, or in a student tree the student's most advanced
-# stage that runs, or the baseline when none does)
+# (tools/main_job.py: the main job's solution, or in a student tree the highest-numbered stage, core or
+# bonus, whose file the student changed and that runs a step, or the baseline when none does; then the
+# run directory is shrunk: rank 0's memory_viz pickle over the profiled steps, the rest gzipped)
 run: all
 	HWFSDP_BUILD=$(BUILD) $(PYTHON) tools/main_job.py --out $(RUN_DIR) -- $(RUN_FLAGS)
 	-$(PYTHON) tools/plots.py $(RUN_DIR)
-	@echo "run directory: $(RUN_DIR) (open trace.json in https://ui.perfetto.dev, memory_rank0.pickle in https://pytorch.org/memory_viz)"
+	@echo "run directory: $(RUN_DIR) (open trace.json in https://ui.perfetto.dev, memory_rank0.pickle (the profiled steps) in https://pytorch.org/memory_viz)"
 
 # The debugmodel trained 200 steps with every training solution (logs/debugmodel_200/).
 LONG_FLAGS ?= --flavor debugmodel --world 4 --seq-len 128 --batch-size 2 --steps 200 --warmup-steps 10 \

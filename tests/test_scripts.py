@@ -6,12 +6,13 @@ and would write stages/: --check only compares)."""
 import glob
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 
 import pytest
 
-from helpers import ROOT
+from helpers import BUILD, ROOT
 
 SCRIPTS = sorted(os.path.relpath(p, ROOT) for folder in ("grader", "tools")
                  for p in glob.glob(os.path.join(ROOT, folder, "*.py"))
@@ -36,3 +37,95 @@ def test_script_starts_from_another_folder(script, tmp_path):
     out = p.stdout + p.stderr
     assert "Traceback" not in out and p.returncode in (0, 2), out[-2000:]
     assert args != ["--help"] or "usage" in out.lower(), out[-2000:]
+
+
+# ---- make run (tools/main_job.py) ---------------------------------------------------------------
+
+def _main_job():
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    import main_job
+    return main_job
+
+
+def test_main_job_trains_the_highest_stage_you_changed(tmp_path, monkeypatch):
+    """In a student tree `make run` trains the highest-numbered stage, core or bonus, whose file the student
+    changed and that runs a step at the run's world and batch (a bonus stage's --grad-accum / --mesh included),
+    and names the higher stages it passed over and why."""
+    import manifest
+    by_id = {s.id: s for s in manifest.stages()}
+    need = {"06", "07", "09", "10"}
+    if not need <= set(by_id):
+        pytest.skip("stages %s are not all in this release" % ", ".join(sorted(need)))
+    sol = {sid: os.path.join(BUILD, "solutions", by_id[sid].dir, "train") for sid in ("07", "09")}
+    if not all(os.path.exists(b) for b in sol.values()):
+        pytest.skip("needs the instructors' solutions/ (their binaries stand for working stages)")
+    mj = _main_job()
+    os.symlink(os.path.join(ROOT, "data"), str(tmp_path / "data"))
+    for sid in sorted(need):
+        st = by_id[sid]
+        d = tmp_path / "stages" / st.dir
+        d.mkdir(parents=True)
+        src = os.path.join(ROOT, "stages", st.dir)
+        for name in ("hw_fsdp.c", manifest.STARTER_RECORD):
+            shutil.copyfile(os.path.join(src, name), str(d / name))
+        if sid != "10":  # 10 stays its starter; 06, 07 and 09 are the student's
+            with open(str(d / "hw_fsdp.c"), "a") as fh:
+                fh.write("/* mine */\n")
+        b = tmp_path / "build" / "stages" / st.dir
+        b.mkdir(parents=True)
+        target = sol.get(sid, os.path.join(BUILD, "stages", st.dir, "train"))  # 06: its starter stops at a TODO
+        os.symlink(target, str(b / "train"))
+    monkeypatch.setattr(mj, "ROOT", str(tmp_path))
+    monkeypatch.setattr(mj, "BUILD", str(tmp_path / "build"))
+    flags = ["--flavor", "debugmodel", "--world", "4", "--batch-size", "2"]
+    binary, stage_flags, say = mj.student_stage(flags)
+    assert binary == str(tmp_path / "build" / "stages" / by_id["09"].dir / "train"), say
+    assert stage_flags == by_id["09"].flags_at(4)
+    assert say == ("training with your stage 09 (stages/%s): the highest-numbered stage you changed that runs a "
+                   "step (10: unchanged from its starter)" % by_id["09"].dir), say
+    # 09 stops at a TODO: 07 (--grad-accum=2 divides the batch of 2) trains
+    os.unlink(str(tmp_path / "build" / "stages" / by_id["09"].dir / "train"))
+    os.symlink(os.path.join(BUILD, "stages", by_id["09"].dir, "train"),
+               str(tmp_path / "build" / "stages" / by_id["09"].dir / "train"))
+    binary, stage_flags, say = mj.student_stage(flags)
+    assert binary.endswith(os.path.join(by_id["07"].dir, "train")) and stage_flags == by_id["07"].flags, say
+    assert say.startswith("training with your stage 07") and "09: TODO not implemented" in say, say
+
+
+def test_compact_run_dir_keeps_a_memory_viz_snapshot_of_the_profiled_steps(tmp_path):
+    """make run's directory: rank 0's pickle cut after the profiled steps (its segments the blocks alive there,
+    as a replay of its trace leaves them; opcodes memory_viz reads), every rank's whole pickle gzipped, the other
+    ranks' JSON snapshots and the per-rank traces gzipped."""
+    import gzip
+    import pickle
+    import pickletools
+    from test_artifacts import ALLOWED_OPCODES
+    mj = _main_job()
+    out = tmp_path / "run"
+    p = subprocess.run([os.path.join(BUILD, "baseline", "train"), "--flavor", "tiny", "--world", "2", "--seq-len", "16",
+                        "--batch-size", "1", "--steps", "4", "--profile-steps", "2", "--quiet", "--out", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    with open(str(out / "memory_rank0.pickle"), "rb") as fh:
+        whole = fh.read()
+    mj.compact_run_dir(str(out), 2)
+    names = set(os.listdir(str(out)))
+    assert {"memory_rank0.pickle", "memory_rank0.json", "memory_rank1.json.gz", "memory_rank0.all_steps.pickle.gz",
+            "memory_rank1.all_steps.pickle.gz", "trace.json", "trace_rank0.json.gz", "trace_rank1.json.gz"} <= names
+    assert not {"memory_rank1.pickle", "memory_rank1.json", "trace_rank0.json"} & names
+    with gzip.open(str(out / "memory_rank0.all_steps.pickle.gz")) as fh:
+        assert fh.read() == whole
+    with open(str(out / "memory_rank0.pickle"), "rb") as fh:
+        data = fh.read()
+    assert {op.name for op, _, _ in pickletools.genops(data)} <= ALLOWED_OPCODES
+    cut, full = pickle.loads(data), pickle.loads(whole)
+    trace = cut["device_traces"][0]
+    assert trace == full["device_traces"][0][:len(trace)] and len(trace) < len(full["device_traces"][0])
+    assert {e["frames"][-1]["line"] for e in trace} == {-1, 0, 1}  # fsdp_init and steps 0, 1
+    alive = {}
+    for e in trace:
+        if e["action"] == "alloc":
+            alive[e["addr"]] = e["size"]
+        elif e["action"] == "free_completed":
+            alive.pop(e["addr"])
+    assert {s["address"]: s["requested_size"] for s in cut["segments"]} == alive

@@ -524,8 +524,9 @@ def test_plain_grade_skips_the_bonus_stages_left_as_their_starters(tmp_path):
 
 def test_score_line_reads_right_with_only_bonus_stages():
     from gradelib.cli import score_line
-    assert score_line(0, 0, 4.5, 4.5, ["08"], False) == "Score: bonus 4.5/4.5 (stage 08)"
-    assert score_line(20, 22, 4.5, 9, ["08", "09"], True) == "Score: 20/22 + bonus 4.5/9 (stages 08, 09)"
+    a, b = [s for s in STAGES if RUBRIC["stages"][s].get("bonus")][:2]
+    assert score_line(0, 0, 4.5, 4.5, [a], False) == "Score: bonus 4.5/4.5 (stage %s)" % a
+    assert score_line(20, 22, 4.5, 9, [a, b], True) == "Score: 20/22 + bonus 4.5/9 (stages %s, %s)" % (a, b)
     assert score_line(3, 22, 0, 0, [], True) == "Score: 3/22"
 
 

@@ -130,3 +130,28 @@ def test_compact_run_dir_keeps_a_memory_viz_snapshot_of_the_profiled_steps(tmp_p
         elif e["action"] == "free_completed":
             alive.pop(e["addr"])
     assert {s["address"]: s["requested_size"] for s in cut["segments"]} == alive
+
+
+def test_the_skips_are_said_in_one_line():
+    """tests/conftest.py ends a run with one line that groups its skip reasons (pytest_terminal_summary)."""
+    from conftest import skip_summary
+    reasons = (["student tree: no solutions/", "stage 04's solution is the instructors' (not in a student tree)"] * 3
+               + ["needs the git checkout", "not a git checkout: fatal"] + ["nvcc not found"])
+    assert skip_summary(reasons) == ("9 skipped: 6 need the instructors' solutions/, 2 need a git checkout, "
+                                     "1 because nvcc not found")
+    assert skip_summary([]) is None
+    assert skip_summary([], ["test_solutions.py"]) == ("1 instructors' test files not collected (no solutions/: "
+                                                       "test_solutions.py)")
+
+
+def test_readme_lists_the_packages_hwfsdp_installs():
+    """README's package list is the script's (PKGS in ./hwfsdp), word for word."""
+    import re
+    with open(os.path.join(ROOT, "hwfsdp")) as fh:
+        script = fh.read()
+    pkgs = re.search(r'^PKGS="([^"]*)"', script, re.M).group(1).split()
+    with open(os.path.join(ROOT, "README.md")) as fh:
+        readme = " ".join(fh.read().split())
+    m = re.search(r"names them and stops otherwise: `([^`]*)`", readme)
+    assert m, "README no longer lists the packages after 'names them and stops otherwise:'"
+    assert m.group(1).split() == pkgs, (m.group(1).split(), pkgs)

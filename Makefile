@@ -10,7 +10,8 @@
 #   make handout         the student tarball (no solutions/)
 #   make bench           benchmarks (prints a table, writes results/bench.json)
 #   make fsdp2-check [STAGE="01 04"]      the solutions against real PyTorch FSDP2 (instructors; installs torch once)
-# Optional parts are detected; override with NO_MPI=1, NO_CUDA=1.
+# Optional parts are detected; override with NO_MPI=1, NO_CUDA=1. Missing packages the build needs (gcc,
+# libc6-dev, libopenblas-dev) stop it at once with one line and the apt-get command (mk/deps.mk).
 
 CC      ?= gcc
 PYTHON  ?= /usr/bin/python3
@@ -19,6 +20,7 @@ OPT     ?= -O2
 CFLAGS  := -std=c11 $(OPT) -g -Wall -Wextra -Werror -Wno-unused-parameter -D_GNU_SOURCE -pthread -Icommon $(EXTRA_CFLAGS)
 LDFLAGS := -pthread $(EXTRA_LDFLAGS)
 LDLIBS  := -lopenblas -lm
+include mk/deps.mk
 
 # ---- optional parts -------------------------------------------------------
 HAVE_MPICC := $(if $(NO_MPI),,$(shell command -v mpicc >/dev/null 2>&1 && echo 1))

@@ -155,3 +155,20 @@ def test_readme_lists_the_packages_hwfsdp_installs():
     m = re.search(r"names them and stops otherwise: `([^`]*)`", readme)
     assert m, "README no longer lists the packages after 'names them and stops otherwise:'"
     assert m.group(1).split() == pkgs, (m.group(1).split(), pkgs)
+
+
+def test_make_names_missing_packages_in_one_line(tmp_path):
+    """Plain `make` where OpenBLAS's <cblas.h> is not the one found (here a netlib-like header without blasint, as a
+    machine with libblas-dev but not libopenblas-dev has) stops before compiling, with one line: what is missing and
+    the apt-get command (mk/deps.mk)."""
+    fake = tmp_path / "include"
+    fake.mkdir()
+    (fake / "cblas.h").write_text("float cblas_sdot(int n, const float *x, int incx, const float *y, int incy);\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}  # under make test
+    p = subprocess.run(["make", "-s", "--no-print-directory", "BUILD=%s" % (tmp_path / "build"),
+                        "EXTRA_CFLAGS=-I%s" % fake, "detect"], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=120)
+    lines = (p.stdout + p.stderr).strip().splitlines()
+    assert p.returncode != 0 and len(lines) == 1, lines
+    assert "missing Debian packages: libopenblas-dev" in lines[0] and "sudo apt-get install libopenblas-dev" in lines[0]
+    assert not (tmp_path / "build" / ".deps-ok").exists()

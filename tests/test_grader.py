@@ -536,3 +536,11 @@ def test_starter_records_match_the_starters():
     are the starters, grades the core stages only."""
     for st in manifest.stages():
         assert st.started(ROOT) == (False, "unchanged from its starter"), st.id
+
+
+def test_every_stage_grades_the_untouched_bonus_starters_too(tmp_path):
+    """--every-stage: the plain grade's skipping turned off (the bonus starters then stop at their TODOs)."""
+    out, res = grade(tmp_path, "--every-stage")
+    assert sorted(res["stages"]) == STAGES and res["skipped"] == {} and "skipped" not in out
+    for stage in STAGES:
+        assert res["stages"][stage]["run"]["reason"].startswith("TODO not implemented:"), stage

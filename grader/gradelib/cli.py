@@ -128,8 +128,9 @@ def _grade_check(ctx, key):
 
 
 def _started(rubric, stages, root):
-    """(stages, {skipped stage: why}): by default every core stage is graded, and each bonus stage the student
-    has started (manifest.Stage.started: carried, or changed from its starter); one line names those left out."""
+    """(stages, {skipped stage: why}, lines): by default every core stage is graded, and each bonus stage the
+    student has started (manifest.Stage.started: carried, or changed from its starter); a line names those left
+    out (said just before the score)."""
     keep, skipped = [], {}
     for sid in stages:
         st = manifest.stage(sid, rubric)
@@ -138,11 +139,10 @@ def _started(rubric, stages, root):
             keep.append(sid)
         else:
             skipped.setdefault(why, []).append(sid)
-    for why, ids in sorted(skipped.items()):
-        say("bonus stage%s %s skipped: %s; `make grade STAGE=%s` grades one" % (
-            "s" if len(ids) > 1 else "", ", ".join(ids), why.replace("its starter", "their starters")
-            if len(ids) > 1 else why, ids[0]))
-    return keep, {sid: why for why, ids in skipped.items() for sid in ids}
+    lines = ["bonus stage%s %s skipped: %s; `make grade STAGE=%s` grades one" % (
+        "s" if len(ids) > 1 else "", ", ".join(ids), why.replace("its starter", "their starters")
+        if len(ids) > 1 else why, ids[0]) for why, ids in sorted(skipped.items())]
+    return keep, {sid: why for why, ids in skipped.items() for sid in ids}, lines
 
 
 def score_line(score, total, bonus_score, bonus_total, bonus_ids, any_core):
@@ -264,9 +264,9 @@ def main(argv=None):
     tree = "file" if args.file else "solutions" if args.solutions else "tree" if args.tree else "stages"
     base = os.path.abspath(args.tree) if args.tree else os.path.join(ROOT, tree)
     if tree in ("stages", "tree") and not args.stage and not args.every_stage:
-        stages, skipped = _started(rubric, stages, os.path.dirname(base) if tree == "stages" else base)
+        stages, skipped, skip_lines = _started(rubric, stages, os.path.dirname(base) if tree == "stages" else base)
     else:
-        skipped = {}
+        skipped, skip_lines = {}, []
     results = []
     for stage in stages:
         src = os.path.abspath(args.file) if args.file else os.path.join(base, "stages" if args.tree else "",
@@ -281,6 +281,8 @@ def main(argv=None):
     bonus_score = sum(r["points"] for r in bonus)
     bonus_total = sum(r["max_points"] for r in bonus)
     elapsed = time.monotonic() - t_start
+    for line in skip_lines:
+        say(line)
     say(score_line(score, total, bonus_score, bonus_total, [r["stage"] for r in bonus], bool(core)))
     json_path = args.json or os.path.join(out_root, "results.json")
     write_results(json_path, {"score": score, "max_score": total, "bonus_score": bonus_score,

@@ -1,15 +1,17 @@
 # hwFSDP in C — build, grade, test.
 #   make                 build the runtime, the baseline, every solution and starter
-#   make run             the main job: train the debugmodel with FSDP (the manifest's main_job stage) on 4 thread-ranks
+#   make run             the main job: train the debugmodel with FSDP on 4 thread-ranks (the manifest's main_job
+#                        stage; in a student tree the highest stage you changed that runs)
 #   make test            every test (C unit tests, PyTorch parity, solutions, grader)
-#   make grade [STAGE=03] [SOLUTIONS=1]   grade your stages/ (or solutions/)
+#   make grade [STAGE=03] [SOLUTIONS=1]   grade your stages/: the core stages and the bonus stages you started (or one; or solutions/)
 #   make reference       rebuild logs/reference/ from solutions/ (instructors)
 #   make reference-check does the code still make logs/reference/? (a rebuild, compared but for wall clock and addresses)
 #   make plots RUN=dir [REF=dir]          PNGs for a run directory
 #   make handout         the student tarball (no solutions/)
 #   make bench           benchmarks (prints a table, writes results/bench.json)
 #   make fsdp2-check [STAGE="01 04"]      the solutions against real PyTorch FSDP2 (instructors; installs torch once)
-# Optional parts are detected; override with NO_MPI=1, NO_CUDA=1.
+# Optional parts are detected; override with NO_MPI=1, NO_CUDA=1. Missing packages the build needs (gcc,
+# libc6-dev, libopenblas-dev) stop it at once with one line and the apt-get command (mk/deps.mk).
 
 CC      ?= gcc
 PYTHON  ?= /usr/bin/python3
@@ -18,6 +20,7 @@ OPT     ?= -O2
 CFLAGS  := -std=c11 $(OPT) -g -Wall -Wextra -Werror -Wno-unused-parameter -D_GNU_SOURCE -pthread -Icommon $(EXTRA_CFLAGS)
 LDFLAGS := -pthread $(EXTRA_LDFLAGS)
 LDLIBS  := -lopenblas -lm
+include mk/deps.mk
 
 # ---- optional parts -------------------------------------------------------
 HAVE_MPICC := $(if $(NO_MPI),,$(shell command -v mpicc >/dev/null 2>&1 && echo 1))
@@ -143,12 +146,13 @@ impl: $(DRIVER_OBJ) $(LIB)
 RUN_DIR   ?= runs/debugmodel
 RUN_FLAGS ?= --flavor debugmodel --world 4 --seq-len 128 --batch-size 2 --steps 30 --warmup-steps 5 \
              --lr 3e-3 --link-gbps 20 --link-latency-us 20 --profile-steps 3
-# (tools/main_job.py: the main job's solution, or in a student tree the student's most advanced
-# stage that runs, or the baseline when none does)
+# (tools/main_job.py: the main job's solution, or in a student tree the highest-numbered stage, core or
+# bonus, whose file the student changed and that runs a step, or the baseline when none does; then the
+# run directory is shrunk: rank 0's memory_viz pickle over the profiled steps, the rest gzipped)
 run: all
 	HWFSDP_BUILD=$(BUILD) $(PYTHON) tools/main_job.py --out $(RUN_DIR) -- $(RUN_FLAGS)
 	-$(PYTHON) tools/plots.py $(RUN_DIR)
-	@echo "run directory: $(RUN_DIR) (open trace.json in https://ui.perfetto.dev, memory_rank0.pickle in https://pytorch.org/memory_viz)"
+	@echo "run directory: $(RUN_DIR) (open trace.json in https://ui.perfetto.dev, memory_rank0.pickle (the profiled steps) in https://pytorch.org/memory_viz)"
 
 # The debugmodel trained 200 steps with every training solution (logs/debugmodel_200/).
 LONG_FLAGS ?= --flavor debugmodel --world 4 --seq-len 128 --batch-size 2 --steps 200 --warmup-steps 10 \
@@ -165,7 +169,9 @@ test: all
 	$(PYTHON) -m pytest -q -p no:cacheprovider tests
 
 # ---- grading ----------------------------------------------------------------------
-# Runs and results go to grade-runs/ (results.json); the rubric is grader/rubric.json.
+# Runs and results go to grade-runs/ (results.json); the rubric is grader/rubric.json. Without STAGE the
+# grader grades every core stage and each bonus stage whose hw_fsdp.c differs from its starter (as
+# stages/NN/.starter.sha256 records it) or was carried; it names the bonus stages it skipped.
 # SOLUTIONS=1 on the command line replaces the list of solution directories the build
 # uses (SOLUTIONS above), so `all` runs in a sub-make with the list restored.
 GRADE_SOLUTIONS := $(foreach d,$(STAGE_DIRS),$(if $(wildcard solutions/$(d)/hw_fsdp.c),$(d)))

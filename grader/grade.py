@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """The hwFSDP autograder.
 
-    grade.py                              grade every stage in stages/
+    grade.py                              grade stages/: every core stage, and the bonus stages you
+                                          started (changed from their starter, or carried)
+    grade.py --every-stage                every stage in stages/, the untouched bonus starters too
     grade.py --stage 03                   one stage (repeat --stage for several)
     grade.py --solutions                  grade solutions/ instead (they score full marks)
     grade.py --file my/hw_fsdp.c --stage 03

@@ -13,6 +13,7 @@ include it writes:
 Adding a stage is one entry in rubric.json plus solutions/NN_name/hw_fsdp.c.
 Standard library only.
 """
+import hashlib
 import json
 import os
 import re
@@ -97,8 +98,46 @@ class Stage:
     def starter_src(self, root=ROOT):
         return os.path.join(root, "stages", self.dir, "hw_fsdp.c")
 
+    def started(self, root=ROOT):
+        """(started, why): has the student begun this stage in root/stages/? A carried stage (make carry left
+        hw_fsdp.starter.c beside it) has; otherwise hw_fsdp.c is compared with the sha256 of the starter as it
+        was shipped (STARTER_RECORD, written by tools/make_starters.py), whatever that starter holds. With no
+        record to compare with the stage counts as started (it is graded)."""
+        d = os.path.join(root, "stages", self.dir)
+        src = os.path.join(d, "hw_fsdp.c")
+        if not os.path.isfile(src):
+            return False, "no stages/%s/hw_fsdp.c" % self.dir
+        if os.path.exists(os.path.join(d, "hw_fsdp.starter.c")):
+            return True, "carried"
+        shipped = read_starter_record(os.path.join(d, STARTER_RECORD))
+        if shipped is None:
+            return True, "no record of its starter to compare with"
+        with open(src, "rb") as fh:
+            same = hashlib.sha256(fh.read()).hexdigest() == shipped
+        return (False, "unchanged from its starter") if same else (True, "changed")
+
     def __repr__(self):
         return "Stage(%s)" % self.dir
+
+
+# Beside each starter, the sha256 of hw_fsdp.c as tools/make_starters.py wrote it (sha256sum's format), so that a
+# student tree, which has no solutions/ to regenerate it from, can tell an untouched starter (Stage.started).
+STARTER_RECORD = ".starter.sha256"
+
+
+def starter_record(text):
+    """The STARTER_RECORD file's content for a starter whose hw_fsdp.c is `text`."""
+    return "%s  hw_fsdp.c\n" % hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def read_starter_record(path):
+    """The hex digest a STARTER_RECORD file holds, or None (missing or unreadable)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            m = re.match(r"([0-9a-f]{64}) ", fh.read())
+    except (OSError, UnicodeDecodeError):
+        return None
+    return m.group(1) if m else None
 
 
 # The contract field each flag sets (common/hw_fsdp.h: FsdpConfig, or the Module field the loop sets): a stage

@@ -487,3 +487,62 @@ def test_usage_errors_exit_2_with_one_line(args, message, tmp_path):
     assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("grade.py: error: ") and message in lines[0], p.stderr
+
+
+# ------------------------------------------------------- which stages a plain grade.py grades
+
+def test_plain_grade_skips_the_bonus_stages_left_as_their_starters(tmp_path):
+    """With no --stage the grader grades every core stage and the bonus stages the student started: changed
+    from the starter as shipped (stages/NN/.starter.sha256), or carried (hw_fsdp.starter.c beside it); one
+    line names the others. --stage grades a stage whatever its file holds."""
+    tree = tmp_path / "copy"
+    by_id = {s.id: s for s in manifest.stages()}
+    bonus = [s for s in STAGES if RUBRIC["stages"][s].get("bonus")]
+    assert len(bonus) >= 3, bonus
+    untouched, changed, carried = bonus[0], bonus[1], bonus[2]  # any further bonus stage has no file at all
+    for sid in (untouched, changed, carried):
+        d = tree / "stages" / by_id[sid].dir
+        d.mkdir(parents=True)
+        src = os.path.join(ROOT, "stages", by_id[sid].dir)
+        for name in ("hw_fsdp.c", manifest.STARTER_RECORD):
+            shutil.copyfile(os.path.join(src, name), str(d / name))
+    with open(str(tree / "stages" / by_id[changed].dir / "hw_fsdp.c"), "a") as fh:
+        fh.write("/* a first line of my own */\n")
+    shutil.copyfile(os.path.join(ROOT, "stages", by_id[carried].dir, "hw_fsdp.c"),
+                    str(tree / "stages" / by_id[carried].dir / "hw_fsdp.starter.c"))
+    out, res = grade(tmp_path / "out", "--tree", tree)
+    graded = sorted(res["stages"])
+    core = [s for s in STAGES if not RUBRIC["stages"][s].get("bonus")]
+    assert graded == sorted(core + [changed, carried]), graded
+    assert res["skipped"][untouched] == "unchanged from its starter", res["skipped"]
+    assert ("bonus stage %s skipped: unchanged from its starter; `make grade STAGE=%s` grades one" % (untouched, untouched)
+            in out.splitlines()), out
+    assert "Score: 0/%s + bonus 0/" % res["max_score"] in out
+    out, res = grade(tmp_path / "one", "--tree", tree, "--stage", untouched)
+    assert sorted(res["stages"]) == [untouched] and "skipped" not in out
+    assert res["stages"][untouched]["run"]["reason"].startswith("TODO not implemented:")
+    assert re.search(r"^Score: bonus 0/[0-9.]+ \(stage %s\)$" % untouched, out, re.M), out
+
+
+def test_score_line_reads_right_with_only_bonus_stages():
+    from gradelib.cli import score_line
+    a, b = [s for s in STAGES if RUBRIC["stages"][s].get("bonus")][:2]
+    assert score_line(0, 0, 4.5, 4.5, [a], False) == "Score: bonus 4.5/4.5 (stage %s)" % a
+    assert score_line(20, 22, 4.5, 9, [a, b], True) == "Score: 20/22 + bonus 4.5/9 (stages %s, %s)" % (a, b)
+    assert score_line(3, 22, 0, 0, [], True) == "Score: 3/22"
+
+
+def test_starter_records_match_the_starters():
+    """Each stage's .starter.sha256 is its shipped starter's (tools/make_starters.py writes both; make test's
+    make_starters.py --check keeps them in step), so a plain `make grade` in the instructors' tree, whose stages/
+    are the starters, grades the core stages only."""
+    for st in manifest.stages():
+        assert st.started(ROOT) == (False, "unchanged from its starter"), st.id
+
+
+def test_every_stage_grades_the_untouched_bonus_starters_too(tmp_path):
+    """--every-stage: the plain grade's skipping turned off (the bonus starters then stop at their TODOs)."""
+    out, res = grade(tmp_path, "--every-stage")
+    assert sorted(res["stages"]) == STAGES and res["skipped"] == {} and "skipped" not in out
+    for stage in STAGES:
+        assert res["stages"][stage]["run"]["reason"].startswith("TODO not implemented:"), stage

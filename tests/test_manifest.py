@@ -1,6 +1,7 @@
 """The stage manifest (grader/rubric.json, read through grader/manifest.py) is the only
 place that lists the stages: the tree agrees with it, its Makefile include says what it
 says, a broken entry is one clear line, and no code file lists stages on its own."""
+import json
 import os
 import re
 import subprocess
@@ -251,3 +252,36 @@ def test_honours_is_what_the_solution_reads(stage):
     assert sorted(derived) == sorted(s.honours), "stage %s's solution reads the fields of %s" % (stage, sorted(derived))
     # every flag the manifest names has a field (or is --ac): the table covers the flags the rubric grades
     assert set(manifest.rubric()["flags"]) - {"about", "--ac"} <= set(manifest.FLAG_FIELDS)
+
+
+def test_stage_01_is_graded_where_two_ranks_own_no_rows(tmp_path):
+    """Sharding follows torch.chunk on dim 0: ceil(d0 / W) rows a rank, the trailing ranks fewer or none. Some
+    graded run of the first stage (its configuration or a variant) has a param that two ranks own no rows of, and
+    one of them where rank x ceil(d0 / W) is not d0 (where an empty rank starts), so no wrong row_offset rule for
+    an empty rank passes by luck. The params' first dims come from the run.json a one-step baseline writes."""
+    from gradelib.rubric import stage_config
+    rubric = manifest.rubric()
+    first = STAGES[0].id
+    model_keys = ("flavor", "dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "multiple_of")
+    found = []
+    for v in [None] + list(rubric["stages"][first].get("variants", [])):
+        cfg = stage_config(rubric, first, v)
+        out = tmp_path / (v or "main")
+        cmd = [os.path.join(BUILD, "baseline", "train"), "--world", "1", "--seq-len", "16", "--batch-size", "1",
+               "--steps", "1", "--profile-steps", "0", "--quiet", "--out", str(out)]
+        for k in model_keys:
+            if k in cfg:
+                cmd += ["--" + k.replace("_", "-"), str(cfg[k])]
+        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stdout + p.stderr
+        with open(str(out / "run.json")) as fh:
+            m = json.load(fh)
+        head_dim = m["dim"] // m["n_heads"]
+        rows = {"vocab": m["vocab_size"], "dim": m["dim"], "kv": m["n_kv_heads"] * head_dim, "hidden": m["hidden_dim"]}
+        world = cfg["world"]
+        for name, d0 in rows.items():
+            chunk = -(-d0 // world)
+            empty = [r for r in range(world) if r * chunk >= d0]
+            if len(empty) >= 2 and any(r * chunk != d0 for r in empty):
+                found.append((v, name, d0, world, empty))
+    assert found, "no graded run of stage %s has a param with two ranks that own no rows" % first

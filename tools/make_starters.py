@@ -20,7 +20,7 @@ Staged releases (tools/make_handout.py --release NN) instead keep the earlier st
 solutions in each starter (published after the earlier deadlines): convert(...,
 keep_earlier=True) stubs only the stage's own regions.
 
-    tools/make_starters.py            write stages/NN_name/{hw_fsdp.c,README.md}
+    tools/make_starters.py            write stages/NN_name/{hw_fsdp.c,README.md,.starter.sha256}
     tools/make_starters.py --check    exit 1 (and say which file) if stages/ is out of date
 """
 import os
@@ -124,7 +124,8 @@ def main():
         d = st.dir
         with open(src) as fh:
             starter, todos = convert(fh.read(), st.id, src)
-        wanted = {"hw_fsdp.c": starter, "README.md": readme(st, todos)}
+        wanted = {"hw_fsdp.c": starter, "README.md": readme(st, todos),
+                  manifest.STARTER_RECORD: manifest.starter_record(starter)}  # what `make grade` compares with
         for name, content in wanted.items():
             path = os.path.join(stage_root, d, name)
             have = open(path).read() if os.path.exists(path) else None

@@ -127,6 +127,34 @@ def _grade_check(ctx, key):
     return False, PASSES_ON_FILES if ok else "not graded: the run failed (above)", ""
 
 
+def _started(rubric, stages, root):
+    """(stages, {skipped stage: why}, lines): by default every core stage is graded, and each bonus stage the
+    student has started (manifest.Stage.started: carried, or changed from its starter); a line names those left
+    out (said just before the score)."""
+    keep, skipped = [], {}
+    for sid in stages:
+        st = manifest.stage(sid, rubric)
+        started, why = st.started(root) if st.spec.get("bonus") else (True, "")
+        if started:
+            keep.append(sid)
+        else:
+            skipped.setdefault(why, []).append(sid)
+    lines = ["bonus stage%s %s skipped: %s; `make grade STAGE=%s` grades one" % (
+        "s" if len(ids) > 1 else "", ", ".join(ids), why.replace("its starter", "their starters")
+        if len(ids) > 1 else why, ids[0]) for why, ids in sorted(skipped.items())]
+    return keep, {sid: why for why, ids in skipped.items() for sid in ids}, lines
+
+
+def score_line(score, total, bonus_score, bonus_total, bonus_ids, any_core):
+    """'Score: 20/22', 'Score: 20/22 + bonus 4.5/4.5 (stage 08)', or with only bonus stages graded
+    'Score: bonus 4.5/4.5 (stage 08)' (the advanced track's points are extra: outside the total)."""
+    parts = ["%s/%s" % (fmt_points(score), fmt_points(total))] if any_core or not bonus_ids else []
+    if bonus_ids:
+        parts.append("bonus %s/%s (stage%s %s)" % (fmt_points(bonus_score), fmt_points(bonus_total),
+                                                  "s" if len(bonus_ids) > 1 else "", ", ".join(bonus_ids)))
+    return "Score: " + " + ".join(parts)
+
+
 def _command(run):
     return [relpath(c) if os.path.isabs(c) else c for c in run.cmd]
 
@@ -148,7 +176,10 @@ def _stage_range():
 def parse_args(argv):
     ap = _Parser(prog="grade.py", description="Grade hwFSDP stages (see HANDOUT.md#grading).")
     ap.add_argument("--stage", action="append", default=[],
-                    help="stage to grade (%s); repeatable; default all" % _stage_range())
+                    help="stage to grade (%s); repeatable; default: every core stage, and the bonus stages "
+                         "whose file differs from its starter (--every-stage: all)" % _stage_range())
+    ap.add_argument("--every-stage", action="store_true",
+                    help="with no --stage: grade the bonus stages left as their starters too")
     ap.add_argument("--solutions", action="store_true", help="grade solutions/ instead of stages/")
     ap.add_argument("--file", help="grade this hw_fsdp.c (needs exactly one --stage)")
     ap.add_argument("--out", default=os.path.join(ROOT, "grade-runs"), help="where runs go (default grade-runs/)")
@@ -232,6 +263,10 @@ def main(argv=None):
     baselines = Baselines(runner, out_root)
     tree = "file" if args.file else "solutions" if args.solutions else "tree" if args.tree else "stages"
     base = os.path.abspath(args.tree) if args.tree else os.path.join(ROOT, tree)
+    if tree in ("stages", "tree") and not args.stage and not args.every_stage:
+        stages, skipped, skip_lines = _started(rubric, stages, os.path.dirname(base) if tree == "stages" else base)
+    else:
+        skipped, skip_lines = {}, []
     results = []
     for stage in stages:
         src = os.path.abspath(args.file) if args.file else os.path.join(base, "stages" if args.tree else "",
@@ -246,14 +281,14 @@ def main(argv=None):
     bonus_score = sum(r["points"] for r in bonus)
     bonus_total = sum(r["max_points"] for r in bonus)
     elapsed = time.monotonic() - t_start
-    say("Score: %s/%s%s" % (fmt_points(score), fmt_points(total), " + bonus %s/%s (stage%s %s)" % (
-        fmt_points(bonus_score), fmt_points(bonus_total), "s" if len(bonus) > 1 else "",
-        ", ".join(r["stage"] for r in bonus)) if bonus else ""))
+    for line in skip_lines:
+        say(line)
+    say(score_line(score, total, bonus_score, bonus_total, [r["stage"] for r in bonus], bool(core)))
     json_path = args.json or os.path.join(out_root, "results.json")
     write_results(json_path, {"score": score, "max_score": total, "bonus_score": bonus_score,
                               "bonus_max_score": bonus_total, "seconds": round(elapsed, 3), "tree": tree,
                               "reference": relpath(os.path.abspath(args.reference)),
-                              "stages": {r["stage"]: r for r in results}})
+                              "stages": {r["stage"]: r for r in results}, "skipped": skipped})
     say("results: %s" % relpath(os.path.abspath(json_path)))
     say("graded %d stage%s in %.1f s" % (len(results), "" if len(results) == 1 else "s", elapsed))
     return 0

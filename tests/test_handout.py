@@ -197,6 +197,11 @@ def test_release_keeps_earlier_solutions_unless_asked(tmp_path):
         assert any(b in flat(starter) for b in regions[earlier.id]), earlier.id
     assert "TODO(stage %s)" % rel.id in starter and "TODO(stage %s)" % STAGES[0].id not in starter
     assert "staged release" in starter.split("*/", 1)[0]
+    import manifest as mf
+    for path in (with_sol, without):  # each starter's record is its own text's, so make grade tells it untouched
+        for s in STAGES[:3]:
+            record = read(path, "hwfsdp/stages/%s/%s" % (s.dir, mf.STARTER_RECORD))
+            assert record == mf.starter_record(read(path, "hwfsdp/stages/%s/hw_fsdp.c" % s.dir)), (path, s.id)
     for s in STAGES[:3]:
         assert read(without, "hwfsdp/stages/%s/hw_fsdp.c" % s.dir) == open(s.starter_src()).read()
         assert read(without, "hwfsdp/stages/%s/README.md" % s.dir) == \

@@ -102,6 +102,8 @@ def release_starters(kept):
             text, todos = make_starters.convert(fh.read(), st.id, src, keep_earlier=True)
         out["stages/%s/hw_fsdp.c" % st.dir] = text.encode()
         out["stages/%s/README.md" % st.dir] = make_starters.readme(st, todos).encode()
+        # the record that tells an untouched starter (make grade skips untouched bonus stages) follows the text
+        out["stages/%s/%s" % (st.dir, manifest.STARTER_RECORD)] = manifest.starter_record(text).encode()
     return out
 
 

@@ -328,6 +328,12 @@ def check_dtensors(ctx):
             if local and p["row_offset"] != start:
                 raise CheckFailed("%s row_offset %s, expected %d = chunk %d x %d padded rows: shard offsets follow "
                                   "torch.chunk over %s" % (who, p["row_offset"], start, k, padded, over))
+            if not local and p["row_offset"] != rows:
+                raise CheckFailed("%s row_offset %s, expected %d: this rank owns no rows (torch.chunk splits %d rows "
+                                  "into chunks of %d over %s, and chunk %d is empty), so its empty range starts at "
+                                  "the end, row_offset = global_rows (device.h, DTensor)"
+                                  % (who, p["row_offset"], rows, rows, padded, over, k))
+            start = min(start, rows)
             if not p["has_local"]:
                 raise CheckFailed("%s has no local storage (DTensor.local is NULL)" % who)
             if p["local_matches_init"] is not True:

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "model/ops_math.h" /* bf16_from_f32: what the params check expects with --param-dtype bf16 */
+#include "runtime/alloc.h" /* dev_mem_free_event: who freed the params the backward finds missing */
 #include "runtime/json.h"
 #include "runtime/runtime.h"
 #include "runtime/util.h"
@@ -248,11 +249,14 @@ void probes_init(Probes *p, const Model *m, int param_bf16) {
     p->history = xcalloc((size_t)m->n_modules * MODULE_MAX_PARAMS, sizeof *p->history);
     for (int i = 0; i < m->n_modules * MODULE_MAX_PARAMS; i++) p->history[i].step = -1;
     p->grad_state = xcalloc((size_t)m->n_modules * MODULE_MAX_PARAMS, sizeof *p->grad_state);
+    p->last_data = xcalloc((size_t)m->n_modules * MODULE_MAX_PARAMS, sizeof *p->last_data);
 }
 
 void probes_free(Probes *p) {
     free(p->history);
     p->history = NULL;
+    free(p->last_data);
+    p->last_data = NULL;
     for (int i = 0; p->grad_state && i < p->model->n_modules * MODULE_MAX_PARAMS; i++) {
         free(p->grad_state[i].now);
         free(p->grad_state[i].before);
@@ -384,6 +388,52 @@ static void kcpu_params_check(void *arg) {
     }
 }
 
+/* The hook a scope's phase names, as the student wrote it ("fsdp_post_forward"), and when it ran. */
+static void hook_of_phase(const char *module, const char *phase, char *buf, size_t cap) {
+    static const struct { const char *phase, *hook, *when; } known[] = {
+        {"pre_forward", "fsdp_pre_forward", " in the forward"},
+        {"post_forward", "fsdp_post_forward", " in the forward"},
+        {"recompute.pre_forward", "fsdp_pre_forward", " during the backward's recompute"},
+        {"recompute.post_forward", "fsdp_post_forward", " during the backward's recompute"},
+        {"pre_backward", "fsdp_pre_backward", ""},
+        {"post_backward", "fsdp_post_backward", ""},
+        {"finish_backward", "fsdp_finish_backward", ""},
+        {"optimizer", "fsdp_optimizer_step", ""},
+    };
+    for (size_t i = 0; i < sizeof known / sizeof *known; i++) {
+        if (strcmp(phase, known[i].phase)) continue;
+        if (!strcmp(known[i].hook, "fsdp_finish_backward") || !strcmp(known[i].hook, "fsdp_optimizer_step"))
+            snprintf(buf, cap, "%s", known[i].hook);
+        else
+            snprintf(buf, cap, "%s's %s%s", module, known[i].hook, known[i].when);
+        return;
+    }
+    snprintf(buf, cap, "%s's %s", module, phase);
+}
+
+/* Param j of mod has no unsharded data for the backward: one line saying who freed the
+ * buffer it last had (the allocator's event log), or, without that evidence, that it is NULL. */
+static void no_data_for_backward(Dev *dev, const Probes *p, const Module *mod, int j, int step, const char *field,
+                                 const char *why) {
+    const Param *q = &mod->params[j];
+    uint64_t id = p->last_data ? p->last_data[mod->index * MODULE_MAX_PARAMS + j] : 0;
+    const MemEvent *e = id ? dev_mem_free_event(dev, id) : NULL;
+    if (!e || !e->phase || !e->module)
+        fatal("%s: %s has no unsharded data for the backward (%s is NULL after fsdp_pre_backward)%s", mod->name,
+              q->name, field, why);
+    char who[160], when[32] = "";
+    hook_of_phase(e->module, e->phase, who, sizeof who);
+    if (e->step != step && e->step >= 0) snprintf(when, sizeof when, " in step %d", e->step + 1);
+    /* freed in this module's backward (its fsdp_pre_backward or the recompute after it), or before it */
+    int in_backward = e->step == step && !strcmp(e->module, mod->name) &&
+                      (!strcmp(e->phase, "pre_backward") || !strncmp(e->phase, "recompute.", 10));
+    fatal("%s: %s has no unsharded data for the backward (%s is NULL): its unsharded buffer '%s' was freed in %s%s%s%s",
+          mod->name, q->name, field, e->name ? e->name : "?", who, when,
+          !in_backward ? ", and fsdp_pre_backward did not all-gather it again"
+          : strcmp(e->phase, "pre_backward") ? ", after fsdp_pre_backward, and nothing gathered it again" : "",
+          why);
+}
+
 void probe_params_ready(Dev *dev, Probes *p, const Module *mod, int step, const char *hook, int backward) {
     const void *ptrs[MODULE_MAX_PARAMS];
     const char *field = p->param_bf16 ? "Param.data_bf16" : "Param.data";
@@ -394,15 +444,15 @@ void probe_params_ready(Dev *dev, Probes *p, const Module *mod, int step, const 
         const Param *q = &mod->params[j];
         ptrs[j] = p->param_bf16 ? (const void *)q->data_bf16 : (const void *)q->data;
         if (!ptrs[j]) {
-            if (backward)
-                fatal("%s: %s has no unsharded data for the backward (%s is NULL after fsdp_pre_backward)%s",
-                      mod->name, q->name, field, why);
+            if (backward) no_data_for_backward(dev, p, mod, j, step, field, why);
             fatal("%s: %s has no unsharded data after fsdp_pre_forward (%s is NULL)%s", mod->name, q->name, field,
                   why);
         }
         elems += q->numel;
     }
     capture(dev, &p->params, ptrs, mod->n_params);
+    for (int j = 0; p->last_data && j < mod->n_params; j++)
+        if (p->params.id[j]) p->last_data[mod->index * MODULE_MAX_PARAMS + j] = p->params.id[j];
     Json f = {0};
     note_begin(&f, step, mod->name, hook);
     size_field(&f, "unsharded_param_bytes", still_live_bytes(dev, &p->params));

@@ -320,7 +320,7 @@ static uint64_t sampled_hash(const void *rows, OwnRows o, HashAs as) {
     return h;
 }
 
-/* What the rows hold instead of the shard, in words (for the message). */
+/* What the rows hold instead of the shard, as the object of "they hold ..." in the message. */
 static void what_instead(const ParamsCheck *c, int j, uint64_t got, const ShardHistory *h, char *buf, size_t cap) {
     const Param *p = &c->mod->params[j];
     OwnRows own = own_rows(p, c->rank, c->world);
@@ -331,12 +331,13 @@ static void what_instead(const ParamsCheck *c, int j, uint64_t got, const ShardH
         nan += v != v;
     }
     if (nan) {
-        snprintf(buf, cap, "%zu of its %zu values are NaN: never written (fresh memory is NaN-filled): the copy-out "
-                 "did not reach these rows, or compute read them before the all-gather filled them", nan, n);
+        snprintf(buf, cap, "NaN in %zu of their %zu values, which were never written (fresh memory is NaN-filled): "
+                 "the copy-out did not reach these rows, or compute read them before the all-gather filled them",
+                 nan, n);
         return;
     }
     if (h->step >= 0 && h->before != h->now && got == h->before) {
-        snprintf(buf, cap, "last step's shard: stale values, from before the optimizer's update (params kept from "
+        snprintf(buf, cap, "last step's shard, stale values from before the optimizer's update (params kept from "
                  "the last step instead of resharded after backward and gathered again, or an all-gather that read "
                  "the shards before the optimizer wrote them)");
         return;
@@ -349,8 +350,8 @@ static void what_instead(const ParamsCheck *c, int j, uint64_t got, const ShardH
             OwnRows oq = own_rows(q, c->rank, c->world);
             if ((i != c->mod->index || k != j) && oq.rows == own.rows && oq.row_numel == own.row_numel &&
                 q->dt.local && sampled_hash(q->dt.local, oq, shard_as(c)) == got) {
-                snprintf(buf, cap, "%s's shard: the copy-out took another param's segment (offsets in the flat "
-                         "buffer, or another module's all-gather output)", m->modules[i].params[k].name);
+                snprintf(buf, cap, "%s's shard instead: the copy-out took another param's segment (a wrong offset "
+                         "in the flat buffer, or another module's all-gather output)", m->modules[i].params[k].name);
                 return;
             }
         }

@@ -129,14 +129,19 @@ def test_starters_score_zero_on_their_todos(tmp_path):
         assert not st["run"]["ok"]
         assert reason.startswith("TODO not implemented:") and "HANDOUT.md#stage-%s" % stage in reason, reason
         for c in st["checks"]:
-            assert not c["ok"] and c["points"] == 0 and c["reason"].startswith("not graded: the run failed (above)")
-    # xv6 style: the failed run's line is followed by its indented reason, once; each FAIL line by its own
+            assert not c["ok"] and c["points"] == 0 and c["reason"].startswith("not graded: the run failed")
+    # xv6 style: the failed run's line is followed by its indented reason, once, then one line naming every
+    # check it left ungraded (results.json still has each check's entry)
     lines = out.splitlines()
     assert sum(1 for l in lines if l.startswith("    TODO not implemented:")) == len(res["stages"])
-    for i, l in enumerate(lines):
-        m = CHECK_LINE.match(l)
-        if m and m.group(3) == "FAIL":
-            assert lines[i + 1].startswith("    not graded: the run failed (above)"), lines[i:i + 2]
+    assert not [l for l in lines if CHECK_LINE.match(l)], "a failed run prints no line per check"
+    for stage in res["stages"]:
+        i = next(i for i, l in enumerate(lines) if l.startswith("== stage %s == " % stage) and "run FAILED" in l)
+        assert lines[i + 1].startswith("    TODO not implemented:"), lines[i:i + 3]
+        assert lines[i + 2].startswith("== stage %s == not graded (the run failed): %s" % (
+            stage, check_labels(stage)[0])), lines[i:i + 3]
+        assert all(label in lines[i + 2] for label in check_labels(stage)), lines[i + 2]
+        assert lines[i + 3].startswith("stage %s: 0/" % stage), lines[i:i + 4]
     assert "Score: 0/" in out
 
 
@@ -195,7 +200,7 @@ def test_mutant_loses_exactly_its_points(mutant, tmp_path):
         assert mutant["expect_message"] in st["run"]["reason"], st["run"]["reason"]
         assert st["points"] == 0
         for c in checks.values():
-            assert not c["ok"] and c["points"] == 0 and c["reason"].startswith("not graded: the run failed (above)")
+            assert not c["ok"] and c["points"] == 0 and c["reason"].startswith("not graded: the run failed")
         return
     assert st["run"]["ok"], st["run"]["reason"]
     failed = {n for n, c in checks.items() if not c["ok"]}

@@ -83,7 +83,7 @@ MESSAGES = {
         "backward's recompute, after fsdp_pre_backward, and nothing gathered it again")),
     "pre_backward_does_not_all_gather": ([], re.escape(
         "error: head: norm.weight has no unsharded data for the backward (Param.data is NULL): its unsharded buffer "
-        "'norm.weight' was freed in head's fsdp_post_forward in the forward, and fsdp_pre_backward did not "
+        "'norm.weight' was freed in head's fsdp_post_forward during the forward, and fsdp_pre_backward did not "
         "all-gather it again")),
     "copy_out_skips_the_last_rank": ([], re.escape(
         "error: params check on rank 3: before embedding's compute (after its pre_forward, step 1), rows [195, 259) "

@@ -389,27 +389,35 @@ static void kcpu_params_check(void *arg) {
     }
 }
 
-/* The hook a scope's phase names, as the student wrote it ("fsdp_post_forward"), and when it ran. */
-static void hook_of_phase(const char *module, const char *phase, char *buf, size_t cap) {
-    static const struct { const char *phase, *hook, *when; } known[] = {
-        {"pre_forward", "fsdp_pre_forward", " in the forward"},
-        {"post_forward", "fsdp_post_forward", " in the forward"},
-        {"recompute.pre_forward", "fsdp_pre_forward", " during the backward's recompute"},
-        {"recompute.post_forward", "fsdp_post_forward", " during the backward's recompute"},
-        {"pre_backward", "fsdp_pre_backward", ""},
-        {"post_backward", "fsdp_post_backward", ""},
-        {"finish_backward", "fsdp_finish_backward", ""},
-        {"optimizer", "fsdp_optimizer_step", ""},
+/* The hook a scope's phase names, as the student wrote it ("block1's fsdp_post_forward during the
+ * backward's recompute"); other_step: the step (1-based) when not the current one, else 0. */
+static void hook_of_phase(const char *module, const char *phase, int other_step, char *buf, size_t cap) {
+    static const struct { const char *phase, *hook, *during; } known[] = {
+        {"pre_forward", "fsdp_pre_forward", "forward"},
+        {"post_forward", "fsdp_post_forward", "forward"},
+        {"recompute.pre_forward", "fsdp_pre_forward", "backward's recompute"},
+        {"recompute.post_forward", "fsdp_post_forward", "backward's recompute"},
+        {"pre_backward", "fsdp_pre_backward", NULL},
+        {"post_backward", "fsdp_post_backward", NULL},
+        {"finish_backward", "fsdp_finish_backward", NULL}, /* once per backward: no module of its own */
+        {"optimizer", "fsdp_optimizer_step", NULL},        /* likewise */
     };
+    char whose[32] = "the ", in_step[32] = ""; /* "the forward" / "step 2's forward"; " in step 2" */
+    if (other_step) {
+        snprintf(whose, sizeof whose, "step %d's ", other_step);
+        snprintf(in_step, sizeof in_step, " in step %d", other_step);
+    }
     for (size_t i = 0; i < sizeof known / sizeof *known; i++) {
         if (strcmp(phase, known[i].phase)) continue;
-        if (!strcmp(known[i].hook, "fsdp_finish_backward") || !strcmp(known[i].hook, "fsdp_optimizer_step"))
-            snprintf(buf, cap, "%s", known[i].hook);
+        if (known[i].during)
+            snprintf(buf, cap, "%s's %s during %s%s", module, known[i].hook, whose, known[i].during);
+        else if (!strcmp(phase, "finish_backward") || !strcmp(phase, "optimizer"))
+            snprintf(buf, cap, "%s%s", known[i].hook, in_step);
         else
-            snprintf(buf, cap, "%s's %s%s", module, known[i].hook, known[i].when);
+            snprintf(buf, cap, "%s's %s%s", module, known[i].hook, in_step);
         return;
     }
-    snprintf(buf, cap, "%s's %s", module, phase);
+    snprintf(buf, cap, "%s's %s%s", module, phase, in_step);
 }
 
 /* Param j of mod has no unsharded data for the backward: one line saying who freed the
@@ -422,17 +430,16 @@ static void no_data_for_backward(Dev *dev, const Probes *p, const Module *mod, i
     if (!e || !e->phase || !e->module)
         fatal("%s: %s has no unsharded data for the backward (%s is NULL after fsdp_pre_backward)%s", mod->name,
               q->name, field, why);
-    char who[160], when[32] = "";
-    hook_of_phase(e->module, e->phase, who, sizeof who);
-    if (e->step != step && e->step >= 0) snprintf(when, sizeof when, " in step %d", e->step + 1);
-    /* freed in this module's backward (its fsdp_pre_backward or the recompute after it), or before it */
-    int in_backward = e->step == step && !strcmp(e->module, mod->name) &&
-                      (!strcmp(e->phase, "pre_backward") || !strncmp(e->phase, "recompute.", 10));
-    fatal("%s: %s has no unsharded data for the backward (%s is NULL): its unsharded buffer '%s' was freed in %s%s%s%s",
-          mod->name, q->name, field, e->name ? e->name : "?", who, when,
-          !in_backward ? ", and fsdp_pre_backward did not all-gather it again"
-          : strcmp(e->phase, "pre_backward") ? ", after fsdp_pre_backward, and nothing gathered it again" : "",
-          why);
+    char who[200];
+    hook_of_phase(e->module, e->phase, e->step != step && e->step >= 0 ? e->step + 1 : 0, who, sizeof who);
+    /* freed in this module's backward (by its fsdp_pre_backward, or in the recompute after it), or before it */
+    int mine = e->step == step && !strcmp(e->module, mod->name);
+    const char *then = !mine ? ", and fsdp_pre_backward did not all-gather it again"
+                       : !strcmp(e->phase, "pre_backward") ? " itself"
+                       : !strncmp(e->phase, "recompute.", 10) ? ", after fsdp_pre_backward, and nothing gathered it again"
+                       : ", and fsdp_pre_backward did not all-gather it again";
+    fatal("%s: %s has no unsharded data for the backward (%s is NULL): its unsharded buffer '%s' was freed in %s%s%s",
+          mod->name, q->name, field, e->name ? e->name : "?", who, then, why);
 }
 
 void probe_params_ready(Dev *dev, Probes *p, const Module *mod, int step, const char *hook, int backward) {

@@ -23,6 +23,7 @@ import time
 import manifest
 from gradelib.checks import CHECKS
 from gradelib.classroom import MAX_FILE, collect
+from gradelib.cli import NOT_GRADED
 from gradelib.util import fmt_points, one_line
 
 ROOT = manifest.ROOT
@@ -66,8 +67,8 @@ def to_gradescope(results, stages, rubric, notes, visibility, seconds):
                 msg = "not graded: the grader did not get to this stage"
             else:
                 msg = c["reason"] if not ok else (c.get("detail") or "passed")
-                if not ok and msg.startswith("not graded: the run failed (above)"):  # no "above" on Gradescope
-                    msg = "not graded: the run failed: %s" % r["run"]["reason"]
+                if not ok and msg.startswith(NOT_GRADED):  # each test is read alone: it says why the run failed
+                    msg = "%s: %s%s" % (NOT_GRADED, r["run"]["reason"], msg[len(NOT_GRADED):])
             tests.append({"name": "Stage %s: %s" % (sid, CHECKS[key].label), "number": "%s.%d" % (sid, k),
                           "score": float(points) if ok else 0.0, "max_score": float(points),
                           "status": "passed" if ok else "failed", "output": one_line(msg, 4000),

@@ -6,6 +6,10 @@ event (race detector), a prefetch buffer freed before compute copies out of it (
 and ranks whose collectives disagree (desync check). Each is built once and run 20 times at the
 grading config; the verdict is decided in host enqueue order, so all 20 stderr texts must be the
 same single line, whatever the thread timing.
+
+Then the sentences that name a bug's cause, each from a mutant run once: who freed the params the backward
+finds missing, and what the params check finds in a Param's rows instead of its shard; and a --forward-only
+run, whose grad norm is said to be not computed rather than nan.
 """
 import json
 import os
@@ -67,3 +71,67 @@ def test_mutant_stopped_with_the_same_sentence_every_run(name, tmp_path):
     lines = verdicts[0].strip().splitlines()
     assert len(lines) == 1, "expected one line, got:\n" + verdicts[0]
     assert re.fullmatch(CASES[name], lines[0]), lines[0]
+
+
+# The sentences that name a bug's cause, once each (one run: which rank reports first may vary, so a rank the
+# bug does not pin is matched by pattern): who freed the params the backward finds missing (the allocator's
+# event log), and what the params check finds in the rows instead of the shard.
+MESSAGES = {
+    "recompute_reshards_before_backward": (["--ac"], re.escape(
+        "error: block1: layers.1.attention_norm.weight has no unsharded data for the backward (Param.data is NULL): "
+        "its unsharded buffer 'layers.1.attention_norm.weight' was freed in block1's fsdp_post_forward during the "
+        "backward's recompute, after fsdp_pre_backward, and nothing gathered it again")),
+    "pre_backward_does_not_all_gather": ([], re.escape(
+        "error: head: norm.weight has no unsharded data for the backward (Param.data is NULL): its unsharded buffer "
+        "'norm.weight' was freed in head's fsdp_post_forward during the forward, and fsdp_pre_backward did not "
+        "all-gather it again")),
+    "copy_out_skips_the_last_rank": ([], re.escape(
+        "error: params check on rank 3: before embedding's compute (after its pre_forward, step 1), rows [195, 259) "
+        "of tok_embeddings.weight's Param.data should hold this rank's current shard; they hold NaN in 4096 of their "
+        "4096 values, which were never written (fresh memory is NaN-filled): the copy-out did not reach these rows, "
+        "or compute read them before the all-gather filled them")),
+    "copy_out_of_one_param_from_its_neighbours_segment": ([], r"error: params check on rank \d: before block0's "
+        r"compute \(after its pre_forward, step 1\), rows \[\d+, \d+\) of layers\.0\.attention\.wv\.weight's "
+        + re.escape("Param.data should hold this rank's current shard; they hold layers.0.attention.wk.weight's "
+                    "shard instead: the copy-out took another param's segment (a wrong offset in the flat buffer, "
+                    "or another module's all-gather output)")),
+    "copy_out_from_the_first_params_segment": ([], r"error: params check on rank \d: before block0's compute "
+        r"\(after its pre_forward, step 1\), rows \[\d+, \d+\) of layers\.0\.attention\.wq\.weight's "
+        + re.escape("Param.data should hold this rank's current shard; they hold other values: the copy-out's "
+                    "offsets or counts are wrong (rank r's rows of param j start at r x S + offset(j) of the "
+                    "all-gather output)")),
+    "params_not_freed_after_backward": ([], r"error: params check on rank \d: before embedding's compute \(after "
+        r"its pre_forward, step 2\), rows \[\d+, \d+\) of tok_embeddings\.weight's "
+        + re.escape("Param.data should hold this rank's current shard; they hold last step's shard, stale values "
+                    "from before the optimizer's update (params kept from the last step instead of resharded after "
+                    "backward and gathered again, or an all-gather that read the shards before the optimizer wrote "
+                    "them)")),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MESSAGES))
+def test_mutant_stopped_with_its_cause_in_one_sentence(name, tmp_path):
+    binary = build_mutant(name, tmp_path)
+    flags, pattern = MESSAGES[name]
+    p = subprocess.run([binary, "--quiet", "--data", CORPUS, "--out", str(tmp_path / "run"), "--flavor",
+                        CONFIG["flavor"], "--world", str(CONFIG["world"]), "--seq-len", str(CONFIG["seq_len"]),
+                        "--batch-size", str(CONFIG["batch_size"]), "--steps", str(CONFIG["steps"])] + flags,
+                       capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert p.returncode == 2, "exit %d, stderr:\n%s" % (p.returncode, p.stderr[-2000:])
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1, "expected one line, got:\n" + p.stderr
+    assert re.fullmatch(pattern, lines[0]), lines[0]
+
+
+def test_forward_only_says_the_grad_norm_was_not_computed(tmp_path):
+    """--forward-only runs no backward: its step lines say the grad norm was not computed, never nan, and
+    metrics.jsonl has it null without marking the step bad."""
+    from helpers import metrics, solution_bin
+    p = subprocess.run([solution_bin("01"), "--forward-only", "--world", "4", "--steps", "2", "--data", CORPUS,
+                        "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-2000:]
+    steps = [l for l in p.stdout.splitlines() if l.startswith("step:")]
+    assert len(steps) == 2 and all("  grad_norm: not computed (--forward-only)  memory: " in l for l in steps), steps
+    assert "nan" not in p.stdout.lower()
+    rows = metrics(tmp_path / "run")
+    assert [r["grad_norm"] for r in rows] == [None, None] and not any("nan" in r for r in rows), rows

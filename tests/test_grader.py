@@ -131,14 +131,19 @@ def test_starters_score_zero_on_their_todos(tmp_path):
         m = re.search(r"HANDOUT\.md#stage-(\d\d)", reason)
         assert reason.startswith("TODO not implemented:") and m and m.group(1) <= stage, reason
         for c in st["checks"]:
-            assert not c["ok"] and c["points"] == 0 and c["reason"].startswith("not graded: the run failed (above)")
-    # xv6 style: the failed run's line is followed by its indented reason, once; each FAIL line by its own
+            assert not c["ok"] and c["points"] == 0 and c["reason"].startswith("not graded: the run failed")
+    # xv6 style: the failed run's line is followed by its indented reason, once, then one line naming every
+    # check it left ungraded (results.json still has each check's entry)
     lines = out.splitlines()
     assert sum(1 for l in lines if l.startswith("    TODO not implemented:")) == len(res["stages"])
-    for i, l in enumerate(lines):
-        m = CHECK_LINE.match(l)
-        if m and m.group(3) == "FAIL":
-            assert lines[i + 1].startswith("    not graded: the run failed (above)"), lines[i:i + 2]
+    assert not [l for l in lines if CHECK_LINE.match(l)], "a failed run prints no line per check"
+    for stage in res["stages"]:
+        i = next(i for i, l in enumerate(lines) if l.startswith("== stage %s == " % stage) and "run FAILED" in l)
+        assert lines[i + 1].startswith("    TODO not implemented:"), lines[i:i + 3]
+        assert lines[i + 2].startswith("== stage %s == not graded (the run failed): %s" % (
+            stage, check_labels(stage)[0])), lines[i:i + 3]
+        assert all(label in lines[i + 2] for label in check_labels(stage)), lines[i + 2]
+        assert lines[i + 3].startswith("stage %s: 0/" % stage), lines[i:i + 4]
     assert "Score: 0/" in out
 
 
@@ -197,7 +202,7 @@ def test_mutant_loses_exactly_its_points(mutant, tmp_path):
         assert mutant["expect_message"] in st["run"]["reason"], st["run"]["reason"]
         assert st["points"] == 0
         for c in checks.values():
-            assert not c["ok"] and c["points"] == 0 and c["reason"].startswith("not graded: the run failed (above)")
+            assert not c["ok"] and c["points"] == 0 and c["reason"].startswith("not graded: the run failed")
         return
     assert st["run"]["ok"], st["run"]["reason"]
     failed = {n for n, c in checks.items() if not c["ok"]}
@@ -214,6 +219,64 @@ def test_mutant_loses_exactly_its_points(mutant, tmp_path):
     reasons = [checks[n]["reason"] for n in mutant["expect_fail"]]
     assert any(mutant["expect_message"] in r for r in reasons), reasons
     assert all(r and "\n" not in r for r in reasons)
+
+
+def grade_mutant(tmp_path, name):
+    """(stdout, results.json's entry of its stage) of grading mutant `name` into tmp_path/name."""
+    mutant = next(m for m in MUTANTS if m["name"] == name)
+    (tmp_path / name).mkdir()
+    src = apply_mutant(mutant, str(tmp_path / name / "hw_fsdp.c"))
+    out, res = grade(tmp_path / name / "out", "--file", src, "--stage", mutant["stage"])
+    return out, res["stages"][mutant["stage"]]
+
+
+def test_clip_names_the_grad_norms_cause(tmp_path):
+    """Grads W times too large (the reduce-scatter sums): the clip coefficient's line gives the grad norm's
+    cause, the same sentence, not a suspect of its own; without such evidence (AdamW clipped with the local norm
+    while the norm logged is the global one) it keeps its own."""
+    _, st = grade_mutant(tmp_path, "reduce_scatter_sums_instead_of_averaging")
+    why = {c["key"]: c["reason"] for c in st["checks"]}
+    cause = ("the reduce-scatter over the 4 ranks sums (op sum in the trace, world in step 1, every module): the "
+             "grads come out 4 times the mean, so the norm too; it must average (RED_AVG), not sum")
+    assert why["grad_norm"].endswith(": 4.00 times too large: " + cause), why["grad_norm"]
+    assert re.fullmatch(r"step 1, rank 0: AdamW applied clip coefficient [\d.]+, the reference [\d.]+ \(max_norm "
+                        r"0\.5 / global grad norm\): it divided by a grad norm 4\.00 times the reference's, for the "
+                        r"cause grad norm parity names: " + re.escape(cause), why["clip"]), why["clip"]
+    _, st = grade_mutant(tmp_path, "clip_with_the_local_norm")
+    why = {c["key"]: c["reason"] for c in st["checks"]}
+    assert why["clip"].endswith("(max_norm 0.5 / global grad norm): clipped less than the reference: total_sumsq "
+                                "must be the sum over every rank's shards (all-reduce with RED_SUM) of the squared "
+                                "gradients"), why["clip"]
+
+
+def test_a_failed_run_says_its_cause_once_and_what_it_left_ungraded(tmp_path):
+    """The run's reason once under its line, then one line naming every check it left ungraded (a check whose
+    files the run wrote before failing says there that they pass); results.json keeps an entry per check. A
+    failed variant run likewise: its reason under its own line, one line for the checks it left ungraded."""
+    out, st = grade_mutant(tmp_path, "pre_backward_does_not_all_gather")
+    lines = out.splitlines()
+    cause = [i for i, l in enumerate(lines) if "has no unsharded data for the backward" in l]
+    assert len(cause) == 1 and lines[cause[0]].startswith("    runtime error: head: norm.weight"), lines
+    labels = check_labels("02")
+    assert lines[cause[0] + 1] == "== stage 02 == not graded (the run failed): " + ", ".join(
+        l + (" (the files the run wrote before failing pass it)" if l == "DTensors" else "") for l in labels)
+    assert lines[cause[0] + 2].startswith("stage 02: 0/"), lines
+    assert [c["name"] for c in st["checks"]] == labels
+    assert {c["reason"] for c in st["checks"]} == {"not graded: the run failed", "not graded: the run failed; "
+                                                   "the files it wrote before failing pass this check"}
+
+    out, st = grade_mutant(tmp_path, "recompute_guard_is_the_zero2_flag")
+    lines = out.splitlines()
+    cause = [i for i, l in enumerate(lines) if "has no unsharded data for the backward" in l]
+    assert len(cause) == 1 and "run FAILED" in lines[cause[0] - 1] and "--reshard-after-forward=true --ac" in \
+        lines[cause[0] - 1], lines
+    ungraded = [l for l in lines if " not graded " in l]
+    failed = [c["name"] for c in st["checks"] if not c["ok"]]
+    assert ungraded == ["== stage 06 == not graded (the run on --reshard-after-forward=true --ac failed): "
+                        + ", ".join(failed)], ungraded
+    assert not [l for l in lines if CHECK_LINE.match(l) and CHECK_LINE.match(l).group(3) == "FAIL"], lines
+    assert all(c["reason"].startswith("on --reshard-after-forward=true --ac the run failed: runtime error: block1: ")
+               for c in st["checks"] if not c["ok"])
 
 
 @pytest.mark.parametrize("R,S", [(2, 2), (2, 3), (3, 2), (4, 1)])

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "model/ops_math.h" /* bf16_from_f32: what the params check expects with --param-dtype bf16 */
+#include "runtime/alloc.h" /* dev_mem_free_event: who freed the params the backward finds missing */
 #include "runtime/json.h"
 #include "runtime/runtime.h"
 #include "runtime/util.h"
@@ -248,11 +249,14 @@ void probes_init(Probes *p, const Model *m, int param_bf16) {
     p->history = xcalloc((size_t)m->n_modules * MODULE_MAX_PARAMS, sizeof *p->history);
     for (int i = 0; i < m->n_modules * MODULE_MAX_PARAMS; i++) p->history[i].step = -1;
     p->grad_state = xcalloc((size_t)m->n_modules * MODULE_MAX_PARAMS, sizeof *p->grad_state);
+    p->last_data = xcalloc((size_t)m->n_modules * MODULE_MAX_PARAMS, sizeof *p->last_data);
 }
 
 void probes_free(Probes *p) {
     free(p->history);
     p->history = NULL;
+    free(p->last_data);
+    p->last_data = NULL;
     for (int i = 0; p->grad_state && i < p->model->n_modules * MODULE_MAX_PARAMS; i++) {
         free(p->grad_state[i].now);
         free(p->grad_state[i].before);
@@ -316,7 +320,7 @@ static uint64_t sampled_hash(const void *rows, OwnRows o, HashAs as) {
     return h;
 }
 
-/* What the rows hold instead of the shard, in words (for the message). */
+/* What the rows hold instead of the shard, as the object of "they hold ..." in the message. */
 static void what_instead(const ParamsCheck *c, int j, uint64_t got, const ShardHistory *h, char *buf, size_t cap) {
     const Param *p = &c->mod->params[j];
     OwnRows own = own_rows(p, c->rank, c->world);
@@ -327,12 +331,13 @@ static void what_instead(const ParamsCheck *c, int j, uint64_t got, const ShardH
         nan += v != v;
     }
     if (nan) {
-        snprintf(buf, cap, "%zu of its %zu values are NaN: never written (fresh memory is NaN-filled): the copy-out "
-                 "did not reach these rows, or compute read them before the all-gather filled them", nan, n);
+        snprintf(buf, cap, "NaN in %zu of their %zu values, which were never written (fresh memory is NaN-filled): "
+                 "the copy-out did not reach these rows, or compute read them before the all-gather filled them",
+                 nan, n);
         return;
     }
     if (h->step >= 0 && h->before != h->now && got == h->before) {
-        snprintf(buf, cap, "last step's shard: stale values, from before the optimizer's update (params kept from "
+        snprintf(buf, cap, "last step's shard, stale values from before the optimizer's update (params kept from "
                  "the last step instead of resharded after backward and gathered again, or an all-gather that read "
                  "the shards before the optimizer wrote them)");
         return;
@@ -345,8 +350,8 @@ static void what_instead(const ParamsCheck *c, int j, uint64_t got, const ShardH
             OwnRows oq = own_rows(q, c->rank, c->world);
             if ((i != c->mod->index || k != j) && oq.rows == own.rows && oq.row_numel == own.row_numel &&
                 q->dt.local && sampled_hash(q->dt.local, oq, shard_as(c)) == got) {
-                snprintf(buf, cap, "%s's shard: the copy-out took another param's segment (offsets in the flat "
-                         "buffer, or another module's all-gather output)", m->modules[i].params[k].name);
+                snprintf(buf, cap, "%s's shard instead: the copy-out took another param's segment (a wrong offset "
+                         "in the flat buffer, or another module's all-gather output)", m->modules[i].params[k].name);
                 return;
             }
         }
@@ -384,6 +389,59 @@ static void kcpu_params_check(void *arg) {
     }
 }
 
+/* The hook a scope's phase names, as the student wrote it ("block1's fsdp_post_forward during the
+ * backward's recompute"); other_step: the step (1-based) when not the current one, else 0. */
+static void hook_of_phase(const char *module, const char *phase, int other_step, char *buf, size_t cap) {
+    static const struct { const char *phase, *hook, *during; } known[] = {
+        {"pre_forward", "fsdp_pre_forward", "forward"},
+        {"post_forward", "fsdp_post_forward", "forward"},
+        {"recompute.pre_forward", "fsdp_pre_forward", "backward's recompute"},
+        {"recompute.post_forward", "fsdp_post_forward", "backward's recompute"},
+        {"pre_backward", "fsdp_pre_backward", NULL},
+        {"post_backward", "fsdp_post_backward", NULL},
+        {"finish_backward", "fsdp_finish_backward", NULL}, /* once per backward: no module of its own */
+        {"optimizer", "fsdp_optimizer_step", NULL},        /* likewise */
+    };
+    char whose[32] = "the ", in_step[32] = ""; /* "the forward" / "step 2's forward"; " in step 2" */
+    if (other_step) {
+        snprintf(whose, sizeof whose, "step %d's ", other_step);
+        snprintf(in_step, sizeof in_step, " in step %d", other_step);
+    }
+    for (size_t i = 0; i < sizeof known / sizeof *known; i++) {
+        if (strcmp(phase, known[i].phase)) continue;
+        if (known[i].during)
+            snprintf(buf, cap, "%s's %s during %s%s", module, known[i].hook, whose, known[i].during);
+        else if (!strcmp(phase, "finish_backward") || !strcmp(phase, "optimizer"))
+            snprintf(buf, cap, "%s%s", known[i].hook, in_step);
+        else
+            snprintf(buf, cap, "%s's %s%s", module, known[i].hook, in_step);
+        return;
+    }
+    snprintf(buf, cap, "%s's %s%s", module, phase, in_step);
+}
+
+/* Param j of mod has no unsharded data for the backward: one line saying who freed the
+ * buffer it last had (the allocator's event log), or, without that evidence, that it is NULL. */
+static void no_data_for_backward(Dev *dev, const Probes *p, const Module *mod, int j, int step, const char *field,
+                                 const char *why) {
+    const Param *q = &mod->params[j];
+    uint64_t id = p->last_data ? p->last_data[mod->index * MODULE_MAX_PARAMS + j] : 0;
+    const MemEvent *e = id ? dev_mem_free_event(dev, id) : NULL;
+    if (!e || !e->phase || !e->module)
+        fatal("%s: %s has no unsharded data for the backward (%s is NULL after fsdp_pre_backward)%s", mod->name,
+              q->name, field, why);
+    char who[200];
+    hook_of_phase(e->module, e->phase, e->step != step && e->step >= 0 ? e->step + 1 : 0, who, sizeof who);
+    /* freed in this module's backward (by its fsdp_pre_backward, or in the recompute after it), or before it */
+    int mine = e->step == step && !strcmp(e->module, mod->name);
+    const char *then = !mine ? ", and fsdp_pre_backward did not all-gather it again"
+                       : !strcmp(e->phase, "pre_backward") ? " itself"
+                       : !strncmp(e->phase, "recompute.", 10) ? ", after fsdp_pre_backward, and nothing gathered it again"
+                       : ", and fsdp_pre_backward did not all-gather it again";
+    fatal("%s: %s has no unsharded data for the backward (%s is NULL): its unsharded buffer '%s' was freed in %s%s%s",
+          mod->name, q->name, field, e->name ? e->name : "?", who, then, why);
+}
+
 void probe_params_ready(Dev *dev, Probes *p, const Module *mod, int step, const char *hook, int backward) {
     const void *ptrs[MODULE_MAX_PARAMS];
     const char *field = p->param_bf16 ? "Param.data_bf16" : "Param.data";
@@ -394,15 +452,15 @@ void probe_params_ready(Dev *dev, Probes *p, const Module *mod, int step, const 
         const Param *q = &mod->params[j];
         ptrs[j] = p->param_bf16 ? (const void *)q->data_bf16 : (const void *)q->data;
         if (!ptrs[j]) {
-            if (backward)
-                fatal("%s: %s has no unsharded data for the backward (%s is NULL after fsdp_pre_backward)%s",
-                      mod->name, q->name, field, why);
+            if (backward) no_data_for_backward(dev, p, mod, j, step, field, why);
             fatal("%s: %s has no unsharded data after fsdp_pre_forward (%s is NULL)%s", mod->name, q->name, field,
                   why);
         }
         elems += q->numel;
     }
     capture(dev, &p->params, ptrs, mod->n_params);
+    for (int j = 0; p->last_data && j < mod->n_params; j++)
+        if (p->params.id[j]) p->last_data[mod->index * MODULE_MAX_PARAMS + j] = p->params.id[j];
     Json f = {0};
     note_begin(&f, step, mod->name, hook);
     size_field(&f, "unsharded_param_bytes", still_live_bytes(dev, &p->params));

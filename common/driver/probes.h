@@ -51,6 +51,8 @@ typedef struct {
     size_t hook_entry_bytes;  /* allocated when the current hook began */
     const Model *model;
     ShardHistory *history;    /* [n_modules * MODULE_MAX_PARAMS] */
+    uint64_t *last_data;      /* [n_modules * MODULE_MAX_PARAMS] the allocation (id) of each param's unsharded
+                               * data when a check last saw it set: who freed it, if the backward finds none */
     int param_bf16;           /* --param-dtype bf16: the params are Param.data_bf16 */
     GradCopy *grad_state;     /* [n_modules * MODULE_MAX_PARAMS] the grad-state probe's copies */
     float *spare;             /* [spare_cap] the grad-state probe's scratch */

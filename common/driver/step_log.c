@@ -55,7 +55,8 @@ static void per_rank(Json *j, const char *key, const double *v, int world, int d
     json_array_end(j);
 }
 
-/* One line of metrics.jsonl (not finite: null). */
+/* One line of metrics.jsonl (not finite: null; a grad norm never computed, with --forward-only: null too,
+ * without "nan": the line is not bad for it). */
 static void write_metrics_line(FILE *f, int step, double loss, float grad_norm, float lr, const double *peaks,
                                const double *clip, int world, double step_max_us, double tps,
                                double model_step_max_us, int bad) {
@@ -66,7 +67,8 @@ static void write_metrics_line(FILE *f, int step, double loss, float grad_norm, 
     json_key(&j, "loss");
     json_g(&j, loss, 9);
     json_key(&j, "grad_norm");
-    json_g(&j, (double)grad_norm, 9);
+    if (clip) json_g(&j, (double)grad_norm, 9);
+    else json_null(&j); /* --forward-only: no backward, no norm */
     json_key(&j, "lr");
     json_g(&j, (double)lr, 9);
     json_key(&j, "peak_mem_bytes");
@@ -120,12 +122,19 @@ int step_log_write(StepLog *l, Dev *dev, const Options *o, const ModelRun *run, 
         float lr = lr_at_step(&o->optim, step);
         if (l->metrics)
             write_metrics_line(l->metrics, step, loss, grad_norm, lr, peaks, clip, W, step_max, tps, model_step_max, bad);
-        if (!o->quiet)
-            printf("step: %3d  loss: %8.4f  grad_norm: %8.4f  memory: %7.2fMiB  tps: %9.0f  lr: %.2e  %s: %.3fms\n",
-                   step + 1, loss, (double)grad_norm, max_of(peaks, W) / 1048576.0, tps, (double)lr,
+        if (!o->quiet) {
+            char norm[48]; /* --forward-only runs no backward: say so rather than print nan */
+            if (o->forward_only) snprintf(norm, sizeof norm, "not computed (--forward-only)");
+            else snprintf(norm, sizeof norm, "%8.4f", (double)grad_norm);
+            printf("step: %3d  loss: %8.4f  grad_norm: %s  memory: %7.2fMiB  tps: %9.0f  lr: %.2e  %s: %.3fms\n",
+                   step + 1, loss, norm, max_of(peaks, W) / 1048576.0, tps, (double)lr,
                    strcmp(dev_clock_name(dev), "model") ? "step" : "modelled step", model_step_max / 1000.0);
+        }
         fflush(stdout);
-        if (bad)
+        if (bad && o->forward_only)
+            fprintf(stderr, "error: loss is not finite at step %d (loss %g; --forward-only computes no grad norm)\n",
+                    step + 1, loss);
+        else if (bad)
             fprintf(stderr, "error: %s is not finite at step %d (loss %g, grad_norm %g)\n",
                     isfinite(loss) ? "grad_norm" : "loss", step + 1, loss, (double)grad_norm);
     }

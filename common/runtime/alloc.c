@@ -430,6 +430,33 @@ uint64_t dev_mem_live_id_containing(const Dev *d, const void *p) {
     return a ? a->seq : 0;
 }
 
+const MemEvent *dev_mem_free_event(const Dev *d, uint64_t id) {
+    /* the log is in seq order and an allocation's id is its MEV_ALLOC's seq */
+    size_t lo = 0, hi = d->mem.n_mev;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (d->mem.mev[mid].seq < id) lo = mid + 1;
+        else hi = mid;
+    }
+    if (!id || lo == d->mem.n_mev || d->mem.mev[lo].seq != id || d->mem.mev[lo].kind != MEV_ALLOC) return NULL;
+    /* the latest allocation after it of the same name, size and pool: the same buffer made again (a
+     * param gathered again whose new data no probe saw before it was freed) */
+    const MemEvent *a = &d->mem.mev[lo];
+    for (size_t i = lo + 1; i < d->mem.n_mev; i++) {
+        const MemEvent *e = &d->mem.mev[i];
+        if (e->kind == MEV_ALLOC && e->size == a->size && e->host == a->host && e->name && a->name &&
+            !strcmp(e->name, a->name))
+            a = e, lo = i;
+    }
+    /* its address is its own until its free: the first free event at the address after it */
+    for (size_t i = lo + 1; i < d->mem.n_mev; i++) {
+        const MemEvent *e = &d->mem.mev[i];
+        if ((e->kind == MEV_FREE || e->kind == MEV_FREE_REQUESTED) && e->addr == a->addr && e->host == a->host)
+            return e;
+    }
+    return NULL;
+}
+
 void dev_mem_note(Dev *d, const char *kind, const char *json_fields) {
     MemEvent *e = mev_push(d);
     e->kind = MEV_NOTE;

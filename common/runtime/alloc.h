@@ -102,6 +102,12 @@ Alloc *dev_live_alloc_containing(const Dev *d, uintptr_t p);
 int dev_copy_direction(const Dev *d, const void *dst, const void *src);
 const char *copy_direction_name(int dir); /* "copy", "h2d", "d2h" */
 Alloc *dev_dead_alloc_containing(const Dev *d, uintptr_t p);
+/* The memory event that freed the allocation of id `id` (dev_mem_live_id_containing's: its
+ * MEV_FREE, or MEV_FREE_REQUESTED for a held block), from the event log, or of the latest
+ * allocation made after it with the same name, size and pool (the same buffer made again);
+ * NULL while that one is live, or for an id the log does not hold. Its module, phase and
+ * step are the dev_free's scope: who freed it (the driver's messages name that hook). */
+const MemEvent *dev_mem_free_event(const Dev *d, uint64_t id);
 
 /* Storage, pinned host storage and fences come from the world's backend
  * (backend.h: storage_alloc ... fence_release). */

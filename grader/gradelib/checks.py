@@ -162,6 +162,14 @@ def _loss_differs(ctx, step):
     return "loss %.6g vs %.6g" % (got, want)
 
 
+def _grads_evidence(ctx, step, ratio, K, lead=True):
+    """What the run's own records (hints.py) show wrong with the grad norm of `step` (1-based): the norm's
+    all-reduce in the trace, (--grad-accum) the gradient state between microbatches in the snapshots, the grads'
+    reductions in the trace; "" when they show nothing. lead False: without the ratio the sentence opens with."""
+    return (norm_reduction_hint(ctx, step, ratio, lead) or (grad_state_hint(ctx, step, K) if K > 1 else "") or
+            grad_reduction_hint(ctx, step, ratio, lead))
+
+
 @check("grad_norm", label="grad norm parity", variants=True)
 def check_grad_norm(ctx):
     W = ctx.world
@@ -172,8 +180,7 @@ def check_grad_norm(ctx):
         ratio = g / r if r else float("inf")
         # the evidence first (hints.py): the norm's all-reduce in the trace, (--grad-accum) the gradient state
         # between microbatches in the snapshots, the grads' reductions in the trace; the ratio's suspects after
-        said = (norm_reduction_hint(ctx, step, ratio) or (grad_state_hint(ctx, step, K) if K > 1 else "") or
-                grad_reduction_hint(ctx, step, ratio))
+        said = _grads_evidence(ctx, step, ratio, K)
         if said:
             return said
         norm_right = norm_reduction_ok(ctx, step) is True  # the trace shows the norm's all-reduce right
@@ -229,6 +236,16 @@ def check_clip(ctx):
     tol = ctx.parity_tol("grad_norm")[0]
     got = _clip_lists(ctx.metrics(), ctx.world, "metrics.jsonl")
     ref = _clip_lists(ctx.reference_metrics(), ctx.world, relpath(os.path.join(ctx.reference_dir(), "metrics.jsonl")))
+
+    def norm_cause(i):
+        """The grad norm check's finding at step i + 1, when the logged norm is off too and the run's records say
+        why (one cause for both lines): 'it divided by a grad norm 4.00 times the reference's, ...'; else ""."""
+        g, r = ctx.metrics()[i].get("grad_norm"), ctx.reference_metrics()[i].get("grad_norm")
+        if not (is_finite(g) and is_finite(r)) or r <= 0 or rel(g, r) <= tol:
+            return ""
+        said = _grads_evidence(ctx, i + 1, g / r, Accum(ctx.flags).K, lead=False)
+        return ("it divided by a grad norm %.2f times the reference's, for the cause grad norm parity names: %s"
+                % (g / r, said)) if said else ""
     for i in range(ctx.steps):
         (lo, hi, n), (rlo, _, rn) = got[i], ref[i]
         want = rlo[0]
@@ -249,12 +266,15 @@ def check_clip(ctx):
                                   "of a step must read the same total_sumsq (fill it, all-reduce it, then launch)"
                                   % (where, lo[r], hi[r]))
             if rel(lo[r], want) > tol:
-                hint = ("no clipping although the reference clips: is total_sumsq this rank's shards only, or "
-                        "zeroed after the all-reduce?" if lo[r] >= 1.0 else
-                        "clipped harder than the reference: is total_sumsq summed twice, or over the padding?"
-                        if lo[r] < want else
-                        "clipped less than the reference: total_sumsq must be the sum over every rank's shards "
-                        "(all-reduce with RED_SUM) of the squared gradients")
+                # the grad norm's finding when the run's records show one (the same cause on both lines), else
+                # the coefficient's own suspects
+                hint = norm_cause(i) or (
+                    "no clipping although the reference clips: is total_sumsq this rank's shards only, or zeroed "
+                    "after the all-reduce?" if lo[r] >= 1.0 else
+                    "clipped harder than the reference: is total_sumsq summed twice, or over the padding?"
+                    if lo[r] < want else
+                    "clipped less than the reference: total_sumsq must be the sum over every rank's shards "
+                    "(all-reduce with RED_SUM) of the squared gradients")
                 raise CheckFailed("%s: AdamW applied clip coefficient %.6g, the reference %.6g (max_norm %g / global "
                                   "grad norm): %s" % (where, lo[r], want, ctx.cfg.get("max_norm", 1.0), hint))
     return "coefficients %s" % ", ".join("%.3g" % got[i][0][0] for i in range(ctx.steps) if got[i][0][0] is not None)

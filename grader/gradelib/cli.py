@@ -82,24 +82,40 @@ def grade_stage(rubric, stage, src, out_root, ref_root, runner, baselines):
         r.reason = one_line(r.reason)
         say("%s   also on %s: %s%s" % (prefix, variant_label(rubric, v), "ran" if r.ok else "run FAILED",
                                        "" if r.ok else " (log: %s)" % relpath(os.path.join(r.dir, "log.txt"))))
+        if not r.ok:
+            say("    " + r.reason)
 
     ctx = Context(rubric, stage, run, ref_root, baselines, cuda=runner.cuda)
     vctx = {v: Context(rubric, stage, r, ref_root, baselines, cuda=runner.cuda, variant=v) for v, r in extra.items()}
     checks = []
+    # the checks a failed run leaves ungraded, per run (None: the main run): said in one line after the others,
+    # the run's reason having been said once above
+    ungraded = {}
     for key, points in spec["checks"].items():
         name = CHECKS[key].label
         t1 = time.monotonic()
         ok, reason, detail = _grade_check(ctx, key)
+        failed_run = None if not run.ok else False  # the run whose failure fails the check (False: none)
+        if not run.ok:
+            ungraded.setdefault(None, []).append(name + (" (the files the run wrote before failing pass it)"
+                                                         if reason == PASSES_ON_FILES else ""))
         for v, c in vctx.items():
             if ok and (key in rubric["variants"][v]["checks"] or CHECKS[key].variants == "every"):
                 ok, why, _ = _grade_check(c, key)
                 reason = "" if ok else why if not c.run.ok else "on %s: %s" % (c.label, why)
+                if not c.run.ok and not ok:
+                    failed_run = v
+                    ungraded.setdefault(v, []).append(name)
         seconds = time.monotonic() - t1
-        say("%s %s: %s (%.1fs)" % (prefix, name, "OK" if ok else "FAIL", seconds))
-        if not ok or detail:
-            say("    " + (reason if not ok else detail))
+        if failed_run is False:
+            say("%s %s: %s (%.1fs)" % (prefix, name, "OK" if ok else "FAIL", seconds))
+            if not ok or detail:
+                say("    " + (reason if not ok else detail))
         checks.append({"key": key, "name": name, "ok": ok, "points": points if ok else 0, "max_points": points,
                        "reason": reason, "detail": detail, "seconds": round(seconds, 3)})
+    for v, names in ungraded.items():
+        say("%s not graded (%s): %s" % (prefix, "the run failed" if v is None else "the run on %s failed"
+                                         % variant_label(rubric, v), ", ".join(names)))
     got = sum(c["points"] for c in checks)
     total = sum(c["max_points"] for c in checks)
     say("stage %s: %s/%s points%s" % (stage, fmt_points(got), fmt_points(total), " (bonus)" if spec.get("bonus") else ""))
@@ -112,7 +128,8 @@ def grade_stage(rubric, stage, src, out_root, ref_root, runner, baselines):
             "points": got, "max_points": total, "checks": checks}
 
 
-PASSES_ON_FILES = "not graded: the run failed (above); the files it wrote before failing pass this check"
+NOT_GRADED = "not graded: the run failed"  # results.json; the console says it once (grade_stage)
+PASSES_ON_FILES = NOT_GRADED + "; the files it wrote before failing pass this check"
 
 
 def _grade_check(ctx, key):
@@ -124,7 +141,7 @@ def _grade_check(ctx, key):
         return ok, reason, detail
     if ctx.variant is not None:
         return False, "on %s the run failed: %s" % (ctx.label, ctx.run.reason), ""
-    return False, PASSES_ON_FILES if ok else "not graded: the run failed (above)", ""
+    return False, PASSES_ON_FILES if ok else NOT_GRADED, ""
 
 
 def _started(rubric, stages, root):

@@ -125,9 +125,10 @@ def norm_reduction_ok(ctx, step):
     return None if got is None else all(c == 1 for row in got[1] for c in row)
 
 
-def norm_reduction_hint(ctx, step, ratio):
+def norm_reduction_hint(ctx, step, ratio, lead=True):
     """What the trace shows of the norm's all-reduce in `step` when it is not one RED_SUM over the shard group
-    (the world without a mesh), and what that does to the norm; "" when it is, or the trace cannot tell."""
+    (the world without a mesh), and what that does to the norm; "" when it is, or the trace cannot tell. lead
+    False: without the ratio the sentence opens with ("2.00 times the reference"), for a line that gives it."""
     try:
         got = _norm_coefficients(ctx, step)
     except CheckFailed:
@@ -141,12 +142,12 @@ def norm_reduction_hint(ctx, step, ratio):
     want = ("one all-reduce (RED_SUM) in the shard group shard0 (mesh->shard_group, its S = %d ranks: the shards "
             "of one replica)" % S if two_d else "one all-reduce (RED_SUM) over the %d ranks" % ctx.world)
     if not ars[0]:
-        return ("%.2f times the reference, and the trace shows no all-reduce of the norm's sum of squares in step %d's "
-                "fsdp_optimizer_step: each rank's norm is its own shard's only; the sum of squares must be "
-                "all-reduced before the square root: %s" % (ratio, step, want))
+        return ("%sthe trace shows no all-reduce of the norm's sum of squares in step %d's fsdp_optimizer_step: each "
+                "rank's norm is its own shard's only; the sum of squares must be all-reduced before the square "
+                "root: %s" % ("%.2f times the reference, and " % ratio if lead else "", step, want))
     ran = ", then ".join("%s (%d rank%s, %s)" % (g, len(groups[g]), "s" if len(groups[g]) > 1 else "", op)
                          for g, op in ars[0])
-    head = "%.2f times the reference: on rank 0 the norm's all-reduce ran in %s" % (ratio, ran)
+    head = "%son rank 0 the norm's all-reduce ran in %s" % ("%.2f times the reference: " % ratio if lead else "", ran)
     flat = {c for row in coef for c in row}
     if len(flat) == 1:  # every rank counts every shard alike
         m = flat.pop()
@@ -189,10 +190,10 @@ def _grad_reductions(ctx, step):
     return out
 
 
-def grad_reduction_hint(ctx, step, ratio):
+def grad_reduction_hint(ctx, step, ratio, lead=True):
     """What the trace shows wrong in the reductions of the grads of `step` on rank 0: one that sums (the grads
     come out its group's size times the mean), or, on a 2-D mesh, no all-reduce across the replicas; "" when
-    neither, or the trace cannot tell."""
+    neither, or the trace cannot tell. lead False: without the ratio the sentence opens with."""
     try:
         red = _grad_reductions(ctx, step)
         order, _ = ctx.module_order()
@@ -208,6 +209,7 @@ def grad_reduction_hint(ctx, step, ratio):
             if op == "sum" and g in groups:
                 summing.setdefault((kind, g), []).append(mod)
     big = "too large" if ratio > 1 else "the reference"
+    head = ("%.2f times %s: " % (ratio, big)) if lead else ""
     if summing:
         (kind, g), mods = max(summing.items(), key=lambda kv: len(kv[1]))
         n = len(groups[g])
@@ -219,21 +221,21 @@ def grad_reduction_hint(ctx, step, ratio):
         else:
             what = "the %s over the %d ranks" % (kind.replace("_", "-"), n)
         every = len(mods) == len(order)
-        return ("%.2f times %s: %s sums (op sum in the trace, %s in step %d, %s): the grads come out %d times the "
+        return ("%s%s sums (op sum in the trace, %s in step %d, %s): the grads come out %d times the "
                 "mean%s; it must average (RED_AVG), not sum%s"
-                % (ratio, big, what, g, step, "every module" if every else "for " + ", ".join(mods[:3]), n,
+                % (head, what, g, step, "every module" if every else "for " + ", ".join(mods[:3]), n,
                    ", so the norm too" if every and abs(ratio / n - 1) <= 0.05 else "",
                    "; the two averages together are the mean over all %d ranks' data" % ctx.world if R > 1 else ""))
     if two_d and R > 1:
         missing = [mod for mod in order if not any(k == ALL_REDUCE and g.startswith("replicate")
                                                    for k, g, _ in mine.get(mod, []))]
         if missing:
-            return ("%.2f times the reference: rank 0's trace shows no all-reduce across the %d replicas (replicate "
-                    "group replicate0) of the grad shards of %s in step %d: they are the mean over their own row's %d "
-                    "ranks' data only, not over all %d, and the replicas drift apart: all-reduce each grad shard "
-                    "(RED_AVG) in mesh->replicate_group after its reduce-scatter"
-                    % (ratio, R, ", ".join(missing[:2]) + (" (and %d more)" % (len(missing) - 2) if len(missing) > 2
-                                                           else ""), step, S, ctx.world))
+            mods = ", ".join(missing[:2]) + (" (and %d more)" % (len(missing) - 2) if len(missing) > 2 else "")
+            return ("%srank 0's trace shows no all-reduce across the %d replicas (replicate group replicate0) of the "
+                    "grad shards of %s in step %d: they are the mean over their own row's %d ranks' data only, not "
+                    "over all %d, and the replicas drift apart: all-reduce each grad shard (RED_AVG) in "
+                    "mesh->replicate_group after its reduce-scatter"
+                    % ("%.2f times the reference: " % ratio if lead else "", R, mods, step, S, ctx.world))
     return ""
 
 

@@ -174,6 +174,8 @@ def test_class_reports_say_why(graded, who, says):
     assert says in report, report
     assert "runs/stage%s" % STAGES[0] in report  # the run directories are named
     assert "**loss parity**" in report  # failing checks listed by name
+    # the run's reason is said once; its ungraded checks share one line instead of repeating it
+    assert "- not graded (the run failed, " in report and "not graded: the run failed" not in report, report
 
 
 def test_class_batch_is_not_disturbed(graded):

@@ -303,12 +303,19 @@ def report_text(student, results, why, notes, stages, review=None):
         for v in r.get("variants", {}).values():
             lines.append("- also on %s: `%s`%s" % (v["label"], v["dir"], "" if v["ok"] else " — FAILED: " + v["reason"]))
         failing = [c for c in r["checks"] if not c["ok"]]
+        # a failed run's checks all point at its reason (said above): one line for them, not one each
+        ungraded = [c for c in failing if c["reason"].startswith("not graded: the run failed")]
+        failing = [c for c in failing if c not in ungraded]
         if failing:
             lines.append("- failing checks:")
             for c in failing:
                 lines.append("  - **%s** (%s point%s): %s" % (c["name"], fmt_points(c["max_points"]),
                                                            "" if c["max_points"] == 1 else "s", c["reason"]))
-        else:
+        if ungraded:
+            lost = sum(c["max_points"] for c in ungraded)
+            lines.append("- not graded (the run failed, %s point%s): %s" % (
+                fmt_points(lost), "" if lost == 1 else "s", ", ".join("**%s**" % c["name"] for c in ungraded)))
+        if not failing and not ungraded:
             lines.append("- every check passed")
         lines.append("")
     return "\n".join(lines)

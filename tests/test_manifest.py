@@ -96,8 +96,9 @@ def test_the_lint_finds_what_it_looks_for():
     (lambda r: r["stages"]["01"].update(flags="--ac"), "stages.01.flags must be a list of strings"),
     (lambda r: r["stages"]["01"].update(prefetch=["sideways"]), "stages.01.prefetch must be a list of forward / backward"),
     (lambda r: r.update(main_job={"stage": "99"}), "main_job.stage must be one of the stages"),
-    (lambda r: r["stages"]["02"].update(builds_on="03"), "stages.02.builds_on must be an earlier stage"),
-    (lambda r: r["stages"]["02"].pop("builds_on"), "stages.02.builds_on must be the earlier stage this one builds on"),
+    (lambda r: r["stages"]["01"].update(builds_on="01"), "stages.01.builds_on must be an earlier stage"),
+    (lambda r: r["stages"].update({"99": dict(r["stages"]["01"], dir="99_more")}),
+     "stages.99.builds_on must be the earlier stage this one builds on"),
     (lambda r: r.update(stages={}), "stages must be a non-empty JSON object"),
 ])
 def test_a_broken_entry_is_one_clear_line(tmp_path, edit, message):

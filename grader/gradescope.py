@@ -23,8 +23,7 @@ import time
 import manifest
 from gradelib.checks import CHECKS
 from gradelib.classroom import MAX_FILE, collect
-from gradelib.cli import NOT_GRADED
-from gradelib.util import fmt_points, one_line
+from gradelib.util import NOT_GRADED, fmt_points, one_line
 
 ROOT = manifest.ROOT
 VISIBILITIES = ("hidden", "after_due_date", "after_published", "visible")

@@ -120,6 +120,15 @@ class Stage:
         return "Stage(%s)" % self.dir
 
 
+def by_reason(pairs):
+    """[(ids, why)] from [(stage id, why)]: the stages that share a reason, in first-seen order, the reason said
+    of several ("unchanged from their starters") where it names one ("unchanged from its starter")."""
+    groups = {}
+    for sid, why in pairs:
+        groups.setdefault(why, []).append(sid)
+    return [(ids, why.replace("its starter", "their starters") if len(ids) > 1 else why) for why, ids in groups.items()]
+
+
 # Beside each starter, the sha256 of hw_fsdp.c as tools/make_starters.py wrote it (sha256sum's format), so that a
 # student tree, which has no solutions/ to regenerate it from, can tell an untouched starter (Stage.started).
 STARTER_RECORD = ".starter.sha256"
@@ -154,6 +163,18 @@ FLAG_FIELDS = {
     "--single-comm-stream": "single_comm_stream",
     "--offload-params": "offload_params",
 }
+
+
+def flag_value(flags, name, default=None):
+    """The value of --name=V or --name V in a command line (the last one wins, as in the runtime's option
+    parser), else default."""
+    value = default
+    for i, f in enumerate(flags):
+        if f == name and i + 1 < len(flags):
+            value = flags[i + 1]
+        elif f.startswith(name + "="):
+            value = f.split("=", 1)[1]
+    return value
 
 
 def run_flags(rubric, stage, variant=None):

@@ -261,6 +261,7 @@ def test_stage_01_is_graded_where_two_ranks_own_no_rows(tmp_path):
     one of them where rank x ceil(d0 / W) is not d0 (where an empty rank starts), so no wrong row_offset rule for
     an empty rank passes by luck. The params' first dims come from the run.json a one-step baseline writes."""
     from gradelib.rubric import stage_config
+    from gradelib.util import chunk
     rubric = manifest.rubric()
     first = STAGES[0].id
     model_keys = ("flavor", "dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "multiple_of")
@@ -281,8 +282,7 @@ def test_stage_01_is_graded_where_two_ranks_own_no_rows(tmp_path):
         rows = {"vocab": m["vocab_size"], "dim": m["dim"], "kv": m["n_kv_heads"] * head_dim, "hidden": m["hidden_dim"]}
         world = cfg["world"]
         for name, d0 in rows.items():
-            chunk = -(-d0 // world)
-            empty = [r for r in range(world) if r * chunk >= d0]
-            if len(empty) >= 2 and any(r * chunk != d0 for r in empty):
+            empty = [r for r in range(world) if chunk(d0, world, r)[2] == 0]  # (padded, start, rows) of rank r
+            if len(empty) >= 2 and any(chunk(d0, world, r)[1] != d0 for r in empty):
                 found.append((v, name, d0, world, empty))
     assert found, "no graded run of stage %s has a param with two ranks that own no rows" % first

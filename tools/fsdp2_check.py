@@ -105,6 +105,7 @@ import sys
 import time
 
 from repo_paths import ROOT  # first: it puts grader/ on sys.path
+import manifest
 from gradelib.rubric import load_rubric, parse_stage, stage_flags, stage_variants
 from gradelib.util import UsageError, rel
 from trace_names import (ALL_GATHER, ALL_REDUCE, BACKWARD_PHASES, COLLECTIVE, FORWARD_PHASES, REDUCE_SCATTER,
@@ -251,16 +252,6 @@ def plan(rubric, stages, main_only, debugmodel):
     return runs
 
 
-def flag_value(flags, name):
-    """The value of --name=V or --name V in a command line, or None."""
-    for i, f in enumerate(flags):
-        if f.startswith(name + "="):
-            return f.split("=", 1)[1]
-        if f == name and i + 1 < len(flags):
-            return flags[i + 1]
-    return None
-
-
 def run_c(run, work):
     """--save-init, then the run from those weights; (run dir, init file, final checkpoint, command)."""
     init = os.path.join(work, "init.safetensors")
@@ -291,8 +282,8 @@ def torch_job(run, cdir, init, out, args):
     """What FSDP2 trains: the C run's configuration (its run.json) and the stage's flags."""
     with open(os.path.join(cdir, "run.json")) as fh:
         r = json.load(fh)
-    param_dtype = flag_value(run.flags, "--param-dtype")
-    reduce_dtype = flag_value(run.flags, "--reduce-dtype") or ("fp32" if param_dtype else None)
+    param_dtype = manifest.flag_value(run.flags, "--param-dtype")
+    reduce_dtype = manifest.flag_value(run.flags, "--reduce-dtype") or ("fp32" if param_dtype else None)
     for what, v in (("--param-dtype", param_dtype), ("--reduce-dtype", reduce_dtype)):
         if v not in (None, "fp32", "bf16"):
             raise Failure("%s %s: only fp32 and bf16 map to a MixedPrecisionPolicy" % (what, v))
@@ -458,7 +449,7 @@ def issue_points_compared(flags):
     """Why the backward all-gathers' issuing hooks are compared for this command line, or None: only where the
     stage implements --backward-prefetch (stage 10) and FSDP2 has the policy (pre: its default; none: turned
     off). Earlier stages ignore the flag; FSDP2 has no post."""
-    policy = flag_value(flags, "--backward-prefetch")
+    policy = manifest.flag_value(flags, "--backward-prefetch")
     return policy if policy in ("pre", "none") else None
 
 
@@ -716,7 +707,8 @@ def compare_run(run, args):
         rec["backward_issue_points"] = {"policy": policy, "identical": not points, "differences": points[:20]}
         fails += points[:5]
     else:
-        rec["backward_issue_points"] = {"policy": flag_value(run.flags, "--backward-prefetch"), "identical": None,
+        rec["backward_issue_points"] = {"policy": manifest.flag_value(run.flags, "--backward-prefetch"),
+                                        "identical": None,
                                         "why_not": "compared under --backward-prefetch pre and none only (stage 10; "
                                                    "FSDP2 has no post policy)"}
     rec["fsdp2_schedule"] = ranks[0].get("schedule")

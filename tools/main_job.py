@@ -38,17 +38,6 @@ BUILD = os.path.join(ROOT, os.environ.get("HWFSDP_BUILD", "build"))
 SMOKE = ["--flavor", "tiny", "--seq-len", "16", "--steps", "1", "--profile-steps", "0", "--quiet"]
 
 
-def flag_value(flags, name, default):
-    """The value of --name N or --name=N in flags (the last one wins), else default."""
-    value = default
-    for i, f in enumerate(flags):
-        if f == name and i + 1 < len(flags):
-            value = flags[i + 1]
-        elif f.startswith(name + "="):
-            value = f.split("=", 1)[1]
-    return value
-
-
 def fail(msg):
     print("main_job: " + msg, file=sys.stderr)
     sys.exit(2)
@@ -64,8 +53,8 @@ def student_stage(flags):
     """(binary, stage flags, what to say) of the highest-numbered stage of stages/ that the student changed and
     that runs a step with the run's world size and batch size (the smoke run uses the stage's flags at that
     world: --grad-accum must divide the batch, --mesh must fit the world)."""
-    world = int(flag_value(flags, "--world", "1"))
-    smoke = SMOKE + ["--world", str(world), "--batch-size", flag_value(flags, "--batch-size", "1")]
+    world = int(manifest.flag_value(flags, "--world", "1"))
+    smoke = SMOKE + ["--world", str(world), "--batch-size", manifest.flag_value(flags, "--batch-size", "1")]
     passed = []  # (stage, why) of the higher stages that do not run, said in the line that names the one that does
     for st in reversed(manifest.stages()):
         started, why = st.started(ROOT)
@@ -92,11 +81,7 @@ def _passed(passed):
     """' (10, 08: unchanged from their starters; 09: error: ...)': why the higher stages were passed over."""
     if not passed:
         return ""
-    groups = {}
-    for sid, why in passed:
-        groups.setdefault(why, []).append(sid)
-    return " (%s)" % "; ".join("%s: %s" % (", ".join(ids), why.replace("its starter", "their starters")
-                                           if len(ids) > 1 else why) for why, ids in groups.items())
+    return " (%s)" % "; ".join("%s: %s" % (", ".join(ids), why) for ids, why in manifest.by_reason(passed))
 
 
 def main(argv):
@@ -119,7 +104,7 @@ def main(argv):
     rc = subprocess.run(cmd, cwd=ROOT).returncode
     if rc == 0:
         compact_run_dir(out if os.path.isabs(out) else os.path.join(ROOT, out),
-                        int(flag_value(flags + stage_flags, "--profile-steps", "3")))
+                        int(manifest.flag_value(flags + stage_flags, "--profile-steps", "3")))
     sys.exit(rc)
 
 

@@ -88,8 +88,8 @@ def release_rubric(kept):
 
 
 def release_starters(kept):
-    """{path: bytes}: the staged release's starters and their READMEs, with the solutions of the earlier
-    stages kept (make_starters.convert(keep_earlier=True))."""
+    """{path: bytes}: the staged release's starters, their READMEs and hash records, with the solutions of the
+    earlier stages kept (make_starters.convert(keep_earlier=True))."""
     out = {}
     for st in manifest.stages():
         if st.id not in kept:
@@ -98,12 +98,8 @@ def release_starters(kept):
         if not os.path.isfile(src):
             fail("%s is missing: a staged release's starters are made from the solutions (or give "
                  "--no-earlier-solutions)" % os.path.relpath(src, ROOT))
-        with open(src, encoding="utf-8") as fh:
-            text, todos = make_starters.convert(fh.read(), st.id, src, keep_earlier=True)
-        out["stages/%s/hw_fsdp.c" % st.dir] = text.encode()
-        out["stages/%s/README.md" % st.dir] = make_starters.readme(st, todos).encode()
-        # the record that tells an untouched starter (make grade skips untouched bonus stages) follows the text
-        out["stages/%s/%s" % (st.dir, manifest.STARTER_RECORD)] = manifest.starter_record(text).encode()
+        for name, text in make_starters.starter_files(st, keep_earlier=True).items():
+            out["stages/%s/%s" % (st.dir, name)] = text.encode()
     return out
 
 

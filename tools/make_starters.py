@@ -79,11 +79,11 @@ def banner(stage, keep_earlier):
                 f" * below (each one stops the run until you do; see HANDOUT.md#stage-{stage}). The code of the\n"
                 f" * earlier stages is the instructors' solution, published after their deadlines.\n"
                 f" * Generated from the instructors' solution by tools/make_starters.py. */\n")
-    if stage == "01" or stage == min(s.id for s in manifest.stages()):
+    first = min(s.id for s in manifest.stages())
+    if stage == first:  # nothing earlier to stub
         return (f"/* STARTER for stage {stage} — this is your file. Fill every TODO(stage {stage}) below\n"
                 f" * (each one stops the run until you do; see HANDOUT.md#stage-{stage}).\n"
                 f" * Generated from the instructors' solution by tools/make_starters.py. */\n")
-    first = min(s.id for s in manifest.stages())
     return (f"/* STARTER for stage {stage} — it stubs every stage up to {stage}: each TODO(stage NN) below stops\n"
             f" * the run until you fill it (see HANDOUT.md#stage-NN). If you did the earlier stages, do not\n"
             f" * start here: run `make carry STAGE={stage}`, which carries your own file into this stage and\n"
@@ -109,6 +109,16 @@ def readme(st, todos):
     return "\n".join(lines)
 
 
+def starter_files(st, keep_earlier=False):
+    """{file name: text} of stage st's folder made from its solution: the starter, its README and the record of
+    the starter's hash that `make grade` compares with (Stage.started)."""
+    src = st.solution_src()
+    with open(src, encoding="utf-8") as fh:
+        starter, todos = convert(fh.read(), st.id, src, keep_earlier)
+    return {"hw_fsdp.c": starter, "README.md": readme(st, todos),
+            manifest.STARTER_RECORD: manifest.starter_record(starter)}
+
+
 def main():
     check = "--check" in sys.argv[1:]
     sol_root, stage_root = os.path.join(ROOT, "solutions"), os.path.join(ROOT, "stages")
@@ -122,11 +132,7 @@ def main():
             print(f"error: stage {st.id} is in grader/rubric.json but {os.path.relpath(src, ROOT)} does not exist")
             return 1
         d = st.dir
-        with open(src) as fh:
-            starter, todos = convert(fh.read(), st.id, src)
-        wanted = {"hw_fsdp.c": starter, "README.md": readme(st, todos),
-                  manifest.STARTER_RECORD: manifest.starter_record(starter)}  # what `make grade` compares with
-        for name, content in wanted.items():
+        for name, content in starter_files(st).items():
             path = os.path.join(stage_root, d, name)
             have = open(path).read() if os.path.exists(path) else None
             if have == content:

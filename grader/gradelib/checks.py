@@ -1257,13 +1257,6 @@ def check_hsdp_memory(ctx):
     return "param shards %s per rank (1/%d of the model)" % (fmt_bytes(shard_bytes), S)
 
 
-def _flag_value(flags, name, default):
-    for f in flags:
-        if f.startswith(name + "="):
-            return f[len(name) + 1:]
-    return default
-
-
 PREFETCH_ADVICE = {
     "pre": "issue module i-1's all-gather in module i's fsdp_pre_backward, right after waiting for module i's own",
     "post": "issue module i-1's all-gather in module i's fsdp_post_backward, after its reduce-scatter is issued",
@@ -1277,7 +1270,7 @@ def check_prefetch_policy(ctx):
     module i-1's in module i's pre_backward (pre), in module i's post_backward (post), or in its own
     pre_backward (none); the first module of the backward always in its own pre_backward. With
     --single-comm-stream every all-gather and reduce-scatter of a rank runs on one stream."""
-    policy = _flag_value(ctx.flags, "--backward-prefetch", "pre")
+    policy = manifest.flag_value(ctx.flags, "--backward-prefetch", "pre")
     single = "--single-comm-stream" in ctx.flags
     zero2 = "--reshard-after-forward=false" in ctx.flags
     order, _ = ctx.module_order()

@@ -35,7 +35,7 @@ import zipfile
 
 from .rubric import stage_variants
 from .runner import SANDBOX_UID_BASE, _proc_table, unreachable_by_others
-from .util import ROOT, fmt_points, one_line, relpath
+from .util import NOT_GRADED, ROOT, fmt_points, one_line, relpath
 
 ARCHIVES = (".tar.gz", ".tar.bz2", ".tar.xz", ".tgz", ".tbz2", ".txz", ".tar", ".zip")
 MAX_FILE = 2 << 20        # one hw_fsdp.c
@@ -304,7 +304,7 @@ def report_text(student, results, why, notes, stages, review=None):
             lines.append("- also on %s: `%s`%s" % (v["label"], v["dir"], "" if v["ok"] else " — FAILED: " + v["reason"]))
         failing = [c for c in r["checks"] if not c["ok"]]
         # a failed run's checks all point at its reason (said above): one line for them, not one each
-        ungraded = [c for c in failing if c["reason"].startswith("not graded: the run failed")]
+        ungraded = [c for c in failing if c["reason"].startswith(NOT_GRADED)]
         failing = [c for c in failing if c not in ungraded]
         if failing:
             lines.append("- failing checks:")

@@ -19,7 +19,7 @@ from .context import Context
 from .rubric import (RUBRIC_PATH, load_rubric, parse_stage, stage_config, stage_flags, stage_variants,
                      variant_label)
 from .runner import Baselines, Runner, RunResult, Sandbox
-from .util import ROOT, UsageError, fmt_points, one_line, relpath
+from .util import NOT_GRADED, ROOT, UsageError, fmt_points, one_line, relpath
 
 
 def say(line, stream=None):
@@ -95,7 +95,7 @@ def grade_stage(rubric, stage, src, out_root, ref_root, runner, baselines):
         name = CHECKS[key].label
         t1 = time.monotonic()
         ok, reason, detail = _grade_check(ctx, key)
-        failed_run = None if not run.ok else False  # the run whose failure fails the check (False: none)
+        said_below = not run.ok  # a failed run's check goes on the one "not graded" line below, not its own
         if not run.ok:
             ungraded.setdefault(None, []).append(name + (" (the files the run wrote before failing pass it)"
                                                          if reason == PASSES_ON_FILES else ""))
@@ -104,10 +104,10 @@ def grade_stage(rubric, stage, src, out_root, ref_root, runner, baselines):
                 ok, why, _ = _grade_check(c, key)
                 reason = "" if ok else why if not c.run.ok else "on %s: %s" % (c.label, why)
                 if not c.run.ok and not ok:
-                    failed_run = v
+                    said_below = True
                     ungraded.setdefault(v, []).append(name)
         seconds = time.monotonic() - t1
-        if failed_run is False:
+        if not said_below:
             say("%s %s: %s (%.1fs)" % (prefix, name, "OK" if ok else "FAIL", seconds))
             if not ok or detail:
                 say("    " + (reason if not ok else detail))
@@ -128,7 +128,6 @@ def grade_stage(rubric, stage, src, out_root, ref_root, runner, baselines):
             "points": got, "max_points": total, "checks": checks}
 
 
-NOT_GRADED = "not graded: the run failed"  # results.json; the console says it once (grade_stage)
 PASSES_ON_FILES = NOT_GRADED + "; the files it wrote before failing pass this check"
 
 
@@ -155,11 +154,11 @@ def _started(rubric, stages, root):
         if started:
             keep.append(sid)
         else:
-            skipped.setdefault(why, []).append(sid)
+            skipped[sid] = why
     lines = ["bonus stage%s %s skipped: %s; `make grade STAGE=%s` grades one" % (
-        "s" if len(ids) > 1 else "", ", ".join(ids), why.replace("its starter", "their starters")
-        if len(ids) > 1 else why, ids[0]) for why, ids in sorted(skipped.items())]
-    return keep, {sid: why for why, ids in skipped.items() for sid in ids}, lines
+        "s" if len(ids) > 1 else "", ", ".join(ids), why, ids[0])
+        for ids, why in sorted(manifest.by_reason(skipped.items()), key=lambda g: g[1])]
+    return keep, skipped, lines
 
 
 def score_line(score, total, bonus_score, bonus_total, bonus_ids, any_core):

@@ -10,6 +10,8 @@ import os
 import manifest
 
 ROOT = manifest.ROOT
+# a check's reason when the run it would read failed (results.json; the console says the run's reason once)
+NOT_GRADED = "not graded: the run failed"
 
 
 class UsageError(Exception):

@@ -1,6 +1,6 @@
 # mk/cuda.mk — the CUDA backend (included by the Makefile).
 #   make cuda        build everything again against the CUDA runtime into build-cuda/
-#                    (kernels for sm_80 and sm_90, warnings are errors; needs nvcc,
+#                    (kernels for sm_80 and sm_90 and PTX for newer GPUs, warnings are errors; needs nvcc,
 #                    cuBLAS and NCCL, never a GPU)
 #   make gpu-check   on a machine with a GPU: ops vs the CPU kernels, short training
 #                    runs vs the CPU runs, then the grader on the GPU (tools/gpu_check.sh)
@@ -8,7 +8,12 @@
 
 CUDA_BUILD    ?= build-cuda
 CUDA_ARCHS    ?= 80 90
-NVCC_GENCODE  := $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a))
+# Machine code for each of CUDA_ARCHS, and the PTX of the lowest, which the driver compiles at load
+# time for any GPU of that generation or newer (sm_100, sm_120, ...), where machine code alone would
+# fail at the first launch with "no kernel image". Older than sm_80 there is no bf16: not supported.
+CUDA_PTX_ARCH ?= $(firstword $(CUDA_ARCHS))
+NVCC_GENCODE  := $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
+                 -gencode arch=compute_$(CUDA_PTX_ARCH),code=compute_$(CUDA_PTX_ARCH)
 NVCCFLAGS     := -std=c++17 -O2 -g -Icommon $(NVCC_GENCODE) -Werror all-warnings \
                  -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter
 CUDA_CFLAGS   := $(CFLAGS) -I$(CUDA_HOME)/include

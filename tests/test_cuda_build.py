@@ -1,7 +1,7 @@
 """The CUDA backend on a machine without a GPU: what can be checked here.
 
 `make cuda` (run by CI before the tests) compiles every CUDA file for sm_80 and
-sm_90 with warnings as errors and links cuBLAS and NCCL. These tests then run
+sm_90, plus PTX for newer GPUs, with warnings as errors and links cuBLAS and NCCL. These tests then run
 the CUDA build's binaries as far as they go without a GPU (flag parsing, the
 backend checks, the one-line error when no device is visible) and test the
 GPU-vs-CPU comparison that `make gpu-check` relies on, on two CPU runs."""
@@ -117,3 +117,18 @@ def test_grader_cuda_mode_builds_and_reports_the_missing_gpu(tmp_path):
                         "--out", str(tmp_path)], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert "no CUDA device is visible" in p.stdout, p.stdout[-3000:]
     assert "Score: 0/" in p.stdout
+
+
+def test_cuda_builds_ptx_for_newer_gpus():
+    """Machine code for each CUDA_ARCHS, and the lowest one's PTX, which the driver compiles at load time for
+    any newer GPU (without it, sm_100 or sm_120 fail at the first launch with "no kernel image")."""
+    rule = "hwfsdp-print-vars: ; @printf '%s\\n%s\\n' \"$(CUDA_ARCHS)\" \"$(NVCC_GENCODE)\""
+    p = subprocess.run(["make", "-s", "--no-print-directory", "--eval", rule, "hwfsdp-print-vars"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    archs, gencode = p.stdout.split("\n")[:2]
+    archs = archs.split()
+    assert archs == sorted(archs, key=int) and archs, archs
+    for a in archs:
+        assert "arch=compute_%s,code=sm_%s" % (a, a) in gencode, gencode
+    assert "arch=compute_%s,code=compute_%s" % (archs[0], archs[0]) in gencode, gencode

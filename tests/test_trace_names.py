@@ -8,6 +8,7 @@ C runtime writes, taken from the runtime itself rather than from its source text
 """
 import json
 import os
+import re
 import subprocess
 
 import pytest
@@ -24,8 +25,15 @@ PROBE = r"""
 #include <string.h>
 
 #include "runtime/coll.h"
+#include "runtime/trace.h"
 
-int main(void) {
+int main(int argc, char **argv) {
+    if (argc > 1) { /* the trace categories, in trace_names.CATEGORIES' order */
+        const char *cats[] = {TRACE_CAT_COMPUTE, TRACE_CAT_COPY, TRACE_CAT_COLLECTIVE, TRACE_CAT_EVENT,
+                              TRACE_CAT_WAIT, TRACE_CAT_HOST_SYNC, TRACE_CAT_MEMSET};
+        for (size_t i = 0; i < sizeof cats / sizeof *cats; i++) puts(cats[i]);
+        return 0;
+    }
     for (int kind = 0; kind < 64; kind++) {
         const char *name = coll_kind_name(kind);
         if (strcmp(name, "?") == 0) return 0;
@@ -45,7 +53,8 @@ def make_variable(*names):
     return p.stdout.split("\n")[:len(names)]
 
 
-def test_collective_kinds_are_the_runtimes(tmp_path):
+def _probe(tmp_path):
+    """The PROBE program built against the runtime (build/libhwfsdp.a)."""
     assert os.path.isfile(LIB), "%s missing: run make first" % LIB
     cc, cflags, ldflags, ldlibs = make_variable("CC", "CFLAGS", "LDFLAGS", "LDLIBS")
     src, binary = tmp_path / "kinds.c", tmp_path / "kinds"
@@ -53,9 +62,71 @@ def test_collective_kinds_are_the_runtimes(tmp_path):
     cmd = [cc] + cflags.split() + ["-o", str(binary), str(src), LIB] + ldflags.split() + ldlibs.split()
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, " ".join(cmd) + "\n" + p.stderr
-    p = subprocess.run([str(binary)], capture_output=True, text=True, timeout=60)
+    return str(binary)
+
+
+def test_collective_kinds_are_the_runtimes(tmp_path):
+    p = subprocess.run([_probe(tmp_path)], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, "coll_kind_name never said '?': %s" % p.stdout
     assert tuple(p.stdout.split()) == COLLECTIVE_KINDS
+
+
+def test_categories_are_the_runtimes(tmp_path):
+    """trace.h's TRACE_CAT_* are trace_names.CATEGORIES, word for word."""
+    p = subprocess.run([_probe(tmp_path), "categories"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert tuple(p.stdout.split()) == CATEGORIES
+
+
+# a call that files a trace slice, up to its category argument (the CPU's clock_trace_op and model_clock's
+# records, the CUDA backend's cuda_trace_rec): the argument must be a TRACE_CAT_ name, never a string
+TRACE_CALLS = {"clock_trace_op": 3, "cuda_trace_rec": 3}
+
+
+def _call_args(text, start):
+    """The top-level arguments of the call whose '(' is at text[start]."""
+    depth, args, cur = 0, [], ""
+    for ch in text[start:]:
+        if ch in "([{":
+            depth += 1
+            if depth == 1:
+                continue
+        elif ch in ")]}":
+            depth -= 1
+            if depth == 0:
+                args.append(cur.strip())
+                return args
+        elif ch == "," and depth == 1:
+            args.append(cur.strip())
+            cur = ""
+            continue
+        cur += ch
+    return args
+
+
+def test_every_backend_files_slices_under_the_table(tmp_path):
+    """The CUDA backend once filed its kernels under "kernel" where the grader reads "compute" (its overlap
+    checks could never pass on a GPU): no backend names a category but through trace.h's table. The CUDA
+    files cannot run here, so their source is read; the check must find every call it guards."""
+    import glob
+    seen, bad = 0, []
+    for path in sorted(glob.glob(os.path.join(ROOT, "common", "**", "*.c"), recursive=True)):
+        text = open(path, encoding="utf-8").read()
+        for fn, k in TRACE_CALLS.items():
+            for m in re.finditer(r"\b%s\s*\(" % fn, text):
+                line_start = text.rfind("\n", 0, m.start()) + 1
+                if re.fullmatch(r"\s*(static\s+)?(void|TraceRec)\s+\**", text[line_start:m.start()]):
+                    continue  # the definition or a declaration
+                args = _call_args(text, m.end() - 1)
+                seen += 1
+                if len(args) <= k or not args[k].startswith("TRACE_CAT_"):
+                    bad.append("%s: %s(...) files under %s" % (os.path.relpath(path, ROOT), fn,
+                                                               args[k] if len(args) > k else "?"))
+    model = [l for l in open(os.path.join(ROOT, "common", "runtime", "model_clock.c")) if ".cat = " in l]
+    bad += ["model_clock.c: " + l.strip() for l in model  # TRACE_CAT_, or clock_trace_op's own argument passed on
+            if ".cat = TRACE_CAT_" not in l and ".cat = cat," not in l]
+    assert seen >= 8 and model, (seen, model)  # the CPU's six calls and the CUDA backend's (at least two)
+    assert not bad, "\n".join(bad)
 
 
 @pytest.mark.skipif(not any("--mesh" in f for s in SOLVED for f in s.flags), reason="no HSDP solution here")

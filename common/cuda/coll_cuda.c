@@ -224,7 +224,7 @@ static void local_collective(Stream *s, const Op *op, const void *send, void *re
     case COLL_KIND_COUNT: break; /* not a kind */
     }
     if (d->scope.tracing) {
-        TraceRec rec = cuda_trace_rec(s, op->label, op->name, "collective", op->bytes, coll_dtype_name(desc->dtype),
+        TraceRec rec = cuda_trace_rec(s, op->label, op->name, TRACE_CAT_COLLECTIVE, op->bytes, coll_dtype_name(desc->dtype),
                                       op->pg->name);
         rec.op = coll_op_name(desc->kind, desc->op);
         cuda_span_end(d, s, &span, &rec, SPAN_ANY_LENGTH);
@@ -274,7 +274,7 @@ static void nccl_collective(Stream *s, const Op *op, const void *send, void *rec
     case COLL_KIND_COUNT: break; /* not a kind */
     }
     if (d->scope.tracing) {
-        TraceRec rec = cuda_trace_rec(s, op->label, op->name, "collective", op->bytes, coll_dtype_name(desc->dtype),
+        TraceRec rec = cuda_trace_rec(s, op->label, op->name, TRACE_CAT_COLLECTIVE, op->bytes, coll_dtype_name(desc->dtype),
                                       op->pg->name);
         rec.op = coll_op_name(desc->kind, desc->op);
         cuda_span_end(d, s, &span, &rec, SPAN_ANY_LENGTH);

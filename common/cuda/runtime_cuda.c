@@ -410,7 +410,7 @@ static void cuda_launch(Stream *s, const char *name, const KernelCost *cost, voi
     tls_stream = NULL;
     tls_blas = NULL;
     if (d->scope.tracing) {
-        TraceRec rec = cuda_trace_rec(s, d->scope.module, name ? name : "kernel", "kernel", 0, NULL, NULL);
+        TraceRec rec = cuda_trace_rec(s, d->scope.module, name ? name : "kernel", TRACE_CAT_COMPUTE, 0, NULL, NULL);
         cuda_span_end(d, s, &span, &rec, SPAN_ANY_LENGTH);
     }
     s->enqueued++;
@@ -425,7 +425,7 @@ static void cuda_copy(Stream *s, void *dst, const void *src, size_t bytes) {
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cuda_stream(s)->st));
     const char *name = copy_direction_name(dev_copy_direction(d, dst, src)); /* the real PCIe link times it */
     if (d->scope.tracing) {
-        TraceRec rec = cuda_trace_rec(s, d->scope.module, name, "copy", bytes, NULL, NULL);
+        TraceRec rec = cuda_trace_rec(s, d->scope.module, name, TRACE_CAT_COPY, bytes, NULL, NULL);
         cuda_span_end(d, s, &span, &rec, SPAN_ANY_LENGTH);
     }
     s->enqueued++;
@@ -438,7 +438,7 @@ static void cuda_fill(Stream *s, void *dst, int byte, size_t bytes) {
     if (d->scope.tracing) cuda_span_begin(d, s, &span);
     CUDA_CHECK(cudaMemsetAsync(dst, byte, bytes, cuda_stream(s)->st));
     if (d->scope.tracing) {
-        TraceRec rec = cuda_trace_rec(s, d->scope.module, "memset", "memset", bytes, NULL, NULL);
+        TraceRec rec = cuda_trace_rec(s, d->scope.module, "memset", TRACE_CAT_MEMSET, bytes, NULL, NULL);
         cuda_span_end(d, s, &span, &rec, SPAN_ANY_LENGTH);
     }
     s->enqueued++;

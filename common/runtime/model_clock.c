@@ -53,7 +53,7 @@ void clock_host_wait(Dev *d, double until_us, const char *what, const char *name
         char full[160];
         snprintf(full, sizeof full, "sync:%s%s", what, name ? name : "");
         TraceRec r = {.prefix = "", .name = dev_intern(d, full), .module = d->scope.module, .phase = d->scope.phase,
-                      .cat = "host_sync", .stream = TRACE_HOST_TID, .step = d->scope.step, .ts = d->host_us,
+                      .cat = TRACE_CAT_HOST_SYNC, .stream = TRACE_HOST_TID, .step = d->scope.step, .ts = d->host_us,
                       .dur = until_us - d->host_us, .micro = d->scope.micro};
         dev_trace_add(d, &r);
     }

@@ -77,33 +77,33 @@ static void execute(Stream *s, Op *op) {
     case OP_LAUNCH:
         op->fn(op->args);
         end = start + op->cost_us;
-        clock_trace_op(s, op, op->module, "compute", start, end, wall0);
+        clock_trace_op(s, op, op->module, TRACE_CAT_COMPUTE, start, end, wall0);
         break;
     case OP_COPY:
         if (op->bytes && op->dst != op->src) memmove(op->dst, op->src, op->bytes);
         end = start + op->cost_us;
-        clock_trace_op(s, op, op->module, "copy", start, end, wall0);
+        clock_trace_op(s, op, op->module, TRACE_CAT_COPY, start, end, wall0);
         break;
     case OP_MEMSET:
         if (op->bytes) memset(op->dst, op->fill, op->bytes);
         end = start + op->cost_us;
-        clock_trace_op(s, op, op->module, "copy", start, end, wall0);
+        clock_trace_op(s, op, op->module, TRACE_CAT_COPY, start, end, wall0);
         break;
     case OP_RECORD:
         end = start;
-        clock_trace_op(s, op, op->module, "event", start, end, wall0);
+        clock_trace_op(s, op, op->module, TRACE_CAT_EVENT, start, end, wall0);
         run_record(op, start);
         break;
     case OP_WAIT: {
         double t = run_wait(op);
         end = t > start ? t : start;
-        if (end > start) clock_trace_op(s, op, NULL, "wait", start, end, wall0); /* only a wait that stalled */
+        if (end > start) clock_trace_op(s, op, NULL, TRACE_CAT_WAIT, start, end, wall0); /* only a wait that stalled */
         break;
     }
     case OP_COLL:
         start = op->exec(s, op, ready);
         end = start + op->cost_us;
-        clock_trace_op(s, op, op->label, "collective", start, end, wall0);
+        clock_trace_op(s, op, op->label, TRACE_CAT_COLLECTIVE, start, end, wall0);
         break;
     case OP_MARK: *(double *)op->dst = ready; break; /* the host reads it once it saw this op completed */
     }

@@ -33,6 +33,19 @@ typedef struct {
 
 void dev_trace_add(Dev *d, const TraceRec *r);
 
+/* The categories (TraceRec.cat, the trace's "cat") every backend files its
+ * slices under: one table, so the grader (grader/trace_names.py CATEGORIES,
+ * checked against this by tests/test_trace_names.py) reads the same words from
+ * the CPU and the CUDA backends. A backend passes one of these, never a
+ * string of its own. */
+#define TRACE_CAT_COMPUTE "compute"       /* a kernel */
+#define TRACE_CAT_COPY "copy"             /* a copy (the CPU backends file a memset here too) */
+#define TRACE_CAT_COLLECTIVE "collective"
+#define TRACE_CAT_EVENT "event"           /* an event recorded on a stream */
+#define TRACE_CAT_WAIT "wait"             /* a stream stalled on an event */
+#define TRACE_CAT_HOST_SYNC "host_sync"   /* the host waited (its own track) */
+#define TRACE_CAT_MEMSET "memset"         /* a memset on the CUDA backend */
+
 /* The host's own track (TraceRec.stream): its blocking waits, "sync:<what>"
  * slices of category "host_sync", so a trace shows where a hook stalled the
  * host instead of making a stream wait. */

@@ -114,6 +114,7 @@ void cuda_coll_stream_created(Stream *s) {
     }
     NCCL_CHECK(ncclCommInitRank(&cs->comm, d->world_size, id, d->rank));
     CUDA_CHECK(cudaMalloc((void **)&cs->one, sizeof(float))); /* runtime bookkeeping, not a tensor */
+    CUDA_CHECK(cudaMemsetAsync(cs->one, 0, sizeof(float), cs->st)); /* the barrier's all-reduce sums it: defined */
 }
 
 void cuda_coll_stream_destroy(Stream *s) {

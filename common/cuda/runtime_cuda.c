@@ -140,10 +140,12 @@ static void cuda_dev_init(Dev *d) {
 static void timing_resolve(Dev *d, int wait_all);
 
 static void *cuda_probe_alloc(Dev *d, size_t bytes) {
-    (void)d;
     void *p = NULL;
     CUDA_CHECK(cudaMalloc(&p, bytes));
-    CUDA_CHECK(cudaMemset(p, 0, bytes));
+    /* zeroed before any stream can write a slot: cudaMemset would queue on the legacy
+     * default stream, which the non-blocking streams do not wait for */
+    CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, cuda_dev(d)->side));
+    CUDA_CHECK(cudaStreamSynchronize(cuda_dev(d)->side));
     return p;
 }
 static void cuda_probe_free(Dev *d, void *p) {
@@ -286,8 +288,14 @@ static void *cuda_storage_alloc(Dev *d, size_t bytes, int stream, const char *na
         c->cuda_mallocs++;
     }
     if (d->world->cfg.poison) { /* all-ones bytes are a NaN in every float */
-        CUDA_CHECK(cudaMemsetAsync(p, 0xff, r, c->side));
-        CUDA_CHECK(cudaStreamSynchronize(c->side));
+        /* On the owner stream: a block from the cache may still be in use by kernels queued
+         * there before its dev_free (the caching allocator hands it on at once), so the fill
+         * must queue behind them. Any other stream is ordered after the fill by the allocation
+         * contract (wait for an event recorded on the owner after dev_alloc), which the race
+         * detector checks on every backend. A side stream would race the owner's queue. */
+        cudaStream_t owner = stream >= 0 && stream < d->nstreams ? cuda_stream(d->streams[stream])->st : c->side;
+        CUDA_CHECK(cudaMemsetAsync(p, 0xff, r, owner));
+        if (owner == c->side) CUDA_CHECK(cudaStreamSynchronize(c->side)); /* before the streams exist */
     }
     return p;
 }

@@ -150,8 +150,19 @@ static void mesh_shape(Json *j, const DeviceMesh *m) {
     json_array_end(j);
 }
 
-/* One param's DTensor; mesh: the world's (or --mesh's) mesh. */
-static void dtensor_json(Json *j, const Model *m, const Module *mod, const Param *p, const float *init,
+/* Does [p, p + bytes) lie in one live allocation (device, or pinned host)? A
+ * DTensor.grad left pointing into freed memory is not read. */
+static int readable(Dev *dev, const void *p, size_t bytes) {
+    const char *last = (const char *)p + bytes - 1;
+    uint64_t id = dev_mem_live_id_containing(dev, p);
+    if (id) return dev_mem_live_id_containing(dev, last) == id;
+    return dev_mem_is_host(dev, p) && dev_mem_is_host(dev, last);
+}
+
+/* One param's DTensor; mesh: the world's (or --mesh's) mesh. The local shard is
+ * device memory on a GPU (or pinned host memory, stage 10): it is read through
+ * dev_probe_read into a host copy, never dereferenced here. */
+static void dtensor_json(Json *j, Dev *dev, const Model *m, const Module *mod, const Param *p, const float *init,
                          const DeviceMesh *mesh) {
     const DTensor *dt = &p->dt;
     /* the DTensor's own mesh, compared by value with the world's (a copy is fine) */
@@ -164,14 +175,24 @@ static void dtensor_json(Json *j, const Model *m, const Module *mod, const Param
     /* FSDP2's placements, one per mesh dim: a 2-D mesh replicates along its first */
     int two_d = dm && dm->ndim == 2;
     /* does the local shard hold exactly the rows [row_offset, +local_rows) of the init? */
-    int matches = -1, pad_zero = -1;
+    int matches = -1, pad_zero = -1, in_alloc = -1;
     if (dt->local && dt->row_offset + dt->local_rows <= p->shape[0] && dt->row_numel == p->numel / p->shape[0]) {
-        const float *want = init + model_param_offset(m, p) + dt->row_offset * dt->row_numel;
-        matches = memcmp(dt->local, want, dt->local_rows * dt->row_numel * sizeof(float)) == 0;
-        pad_zero = 1;
+        size_t n = dt->local_rows * dt->row_numel, total = n;
         if (dt->padded_rows >= dt->local_rows && dt->placement == PLACEMENT_SHARD0)
-            for (size_t e = dt->local_rows * dt->row_numel; e < dt->padded_rows * dt->row_numel; e++)
-                if (dt->local[e] != 0.0f) pad_zero = 0;
+            total = dt->padded_rows * dt->row_numel;
+        /* only memory the runtime's kernels can use (dev_alloc / dev_alloc_host) is read:
+         * a malloc'd shard, or one that overruns its allocation, is reported instead */
+        in_alloc = total == 0 || readable(dev, dt->local, total * sizeof(float));
+        if (in_alloc) {
+            float *local = xmalloc((total ? total : 1) * sizeof(float));
+            dev_probe_read(dev, local, dt->local, total * sizeof(float));
+            const float *want = init + model_param_offset(m, p) + dt->row_offset * dt->row_numel;
+            matches = memcmp(local, want, n * sizeof(float)) == 0;
+            pad_zero = 1;
+            for (size_t e = n; e < total; e++)
+                if (local[e] != 0.0f) pad_zero = 0;
+            free(local);
+        }
     }
     json_object_begin(j);
     json_key_string(j, "name", p->name);
@@ -210,6 +231,8 @@ static void dtensor_json(Json *j, const Model *m, const Module *mod, const Param
     size_field(j, "global_rows", dt->global_rows);
     json_key(j, "has_local");
     json_bool(j, dt->local != NULL);
+    json_key(j, "local_in_allocation");
+    bool_or_null(j, in_alloc);
     json_key(j, "local_matches_init");
     bool_or_null(j, matches);
     json_key(j, "padding_is_zero");
@@ -231,7 +254,7 @@ void probes_write_dtensors(Dev *dev, Model *m, const float *init, const char *di
     json_array_begin(&j);
     for (int i = 0; i < m->n_modules; i++)
         for (int k = 0; k < m->modules[i].n_params; k++)
-            dtensor_json(&j, m, &m->modules[i], &m->modules[i].params[k], init, mesh);
+            dtensor_json(&j, dev, m, &m->modules[i], &m->modules[i].params[k], init, mesh);
     json_array_end(&j);
     json_object_end(&j);
     json_line_end(&j);
@@ -503,15 +526,6 @@ void probe_after_post_backward(Dev *dev, const Probes *p, int step, const Module
 }
 
 /* ------------------------------------------------- the grad-state probe */
-
-/* Does [p, p + bytes) lie in one live allocation (device, or pinned host)? A
- * DTensor.grad left pointing into freed memory is not read. */
-static int readable(Dev *dev, const void *p, size_t bytes) {
-    const char *last = (const char *)p + bytes - 1;
-    uint64_t id = dev_mem_live_id_containing(dev, p);
-    if (id) return dev_mem_live_id_containing(dev, last) == id;
-    return dev_mem_is_host(dev, p) && dev_mem_is_host(dev, last);
-}
 
 /* n floats at src into *buf (grown to cap): their sum of squares in float64, in index order. */
 static double read_sumsq(Dev *dev, const float *src, size_t n, float **buf, size_t *cap) {

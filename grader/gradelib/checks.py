@@ -356,6 +356,11 @@ def check_dtensors(ctx):
             start = min(start, rows)
             if not p["has_local"]:
                 raise CheckFailed("%s has no local storage (DTensor.local is NULL)" % who)
+            if p["local_in_allocation"] is False:
+                raise CheckFailed("%s's local shard (DTensor.local, %d padded rows) is not inside one live allocation "
+                                  "from dev_alloc: the runtime's kernels and copies cannot use malloc'd memory (on a "
+                                  "GPU it is not device memory), nor one that runs past its buffer's end"
+                                  % (who, p["padded_rows"]))
             if p["local_matches_init"] is not True:
                 raise CheckFailed("%s's local shard does not hold rows [%d, %d) of the initial value: copy from "
                                   "row_offset x row_numel elements into Param.data, before freeing it"

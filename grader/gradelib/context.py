@@ -70,6 +70,7 @@ DTENSOR_FIELDS = [
     ("placement", lambda v: isinstance(v, str), "a string"),
 ] + [(k, is_int, "an integer") for k in ("local_rows", "padded_rows", "row_offset", "row_numel", "global_rows")] + [
     ("has_local", lambda v: isinstance(v, bool), "true or false"),
+    ("local_in_allocation", lambda v: v is None or isinstance(v, bool), "true, false or null"),
     ("local_matches_init", lambda v: v is None or isinstance(v, bool), "true, false or null"),
     ("padding_is_zero", lambda v: v is None or isinstance(v, bool), "true, false or null"),
 ]

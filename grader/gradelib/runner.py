@@ -56,7 +56,7 @@ class Runner:
     checks then take the non-sharded baseline on the same GPU as the ground truth (Context.cuda)."""
 
     def __init__(self, limits, timeout_s, cuda=False, sandbox=None):
-        self.limits, self.timeout_s, self.cuda, self.sandbox = limits, timeout_s, cuda, sandbox
+        self.limits, self.timeout_s, self.cuda, self.sandbox = limits_for_backend(limits, cuda), timeout_s, cuda, sandbox
 
     def build(self, src, out_bin, log_path):
         """make impl SRC=src OUT=out_bin (impl-cuda with cuda); (ok, reason, seconds)."""
@@ -135,13 +135,25 @@ class Baselines:
         return self.cache[key]
 
 
+def limits_for_backend(limits, cuda):
+    """The rubric's limits as they apply to one backend. A CUDA process maps the GPU's memory
+    and the driver's own reservations into its address space (tens of GiB of virtual space
+    before the first cudaMalloc; cudaSetDevice fails with "out of memory" under RLIMIT_AS), so
+    --cuda runs have no address-space limit: the GPU's own memory bounds them instead."""
+    if not cuda:
+        return limits
+    return dict(limits, run_address_space_gib=None)
+
+
 def _limit_child(limits):
-    """preexec_fn: resource limits for a student's binary (generous: they catch runaways)."""
+    """preexec_fn: resource limits for a student's binary (generous: they catch runaways).
+    run_address_space_gib None: no RLIMIT_AS (CUDA runs, limits_for_backend)."""
     def apply():
         cpu = int(limits["run_cpu_s"])
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))
-        space = int(limits["run_address_space_gib"] * (1 << 30))
-        resource.setrlimit(resource.RLIMIT_AS, (space, space))
+        if limits["run_address_space_gib"] is not None:
+            space = int(limits["run_address_space_gib"] * (1 << 30))
+            resource.setrlimit(resource.RLIMIT_AS, (space, space))
         fsize = int(limits["run_file_size_mib"] * (1 << 20))
         resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
@@ -247,7 +259,7 @@ def classify_run(rc, log_path, run_dir, timeout_s, steps, limits=None, one_strea
                        "before it was written (a missing dev_stream_wait_event?) or a division by zero")
     if rc == EXIT_FATAL and errors:
         reason = "runtime error: " + errors[-1][len("error: "):]
-        if limits and "out of memory" in reason:
+        if limits and limits["run_address_space_gib"] is not None and "out of memory" in reason:
             reason += " (the grader's memory limit: %g GiB of address space per run)" % limits["run_address_space_gib"]
         return False, reason
     last = errors[-1] if errors else (lines[-1].strip() if lines else "")

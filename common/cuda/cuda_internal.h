@@ -21,6 +21,7 @@
  * clock's OpSpan); it becomes a TraceRec once both completed. */
 typedef struct {
     cudaEvent_t start, end;
+    int anchor;   /* CudaDev.anchors index its times are measured from */
     TraceRec rec; /* ts/dur filled at resolution */
 } PendingTiming;
 
@@ -39,6 +40,15 @@ struct CudaDev {
     cudaStream_t side;           /* poisoning fresh storage (synchronous) */
     cudaEvent_t epoch;           /* recorded at init; trace times count from it */
     double epoch_host_us;        /* the same instant on the world's host clock */
+    /* cudaEventElapsedTime gives float milliseconds: from one epoch a trace
+     * would lose resolution as a run goes on (8 us after 130 s). Spans are
+     * measured from the latest anchor instead, a new one a second after the
+     * last, each placed on the epoch's line by the float gap from its
+     * predecessor (sub-microsecond over a second). anchors[0] is the epoch. */
+    cudaEvent_t *anchors;
+    double *anchor_us;           /* anchors[i] on the world's host clock (double) */
+    int n_anchors, anchors_cap;
+    double anchor_host_us;       /* host time the latest anchor was recorded */
     PendingTiming *timing;       /* ops waiting for their timing events */
     size_t n_timing, timing_cap;
     cudaEvent_t *timing_pool;    /* timing events ready for reuse */

@@ -68,9 +68,14 @@ static void cuda_world_init(World *w, long *cores) {
     if (w->cfg.backend == BACKEND_NCCL && world > cw->ndevices)
         fatal("--backend nccl needs one GPU per rank: --world %d but %d GPU%s visible (--backend local lets ranks "
               "share one GPU)", world, cw->ndevices, cw->ndevices == 1 ? " is" : "s are");
-    if (w->cfg.backend == BACKEND_NCCL_MPI && cw->node_size > cw->ndevices)
-        fatal("--backend nccl-mpi needs one GPU per rank: %d ranks on this node but %d GPU%s visible",
-              cw->node_size, cw->ndevices, cw->ndevices == 1 ? " is" : "s are");
+    /* nccl-mpi: either every GPU of the node is visible to every process (rank on the node
+     * picks its own), or the launcher gave each process one (CUDA_VISIBLE_DEVICES per rank,
+     * e.g. SLURM --gpus-per-task=1): it sees one GPU, device 0. Two processes handed the
+     * same GPU stop in ncclCommInitRank (NCCL reports the duplicate GPU). */
+    if (w->cfg.backend == BACKEND_NCCL_MPI && cw->node_size > cw->ndevices && cw->ndevices != 1)
+        fatal("--backend nccl-mpi needs one GPU per rank: %d ranks on this node but %d GPUs are visible to each "
+              "(make all of the node's GPUs visible to every rank, or exactly one per rank)",
+              cw->node_size, cw->ndevices);
 }
 
 static void cuda_world_fini(World *w) {
@@ -125,7 +130,9 @@ static void cuda_dev_init(Dev *d) {
     struct CudaDev *c = xcalloc(1, sizeof *c);
     switch (w->cfg.backend) {
     case BACKEND_NCCL: c->device = d->rank; break;                   /* one GPU per rank */
-    case BACKEND_NCCL_MPI: c->device = cuda_world(w)->node_rank; break; /* rank on its node */
+    case BACKEND_NCCL_MPI: /* rank on its node, or the one GPU this process was given (cuda_world_init) */
+        c->device = cuda_world(w)->ndevices == 1 ? 0 : cuda_world(w)->node_rank;
+        break;
     default: c->device = 0; break;                                   /* local: all ranks share GPU 0 */
     }
     CUDA_CHECK(cudaSetDevice(c->device));
@@ -134,6 +141,13 @@ static void cuda_dev_init(Dev *d) {
     CUDA_CHECK(cudaEventRecord(c->epoch, c->side));
     CUDA_CHECK(cudaEventSynchronize(c->epoch));
     c->epoch_host_us = now_us() - w->epoch_us;
+    c->anchors_cap = 16;
+    c->anchors = xmalloc((size_t)c->anchors_cap * sizeof *c->anchors);
+    c->anchor_us = xmalloc((size_t)c->anchors_cap * sizeof *c->anchor_us);
+    c->anchors[0] = c->epoch;
+    c->anchor_us[0] = c->epoch_host_us;
+    c->n_anchors = 1;
+    c->anchor_host_us = now_us();
     d->backend = c;
 }
 
@@ -165,7 +179,9 @@ static void cuda_dev_fini(Dev *d) {
     d->mem.reserved -= c->cache_bytes;
     for (size_t i = 0; i < c->n_timing_pool; i++) CUDA_CHECK(cudaEventDestroy(c->timing_pool[i]));
     for (size_t i = 0; i < c->n_fence_pool; i++) CUDA_CHECK(cudaEventDestroy(c->fence_pool[i]));
-    CUDA_CHECK(cudaEventDestroy(c->epoch));
+    for (int i = 0; i < c->n_anchors; i++) CUDA_CHECK(cudaEventDestroy(c->anchors[i])); /* [0] is the epoch */
+    free(c->anchors);
+    free(c->anchor_us);
     CUDA_CHECK(cudaStreamDestroy(c->side));
     free(c->timing);
     free(c->timing_pool);
@@ -180,10 +196,33 @@ static void cuda_dev_fini(Dev *d) {
 /* The host's wall clock since the world's epoch (the device's events are on the same line: epoch_host_us). */
 static double cuda_host_time_us(const Dev *d) { return now_us() - d->world->epoch_us; }
 
+/* A new anchor once a second (CudaDev.anchors): recorded on the idle side
+ * stream, so it completes at once and its gap from the last one is known. */
+static void anchor_refresh(struct CudaDev *c) {
+    double now = now_us();
+    if (now - c->anchor_host_us < 1e6) return;
+    if (c->n_anchors == c->anchors_cap) {
+        c->anchors_cap *= 2;
+        c->anchors = xrealloc(c->anchors, (size_t)c->anchors_cap * sizeof *c->anchors);
+        c->anchor_us = xrealloc(c->anchor_us, (size_t)c->anchors_cap * sizeof *c->anchor_us);
+    }
+    cudaEvent_t e;
+    CUDA_CHECK(cudaEventCreate(&e));
+    CUDA_CHECK(cudaEventRecord(e, c->side));
+    CUDA_CHECK(cudaEventSynchronize(e));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, c->anchors[c->n_anchors - 1], e));
+    c->anchors[c->n_anchors] = e;
+    c->anchor_us[c->n_anchors] = c->anchor_us[c->n_anchors - 1] + 1000.0 * ms;
+    c->n_anchors++;
+    c->anchor_host_us = now;
+}
+
 void cuda_span_begin(Dev *d, Stream *s, OpSpan *span) {
     span->start = span->end = NULL;
     if (!s) return; /* the host's waits are not traced here */
     struct CudaDev *c = cuda_dev(d);
+    anchor_refresh(c);
     cudaEvent_t e = pool_get(&c->timing_pool, &c->n_timing_pool, cudaEventDefault);
     CUDA_CHECK(cudaEventRecord(e, cuda_stream(s)->st));
     span->start = e;
@@ -197,7 +236,8 @@ void cuda_span_end(Dev *d, Stream *s, OpSpan *span, const TraceRec *rec, double 
         pool_put(&c->timing_pool, &c->n_timing_pool, &c->timing_pool_cap, (cudaEvent_t)span->start);
         return;
     }
-    PendingTiming t = {(cudaEvent_t)span->start, pool_get(&c->timing_pool, &c->n_timing_pool, cudaEventDefault), *rec};
+    PendingTiming t = {(cudaEvent_t)span->start, pool_get(&c->timing_pool, &c->n_timing_pool, cudaEventDefault),
+                       c->n_anchors - 1, *rec};
     CUDA_CHECK(cudaEventRecord(t.end, cuda_stream(s)->st));
     if (c->n_timing == c->timing_cap) {
         c->timing_cap = c->timing_cap ? c->timing_cap * 2 : 1024;
@@ -227,9 +267,9 @@ static void timing_resolve(Dev *d, int wait_all) {
             continue;
         }
         float ms0 = 0, ms1 = 0;
-        CUDA_CHECK(cudaEventElapsedTime(&ms0, c->epoch, t->start));
-        CUDA_CHECK(cudaEventElapsedTime(&ms1, c->epoch, t->end));
-        t->rec.ts = c->epoch_host_us + 1000.0 * ms0;
+        CUDA_CHECK(cudaEventElapsedTime(&ms0, c->anchors[t->anchor], t->start));
+        CUDA_CHECK(cudaEventElapsedTime(&ms1, c->anchors[t->anchor], t->end));
+        t->rec.ts = c->anchor_us[t->anchor] + 1000.0 * ms0;
         t->rec.dur = 1000.0 * (ms1 - ms0);
         dev_trace_add(d, &t->rec);
         pool_put(&c->timing_pool, &c->n_timing_pool, &c->timing_pool_cap, t->start);

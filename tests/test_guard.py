@@ -38,15 +38,15 @@ def guard():
 TAIL_READ = " on rank 1's host thread: device memory is read on the host only through a copy (dev_probe_read)"
 CASES = {
     "host_read": re.escape("error: host code read device memory: 'layers.0.attention.wq.weight' (param, rank 1) "
-                           "at byte offset 128, touched by peek_weights (test_guard.c)" + TAIL_READ),
+                           "at byte offset 128, touched by peek_weights (tests/test_guard.c)" + TAIL_READ),
     "host_write": re.escape("error: host code wrote device memory: 'layers.0.attention.wq.weight' (param, rank 1) "
-                            "at byte offset 12, touched by poke_weights (test_guard.c) on rank 1's host thread: "
+                            "at byte offset 12, touched by poke_weights (tests/test_guard.c) on rank 1's host thread: "
                             "device memory is written on the host only through a copy (dev_memcpy_async from "
                             "host memory)"),
     # memcmp faults inside libc: the code named is its caller in the program
     "host_memcmp": re.escape("error: host code read device memory: 'layers.0.attention.wq.weight' (param, rank 1) "
                              "at byte offset ") + r"\d+" +
-                   re.escape(", touched by compare_weights (test_guard.c) through libc.so.6" + TAIL_READ),
+                   re.escape(", touched by compare_weights (tests/test_guard.c) through libc.so.6" + TAIL_READ),
 }
 
 

@@ -23,6 +23,13 @@
 #include <ucontext.h>
 #include <unistd.h>
 
+/* the handler reads x86-64's fault context (RIP, the page-fault error code) */
+#if defined(__x86_64__) && defined(SEGV_PKUERR) && defined(PKEY_DISABLE_ACCESS) && !defined(GUARD_NO_PKEYS)
+#define GUARD_X86_PKEYS 1
+#else
+#define GUARD_X86_PKEYS 0
+#endif
+
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static int g_tried;                  /* pkey_alloc was tried (once per process) */
 static int g_pkey = -1;              /* the key device storage is tagged with; -1: none */
@@ -37,9 +44,9 @@ static __thread Dev *t_dev;          /* a host thread's rank */
 
 /* Functions of the executable (the runtime, the driver and the hw_fsdp.c are
  * linked into it), from its .symtab: static functions too, which dladdr
- * cannot name. file: the source of a static function (its STT_FILE), or of a
- * global one lying between two functions of one source (the linker keeps an
- * object's .text together); NULL if unknown. */
+ * cannot name. file: its source as the compiler was given it (the DWARF
+ * compile unit whose .debug_aranges hold it: "common/driver/probes.c"), else
+ * a static function's STT_FILE (the base name); NULL if unknown. */
 typedef struct {
     uintptr_t lo, hi;
     const char *name, *file;
@@ -67,6 +74,154 @@ static int exe_range(struct dl_phdr_info *info, size_t size, void *arg) {
     return 1;
 }
 
+
+/* ---- the compile unit of an address, from .debug_aranges and the unit's DW_AT_name */
+
+typedef struct {
+    const unsigned char *p, *end;
+    int bad;
+} Rd;
+static uint64_t rd_n(Rd *r, int n) {
+    if (r->bad || r->end - r->p < n) {
+        r->bad = 1;
+        return 0;
+    }
+    uint64_t v = 0;
+    for (int i = 0; i < n; i++) v |= (uint64_t)r->p[i] << (8 * i);
+    r->p += n;
+    return v;
+}
+static uint64_t rd_leb(Rd *r) {
+    uint64_t v = 0;
+    for (int shift = 0; !r->bad; shift += 7) {
+        uint64_t b = rd_n(r, 1);
+        if (shift < 64) v |= (b & 0x7f) << shift;
+        if (!(b & 0x80)) break;
+    }
+    return v;
+}
+
+typedef struct {
+    const unsigned char *info, *abbrev, *str, *line_str;
+    size_t info_n, abbrev_n, str_n, line_str_n;
+} Dwarf;
+
+static const char *sec_string(const unsigned char *sec, size_t n, uint64_t off) {
+    if (!sec || off >= n || !memchr(sec + off, 0, n - off)) return NULL;
+    return (const char *)sec + off;
+}
+
+/* DW_AT_name of the unit at .debug_info offset `off` (DWARF 2 to 5, 32-bit); NULL if unreadable. */
+static const char *cu_name(const Dwarf *dw, uint64_t off) {
+    if (off >= dw->info_n) return NULL;
+    Rd r = {dw->info + off, dw->info + dw->info_n, 0};
+    uint64_t len = rd_n(&r, 4);
+    if (len >= 0xfffffff0u || len > (uint64_t)(r.end - r.p)) return NULL;
+    r.end = r.p + len;
+    int version = (int)rd_n(&r, 2), addr_size;
+    uint64_t abbrev_off;
+    if (version >= 5) {
+        if (rd_n(&r, 1) != 1 /* DW_UT_compile */) return NULL;
+        addr_size = (int)rd_n(&r, 1);
+        abbrev_off = rd_n(&r, 4);
+    } else {
+        abbrev_off = rd_n(&r, 4);
+        addr_size = (int)rd_n(&r, 1);
+    }
+    uint64_t code = rd_leb(&r);
+    if (r.bad || abbrev_off >= dw->abbrev_n) return NULL;
+    Rd a = {dw->abbrev + abbrev_off, dw->abbrev + dw->abbrev_n, 0};
+    for (;;) { /* the abbreviation of the unit's DIE */
+        uint64_t c = rd_leb(&a);
+        if (a.bad || !c) return NULL;
+        rd_leb(&a); /* tag */
+        rd_n(&a, 1); /* children */
+        if (c == code) break;
+        for (;;) {
+            uint64_t at = rd_leb(&a), form = rd_leb(&a);
+            if (form == 0x21) rd_leb(&a); /* DW_FORM_implicit_const */
+            if (a.bad || (!at && !form)) break;
+        }
+        if (a.bad) return NULL;
+    }
+    for (;;) {
+        uint64_t at = rd_leb(&a), form = rd_leb(&a);
+        if (a.bad || (!at && !form)) return NULL;
+        const char *text = NULL;
+        switch (form) {
+        case 0x08: /* string */
+            text = (const char *)r.p;
+            if (!memchr(r.p, 0, (size_t)(r.end - r.p))) return NULL;
+            r.p += strlen(text) + 1;
+            break;
+        case 0x0e: text = sec_string(dw->str, dw->str_n, rd_n(&r, 4)); break;           /* strp */
+        case 0x1f: text = sec_string(dw->line_str, dw->line_str_n, rd_n(&r, 4)); break; /* line_strp */
+        case 0x01: rd_n(&r, addr_size); break;                                            /* addr */
+        case 0x0b: case 0x0c: case 0x11: case 0x25: case 0x29: rd_n(&r, 1); break;
+        case 0x05: case 0x12: case 0x26: case 0x2a: rd_n(&r, 2); break;
+        case 0x27: case 0x2b: rd_n(&r, 3); break;
+        case 0x06: case 0x10: case 0x13: case 0x17: case 0x28: case 0x2c: rd_n(&r, 4); break;
+        case 0x07: case 0x14: case 0x20: rd_n(&r, 8); break;
+        case 0x1e: rd_n(&r, 16); break;
+        case 0x0d: case 0x0f: case 0x15: case 0x1a: case 0x1b: case 0x22: case 0x23: rd_leb(&r); break;
+        case 0x19: case 0x21: break; /* flag_present, implicit_const */
+        default: return NULL;        /* a form a compile unit's DIE does not hold here */
+        }
+        if (r.bad) return NULL;
+        if (at == 0x03 /* DW_AT_name */) return form == 0x08 || form == 0x0e || form == 0x1f ? text : NULL;
+    }
+}
+
+typedef struct {
+    uintptr_t lo, hi;
+    const char *name;
+} CuRange;
+
+static int range_cmp(const void *a, const void *b) {
+    const CuRange *x = a, *y = b;
+    return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+
+/* Every address range of .debug_aranges with its unit's name, sorted (*n of them). */
+static CuRange *cu_ranges(const unsigned char *ar, size_t ar_n, const Dwarf *dw, uintptr_t bias, size_t *n) {
+    size_t cap = 0;
+    CuRange *out = NULL;
+    *n = 0;
+    Rd r = {ar, ar + ar_n, 0};
+    while (!r.bad && r.p < r.end) {
+        const unsigned char *set = r.p;
+        uint64_t len = rd_n(&r, 4);
+        if (r.bad || len >= 0xfffffff0u || len > (uint64_t)(r.end - r.p)) break;
+        Rd s = {r.p, r.p + len, 0};
+        r.p += len;
+        rd_n(&s, 2); /* version */
+        const char *name = cu_name(dw, rd_n(&s, 4));
+        int asz = (int)rd_n(&s, 1), seg = (int)rd_n(&s, 1);
+        if (s.bad || asz != 8 || seg) continue;
+        size_t head = (size_t)(s.p - set), pad = (16 - head % 16) % 16; /* tuples aligned to twice the address size */
+        rd_n(&s, (int)pad);
+        for (;;) {
+            uint64_t lo = rd_n(&s, 8), sz = rd_n(&s, 8);
+            if (s.bad || (!lo && !sz)) break;
+            if (!name || !sz) continue;
+            out = xgrow(out, &cap, (*n + 1) * sizeof *out, 64 * sizeof *out);
+            out[(*n)++] = (CuRange){bias + lo, bias + lo + sz, name};
+        }
+    }
+    if (*n) qsort(out, *n, sizeof *out, range_cmp);
+    return out;
+}
+
+static const char *range_name(const CuRange *rg, size_t n, uintptr_t pc) {
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (rg[mid].lo <= pc) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo && pc < rg[lo - 1].hi ? rg[lo - 1].name : NULL;
+}
+
 static void load_symbols(void) {
     dl_iterate_phdr(exe_range, NULL);
     int fd = open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
@@ -85,12 +240,34 @@ static void load_symbols(void) {
         (size - eh->e_shoff) / sizeof(Elf64_Shdr) < eh->e_shnum)
         return;
     const Elf64_Shdr *sh = (const Elf64_Shdr *)(f + eh->e_shoff);
+    uintptr_t bias = eh->e_type == ET_DYN ? g_exe_base : 0;
+    /* the DWARF sections, by name (.shstrtab) */
+    Dwarf dw = {0};
+    const unsigned char *aranges = NULL;
+    size_t aranges_n = 0;
+    const Elf64_Shdr *names_sh = eh->e_shstrndx < eh->e_shnum ? &sh[eh->e_shstrndx] : NULL;
+    for (int i = 0; names_sh && i < eh->e_shnum; i++) {
+        if (sh[i].sh_type == SHT_NOBITS || sh[i].sh_offset > size || sh[i].sh_size > size - sh[i].sh_offset) continue;
+        const char *nm = sec_string(f + names_sh->sh_offset, names_sh->sh_offset <= size &&
+                                    names_sh->sh_size <= size - names_sh->sh_offset ? names_sh->sh_size : 0,
+                                    sh[i].sh_name);
+        if (!nm) continue;
+        const unsigned char *data = f + sh[i].sh_offset;
+        size_t n = sh[i].sh_size;
+        if (!strcmp(nm, ".debug_info")) dw.info = data, dw.info_n = n;
+        else if (!strcmp(nm, ".debug_abbrev")) dw.abbrev = data, dw.abbrev_n = n;
+        else if (!strcmp(nm, ".debug_str")) dw.str = data, dw.str_n = n;
+        else if (!strcmp(nm, ".debug_line_str")) dw.line_str = data, dw.line_str_n = n;
+        else if (!strcmp(nm, ".debug_aranges")) aranges = data, aranges_n = n;
+    }
+    size_t nranges = 0;
+    CuRange *ranges = aranges && dw.info && dw.abbrev ? cu_ranges(aranges, aranges_n, &dw, bias, &nranges) : NULL;
     for (int i = 0; i < eh->e_shnum; i++) {
         if (sh[i].sh_type != SHT_SYMTAB || sh[i].sh_link >= eh->e_shnum) continue;
         const Elf64_Shdr *str = &sh[sh[i].sh_link];
         if (sh[i].sh_offset > size || sh[i].sh_size > size - sh[i].sh_offset || str->sh_offset > size ||
             str->sh_size > size - str->sh_offset || sh[i].sh_entsize != sizeof(Elf64_Sym))
-            return;
+            break;
         const Elf64_Sym *sym = (const Elf64_Sym *)(f + sh[i].sh_offset);
         const char *names = (const char *)f + str->sh_offset;
         size_t n = sh[i].sh_size / sizeof(Elf64_Sym), k = 0;
@@ -104,23 +281,16 @@ static void load_symbols(void) {
                 continue;
             }
             if (ELF64_ST_TYPE(sym[j].st_info) != STT_FUNC || !sym[j].st_size || sym[j].st_shndx == SHN_UNDEF) continue;
-            int local = ELF64_ST_BIND(sym[j].st_info) == STB_LOCAL;
-            uintptr_t lo = (eh->e_type == ET_DYN ? g_exe_base : 0) + sym[j].st_value;
-            g_syms[k++] = (GuardSym){lo, lo + sym[j].st_size, name, local ? file : NULL};
+            uintptr_t lo = bias + sym[j].st_value;
+            const char *src = range_name(ranges, nranges, lo);
+            if (!src && ELF64_ST_BIND(sym[j].st_info) == STB_LOCAL) src = file;
+            g_syms[k++] = (GuardSym){lo, lo + sym[j].st_size, name, src};
         }
         qsort(g_syms, k, sizeof *g_syms, sym_cmp);
-        for (size_t j = 0; j < k; j++) { /* a global function between two functions of one source is in it */
-            if (g_syms[j].file) continue;
-            const char *before = NULL, *after = NULL;
-            for (size_t b = j; b-- > 0;)
-                if ((before = g_syms[b].file)) break;
-            for (size_t a = j + 1; a < k; a++)
-                if ((after = g_syms[a].file)) break;
-            if (before && after && !strcmp(before, after)) g_syms[j].file = before;
-        }
         g_nsyms = k;
-        return;
+        break;
     }
+    free(ranges); /* the names point into the mapped file */
 }
 
 static const GuardSym *sym_at(uintptr_t pc) {
@@ -235,6 +405,7 @@ static void describe_thread(char *out, size_t n) {
 
 static void guard_segv(int sig, siginfo_t *si, void *ucv) {
     (void)sig;
+#if GUARD_X86_PKEYS
     if (si->si_code != SEGV_PKUERR || g_pkey < 0 || si->si_pkey != (unsigned)g_pkey) {
         /* not the guard's: the previous disposition takes the fault when the instruction runs again */
         sigaction(SIGSEGV, &g_old_segv, NULL);
@@ -243,6 +414,11 @@ static void guard_segv(int sig, siginfo_t *si, void *ucv) {
     ucontext_t *uc = ucv;
     uintptr_t addr = (uintptr_t)si->si_addr, pc = (uintptr_t)uc->uc_mcontext.gregs[REG_RIP];
     int wrote = (uc->uc_mcontext.gregs[REG_ERR] >> 1) & 1; /* the page-fault error code: bit 1 = write */
+#else
+    uintptr_t addr = 0, pc = 0;
+    int wrote = 0;
+    (void)si, (void)ucv;
+#endif
     report_lock(); /* one report per process (util.h); never released */
     char buffer[1024], code[1024], thread[128], line[3072];
     describe_buffer(buffer, sizeof buffer, addr);
@@ -269,8 +445,9 @@ static void guard_segv(int sig, siginfo_t *si, void *ucv) {
 static const char *why_unavailable(int err) {
     switch (err) {
     case ENOSYS: return "the kernel has no protection-key system calls";
-    case EINVAL: return "the CPU or the kernel lacks x86 memory protection keys (/proc/cpuinfo flags pku, ospke)";
+    case EINVAL: return "the CPU or the kernel lacks x86 memory protection keys: no pku or ospke in /proc/cpuinfo";
     case ENOSPC: return "no protection key is free in this process";
+    case ENOTSUP: return "this build's guard is x86-64's";
     default: return "";
     }
 }
@@ -284,12 +461,16 @@ int guard_install(World *w) {
         fprintf(stderr, "note: --guard-device-memory is a mode of the CPU backends; on the GPU device memory is "
                         "out of the host's reach already: running unguarded\n");
     } else if (first) {
+#if GUARD_X86_PKEYS
         g_pkey = pkey_alloc(0, PKEY_DISABLE_ACCESS);
+        int err = errno;
+#else
+        int err = ENOTSUP; /* the handler is x86-64's */
+#endif
         if (g_pkey < 0) {
-            int err = errno;
             const char *why = why_unavailable(err);
-            fprintf(stderr, "warning: --guard-device-memory is unavailable on this machine: pkey_alloc: %s%s%s; "
-                            "running unguarded\n", strerror(err), *why ? " (" : "", *why ? why : "");
+            fprintf(stderr, "warning: --guard-device-memory is unavailable on this machine: pkey_alloc: %s%s%s%s; "
+                            "running unguarded\n", strerror(err), *why ? " (" : "", why, *why ? ")" : "");
         } else {
             load_symbols();
             void *warm[4];

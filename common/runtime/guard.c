@@ -74,7 +74,6 @@ static int exe_range(struct dl_phdr_info *info, size_t size, void *arg) {
     return 1;
 }
 
-
 /* ---- the compile unit of an address, from .debug_aranges and the unit's DW_AT_name */
 
 typedef struct {

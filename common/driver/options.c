@@ -315,6 +315,10 @@ static const Flag FLAGS[] = {
      .help = "do not fill fresh allocations with NaN"},
     {.name = "--no-race-check", .kind = FLAG_SET, .at = AT(world.no_race_check),
      .help = "do not check streams for missing event waits (on by default, CPU build)"},
+    {.name = "--guard-device-memory", .kind = FLAG_SET, .at = AT(world.guard_device),
+     .help = "debug: host code that reads or writes device memory stops the run, naming\n"
+             "the buffer and the function (CPU build, x86 protection keys; or\n"
+             "HWFSDP_GUARD_DEVICE=1)"},
     {.name = "--tf32", .kind = FLAG_SET, .at = AT(world.tf32),
      .help = "matmuls may use TF32 tensor cores (CUDA build; the modelled clock prices\n"
              "float32 matmuls at the profile's TF32 peak; default exact fp32)",

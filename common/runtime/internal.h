@@ -162,6 +162,7 @@ struct World {
     char *race_msg[WORLD_MAX_RANKS];    /* a rank's race verdict, waiting for lower ranks' */
     uint8_t rank_done[WORLD_MAX_RANKS]; /* rank_main returned */
     int reporting;                      /* a watchdog report is being printed */
+    int guarded;                        /* device storage under the guard (guard.h: --guard-device-memory) */
 };
 
 /* 1 for the backends with one process per rank (under mpirun) */

@@ -28,6 +28,13 @@
  * created, or is stuck behind a wait that cannot complete) stops the run with
  * "collective timeout on rank R: ..." and a flight recorder (the last 16
  * collectives of every stream of every rank, with their state), exit status 2.
+ *
+ * Device-memory guard (CPU backends, WorldConfig.guard_device, --guard-device-memory
+ * or HWFSDP_GUARD_DEVICE=1 in the environment; runtime/guard.h): device storage is
+ * pages only the stream workers may touch (x86 protection keys); host code reading or
+ * writing it stops the run with one line naming the buffer, the offset and the
+ * function (exit status 2), as a GPU would crash there. Without protection keys one
+ * line says the guard is unavailable and the run goes on unguarded.
  */
 #ifndef HWFSDP_RUNTIME_H
 #define HWFSDP_RUNTIME_H
@@ -71,6 +78,7 @@ typedef struct {
     int blas_threads;         /* OpenBLAS threads per rank (0 = cores / ranks) */
     int no_race_check;        /* 1 = turn the stream race detector off (on by default) */
     double collective_timeout_s; /* watchdog: a collective waiting longer stops the run; 0 = off */
+    int guard_device;         /* CPU backends: host code faults on device memory (guard.h; also HWFSDP_GUARD_DEVICE=1) */
     int tf32;                 /* matmuls may use TF32 tensor cores (CUDA build; the modelled clock prices them so) */
     const struct DeviceProfile *profile; /* what the modelled clock prices ops on (NULL: "teach") */
 } WorldConfig;

@@ -3,6 +3,7 @@
  * copies, host synchronization and storage from the C heap. An op's times
  * are the modelled clock's (model_clock.c), its collectives the backend's
  * (backend_local.c, backend_mpi.c). */
+#include "runtime/guard.h"
 #include "runtime/stream.h"
 #include "runtime/util.h"
 
@@ -114,6 +115,7 @@ static void *stream_worker(void *p) {
     Stream *s = p;
     CpuStream *cs = cpu_stream(s);
     Op op;
+    guard_thread_device(); /* the device's side: kernels, copies, collectives touch device memory */
     pthread_mutex_lock(&cs->mu);
     for (;;) {
         while (cs->count == 0 && !cs->stop) pthread_cond_wait(&cs->cv_work, &cs->mu);
@@ -174,33 +176,54 @@ static uint64_t stream_completed(Stream *s) {
 
 /* Storage is the C heap (one pool for every stream, so freed storage waits
  * for every stream: storage_fenced); a fence is the count of ops enqueued on
- * each stream of its mask, ready when those streams' workers have passed it. */
-void *cpu_storage_alloc(Dev *d, size_t bytes, int stream, const char *name) {
-    (void)stream;
+ * each stream of its mask, ready when those streams' workers have passed it.
+ * Under --guard-device-memory (guard.h) device storage is pages tagged with
+ * the guard's key instead, which only the stream workers may touch. */
+static void *heap_storage(Dev *d, size_t bytes, const char *name) {
     void *p = NULL;
     if (posix_memalign(&p, 64, bytes) != 0 || !p)
         fatal("rank %d: out of memory allocating %zu bytes for '%s' (%zu bytes allocated now)", d->rank, bytes,
               name ? name : "?", d->mem.current);
-    if (d->world->cfg.poison) {
-        uint32_t nan_bits = 0x7fc00000u;
-        size_t nf = bytes / 4;
-        uint32_t *w = p;
-        for (size_t i = 0; i < nf; i++) w[i] = nan_bits;
+    return p;
+}
+
+static void poison(Dev *d, void *p, size_t bytes) {
+    if (!d->world->cfg.poison) return;
+    unsigned open = guard_open(); /* the allocator's own fill of fresh storage, by design on the host */
+    uint32_t nan_bits = 0x7fc00000u;
+    size_t nf = bytes / 4;
+    uint32_t *w = p;
+    for (size_t i = 0; i < nf; i++) w[i] = nan_bits;
+    guard_close(open);
+}
+
+void *cpu_storage_alloc(Dev *d, size_t bytes, int stream, const char *name) {
+    (void)stream;
+    void *p;
+    if (guard_active(d->world)) {
+        p = guard_storage_alloc(bytes);
+        if (!p)
+            fatal("rank %d: out of memory allocating %zu bytes for '%s' (%zu bytes allocated now)", d->rank, bytes,
+                  name ? name : "?", d->mem.current);
+    } else {
+        p = heap_storage(d, bytes, name);
     }
+    poison(d, p, bytes);
     d->mem.reserved += bytes;
     return p;
 }
 
 void cpu_storage_free(Dev *d, void *p, size_t bytes, int stream) {
     (void)stream;
-    free(p);
+    if (guard_active(d->world)) guard_storage_free(p, bytes);
+    else free(p);
     d->mem.reserved -= bytes;
 }
 
-/* Host memory is the C heap here too: the same storage, NaN-filled alike; not device-reserved. */
+/* Host memory is the C heap, NaN-filled alike (never guarded: host code may touch it); not device-reserved. */
 void *cpu_host_alloc(Dev *d, size_t bytes, const char *name) {
-    void *p = cpu_storage_alloc(d, bytes, 0, name);
-    d->mem.reserved -= bytes;
+    void *p = heap_storage(d, bytes, name);
+    poison(d, p, bytes);
     return p;
 }
 
@@ -457,15 +480,32 @@ int cpu_event_query(Event *e) {
 void cpu_dev_init(Dev *d) { (void)d; }
 void cpu_dev_fini(Dev *d) { (void)d; }
 
+/* Probe memory is device memory too (the clip probe's slots, which kernels write): guarded alike,
+ * behind a 64-byte header holding the mapping's size for the free. */
+#define PROBE_HEADER 64
 void *cpu_probe_alloc(Dev *d, size_t bytes) {
-    (void)d;
-    return xcalloc(1, bytes);
+    if (!guard_active(d->world)) return xcalloc(1, bytes);
+    char *p = guard_storage_alloc(PROBE_HEADER + bytes); /* fresh pages are zero, as calloc's */
+    if (!p) fatal("rank %d: out of memory allocating %zu bytes of probe memory", d->rank, bytes);
+    unsigned open = guard_open(); /* the runtime's own bookkeeping in the mapping */
+    *(size_t *)p = PROBE_HEADER + bytes;
+    guard_close(open);
+    return p + PROBE_HEADER;
 }
 void cpu_probe_free(Dev *d, void *p) {
-    (void)d;
-    free(p);
+    if (!guard_active(d->world) || !p) {
+        free(p);
+        return;
+    }
+    char *base = (char *)p - PROBE_HEADER;
+    unsigned open = guard_open();
+    size_t bytes = *(size_t *)base;
+    guard_close(open);
+    guard_storage_free(base, bytes);
 }
 void cpu_probe_read(Dev *d, void *host, const void *probe, size_t bytes) {
     for (int i = 0; i < d->nstreams; i++) stream_drain(d->streams[i]); /* no happens-before: a probe */
+    unsigned open = guard_open(); /* the runtime's copy of device memory for the driver's probes */
     memcpy(host, probe, bytes);
+    guard_close(open);
 }

@@ -1,5 +1,6 @@
 /* world.c — the World (ranks as threads, or processes: the backend's
  * world_init), each rank's Dev and its scope. */
+#include "runtime/guard.h"
 #include "runtime/internal.h"
 #include "runtime/profile.h"
 #include "runtime/util.h"
@@ -27,6 +28,9 @@ World *world_create(const WorldConfig *cfg) {
     w->cfg = *cfg;
     if (!w->cfg.profile) w->cfg.profile = device_profile_find(DEVICE_PROFILE_DEFAULT);
     w->ops = ops;
+    const char *guard_env = getenv("HWFSDP_GUARD_DEVICE"); /* any binary, e.g. a test's, can turn it on */
+    if (guard_env && *guard_env && strcmp(guard_env, "0") != 0) w->cfg.guard_device = 1;
+    w->guarded = guard_install(w); /* before any thread of the world: the main thread loses access here */
     pthread_mutex_init(&w->report_mu, NULL);
     pthread_cond_init(&w->report_cv, NULL);
     pthread_mutex_init(&w->host_mu, NULL);
@@ -39,6 +43,9 @@ World *world_create(const WorldConfig *cfg) {
     w->epoch_us = now_us(); /* multi-process: after a barrier; one machine's CLOCK_MONOTONIC lines ranks up */
     int blas = cfg->blas_threads > 0 ? cfg->blas_threads : (int)(cores / w->local_ranks);
     if (blas < 1) blas = 1;
+    /* guarded: OpenBLAS's pool threads started before the key existed, without access to
+     * device memory, so every BLAS call runs on the stream worker that makes it */
+    if (w->guarded) blas = 1;
     openblas_set_num_threads(blas);
     return w;
 }
@@ -50,6 +57,7 @@ int world_first_local_rank(const World *w) { return w->first_local_rank; }
 void world_destroy(World *w) {
     if (!w) return;
     w->ops->world_fini(w);
+    guard_world_gone(w);
     pthread_mutex_destroy(&w->host_mu);
     pthread_cond_destroy(&w->host_cv);
     pthread_mutex_destroy(&w->report_mu);
@@ -109,7 +117,9 @@ typedef struct {
 static void *rank_thread(void *p) {
     RankStart *rs = p;
     World *w = rs->w;
+    guard_thread_host(NULL); /* host code: no access to device memory (--guard-device-memory) */
     Dev *d = dev_create(w, rs->rank);
+    guard_thread_host(d);
     pthread_mutex_lock(&w->report_mu); /* the watchdog may be reading the flight recorders */
     w->devs[rs->rank - w->first_local_rank] = d;
     pthread_mutex_unlock(&w->report_mu);

@@ -76,7 +76,8 @@ def test_world_1_and_out_file(world4, tmp_path):
     # --out: the same lines in a file, stdout keeps the header and the summary
     p = run("--world", 4, "--out", tmp_path / "w4.txt")
     assert p.returncode == 0 and not cases(p.stdout)
-    assert (tmp_path / "w4.txt").read_text() == "".join(l + "\n" for l in world4[0].splitlines() if l.startswith("coll "))
+    want = "".join(l + "\n" for l in world4[0].splitlines() if l.startswith("coll "))
+    assert (tmp_path / "w4.txt").read_text() == want
 
 
 def test_a_run_against_itself_is_bitwise(world4):
@@ -91,7 +92,8 @@ def test_a_corrupted_ref_line_fails(world4, tmp_path):
     """Test the test: one hash changed in the ref fails that case (and the run); a line taken out fails too."""
     stdout, _ = world4
     lines = stdout.splitlines()
-    target = next(i for i, l in enumerate(lines) if l.startswith("coll reduce_scatter_sum f32 outofplace world n7 rank2 "))
+    key = "coll reduce_scatter_sum f32 outofplace world n7 rank2 "
+    target = next(i for i, l in enumerate(lines) if l.startswith(key))
     f = lines[target].split()
     f[7] = "%016x" % (int(f[7], 16) ^ 1)
     bad = lines[:target] + [" ".join(f)] + lines[target + 1:]

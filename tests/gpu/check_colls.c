@@ -482,7 +482,8 @@ int main(int argc, char **argv) {
         } else if (!strcmp(argv[i], "--world") && i + 1 < argc) {
             char *end;
             long v = strtol(argv[++i], &end, 10);
-            if (*end || v < 1 || v > WORLD_MAX_RANKS) fatal("--world must be in [1, %d], got %s", WORLD_MAX_RANKS, argv[i]);
+            if (*end || v < 1 || v > WORLD_MAX_RANKS)
+                fatal("--world must be in [1, %d], got %s", WORLD_MAX_RANKS, argv[i]);
             x.world = (int)v;
         } else if (!strcmp(argv[i], "--ref") && i + 1 < argc) x.ref_path = argv[++i];
         else if (!strcmp(argv[i], "--out") && i + 1 < argc) x.out_path = argv[++i];

@@ -71,7 +71,7 @@ BASELINE   := $(BUILD)/baseline/train
 .PHONY: all detect run longrun test grade reference reference-check plots starters carry bench fsdp2-check record-stream-demo \
         handout gradescope impl stage-bins tsan asan asan-test clean
 
-all: detect $(LIB) $(BASELINE) $(SOL_BIN) stage-bins $(TEST_BIN) $(BUILD)/tests/check_ops_selftest
+all: detect $(LIB) $(BASELINE) $(SOL_BIN) stage-bins $(TEST_BIN) $(BUILD)/tests/check_ops_selftest $(BUILD)/tests/check_colls
 
 detect:
 	@printf 'optional parts: MPI %s  CUDA %s  NCCL %s  (a GPU is never needed to build)\n' \
@@ -133,6 +133,11 @@ $(BUILD)/tests/%: tests/%.c $(LIB) $(wildcard tests/*.h)
 # gpu-check's op harness run against itself on the CPU (tests/test_cuda_build.py)
 $(BUILD)/tests/check_ops_selftest: LINK_CFLAGS = $(CFLAGS) -DCHECK_OPS_SELFTEST
 $(BUILD)/tests/check_ops_selftest: tests/gpu/check_ops.c $(LIB) $(HEADERS)
+	$(call link_binary,$@,$<)
+
+# gpu-check's collectives harness on the CPU runtime: every collective vs a float64 reference, and the
+# reference bits the CUDA build's run is compared with (tests/test_check_colls.py)
+$(BUILD)/tests/check_colls: tests/gpu/check_colls.c $(LIB) $(HEADERS)
 	$(call link_binary,$@,$<)
 
 # Build any hw_fsdp.c into a training binary (the grader and the mutant tests use it):

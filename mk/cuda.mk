@@ -28,7 +28,8 @@ CUDA_LIB := $(CUDA_BUILD)/libhwfsdp_cuda.a
 CUDA_HDRS := $(HEADERS)
 CUDA_DRIVER_OBJ := $(patsubst common/%.c,$(CUDA_BUILD)/common/%.o,$(DRIVER_SRC))
 CUDA_BINS := $(CUDA_BUILD)/baseline/train $(patsubst %,$(CUDA_BUILD)/solutions/%/train,$(SOLUTIONS)) \
-             $(patsubst %,$(CUDA_BUILD)/stages/%/train,$(STAGES)) $(CUDA_BUILD)/tests/check_ops
+             $(patsubst %,$(CUDA_BUILD)/stages/%/train,$(STAGES)) $(CUDA_BUILD)/tests/check_ops \
+             $(CUDA_BUILD)/tests/check_colls
 
 .PHONY: cuda cuda-check-tools gpu-check impl-cuda
 
@@ -69,6 +70,11 @@ $(CUDA_BUILD)/stages/%/train: stages/%/hw_fsdp.c $(CUDA_DRIVER_OBJ) $(CUDA_LIB)
 $(CUDA_BUILD)/tests/check_ops: LINK_CFLAGS = $(CUDA_CFLAGS) -Itests
 $(CUDA_BUILD)/tests/check_ops: LINK_WITH = $(CUDA_LIB)
 $(CUDA_BUILD)/tests/check_ops: tests/gpu/check_ops.c $(CUDA_LIB)
+	$(call link_binary,$@,$<)
+
+$(CUDA_BUILD)/tests/check_colls: LINK_CFLAGS = $(CUDA_CFLAGS) -Itests
+$(CUDA_BUILD)/tests/check_colls: LINK_WITH = $(CUDA_LIB)
+$(CUDA_BUILD)/tests/check_colls: tests/gpu/check_colls.c $(CUDA_LIB) $(CUDA_HDRS)
 	$(call link_binary,$@,$<)
 
 # Any hw_fsdp.c against the CUDA runtime (the grader's --cuda uses it).

@@ -33,13 +33,13 @@ needs_cuda_build = pytest.mark.skipif(not os.path.exists(CUDA_BASELINE),
 
 @pytest.mark.skipif(not HAVE_NVCC, reason="nvcc not found")
 def test_cuda_build_is_complete():
-    """make cuda built the runtime, the baseline, every stage and the op checker."""
+    """make cuda built the runtime, the baseline, every stage and the op and collective checkers."""
     p = subprocess.run(["make", "-s", "--no-print-directory", "cuda"], cwd=ROOT, capture_output=True, text=True,
                        timeout=1800)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "compiled only" in p.stdout
     stages = sorted(d for d in os.listdir(os.path.join(ROOT, "stages")) if d[:2].isdigit())
-    for b in [CUDA_BASELINE, os.path.join(CUDA_BUILD, "tests", "check_ops")] + \
+    for b in [CUDA_BASELINE] + [os.path.join(CUDA_BUILD, "tests", t) for t in ("check_ops", "check_colls")] + \
              [os.path.join(CUDA_BUILD, "stages", s, "train") for s in stages]:
         assert os.access(b, os.X_OK), b
 
@@ -72,6 +72,16 @@ def test_cuda_binary_without_gpu_is_one_line(tmp_path):
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: no CUDA device is visible ("), p.stderr
     assert lines[0].endswith("the CPU build (make) runs without one")
+
+
+@needs_cuda_build
+@pytest.mark.skipif(have_gpu(), reason="a GPU is visible: make gpu-check runs check_colls there")
+def test_check_colls_cuda_without_gpu_is_one_line():
+    p = subprocess.run([os.path.join(CUDA_BUILD, "tests", "check_colls"), "--world", "1"], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: no CUDA device is visible ("), p.stderr
 
 
 def test_compare_runs_accepts_equal_and_rejects_different(tmp_path):

@@ -40,12 +40,15 @@
  * GPU in the order the host issued them, and that order is the same on every
  * rank: before any NCCL call the ranks exchange what they are about to call
  * (threads: the blocking rendezvous; processes: MPI_Allgather on the group)
- * and agree, so a mismatch is reported by name instead of hanging inside NCCL.
+ * and agree, so the k-th NCCL call of a group is the same call on every rank,
+ * and a mismatch is reported by name instead of hanging inside NCCL.
  * The price, which PyTorch FSDP2 on NCCL pays as well: the all-gathers and
  * reduce-scatters of one group serialize with each other on the GPU (each
- * still overlaps compute; an HSDP run's shard and replicate groups have
- * streams of their own). NCCL's reduction order is its own: results match the
- * CPU backend within rounding, not bitwise.
+ * still overlaps compute). Two groups (HSDP's shard and replicate) have two
+ * communicators and two NCCL streams, as in PyTorch: what orders them alike on
+ * every rank is the program's events (a replicate all-reduce waits for the
+ * shard reduce-scatter whose output it reads). NCCL's reduction order is its
+ * own: results match the CPU backend within rounding, not bitwise.
  * A GPU-side hang (a peer that never arrives, a NCCL error) is caught where
  * the host waits for the GPU (cuda_wait polls, cuda_nccl_watch): the rank's
  * communicators are aborted and one line names the rank, the wait and the
@@ -183,7 +186,8 @@ void cuda_coll_group_init(ProcessGroup *g) {
 void cuda_coll_groups_fini(Dev *d) {
     struct CudaDev *c = cuda_dev(d);
     for (int i = 0; i < PG_MAX; i++)
-        if (c->groups[i].comm) cuda_wait(d, NULL, c->groups[i].st, "the teardown of the NCCL stream of group", c->groups[i].name);
+        if (c->groups[i].comm)
+            cuda_wait(d, NULL, c->groups[i].st, "the teardown of the NCCL stream of group", c->groups[i].name);
     for (int i = PG_MAX; i-- > 0;) {
         CudaGroup *cg = &c->groups[i];
         if (!cg->comm) continue;
@@ -248,9 +252,9 @@ void cuda_nccl_watch(Dev *d, const char *what, const char *name, double waited_s
             (void)ncclCommAbort(c->groups[i].comm);
             c->groups[i].comm = NULL;
         }
-    fatal("rank %d: GPU hang: waited %.1f s for %s%s%s%s (%s); last collective issued per group: %s; NCCL "
-          "communicators aborted", d->rank, waited_s, what, name ? " '" : "", name ? name : "", name ? "'" : "", nccl,
-          last);
+    fatal("rank %d: %s after waiting %.1f s for %s%s%s%s (%s); the last collective issued on each group: %s; "
+          "this rank's NCCL communicators aborted", d->rank, bad >= 0 ? "NCCL failed" : "GPU hang", waited_s, what,
+          name ? " '" : "", name ? name : "", name ? "'" : "", nccl, last);
 }
 
 /* --------------------------------------------------------------- local */

@@ -9,6 +9,8 @@
  *   - dev_launch runs the kernel function ON THE HOST THREAD with
  *     cuda_current_stream() set: it only enqueues CUDA work (kernels.h);
  *   - an Event is a cudaEvent_t; waits are cudaStreamWaitEvent;
+ *   - the host waits for the GPU through cuda_wait only (nccl backends:
+ *     polled, watching NCCL for errors and hangs);
  *   - traced ops are bracketed by two timing events and become trace
  *     records once both completed (resolved at synchronisations);
  *   - storage comes from cudaMalloc'd segments, cached per stream as

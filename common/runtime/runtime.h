@@ -28,6 +28,9 @@
  * created, or is stuck behind a wait that cannot complete) stops the run with
  * "collective timeout on rank R: ..." and a flight recorder (the last 16
  * collectives of every stream of every rank, with their state), exit status 2.
+ * The CUDA build's nccl backends also watch the GPU while the host waits for
+ * it: a NCCL error, or a wait past the timeout with a collective unfinished,
+ * aborts the rank's communicators and stops with one line (coll_cuda.c).
  */
 #ifndef HWFSDP_RUNTIME_H
 #define HWFSDP_RUNTIME_H

@@ -18,13 +18,41 @@
  * results are bitwise those of the CPU backend's collectives.
  *
  * Process groups: the same per (stream index, group): a rendezvous of the
- * group's ranks, or a communicator split from the stream's world one.
+ * group's ranks.
  *
- * nccl / nccl-mpi (one GPU per rank): one communicator per stream index; the
- * ranks first exchange what they are about to call (threads: the rendezvous;
- * processes: MPI_Allgather) so a mismatch is reported by name instead of
- * hanging inside NCCL. NCCL's reduction order is its own: results match the
- * CPU backend within rounding, not bitwise. */
+ * nccl / nccl-mpi (one GPU per rank): as PyTorch's ProcessGroupNCCL, ONE
+ * communicator per process group (the world's from ncclCommInitRank, every
+ * other group's an ncclCommSplit of it, made when the group is, in the same
+ * order on every rank) and ONE NCCL stream per communicator. A collective
+ * issued on runtime stream s: an event recorded on s, which the group's NCCL
+ * stream waits for; the NCCL call on the NCCL stream; an event recorded there,
+ * which s waits for. So s keeps its meaning (what was queued on s before the
+ * collective is ordered before it, what is queued after it after it), and
+ * the memory the collective reads and writes needs no more than the
+ * allocator's stream rules for s.
+ * Why not a communicator per runtime stream (this backend once had one per
+ * stream index): NCCL kernels block on the GPU until their peers arrive, and
+ * NCCL warns ("Using multiple NCCL communicators concurrently") that
+ * operations on different communicators running at once can deadlock unless
+ * every rank orders them the same way; nothing would order an all-gather on
+ * one stream's communicator against a reduce-scatter on another's. With one
+ * communicator and one stream per group, the group's collectives run on the
+ * GPU in the order the host issued them, and that order is the same on every
+ * rank: before any NCCL call the ranks exchange what they are about to call
+ * (threads: the blocking rendezvous; processes: MPI_Allgather on the group)
+ * and agree, so the k-th NCCL call of a group is the same call on every rank,
+ * and a mismatch is reported by name instead of hanging inside NCCL.
+ * The price, which PyTorch FSDP2 on NCCL pays as well: the all-gathers and
+ * reduce-scatters of one group serialize with each other on the GPU (each
+ * still overlaps compute). Two groups (HSDP's shard and replicate) have two
+ * communicators and two NCCL streams, as in PyTorch: what orders them alike on
+ * every rank is the program's events (a replicate all-reduce waits for the
+ * shard reduce-scatter whose output it reads). NCCL's reduction order is its
+ * own: results match the CPU backend within rounding, not bitwise.
+ * A GPU-side hang (a peer that never arrives, a NCCL error) is caught where
+ * the host waits for the GPU (cuda_wait polls, cuda_nccl_watch): the rank's
+ * communicators are aborted and one line names the rank, the wait and the
+ * last collective issued on each group. */
 #include "cuda/cuda_internal.h"
 
 #include <errno.h>
@@ -86,43 +114,17 @@ static void agree(Stream *s, const Op *op, const CollDesc *descs, int n) {
 /* ----------------------------------------------------------------- streams */
 
 void cuda_coll_stream_created(Stream *s) {
-    Dev *d = s->dev;
-    World *w = d->world;
+    World *w = s->dev->world;
     struct CudaStream *cs = cuda_stream(s);
     CUDA_CHECK(cudaEventCreateWithFlags(&cs->ready, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreateWithFlags(&cs->reduced, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreateWithFlags(&cs->done, cudaEventDisableTiming));
     if (!backend_is_multiprocess(w->cfg.backend)) cs->pg_chans[0] = cuda_world_channel(w, s->index, 0, 0);
-    if (w->cfg.backend != BACKEND_NCCL && w->cfg.backend != BACKEND_NCCL_MPI) return;
-
-    /* one communicator per stream index: rank 0's unique id, then every rank joins */
-    ncclUniqueId id;
-    if (d->rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
-    if (w->cfg.backend == BACKEND_NCCL) {
-        if (d->rank == 0) {
-            pthread_mutex_lock(&cs->pg_chans[0]->mu);
-            cs->pg_chans[0]->nccl_id = id;
-            pthread_mutex_unlock(&cs->pg_chans[0]->mu);
-        }
-        dev_host_barrier(d); /* rank 0 wrote the id */
-        pthread_mutex_lock(&cs->pg_chans[0]->mu);
-        id = cs->pg_chans[0]->nccl_id;
-        pthread_mutex_unlock(&cs->pg_chans[0]->mu);
-        dev_host_barrier(d); /* everyone read it before a later stream's id replaces it */
-    } else {
-        mpi_world_bcast_bytes(cuda_world(w)->mpi, &id, sizeof id, 0);
-    }
-    NCCL_CHECK(ncclCommInitRank(&cs->comm, d->world_size, id, d->rank));
-    CUDA_CHECK(cudaMalloc((void **)&cs->one, sizeof(float))); /* runtime bookkeeping, not a tensor */
-    CUDA_CHECK(cudaMemsetAsync(cs->one, 0, sizeof(float), cs->st)); /* the barrier's all-reduce sums it: defined */
+    /* nccl backends: nothing per stream; the group's communicator and NCCL stream serve every stream */
 }
 
 void cuda_coll_stream_destroy(Stream *s) {
     struct CudaStream *cs = cuda_stream(s);
-    for (int i = 1; i < PG_MAX; i++)
-        if (cs->pg_comms[i]) NCCL_CHECK(ncclCommDestroy(cs->pg_comms[i]));
-    if (cs->comm) NCCL_CHECK(ncclCommDestroy(cs->comm));
-    if (cs->one) CUDA_CHECK(cudaFree(cs->one));
     if (cs->scratch) CUDA_CHECK(cudaFree(cs->scratch));
     for (int i = 0; i < cs->n_retired; i++) CUDA_CHECK(cudaFree(cs->retired[i]));
     free(cs->retired);
@@ -131,12 +133,128 @@ void cuda_coll_stream_destroy(Stream *s) {
     CUDA_CHECK(cudaEventDestroy(cs->done));
 }
 
-/* A group's communicator on s (nccl backends): split from the stream's world
- * communicator; every rank makes its groups and streams in the same order. */
-void cuda_stream_join_group(Stream *s, ProcessGroup *g) {
-    struct CudaStream *cs = cuda_stream(s);
-    if (!cs->comm) return; /* local backend: rendezvous channels, made at the first collective */
-    NCCL_CHECK(ncclCommSplit(cs->comm, g->color, s->dev->rank, &cs->pg_comms[g->id], NULL));
+/* Nothing per (stream, group): local: the rendezvous channel is made at the
+ * group's first collective on s (chan_of); nccl: the group's communicator
+ * serves every stream (cuda_coll_group_init). */
+void cuda_stream_join_group(Stream *s, ProcessGroup *g) { (void)s, (void)g; }
+
+/* ------------------------------------------------------ nccl: groups */
+
+/* The world's communicator: rank 0's unique id, then every rank joins. */
+static ncclComm_t world_comm_init(Dev *d) {
+    World *w = d->world;
+    ncclUniqueId id;
+    if (d->rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
+    if (w->cfg.backend == BACKEND_NCCL) {
+        CudaChan *c = cuda_world_channel(w, 0, 0, 0); /* any place the rank threads share */
+        if (d->rank == 0) {
+            pthread_mutex_lock(&c->mu);
+            c->nccl_id = id;
+            pthread_mutex_unlock(&c->mu);
+        }
+        dev_host_barrier(d); /* rank 0 wrote the id */
+        pthread_mutex_lock(&c->mu);
+        id = c->nccl_id;
+        pthread_mutex_unlock(&c->mu);
+    } else {
+        mpi_world_bcast_bytes(cuda_world(w)->mpi, &id, sizeof id, 0);
+    }
+    ncclComm_t comm;
+    NCCL_CHECK(ncclCommInitRank(&comm, d->world_size, id, d->rank));
+    return comm;
+}
+
+/* Every rank makes the same groups in the same order (group.c), so the world
+ * communicator's splits are collective calls every rank makes in turn. */
+void cuda_coll_group_init(ProcessGroup *g) {
+    Dev *d = g->dev;
+    if (!cuda_is_nccl(d->world)) return; /* local: rendezvous channels */
+    CudaGroup *cg = &cuda_dev(d)->groups[g->id];
+    if (g->id == 0) cg->comm = world_comm_init(d);
+    else NCCL_CHECK(ncclCommSplit(cuda_dev(d)->groups[0].comm, g->color, d->rank, &cg->comm, NULL));
+    snprintf(cg->name, sizeof cg->name, "%s", g->name);
+    CUDA_CHECK(cudaStreamCreateWithFlags(&cg->st, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreateWithFlags(&cg->in, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&cg->out, cudaEventDisableTiming));
+    CUDA_CHECK(cudaMalloc((void **)&cg->one, sizeof(float))); /* runtime bookkeeping, not a tensor */
+    CUDA_CHECK(cudaMemsetAsync(cg->one, 0, sizeof(float), cg->st)); /* the barrier's all-reduce sums it: defined */
+}
+
+/* Teardown (dev_fini, after every runtime stream is gone): the NCCL streams
+ * drained, then the communicators destroyed, the splits before the world's
+ * they came from. */
+void cuda_coll_groups_fini(Dev *d) {
+    struct CudaDev *c = cuda_dev(d);
+    for (int i = 0; i < PG_MAX; i++)
+        if (c->groups[i].comm)
+            cuda_wait(d, NULL, c->groups[i].st, "the teardown of the NCCL stream of group", c->groups[i].name);
+    for (int i = PG_MAX; i-- > 0;) {
+        CudaGroup *cg = &c->groups[i];
+        if (!cg->comm) continue;
+        NCCL_CHECK(ncclCommDestroy(cg->comm));
+        cg->comm = NULL;
+        CUDA_CHECK(cudaFree(cg->one));
+        CUDA_CHECK(cudaEventDestroy(cg->in));
+        CUDA_CHECK(cudaEventDestroy(cg->out));
+        CUDA_CHECK(cudaStreamDestroy(cg->st));
+    }
+}
+
+/* ------------------------------------------------------ nccl: hangs */
+
+void cuda_nccl_watch(Dev *d, const char *what, const char *name, double waited_s) {
+    struct CudaDev *c = cuda_dev(d);
+    if (!c) return;
+    ncclResult_t err = ncclSuccess;
+    int bad = -1;
+    for (int i = 0; i < PG_MAX && bad < 0; i++) {
+        if (!c->groups[i].comm) continue;
+        ncclResult_t r = ncclSuccess;
+        NCCL_CHECK(ncclCommGetAsyncError(c->groups[i].comm, &r));
+        if (r != ncclSuccess && r != ncclInProgress) err = r, bad = i;
+    }
+    /* A long wait is a hang only while a collective is unfinished: its out event
+     * follows the last collective on the group's NCCL stream (in order), so once
+     * every group's completed, nothing this rank gave NCCL is blocked. As
+     * PyTorch's watchdog, a collective queued behind long compute counts. */
+    const double timeout = d->world->cfg.collective_timeout_s;
+    int unfinished = 0;
+    if (bad < 0 && timeout > 0 && waited_s > timeout)
+        for (int i = 0; i < PG_MAX; i++)
+            if (c->groups[i].comm && c->groups[i].issued && !cuda_event_done(c->groups[i].out)) unfinished = 1;
+    if (bad < 0 && !unfinished) return;
+
+    char last[1024] = "";
+    size_t len = 0;
+    for (int i = 0; i < PG_MAX && len < sizeof last - 1; i++) {
+        const CudaGroup *cg = &c->groups[i];
+        if (!cg->comm) continue;
+        int n;
+        if (!cg->issued) n = snprintf(last + len, sizeof last - len, "%s%s: none", len ? "; " : "", cg->name);
+        else
+            n = snprintf(last + len, sizeof last - len, "%s%s: %s '%s' #%llu on stream '%s' (%s)", len ? "; " : "",
+                         cg->name, coll_kind_name(cg->last_kind), cg->last_label ? cg->last_label : "",
+                         (unsigned long long)cg->last_seq, cg->last_stream,
+                         cuda_event_done(cg->out) ? "finished" : "unfinished");
+        if (n < 0) break;
+        len += (size_t)n < sizeof last - len ? (size_t)n : sizeof last - len - 1;
+    }
+    char nccl[320];
+    if (bad >= 0) {
+        const char *detail = ncclGetLastError(c->groups[bad].comm);
+        snprintf(nccl, sizeof nccl, "NCCL error on group '%s': %s%s%s", c->groups[bad].name, ncclGetErrorString(err),
+                 detail && *detail ? ": " : "", detail && *detail ? detail : "");
+    } else {
+        snprintf(nccl, sizeof nccl, "no NCCL error reported, past --collective-timeout-s %g", timeout);
+    }
+    for (int i = PG_MAX; i-- > 0;) /* splits first; NCCL's kernels see the abort flag and return */
+        if (c->groups[i].comm) {
+            (void)ncclCommAbort(c->groups[i].comm);
+            c->groups[i].comm = NULL;
+        }
+    fatal("rank %d: %s after waiting %.1f s for %s%s%s%s (%s); the last collective issued on each group: %s; "
+          "this rank's NCCL communicators aborted", d->rank, bad >= 0 ? "NCCL failed" : "GPU hang", waited_s, what,
+          name ? " '" : "", name ? name : "", name ? "'" : "", nccl, last);
 }
 
 /* --------------------------------------------------------------- local */
@@ -241,13 +359,16 @@ static void local_collective(Stream *s, const Op *op, const void *send, void *re
 
 /* ----------------------------------------------------------------- nccl */
 
+/* On the group's NCCL stream, between two events (the header says why). */
 static void nccl_collective(Stream *s, const Op *op, const void *send, void *recv) {
     Dev *d = s->dev;
     struct CudaStream *cs = cuda_stream(s);
     const CollDesc *desc = &op->coll;
     const ProcessGroup *g = op->pg;
     const int n = g->size;
-    ncclComm_t comm = g->id ? cs->pg_comms[g->id] : cs->comm;
+    CudaGroup *cg = &cuda_dev(d)->groups[g->id];
+    ncclComm_t comm = cg->comm;
+    cudaStream_t st = cg->st;
     CollDesc descs[WORLD_MAX_RANKS];
     if (d->world->cfg.backend == BACKEND_NCCL) {
         CudaPost mine = {{*desc, op->coll_seq, send, recv, NULL, 0}, NULL}, all[WORLD_MAX_RANKS];
@@ -264,22 +385,35 @@ static void nccl_collective(Stream *s, const Op *op, const void *send, void *rec
      * its ring, so its sums may differ from the CPU backend's (one rounding)
      * by a few units in the last place. */
     ncclDataType_t type = desc->dtype == DTYPE_BF16 ? ncclBfloat16 : ncclFloat32;
-    OpSpan span;
-    if (d->scope.tracing) cuda_span_begin(d, s, &span);
+
+    /* the NCCL stream follows s up to here */
+    CUDA_CHECK(cudaEventRecord(cg->in, cs->st));
+    CUDA_CHECK(cudaStreamWaitEvent(st, cg->in, 0));
+    OpSpan span; /* timed on the NCCL stream: the call itself, not its wait for earlier ones */
+    if (d->scope.tracing) cuda_span_begin_on(d, st, &span);
     switch ((CollKind)desc->kind) {
-    case COLL_ALL_GATHER: NCCL_CHECK(ncclAllGather(send, recv, cnt, type, comm, cs->st)); break;
-    case COLL_REDUCE_SCATTER: NCCL_CHECK(ncclReduceScatter(send, recv, cnt, type, red, comm, cs->st)); break;
-    case COLL_ALL_REDUCE: NCCL_CHECK(ncclAllReduce(send, recv, cnt, ncclFloat32, red, comm, cs->st)); break;
-    case COLL_BROADCAST: NCCL_CHECK(ncclBroadcast(recv, recv, cnt, ncclFloat32, desc->root, comm, cs->st)); break;
-    case COLL_BARRIER: NCCL_CHECK(ncclAllReduce(cs->one, cs->one, 1, ncclFloat32, ncclSum, comm, cs->st)); break;
+    case COLL_ALL_GATHER: NCCL_CHECK(ncclAllGather(send, recv, cnt, type, comm, st)); break;
+    case COLL_REDUCE_SCATTER: NCCL_CHECK(ncclReduceScatter(send, recv, cnt, type, red, comm, st)); break;
+    case COLL_ALL_REDUCE: NCCL_CHECK(ncclAllReduce(send, recv, cnt, ncclFloat32, red, comm, st)); break;
+    case COLL_BROADCAST: NCCL_CHECK(ncclBroadcast(recv, recv, cnt, ncclFloat32, desc->root, comm, st)); break;
+    case COLL_BARRIER: NCCL_CHECK(ncclAllReduce(cg->one, cg->one, 1, ncclFloat32, ncclSum, comm, st)); break;
     case COLL_KIND_COUNT: break; /* not a kind */
     }
-    if (d->scope.tracing) {
+    if (d->scope.tracing) { /* filed under s, the stream it was issued on */
         TraceRec rec = cuda_trace_rec(s, op->label, op->name, TRACE_CAT_COLLECTIVE, op->bytes, coll_dtype_name(desc->dtype),
                                       op->pg->name);
         rec.op = coll_op_name(desc->kind, desc->op);
-        cuda_span_end(d, s, &span, &rec, SPAN_ANY_LENGTH);
+        cuda_span_end_on(d, st, &span, &rec, SPAN_ANY_LENGTH);
     }
+    /* s follows the collective: what is queued on s next (frees of its buffers included) comes after it */
+    CUDA_CHECK(cudaEventRecord(cg->out, st));
+    CUDA_CHECK(cudaStreamWaitEvent(cs->st, cg->out, 0));
+
+    cg->issued++;
+    cg->last_seq = op->coll_seq;
+    cg->last_kind = desc->kind;
+    cg->last_label = op->label;
+    snprintf(cg->last_stream, sizeof cg->last_stream, "%s", s->name);
 }
 
 /* ------------------------------------------------------------- enqueue */

@@ -34,6 +34,25 @@ typedef struct {
     int stream;
 } CachedBlock;
 
+/* nccl backends: one process group's NCCL state on this rank (CudaDev.groups[g->id]),
+ * as PyTorch's ProcessGroupNCCL keeps it: ONE communicator (the world's from
+ * ncclCommInitRank, every other group's an ncclCommSplit of it, made when the
+ * group is) and ONE NCCL stream that every collective of the group runs on, in
+ * the order the host issued them (coll_cuda.c says why). */
+typedef struct {
+    ncclComm_t comm;             /* NULL: no such group, or not a nccl backend */
+    cudaStream_t st;             /* the group's NCCL stream (non-blocking) */
+    cudaEvent_t in, out;         /* in: the calling stream's point a collective follows; out: its end, which the
+                                  * calling stream waits for */
+    float *one;                  /* the barrier's device float (an all-reduce sums it): zeroed at creation */
+    char name[24];               /* the group's name (hang reports; the ProcessGroup goes after dev_fini) */
+    /* the last collective issued on the group (hang reports); issued == 0: none yet */
+    uint64_t issued, last_seq;   /* last_seq: its number on its calling stream (Op.coll_seq) */
+    int last_kind;
+    const char *last_label;      /* interned */
+    char last_stream[32];        /* the calling stream's name */
+} CudaGroup;
+
 /* Dev.backend */
 struct CudaDev {
     int device;                  /* cudaSetDevice index of this rank */
@@ -58,6 +77,7 @@ struct CudaDev {
     CachedBlock *cache;          /* free segments, reused for requests of the same rounded size */
     size_t n_cache, cache_cap, cache_bytes;
     uint64_t cuda_mallocs, cache_hits;
+    CudaGroup groups[PG_MAX];    /* nccl backends: by group id ([0]: the world) */
 };
 
 /* One collective as a rank posts it to its peers (threads share one GPU or
@@ -77,7 +97,7 @@ typedef struct {
     uint8_t here[WORLD_MAX_RANKS];
     uint64_t generation;
     CudaPost slots[2][WORLD_MAX_RANKS];
-    ncclUniqueId nccl_id;        /* nccl backend: rank 0's id for this stream's communicator */
+    ncclUniqueId nccl_id;        /* nccl backend, channel (0, 0, 0): rank 0's id for the world's communicator */
 } CudaChan;
 
 /* World.backend */
@@ -97,9 +117,6 @@ struct CudaStream {
     size_t scratch_floats;
     void **retired;              /* outgrown scratch buffers (peers may still read them) */
     int n_retired;
-    ncclComm_t comm;             /* nccl backends: the world's communicator for this stream index */
-    ncclComm_t pg_comms[PG_MAX]; /* nccl backends: group id >= 1: ncclCommSplit of comm */
-    float *one;                  /* nccl barrier: a device float */
     CudaChan *pg_chans[PG_MAX];  /* thread backends: rendezvous per group id ([0]: the world) */
 };
 
@@ -118,6 +135,20 @@ typedef struct {
 #define SPAN_ANY_LENGTH (-1.0)
 void cuda_span_begin(Dev *d, Stream *s, OpSpan *span);
 void cuda_span_end(Dev *d, Stream *s, OpSpan *span, const TraceRec *rec, double min_us);
+/* The same on a raw CUDA stream (a group's NCCL stream): rec says which runtime stream it is filed under. */
+void cuda_span_begin_on(Dev *d, cudaStream_t st, OpSpan *span);
+void cuda_span_end_on(Dev *d, cudaStream_t st, OpSpan *span, const TraceRec *rec, double min_us);
+/* cudaEventQuery: 1 = completed, 0 = not yet; any other answer is fatal. */
+int cuda_event_done(cudaEvent_t e);
+/* The host waiting for the GPU: for an event (st unused) or, e NULL, for a
+ * stream. local: cudaEventSynchronize / cudaStreamSynchronize. nccl backends:
+ * polled, watching the rank's communicators (cuda_nccl_watch); what and name
+ * say what is waited for in a hang report ("dev_synchronize: stream", "compute"). */
+void cuda_wait(Dev *d, cudaEvent_t e, cudaStream_t st, const char *what, const char *name);
+/* 1 for the backends with one GPU per rank and NCCL between them */
+static inline int cuda_is_nccl(const World *w) {
+    return w->cfg.backend == BACKEND_NCCL || w->cfg.backend == BACKEND_NCCL_MPI;
+}
 /* The trace record of an op enqueued now on s, in the host's scope. */
 TraceRec cuda_trace_rec(Stream *s, const char *prefix, const char *name, const char *cat, size_t bytes,
                         const char *dtype, const char *group);
@@ -128,6 +159,15 @@ void cuda_coll_stream_created(Stream *s);
 void cuda_coll_stream_destroy(Stream *s);
 void cuda_stream_join_group(Stream *s, ProcessGroup *g);
 void cuda_coll_enqueue(Stream *s, Op *o);
+/* nccl backends: group g's communicator and NCCL stream (at its creation, in
+ * the same order on every rank); all of them torn down (at dev_fini). */
+void cuda_coll_group_init(ProcessGroup *g);
+void cuda_coll_groups_fini(Dev *d);
+/* nccl backends, while the host polls the GPU (cuda_wait): an asynchronous
+ * NCCL error on any of the rank's communicators, or a wait past the world's
+ * collective_timeout_s with a collective unfinished, aborts them all and stops
+ * with one line (fatal). */
+void cuda_nccl_watch(Dev *d, const char *what, const char *name, double waited_s);
 /* coll_kernels.cu: out[i] = sum over r in rank order of in[r][offset + i] (divided by n if avg), in
  * float32; the buffers hold float32, or bfloat16 words when bf16 (summed widened, rounded once) */
 void cuda_reduce_ranks(void *out, const void *const *in, int n, size_t offset, size_t count, int avg, int bf16,

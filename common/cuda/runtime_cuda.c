@@ -9,6 +9,8 @@
  *   - dev_launch runs the kernel function ON THE HOST THREAD with
  *     cuda_current_stream() set: it only enqueues CUDA work (kernels.h);
  *   - an Event is a cudaEvent_t; waits are cudaStreamWaitEvent;
+ *   - the host waits for the GPU through cuda_wait only (nccl backends:
+ *     polled, watching NCCL for errors and hangs);
  *   - traced ops are bracketed by two timing events and become trace
  *     records once both completed (resolved at synchronisations);
  *   - storage comes from cudaMalloc'd segments, cached per stream as
@@ -24,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 /* The launch context: which stream the kernel function being run on this
@@ -36,16 +39,41 @@ cudaStream_t cuda_current_stream(void) { return tls_stream; }
 cublasHandle_t cuda_current_cublas(void) { return tls_blas; }
 int cuda_tf32_enabled(void) { return tls_tf32; }
 
-/* cudaEventQuery: 1 = completed, 0 = not yet. "Not ready" is not an error,
- * but it would linger as the last error and fail the next launch check. */
-static int event_done(cudaEvent_t e) {
-    cudaError_t r = cudaEventQuery(e);
+/* cudaEventQuery / cudaStreamQuery: 1 = completed, 0 = not yet. "Not ready"
+ * is not an error, but it would linger as the last error and fail the next
+ * launch check. */
+static int query_done(cudaError_t r, const char *call) {
     if (r == cudaSuccess) return 1;
     if (r == cudaErrorNotReady) {
         (void)cudaGetLastError();
         return 0;
     }
-    fatal("cudaEventQuery failed: %s (%s)", cudaGetErrorString(r), cudaGetErrorName(r));
+    fatal("%s failed: %s (%s)", call, cudaGetErrorString(r), cudaGetErrorName(r));
+}
+
+int cuda_event_done(cudaEvent_t e) { return query_done(cudaEventQuery(e), "cudaEventQuery"); }
+static int event_done(cudaEvent_t e) { return cuda_event_done(e); }
+
+/* Every place the host waits for the GPU comes here. local: the blocking
+ * call (ranks share one GPU and never wait inside it for each other). nccl
+ * backends: a NCCL kernel waiting for a peer that never comes blocks forever,
+ * and so would cudaStreamSynchronize behind it; instead the host polls
+ * (50 us naps) and, between polls, asks NCCL for an asynchronous error and
+ * checks the world's collective_timeout_s (cuda_nccl_watch: abort, one line). */
+void cuda_wait(Dev *d, cudaEvent_t e, cudaStream_t st, const char *what, const char *name) {
+    if (!cuda_is_nccl(d->world)) {
+        if (e) CUDA_CHECK(cudaEventSynchronize(e));
+        else CUDA_CHECK(cudaStreamSynchronize(st));
+        return;
+    }
+    const double t0 = now_us();
+    const struct timespec nap = {0, 50 * 1000};
+    for (;;) {
+        if (e ? query_done(cudaEventQuery(e), "cudaEventQuery") : query_done(cudaStreamQuery(st), "cudaStreamQuery"))
+            return;
+        cuda_nccl_watch(d, what, name, (now_us() - t0) / 1e6);
+        nanosleep(&nap, NULL);
+    }
 }
 
 /* ------------------------------------------------------------------ world */
@@ -97,6 +125,7 @@ static void cuda_host_exchange(Dev *d, double value, double *out) {
 static void cuda_group_init(ProcessGroup *g) {
     struct CudaWorld *cw = cuda_world(g->dev->world);
     if (cw->mpi) mpi_world_group_init(cw->mpi, g);
+    cuda_coll_group_init(g); /* nccl backends: the group's communicator and NCCL stream */
 }
 
 static void cuda_group_fini(ProcessGroup *g) {
@@ -128,6 +157,7 @@ static void pool_put(cudaEvent_t **pool, size_t *n, size_t *cap, cudaEvent_t e) 
 static void cuda_dev_init(Dev *d) {
     World *w = d->world;
     struct CudaDev *c = xcalloc(1, sizeof *c);
+    d->backend = c; /* cuda_wait reads it */
     switch (w->cfg.backend) {
     case BACKEND_NCCL: c->device = d->rank; break;                   /* one GPU per rank */
     case BACKEND_NCCL_MPI: /* rank on its node, or the one GPU this process was given (cuda_world_init) */
@@ -139,7 +169,7 @@ static void cuda_dev_init(Dev *d) {
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->side, cudaStreamNonBlocking));
     CUDA_CHECK(cudaEventCreate(&c->epoch));
     CUDA_CHECK(cudaEventRecord(c->epoch, c->side));
-    CUDA_CHECK(cudaEventSynchronize(c->epoch));
+    cuda_wait(d, c->epoch, NULL, "the clock's epoch event", NULL);
     c->epoch_host_us = now_us() - w->epoch_us;
     c->anchors_cap = 16;
     c->anchors = xmalloc((size_t)c->anchors_cap * sizeof *c->anchors);
@@ -148,7 +178,6 @@ static void cuda_dev_init(Dev *d) {
     c->anchor_us[0] = c->epoch_host_us;
     c->n_anchors = 1;
     c->anchor_host_us = now_us();
-    d->backend = c;
 }
 
 static void timing_resolve(Dev *d, int wait_all);
@@ -159,7 +188,7 @@ static void *cuda_probe_alloc(Dev *d, size_t bytes) {
     /* zeroed before any stream can write a slot: cudaMemset would queue on the legacy
      * default stream, which the non-blocking streams do not wait for */
     CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, cuda_dev(d)->side));
-    CUDA_CHECK(cudaStreamSynchronize(cuda_dev(d)->side));
+    cuda_wait(d, NULL, cuda_dev(d)->side, "dev_probe_alloc: the side stream", NULL);
     return p;
 }
 static void cuda_probe_free(Dev *d, void *p) {
@@ -167,7 +196,8 @@ static void cuda_probe_free(Dev *d, void *p) {
     CUDA_CHECK(cudaFree(p));
 }
 static void cuda_probe_read(Dev *d, void *host, const void *probe, size_t bytes) {
-    for (int i = 0; i < d->nstreams; i++) CUDA_CHECK(cudaStreamSynchronize(cuda_stream(d->streams[i])->st));
+    for (int i = 0; i < d->nstreams; i++)
+        cuda_wait(d, NULL, cuda_stream(d->streams[i])->st, "dev_probe_read: stream", d->streams[i]->name);
     CUDA_CHECK(cudaMemcpy(host, probe, bytes, cudaMemcpyDeviceToHost));
 }
 
@@ -175,6 +205,7 @@ static void cuda_dev_fini(Dev *d) {
     struct CudaDev *c = cuda_dev(d);
     if (!c) return;
     timing_resolve(d, 1);
+    cuda_coll_groups_fini(d); /* NCCL streams drained, communicators destroyed (splits first) */
     for (size_t i = 0; i < c->n_cache; i++) CUDA_CHECK(cudaFree(c->cache[i].p));
     d->mem.reserved -= c->cache_bytes;
     for (size_t i = 0; i < c->n_timing_pool; i++) CUDA_CHECK(cudaEventDestroy(c->timing_pool[i]));
@@ -198,7 +229,7 @@ static double cuda_host_time_us(const Dev *d) { return now_us() - d->world->epoc
 
 /* A new anchor once a second (CudaDev.anchors): recorded on the idle side
  * stream, so it completes at once and its gap from the last one is known. */
-static void anchor_refresh(struct CudaDev *c) {
+static void anchor_refresh(Dev *d, struct CudaDev *c) {
     double now = now_us();
     if (now - c->anchor_host_us < 1e6) return;
     if (c->n_anchors == c->anchors_cap) {
@@ -209,7 +240,7 @@ static void anchor_refresh(struct CudaDev *c) {
     cudaEvent_t e;
     CUDA_CHECK(cudaEventCreate(&e));
     CUDA_CHECK(cudaEventRecord(e, c->side));
-    CUDA_CHECK(cudaEventSynchronize(e));
+    cuda_wait(d, e, NULL, "a clock anchor on the side stream", NULL);
     float ms = 0;
     CUDA_CHECK(cudaEventElapsedTime(&ms, c->anchors[c->n_anchors - 1], e));
     c->anchors[c->n_anchors] = e;
@@ -219,16 +250,24 @@ static void anchor_refresh(struct CudaDev *c) {
 }
 
 void cuda_span_begin(Dev *d, Stream *s, OpSpan *span) {
-    span->start = span->end = NULL;
-    if (!s) return; /* the host's waits are not traced here */
-    struct CudaDev *c = cuda_dev(d);
-    anchor_refresh(c);
-    cudaEvent_t e = pool_get(&c->timing_pool, &c->n_timing_pool, cudaEventDefault);
-    CUDA_CHECK(cudaEventRecord(e, cuda_stream(s)->st));
-    span->start = e;
+    cuda_span_begin_on(d, s ? cuda_stream(s)->st : NULL, span); /* s NULL: the host's waits are not traced here */
 }
 
 void cuda_span_end(Dev *d, Stream *s, OpSpan *span, const TraceRec *rec, double min_us) {
+    cuda_span_end_on(d, s ? cuda_stream(s)->st : NULL, span, rec, min_us);
+}
+
+void cuda_span_begin_on(Dev *d, cudaStream_t st, OpSpan *span) {
+    span->start = span->end = NULL;
+    if (!st) return;
+    struct CudaDev *c = cuda_dev(d);
+    anchor_refresh(d, c);
+    cudaEvent_t e = pool_get(&c->timing_pool, &c->n_timing_pool, cudaEventDefault);
+    CUDA_CHECK(cudaEventRecord(e, st));
+    span->start = e;
+}
+
+void cuda_span_end_on(Dev *d, cudaStream_t st, OpSpan *span, const TraceRec *rec, double min_us) {
     (void)min_us;
     struct CudaDev *c = cuda_dev(d);
     if (!span->start) return;
@@ -238,7 +277,7 @@ void cuda_span_end(Dev *d, Stream *s, OpSpan *span, const TraceRec *rec, double 
     }
     PendingTiming t = {(cudaEvent_t)span->start, pool_get(&c->timing_pool, &c->n_timing_pool, cudaEventDefault),
                        c->n_anchors - 1, *rec};
-    CUDA_CHECK(cudaEventRecord(t.end, cuda_stream(s)->st));
+    CUDA_CHECK(cudaEventRecord(t.end, st));
     if (c->n_timing == c->timing_cap) {
         c->timing_cap = c->timing_cap ? c->timing_cap * 2 : 1024;
         c->timing = xrealloc(c->timing, c->timing_cap * sizeof *c->timing);
@@ -261,7 +300,7 @@ static void timing_resolve(Dev *d, int wait_all) {
     size_t keep = 0;
     for (size_t i = 0; i < c->n_timing; i++) {
         PendingTiming *t = &c->timing[i];
-        if (wait_all) CUDA_CHECK(cudaEventSynchronize(t->end));
+        if (wait_all) cuda_wait(d, t->end, NULL, "a trace timing event of", t->rec.name);
         else if (!event_done(t->end)) {
             c->timing[keep++] = *t;
             continue;
@@ -335,7 +374,8 @@ static void *cuda_storage_alloc(Dev *d, size_t bytes, int stream, const char *na
          * detector checks on every backend. A side stream would race the owner's queue. */
         cudaStream_t owner = stream >= 0 && stream < d->nstreams ? cuda_stream(d->streams[stream])->st : c->side;
         CUDA_CHECK(cudaMemsetAsync(p, 0xff, r, owner));
-        if (owner == c->side) CUDA_CHECK(cudaStreamSynchronize(c->side)); /* before the streams exist */
+        if (owner == c->side) /* before the streams exist */
+            cuda_wait(d, NULL, c->side, "poisoning on the side stream for", name ? name : "?");
     }
     return p;
 }
@@ -430,7 +470,7 @@ static Stream *cuda_stream_create(Dev *d, const char *name) {
 
 static void cuda_stream_destroy(Stream *s) {
     struct CudaStream *cs = cuda_stream(s);
-    CUDA_CHECK(cudaStreamSynchronize(cs->st));
+    cuda_wait(s->dev, NULL, cs->st, "the teardown of stream", s->name);
     cuda_coll_stream_destroy(s);
     CUBLAS_CHECK(cublasDestroy(cs->blas));
     CUDA_CHECK(cudaStreamDestroy(cs->st));
@@ -493,13 +533,14 @@ static void cuda_fill(Stream *s, void *dst, int byte, size_t bytes) {
 }
 
 static void cuda_stream_synchronize(Stream *s) {
-    CUDA_CHECK(cudaStreamSynchronize(cuda_stream(s)->st));
+    cuda_wait(s->dev, NULL, cuda_stream(s)->st, "dev_stream_synchronize: stream", s->name);
     timing_resolve(s->dev, 0);
     dev_release_pending_frees(s->dev, 0);
 }
 
 static void cuda_synchronize(Dev *d) {
-    for (int i = 0; i < d->nstreams; i++) CUDA_CHECK(cudaStreamSynchronize(cuda_stream(d->streams[i])->st));
+    for (int i = 0; i < d->nstreams; i++)
+        cuda_wait(d, NULL, cuda_stream(d->streams[i])->st, "dev_synchronize: stream", d->streams[i]->name);
     timing_resolve(d, 0);
     dev_release_pending_frees(d, 0);
 }
@@ -528,7 +569,7 @@ static void cuda_event_record(Event *e, Stream *s) {
 static void cuda_event_wait(Stream *s, Event *e) { CUDA_CHECK(cudaStreamWaitEvent(cuda_stream(s)->st, cuda_event(e), 0)); }
 
 static void cuda_event_synchronize(Event *e) {
-    CUDA_CHECK(cudaEventSynchronize(cuda_event(e)));
+    cuda_wait(e->dev, cuda_event(e), NULL, "dev_event_synchronize: event", e->name);
     dev_release_pending_frees(e->dev, 0);
 }
 

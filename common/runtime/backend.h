@@ -99,9 +99,10 @@ typedef struct BackendOps {
     void (*probe_read)(Dev *d, void *host, const void *probe, size_t bytes);
 
     /* ---- collectives. group_init/fini: the host's side of a process group
-     * (multi-process: its communicator), every rank in the same order.
-     * coll_stream_init/fini: a new stream's own way to its peers (mpi, nccl:
-     * a communicator per stream index; collective: every rank creates the
+     * (multi-process: its communicator; nccl: its NCCL communicator and
+     * NCCL stream), every rank in the same order.
+     * coll_stream_init/fini: a new stream's own way to its peers (mpi: a
+     * communicator per stream index; collective: every rank creates the
      * same streams in the same order); stream_join_group: a stream's way to
      * one group's peers, for every (stream, group id >= 1) pair in creation
      * order. coll_enqueue: a collective that coll_enqueue (coll_common.c)

@@ -3,7 +3,8 @@
  * them. How a stream reaches a group's peers is the backend's
  * (stream_join_group; local: a rendezvous channel per (stream, group), made
  * at its first collective; mpi: a split of the world per (stream, group);
- * nccl: a split of the stream's communicator). */
+ * nccl: none, the group's one communicator, a split of the world's made at
+ * group_init, serves every stream). */
 #include "runtime/internal.h"
 #include "runtime/util.h"
 

@@ -35,6 +35,10 @@
  * writing it stops the run with one line naming the buffer, the offset and the
  * function (exit status 2), as a GPU would crash there. Without protection keys one
  * line says the guard is unavailable and the run goes on unguarded.
+ *
+ * The CUDA build's nccl backends also watch the GPU while the host waits for
+ * it: a NCCL error, or a wait past the timeout with a collective unfinished,
+ * aborts the rank's communicators and stops with one line (coll_cuda.c).
  */
 #ifndef HWFSDP_RUNTIME_H
 #define HWFSDP_RUNTIME_H

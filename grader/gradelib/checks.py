@@ -648,12 +648,9 @@ def overlap_runs(rubric, stage, key):
 
 
 def overlap_bar(ctx, key):
-    """(bar, what it is) of overlap check `key` on ctx's run. On the modelled clock: overlap_share_min of the
-    solution's own figure on the same run (rubric.json overlap_figures); on a GPU's clock (grade.py --cuda)
-    the figures are the GPU's, so the bar is the fixed floor gpu_overlap_min that only a serialized schedule
-    (0) misses."""
-    if ctx.cuda:
-        return ctx.tol["gpu_overlap_min"], "the floor on a GPU's clock"
+    """(bar, what it is) of overlap check `key` on ctx's run: overlap_share_min of the solution's own figure on
+    the same run (rubric.json overlap_figures), on the modelled clock. grade.py --cuda does not grade these
+    (cli.GPU_OVERLAP_NOT_GRADED)."""
     fig = solution_overlap(ctx.rubric, ctx.stage, ctx.variant, key)
     share = ctx.tol["overlap_share_min"]
     return share * fig, "%g of the solution's %.1f%%" % (share, 100 * fig)
@@ -676,7 +673,7 @@ def _overlap(ctx, key):
 
     A run the check does not apply to (overlap_applies) passes with a line that says where it is graded."""
     k = OVERLAP_CHECKS[key]
-    if not ctx.cuda and not overlap_applies(ctx.rubric, ctx.stage, ctx.variant, key):
+    if not overlap_applies(ctx.rubric, ctx.stage, ctx.variant, key):
         from .rubric import variant_label  # rubric.py imports this module
         runs = [variant_label(ctx.rubric, v) for v in overlap_runs(ctx.rubric, ctx.stage, key)]
         if not runs:

@@ -21,7 +21,7 @@ CONFIG_KEYS = {"flavor": "name", "world": "world", "seq_len": "count", "batch_si
 OPTIONAL_CONFIG = {"max_norm", "n_kv_heads"}  # absent: the binary's default (the flavour's n_kv_heads, max norm 1)
 LIMIT_KEYS = {"build_timeout_s": 1e7, "run_timeout_s": 1e7, "run_cpu_s": 1e7, "run_address_space_gib": 1e6,
               "run_file_size_mib": 1e9}
-TOLERANCE_KEYS = ["cuda_loss_rel", "cuda_grad_norm_rel", "peak_mem_band_rel", "overlap_share_min", "gpu_overlap_min",
+TOLERANCE_KEYS = ["cuda_loss_rel", "cuda_grad_norm_rel", "peak_mem_band_rel", "overlap_share_min",
                   "prefetch_extra_unsharded_modules", "prefetch_max_modules_ahead",
                   "recompute_all_gathers_per_module_step", "activation_memory_max_ratio", "hook_memory_slack_rel",
                   "hook_memory_slack_min_bytes"]

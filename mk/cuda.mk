@@ -86,4 +86,4 @@ impl-cuda: cuda-check-tools $(CUDA_DRIVER_OBJ) $(CUDA_LIB)
 	$(call link_binary,$(OUT),$(SRC))
 
 gpu-check: all cuda
-	sh tools/gpu_check.sh
+	bash tools/gpu_check.sh $(GPU_CHECK_ARGS)

@@ -69,7 +69,8 @@ step() {
   local t0 limit rc
   limit=$(awk -v s="$secs" -v k="$SCALE" 'BEGIN { t = int(s * k + 0.5); printf "%d", t < 1 ? 1 : t }')
   t0=$(date +%s.%N)
-  timeout --kill-after=10 "$limit" "$@" > "$OUT/$name.log" 2>&1
+  # a step may be a function of this script: timeout runs it in a bash that has them (export -f below)
+  timeout --kill-after=10 "$limit" bash -c '"$@"' step "$@" > "$OUT/$name.log" 2>&1
   rc=$?
   local dt; dt=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
   if [ $rc -eq 0 ]; then
@@ -117,6 +118,9 @@ nccl_train() { local backend=$1 dir=$2; shift 2
 sanitize() { local tool=$1 dir=$2
   compute-sanitizer --tool "$tool" --error-exitcode 9 build-cuda/solutions/$dir/train --flavor tiny --world 2 \
     --seq-len 32 --batch-size 1 --steps 2 --warmup-steps 0 --profile-steps 1 --quiet --out "$OUT/san_$tool"; }
+
+export OUT PYTHON MPIRUN W
+export -f colls_local colls_nccl colls_nccl_mpi train_pair rerun unpoisoned nccl_train sanitize
 
 step ops-f32 300 build-cuda/tests/check_ops
 step ops-tf32 300 build-cuda/tests/check_ops --tf32
@@ -173,6 +177,7 @@ lost = ["stage %s: %s" % (s, ", ".join(c["name"] for c in x["checks"] if c["ok"]
         for s, x in sorted(r["stages"].items()) if x["points"] < x["max_points"]]
 print("\n".join("error: the solution of %s" % l for l in lost) or "every solution got every graded point")
 sys.exit(1 if lost else 0)' "$OUT/grade/results.json"; }
+export -f grade_all
 step grader 900 grade_all
 
 [ $LIST -eq 1 ] && exit 0

@@ -2,8 +2,9 @@
 #   make cuda        build everything again against the CUDA runtime into build-cuda/
 #                    (kernels for sm_80 and sm_90 and PTX for newer GPUs, warnings are errors; needs nvcc,
 #                    cuBLAS and NCCL, never a GPU)
-#   make gpu-check   on a machine with a GPU: ops vs the CPU kernels, short training
-#                    runs vs the CPU runs, then the grader on the GPU (tools/gpu_check.sh)
+#   make gpu-check   on a machine with a GPU: kernels and collectives vs the CPU ones, each
+#                    solution's run vs the CPU run, reruns, sanitizers, the grader; one line
+#                    `gpu-check: N passed, N failed` (tools/gpu_check.sh; GPU_CHECK_ARGS="--only 'train-*'")
 # The CPU build never needs any of this.
 
 CUDA_BUILD    ?= build-cuda

@@ -12,6 +12,7 @@
 #ifndef HWFSDP_CHECK_H
 #define HWFSDP_CHECK_H
 
+#include <pthread.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,6 +54,14 @@ static inline void check_register(const char *name, void (*fn)(void), int line) 
             fprintf(stderr, __VA_ARGS__);                                      \
             fprintf(stderr, "\n");                                             \
         }                                                                      \
+    } while (0)
+/* CHECK from the ranks' threads or stream workers: one at a time */
+static pthread_mutex_t check_thread_mu __attribute__((unused)) = PTHREAD_MUTEX_INITIALIZER;
+#define TCHECK(...)                                                            \
+    do {                                                                       \
+        pthread_mutex_lock(&check_thread_mu);                                  \
+        CHECK(__VA_ARGS__);                                                    \
+        pthread_mutex_unlock(&check_thread_mu);                                \
     } while (0)
 #define CHECK_CLOSE(a, b, rtol, atol, what)                                    \
     do {                                                                       \

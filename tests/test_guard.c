@@ -75,13 +75,6 @@ static int run_mode(const char *kind) {
 
 /* ---------------------------------------------------------------- unit tests */
 
-static pthread_mutex_t test_mu = PTHREAD_MUTEX_INITIALIZER;
-#define TCHECK(...)                     \
-    do {                                \
-        pthread_mutex_lock(&test_mu);   \
-        CHECK(__VA_ARGS__);             \
-        pthread_mutex_unlock(&test_mu); \
-    } while (0)
 
 static void k_fill(void *p) { /* a kernel (stream worker): may touch device memory */
     float *w = *(float **)p;

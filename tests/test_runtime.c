@@ -25,13 +25,6 @@
 #include <string.h>
 #include <time.h>
 
-static pthread_mutex_t test_mu = PTHREAD_MUTEX_INITIALIZER;
-#define TCHECK(...)                        \
-    do {                                   \
-        pthread_mutex_lock(&test_mu);      \
-        CHECK(__VA_ARGS__);                \
-        pthread_mutex_unlock(&test_mu);    \
-    } while (0)
 
 static void sleep_ms(double ms) {
     struct timespec ts = {(time_t)(ms / 1000), (long)((ms - (double)(time_t)(ms / 1000) * 1000) * 1e6)};

@@ -43,9 +43,9 @@ def check(path, world):
 
 
 def main(argv):
-    if len(argv) != 2:
-        print("usage: trace_sanity.py RUN_DIR")
-        return 2
+    if len(argv) != 2 or argv[1] in ("-h", "--help"):
+        print("usage: trace_sanity.py RUN_DIR\n\n" + __doc__.split("\n", 1)[1].strip())
+        return 0 if len(argv) == 2 else 2
     paths = sorted(glob.glob(os.path.join(argv[1], "trace_rank*.json")))
     if not paths:
         print("trace %s: no trace_rank*.json (was the run profiled? --profile-steps)" % argv[1])

@@ -187,7 +187,8 @@ static void json_mesh(Json *j, const Options *o) {
 static const Flag FLAGS[] = {
     /* model */
     {.name = "--flavor", .kind = FLAG_STRING, .at = AT(flavor), .def = "tiny", .arg = "NAME",
-     .help = "tiny | debugmodel | 1B (default tiny)", .section = "model", .json = "flavor"},
+     .help = "tiny | debugmodel | 1B | 8B | 70B (default tiny; 8B and 70B: Llama 3's,\n"
+             "for --dry-run)", .section = "model", .json = "flavor"},
     {.name = "--dim", .kind = FLAG_INT, .at = AT(overrides.dim), .lo = 1, .hi = 1 << 16, .arg = "N",
      .json = "dim", .json_value = json_model_dim},
     {.name = "--n-layers", .kind = FLAG_INT, .at = AT(overrides.n_layers), .lo = 1, .hi = 1024, .arg = "N",
@@ -319,6 +320,11 @@ static const Flag FLAGS[] = {
      .help = "debug: host code that reads or writes device memory stops the run, naming\n"
              "the buffer and the function (CPU build, x86 protection keys; or\n"
              "HWFSDP_GUARD_DEVICE=1)"},
+    {.name = "--dry-run", .kind = FLAG_SET, .at = AT(world.dry_run),
+     .help = "price every op on the modelled clock and count every allocation, but\n"
+             "execute nothing and back no memory: your hooks on 8-64 modelled GPUs at\n"
+             "8B/70B (no loss or grad norm; host code touching a buffer stops the run)",
+     .json = "dry_run"},
     {.name = "--tf32", .kind = FLAG_SET, .at = AT(world.tf32),
      .help = "matmuls may use TF32 tensor cores (CUDA build; the modelled clock prices\n"
              "float32 matmuls at the profile's TF32 peak; default exact fp32)",
@@ -517,9 +523,16 @@ void parse_options(int argc, char **argv, Options *o) {
     if (o->world.ranks_per_node && o->world.world_size % o->world.ranks_per_node)
         fatal("--ranks-per-node %d must divide --world %d", o->world.ranks_per_node, o->world.world_size);
     resolve_links(&o->world);
-    if (!model_flavor(&o->model, o->flavor)) fatal("unknown flavor '%s' (tiny, debugmodel, 1B)", o->flavor);
+    if (!model_flavor(&o->model, o->flavor)) fatal("unknown flavor '%s' (%s)", o->flavor, MODEL_FLAVORS);
     apply_model_overrides(&o->model, &o->overrides);
     model_config_finalize(&o->model);
+    size_t max_seq = model_flavor_max_seq_len(o->flavor);
+    if (max_seq && o->seq_len > max_seq)
+        fatal("--seq-len %zu exceeds the %s flavour's context of %zu tokens (Llama 3's; longer contexts need the RoPE "
+              "scaling of Llama 3.1, which this runtime does not do)", o->seq_len, o->flavor, max_seq);
+    if (o->world.dry_run && (o->load_path || o->save_path || o->save_init_path))
+        fatal("--dry-run computes no values: it cannot go with %s", o->load_path ? "--load" : o->save_path ? "--save"
+                                                                                                  : "--save-init");
 }
 
 const char *backward_prefetch_name(BackwardPrefetch p) {

@@ -183,7 +183,7 @@ static void dtensor_json(Json *j, Dev *dev, const Model *m, const Module *mod, c
         /* only memory the runtime's kernels can use (dev_alloc / dev_alloc_host) is read:
          * a malloc'd shard, or one that overruns its allocation, is reported instead */
         in_alloc = total == 0 || readable(dev, dt->local, total * sizeof(float));
-        if (in_alloc) {
+        if (in_alloc && !dev_dry_run(dev)) { /* a dry run has no values: matches and padding stay null */
             float *local = xmalloc((total ? total : 1) * sizeof(float));
             dev_probe_read(dev, local, dt->local, total * sizeof(float));
             const float *want = init + model_param_offset(m, p) + dt->row_offset * dt->row_numel;
@@ -499,7 +499,8 @@ void probe_params_ready(Dev *dev, Probes *p, const Module *mod, int step, const 
     }
     micro_fields(&f, dev, mod);
     note_end(dev, &f, "hook_check");
-    if (dev_is_cuda_build() || !p->history) return; /* the check reads device memory on the host */
+    /* the check reads device memory on the host; a dry run has no values to check */
+    if (dev_is_cuda_build() || dev_dry_run(dev) || !p->history) return;
     ParamsCheck c = {mod, p, hook, step, dev_rank(dev), dev_world_size(dev), p->param_bf16, {0}};
     for (int j = 0; j < mod->n_params; j++) c.data[j] = ptrs[j];
     Stream *cs = dev_compute_stream(dev);
@@ -576,7 +577,8 @@ static void g_or_null(Json *f, int has, double v) {
 
 void probe_grad_state(Dev *dev, Probes *p, int step) {
     int k = dev_scope_microbatch(dev);
-    if (k < 0 || dev_is_cuda_build() || !p->grad_state) return; /* one batch per step; the CPU backend only */
+    /* one batch per step; the CPU backend only; a dry run has no gradient values */
+    if (k < 0 || dev_is_cuda_build() || dev_dry_run(dev) || !p->grad_state) return;
     const Model *m = p->model;
     double total[2] = {0, 0}, total_dot = 0;
     int count[2] = {0, 0}, unreadable = 0, dot_params = 0;

@@ -59,16 +59,21 @@ static void per_rank(Json *j, const char *key, const double *v, int world, int d
  * without "nan": the line is not bad for it). */
 static void write_metrics_line(FILE *f, int step, double loss, float grad_norm, float lr, const double *peaks,
                                const double *clip, int world, double step_max_us, double tps,
-                               double model_step_max_us, int bad) {
+                               double model_step_max_us, int bad, int dry) {
     Json j = {0};
     json_object_begin(&j);
     json_key(&j, "step");
     json_int(&j, step + 1);
     json_key(&j, "loss");
-    json_g(&j, loss, 9);
+    if (dry) json_null(&j); /* a dry run computes no value */
+    else json_g(&j, loss, 9);
     json_key(&j, "grad_norm");
-    if (clip) json_g(&j, (double)grad_norm, 9);
+    if (clip && !dry) json_g(&j, (double)grad_norm, 9);
     else json_null(&j); /* --forward-only: no backward, no norm */
+    if (dry) {
+        json_key(&j, "dry_run");
+        json_bool(&j, 1);
+    }
     json_key(&j, "lr");
     json_g(&j, (double)lr, 9);
     json_key(&j, "peak_mem_bytes");
@@ -81,8 +86,9 @@ static void write_metrics_line(FILE *f, int step, double loss, float grad_norm, 
     }
     json_key(&j, "step_ms");
     json_fixed(&j, step_max_us / 1000.0, 3);
-    json_key(&j, "tokens_per_s");
-    json_fixed(&j, tps, 1);
+    json_key(&j, "tokens_per_s"); /* on the wall clock: a dry run's says how fast it priced the step, nothing more */
+    if (dry) json_null(&j);
+    else json_fixed(&j, tps, 1);
     json_key(&j, "model_step_ms"); /* on the world's clock (dev_clock_name): the same on every run on the CPU */
     json_fixed(&j, model_step_max_us / 1000.0, 3);
     if (bad) {
@@ -103,9 +109,10 @@ int step_log_write(StepLog *l, Dev *dev, const Options *o, const ModelRun *run, 
     double loss = 0;
     for (int r = 0; r < W; r++) loss += l->all[r];
     loss /= W;
+    const int dry = dev_dry_run(dev); /* no loss, grad norm or clip coefficient: nothing ran */
     double *peaks = xmalloc((size_t)W * sizeof(double)), *clip = NULL;
     dev_host_allgather_f64(dev, (double)dev_mem_peak(dev), peaks);
-    if (!o->forward_only) {
+    if (!o->forward_only && !dry) {
         ClipStats c = clip_stats(dev);
         clip = xmalloc(3 * (size_t)W * sizeof(double));
         dev_host_allgather_f64(dev, c.min, clip);
@@ -116,13 +123,20 @@ int step_log_write(StepLog *l, Dev *dev, const Options *o, const ModelRun *run, 
     double step_max = max_of(l->all, W);
     dev_host_allgather_f64(dev, model_step_us, l->all);
     double model_step_max = max_of(l->all, W);
-    int bad = !isfinite(loss) || (!o->forward_only && !isfinite(grad_norm));
+    int bad = !dry && (!isfinite(loss) || (!o->forward_only && !isfinite(grad_norm)));
     if (dev_rank(dev) == 0) {
         double tps = (double)(run->B * run->T * (size_t)W) / (step_max * 1e-6);
         float lr = lr_at_step(&o->optim, step);
         if (l->metrics)
-            write_metrics_line(l->metrics, step, loss, grad_norm, lr, peaks, clip, W, step_max, tps, model_step_max, bad);
-        if (!o->quiet) {
+            write_metrics_line(l->metrics, step, loss, grad_norm, lr, peaks, clip, W, step_max, tps, model_step_max, bad,
+                               dry);
+        if (!o->quiet && dry) {
+            /* the modelled clock's tokens per second per GPU: what the report (tools/simulate.py) reads too */
+            double model_tps = (double)(run->B * run->T) / (model_step_max * 1e-6);
+            printf("step: %3d  loss: dry run  grad_norm: dry run  memory: %9.2fGiB  lr: %.2e  modelled step: %.3fms  "
+                   "modelled tokens/s/GPU: %.0f\n",
+                   step + 1, max_of(peaks, W) / 1073741824.0, (double)lr, model_step_max / 1000.0, model_tps);
+        } else if (!o->quiet) {
             char norm[48]; /* --forward-only runs no backward: say so rather than print nan */
             if (o->forward_only) snprintf(norm, sizeof norm, "not computed (--forward-only)");
             else snprintf(norm, sizeof norm, "%8.4f", (double)grad_norm);

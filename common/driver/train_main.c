@@ -12,6 +12,7 @@
 #include "driver/train.h"
 #include "model/data.h"
 #include "model/model.h"
+#include "runtime/dry.h"
 #include "runtime/json.h"
 #include "runtime/runtime.h"
 #include "runtime/util.h"
@@ -33,10 +34,19 @@ int main(int argc, char **argv) {
     Options o;
     parse_options(argc, argv, &o);
     Model *m = model_create(&o.model);
-    float *init = xmalloc(m->n_params_total * sizeof(float)), *exp_avg = NULL, *exp_avg_sq = NULL;
+    const size_t init_bytes = m->n_params_total * sizeof(float);
+    float *init, *exp_avg = NULL, *exp_avg_sq = NULL;
     int start_step = 0;
+    if (o.world.dry_run) {
+        /* no values (270 GiB for 70B): address space only; the h2d copies from it are priced, never run */
+        init = dry_reserve(init_bytes, "the initial weights in host memory (TrainJob.init; nothing behind them in "
+                                       "a dry run)");
+        if (!init) fatal("dry run: no address space left for the %zu bytes of initial weights", init_bytes);
+    } else {
+        init = xmalloc(init_bytes);
+    }
     if (o.load_path) start_step = checkpoint_load(m, o.load_path, init, &exp_avg, &exp_avg_sq);
-    else model_init_host(m, o.seed, init);
+    else if (!o.world.dry_run) model_init_host(m, o.seed, init);
     if (o.save_init_path) {
         checkpoint_save(m, o.save_init_path, init, NULL, NULL, 0);
         printf("wrote initial weights (%zu parameters) to %s\n", m->n_params_total, o.save_init_path);
@@ -57,7 +67,8 @@ int main(int argc, char **argv) {
     world_run(w, train_rank, &job);
     world_destroy(w);
     data_free(&data);
-    free(init);
+    if (o.world.dry_run) dry_release(init, init_bytes);
+    else free(init);
     free(exp_avg);
     free(exp_avg_sq);
     model_destroy(m);

@@ -51,10 +51,32 @@ int model_flavor(ModelConfig *c, const char *name) {
         c->n_layers = 18;
         c->n_heads = 16;
         c->vocab_size = 2048;
+    } else if (strcmp(name, "8B") == 0) {
+        /* Llama 3 8B as torchtitan defines it (vocab: the Llama 3 tokenizer's 128,000 + 256 special) */
+        c->dim = 4096;
+        c->n_layers = 32;
+        c->n_heads = 32;
+        c->n_kv_heads = 8;
+        c->vocab_size = 128256;
+        c->multiple_of = 1024;
+        c->ffn_dim_multiplier = 1.3f; /* F = 14336 */
+    } else if (strcmp(name, "70B") == 0) {
+        c->dim = 8192;
+        c->n_layers = 80;
+        c->n_heads = 64;
+        c->n_kv_heads = 8;
+        c->vocab_size = 128256;
+        c->multiple_of = 4096;
+        c->ffn_dim_multiplier = 1.3f; /* F = 28672 */
     } else {
         return 0;
     }
     return 1;
+}
+
+size_t model_flavor_max_seq_len(const char *name) {
+    /* Llama 3's context; the small flavours are this project's and take any length */
+    return name && (strcmp(name, "8B") == 0 || strcmp(name, "70B") == 0) ? 8192 : 0;
 }
 
 void model_config_finalize(ModelConfig *c) {

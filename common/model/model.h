@@ -15,9 +15,13 @@
 
 #include "hw_fsdp.h"
 
-/* Fill c with a named flavour: "tiny", "debugmodel", "1B". Returns 0 if the
- * name is unknown. */
+/* Fill c with a named flavour (MODEL_FLAVORS). Returns 0 if the name is
+ * unknown. 8B and 70B are Llama 3's, as torchtitan defines them: at that size
+ * the CPU trains nothing, but --dry-run prices and counts a step. */
+#define MODEL_FLAVORS "tiny, debugmodel, 1B, 8B, 70B"
 int model_flavor(ModelConfig *c, const char *name);
+/* The longest sequence the flavour allows (8B, 70B: Llama 3's 8192), 0 if any. */
+size_t model_flavor_max_seq_len(const char *name);
 /* Derive head_dim and hidden_dim; fatal with one line on an impossible config
  * (dim not divisible by heads, heads not divisible by kv heads, odd head dim,
  * non-positive sizes). */

@@ -24,6 +24,7 @@ const struct KernelTable *stream_kernels(const Stream *s) { return dev_ops(s->de
 double dev_host_time_us(const Dev *d) { return dev_ops(d)->host_time_us(d); }
 
 const char *dev_clock_name(const Dev *d) { return dev_ops(d)->clock; }
+int dev_dry_run(const Dev *d) { return d->world->cfg.dry_run != 0; }
 
 /* ---------------------------------------------------------------- streams */
 

@@ -101,7 +101,8 @@ static double local_execute(Stream *s, const Op *op, double ready_us) {
 
     const void *parts[WORLD_MAX_RANKS];
     for (int r = 0; r < n; r++) parts[r] = posts[r].send;
-    switch ((CollKind)desc->kind) {
+    /* a dry run moves no data (dry.h): the group still meets, for its modelled start and the agreement check */
+    switch (s->dev->world->cfg.dry_run ? COLL_KIND_COUNT : (CollKind)desc->kind) {
     case COLL_ALL_GATHER:
         for (int r = 0; r < n; r++) {
             char *dst = (char *)recv + (size_t)r * cnt * esize;

@@ -4,6 +4,7 @@
  * code. The handler reads only host memory (the allocator's records, the
  * executable's symbol table, mapped at install): it runs with the kernel's
  * default PKRU, which denies the key. */
+#include "runtime/dry.h"
 #include "runtime/guard.h"
 #include "runtime/internal.h"
 #include "runtime/util.h"
@@ -354,11 +355,13 @@ static void describe_code(char *out, size_t n, uintptr_t pc) {
 
 /* -------------------------------------------------------- the fault handler */
 
-/* Which buffer holds addr: the thread's own rank first, then every rank of the world. */
-static void describe_buffer(char *out, size_t n, uintptr_t addr) {
+/* Which buffer holds addr: the thread's own rank first, then every rank of the
+ * world. *host: 1 if it is pinned host memory (dev_alloc_host), not device memory. */
+static void describe_buffer(char *out, size_t n, uintptr_t addr, int *host) {
     World *w = g_world;
     Dev *devs[WORLD_MAX_RANKS + 1];
     int nd = 0;
+    *host = 0;
     if (t_dev) devs[nd++] = t_dev;
     if (w)
         for (int i = 0; i < w->local_ranks && i < WORLD_MAX_RANKS; i++)
@@ -366,6 +369,7 @@ static void describe_buffer(char *out, size_t n, uintptr_t addr) {
     for (int i = 0; i < nd; i++) {
         const Alloc *a = dev_live_alloc_containing(devs[i], addr);
         if (a) {
+            *host = a->host;
             snprintf(out, n, "'%s' (%s, rank %d) at byte offset %lu", a->name, mem_tag_name(a->tag), devs[i]->rank,
                      (unsigned long)(addr - a->addr));
             return;
@@ -374,6 +378,7 @@ static void describe_buffer(char *out, size_t n, uintptr_t addr) {
     for (int i = 0; i < nd; i++) {
         const Alloc *a = dev_dead_alloc_containing(devs[i], addr);
         if (a) {
+            *host = a->host;
             snprintf(out, n, "'%s' (%s, rank %d, freed in %s%s%s) at byte offset %lu", a->name, mem_tag_name(a->tag),
                      devs[i]->rank, a->free_module, *a->free_module ? "." : "", a->free_phase,
                      (unsigned long)(addr - a->addr));
@@ -402,28 +407,51 @@ static void describe_thread(char *out, size_t n) {
     }
 }
 
+/* Two kinds of fault are the handler's: a protection-key fault on the guard's
+ * key (--guard-device-memory), and any access to a dry run's reservations
+ * (dry.h: PROT_NONE, so SEGV_ACCERR). Anything else goes to the previous
+ * disposition when the instruction runs again. */
 static void guard_segv(int sig, siginfo_t *si, void *ucv) {
     (void)sig;
+    uintptr_t addr = (uintptr_t)si->si_addr, pc = 0;
+    const char *reserved = NULL;
+    int reserved_rank = -1, wrote = 0;
+    int dry = si->si_code == SEGV_ACCERR && dry_contains(addr, &reserved, &reserved_rank);
+    int keyed = 0;
 #if GUARD_X86_PKEYS
-    if (si->si_code != SEGV_PKUERR || g_pkey < 0 || si->si_pkey != (unsigned)g_pkey) {
-        /* not the guard's: the previous disposition takes the fault when the instruction runs again */
+    keyed = si->si_code == SEGV_PKUERR && g_pkey >= 0 && si->si_pkey == (unsigned)g_pkey;
+#endif
+    if (!dry && !keyed) {
         sigaction(SIGSEGV, &g_old_segv, NULL);
         return;
     }
+#if defined(__x86_64__)
     ucontext_t *uc = ucv;
-    uintptr_t addr = (uintptr_t)si->si_addr, pc = (uintptr_t)uc->uc_mcontext.gregs[REG_RIP];
-    int wrote = (uc->uc_mcontext.gregs[REG_ERR] >> 1) & 1; /* the page-fault error code: bit 1 = write */
+    pc = (uintptr_t)uc->uc_mcontext.gregs[REG_RIP];
+    wrote = (uc->uc_mcontext.gregs[REG_ERR] >> 1) & 1; /* the page-fault error code: bit 1 = write */
 #else
-    uintptr_t addr = 0, pc = 0;
-    int wrote = 0;
-    (void)si, (void)ucv;
+    (void)ucv;
 #endif
     report_lock(); /* one report per process (util.h); never released */
     char buffer[1024], code[1024], thread[128], line[3072];
-    describe_buffer(buffer, sizeof buffer, addr);
+    int host = 0;
+    if (reserved) snprintf(buffer, sizeof buffer, "%s", reserved);
+    else describe_buffer(buffer, sizeof buffer, addr, &host);
     describe_code(code, sizeof code, pc);
     describe_thread(thread, sizeof thread);
-    int len = snprintf(line, sizeof line,
+    const char *who = t_role == ROLE_WORKER ? "a stream worker" : "host code";
+    int len;
+    if (dry)
+        len = snprintf(line, sizeof line,
+                       "error: dry run: %s %s %s%s, touched by %s on %s: a dry run executes no op and puts no "
+                       "memory behind its buffers, so no code may read or write them (%s)\n",
+                       who, wrote ? "wrote" : "read", reserved ? "" : host ? "pinned host memory " : "device memory ",
+                       buffer, code, thread,
+                       host || reserved ? "a value it needs does not exist in a dry run"
+                                        : "host code reads device memory only through a copy, as on a GPU, and "
+                                          "a dry run has no values to copy");
+    else
+        len = snprintf(line, sizeof line,
                        "error: host code %s device memory: %s, touched by %s on %s: device memory is %s on the host "
                        "only through a copy (%s)\n",
                        wrote ? "wrote" : "read", buffer, code, thread, wrote ? "written" : "read",
@@ -451,9 +479,34 @@ static const char *why_unavailable(int err) {
     }
 }
 
+/* The SIGSEGV handler, once per process (g_mu held). */
+static int g_handler;
+static void install_handler(void) {
+    if (g_handler) return;
+    load_symbols();
+    void *warm[4];
+    backtrace(warm, 4); /* loads libgcc's unwinder now, not in the handler */
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = guard_segv;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGSEGV, &sa, &g_old_segv);
+    g_handler = 1;
+}
+
 int guard_install(World *w) {
-    if (!w->cfg.guard_device) return 0;
+    if (!w->cfg.guard_device && !w->cfg.dry_run) return 0;
     pthread_mutex_lock(&g_mu);
+    if (w->cfg.dry_run) {
+        /* a dry run's memory is out of everyone's reach already (dry.h): the handler names
+         * the buffer; the key is not needed (and --guard-device-memory changes nothing) */
+        install_handler();
+        g_world = w;
+        pthread_mutex_unlock(&g_mu);
+        t_role = ROLE_MAIN;
+        return 0;
+    }
     int first = !g_tried;
     g_tried = 1;
     if (first && dev_is_cuda_build()) {
@@ -471,15 +524,7 @@ int guard_install(World *w) {
             fprintf(stderr, "warning: --guard-device-memory is unavailable on this machine: pkey_alloc: %s%s%s%s; "
                             "running unguarded\n", strerror(err), *why ? " (" : "", why, *why ? ")" : "");
         } else {
-            load_symbols();
-            void *warm[4];
-            backtrace(warm, 4); /* loads libgcc's unwinder now, not in the handler */
-            struct sigaction sa;
-            memset(&sa, 0, sizeof sa);
-            sa.sa_sigaction = guard_segv;
-            sa.sa_flags = SA_SIGINFO;
-            sigemptyset(&sa.sa_mask);
-            sigaction(SIGSEGV, &sa, &g_old_segv);
+            install_handler();
         }
     }
     int on = g_pkey >= 0;
@@ -499,17 +544,18 @@ void guard_world_gone(World *w) {
 
 int guard_active(const World *w) { return w->guarded; }
 
+/* The thread's role is kept whenever the handler may report (a dry run has no key). */
 void guard_thread_host(Dev *d) {
-    if (g_pkey < 0) return;
+    if (!g_handler) return;
     t_role = ROLE_HOST;
     t_dev = d;
-    pkey_set(g_pkey, PKEY_DISABLE_ACCESS);
+    if (g_pkey >= 0) pkey_set(g_pkey, PKEY_DISABLE_ACCESS);
 }
 
 void guard_thread_device(void) {
-    if (g_pkey < 0) return;
+    if (!g_handler) return;
     t_role = ROLE_WORKER;
-    pkey_set(g_pkey, 0);
+    if (g_pkey >= 0) pkey_set(g_pkey, 0);
 }
 
 unsigned guard_open(void) {

@@ -138,6 +138,7 @@ struct Dev {
     /* the clip probe (clip_probe.c): device floats launch_adamw's kernels write */
     float *clip_slots;                  /* [CLIP_PROBE_SLOTS], allocated at the first launch */
     int clip_n;                         /* slots handed out since the last collect */
+    struct DryArena *dry;               /* --dry-run: the rank's address space (dry.h; host thread) */
     /* dev_watch_collectives (host thread) */
     void (*coll_watch)(void *ctx, const CollIssue *c);
     void *coll_watch_ctx;

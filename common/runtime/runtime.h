@@ -85,6 +85,7 @@ typedef struct {
     int guard_device;         /* CPU backends: host code faults on device memory (guard.h; also HWFSDP_GUARD_DEVICE=1) */
     int tf32;                 /* matmuls may use TF32 tensor cores (CUDA build; the modelled clock prices them so) */
     const struct DeviceProfile *profile; /* what the modelled clock prices ops on (NULL: "teach") */
+    int dry_run;              /* CPU backends: price and count every op, execute none, back no memory (dry.h) */
 } WorldConfig;
 
 /* Create the world. With BACKEND_MPI this calls MPI_Init_thread and checks that
@@ -242,6 +243,12 @@ size_t dev_mem_window_peak(const Dev *d, size_t *by_tag);
 double dev_host_time_us(const Dev *d);
 /* "model" (CPU backends: the profile's modelled clock) or "gpu" (CUDA: the device's own). */
 const char *dev_clock_name(const Dev *d);
+/* 1 in a dry run (WorldConfig.dry_run, --dry-run): every op is priced on the
+ * modelled clock and every allocation counted, but no kernel, copy or
+ * collective runs and no memory backs the buffers (runtime/dry.h), so nothing
+ * has a value: whatever reads values (the driver's params check, loss, grad
+ * norm, clip probe) is off. */
+int dev_dry_run(const Dev *d);
 
 /* ------------------------------------------------------- traces, snapshots */
 

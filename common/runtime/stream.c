@@ -3,6 +3,7 @@
  * copies, host synchronization and storage from the C heap. An op's times
  * are the modelled clock's (model_clock.c), its collectives the backend's
  * (backend_local.c, backend_mpi.c). */
+#include "runtime/dry.h"
 #include "runtime/guard.h"
 #include "runtime/stream.h"
 #include "runtime/util.h"
@@ -74,19 +75,20 @@ static void execute(Stream *s, Op *op) {
     CpuStream *cs = cpu_stream(s);
     double ready = cs->end_us > op->host_us ? cs->end_us : op->host_us, start = ready, end = ready;
     double wall0 = now_us();
+    const int run = !s->dev->world->cfg.dry_run; /* a dry run prices the op and runs none of it (dry.h) */
     switch (op->kind) {
     case OP_LAUNCH:
-        op->fn(op->args);
+        if (run) op->fn(op->args);
         end = start + op->cost_us;
         clock_trace_op(s, op, op->module, TRACE_CAT_COMPUTE, start, end, wall0);
         break;
     case OP_COPY:
-        if (op->bytes && op->dst != op->src) memmove(op->dst, op->src, op->bytes);
+        if (run && op->bytes && op->dst != op->src) memmove(op->dst, op->src, op->bytes);
         end = start + op->cost_us;
         clock_trace_op(s, op, op->module, TRACE_CAT_COPY, start, end, wall0);
         break;
     case OP_MEMSET:
-        if (op->bytes) memset(op->dst, op->fill, op->bytes);
+        if (run && op->bytes) memset(op->dst, op->fill, op->bytes);
         end = start + op->cost_us;
         clock_trace_op(s, op, op->module, TRACE_CAT_COPY, start, end, wall0);
         break;
@@ -197,10 +199,22 @@ static void poison(Dev *d, void *p, size_t bytes) {
     guard_close(open);
 }
 
+/* A dry run's storage: address space from the rank's arena (dry.h), never poisoned (nothing backs it). */
+static void *dry_storage(Dev *d, size_t bytes, const char *name) {
+    if (!d->dry) d->dry = dry_arena_new(d->rank);
+    void *p = dry_arena_alloc(d->dry, bytes);
+    if (!p)
+        fatal("rank %d: dry run: no address space left for %zu bytes for '%s' (%zu bytes allocated now)", d->rank,
+              bytes, name ? name : "?", d->mem.current);
+    return p;
+}
+
 void *cpu_storage_alloc(Dev *d, size_t bytes, int stream, const char *name) {
     (void)stream;
     void *p;
-    if (guard_active(d->world)) {
+    if (d->world->cfg.dry_run) {
+        p = dry_storage(d, bytes, name);
+    } else if (guard_active(d->world)) {
         p = guard_storage_alloc(bytes);
         if (!p)
             fatal("rank %d: out of memory allocating %zu bytes for '%s' (%zu bytes allocated now)", d->rank, bytes,
@@ -215,21 +229,23 @@ void *cpu_storage_alloc(Dev *d, size_t bytes, int stream, const char *name) {
 
 void cpu_storage_free(Dev *d, void *p, size_t bytes, int stream) {
     (void)stream;
-    if (guard_active(d->world)) guard_storage_free(p, bytes);
+    if (d->world->cfg.dry_run) dry_arena_free(d->dry, p, bytes);
+    else if (guard_active(d->world)) guard_storage_free(p, bytes);
     else free(p);
     d->mem.reserved -= bytes;
 }
 
 /* Host memory is the C heap, NaN-filled alike (never guarded: host code may touch it); not device-reserved. */
 void *cpu_host_alloc(Dev *d, size_t bytes, const char *name) {
+    if (d->world->cfg.dry_run) return dry_storage(d, bytes, name); /* pinned host memory is as unbacked */
     void *p = heap_storage(d, bytes, name);
     poison(d, p, bytes);
     return p;
 }
 
 void cpu_host_free(Dev *d, void *p, size_t bytes) {
-    (void)d, (void)bytes;
-    free(p);
+    if (d->world->cfg.dry_run) dry_arena_free(d->dry, p, bytes);
+    else free(p);
 }
 
 /* A fence: per stream index, the ops enqueued at the free. A timed fence
@@ -476,14 +492,18 @@ int cpu_event_query(Event *e) {
 
 /* ---------------------------------------------------- dev, probe memory */
 
-/* The CPU backends keep no state per rank. */
+/* The CPU backends keep no state per rank but a dry run's arena (made at its first allocation). */
 void cpu_dev_init(Dev *d) { (void)d; }
-void cpu_dev_fini(Dev *d) { (void)d; }
+void cpu_dev_fini(Dev *d) {
+    dry_arena_destroy(d->dry);
+    d->dry = NULL;
+}
 
 /* Probe memory is device memory too (the clip probe's slots, which kernels write): guarded alike,
  * behind a 64-byte header holding the mapping's size for the free. */
 #define PROBE_HEADER 64
 void *cpu_probe_alloc(Dev *d, size_t bytes) {
+    if (d->world->cfg.dry_run) return dry_storage(d, bytes, "probe memory");
     if (!guard_active(d->world)) return xcalloc(1, bytes);
     char *p = guard_storage_alloc(PROBE_HEADER + bytes); /* fresh pages are zero, as calloc's */
     if (!p) fatal("rank %d: out of memory allocating %zu bytes of probe memory", d->rank, bytes);
@@ -493,6 +513,7 @@ void *cpu_probe_alloc(Dev *d, size_t bytes) {
     return p + PROBE_HEADER;
 }
 void cpu_probe_free(Dev *d, void *p) {
+    if (d->world->cfg.dry_run) return; /* the arena goes with the rank (cpu_dev_fini) */
     if (!guard_active(d->world) || !p) {
         free(p);
         return;
@@ -504,6 +525,8 @@ void cpu_probe_free(Dev *d, void *p) {
     guard_storage_free(base, bytes);
 }
 void cpu_probe_read(Dev *d, void *host, const void *probe, size_t bytes) {
+    if (d->world->cfg.dry_run) /* the driver turns its value probes off in a dry run: this is the runtime's bug */
+        fatal("rank %d: dev_probe_read of %zu bytes in a dry run, which has no values to read", d->rank, bytes);
     for (int i = 0; i < d->nstreams; i++) stream_drain(d->streams[i]); /* no happens-before: a probe */
     unsigned open = guard_open(); /* the runtime's copy of device memory for the driver's probes */
     memcpy(host, probe, bytes);

@@ -24,8 +24,12 @@ World *world_create(const WorldConfig *cfg) {
     if (!(cfg->collective_timeout_s >= 0) || cfg->collective_timeout_s > 1e7)
         fatal("--collective-timeout-s must be between 0 (off) and 1e7 seconds (got %g)", cfg->collective_timeout_s);
     const BackendOps *ops = backend_ops(cfg->backend); /* one line if this build lacks it */
+    if (cfg->dry_run && dev_is_cuda_build())
+        fatal("--dry-run is a mode of the CPU build (make), which prices every op on a device profile; the CUDA "
+              "build (make cuda) runs on the GPU and its own clock");
     World *w = xcalloc(1, sizeof *w);
     w->cfg = *cfg;
+    if (cfg->dry_run) w->cfg.poison = 0; /* nothing backs the memory to poison (dry.h) */
     if (!w->cfg.profile) w->cfg.profile = device_profile_find(DEVICE_PROFILE_DEFAULT);
     w->ops = ops;
     const char *guard_env = getenv("HWFSDP_GUARD_DEVICE"); /* any binary, e.g. a test's, can turn it on */

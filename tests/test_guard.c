@@ -5,7 +5,11 @@
  *   ./test_guard --mode KIND   host code touching a device buffer of rank 1 (tests/test_guard.py
  *                              checks the one line): host_read, host_write, host_memcmp read it on
  *                              the host (the guard stops them); probe_read reads it through
- *                              dev_probe_read (passes, prints "ok")
+ *                              dev_probe_read (passes, prints "ok"); pinned_read reads pinned host
+ *                              memory (host memory: allowed, prints "ok")
+ *   ./test_guard --mode KIND --dry   the same in a dry run (--dry-run: runtime/dry.h), unguarded:
+ *                              every touch stops, pinned host memory's too (nothing backs it);
+ *                              probe_read is the runtime's misuse (one line, exit 2)
  *
  * Without protection keys the guard says so in one line and the world runs unguarded. */
 #include "check.h"
@@ -58,6 +62,10 @@ static void mode_rank(Dev *d, void *arg) {
         } else if (!strcmp(kind, "probe_read")) {
             dev_probe_read(d, host, w, sizeof host); /* the runtime's copy: allowed */
             printf("%s\n", memcmp(host, zeros, sizeof host) ? "mismatch" : "ok");
+        } else if (!strcmp(kind, "pinned_read")) {
+            float *pinned = dev_alloc_host_f32(d, N, MEM_OPTIM_STATE, "exp_avg.pinned");
+            printf("%s\n", peek_weights(pinned) == peek_weights(pinned) ? "mismatch" : "ok"); /* NaN-filled */
+            dev_free(d, pinned);
         }
         fflush(stdout);
     }
@@ -65,11 +73,16 @@ static void mode_rank(Dev *d, void *arg) {
     dev_free(d, w);
 }
 
-static int run_mode(const char *kind) {
+static int run_mode(const char *kind, int dry) {
     if (strcmp(kind, "host_read") && strcmp(kind, "host_write") && strcmp(kind, "host_memcmp") &&
-        strcmp(kind, "probe_read"))
+        strcmp(kind, "probe_read") && strcmp(kind, "pinned_read"))
         fatal("test_guard: unknown mode '%s'", kind);
-    run_world(guarded(2), mode_rank, (void *)kind);
+    WorldConfig c = guarded(2);
+    if (dry) {
+        c.guard_device = 0;
+        c.dry_run = 1;
+    }
+    run_world(c, mode_rank, (void *)kind);
     return 0;
 }
 
@@ -138,6 +151,6 @@ static void sum_rank(Dev *d, void *arg) {
 TEST(guarded_world_collective) { run_world(guarded(2), sum_rank, NULL); }
 
 int main(int argc, char **argv) {
-    if (argc > 2 && strcmp(argv[1], "--mode") == 0) return run_mode(argv[2]);
+    if (argc > 2 && strcmp(argv[1], "--mode") == 0) return run_mode(argv[2], argc > 3 && !strcmp(argv[3], "--dry"));
     return check_main(argc, argv);
 }

@@ -338,6 +338,10 @@ static const Flag FLAGS[] = {
      .help = "run directory: metrics.jsonl, run.json, traces, memory snapshots", .section = "output"},
     {.name = "--profile-steps", .kind = FLAG_INT, .at = AT(profile_steps), .lo = 0, .hi = 100000000, .def = "3",
      .arg = "N", .help = "record op timings for the first N steps (default 3)", .json = "profile_steps"},
+    {.name = "--trace-ranks", .kind = FLAG_INT, .at = AT(world.trace_ranks), .lo = 0, .hi = MAXRANKS, .arg = "N",
+     .help = "only ranks 0..N-1 record op timings and write traces and memory\n"
+             "snapshots (default 0: every rank; a 64-rank --dry-run's are gigabytes)",
+     .json = "trace_ranks"},
     {.name = "--quiet", .kind = FLAG_SET, .at = AT(quiet), .help = "no progress lines"},
     {.name = "--help", .kind = FLAG_HELP, .help = "this text"},
 };

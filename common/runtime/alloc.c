@@ -121,9 +121,10 @@ static void *ring_reserve(void *buf, size_t *cap, size_t *head, size_t count, si
 static uint64_t all_streams(const Dev *d) { return d->nstreams >= 64 ? ~0ull : (1ull << d->nstreams) - 1; }
 
 /* A block no longer counted: its storage goes back to its stream's pool now
- * (CUDA), or once every stream is past this point (the CPU emulator). */
+ * (CUDA; and a dry run's, which no op ever touches: dry.h), or once every
+ * stream is past this point (the CPU emulator). */
 static void retire_storage(Dev *d, Alloc *a) {
-    if (!dev_ops(d)->storage_fenced && !a->host) {
+    if (d->world->cfg.dry_run || (!dev_ops(d)->storage_fenced && !a->host)) {
         release_storage(d, a);
         return;
     }

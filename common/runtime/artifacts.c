@@ -513,15 +513,20 @@ static void write_memory_pickle(const char *dir, Dev *d) {
 void dev_write_artifacts(Dev *d, const char *dir) {
     make_dirs(dir);
     dev_synchronize(d);
-    char file[64];
-    snprintf(file, sizeof file, "trace_rank%d.json", d->rank);
-    write_trace(dir, file, &d, 1);
-    write_memory_json(dir, d);
-    write_memory_pickle(dir, d);
     World *w = d->world;
+    /* --trace-ranks N: the other ranks write nothing (a 64-rank dry run's snapshots are gigabytes) */
+    const int traced = w->cfg.trace_ranks > 0 && w->cfg.trace_ranks < w->cfg.world_size ? w->cfg.trace_ranks
+                                                                                          : w->cfg.world_size;
+    if (d->rank < traced) {
+        char file[64];
+        snprintf(file, sizeof file, "trace_rank%d.json", d->rank);
+        write_trace(dir, file, &d, 1);
+        write_memory_json(dir, d);
+        write_memory_pickle(dir, d);
+    }
     if (!backend_is_multiprocess(w->cfg.backend) && w->local_ranks > 1) {
         dev_host_barrier(d); /* every rank's trace is complete */
-        if (d->rank == 0) write_trace(dir, "trace.json", w->devs, w->local_ranks);
+        if (d->rank == 0) write_trace(dir, "trace.json", w->devs, traced < w->local_ranks ? traced : w->local_ranks);
         dev_host_barrier(d); /* nobody records more or exits while rank 0 reads */
     } else if (!backend_is_multiprocess(w->cfg.backend)) {
         write_trace(dir, "trace.json", &d, 1);

@@ -99,10 +99,14 @@ DryArena *dry_arena_new(int rank) {
     return a;
 }
 
+/* A reservation of at least need bytes: DRY_CHUNK_BYTES, or less where the address space is short (an
+ * address-space limit, a sanitizer's or valgrind's layout), down to need itself. */
 static int add_chunk(DryArena *a, size_t need) {
     size_t size = need > DRY_CHUNK_BYTES ? (need + DRY_CHUNK_BYTES - 1) / DRY_CHUNK_BYTES * DRY_CHUNK_BYTES
                                          : DRY_CHUNK_BYTES;
-    void *p = reserve(size, NULL, a->rank);
+    void *p;
+    while (!(p = reserve(size, NULL, a->rank)) && size / 2 >= need) size /= 2;
+    if (!p && size != need) p = reserve(size = need, NULL, a->rank);
     if (!p) return 0;
     if (a->n == a->cap) {
         a->cap = a->cap ? 2 * a->cap : 4;

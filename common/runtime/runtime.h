@@ -79,6 +79,7 @@ typedef struct {
     double pcie_latency_us;   /* per copy */
     int poison;               /* fill fresh allocations with NaN */
     int trace;                /* record op/collective timings for the trace */
+    int trace_ranks;          /* only ranks 0 .. trace_ranks-1 record them and write artifacts (0: every rank) */
     int blas_threads;         /* OpenBLAS threads per rank (0 = cores / ranks) */
     int no_race_check;        /* 1 = turn the stream race detector off (on by default) */
     double collective_timeout_s; /* watchdog: a collective waiting longer stops the run; 0 = off */

@@ -129,6 +129,7 @@ static void *stream_worker(void *p) {
         cs->head = (cs->head + 1) % cs->ring_cap;
         cs->count--;
         cs->completed++;
+        cs->colls_done += op.kind == OP_COLL;
         pthread_cond_broadcast(&cs->cv_done);
     }
     pthread_mutex_unlock(&cs->mu);
@@ -164,7 +165,24 @@ static void enqueue(Stream *s, Op *op, size_t args_size, int charged) {
     push(s, op, args_size);
 }
 
-void cpu_enqueue_op(Stream *s, Op *op) { enqueue(s, op, 0, 1); }
+/* A dry run's host keeps at most this many collectives of a stream ahead of
+ * its worker. Its workers run nothing, so the hosts (race detector, allocator)
+ * are the slow side and would queue a whole step: at 64 ranks, thousands of
+ * copies per module per rank, gigabytes of queued ops. Waiting for its own
+ * earlier collectives cannot deadlock a program whose ranks issue the same
+ * calls in the same order (the host furthest behind waits only for
+ * collectives every rank has queued), and it is wall time only: the modelled
+ * clock never sees it. */
+#define DRY_COLLECTIVES_AHEAD 4
+
+void cpu_enqueue_op(Stream *s, Op *op) {
+    enqueue(s, op, 0, 1);
+    if (!s->dev->world->cfg.dry_run || op->kind != OP_COLL) return;
+    CpuStream *cs = cpu_stream(s);
+    pthread_mutex_lock(&cs->mu);
+    while (cs->colls_done + DRY_COLLECTIVES_AHEAD < s->coll_seq) pthread_cond_wait(&cs->cv_done, &cs->mu);
+    pthread_mutex_unlock(&cs->mu);
+}
 
 static uint64_t stream_completed(Stream *s) {
     CpuStream *cs = cpu_stream(s);

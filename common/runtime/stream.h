@@ -21,6 +21,7 @@ typedef struct {
     uint64_t completed;             /* ops finished so far (worker) */
     double end_us;                  /* the modelled end of the last op finished (worker; the host reads it under mu) */
     int stop;
+    uint64_t colls_done;            /* collectives finished so far (worker; a dry run's host throttle reads it) */
     void *coll;                     /* the collective backend's own (local: channels; mpi: communicators) */
 } CpuStream;
 

@@ -81,7 +81,8 @@ static Dev *dev_create(World *w, int rank) {
     d->scope.micro = -1;
     d->scope.module = dev_intern(d, "");
     d->scope.phase = dev_intern(d, "");
-    d->scope.tracing = w->cfg.trace != 0;
+    d->scope.tracing = 0;
+    dev_set_tracing(d, w->cfg.trace);
     d->mem.prio_state = 0x9E3779B97F4A7C15ull ^ (uint64_t)(rank + 1);
     pthread_mutex_init(&d->trace.mu, NULL);
     pthread_mutex_init(&d->flight.mu, NULL);
@@ -173,5 +174,9 @@ const char *dev_scope_phase(const Dev *d) { return d->scope.phase; }
 int dev_scope_step(const Dev *d) { return d->scope.step; }
 void dev_set_microbatch(Dev *d, int micro) { d->scope.micro = micro < 0 ? -1 : micro; }
 int dev_scope_microbatch(const Dev *d) { return d->scope.micro; }
-void dev_set_tracing(Dev *d, int on) { d->scope.tracing = on != 0; }
+/* WorldConfig.trace_ranks keeps the other ranks' traces empty (a 64-rank dry run's would be gigabytes). */
+void dev_set_tracing(Dev *d, int on) {
+    int traced = !d->world->cfg.trace_ranks || d->rank < d->world->cfg.trace_ranks;
+    d->scope.tracing = on != 0 && traced;
+}
 int dev_tracing(const Dev *d) { return d->scope.tracing; }

@@ -1,0 +1,304 @@
+#!/usr/bin/env python3
+"""simulate.py — a stage's own hooks on a modelled GPU cluster (a dry run: train --dry-run).
+
+    tools/simulate.py --stage 04 --flavor 8B --world 8 --profile h100-sxm [--flags "--ac --param-dtype bf16"]
+    tools/simulate.py --stage 08 --flavor 8B --sweep 8,16,32,64 --flags "--ac --param-dtype bf16"
+    tools/simulate.py --compare            the dry runs of torchtitan's published FSDP2 configurations, side by side
+
+The driver, the model's schedule and the stage's hw_fsdp.c run as in training; every kernel, copy and
+collective is priced on the device profile's modelled clock and executed nowhere; every allocation is
+counted as in a real run, with no memory behind it. The report (printed, and report.md / report.json in
+the run directory) reads what the run wrote:
+  modelled step time         metrics.jsonl model_step_ms of the last step (the max over ranks)
+  tokens/s per GPU           local batch x sequence / that step time
+  MFU                        torchtitan's formula: (6 x non-embedding params + 12 x layers x heads x
+                             head_dim x seq) FLOPs per token x tokens/s/GPU / the profile's dense BF16 peak,
+                             whatever the run's math was (as torchtitan quotes it)
+  memory per rank            rank 0's peak from step 2 on (torchtitan reads memory there), by tag, from the
+                             memory snapshot; and the peak at init (the full model fsdp_init receives)
+  exposed communication      rank 0's compute stream in collectives and waits, by phase (the trace)
+and draws the timeline and memory plots (tools/plots.py). --sweep draws tokens/s/GPU and memory against
+the world size (sweep.png). By default STAGE is your stages/NN (build/stages/NN_*/train); --solutions takes
+the instructors' solution. Ranks >= 1 record no trace (--trace-ranks 1): FSDP's ranks are symmetric and a
+64-rank trace is gigabytes.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+from repo_paths import ROOT
+
+import manifest
+from benchlib.memory_model import flops_per_token, model_dims, n_params
+from benchlib.traces import step_on_model_clock, trace_events
+
+BUILD = os.environ.get("HWFSDP_BUILD", os.path.join(ROOT, "build"))
+GIB = 1024.0 ** 3
+
+# torchtitan's published FSDP2 figures (tokens/s/GPU; memory GiB; MFU %), each with its configuration and source.
+# The A100 rows' MFU counted the embedding in the parameters (torchtitan fixed its formula a week later);
+# the H100 rows ran on Grand Teton H100s: HBM2e at 2.4 TB/s and 500 W, below the SXM5 datasheet's profile.
+TORCHTITAN = [
+    {"row": "8B, 8 H100, FSDP", "flavor": "8B", "world": 8, "profile": "h100-sxm", "batch": 2, "seq": 8192,
+     "ac": "selective (per op)", "precision": "bf16 params, fp32 reduce", "compile": False, "tps": 5762,
+     "memory_gib": 82.4, "mfu": None,
+     "source": "torchtitan benchmarks/llama3_h100_202412_torchtitan.md, table 1 (docs/performance.md, 2025-01)"},
+    {"row": "8B, 8 H100, FSDP + torch.compile", "flavor": "8B", "world": 8, "profile": "h100-sxm", "batch": 2,
+     "seq": 8192, "ac": "selective (per op)", "precision": "bf16 params, fp32 reduce", "compile": True, "tps": 6667,
+     "memory_gib": 77.0, "mfu": None, "source": "the same table"},
+    {"row": "8B, 64 A100, FSDP", "flavor": "8B", "world": 64, "profile": "a100-80g", "batch": 1, "seq": 8192,
+     "ac": "selective (per op)", "precision": "bf16 params, fp32 reduce", "compile": False, "tps": 2973,
+     "memory_gib": None, "mfu": 58.2, "source": "torchtitan docs/performance.md (2024-04, commit 1ea476e9)"},
+    {"row": "70B, 64 A100, FSDP", "flavor": "70B", "world": 64, "profile": "a100-80g", "batch": 1, "seq": 8192,
+     "ac": "full", "precision": "bf16 params, fp32 reduce", "compile": False, "tps": 331, "memory_gib": None,
+     "mfu": 51.7, "source": "the same table"},
+]
+# our side of every row: stage 08's solution (FSDP2's MixedPrecisionPolicy), full AC (this runtime has no selective AC)
+COMPARE_STAGE, COMPARE_FLAGS = "08", ["--ac", "--param-dtype", "bf16"]
+
+
+def fail(msg):
+    print("simulate.py: " + msg, file=sys.stderr)
+    sys.exit(2)
+
+
+def binary(stage, solutions):
+    path = os.path.join(BUILD, "solutions" if solutions else "stages", stage.dir, "train")
+    if not os.access(path, os.X_OK):
+        fail("%s is not built (run make first)" % path)
+    return path
+
+
+def dry_run(exe, stage, flavor, world, profile, batch, seq, steps, flags, out):
+    """Run one dry run into out; its report. A failed run is one line and exit status 2."""
+    cmd = [exe, "--dry-run", "--flavor", flavor, "--world", str(world), "--device-profile", profile,
+           "--batch-size", str(batch), "--seq-len", str(seq), "--steps", str(steps), "--warmup-steps", "0",
+           "--profile-steps", str(steps), "--trace-ranks", "1", "--quiet", "--out", out]
+    cmd += stage.flags_at(world) + list(flags)
+    os.makedirs(out, exist_ok=True)
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if p.returncode != 0:
+        last = (p.stderr.strip().splitlines() or ["exit status %d" % p.returncode])[-1]
+        fail("the dry run of stage %s (%s, world %d) failed: %s" % (stage.id, flavor, world, last))
+    return report(out, stage)
+
+
+def peaks(memory_json, last_step):
+    """(init peak bytes, steady peak bytes, by tag at it, where): rank 0's most bytes at init (before step 1) and
+    in the last step (0-based), replaying its memory snapshot."""
+    with open(memory_json) as fh:
+        events = json.load(fh)["events"]
+    live, init, best, best_live, where = {}, 0, -1, {}, "?"
+    for e in events:
+        a = e.get("action")
+        if a == "alloc":
+            live[e["addr"]] = e
+        elif a in ("free", "free_completed"):
+            live.pop(e["addr"], None)
+        else:
+            continue
+        if e["step"] < 0:
+            init = max(init, e["current_bytes"])
+        elif e["step"] == last_step and e["current_bytes"] > best:
+            best, where = e["current_bytes"], "%s %s (%s)" % (e["module"], e["phase"], e["name"])
+            best_live = dict(live)
+    by_tag = {}
+    for e in best_live.values():
+        by_tag[e["tag"]] = by_tag.get(e["tag"], 0) + e["size"]
+    return init, best, by_tag, where
+
+
+def report(run_dir, stage):
+    with open(os.path.join(run_dir, "run.json")) as fh:
+        rj = json.load(fh)
+    with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
+        metrics = [json.loads(line) for line in fh if line.strip()]
+    last = metrics[-1]
+    events = trace_events(run_dir)
+    clock = step_on_model_clock(run_dir, last["step"] - 1, last["model_step_ms"], events=events)
+    dims = model_dims(rj)
+    T, B = rj["seq_len"], rj["batch_size"]
+    step_s = last["model_step_ms"] / 1e3
+    tps = B * T / step_s
+    with open(os.path.join(run_dir, "trace_rank0.json")) as fh:
+        meta = json.load(fh)["otherData"]
+    fpt = flops_per_token(dims, T)
+    init, steady, by_tag, where = peaks(os.path.join(run_dir, "memory_rank0.json"), last["step"] - 1)
+    attn_ms = sum(e["dur"] for e in events if e["pid"] == 0 and e["args"].get("step") == last["step"] - 1
+                  and e["tid"] == 0 and e.get("cat") == "compute" and e["name"].split(".")[-1].startswith("attention")) / 1e3
+    return {
+        "stage": stage.id, "flavor": rj["flavor"], "world": rj["world_size"], "mesh": rj.get("mesh"),
+        "device_profile": meta["device_profile"], "batch": B, "seq_len": T, "ac": rj.get("ac"),
+        "param_dtype": rj.get("param_dtype"), "reduce_dtype": rj.get("reduce_dtype"),
+        "reshard_after_forward": rj.get("reshard_after_forward"), "n_params": n_params(dims),
+        "steps": len(metrics), "model_step_ms": last["model_step_ms"], "tokens_per_s_per_gpu": tps,
+        "flops_per_token": fpt, "mfu": fpt * tps / meta["peak_flops"]["bf16"],
+        "kernel_flop_utilization": clock["flop_utilization"], "matmul_math": clock["math"],
+        "exposed_comm_ms_by_phase": clock["exposed_comm_ms_by_phase"], "exposed_comm_ms": clock["exposed_comm_ms"],
+        "compute_ms": clock["compute_ms"], "collective_ms": clock["collective_ms"], "attention_ms": attn_ms,
+        "init_peak_bytes": init, "steady_peak_bytes": steady, "steady_peak_by_tag": by_tag, "steady_peak_at": where,
+        "run_dir": run_dir,
+    }
+
+
+def render(r):
+    """The report as markdown lines."""
+    L = ["# Dry run: stage %s, Llama %s, %d modelled GPUs (%s)" % (r["stage"], r["flavor"], r["world"],
+                                                                   r["device_profile"]), ""]
+    L.append("Local batch %d x sequence %d, %s, params %s, reduce %s%s; %s parameters. No math ran: every figure "
+             "is the modelled clock's or the allocator's." % (
+                 r["batch"], r["seq_len"], "full activation checkpointing" if r["ac"] else "no activation checkpointing",
+                 r["param_dtype"], r["reduce_dtype"], "" if r["reshard_after_forward"] in (None, True)
+                 else ", no reshard after forward (ZeRO-2)", "{:,}".format(r["n_params"])))
+    L += ["", "| figure | value |", "| --- | --- |",
+          "| modelled step (step %d) | %.1f ms |" % (r["steps"], r["model_step_ms"]),
+          "| tokens/s per GPU | %.0f |" % r["tokens_per_s_per_gpu"],
+          "| MFU (torchtitan's formula: %.3g FLOPs/token against the dense BF16 peak) | %.1f%% |" % (
+              r["flops_per_token"], 100 * r["mfu"]),
+          "| declared kernel FLOPs / (step x the %s peak) | %.1f%% |" % (r["matmul_math"],
+                                                                      100 * r["kernel_flop_utilization"]),
+          "| peak memory per rank, step %d on | %.2f GiB (at %s) |" % (r["steps"], r["steady_peak_bytes"] / GIB,
+                                                                      r["steady_peak_at"]),
+          "| peak memory at init (the full model fsdp_init receives) | %.2f GiB |" % (r["init_peak_bytes"] / GIB)]
+    for tag, b in sorted(r["steady_peak_by_tag"].items(), key=lambda kv: -kv[1]):
+        L.append("| &nbsp;&nbsp;%s at the peak | %.2f GiB |" % (tag, b / GIB))
+    ph = r["exposed_comm_ms_by_phase"]
+    L.append("| exposed communication (forward / backward / other) | %.1f / %.1f / %.1f ms (%.1f%% of the step) |" % (
+        ph["forward"], ph["backward"], ph["other"], 100 * r["exposed_comm_ms"] / r["model_step_ms"]))
+    L.append("| compute stream busy / collectives on any stream | %.1f / %.1f ms |" % (r["compute_ms"],
+                                                                                    r["collective_ms"]))
+    L += ["", "How it was priced (common/runtime/profile.c): matmuls at the %s peak x 70%% (bf16 under "
+          "--param-dtype bf16, as a bf16 GPU run executes them, though this runtime widens to float32); attention "
+          "at the FP32 peak x 40%%, as this runtime computes it, materialising the T x T probabilities (%.0f ms of "
+          "this step, %.0f%% of compute; a fused bf16 flash kernel would be several times faster and hold no "
+          "T x T tensor); element-wise ops at 80%% of HBM bandwidth; activations counted in float32, twice a "
+          "bf16 run's; collectives on the ring model of the profile's links." % (
+              r["matmul_math"], r["attention_ms"], 100 * r["attention_ms"] / max(r["compute_ms"], 1e-9))]
+    return L
+
+
+def plots(run_dir, step):
+    subprocess.run([sys.executable, os.path.join(ROOT, "tools", "plots.py"), run_dir, "--step", str(step)],
+                   capture_output=True, text=True, cwd=ROOT)
+
+
+def write_report(r):
+    L = render(r)
+    with open(os.path.join(r["run_dir"], "report.md"), "w") as fh:
+        fh.write("\n".join(L) + "\n")
+    with open(os.path.join(r["run_dir"], "report.json"), "w") as fh:
+        json.dump(r, fh, indent=1)
+    print("\n".join(L))
+    print("\nrun directory: %s (report.md, plots/: timeline and memory)" % r["run_dir"])
+
+
+def sweep(exe, stage, a, worlds):
+    rows = []
+    for w in worlds:
+        out = os.path.join(a.out, "world%d" % w)
+        print("dry run: stage %s, %s, world %d ..." % (stage.id, a.flavor, w), flush=True)
+        rows.append(dry_run(exe, stage, a.flavor, w, a.profile, a.batch, a.seq, a.steps, a.flags.split(), out))
+    L = ["# Sweep: stage %s, Llama %s on %s, local batch %d x %d" % (stage.id, a.flavor, a.profile, a.batch, a.seq),
+         "", "| world | modelled step ms | tokens/s/GPU | MFU | peak GiB/rank | exposed comm ms |",
+         "| ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        L.append("| %d | %.1f | %.0f | %.1f%% | %.2f | %.1f |" % (r["world"], r["model_step_ms"],
+                                                                  r["tokens_per_s_per_gpu"], 100 * r["mfu"],
+                                                                  r["steady_peak_bytes"] / GIB, r["exposed_comm_ms"]))
+    print("\n".join(L))
+    with open(os.path.join(a.out, "sweep.json"), "w") as fh:
+        json.dump(rows, fh, indent=1)
+    with open(os.path.join(a.out, "sweep.md"), "w") as fh:
+        fh.write("\n".join(L) + "\n")
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("(matplotlib missing: no sweep.png)")
+        return
+    fig, ax = plt.subplots(1, 2, figsize=(10, 4))
+    ws = [r["world"] for r in rows]
+    ax[0].plot(ws, [r["tokens_per_s_per_gpu"] for r in rows], "o-")
+    ax[0].set(xscale="log", xticks=ws, xticklabels=ws, xlabel="modelled GPUs", ylabel="tokens/s per GPU",
+              title="throughput (modelled clock)")
+    ax[1].plot(ws, [r["steady_peak_bytes"] / GIB for r in rows], "o-", color="C1")
+    ax[1].set(xscale="log", xticks=ws, xticklabels=ws, xlabel="modelled GPUs", ylabel="GiB per rank",
+              title="peak memory per rank (step 2)")
+    fig.suptitle("stage %s, Llama %s, %s, %s" % (stage.id, a.flavor, a.profile, a.flags or "no flags"))
+    fig.tight_layout()
+    fig.savefig(os.path.join(a.out, "sweep.png"), dpi=100)
+    print("wrote %s" % os.path.join(a.out, "sweep.png"))
+
+
+def compare(a):
+    stage = manifest.stage(COMPARE_STAGE)
+    exe = binary(stage, True)
+    L = ["| configuration | torchtitan tokens/s/GPU | dry run tokens/s/GPU | torchtitan MFU | dry run MFU | "
+         "torchtitan memory | dry run memory/rank | what differs |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    rows = []
+    for t in TORCHTITAN:
+        out = os.path.join(a.out, "%s-w%d-%s" % (t["flavor"], t["world"], t["profile"]))
+        print("dry run: %s ..." % t["row"], flush=True)
+        r = dry_run(exe, stage, t["flavor"], t["world"], t["profile"], t["batch"], t["seq"], a.steps, COMPARE_FLAGS,
+                    out)
+        rows.append({"torchtitan": t, "dry_run": r})
+        diff = ["full AC (torchtitan: %s)" % t["ac"]] if t["ac"] != "full" else []
+        diff += ["float32 activations and attention"] + (["torch.compile"] if t["compile"] else [])
+        L.append("| %s, batch %d x %d | %d | %.0f | %s | %.1f%% | %s | %.1f GiB | %s |" % (
+            t["row"], t["batch"], t["seq"], t["tps"], r["tokens_per_s_per_gpu"],
+            "%.1f%%" % t["mfu"] if t["mfu"] else "not published", 100 * r["mfu"],
+            "%.1f GiB" % t["memory_gib"] if t["memory_gib"] else "not published", r["steady_peak_bytes"] / GIB,
+            "; ".join(diff)))
+    print("\n".join(L))
+    with open(os.path.join(a.out, "compare.json"), "w") as fh:
+        json.dump(rows, fh, indent=1)
+    with open(os.path.join(a.out, "compare.md"), "w") as fh:
+        fh.write("\n".join(L) + "\n\nSources: " + "; ".join(sorted({t["source"] for t in TORCHTITAN})) + "\n")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--stage", default="04", help="stage number (default 04)")
+    ap.add_argument("--solutions", action="store_true", help="the solution's hw_fsdp.c instead of stages/NN's")
+    ap.add_argument("--flavor", default="8B")
+    ap.add_argument("--world", type=int, default=8)
+    ap.add_argument("--profile", default="h100-sxm", help="device profile (train --device-profile)")
+    ap.add_argument("--batch", type=int, default=1, help="local batch (sequences per rank; default 1)")
+    ap.add_argument("--seq", type=int, default=8192, help="sequence length (default 8192)")
+    ap.add_argument("--steps", type=int, default=2, help="steps (default 2: the report reads the last)")
+    ap.add_argument("--flags", default="", help="more train flags, one string (e.g. \"--ac --param-dtype bf16\")")
+    ap.add_argument("--sweep", help="world sizes, comma-separated (e.g. 8,16,32,64): one dry run each and sweep.png")
+    ap.add_argument("--compare", action="store_true", help="torchtitan's published configurations, side by side")
+    ap.add_argument("--out", help="run directory (default runs/simulate/...)")
+    a = ap.parse_args(argv)
+    if a.steps < 2:
+        ap.error("--steps must be at least 2 (memory is read from step 2 on)")
+    if a.compare:
+        a.out = a.out or os.path.join(ROOT, "runs", "simulate", "compare")
+        compare(a)
+        return 0
+    try:
+        stage = manifest.stage(a.stage)
+    except KeyError:
+        fail("no stage %r (stages: %s)" % (a.stage, ", ".join(s.id for s in manifest.stages())))
+    exe = binary(stage, a.solutions)
+    if a.sweep:
+        try:
+            worlds = [int(w) for w in a.sweep.split(",")]
+        except ValueError:
+            fail("--sweep takes world sizes separated by commas (got %r)" % a.sweep)
+        a.out = a.out or os.path.join(ROOT, "runs", "simulate", "sweep-%s-%s" % (stage.id, a.flavor))
+        sweep(exe, stage, a, worlds)
+        return 0
+    a.out = a.out or os.path.join(ROOT, "runs", "simulate", "%s-%s-w%d-%s" % (stage.id, a.flavor, a.world, a.profile))
+    r = dry_run(exe, stage, a.flavor, a.world, a.profile, a.batch, a.seq, a.steps, a.flags.split(), a.out)
+    plots(a.out, a.steps)
+    write_report(r)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -68,7 +68,7 @@ SOL_BIN    := $(patsubst %,$(BUILD)/solutions/%/train,$(SOLUTIONS))
 STAGE_BIN  := $(patsubst %,$(BUILD)/stages/%/train,$(STAGES))
 BASELINE   := $(BUILD)/baseline/train
 
-.PHONY: all detect run longrun test grade reference reference-check plots starters carry bench fsdp2-check record-stream-demo \
+.PHONY: all detect run longrun test grade reference reference-check plots starters carry bench simulate fsdp2-check record-stream-demo \
         handout gradescope impl stage-bins tsan asan asan-test clean
 
 all: detect $(LIB) $(BASELINE) $(SOL_BIN) stage-bins $(TEST_BIN) $(BUILD)/tests/check_ops_selftest $(BUILD)/tests/check_colls
@@ -213,6 +213,21 @@ carry:
 # (about 5 minutes on 2 cores; results/bench.json and results/bench.md).
 bench: all
 	$(PYTHON) tools/bench.py
+	$(PYTHON) tools/simulate.py --compare --out $(BUILD)/simulate-compare
+
+# Your FSDP on a modelled cluster: a dry run of your stages/NN (SOLUTION=1: the solution) in which every op is
+# priced on PROFILE's modelled clock and every allocation counted, nothing executed (tools/simulate.py --help).
+# SWEEP="8 16 32 64": one dry run per world size and a plot of tokens/s/GPU and memory against it.
+STAGE_SIM ?= $(or $(STAGE),04)
+comma := ,
+space := $(subst ,, )
+FLAVOR ?= 8B
+WORLD ?= 8
+PROFILE ?= h100-sxm
+simulate: all
+	$(PYTHON) tools/simulate.py --stage $(STAGE_SIM) --flavor $(FLAVOR) --world $(WORLD) --profile $(PROFILE) \
+	  $(if $(BATCH),--batch $(BATCH)) $(if $(SEQ),--seq $(SEQ)) $(if $(filter-out 0,$(SOLUTION)),--solutions) \
+	  $(if $(SWEEP),--sweep $(subst $(space),$(comma),$(strip $(SWEEP)))) --flags "$(FLAGS)"
 
 # Instructors: every stage's solution against real PyTorch FSDP2 on gloo CPU processes (loss, grad norm,
 # DTensors, collectives per phase; logs/fsdp2/). Not in CI. The first run installs torch from the Python

@@ -1,0 +1,158 @@
+"""The dry run (train --dry-run; common/runtime/dry.h): every op priced on the modelled clock and every
+allocation counted, nothing executed and no memory behind the buffers.
+
+- A dry run does not change the schedule or the memory count: its trace (every track's slices on the
+  modelled clock), its memory snapshots and its peaks equal those of the real run of the same
+  configuration (stages 02, 04, 06, 09 at the debugmodel, world 4); its metrics carry no loss or grad norm.
+- Host code that touches a buffer stops with one line naming it and the code (tests/test_guard.c --dry;
+  no protection keys needed).
+- A mid-size model at world 8 (1B) runs in seconds, and its peak per tag is the analytic memory model's
+  (tools/benchlib/memory_model.py), computed from the sizes alone.
+- Bad input is one line; tools/simulate.py's report holds figures recomputed here from their definitions.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from helpers import BUILD, ROOT, metrics, run_train, solution_bin
+
+import manifest
+
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+from compare_reference import memory_snapshot, trace_tracks  # noqa: E402
+from benchlib.memory_model import memory_model, model_dims  # noqa: E402
+
+DEBUG = ["--flavor", "debugmodel", "--world", 4, "--seq-len", 128, "--batch-size", 2, "--steps", 2,
+         "--profile-steps", 2, "--device-profile", "h100-sxm"]
+
+
+def stage_or_skip(sid):
+    st = manifest.stage(sid)
+    if not os.path.exists(st.solution_src()):
+        pytest.skip("no solutions/%s" % st.dir)
+    return st
+
+
+def read(path, reader=json.loads):
+    with open(path) as fh:
+        return reader(fh.read())
+
+
+@pytest.mark.parametrize("sid", ["02", "04", "06", "09"])
+def test_dry_run_has_the_real_runs_schedule_and_memory(sid, tmp_path):
+    st = stage_or_skip(sid)
+    real, dry = tmp_path / "real", tmp_path / "dry"
+    run_train(solution_bin(st), real, *DEBUG, *st.flags_at(4))
+    run_train(solution_bin(st), dry, *DEBUG, *st.flags_at(4), "--dry-run")
+    assert read(dry / "trace.json", trace_tracks) == read(real / "trace.json", trace_tracks)
+    for r in range(4):
+        name = "memory_rank%d.json" % r
+        assert read(dry / name, memory_snapshot) == read(real / name, memory_snapshot), name
+        # the DTensors' geometry is the same; whether a shard holds its rows of the init is a value: null
+        want, got = read(real / ("dtensors_rank%d.json" % r)), read(dry / ("dtensors_rank%d.json" % r))
+        for p in got["params"]:
+            assert p["local_matches_init"] is None and p["padding_is_zero"] is None, p
+        strip = lambda d: [{k: v for k, v in p.items() if k not in ("local_matches_init", "padding_is_zero")}
+                           for p in d["params"]]
+        assert strip(got) == strip(want)
+    mr, md = metrics(real), metrics(dry)
+    for a, b in zip(mr, md):
+        assert b["dry_run"] is True and b["loss"] is None and b["grad_norm"] is None and b["tokens_per_s"] is None
+        assert (b["model_step_ms"], b["peak_mem_bytes_per_rank"]) == (a["model_step_ms"], a["peak_mem_bytes_per_rank"])
+        assert a["loss"] is not None and "dry_run" not in a
+
+
+GUARD = os.path.join(BUILD, "tests", "test_guard")
+TAIL = (" on rank 1's host thread: a dry run executes no op and puts no memory behind its buffers, so no code may "
+        "read or write them (")
+DEVICE_HINT = "host code reads device memory only through a copy, as on a GPU, and a dry run has no values to copy)"
+CASES = {
+    "host_read": re.escape("error: dry run: host code read device memory 'layers.0.attention.wq.weight' (param, "
+                           "rank 1) at byte offset 128, touched by peek_weights (tests/test_guard.c)" + TAIL +
+                           DEVICE_HINT),
+    "host_write": re.escape("error: dry run: host code wrote device memory 'layers.0.attention.wq.weight' (param, "
+                            "rank 1) at byte offset 12, touched by poke_weights (tests/test_guard.c)" + TAIL +
+                            DEVICE_HINT),
+    "host_memcmp": re.escape("error: dry run: host code read device memory 'layers.0.attention.wq.weight' (param, "
+                             "rank 1) at byte offset ") + r"\d+" +
+                   re.escape(", touched by compare_weights (tests/test_guard.c) through libc.so.6" + TAIL +
+                             DEVICE_HINT),
+    "pinned_read": re.escape("error: dry run: host code read pinned host memory 'exp_avg.pinned' (optim_state, "
+                             "rank 1) at byte offset 128, touched by peek_weights (tests/test_guard.c)" + TAIL +
+                             "a value it needs does not exist in a dry run)"),
+    "probe_read": re.escape("error: rank 1: dev_probe_read of 1024 bytes in a dry run, which has no values to read"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(CASES))
+def test_touching_a_dry_runs_buffer_stops_with_one_line(kind):
+    assert os.access(GUARD, os.X_OK), "%s missing: run make first" % GUARD
+    p = subprocess.run([GUARD, "--mode", kind, "--dry"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert p.returncode == 2, "exit %d, stdout:\n%s\nstderr:\n%s" % (p.returncode, p.stdout, p.stderr)
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1, p.stderr
+    assert re.fullmatch(CASES[kind], lines[0]), lines[0]
+
+
+def test_1B_at_world_8_is_counted_as_the_memory_model_predicts(tmp_path):
+    """A mid-size model on 8 modelled GPUs: seconds on 2 cores, and rank 0's peak equals, to the byte and by tag,
+    the analytic model's prediction from the sizes and the stage's schedule alone."""
+    st = stage_or_skip("04")
+    B, T, W = 1, 2048, 8
+    run_train(solution_bin(st), tmp_path, "--flavor", "1B", "--world", W, "--batch-size", B, "--seq-len", T,
+              "--steps", 2, "--profile-steps", 2, "--trace-ranks", 1, "--dry-run", "--device-profile", "h100-sxm",
+              timeout=120)
+    dims = model_dims(read(tmp_path / "run.json"))
+    model_bytes, model_at, model_tags = memory_model(dims, B, T, W, st)
+    measured = max(m["peak_mem_bytes_per_rank"][0] for m in metrics(tmp_path))
+    assert measured == model_bytes, "measured %d bytes, the model predicts %d at %s" % (measured, model_bytes, model_at)
+    # --trace-ranks 1: rank 0 alone wrote a trace and a snapshot
+    assert os.path.exists(tmp_path / "memory_rank0.json") and not os.path.exists(tmp_path / "memory_rank1.json")
+
+
+BAD = [
+    (["--flavor", "13B"], "error: unknown flavor '13B' (tiny, debugmodel, 1B, 8B, 70B)"),
+    (["--flavor", "8B", "--seq-len", "16384"],
+     "error: --seq-len 16384 exceeds the 8B flavour's context of 8192 tokens (Llama 3's; longer contexts need the "
+     "RoPE scaling of Llama 3.1, which this runtime does not do)"),
+    (["--load", "x.safetensors"], "error: --dry-run computes no values: it cannot go with --load"),
+    (["--save", "x.safetensors"], "error: --dry-run computes no values: it cannot go with --save"),
+    (["--world", "8", "--mesh", "3,3"], "error: --mesh 3,3 holds 9 ranks but --world is 8 (R*S must equal the world)"),
+]
+
+
+@pytest.mark.parametrize("flags,line", BAD, ids=[b[1][7:40] for b in BAD])
+def test_bad_input_is_one_line(flags, line, tmp_path):
+    st = stage_or_skip("04")
+    p = run_train(solution_bin(st), tmp_path, "--dry-run", *flags, check=False)
+    assert p.returncode == 2 and p.stderr.strip() == line, p.stderr
+
+
+def test_simulate_report_holds_its_definitions(tmp_path):
+    st = stage_or_skip("04")
+    out = tmp_path / "sim"
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "simulate.py"), "--solutions", "--stage", "04",
+                        "--flavor", "debugmodel", "--world", "4", "--batch", "2", "--seq", "128", "--out", str(out)],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT, env=dict(os.environ, HWFSDP_BUILD=BUILD))
+    assert p.returncode == 0, p.stdout + p.stderr
+    r = read(out / "report.json")
+    rj, last = read(out / "run.json"), metrics(out)[-1]
+    assert r["model_step_ms"] == last["model_step_ms"]
+    assert r["tokens_per_s_per_gpu"] == pytest.approx(2 * 128 / (last["model_step_ms"] / 1e3))
+    # torchtitan's FLOPs per token, from the config: 6 x (params - embedding) + 12 x L x H x head_dim x T
+    D, L, H, V, F, KV = rj["dim"], rj["n_layers"], rj["n_heads"], rj["vocab_size"], rj["hidden_dim"], rj["n_kv_heads"]
+    hd = D // H
+    block = 2 * D + D * H * hd * 2 + 2 * D * KV * hd + 3 * D * F
+    non_embedding = L * block + D + V * D
+    assert r["flops_per_token"] == 6 * non_embedding + 12 * L * H * hd * 128
+    assert r["n_params"] == rj["n_params"]
+    peak = read(out / "trace_rank0.json")["otherData"]["peak_flops"]["bf16"]
+    assert r["mfu"] == pytest.approx(r["flops_per_token"] * r["tokens_per_s_per_gpu"] / peak)
+    assert r["steady_peak_bytes"] == last["peak_mem_bytes_per_rank"][0]
+    assert sum(r["steady_peak_by_tag"].values()) == r["steady_peak_bytes"]
+    assert "modelled step (step 2)" in (out / "report.md").read_text()
+    assert (out / "plots" / "timeline.png").exists() and (out / "plots" / "memory.png").exists()

@@ -71,9 +71,13 @@ def binary(stage, solutions):
     return path
 
 
+GPUS_PER_NODE = 8  # a DGX / HGX node: NVLink inside, the profile's InfiniBand between nodes
+
+
 def dry_run(exe, stage, flavor, world, profile, batch, seq, steps, flags, out):
     """Run one dry run into out; its report. A failed run is one line and exit status 2."""
     cmd = [exe, "--dry-run", "--flavor", flavor, "--world", str(world), "--device-profile", profile,
+           "--ranks-per-node", str(min(world, GPUS_PER_NODE)),
            "--batch-size", str(batch), "--seq-len", str(seq), "--steps", str(steps), "--warmup-steps", "0",
            "--profile-steps", str(steps), "--trace-ranks", "1", "--quiet", "--out", out]
     cmd += stage.flags_at(world) + list(flags)
@@ -222,17 +226,23 @@ def sweep(exe, stage, a, worlds):
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        import matplotlib.ticker  # noqa: F401
     except ImportError:
         print("(matplotlib missing: no sweep.png)")
         return
     fig, ax = plt.subplots(1, 2, figsize=(10, 4))
     ws = [r["world"] for r in rows]
     ax[0].plot(ws, [r["tokens_per_s_per_gpu"] for r in rows], "o-")
-    ax[0].set(xscale="log", xticks=ws, xticklabels=ws, xlabel="modelled GPUs", ylabel="tokens/s per GPU",
+    ax[0].set(xlabel="modelled GPUs (8 per node)", ylabel="tokens/s per GPU",
               title="throughput (modelled clock)")
     ax[1].plot(ws, [r["steady_peak_bytes"] / GIB for r in rows], "o-", color="C1")
-    ax[1].set(xscale="log", xticks=ws, xticklabels=ws, xlabel="modelled GPUs", ylabel="GiB per rank",
+    ax[1].set(xlabel="modelled GPUs (8 per node)", ylabel="GiB per rank",
               title="peak memory per rank (step 2)")
+    for x in ax:
+        x.set_xscale("log", base=2)
+        x.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+        x.set_xticks(ws, [str(w) for w in ws])
+        x.set_ylim(bottom=0)
     fig.suptitle("stage %s, Llama %s, %s, %s" % (stage.id, a.flavor, a.profile, a.flags or "no flags"))
     fig.tight_layout()
     fig.savefig(os.path.join(a.out, "sweep.png"), dpi=100)

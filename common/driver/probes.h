@@ -12,7 +12,10 @@
  *     high-water and at exit) as "hook_memory" notes;
  *   - after fsdp_finish_backward with --grad-accum: the gradient state the
  *     next microbatch or the optimizer reads, as a "grad_state" note;
- *   - after fsdp_init: the DTensors, as dtensors_rank<r>.json. */
+ *   - after fsdp_init: the DTensors, as dtensors_rank<r>.json.
+ * In a dry run (dev_dry_run) the probes that read values are off: the params
+ * check, the grad-state note, and the DTensors' local_matches_init and
+ * padding_is_zero (null); the memory notes are written as in a real run. */
 #ifndef HWFSDP_PROBES_H
 #define HWFSDP_PROBES_H
 

@@ -132,10 +132,12 @@ int step_log_write(StepLog *l, Dev *dev, const Options *o, const ModelRun *run, 
                                dry);
         if (!o->quiet && dry) {
             /* the modelled clock's tokens per second per GPU: what the report (tools/simulate.py) reads too */
-            double model_tps = (double)(run->B * run->T) / (model_step_max * 1e-6);
-            printf("step: %3d  loss: dry run  grad_norm: dry run  memory: %9.2fGiB  lr: %.2e  modelled step: %.3fms  "
+            double model_tps = (double)(run->B * run->T) / (model_step_max * 1e-6), peak = max_of(peaks, W);
+            int gib = peak >= 1073741824.0;
+            printf("step: %3d  loss: dry run  grad_norm: dry run  memory: %8.2f%s  lr: %.2e  modelled step: %.3fms  "
                    "modelled tokens/s/GPU: %.0f\n",
-                   step + 1, max_of(peaks, W) / 1073741824.0, (double)lr, model_step_max / 1000.0, model_tps);
+                   step + 1, peak / (gib ? 1073741824.0 : 1048576.0), gib ? "GiB" : "MiB", (double)lr,
+                   model_step_max / 1000.0, model_tps);
         } else if (!o->quiet) {
             char norm[48]; /* --forward-only runs no backward: say so rather than print nan */
             if (o->forward_only) snprintf(norm, sizeof norm, "not computed (--forward-only)");

@@ -14,7 +14,11 @@
  * function that touched it and whether it read or wrote (exit status 2).
  * Without pkeys (pkey_alloc fails) one line says why and the run goes on
  * unguarded. OpenBLAS runs one thread per call in this mode: its pool threads
- * were started before the key existed, with it disabled. */
+ * were started before the key existed, with it disabled.
+ *
+ * A dry run (--dry-run, dry.h) needs no key: its buffers are PROT_NONE address
+ * space, so any touch faults, on any machine. The same handler names the
+ * buffer and the code, with the dry run's own sentence. */
 #ifndef HWFSDP_GUARD_H
 #define HWFSDP_GUARD_H
 

@@ -267,6 +267,7 @@ tsan:
 	  { tail -60 build-tsan/$$t.log; echo "tsan: $$t failed (build-tsan/$$t.log)"; exit 1; }; tail -1 build-tsan/$$t.log; done; \
 	$(foreach s,$(SOLUTIONS),echo "tsan: $(s)"; build-tsan/solutions/$(s)/train $(SAN_RUN) --world 4 \
 	  $(STAGE_FLAGS_$(s)) --link-gbps 5 --out build-tsan/runs/$(s);)
+	@echo "tsan: a dry run"; build-tsan/baseline/train $(SAN_RUN) --world 4 --dry-run --out build-tsan/runs/dry-run
 	@echo "tsan: clean"
 # (gcc 12's -Wformat-truncation misfires on vsnprintf under -fsanitize=undefined)
 asan:
@@ -277,6 +278,8 @@ asan:
 	  { tail -60 build-asan/$$t.log; echo "asan: $$t failed (build-asan/$$t.log)"; exit 1; }; tail -1 build-asan/$$t.log; done; \
 	$(foreach s,$(SOLUTIONS),echo "asan: $(s)"; build-asan/solutions/$(s)/train $(SAN_RUN) --world 3 \
 	  $(STAGE_FLAGS_W3_$(s)) --out build-asan/runs/$(s);)
+	@echo "asan: a dry run"; ASAN_OPTIONS=detect_leaks=1 build-asan/baseline/train $(SAN_RUN) --world 3 --dry-run \
+	  --out build-asan/runs/dry-run
 	@echo "asan: clean"
 
 # The whole Python test suite against AddressSanitizer + UBSan binaries.

@@ -227,7 +227,7 @@ PROFILE ?= h100-sxm
 simulate: all
 	$(PYTHON) tools/simulate.py --stage $(STAGE_SIM) --flavor $(FLAVOR) --world $(WORLD) --profile $(PROFILE) \
 	  $(if $(BATCH),--batch $(BATCH)) $(if $(SEQ),--seq $(SEQ)) $(if $(filter-out 0,$(SOLUTION)),--solutions) \
-	  $(if $(SWEEP),--sweep $(subst $(space),$(comma),$(strip $(SWEEP)))) --flags "$(FLAGS)"
+	  $(if $(SWEEP),--sweep $(subst $(space),$(comma),$(strip $(SWEEP)))) --flags="$(FLAGS)"
 
 # Instructors: every stage's solution against real PyTorch FSDP2 on gloo CPU processes (loss, grad norm,
 # DTensors, collectives per phase; logs/fsdp2/). Not in CI. The first run installs torch from the Python

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """simulate.py — a stage's own hooks on a modelled GPU cluster (a dry run: train --dry-run).
 
-    tools/simulate.py --stage 04 --flavor 8B --world 8 --profile h100-sxm [--flags "--ac --param-dtype bf16"]
-    tools/simulate.py --stage 08 --flavor 8B --sweep 8,16,32,64 --flags "--ac --param-dtype bf16"
+    tools/simulate.py --stage 04 --flavor 8B --world 8 --profile h100-sxm [--flags="--ac --param-dtype bf16"]
+    tools/simulate.py --stage 08 --flavor 8B --sweep 8,16,32,64 --flags="--ac --param-dtype bf16"
     tools/simulate.py --compare            the dry runs of torchtitan's published FSDP2 configurations, side by side
 
 The driver, the model's schedule and the stage's hw_fsdp.c run as in training; every kernel, copy and
@@ -289,7 +289,7 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=1, help="local batch (sequences per rank; default 1)")
     ap.add_argument("--seq", type=int, default=8192, help="sequence length (default 8192)")
     ap.add_argument("--steps", type=int, default=2, help="steps (default 2: the report reads the last)")
-    ap.add_argument("--flags", default="", help="more train flags, one string (e.g. \"--ac --param-dtype bf16\")")
+    ap.add_argument("--flags", default="", help="more train flags, one string: --flags=\"--ac --param-dtype bf16\"")
     ap.add_argument("--sweep", help="world sizes, comma-separated (e.g. 8,16,32,64): one dry run each and sweep.png")
     ap.add_argument("--compare", action="store_true", help="torchtitan's published configurations, side by side")
     ap.add_argument("--out", help="run directory (default runs/simulate/...)")

@@ -3,7 +3,8 @@ allocation counted, nothing executed and no memory behind the buffers.
 
 - A dry run does not change the schedule or the memory count: its trace (every track's slices on the
   modelled clock), its memory snapshots and its peaks equal those of the real run of the same
-  configuration (stages 02, 04, 06, 09 at the debugmodel, world 4); its metrics carry no loss or grad norm.
+  configuration (every stage that trains, at the debugmodel, world 4; stage 07's grad-state note, a
+  value probe, says "dry_run" in place of its figures); its metrics carry no loss or grad norm.
 - Host code that touches a buffer stops with one line naming it and the code (tests/test_guard.c --dry;
   no protection keys needed).
 - A mid-size model at world 8 (1B) runs in seconds, and its peak per tag is the analytic memory model's
@@ -18,7 +19,7 @@ import sys
 
 import pytest
 
-from helpers import BUILD, ROOT, metrics, run_train, solution_bin
+from helpers import BUILD, ROOT, SOLVED, metrics, run_train, solution_bin
 
 import manifest
 
@@ -42,16 +43,24 @@ def read(path, reader=json.loads):
         return reader(fh.read())
 
 
-@pytest.mark.parametrize("sid", ["02", "04", "06", "09"])
-def test_dry_run_has_the_real_runs_schedule_and_memory(sid, tmp_path):
-    st = stage_or_skip(sid)
+# every stage that trains (02's blocking schedule, 04's overlap, 06's ZeRO-2, 09's 2-D mesh and the rest)
+TRAINING = [s for s in SOLVED if not s.forward_only]
+
+
+@pytest.mark.parametrize("st", TRAINING, ids=[s.id for s in TRAINING])
+def test_dry_run_has_the_real_runs_schedule_and_memory(st, tmp_path):
     real, dry = tmp_path / "real", tmp_path / "dry"
     run_train(solution_bin(st), real, *DEBUG, *st.flags_at(4))
     run_train(solution_bin(st), dry, *DEBUG, *st.flags_at(4), "--dry-run")
     assert read(dry / "trace.json", trace_tracks) == read(real / "trace.json", trace_tracks)
     for r in range(4):
         name = "memory_rank%d.json" % r
-        assert read(dry / name, memory_snapshot) == read(real / name, memory_snapshot), name
+        want, got = read(real / name, memory_snapshot), read(dry / name, memory_snapshot)
+        # stage 07's grad-state note holds values: a dry run's says so instead, in the same place (probes.h)
+        for d in (want, got):
+            d["events"] = [{k: e.get(k) for k in ("seq", "kind", "step", "module", "hook", "microbatch")}
+                           if e.get("kind") == "grad_state" else e for e in d["events"]]
+        assert got == want, name
         # the DTensors' geometry is the same; whether a shard holds its rows of the init is a value: null
         want, got = read(real / ("dtensors_rank%d.json" % r)), read(dry / ("dtensors_rank%d.json" % r))
         for p in got["params"]:

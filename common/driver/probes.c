@@ -577,14 +577,19 @@ static void g_or_null(Json *f, int has, double v) {
 
 void probe_grad_state(Dev *dev, Probes *p, int step) {
     int k = dev_scope_microbatch(dev);
-    /* one batch per step; the CPU backend only; a dry run has no gradient values */
-    if (k < 0 || dev_is_cuda_build() || dev_dry_run(dev) || !p->grad_state) return;
-    const Model *m = p->model;
-    double total[2] = {0, 0}, total_dot = 0;
-    int count[2] = {0, 0}, unreadable = 0, dot_params = 0;
+    if (k < 0 || dev_is_cuda_build() || !p->grad_state) return; /* one batch per step; the CPU backend only */
     Json f = {0};
     note_begin(&f, step, "root", "finish_backward");
     micro_fields(&f, dev, NULL);
+    if (dev_dry_run(dev)) { /* no gradient values: the note says so, and keeps its place in the event log */
+        json_key(&f, "dry_run");
+        json_bool(&f, 1);
+        note_end(dev, &f, "grad_state");
+        return;
+    }
+    const Model *m = p->model;
+    double total[2] = {0, 0}, total_dot = 0;
+    int count[2] = {0, 0}, unreadable = 0, dot_params = 0;
     json_key(&f, "by_module");
     json_object_begin(&f);
     for (int i = 0; i < m->n_modules; i++) {

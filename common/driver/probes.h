@@ -14,8 +14,9 @@
  *     next microbatch or the optimizer reads, as a "grad_state" note;
  *   - after fsdp_init: the DTensors, as dtensors_rank<r>.json.
  * In a dry run (dev_dry_run) the probes that read values are off: the params
- * check, the grad-state note, and the DTensors' local_matches_init and
- * padding_is_zero (null); the memory notes are written as in a real run. */
+ * check, the grad-state note's figures (the note says "dry_run": true), and the
+ * DTensors' local_matches_init and padding_is_zero (null); the memory notes are
+ * written as in a real run. */
 #ifndef HWFSDP_PROBES_H
 #define HWFSDP_PROBES_H
 

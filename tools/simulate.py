@@ -31,7 +31,7 @@ import sys
 from repo_paths import ROOT
 
 import manifest
-from benchlib.memory_model import flops_per_token, model_dims, n_params
+from benchlib.memory_model import flops_per_token, model_dims, n_params, replay_peak
 from benchlib.traces import step_on_model_clock, trace_events
 
 BUILD = os.environ.get("HWFSDP_BUILD", os.path.join(ROOT, "build"))
@@ -91,27 +91,12 @@ def dry_run(exe, stage, flavor, world, profile, batch, seq, steps, flags, out):
 
 def peaks(memory_json, last_step):
     """(init peak bytes, steady peak bytes, by tag at it, where): rank 0's most bytes at init (before step 1) and
-    in the last step (0-based), replaying its memory snapshot."""
+    in the last step (0-based), replaying its memory snapshot (replay_peak)."""
+    steady, where, by_tag, _ = replay_peak(memory_json, last_step)
     with open(memory_json) as fh:
-        events = json.load(fh)["events"]
-    live, init, best, best_live, where = {}, 0, -1, {}, "?"
-    for e in events:
-        a = e.get("action")
-        if a == "alloc":
-            live[e["addr"]] = e
-        elif a in ("free", "free_completed"):
-            live.pop(e["addr"], None)
-        else:
-            continue
-        if e["step"] < 0:
-            init = max(init, e["current_bytes"])
-        elif e["step"] == last_step and e["current_bytes"] > best:
-            best, where = e["current_bytes"], "%s %s (%s)" % (e["module"], e["phase"], e["name"])
-            best_live = dict(live)
-    by_tag = {}
-    for e in best_live.values():
-        by_tag[e["tag"]] = by_tag.get(e["tag"], 0) + e["size"]
-    return init, best, by_tag, where
+        init = max((e["current_bytes"] for e in json.load(fh)["events"]
+                    if e.get("action") == "alloc" and e["step"] < 0), default=0)
+    return init, steady, by_tag, where
 
 
 def report(run_dir, stage):
@@ -169,7 +154,7 @@ def render(r):
               r["flops_per_token"], 100 * r["mfu"]),
           "| declared kernel FLOPs / (step x the %s peak) | %.1f%% |" % (r["matmul_math"],
                                                                       100 * r["kernel_flop_utilization"]),
-          "| peak memory per rank, step %d on | %.2f GiB (at %s) |" % (r["steps"], r["steady_peak_bytes"] / GIB,
+          "| peak memory per rank, step %d on | %.2f GiB (%s) |" % (r["steps"], r["steady_peak_bytes"] / GIB,
                                                                       r["steady_peak_at"]),
           "| peak memory at init (the full model fsdp_init receives) | %.2f GiB |" % (r["init_peak_bytes"] / GIB)]
     for tag, b in sorted(r["steady_peak_by_tag"].items(), key=lambda kv: -kv[1]):

@@ -19,7 +19,7 @@ import sys
 
 import pytest
 
-from helpers import BUILD, ROOT, SOLVED, metrics, run_train, solution_bin
+from helpers import BASELINE, BUILD, ROOT, SOLVED, metrics, run_train, solution_bin
 
 import manifest
 
@@ -32,7 +32,10 @@ DEBUG = ["--flavor", "debugmodel", "--world", 4, "--seq-len", 128, "--batch-size
 
 
 def stage_or_skip(sid):
-    st = manifest.stage(sid)
+    try:
+        st = manifest.stage(sid)
+    except KeyError:  # a staged release holds the stages up to its own
+        pytest.skip("no stage %s in this release" % sid)
     if not os.path.exists(st.solution_src()):
         pytest.skip("no solutions/%s" % st.dir)
     return st
@@ -136,8 +139,7 @@ BAD = [
 
 @pytest.mark.parametrize("flags,line", BAD, ids=[b[1][7:40] for b in BAD])
 def test_bad_input_is_one_line(flags, line, tmp_path):
-    st = stage_or_skip("04")
-    p = run_train(solution_bin(st), tmp_path, "--dry-run", *flags, check=False)
+    p = run_train(BASELINE, tmp_path, "--dry-run", *flags, check=False)
     assert p.returncode == 2 and p.stderr.strip() == line, p.stderr
 
 

@@ -68,8 +68,8 @@ static void write_metrics_line(FILE *f, int step, double loss, float grad_norm, 
     if (dry) json_null(&j); /* a dry run computes no value */
     else json_g(&j, loss, 9);
     json_key(&j, "grad_norm");
-    if (clip && !dry) json_g(&j, (double)grad_norm, 9);
-    else json_null(&j); /* --forward-only: no backward, no norm */
+    if (clip) json_g(&j, (double)grad_norm, 9);
+    else json_null(&j); /* --forward-only or a dry run: no norm (and no clip probe) */
     if (dry) {
         json_key(&j, "dry_run");
         json_bool(&j, 1);

@@ -38,7 +38,7 @@ int main(int argc, char **argv) {
     float *init, *exp_avg = NULL, *exp_avg_sq = NULL;
     int start_step = 0;
     if (o.world.dry_run) {
-        /* no values (270 GiB for 70B): address space only; the h2d copies from it are priced, never run */
+        /* no values (263 GiB for 70B): address space only; the h2d copies from it are priced, never run */
         init = dry_reserve(init_bytes, "the initial weights in host memory (TrainJob.init; nothing behind them in "
                                        "a dry run)");
         if (!init) fatal("dry run: no address space left for the %zu bytes of initial weights", init_bytes);

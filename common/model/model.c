@@ -26,6 +26,18 @@
 
 /* ------------------------------------------------------------ configuration */
 
+/* Llama 3 as torchtitan defines it (vocab: the Llama 3 tokenizer's 128,000 + 256 special tokens; FFN
+ * multiplier 1.3, so F = 14336 for 8B, 28672 for 70B), with Llama 3's context. */
+static const struct {
+    const char *name;
+    int dim, n_layers, n_heads, n_kv_heads, multiple_of;
+    size_t max_seq_len;
+} LLAMA3[] = {
+    {"8B", 4096, 32, 32, 8, 1024, 8192},
+    {"70B", 8192, 80, 64, 8, 4096, 8192},
+};
+#define N_LLAMA3 (sizeof LLAMA3 / sizeof LLAMA3[0])
+
 int model_flavor(ModelConfig *c, const char *name) {
     memset(c, 0, sizeof *c);
     c->norm_eps = 1e-5f;
@@ -51,24 +63,18 @@ int model_flavor(ModelConfig *c, const char *name) {
         c->n_layers = 18;
         c->n_heads = 16;
         c->vocab_size = 2048;
-    } else if (strcmp(name, "8B") == 0) {
-        /* Llama 3 8B as torchtitan defines it (vocab: the Llama 3 tokenizer's 128,000 + 256 special) */
-        c->dim = 4096;
-        c->n_layers = 32;
-        c->n_heads = 32;
-        c->n_kv_heads = 8;
-        c->vocab_size = 128256;
-        c->multiple_of = 1024;
-        c->ffn_dim_multiplier = 1.3f; /* F = 14336 */
-    } else if (strcmp(name, "70B") == 0) {
-        c->dim = 8192;
-        c->n_layers = 80;
-        c->n_heads = 64;
-        c->n_kv_heads = 8;
-        c->vocab_size = 128256;
-        c->multiple_of = 4096;
-        c->ffn_dim_multiplier = 1.3f; /* F = 28672 */
     } else {
+        for (size_t i = 0; i < N_LLAMA3; i++)
+            if (strcmp(name, LLAMA3[i].name) == 0) {
+                c->dim = LLAMA3[i].dim;
+                c->n_layers = LLAMA3[i].n_layers;
+                c->n_heads = LLAMA3[i].n_heads;
+                c->n_kv_heads = LLAMA3[i].n_kv_heads;
+                c->multiple_of = LLAMA3[i].multiple_of;
+                c->vocab_size = 128256;
+                c->ffn_dim_multiplier = 1.3f;
+                return 1;
+            }
         return 0;
     }
     return 1;
@@ -76,7 +82,9 @@ int model_flavor(ModelConfig *c, const char *name) {
 
 size_t model_flavor_max_seq_len(const char *name) {
     /* Llama 3's context; the small flavours are this project's and take any length */
-    return name && (strcmp(name, "8B") == 0 || strcmp(name, "70B") == 0) ? 8192 : 0;
+    for (size_t i = 0; name && i < N_LLAMA3; i++)
+        if (strcmp(name, LLAMA3[i].name) == 0) return LLAMA3[i].max_seq_len;
+    return 0;
 }
 
 void model_config_finalize(ModelConfig *c) {

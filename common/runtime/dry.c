@@ -16,13 +16,12 @@ typedef struct {
     _Atomic int live;     /* published last, so the handler never reads a half-written slot */
     uintptr_t lo, hi;
     const char *what;     /* NULL: an arena's */
-    int rank;
 } DrySlot;
 static DrySlot g_slots[DRY_MAX_RESERVATIONS];
 static _Atomic int g_nslots; /* slots ever used */
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 
-static void *reserve(size_t bytes, const char *what, int rank) {
+static void *reserve(size_t bytes, const char *what) {
     void *p = mmap(NULL, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) return NULL;
     pthread_mutex_lock(&g_mu);
@@ -36,7 +35,6 @@ static void *reserve(size_t bytes, const char *what, int rank) {
     g_slots[i].lo = (uintptr_t)p;
     g_slots[i].hi = (uintptr_t)p + bytes;
     g_slots[i].what = what;
-    g_slots[i].rank = rank;
     atomic_store(&g_slots[i].live, 1);
     if (i == n) atomic_store(&g_nslots, n + 1);
     pthread_mutex_unlock(&g_mu);
@@ -52,20 +50,19 @@ static void unreserve(void *p, size_t bytes) {
     munmap(p, bytes);
 }
 
-int dry_contains(uintptr_t addr, const char **what, int *rank) {
+int dry_contains(uintptr_t addr, const char **what) {
     int n = atomic_load(&g_nslots);
     for (int i = 0; i < n; i++) {
         const DrySlot *s = &g_slots[i];
         if (atomic_load(&s->live) && addr >= s->lo && addr < s->hi) {
             *what = s->what;
-            *rank = s->rank;
             return 1;
         }
     }
     return 0;
 }
 
-void *dry_reserve(size_t bytes, const char *what) { return reserve(bytes ? bytes : 1, what, -1); }
+void *dry_reserve(size_t bytes, const char *what) { return reserve(bytes ? bytes : 1, what); }
 
 void dry_release(void *p, size_t bytes) {
     if (p) unreserve(p, bytes ? bytes : 1);
@@ -105,8 +102,8 @@ static int add_chunk(DryArena *a, size_t need) {
     size_t size = need > DRY_CHUNK_BYTES ? (need + DRY_CHUNK_BYTES - 1) / DRY_CHUNK_BYTES * DRY_CHUNK_BYTES
                                          : DRY_CHUNK_BYTES;
     void *p;
-    while (!(p = reserve(size, NULL, a->rank)) && size / 2 >= need) size /= 2;
-    if (!p && size != need) p = reserve(size = need, NULL, a->rank);
+    while (!(p = reserve(size, NULL)) && size / 2 >= need) size /= 2;
+    if (!p && size != need) p = reserve(size = need, NULL);
     if (!p) return 0;
     if (a->n == a->cap) {
         a->cap = a->cap ? 2 * a->cap : 4;
@@ -120,33 +117,38 @@ static int add_chunk(DryArena *a, size_t need) {
     return 1;
 }
 
-void *dry_arena_alloc(DryArena *a, size_t bytes) {
-    size_t len = (bytes + ALIGN - 1) / ALIGN * ALIGN;
-    if (len < bytes) return NULL;
-    for (int attempt = 0; attempt < 2; attempt++) {
-        for (int k = 0; k < a->n; k++) {
-            Chunk *c = &a->chunks[k];
-            for (size_t i = 0; i < c->nfree; i++) {
-                Extent *e = &c->free[i];
-                if (e->len < len) continue;
-                uintptr_t p = e->lo;
-                e->lo += len;
-                e->len -= len;
-                if (!e->len) {
-                    memmove(e, e + 1, (c->nfree - i - 1) * sizeof *e);
-                    c->nfree--;
-                }
-                return (void *)p;
-            }
+/* len bytes from the first free extent of c that holds them; NULL if none does */
+static void *carve(Chunk *c, size_t len) {
+    for (size_t i = 0; i < c->nfree; i++) {
+        Extent *e = &c->free[i];
+        if (e->len < len) continue;
+        uintptr_t p = e->lo;
+        e->lo += len;
+        e->len -= len;
+        if (!e->len) {
+            memmove(e, e + 1, (c->nfree - i - 1) * sizeof *e);
+            c->nfree--;
         }
-        if (attempt == 0 && !add_chunk(a, len)) return NULL;
+        return (void *)p;
     }
     return NULL;
 }
 
+static size_t aligned(size_t bytes) { return (bytes + ALIGN - 1) / ALIGN * ALIGN; }
+
+void *dry_arena_alloc(DryArena *a, size_t bytes) {
+    size_t len = aligned(bytes);
+    if (len < bytes) return NULL;
+    for (int k = 0; k < a->n; k++) {
+        void *p = carve(&a->chunks[k], len);
+        if (p) return p;
+    }
+    return add_chunk(a, len) ? carve(&a->chunks[a->n - 1], len) : NULL; /* a new chunk holds len */
+}
+
 void dry_arena_free(DryArena *a, void *p, size_t bytes) {
     uintptr_t lo = (uintptr_t)p;
-    size_t len = (bytes + ALIGN - 1) / ALIGN * ALIGN;
+    size_t len = aligned(bytes);
     for (int k = 0; k < a->n; k++) {
         Chunk *c = &a->chunks[k];
         if (lo < c->base || lo >= c->base + c->size) continue;

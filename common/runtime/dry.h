@@ -39,7 +39,7 @@ void dry_release(void *p, size_t bytes);
 
 /* For the SIGSEGV handler (async-signal-safe): 1 if addr lies in a live
  * reservation; *what is NULL for an arena's (the allocator names the buffer)
- * or dry_reserve's name; *rank the arena's rank (-1 for dry_reserve's). */
-int dry_contains(uintptr_t addr, const char **what, int *rank);
+ * or dry_reserve's name. */
+int dry_contains(uintptr_t addr, const char **what);
 
 #endif

@@ -415,8 +415,8 @@ static void guard_segv(int sig, siginfo_t *si, void *ucv) {
     (void)sig;
     uintptr_t addr = (uintptr_t)si->si_addr, pc = 0;
     const char *reserved = NULL;
-    int reserved_rank = -1, wrote = 0;
-    int dry = si->si_code == SEGV_ACCERR && dry_contains(addr, &reserved, &reserved_rank);
+    int wrote = 0;
+    int dry = si->si_code == SEGV_ACCERR && dry_contains(addr, &reserved);
     int keyed = 0;
 #if GUARD_X86_PKEYS
     keyed = si->si_code == SEGV_PKUERR && g_pkey >= 0 && si->si_pkey == (unsigned)g_pkey;

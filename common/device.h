@@ -200,6 +200,27 @@ void pg_all_gather_bf16(ProcessGroup *g, const Bf16 *send, Bf16 *recv, size_t se
 void pg_reduce_scatter_bf16(ProcessGroup *g, const Bf16 *send, Bf16 *recv, size_t recv_count, RedOp op, Stream *s,
                             const char *label);
 
+/* ---------------------------------------------------- point to point (11-12) */
+
+/* NCCL's ncclSend / ncclRecv, for pipeline stages: `count` floats of buf to
+ * (from) world rank `peer`, enqueued on s. A send and its receive meet: each
+ * side's stream waits until the other side's is there, then both go on once
+ * the data has crossed, as NCCL's do. They pair up in the order each side
+ * issued them, per (sender, receiver, stream index): the k-th send from a
+ * to b on a's stream #i meets b's k-th receive from a on its stream #i.
+ * `microbatch` is what the buffer carries: both sides must name the same
+ * (a mismatch stops the run naming both ranks and both microbatches; the
+ * trace shows it).
+ * Two ranks that send to each other would each wait for the other's
+ * receive: put the sends and receives that must progress together between
+ * dev_group_start and dev_group_end (NCCL's ncclGroupStart / ncclGroupEnd),
+ * all on one stream. The group is then one unit: every send is posted before
+ * any receive waits. Outside a group each call is a group of its own. */
+void dev_send(Stream *s, const float *buf, size_t count, int peer, int microbatch, const char *label);
+void dev_recv(Stream *s, float *buf, size_t count, int peer, int microbatch, const char *label);
+void dev_group_start(Dev *d);
+void dev_group_end(Dev *d);
+
 /* ----------------------------------------------------------------- DTensor */
 
 #define WORLD_MAX_RANKS 64

@@ -311,4 +311,69 @@ static void exercise_groups(Dev *d, Stream *t, int c) {
     COLL_CHECK(flat.ndim == 1 && flat.shard_group == dev_world_group(d) && !flat.replicate_group, "1-D mesh");
 }
 
+/* Point to point (dev_send / dev_recv): a ring in one group (every rank sends
+ * to the next and receives from the previous: without the group each would
+ * wait for the other's receive), a pipeline's two directions in one group
+ * (activations forward, grads back, as 1F1B's steady state), three sends in
+ * a row to one peer outside any group, and a second stream. Every received
+ * buffer is compared bit for bit with what its sender holds. */
+static void exercise_p2p(Dev *d, Stream *t) {
+    const int n = dev_world_size(d), me = dev_rank(d);
+    if (n < 2) return;
+    Stream *c = dev_compute_stream(d);
+    const size_t cnt = 1000;
+    const int next = (me + 1) % n, prev = (me + n - 1) % n;
+    float *out = dev_alloc_f32(d, cnt, MEM_COMM_BUFFER, "out"), *in = dev_alloc_f32(d, cnt, MEM_COMM_BUFFER, "in");
+    for (size_t i = 0; i < cnt; i++) out[i] = input(me, i, 41);
+    dev_group_start(d);
+    dev_send(c, out, cnt, next, 0, "ring");
+    dev_recv(c, in, cnt, prev, 0, "ring");
+    dev_group_end(d);
+    dev_synchronize(d);
+    int ok = 1;
+    for (size_t i = 0; i < cnt; i++) ok &= bits_equal(&in[i], &(float){input(prev, i, 41)}, 1);
+    COLL_CHECK(ok, "rank %d: the ring's receive from rank %d", me, prev);
+
+    /* a chain 0 -> 1 -> ... -> n-1: forward activations, grads back, both at once in the middle */
+    float *act = dev_alloc_f32(d, cnt, MEM_ACTIVATION, "act"), *grad = dev_alloc_f32(d, cnt, MEM_ACTIVATION, "grad");
+    float *act_in = dev_alloc_f32(d, cnt, MEM_ACTIVATION, "act_in"), *grad_in = dev_alloc_f32(d, cnt, MEM_ACTIVATION, "grad_in");
+    for (size_t i = 0; i < cnt; i++) act[i] = input(me, i, 42), grad[i] = input(me, i, 43);
+    for (int mb = 0; mb < 3; mb++) {
+        dev_group_start(d);
+        if (me + 1 < n) dev_send(t, act, cnt, me + 1, mb, "act");
+        if (me + 1 < n) dev_recv(t, grad_in, cnt, me + 1, mb, "grad");
+        if (me > 0) dev_recv(t, act_in, cnt, me - 1, mb, "act");
+        if (me > 0) dev_send(t, grad, cnt, me - 1, mb, "grad");
+        dev_group_end(d);
+        dev_stream_synchronize(t);
+        int a = 1, g = 1;
+        for (size_t i = 0; i < cnt && me > 0; i++) a &= bits_equal(&act_in[i], &(float){input(me - 1, i, 42)}, 1);
+        for (size_t i = 0; i < cnt && me + 1 < n; i++) g &= bits_equal(&grad_in[i], &(float){input(me + 1, i, 43)}, 1);
+        COLL_CHECK(a && g, "rank %d microbatch %d: activations %s, grads %s", me, mb, a ? "ok" : "wrong", g ? "ok" : "wrong");
+    }
+
+    /* three sends in a row from rank 0 to rank n-1, each its own group: they pair up in order */
+    float *three = dev_alloc_f32(d, 3 * cnt, MEM_COMM_BUFFER, "three");
+    for (size_t i = 0; i < 3 * cnt; i++) three[i] = me == 0 ? input(0, i, 44) : 0.0f;
+    for (int k = 0; k < 3; k++) {
+        if (me == 0) dev_send(c, three + (size_t)k * cnt, cnt, n - 1, k, "seq");
+        if (me == n - 1) dev_recv(c, three + (size_t)k * cnt, cnt, 0, k, "seq");
+    }
+    dev_synchronize(d);
+    if (me == n - 1) {
+        int s3 = 1;
+        for (size_t i = 0; i < 3 * cnt; i++) s3 &= bits_equal(&three[i], &(float){input(0, i, 44)}, 1);
+        COLL_CHECK(s3, "rank %d: three sends in a row arrive in order", me);
+    }
+    dev_group_start(d); /* an empty group is nothing */
+    dev_group_end(d);
+    dev_free(d, three);
+    dev_free(d, act);
+    dev_free(d, grad);
+    dev_free(d, act_in);
+    dev_free(d, grad_in);
+    dev_free(d, out);
+    dev_free(d, in);
+}
+
 #endif

@@ -252,6 +252,44 @@ static void rank_stuck_event(Dev *d, void *arg) {
     dev_event_destroy(e);
 }
 
+/* Point to point on 2 ranks. arg 0: rank 0 sends microbatch 1 where rank 1
+ * receives microbatch 2 (a mismatch); 1: both ranks send first, each alone,
+ * so each waits for a receive the other never reaches (NCCL deadlocks the
+ * same way); 2: the same two calls in one group (clean); 3: rank 1 receives
+ * on the compute stream and a second stream reads the buffer without waiting
+ * (a race); 4: the same with the wait (clean). */
+static void rank_p2p(Dev *d, void *arg) {
+    const int mode = *(int *)arg, me = dev_rank(d), peer = 1 - me;
+    Stream *c = dev_compute_stream(d), *other = dev_stream_create(d, "other");
+    dev_set_scope(d, 0, "stage1", "forward");
+    float *out = dev_alloc_f32(d, 64, MEM_ACTIVATION, "act_out"), *in = dev_alloc_f32(d, 64, MEM_ACTIVATION, "act_in");
+    dev_memset_async(c, out, 0, 64 * sizeof(float));
+    if (mode == 0) {
+        if (me == 0) dev_send(c, out, 64, 1, 1, "act");
+        else dev_recv(c, in, 64, 0, 2, "act");
+    } else if (mode == 1 || mode == 2) {
+        if (mode == 2) dev_group_start(d);
+        dev_send(c, out, 64, peer, 0, me ? "grad" : "act");
+        dev_recv(c, in, 64, peer, 0, me ? "act" : "grad");
+        if (mode == 2) dev_group_end(d);
+    } else {
+        if (me == 0) dev_send(c, out, 64, 1, 0, "act");
+        else {
+            dev_recv(c, in, 64, 0, 0, "act");
+            if (mode == 4) {
+                Event *e = dev_event_create(d, "recv_done");
+                dev_event_record(e, c);
+                dev_stream_wait_event(other, e);
+                dev_event_destroy(e);
+            }
+            dev_memcpy_async(other, out, in, 64 * sizeof(float));
+        }
+    }
+    dev_synchronize(d);
+    dev_free(d, out);
+    dev_free(d, in);
+}
+
 /* A range that starts inside an allocation but runs past its end: arg 0 a copy
  * one float too long, 1 a memset at an offset, 2 an all-gather whose output
  * holds world - 1 segments, 3 every range exactly fits (clean). */
@@ -305,6 +343,11 @@ static int run_mode(const char *kind) {
     else if (!strcmp(kind, "race_host")) fn = rank_host_race;
     else if (!strcmp(kind, "timeout_group")) fn = rank_skip_group_all_gather, c = local_config(4);
     else if (!strcmp(kind, "timeout_event")) fn = rank_stuck_event, c = local_config(2);
+    else if (!strcmp(kind, "p2p_mismatch")) fn = rank_p2p, arg = 0, c = local_config(2);
+    else if (!strcmp(kind, "timeout_p2p")) fn = rank_p2p, arg = 1, c = local_config(2);
+    else if (!strcmp(kind, "p2p_grouped")) fn = rank_p2p, arg = 2, c = local_config(2);
+    else if (!strcmp(kind, "race_p2p")) fn = rank_p2p, arg = 3, c = local_config(2);
+    else if (!strcmp(kind, "race_p2p_ordered")) fn = rank_p2p, arg = 4, c = local_config(2);
     else {
         fprintf(stderr, "unknown mode %s\n", kind);
         return 1;

@@ -449,6 +449,7 @@ static void rank_every_kind(Dev *d, void *arg) {
     const size_t cnt = 5;
     for (int kind = 0; kind < COLL_KIND_COUNT; kind++) {
         const CollKindInfo *k = coll_kind(kind);
+        if (k->p2p) continue; /* its buffers are its items' (exercise_p2p) */
         const size_t ns = coll_buf_elems(k->send, cnt, n), nr = coll_buf_elems(k->recv, cnt, n);
         const size_t nbig = ns > nr ? ns : nr;
         for (int inplace = 0; inplace < 2; inplace++) {
@@ -488,7 +489,7 @@ TEST(collective_kind_table) {
                   "%s: in place as a rank's block needs a block and a per-rank buffer", k->name);
         if (k->in_place == COLL_INPLACE_SAME)
             CHECK(k->send == COLL_BUF_NONE || k->send == k->recv, "%s: in place as one buffer needs equal sizes", k->name);
-        if (k->send == COLL_BUF_NONE && k->recv == COLL_BUF_NONE)
+        if (k->send == COLL_BUF_NONE && k->recv == COLL_BUF_NONE && !k->p2p)
             CHECK(k->link_share == COLL_LINK_LATENCY_ONLY, "%s moves no bytes but its link share is not latency only",
                   k->name);
     }
@@ -517,6 +518,7 @@ static void rank_collectives(Dev *d, void *arg) {
     exercise_collectives(d, t);
     exercise_groups(d, t, 7);
     exercise_groups(d, t, 1000);
+    exercise_p2p(d, t);
 }
 TEST(collectives_world_1_to_5) {
     for (int n = 1; n <= 5; n++) {

@@ -81,9 +81,20 @@ RACE_CASES = {
         "error: race on rank 0: compute stream's 'block2.copy' reads 'block2.all_gather_buffer' (comm_buffer, "
         "allocated in block1.pre_forward) written by all_gather stream's 'block2.all_gather' with no event wait "
         "ordering it (record an event on all_gather after the write and make compute wait for it)"),
+    # a receive writes its buffer on its stream: another stream reads it only after waiting
+    "race_p2p": re.escape(
+        "error: race on rank 1: other stream's 'stage1.copy' reads 'act_in' (activation, allocated in stage1.forward) "
+        "written by compute stream's 'act.recv' with no event wait ordering it (record an event on compute after the "
+        "write and make other wait for it)"),
+    # a send and its receive that disagree on the microbatch: both ranks and both microbatches named
+    "p2p_mismatch": re.escape(
+        "error: point-to-point mismatch on stream 'compute': rank 0's send #0 to rank 1 is 'act' of microbatch 1 "
+        "(64 floats), but rank 1's receive #0 from rank 0 is 'act' of microbatch 2 (64 floats) (sends and receives "
+        "between two ranks pair up in the order each side issues them, on streams created in the same order; a send "
+        "and a receive that wait on each other go in one dev_group_start / dev_group_end)"),
 }
 RACE_CLEAN = ["race_with_wait", "race_stream_sync", "race_event_sync", "race_off", "race_write_after_read_ordered",
-              "race_collective_ordered"]
+              "race_collective_ordered", "p2p_grouped", "race_p2p_ordered"]
 
 
 def _race_run(kind):
@@ -127,6 +138,25 @@ WATCHDOG_CASES = {
     "timeout_event": r"error: collective timeout on rank 0: stream 'all_gather' #0 all_gather 32 f32 \(block0\) "
                      r"waited 1\.0 s; rank 1 never joined it .*",
 }
+
+
+def test_p2p_deadlock_names_both_ranks_and_the_microbatch():
+    """Two ranks that each send before they receive, outside a group, wait for each other (NCCL would hang the
+    same way): whichever rank's watchdog fires names itself, its peer, the buffer and the microbatch, and the flight
+    recorder shows each rank's send started and its receive still queued behind it."""
+    p = _race_run("timeout_p2p")
+    assert p.returncode == 2, "exit %d, stderr:\n%s" % (p.returncode, p.stderr)
+    lines = p.stderr.strip().splitlines()
+    one = (r"error: point-to-point timeout on rank (\d): stream 'compute' waited 1\.0 s for rank (\d) to receive "
+           r"'(act|grad)' \(microbatch 0, 64 floats\), rank \1's send #0 to it; rank \2 never posted the matching "
+           r"receive \(.*dev_group_start / dev_group_end\)")
+    m = re.fullmatch(one, lines[0])
+    assert m and {m.group(1), m.group(2)} == {"0", "1"}, lines[0]
+    assert lines[1].startswith("flight recorder"), p.stderr
+    assert lines[2].strip() == "rank 0: compute: #0 p2p (send 1 0 act) started, #1 p2p (recv 1 0 grad) issued; " \
+                               "other: (no collectives)", p.stderr
+    assert lines[3].strip() == "rank 1: compute: #0 p2p (send 0 0 grad) started, #1 p2p (recv 0 0 act) issued; " \
+                               "other: (no collectives)", p.stderr
 
 
 @pytest.mark.parametrize("kind", sorted(WATCHDOG_CASES))

@@ -52,6 +52,7 @@ static void rank_collectives(Dev *d, void *arg) {
     exercise_collectives(d, t);
     exercise_groups(d, t, 7);
     exercise_groups(d, t, 1000);
+    exercise_p2p(d, t);
     /* host exchange */
     double out[WORLD_MAX_RANKS];
     dev_host_allgather_f64(d, me * 2.5, out);

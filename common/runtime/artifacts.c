@@ -134,6 +134,10 @@ static void trace_events_of(Json *j, Dev *d) {
             json_key(j, "op");
             json_string(j, r->op);
         }
+        if (r->p2p) {
+            json_key(j, "p2p");
+            json_string(j, r->p2p);
+        }
         if (r->flops > 0) {
             json_key(j, "flops");
             json_fixed(j, r->flops, 0);

@@ -177,6 +177,8 @@ void *chan_registry_get(ChanRegistry *r, int stream_index, int pg_id, int color)
     return c;
 }
 
+void *chan_registry_slot(ChanRegistry *r, int i) { return r->slots[i].chan; }
+
 void chan_registry_fini(ChanRegistry *r) {
     for (int i = 0; i < r->n; i++) {
         char *c = r->slots[i].chan;

@@ -138,6 +138,7 @@ typedef struct {
 } ChanRegistry;
 void chan_registry_init(ChanRegistry *r, size_t size, size_t mu_at, size_t cv_at);
 void *chan_registry_get(ChanRegistry *r, int stream_index, int pg_id, int color);
+void *chan_registry_slot(ChanRegistry *r, int i); /* the i-th channel made (0 .. r->n-1) */
 void chan_registry_fini(ChanRegistry *r);
 
 #endif

@@ -41,6 +41,11 @@ static void local_coll_stream_fini(Stream *s) {
 }
 
 static void local_coll_enqueue(Stream *s, Op *op) {
+    if (op->coll.kind == COLL_P2P) { /* through the world's mailboxes (p2p.c) */
+        op->exec = p2p_local_execute;
+        cpu_enqueue_op(s, op);
+        return;
+    }
     LocalStream *ls = cpu_stream(s)->coll;
     const ProcessGroup *g = op->pg;
     if (!ls->chans[g->id]) ls->chans[g->id] = chan_registry_get(s->dev->world->backend, s->index, g->id, g->color);

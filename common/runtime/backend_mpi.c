@@ -13,6 +13,7 @@
 #ifdef HAVE_MPI
 
 #include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -200,8 +201,97 @@ static double mpi_execute(Stream *s, const Op *op, double ready_us) {
         MPI_Ibarrier(comm, &req);
         mpi_wait(s, op, &req);
         break;
+    case COLL_P2P: break;        /* never here: mpi_p2p_execute */
     case COLL_KIND_COUNT: break; /* not a kind */
     }
+    return start_us;
+}
+
+/* ------------------------------------------------------- point to point */
+
+/* What a send tells its receiver first: the agreement check's fields and its modelled readiness. */
+typedef struct {
+    int32_t microbatch;
+    uint64_t count;
+    char label[32];
+    double ready_us;
+} MpiP2PHeader;
+
+enum { P2P_TAG_HEADER = 0x7001, P2P_TAG_DATA, P2P_TAG_ACK };
+
+/* Complete req before the watchdog's deadline, or report item it as waiting. */
+static void p2p_wait(Stream *s, const Op *op, const P2PItem *it, MPI_Request *req, double deadline_us) {
+    for (int polls = 0;; polls++) {
+        int done = 0;
+        MPI_Test(req, &done, MPI_STATUS_IGNORE);
+        if (done) return;
+        if (deadline_us > 0 && now_us() > deadline_us)
+            p2p_timeout(s, op, it, s->dev->world->cfg.collective_timeout_s);
+        if (polls > 1000) {
+            struct timespec ts = {0, 20000};
+            nanosleep(&ts, NULL);
+        }
+    }
+}
+
+/* A p2p group on the stream's world communicator: messages between two ranks
+ * on one communicator and tag never overtake each other (MPI's ordering), so
+ * the k-th send meets the k-th receive, as the local backend's mailboxes pair
+ * them. Every receive's header is posted and every send started before any
+ * wait (a group progresses as one). */
+static double mpi_p2p_execute(Stream *s, const Op *op, double ready_us) {
+    flight_set(s, op, FLIGHT_STARTED);
+    P2PBatch *b = op->p2p;
+    MPI_Comm comm = cpu_stream(s)->coll ? ((MpiStream *)cpu_stream(s)->coll)->world : MPI_COMM_NULL;
+    const int run = !s->dev->world->cfg.dry_run, n = b->n;
+    const double timeout = s->dev->world->cfg.collective_timeout_s;
+    const double deadline = timeout > 0 ? now_us() + timeout * 1e6 : 0;
+    MpiP2PHeader *hdr = xcalloc((size_t)n, sizeof *hdr);
+    double *acks = xcalloc((size_t)n, sizeof *acks);
+    MPI_Request *rq = xmalloc((size_t)n * 3 * sizeof *rq); /* per item: header, data, ack */
+    for (int i = 0; i < 3 * n; i++) rq[i] = MPI_REQUEST_NULL;
+    for (int i = 0; i < n; i++) {
+        const P2PItem *it = &b->items[i];
+        if (it->send) continue;
+        MPI_Irecv(&hdr[i], (int)sizeof hdr[i], MPI_BYTE, it->peer, P2P_TAG_HEADER, comm, &rq[3 * i]);
+    }
+    for (int i = 0; i < n; i++) {
+        const P2PItem *it = &b->items[i];
+        if (!it->send) continue;
+        hdr[i] = (MpiP2PHeader){it->microbatch, it->count, "", ready_us};
+        snprintf(hdr[i].label, sizeof hdr[i].label, "%s", it->label);
+        MPI_Isend(&hdr[i], (int)sizeof hdr[i], MPI_BYTE, it->peer, P2P_TAG_HEADER, comm, &rq[3 * i]);
+        if (run && it->count)
+            MPI_Isend(it->buf, as_int(it->count, "send"), MPI_FLOAT, it->peer, P2P_TAG_DATA, comm, &rq[3 * i + 1]);
+        MPI_Irecv(&acks[i], 1, MPI_DOUBLE, it->peer, P2P_TAG_ACK, comm, &rq[3 * i + 2]);
+    }
+    double start_us = ready_us;
+    for (int i = 0; i < n; i++) {
+        const P2PItem *it = &b->items[i];
+        if (it->send) continue;
+        p2p_wait(s, op, it, &rq[3 * i], deadline);
+        if (hdr[i].count != it->count || hdr[i].microbatch != it->microbatch)
+            p2p_mismatch(s, it, hdr[i].microbatch, (size_t)hdr[i].count, hdr[i].label);
+        if (hdr[i].ready_us > start_us) start_us = hdr[i].ready_us;
+        if (run && it->count) {
+            MPI_Irecv(it->buf, as_int(it->count, "recv"), MPI_FLOAT, it->peer, P2P_TAG_DATA, comm, &rq[3 * i + 1]);
+            p2p_wait(s, op, it, &rq[3 * i + 1], deadline);
+        }
+        acks[i] = ready_us;
+        MPI_Isend(&acks[i], 1, MPI_DOUBLE, it->peer, P2P_TAG_ACK, comm, &rq[3 * i + 2]);
+    }
+    for (int i = 0; i < n; i++) {
+        const P2PItem *it = &b->items[i];
+        for (int k = 0; k < 3; k++)
+            if (rq[3 * i + k] != MPI_REQUEST_NULL) p2p_wait(s, op, it, &rq[3 * i + k], deadline);
+        if (it->send && acks[i] > start_us) start_us = acks[i];
+    }
+    free(rq);
+    free(acks);
+    free(hdr);
+    flight_set(s, op, FLIGHT_COMPLETED);
+    free(b->items);
+    free(b);
     return start_us;
 }
 
@@ -214,7 +304,7 @@ static double mpi_coll_execute(Stream *s, const Op *op, double ready_us) {
 }
 
 static void mpi_coll_enqueue(Stream *s, Op *op) {
-    op->exec = mpi_coll_execute;
+    op->exec = op->coll.kind == COLL_P2P ? mpi_p2p_execute : mpi_coll_execute;
     cpu_enqueue_op(s, op);
 }
 

@@ -23,6 +23,7 @@ typedef enum {
     COLL_ALL_REDUCE,
     COLL_BROADCAST,
     COLL_BARRIER,
+    COLL_P2P,          /* a group of point-to-point sends and receives (p2p.c: dev_send / dev_recv) */
     COLL_KIND_COUNT /* keep last: the number of kinds (rows of coll_kinds) */
 } CollKind;
 
@@ -57,6 +58,7 @@ typedef struct {
     CollInPlace in_place;
     CollLinkShare link_share;
     int link_passes;           /* ring passes (all-reduce: a reduce-scatter and an all-gather) */
+    int p2p;                   /* point to point: its buffers, peers and costs are its items' (P2PBatch), not the row's */
 } CollKindInfo;
 
 /* The link model: how long a collective of kind k moving `bytes` (coll_bytes)
@@ -121,6 +123,48 @@ typedef struct {
     int n;
 } FlightRecorder;
 
+/* ------------------------------------------------------ point to point */
+
+/* One send or receive of a group (p2p.c; device.h: dev_send / dev_recv).
+ * Sends from a to b on a's stream #i pair with receives from a on b's
+ * stream #i in the order each side issued them: seq is this stream's count
+ * of earlier sends to (receives from) that peer. */
+typedef struct {
+    int send;            /* 1: send buf to peer; 0: receive buf from peer */
+    int peer;            /* world rank */
+    int microbatch;      /* what it carries; both sides must say the same */
+    void *buf;           /* [count] floats (a send only reads it) */
+    size_t count;
+    uint64_t seq;
+    const char *label;   /* interned, e.g. "act" */
+    double cost_us;      /* the link model's time for it (p2p_link_time_us) */
+} P2PItem;
+
+/* The sends and receives of one group (dev_group_start .. dev_group_end), on
+ * one stream: one queued op (Op.p2p), freed once it ran. */
+typedef struct P2PBatch {
+    int n, cap;
+    P2PItem *items;
+    Stream *stream;
+} P2PBatch;
+
+/* The link model of one transfer of `bytes` between two world ranks: one hop
+ * on the intra-node link, or the inter-node one when --ranks-per-node puts
+ * them on different nodes. */
+double p2p_link_time_us(const WorldConfig *cfg, int a, int b, size_t bytes);
+/* The CPU and thread backends' execution of a p2p op: a mailbox per (stream
+ * index, sender, receiver) in World.p2p (p2p.c); returns the modelled start:
+ * the latest ready time of this rank and every peer of the group. */
+double p2p_local_execute(Stream *s, const Op *op, double ready_us);
+/* A p2p item's partner that never came, or one that disagrees: one report
+ * (flight recorder included) and exit (p2p.c; the mpi backend's too). */
+void p2p_timeout(Stream *s, const Op *op, const P2PItem *it, double waited_s) __attribute__((noreturn));
+void p2p_mismatch(Stream *s, const P2PItem *it, int sender_microbatch, size_t sender_count, const char *sender_label)
+    __attribute__((noreturn));
+/* World.p2p: the mailboxes (world.c creates and frees them). */
+void p2p_world_init(World *w);
+void p2p_world_fini(World *w);
+
 const char *coll_kind_name(int kind);
 const char *coll_dtype_name(int dtype);   /* "f32", "bf16" */
 const char *coll_op_name(int kind, int op); /* a reducing kind's "sum" / "avg"; NULL for the others */
@@ -155,5 +199,8 @@ void flight_set(Stream *s, const Op *op, int state); /* FlightState */
  * group rank i arrived (NULL: unknown); ranks are reported as world ranks. */
 void watchdog_timeout(Stream *s, const Op *op, const CollPost *lowest, int lowest_grank, const uint8_t *here)
     __attribute__((noreturn));
+/* The watchdog's way out, for any report: once per world, `line` (no
+ * newline), the flight recorder of every rank this process has, exit(2). */
+void watchdog_report(Stream *s, const char *line) __attribute__((noreturn));
 
 #endif

@@ -27,6 +27,9 @@ static const CollKindInfo KINDS[] = {
                         .in_place = COLL_INPLACE_SAME, .link_share = COLL_LINK_WHOLE, .link_passes = 1},
     [COLL_BARRIER] = {.name = "barrier", .send = COLL_BUF_NONE, .recv = COLL_BUF_NONE,
                       .in_place = COLL_INPLACE_NONE, .link_share = COLL_LINK_LATENCY_ONLY, .link_passes = 1},
+    /* sends and receives: each item's buffer, peer and link (P2PItem: p2p.c, race.c) */
+    [COLL_P2P] = {.name = "p2p", .send = COLL_BUF_NONE, .recv = COLL_BUF_NONE, .in_place = COLL_INPLACE_NONE,
+                  .link_share = COLL_LINK_WHOLE, .link_passes = 1, .p2p = 1},
 };
 _Static_assert(sizeof KINDS / sizeof *KINDS == COLL_KIND_COUNT, "one row of KINDS per CollKind");
 
@@ -123,6 +126,7 @@ void coll_validate(ProcessGroup *g, Stream *s, int kind, const void *send, const
                    int root, int dtype, const char *label) {
     const CollKindInfo *k = coll_kind(kind);
     if (!k) fatal("unknown collective kind %d (%s)", kind, label ? label : "");
+    if (k->p2p) fatal("%s (%s): point-to-point goes through dev_send / dev_recv", k->name, label ? label : "");
     if (!g) fatal("%s (%s): NULL process group", k->name, label ? label : "");
     Dev *d = g->dev;
     if (s->dev != d) fatal("%s: stream '%s' belongs to rank %d, not rank %d", k->name, s->name, s->dev->rank, d->rank);
@@ -213,11 +217,6 @@ static void flight_print(FILE *f, Dev *d) {
 void watchdog_timeout(Stream *s, const Op *op, const CollPost *lowest, int lowest_grank, const uint8_t *here) {
     World *w = s->dev->world;
     const ProcessGroup *g = op->pg;
-    pthread_mutex_lock(&w->report_mu);
-    if (w->reporting) { /* someone else speaks (and exits) */
-        for (;;) pthread_cond_wait(&w->report_cv, &w->report_mu);
-    }
-    w->reporting = 1;
     char missing[512] = "";
     size_t len = 0;
     int nmiss = 0;
@@ -235,13 +234,25 @@ void watchdog_timeout(Stream *s, const Op *op, const CollPost *lowest, int lowes
     const char *fix = g->id ? "every rank of a group must issue its collectives in the same order, on the same stream"
                             : "every rank must issue the same collectives, in the same order, on streams created in the "
                               "same order";
+    char line[1024];
+    int n = snprintf(line, sizeof line, "collective timeout on rank %d: stream '%s' #%llu%s waited %.1f s", lowest_rank,
+                     s->name, (unsigned long long)seq, call ? call : "", w->cfg.collective_timeout_s);
+    if (nmiss && n >= 0 && (size_t)n < sizeof line)
+        snprintf(line + n, sizeof line - (size_t)n, "; rank%s %s never joined it (%s)", nmiss > 1 ? "s" : "", missing,
+                 fix);
+    watchdog_report(s, line);
+}
+
+void watchdog_report(Stream *s, const char *line) {
+    World *w = s->dev->world;
+    pthread_mutex_lock(&w->report_mu);
+    if (w->reporting) { /* someone else speaks (and exits) */
+        for (;;) pthread_cond_wait(&w->report_cv, &w->report_mu);
+    }
+    w->reporting = 1;
     report_lock(); /* a plain fatal() of another thread may be speaking */
     fflush(stdout);
-    fprintf(stderr, "error: collective timeout on rank %d: stream '%s' #%llu%s waited %.1f s", lowest_rank, s->name,
-            (unsigned long long)seq, call ? call : "", w->cfg.collective_timeout_s);
-    if (nmiss)
-        fprintf(stderr, "; rank%s %s never joined it (%s)", nmiss > 1 ? "s" : "", missing, fix);
-    fprintf(stderr, "\n");
+    fprintf(stderr, "error: %s\n", line);
     fprintf(stderr, "flight recorder (the last %d collectives of every stream: #seq kind count [in group] (label) state):\n",
             FLIGHT_DEPTH);
     if (!backend_is_multiprocess(w->cfg.backend)) {

@@ -136,6 +136,7 @@ static double local_execute(Stream *s, const Op *op, double ready_us) {
             memcpy(recv, posts[desc->root].recv, cnt * sizeof(float));
         break;
     case COLL_BARRIER: break; /* the barriers around this switch are all of it */
+    case COLL_P2P: break;     /* never here: p2p_local_execute */
     case COLL_KIND_COUNT: break; /* not a kind */
     }
     chan_barrier(s, op, n); /* nobody reuses or frees its buffers while peers read them */

@@ -63,6 +63,7 @@ struct Op {
     const char *label;          /* collective: interned label (trace name prefix) */
     ProcessGroup *pg;           /* collective: its group */
     CollChannel *chan;          /* collective, local backend: the (stream, group) rendezvous */
+    struct P2PBatch *p2p;       /* a point-to-point group (coll.kind COLL_P2P): its items; the worker frees it */
     union {
         max_align_t align_;
         unsigned char args[DEV_ARGS_MAX];
@@ -82,6 +83,7 @@ struct Stream {
     int npending, pending_cap;
     PoolDebt *debts;                /* this stream's pool: uses of freed blocks not yet ordered (race.c) */
     int ndebts, debts_cap;
+    uint64_t *p2p_sent, *p2p_recvd; /* [world] sends to / receives from each rank so far (host; p2p.c) */
 };
 
 struct Event {
@@ -139,6 +141,7 @@ struct Dev {
     float *clip_slots;                  /* [CLIP_PROBE_SLOTS], allocated at the first launch */
     int clip_n;                         /* slots handed out since the last collect */
     struct DryArena *dry;               /* --dry-run: the rank's address space (dry.h; host thread) */
+    struct P2PBatch *p2p_group;         /* dev_group_start .. dev_group_end: the group being built (host thread) */
     /* dev_watch_collectives (host thread) */
     void (*coll_watch)(void *ctx, const CollIssue *c);
     void *coll_watch_ctx;
@@ -164,6 +167,7 @@ struct World {
     uint8_t rank_done[WORLD_MAX_RANKS]; /* rank_main returned */
     int reporting;                      /* a watchdog report is being printed */
     int guarded;                        /* device storage under the guard (guard.h: --guard-device-memory) */
+    void *p2p;                          /* point-to-point mailboxes of ranks that are threads (p2p.c) */
 };
 
 /* 1 for the backends with one process per rank (under mpirun) */

@@ -362,8 +362,17 @@ void race_on_enqueue(Stream *s, const Op *op) {
     case OP_WAIT:
         if (op->event->vc) vc_merge(s->vc, op->event->vc, op->event->vc_n);
         break;
-    case OP_COLL: { /* its kind says what it reads (send) and writes (recv) */
+    case OP_COLL: { /* its kind says what it reads (send) and writes (recv); a p2p group, each item */
         const CollKindInfo *k = coll_kind(op->coll.kind);
+        if (k->p2p) {
+            for (int i = 0; i < op->p2p->n; i++) {
+                const P2PItem *it = &op->p2p->items[i];
+                me.module = it->label;
+                me.name = it->send ? "send" : "recv";
+                check_access(s, &me, it->buf, it->count * sizeof(float), !it->send, NULL);
+            }
+            break;
+        }
         const size_t cnt = (size_t)op->coll.count, f = coll_dtype_size(op->coll.dtype);
         if (op->label && *op->label) me.module = op->label;
         me.name = k->name;

@@ -106,7 +106,8 @@ static void execute(Stream *s, Op *op) {
     case OP_COLL:
         start = op->exec(s, op, ready);
         end = start + op->cost_us;
-        clock_trace_op(s, op, op->label, TRACE_CAT_COLLECTIVE, start, end, wall0);
+        /* a p2p group's name says what moves where; a collective's is "<label>.<kind>" */
+        clock_trace_op(s, op, op->coll.kind == COLL_P2P ? NULL : op->label, TRACE_CAT_COLLECTIVE, start, end, wall0);
         break;
     case OP_MARK: *(double *)op->dst = ready; break; /* the host reads it once it saw this op completed */
     }
@@ -374,6 +375,8 @@ void cpu_stream_destroy(Stream *s) {
     race_stream_destroy(s);
     free(cs->ring);
     free(cs);
+    free(s->p2p_sent);
+    free(s->p2p_recvd);
     free(s->name);
     free(s);
 }

@@ -19,6 +19,8 @@ typedef struct {
     const char *dtype;                  /* collectives: "f32" / "bf16" (static); NULL = not shown */
     const char *group;                  /* collectives: the process group's name; NULL = not shown */
     const char *op;                     /* reducing collectives: "sum" / "avg" (static); NULL = not shown */
+    const char *p2p;                    /* p2p groups: "send|recv peer microbatch label" per item, ';' between
+                                           (interned); NULL = not shown */
     double flops;                       /* kernels: the FLOPs their launch declared (CPU backends); 0 = not shown */
     int wall;                           /* 1: wall_ts and wall_dur hold its wall-clock times (CPU backends) */
     double wall_ts, wall_dur;           /* µs of wall time since the world's epoch: performance work, never grading */

@@ -44,6 +44,7 @@ World *world_create(const WorldConfig *cfg) {
     w->local_ranks = cfg->world_size; /* ranks as threads, unless the backend makes them processes */
     w->first_local_rank = 0;
     ops->world_init(w, &cores);
+    p2p_world_init(w);
     w->epoch_us = now_us(); /* multi-process: after a barrier; one machine's CLOCK_MONOTONIC lines ranks up */
     int blas = cfg->blas_threads > 0 ? cfg->blas_threads : (int)(cores / w->local_ranks);
     if (blas < 1) blas = 1;
@@ -61,6 +62,7 @@ int world_first_local_rank(const World *w) { return w->first_local_rank; }
 void world_destroy(World *w) {
     if (!w) return;
     w->ops->world_fini(w);
+    p2p_world_fini(w);
     guard_world_gone(w);
     pthread_mutex_destroy(&w->host_mu);
     pthread_cond_destroy(&w->host_cv);

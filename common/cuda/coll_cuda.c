@@ -52,10 +52,21 @@
  * A GPU-side hang (a peer that never arrives, a NCCL error) is caught where
  * the host waits for the GPU (cuda_wait polls, cuda_nccl_watch): the rank's
  * communicators are aborted and one line names the rank, the wait and the
- * last collective issued on each group. */
+ * last collective issued on each group.
+ *
+ * Point to point (p2p.c's groups of dev_send / dev_recv, one op of kind
+ * COLL_P2P), also at enqueue on the host thread. local: a mailbox per (stream
+ * index, sender, receiver), as the CPU thread backends', carrying device
+ * pointers and events: the sender posts its buffer and `sent` (its stream
+ * after its inputs); the receiver's stream waits for `sent`, copies device to
+ * device and records `done`, which the sender's stream waits for before it
+ * goes on (local_p2p). nccl / nccl-mpi: ncclSend / ncclRecv between
+ * ncclGroupStart and ncclGroupEnd on the world's communicator and NCCL
+ * stream, between the same in / out events as a collective (nccl_p2p). */
 #include "cuda/cuda_internal.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -340,6 +351,7 @@ static void local_collective(Stream *s, const Op *op, const void *send, void *re
         break;
     }
     case COLL_BARRIER: break; /* the rendezvous around this switch are all of it */
+    case COLL_P2P: break;        /* never here: local_p2p */
     case COLL_KIND_COUNT: break; /* not a kind */
     }
     if (d->scope.tracing) {
@@ -404,6 +416,7 @@ static void nccl_collective(Stream *s, const Op *op, const void *send, void *rec
     case COLL_ALL_REDUCE: NCCL_CHECK(ncclAllReduce(send, recv, cnt, ncclFloat32, red, comm, st)); break;
     case COLL_BROADCAST: NCCL_CHECK(ncclBroadcast(recv, recv, cnt, ncclFloat32, desc->root, comm, st)); break;
     case COLL_BARRIER: NCCL_CHECK(ncclAllReduce(cg->one, cg->one, 1, ncclFloat32, ncclSum, comm, st)); break;
+    case COLL_P2P: break;        /* never here: nccl_p2p */
     case COLL_KIND_COUNT: break; /* not a kind */
     }
     if (d->scope.tracing) { /* filed under s, the stream it was issued on */
@@ -423,14 +436,226 @@ static void nccl_collective(Stream *s, const Op *op, const void *send, void *rec
     snprintf(cg->last_stream, sizeof cg->last_stream, "%s", s->name);
 }
 
+/* ------------------------------------------------------ point to point */
+
+void cuda_p2p_world_init(World *w) {
+    chan_registry_init(&cuda_world(w)->p2p, sizeof(CudaP2PChan), offsetof(CudaP2PChan, mu),
+                       offsetof(CudaP2PChan, cv));
+}
+
+/* After every rank's streams were drained and destroyed: the pooled events,
+ * and those of sends whose sender never got to give them back. */
+void cuda_p2p_world_fini(World *w) {
+    ChanRegistry *r = &cuda_world(w)->p2p;
+    for (int i = 0; i < r->n; i++) {
+        CudaP2PChan *c = chan_registry_slot(r, i);
+        for (size_t k = 0; k < c->posted; k++) {
+            if (c->slots[k].sent) CUDA_CHECK(cudaEventDestroy(c->slots[k].sent));
+            if (c->slots[k].done) CUDA_CHECK(cudaEventDestroy(c->slots[k].done));
+        }
+        for (size_t k = 0; k < c->n_pool; k++) CUDA_CHECK(cudaEventDestroy(c->pool[k]));
+        free(c->slots);
+        free(c->pool);
+    }
+    chan_registry_fini(r);
+}
+
+/* An event of c's pool, or a new one (c->mu held). */
+static cudaEvent_t p2p_event_get(CudaP2PChan *c) {
+    if (c->n_pool) return c->pool[--c->n_pool];
+    cudaEvent_t e;
+    CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return e;
+}
+
+/* Back to c's pool (c->mu held): every stream wait on e was issued, and a
+ * later record does not change what an issued wait waits for. */
+static void p2p_event_put(CudaP2PChan *c, cudaEvent_t e) {
+    if (c->n_pool == c->pool_cap) {
+        c->pool_cap = c->pool_cap ? 2 * c->pool_cap : 8;
+        c->pool = xrealloc(c->pool, c->pool_cap * sizeof *c->pool);
+    }
+    c->pool[c->n_pool++] = e;
+}
+
+static int p2p_is_posted(const CudaP2PChan *c, uint64_t k) { return c->posted > k; }
+static int p2p_is_received(const CudaP2PChan *c, uint64_t k) { return c->posted > k && c->slots[k].received; }
+
+/* Wait on c (mu held) until `done` holds; 1 if the deadline (NULL: none) passed first. */
+static int p2p_wait_until(CudaP2PChan *c, const struct timespec *deadline,
+                          int (*done)(const CudaP2PChan *, uint64_t), uint64_t k) {
+    while (!done(c, k)) {
+        if (!deadline) pthread_cond_wait(&c->cv, &c->mu);
+        else if (pthread_cond_timedwait(&c->cv, &c->mu, deadline) == ETIMEDOUT && !done(c, k)) return 1;
+    }
+    return 0;
+}
+
+/* The trace record of a p2p group: named by what moves where (op->name), its
+ * items in the "p2p" arg, as the CPU backends file it. */
+static TraceRec p2p_trace_rec(Stream *s, const Op *op) {
+    TraceRec rec = cuda_trace_rec(s, NULL, op->name, TRACE_CAT_COLLECTIVE, op->bytes, coll_dtype_name(op->coll.dtype),
+                                  NULL);
+    rec.p2p = op->label;
+    return rec;
+}
+
+/* local: the ranks are threads sharing one GPU; the mailboxes of p2p.c's
+ * thread backends (the k-th send from a to b on stream index i meets b's k-th
+ * receive from a on stream index i), carrying device pointers and events:
+ * every send of the group posted first (a receive below may wait for a peer
+ * that waits for one of these), then each receive (the receiving stream waits
+ * for the sender's `sent`, copies, records `done`), then each send waits for
+ * its receiver's `done`, so the sending stream never reuses its buffer early.
+ * The host waits only for the peers' host threads, never for the GPU. */
+static void local_p2p(Stream *s, const Op *op) {
+    Dev *d = s->dev;
+    World *w = d->world;
+    cudaStream_t st = cuda_stream(s)->st;
+    const P2PBatch *b = op->p2p;
+    const int me = d->rank;
+    const double timeout = w->cfg.collective_timeout_s;
+    struct timespec dl, *deadline = NULL;
+    if (timeout > 0) { /* the registry's condition variables run on CLOCK_MONOTONIC */
+        clock_gettime(CLOCK_MONOTONIC, &dl);
+        double whole = (double)(time_t)timeout;
+        dl.tv_sec += (time_t)timeout;
+        dl.tv_nsec += (long)((timeout - whole) * 1e9);
+        if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
+        deadline = &dl;
+    }
+    CudaP2PChan *chans[64];
+    CudaP2PChan **ch = b->n <= 64 ? chans : xmalloc((size_t)b->n * sizeof *ch);
+    for (int i = 0; i < b->n; i++) {
+        const P2PItem *it = &b->items[i];
+        ch[i] = chan_registry_get(&cuda_world(w)->p2p, s->index, it->send ? me : it->peer, it->send ? it->peer : me);
+    }
+    OpSpan span;
+    if (d->scope.tracing) cuda_span_begin(d, s, &span);
+    for (int i = 0; i < b->n; i++) { /* sends: the buffer and the point of s after its inputs */
+        const P2PItem *it = &b->items[i];
+        if (!it->send) continue;
+        CudaP2PChan *c = ch[i];
+        pthread_mutex_lock(&c->mu);
+        if (c->posted != it->seq) fatal("internal: p2p send #%llu posted out of order", (unsigned long long)it->seq);
+        if (c->posted == c->cap) {
+            c->cap = c->cap ? 2 * c->cap : 16;
+            c->slots = xrealloc(c->slots, c->cap * sizeof *c->slots);
+        }
+        CudaP2PSlot *slot = &c->slots[c->posted];
+        *slot = (CudaP2PSlot){it->buf, it->count, it->microbatch, it->label, p2p_event_get(c), p2p_event_get(c), 0};
+        CUDA_CHECK(cudaEventRecord(slot->sent, st));
+        c->posted++;
+        pthread_cond_broadcast(&c->cv);
+        pthread_mutex_unlock(&c->mu);
+    }
+    for (int i = 0; i < b->n; i++) { /* receives: after the sender's point, a device copy */
+        const P2PItem *it = &b->items[i];
+        if (it->send) continue;
+        CudaP2PChan *c = ch[i];
+        pthread_mutex_lock(&c->mu);
+        if (p2p_wait_until(c, deadline, p2p_is_posted, it->seq)) {
+            pthread_mutex_unlock(&c->mu);
+            p2p_timeout(s, op, it, timeout);
+        }
+        CudaP2PSlot *slot = &c->slots[it->seq];
+        if (slot->count != it->count || slot->microbatch != it->microbatch) {
+            CudaP2PSlot copy = *slot;
+            pthread_mutex_unlock(&c->mu);
+            p2p_mismatch(s, it, copy.microbatch, copy.count, copy.label);
+        }
+        CUDA_CHECK(cudaStreamWaitEvent(st, slot->sent, 0));
+        if (it->count && it->buf != slot->buf)
+            CUDA_CHECK(cudaMemcpyAsync(it->buf, slot->buf, it->count * sizeof(float), cudaMemcpyDeviceToDevice, st));
+        CUDA_CHECK(cudaEventRecord(slot->done, st));
+        slot->received = 1;
+        pthread_cond_broadcast(&c->cv);
+        pthread_mutex_unlock(&c->mu);
+    }
+    for (int i = 0; i < b->n; i++) { /* sends: s goes on once the receiver's copy is done */
+        const P2PItem *it = &b->items[i];
+        if (!it->send) continue;
+        CudaP2PChan *c = ch[i];
+        pthread_mutex_lock(&c->mu);
+        if (p2p_wait_until(c, deadline, p2p_is_received, it->seq)) {
+            pthread_mutex_unlock(&c->mu);
+            p2p_timeout(s, op, it, timeout);
+        }
+        CudaP2PSlot *slot = &c->slots[it->seq];
+        CUDA_CHECK(cudaStreamWaitEvent(st, slot->done, 0));
+        /* the receiver waited on `sent` before it posted `done`; this was the last wait on either */
+        p2p_event_put(c, slot->sent);
+        p2p_event_put(c, slot->done);
+        slot->sent = slot->done = NULL;
+        pthread_mutex_unlock(&c->mu);
+    }
+    if (ch != chans) free(ch);
+    if (d->scope.tracing) {
+        TraceRec rec = p2p_trace_rec(s, op);
+        cuda_span_end(d, s, &span, &rec, SPAN_ANY_LENGTH);
+    }
+}
+
+/* nccl backends: ncclSend / ncclRecv in one NCCL group on the world's
+ * communicator (its ranks are the world ranks) and NCCL stream, between the
+ * same two events as a collective (nccl_collective). NCCL pairs the k-th send
+ * from a to b with b's k-th receive from a on the communicator: in the order
+ * each rank issues them, as the CPU backends' mailboxes do. */
+static void nccl_p2p(Stream *s, const Op *op) {
+    Dev *d = s->dev;
+    struct CudaStream *cs = cuda_stream(s);
+    const P2PBatch *b = op->p2p;
+    CudaGroup *cg = &cuda_dev(d)->groups[0];
+    ncclComm_t comm = cg->comm;
+    cudaStream_t st = cg->st;
+
+    CUDA_CHECK(cudaEventRecord(cg->in, cs->st));
+    CUDA_CHECK(cudaStreamWaitEvent(st, cg->in, 0));
+    OpSpan span;
+    if (d->scope.tracing) cuda_span_begin_on(d, st, &span);
+    NCCL_CHECK(ncclGroupStart());
+    for (int i = 0; i < b->n; i++) {
+        const P2PItem *it = &b->items[i];
+        if (it->send) NCCL_CHECK(ncclSend(it->buf, it->count, ncclFloat32, it->peer, comm, st));
+        else NCCL_CHECK(ncclRecv(it->buf, it->count, ncclFloat32, it->peer, comm, st));
+    }
+    NCCL_CHECK(ncclGroupEnd());
+    if (d->scope.tracing) { /* filed under s, the stream it was issued on */
+        TraceRec rec = p2p_trace_rec(s, op);
+        cuda_span_end_on(d, st, &span, &rec, SPAN_ANY_LENGTH);
+    }
+    CUDA_CHECK(cudaEventRecord(cg->out, st));
+    CUDA_CHECK(cudaStreamWaitEvent(cs->st, cg->out, 0));
+
+    cg->issued++;
+    cg->last_seq = op->coll_seq;
+    cg->last_kind = COLL_P2P;
+    cg->last_label = op->label;
+    snprintf(cg->last_stream, sizeof cg->last_stream, "%s", s->name);
+}
+
 /* ------------------------------------------------------------- enqueue */
 
-/* A collective coll_enqueue (runtime/backend.c) checked and described: each
- * rank enqueues its part on its stream now, on the host thread. */
+/* A collective coll_enqueue (runtime/backend.c) checked and described, or a
+ * p2p group (runtime/p2p.c): each rank enqueues its part on its stream now,
+ * on the host thread. */
 void cuda_coll_enqueue(Stream *s, Op *o) {
-    if (s->dev->world->cfg.backend == BACKEND_LOCAL) local_collective(s, o, o->src, o->dst);
-    else nccl_collective(s, o, o->src, o->dst);
+    const int local = s->dev->world->cfg.backend == BACKEND_LOCAL;
+    if (o->coll.kind == COLL_P2P) {
+        if (local) local_p2p(s, o);
+        else nccl_p2p(s, o);
+    } else if (local) {
+        local_collective(s, o, o->src, o->dst);
+    } else {
+        nccl_collective(s, o, o->src, o->dst);
+    }
     /* the GPU runs it later: "started" means handed to the stream */
     flight_set(s, o, FLIGHT_STARTED);
     s->enqueued++;
+    if (o->coll.kind == COLL_P2P) { /* its items are queued: the batch is the backend's to free */
+        P2PBatch *b = o->p2p;
+        o->p2p = NULL;
+        free(b->items);
+        free(b);
+    }
 }

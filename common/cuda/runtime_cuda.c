@@ -83,6 +83,7 @@ static void cuda_world_init(World *w, long *cores) {
     struct CudaWorld *cw = xcalloc(1, sizeof *cw);
     chan_registry_init(&cw->chans, sizeof(CudaChan), offsetof(CudaChan, mu), offsetof(CudaChan, cv));
     w->backend = cw;
+    cuda_p2p_world_init(w);
     if (w->cfg.backend == BACKEND_NCCL_MPI) {
         cw->mpi = mpi_world_create(w, cores);
         cw->node_rank = mpi_world_node_rank(cw->mpi);
@@ -110,6 +111,7 @@ static void cuda_world_fini(World *w) {
     struct CudaWorld *cw = cuda_world(w);
     if (!cw) return;
     chan_registry_fini(&cw->chans);
+    cuda_p2p_world_fini(w);
     mpi_world_destroy(cw->mpi);
     free(cw);
     w->backend = NULL;
@@ -475,6 +477,8 @@ static void cuda_stream_destroy(Stream *s) {
     CUBLAS_CHECK(cublasDestroy(cs->blas));
     CUDA_CHECK(cudaStreamDestroy(cs->st));
     free(cs);
+    free(s->p2p_sent);
+    free(s->p2p_recvd);
     free(s->name);
     free(s);
 }

@@ -51,15 +51,18 @@ struct Flag {
     const char *json;           /* run.json key (NULL: not in run.json) */
     /* run.json's value where it is not the stored value in the kind's format; NULL: that */
     void (*json_value)(Json *j, const Options *o);
+    int json_with_pp;           /* in run.json only with --pp (a pipeline run's keys) */
 };
 
 /* Enum flags are stored through an int. */
 _Static_assert(sizeof(CollBackend) == sizeof(int), "CollBackend is stored as an int");
 _Static_assert(sizeof(DType) == sizeof(int), "DType is stored as an int");
 _Static_assert(sizeof(BackwardPrefetch) == sizeof(int), "BackwardPrefetch is stored as an int");
+_Static_assert(sizeof(PipeSchedule) == sizeof(int), "PipeSchedule is stored as an int");
 
 static const FlagChoice BACKENDS[] = {
     {"local", BACKEND_LOCAL}, {"mpi", BACKEND_MPI}, {"nccl", BACKEND_NCCL}, {"nccl-mpi", BACKEND_NCCL_MPI}, {NULL, 0}};
+static const FlagChoice PP_SCHEDULES[] = {{"gpipe", PIPE_GPIPE}, {"1f1b", PIPE_1F1B}, {NULL, 0}};
 static const FlagChoice GRAD_SYNC[] = {{"every", 1}, {"last", 0}, {NULL, 0}};
 static const FlagChoice DTYPES[] = {{"fp32", DTYPE_F32}, {"bf16", DTYPE_BF16}, {NULL, 0}};
 static const FlagChoice PREFETCH[] = {
@@ -276,6 +279,18 @@ static const Flag FLAGS[] = {
      .help = "stage 10: shards, grad shards and optimizer state in pinned host memory", .json = "offload_params"},
 
     /* world and runtime */
+    {.name = "--pp", .kind = FLAG_INT, .at = AT(pp), .lo = 1, .hi = MAXRANKS, .arg = "P",
+     .help = "pipeline parallelism (stages 11-12, hw_pipe.h): P stages of world / P ranks\n"
+             "each; the modules split into P contiguous runs; your pipe_schedule runs them",
+     .section = "pipeline", .json = "pp", .json_with_pp = 1},
+    {.name = "--microbatches", .kind = FLAG_INT, .at = AT(microbatches), .lo = 1, .hi = 1 << 20, .arg = "M",
+     .help = "with --pp: microbatches per step (M divides --batch-size; default P)", .json = "microbatches",
+     .json_with_pp = 1},
+    {.name = "--pp-schedule", .kind = FLAG_ENUM, .at = AT(pp_schedule), .choices = PP_SCHEDULES, .def = "1f1b",
+     .arg = "gpipe|1f1b",
+     .help = "with --pp: all forwards then all backwards (gpipe), or one forward one\n"
+             "backward after a warm-up (1f1b, default); PipeInfo.schedule",
+     .json = "pp_schedule", .json_with_pp = 1},
     {.name = "--world", .kind = FLAG_INT, .at = AT(world.world_size), .lo = 1, .hi = MAXRANKS, .def = "1", .arg = "N",
      .help = "number of ranks (default 1)", .section = "world and runtime", .json = "world_size"},
     {.name = "--backend", .kind = FLAG_ENUM, .at = AT(world.backend), .choices = BACKENDS, .def = "local", .arg = "B",
@@ -534,6 +549,26 @@ void parse_options(int argc, char **argv, Options *o) {
     if (max_seq && o->seq_len > max_seq)
         fatal("--seq-len %zu exceeds the %s flavour's context of %zu tokens (Llama 3's; longer contexts need the RoPE "
               "scaling of Llama 3.1, which this runtime does not do)", o->seq_len, o->flavor, max_seq);
+    if (o->pp) {
+        const int W = o->world.world_size, P = o->pp, L = o->model.n_layers;
+        if (!o->microbatches) o->microbatches = P;
+        if (W % P) fatal("--pp %d must divide --world %d (each stage has world / P ranks)", P, W);
+        if (L < P - 2)
+            fatal("--pp %d needs at least %d blocks (every stage but the first and the last holds one); the model "
+                  "has %d (--n-layers)", P, P - 2, L);
+        if (o->batch_size % (size_t)o->microbatches)
+            fatal("--microbatches %d must divide --batch-size %zu (each microbatch holds batch-size / M sequences)",
+                  o->microbatches, o->batch_size);
+        if (o->grad_accum > 1) fatal("--pp splits the batch into --microbatches itself: it cannot go with --grad-accum");
+        if (o->mesh_replicas) fatal("--pp makes its own mesh (stages x shards): it cannot go with --mesh");
+        if (o->forward_only) fatal("--pp runs forward and backward through pipe_schedule: it cannot go with --forward-only");
+        if (o->load_path || o->save_path || o->save_init_path)
+            fatal("--pp keeps each stage's parameters on its own ranks: it cannot go with %s",
+                  o->load_path ? "--load" : o->save_path ? "--save" : "--save-init");
+        if (o->offload_params) fatal("--pp cannot go with --offload-params");
+    } else if (o->microbatches) {
+        fatal("--microbatches splits a pipeline's batch: it needs --pp (for plain accumulation: --grad-accum)");
+    }
     if (o->world.dry_run && (o->load_path || o->save_path || o->save_init_path))
         fatal("--dry-run computes no values: it cannot go with %s", o->load_path ? "--load" : o->save_path ? "--save"
                                                                                                   : "--save-init");
@@ -597,7 +632,7 @@ void options_run_json(Json *j, const Options *o, const RunFacts *facts) {
         }
         case RJ_OTHER_FLAGS:
             for (size_t i = 0; i < N_FLAGS; i++)
-                if (FLAGS[i].json && !listed_in_run_json(FLAGS[i].json)) {
+                if (FLAGS[i].json && !listed_in_run_json(FLAGS[i].json) && (!FLAGS[i].json_with_pp || o->pp)) {
                     json_key(j, FLAGS[i].json);
                     flag_json(j, &FLAGS[i], o);
                 }

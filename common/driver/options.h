@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "hw_fsdp.h"
+#include "hw_pipe.h"
 #include "model/model.h"
 #include "model/optim.h"
 #include "runtime/json.h"
@@ -37,6 +38,9 @@ typedef struct {
     BackwardPrefetch backward_prefetch; /* --backward-prefetch (stage 10) */
     int backward_prefetch_given;        /* it was on the command line (a stage ignoring it stops) */
     int single_comm_stream, offload_params; /* --single-comm-stream, --offload-params (stage 10) */
+    int pp;                     /* --pp P pipeline stages (stages 11-12); 0: no pipeline */
+    int microbatches;           /* --microbatches M (default P) */
+    PipeSchedule pp_schedule;   /* --pp-schedule */
     int profile_steps;
     int save_every;
     int quiet;

@@ -106,9 +106,11 @@ int step_log_write(StepLog *l, Dev *dev, const Options *o, const ModelRun *run, 
                    float grad_norm, double step_us, double model_step_us) {
     const int W = dev_world_size(dev);
     dev_host_allgather_f64(dev, loss_local, l->all);
+    /* the mean over the data shards; with --pp only the last stage (ranks (P-1)*S ..) computed a loss */
+    const int P = o->pp ? o->pp : 1, S = W / P;
     double loss = 0;
-    for (int r = 0; r < W; r++) loss += l->all[r];
-    loss /= W;
+    for (int r = (P - 1) * S; r < W; r++) loss += l->all[r];
+    loss /= S;
     const int dry = dev_dry_run(dev); /* no loss, grad norm or clip coefficient: nothing ran */
     double *peaks = xmalloc((size_t)W * sizeof(double)), *clip = NULL;
     dev_host_allgather_f64(dev, (double)dev_mem_peak(dev), peaks);
@@ -125,14 +127,14 @@ int step_log_write(StepLog *l, Dev *dev, const Options *o, const ModelRun *run, 
     double model_step_max = max_of(l->all, W);
     int bad = !dry && (!isfinite(loss) || (!o->forward_only && !isfinite(grad_norm)));
     if (dev_rank(dev) == 0) {
-        double tps = (double)(run->B * run->T * (size_t)W) / (step_max * 1e-6);
+        double tps = (double)(run->B * run->T * (size_t)S) / (step_max * 1e-6); /* S data shards of B sequences */
         float lr = lr_at_step(&o->optim, step);
         if (l->metrics)
             write_metrics_line(l->metrics, step, loss, grad_norm, lr, peaks, clip, W, step_max, tps, model_step_max, bad,
                                dry);
         if (!o->quiet && dry) {
             /* the modelled clock's tokens per second per GPU: what the report (tools/simulate.py) reads too */
-            double model_tps = (double)(run->B * run->T) / (model_step_max * 1e-6), peak = max_of(peaks, W);
+            double model_tps = (double)(run->B * run->T) / P / (model_step_max * 1e-6), peak = max_of(peaks, W);
             int gib = peak >= 1073741824.0;
             printf("step: %3d  loss: dry run  grad_norm: dry run  memory: %8.2f%s  lr: %.2e  modelled step: %.3fms  "
                    "modelled tokens/s/GPU: %.0f\n",

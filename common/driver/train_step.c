@@ -12,25 +12,12 @@
 #include "driver/probes.h"
 #include "driver/step_log.h"
 #include "driver/train.h"
+#include "driver/trainer.h"
 #include "hw_fsdp.h"
 #include "model/model.h"
 #include "model/optim.h"
 #include "runtime/runtime.h"
 #include "runtime/util.h"
-
-/* One rank's training state. */
-typedef struct {
-    Dev *dev;
-    const Options *opt;
-    Model *model;
-    Fsdp *fsdp;
-    ModelRun run;
-    Probes probes;
-    FlagCheck flags;                    /* the stage-10 flags against the first step's collectives */
-    int32_t *inputs, *targets;          /* [B*T] device: this step's batch */
-    int32_t *host_inputs, *host_targets;
-    float *host_loss;                   /* [K] each microbatch's mean loss (K = --grad-accum) */
-} Trainer;
 
 /* What the host does now (module, phase), for traces and snapshots. */
 static void at(Trainer *t, int step, const char *module, const char *phase) {
@@ -41,8 +28,8 @@ static void at(Trainer *t, int step, const char *module, const char *phase) {
 static void load_batch(Trainer *t, const TrainJob *job, int s) {
     size_t N = t->run.B * t->run.T;
     at(t, s, "data", "data");
-    data_batch(job->data, s, dev_rank(t->dev), dev_world_size(t->dev), t->run.B, t->run.T, t->host_inputs,
-               t->host_targets);
+    int shards, shard = pipe_data_shard(t->opt, dev_rank(t->dev), &shards); /* --pp: every stage of a shard reads it */
+    data_batch(job->data, s, shard, shards, t->run.B, t->run.T, t->host_inputs, t->host_targets);
     dev_memcpy_async(t->run.stream, t->inputs, t->host_inputs, N * sizeof(int32_t));
     dev_memcpy_async(t->run.stream, t->targets, t->host_targets, N * sizeof(int32_t));
 }
@@ -100,48 +87,58 @@ static void set_microbatch(Trainer *t, int k, int K) {
         probe_hook_end((t)->dev, &(t)->probes, s, module, phase);        \
     } while (0)
 
+/* One module's forward, between its hooks (the pipeline's too: pipeline.c). */
+void trainer_forward_module(Trainer *t, int s, Module *mod) {
+    Fsdp *f = t->fsdp;
+    HOOK(t, s, mod->name, "pre_forward", fsdp_pre_forward(f, mod));
+    probe_params_ready(t->dev, &t->probes, mod, s, "pre_forward", 0);
+    at(t, s, mod->name, "forward");
+    module_forward(t->model, mod, &t->run);
+    HOOK(t, s, mod->name, "post_forward", fsdp_post_forward(f, mod));
+    probe_after_post_forward(t->dev, &t->probes, s, mod);
+}
+
+/* One module's backward, between its hooks (with --ac, the forward again first). */
+void trainer_backward_module(Trainer *t, int s, Module *mod) {
+    Model *m = t->model;
+    Fsdp *f = t->fsdp;
+    HOOK(t, s, mod->name, "pre_backward", fsdp_pre_backward(f, mod));
+    if (t->opt->ac && mod->kind == MOD_BLOCK) { /* activation checkpointing: the forward again */
+        HOOK(t, s, mod->name, "recompute.pre_forward", fsdp_pre_forward(f, mod));
+        probe_params_ready(t->dev, &t->probes, mod, s, "recompute.pre_forward", 0);
+        at(t, s, mod->name, "recompute");
+        module_recompute(m, mod, &t->run);
+        HOOK(t, s, mod->name, "recompute.post_forward", fsdp_post_forward(f, mod));
+    }
+    at(t, s, mod->name, "backward");
+    probe_params_ready(t->dev, &t->probes, mod, s, "pre_backward", 1);
+    alloc_unsharded_grads(t, mod);
+    probe_grads_allocated(t->dev, &t->probes, mod);
+    module_backward(m, mod, &t->run);
+    HOOK(t, s, mod->name, "post_backward", fsdp_post_backward(f, mod));
+    probe_after_post_backward(t->dev, &t->probes, s, mod);
+    after_post_backward(t, mod);
+}
+
+/* The end of one backward: FSDP2's root post-backward callback (once per
+ * backward, so once per microbatch). */
+void trainer_finish_backward(Trainer *t, int s) {
+    HOOK(t, s, "root", "finish_backward", fsdp_finish_backward(t->fsdp));
+    probe_grad_state(t->dev, &t->probes, s);
+}
+
 /* The forward of step s's current (micro)batch; its mean loss goes to *host_loss. */
 static void forward(Trainer *t, int s, float *host_loss) {
     Model *m = t->model;
-    Fsdp *f = t->fsdp;
-    for (int i = 0; i < m->n_modules; i++) {
-        Module *mod = &m->modules[i];
-        HOOK(t, s, mod->name, "pre_forward", fsdp_pre_forward(f, mod));
-        probe_params_ready(t->dev, &t->probes, mod, s, "pre_forward", 0);
-        at(t, s, mod->name, "forward");
-        module_forward(m, mod, &t->run);
-        HOOK(t, s, mod->name, "post_forward", fsdp_post_forward(f, mod));
-        probe_after_post_forward(t->dev, &t->probes, s, mod);
-    }
+    for (int i = 0; i < m->n_modules; i++) trainer_forward_module(t, s, &m->modules[i]);
     dev_memcpy_async(t->run.stream, host_loss, t->run.loss, sizeof(float)); /* device -> host */
 }
 
-/* The backward, in reverse module order, then finish_backward (FSDP2's
- * root post-backward callback: once per backward, so once per microbatch). */
+/* The backward, in reverse module order, then finish_backward. */
 static void backward(Trainer *t, int s) {
     Model *m = t->model;
-    Fsdp *f = t->fsdp;
-    for (int i = m->n_modules - 1; i >= 0; i--) {
-        Module *mod = &m->modules[i];
-        HOOK(t, s, mod->name, "pre_backward", fsdp_pre_backward(f, mod));
-        if (t->opt->ac && mod->kind == MOD_BLOCK) { /* activation checkpointing: the forward again */
-            HOOK(t, s, mod->name, "recompute.pre_forward", fsdp_pre_forward(f, mod));
-            probe_params_ready(t->dev, &t->probes, mod, s, "recompute.pre_forward", 0);
-            at(t, s, mod->name, "recompute");
-            module_recompute(m, mod, &t->run);
-            HOOK(t, s, mod->name, "recompute.post_forward", fsdp_post_forward(f, mod));
-        }
-        at(t, s, mod->name, "backward");
-        probe_params_ready(t->dev, &t->probes, mod, s, "pre_backward", 1);
-        alloc_unsharded_grads(t, mod);
-        probe_grads_allocated(t->dev, &t->probes, mod);
-        module_backward(m, mod, &t->run);
-        HOOK(t, s, mod->name, "post_backward", fsdp_post_backward(f, mod));
-        probe_after_post_backward(t->dev, &t->probes, s, mod);
-        after_post_backward(t, mod);
-    }
-    HOOK(t, s, "root", "finish_backward", fsdp_finish_backward(f));
-    probe_grad_state(t->dev, &t->probes, s);
+    for (int i = m->n_modules - 1; i >= 0; i--) trainer_backward_module(t, s, &m->modules[i]);
+    trainer_finish_backward(t, s);
 }
 
 /* One step: forward and backward of each microbatch (one without
@@ -151,6 +148,14 @@ static void backward(Trainer *t, int s) {
 static float train_step(Trainer *t, int s) {
     const int K = t->opt->grad_accum;
     float grad_norm = NAN;
+    if (t->pipe) { /* --pp: the student's schedule runs the microbatches (pipeline.c) */
+        pipe_run_step(t->pipe, s);
+        if (s == t->flags.step) flag_check_end(t->dev, &t->flags);
+        at(t, s, "step", "optimizer");
+        HOOK(t, s, "optimizer", "optimizer",
+             grad_norm = fsdp_optimizer_step(t->fsdp, lr_at_step(&t->opt->optim, s), s + 1));
+        return grad_norm;
+    }
     for (int k = 0; k < K; k++) {
         set_microbatch(t, k, K);
         forward(t, s, &t->host_loss[k]);
@@ -170,21 +175,29 @@ static float train_step(Trainer *t, int s) {
 #undef HOOK
 
 /* The full model on every rank (a module materialized before fully_shard),
- * then fsdp_init shards it. */
+ * then fsdp_init shards it; with --pp, the modules of this rank's stage. */
 static void trainer_init(Trainer *t, Dev *dev, const TrainJob *job, DeviceMesh *mesh) {
     const Options *o = job->opt;
     Stream *cs = dev_compute_stream(dev);
-    Model *m = model_create(&o->model);
+    Model *full = model_create(&o->model), *m = full;
+    const float *init = job->init;
+    if (o->pp) {
+        int S = dev_world_size(dev) / o->pp;
+        size_t first = 0;
+        m = pipe_stage_model(full, o->pp, dev_rank(dev) / S, &first);
+        init += first;
+    }
     size_t N = o->batch_size * o->seq_len;
-    *t = (Trainer){.dev = dev, .opt = o, .model = m};
+    *t = (Trainer){.dev = dev, .opt = o, .model = m, .full = full, .init = init};
     at(t, -1, "init", "init");
     for (int i = 0; i < m->n_modules; i++)
         for (int j = 0; j < m->modules[i].n_params; j++) {
             Param *p = &m->modules[i].params[j];
             p->data = dev_alloc_f32(dev, p->numel, MEM_PARAM, p->name);
-            dev_memcpy_async(cs, p->data, job->init + model_param_offset(m, p), p->numel * sizeof(float));
+            dev_memcpy_async(cs, p->data, init + model_param_offset(m, p), p->numel * sizeof(float));
         }
-    dev_mesh_build(dev, mesh, o->mesh_replicas, o->mesh_shards);
+    if (o->pp) pipe_mesh_build(dev, mesh, o->pp);
+    else dev_mesh_build(dev, mesh, o->mesh_replicas, o->mesh_shards);
     FsdpConfig fc = {.dev = dev,
                      .model = m,
                      .mesh = mesh,
@@ -199,12 +212,13 @@ static void trainer_init(Trainer *t, Dev *dev, const TrainJob *job, DeviceMesh *
     probes_check_mesh(m, mesh);
     if (o->offload_params) probes_check_offload(dev, m);
     probes_init(&t->probes, m, o->mp.param_dtype == DTYPE_BF16);
-    if (o->out_dir) probes_write_dtensors(dev, m, job->init, o->out_dir, mesh);
+    if (o->out_dir) probes_write_dtensors(dev, m, init, o->out_dir, mesh);
     if (job->init_exp_avg && !o->forward_only)
         checkpoint_restore_optimizer(dev, m, job->init_exp_avg, job->init_exp_avg_sq);
 
+    const int K = o->pp ? o->microbatches : o->grad_accum;
     t->run = (ModelRun){.dev = dev, .stream = cs, .B = o->batch_size, .T = o->seq_len, .recompute = o->ac,
-                        .microbatches = o->grad_accum, .param_bf16 = o->mp.param_dtype == DTYPE_BF16};
+                        .microbatches = K, .param_bf16 = o->mp.param_dtype == DTYPE_BF16};
     at(t, -1, "init", "init");
     t->inputs = dev_alloc(dev, N * sizeof(int32_t), MEM_ACTIVATION, "inputs");
     t->targets = dev_alloc(dev, N * sizeof(int32_t), MEM_ACTIVATION, "targets");
@@ -213,7 +227,8 @@ static void trainer_init(Trainer *t, Dev *dev, const TrainJob *job, DeviceMesh *
     model_run_begin(m, &t->run);
     t->host_inputs = xmalloc(N * sizeof(int32_t));
     t->host_targets = xmalloc(N * sizeof(int32_t));
-    t->host_loss = xcalloc((size_t)o->grad_accum, sizeof(float));
+    t->host_loss = xcalloc((size_t)K, sizeof(float));
+    if (o->pp) t->pipe = pipe_create(t);
 }
 
 void train_rank(Dev *dev, void *arg) {
@@ -234,9 +249,10 @@ void train_rank(Dev *dev, void *arg) {
         load_batch(&t, job, s);
         float grad_norm = train_step(&t, s);
         dev_synchronize(dev);
+        const int K = o->pp ? o->microbatches : o->grad_accum;
         double loss = 0; /* the mean over the whole batch: the mean of the K equal microbatches' means */
-        for (int k = 0; k < o->grad_accum; k++) loss += t.host_loss[k];
-        int bad = step_log_write(&log, dev, o, &t.run, s, loss / o->grad_accum, grad_norm, now_us() - t0,
+        for (int k = 0; k < K; k++) loss += t.host_loss[k]; /* with --pp, only the last stage's mean */
+        int bad = step_log_write(&log, dev, o, &t.run, s, loss / K, grad_norm, now_us() - t0,
                                  dev_host_time_us(dev) - m0);
         if (o->save_every && (s + 1) % o->save_every == 0 && !bad) checkpoint_write(dev, t.model, o->save_path, s + 1);
         if (bad) {
@@ -260,5 +276,7 @@ void train_rank(Dev *dev, void *arg) {
     free(t.host_inputs);
     free(t.host_targets);
     free(t.host_loss);
-    model_destroy(t.model);
+    pipe_destroy(t.pipe);
+    if (t.model != t.full) pipe_stage_model_free(t.model);
+    model_destroy(t.full);
 }

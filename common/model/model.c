@@ -454,6 +454,36 @@ static void block_forward_saved(Model *m, Module *mod, ModelRun *run, Q *q) {
     dev_launch(q->s, "swiglu", &cs, KERNEL(q->s, swiglu_forward), &sa, sizeof sa);
 }
 
+struct ActsSlots {
+    Model *m;
+    int n;
+    ModuleActs **own; /* [n_modules] each module's own, restored at the end */
+    ModuleActs *sets; /* [n_modules * n] module i's set k at i * n + k */
+};
+
+ActsSlots *model_acts_slots(Model *m, int n) {
+    ActsSlots *a = xcalloc(1, sizeof *a);
+    a->m = m;
+    a->n = n;
+    a->own = xmalloc((size_t)m->n_modules * sizeof *a->own);
+    for (int i = 0; i < m->n_modules; i++) a->own[i] = m->modules[i].acts;
+    a->sets = xcalloc((size_t)m->n_modules * (size_t)n, sizeof *a->sets);
+    return a;
+}
+
+void model_acts_use(ActsSlots *a, int k) {
+    if (k < 0 || k >= a->n) fatal("model_acts_use: set %d of %d", k, a->n);
+    for (int i = 0; i < a->m->n_modules; i++) a->m->modules[i].acts = &a->sets[(size_t)i * (size_t)a->n + (size_t)k];
+}
+
+void model_acts_slots_free(ActsSlots *a) {
+    if (!a) return;
+    for (int i = 0; i < a->m->n_modules; i++) a->m->modules[i].acts = a->own[i];
+    free(a->own);
+    free(a->sets);
+    free(a);
+}
+
 void module_forward(Model *m, Module *mod, ModelRun *run) {
     const ModelConfig *c = &m->cfg;
     size_t N = run->B * run->T, D = (size_t)c->dim, V = (size_t)c->vocab_size;

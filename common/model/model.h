@@ -62,6 +62,14 @@ void model_run_end(Model *m, ModelRun *run);
 /* Free every module's saved activations and run->h/dh (after a forward-only
  * step, or to drop a step's state). */
 void model_discard_activations(Model *m, ModelRun *run);
+/* Pipeline schedules (hw_pipe.h) keep several microbatches' activations at
+ * once: n sets of every module's saved activations; model_acts_use points
+ * each module of m at set k; model_acts_slots_free gives the modules their
+ * own back (every set must be empty by then). */
+typedef struct ActsSlots ActsSlots;
+ActsSlots *model_acts_slots(Model *m, int n);
+void model_acts_use(ActsSlots *a, int k);
+void model_acts_slots_free(ActsSlots *a);
 /* Queue the module's forward on run->stream. Reads its Param.data. */
 void module_forward(Model *m, Module *mod, ModelRun *run);
 /* Activation checkpointing: re-run a block's forward inside backward to

@@ -1,0 +1,234 @@
+/* pipeline.c — the runtime's side of hw_pipe.h (--pp, stages 11 and 12): the
+ * split of the modules into stages, the stage's mesh, and pipe_forward /
+ * pipe_backward, which run one microbatch through this stage's modules with
+ * the student's FSDP hooks around each (train_step.c's per-module steps). The
+ * student's pipe_schedule decides their order and moves the activations. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "driver/trainer.h"
+#include "hw_pipe.h"
+#include "runtime/runtime.h"
+#include "runtime/util.h"
+
+struct Pipe {
+    PipeInfo info;
+    Trainer *t;
+    int step;                 /* the step pipe_schedule is running; -1 outside it */
+    ActsSlots *acts;          /* one set of saved activations per microbatch */
+    unsigned char *fwd, *bwd; /* [M] this step's forwards / backwards run */
+    int backwards;            /* backwards run this step */
+};
+
+/* ------------------------------------------------------------- the split */
+
+/* Stage p's blocks: L / P each, one more for the first L % P stages. */
+static int blocks_before(int L, int P, int p) {
+    int n = 0;
+    for (int q = 0; q < p; q++) n += L / P + (q < L % P);
+    return n;
+}
+
+Model *pipe_stage_model(const Model *full, int P, int stage, size_t *first_param) {
+    const int L = full->cfg.n_layers;
+    const int b0 = blocks_before(L, P, stage), nb = L / P + (stage < L % P);
+    const int first = stage == 0 ? 0 : 1 + b0;            /* modules[0] is the embedding, [1 .. L] the blocks */
+    const int last = stage == P - 1 ? L + 1 : b0 + nb;    /* the head is modules[L + 1] */
+    if (last < first) fatal("--pp %d: stage %d would hold no module", P, stage);
+    Model *m = xcalloc(1, sizeof *m);
+    m->cfg = full->cfg;
+    m->n_modules = last - first + 1;
+    m->modules = full->modules + first;
+    for (int i = 0; i < m->n_modules; i++) {
+        m->modules[i].index = i; /* forward order within the stage: what the hooks index by */
+        for (int j = 0; j < m->modules[i].n_params; j++) m->n_params_total += m->modules[i].params[j].numel;
+    }
+    *first_param = model_param_offset(full, &m->modules[0].params[0]);
+    return m;
+}
+
+void pipe_stage_model_free(Model *stage) { free(stage); }
+
+void pipe_mesh_build(Dev *dev, DeviceMesh *mesh, int P) {
+    const int W = dev_world_size(dev), S = W / P;
+    memset(mesh, 0, sizeof *mesh);
+    mesh->size = W;
+    for (int r = 0; r < W; r++) mesh->ranks[r] = r;
+    mesh->ndim = 1;
+    mesh->shape[0] = S;
+    mesh->shape[1] = 1;
+    char name[24];
+    snprintf(name, sizeof name, "stage%d", dev_rank(dev) / S);
+    mesh->shard_group = P == 1 ? dev_world_group(dev) : dev_group_new(dev, dev_rank(dev) / S, name);
+}
+
+int pipe_data_shard(const Options *o, int rank, int *shards) {
+    if (!o->pp) {
+        *shards = o->world.world_size;
+        return rank;
+    }
+    *shards = o->world.world_size / o->pp;
+    return rank % *shards;
+}
+
+/* ----------------------------------------------------------- the runtime */
+
+Pipe *pipe_create(Trainer *t) {
+    const Options *o = t->opt;
+    const int W = dev_world_size(t->dev), P = o->pp, S = W / P, rank = dev_rank(t->dev), stage = rank / S;
+    Pipe *p = xcalloc(1, sizeof *p);
+    p->t = t;
+    p->step = -1;
+    p->info = (PipeInfo){.dev = t->dev,
+                         .stream = t->run.stream,
+                         .stage = stage,
+                         .stages = P,
+                         .microbatches = o->microbatches,
+                         .schedule = o->pp_schedule,
+                         .prev = stage > 0 ? rank - S : -1,
+                         .next = stage < P - 1 ? rank + S : -1,
+                         .act_numel = o->batch_size / (size_t)o->microbatches * o->seq_len * (size_t)o->model.dim};
+    p->acts = model_acts_slots(t->model, o->microbatches);
+    p->fwd = xcalloc((size_t)o->microbatches, 1);
+    p->bwd = xcalloc((size_t)o->microbatches, 1);
+    return p;
+}
+
+void pipe_destroy(Pipe *p) {
+    if (!p) return;
+    model_acts_slots_free(p->acts);
+    free(p->fwd);
+    free(p->bwd);
+    free(p);
+}
+
+const PipeInfo *pipe_info(const Pipe *pipe) { return &pipe->info; }
+
+/* The model runs microbatch mb: its sequences, its loss share, its saved activations. */
+static void use_microbatch(Pipe *p, int mb) {
+    Trainer *t = p->t;
+    const size_t Bm = t->opt->batch_size / (size_t)p->info.microbatches, T = t->opt->seq_len;
+    t->run.B = Bm;
+    t->run.inputs = t->inputs + (size_t)mb * Bm * T;
+    t->run.targets = t->targets + (size_t)mb * Bm * T;
+    dev_set_microbatch(t->dev, mb);
+    model_acts_use(p->acts, mb);
+}
+
+static void check_call(const Pipe *p, const char *what, int mb) {
+    const PipeInfo *in = &p->info;
+    if (p->step < 0) fatal("%s(microbatch %d) on rank %d: called outside pipe_schedule", what, mb, dev_rank(in->dev));
+    if (mb < 0 || mb >= in->microbatches)
+        fatal("%s on stage %d (rank %d): microbatch %d is not one of 0..%d (--microbatches %d)", what, in->stage,
+              dev_rank(in->dev), mb, in->microbatches - 1, in->microbatches);
+}
+
+/* A buffer the student hands over: a live allocation of act_numel floats. */
+static void check_handed(const Pipe *p, const char *what, int mb, const float *buf, const char *name) {
+    const PipeInfo *in = &p->info;
+    size_t want = in->act_numel * sizeof(float), have = dev_mem_live_size_containing(in->dev, buf);
+    if (!have || dev_mem_live_id_containing(in->dev, buf) == 0)
+        fatal("%s(microbatch %d) on stage %d (rank %d): %s is not a live allocation (allocate it with dev_alloc, "
+              "receive into it, and hand it over once)", what, mb, in->stage, dev_rank(in->dev), name);
+    if (have < want)
+        fatal("%s(microbatch %d) on stage %d (rank %d): %s holds %zu bytes, less than one activation (act_numel = %zu "
+              "floats)", what, mb, in->stage, dev_rank(in->dev), name, have, in->act_numel);
+}
+
+float *pipe_forward(Pipe *p, int mb, float *in) {
+    const PipeInfo *pi = &p->info;
+    Trainer *t = p->t;
+    const int s = p->step, rank = dev_rank(pi->dev);
+    check_call(p, "pipe_forward", mb);
+    if (p->fwd[mb])
+        fatal("pipe_forward on stage %d (rank %d): microbatch %d's forward already ran this step (each microbatch "
+              "runs forward once per step)", pi->stage, rank, mb);
+    if (pi->stage == 0 && in)
+        fatal("pipe_forward(microbatch %d) on stage 0 (rank %d): `in` must be NULL: the first stage reads the tokens",
+              mb, rank);
+    if (pi->stage > 0 && !in)
+        fatal("pipe_forward(microbatch %d) on stage %d (rank %d): `in` is NULL: pass the activation received from "
+              "stage %d (rank %d)", mb, pi->stage, rank, pi->stage - 1, pi->prev);
+    if (in) check_handed(p, "pipe_forward", mb, in, "in");
+    use_microbatch(p, mb);
+    t->run.h = in;
+    for (int i = 0; i < t->model->n_modules; i++) trainer_forward_module(t, s, &t->model->modules[i]);
+    float *out = NULL;
+    if (pi->next < 0) dev_memcpy_async(t->run.stream, &t->host_loss[mb], t->run.loss, sizeof(float)); /* device -> host */
+    else out = t->run.h;
+    t->run.h = NULL;
+    p->fwd[mb] = 1;
+    dev_set_scope(pi->dev, s, "pipe", "p2p"); /* the schedule's sends and receives */
+    return out;
+}
+
+float *pipe_backward(Pipe *p, int mb, float *dout) {
+    const PipeInfo *pi = &p->info;
+    Trainer *t = p->t;
+    const int s = p->step, rank = dev_rank(pi->dev);
+    check_call(p, "pipe_backward", mb);
+    if (!p->fwd[mb])
+        fatal("pipe_backward(microbatch %d) on stage %d (rank %d): its forward has not run this step (a backward "
+              "needs its forward's saved activations)", mb, pi->stage, rank);
+    if (p->bwd[mb])
+        fatal("pipe_backward on stage %d (rank %d): microbatch %d's backward already ran this step", pi->stage, rank,
+              mb);
+    if (pi->next < 0 && dout)
+        fatal("pipe_backward(microbatch %d) on the last stage (rank %d): `dout` must be NULL: the loss starts the "
+              "backward", mb, rank);
+    if (pi->next >= 0 && !dout)
+        fatal("pipe_backward(microbatch %d) on stage %d (rank %d): `dout` is NULL: pass the grad received from "
+              "stage %d (rank %d)", mb, pi->stage, rank, pi->stage + 1, pi->next);
+    if (dout) check_handed(p, "pipe_backward", mb, dout, "dout");
+    /* the step's last backward on this stage syncs (FSDP2's set_requires_gradient_sync on the last microbatch) */
+    const int last = p->backwards == pi->microbatches - 1;
+    Model *m = t->model;
+    for (int i = 0; i < m->n_modules; i++) {
+        m->modules[i].requires_gradient_sync = last;
+        m->modules[i].reshard_after_backward = last || t->opt->reshard_after_backward;
+    }
+    use_microbatch(p, mb);
+    t->run.dh = dout;
+    for (int i = m->n_modules - 1; i >= 0; i--) trainer_backward_module(t, s, &m->modules[i]);
+    trainer_finish_backward(t, s);
+    float *out = pi->prev < 0 ? NULL : t->run.dh; /* the embedding's backward consumed it on stage 0 */
+    t->run.dh = NULL;
+    p->bwd[mb] = 1;
+    p->backwards++;
+    dev_set_scope(pi->dev, s, "pipe", "p2p");
+    return out;
+}
+
+void pipe_run_step(Pipe *p, int s) {
+    Trainer *t = p->t;
+    const PipeInfo *pi = &p->info;
+    const int M = pi->microbatches;
+    p->step = s;
+    p->backwards = 0;
+    memset(p->fwd, 0, (size_t)M);
+    memset(p->bwd, 0, (size_t)M);
+    dev_set_scope(pi->dev, s, "pipe", "p2p");
+    pipe_schedule(p);
+    for (int mb = 0; mb < M; mb++)
+        if (!p->fwd[mb] || !p->bwd[mb])
+            fatal("pipe_schedule returned on stage %d (rank %d) with microbatch %d's %s not run: every microbatch runs "
+                  "forward and backward once per step", pi->stage, dev_rank(pi->dev), mb,
+                  !p->fwd[mb] ? "forward" : "backward");
+    p->step = -1;
+    /* the whole batch again, no microbatch in scope */
+    dev_set_microbatch(t->dev, -1);
+    t->run.B = t->opt->batch_size;
+    t->run.inputs = t->inputs;
+    t->run.targets = t->targets;
+    for (int i = 0; i < t->model->n_modules; i++) {
+        t->model->modules[i].requires_gradient_sync = 1;
+        t->model->modules[i].reshard_after_backward = 1;
+    }
+}
+
+/* A binary whose hw_fsdp.c has no schedule (stages 01-10) answers --pp with one line. */
+__attribute__((weak)) void pipe_schedule(Pipe *pipe) {
+    fatal("--pp needs a pipeline schedule, and this binary's hw_fsdp.c defines no pipe_schedule (stages 11 and 12; "
+          "hw_pipe.h) on rank %d", dev_rank(pipe->info.dev));
+}

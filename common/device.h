@@ -206,8 +206,8 @@ void pg_reduce_scatter_bf16(ProcessGroup *g, const Bf16 *send, Bf16 *recv, size_
  * (from) world rank `peer`, enqueued on s. A send and its receive meet: each
  * side's stream waits until the other side's is there, then both go on once
  * the data has crossed, as NCCL's do. They pair up in the order each side
- * issued them, per (sender, receiver, stream index): the k-th send from a
- * to b on a's stream #i meets b's k-th receive from a on its stream #i.
+ * issued them, on any streams: the k-th send from a to b meets b's k-th
+ * receive from a.
  * `microbatch` is what the buffer carries: both sides must name the same
  * (a mismatch stops the run naming both ranks and both microbatches; the
  * trace shows it).

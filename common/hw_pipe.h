@@ -64,6 +64,11 @@ typedef struct {
 typedef struct Pipe Pipe;     /* the runtime's */
 
 const PipeInfo *pipe_info(const Pipe *pipe);
+/* Yours: what your schedule keeps from one step to the next (its streams and
+ * events; stage 12), NULL until you store it; the runtime calls destroy(state)
+ * when the rank ends, after its streams drained. */
+void *pipe_user(const Pipe *pipe);
+void pipe_set_user(Pipe *pipe, void *state, void (*destroy)(void *state));
 float *pipe_forward(Pipe *pipe, int mb, float *in);
 float *pipe_backward(Pipe *pipe, int mb, float *dout);
 

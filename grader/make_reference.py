@@ -12,13 +12,17 @@ disagrees with the baseline is never written), and keep:
     loss.png timeline.png memory.png                 when tools/plots.py and matplotlib work
     groups.png backward.png                          the same, for a 2-D mesh / a stage 10 policy (variants too)
 
-plus stageNN/<variant>/ (metrics, run.json, DTensors of each variant the stage
-lists: rubric.json "variants"), stage05/no_ac/ (stage 04's solution on stage
+plus stageNN/<variant>/ (metrics, run.json, DTensors and memory snapshots of each
+variant the stage lists: rubric.json "variants"; a pipeline stage's variants keep
+their trace.json.gz too, for the bubble check), stage05/no_ac/ (stage 04's solution on stage
 05's configuration without --ac: the activation-memory check compares with it) and MANIFEST.json (the
 machine, the date, the git commit, the exact command lines, every file).
 The new tree replaces the old one only when everything succeeded.
 
-    make_reference.py [--out logs/reference] [--work DIR] [--no-plots]
+    make_reference.py [--out logs/reference] [--work DIR] [--no-plots] [--stage NN]...
+
+--stage NN (repeatable) reruns only those stages and keeps the others' folders and commands
+from the tree already there (a new stage, or one whose solution changed).
 """
 import argparse
 import datetime
@@ -33,6 +37,7 @@ import socket
 import subprocess
 import sys
 
+import manifest
 # the grader's rubric, build and run code: references are made the way grading runs
 from gradelib.checks import run_check
 from gradelib.context import Context, read_metrics
@@ -214,7 +219,10 @@ def reference_stage(rubric, stage, work, staging, runner, baselines, commands, n
         vbase = check_against_baseline(rubric, stage, vrun, baselines, notes, v)
         commands[-1]["baseline"] = " ".join(relpath(c) if os.path.isabs(c) else c for c in vbase.cmd)
         vplots = not args.no_plots and make_plots(vrun, notes)
-        keep(vrun, os.path.join(dest, v), PLAIN, ["memory_rank*.json"], vplots, VARIANT_PLOTS)
+        # a pipeline's variants keep their trace too: its bubble check compares each run's timeline with its own
+        pipeline = manifest.flag_value(vflags, "--pp") is not None
+        keep(vrun, os.path.join(dest, v), PLAIN, ["memory_rank*.json"] + (["trace.json"] if pipeline else []), vplots,
+             VARIANT_PLOTS)
 
     ctx = Context(rubric, stage, RunResult(run_dir, True, "", 0.0, []), staging, baselines)
     failed = {}
@@ -234,6 +242,8 @@ def main():
     ap.add_argument("--work", default=os.path.join(ROOT, "build", "reference-runs"),
                     help="where the runs happen before their files are kept")
     ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--stage", action="append", default=[],
+                    help="rerun only this stage (repeatable); the others are kept from --out as they are")
     args = ap.parse_args()
 
     rubric = load_rubric(spread=False)  # the spreads are measured against the reference: after it
@@ -247,7 +257,23 @@ def main():
     baselines = Baselines(runner, work)
     commands, notes = [], []
 
+    only = {manifest.stage(s, rubric).id for s in args.stage}
+    old_commands = []
+    if only:
+        try:
+            with open(os.path.join(out, "MANIFEST.json")) as fh:
+                old_commands = json.load(fh).get("commands", [])
+        except (OSError, ValueError):
+            fail("--stage keeps the other stages from %s, which has no readable MANIFEST.json: run without --stage"
+                 % relpath(out))
     for stage in sorted(rubric["stages"]):
+        if only and stage not in only:
+            src = os.path.join(out, "stage" + stage)
+            if not os.path.isdir(src):
+                fail("--stage: %s has no stage%s to keep: run without --stage" % (relpath(out), stage))
+            shutil.copytree(src, os.path.join(staging, "stage" + stage))
+            commands += [c for c in old_commands if c.get("stage") == stage]
+            continue
         # every check reads the program's own figures (the overlap checks the modelled clock): a miss is an error
         failed = reference_stage(rubric, stage, work, staging, runner, baselines, commands, notes, args)
         if failed:
@@ -268,7 +294,7 @@ def main():
             total += len(data)
     with open(RUBRIC_PATH, "rb") as fh:
         rubric_sha = hashlib.sha256(fh.read()).hexdigest()
-    manifest = {
+    record = {
         "written_by": "grader/make_reference.py (make reference)",
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "machine": {"hostname": socket.gethostname(), "cpu_model": cpu_model(), "cores": os.cpu_count(),
@@ -283,7 +309,7 @@ def main():
         "total_bytes": total,
     }
     with open(os.path.join(staging, "MANIFEST.json"), "w") as fh:
-        json.dump(manifest, fh, indent=1)
+        json.dump(record, fh, indent=1)
         fh.write("\n")
 
     old = out + ".old.tmp.%d" % os.getpid()

@@ -64,23 +64,35 @@ class Stage:
     def zero2(self):
         return "--reshard-after-forward=false" in self.flags
 
+    @property
+    def pipeline(self):
+        """P of the stage's --pp (stages 11 and 12: pipeline parallelism), 0 without one."""
+        return int(flag_value(self.flags, "--pp", "0"))
+
     def flags_at(self, world):
         """The stage's flags for a run at `world` ranks: a 2-D --mesh=RxS keeps its shard size S where S divides
-        the world (R' = world / S), else becomes 1xworld, so the same stage runs at any world (tests, sanitizers,
+        the world (R' = world / S), else becomes 1xworld; a --pp=P keeps P stages where P divides the world, else
+        takes the largest divisor of the world below P: the same stage runs at any world (tests, sanitizers,
         bench); every other flag is kept."""
         out = []
         for f in self.flags:
             if f.startswith("--mesh="):
                 s = int(f[len("--mesh="):].replace(",", "x").split("x")[1])
                 f = "--mesh=%dx%d" % ((world // s, s) if world % s == 0 else (1, world))
+            elif f.startswith("--pp="):
+                p = int(f[len("--pp="):])
+                f = "--pp=%d" % max(d for d in range(1, min(p, world) + 1) if world % d == 0)
             out.append(f)
         return out
 
     def shards_at(self, world):
-        """How many ranks a param is split over at `world` ranks: S of the stage's --mesh there, else the world."""
+        """How many ranks a param is split over at `world` ranks: S of the stage's --mesh there, world / P with
+        --pp, else the world."""
         for f in self.flags_at(world):
             if f.startswith("--mesh="):
                 return int(f[len("--mesh="):].split("x")[1])
+            if f.startswith("--pp="):
+                return world // int(f[len("--pp="):])
         return world
 
     @property
@@ -152,6 +164,10 @@ def read_starter_record(path):
 # The contract field each flag sets (common/hw_fsdp.h: FsdpConfig, or the Module field the loop sets): a stage
 # whose solution reads the field honours the flag (tests/test_manifest.py; --ac has no field: from stage 05 on
 # the hooks keep a training state for the recompute).
+# A pipeline stage (--pp) sets requires_gradient_sync and the shard group itself (hw_pipe.h), so there
+# those fields name --pp, and --pp-schedule's field is PipeInfo.schedule.
+PIPELINE_FLAG_FIELDS = {"--grad-sync": None, "--mesh": None, "--pp-schedule": "schedule"}
+
 FLAG_FIELDS = {
     "--reshard-after-forward": "reshard_after_forward",
     "--grad-sync": "requires_gradient_sync",
@@ -162,7 +178,23 @@ FLAG_FIELDS = {
     "--backward-prefetch": "backward_prefetch",
     "--single-comm-stream": "single_comm_stream",
     "--offload-params": "offload_params",
+    "--pp-schedule": "schedule",
 }
+
+
+def flag_fields(stage):
+    """FLAG_FIELDS as they apply to a stage: a pipeline stage's loop sets the fields --grad-sync and --mesh set
+    elsewhere, so reading them honours no flag there."""
+    out = dict(FLAG_FIELDS)
+    if stage.pipeline:
+        for flag, field in PIPELINE_FLAG_FIELDS.items():
+            if field is None:
+                out.pop(flag, None)
+            else:
+                out[flag] = field
+    else:
+        out.pop("--pp-schedule", None)
+    return out
 
 
 def flag_value(flags, name, default=None):

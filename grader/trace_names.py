@@ -19,7 +19,8 @@ REDUCE_SCATTER = "reduce_scatter"
 ALL_REDUCE = "all_reduce"
 BROADCAST = "broadcast"
 BARRIER = "barrier"
-COLLECTIVE_KINDS = (ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE, BROADCAST, BARRIER)
+P2P = "p2p"  # a group of sends and receives (dev_send / dev_recv): named by what moves where, args.p2p the items
+COLLECTIVE_KINDS = (ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE, BROADCAST, BARRIER, P2P)
 
 # categories ("cat") of the trace's slices
 COMPUTE = "compute"        # a kernel
@@ -47,7 +48,8 @@ BACKWARD_PHASES = frozenset({"pre_backward", "recompute.pre_forward", "recompute
                              "backward", "post_backward", "finish_backward"})
 HOOK_PHASES = frozenset({"pre_forward", "post_forward", "pre_backward", "post_backward", "recompute.pre_forward",
                          "recompute.post_forward", "finish_backward"})  # inside a student's hook
-OTHER_PHASES = frozenset({"init", "data", "optimizer", "end"})  # fsdp_init, the batch, the optimizer step, the end
+OTHER_PHASES = frozenset({"init", "data", "optimizer", "end", "p2p"})  # fsdp_init, the batch, the optimizer step,
+# the end; with --pp the schedule's sends and receives between pipe_forward / pipe_backward (module "pipe")
 
 
 def label_and_kind(name):

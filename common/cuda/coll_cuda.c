@@ -55,8 +55,8 @@
  * last collective issued on each group.
  *
  * Point to point (p2p.c's groups of dev_send / dev_recv, one op of kind
- * COLL_P2P), also at enqueue on the host thread. local: a mailbox per (stream
- * index, sender, receiver), as the CPU thread backends', carrying device
+ * COLL_P2P), also at enqueue on the host thread. local: a mailbox per
+ * (sender, receiver), as the CPU thread backends', carrying device
  * pointers and events: the sender posts its buffer and `sent` (its stream
  * after its inputs); the receiver's stream waits for `sent`, copies device to
  * device and records `done`, which the sender's stream waits for before it
@@ -501,8 +501,9 @@ static TraceRec p2p_trace_rec(Stream *s, const Op *op) {
 }
 
 /* local: the ranks are threads sharing one GPU; the mailboxes of p2p.c's
- * thread backends (the k-th send from a to b on stream index i meets b's k-th
- * receive from a on stream index i), carrying device pointers and events:
+ * thread backends (the k-th send from a to b meets b's k-th receive from a,
+ * whatever their streams; here posted at enqueue, in that order), carrying
+ * device pointers and events:
  * every send of the group posted first (a receive below may wait for a peer
  * that waits for one of these), then each receive (the receiving stream waits
  * for the sender's `sent`, copies, records `done`), then each send waits for
@@ -528,7 +529,7 @@ static void local_p2p(Stream *s, const Op *op) {
     CudaP2PChan **ch = b->n <= 64 ? chans : xmalloc((size_t)b->n * sizeof *ch);
     for (int i = 0; i < b->n; i++) {
         const P2PItem *it = &b->items[i];
-        ch[i] = chan_registry_get(&cuda_world(w)->p2p, s->index, it->send ? me : it->peer, it->send ? it->peer : me);
+        ch[i] = chan_registry_get(&cuda_world(w)->p2p, 0, it->send ? me : it->peer, it->send ? it->peer : me);
     }
     OpSpan span;
     if (d->scope.tracing) cuda_span_begin(d, s, &span);

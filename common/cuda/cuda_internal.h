@@ -114,7 +114,7 @@ typedef struct {
 } CudaP2PSlot;
 
 /* Sends from one rank to another on one stream index, in issue order
- * (CudaWorld.p2p, keyed (stream index, sender, receiver)). */
+ * (CudaWorld.p2p, keyed (sender, receiver)). */
 typedef struct {
     pthread_mutex_t mu;
     pthread_cond_t cv;

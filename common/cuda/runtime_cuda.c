@@ -477,8 +477,6 @@ static void cuda_stream_destroy(Stream *s) {
     CUBLAS_CHECK(cublasDestroy(cs->blas));
     CUDA_CHECK(cudaStreamDestroy(cs->st));
     free(cs);
-    free(s->p2p_sent);
-    free(s->p2p_recvd);
     free(s->name);
     free(s);
 }

@@ -19,6 +19,8 @@ struct Pipe {
     ActsSlots *acts;          /* one set of saved activations per microbatch */
     unsigned char *fwd, *bwd; /* [M] this step's forwards / backwards run */
     int backwards;            /* backwards run this step */
+    void *user;               /* the schedule's own state (pipe_set_user) */
+    void (*user_destroy)(void *);
 };
 
 /* ------------------------------------------------------------- the split */
@@ -97,6 +99,7 @@ Pipe *pipe_create(Trainer *t) {
 
 void pipe_destroy(Pipe *p) {
     if (!p) return;
+    if (p->user_destroy) p->user_destroy(p->user);
     model_acts_slots_free(p->acts);
     free(p->fwd);
     free(p->bwd);
@@ -104,6 +107,13 @@ void pipe_destroy(Pipe *p) {
 }
 
 const PipeInfo *pipe_info(const Pipe *pipe) { return &pipe->info; }
+
+void *pipe_user(const Pipe *pipe) { return pipe->user; }
+
+void pipe_set_user(Pipe *pipe, void *state, void (*destroy)(void *state)) {
+    pipe->user = state;
+    pipe->user_destroy = destroy;
+}
 
 /* The model runs microbatch mb: its sequences, its loss share, its saved activations. */
 static void use_microbatch(Pipe *p, int mb) {

@@ -217,7 +217,11 @@ typedef struct {
     double ready_us;
 } MpiP2PHeader;
 
-enum { P2P_TAG_HEADER = 0x7001, P2P_TAG_DATA, P2P_TAG_ACK };
+/* An item's three messages are tagged by its number (P2PItem.seq): streams post them in their own order, and
+ * the tag, not the order, pairs a send with its receive (MPI's tags reach 32767 at least; numbers 8000 apart
+ * share a tag, and those are ordered by MPI's non-overtaking rule long before they could meet). */
+enum { P2P_TAG_HEADER = 0, P2P_TAG_DATA, P2P_TAG_ACK };
+static int p2p_tag(const P2PItem *it, int which) { return (int)(it->seq % 8000) * 4 + which; }
 
 /* Complete req before the watchdog's deadline, or report item it as waiting. */
 static void p2p_wait(Stream *s, const Op *op, const P2PItem *it, MPI_Request *req, double deadline_us) {
@@ -234,15 +238,15 @@ static void p2p_wait(Stream *s, const Op *op, const P2PItem *it, MPI_Request *re
     }
 }
 
-/* A p2p group on the stream's world communicator: messages between two ranks
- * on one communicator and tag never overtake each other (MPI's ordering), so
- * the k-th send meets the k-th receive, as the local backend's mailboxes pair
- * them. Every receive's header is posted and every send started before any
- * wait (a group progresses as one). */
+/* A p2p group on the compute stream's world communicator (every stream's
+ * sends and receives: the k-th send from a to b meets b's k-th receive from
+ * a whatever their streams, as the local backend's mailboxes pair them).
+ * Every receive's header is posted and every send started before any wait
+ * (a group progresses as one). */
 static double mpi_p2p_execute(Stream *s, const Op *op, double ready_us) {
     flight_set(s, op, FLIGHT_STARTED);
     P2PBatch *b = op->p2p;
-    MPI_Comm comm = cpu_stream(s)->coll ? ((MpiStream *)cpu_stream(s)->coll)->world : MPI_COMM_NULL;
+    MPI_Comm comm = ((MpiStream *)cpu_stream(s->dev->streams[0])->coll)->world;
     const int run = !s->dev->world->cfg.dry_run, n = b->n;
     const double timeout = s->dev->world->cfg.collective_timeout_s;
     const double deadline = timeout > 0 ? now_us() + timeout * 1e6 : 0;
@@ -253,17 +257,17 @@ static double mpi_p2p_execute(Stream *s, const Op *op, double ready_us) {
     for (int i = 0; i < n; i++) {
         const P2PItem *it = &b->items[i];
         if (it->send) continue;
-        MPI_Irecv(&hdr[i], (int)sizeof hdr[i], MPI_BYTE, it->peer, P2P_TAG_HEADER, comm, &rq[3 * i]);
+        MPI_Irecv(&hdr[i], (int)sizeof hdr[i], MPI_BYTE, it->peer, p2p_tag(it, P2P_TAG_HEADER), comm, &rq[3 * i]);
     }
     for (int i = 0; i < n; i++) {
         const P2PItem *it = &b->items[i];
         if (!it->send) continue;
         hdr[i] = (MpiP2PHeader){it->microbatch, it->count, "", ready_us};
         snprintf(hdr[i].label, sizeof hdr[i].label, "%s", it->label);
-        MPI_Isend(&hdr[i], (int)sizeof hdr[i], MPI_BYTE, it->peer, P2P_TAG_HEADER, comm, &rq[3 * i]);
+        MPI_Isend(&hdr[i], (int)sizeof hdr[i], MPI_BYTE, it->peer, p2p_tag(it, P2P_TAG_HEADER), comm, &rq[3 * i]);
         if (run && it->count)
-            MPI_Isend(it->buf, as_int(it->count, "send"), MPI_FLOAT, it->peer, P2P_TAG_DATA, comm, &rq[3 * i + 1]);
-        MPI_Irecv(&acks[i], 1, MPI_DOUBLE, it->peer, P2P_TAG_ACK, comm, &rq[3 * i + 2]);
+            MPI_Isend(it->buf, as_int(it->count, "send"), MPI_FLOAT, it->peer, p2p_tag(it, P2P_TAG_DATA), comm, &rq[3 * i + 1]);
+        MPI_Irecv(&acks[i], 1, MPI_DOUBLE, it->peer, p2p_tag(it, P2P_TAG_ACK), comm, &rq[3 * i + 2]);
     }
     double start_us = ready_us;
     for (int i = 0; i < n; i++) {
@@ -274,11 +278,11 @@ static double mpi_p2p_execute(Stream *s, const Op *op, double ready_us) {
             p2p_mismatch(s, it, hdr[i].microbatch, (size_t)hdr[i].count, hdr[i].label);
         if (hdr[i].ready_us > start_us) start_us = hdr[i].ready_us;
         if (run && it->count) {
-            MPI_Irecv(it->buf, as_int(it->count, "recv"), MPI_FLOAT, it->peer, P2P_TAG_DATA, comm, &rq[3 * i + 1]);
+            MPI_Irecv(it->buf, as_int(it->count, "recv"), MPI_FLOAT, it->peer, p2p_tag(it, P2P_TAG_DATA), comm, &rq[3 * i + 1]);
             p2p_wait(s, op, it, &rq[3 * i + 1], deadline);
         }
         acks[i] = ready_us;
-        MPI_Isend(&acks[i], 1, MPI_DOUBLE, it->peer, P2P_TAG_ACK, comm, &rq[3 * i + 2]);
+        MPI_Isend(&acks[i], 1, MPI_DOUBLE, it->peer, p2p_tag(it, P2P_TAG_ACK), comm, &rq[3 * i + 2]);
     }
     for (int i = 0; i < n; i++) {
         const P2PItem *it = &b->items[i];

@@ -126,9 +126,9 @@ typedef struct {
 /* ------------------------------------------------------ point to point */
 
 /* One send or receive of a group (p2p.c; device.h: dev_send / dev_recv).
- * Sends from a to b on a's stream #i pair with receives from a on b's
- * stream #i in the order each side issued them: seq is this stream's count
- * of earlier sends to (receives from) that peer. */
+ * Sends from a to b pair with b's receives from a in the order each side
+ * issued them, whatever their streams: seq is this rank's count of earlier
+ * sends to (receives from) that peer. */
 typedef struct {
     int send;            /* 1: send buf to peer; 0: receive buf from peer */
     int peer;            /* world rank */
@@ -152,8 +152,8 @@ typedef struct P2PBatch {
  * on the intra-node link, or the inter-node one when --ranks-per-node puts
  * them on different nodes. */
 double p2p_link_time_us(const WorldConfig *cfg, int a, int b, size_t bytes);
-/* The CPU and thread backends' execution of a p2p op: a mailbox per (stream
- * index, sender, receiver) in World.p2p (p2p.c); returns the modelled start:
+/* The CPU and thread backends' execution of a p2p op: a mailbox per
+ * (sender, receiver) in World.p2p (p2p.c); returns the modelled start:
  * the latest ready time of this rank and every peer of the group. */
 double p2p_local_execute(Stream *s, const Op *op, double ready_us);
 /* A p2p item's partner that never came, or one that disagrees: one report

@@ -83,7 +83,6 @@ struct Stream {
     int npending, pending_cap;
     PoolDebt *debts;                /* this stream's pool: uses of freed blocks not yet ordered (race.c) */
     int ndebts, debts_cap;
-    uint64_t *p2p_sent, *p2p_recvd; /* [world] sends to / receives from each rank so far (host; p2p.c) */
 };
 
 struct Event {
@@ -142,6 +141,7 @@ struct Dev {
     int clip_n;                         /* slots handed out since the last collect */
     struct DryArena *dry;               /* --dry-run: the rank's address space (dry.h; host thread) */
     struct P2PBatch *p2p_group;         /* dev_group_start .. dev_group_end: the group being built (host thread) */
+    uint64_t *p2p_sent, *p2p_recvd;     /* [world] sends to / receives from each rank so far (host thread; p2p.c) */
     /* dev_watch_collectives (host thread) */
     void (*coll_watch)(void *ctx, const CollIssue *c);
     void *coll_watch_ctx;

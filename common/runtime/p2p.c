@@ -5,10 +5,12 @@
  * op of kind COLL_P2P on their stream: the collective-kind table's row, the
  * flight recorder, the trace and the race detector (race.c: a send reads its
  * buffer, a receive writes it) see it like any collective. Each backend runs
- * it: the thread backends here, through a mailbox per (stream index, sender,
- * receiver); mpi with tagged messages on the stream's communicator
- * (backend_mpi.c); nccl with ncclSend / ncclRecv between ncclGroupStart and
- * ncclGroupEnd (cuda/coll_cuda.c).
+ * it: the thread backends here, through a mailbox per (sender, receiver);
+ * mpi with messages tagged by their number (backend_mpi.c); nccl with
+ * ncclSend / ncclRecv between ncclGroupStart and ncclGroupEnd
+ * (cuda/coll_cuda.c). Pairing, NCCL's: the k-th send from a to b, on
+ * whichever stream of a, meets the k-th receive from a on b, whichever
+ * stream (P2PItem.seq, counted on the host in issue order).
  *
  * On the modelled clock a group starts when this rank's stream and every
  * peer's matching group are ready, and lasts its slowest item's link time
@@ -100,9 +102,9 @@ static void add_item(Stream *s, int send, void *buf, size_t count, int peer, int
         fatal("%s('%s') on rank %d: a group's sends and receives go on one stream, but this one is on '%s' and the "
               "group's on '%s'",
               what, lbl, d->rank, s->name, d->p2p_group->stream->name);
-    if (!s->p2p_sent) {
-        s->p2p_sent = xcalloc((size_t)d->world_size, sizeof *s->p2p_sent);
-        s->p2p_recvd = xcalloc((size_t)d->world_size, sizeof *s->p2p_recvd);
+    if (!d->p2p_sent) {
+        d->p2p_sent = xcalloc((size_t)d->world_size, sizeof *d->p2p_sent);
+        d->p2p_recvd = xcalloc((size_t)d->world_size, sizeof *d->p2p_recvd);
     }
     P2PBatch *b = d->p2p_group ? d->p2p_group : batch_new(s);
     if (b->n == b->cap) {
@@ -114,7 +116,7 @@ static void add_item(Stream *s, int send, void *buf, size_t count, int peer, int
                                  .microbatch = microbatch,
                                  .buf = buf,
                                  .count = count,
-                                 .seq = send ? s->p2p_sent[peer]++ : s->p2p_recvd[peer]++,
+                                 .seq = send ? d->p2p_sent[peer]++ : d->p2p_recvd[peer]++,
                                  .label = dev_intern(d, lbl),
                                  .cost_us = p2p_link_time_us(&d->world->cfg, d->rank, peer, count * sizeof(float))};
     if (!d->p2p_group) enqueue_batch(d, b);
@@ -147,8 +149,8 @@ void dev_group_end(Dev *d) {
 
 /* ------------------------------------------------------- the reports */
 
-static const char *const FIX = "sends and receives between two ranks pair up in the order each side issues them, on "
-                               "streams created in the same order; a send and a receive that wait on each other go in "
+static const char *const FIX = "sends and receives between two ranks pair up in the order each side issues them, "
+                               "whatever the stream; a send and a receive on one stream that wait on each other go in "
                                "one dev_group_start / dev_group_end";
 
 void p2p_timeout(Stream *s, const Op *op, const P2PItem *it, double waited_s) {
@@ -180,7 +182,7 @@ void p2p_mismatch(Stream *s, const P2PItem *it, int sender_microbatch, size_t se
 
 /* ---------------------------------------------- thread backends: mailboxes */
 
-/* One posted send: its buffer stays put until the receiver took it. */
+/* One send: its buffer stays put until the receiver took it. */
 typedef struct {
     const void *buf;
     size_t count;
@@ -188,15 +190,16 @@ typedef struct {
     const char *label;
     double ready_us;      /* the sender's stream was ready (modelled clock) */
     double peer_ready_us; /* the receiver's, written when it took the data */
-    int received;
+    int posted, received;
 } P2PSlot;
 
-/* Sends from one rank to another on one stream index, in issue order. */
+/* Sends from one rank to another: slot k is its k-th (P2PItem.seq). Streams
+ * post them in their own order, so a slot may fill before an earlier one. */
 typedef struct {
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    P2PSlot *slots; /* [posted] (never reused: a run has a few thousand) */
-    size_t posted, cap;
+    P2PSlot *slots; /* [cap] zeroed beyond what was posted (never reused: a run has a few thousand) */
+    size_t cap;
 } P2PChan;
 
 void p2p_world_init(World *w) {
@@ -225,8 +228,8 @@ static int wait_until(P2PChan *c, const struct timespec *deadline, int (*done)(c
     }
     return 0;
 }
-static int is_posted(const P2PChan *c, uint64_t k) { return c->posted > k; }
-static int is_received(const P2PChan *c, uint64_t k) { return c->posted > k && c->slots[k].received; }
+static int is_posted(const P2PChan *c, uint64_t k) { return c->cap > k && c->slots[k].posted; }
+static int is_received(const P2PChan *c, uint64_t k) { return c->cap > k && c->slots[k].received; }
 
 double p2p_local_execute(Stream *s, const Op *op, double ready_us) {
     flight_set(s, op, FLIGHT_STARTED);
@@ -248,7 +251,7 @@ double p2p_local_execute(Stream *s, const Op *op, double ready_us) {
     P2PChan **ch = b->n <= 64 ? chans : xmalloc((size_t)b->n * sizeof *ch);
     for (int i = 0; i < b->n; i++) {
         const P2PItem *it = &b->items[i];
-        ch[i] = chan_registry_get(w->p2p, s->index, it->send ? me : it->peer, it->send ? it->peer : me);
+        ch[i] = chan_registry_get(w->p2p, 0, it->send ? me : it->peer, it->send ? it->peer : me);
     }
     /* every send of the group first: a receive below may wait for a peer that waits for one of these */
     for (int i = 0; i < b->n; i++) {
@@ -256,12 +259,14 @@ double p2p_local_execute(Stream *s, const Op *op, double ready_us) {
         if (!it->send) continue;
         P2PChan *c = ch[i];
         pthread_mutex_lock(&c->mu);
-        if (c->posted != it->seq) fatal("internal: p2p send #%llu posted out of order", (unsigned long long)it->seq);
-        if (c->posted == c->cap) {
-            c->cap = c->cap ? 2 * c->cap : 16;
-            c->slots = xrealloc(c->slots, c->cap * sizeof *c->slots);
+        if (it->seq >= c->cap) {
+            size_t ncap = c->cap ? 2 * c->cap : 16;
+            while (ncap <= it->seq) ncap *= 2;
+            c->slots = xrealloc(c->slots, ncap * sizeof *c->slots);
+            memset(c->slots + c->cap, 0, (ncap - c->cap) * sizeof *c->slots);
+            c->cap = ncap;
         }
-        c->slots[c->posted++] = (P2PSlot){it->buf, it->count, it->microbatch, it->label, ready_us, 0, 0};
+        c->slots[it->seq] = (P2PSlot){it->buf, it->count, it->microbatch, it->label, ready_us, 0, 1, 0};
         pthread_cond_broadcast(&c->cv);
         pthread_mutex_unlock(&c->mu);
     }

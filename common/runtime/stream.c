@@ -375,8 +375,6 @@ void cpu_stream_destroy(Stream *s) {
     race_stream_destroy(s);
     free(cs->ring);
     free(cs);
-    free(s->p2p_sent);
-    free(s->p2p_recvd);
     free(s->name);
     free(s);
 }

@@ -108,6 +108,10 @@ static void dev_destroy(Dev *d) {
     free(d->race.host_vc);
     free(d->flight.rings);
     pthread_mutex_destroy(&d->flight.mu);
+    free(d->p2p_sent);
+    free(d->p2p_recvd);
+    free(d->p2p_group ? d->p2p_group->items : NULL);
+    free(d->p2p_group);
     free(d->trace.recs);
     pthread_mutex_destroy(&d->trace.mu);
     intern_free(&d->strings);

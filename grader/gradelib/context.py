@@ -10,6 +10,7 @@ import json
 import math
 import os
 
+import manifest
 from trace_names import COLLECTIVE
 
 from .rubric import (MAIN_RUN, REMEASURE, baseline_flags, parity_tolerances, stage_config, stage_only_flags,
@@ -174,6 +175,28 @@ class Context:
             return data
         return self._memo(("refmem", rank), load)
 
+    def reference_trace(self):
+        """{rank: [slice]} of the reference's trace (trace.json.gz: every rank, pid = rank), its "X" events."""
+        def load():
+            path = os.path.join(self.reference_dir(), "trace.json.gz")
+            try:
+                with gzip.open(path, "rt", encoding="utf-8") as fh:
+                    data = json.load(fh)
+            except FileNotFoundError:
+                raise CheckFailed("%s is missing (the reference log; instructors: make reference)" % relpath(path))
+            except (OSError, EOFError, ValueError, RecursionError) as e:
+                raise CheckFailed("%s cannot be read (%s): instructors: make reference" % (relpath(path), e))
+            events = data.get("traceEvents") if isinstance(data, dict) else None
+            if not isinstance(events, list):
+                raise CheckFailed("%s has no traceEvents (instructors: make reference)" % relpath(path))
+            out = {}
+            for e in events:
+                if isinstance(e, dict) and e.get("ph") == "X" and is_int(e.get("pid")) and is_finite(e.get("ts")) \
+                        and is_finite(e.get("dur")) and isinstance(e.get("args"), dict):
+                    out.setdefault(e["pid"], []).append(e)
+            return out
+        return self._memo("reftrace", load)
+
     def hook_memory(self, rank, reference=False):
         """{(step, module, hook, microbatch): note} of the rank's "hook_memory" notes (probes.h), each checked;
         microbatch -1 when the run does not accumulate."""
@@ -318,8 +341,9 @@ class Context:
         mine = stage in (None, self.stage) and sub is None
         want = self.cfg if mine else stage_config(self.rubric, stage or self.stage)
         flags = expect if expect is not None else self.flags if mine else stage_only_flags(self.rubric, stage)
+        batch = int(manifest.flag_value(flags, "--batch-size", want["batch_size"]))  # a pipeline stage sets its own
         pairs = [("flavor", want["flavor"]), ("world_size", want["world"]), ("seq_len", want["seq_len"]),
-                 ("batch_size", want["batch_size"]), ("steps", want["steps"]), ("ac", "--ac" in flags),
+                 ("batch_size", batch), ("steps", want["steps"]), ("ac", "--ac" in flags),
                  ("forward_only", "--forward-only" in flags),
                  ("reshard_after_forward", "--reshard-after-forward=false" not in flags),
                  ("param_dtype", mp_policy(flags)[0]), ("reduce_dtype", mp_policy(flags)[1])]

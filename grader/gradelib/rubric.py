@@ -24,7 +24,7 @@ LIMIT_KEYS = {"build_timeout_s": 1e7, "run_timeout_s": 1e7, "run_cpu_s": 1e7, "r
 TOLERANCE_KEYS = ["cuda_loss_rel", "cuda_grad_norm_rel", "peak_mem_band_rel", "overlap_share_min",
                   "prefetch_extra_unsharded_modules", "prefetch_max_modules_ahead",
                   "recompute_all_gathers_per_module_step", "activation_memory_max_ratio", "hook_memory_slack_rel",
-                  "hook_memory_slack_min_bytes"]
+                  "hook_memory_slack_min_bytes", "pp_bubble_slack"]
 
 # Loss and grad norm parity: the tolerances come from the spread measured between correct implementations
 # (tools/parity_spread.py, rubric.json "parity_spread"), per stage, run and metric.
@@ -301,12 +301,24 @@ def stage_flags(rubric, stage, variant=None):
 
 
 def baseline_flags(rubric, stage, variant=None):
-    """One rank with the global batch: the same sequences as the W ranks see together."""
+    """One rank with the global batch: the same sequences as the W ranks see together. A pipeline run (--pp P,
+    stages 11 and 12) has S = W / P data shards of --batch-size sequences, split into --microbatches M: the
+    baseline takes the S shards' batch as M accumulated microbatches (--grad-accum M, reduced once), the sum a
+    pipeline stage accumulates, and the model's shape flags (--n-layers) the stage passes."""
     cfg = stage_config(rubric, stage, variant)
-    cfg["batch_size"] = cfg["batch_size"] * cfg["world"]
-    cfg["world"] = 1
+    own = stage_only_flags(rubric, stage, variant)
     keep = set(rubric["baseline"]["keep_flags"])
-    return config_flags(cfg) + [f for f in stage_only_flags(rubric, stage, variant) if f in keep]
+    pp = manifest.flag_value(own, "--pp")
+    if pp is None:
+        cfg["batch_size"] = cfg["batch_size"] * cfg["world"]
+        cfg["world"] = 1
+        return config_flags(cfg) + [f for f in own if f in keep]
+    shards = cfg["world"] // int(pp)
+    cfg["batch_size"] = int(manifest.flag_value(own, "--batch-size", cfg["batch_size"])) * shards
+    cfg["world"] = 1
+    model = [f for f in own if f.split("=", 1)[0] in ("--n-layers",)]
+    accum = ["--grad-accum=%s" % manifest.flag_value(own, "--microbatches", pp), "--grad-sync=last"]
+    return config_flags(cfg) + model + accum + [f for f in own if f in keep]
 
 
 def parse_stage(rubric, text):

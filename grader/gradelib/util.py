@@ -30,11 +30,15 @@ def mp_policy(flags):
 
 
 def mesh_shape(flags, world):
-    """(R, S) of the --mesh R,S (or RxS) a run's flags ask for; (1, world) without one (the 1-D mesh: the world)."""
+    """(R, S) of the --mesh R,S (or RxS) a run's flags ask for; with --pp P, (1, world / P): a pipeline stage's
+    ranks shard its modules; (1, world) without either (the 1-D mesh: the world)."""
     for f in flags:
         if f.startswith("--mesh="):
             r, s = f[len("--mesh="):].replace("x", ",").split(",")
             return int(r), int(s)
+    for f in flags:
+        if f.startswith("--pp="):
+            return 1, world // int(f[len("--pp="):])
     return 1, world
 
 

@@ -1,0 +1,558 @@
+/* hw_fsdp.c — stage 12: pipeline x FSDP on a 2-D mesh (--pp P, world P x S).
+ *
+ * Stage 11's file at S > 1, with the transfers off the compute stream (see
+ * the schedule below): each pipeline stage's S ranks shard
+ * its modules with the FSDP of stage 07 (over the stage's shard group), and
+ * the schedule passes activations between the stages' matching shards (rank
+ * p * S + j talks to (p +- 1) * S + j). What makes it work is how it runs:
+ * --reshard-after-forward=false and --reshard-after-backward=false keep each
+ * module's params unsharded from its first forward to the step's last
+ * backward (one all-gather per module and step, not two per microbatch), and
+ * the runtime asks for the reduce-scatter only on the last backward
+ * (requires_gradient_sync), so the grads of all M microbatches accumulate
+ * unsharded and are reduced once.
+ *
+ * Streams: compute, all_gather (copy-in + all-gather), reduce_scatter,
+ * pp_recv and pp_send (the activations and their grads between stages).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hw_fsdp.h"
+#include "hw_pipe.h"
+
+/* FSDP2's training state of a module, so the hooks know where they are. */
+typedef enum {
+    TS_IDLE = 0,       /* between steps, or forward done */
+    TS_FORWARD,        /* between pre_forward and post_forward */
+    TS_PRE_BACKWARD,   /* pre_backward ran: params unsharded for the backward */
+    TS_POST_BACKWARD,  /* post_backward ran: grads handed to the reduce-scatter */
+} TrainingState;
+
+/* One FSDP unit: a module and the flat layout of its parameters. */
+typedef struct {
+    Module *mod;
+    TrainingState state;
+    size_t shard_numel;   /* per-rank segment: sum of every param's padded shard */
+    size_t offsets[MODULE_MAX_PARAMS]; /* where param j's padded shard starts in a segment */
+    float *ag_flat;       /* [nshards * shard_numel] all-gather output while in flight */
+    Event *ag_done;       /* recorded on the all-gather stream after the all-gather */
+    float *grad_shards;   /* [shard_numel] reduce-scatter output; DTensor.grad are views */
+} Group;
+
+struct Fsdp {
+    Dev *dev;
+    Model *model;
+    const DeviceMesh *mesh;
+    ProcessGroup *shard_pg;     /* the ranks a param is split over: the mesh's row (the world when 1-D) */
+    int srank, nshards;         /* this rank's place in shard_pg, and its size */
+    Stream *compute, *ag_stream, *rs_stream;
+    Event *shards_ready;  /* compute: the shards were last written (init, optimizer) */
+    /* FSDP2's AllGatherState: the all-gather output compute last copied out of. Its
+     * block belongs to the all-gather stream's pool, so it is kept alive until that
+     * stream has waited for copy_out_done: freed earlier, the next all-gather could
+     * take the block while compute still copies out of it. */
+    float *ag_state;
+    Event *copy_out_done; /* compute: the latest copy-out finished */
+    Event *grads_ready;   /* compute: a reduce-scatter input is filled */
+    Event *rs_done;       /* reduce_scatter stream: the latest reduce-scatter finished */
+    /* FSDP2's ReduceScatterState: the latest reduce-scatter input (a block of
+     * compute's pool), kept alive until compute has waited for rs_done. */
+    float *rs_state;
+    int reshard_after_forward; /* 0: ZeRO-2, keep params unsharded from forward to backward */
+    AdamWConfig optim;
+    Group *groups;        /* [n_modules] */
+};
+
+/* Rows of a dim-0 split over n ranks that rank r (of n) owns: torch.chunk gives
+ * every rank ceil(rows / n) rows until they run out (5 rows, 4 ranks: 2, 2, 1, 0). */
+static size_t chunk_rows(size_t rows, int n) { return (rows + (size_t)n - 1) / (size_t)n; }
+static size_t rows_of_rank(size_t rows, int n, int r) {
+    size_t chunk = chunk_rows(rows, n), start = chunk * (size_t)r;
+    return start >= rows ? 0 : (rows - start < chunk ? rows - start : chunk);
+}
+
+Fsdp *fsdp_init(const FsdpConfig *cfg) {
+    Fsdp *f = xcalloc(1, sizeof *f);
+    f->dev = cfg->dev;
+    f->model = cfg->model;
+    f->mesh = cfg->mesh;
+    /* BEGIN SOLUTION: split over the shard group: its size and this rank's place in it (with --pp, the stage's ranks) (HANDOUT.md#stage-09) */
+    f->shard_pg = cfg->mesh->shard_group;
+    f->srank = pg_rank(f->shard_pg);
+    f->nshards = pg_size(f->shard_pg);
+    /* END SOLUTION */
+    f->compute = dev_compute_stream(cfg->dev);
+    f->optim = cfg->optim;
+    f->reshard_after_forward = cfg->reshard_after_forward;
+    f->groups = xcalloc((size_t)f->model->n_modules, sizeof(Group));
+    for (int i = 0; i < f->model->n_modules; i++) {
+        Module *mod = &f->model->modules[i];
+        Group *g = &f->groups[i];
+        g->mod = mod;
+        mod->fsdp = g;
+        for (int j = 0; j < mod->n_params; j++) {
+            Param *p = &mod->params[j];
+            DTensor *dt = &p->dt;
+            /* BEGIN SOLUTION: shard p into a DTensor: Shard(0) over the shard group (nshards, srank), torch.chunk rows, padded local storage (HANDOUT.md#stage-01) */
+            dt->global_rows = p->shape[0];
+            dt->row_numel = p->numel / p->shape[0];
+            dt->padded_rows = chunk_rows(p->shape[0], f->nshards);
+            dt->local_rows = rows_of_rank(p->shape[0], f->nshards, f->srank);
+            /* a rank with no rows starts at the end (device.h, DTensor.row_offset) */
+            dt->row_offset = dt->local_rows ? dt->padded_rows * (size_t)f->srank : p->shape[0];
+            dt->mesh = f->mesh;
+            dt->placement = PLACEMENT_SHARD0;
+            size_t padded = dt->padded_rows * dt->row_numel, local = dt->local_rows * dt->row_numel;
+            dt->local = dev_alloc_f32(f->dev, padded, MEM_PARAM_SHARD, p->name);
+            dev_memcpy_async(f->compute, dt->local, p->data + dt->row_offset * dt->row_numel, local * sizeof(float));
+            dev_memset_async(f->compute, dt->local + local, 0, (padded - local) * sizeof(float));
+            dev_free(f->dev, p->data); /* the full tensor is gone: only the shard remains */
+            p->data = NULL;
+            g->offsets[j] = g->shard_numel;
+            g->shard_numel += padded;
+            /* END SOLUTION */
+        }
+    }
+    /* BEGIN SOLUTION: create the all-gather stream and the events that order it with compute (HANDOUT.md#stage-03) */
+    f->ag_stream = dev_stream_create(f->dev, "all_gather");
+    f->shards_ready = dev_event_create(f->dev, "shards_ready");
+    f->copy_out_done = dev_event_create(f->dev, "copy_out_done");
+    dev_event_record(f->shards_ready, f->compute); /* the copies above wrote the shards */
+    for (int i = 0; i < f->model->n_modules; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "%s.all_gather_done", f->model->modules[i].name);
+        f->groups[i].ag_done = dev_event_create(f->dev, name);
+    }
+    /* END SOLUTION */
+    /* BEGIN SOLUTION: create the reduce-scatter stream and its events (HANDOUT.md#stage-04) */
+    f->rs_stream = dev_stream_create(f->dev, "reduce_scatter");
+    f->grads_ready = dev_event_create(f->dev, "grads_ready");
+    f->rs_done = dev_event_create(f->dev, "reduce_scatter_done");
+    /* END SOLUTION */
+    return f;
+}
+
+static int is_unsharded(const Group *g) { return g->mod->params[0].data != NULL; }
+
+/* Drop the AllGatherState: once the all-gather stream has waited for the
+ * copy-out that read the kept output, its later work runs after that read,
+ * so its next allocation may take the block. */
+static void release_all_gather_state(Fsdp *f) {
+    if (!f->ag_state) return;
+    /* BEGIN SOLUTION: the all-gather stream waits for the copy-out, then the kept output is freed (HANDOUT.md#stage-03) */
+    dev_stream_wait_event(f->ag_stream, f->copy_out_done);
+    dev_free(f->dev, f->ag_state);
+    f->ag_state = NULL;
+    /* END SOLUTION */
+}
+
+/* Issue g's all-gather on the all-gather stream (returns at once): copy-in
+ * this rank's padded shards into its segment of the flat output, all-gather
+ * in place, record ag_done. The output is [r0: p0|p1|..][r1: p0|p1|..].. */
+static void issue_all_gather(Fsdp *f, Group *g) {
+    if (g->ag_flat || is_unsharded(g)) return; /* already in flight or done */
+    Module *mod = g->mod;
+    /* BEGIN SOLUTION: copy-in on the all-gather stream into this rank's segment of the shard group's output, after the shards are ready (HANDOUT.md#stage-03) */
+    size_t S = g->shard_numel;
+    char name[64];
+    snprintf(name, sizeof name, "%s.all_gather_buffer", mod->name);
+    release_all_gather_state(f); /* before the allocation: its block may serve this one */
+    g->ag_flat = dev_alloc_f32_on(f->ag_stream, S * (size_t)f->nshards, MEM_COMM_BUFFER, name); /* the stream that fills it */
+    float *mine = g->ag_flat + (size_t)f->srank * S;
+    dev_stream_wait_event(f->ag_stream, f->shards_ready); /* read the shards only after the optimizer wrote them */
+    for (int j = 0; j < mod->n_params; j++) {
+        DTensor *dt = &mod->params[j].dt;
+        dev_memcpy_async(f->ag_stream, mine + g->offsets[j], dt->local, dt->padded_rows * dt->row_numel * sizeof(float));
+    }
+    /* END SOLUTION */
+    /* BEGIN SOLUTION: all-gather the module's segments inside the shard group (HANDOUT.md#stage-09) */
+    pg_all_gather(f->shard_pg, mine, g->ag_flat, S, f->ag_stream, mod->name);
+    /* END SOLUTION */
+    /* BEGIN SOLUTION: record ag_done (HANDOUT.md#stage-03) */
+    dev_event_record(g->ag_done, f->ag_stream);
+    /* END SOLUTION */
+}
+
+/* Make g's params usable by compute: the compute stream waits for the
+ * all-gather, then copies each param's rows out of every rank's segment. */
+static void wait_all_gather(Fsdp *f, Group *g) {
+    if (!g->ag_flat) return;
+    Module *mod = g->mod;
+    /* BEGIN SOLUTION: compute waits on ag_done, copy-out of every shard-group rank's rows into each Param.data, record copy_out_done and keep the flat buffer as the AllGatherState (HANDOUT.md#stage-03) */
+    size_t S = g->shard_numel;
+    dev_stream_wait_event(f->compute, g->ag_done);
+    for (int j = 0; j < mod->n_params; j++) {
+        Param *p = &mod->params[j];
+        size_t chunk = p->dt.padded_rows, rn = p->dt.row_numel;
+        p->data = dev_alloc_f32(f->dev, p->numel, MEM_UNSHARDED_PARAM, p->name);
+        for (int r = 0; r < f->nshards; r++) {
+            size_t rows = rows_of_rank(p->shape[0], f->nshards, r);
+            if (rows)
+                dev_memcpy_async(f->compute, p->data + chunk * (size_t)r * rn, g->ag_flat + (size_t)r * S + g->offsets[j],
+                                 rows * rn * sizeof(float));
+        }
+    }
+    dev_event_record(f->copy_out_done, f->compute);
+    f->ag_state = g->ag_flat; /* kept until the all-gather stream waited for the copy-out */
+    g->ag_flat = NULL;
+    /* END SOLUTION */
+}
+
+/* reshard: free the unsharded params; the DTensor shards stay. */
+static void reshard(Fsdp *f, Group *g) {
+    /* BEGIN SOLUTION: free every unsharded Param.data of the module (HANDOUT.md#stage-01) */
+    for (int j = 0; j < g->mod->n_params; j++) {
+        dev_free(f->dev, g->mod->params[j].data);
+        g->mod->params[j].data = NULL;
+    }
+    /* END SOLUTION */
+}
+
+/* Drop the ReduceScatterState: once compute has waited for the reduce-scatter
+ * that read the kept input, compute's next allocation may take its block. */
+static void release_reduce_scatter_state(Fsdp *f) {
+    if (!f->rs_state) return;
+    /* BEGIN SOLUTION: compute waits for the reduce-scatter, then its input is freed (HANDOUT.md#stage-04) */
+    dev_stream_wait_event(f->compute, f->rs_done);
+    dev_free(f->dev, f->rs_state);
+    f->rs_state = NULL;
+    /* END SOLUTION */
+}
+
+/* reduce-scatter on its own stream: compute fills the chunk-cat input (row r
+ * of (nshards, S) holds chunk r of every grad) and frees the grads; the
+ * reduce-scatter stream waits for that, averages over the shard group, and
+ * records rs_done. */
+static void reduce_grads(Fsdp *f, Group *g) {
+    /* BEGIN SOLUTION: chunk-cat the grads over the shard group on compute (after releasing the previous ReduceScatterState) and free them; the reduce-scatter stream waits for the input (HANDOUT.md#stage-04) */
+    Module *mod = g->mod;
+    size_t S = g->shard_numel;
+    char name[64];
+    /* one reduce-scatter in flight at a time bounds the comm buffers (FSDP2 does the same);
+     * the previous one's input goes once compute has waited for it */
+    release_reduce_scatter_state(f);
+    snprintf(name, sizeof name, "%s.reduce_scatter_input", mod->name);
+    float *in = dev_alloc_f32(f->dev, S * (size_t)f->nshards, MEM_COMM_BUFFER, name);
+    dev_memset_async(f->compute, in, 0, S * (size_t)f->nshards * sizeof(float));
+    for (int j = 0; j < mod->n_params; j++) {
+        Param *p = &mod->params[j];
+        size_t chunk = p->dt.padded_rows, rn = p->dt.row_numel;
+        for (int r = 0; r < f->nshards; r++) {
+            size_t rows = rows_of_rank(p->shape[0], f->nshards, r);
+            if (rows)
+                dev_memcpy_async(f->compute, in + (size_t)r * S + g->offsets[j], p->grad + chunk * (size_t)r * rn,
+                                 rows * rn * sizeof(float));
+        }
+        dev_free(f->dev, p->grad);
+        p->grad = NULL;
+    }
+    dev_event_record(f->grads_ready, f->compute);
+    dev_stream_wait_event(f->rs_stream, f->grads_ready);
+    /* END SOLUTION */
+    /* BEGIN SOLUTION: reduce-scatter into the grad shards inside the shard group; with --grad-sync every a later microbatch's goes to a buffer of its own and is added to what the earlier ones left (HANDOUT.md#stage-07) */
+    if (!g->grad_shards) {
+        snprintf(name, sizeof name, "%s.grad_shards", mod->name);
+        g->grad_shards = dev_alloc_f32_on(f->rs_stream, S, MEM_GRAD_SHARD, name); /* the stream that fills it */
+        pg_reduce_scatter(f->shard_pg, in, g->grad_shards, S, RED_AVG, f->rs_stream, mod->name);
+    } else { /* FSDP2: sharded_param.grad += the new reduce-scatter output */
+        snprintf(name, sizeof name, "%s.reduce_scatter_output", mod->name);
+        float *partial = dev_alloc_f32_on(f->rs_stream, S, MEM_COMM_BUFFER, name); /* filled and read by the rs stream */
+        pg_reduce_scatter(f->shard_pg, in, partial, S, RED_AVG, f->rs_stream, mod->name);
+        launch_add(f->rs_stream, g->grad_shards, g->grad_shards, partial, S);
+        dev_free(f->dev, partial); /* its own stream's later work runs after the add */
+    }
+    /* END SOLUTION */
+    /* BEGIN SOLUTION: record rs_done, keep the input as the ReduceScatterState, DTensor.grad as views of the grad shards (HANDOUT.md#stage-04) */
+    dev_event_record(f->rs_done, f->rs_stream);
+    f->rs_state = in; /* the reduce-scatter stream still reads it: kept until compute waited for rs_done */
+    for (int j = 0; j < mod->n_params; j++) mod->params[j].dt.grad = g->grad_shards + g->offsets[j];
+    /* END SOLUTION */
+}
+
+void fsdp_pre_forward(Fsdp *f, Module *mod) {
+    Group *g = mod->fsdp;
+    /* BEGIN SOLUTION: an activation-checkpoint recompute runs pre_forward inside backward: params are already unsharded, do nothing (HANDOUT.md#stage-05) */
+    if (g->state == TS_PRE_BACKWARD) return;
+    g->state = TS_FORWARD;
+    /* END SOLUTION */
+    /* BEGIN SOLUTION: unshard (unless prefetched), wait, then prefetch the next module in forward order (HANDOUT.md#stage-03) */
+    issue_all_gather(f, g); /* no-op when the previous module prefetched it */
+    wait_all_gather(f, g);
+    if (mod->index + 1 < f->model->n_modules) issue_all_gather(f, &f->groups[mod->index + 1]);
+    /* END SOLUTION */
+}
+
+void fsdp_post_forward(Fsdp *f, Module *mod) {
+    Group *g = mod->fsdp;
+    /* BEGIN SOLUTION: after a recompute the backward still needs the params: do not reshard (HANDOUT.md#stage-05) */
+    if (g->state == TS_PRE_BACKWARD) return;
+    /* END SOLUTION */
+    /* BEGIN SOLUTION: ZeRO-2: without reshard-after-forward the params stay unsharded until post_backward (HANDOUT.md#stage-06) */
+    if (!f->reshard_after_forward) { /* ZeRO-2 (stage 06) */
+        g->state = TS_IDLE;
+        return; /* pre_backward's unshard is then a no-op: no all-gather in backward */
+    }
+    /* END SOLUTION */
+    reshard(f, g);
+    /* BEGIN SOLUTION: the forward is done: back to IDLE (HANDOUT.md#stage-05) */
+    g->state = TS_IDLE;
+    /* END SOLUTION */
+}
+
+void fsdp_pre_backward(Fsdp *f, Module *mod) {
+    Group *g = mod->fsdp;
+    /* BEGIN SOLUTION: drop the forward's last AllGatherState (HANDOUT.md#stage-03) */
+    release_all_gather_state(f); /* the forward's last one: no forward all-gather comes to drop it */
+    /* END SOLUTION */
+    /* BEGIN SOLUTION: enter PRE_BACKWARD (once) so the recompute's forward hooks know (HANDOUT.md#stage-05) */
+    if (g->state == TS_PRE_BACKWARD) return;
+    g->state = TS_PRE_BACKWARD;
+    /* END SOLUTION */
+    /* BEGIN SOLUTION: unshard (unless prefetched), wait, prefetch the module that ran forward just before (HANDOUT.md#stage-04) */
+    issue_all_gather(f, g);
+    wait_all_gather(f, g);
+    if (mod->index > 0) issue_all_gather(f, &f->groups[mod->index - 1]);
+    /* END SOLUTION */
+}
+
+void fsdp_post_backward(Fsdp *f, Module *mod) {
+    Group *g = mod->fsdp;
+    /* BEGIN SOLUTION: enter POST_BACKWARD (HANDOUT.md#stage-05) */
+    g->state = TS_POST_BACKWARD;
+    /* END SOLUTION */
+    /* BEGIN SOLUTION: without gradient sync keep Param.grad for the next microbatch and reduce nothing; reshard only when reshard_after_backward says so (HANDOUT.md#stage-07) */
+    if (!mod->requires_gradient_sync) {
+        if (mod->reshard_after_backward) reshard(f, g);
+        return; /* the loop keeps Param.grad: the next backward adds to it */
+    }
+    reduce_grads(f, g);
+    if (!mod->reshard_after_backward) return; /* the next microbatch's forward finds them unsharded */
+    /* END SOLUTION */
+    /* BEGIN SOLUTION: reshard after the backward (HANDOUT.md#stage-02) */
+    reshard(f, g);
+    /* END SOLUTION */
+}
+
+void fsdp_finish_backward(Fsdp *f) {
+    /* BEGIN SOLUTION: drop the backward's last AllGatherState before the optimizer (HANDOUT.md#stage-03) */
+    release_all_gather_state(f); /* the backward's last one, before the optimizer */
+    /* END SOLUTION */
+    /* BEGIN SOLUTION: the optimizer (compute stream) must see every reduce-scatter's output (HANDOUT.md#stage-04) */
+    release_reduce_scatter_state(f);
+    /* END SOLUTION */
+    /* BEGIN SOLUTION: every module back to IDLE for the next step (HANDOUT.md#stage-05) */
+    for (int i = 0; i < f->model->n_modules; i++) f->groups[i].state = TS_IDLE;
+    /* END SOLUTION */
+}
+
+float fsdp_optimizer_step(Fsdp *f, float lr, int t) {
+    /* BEGIN SOLUTION: the local sums of squares of the grad shards (HANDOUT.md#stage-02) */
+    Model *m = f->model;
+    float *sumsq = dev_alloc_f32(f->dev, 1, MEM_TEMP, "grad_norm.sumsq");
+    dev_memset_async(f->compute, sumsq, 0, sizeof(float));
+    for (int i = 0; i < m->n_modules; i++)
+        for (int j = 0; j < m->modules[i].n_params; j++) {
+            DTensor *dt = &m->modules[i].params[j].dt;
+            launch_sumsq_accumulate(f->compute, sumsq, dt->grad, dt->local_rows * dt->row_numel);
+        }
+    /* END SOLUTION */
+    /* BEGIN SOLUTION: the global norm: sum the local sums of squares over every rank: every stage's shard groups hold different parameters (HANDOUT.md#stage-11) */
+    coll_all_reduce(f->dev, sumsq, sumsq, 1, RED_SUM, f->compute, "grad_norm");
+    /* END SOLUTION */
+    /* BEGIN SOLUTION: clip; AdamW on local rows; free the grad shards (HANDOUT.md#stage-02) */
+    for (int i = 0; i < m->n_modules; i++) {
+        for (int j = 0; j < m->modules[i].n_params; j++) {
+            Param *p = &m->modules[i].params[j];
+            DTensor *dt = &p->dt;
+            size_t n = dt->local_rows * dt->row_numel;
+            if (!dt->exp_avg) { /* optimizer state is created at the first step, sharded like the param */
+                dt->exp_avg = dev_alloc_f32(f->dev, n, MEM_OPTIM_STATE, p->name);
+                dt->exp_avg_sq = dev_alloc_f32(f->dev, n, MEM_OPTIM_STATE, p->name);
+                dev_memset_async(f->compute, dt->exp_avg, 0, n * sizeof(float));
+                dev_memset_async(f->compute, dt->exp_avg_sq, 0, n * sizeof(float));
+            }
+            launch_adamw(f->compute, dt->local, dt->grad, dt->exp_avg, dt->exp_avg_sq, n, &f->optim, lr, t, sumsq);
+            dt->grad = NULL;
+        }
+        dev_free(f->dev, f->groups[i].grad_shards); /* zero_grad(set_to_none=True) */
+        f->groups[i].grad_shards = NULL;
+    }
+    /* END SOLUTION */
+    /* BEGIN SOLUTION: the next all-gathers must read the updated shards (HANDOUT.md#stage-03) */
+    dev_event_record(f->shards_ready, f->compute);
+    /* END SOLUTION */
+    /* BEGIN SOLUTION: read the global grad norm back and return it (HANDOUT.md#stage-02) */
+    float host_sumsq = 0;
+    dev_memcpy_async(f->compute, &host_sumsq, sumsq, sizeof(float));
+    dev_stream_synchronize(f->compute);
+    dev_free(f->dev, sumsq);
+    return sqrtf(host_sumsq);
+    /* END SOLUTION */
+}
+
+void fsdp_destroy(Fsdp *f) {
+    Model *m = f->model;
+    dev_synchronize(f->dev);
+    for (int i = 0; i < m->n_modules; i++) {
+        Group *g = &f->groups[i];
+        for (int j = 0; j < m->modules[i].n_params; j++) {
+            Param *p = &m->modules[i].params[j];
+            dev_free(f->dev, p->data);
+            dev_free(f->dev, p->dt.local);
+            dev_free(f->dev, p->dt.exp_avg);
+            dev_free(f->dev, p->dt.exp_avg_sq);
+            p->data = p->dt.local = p->dt.exp_avg = p->dt.exp_avg_sq = NULL;
+        }
+        dev_free(f->dev, g->ag_flat);
+        if (i == 0) {
+            dev_free(f->dev, f->ag_state);
+            dev_free(f->dev, f->rs_state);
+        }
+        dev_free(f->dev, g->grad_shards);
+        if (g->ag_done) dev_event_destroy(g->ag_done);
+    }
+    if (f->shards_ready) dev_event_destroy(f->shards_ready);
+    if (f->copy_out_done) dev_event_destroy(f->copy_out_done);
+    if (f->grads_ready) dev_event_destroy(f->grads_ready);
+    if (f->rs_done) dev_event_destroy(f->rs_done);
+    free(f->groups);
+    free(f);
+}
+
+/* ---------------------------------------------------------------- schedule */
+
+/* The transfers run on streams of their own, so compute never waits in a send
+ * for the neighbour to reach its receive (stage 11's sends and receives on
+ * the compute stream did: the stages ran in lock step). FSDP2's buffer rules
+ * apply to them as to the all-gather and the reduce-scatter:
+ *   - a receive's buffer comes from the receive stream's pool; compute waits
+ *     for `received` before the pass that reads it; the runtime frees it on
+ *     compute, so the receive stream waits for compute (`computed`) before it
+ *     takes a block from its pool again;
+ *   - a send reads what compute wrote: the send stream waits for `computed`;
+ *     the buffer is freed only once compute has waited for `sent` (kept
+ *     meanwhile, as a ReduceScatterState keeps its input), so no pool hands
+ *     it out while the send still reads it; a grad that came in on the
+ *     receive stream goes back to that pool, so `computed` is recorded again
+ *     after the wait, and the receive stream's next wait covers the send. */
+typedef struct {
+    Stream *recv_stream, *send_stream;
+    Event *computed;   /* compute: the latest pass ran */
+    Event *received;   /* recv stream: the latest receive arrived */
+    Event *sent;       /* send stream: the latest send left */
+    float *in_flight;  /* the latest sent buffer, freed once compute waited for `sent` */
+} Transfers;
+
+static void transfers_free(void *p) {
+    Transfers *x = p;
+    dev_event_destroy(x->computed);
+    dev_event_destroy(x->received);
+    dev_event_destroy(x->sent);
+    free(x);
+}
+
+static Transfers *transfers(Pipe *pipe) {
+    Transfers *x = pipe_user(pipe);
+    if (x) return x;
+    const PipeInfo *pi = pipe_info(pipe);
+    x = xcalloc(1, sizeof *x);
+    /* BEGIN SOLUTION: a receive stream and a send stream (every rank creates them, in the same order), and the events that order them with compute (HANDOUT.md#stage-12) */
+    x->recv_stream = dev_stream_create(pi->dev, "pp_recv");
+    x->send_stream = dev_stream_create(pi->dev, "pp_send");
+    x->computed = dev_event_create(pi->dev, "pp_computed");
+    x->received = dev_event_create(pi->dev, "pp_received");
+    x->sent = dev_event_create(pi->dev, "pp_sent");
+    dev_event_record(x->computed, pi->stream); /* the first receive's wait: nothing computed yet */
+    /* END SOLUTION */
+    pipe_set_user(pipe, x, transfers_free);
+    return x;
+}
+
+/* A microbatch's activation (or its grad) from a neighbour, on the receive
+ * stream; compute waits for it before the pass it feeds. */
+static float *recv_activation(Pipe *pipe, int mb, int from, const char *what) {
+    const PipeInfo *pi = pipe_info(pipe);
+    Transfers *x = transfers(pipe);
+    float *buf;
+    /* BEGIN SOLUTION: the receive stream waits for compute's latest pass (its pool's blocks come back from compute), receives into a buffer of its pool, and compute waits for it (HANDOUT.md#stage-12) */
+    dev_stream_wait_event(x->recv_stream, x->computed);
+    buf = dev_alloc_f32_on(x->recv_stream, pi->act_numel, MEM_ACTIVATION, what);
+    dev_recv(x->recv_stream, buf, pi->act_numel, from, mb, what);
+    dev_event_record(x->received, x->recv_stream);
+    dev_stream_wait_event(pi->stream, x->received);
+    /* END SOLUTION */
+    return buf;
+}
+
+/* What a pass just returned, to a neighbour, on the send stream; the previous
+ * sent buffer is freed once compute has waited for its send. */
+static void send_activation(Pipe *pipe, float *buf, int mb, int to, const char *what) {
+    const PipeInfo *pi = pipe_info(pipe);
+    Transfers *x = transfers(pipe);
+    /* BEGIN SOLUTION: release the previous send's buffer (compute waits for `sent` first, and `computed` moves past that wait: a received buffer goes back to the receive stream's pool), then the send stream waits for the pass that wrote buf, sends it and records `sent`; buf stays in flight (HANDOUT.md#stage-12) */
+    if (x->in_flight) {
+        dev_stream_wait_event(pi->stream, x->sent);
+        dev_free(pi->dev, x->in_flight);
+        dev_event_record(x->computed, pi->stream);
+    }
+    dev_stream_wait_event(x->send_stream, x->computed);
+    dev_send(x->send_stream, buf, pi->act_numel, to, mb, what);
+    dev_event_record(x->sent, x->send_stream);
+    x->in_flight = buf;
+    /* END SOLUTION */
+}
+
+/* A pass of microbatch mb (forward or backward), then `computed`. */
+static float *pass(Pipe *pipe, int backward, int mb, float *in) {
+    float *out = backward ? pipe_backward(pipe, mb, in) : pipe_forward(pipe, mb, in);
+    dev_event_record(transfers(pipe)->computed, pipe_info(pipe)->stream);
+    return out;
+}
+
+static void forward_one(Pipe *pipe, int mb) {
+    const PipeInfo *pi = pipe_info(pipe);
+    float *in = pi->prev < 0 ? NULL : recv_activation(pipe, mb, pi->prev, "act");
+    float *out = pass(pipe, 0, mb, in);
+    if (pi->next >= 0) send_activation(pipe, out, mb, pi->next, "act");
+}
+
+static void backward_one(Pipe *pipe, int mb) {
+    const PipeInfo *pi = pipe_info(pipe);
+    float *dout = pi->next < 0 ? NULL : recv_activation(pipe, mb, pi->next, "grad");
+    float *din = pass(pipe, 1, mb, dout);
+    if (pi->prev >= 0) send_activation(pipe, din, mb, pi->prev, "grad");
+}
+
+void pipe_schedule(Pipe *pipe) {
+    const PipeInfo *pi = pipe_info(pipe);
+    const int M = pi->microbatches;
+    Transfers *x = transfers(pipe);
+    /* BEGIN SOLUTION: GPipe: every microbatch's forward (receive, forward, send), then every backward (HANDOUT.md#stage-11) */
+    if (pi->schedule == PIPE_GPIPE) {
+        for (int mb = 0; mb < M; mb++) forward_one(pipe, mb);
+        for (int mb = 0; mb < M; mb++) backward_one(pipe, mb);
+    }
+    /* END SOLUTION */
+    /* BEGIN SOLUTION: 1F1B: P-1-p warm-up forwards, then a forward and a backward in turn, then the cool-down backwards; sends and receives on their own streams need no group (HANDOUT.md#stage-11) */
+    if (pi->schedule == PIPE_1F1B) {
+        int warmup = pi->stages - 1 - pi->stage;
+        if (warmup > M) warmup = M;
+        for (int mb = 0; mb < warmup; mb++) forward_one(pipe, mb);
+        for (int k = 0; k < M - warmup; k++) {
+            forward_one(pipe, warmup + k);
+            backward_one(pipe, k);
+        }
+        for (int mb = M - warmup; mb < M; mb++) backward_one(pipe, mb);
+    }
+    /* END SOLUTION */
+    /* BEGIN SOLUTION: the step's last sent buffer: compute waits for its send, then it goes (HANDOUT.md#stage-12) */
+    if (x->in_flight) {
+        dev_stream_wait_event(pi->stream, x->sent);
+        dev_free(pi->dev, x->in_flight);
+        x->in_flight = NULL;
+    }
+    /* END SOLUTION */
+}

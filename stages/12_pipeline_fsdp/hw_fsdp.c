@@ -1,0 +1,357 @@
+/* STARTER for stage 12 — it stubs every stage up to 12: each TODO(stage NN) below stops
+ * the run until you fill it (see HANDOUT.md#stage-NN). If you did the earlier stages, do not
+ * start here: run `make carry STAGE=12`, which carries your own file into this stage and
+ * lists what stage 12 adds. Starting from scratch, fill the TODOs stage by stage from
+ * stage 01. Generated from the instructors' solution by tools/make_starters.py. */
+/* hw_fsdp.c — stage 12: pipeline x FSDP on a 2-D mesh (--pp P, world P x S).
+ *
+ * Stage 11's file at S > 1, with the transfers off the compute stream (see
+ * the schedule below): each pipeline stage's S ranks shard
+ * its modules with the FSDP of stage 07 (over the stage's shard group), and
+ * the schedule passes activations between the stages' matching shards (rank
+ * p * S + j talks to (p +- 1) * S + j). What makes it work is how it runs:
+ * --reshard-after-forward=false and --reshard-after-backward=false keep each
+ * module's params unsharded from its first forward to the step's last
+ * backward (one all-gather per module and step, not two per microbatch), and
+ * the runtime asks for the reduce-scatter only on the last backward
+ * (requires_gradient_sync), so the grads of all M microbatches accumulate
+ * unsharded and are reduced once.
+ *
+ * Streams: compute, all_gather (copy-in + all-gather), reduce_scatter,
+ * pp_recv and pp_send (the activations and their grads between stages).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hw_fsdp.h"
+#include "hw_pipe.h"
+
+/* FSDP2's training state of a module, so the hooks know where they are. */
+typedef enum {
+    TS_IDLE = 0,       /* between steps, or forward done */
+    TS_FORWARD,        /* between pre_forward and post_forward */
+    TS_PRE_BACKWARD,   /* pre_backward ran: params unsharded for the backward */
+    TS_POST_BACKWARD,  /* post_backward ran: grads handed to the reduce-scatter */
+} TrainingState;
+
+/* One FSDP unit: a module and the flat layout of its parameters. */
+typedef struct {
+    Module *mod;
+    TrainingState state;
+    size_t shard_numel;   /* per-rank segment: sum of every param's padded shard */
+    size_t offsets[MODULE_MAX_PARAMS]; /* where param j's padded shard starts in a segment */
+    float *ag_flat;       /* [nshards * shard_numel] all-gather output while in flight */
+    Event *ag_done;       /* recorded on the all-gather stream after the all-gather */
+    float *grad_shards;   /* [shard_numel] reduce-scatter output; DTensor.grad are views */
+} Group;
+
+struct Fsdp {
+    Dev *dev;
+    Model *model;
+    const DeviceMesh *mesh;
+    ProcessGroup *shard_pg;     /* the ranks a param is split over: the mesh's row (the world when 1-D) */
+    int srank, nshards;         /* this rank's place in shard_pg, and its size */
+    Stream *compute, *ag_stream, *rs_stream;
+    Event *shards_ready;  /* compute: the shards were last written (init, optimizer) */
+    /* FSDP2's AllGatherState: the all-gather output compute last copied out of. Its
+     * block belongs to the all-gather stream's pool, so it is kept alive until that
+     * stream has waited for copy_out_done: freed earlier, the next all-gather could
+     * take the block while compute still copies out of it. */
+    float *ag_state;
+    Event *copy_out_done; /* compute: the latest copy-out finished */
+    Event *grads_ready;   /* compute: a reduce-scatter input is filled */
+    Event *rs_done;       /* reduce_scatter stream: the latest reduce-scatter finished */
+    /* FSDP2's ReduceScatterState: the latest reduce-scatter input (a block of
+     * compute's pool), kept alive until compute has waited for rs_done. */
+    float *rs_state;
+    int reshard_after_forward; /* 0: ZeRO-2, keep params unsharded from forward to backward */
+    AdamWConfig optim;
+    Group *groups;        /* [n_modules] */
+};
+
+/* Rows of a dim-0 split over n ranks that rank r (of n) owns: torch.chunk gives
+ * every rank ceil(rows / n) rows until they run out (5 rows, 4 ranks: 2, 2, 1, 0). */
+static size_t chunk_rows(size_t rows, int n) { return (rows + (size_t)n - 1) / (size_t)n; }
+static size_t rows_of_rank(size_t rows, int n, int r) {
+    size_t chunk = chunk_rows(rows, n), start = chunk * (size_t)r;
+    return start >= rows ? 0 : (rows - start < chunk ? rows - start : chunk);
+}
+
+Fsdp *fsdp_init(const FsdpConfig *cfg) {
+    Fsdp *f = xcalloc(1, sizeof *f);
+    f->dev = cfg->dev;
+    f->model = cfg->model;
+    f->mesh = cfg->mesh;
+    /* TODO(stage 09): split over the shard group: its size and this rank's place in it (with --pp, the stage's ranks). */
+    hw_todo("split over the shard group: its size and this rank's place in it (with --pp, the stage's ranks)", "HANDOUT.md#stage-09");
+    f->compute = dev_compute_stream(cfg->dev);
+    f->optim = cfg->optim;
+    f->reshard_after_forward = cfg->reshard_after_forward;
+    f->groups = xcalloc((size_t)f->model->n_modules, sizeof(Group));
+    for (int i = 0; i < f->model->n_modules; i++) {
+        Module *mod = &f->model->modules[i];
+        Group *g = &f->groups[i];
+        g->mod = mod;
+        mod->fsdp = g;
+        for (int j = 0; j < mod->n_params; j++) {
+            Param *p = &mod->params[j];
+            DTensor *dt = &p->dt;
+            /* TODO(stage 01): shard p into a DTensor: Shard(0) over the shard group (nshards, srank), torch.chunk rows, padded local storage. */
+            hw_todo("shard p into a DTensor: Shard(0) over the shard group (nshards, srank), torch.chunk rows, padded local storage", "HANDOUT.md#stage-01");
+        }
+    }
+    /* TODO(stage 03): create the all-gather stream and the events that order it with compute. */
+    hw_todo("create the all-gather stream and the events that order it with compute", "HANDOUT.md#stage-03");
+    /* TODO(stage 04): create the reduce-scatter stream and its events. */
+    hw_todo("create the reduce-scatter stream and its events", "HANDOUT.md#stage-04");
+    return f;
+}
+
+static int is_unsharded(const Group *g) { return g->mod->params[0].data != NULL; }
+
+/* Drop the AllGatherState: once the all-gather stream has waited for the
+ * copy-out that read the kept output, its later work runs after that read,
+ * so its next allocation may take the block. */
+static void release_all_gather_state(Fsdp *f) {
+    if (!f->ag_state) return;
+    /* TODO(stage 03): the all-gather stream waits for the copy-out, then the kept output is freed. */
+    hw_todo("the all-gather stream waits for the copy-out, then the kept output is freed", "HANDOUT.md#stage-03");
+}
+
+/* Issue g's all-gather on the all-gather stream (returns at once): copy-in
+ * this rank's padded shards into its segment of the flat output, all-gather
+ * in place, record ag_done. The output is [r0: p0|p1|..][r1: p0|p1|..].. */
+static void issue_all_gather(Fsdp *f, Group *g) {
+    if (g->ag_flat || is_unsharded(g)) return; /* already in flight or done */
+    Module *mod = g->mod;
+    /* TODO(stage 03): copy-in on the all-gather stream into this rank's segment of the shard group's output, after the shards are ready. */
+    hw_todo("copy-in on the all-gather stream into this rank's segment of the shard group's output, after the shards are ready", "HANDOUT.md#stage-03");
+    /* TODO(stage 09): all-gather the module's segments inside the shard group. */
+    hw_todo("all-gather the module's segments inside the shard group", "HANDOUT.md#stage-09");
+    /* TODO(stage 03): record ag_done. */
+    hw_todo("record ag_done", "HANDOUT.md#stage-03");
+}
+
+/* Make g's params usable by compute: the compute stream waits for the
+ * all-gather, then copies each param's rows out of every rank's segment. */
+static void wait_all_gather(Fsdp *f, Group *g) {
+    if (!g->ag_flat) return;
+    Module *mod = g->mod;
+    /* TODO(stage 03): compute waits on ag_done, copy-out of every shard-group rank's rows into each Param.data, record copy_out_done and keep the flat buffer as the AllGatherState. */
+    hw_todo("compute waits on ag_done, copy-out of every shard-group rank's rows into each Param.data, record copy_out_done and keep the flat buffer as the AllGatherState", "HANDOUT.md#stage-03");
+}
+
+/* reshard: free the unsharded params; the DTensor shards stay. */
+static void reshard(Fsdp *f, Group *g) {
+    /* TODO(stage 01): free every unsharded Param.data of the module. */
+    hw_todo("free every unsharded Param.data of the module", "HANDOUT.md#stage-01");
+}
+
+/* Drop the ReduceScatterState: once compute has waited for the reduce-scatter
+ * that read the kept input, compute's next allocation may take its block. */
+static void release_reduce_scatter_state(Fsdp *f) {
+    if (!f->rs_state) return;
+    /* TODO(stage 04): compute waits for the reduce-scatter, then its input is freed. */
+    hw_todo("compute waits for the reduce-scatter, then its input is freed", "HANDOUT.md#stage-04");
+}
+
+/* reduce-scatter on its own stream: compute fills the chunk-cat input (row r
+ * of (nshards, S) holds chunk r of every grad) and frees the grads; the
+ * reduce-scatter stream waits for that, averages over the shard group, and
+ * records rs_done. */
+static void reduce_grads(Fsdp *f, Group *g) {
+    /* TODO(stage 04): chunk-cat the grads over the shard group on compute (after releasing the previous ReduceScatterState) and free them; the reduce-scatter stream waits for the input. */
+    hw_todo("chunk-cat the grads over the shard group on compute (after releasing the previous ReduceScatterState) and free them; the reduce-scatter stream waits for the input", "HANDOUT.md#stage-04");
+    /* TODO(stage 07): reduce-scatter into the grad shards inside the shard group; with --grad-sync every a later microbatch's goes to a buffer of its own and is added to what the earlier ones left. */
+    hw_todo("reduce-scatter into the grad shards inside the shard group; with --grad-sync every a later microbatch's goes to a buffer of its own and is added to what the earlier ones left", "HANDOUT.md#stage-07");
+    /* TODO(stage 04): record rs_done, keep the input as the ReduceScatterState, DTensor.grad as views of the grad shards. */
+    hw_todo("record rs_done, keep the input as the ReduceScatterState, DTensor.grad as views of the grad shards", "HANDOUT.md#stage-04");
+}
+
+void fsdp_pre_forward(Fsdp *f, Module *mod) {
+    Group *g = mod->fsdp;
+    /* TODO(stage 05): an activation-checkpoint recompute runs pre_forward inside backward: params are already unsharded, do nothing. */
+    hw_todo("an activation-checkpoint recompute runs pre_forward inside backward: params are already unsharded, do nothing", "HANDOUT.md#stage-05");
+    /* TODO(stage 03): unshard (unless prefetched), wait, then prefetch the next module in forward order. */
+    hw_todo("unshard (unless prefetched), wait, then prefetch the next module in forward order", "HANDOUT.md#stage-03");
+}
+
+void fsdp_post_forward(Fsdp *f, Module *mod) {
+    Group *g = mod->fsdp;
+    /* TODO(stage 05): after a recompute the backward still needs the params: do not reshard. */
+    hw_todo("after a recompute the backward still needs the params: do not reshard", "HANDOUT.md#stage-05");
+    /* TODO(stage 06): ZeRO-2: without reshard-after-forward the params stay unsharded until post_backward. */
+    hw_todo("ZeRO-2: without reshard-after-forward the params stay unsharded until post_backward", "HANDOUT.md#stage-06");
+    reshard(f, g);
+    /* TODO(stage 05): the forward is done: back to IDLE. */
+    hw_todo("the forward is done: back to IDLE", "HANDOUT.md#stage-05");
+}
+
+void fsdp_pre_backward(Fsdp *f, Module *mod) {
+    Group *g = mod->fsdp;
+    /* TODO(stage 03): drop the forward's last AllGatherState. */
+    hw_todo("drop the forward's last AllGatherState", "HANDOUT.md#stage-03");
+    /* TODO(stage 05): enter PRE_BACKWARD (once) so the recompute's forward hooks know. */
+    hw_todo("enter PRE_BACKWARD (once) so the recompute's forward hooks know", "HANDOUT.md#stage-05");
+    /* TODO(stage 04): unshard (unless prefetched), wait, prefetch the module that ran forward just before. */
+    hw_todo("unshard (unless prefetched), wait, prefetch the module that ran forward just before", "HANDOUT.md#stage-04");
+}
+
+void fsdp_post_backward(Fsdp *f, Module *mod) {
+    Group *g = mod->fsdp;
+    /* TODO(stage 05): enter POST_BACKWARD. */
+    hw_todo("enter POST_BACKWARD", "HANDOUT.md#stage-05");
+    /* TODO(stage 07): without gradient sync keep Param.grad for the next microbatch and reduce nothing; reshard only when reshard_after_backward says so. */
+    hw_todo("without gradient sync keep Param.grad for the next microbatch and reduce nothing; reshard only when reshard_after_backward says so", "HANDOUT.md#stage-07");
+    /* TODO(stage 02): reshard after the backward. */
+    hw_todo("reshard after the backward", "HANDOUT.md#stage-02");
+}
+
+void fsdp_finish_backward(Fsdp *f) {
+    /* TODO(stage 03): drop the backward's last AllGatherState before the optimizer. */
+    hw_todo("drop the backward's last AllGatherState before the optimizer", "HANDOUT.md#stage-03");
+    /* TODO(stage 04): the optimizer (compute stream) must see every reduce-scatter's output. */
+    hw_todo("the optimizer (compute stream) must see every reduce-scatter's output", "HANDOUT.md#stage-04");
+    /* TODO(stage 05): every module back to IDLE for the next step. */
+    hw_todo("every module back to IDLE for the next step", "HANDOUT.md#stage-05");
+}
+
+float fsdp_optimizer_step(Fsdp *f, float lr, int t) {
+    /* TODO(stage 02): the local sums of squares of the grad shards. */
+    hw_todo("the local sums of squares of the grad shards", "HANDOUT.md#stage-02");
+    /* TODO(stage 11): the global norm: sum the local sums of squares over every rank: every stage's shard groups hold different parameters. */
+    hw_todo("the global norm: sum the local sums of squares over every rank: every stage's shard groups hold different parameters", "HANDOUT.md#stage-11");
+    /* TODO(stage 02): clip; AdamW on local rows; free the grad shards. */
+    hw_todo("clip; AdamW on local rows; free the grad shards", "HANDOUT.md#stage-02");
+    /* TODO(stage 03): the next all-gathers must read the updated shards. */
+    hw_todo("the next all-gathers must read the updated shards", "HANDOUT.md#stage-03");
+    /* TODO(stage 02): read the global grad norm back and return it. */
+    hw_todo("read the global grad norm back and return it", "HANDOUT.md#stage-02");
+}
+
+void fsdp_destroy(Fsdp *f) {
+    Model *m = f->model;
+    dev_synchronize(f->dev);
+    for (int i = 0; i < m->n_modules; i++) {
+        Group *g = &f->groups[i];
+        for (int j = 0; j < m->modules[i].n_params; j++) {
+            Param *p = &m->modules[i].params[j];
+            dev_free(f->dev, p->data);
+            dev_free(f->dev, p->dt.local);
+            dev_free(f->dev, p->dt.exp_avg);
+            dev_free(f->dev, p->dt.exp_avg_sq);
+            p->data = p->dt.local = p->dt.exp_avg = p->dt.exp_avg_sq = NULL;
+        }
+        dev_free(f->dev, g->ag_flat);
+        if (i == 0) {
+            dev_free(f->dev, f->ag_state);
+            dev_free(f->dev, f->rs_state);
+        }
+        dev_free(f->dev, g->grad_shards);
+        if (g->ag_done) dev_event_destroy(g->ag_done);
+    }
+    if (f->shards_ready) dev_event_destroy(f->shards_ready);
+    if (f->copy_out_done) dev_event_destroy(f->copy_out_done);
+    if (f->grads_ready) dev_event_destroy(f->grads_ready);
+    if (f->rs_done) dev_event_destroy(f->rs_done);
+    free(f->groups);
+    free(f);
+}
+
+/* ---------------------------------------------------------------- schedule */
+
+/* The transfers run on streams of their own, so compute never waits in a send
+ * for the neighbour to reach its receive (stage 11's sends and receives on
+ * the compute stream did: the stages ran in lock step). FSDP2's buffer rules
+ * apply to them as to the all-gather and the reduce-scatter:
+ *   - a receive's buffer comes from the receive stream's pool; compute waits
+ *     for `received` before the pass that reads it; the runtime frees it on
+ *     compute, so the receive stream waits for compute (`computed`) before it
+ *     takes a block from its pool again;
+ *   - a send reads what compute wrote: the send stream waits for `computed`;
+ *     the buffer is freed only once compute has waited for `sent` (kept
+ *     meanwhile, as a ReduceScatterState keeps its input), so no pool hands
+ *     it out while the send still reads it; a grad that came in on the
+ *     receive stream goes back to that pool, so `computed` is recorded again
+ *     after the wait, and the receive stream's next wait covers the send. */
+typedef struct {
+    Stream *recv_stream, *send_stream;
+    Event *computed;   /* compute: the latest pass ran */
+    Event *received;   /* recv stream: the latest receive arrived */
+    Event *sent;       /* send stream: the latest send left */
+    float *in_flight;  /* the latest sent buffer, freed once compute waited for `sent` */
+} Transfers;
+
+static void transfers_free(void *p) {
+    Transfers *x = p;
+    dev_event_destroy(x->computed);
+    dev_event_destroy(x->received);
+    dev_event_destroy(x->sent);
+    free(x);
+}
+
+static Transfers *transfers(Pipe *pipe) {
+    Transfers *x = pipe_user(pipe);
+    if (x) return x;
+    const PipeInfo *pi = pipe_info(pipe);
+    x = xcalloc(1, sizeof *x);
+    /* TODO(stage 12): a receive stream and a send stream (every rank creates them, in the same order), and the events that order them with compute. */
+    hw_todo("a receive stream and a send stream (every rank creates them, in the same order), and the events that order them with compute", "HANDOUT.md#stage-12");
+    pipe_set_user(pipe, x, transfers_free);
+    return x;
+}
+
+/* A microbatch's activation (or its grad) from a neighbour, on the receive
+ * stream; compute waits for it before the pass it feeds. */
+static float *recv_activation(Pipe *pipe, int mb, int from, const char *what) {
+    const PipeInfo *pi = pipe_info(pipe);
+    Transfers *x = transfers(pipe);
+    float *buf;
+    /* TODO(stage 12): the receive stream waits for compute's latest pass (its pool's blocks come back from compute), receives into a buffer of its pool, and compute waits for it. */
+    hw_todo("the receive stream waits for compute's latest pass (its pool's blocks come back from compute), receives into a buffer of its pool, and compute waits for it", "HANDOUT.md#stage-12");
+    return buf;
+}
+
+/* What a pass just returned, to a neighbour, on the send stream; the previous
+ * sent buffer is freed once compute has waited for its send. */
+static void send_activation(Pipe *pipe, float *buf, int mb, int to, const char *what) {
+    const PipeInfo *pi = pipe_info(pipe);
+    Transfers *x = transfers(pipe);
+    /* TODO(stage 12): release the previous send's buffer (compute waits for `sent` first, and `computed` moves past that wait: a received buffer goes back to the receive stream's pool), then the send stream waits for the pass that wrote buf, sends it and records `sent`; buf stays in flight. */
+    hw_todo("release the previous send's buffer (compute waits for `sent` first, and `computed` moves past that wait: a received buffer goes back to the receive stream's pool), then the send stream waits for the pass that wrote buf, sends it and records `sent`; buf stays in flight", "HANDOUT.md#stage-12");
+}
+
+/* A pass of microbatch mb (forward or backward), then `computed`. */
+static float *pass(Pipe *pipe, int backward, int mb, float *in) {
+    float *out = backward ? pipe_backward(pipe, mb, in) : pipe_forward(pipe, mb, in);
+    dev_event_record(transfers(pipe)->computed, pipe_info(pipe)->stream);
+    return out;
+}
+
+static void forward_one(Pipe *pipe, int mb) {
+    const PipeInfo *pi = pipe_info(pipe);
+    float *in = pi->prev < 0 ? NULL : recv_activation(pipe, mb, pi->prev, "act");
+    float *out = pass(pipe, 0, mb, in);
+    if (pi->next >= 0) send_activation(pipe, out, mb, pi->next, "act");
+}
+
+static void backward_one(Pipe *pipe, int mb) {
+    const PipeInfo *pi = pipe_info(pipe);
+    float *dout = pi->next < 0 ? NULL : recv_activation(pipe, mb, pi->next, "grad");
+    float *din = pass(pipe, 1, mb, dout);
+    if (pi->prev >= 0) send_activation(pipe, din, mb, pi->prev, "grad");
+}
+
+void pipe_schedule(Pipe *pipe) {
+    const PipeInfo *pi = pipe_info(pipe);
+    const int M = pi->microbatches;
+    Transfers *x = transfers(pipe);
+    /* TODO(stage 11): GPipe: every microbatch's forward (receive, forward, send), then every backward. */
+    hw_todo("GPipe: every microbatch's forward (receive, forward, send), then every backward", "HANDOUT.md#stage-11");
+    /* TODO(stage 11): 1F1B: P-1-p warm-up forwards, then a forward and a backward in turn, then the cool-down backwards; sends and receives on their own streams need no group. */
+    hw_todo("1F1B: P-1-p warm-up forwards, then a forward and a backward in turn, then the cool-down backwards; sends and receives on their own streams need no group", "HANDOUT.md#stage-11");
+    /* TODO(stage 12): the step's last sent buffer: compute waits for its send, then it goes. */
+    hw_todo("the step's last sent buffer: compute waits for its send, then it goes", "HANDOUT.md#stage-12");
+}

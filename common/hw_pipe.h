@@ -29,13 +29,15 @@
  *     out: the grad of this stage's input for stage p-1 (act_numel floats):
  *          yours, send it and dev_free it; NULL on stage 0.
  *
- * Around each module the runtime calls your FSDP hooks as in hw_fsdp.h, and
- * sets mod->requires_gradient_sync (and reshard_after_backward, as stage 07's
- * --grad-sync / --reshard-after-backward say) to 1 for this stage's last
- * backward of the step only: reduce-scatter once per step, not per
- * microbatch. Each microbatch's loss is mean / M, so the grads add up to the
- * whole batch's. Then fsdp_optimizer_step, as always: its grad norm is the
- * norm over every parameter of the model, so it must span every stage.
+ * Around each module the runtime calls your FSDP hooks as in hw_fsdp.h. Each
+ * microbatch's loss is mean / M, so the grads of the M backwards add up to
+ * the whole batch's. The runtime sets every module's requires_gradient_sync
+ * and reshard_after_backward to 1 when the step starts and then leaves them
+ * to you: as torch.distributed.pipelining's stages do for an FSDP module,
+ * your schedule may clear them before a backward (stage 12: only the step's
+ * last backward syncs, and the params stay unsharded until it). Then
+ * fsdp_optimizer_step, as always: its grad norm is the norm over every
+ * parameter of the model, so it must span every stage.
  *
  * What the runtime guarantees and checks: module compute on the compute
  * stream, in the order you call pipe_forward / pipe_backward; one line and
@@ -59,16 +61,12 @@ typedef struct {
     PipeSchedule schedule;    /* --pp-schedule: gpipe (all forwards, then all backwards) or 1f1b */
     int prev, next;           /* world ranks of this shard on stage p-1 / p+1; -1 at either end */
     size_t act_numel;         /* floats of one microbatch's activation between stages: (B / M) * T * D */
+    Model *model;             /* this stage's modules (FsdpConfig.model) */
 } PipeInfo;
 
 typedef struct Pipe Pipe;     /* the runtime's */
 
 const PipeInfo *pipe_info(const Pipe *pipe);
-/* Yours: what your schedule keeps from one step to the next (its streams and
- * events; stage 12), NULL until you store it; the runtime calls destroy(state)
- * when the rank ends, after its streams drained. */
-void *pipe_user(const Pipe *pipe);
-void pipe_set_user(Pipe *pipe, void *state, void (*destroy)(void *state));
 float *pipe_forward(Pipe *pipe, int mb, float *in);
 float *pipe_backward(Pipe *pipe, int mb, float *dout);
 

@@ -164,9 +164,11 @@ def read_starter_record(path):
 # The contract field each flag sets (common/hw_fsdp.h: FsdpConfig, or the Module field the loop sets): a stage
 # whose solution reads the field honours the flag (tests/test_manifest.py; --ac has no field: from stage 05 on
 # the hooks keep a training state for the recompute).
-# A pipeline stage (--pp) sets requires_gradient_sync and the shard group itself (hw_pipe.h), so there
-# those fields name --pp, and --pp-schedule's field is PipeInfo.schedule.
-PIPELINE_FLAG_FIELDS = {"--grad-sync": None, "--mesh": None, "--pp-schedule": "schedule"}
+# In a pipeline stage (--pp) the schedule sets requires_gradient_sync and reshard_after_backward and the runtime
+# the shard group (hw_pipe.h), so there those fields honour no flag, and --pp-schedule's field is
+# PipeInfo.schedule.
+PIPELINE_FLAG_FIELDS = {"--grad-sync": None, "--reshard-after-backward": None, "--mesh": None,
+                        "--pp-schedule": "schedule"}
 
 FLAG_FIELDS = {
     "--reshard-after-forward": "reshard_after_forward",

@@ -142,6 +142,13 @@ static void parse_mesh(const Flag *f, const char *val, Options *o) {
     o->mesh_shards = s;
 }
 
+/* --grad-sync and --reshard-after-backward: a pipeline's schedule sets what they set (hw_pipe.h) */
+static void parse_sync_flag(const Flag *f, const char *val, Options *o) {
+    if (f->kind == FLAG_ENUM) parse_enum(f, val, o);
+    else store(f, val, o);
+    o->sync_flags_given = 1;
+}
+
 static void parse_backward_prefetch(const Flag *f, const char *val, Options *o) {
     parse_enum(f, val, o);
     o->backward_prefetch_given = 1; /* a stage that ignores it stops (flag_check.h) */
@@ -247,12 +254,12 @@ static const Flag FLAGS[] = {
      .help = "split each rank's batch into K microbatches, one optimizer step per K\n"
              "(K divides --batch-size; default 1)",
      .json = "grad_accum"},
-    {.name = "--grad-sync", .kind = FLAG_ENUM, .at = AT(grad_sync_every), .choices = GRAD_SYNC, .def = "every",
+    {.name = "--grad-sync", .kind = FLAG_ENUM, .at = AT(grad_sync_every), .choices = GRAD_SYNC, .parse = parse_sync_flag, .def = "every",
      .arg = "every|last",
      .help = "with --grad-accum: reduce-scatter every microbatch (default), or only\n"
              "the last (FSDP2's set_requires_gradient_sync(False) on the others)",
      .json = "grad_sync"},
-    {.name = "--reshard-after-backward", .kind = FLAG_BOOL, .at = AT(reshard_after_backward), .def = "true",
+    {.name = "--reshard-after-backward", .kind = FLAG_BOOL, .at = AT(reshard_after_backward), .def = "true", .parse = parse_sync_flag,
      .arg = "=true|false",
      .help = "with --grad-accum: false keeps params unsharded between\n"
              "microbatches (FSDP2's set_reshard_after_backward(False) on all but the last)",
@@ -560,6 +567,9 @@ void parse_options(int argc, char **argv, Options *o) {
             fatal("--microbatches %d must divide --batch-size %zu (each microbatch holds batch-size / M sequences)",
                   o->microbatches, o->batch_size);
         if (o->grad_accum > 1) fatal("--pp splits the batch into --microbatches itself: it cannot go with --grad-accum");
+        if (o->sync_flags_given)
+            fatal("--pp: your pipe_schedule decides which backward syncs and reshards (hw_pipe.h); --grad-sync and "
+                  "--reshard-after-backward do not apply");
         if (o->mesh_replicas) fatal("--pp makes its own mesh (stages x shards): it cannot go with --mesh");
         if (o->forward_only) fatal("--pp runs forward and backward through pipe_schedule: it cannot go with --forward-only");
         if (o->load_path || o->save_path || o->save_init_path)

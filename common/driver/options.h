@@ -39,6 +39,7 @@ typedef struct {
     int backward_prefetch_given;        /* it was on the command line (a stage ignoring it stops) */
     int single_comm_stream, offload_params; /* --single-comm-stream, --offload-params (stage 10) */
     int pp;                     /* --pp P pipeline stages (stages 11-12); 0: no pipeline */
+    int sync_flags_given;       /* --grad-sync or --reshard-after-backward was on the command line */
     int microbatches;           /* --microbatches M (default P) */
     PipeSchedule pp_schedule;   /* --pp-schedule */
     int profile_steps;

@@ -19,8 +19,6 @@ struct Pipe {
     ActsSlots *acts;          /* one set of saved activations per microbatch */
     unsigned char *fwd, *bwd; /* [M] this step's forwards / backwards run */
     int backwards;            /* backwards run this step */
-    void *user;               /* the schedule's own state (pipe_set_user) */
-    void (*user_destroy)(void *);
 };
 
 /* ------------------------------------------------------------- the split */
@@ -90,7 +88,8 @@ Pipe *pipe_create(Trainer *t) {
                          .schedule = o->pp_schedule,
                          .prev = stage > 0 ? rank - S : -1,
                          .next = stage < P - 1 ? rank + S : -1,
-                         .act_numel = o->batch_size / (size_t)o->microbatches * o->seq_len * (size_t)o->model.dim};
+                         .act_numel = o->batch_size / (size_t)o->microbatches * o->seq_len * (size_t)o->model.dim,
+                         .model = t->model};
     p->acts = model_acts_slots(t->model, o->microbatches);
     p->fwd = xcalloc((size_t)o->microbatches, 1);
     p->bwd = xcalloc((size_t)o->microbatches, 1);
@@ -99,7 +98,6 @@ Pipe *pipe_create(Trainer *t) {
 
 void pipe_destroy(Pipe *p) {
     if (!p) return;
-    if (p->user_destroy) p->user_destroy(p->user);
     model_acts_slots_free(p->acts);
     free(p->fwd);
     free(p->bwd);
@@ -107,13 +105,6 @@ void pipe_destroy(Pipe *p) {
 }
 
 const PipeInfo *pipe_info(const Pipe *pipe) { return &pipe->info; }
-
-void *pipe_user(const Pipe *pipe) { return pipe->user; }
-
-void pipe_set_user(Pipe *pipe, void *state, void (*destroy)(void *state)) {
-    pipe->user = state;
-    pipe->user_destroy = destroy;
-}
 
 /* The model runs microbatch mb: its sequences, its loss share, its saved activations. */
 static void use_microbatch(Pipe *p, int mb) {
@@ -191,13 +182,7 @@ float *pipe_backward(Pipe *p, int mb, float *dout) {
         fatal("pipe_backward(microbatch %d) on stage %d (rank %d): `dout` is NULL: pass the grad received from "
               "stage %d (rank %d)", mb, pi->stage, rank, pi->stage + 1, pi->next);
     if (dout) check_handed(p, "pipe_backward", mb, dout, "dout");
-    /* the step's last backward on this stage syncs (FSDP2's set_requires_gradient_sync on the last microbatch) */
-    const int last = p->backwards == pi->microbatches - 1;
-    Model *m = t->model;
-    for (int i = 0; i < m->n_modules; i++) {
-        m->modules[i].requires_gradient_sync = last;
-        m->modules[i].reshard_after_backward = last || t->opt->reshard_after_backward;
-    }
+    Model *m = t->model; /* its modules' requires_gradient_sync / reshard_after_backward: the schedule's */
     use_microbatch(p, mb);
     t->run.dh = dout;
     for (int i = m->n_modules - 1; i >= 0; i--) trainer_backward_module(t, s, &m->modules[i]);
@@ -210,6 +195,13 @@ float *pipe_backward(Pipe *p, int mb, float *dout) {
     return out;
 }
 
+static void set_sync(Model *m, int on) {
+    for (int i = 0; i < m->n_modules; i++) {
+        m->modules[i].requires_gradient_sync = on;
+        m->modules[i].reshard_after_backward = on;
+    }
+}
+
 void pipe_run_step(Pipe *p, int s) {
     Trainer *t = p->t;
     const PipeInfo *pi = &p->info;
@@ -218,6 +210,7 @@ void pipe_run_step(Pipe *p, int s) {
     p->backwards = 0;
     memset(p->fwd, 0, (size_t)M);
     memset(p->bwd, 0, (size_t)M);
+    set_sync(t->model, 1); /* the schedule may clear them before a backward (hw_pipe.h) */
     dev_set_scope(pi->dev, s, "pipe", "p2p");
     pipe_schedule(p);
     for (int mb = 0; mb < M; mb++)
@@ -231,10 +224,7 @@ void pipe_run_step(Pipe *p, int s) {
     t->run.B = t->opt->batch_size;
     t->run.inputs = t->inputs;
     t->run.targets = t->targets;
-    for (int i = 0; i < t->model->n_modules; i++) {
-        t->model->modules[i].requires_gradient_sync = 1;
-        t->model->modules[i].reshard_after_backward = 1;
-    }
+    set_sync(t->model, 1);
 }
 
 /* A binary whose hw_fsdp.c has no schedule (stages 01-10) answers --pp with one line. */

@@ -184,6 +184,16 @@ def check_grad_norm(ctx):
         if said:
             return said
         norm_right = norm_reduction_ok(ctx, step) is True  # the trace shows the norm's all-reduce right
+        P = int(manifest.flag_value(ctx.flags, "--pp", "0"))
+        if P > 1 and ratio < 1:
+            groups = {e["args"].get("group", "world") for r, e in ctx.collectives(ALL_REDUCE)
+                      if label_and_kind(e["name"])[0] == "grad_norm"}
+            if groups and "world" not in groups:
+                return ("%.2f times the reference, and the norm's all-reduce runs in %s only: a pipeline stage holds "
+                        "only its own modules, so the global norm sums the squares over every rank (every stage's "
+                        "shards), not over the stage's shard group" % (ratio, ", ".join(sorted(groups))))
+            return ("%.2f times the reference: does the norm span every pipeline stage (the sum of squares "
+                    "all-reduced over every rank, not one stage's)?" % ratio)
         if K > 1 and any(near(ratio, j / K, 0.15) for j in range(1, K)):
             return ("%.2f times the reference, about a part of the %d microbatches: does every microbatch's gradient "
                     "reach the optimizer? Without sync keep Param.grad for the next backward to add to; with sync add "
@@ -1636,41 +1646,64 @@ def check_pp_frees(ctx):
     return ""
 
 
+def expected_all_gathers(order, raf, M):
+    """All-gathers of one module in a step whose passes ran in `order`, by FSDP2's state: a pass gathers the
+    params unless they are still unsharded; a forward reshards after itself when reshard_after_forward; a
+    backward only when it is the step's last (the schedule clears reshard_after_backward before the others)."""
+    unsharded, n, backwards = False, 0, 0
+    for what, _ in order:
+        if not unsharded:
+            n += 1
+            unsharded = True
+        if what == "F" and raf:
+            unsharded = False
+        if what == "B":
+            backwards += 1
+            if backwards == M:
+                unsharded = False
+    return n
+
+
 @check("pp_collectives", label="collectives per microbatch in a pipeline", variants=True)
 def check_pp_collectives(ctx):
-    """Per rank, step and module: one reduce-scatter, in the stage's last backward (the runtime's
-    requires_gradient_sync); all-gathers: one per step with the params kept (--reshard-after-forward=false and
-    --reshard-after-backward=false), two per microbatch (forward and backward) with the default resharding."""
+    """Per rank, step and module: one reduce-scatter, in the stage's last backward (only it syncs); all-gathers
+    as FSDP2's state implies over the order the passes ran in (expected_all_gathers): one per step with
+    --reshard-after-forward=false (the params stay unsharded from the first forward to the last backward)."""
     pl = Pipeline(ctx.flags, ctx.world)
-    want_ag = 1 if not pl.raf and not pl.rab else 2 * pl.M if pl.raf and pl.rab else None
     seen = {}
     for kind in (ALL_GATHER, REDUCE_SCATTER):
         for r, e in ctx.collectives(kind):
             label, _ = label_and_kind(e["name"])
             seen.setdefault((r, e["args"].get("step"), label, kind), []).append(e["args"].get("microbatch"))
+    ags = set()
     for step in _profiled_steps(ctx):
         for r in range(ctx.world):
-            last_b = next((mb for what, mb in reversed(_ran(ctx.trace(r), step)) if what == "B"), None)
-            mods = [m for m in dict.fromkeys(p["module"] for p in ctx.dtensors(r)["params"])]
+            order = _ran(ctx.trace(r), step)
+            last_b = next((mb for what, mb in reversed(order) if what == "B"), None)
+            want_ag = expected_all_gathers(order, pl.raf, pl.M)
+            ags.add(want_ag)
+            mods = list(dict.fromkeys(p["module"] for p in ctx.dtensors(r)["params"]))
             for mod in mods:
-                rs = seen.get((r, step, mod, REDUCE_SCATTER), [])
                 where = "step %d, rank %d (stage %d)" % (step + 1, r, pl.stage(r))
+                rs = seen.get((r, step, mod, REDUCE_SCATTER), [])
                 if len(rs) != 1:
                     raise CheckFailed(
-                        "%s: %d reduce-scatters in %s (microbatches %s), expected 1: the runtime sets "
-                        "requires_gradient_sync only for the stage's last backward; before it keep Param.grad and "
-                        "reduce nothing, so the M microbatches' grads are reduced once"
+                        "%s: %d reduce-scatters in %s (microbatches %s), expected 1, after the step's last backward: "
+                        "before every other backward set requires_gradient_sync = 0 on the stage's modules "
+                        "(PipeInfo.model), as a pipeline stage sets it on an FSDP2 module, so the M microbatches' "
+                        "grads accumulate unsharded and are reduced once"
                         % (mod, len(rs), where, ", ".join(str(m) for m in rs) or "none"))
                 if last_b is not None and rs[0] != last_b:
                     raise CheckFailed("%s: the reduce-scatter in %s ran in microbatch %s's backward, but the last "
                                       "backward is microbatch %d's" % (mod, where, rs[0], last_b))
                 ag = seen.get((r, step, mod, ALL_GATHER), [])
-                if want_ag is not None and len(ag) != want_ag:
+                if len(ag) != want_ag:
                     raise CheckFailed(
-                        "%s: %d all-gathers in %s (microbatches %s), expected %d: %s"
-                        % (mod, len(ag), where, ", ".join(str(m) for m in ag) or "none", want_ag,
-                           "with --reshard-after-forward=false and --reshard-after-backward=false the params stay "
-                           "unsharded from the step's first forward to its last backward: no reshard in post_forward "
-                           "or in a post_backward with reshard_after_backward 0" if want_ag == 1 else
-                           "with the default resharding every forward and every backward gathers the params again"))
-    return "per module and step: 1 reduce-scatter, %s all-gathers" % (want_ag if want_ag is not None else "some")
+                        "%s: %d all-gathers in %s (microbatches %s), expected %d for the passes as they ran (%s)%s: "
+                        "a pass gathers the params only when they were resharded since the last one; only a "
+                        "forward with reshard_after_forward and the step's last backward reshard (set "
+                        "reshard_after_backward = 0 before the other backwards)"
+                        % (mod, len(ag), where, ", ".join(str(m) for m in ag) or "none", want_ag, _spell(order),
+                           " with --reshard-after-forward=false" if not pl.raf else ""))
+    return "per module and step: 1 reduce-scatter, %s all-gather%s" % (
+        "/".join(str(a) for a in sorted(ags)), "" if ags == {1} else "s")

@@ -5,20 +5,20 @@
  * stage 01. Generated from the instructors' solution by tools/make_starters.py. */
 /* hw_fsdp.c — stage 12: pipeline x FSDP on a 2-D mesh (--pp P, world P x S).
  *
- * Stage 11's file at S > 1, with the transfers off the compute stream (see
- * the schedule below): each pipeline stage's S ranks shard
- * its modules with the FSDP of stage 07 (over the stage's shard group), and
- * the schedule passes activations between the stages' matching shards (rank
- * p * S + j talks to (p +- 1) * S + j). What makes it work is how it runs:
- * --reshard-after-forward=false and --reshard-after-backward=false keep each
- * module's params unsharded from its first forward to the step's last
- * backward (one all-gather per module and step, not two per microbatch), and
- * the runtime asks for the reduce-scatter only on the last backward
- * (requires_gradient_sync), so the grads of all M microbatches accumulate
- * unsharded and are reduced once.
+ * Stage 11's file at S > 1: each pipeline stage's S ranks shard its modules
+ * with the FSDP of stage 07 over the stage's shard group, and the schedule
+ * passes activations between the stages' matching shards (rank p * S + j
+ * talks to (p +- 1) * S + j). What makes it work is how the two meet, as
+ * torch.distributed.pipelining's stages drive FSDP2: before each backward the
+ * schedule tells the stage's modules whether it is the step's last one there
+ * (requires_gradient_sync, reshard_after_backward), so the grads of all M
+ * microbatches accumulate unsharded and are reduce-scattered once, and the
+ * params stay unsharded from the step's first forward to its last backward:
+ * with --reshard-after-forward=false, one all-gather per module and step
+ * instead of two per microbatch.
  *
- * Streams: compute, all_gather (copy-in + all-gather), reduce_scatter,
- * pp_recv and pp_send (the activations and their grads between stages).
+ * Streams: compute (module compute and the point-to-point transfers),
+ * all_gather (copy-in + all-gather), reduce_scatter.
  */
 #include <math.h>
 #include <stdio.h>
@@ -262,96 +262,38 @@ void fsdp_destroy(Fsdp *f) {
 
 /* ---------------------------------------------------------------- schedule */
 
-/* The transfers run on streams of their own, so compute never waits in a send
- * for the neighbour to reach its receive (stage 11's sends and receives on
- * the compute stream did: the stages ran in lock step). FSDP2's buffer rules
- * apply to them as to the all-gather and the reduce-scatter:
- *   - a receive's buffer comes from the receive stream's pool; compute waits
- *     for `received` before the pass that reads it; the runtime frees it on
- *     compute, so the receive stream waits for compute (`computed`) before it
- *     takes a block from its pool again;
- *   - a send reads what compute wrote: the send stream waits for `computed`;
- *     the buffer is freed only once compute has waited for `sent` (kept
- *     meanwhile, as a ReduceScatterState keeps its input), so no pool hands
- *     it out while the send still reads it; a grad that came in on the
- *     receive stream goes back to that pool, so `computed` is recorded again
- *     after the wait, and the receive stream's next wait covers the send. */
-typedef struct {
-    Stream *recv_stream, *send_stream;
-    Event *computed;   /* compute: the latest pass ran */
-    Event *received;   /* recv stream: the latest receive arrived */
-    Event *sent;       /* send stream: the latest send left */
-    float *in_flight;  /* the latest sent buffer, freed once compute waited for `sent` */
-} Transfers;
-
-static void transfers_free(void *p) {
-    Transfers *x = p;
-    dev_event_destroy(x->computed);
-    dev_event_destroy(x->received);
-    dev_event_destroy(x->sent);
-    free(x);
-}
-
-static Transfers *transfers(Pipe *pipe) {
-    Transfers *x = pipe_user(pipe);
-    if (x) return x;
-    const PipeInfo *pi = pipe_info(pipe);
-    x = xcalloc(1, sizeof *x);
-    /* TODO(stage 12): a receive stream and a send stream (every rank creates them, in the same order), and the events that order them with compute. */
-    hw_todo("a receive stream and a send stream (every rank creates them, in the same order), and the events that order them with compute", "HANDOUT.md#stage-12");
-    pipe_set_user(pipe, x, transfers_free);
-    return x;
-}
-
-/* A microbatch's activation (or its grad) from a neighbour, on the receive
- * stream; compute waits for it before the pass it feeds. */
-static float *recv_activation(Pipe *pipe, int mb, int from, const char *what) {
-    const PipeInfo *pi = pipe_info(pipe);
-    Transfers *x = transfers(pipe);
-    float *buf;
-    /* TODO(stage 12): the receive stream waits for compute's latest pass (its pool's blocks come back from compute), receives into a buffer of its pool, and compute waits for it. */
-    hw_todo("the receive stream waits for compute's latest pass (its pool's blocks come back from compute), receives into a buffer of its pool, and compute waits for it", "HANDOUT.md#stage-12");
+/* A microbatch's activation (or its grad) from a neighbour: a fresh buffer,
+ * received on compute; pipe_forward / pipe_backward then own it. */
+static float *recv_activation(const PipeInfo *pi, int mb, int from, const char *what) {
+    float *buf = dev_alloc_f32(pi->dev, pi->act_numel, MEM_ACTIVATION, what);
+    dev_recv(pi->stream, buf, pi->act_numel, from, mb, what);
     return buf;
 }
 
-/* What a pass just returned, to a neighbour, on the send stream; the previous
- * sent buffer is freed once compute has waited for its send. */
-static void send_activation(Pipe *pipe, float *buf, int mb, int to, const char *what) {
-    const PipeInfo *pi = pipe_info(pipe);
-    Transfers *x = transfers(pipe);
-    /* TODO(stage 12): release the previous send's buffer (compute waits for `sent` first, and `computed` moves past that wait: a received buffer goes back to the receive stream's pool), then the send stream waits for the pass that wrote buf, sends it and records `sent`; buf stays in flight. */
-    hw_todo("release the previous send's buffer (compute waits for `sent` first, and `computed` moves past that wait: a received buffer goes back to the receive stream's pool), then the send stream waits for the pass that wrote buf, sends it and records `sent`; buf stays in flight", "HANDOUT.md#stage-12");
+/* An activation (or grad) to a neighbour, then freed: the send is queued on
+ * compute, so compute's later reuse of the block comes after it. Outside a
+ * group only: inside one, the send is queued at dev_group_end. */
+static void send_and_free(const PipeInfo *pi, float *buf, int mb, int to, const char *what) {
+    dev_send(pi->stream, buf, pi->act_numel, to, mb, what);
+    dev_free(pi->dev, buf);
 }
 
-/* A pass of microbatch mb (forward or backward), then `computed`. */
-static float *pass(Pipe *pipe, int backward, int mb, float *in) {
-    float *out = backward ? pipe_backward(pipe, mb, in) : pipe_forward(pipe, mb, in);
-    dev_event_record(transfers(pipe)->computed, pipe_info(pipe)->stream);
-    return out;
-}
-
-static void forward_one(Pipe *pipe, int mb) {
+/* A backward, with FSDP2's knobs set the way a pipeline stage sets them on an
+ * FSDP module (torch.distributed.pipelining: set_requires_gradient_sync and
+ * set_reshard_after_backward): done counts this step's backwards so far. */
+static float *backward(Pipe *pipe, int mb, float *dout, int *done) {
     const PipeInfo *pi = pipe_info(pipe);
-    float *in = pi->prev < 0 ? NULL : recv_activation(pipe, mb, pi->prev, "act");
-    float *out = pass(pipe, 0, mb, in);
-    if (pi->next >= 0) send_activation(pipe, out, mb, pi->next, "act");
-}
-
-static void backward_one(Pipe *pipe, int mb) {
-    const PipeInfo *pi = pipe_info(pipe);
-    float *dout = pi->next < 0 ? NULL : recv_activation(pipe, mb, pi->next, "grad");
-    float *din = pass(pipe, 1, mb, dout);
-    if (pi->prev >= 0) send_activation(pipe, din, mb, pi->prev, "grad");
+    /* TODO(stage 12): only the step's last backward on this stage reduce-scatters and reshards; before it the grads accumulate unsharded and the params stay. */
+    hw_todo("only the step's last backward on this stage reduce-scatters and reshards; before it the grads accumulate unsharded and the params stay", "HANDOUT.md#stage-12");
+    return pipe_backward(pipe, mb, dout);
 }
 
 void pipe_schedule(Pipe *pipe) {
     const PipeInfo *pi = pipe_info(pipe);
-    const int M = pi->microbatches;
-    Transfers *x = transfers(pipe);
+    const int M = pi->microbatches, first = pi->prev < 0, last = pi->next < 0;
+    int done = 0; /* backwards run this step */
     /* TODO(stage 11): GPipe: every microbatch's forward (receive, forward, send), then every backward. */
     hw_todo("GPipe: every microbatch's forward (receive, forward, send), then every backward", "HANDOUT.md#stage-11");
-    /* TODO(stage 11): 1F1B: P-1-p warm-up forwards, then a forward and a backward in turn, then the cool-down backwards; sends and receives on their own streams need no group. */
-    hw_todo("1F1B: P-1-p warm-up forwards, then a forward and a backward in turn, then the cool-down backwards; sends and receives on their own streams need no group", "HANDOUT.md#stage-11");
-    /* TODO(stage 12): the step's last sent buffer: compute waits for its send, then it goes. */
-    hw_todo("the step's last sent buffer: compute waits for its send, then it goes", "HANDOUT.md#stage-12");
+    /* TODO(stage 11): 1F1B: P-1-p warm-up forwards, then a forward and a backward in turn, each send grouped with the receive the neighbour sends back, then the cool-down backwards. */
+    hw_todo("1F1B: P-1-p warm-up forwards, then a forward and a backward in turn, each send grouped with the receive the neighbour sends back, then the cool-down backwards", "HANDOUT.md#stage-11");
 }

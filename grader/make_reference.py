@@ -10,7 +10,8 @@ disagrees with the baseline is never written), and keep:
     trace.json.gz memory_rank*.json.gz memory_rank*.pickle.gz
                                                      gzip'd: the whole tree stays a few MB
     loss.png timeline.png memory.png                 when tools/plots.py and matplotlib work
-    groups.png backward.png                          the same, for a 2-D mesh / a stage 10 policy (variants too)
+    groups.png backward.png pipeline.png             the same, for a 2-D mesh / a stage 10 policy / a pipeline
+                                                     (variants too)
 
 plus stageNN/<variant>/ (metrics, run.json, DTensors and memory snapshots of each
 variant the stage lists: rubric.json "variants"; a pipeline stage's variants keep
@@ -48,8 +49,9 @@ from gradelib.util import ROOT, rel, relpath
 
 PLAIN = ["metrics.jsonl", "run.json", "dtensors_rank*.json"]
 GZIPPED = ["trace.json", "memory_rank*.json", "memory_rank*.pickle"]
-PLOTS = ["loss.png", "timeline.png", "memory.png", "groups.png", "backward.png"]  # the last two: 2-D mesh / stage 10 runs
-VARIANT_PLOTS = ["groups.png", "backward.png"]  # a variant keeps only the pictures its own configuration has
+PLOTS = ["loss.png", "timeline.png", "memory.png", "groups.png", "backward.png", "pipeline.png"]  # the last three:
+# 2-D mesh / stage 10 / pipeline runs
+VARIANT_PLOTS = ["groups.png", "backward.png", "pipeline.png"]  # a variant keeps only the pictures its own configuration has
 
 
 def fail(msg):

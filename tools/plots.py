@@ -18,6 +18,9 @@ writes into DIR (default RUN/plots):
   backward.png  only for a run with a backward-prefetch policy other than pre or
                 one comm stream (stage 10): rank R's streams during one step's
                 backward, each collective labelled with its module
+  pipeline.png  only for a pipeline run (--pp, stages 11-12): one row per rank, each
+                microbatch's forward (F) and backward (B) through the rank's stage as
+                one bar on the trace's clock, the idle gaps between them the bubble
 A run directory's bulky files may be gzip'd (logs/reference/: trace.json.gz, memory_rank0.json.gz).
 Needs matplotlib (Debian: python3-matplotlib).
 """
@@ -516,6 +519,73 @@ def plot_backward(plt, run, out, step, rank):
     plt.close(fig)
 
 
+def pipeline_passes(events, step):
+    """{rank: [(start, end, 'F'|'B', microbatch)]}: each pass of a microbatch through a rank's stage (its
+    forward or backward kernels, first start to last end) in one step."""
+    spans = {}
+    for e in events:
+        a = e.get("args", {})
+        if e.get("cat") != COMPUTE or a.get("step") != step or a.get("phase") not in ("forward", "backward", "recompute"):
+            continue
+        if not isinstance(a.get("microbatch"), int):
+            continue
+        key = (e["pid"], "F" if a["phase"] == "forward" else "B", a["microbatch"])
+        lo, hi = spans.get(key, (e["ts"], e["ts"] + e["dur"]))
+        spans[key] = (min(lo, e["ts"]), max(hi, e["ts"] + e["dur"]))
+    out = {}
+    for (rank, what, mb), (lo, hi) in spans.items():
+        out.setdefault(rank, []).append((lo, hi, what, mb))
+    return {r: sorted(v) for r, v in out.items()}
+
+
+def plot_pipeline(plt, run, out, step):
+    """A pipeline run's schedule: per rank, the forward and backward of each microbatch, on the trace's clock."""
+    with open(os.path.join(run, "run.json")) as fh:
+        cfg = json.load(fh)
+    if not cfg.get("pp"):
+        return
+    events, _, meta = load_trace(run)
+    steps = sorted({e["args"].get("step", -1) for e in events if e.get("cat") == COMPUTE
+                    and e["args"].get("step", -1) >= 0})
+    if not steps:
+        return
+    if step is None:
+        step = steps[len(steps) // 2]
+    passes = pipeline_passes(events, step)
+    if not passes:
+        return
+    P, W, M = int(cfg["pp"]), int(cfg["world_size"]), int(cfg.get("microbatches") or cfg["pp"])
+    S = W // P
+    t0 = min(lo for v in passes.values() for lo, _, _, _ in v)
+    t1 = max(hi for v in passes.values() for _, hi, _, _ in v)
+    fig, ax = plt.subplots(figsize=(13, 0.55 * len(passes) + 1.9))
+    colours = {"F": "#4c72b0", "B": "#dd8452"}
+    ranks = sorted(passes)
+    busy = []
+    for y, r in enumerate(ranks):
+        done = 0.0
+        for lo, hi, what, mb in passes[r]:
+            x, w = (lo - t0) / 1000.0, (hi - lo) / 1000.0
+            ax.broken_barh([(x, w)], (y - 0.38, 0.76), facecolors=colours[what], edgecolors="white", linewidth=0.6)
+            ax.text(x + w / 2, y, "%s%d" % (what, mb), ha="center", va="center", fontsize=7, color="white")
+            done += hi - lo
+        busy.append(done / (t1 - t0))
+    ax.set_yticks(range(len(ranks)))
+    ax.set_yticklabels(["rank %d (stage %d)" % (r, r // S) for r in ranks])
+    ax.invert_yaxis()
+    ax.set_xlabel("%s (ms since the step's first forward)" % clock_words(meta))
+    idle = 1 - sum(busy) / len(busy)
+    ax.set_title("%s, %d stages x %d microbatches, step %d: F = forward, B = backward of a microbatch\nthe gaps are "
+                 "the bubble: %.0f%% of the step here; (P-1)/(M+P-1) = %.0f%% with equal stages and free transfers"
+                 % ("GPipe" if cfg.get("pp_schedule") == "gpipe" else "1F1B", P, M, step + 1, 100 * idle,
+                    100.0 * (P - 1) / (M + P - 1)), fontsize=9)
+    ax.legend([plt.Rectangle((0, 0), 1, 1, color=colours[k]) for k in "FB"], ["forward", "backward"],
+              loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "pipeline.png"), dpi=DPI)
+    plt.close(fig)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run")
@@ -545,6 +615,7 @@ def main():
     plot_memory(plt, a.run, out, a.rank, a.ref)
     plot_groups(plt, a.run, out, step)
     plot_backward(plt, a.run, out, step, a.rank)
+    plot_pipeline(plt, a.run, out, step)
     print("wrote plots to %s" % out)
     return 0
 

@@ -524,7 +524,8 @@ void parse_options(int argc, char **argv, Options *o) {
             continue;
         case FLAG_BOOL: /* a value is optional: true by itself */
             if (!val && i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) val = argv[++i];
-            store(f, val, o);
+            if (f->parse) f->parse(f, val, o);
+            else store(f, val, o);
             continue;
         default:
             break;

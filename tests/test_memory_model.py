@@ -46,9 +46,11 @@ def cases():
     accumulates gradients (07) is left out: the model has no microbatches; what lives between them
     is held to its analytic size by the grader (accum_grads, accum_reshard). So is a mixed-precision
     stage (08): the model's params are float32; its unsharded params are held to 2 bytes per element
-    by the grader (mp_params) and to half of float32's by test_solutions."""
+    by the grader (mp_params) and to half of float32's by test_solutions. A pipeline stage (11, 12) too: a
+    rank holds one stage's modules and several microbatches' activations; the grader holds each rank's
+    activations to the schedule's count and its peak to the reference (pp_activations, peak_memory)."""
     for st in manifest.stages():
-        if accumulates(st) or mixed_precision(st):
+        if accumulates(st) or mixed_precision(st) or st.pipeline:
             continue
         if any(f.startswith("--mesh") for f in st.flags):
             plain = [f for f in st.flags if not f.startswith("--mesh")]

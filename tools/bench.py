@@ -21,6 +21,9 @@ Sections (results/bench.json, results/bench.md, and a table on stdout):
               high-water, modelled exposed comm and step on a slow link
   offload     CPU offload (stage 10) off, and on over a fast and a slow PCIe model: device and host
               peaks, host-device copies per step, modelled exposed comm and step
+  pipeline    pipeline parallelism (stages 11, 12): the bubble against the number of microbatches for
+              GPipe and 1F1B beside (P-1)/(M+P-1), the first stage's activations; PP x FSDP against FSDP
+              on two links (a slow link between nodes); the same at Llama 3 8B on 16 modelled H100s (dry run)
   grading     wall time of `make grade SOLUTIONS=1`
   profile     where a baseline step spends its compute-stream time, wall and modelled (the runtime's trace)
 
@@ -40,7 +43,7 @@ import os
 import sys
 import time
 
-from benchlib import advanced, measure, report
+from benchlib import advanced, measure, pipeline, report
 from benchlib.measure import BASELINE, ROOT, Bench, BinaryFailed, manifest
 
 
@@ -80,6 +83,7 @@ def main(argv=None):
         R["hsdp"] = measure.section_hsdp(bench, cfg)
         R["prefetch"] = advanced.section_prefetch(bench, cfg)
         R["offload"] = advanced.section_offload(bench, cfg)
+        R["pipeline"] = pipeline.section_pipeline(bench, cfg)
         R["profile"] = measure.section_profile(bench, cfg)
         R["grading"] = measure.section_grading(bench, cfg)
     except BinaryFailed as e:

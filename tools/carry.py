@@ -4,7 +4,8 @@
     carry.py NN [--force] [--root DIR]
 
 Copies your file of the stage NN builds on (grader/rubric.json's builds_on: stage NN-1 for
-02..07, stage 06 for each bonus stage 08, 09, 10), stages/<that>/hw_fsdp.c, over
+02..07, stage 06 for each bonus stage 08, 09, 10, stage 07 for the pipeline's 11 and 11 for 12),
+stages/<that>/hw_fsdp.c, over
 stages/<NN>/hw_fsdp.c, keeping stage NN's starter beside it as hw_fsdp.starter.c, rewrites
 the file's first comment to say what it now is, and prints what stage NN adds: each TODO of
 stage NN in the starter, the function it sits in, and the HANDOUT section that explains it.

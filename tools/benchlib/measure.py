@@ -219,8 +219,8 @@ def overlap_stages(W):
     """The stages whose communication schedules the overlap section compares at world W: every
     stage that trains, but activation checkpointing, which runs its base stage's schedule with
     a recompute added (its row would only measure the extra compute), and a mesh that needs
-    another world."""
-    return [st for st in manifest.stages() if not st.forward_only and not st.ac and fits(st, W)]
+    another world; and the pipeline stages, which have a section of their own (pipeline)."""
+    return [st for st in manifest.stages() if not st.forward_only and not st.ac and fits(st, W) and not st.pipeline]
 
 
 def section_overlap(bench, cfg, W):
@@ -262,8 +262,8 @@ def section_memory(bench, cfg):
     res = {"flavor": fl, "world": W, "batch": B, "seq_len": T, "steps": 2, "rank": 0, "rows": [],
            "model": memory_model.__doc__.strip()}
     for st in manifest.stages():
-        if accumulates(st) or mixed_precision(st) or not fits(st, W):
-            continue  # the model has no microbatches, float32 params only (4b, 4c); a --mesh needs R*S ranks
+        if accumulates(st) or mixed_precision(st) or not fits(st, W) or st.pipeline:
+            continue  # the model has no microbatches, float32 params only (4b, 4c), one stage per rank (pipeline)
         d = os.path.join(wd, st.dir)
         met = bench.train(bench.solution(st), d, "--flavor", fl, "--world", W, "--batch-size", B, "--seq-len", T,
                           "--steps", 2, "--profile-steps", 0, *st.flags_at(W))

@@ -6,7 +6,7 @@ import os
 import manifest  # grader/manifest.py: the stages
 from trace_names import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
 
-from . import advanced
+from . import advanced, pipeline
 from .figures import MIB, fmt, fmt_mib, fmt_s, runs_section, section, table
 
 # the static notes (optimisations applied, opportunities left), appended to a full run's report
@@ -130,6 +130,7 @@ def markdown(R):
     if hs.get("rows"):
         hsdp_section(L, hs)
     advanced.render(L, R)
+    pipeline.render(L, R)
     g = R["grading"]
     L.append("## 5. Grading time")
     L.append("")

@@ -103,7 +103,9 @@ typedef struct ModuleActs ModuleActs; /* saved activations (runtime-private) */
 /* Modules, in forward order (as torchtitan wraps them with fully_shard):
  *   modules[0]        "embedding"  tok_embeddings.weight
  *   modules[1 .. L]   "block<i>"   attention_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3
- *   modules[L + 1]    "head"       norm.weight, output.weight (+ the loss) */
+ *   modules[L + 1]    "head"       norm.weight, output.weight (+ the loss)
+ * With --pp (stages 11-12, hw_pipe.h) the Model holds only this rank's
+ * pipeline stage: a contiguous run of them, `index` counting from 0 there. */
 typedef struct {
     ModuleKind kind;
     int index;                /* position in forward order: 0 .. n_modules-1 */

@@ -10,7 +10,7 @@ collective is priced on the device profile's modelled clock and executed nowhere
 counted as in a real run, with no memory behind it. The report (printed, and report.md / report.json in
 the run directory) reads what the run wrote:
   modelled step time         metrics.jsonl model_step_ms of the last step (the max over ranks)
-  tokens/s per GPU           local batch x sequence / that step time
+  tokens/s per GPU           local batch x sequence / that step time (with --pp P: a data shard's batch / P)
   MFU                        torchtitan's formula: (6 x non-embedding params + 12 x layers x heads x
                              head_dim x seq) FLOPs per token x tokens/s/GPU / the profile's dense BF16 peak,
                              whatever the run's math was (as torchtitan quotes it)
@@ -108,7 +108,9 @@ def report(run_dir, stage):
     events = trace_events(run_dir)
     clock = step_on_model_clock(run_dir, last["step"] - 1, last["model_step_ms"], events=events)
     dims = model_dims(rj)
-    T, B = rj["seq_len"], rj["batch_size"]
+    T = rj["seq_len"]
+    # tokens per GPU and step: a rank's batch; with --pp P the P ranks of a data shard share its batch
+    B = rj["batch_size"] / (rj.get("pp") or 1)
     step_s = last["model_step_ms"] / 1e3
     tps = B * T / step_s
     with open(os.path.join(run_dir, "trace_rank0.json")) as fh:

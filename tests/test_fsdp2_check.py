@@ -538,3 +538,252 @@ def test_none_policy_read_as_post_is_caught(tmp_path):
     assert rec[""]["pass"] and rec[""]["backward_issue_points"]["identical"] is None
     assert rec["-offload"]["pass"] and rec["-offload"]["fsdp2_schedule"]["offload"] == \
         "CPUOffloadPolicy(pin_memory=False)"
+
+
+# ---------------------------------------------------------------------------- pipeline runs (stages 11, 12)
+
+def test_pipeline_flags_and_split():
+    flags = ["--world", "4", "--pp=4", "--microbatches", "8", "--pp-schedule=gpipe", "--n-layers=6", "--ac"]
+    assert fc.pipeline_of(flags) == {"pp": 4, "microbatches": 8, "schedule": "gpipe"}
+    assert fc.pipeline_of(["--pp", "2"]) == {"pp": 2, "microbatches": 2, "schedule": "1f1b"}  # the runtime's defaults
+    assert fc.pipeline_of(["--world", "4"]) is None and fc.pipeline_of(["--pp=0"]) is None
+    # the init run: no pipeline flag in either spelling, one rank (the last --world wins)
+    assert fc.without_pipeline_flags(flags) == ["--world", "4", "--n-layers=6", "--ac", "--world", "1"]
+    # hw_pipe.h: contiguous, L / P each, one more for p < L % P
+    assert fc.pipeline_split(4, 4) == [[0], [1], [2], [3]]
+    assert fc.pipeline_split(6, 4) == [[0, 1], [2, 3], [4], [5]]
+    assert fc.pipeline_split(4, 2) == [[0, 1], [2, 3]]
+    run = {"pp": 2, "world_size": 6, "batch_size": 4, "microbatches": 4, "pp_schedule": "1f1b", "n_layers": 4}
+    assert fc.pipeline_job(run) == {"pp": 2, "microbatches": 4, "schedule": "1f1b", "blocks": [[0, 1], [2, 3]]}
+    assert fc.pipeline_job(dict(run, pp=0)) is None
+    with pytest.raises(fc.Failure):
+        fc.pipeline_job(dict(run, world_size=5))
+
+
+def test_stage_groups():
+    # --pp P: stage p's S ranks are named stage<p> as the C runtime names its shard groups
+    assert fc.group_name(["2", "3"], None, 4, pp=2) == "stage1" and fc.group_name([0, 1, 2], None, 6, pp=2) == "stage0"
+    assert fc.group_name([0, 2], None, 4, pp=2) == "ranks 0,2"  # a pp group is no stage's
+    assert fc.group_size("stage1", None, 8, pp=4) == 2 and fc.group_size("stage3", None, 4, pp=4) == 1
+    assert fc.group_name([0, 1, 2, 3], None, 4) == "world"  # unchanged without --pp
+
+
+def one_f_one_b(P, M, p):
+    """The C solution's 1F1B order of stage p (the grader's definition): P-1-p warm-up forwards, F then B."""
+    w = min(P - 1 - p, M)
+    out = [("F", m) for m in range(w)]
+    for k in range(M - w):
+        out += [("F", w + k), ("B", k)]
+    return out + [("B", m) for m in range(M - w, M)]
+
+
+def torch_one_f_one_b(P, M, p):
+    """torch's Schedule1F1B order: min(M, P - p) warm-up forwards, then B then F, then the cool-down."""
+    w = min(M, P - p)
+    out = [("F", m) for m in range(w)]
+    fwd = w
+    for b in range(M):
+        out.append(("B", b))
+        if fwd < M:
+            out.append(("F", fwd))
+            fwd += 1
+    return out
+
+
+def c_groups_1f1b(P, M, p):
+    """The p2p groups the C solution's 1F1B issues on stage p (one rank per stage), as its trace lists them: a
+    lone receive or send, or a group with the receive first."""
+    first, last, prev, nxt = p == 0, p == P - 1, p - 1, p + 1
+    w = min(P - 1 - p, M)
+    out = []
+    for mb in range(w):
+        out += ([] if first else [[("recv", prev, mb, "act")]]) + ([] if last else [[("send", nxt, mb, "act")]])
+    if w < M and not first:
+        out.append([("recv", prev, w, "act")])
+    for k in range(M - w):
+        f, b = w + k, k
+        if not last:
+            out.append([("recv", nxt, b, "grad"), ("send", nxt, f, "act")])
+        g = [] if first else [("send", prev, b, "grad")] + ([("recv", prev, f + 1, "act")] if f + 1 < M else [])
+        out += [g] if g else []
+    for b in range(M - w, M):
+        out += ([] if last else [[("recv", nxt, b, "grad")]]) + ([] if first else [[("send", prev, b, "grad")]])
+    return out
+
+
+def torch_groups_1f1b(P, M, p):
+    """The batches torch's Schedule1F1B issues on stage p: the last warm-up send fused with the first grad's receive,
+    each backward's send with the next forward's receive, sends listed first."""
+    first, last, prev, nxt = p == 0, p == P - 1, p - 1, p + 1
+    w = min(M, P - p)
+    out, held = [], []
+    for mb in range(w):
+        out += [] if first else [[("recv", prev, mb, "act")]]
+        sends = [] if last else [("send", nxt, mb, "act")]
+        if mb != w - 1:
+            out += [sends] if sends else []
+        else:
+            held = sends
+    bwd, fwd = 0, w
+    while True:
+        g = held + ([] if last else [("recv", nxt, bwd, "grad")])
+        out += [g] if g else []
+        bsends = [] if first else [("send", prev, bwd, "grad")]
+        bwd += 1
+        if fwd == M:
+            break
+        g = bsends + ([] if first else [("recv", prev, fwd, "act")])
+        out += [g] if g else []
+        held = [] if last else [("send", nxt, fwd, "act")]
+        fwd += 1
+    out += [bsends] if bsends else []
+    for b in range(bwd, M):
+        out += ([] if last else [[("recv", nxt, b, "grad")]]) + ([] if first else [[("send", prev, b, "grad")]])
+    return out
+
+
+@pytest.mark.parametrize("P,M", [(4, 8), (2, 4), (4, 4), (4, 2), (4, 1), (3, 7)])
+def test_one_f_one_b_passes_and_transfers(P, M):
+    """torch's warm-up is one forward longer, its steady state B then F: the same passes; the same transfers per
+    peer; the same groups unless M < P, where stages p <= P-1-M send the last warm-up activation apart from the
+    first grad's receive (groups_judged says why that is not judged)."""
+    c = [{0: one_f_one_b(P, M, p)} for p in range(P)]
+    t = [{0: torch_one_f_one_b(P, M, p)} for p in range(P)]
+    assert fc.compare_pass_orders(c, t, 1) == []
+    order, grouping = fc.compare_p2p([{0: c_groups_1f1b(P, M, p)} for p in range(P)],
+                                     [{0: torch_groups_1f1b(P, M, p)} for p in range(P)], 1)
+    assert order == []
+    judged, why = fc.groups_judged({"pp": P, "microbatches": M, "schedule": "1f1b"})
+    if M >= P:
+        assert grouping == [] and judged and why is None
+    else:
+        assert [int(g.split()[1]) for g in grouping] == list(range(P - M)) and not judged and "M = %d < P" % M in why
+        assert grouping[0] == ("rank 0 step 1: %d groups in the C run, %d in FSDP2's; group %d is {send act%d to 1} in "
+                               "the C run, {send act%d to 1, recv grad0 from 1} in FSDP2's"
+                               % (2 * M, 2 * M - 1, M, M - 1, M - 1))
+
+
+def pass_events(order, step=0):
+    """Compute events of one step as the C trace has them: a few kernels per pass, a recompute's kernels before
+    a backward's (phase recompute: not a pass), a kernel without a microbatch (the optimizer's)."""
+    events, ts = [], 0.0
+    for what, mb in order:
+        phase = "forward" if what == "F" else "backward"
+        kernels = [("recompute", mb)] * (what == "B") + [(phase, mb)] * 3
+        for ph, m in kernels:
+            events.append({"ph": "X", "cat": "compute", "name": "block0.w1", "ts": ts,
+                           "args": {"step": step, "phase": ph, "microbatch": m}})
+            ts += 1.0
+    events.append({"ph": "X", "cat": "compute", "name": "adamw", "ts": ts, "args": {"step": step, "phase": "optimizer"}})
+    return events
+
+
+def test_c_pass_orders():
+    order = one_f_one_b(4, 8, 1)
+    events = pass_events(order) + pass_events(order[:2], step=1)
+    events.reverse()  # time order, not the file's
+    got = fc.c_pass_orders(events)
+    assert got == {0: order, 1: order[:2]}
+    assert fc.spell_passes(got[1]) == "F0 F1" and fc.spell_passes([]) == "nothing"
+
+
+def test_pass_order_differs():
+    gpipe = [("F", m) for m in range(4)] + [("B", m) for m in range(4)]
+    diffs = fc.compare_pass_orders([{0: gpipe}, {0: gpipe}], [{0: gpipe}, {0: one_f_one_b(2, 4, 0)}], 1)
+    assert diffs == ["rank 1 step 1: the C run ran F0 F1 F2 F3 B0 B1 B2 B3, FSDP2's F0 F1 B0 F2 B1 F3 B2 B3: pass 3 "
+                     "is F2 in the C run, B0 in FSDP2's"]
+    assert fc.compare_pass_orders([{0: gpipe}], [{0: gpipe[:-1]}], 1)[0].endswith(
+        "pass 8 is B3 in the C run, nothing in FSDP2's")
+    assert fc.compare_pass_orders([{}], [{}], 1) == [
+        "no forward or backward pass with a microbatch in the C run's trace of rank 0"]
+
+
+def p2p_events(groups, step=0):
+    return [{"ph": "X", "cat": "collective", "name": "p2p", "ts": 0,
+             "args": {"step": step, "phase": "p2p", "p2p": ";".join("%s %d %d %s" % i for i in g)}} for g in groups]
+
+
+def test_c_p2p_groups():
+    groups = c_groups_1f1b(4, 8, 2)
+    events = [{"ph": "X", "cat": "collective", "name": "block2.all_gather", "args": {"step": 0}}] + p2p_events(groups)
+    assert fc.c_p2p_groups(events) == {0: groups}
+    assert fc.parse_p2p("send 2 0 act;recv 2 1 grad") == [("send", 2, 0, "act"), ("recv", 2, 1, "grad")]
+    for bad in ("send 2 0", "put 2 0 act", "send two 0 act"):
+        with pytest.raises(fc.Failure):
+            fc.parse_p2p(bad)
+
+
+def test_p2p_differs():
+    c = [{0: c_groups_1f1b(2, 4, p)} for p in range(2)]
+    t = [{0: torch_groups_1f1b(2, 4, p)} for p in range(2)]
+    # the grad sent to the wrong neighbour: rank 1's sends go to itself + 1
+    wrong = [{0: [[(k, 2 if k == "send" else peer, mb, label) for k, peer, mb, label in g] for g in t[1][0]]}]
+    order, grouping = fc.compare_p2p(c[1:], wrong, 1)
+    assert order[0] == "rank 0 step 1, peer 0: transfer 2 of 8 is send grad0 to 0 in the C run, recv act1 from 0 in " \
+                       "FSDP2's (of 4)"
+    assert any(d.startswith("rank 0 step 1, peer 2: transfer 1 of 0 is nothing") for d in order) and grouping
+    # GPipe's transfers where 1F1B's are expected: the order per peer differs
+    gpipe = [[("send", 1, m, "act")] for m in range(4)] + [[("recv", 1, m, "grad")] for m in range(4)]
+    order, _ = fc.compare_p2p(c[:1], [{0: gpipe}], 1)
+    assert order == ["rank 0 step 1, peer 1: transfer 3 of 8 is recv grad0 from 1 in the C run, send act2 to 1 in "
+                     "FSDP2's (of 8)"]
+    # a group split in two: the same order, other groups
+    split = [[i] for g in t[0][0] for i in g]
+    order, grouping = fc.compare_p2p(c[:1], [{0: split}], 1)
+    assert order == [] and grouping == ["rank 0 step 1: 5 groups in the C run, 8 in FSDP2's; group 2 is {send act1 "
+                                        "to 1, recv grad0 from 1} in the C run, {send act1 to 1} in FSDP2's"]
+    # FSDP2's rank<r>.json as fsdp2_torch.py writes it
+    rk = {"pipeline": {"passes": [[["F", 0], ["B", 0]]], "p2p": [[[["send", 1, 0, "act"]]]]}}
+    assert fc.torch_pipeline([rk], "passes") == [{0: [("F", 0), ("B", 0)]}]
+    assert fc.torch_pipeline([rk], "p2p") == [{0: [[("send", 1, 0, "act")]]}]
+
+
+def pipeline_record(run, order=True, p2p=True, groups=True, judged=True, collectives=None):
+    return {"run": run, "stage": run[5:7], "world": 4, "steps": 6, "max_loss_rel": 5e-8, "max_grad_norm_rel": 8e-8,
+            "dtensors": None, "collectives": {"identical": collectives}, "backward_issue_points": None,
+            "pipeline": {"pass_order": {"identical": order},
+                         "p2p": {"identical": p2p, "groups_identical": groups, "groups_judged": judged}},
+            "pass": order and p2p and (groups or not judged) and collectives is not False}
+
+
+def test_pipeline_table_rows():
+    recs = [pipeline_record("stage11"), pipeline_record("stage11-few", groups=False, judged=False),
+            pipeline_record("stage12", collectives=True), pipeline_record("stage11-x", groups=False),
+            pipeline_record("stage11-y", order=False), pipeline_record("stage12-z", collectives=False)]
+    rows = [l.split() for l in fc.table(recs).splitlines()[2:]]
+    # run world steps loss gnorm DTensors values | pp order, p2p, collectives, bwd issue, result
+    assert rows[0][5:] == ["-", "-", "same", "same", "-", "-", "PASS"]
+    assert rows[1][5:] == ["-", "-", "same", "same", "(regrouped)", "-", "-", "PASS"]
+    assert rows[2][7:] == ["same", "same", "equal", "-", "PASS"]
+    assert rows[3][7:] == ["same", "DIFFER", "-", "-", "FAIL"]
+    assert rows[4][7:] == ["DIFFER", "same", "-", "-", "FAIL"] and rows[5][-3:] == ["DIFFER", "-", "FAIL"]
+
+
+def test_pipeline_gpipe_under_1f1b_name_is_caught(tmp_path):
+    """Stage 11 with 1F1B's branch running GPipe's loops: the same numbers (the microbatches' grads add up in any
+    order); the passes and the transfers differ from Schedule1F1B's."""
+    rec = json.load(open(mutant_fails("one_f_one_b_that_is_gpipe", "11", tmp_path, "--main-only") / "stage11.json"))
+    assert not rec["pass"] and rec["max_loss_rel"] <= 1e-6 and rec["max_grad_norm_rel"] <= 1e-6
+    pl = rec["pipeline"]
+    assert pl["fsdp2_schedule"] == "Schedule1F1B" and pl["blocks"] == [[0], [1], [2], [3]]
+    assert not pl["pass_order"]["identical"] and not pl["p2p"]["identical"]
+    assert pl["pass_order"]["differences"][0] == (
+        "rank 0 step 1: the C run ran F0 F1 F2 F3 F4 F5 F6 F7 B0 B1 B2 B3 B4 B5 B6 B7, FSDP2's F0 F1 F2 F3 B0 F4 B1 F5 "
+        "B2 F6 B3 F7 B4 B5 B6 B7: pass 5 is F4 in the C run, B0 in FSDP2's")
+    assert pl["pass_order"]["step1"]["3"] == "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7"
+    assert rec["collectives"]["identical"] is None  # one rank per stage: nothing to compare
+
+
+def test_pipeline_reduce_scatter_every_microbatch_is_caught(tmp_path):
+    """Stage 12 with requires_gradient_sync never cleared: every backward reduce-scatters (the grads still add up,
+    the numbers agree); FSDP2 driven by its pipeline stage reduce-scatters once, after the last backward."""
+    rec = json.load(open(mutant_fails("reduce_scatter_every_microbatch", "12", tmp_path, "--main-only")
+                         / "stage12.json"))
+    assert not rec["pass"] and rec["max_loss_rel"] <= 1e-6 and rec["max_grad_norm_rel"] <= 1e-6
+    assert rec["pipeline"]["pass_order"]["identical"] and rec["pipeline"]["p2p"]["identical"]
+    coll = rec["collectives"]
+    assert not coll["identical"]
+    assert "rank 0 step 1 microbatch 0: block0 reduce-scatter (f32) in backward in stage0: 1 in the C run, 0 in " \
+           "FSDP2's" in coll["differences"]
+    assert coll["step1_rank0"]["block0 reduce_scatter backward stage0 mb3"] == 1
+    assert coll["step1_rank0"]["block0 all_gather forward stage0 mb0"] == 1  # kept unsharded: once per step

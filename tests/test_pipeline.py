@@ -7,7 +7,7 @@
 - the two schedules keep what their definitions say on the first stage: GPipe every microbatch's
   activations, 1F1B at most P (the memory snapshots' live activation bytes);
 - ranks as threads and ranks as processes under mpirun give the same metrics and the same modelled trace
-  (stage 11 and stage 12's solutions);
+  (both pipeline stages' solutions);
 - a schedule that breaks the contract stops with one line: a microbatch run twice, a backward before its
   forward, a schedule that returns early, and flags that do not go with --pp.
 """
@@ -20,9 +20,14 @@ import pytest
 
 from helpers import BASELINE, CORPUS, ROOT, SOLVED, metrics, run_train, snapshot, solution_bin, trace_events
 
-HAVE = {s.id for s in SOLVED}
-pytestmark = pytest.mark.skipif(not {"11", "12"} <= HAVE,
-                                reason="stages 11 and 12's solutions are the instructors' (not in a student tree)")
+# the pipeline stages, by what the manifest says of them: the one that keeps the params between passes (12's
+# reshard-after-forward=false, FSDP inside each stage) and the one before it (11)
+PIPES = [s for s in SOLVED if s.pipeline]
+PP = next((s.id for s in PIPES if "--reshard-after-forward=false" not in s.flags), None)
+PP_FSDP = next((s.id for s in PIPES if "--reshard-after-forward=false" in s.flags), None)
+OTHER = next((s.id for s in SOLVED if not s.pipeline and not s.forward_only), None)
+pytestmark = pytest.mark.skipif(PP is None or PP_FSDP is None,
+                                reason="the pipeline stages' solutions are the instructors' (not in a student tree)")
 
 COMMON = ["--flavor", "tiny", "--seq-len", "64", "--steps", "3", "--profile-steps", "3", "--max-norm", "0.5",
           "--data", CORPUS]
@@ -39,7 +44,7 @@ def test_pipeline_equals_one_rank_accumulating(tmp_path, schedule, layers):
     the same microbatch gradients in the same order. The first loss agrees to the last bit; the grad norm's sum
     of squares adds in another order (per stage, then across), so from there on within 2e-7 relative."""
     pp, base = tmp_path / "pp", tmp_path / "base"
-    run_train(solution_bin("11"), pp, *COMMON, "--world", "4", "--n-layers", str(layers), "--batch-size", "8",
+    run_train(solution_bin(PP), pp, *COMMON, "--world", "4", "--n-layers", str(layers), "--batch-size", "8",
               "--pp", "4", "--microbatches", "8", "--pp-schedule", schedule)
     run_train(BASELINE, base, *COMMON, "--world", "1", "--n-layers", str(layers), "--batch-size", "8",
               "--grad-accum", "8", "--grad-sync", "last")
@@ -73,7 +78,7 @@ def test_gpipe_holds_every_microbatch_and_1f1b_at_most_p(tmp_path):
     for schedule in ("gpipe", "1f1b"):
         for m in (4, 8):
             out = tmp_path / ("%s%d" % (schedule, m))
-            run_train(solution_bin("11"), out, *COMMON, "--world", "4", "--n-layers", "4", "--batch-size", "16",
+            run_train(solution_bin(PP), out, *COMMON, "--world", "4", "--n-layers", "4", "--batch-size", "16",
                       "--pp", "4", "--microbatches", str(m), "--pp-schedule", schedule)
             peaks[schedule, m] = live_activation_peak(out, 0, 1)
     # at M = P both hold all four microbatches at once (1F1B's steady state adds a received grad beside them)
@@ -89,16 +94,17 @@ def modelled(out):
 
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun not found (Debian: openmpi-bin)")
-@pytest.mark.parametrize("stage,flags", [
-    ("11", ["--pp", "4", "--microbatches", "4", "--batch-size", "4"]),
-    ("12", ["--pp", "2", "--microbatches", "4", "--batch-size", "4", "--reshard-after-forward=false"]),
+@pytest.mark.parametrize("which,flags", [
+    ("pipeline", ["--pp", "4", "--microbatches", "4", "--batch-size", "4"]),
+    ("pipeline x FSDP", ["--pp", "2", "--microbatches", "4", "--batch-size", "4", "--reshard-after-forward=false"]),
 ])
-def test_threads_and_mpirun_agree_bitwise(tmp_path, stage, flags):
+def test_threads_and_mpirun_agree_bitwise(tmp_path, which, flags):
     """The same pipeline as threads and as mpirun processes: every metric but the wall clock's, and every op of
     every rank's trace on the modelled clock (sends and receives included), identical."""
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     local, mpi = tmp_path / "local", tmp_path / "mpi"
     args = COMMON + ["--world", "4", "--n-layers", "4"] + flags
+    stage = PP if which == "pipeline" else PP_FSDP
     run_train(solution_bin(stage), local, *args)
     run_train(solution_bin(stage), mpi, *args, "--backend", "mpi", env=env,
               launcher=("mpirun", "--oversubscribe", "-np", "4"))
@@ -156,7 +162,7 @@ def test_a_broken_schedule_is_one_line(tmp_path, bug):
     (["--world", "2", "--microbatches", "2"], "error: --microbatches splits a pipeline's batch: it needs --pp"),
 ])
 def test_bad_pipeline_flags_are_one_line(flags, want):
-    p = subprocess.run([solution_bin("11"), *COMMON, *flags, "--quiet"], capture_output=True, text=True, cwd=ROOT,
+    p = subprocess.run([solution_bin(PP), *COMMON, *flags, "--quiet"], capture_output=True, text=True, cwd=ROOT,
                        timeout=60)
     assert p.returncode != 0
     lines = p.stderr.strip().splitlines()
@@ -164,10 +170,10 @@ def test_bad_pipeline_flags_are_one_line(flags, want):
 
 
 def test_a_stage_without_a_schedule_refuses_pp():
-    """Stages 01-10 define no pipe_schedule: the runtime's stand-in says so in one line."""
-    if "07" not in HAVE:
-        pytest.skip("stage 07's solution is not in this tree")
-    p = subprocess.run([solution_bin("07"), *COMMON, "--world", "2", "--pp", "2", "--quiet"], capture_output=True,
+    """A stage before the pipeline defines no pipe_schedule: the runtime's stand-in says so in one line."""
+    if OTHER is None:
+        pytest.skip("no other stage's solution in this tree")
+    p = subprocess.run([solution_bin(OTHER), *COMMON, "--world", "2", "--pp", "2", "--quiet"], capture_output=True,
                        text=True, cwd=ROOT, timeout=60)
     assert p.returncode == 2
     lines = p.stderr.strip().splitlines()

@@ -8,12 +8,20 @@
 - Stage 10: the backward all-gathers' issuing hooks (C trace args.module/args.phase against
   FSDP2's pre_backward/post_backward), compared under pre and none only, catch a policy read
   as another.
+- Pipelines (stages 11, 12): the init run's command line, the blocks of each stage, the C trace's
+  passes and p2p groups (args.p2p) read back, FSDP2's stage groups (stage<p>); Python models of
+  the C solution's 1F1B and of torch's Schedule1F1B show the same passes and the same transfers
+  per peer for M >= P and M < P, the same groups only for M >= P (torch fuses the last warm-up
+  send with the first grad's receive); a wrong pass order, a grad sent to the wrong neighbour,
+  GPipe's transfers where 1F1B's belong and a split group are caught; the table's columns.
 - table.txt after a run of some stages keeps the rows of the others.
 - Bad input: one line, exit status 2.
 - The tool itself on stage 02's grading configuration, on a mutant of stage 05's solution
   that all-gathers again for the recompute (same numbers, one all-gather too many: only the
   collective counts catch it), and on a mutant of stage 09's that all-reduces the unsharded
   grads across the replicas (same numbers, same counts and groups: only the sizes catch it),
+  on stage 11's mutant that runs GPipe under 1F1B's name (the passes and transfers catch it)
+  and on stage 12's that reduce-scatters every microbatch (only the collectives catch it),
   when a torch >= 2.6 with fully_shard is importable from build/fsdp2-venv (make fsdp2-check
   makes it) or from this interpreter; skipped with the reason otherwise (CI has Debian's torch
   1.13). They assert on the tool's comparisons (its logs/fsdp2-style json), not only on its
@@ -674,7 +682,8 @@ def pass_events(order, step=0):
             events.append({"ph": "X", "cat": "compute", "name": "block0.w1", "ts": ts,
                            "args": {"step": step, "phase": ph, "microbatch": m}})
             ts += 1.0
-    events.append({"ph": "X", "cat": "compute", "name": "adamw", "ts": ts, "args": {"step": step, "phase": "optimizer"}})
+    events.append({"ph": "X", "cat": "compute", "name": "adamw", "ts": ts,
+                   "args": {"step": step, "phase": "optimizer"}})
     return events
 
 

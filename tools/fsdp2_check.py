@@ -86,6 +86,45 @@ and collectives are compared against FSDP2's default, its issue points only by t
 are host memory already, so what is compared is the arithmetic of an optimizer step on host
 shards, not the copies (the grader checks those: offload_memory).
 
+Stages 11 and 12 (pipeline parallelism, --pp P at world W: S = W / P shards per stage, rank p*S + j
+shard j of stage p; M = --microbatches). FSDP2's side is torch.distributed.pipelining: the stage's
+part of the model in a PipelineStage, ScheduleGPipe or Schedule1F1B over M microbatches, with S > 1
+(stage 12) each module fully_shard'ed over the stage's S ranks on a ("pp", "dp") mesh, and the
+schedule driving FSDP (tools/fsdp2_torch.py says how; torch 2.15's Schedule1F1B refuses M < P and
+runs with that check skipped). The C runtime refuses --save-init, --load and --save with --pp (a
+stage holds only its params), so the initial weights come from the same binary and flags without
+--pp / --microbatches / --pp-schedule at --world 1 (--save-init; model_init_host is seeded and the
+same at any world), and the pipeline run starts from its own init. Compared:
+   - loss and grad norm before clipping, every step, as above (the loss from the last stage, the
+     mean over its S shards; the norm over every stage);
+   - the passes, per rank and step: the C trace's compute events of phase forward / backward in
+     time order (consecutive kernels of one microbatch's pass collapsed: F0 F1 B0 ..) against the
+     order FSDP2's stage ran forward_one_chunk / backward_one_chunk: identical. Schedule1F1B runs
+     min(M, P - p) warm-up forwards and then backward, forward; the C solution P-1-p and then
+     forward, backward: the same order of passes;
+   - the point to point transfers, per rank and step: each p2p event of the C trace (args.p2p: the
+     items "send|recv peer microbatch act|grad" of one dev_group, or of one lone send or receive)
+     is a group, in the trace's order, and so is each batch FSDP2's schedule issued (its
+     _batch_p2p). Judged: for each peer, the sequence of its sends and receives (kind,
+     microbatch, act | grad), in order, the items inside one group taken sends first (a group's
+     transfers are concurrent: dev_group_start/end, batch_isend_irecv; the C solution lists its
+     receive first where torch lists its send). Also compared: the groups themselves (which
+     transfers go together), judged too, except for 1F1B with M < P: there torch, whose warm-up is
+     min(M, P - p) forwards, fuses the last warm-up forward's send with the receive of microbatch
+     0's grad, where the C solution (M warm-up forwards when M <= P-1-p, no steady state) sends and
+     receives them in two groups: the same order, grouped differently; recorded in the run's json
+     (pipeline.p2p.group_differences), shown as "same (regrouped)", not judged;
+   - stage 12 (S > 1): the collectives as above, all-gathers and reduce-scatters of the modules
+     only, per rank, step, microbatch, module, phase, group (the stage's ranks, named stage<p> as
+     the C runtime names them) and bytes: one reduce-scatter per module after the step's last
+     backward, the all-gathers FSDP2's unshard state implies. Not compared: the grad norm's
+     all-reduce (the C runtime's one over the world; FSDP2 has no pipeline-wide norm, this tool's
+     float64 one is uncounted, torchtitan's would reduce over dp then pp) and the pipeline
+     schedule's own setup collectives and transfers (counted in each rank's json). Stage 11
+     (S = 1): the C runtime's collectives run in one-rank groups and FSDP2 is not applied, so
+     there is nothing to compare;
+   - not compared for a pipeline: the trained values (no --save), the DTensor layouts.
+
 torch: run by any python, the tool uses the current interpreter when it has torch >= 2.6 with
 fully_shard; else build/fsdp2-venv (made once by pip, several GB of CUDA wheels, unless
 --no-install), and runs itself again with that python.
@@ -108,8 +147,8 @@ from repo_paths import ROOT  # first: it puts grader/ on sys.path
 import manifest
 from gradelib.rubric import load_rubric, parse_stage, stage_flags, stage_variants
 from gradelib.util import UsageError, rel
-from trace_names import (ALL_GATHER, ALL_REDUCE, BACKWARD_PHASES, COLLECTIVE, FORWARD_PHASES, REDUCE_SCATTER,
-                         label_and_kind)
+from trace_names import (ALL_GATHER, ALL_REDUCE, BACKWARD_PHASES, COLLECTIVE, COMPUTE, FORWARD_PHASES,
+                         REDUCE_SCATTER, label_and_kind)
 
 BUILD = os.path.join(ROOT, os.environ.get("HWFSDP_BUILD", "build"))
 MIN_TORCH = (2, 6)
@@ -253,12 +292,19 @@ def plan(rubric, stages, main_only, debugmodel):
 
 
 def run_c(run, work):
-    """--save-init, then the run from those weights; (run dir, init file, final checkpoint, command)."""
+    """--save-init, then the run from those weights; (run dir, init file, final checkpoint or None, the run's
+    command). A pipeline run (--pp): the initial weights from the command line without the pipeline's flags at
+    --world 1 (without_pipeline_flags), then the pipeline run from its own init, no checkpoint."""
     init = os.path.join(work, "init.safetensors")
     final = os.path.join(work, "c_final.safetensors")
     cdir = os.path.join(work, "c")
-    steps = [[run.binary] + run.flags + ["--save-init", init],
-             [run.binary] + run.flags + ["--load", init, "--save", final, "--out", cdir, "--quiet"]]
+    if pipeline_of(run.flags):
+        final = None
+        steps = [[run.binary] + without_pipeline_flags(run.flags) + ["--save-init", init],
+                 [run.binary] + run.flags + ["--out", cdir, "--quiet"]]
+    else:
+        steps = [[run.binary] + run.flags + ["--save-init", init],
+                 [run.binary] + run.flags + ["--load", init, "--save", final, "--out", cdir, "--quiet"]]
     with open(os.path.join(work, "c_log.txt"), "w") as log:
         for cmd in steps:
             log.write("$ %s\n" % " ".join(cmd))
@@ -298,7 +344,7 @@ def torch_job(run, cdir, init, out, args):
             "param_dtype": param_dtype, "reduce_dtype": reduce_dtype,
             "mesh": r.get("mesh"), "backward_prefetch": r.get("backward_prefetch", "pre"),
             "offload": bool(r.get("offload_params", False)), "force_sum_reduction": args.force_sum_reduction, "threads": 1, "port": free_port(),
-            "timeout_s": TORCH_TIMEOUT_S, "out": out}
+            "timeout_s": TORCH_TIMEOUT_S, "out": out, "pipeline": pipeline_job(r)}
 
 
 def run_torch(job):
@@ -336,11 +382,17 @@ def read_safetensors(path):
 GRAD_NORM = "grad_norm"  # the label of the grad norm's all-reduce in the C trace, its module name in FSDP2's
 
 
-def group_name(ranks, mesh, world):
+def group_name(ranks, mesh, world, pp=None):
     """The C trace's name of the process group of these global ranks: without a mesh (mesh None) "world";
-    with --mesh R,S "shard<i>" (row i: ranks i*S .. i*S+S-1) or "replicate<j>" (column j: j, S+j, ..).
+    with --mesh R,S "shard<i>" (row i: ranks i*S .. i*S+S-1) or "replicate<j>" (column j: j, S+j, ..);
+    with --pp P "stage<p>" (stage p's S = W / P ranks p*S .. p*S+S-1).
     Any other set: "ranks a,b,..", which no C trace names (the comparison then differs)."""
     ranks = sorted(int(r) for r in ranks)
+    if pp:
+        S = world // pp
+        for p in range(pp):
+            if ranks == list(range(p * S, p * S + S)):
+                return "stage%d" % p
     if mesh:
         R, S = mesh
         for i in range(R):
@@ -354,8 +406,10 @@ def group_name(ranks, mesh, world):
     return "ranks " + ",".join(str(r) for r in ranks)
 
 
-def group_size(name, mesh, world):
-    """How many ranks the group of a C trace name holds (shard<i>: S, replicate<j>: R, world: W)."""
+def group_size(name, mesh, world, pp=None):
+    """How many ranks the group of a C trace name holds (shard<i>: S, replicate<j>: R, stage<p>: W / P, world: W)."""
+    if pp and name.startswith("stage"):
+        return world // pp
     if name.startswith("ranks "):
         return len(name.split(" ", 1)[1].split(","))
     if mesh and name.startswith("shard"):
@@ -394,14 +448,14 @@ def c_collectives(cdir, world, modules):
     return per_rank
 
 
-def torch_collectives(ranks, profiled_steps, mesh):
+def torch_collectives(ranks, profiled_steps, mesh, pp=None):
     """FSDP2's counts per rank, keyed as c_collectives' (the groups' ranks named by group_name)."""
     out = []
     for rk in ranks:
         counts = {}
         for c in rk["collectives"]:
             if c["step"] < profiled_steps or c["step"] < 0:
-                group = group_name(c["group"].split(","), mesh, len(ranks))
+                group = group_name(c["group"].split(","), mesh, len(ranks), pp)
                 key = (c["step"], c["microbatch"], c["module"], c["kind"], c["phase"], group, c["dtype"],
                        c.get("bytes", -1))
                 counts[key] = counts.get(key, 0) + c["count"]
@@ -409,14 +463,14 @@ def torch_collectives(ranks, profiled_steps, mesh):
     return out
 
 
-def without_single_rank_groups(per_rank, mesh, world):
+def without_single_rank_groups(per_rank, mesh, world, pp=None):
     """(counts without the collectives in a group of one rank, how many were left out); any key whose element
     5 is the group."""
     kept, left_out = [], 0
     for counts in per_rank:
         k = {}
         for key, n in counts.items():
-            if group_size(key[5], mesh, world) == 1:
+            if group_size(key[5], mesh, world, pp) == 1:
                 left_out += n
             else:
                 k[key] = n
@@ -647,6 +701,294 @@ def compare_values(c_final, t_shards, t_layout, lr, limit, exact):
     return summary, fails
 
 
+# ---------------------------------------------------------------------------- pipeline runs (stages 11, 12)
+
+PIPELINE_FLAGS = ("--pp", "--microbatches", "--pp-schedule")
+PASS_LETTERS = {"forward": "F", "backward": "B"}  # a compute event's args.phase -> the pass it belongs to
+
+
+def pipeline_of(flags):
+    """{"pp": P, "microbatches": M, "schedule": gpipe | 1f1b} of a command line with --pp P >= 1 (the runtime's
+    defaults: M = P, 1f1b), else None."""
+    try:
+        P = int(manifest.flag_value(flags, "--pp", "0") or 0)
+    except ValueError:
+        return None
+    if P < 1:
+        return None
+    return {"pp": P, "microbatches": int(manifest.flag_value(flags, "--microbatches", str(P))),
+            "schedule": manifest.flag_value(flags, "--pp-schedule", "1f1b")}
+
+
+def without_pipeline_flags(flags):
+    """The command line without --pp, --microbatches, --pp-schedule (--name V or --name=V), at --world 1 (the
+    runtime's parser: the last --world wins): the run that writes a pipeline run's initial weights."""
+    out, skip = [], False
+    for f in flags:
+        if skip:
+            skip = False
+        elif f in PIPELINE_FLAGS:
+            skip = True
+        elif not any(f.startswith(name + "=") for name in PIPELINE_FLAGS):
+            out.append(f)
+    return out + ["--world", "1"]
+
+
+def pipeline_split(n_layers, P):
+    """The blocks of each stage (hw_pipe.h): contiguous, stage p gets L / P, one more when p < L % P."""
+    blocks, b = [], 0
+    for p in range(P):
+        n = n_layers // P + (1 if p < n_layers % P else 0)
+        blocks.append(list(range(b, b + n)))
+        b += n
+    return blocks
+
+
+def pipeline_job(r):
+    """The job's "pipeline" of a C run's run.json: None without --pp."""
+    P = r.get("pp") or 0
+    if P < 1:
+        return None
+    if r["world_size"] % P or r["batch_size"] % r["microbatches"]:
+        raise Failure("--pp %d at world %d with batch %d in %d microbatches: not a split the runtime makes"
+                      % (P, r["world_size"], r["batch_size"], r["microbatches"]))
+    return {"pp": P, "microbatches": r["microbatches"], "schedule": r["pp_schedule"],
+            "blocks": pipeline_split(r["n_layers"], P)}
+
+
+def read_trace_events(cdir, rank):
+    with open(os.path.join(cdir, "trace_rank%d.json" % rank)) as fh:
+        return json.load(fh).get("traceEvents", [])
+
+
+def _int(x):
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def c_pass_orders(events):
+    """{step: [(F | B, microbatch), ..]}: the forwards and backwards whose kernels ran, in time order (the compute
+    events of phase forward / backward with a microbatch; consecutive kernels of one pass collapsed; a
+    recompute's kernels, phase recompute, are not a pass)."""
+    out = {}
+    passes = [e for e in events if e.get("ph") == "X" and e.get("cat") == COMPUTE
+              and e.get("args", {}).get("phase") in PASS_LETTERS and _int(e["args"].get("microbatch"))
+              and _int(e["args"].get("step"))]
+    for e in sorted(passes, key=lambda e: e["ts"]):
+        a = e["args"]
+        order = out.setdefault(a["step"], [])
+        token = (PASS_LETTERS[a["phase"]], a["microbatch"])
+        if not order or order[-1] != token:
+            order.append(token)
+    return out
+
+
+def parse_p2p(text):
+    """A p2p event's args.p2p, "send 2 0 act;recv 2 1 grad", as [(send | recv, peer, microbatch, label), ..]."""
+    items = []
+    for item in text.split(";"):
+        f = item.split()
+        if len(f) != 4 or f[0] not in ("send", "recv"):
+            raise Failure("a p2p item %r: not 'send|recv peer microbatch label'" % item)
+        try:
+            items.append((f[0], int(f[1]), int(f[2]), f[3]))
+        except ValueError:
+            raise Failure("a p2p item %r: peer and microbatch are not numbers" % item)
+    return items
+
+
+def c_p2p_groups(events):
+    """{step: [group, ..]}: each p2p event of a rank's trace (a dev_group, or a lone send or receive) as its
+    items (parse_p2p), in the trace's order."""
+    out = {}
+    for e in events:
+        a = e.get("args", {})
+        if e.get("ph") == "X" and e.get("cat") == COLLECTIVE and a.get("p2p") and _int(a.get("step")):
+            out.setdefault(a["step"], []).append(parse_p2p(a["p2p"]))
+    return out
+
+
+def torch_pipeline(ranks, what):
+    """Per rank {step: [..]} of rank<r>.json's pipeline.passes or pipeline.p2p, items as tuples."""
+    out = []
+    for rk in ranks:
+        per = {}
+        for step, xs in enumerate(rk["pipeline"][what]):
+            if what == "passes":
+                per[step] = [tuple(x) for x in xs]
+            else:
+                per[step] = [[tuple(i) for i in g] for g in xs]
+        out.append(per)
+    return out
+
+
+def spell_passes(order, limit=40):
+    text = " ".join("%s%d" % (what, mb) for what, mb in order[:limit])
+    return (text + (" .." if len(order) > limit else "")) or "nothing"
+
+
+def spell_item(item):
+    kind, peer, mb, label = item
+    return "%s %s%d %s %d" % (kind, label, mb, "to" if kind == "send" else "from", peer)
+
+
+def spell_group(group):
+    return "{" + ", ".join(spell_item(i) for i in group) + "}"
+
+
+def canonical_group(group):
+    """A group's items in a fixed order, sends first: the transfers of one group are concurrent."""
+    return tuple(sorted((tuple(i) for i in group), key=lambda i: (i[0] != "send", i[1], i[2], i[3])))
+
+
+def peer_sequences(groups):
+    """{peer: [(send | recv, microbatch, label), ..]}: the groups' items per peer, in order (canonical_group)."""
+    out = {}
+    for g in groups:
+        for kind, peer, mb, label in canonical_group(g):
+            out.setdefault(peer, []).append((kind, mb, label))
+    return out
+
+
+def _first_difference(a, b):
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def compare_pass_orders(c_orders, t_orders, steps):
+    """Per rank and step the passes in the order they ran, C trace against FSDP2's stage: differences."""
+    diffs = []
+    if len(c_orders) != len(t_orders):
+        diffs.append("%d ranks traced in the C run, %d in FSDP2's" % (len(c_orders), len(t_orders)))
+    for r, (c, t) in enumerate(zip(c_orders, t_orders)):
+        for s in range(steps):
+            a, b = list(c.get(s, [])), list(t.get(s, []))
+            if a != b:
+                i = _first_difference(a, b)
+                diffs.append("rank %d step %d: the C run ran %s, FSDP2's %s: pass %d is %s in the C run, %s in "
+                             "FSDP2's" % (r, s + 1, spell_passes(a), spell_passes(b), i + 1,
+                                          "%s%d" % a[i] if i < len(a) else "nothing",
+                                          "%s%d" % b[i] if i < len(b) else "nothing"))
+    if c_orders and not any(c_orders[0].values()):
+        diffs.append("no forward or backward pass with a microbatch in the C run's trace of rank 0")
+    return diffs
+
+
+def compare_p2p(c_groups, t_groups, steps):
+    """Per rank and step the point to point transfers, C trace against FSDP2's schedule. (order differences: per
+    peer its sends and receives in order, the judged comparison; group differences: which transfers went
+    together)."""
+    order, grouping = [], []
+    for r, (c, t) in enumerate(zip(c_groups, t_groups)):
+        for s in range(steps):
+            cg, tg = c.get(s, []), t.get(s, [])
+            cp, tp = peer_sequences(cg), peer_sequences(tg)
+            for peer in sorted(set(cp) | set(tp)):
+                a, b = cp.get(peer, []), tp.get(peer, [])
+                if a != b:
+                    i = _first_difference(a, b)
+
+                    def one(x):
+                        return spell_item((x[0], peer, x[1], x[2])) if x is not None else "nothing"
+                    order.append("rank %d step %d, peer %d: transfer %d of %d is %s in the C run, %s in FSDP2's (of %d)"
+                                 % (r, s + 1, peer, i + 1, len(a), one(a[i] if i < len(a) else None),
+                                    one(b[i] if i < len(b) else None), len(b)))
+            ca, ta = [canonical_group(g) for g in cg], [canonical_group(g) for g in tg]
+            if ca != ta:
+                i = _first_difference(ca, ta)
+                grouping.append("rank %d step %d: %d groups in the C run, %d in FSDP2's; group %d is %s in the C run, "
+                                "%s in FSDP2's" % (r, s + 1, len(ca), len(ta), i + 1,
+                                                   spell_group(ca[i]) if i < len(ca) else "nothing",
+                                                   spell_group(ta[i]) if i < len(ta) else "nothing"))
+    if len(c_groups) != len(t_groups):
+        order.append("%d ranks traced in the C run, %d in FSDP2's" % (len(c_groups), len(t_groups)))
+    return order, grouping
+
+
+def groups_judged(pl):
+    """(whether the p2p groups are judged, why not): not for 1F1B with M < P, where torch's Schedule1F1B (which
+    refuses it; run with the check skipped) fuses the last warm-up send with the first grad's receive."""
+    if pl["schedule"] == "1f1b" and pl["microbatches"] < pl["pp"]:
+        return False, ("1F1B with M = %d < P = %d: torch's Schedule1F1B runs min(M, P - p) warm-up forwards and "
+                       "sends the last one's activation in one batch with the receive of microbatch 0's grad; the "
+                       "C solution runs min(P-1-p, M) and, on stages p <= P-1-M (no steady state), sends it and "
+                       "receives that grad in two groups. Same order, grouped differently; torch refuses M < P "
+                       "for Schedule1F1B" % (pl["microbatches"], pl["pp"]))
+    return True, None
+
+
+def compare_pipeline(rec, cdir, job, ranks, profiled):
+    """The pipeline's passes, transfers and (S > 1) collectives into rec; the failures."""
+    pl, world = job["pipeline"], job["world"]
+    P, M = pl["pp"], pl["microbatches"]
+    S = world // P
+    fails = []
+    events = [read_trace_events(cdir, r) for r in range(world)]
+    c_orders = [c_pass_orders(e) for e in events]
+    t_orders = torch_pipeline(ranks, "passes")
+    pass_diffs = compare_pass_orders(c_orders, t_orders, profiled)
+    c_groups = [c_p2p_groups(e) for e in events]
+    t_groups = torch_pipeline(ranks, "p2p")
+    order_diffs, group_diffs = compare_p2p(c_groups, t_groups, profiled)
+    judged, why = groups_judged(pl)
+    fails += pass_diffs[:5] + order_diffs[:5] + (group_diffs[:5] if judged else [])
+    rec["pipeline"] = {
+        "pp": P, "shards": S, "microbatches": M, "schedule": pl["schedule"], "blocks": pl["blocks"],
+        "fsdp2_schedule": ranks[0]["pipeline"]["schedule"],
+        "pass_order": {"identical": not pass_diffs, "differences": pass_diffs[:20],
+                       "step1": {str(r): spell_passes(t.get(0, []), 1000) for r, t in enumerate(t_orders)}},
+        "p2p": {"identical": not order_diffs, "differences": order_diffs[:20],
+                "groups_identical": not group_diffs, "groups_judged": judged, "why_groups_not_judged": why,
+                "group_differences": group_diffs[:20],
+                "step1": {str(r): " ".join(spell_group(g) for g in t.get(0, [])) for r, t in enumerate(t_groups)},
+                "fsdp2_outside_schedule": {str(r): rk["pipeline"].get("p2p_outside_schedule", [])
+                                           for r, rk in enumerate(ranks)}}}
+    if S == 1:
+        rec["collectives"] = {"identical": None, "why_not": "one rank per stage (S = 1): the C runtime's collectives "
+                                                            "run in one-rank groups, FSDP2 is not applied"}
+        return fails
+    modules = set()
+    for r in range(world):
+        with open(os.path.join(cdir, "dtensors_rank%d.json" % r)) as fh:
+            modules |= {p["module"] for p in json.load(fh)["params"]}
+
+    def modules_only(per_rank):
+        return [{k: n for k, n in counts.items() if k[3] in (ALL_GATHER, REDUCE_SCATTER) and k[2] in modules}
+                for counts in per_rank]
+    c_counts, c_single = without_single_rank_groups(modules_only(c_collectives(cdir, world, modules)), None, world, P)
+    t_counts, t_single = without_single_rank_groups(modules_only(torch_collectives(ranks, profiled, None, P)), None,
+                                                    world, P)
+    (c_counts, c_sizes), (t_counts, t_sizes) = counts_and_sizes(c_counts), counts_and_sizes(t_counts)
+    equal, diffs, summary = compare_collectives(c_counts, t_counts)
+    size_diffs = compare_sizes(c_sizes, t_sizes)
+    diffs += size_diffs
+    rec["collectives"] = {"identical": equal and not size_diffs, "steps_compared": profiled,
+                          "differences": diffs[:20], "step1_rank0": summary,
+                          "compared": "all-gathers and reduce-scatters of the modules (not the grad norm's "
+                                      "all-reduce, not the pipeline schedule's setup)",
+                          "fsdp2_reduce_ops": ranks[0].get("reduce_ops", {}),
+                          "left_out_single_rank_groups": {"c": c_single, "fsdp2": t_single}}
+    return fails + diffs[:5]
+
+
+def compare_pipeline_run(rec, cdir, job, ranks, tol):
+    """A pipeline run's comparisons (loss, grad norm, the schedule, stage 12's collectives) into rec: the failures."""
+    fails = []
+    rows, max_l, max_g, f = compare_steps(read_jsonl(os.path.join(cdir, "metrics.jsonl")), ranks[0]["steps"], tol)
+    rec.update({"per_step": rows, "max_loss_rel": max_l, "max_grad_norm_rel": max_g})
+    fails += f
+    with open(os.path.join(cdir, "run.json")) as fh:
+        profiled = min(json.load(fh)["profile_steps"], job["steps"])
+    fails += compare_pipeline(rec, cdir, job, ranks, profiled)
+    rec["dtensors"] = None
+    rec["why_no_dtensors"] = ("a pipeline run: the C runtime refuses --save with --pp (each stage holds only its "
+                              "params), so no trained values; DTensor layouts not compared")
+    rec["backward_issue_points"] = None
+    rec["fsdp2_schedule"] = rec["pipeline"]["fsdp2_schedule"]
+    if profiled < job["steps"]:
+        fails.append("only %d of %d steps profiled in the C run: the schedule of the rest not compared"
+                     % (profiled, job["steps"]))
+    return fails
+
+
 # ---------------------------------------------------------------------------- one run
 
 def compare_run(run, args):
@@ -664,6 +1006,14 @@ def compare_run(run, args):
     ranks = run_torch(job)
     rec.update({"world": job["world"], "steps": job["steps"], "torch": ranks[0]["torch"],
                 "mixed_precision": {"param_dtype": job["param_dtype"], "reduce_dtype": job["reduce_dtype"]}})
+    if job["pipeline"]:
+        rec["c_init_command"] = " ".join(shown(c) if os.path.isabs(c) else c for c in
+                                         [run.binary] + without_pipeline_flags(run.flags) + ["--save-init", init])
+        fails = compare_pipeline_run(rec, cdir, job, ranks, tol)
+        rec["failures"] = fails
+        rec["pass"] = not fails
+        rec["seconds"] = round(time.time() - t0, 1)
+        return rec
     fails = []
 
     rows, max_l, max_g, f = compare_steps(read_jsonl(os.path.join(cdir, "metrics.jsonl")), ranks[0]["steps"], tol)
@@ -728,20 +1078,33 @@ def fmt(x):
 
 
 def table(records):
-    head = ["run", "world", "steps", "loss rel", "gnorm rel", "DTensors", "values |d|/lr", "collectives",
-            "bwd issue", "result"]
+    head = ["run", "world", "steps", "loss rel", "gnorm rel", "DTensors", "values |d|/lr", "pp order", "p2p",
+            "collectives", "bwd issue", "result"]
     lines = []
     for r in records:
         if "error" in r:
-            lines.append([r["run"], "-", "-", "-", "-", "-", "-", "-", "-", "FAIL: " + r["error"]])
+            lines.append([r["run"], "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "FAIL: " + r["error"]])
             continue
-        v = r["dtensors"]["values"]
-        vals = ("bitwise" if v["bitwise_identical"] == v["shards"] else "NOT bitwise" if v.get("exact")
-                else fmt(v["max_abs_over_lr"]))
+        dt = r.get("dtensors")
+        if dt:
+            v = dt["values"]
+            vals = ("bitwise" if v["bitwise_identical"] == v["shards"] else "NOT bitwise" if v.get("exact")
+                    else fmt(v["max_abs_over_lr"]))
+            layout = "identical" if dt["layout_identical"] else "DIFFER"
+        else:
+            vals = layout = "-"
+        pl = r.get("pipeline")
+        order = p2p = "-"
+        if pl:
+            order = "same" if pl["pass_order"]["identical"] else "DIFFER"
+            q = pl["p2p"]
+            p2p = ("DIFFER" if not q["identical"] or (q["groups_judged"] and not q["groups_identical"])
+                   else "same" if q["groups_identical"] else "same (regrouped)")
+        same = {True: "same", False: "DIFFER"}
         lines.append([r["run"], str(r["world"]), str(r["steps"]), fmt(r["max_loss_rel"]), fmt(r["max_grad_norm_rel"]),
-                      "identical" if r["dtensors"]["layout_identical"] else "DIFFER", vals,
-                      "equal" if r["collectives"]["identical"] else "DIFFER",
-                      {True: "same", False: "DIFFER"}.get((r.get("backward_issue_points") or {}).get("identical"), "-"),
+                      layout, vals, order, p2p,
+                      {True: "equal", False: "DIFFER"}.get((r.get("collectives") or {}).get("identical"), "-"),
+                      same.get((r.get("backward_issue_points") or {}).get("identical"), "-"),
                       "PASS" if r["pass"] else "FAIL"])
     widths = [max(len(x[i]) for x in [head] + lines) for i in range(len(head))]
     out = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [head] + lines]

@@ -57,12 +57,54 @@ whose FSDPParamGroup.pre_backward / post_backward runs (FSDP2's backward prefetc
 previous module's from inside this module's pre_backward), as the C trace's args.module and
 args.phase name the host hook.
 
+Pipeline runs (stages 11 and 12: job["pipeline"] with --pp P, --microbatches M, --pp-schedule): rank
+p*S + j (S = W / P) is shard j of stage p on a DeviceMesh ("pp", "dp") of shape (P, S). The stage's
+module is the Llama cut as the C runtime cuts it (fsdp2_check.py gives the blocks of each stage): the
+embedding on stage 0, the blocks of the stage (their names keep the global index), norm and output
+on stage P-1; the modules it does not hold are None (torch_llama.Transformer.forward passes through,
+torchtitan's way). With --ac its blocks are checkpoint-wrapped; with S > 1 each module is
+fully_shard'ed over the "dp" dim (embedding, every block, [norm, output], then the stage's root), with
+the run's reshard_after_forward. torch.distributed.pipelining.PipelineStage wraps it (static shapes:
+the microbatch's tokens or activation in, the activation or logits out, so no metadata is exchanged;
+P2P in the "pp" group), and ScheduleGPipe or Schedule1F1B runs M microbatches (torch.tensor_split of
+the shard's B rows: contiguous, as the C runtime's). The loss_fn is the cross entropy's mean / M with
+scale_grads=False, which is the C run's loss: each microbatch's mean / M, the M backwards accumulating
+the batch's mean. PipelineStage drives FSDP itself: before every backward it clears
+requires_gradient_sync and reshard_after_backward on the stage's root, and after the schedule
+(perform_reduce_grad) sets both and finalizes the backward, which reduce-scatters each module once.
+torch 2.15's Schedule1F1B refuses M < P (a ValueError in its __init__); for such a run (stage 11's
+pp_few_microbatches) the schedule is Schedule1F1B with that check skipped (its _step_microbatches
+handles M < P: min(M, P - p) warm-up forwards), said in rank<r>.json's pipeline.schedule.
+
+Data: shard j reads rows j*B .. j*B+B-1 of torch_llama.global_batch at world S (every stage of the
+shard the same rows; stage 0 uses the tokens, stage P-1 the targets). Each step: the schedule; the
+loss is the sum of the last stage's M microbatch losses, averaged over its S shards (an all-reduce
+over the world, uncounted); the grad norm sums the squares of every local grad (plain tensors, or
+the DTensor grads' local shards) in float64 over the world: every stage and shard holds different
+elements. Then torch's clip factor on that norm, AdamW on the stage's parameters, the LambdaLR.
+
+What the run records of the schedule, per rank and step: the passes in the order they ran, ("F" |
+"B", microbatch), from wrappers of the stage's forward_one_chunk / backward_one_chunk; the point to
+point groups, each the ops of one call of the schedule's _batch_p2p (torch.distributed.pipelining.
+schedules: every transfer of ScheduleGPipe and Schedule1F1B goes through it, as batch_isend_irecv or,
+for a batch of sends only or receives only, one isend / irecv each), each op as [send | recv, peer
+(global rank), microbatch, act | grad]: the microbatch and what moves from the stage's
+get_fwd_recv_ops / get_fwd_send_ops (act) and get_bwd_recv_ops / get_bwd_send_ops (grad) that made
+the op. torch.distributed's isend / irecv are wrapped too: those issued outside a schedule batch
+(PipelineSchedule's one-off exchange that connects each pair of peers before the first step) are
+counted apart (pipeline.p2p_outside_schedule), not as the schedule's. The collectives (S > 1) are
+counted as above, with the phase and microbatch of the pass that issued them; the reduce-scatters of
+perform_reduce_grad, after the step's last backward, are filed under that backward (its microbatch),
+as the C runtime files the reduce-scatter of the step's last backward.
+
 Writes into OUT, per rank:
   rank<r>.json                  steps (loss, grad norm, lr), collectives, reduce ops, the mesh, DTensor layout
                                 after fully_shard, the backward all-gathers by issuing hook, the schedule
   shards_rank<r>.safetensors    the local shards after training: params, optim.<name>.exp_avg(_sq)
+                                (not for a pipeline run: its rank<r>.json has "pipeline" instead of the layout)
 """
 import datetime
+import functools
 import inspect
 import json
 import math
@@ -467,8 +509,268 @@ def run_rank(rank, job):
         dist.destroy_process_group()
 
 
+# ---------------------------------------------------------------------------- pipeline (stages 11, 12)
+
+PASS_LETTERS = {"forward": "F", "backward": "B"}
+
+
+class PipelineLog:
+    """What this rank's pipeline stage did, per step: the passes in order ([F | B, microbatch]) and the point to
+    point groups the schedule issued ([[send | recv, peer, microbatch, act | grad], ...] per group). While a pass
+    runs, the CollectiveLog's `where` is (step, its microbatch, forward | backward)."""
+
+    def __init__(self, collectives):
+        self.coll = collectives
+        self.step = -1
+        self.passes = []        # per step
+        self.p2p = []           # per step
+        self.tags = {}          # id(P2POp) -> (microbatch, act | grad), from the stage method that made it
+        self.in_batch = 0       # inside the schedule's _batch_p2p
+        self.outside = Counter()  # (step or -1, send | recv): raw isend / irecv outside a schedule batch
+        self.last_backward = -1
+
+    def begin_step(self, step):
+        self.step = step
+        self.passes.append([])
+        self.p2p.append([])
+        self.last_backward = -1
+
+    def install(self, stage):
+        from torch.distributed import distributed_c10d as c10d
+        from torch.distributed.pipelining import schedules
+        for method, phase in (("forward_one_chunk", "forward"), ("backward_one_chunk", "backward")):
+            setattr(stage, method, self._pass(getattr(stage, method), phase))
+        for method, label in (("get_fwd_recv_ops", "act"), ("get_fwd_send_ops", "act"),
+                              ("get_bwd_recv_ops", "grad"), ("get_bwd_send_ops", "grad")):
+            setattr(stage, method, self._tagging(getattr(stage, method), label))
+        stage.perform_reduce_grad = self._finalizing(stage.perform_reduce_grad)
+        if not hasattr(schedules, "_batch_p2p"):
+            raise RuntimeError("torch.distributed.pipelining.schedules has no _batch_p2p: the schedule's point to "
+                               "point batches cannot be logged in this torch")
+        schedules._batch_p2p = self._batching(schedules._batch_p2p)
+        # P2POp checks its op against distributed_c10d's isend / irecv, the schedules build it with
+        # torch.distributed's: the same wrapper in both
+        for name in ("isend", "irecv"):
+            wrapped = self._raw(getattr(c10d, name), "send" if name == "isend" else "recv")
+            setattr(c10d, name, wrapped)
+            setattr(dist, name, wrapped)
+
+    def _pass(self, fn, phase):
+        @functools.wraps(fn)
+        def wrapper(mb, *args, **kwargs):
+            self.passes[-1].append([PASS_LETTERS[phase], int(mb)])
+            before, self.coll.where = self.coll.where, (self.step, int(mb), phase)
+            try:
+                return fn(mb, *args, **kwargs)
+            finally:
+                self.coll.where = before
+                if phase == "backward":
+                    self.last_backward = int(mb)
+        return wrapper
+
+    def _finalizing(self, fn):
+        """perform_reduce_grad: FSDP's reduce-scatters after the step's last backward, filed under that backward."""
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            before, self.coll.where = self.coll.where, (self.step, self.last_backward, "backward")
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.coll.where = before
+        return wrapper
+
+    def _tagging(self, fn, label):
+        @functools.wraps(fn)
+        def wrapper(mb, *args, **kwargs):
+            ops = fn(mb, *args, **kwargs)
+            for op in ops:
+                self.tags[id(op)] = (int(mb), label)
+            return ops
+        return wrapper
+
+    @staticmethod
+    def op_kind(op):
+        name = getattr(op.op, "__name__", "")
+        return "send" if "send" in name else "recv" if "recv" in name else name
+
+    def _batching(self, fn):
+        @functools.wraps(fn)
+        def wrapper(p2p_ops, *args, **kwargs):
+            if p2p_ops and not self.in_batch:
+                group = []
+                for op in p2p_ops:
+                    mb, label = self.tags.pop(id(op), (-1, "?"))
+                    group.append([self.op_kind(op), int(op.peer), mb, label])
+                (self.p2p[-1] if self.p2p else []).append(group)
+            self.in_batch += 1
+            try:
+                return fn(p2p_ops, *args, **kwargs)
+            finally:
+                self.in_batch -= 1
+        return wrapper
+
+    def _raw(self, fn, kind):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            if not self.in_batch:
+                self.outside[(self.step, kind)] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    def record(self):
+        return {"passes": self.passes, "p2p": self.p2p,
+                "p2p_outside_schedule": [{"step": k[0], "kind": k[1], "count": n}
+                                         for k, n in sorted(self.outside.items())]}
+
+
+def pipeline_stage_module(model, blocks, first, last):
+    """The stage's part of the Llama: the blocks `blocks` (global indices, their names kept), the embedding on the
+    first stage, norm and output on the last; the rest set to None (torchtitan's way)."""
+    keep = {str(i) for i in blocks}
+    for name in list(model.layers.keys()):
+        if name not in keep:
+            del model.layers[name]
+    if not first:
+        model.tok_embeddings = None
+    if not last:
+        model.norm = None
+        model.output = None
+    return model
+
+
+def shard_stage(model, job, dp_mesh):
+    """--ac, then (S > 1) fully_shard per module over the stage's "dp" mesh and on the stage's root."""
+    if job["ac"]:
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+        for name in list(model.layers.keys()):
+            model.layers[name] = checkpoint_wrapper(model.layers[name], preserve_rng_state=False)
+    if dp_mesh is None:
+        return model
+    from torch.distributed.fsdp import fully_shard
+    kw = {"mesh": dp_mesh, "reshard_after_forward": job["reshard_after_forward"]}
+    if model.tok_embeddings is not None:
+        fully_shard(model.tok_embeddings, **kw)
+    for block in model.layers.values():
+        fully_shard(block, **kw)
+    if model.output is not None:
+        fully_shard([model.norm, model.output], **kw)
+    fully_shard(model, **kw)
+    return model
+
+
+def pipeline_schedule(stage, pl, loss_fn):
+    """(the schedule object, what it is in words)."""
+    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
+    from torch.distributed.pipelining.schedules import PipelineScheduleSingle
+    M, P = pl["microbatches"], pl["pp"]
+    if pl["schedule"] == "gpipe":
+        return ScheduleGPipe(stage, M, loss_fn=loss_fn, scale_grads=False), "ScheduleGPipe"
+    if pl["schedule"] != "1f1b":
+        raise ValueError("--pp-schedule %s: no torch schedule for it" % pl["schedule"])
+    if M >= P:
+        return Schedule1F1B(stage, M, loss_fn=loss_fn, scale_grads=False), "Schedule1F1B"
+    sched = Schedule1F1B.__new__(Schedule1F1B)
+    PipelineScheduleSingle.__init__(sched, stage, M, loss_fn=loss_fn, scale_grads=False)
+    return sched, ("Schedule1F1B with its M >= P check skipped (torch refuses M = %d < P = %d; its "
+                   "_step_microbatches runs min(M, P - p) warm-up forwards)" % (M, P))
+
+
+def local_grad(p):
+    g = p.grad
+    return g.to_local() if hasattr(g, "to_local") else g
+
+
+def train_pipeline(model, stage, schedule, job, plog, p, j, S, world_group):
+    pl = job["pipeline"]
+    P, M = pl["pp"], pl["microbatches"]
+    first, last = p == 0, p == P - 1
+    B, T = job["batch_size"], job["seq_len"]
+    tokens = torch_llama.load_tokens(job["data"])
+    opt = torch.optim.AdamW(model.parameters(), lr=job["lr"], betas=(0.9, 0.95), eps=1e-8,
+                            weight_decay=job["weight_decay"], foreach=False)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, torch_llama.lr_lambda(job["warmup_steps"]))
+    steps = []
+    for s in range(job["steps"]):
+        plog.begin_step(s)
+        inputs, targets = torch_llama.global_batch(tokens, s, S, B, T)
+        x, y = inputs[j * B:(j + 1) * B], targets[j * B:(j + 1) * B]
+        losses = [] if last else None
+        schedule.step(*((x,) if first else ()), target=y if last else None, losses=losses, return_outputs=False)
+        t = torch.tensor([sum(l.detach().item() for l in losses) if last else 0.0], dtype=torch.float64)
+        UNCOUNTED_ALL_REDUCE(t, group=world_group)
+        row = {"step": s + 1, "loss": t.item() / S, "grad_norm": None, "lr": opt.param_groups[0]["lr"],
+               "grad_norm_dtensor": None}
+        total = torch.zeros((), dtype=torch.float64)
+        for prm in model.parameters():
+            if prm.grad is not None:
+                total += local_grad(prm).double().pow(2).sum()
+        UNCOUNTED_ALL_REDUCE(total, group=world_group)
+        row["grad_norm"] = math.sqrt(total.item())
+        coef = torch_llama.clip_coefficient(row["grad_norm"], job["max_norm"])
+        if coef is not None:
+            with torch.no_grad():
+                for prm in model.parameters():
+                    if prm.grad is not None:
+                        local_grad(prm).mul_(coef)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        steps.append(row)
+    return steps
+
+
+def run_pipeline_rank(rank, job):
+    """One process of a pipeline run: its stage's module, PipelineStage, the schedule; writes rank<r>.json."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.pipelining import PipelineStage
+    torch.set_num_threads(job["threads"])
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % job["port"], rank=rank,
+                            world_size=job["world"], timeout=datetime.timedelta(seconds=job["timeout_s"]))
+    try:
+        pl = job["pipeline"]
+        P, M, W = pl["pp"], pl["microbatches"], job["world"]
+        if job["forward_only"]:
+            raise ValueError("a forward-only pipeline run has no FSDP2 counterpart here")
+        S = W // P
+        p, j = divmod(rank, S)
+        first, last = p == 0, p == P - 1
+        mesh = init_device_mesh("cpu", (P, S), mesh_dim_names=("pp", "dp"))
+        model, _ = build_model(job)
+        model = pipeline_stage_module(model, pl["blocks"][p], first, last)
+        model = shard_stage(model, job, mesh["dp"] if S > 1 else None)
+        d = job["model"]
+        Bm, T = job["batch_size"] // M, job["seq_len"]
+        # the shapes PipelineStage would otherwise exchange at the first step; requires_grad: the activations
+        # take a grad (the static metadata derives the grads' receives and sends from it), the tokens not
+        example_in = (torch.zeros(Bm, T, dtype=torch.long) if first
+                      else torch.zeros(Bm, T, d["dim"], requires_grad=True))
+        example_out = torch.zeros(Bm, T, d["vocab_size"] if last else d["dim"], requires_grad=True)
+        stage = PipelineStage(model, p, P, torch.device("cpu"), input_args=(example_in,),
+                              output_args=(example_out,), group=mesh.get_group("pp"))
+
+        def loss_fn(logits, targets):
+            return torch_llama.loss_fn(logits, targets) / M
+        schedule, what = pipeline_schedule(stage, pl, loss_fn)
+        log = CollectiveLog()
+        log.install()
+        plog = PipelineLog(log)
+        plog.install(stage)
+        steps = train_pipeline(model, stage, schedule, job, plog, p, j, S, dist.group.WORLD)
+        record = plog.record()
+        record.update({"stage": p, "shard": j, "stages": P, "shards": S, "microbatches": M,
+                       "blocks": list(pl["blocks"][p]), "schedule": what, "fsdp": S > 1,
+                       "modules": sorted({c_module(n) for n, _ in model.named_parameters()})})
+        result = {"rank": rank, "torch": torch.__version__, "steps": steps, "collectives": log.rows(),
+                  "reduce_ops": {k: sorted(v) for k, v in log.ops.items()}, "pipeline": record}
+        with open(os.path.join(job["out"], "rank%d.json" % rank), "w") as fh:
+            json.dump(result, fh)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
 def run(job):
     """Train `job` on job["world"] processes; raises if a rank fails (its message is in the exception)."""
     import torch.multiprocessing as mp
     os.makedirs(job["out"], exist_ok=True)
-    mp.spawn(run_rank, args=(job,), nprocs=job["world"], join=True)
+    mp.spawn(run_pipeline_rank if job.get("pipeline") else run_rank, args=(job,), nprocs=job["world"], join=True)

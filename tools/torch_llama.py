@@ -150,11 +150,16 @@ class Transformer(nn.Module):
         self.output = nn.Linear(a.dim, a.vocab_size, bias=False)
 
     def forward(self, tokens):
-        h = self.tok_embeddings(tokens)
-        freqs_cis = precompute_freqs_cis(self.args.head_dim, tokens.shape[1], self.args.rope_theta)
+        # A pipeline stage (tools/fsdp2_torch.py) sets the modules it does not hold to None, as torchtitan
+        # does: without the embedding its input is the previous stage's activation, without the head it
+        # returns its last block's output.
+        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        freqs_cis = precompute_freqs_cis(self.args.head_dim, h.shape[1], self.args.rope_theta)
         for layer in self.layers.values():
             h = layer(h, freqs_cis)
-        return self.output(self.norm(h))
+        if self.norm is not None:
+            h = self.norm(h)
+        return self.output(h) if self.output is not None else h
 
 
 def loss_fn(logits, targets):

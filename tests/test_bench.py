@@ -78,6 +78,27 @@ def test_every_section_is_there(bench):
         assert title in md and title in stdout, title
 
 
+def check_pipeline(pp):
+    """Section 4g-4h (tools/benchlib/pipeline.py), from its definitions: the ideal bubble is (P-1)/(M+P-1); the
+    measured bubble never below it; GPipe and 1F1B hold the same at M <= P, and 1F1B less on stage 0 past it;
+    more microbatches, a smaller ideal; the two cases on two links train the same numbers."""
+    rows = pp["bubble"]["rows"]
+    P = pp["bubble"]["stages"]
+    assert {r["schedule"] for r in rows} == {"gpipe", "1f1b"} and len(rows) >= 6
+    for r in rows:
+        assert r["ideal_bubble"] == pytest.approx((P - 1) / (r["microbatches"] + P - 1))
+        assert r["ideal_bubble"] - 0.01 <= r["bubble"] < 1 and number(r["model_step_ms"])
+    by = {(r["schedule"], r["microbatches"]): r for r in rows}
+    top = max(r["microbatches"] for r in rows)
+    assert top > P
+    assert by["1f1b", top]["stage0_activation_peak_bytes"] < by["gpipe", top]["stage0_activation_peak_bytes"]
+    for m in {r["microbatches"] for r in rows if r["microbatches"] <= P}:
+        g, f = by["gpipe", m]["stage0_activation_peak_bytes"], by["1f1b", m]["stage0_activation_peak_bytes"]
+        assert abs(g - f) <= 0.05 * g, (m, g, f)
+    two = pp["two_links"]["rows"]
+    assert len({r["loss_last"] for r in two}) == 1 and all(number(r["model_step_ms"]) for r in two)
+
+
 def test_sections_hold_numbers(bench):
     data = bench[0]
     assert number(data["sgemm"]["gflops_best"]) and data["sgemm"]["gflops_best"] > 0
@@ -94,7 +115,8 @@ def test_sections_hold_numbers(bench):
     ov = data["overlap"]
     assert ov["device_profile"] == data["device_profile"] == "teach"  # the runtime's default
     # every stage that trains, but activation checkpointing (04's schedule plus a recompute)
-    assert [r["stage"][:2] for r in ov["rows"]] == [s.id for s in STAGES if not (s.forward_only or s.ac)]
+    assert [r["stage"][:2] for r in ov["rows"]] == [s.id for s in STAGES
+                                                    if not (s.forward_only or s.ac or s.pipeline)]
     for r in ov["rows"]:
         assert timing(r["step_ms"]) and timing(r["tokens_per_s"])  # the wall clock: a spread
         m = r["model"]  # the modelled clock: one figure each
@@ -111,7 +133,8 @@ def test_sections_hold_numbers(bench):
     accum = [s.id for s in STAGES if any(f.startswith("--grad-accum") for f in s.flags)]
     mixed = [s.id for s in STAGES if any(f.startswith("--param-dtype") for f in s.flags)]
     # the model has no microbatches and float32 params only
-    assert [r["stage"][:2] for r in mem] == [s.id for s in STAGES if s.id not in accum + mixed]
+    # the model has no microbatches, float32 params only and a whole model per rank
+    assert [r["stage"][:2] for r in mem] == [s.id for s in STAGES if s.id not in accum + mixed and not s.pipeline]
     for r in mem:
         assert r["measured_peak_bytes"] > 0 and r["model_peak_bytes"] > 0 and number(r["ratio_measured_over_model"])
         assert r["replay_peak_bytes"] == r["measured_peak_bytes_rank0"]  # the replay finds the metrics' peak
@@ -157,6 +180,8 @@ def test_sections_hold_numbers(bench):
         # the same copies over a slower PCIe model: a longer modelled step
         slow = off["offload, PCIe 0.05 GB/s"]
         assert base["model"]["model_step_ms"] <= fast["model"]["model_step_ms"] < slow["model"]["model_step_ms"]
+    if any(s.pipeline for s in STAGES):  # pipeline: the bubble against M, PP x FSDP on two links
+        check_pipeline(data["pipeline"])
     g = data["grading"]
     assert "skipped" in g or timing(g["wall_s"])
     assert data["profile"]["rows"] and all(number(r["ms"]) and number(r["model_ms"]) for r in data["profile"]["rows"])

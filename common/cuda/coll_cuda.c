@@ -55,8 +55,8 @@
  * last collective issued on each group.
  *
  * Point to point (p2p.c's groups of dev_send / dev_recv, one op of kind
- * COLL_P2P), also at enqueue on the host thread. local: a mailbox per
- * (sender, receiver), as the CPU thread backends', carrying device
+ * COLL_P2P), also at enqueue on the host thread. local: World.p2p's mailbox
+ * per (sender, receiver), the CPU local backend's (p2p.c), carrying device
  * pointers and events: the sender posts its buffer and `sent` (its stream
  * after its inputs); the receiver's stream waits for `sent`, copies device to
  * device and records `done`, which the sender's stream waits for before it
@@ -438,57 +438,40 @@ static void nccl_collective(Stream *s, const Op *op, const void *send, void *rec
 
 /* ------------------------------------------------------ point to point */
 
-void cuda_p2p_world_init(World *w) {
-    chan_registry_init(&cuda_world(w)->p2p, sizeof(CudaP2PChan), offsetof(CudaP2PChan, mu),
-                       offsetof(CudaP2PChan, cv));
-}
+void cuda_p2p_world_init(World *w) { pthread_mutex_init(&cuda_world(w)->p2p_mu, NULL); }
+
+static void destroy_event(void *e) { CUDA_CHECK(cudaEventDestroy((cudaEvent_t)e)); }
 
 /* After every rank's streams were drained and destroyed: the pooled events,
  * and those of sends whose sender never got to give them back. */
 void cuda_p2p_world_fini(World *w) {
-    ChanRegistry *r = &cuda_world(w)->p2p;
-    for (int i = 0; i < r->n; i++) {
-        CudaP2PChan *c = chan_registry_slot(r, i);
-        for (size_t k = 0; k < c->posted; k++) {
-            if (c->slots[k].sent) CUDA_CHECK(cudaEventDestroy(c->slots[k].sent));
-            if (c->slots[k].done) CUDA_CHECK(cudaEventDestroy(c->slots[k].done));
-        }
-        for (size_t k = 0; k < c->n_pool; k++) CUDA_CHECK(cudaEventDestroy(c->pool[k]));
-        free(c->slots);
-        free(c->pool);
-    }
-    chan_registry_fini(r);
+    struct CudaWorld *cw = cuda_world(w);
+    p2p_drop_tokens(w, destroy_event);
+    for (size_t k = 0; k < cw->n_pool; k++) destroy_event(cw->p2p_pool[k]);
+    free(cw->p2p_pool);
+    pthread_mutex_destroy(&cw->p2p_mu);
 }
 
-/* An event of c's pool, or a new one (c->mu held). */
-static cudaEvent_t p2p_event_get(CudaP2PChan *c) {
-    if (c->n_pool) return c->pool[--c->n_pool];
-    cudaEvent_t e;
-    CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+/* An event of the pool, or a new one. */
+static cudaEvent_t p2p_event_get(struct CudaWorld *cw) {
+    cudaEvent_t e = NULL;
+    pthread_mutex_lock(&cw->p2p_mu);
+    if (cw->n_pool) e = cw->p2p_pool[--cw->n_pool];
+    pthread_mutex_unlock(&cw->p2p_mu);
+    if (!e) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     return e;
 }
 
-/* Back to c's pool (c->mu held): every stream wait on e was issued, and a
- * later record does not change what an issued wait waits for. */
-static void p2p_event_put(CudaP2PChan *c, cudaEvent_t e) {
-    if (c->n_pool == c->pool_cap) {
-        c->pool_cap = c->pool_cap ? 2 * c->pool_cap : 8;
-        c->pool = xrealloc(c->pool, c->pool_cap * sizeof *c->pool);
+/* Back to the pool: every stream wait on e was issued, and a later record
+ * does not change what an issued wait waits for. */
+static void p2p_event_put(struct CudaWorld *cw, cudaEvent_t e) {
+    pthread_mutex_lock(&cw->p2p_mu);
+    if (cw->n_pool == cw->pool_cap) {
+        cw->pool_cap = cw->pool_cap ? 2 * cw->pool_cap : 8;
+        cw->p2p_pool = xrealloc(cw->p2p_pool, cw->pool_cap * sizeof *cw->p2p_pool);
     }
-    c->pool[c->n_pool++] = e;
-}
-
-static int p2p_is_posted(const CudaP2PChan *c, uint64_t k) { return c->posted > k; }
-static int p2p_is_received(const CudaP2PChan *c, uint64_t k) { return c->posted > k && c->slots[k].received; }
-
-/* Wait on c (mu held) until `done` holds; 1 if the deadline (NULL: none) passed first. */
-static int p2p_wait_until(CudaP2PChan *c, const struct timespec *deadline,
-                          int (*done)(const CudaP2PChan *, uint64_t), uint64_t k) {
-    while (!done(c, k)) {
-        if (!deadline) pthread_cond_wait(&c->cv, &c->mu);
-        else if (pthread_cond_timedwait(&c->cv, &c->mu, deadline) == ETIMEDOUT && !done(c, k)) return 1;
-    }
-    return 0;
+    cw->p2p_pool[cw->n_pool++] = e;
+    pthread_mutex_unlock(&cw->p2p_mu);
 }
 
 /* The trace record of a p2p group: named by what moves where (op->name), its
@@ -512,83 +495,43 @@ static TraceRec p2p_trace_rec(Stream *s, const Op *op) {
 static void local_p2p(Stream *s, const Op *op) {
     Dev *d = s->dev;
     World *w = d->world;
+    struct CudaWorld *cw = cuda_world(w);
     cudaStream_t st = cuda_stream(s)->st;
     const P2PBatch *b = op->p2p;
     const int me = d->rank;
-    const double timeout = w->cfg.collective_timeout_s;
-    struct timespec dl, *deadline = NULL;
-    if (timeout > 0) { /* the registry's condition variables run on CLOCK_MONOTONIC */
-        clock_gettime(CLOCK_MONOTONIC, &dl);
-        double whole = (double)(time_t)timeout;
-        dl.tv_sec += (time_t)timeout;
-        dl.tv_nsec += (long)((timeout - whole) * 1e9);
-        if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
-        deadline = &dl;
-    }
-    CudaP2PChan *chans[64];
-    CudaP2PChan **ch = b->n <= 64 ? chans : xmalloc((size_t)b->n * sizeof *ch);
-    for (int i = 0; i < b->n; i++) {
-        const P2PItem *it = &b->items[i];
-        ch[i] = chan_registry_get(&cuda_world(w)->p2p, 0, it->send ? me : it->peer, it->send ? it->peer : me);
-    }
+    struct timespec dl;
+    const struct timespec *deadline = coll_deadline(w->cfg.collective_timeout_s, &dl);
+    P2PChan *chans[64];
+    P2PChan **ch = b->n <= 64 ? chans : xmalloc((size_t)b->n * sizeof *ch);
     OpSpan span;
     if (d->scope.tracing) cuda_span_begin(d, s, &span);
     for (int i = 0; i < b->n; i++) { /* sends: the buffer and the point of s after its inputs */
         const P2PItem *it = &b->items[i];
+        ch[i] = p2p_mailbox(w, it->send ? me : it->peer, it->send ? it->peer : me);
         if (!it->send) continue;
-        CudaP2PChan *c = ch[i];
-        pthread_mutex_lock(&c->mu);
-        if (c->posted != it->seq) fatal("internal: p2p send #%llu posted out of order", (unsigned long long)it->seq);
-        if (c->posted == c->cap) {
-            c->cap = c->cap ? 2 * c->cap : 16;
-            c->slots = xrealloc(c->slots, c->cap * sizeof *c->slots);
-        }
-        CudaP2PSlot *slot = &c->slots[c->posted];
-        *slot = (CudaP2PSlot){it->buf, it->count, it->microbatch, it->label, p2p_event_get(c), p2p_event_get(c), 0};
-        CUDA_CHECK(cudaEventRecord(slot->sent, st));
-        c->posted++;
-        pthread_cond_broadcast(&c->cv);
-        pthread_mutex_unlock(&c->mu);
+        cudaEvent_t sent = p2p_event_get(cw);
+        CUDA_CHECK(cudaEventRecord(sent, st));
+        p2p_post(ch[i], it, 0.0, sent);
     }
     for (int i = 0; i < b->n; i++) { /* receives: after the sender's point, a device copy */
         const P2PItem *it = &b->items[i];
         if (it->send) continue;
-        CudaP2PChan *c = ch[i];
-        pthread_mutex_lock(&c->mu);
-        if (p2p_wait_until(c, deadline, p2p_is_posted, it->seq)) {
-            pthread_mutex_unlock(&c->mu);
-            p2p_timeout(s, op, it, timeout);
-        }
-        CudaP2PSlot *slot = &c->slots[it->seq];
-        if (slot->count != it->count || slot->microbatch != it->microbatch) {
-            CudaP2PSlot copy = *slot;
-            pthread_mutex_unlock(&c->mu);
-            p2p_mismatch(s, it, copy.microbatch, copy.count, copy.label);
-        }
-        CUDA_CHECK(cudaStreamWaitEvent(st, slot->sent, 0));
-        if (it->count && it->buf != slot->buf)
-            CUDA_CHECK(cudaMemcpyAsync(it->buf, slot->buf, it->count * sizeof(float), cudaMemcpyDeviceToDevice, st));
-        CUDA_CHECK(cudaEventRecord(slot->done, st));
-        slot->received = 1;
-        pthread_cond_broadcast(&c->cv);
-        pthread_mutex_unlock(&c->mu);
+        P2PSlot got = p2p_await_send(s, op, ch[i], it, deadline);
+        CUDA_CHECK(cudaStreamWaitEvent(st, (cudaEvent_t)got.sent, 0));
+        if (it->count && it->buf != got.buf)
+            CUDA_CHECK(cudaMemcpyAsync(it->buf, got.buf, it->count * sizeof(float), cudaMemcpyDeviceToDevice, st));
+        cudaEvent_t done = p2p_event_get(cw);
+        CUDA_CHECK(cudaEventRecord(done, st));
+        p2p_mark_received(ch[i], it, 0.0, done);
     }
     for (int i = 0; i < b->n; i++) { /* sends: s goes on once the receiver's copy is done */
         const P2PItem *it = &b->items[i];
         if (!it->send) continue;
-        CudaP2PChan *c = ch[i];
-        pthread_mutex_lock(&c->mu);
-        if (p2p_wait_until(c, deadline, p2p_is_received, it->seq)) {
-            pthread_mutex_unlock(&c->mu);
-            p2p_timeout(s, op, it, timeout);
-        }
-        CudaP2PSlot *slot = &c->slots[it->seq];
-        CUDA_CHECK(cudaStreamWaitEvent(st, slot->done, 0));
+        P2PSlot got = p2p_await_received(s, op, ch[i], it, deadline);
+        CUDA_CHECK(cudaStreamWaitEvent(st, (cudaEvent_t)got.done, 0));
         /* the receiver waited on `sent` before it posted `done`; this was the last wait on either */
-        p2p_event_put(c, slot->sent);
-        p2p_event_put(c, slot->done);
-        slot->sent = slot->done = NULL;
-        pthread_mutex_unlock(&c->mu);
+        p2p_event_put(cw, (cudaEvent_t)got.sent);
+        p2p_event_put(cw, (cudaEvent_t)got.done);
     }
     if (ch != chans) free(ch);
     if (d->scope.tracing) {

@@ -100,37 +100,17 @@ typedef struct {
     ncclUniqueId nccl_id;        /* nccl backend, channel (0, 0, 0): rank 0's id for the world's communicator */
 } CudaChan;
 
-/* local backend, point to point: one send posted by its rank's host thread
- * (coll_cuda.c). `sent` marks the sender's stream after its inputs; `done`
- * the receiver's stream after its copy. Both come from the channel's pool and
- * go back to it once the sender's stream waits on `done` (the last use). */
-typedef struct {
-    const void *buf;
-    size_t count;
-    int microbatch;
-    const char *label;           /* interned */
-    cudaEvent_t sent, done;      /* NULL once returned to the pool */
-    int received;                /* the receiver's copy and `done` are queued */
-} CudaP2PSlot;
-
-/* Sends from one rank to another on one stream index, in issue order
- * (CudaWorld.p2p, keyed (sender, receiver)). */
-typedef struct {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    CudaP2PSlot *slots;          /* [posted], slot k = the k-th send (P2PItem.seq) */
-    size_t posted, cap;
-    cudaEvent_t *pool;           /* events ready for reuse (cudaEventDisableTiming) */
-    size_t n_pool, pool_cap;
-} CudaP2PChan;
-
 /* World.backend */
 struct CudaWorld {
     int ndevices;                /* visible GPUs */
     MpiWorld *mpi;               /* nccl-mpi: the ranks are MPI processes (mpi_world.c); NULL: threads */
     int node_rank, node_size;    /* nccl-mpi: this process among the ranks of its node */
     ChanRegistry chans;          /* CudaChan, for ranks that are threads */
-    ChanRegistry p2p;            /* CudaP2PChan, local backend's point to point */
+    /* local backend, point to point (World.p2p's mailboxes carry their events): events ready for
+     * reuse (cudaEventDisableTiming), shared by the ranks' host threads */
+    pthread_mutex_t p2p_mu;
+    cudaEvent_t *p2p_pool;
+    size_t n_pool, pool_cap;
 };
 
 /* Stream.backend (Event.backend is the cudaEvent_t itself) */
@@ -184,8 +164,8 @@ void cuda_coll_stream_created(Stream *s);
 void cuda_coll_stream_destroy(Stream *s);
 void cuda_stream_join_group(Stream *s, ProcessGroup *g);
 void cuda_coll_enqueue(Stream *s, Op *o);
-/* the local backend's point-to-point mailboxes (CudaWorld.p2p): made with the
- * world, their events destroyed with it */
+/* the local backend's point-to-point events (CudaWorld.p2p_pool, and those a
+ * send left in World.p2p's mailboxes): made with the world, destroyed with it */
 void cuda_p2p_world_init(World *w);
 void cuda_p2p_world_fini(World *w);
 /* nccl backends: group g's communicator and NCCL stream (at its creation, in

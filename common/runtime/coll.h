@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "runtime/runtime.h"
 
@@ -152,9 +153,39 @@ typedef struct P2PBatch {
  * on the intra-node link, or the inter-node one when --ranks-per-node puts
  * them on different nodes. */
 double p2p_link_time_us(const WorldConfig *cfg, int a, int b, size_t bytes);
-/* The CPU and thread backends' execution of a p2p op: a mailbox per
- * (sender, receiver) in World.p2p (p2p.c); returns the modelled start:
- * the latest ready time of this rank and every peer of the group. */
+/* The mailboxes of ranks that are threads (World.p2p; p2p.c), for the CPU's
+ * local backend and the CUDA build's: the k-th send from a to b is slot k of
+ * mailbox (a, b). A slot holds the sender's buffer and modelled readiness and
+ * two tokens a backend may pass along (CUDA: the events that order the two
+ * streams; NULL on the CPU). */
+typedef struct {
+    const void *buf;
+    size_t count;
+    int microbatch;
+    const char *label;
+    double ready_us;      /* the sender's stream was ready (modelled clock) */
+    double peer_ready_us; /* the receiver's, when it took the data */
+    void *sent, *done;    /* the sender's token, the receiver's */
+    int posted, received;
+} P2PSlot;
+typedef struct P2PChan P2PChan;
+P2PChan *p2p_mailbox(World *w, int src, int dst);
+/* The sender posts its item (no wait): a receive may wait for a peer that waits for one of these. */
+void p2p_post(P2PChan *c, const P2PItem *it, double ready_us, void *sent);
+/* The receiver: wait until the matching send is posted (p2p_timeout past the
+ * deadline, NULL: none), check it matches (p2p_mismatch); a copy of its slot.
+ * The buffer stays put until p2p_mark_received. */
+P2PSlot p2p_await_send(Stream *s, const Op *op, P2PChan *c, const P2PItem *it, const struct timespec *deadline);
+void p2p_mark_received(P2PChan *c, const P2PItem *it, double ready_us, void *done);
+/* The sender: wait until its item was received; a copy of the slot, whose
+ * tokens are the sender's from now on (the slot forgets them). */
+P2PSlot p2p_await_received(Stream *s, const Op *op, P2PChan *c, const P2PItem *it, const struct timespec *deadline);
+/* Every token still in a slot (a send never received), for a backend's
+ * teardown before p2p_world_fini. */
+void p2p_drop_tokens(World *w, void (*drop)(void *token));
+/* The CPU local backend's execution of a p2p op through the mailboxes;
+ * returns the modelled start: the latest ready time of this rank and every
+ * peer of the group. */
 double p2p_local_execute(Stream *s, const Op *op, double ready_us);
 /* A p2p item's partner that never came, or one that disagrees: one report
  * (flight recorder included) and exit (p2p.c; the mpi backend's too). */
@@ -189,6 +220,10 @@ void coll_op_describe(Dev *d, Stream *s, Op *o, ProcessGroup *g, CollKind kind, 
  * device.h lead here. */
 void coll_enqueue(ProcessGroup *g, Stream *s, CollKind kind, const void *send, void *recv, size_t count, RedOp op,
                   int root, DType dtype, const char *label);
+/* The deadline of a wait that starts now and may last timeout_s seconds, on
+ * CLOCK_MONOTONIC (the clock the registries' condition variables use), in
+ * *dl; NULL when timeout_s <= 0 (no deadline). */
+const struct timespec *coll_deadline(double timeout_s, struct timespec *dl);
 /* Wait (mu held) until *generation moves past gen; with timeout_s > 0, return
  * 1 (mu still held) if it has not after timeout_s seconds, else 0. */
 int coll_wait_generation(pthread_cond_t *cv, pthread_mutex_t *mu, const uint64_t *generation, uint64_t gen,

@@ -138,20 +138,24 @@ void coll_validate(ProcessGroup *g, Stream *s, int kind, const void *send, const
     if (k->send != COLL_BUF_NONE && k->recv != COLL_BUF_NONE) check_overlap(g, k, send, recv, count, dtype, label);
 }
 
+const struct timespec *coll_deadline(double timeout_s, struct timespec *dl) {
+    if (timeout_s <= 0) return NULL;
+    clock_gettime(CLOCK_MONOTONIC, dl);
+    double whole = (double)(time_t)timeout_s;
+    dl->tv_sec += (time_t)timeout_s;
+    dl->tv_nsec += (long)((timeout_s - whole) * 1e9);
+    if (dl->tv_nsec >= 1000000000L) dl->tv_sec++, dl->tv_nsec -= 1000000000L;
+    return dl;
+}
+
 int coll_wait_generation(pthread_cond_t *cv, pthread_mutex_t *mu, const uint64_t *generation, uint64_t gen,
                          double timeout_s) {
-    if (timeout_s <= 0) {
-        while (*generation == gen) pthread_cond_wait(cv, mu);
-        return 0;
+    struct timespec dl;
+    const struct timespec *deadline = coll_deadline(timeout_s, &dl);
+    while (*generation == gen) {
+        if (!deadline) pthread_cond_wait(cv, mu);
+        else if (pthread_cond_timedwait(cv, mu, deadline) == ETIMEDOUT && *generation == gen) return 1;
     }
-    struct timespec dl; /* the condition variable counts on the monotonic clock */
-    clock_gettime(CLOCK_MONOTONIC, &dl);
-    double whole = (double)(time_t)timeout_s;
-    dl.tv_sec += (time_t)timeout_s;
-    dl.tv_nsec += (long)((timeout_s - whole) * 1e9);
-    if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
-    while (*generation == gen)
-        if (pthread_cond_timedwait(cv, mu, &dl) == ETIMEDOUT && *generation == gen) return 1;
     return 0;
 }
 

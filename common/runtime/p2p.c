@@ -182,30 +182,31 @@ void p2p_mismatch(Stream *s, const P2PItem *it, int sender_microbatch, size_t se
 
 /* ---------------------------------------------- thread backends: mailboxes */
 
-/* One send: its buffer stays put until the receiver took it. */
-typedef struct {
-    const void *buf;
-    size_t count;
-    int microbatch;
-    const char *label;
-    double ready_us;      /* the sender's stream was ready (modelled clock) */
-    double peer_ready_us; /* the receiver's, written when it took the data */
-    int posted, received;
-} P2PSlot;
-
 /* Sends from one rank to another: slot k is its k-th (P2PItem.seq). Streams
  * post them in their own order, so a slot may fill before an earlier one. */
-typedef struct {
+struct P2PChan {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     P2PSlot *slots; /* [cap] zeroed beyond what was posted (never reused: a run has a few thousand) */
     size_t cap;
-} P2PChan;
+};
 
 void p2p_world_init(World *w) {
     ChanRegistry *r = xmalloc(sizeof *r);
     chan_registry_init(r, sizeof(P2PChan), offsetof(P2PChan, mu), offsetof(P2PChan, cv));
     w->p2p = r;
+}
+
+void p2p_drop_tokens(World *w, void (*drop)(void *token)) {
+    ChanRegistry *r = w->p2p;
+    for (int i = 0; r && i < r->n; i++) {
+        P2PChan *c = chan_registry_slot(r, i);
+        for (size_t k = 0; k < c->cap; k++) {
+            if (c->slots[k].sent) drop(c->slots[k].sent);
+            if (c->slots[k].done) drop(c->slots[k].done);
+            c->slots[k].sent = c->slots[k].done = NULL;
+        }
+    }
 }
 
 void p2p_world_fini(World *w) {
@@ -220,7 +221,9 @@ void p2p_world_fini(World *w) {
     w->p2p = NULL;
 }
 
-/* Wait on c (mu held) until `done` holds; 1 if the deadline (0: none) passed first. */
+P2PChan *p2p_mailbox(World *w, int src, int dst) { return chan_registry_get(w->p2p, 0, src, dst); }
+
+/* Wait on c (mu held) until `done` holds; 1 if the deadline (NULL: none) passed first. */
 static int wait_until(P2PChan *c, const struct timespec *deadline, int (*done)(const P2PChan *, uint64_t), uint64_t k) {
     while (!done(c, k)) {
         if (!deadline) pthread_cond_wait(&c->cv, &c->mu);
@@ -231,78 +234,87 @@ static int wait_until(P2PChan *c, const struct timespec *deadline, int (*done)(c
 static int is_posted(const P2PChan *c, uint64_t k) { return c->cap > k && c->slots[k].posted; }
 static int is_received(const P2PChan *c, uint64_t k) { return c->cap > k && c->slots[k].received; }
 
+void p2p_post(P2PChan *c, const P2PItem *it, double ready_us, void *sent) {
+    pthread_mutex_lock(&c->mu);
+    if (it->seq >= c->cap) {
+        size_t ncap = c->cap ? 2 * c->cap : 16;
+        while (ncap <= it->seq) ncap *= 2;
+        c->slots = xrealloc(c->slots, ncap * sizeof *c->slots);
+        memset(c->slots + c->cap, 0, (ncap - c->cap) * sizeof *c->slots);
+        c->cap = ncap;
+    }
+    c->slots[it->seq] = (P2PSlot){.buf = it->buf, .count = it->count, .microbatch = it->microbatch,
+                                  .label = it->label, .ready_us = ready_us, .sent = sent, .posted = 1};
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+P2PSlot p2p_await_send(Stream *s, const Op *op, P2PChan *c, const P2PItem *it, const struct timespec *deadline) {
+    pthread_mutex_lock(&c->mu);
+    if (wait_until(c, deadline, is_posted, it->seq)) {
+        pthread_mutex_unlock(&c->mu);
+        p2p_timeout(s, op, it, s->dev->world->cfg.collective_timeout_s);
+    }
+    P2PSlot got = c->slots[it->seq];
+    pthread_mutex_unlock(&c->mu);
+    if (got.count != it->count || got.microbatch != it->microbatch)
+        p2p_mismatch(s, it, got.microbatch, got.count, got.label);
+    return got;
+}
+
+void p2p_mark_received(P2PChan *c, const P2PItem *it, double ready_us, void *done) {
+    pthread_mutex_lock(&c->mu);
+    c->slots[it->seq].peer_ready_us = ready_us;
+    c->slots[it->seq].done = done;
+    c->slots[it->seq].received = 1;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+P2PSlot p2p_await_received(Stream *s, const Op *op, P2PChan *c, const P2PItem *it, const struct timespec *deadline) {
+    pthread_mutex_lock(&c->mu);
+    if (wait_until(c, deadline, is_received, it->seq)) {
+        pthread_mutex_unlock(&c->mu);
+        p2p_timeout(s, op, it, s->dev->world->cfg.collective_timeout_s);
+    }
+    P2PSlot got = c->slots[it->seq];
+    c->slots[it->seq].sent = c->slots[it->seq].done = NULL; /* the sender's now */
+    pthread_mutex_unlock(&c->mu);
+    return got;
+}
+
+/* The CPU's execution: every send of the group posted first (a receive below
+ * may wait for a peer that waits for one of these), then each receive copies
+ * the sender's buffer, then each send waits until it was received (the
+ * sender's stream may reuse its buffer only then). */
 double p2p_local_execute(Stream *s, const Op *op, double ready_us) {
     flight_set(s, op, FLIGHT_STARTED);
     P2PBatch *b = op->p2p;
     World *w = s->dev->world;
     const int me = s->dev->rank, run = !w->cfg.dry_run;
-    const double timeout = w->cfg.collective_timeout_s;
-    struct timespec dl, *deadline = NULL;
-    if (timeout > 0) {
-        clock_gettime(CLOCK_MONOTONIC, &dl);
-        double whole = (double)(time_t)timeout;
-        dl.tv_sec += (time_t)timeout;
-        dl.tv_nsec += (long)((timeout - whole) * 1e9);
-        if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
-        deadline = &dl;
-    }
+    struct timespec dl;
+    const struct timespec *deadline = coll_deadline(w->cfg.collective_timeout_s, &dl);
     double start_us = ready_us;
     P2PChan *chans[64];
     P2PChan **ch = b->n <= 64 ? chans : xmalloc((size_t)b->n * sizeof *ch);
     for (int i = 0; i < b->n; i++) {
         const P2PItem *it = &b->items[i];
-        ch[i] = chan_registry_get(w->p2p, 0, it->send ? me : it->peer, it->send ? it->peer : me);
-    }
-    /* every send of the group first: a receive below may wait for a peer that waits for one of these */
-    for (int i = 0; i < b->n; i++) {
-        const P2PItem *it = &b->items[i];
-        if (!it->send) continue;
-        P2PChan *c = ch[i];
-        pthread_mutex_lock(&c->mu);
-        if (it->seq >= c->cap) {
-            size_t ncap = c->cap ? 2 * c->cap : 16;
-            while (ncap <= it->seq) ncap *= 2;
-            c->slots = xrealloc(c->slots, ncap * sizeof *c->slots);
-            memset(c->slots + c->cap, 0, (ncap - c->cap) * sizeof *c->slots);
-            c->cap = ncap;
-        }
-        c->slots[it->seq] = (P2PSlot){it->buf, it->count, it->microbatch, it->label, ready_us, 0, 1, 0};
-        pthread_cond_broadcast(&c->cv);
-        pthread_mutex_unlock(&c->mu);
+        ch[i] = p2p_mailbox(w, it->send ? me : it->peer, it->send ? it->peer : me);
+        if (it->send) p2p_post(ch[i], it, ready_us, NULL);
     }
     for (int i = 0; i < b->n; i++) {
         const P2PItem *it = &b->items[i];
         if (it->send) continue;
-        P2PChan *c = ch[i];
-        pthread_mutex_lock(&c->mu);
-        if (wait_until(c, deadline, is_posted, it->seq)) {
-            pthread_mutex_unlock(&c->mu);
-            p2p_timeout(s, op, it, timeout);
-        }
-        P2PSlot *slot = &c->slots[it->seq];
-        if (slot->count != it->count || slot->microbatch != it->microbatch) {
-            P2PSlot copy = *slot;
-            pthread_mutex_unlock(&c->mu);
-            p2p_mismatch(s, it, copy.microbatch, copy.count, copy.label);
-        }
-        if (run && it->count) memcpy(it->buf, slot->buf, it->count * sizeof(float));
-        if (slot->ready_us > start_us) start_us = slot->ready_us;
-        slot->peer_ready_us = ready_us;
-        slot->received = 1;
-        pthread_cond_broadcast(&c->cv);
-        pthread_mutex_unlock(&c->mu);
+        P2PSlot got = p2p_await_send(s, op, ch[i], it, deadline);
+        if (run && it->count) memcpy(it->buf, got.buf, it->count * sizeof(float));
+        if (got.ready_us > start_us) start_us = got.ready_us;
+        p2p_mark_received(ch[i], it, ready_us, NULL);
     }
     for (int i = 0; i < b->n; i++) {
         const P2PItem *it = &b->items[i];
         if (!it->send) continue;
-        P2PChan *c = ch[i];
-        pthread_mutex_lock(&c->mu);
-        if (wait_until(c, deadline, is_received, it->seq)) {
-            pthread_mutex_unlock(&c->mu);
-            p2p_timeout(s, op, it, timeout);
-        }
-        if (c->slots[it->seq].peer_ready_us > start_us) start_us = c->slots[it->seq].peer_ready_us;
-        pthread_mutex_unlock(&c->mu);
+        P2PSlot got = p2p_await_received(s, op, ch[i], it, deadline);
+        if (got.peer_ready_us > start_us) start_us = got.peer_ready_us;
     }
     if (ch != chans) free(ch);
     flight_set(s, op, FLIGHT_COMPLETED);

@@ -18,6 +18,7 @@ import subprocess
 
 import pytest
 
+from gradelib.checks import activation_peaks
 from helpers import BASELINE, CORPUS, ROOT, SOLVED, metrics, run_train, snapshot, solution_bin, trace_events
 
 # the pipeline stages, by what the manifest says of them: the one that keeps the params between passes (12's
@@ -57,18 +58,7 @@ def test_pipeline_equals_one_rank_accumulating(tmp_path, schedule, layers):
 
 def live_activation_peak(out, rank, step):
     """The most bytes tagged activation live at once on `rank` during `step` (0-based), from its snapshot."""
-    live, cur, peak = {}, 0, 0
-    for e in snapshot(out, rank)["events"]:
-        if e.get("action") == "alloc" and e.get("tag") == "activation":
-            live[e["addr"]] = e["size"]
-            cur += e["size"]
-        elif e.get("action") in ("free", "free_completed") and e.get("addr") in live:
-            cur -= live.pop(e["addr"])
-        else:
-            continue
-        if e.get("step") == step:
-            peak = max(peak, cur)
-    return peak
+    return activation_peaks(snapshot(out, rank)["events"], step + 1)[step][0]
 
 
 def test_gpipe_holds_every_microbatch_and_1f1b_at_most_p(tmp_path):

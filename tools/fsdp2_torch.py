@@ -479,12 +479,17 @@ def local_shards(model, opt):
     return out
 
 
-def run_rank(rank, job):
-    """One process: join the gloo group, shard, train, write rank<r>.json and shards_rank<r>.safetensors."""
-    from torch.distributed.device_mesh import init_device_mesh
+def join_gloo(rank, job):
+    """This process's threads and its place in the job's gloo process group."""
     torch.set_num_threads(job["threads"])
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % job["port"], rank=rank,
                             world_size=job["world"], timeout=datetime.timedelta(seconds=job["timeout_s"]))
+
+
+def run_rank(rank, job):
+    """One process: join the gloo group, shard, train, write rank<r>.json and shards_rank<r>.safetensors."""
+    from torch.distributed.device_mesh import init_device_mesh
+    join_gloo(rank, job)
     try:
         if job.get("mesh"):  # HSDP: R replicas x S shards, rank i*S + j
             mesh = init_device_mesh("cpu", tuple(job["mesh"]), mesh_dim_names=("replicate", "shard"))
@@ -723,9 +728,7 @@ def run_pipeline_rank(rank, job):
     """One process of a pipeline run: its stage's module, PipelineStage, the schedule; writes rank<r>.json."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.pipelining import PipelineStage
-    torch.set_num_threads(job["threads"])
-    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % job["port"], rank=rank,
-                            world_size=job["world"], timeout=datetime.timedelta(seconds=job["timeout_s"]))
+    join_gloo(rank, job)
     try:
         pl = job["pipeline"]
         P, M, W = pl["pp"], pl["microbatches"], job["world"]

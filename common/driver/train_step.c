@@ -151,7 +151,6 @@ static float train_step(Trainer *t, int s) {
     if (t->pipe) { /* --pp: the student's schedule runs the microbatches (pipeline.c) */
         pipe_run_step(t->pipe, s);
         if (s == t->flags.step) flag_check_end(t->dev, &t->flags);
-        at(t, s, "step", "optimizer");
         HOOK(t, s, "optimizer", "optimizer",
              grad_norm = fsdp_optimizer_step(t->fsdp, lr_at_step(&t->opt->optim, s), s + 1));
         return grad_norm;
@@ -188,7 +187,7 @@ static void trainer_init(Trainer *t, Dev *dev, const TrainJob *job, DeviceMesh *
         init += first;
     }
     size_t N = o->batch_size * o->seq_len;
-    *t = (Trainer){.dev = dev, .opt = o, .model = m, .full = full, .init = init};
+    *t = (Trainer){.dev = dev, .opt = o, .model = m, .full = full};
     at(t, -1, "init", "init");
     for (int i = 0; i < m->n_modules; i++)
         for (int j = 0; j < m->modules[i].n_params; j++) {

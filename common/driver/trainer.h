@@ -18,7 +18,6 @@ typedef struct {
     const Options *opt;
     Model *model;                       /* what the hooks see: the whole model, or with --pp this stage's modules */
     Model *full;                        /* the whole model (== model without --pp) */
-    const float *init;                  /* [model->n_params_total] the initial weights of model's params */
     Fsdp *fsdp;
     ModelRun run;
     Probes probes;

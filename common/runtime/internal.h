@@ -61,7 +61,7 @@ struct Op {
     uint64_t coll_seq;          /* per-stream collective number */
     CollDesc coll;
     const char *label;          /* collective: interned label (trace name prefix) */
-    ProcessGroup *pg;           /* collective: its group */
+    ProcessGroup *pg;           /* collective: its group (a p2p group: NULL, its peers are its items') */
     CollChannel *chan;          /* collective, local backend: the (stream, group) rendezvous */
     struct P2PBatch *p2p;       /* a point-to-point group (coll.kind COLL_P2P): its items; the worker frees it */
     union {

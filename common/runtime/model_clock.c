@@ -67,7 +67,7 @@ void clock_trace_op(Stream *s, const Op *op, const char *prefix, const char *cat
     TraceRec r = {.prefix = prefix, .name = op->name, .module = op->module, .phase = op->phase, .cat = cat,
                   .stream = s->index, .step = op->step, .ts = start_us, .dur = end_us - start_us, .bytes = op->bytes,
                   .micro = op->micro, .dtype = op->kind == OP_COLL ? coll_dtype_name(op->coll.dtype) : NULL,
-                  .group = op->kind == OP_COLL && op->pg && op->coll.kind != COLL_P2P ? op->pg->name : NULL,
+                  .group = op->kind == OP_COLL && op->pg ? op->pg->name : NULL,
                   .p2p = op->kind == OP_COLL && op->coll.kind == COLL_P2P ? op->label : NULL,
                   .op = op->kind == OP_COLL ? coll_op_name(op->coll.kind, op->coll.op) : NULL, .flops = op->flops, .wall = 1,
                   .wall_ts = wall0_us - epoch, .wall_dur = wall1_us - wall0_us};

@@ -67,12 +67,10 @@ static void enqueue_batch(Dev *d, P2PBatch *b) {
     Op o;
     op_init(s, &o, OP_COLL, human); /* the trace's name: what moves where */
     o.label = dev_intern(d, wire);  /* the flight recorder's and the trace's "p2p" arg: send|recv peer microbatch label */
-    o.pg = dev_world_group(d);
-    o.coll.kind = COLL_P2P;
+    o.coll.kind = COLL_P2P; /* no process group (Op.pg NULL): its peers are its items' */
     o.coll.count = total;
     o.coll.dtype = DTYPE_F32;
     snprintf(o.coll.label, sizeof o.coll.label, "%s", b->items[0].label);
-    snprintf(o.coll.group_name, sizeof o.coll.group_name, "world");
     o.bytes = total * sizeof(float);
     o.cost_us = cost;
     o.p2p = b;

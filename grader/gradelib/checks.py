@@ -1513,7 +1513,7 @@ def check_pp_schedule(ctx):
         "1F1B" if pl.schedule == "1f1b" else "GPipe", pl.P, pl.M)
 
 
-def _bubble(traces, step, world):
+def pipeline_bubble(traces, step, world):
     """(mean idle share of the ranks' compute, the window) over one step on the modelled clock: the window runs
     from the step's first forward kernel on any rank to its last backward kernel; each rank's busy time is the
     union of its forward, backward and recompute kernels inside it."""
@@ -1543,8 +1543,8 @@ def check_pp_bubble(ctx):
     mine = {r: ctx.trace(r) for r in range(ctx.world)}
     worst = None
     for step in _profiled_steps(ctx):
-        got, window = _bubble(mine, step, ctx.world)
-        want, _ = _bubble(ref, step, ctx.world)
+        got, window = pipeline_bubble(mine, step, ctx.world)
+        want, _ = pipeline_bubble(ref, step, ctx.world)
         if want is None:
             raise CheckFailed("the reference trace %s has no forward or backward kernel in step %d (instructors: "
                               "make reference)" % (relpath(os.path.join(ctx.reference_dir(), "trace.json.gz")), step + 1))
@@ -1562,7 +1562,7 @@ def check_pp_bubble(ctx):
     return "bubble %.1f%% (ideal (P-1)/(M+P-1) = %.1f%%)" % (100 * worst, 100 * pl.ideal_bubble())
 
 
-def _activation_peaks(events, steps):
+def activation_peaks(events, steps):
     """{step: (peak live bytes tagged activation, live at the step's start, live at its end)} of the training
     steps 0 .. steps-1, from a snapshot."""
     live, cur, out = {}, 0, {}
@@ -1609,8 +1609,8 @@ def check_pp_activations(ctx):
                        "1F1B starts a backward as soon as the last stage can, so stage p never holds more than P - p "
                        "(GPipe holds every microbatch on every stage)" if pl.schedule == "1f1b" else
                        "GPipe runs every forward before any backward"))
-        mine = _activation_peaks(ctx.memory(r).get("events", []), ctx.steps)
-        ref = _activation_peaks(ctx.reference_memory(r).get("events", []), ctx.steps)
+        mine = activation_peaks(ctx.memory(r).get("events", []), ctx.steps)
+        ref = activation_peaks(ctx.reference_memory(r).get("events", []), ctx.steps)
         for step in sorted(ref):
             if step not in mine:
                 raise CheckFailed("rank %d's memory snapshot has no step %d" % (r, step + 1))
@@ -1631,7 +1631,7 @@ def check_pp_frees(ctx):
     """Every activation of a step is gone when the step ends: the live activation bytes at each step's end are
     those at its start (what the runtime keeps: the batch's tokens), on every rank."""
     for r in range(ctx.world):
-        steps = _activation_peaks(ctx.memory(r).get("events", []), ctx.steps)
+        steps = activation_peaks(ctx.memory(r).get("events", []), ctx.steps)
         if not steps:
             raise CheckFailed("rank %d's memory snapshot has no step" % r)
         for step in sorted(steps):

@@ -158,17 +158,21 @@ class Context:
             return data
         return self._memo(("mem", rank), load)
 
+    def _reference_gz(self, name):
+        """A gzipped JSON file of the reference run (the reference log; instructors: make reference)."""
+        path = os.path.join(self.reference_dir(), name)
+        try:
+            with gzip.open(path, "rt", encoding="utf-8") as fh:
+                return path, json.load(fh)
+        except FileNotFoundError:
+            raise CheckFailed("%s is missing (the reference log; instructors: make reference)" % relpath(path))
+        except (OSError, EOFError, ValueError, RecursionError) as e:
+            raise CheckFailed("%s cannot be read (%s): instructors: make reference" % (relpath(path), e))
+
     def reference_memory(self, rank):
         """The reference's snapshot of the rank (memory_rank<r>.json.gz), events checked to be objects."""
         def load():
-            path = os.path.join(self.reference_dir(), "memory_rank%d.json.gz" % rank)
-            try:
-                with gzip.open(path, "rt", encoding="utf-8") as fh:
-                    data = json.load(fh)
-            except FileNotFoundError:
-                raise CheckFailed("%s is missing (the reference log; instructors: make reference)" % relpath(path))
-            except (OSError, EOFError, ValueError, RecursionError) as e:
-                raise CheckFailed("%s cannot be read (%s): instructors: make reference" % (relpath(path), e))
+            path, data = self._reference_gz("memory_rank%d.json.gz" % rank)
             events = data.get("events") if isinstance(data, dict) else None
             if not isinstance(events, list) or not all(isinstance(e, dict) for e in events):
                 raise CheckFailed("%s has no list of events (instructors: make reference)" % relpath(path))
@@ -178,14 +182,7 @@ class Context:
     def reference_trace(self):
         """{rank: [slice]} of the reference's trace (trace.json.gz: every rank, pid = rank), its "X" events."""
         def load():
-            path = os.path.join(self.reference_dir(), "trace.json.gz")
-            try:
-                with gzip.open(path, "rt", encoding="utf-8") as fh:
-                    data = json.load(fh)
-            except FileNotFoundError:
-                raise CheckFailed("%s is missing (the reference log; instructors: make reference)" % relpath(path))
-            except (OSError, EOFError, ValueError, RecursionError) as e:
-                raise CheckFailed("%s cannot be read (%s): instructors: make reference" % (relpath(path), e))
+            path, data = self._reference_gz("trace.json.gz")
             events = data.get("traceEvents") if isinstance(data, dict) else None
             if not isinstance(events, list):
                 raise CheckFailed("%s has no traceEvents (instructors: make reference)" % relpath(path))

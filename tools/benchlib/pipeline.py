@@ -16,7 +16,7 @@ Numbers only, never asserted. Rendered by render().
 import json
 import os
 
-from trace_names import COMPUTE
+from gradelib.checks import activation_peaks, pipeline_bubble
 
 from .figures import MIB, fmt_mib, section
 from .measure import first_stage, log
@@ -32,45 +32,17 @@ def _accum_stage():
 
 
 def bubble(run_dir, world, step):
-    """The stages' mean idle share of `step` on the modelled clock: the window from the step's first forward
-    kernel on any rank to its last backward kernel, each rank's union of forward, backward and recompute kernels
-    inside it (the grader's pp_bubble)."""
-    spans, lo, hi = {}, None, None
-    events = trace_events(run_dir)
-    for r in range(world):
-        iv = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("pid") == r and e.get("cat") == COMPUTE
-                    and e["args"].get("step") == step and e["args"].get("phase") in ("forward", "backward", "recompute"))
-        merged = []
-        for a, b in iv:
-            if merged and a <= merged[-1][1]:
-                merged[-1][1] = max(merged[-1][1], b)
-            else:
-                merged.append([a, b])
-        spans[r] = merged
-        for a, b in merged:
-            lo = a if lo is None else min(lo, a)
-            hi = b if hi is None else max(hi, b)
-    if lo is None:
-        return None
-    return sum(1 - sum(b - a for a, b in spans[r]) / (hi - lo) for r in range(world)) / world
+    """The stages' mean idle share of `step` on the modelled clock, as the grader's pp_bubble measures it."""
+    traces = {}
+    for e in trace_events(run_dir):
+        traces.setdefault(e.get("pid"), []).append(e)
+    return pipeline_bubble(traces, step, world)[0]
 
 
 def activation_peak(run_dir, rank, step):
     """The most bytes tagged activation live at once on `rank` during `step`, from its memory snapshot."""
     with open(os.path.join(run_dir, "memory_rank%d.json" % rank)) as fh:
-        events = json.load(fh)["events"]
-    live, cur, peak = {}, 0, 0
-    for e in events:
-        if e.get("action") == "alloc" and e.get("tag") == "activation":
-            live[e["addr"]] = e["size"]
-            cur += e["size"]
-        elif e.get("action") in ("free", "free_completed") and e.get("addr") in live:
-            cur -= live.pop(e["addr"])
-        else:
-            continue
-        if e.get("step") == step:
-            peak = max(peak, cur)
-    return peak
+        return activation_peaks(json.load(fh)["events"], step + 1)[step][0]
 
 
 def _last(met, key):

@@ -31,25 +31,28 @@ class Check:
               others compare with the grading configuration's runs or with the stage's schedule);
               "every": a stage that grades it grades it on its main run and on every variant by itself
               (no variant lists it), the check deciding where it applies
+    clock     True: it judges how long things took (the trace's ts and dur), which only the modelled clock
+              makes a property of the program; grade.py --cuda leaves it out of the score (cli.GPU_CLOCK_NOT_GRADED).
+              A check that reads only the order of events (ts as a sort key) is not a clock check.
     """
 
-    def __init__(self, key, fn, label, variants):
-        self.key, self.fn, self.label, self.variants = key, fn, label, variants
+    def __init__(self, key, fn, label, variants, clock=False):
+        self.key, self.fn, self.label, self.variants, self.clock = key, fn, label, variants, clock
 
     def __call__(self, ctx):
         return self.fn(ctx)
 
 
-def check(key, *, label, variants=False):
+def check(key, *, label, variants=False, clock=False):
     """Register the decorated function as the check `key`, printed as `label` (students and the reference
-    outputs see it: never change one lightly)."""
+    outputs see it: never change one lightly); clock=True if it judges durations (Check.clock)."""
     assert variants in (False, True, "every"), variants
     def register(fn):
         if key in CHECKS:
             raise ValueError("two checks named %s" % key)
         if label in (c.label for c in CHECKS.values()):
             raise ValueError("two checks labelled %s" % label)
-        CHECKS[key] = Check(key, fn, label, variants)
+        CHECKS[key] = Check(key, fn, label, variants, clock)
         return fn
     return register
 
@@ -721,7 +724,7 @@ def _register_overlap_checks():
         def fn(ctx, key=key):
             return _overlap(ctx, key)
         fn.__name__ = "check_" + key
-        check(key, label=k.what + " overlap", variants="every")(fn)
+        check(key, label=k.what + " overlap", variants="every", clock=True)(fn)
 
 
 _register_overlap_checks()
@@ -1532,7 +1535,7 @@ def pipeline_bubble(traces, step, world):
     return sum(idle) / world, hi - lo
 
 
-@check("pp_bubble", label="pipeline bubble", variants=True)
+@check("pp_bubble", label="pipeline bubble", variants=True, clock=True)
 def check_pp_bubble(ctx):
     """The share of each step the stages' compute idles (the bubble), on the modelled clock, against the
     reference run of the same configuration: deterministic on both sides, so a schedule that waits more than

@@ -14,7 +14,7 @@ import time
 
 import manifest
 
-from .checks import CHECKS, OVERLAP_CHECKS, run_check
+from .checks import CHECKS, run_check
 from .context import Context
 from .rubric import (RUBRIC_PATH, load_rubric, parse_stage, stage_config, stage_flags, stage_variants,
                      variant_label)
@@ -36,14 +36,20 @@ def say(line, stream=None):
         os.dup2(devnull, stream.fileno())
 
 
-# Why grade.py --cuda leaves the overlap checks out of the score (measured on an H100, make gpu-check): with
-# the ranks sharing one GPU, a collective is device copies that take microseconds, and at the grading size
-# the host's kernel launches pace the GPU, so even the solution reads 0.0% of its compute under an
-# all-gather (3.8% at the 1B flavor, sequence 512). A GPU's clock there says nothing about the schedule;
-# the modelled clock (grade.py without --cuda) judges it the same on every run.
-GPU_OVERLAP_NOT_GRADED = ("on one GPU at the grading size the solution itself overlaps nothing measurable (its "
-                          "collectives are microsecond device copies and kernel launches pace the GPU): grade.py "
-                          "without --cuda judges overlap on the modelled clock")
+# Why grade.py --cuda leaves the clock checks (Check.clock: overlap, the pipeline bubble) out of the score,
+# measured on an H100 (make gpu-check): the ranks share one GPU, so their kernels take turns on it; a
+# collective is device copies that take microseconds; at the grading size the host's kernel launches pace the
+# GPU. The solution itself reads 0.0% of its compute under an all-gather (3.8% at the 1B flavour, sequence
+# 512), and stage 11's solution a 56% pipeline bubble where its schedule idles 38% on the modelled clock.
+# A GPU's clock there says nothing about the schedule; the modelled clock judges it the same on every run.
+GPU_CLOCK_NOT_GRADED = ("on one GPU the ranks' kernels take turns and kernel launches pace the GPU at the grading "
+                        "size, so its clock says nothing about your schedule (the solution itself reads 0.0% "
+                        "overlap there): grade.py without --cuda judges this on the modelled clock")
+
+
+def not_graded(key, cuda):
+    """Why the check `key` is left out of the score on this backend, or None if it is graded."""
+    return GPU_CLOCK_NOT_GRADED if cuda and CHECKS[key].clock else None
 
 
 def grade_stage(rubric, stage, src, out_root, ref_root, runner, baselines):
@@ -103,9 +109,10 @@ def grade_stage(rubric, stage, src, out_root, ref_root, runner, baselines):
     ungraded = {}
     for key, points in spec["checks"].items():
         name = CHECKS[key].label
-        if runner.cuda and key in OVERLAP_CHECKS:  # judged on the modelled clock only (GPU_OVERLAP_NOT_GRADED)
+        skip = not_graded(key, runner.cuda)
+        if skip:
             checks.append({"key": key, "name": name, "ok": None, "points": 0, "max_points": 0,
-                           "reason": GPU_OVERLAP_NOT_GRADED, "detail": "", "seconds": 0.0})
+                           "reason": skip, "detail": "", "seconds": 0.0})
             continue
         t1 = time.monotonic()
         ok, reason, detail = _grade_check(ctx, key)
@@ -129,7 +136,7 @@ def grade_stage(rubric, stage, src, out_root, ref_root, runner, baselines):
                        "reason": reason, "detail": detail, "seconds": round(seconds, 3)})
     gpu_skipped = [c["name"] for c in checks if c["ok"] is None]
     if gpu_skipped:
-        say("%s not graded with --cuda: %s (%s)" % (prefix, ", ".join(gpu_skipped), GPU_OVERLAP_NOT_GRADED))
+        say("%s not graded with --cuda: %s (%s)" % (prefix, ", ".join(gpu_skipped), GPU_CLOCK_NOT_GRADED))
     for v, names in ungraded.items():
         say("%s not graded (%s): %s" % (prefix, "the run failed" if v is None else "the run on %s failed"
                                          % variant_label(rubric, v), ", ".join(names)))

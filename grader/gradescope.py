@@ -23,6 +23,7 @@ import time
 import manifest
 from gradelib.checks import CHECKS
 from gradelib.classroom import MAX_FILE, collect
+from gradelib.runner import reachable_temp_dir
 from gradelib.util import NOT_GRADED, fmt_points, one_line
 
 ROOT = manifest.ROOT
@@ -123,8 +124,11 @@ def main(argv=None):
         notes.append("No hw_fsdp.c found for %s: upload stages/NN_name/hw_fsdp.c (your copy's layout)%s."
                      % (", ".join(missing), ", or just hw_fsdp.c" if len(stages) == 1 else ""))
 
-    work = tempfile.mkdtemp(prefix="hwfsdp-grade-")
-    os.chmod(work, 0o755)  # the sandbox's user reaches its runs through it
+    # the sandbox's user reaches its runs through it (a $TMPDIR out of its reach is passed over)
+    work = reachable_temp_dir("hwfsdp-grade-")
+    if work is None:
+        work = tempfile.mkdtemp(prefix="hwfsdp-grade-")  # grade.py then says what is out of reach
+        os.chmod(work, 0o755)
     results = None
     try:
         for d, data in files.items():

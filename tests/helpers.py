@@ -86,6 +86,23 @@ def require_torch(what):
                     % (sys.executable, e, what), allow_module_level=True)
 
 
+def sandbox_tmp(request, prefix):
+    """A fresh folder (mode 755, removed after the test) that the grader sandbox's users can reach, for the
+    tests whose runs are theirs (grade.py --class, Gradescope). Not under build/: a clone in a mode-700 home
+    (root's /root) is out of their reach, and pytest's own tmp folders are private (0700). Skipped, with the
+    reason, where no temp folder is reachable."""
+    import shutil
+
+    import pytest
+    from gradelib.runner import reachable_temp_dir
+    path = reachable_temp_dir(prefix)
+    if path is None:
+        pytest.skip("no temp folder the grader sandbox's users can reach ($TMPDIR, /var/tmp and /tmp each need "
+                    "o+x on every folder above them)")
+    request.addfinalizer(lambda: shutil.rmtree(path, ignore_errors=True))
+    return path
+
+
 def overlap_of(stage, run_dir, key, variant=None, world=None):
     """The OverlapFigures of overlap check `key` on the run in run_dir, read with the grader's own function
     (world: the run's, where it is not the grading configuration's)."""

@@ -14,7 +14,6 @@ import shutil
 import subprocess
 import sys
 import tarfile
-import tempfile
 
 import pytest
 
@@ -22,7 +21,7 @@ import class_fixtures as cf
 import manifest
 from gradelib import classroom
 from gradelib.util import fmt_points
-from helpers import BUILD, ROOT, SOLVED, assert_overlap_figures
+from helpers import ROOT, SOLVED, assert_overlap_figures, sandbox_tmp
 
 STAGES = [s.id for s in SOLVED[:2]]  # stages 01-02: the misbehaving submissions need no more
 # under load: the first stage with both overlap checks, and the one whose solution reads the lowest figures
@@ -55,12 +54,9 @@ def _procs_mentioning(text):
 
 
 def _reachable_tmp(request):
-    """A fresh folder under build/ the sandbox's users can reach (pytest's own tmp folders are private, 0700)."""
-    os.makedirs(BUILD, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix="test-class-", dir=BUILD)
-    os.chmod(tmp, 0o755)
-    request.addfinalizer(lambda: shutil.rmtree(tmp, ignore_errors=True))
-    return pathlib.Path(tmp)
+    """A fresh folder the sandbox's users can reach (helpers.sandbox_tmp: not in the clone, which may sit in a
+    mode-700 home)."""
+    return pathlib.Path(sandbox_tmp(request, "test-class-"))
 
 
 @pytest.fixture(scope="module")
@@ -245,6 +241,76 @@ def test_inputs_changed_and_restored(tmp_path):
     assert sorted(changed) == sorted([str(ref / "stage01" / "metrics.jsonl"), str(ref / "extra.json")])
     inputs.restore(changed)
     assert inputs.changed() == [] and (ref / "stage01" / "metrics.jsonl").read_text() == "good\n"
+
+
+# grade.py with its default out folder (gradelib.cli.DEFAULT_OUT) moved to argv[1]; its own arguments follow
+GRADE_WITH_DEFAULT = ("import sys; sys.path.insert(0, %r); from gradelib import cli; cli.DEFAULT_OUT = sys.argv[1]; "
+                      "sys.exit(cli.main(sys.argv[2:]))" % os.path.join(ROOT, "grader"))
+
+
+def _out_of_reach_default(tmp_path):
+    """A run of grade.py (args -> CompletedProcess) whose default grade-runs/ is as in a clone in a mode-700
+    home (root's /root): out of the sandbox's users' reach. Root only: without root the runs are not theirs
+    and the default stays."""
+    if os.geteuid() != 0:
+        pytest.skip("as root only: without root the runs are not a sandbox user's and grade-runs/ stays the default")
+    home = tmp_path / "home"
+    home.mkdir()
+    home.chmod(0o700)
+    default = home / "hw" / "grade-runs"
+
+    def grade(*args):
+        return subprocess.run([sys.executable, "-c", GRADE_WITH_DEFAULT, str(default)] + [str(a) for a in args],
+                              cwd=ROOT, capture_output=True, text=True, timeout=600)
+    return home, default, grade
+
+
+def _fallback_said(request, stdout, home):
+    """The one line naming where the runs went instead of the default (removed after the test)."""
+    said = [line for line in stdout.splitlines() if "cannot reach" in line]
+    assert len(said) == 1 and ("no o+x on %s" % home) in said[0], stdout
+    fallback = said[0].rsplit(" go to ", 1)[1]
+    request.addfinalizer(lambda: shutil.rmtree(fallback, ignore_errors=True))
+    assert os.path.isdir(fallback) and not fallback.startswith(str(home)), said
+    return fallback
+
+
+def test_class_default_out_out_of_reach_goes_to_a_temp_folder(request, tmp_path):
+    """From a clone in a mode-700 home, grade.py --class without --out grades into a fresh folder in /tmp
+    that the sandbox's users can reach, said in one line; an --out given there is refused in one line, before
+    anything is graded."""
+    home, default, grade = _out_of_reach_default(tmp_path)
+    klass = tmp_path / "submissions"
+    cf.write_tree(str(klass / "alice"), STAGES[:1])
+    p = grade("--class", klass, "--stage", STAGES[0])
+    out = p.stdout
+    assert p.returncode == 0, out + p.stderr
+    fallback = _fallback_said(request, out, home)
+    assert "reports go to %s" % fallback in out and "runs in %s" % fallback in out, out
+    rows = list(csv.reader(open(os.path.join(fallback, "scores.csv"))))
+    full = fmt_points(sum(SOLVED[0].checks.values()))
+    assert rows[1] == ["alice", full, full, full, "0"], out
+    assert not os.path.exists(str(default))
+
+    p = grade("--class", klass, "--stage", STAGES[0], "--out", default)
+    assert p.returncode == 2 and p.stdout == "", p.stdout + p.stderr
+    assert p.stderr.strip() == ("grade.py: error: the sandbox's users cannot reach %s (they need o+x on %s): "
+                                "choose another --out" % (default, home)), p.stderr
+    assert not os.path.exists(str(default / "alice"))
+
+
+def test_sandbox_default_out_out_of_reach_goes_to_a_temp_folder(request, tmp_path):
+    """The same for grade.py --sandbox (one grader): its default grade-runs/ out of reach, the runs and
+    results.json go to a fresh folder in /tmp, said in one line."""
+    home, default, grade = _out_of_reach_default(tmp_path)
+    p = grade("--sandbox", "--solutions", "--stage", STAGES[0])
+    out = p.stdout
+    assert p.returncode == 0, out + p.stderr
+    fallback = _fallback_said(request, out, home)
+    assert "results go to %s" % fallback in out, out
+    results = json.load(open(os.path.join(fallback, "results.json")))
+    assert results["score"] == results["max_score"] > 0, out
+    assert not os.path.exists(str(default))
 
 
 def test_class_usage_errors(tmp_path):

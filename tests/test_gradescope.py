@@ -9,7 +9,6 @@ import os
 import shutil
 import stat
 import subprocess
-import tempfile
 import zipfile
 
 import jsonschema
@@ -17,7 +16,7 @@ import pytest
 
 import class_fixtures as cf
 import make_gradescope
-from helpers import BUILD, SOLVED
+from helpers import SOLVED, sandbox_tmp
 
 VIS = {"enum": ["hidden", "after_due_date", "after_published", "visible"]}
 FMT = {"enum": ["text", "html", "simple_format", "md", "ansi"]}
@@ -78,11 +77,7 @@ def submit(root, fill):
 
 @pytest.fixture(scope="module")
 def tmp(request):
-    os.makedirs(BUILD, exist_ok=True)
-    d = tempfile.mkdtemp(prefix="test-gradescope-", dir=BUILD)  # reachable by the sandbox's users
-    os.chmod(d, 0o755)
-    request.addfinalizer(lambda: shutil.rmtree(d, ignore_errors=True))
-    return d
+    return sandbox_tmp(request, "test-gradescope-")  # reachable by the sandbox's users, wherever the clone is
 
 
 @pytest.fixture(scope="module")

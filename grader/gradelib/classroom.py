@@ -34,7 +34,7 @@ import time
 import zipfile
 
 from .rubric import stage_variants
-from .runner import SANDBOX_UID_BASE, _proc_table, unreachable_by_others
+from .runner import SANDBOX_UID_BASE, _proc_table, sandbox_reach_error
 from .util import NOT_GRADED, ROOT, fmt_points, one_line, relpath
 
 ARCHIVES = (".tar.gz", ".tar.bz2", ".tar.xz", ".tgz", ".tbz2", ".txz", ".tar", ".zip")
@@ -346,10 +346,9 @@ def grade_class(args, rubric, stages, out_root, say):
         return 2
 
     if os.geteuid() == 0:  # (constructing a Sandbox here would make this process a subreaper too)
-        blocked = unreachable_by_others(out_root) or unreachable_by_others(ROOT)
+        blocked = sandbox_reach_error(out_root, "users")
         if blocked:
-            say("grade.py: error: the sandbox's users cannot reach %s (they need o+x on %s): choose another --out"
-                % (relpath(out_root), blocked), sys.stderr)
+            say("grade.py: error: %s" % blocked, sys.stderr)
             return 2
     inputs = Inputs(os.path.abspath(args.reference), os.path.abspath(args.rubric))
     say("grading %d student%s, %d at a time, stage%s %s; runs in %s" % (

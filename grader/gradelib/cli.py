@@ -18,7 +18,8 @@ from .checks import CHECKS, run_check
 from .context import Context
 from .rubric import (RUBRIC_PATH, load_rubric, parse_stage, stage_config, stage_flags, stage_variants,
                      variant_label)
-from .runner import Baselines, Runner, RunResult, Sandbox
+from .runner import (Baselines, Runner, RunResult, Sandbox, reachable_temp_dir, sandbox_reach_error,
+                     unreachable_by_others)
 from .util import NOT_GRADED, ROOT, UsageError, fmt_points, one_line, relpath
 
 
@@ -222,7 +223,8 @@ def parse_args(argv):
                     help="with no --stage: grade the bonus stages left as their starters too")
     ap.add_argument("--solutions", action="store_true", help="grade solutions/ instead of stages/")
     ap.add_argument("--file", help="grade this hw_fsdp.c (needs exactly one --stage)")
-    ap.add_argument("--out", default=os.path.join(ROOT, "grade-runs"), help="where runs go (default grade-runs/)")
+    ap.add_argument("--out", help="where runs go (default grade-runs/; with --class or --sandbox as root, a fresh "
+                                  "folder in /tmp when the sandbox's users cannot reach grade-runs/)")
     ap.add_argument("--json", help="results file (default OUT/results.json)")
     ap.add_argument("--reference", default=os.path.join(ROOT, "logs", "reference"),
                     help="reference logs (default logs/reference/)")
@@ -252,6 +254,25 @@ def write_results(path, summary):
         say("could not write %s: %s" % (path, e), sys.stderr)
 
 
+DEFAULT_OUT = os.path.join(ROOT, "grade-runs")
+
+
+def _reachable_default(out_root, args, say):
+    """The default out folder, or where the runs go instead when the sandbox's users (root's --class and
+    --sandbox) cannot reach it: a clone in a mode-700 home. A fresh folder in the temp folder, said in one
+    line; an --out given by hand is never replaced (out of reach, it is the one-line error)."""
+    blocked = unreachable_by_others(out_root)
+    if not blocked:
+        return out_root
+    fallback = reachable_temp_dir("hwfsdp-class-runs-" if args.klass else "hwfsdp-grade-runs-")
+    if fallback is None:
+        raise UsageError("the sandbox's users cannot reach %s (they need o+x on %s), nor a temp folder: "
+                         "choose another --out" % (relpath(out_root), blocked))
+    say("the sandbox's users cannot reach %s (no o+x on %s): the runs and %s go to %s" % (
+        relpath(out_root), blocked, "reports" if args.klass else "results", fallback))
+    return fallback
+
+
 def main(argv=None):
     t_start = time.monotonic()
     try:
@@ -277,7 +298,9 @@ def main(argv=None):
             raise UsageError("--reference %s: no such directory" % args.reference)
         if args.timeout is not None and args.timeout <= 0:
             raise UsageError("--timeout must be positive")
-        out_root = os.path.abspath(args.out)
+        out_root = os.path.abspath(args.out or DEFAULT_OUT)
+        if args.out is None and (args.klass or args.sandbox) and os.geteuid() == 0:
+            out_root = _reachable_default(out_root, args, say)
         try:
             os.makedirs(out_root, exist_ok=True)
         except OSError as e:
@@ -292,10 +315,9 @@ def main(argv=None):
     sandbox = None
     if args.sandbox:
         sandbox = Sandbox(args.slot)
-        blocked = sandbox.unreachable(out_root) or sandbox.unreachable(ROOT)
+        blocked = sandbox.uid is not None and sandbox_reach_error(out_root)
         if blocked:
-            say("grade.py: error: the sandbox's user cannot reach %s (it needs o+x on %s): choose another --out"
-                % (relpath(out_root), blocked), sys.stderr)
+            say("grade.py: error: %s" % blocked, sys.stderr)
             return 2
         say(sandbox.describe())
     runner = Runner(rubric["limits"], args.timeout or rubric["limits"]["run_timeout_s"], cuda=args.cuda,

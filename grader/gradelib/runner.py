@@ -24,6 +24,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import tempfile
 import time
 
 from .util import ROOT, is_int, relpath
@@ -323,6 +324,48 @@ def unreachable_by_others(path):
         path = parent
 
 
+# What a run reads of the grader's tree: it starts in ROOT (entered before it becomes the sandbox's
+# user, Runner.run's cwd) and opens the driver's default --data, data/corpus.txt, from there. So ROOT and
+# data/ need o+x and the corpus o+r, but the folders above ROOT need nothing: a clone in a mode-700
+# home (root's /root, a new user's home on recent Debian) is graded as well as one in /srv.
+RUN_READS = (("", stat.S_IXOTH, "o+x"), ("data", stat.S_IXOTH, "o+x"),
+             (os.path.join("data", "corpus.txt"), stat.S_IROTH, "o+r"))
+
+
+def sandbox_reach_error(out_root, who="user"):
+    """One line (no "grade.py: error:") saying what the sandbox's `who` ("user", "users") cannot reach to
+    run: out_root, where the binaries are built and the runs write, or what a run reads in the tree
+    (RUN_READS); None when they can."""
+    they = "it needs" if who == "user" else "they need"
+    for rel, bit, name in RUN_READS:
+        path = os.path.join(ROOT, rel) if rel else ROOT
+        try:
+            if not os.stat(path).st_mode & bit:
+                return "the sandbox's %s cannot read %s (%s %s on %s)" % (who, os.path.join(ROOT, RUN_READS[-1][0]),
+                                                                          they, name, path)
+        except FileNotFoundError:
+            pass  # a missing corpus is the run's own one-line error
+    blocked = unreachable_by_others(out_root)
+    if blocked:
+        return "the sandbox's %s cannot reach %s (%s o+x on %s): choose another --out" % (
+            who, relpath(out_root), they, blocked)
+    return None
+
+
+def reachable_temp_dir(prefix):
+    """A fresh folder (mode 755) that the sandbox's users can reach, in the first temp folder they can pass
+    ($TMPDIR, /var/tmp, /tmp), or None. mkdtemp: no one can have made it beforehand."""
+    for base in (tempfile.gettempdir(), "/var/tmp", "/tmp"):
+        if os.path.isdir(base) and unreachable_by_others(base) is None:
+            try:
+                path = tempfile.mkdtemp(prefix=prefix, dir=base)
+                os.chmod(path, 0o755)
+            except OSError:
+                continue
+            return path
+    return None
+
+
 class Sandbox:
     """Containment for the runs of untrusted binaries (see the module's docstring).
 
@@ -340,10 +383,6 @@ class Sandbox:
             self.subreaper = libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
         except (OSError, AttributeError):
             pass
-
-    def unreachable(self, path):
-        """The first folder on path's way that the sandbox's user cannot pass (None when it can, or not root)."""
-        return unreachable_by_others(path) if self.uid is not None else None
 
     def describe(self):
         how = ("as uid %d, which can write only its run directory and /tmp" % self.uid if self.root else

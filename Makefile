@@ -6,6 +6,7 @@
 #   make grade [STAGE=03] [SOLUTIONS=1]   grade your stages/: the core stages and the bonus stages you started (or one; or solutions/)
 #   make reference       rebuild logs/reference/ from solutions/ (instructors)
 #   make reference-check does the code still make logs/reference/? (a rebuild, compared but for wall clock and addresses)
+#   make blas-check      the BLAS-sensitive tests and reference-check under a second OpenBLAS kernel
 #   make plots RUN=dir [REF=dir]          PNGs for a run directory
 #   make handout         the student tarball (no solutions/)
 #   make bench           benchmarks (prints a table, writes results/bench.json)
@@ -68,7 +69,7 @@ SOL_BIN    := $(patsubst %,$(BUILD)/solutions/%/train,$(SOLUTIONS))
 STAGE_BIN  := $(patsubst %,$(BUILD)/stages/%/train,$(STAGES))
 BASELINE   := $(BUILD)/baseline/train
 
-.PHONY: all detect run longrun test grade reference reference-check plots starters carry bench simulate fsdp2-check record-stream-demo \
+.PHONY: all detect run longrun test grade reference reference-check blas-check plots starters carry bench simulate fsdp2-check record-stream-demo \
         handout gradescope impl stage-bins tsan asan asan-test clean
 
 all: detect $(LIB) $(BASELINE) $(SOL_BIN) stage-bins $(TEST_BIN) $(BUILD)/tests/check_ops_selftest $(BUILD)/tests/check_colls
@@ -194,6 +195,20 @@ reference: all
 reference-check: all
 	$(PYTHON) grader/make_reference.py --out $(BUILD)/reference-check --work $(BUILD)/reference-check-runs --no-plots
 	$(PYTHON) tools/compare_reference.py logs/reference $(BUILD)/reference-check
+
+# The figures that depend on BLAS rounding, under a second OpenBLAS kernel (tools/blas_core.py --other: one this
+# CPU runs but OpenBLAS does not pick here): parity against PyTorch and the baseline, the parity spreads, the
+# bench's figures and reference-check (that one on this machine's kernel too). A figure that holds on one
+# kernel's last bits only fails here, not on a user's machine. CI runs it beside make test (the machine's kernel).
+BLAS_TESTS ?= tests/test_parity_torch.py tests/test_solutions.py tests/test_pipeline.py tests/test_parity_spread.py \
+              tests/test_compare_reference.py tests/test_bench.py
+blas-check: all
+	@other=$$($(PYTHON) tools/blas_core.py --other) && here=$$($(PYTHON) tools/blas_core.py) || exit 1; \
+	echo "blas-check: reference-check on this machine's kernel ($$here), then $(BLAS_TESTS) and reference-check" \
+	  "under OPENBLAS_CORETYPE=$$other"; \
+	$(MAKE) --no-print-directory reference-check && \
+	OPENBLAS_CORETYPE=$$other $(PYTHON) -m pytest -q -p no:cacheprovider $(BLAS_TESTS) && \
+	OPENBLAS_CORETYPE=$$other $(MAKE) --no-print-directory reference-check
 
 plots:
 	@test -n "$(RUN)" || { echo "usage: make plots RUN=dir [REF=dir]"; exit 2; }

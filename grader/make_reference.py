@@ -44,7 +44,7 @@ from gradelib.checks import run_check
 from gradelib.context import Context, read_metrics
 from gradelib.rubric import (RUBRIC_PATH, baseline_flags, load_rubric, parity_metrics, parity_tolerances,
                              stage_config, stage_flags, stage_only_flags, stage_variants)
-from gradelib.runner import Baselines, Runner, RunResult
+from gradelib.runner import Baselines, Runner, RunResult, openblas_core
 from gradelib.util import ROOT, rel, relpath
 
 PLAIN = ["metrics.jsonl", "run.json", "dtensors_rank*.json"]
@@ -301,7 +301,12 @@ def main():
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "machine": {"hostname": socket.gethostname(), "cpu_model": cpu_model(), "cores": os.cpu_count(),
                     "os": "%s %s %s" % (platform.system(), platform.release(), platform.machine()),
-                    "python": platform.python_version()},
+                    "python": platform.python_version(),
+                    # the BLAS kernels the runs used: another core type rounds differently in the last bits
+                    # (make reference-check compares those values within the measured band)
+                    "openblas_core": (openblas_core(baselines.built[2]) if baselines.built and baselines.built[0]
+                                      else None) or "unknown",
+                    "openblas_coretype_env": os.environ.get("OPENBLAS_CORETYPE")},
         "backend": "local: ranks as threads of one process, CPU streams (no GPU)",
         "git_commit": commit, "git_dirty": dirty,
         "rubric_sha256": rubric_sha, "config": rubric["config"],

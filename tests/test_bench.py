@@ -96,7 +96,15 @@ def check_pipeline(pp):
         g, f = by["gpipe", m]["stage0_activation_peak_bytes"], by["1f1b", m]["stage0_activation_peak_bytes"]
         assert abs(g - f) <= 0.05 * g, (m, g, f)
     two = pp["two_links"]["rows"]
-    assert len({r["loss_last"] for r in two}) == 1 and all(number(r["model_step_ms"]) for r in two)
+    assert all(number(r["model_step_ms"]) for r in two)
+    # two layouts of one batch sum in different orders: equal within the grader's measured tolerances, not bitwise
+    t = pp["two_links"]
+    losses = [r["loss_last"] for r in two]
+    assert 0 < t["loss_rtol"] < 1e-4 and t["losses_agree"], t
+    assert max(losses) - min(losses) <= t["loss_rtol"] * max(losses)
+    # the same layout on the other link changes only when transfers finish: the same sums, bit for bit
+    for case in {r["case"] for r in two}:
+        assert len({r["loss_last"] for r in two if r["case"] == case}) == 1, case
 
 
 def test_sections_hold_numbers(bench):
@@ -195,7 +203,8 @@ def check_hsdp(hs):
     fsdp, hsdp, ddp = rows[(1, 4)], rows[(2, 2)], rows[(4, 1)]
     # same model, same batches: the losses agree (the report flags it when they do not)
     assert hs["losses_agree"] and hs["loss_max_rel_diff"] <= hs["loss_rtol"] <= 1e-5
-    assert fsdp["loss_last"] == pytest.approx(hsdp["loss_last"], rel=1e-5) == ddp["loss_last"]
+    assert fsdp["loss_last"] == pytest.approx(hsdp["loss_last"], rel=hs["loss_rtol"])
+    assert fsdp["loss_last"] == pytest.approx(ddp["loss_last"], rel=hs["loss_rtol"])
 
     def colls(r):
         return {(c["kind"], c["group"].rstrip("0123456789")): c for c in r["collectives"]}

@@ -15,11 +15,20 @@ from trace_names import COLLECTIVE, WAIT, WALL_ARGS
 
 TOOL = os.path.join(ROOT, "tools", "compare_reference.py")
 STAGE = os.path.join(ROOT, "logs", "reference", "stage04")
+with open(os.path.join(ROOT, "grader", "rubric.json")) as _f:
+    RUBRIC_STAGES = list(json.load(_f)["parity_spread"]["runs"])
 
 
-def run_tool(old, new):
-    p = subprocess.run([sys.executable, TOOL, str(old), str(new)], capture_output=True, text=True, timeout=120)
+def run_tool(old, new, *more):
+    p = subprocess.run([sys.executable, TOOL, str(old), str(new)] + list(more), capture_output=True, text=True,
+                       timeout=120)
     return p.returncode, p.stdout + p.stderr
+
+
+def stored_band(stage, run, metric):
+    """The BLAS band grader/rubric.json stores for one graded run's metric (tools/parity_spread.py --write)."""
+    with open(os.path.join(ROOT, "grader", "rubric.json")) as f:
+        return json.load(f)["parity_spread"]["runs"][stage][run][metric]["band"]
 
 
 def edit_json(path, change):
@@ -80,7 +89,7 @@ def test_identical_trees_agree(trees):
     old, new = trees
     rc, out = run_tool(old.parent, new.parent)
     assert rc == 0 and " 0 differ" in out, out
-    assert int(out.split()[0]) >= 10, out  # metrics, run.json, 4 dtensors, 4 snapshots, the trace
+    assert int(out.splitlines()[-1].split()[0]) >= 10, out  # metrics, run.json, 4 dtensors, 4 snapshots, the trace
 
 
 def test_the_machines_share_is_left_out(trees):
@@ -91,7 +100,16 @@ def test_the_machines_share_is_left_out(trees):
 
 
 def bump_loss(new):
-    edit_metrics(str(new / "metrics.jsonl"), lambda r: r.update(loss=r["loss"] + 1e-9))
+    """Past what another BLAS kernel explains: twice the band measured for stage 04's loss (which counts at least
+    float32's resolution 2**-23)."""
+    k = 1 + 2 * max(stored_band("04", "main", "loss"), 2.0 ** -23)
+    edit_metrics(str(new / "metrics.jsonl"), lambda r: r.update(loss=r["loss"] * k))
+
+
+def bump_a_clip_coefficient(new):
+    k = 1 + 2 * max(stored_band("04", "main", "grad_norm"), 2.0 ** -23)
+    edit_metrics(str(new / "metrics.jsonl"), lambda r: r["clip_coef_min_per_rank"].__setitem__(
+        0, r["clip_coef_min_per_rank"][0] * k) if r["step"] == 3 else None)
 
 
 def grow_an_allocation(new):
@@ -160,7 +178,8 @@ def drop_a_file(new):
 
 
 @pytest.mark.parametrize("change,named", [
-    (bump_loss, "metrics.jsonl"), (grow_an_allocation, "memory_rank2.json.gz"),
+    (bump_loss, "metrics.jsonl"), (bump_a_clip_coefficient, "metrics.jsonl"),
+    (grow_an_allocation, "memory_rank2.json.gz"),
     (rename_a_collective, "trace.json.gz"), (reorder_a_track, "trace.json.gz"),
     (change_a_shard, "dtensors_rank1.json"), (drop_a_file, "dtensors_rank3.json"),
     (move_a_slice, "trace.json.gz"), (stretch_a_slice, "trace.json.gz"), (drop_a_wait, "trace.json.gz"),
@@ -181,3 +200,89 @@ def test_bad_arguments_are_one_line(tmp_path):
     (tmp_path / "empty").mkdir()
     rc, out = run_tool(tmp_path / "empty", tmp_path)
     assert rc == 2 and "holds no reference files" in out, out
+
+
+def test_every_graded_run_has_a_measured_band():
+    """reference-check on another machine needs the band of each BLAS-dependent figure: measured across OpenBLAS
+    kernels and thread counts by tools/parity_spread.py --write, not chosen."""
+    with open(os.path.join(ROOT, "grader", "rubric.json")) as f:
+        runs = json.load(f)["parity_spread"]["runs"]
+    bands = [f["band"] for by_run in runs.values() for by_metric in by_run.values() for f in by_metric.values()]
+    assert bands and all(isinstance(b, float) and 0 <= b < 1e-4 for b in bands), bands
+
+
+def rubric_with_band(tmp_path, band, stages=("04",)):
+    """The rubric with the bands of these stages set to band (None: no band at all)."""
+    with open(os.path.join(ROOT, "grader", "rubric.json")) as f:
+        rubric = json.load(f)
+    for stage in stages:
+        for by_metric in rubric["parity_spread"]["runs"][stage].values():
+            for fig in by_metric.values():
+                fig.pop("band", None) if band is None else fig.update(band=band)
+    path = tmp_path / "rubric.json"
+    path.write_text(json.dumps(rubric))
+    return str(path)
+
+
+def test_another_kernels_rounding_is_within_the_band(trees, tmp_path):
+    """What another machine's OpenBLAS kernel changes (the loss, the grad norm and the clip coefficients in their
+    last bits) passes within the band and is named as such; one past the band is named with the band (never
+    below float32's resolution 2**-23); a rubric with no bands compares bit for bit."""
+    old, new = trees
+    shift_wall_clock(new)
+    edit_metrics(str(new / "metrics.jsonl"), lambda r: r.update(
+        loss=r["loss"] * (1 + 3e-7), grad_norm=r["grad_norm"] * (1 - 2e-7),
+        clip_coef_max_per_rank=[c * (1 + 2e-7) for c in r["clip_coef_max_per_rank"]]))
+    rc, out = run_tool(old.parent, new.parent, "--rubric", rubric_with_band(tmp_path, 1e-6))
+    assert rc == 0 and " 0 differ; 1 file equal only within the BLAS band" in out, out
+    assert "within the BLAS band: stage04/metrics.jsonl: loss rel 3e-07 <= 1e-06, grad_norm rel 2e-07 <= 1e-06, " \
+        "clip_coef_max_per_rank rel 2e-07 <= 1e-06 (stage 04 main)" in out, out
+    rc, out = run_tool(old.parent, new.parent, "--rubric", rubric_with_band(tmp_path, 1e-7))
+    assert rc == 1 and " 1 differ" in out and "step 1: loss" in out, out
+    assert "(rel 3e-07): beyond the BLAS band 1.19e-07 (stage 04 main, at least float32's resolution" in out, out
+    rc, out = run_tool(old.parent, new.parent, "--rubric", rubric_with_band(tmp_path, None, stages=RUBRIC_STAGES))
+    assert rc == 1 and " 1 differ" in out and "beyond the BLAS band 0 (no band in the rubric)" in out, out
+
+
+def test_an_unreadable_rubric_is_one_line(trees, tmp_path):
+    old, new = trees
+    rc, out = run_tool(old.parent, new.parent, "--rubric", str(tmp_path / "none.json"))
+    assert rc == 2 and "cannot read the bands from" in out and "Traceback" not in out, out
+
+
+def test_grad_state_probes_move_within_their_band(tmp_path):
+    """The memory snapshots' grad_state notes (gradient sums of squares and dot products, stage 07's gradient
+    accumulation) are BLAS-dependent: within the run's grad_state_band they pass and are named, past it they are
+    a difference; their counts stay exact."""
+    src = os.path.join(ROOT, "logs", "reference", "stage07")
+    if not os.path.isdir(src):
+        pytest.skip("no logs/reference/stage07 in this checkout")
+    old, new = tmp_path / "old" / "stage07", tmp_path / "new" / "stage07"
+    shutil.copytree(src, old)
+    shutil.copytree(src, new)
+
+    def nudge(key, k):
+        def memory(m):
+            e = next(e for e in m["events"] if e.get("kind") == "grad_state" and e[key])
+            e[key] = e[key] * k if isinstance(e[key], float) else e[key] + 1
+        return memory
+    with open(os.path.join(ROOT, "grader", "rubric.json")) as f:
+        rubric = json.load(f)
+
+    def with_band(band):
+        rubric["parity_spread"]["runs"]["07"]["main"]["grad_norm"]["grad_state_band"] = band
+        path = tmp_path / "rubric.json"
+        path.write_text(json.dumps(rubric))
+        return "--rubric", str(path)
+    edit_json(str(new / "memory_rank1.json.gz"), nudge("unsharded_grad_sumsq", 1 + 3e-7))
+    rc, out = run_tool(old.parent, new.parent, *with_band(1e-6))
+    assert rc == 0 and "within the BLAS band: stage07/memory_rank1.json.gz: grad_state rel 3e-07 <= 1e-06 " \
+        "(stage 07 main)" in out, out
+    rc, out = run_tool(old.parent, new.parent, *with_band(1e-7))
+    assert rc == 1 and " 1 differ" in out and "(grad_state) unsharded_grad_sumsq: " in out and \
+        "beyond the BLAS band 1.19e-07 (stage 07 main, at least float32's resolution 2**-23)" in out, out
+    shutil.rmtree(new)
+    shutil.copytree(src, new)
+    edit_json(str(new / "memory_rank2.json.gz"), nudge("unsharded_grads", None))
+    rc, out = run_tool(old.parent, new.parent, *with_band(0.5))
+    assert rc == 1 and "stage07/memory_rank2.json.gz: events: [" in out and "unsharded_grads" in out, out

@@ -2,7 +2,8 @@
 reordering in tests/mutants/equivalents.json scores full marks, the tolerance derivation gives the worked
 numbers, the grader holds a run to the reference and to the baseline with their own tolerances, a rubric
 without a measured spread is refused in one line, and the figures stored in grader/rubric.json (parity_spread)
-are those a fresh measurement gives.
+are those a fresh measurement gives, within the band that BLAS kernels explain (issue 45: the figures of one CPU's
+kernel are not pinned).
 
 Run time: about 3 minutes on 2 cores. test_stored_spread_matches_a_fresh_measurement measures every graded run
 with the solution and the equivalents as the grader runs them (the BLAS sweep is left out: about 100 runs);
@@ -220,8 +221,9 @@ def test_rubric_without_a_measured_spread_is_one_line(tmp_path, edit, named):
 
 def test_stored_spread_matches_a_fresh_measurement(tmp_path):
     """Every graded run measured again with the solution and the equivalents as the grader runs them: no figure
-    exceeds the stored one (which is the maximum over the BLAS sweep too), and a stored figure that came from one
-    of these runs is reproduced exactly (3 significant digits)."""
+    exceeds the stored one (which is the maximum over the BLAS sweep too) by more than the stored BLAS band, and a
+    stored figure that came from one of these runs is reproduced within that band (bit for bit where this
+    machine's OpenBLAS picks the kernel that stored it; another kernel rounds differently in the last bits)."""
     rubric = load_rubric()
     stages = list(rubric["stages"])
     m = ps.Measurement(rubric, stages, sweep=False, jobs=2, work=str(tmp_path))
@@ -231,34 +233,68 @@ def test_stored_spread_matches_a_fresh_measurement(tmp_path):
     want = {(s, v or MAIN_RUN, metric) for s in stages for v in [None] + stage_variants(rubric, s)
             for metric in parity_metrics(rubric, s, v)}
     assert {(s, r, metric) for s in fresh for r in fresh[s] for metric in fresh[s][r]} == want
-    exact = 0  # figures compared exactly
+    reproduced = 0  # figures that came from these runs
     for s, r, metric in sorted(want):
         f, st = fresh[s][r][metric], stored[s][r][metric]
+        assert "band" not in f and isinstance(st["band"], float)  # no sweep here: the stored band is the bound
+        _, allowed = ps.allowed_move(st, f)
         for key, by in ps.FIGURES:
-            assert f[key] <= st[key], (s, r, metric, key, f, st)
+            assert f[key] <= st[key] + allowed, (s, r, metric, key, f, st)
             if st[by] in here:
-                assert f[key] == st[key], (s, r, metric, key, f, st)
-                exact += 1
-    assert exact >= len(want)  # at least half the figures come from these runs (the rest from the BLAS sweep)
+                assert abs(f[key] - st[key]) <= allowed, (s, r, metric, key, f, st)
+                reproduced += 1
+    assert reproduced >= len(want)  # at least half the figures come from these runs (the rest from the BLAS sweep)
+
+
+def test_the_band_allows_what_another_kernel_moves():
+    """allowed_move: the larger of the two bands (at least 2**-23) plus half a unit in the 3rd digit; a figure
+    without a band (no sweep) counts 0."""
+    a = {"spread_ref": 6.83e-8, "gap_base": 6.83e-8, "band": 6.89e-8}
+    b = {"spread_ref": 6.83e-8, "gap_base": 6.89e-8}
+    band, allowed = ps.allowed_move(a, b)
+    assert band == 6.89e-8 and allowed == pytest.approx(6.89e-8 + 5e-3 * 6.89e-8)
+    # never below float32's resolution: what the sweep cannot force (cache sizes, libm) moves the last bits too
+    assert ps.allowed_move({"spread_ref": 0.0, "gap_base": 0.0}, {"spread_ref": 0.0, "gap_base": 0.0}) == \
+        (SPREAD_FLOOR, SPREAD_FLOOR)
+    assert ps.fig3_up(6.831e-8) == 6.84e-8 and ps.fig3_up(6.83e-8) == 6.83e-8 and ps.fig3_up(0.0) == 0.0
+    assert ps.largest_pairwise([[1.0, 2.0], [1.0, 2.0 * (1 + 1e-7)], [1.0 * (1 - 3e-8), 2.0]]) == \
+        pytest.approx(1e-7, rel=1e-6)
 
 
 def test_check_names_a_figure_that_differs(tmp_path):
-    """tools/parity_spread.py --check on stage 02 (the full sweep): a stored figure changed by hand is named,
-    the others match; --write puts the measured one back and leaves the rest of the file as it was."""
+    """tools/parity_spread.py --check on stage 02 (the full sweep): a stored figure changed by hand past the BLAS
+    band is named as differing, one moved within the band only as moved, the others match; --write puts the
+    measured figures back and leaves the rest of the file as it was."""
+    beyond = RUBRIC["parity_spread"]["runs"]["02"]["uneven"]["grad_norm"]
+    inside = RUBRIC["parity_spread"]["runs"]["02"]["main"]["grad_norm"]
+    assert inside["band"] > 0  # a grad norm always moves across kernels
+    wrong = float("%.3g" % (beyond["spread_ref"] + 20 * max(beyond["band"], SPREAD_FLOOR)))
+    moved = float("%.3g" % (inside["gap_base"] + inside["band"] / 4))
+
     def edit(r):
-        r["parity_spread"]["runs"]["02"]["uneven"]["grad_norm"]["spread_ref"] = 9.99e-9
+        r["parity_spread"]["runs"]["02"]["uneven"]["grad_norm"]["spread_ref"] = wrong
+        r["parity_spread"]["runs"]["02"]["main"]["grad_norm"]["gap_base"] = moved
     path = rubric_file(tmp_path, edit)
     p = subprocess.run([sys.executable, TOOL, "--check", "--stage", "02", "--rubric", str(path)], cwd=ROOT,
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 1, p.stdout[-3000:] + p.stderr[-3000:]
     differs = [l for l in p.stdout.splitlines() if l.startswith("differs: ")]
-    assert len(differs) == 1 and differs[0].startswith("differs: stage 02 uneven grad_norm: spread_ref stored "
-                                                       "9.99e-09, measured "), p.stdout
+    assert len(differs) == 1 and differs[0].startswith("differs: stage 02 uneven grad_norm: spread_ref stored %s, "
+                                                       "measured " % wrong), p.stdout
+    assert "beyond what BLAS kernels explain (band " in differs[0], differs
+    assert any(l.startswith("moved: stage 02 main grad_norm: gap_base stored %s" % moved) and "within the BLAS band"
+               in l for l in p.stdout.splitlines()), p.stdout
     before = path.read_text()
     p = subprocess.run([sys.executable, TOOL, "--write", "--stage", "02", "--rubric", str(path)], cwd=ROOT,
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     after = json.loads(path.read_text())
-    assert after["parity_spread"]["runs"]["02"] == RUBRIC["parity_spread"]["runs"]["02"]
+    runs, want = after["parity_spread"]["runs"]["02"], RUBRIC["parity_spread"]["runs"]["02"]
+    assert sorted(runs) == sorted(want)
+    for run in want:
+        for metric, st in want[run].items():
+            _, allowed = ps.allowed_move(st, runs[run][metric])
+            for key, _by in ps.FIGURES:  # this machine's measurement: the stored one within the BLAS band
+                assert abs(runs[run][metric][key] - st[key]) <= allowed, (run, metric, key, runs[run][metric], st)
     assert {k: v for k, v in after.items() if k != "parity_spread"} == \
         {k: v for k, v in json.loads(before).items() if k != "parity_spread"}

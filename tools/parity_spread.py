@@ -13,14 +13,25 @@ and for each metric the run's checks compare (loss; grad_norm, which the clip ch
               (logs/reference/stageNN[/variant]/metrics.jsonl)
   gap_base    the largest relative difference from the non-sharded baseline (build/baseline's driver, one
               rank with the global batch, run as the grader runs it)
-each to 3 significant digits, with the run it came from. The grader compares a student's run with the
+each to 3 significant digits, with the run it came from, and, with the sweep,
+  band        how far those two figures may move on another machine, whose OpenBLAS picks its own kernel: the
+              largest relative difference between two runs of the same program on different machines or BLAS
+              settings (the solution's runs here under each thread count and core type, and the reference log,
+              which another machine may have written), plus the same between the baseline's runs under each
+              core type, rounded up to 3 digits. The grader does not read it; --check does.
+  grad_state_band  (grad_norm, runs whose memory snapshots hold "grad_state" notes) the same between the
+              solution's runs and the reference for every number of those notes: make reference-check compares
+              them within it
+The grader compares a student's run with the
 reference within tolerance_from_spread(spread_ref) and with the baseline within tolerance_from_spread(gap_base)
 (grader/gradelib/rubric.py): the figure, never below float32's resolution 2**-23, times the margin, rounded up
 to one significant digit.
 
   (default)  print the figures and the tolerances they give
   --write    store them in grader/rubric.json's parity_spread block (the rest of the file is left as it is)
-  --check    exit 1 naming every run whose stored figures differ from this measurement (or that has none)
+  --check    exit 1 naming every run whose stored figures differ from this measurement by more than the BLAS
+             band (the larger of the stored and the measured one) explains, or that has none; a figure that moved
+             within the band is named as such and is no failure
 
 Re-measure after any change to the solutions, the runtime, the equivalents or the rubric's stages and variants,
 after `make reference` (spread_ref reads the reference logs). The runs go to a temporary folder (--keep DIR
@@ -28,11 +39,12 @@ keeps them there); two at a time by default (--jobs).
 """
 import argparse
 import concurrent.futures
+import gzip
 import json
+import math
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,9 +52,9 @@ import time
 from repo_paths import ROOT  # noqa: F401  (first: grader/ on sys.path)
 import manifest
 from gradelib.context import Context, read_metrics
-from gradelib.rubric import (MAIN_RUN, RUBRIC_PATH, baseline_flags, load_rubric, parity_metrics,
+from gradelib.rubric import (MAIN_RUN, RUBRIC_PATH, SPREAD_FLOOR, baseline_flags, load_rubric, parity_metrics,
                              parse_stage, stage_config, stage_flags, stage_variants, tolerance_from_spread)
-from gradelib.runner import Runner, RunResult, classify_run, run_limited
+from gradelib.runner import Runner, RunResult, classify_run, openblas_core, run_limited
 from gradelib.util import CheckFailed, UsageError, one_line, rel, relpath
 
 EQUIVALENTS = os.path.join(ROOT, "tests", "mutants", "equivalents.json")
@@ -53,6 +65,41 @@ CORETYPES = ("Haswell", "Sandybridge", "Prescott")
 DEFAULT_MARGIN = 10
 SOLUTION = "solution"  # the label of the solution run as the grader runs it
 FIGURES = (("spread_ref", "ref_by"), ("gap_base", "base_by"))
+BASELINE = "baseline"  # the label of the baseline run on this machine's own BLAS kernel
+GRAD_STATE = "grad_state"  # a run's gradient-state probe values (the memory snapshots' grad_state notes)
+
+
+def grad_state_values(run_dir):
+    """The numbers of every rank's "grad_state" notes (probes.h: the gradient sums of squares and dot products the
+    hints read, written under --grad-accum and --pp) in rank and event order, nulls kept: BLAS-dependent like the
+    grad norm, and what reference-check compares them within (grad_state_band). [] when the run has none."""
+    values = []
+
+    def walk(v):
+        if isinstance(v, dict):
+            for k in sorted(v):
+                walk(v[k])
+        elif isinstance(v, list):
+            for x in v:
+                walk(x)
+        elif v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)):
+            values.append(v)
+    rank = 0
+    while True:
+        path = os.path.join(run_dir, "memory_rank%d.json" % rank)
+        if not os.path.exists(path):
+            path += ".gz"  # a reference tree's
+            if not os.path.exists(path):
+                break
+        with (gzip.open if path.endswith(".gz") else open)(path, "rt", encoding="utf-8") as fh:
+            for e in json.load(fh).get("events", []):
+                if e.get("kind") == "grad_state":
+                    walk({k: v for k, v in e.items() if k in GRAD_STATE_FLOATS})
+        rank += 1
+    return values
+
+
+GRAD_STATE_FLOATS = ("by_module", "unsharded_grad_sumsq", "grad_shard_sumsq", "dot_previous", "dot_params")
 
 ABOUT = ("The loss and grad-norm tolerances, measured (tools/parity_spread.py; HANDOUT.md#grading, INSTRUCTORS.md). "
          "Per stage, run (main: the grading configuration; then each variant the stage lists) and metric: "
@@ -64,7 +111,12 @@ ABOUT = ("The loss and grad-norm tolerances, measured (tools/parity_spread.py; H
          "floating-point operations). The grader compares a run with the reference within tol(spread_ref) and with "
          "the baseline within tol(gap_base), where tol(x) = max(x, 2**-23) x margin, rounded up to one significant "
          "digit (grader/gradelib/rubric.py tolerance_from_spread; 2**-23 is float32's resolution: the reference "
-         "prints 9 digits and another machine's BLAS may round differently). The clip coefficient is compared with "
+         "prints 9 digits and another machine's BLAS may round differently). band is how far spread_ref and gap_base "
+         "may move on a machine whose OpenBLAS picks another kernel (the largest difference between runs of the same "
+         "program on other BLAS settings or machines: the solution's runs and the reference log, plus the "
+         "baseline's runs): parity_spread.py --check allows that "
+         "much; grad_state_band is the same for the gradient-state probes of the memory snapshots (runs with "
+         "--grad-accum or --pp); make reference-check compares with both; the grader reads neither. The clip coefficient is compared with "
          "the reference within the grad norm's tolerance. Written by tools/parity_spread.py --write; re-measure "
          "after any change to the solutions, the runtime or the stages and variants (after make reference)."
          % (", ".join(map(str, BLAS_THREADS)), ", ".join(CORETYPES)))
@@ -77,6 +129,42 @@ class Fatal(Exception):
 def fig3(x):
     """A figure as stored: 3 significant digits."""
     return float("%.3g" % x)
+
+
+def fig3_up(x):
+    """x rounded up to 3 significant digits (a band: never below what was measured)."""
+    y = fig3(x)
+    if y < x:
+        y = fig3(y + 10 ** (math.floor(math.log10(x)) - 2))
+    return y
+
+
+def largest_pairwise(series):
+    """The largest relative difference, over the steps, between any two of the series (lists of equal length;
+    a null matches only a null)."""
+    out = 0.0
+    for i, a in enumerate(series):
+        for b in series[i + 1:]:
+            if len(a) != len(b) or any((x is None) != (y is None) for x, y in zip(a, b)):
+                raise Fatal("two runs that differ only in their BLAS setting wrote different notes: not one program")
+            out = max([out] + [max(rel(x, y), rel(y, x)) for x, y in zip(a, b) if x is not None])
+    return out
+
+
+def blas_band(band):
+    """The band a comparison allows: the measured one, never below float32's resolution 2**-23 (as the grader's
+    tolerances): the sweep forces OpenBLAS's kernels and thread counts, but not what else another machine
+    changes in the last bits (its cache sizes, which OpenBLAS blocks its products by, or its libm)."""
+    return max(band or 0.0, SPREAD_FLOOR)
+
+
+def allowed_move(stored, fresh):
+    """How far a figure may move between two measurements and still be the same program on other BLAS kernels:
+    the larger band of the two (blas_band), plus half a unit of the 3rd digit of the larger figure (each is
+    stored rounded to 3 digits)."""
+    band = blas_band(max(stored.get("band") or 0.0, fresh.get("band") or 0.0))
+    return band, band + 5e-3 * max(abs(stored.get("spread_ref") or 0.0), abs(stored.get("gap_base") or 0.0),
+                                   abs(fresh.get("spread_ref") or 0.0), abs(fresh.get("gap_base") or 0.0))
 
 
 # ------------------------------------------------------------------------------------------------ the sources
@@ -133,17 +221,6 @@ def solution_configs(sweep):
     return out
 
 
-def openblas_core(binary, coretype=None):
-    """The core type OpenBLAS picks for binary (OPENBLAS_VERBOSE=2 names it), or None if it does not say."""
-    env = ["OPENBLAS_VERBOSE=2"] + (["OPENBLAS_CORETYPE=" + coretype] if coretype else [])
-    try:
-        p = subprocess.run(["env"] + env + [binary, "--help"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    found = re.findall(r"^Core: (\S+)", p.stdout + p.stderr, re.M)
-    return found[-1] if found else None
-
-
 # ------------------------------------------------------------------------------------------------ measuring
 
 class Measurement:
@@ -196,6 +273,7 @@ class Measurement:
             out[m] = [r.get(m) for r in rows]
             if any(v is None for v in out[m]):
                 raise Fatal("%s: %s is missing or not finite at some step (log: %s)" % (name, m, relpath(log)))
+        out[GRAD_STATE] = grad_state_values(d)
         if not self.keep:
             shutil.rmtree(d, ignore_errors=True)
         return out
@@ -203,6 +281,12 @@ class Measurement:
     def _parallel(self, fn, items):
         with concurrent.futures.ThreadPoolExecutor(self.jobs) as pool:
             return list(pool.map(fn, items))
+
+    def baseline_configs(self):
+        """[(label, environment prefix)] of the baseline's runs: on this machine's kernel, then (sweep) each core
+        type (the band of gap_base)."""
+        return [(BASELINE, [])] + ([("%s OPENBLAS_CORETYPE=%s" % (BASELINE, c), ["OPENBLAS_CORETYPE=" + c])
+                                    for c in CORETYPES] if self.sweep else [])
 
     def reference_rows(self, stage, variant):
         """The reference log's rows, checked to be recorded on the configuration the rubric grades."""
@@ -254,20 +338,25 @@ class Measurement:
                 tasks.append(("%s: %s" % (where, label), binary, flags + extra, env, steps, metrics))
                 keys.append((stage, variant, label))
             bflags = tuple(baseline_flags(self.rubric, stage, variant))
-            base_tasks.setdefault(bflags, ("baseline %s" % " ".join(bflags), baseline, list(bflags), [], steps, []))
-            base_tasks[bflags][5].extend(m for m in metrics if m not in base_tasks[bflags][5])
+            for blabel, env in self.baseline_configs():
+                k = (bflags, blabel)
+                base_tasks.setdefault(k, ("%s %s" % (blabel, " ".join(bflags)), baseline, list(bflags), env, steps, []))
+                base_tasks[k][5].extend(m for m in metrics if m not in base_tasks[k][5])
         base_keys = list(base_tasks)
         results = self._parallel(self._run, tasks + [base_tasks[k] for k in base_keys])
         got = dict(zip(keys, results[:len(tasks)]))
         bases = dict(zip(base_keys, results[len(tasks):]))
+        blas_labels = [label for label, _, _ in solution_configs(self.sweep)]
 
         figures = {}
         for stage, variant in runs:
             run = variant or MAIN_RUN
             ref = refs[(stage, variant)]
-            base = bases[tuple(baseline_flags(self.rubric, stage, variant))]
+            bflags = tuple(baseline_flags(self.rubric, stage, variant))
+            base = bases[(bflags, BASELINE)]
             labels = [k[2] for k in keys if k[:2] == (stage, variant)]
             for metric in parity_metrics(self.rubric, stage, variant):
+                d_ref_solution = 0.0
                 want = [r.get(metric) for r in ref]
                 if any(v is None for v in want):
                     raise Fatal("stage %s %s: the reference log has no %s at some step (make reference)"
@@ -278,13 +367,33 @@ class Measurement:
                     d_ref = max(rel(g, r) for g, r in zip(values, want))
                     d_base = max(rel(g, b) for g, b in zip(values, base[metric]))
                     if label == SOLUTION and d_ref > 0:
-                        self.notes.append("stage %s %s: the solution, run as the grader runs it, differs from the "
-                                          "reference log (%s rel %.2g): is logs/reference from another machine or "
-                                          "stale (make reference)?" % (stage, run, metric, d_ref))
+                        d_ref_solution = d_ref
                     if fig3(d_ref) > fig["spread_ref"]:
                         fig["spread_ref"], fig["ref_by"] = fig3(d_ref), label
                     if fig3(d_base) > fig["gap_base"]:
                         fig["gap_base"], fig["base_by"] = fig3(d_base), label
+                if self.sweep:  # the reference log is one more machine's run of the same program
+                    fig["band"] = fig3_up(
+                        largest_pairwise([want] + [got[(stage, variant, label)][metric] for label in blas_labels]) +
+                        largest_pairwise([bases[(bflags, blabel)][metric] for blabel, _ in self.baseline_configs()]))
+                    probes = [got[(stage, variant, label)][GRAD_STATE] for label in blas_labels]
+                    if metric == "grad_norm" and probes[0]:
+                        ref_probes = grad_state_values(os.path.join(self.reference, "stage" + stage, variant or ""))
+                        if len(ref_probes) == len(probes[0]):
+                            probes.append(ref_probes)
+                        else:
+                            self.notes.append("stage %s %s: the reference's grad_state notes hold %d numbers, this "
+                                              "run's %d: grad_state_band leaves the reference out (make reference)"
+                                              % (stage, run, len(ref_probes), len(probes[0])))
+                        fig["grad_state_band"] = fig3_up(largest_pairwise(probes))
+                if d_ref_solution:
+                    self.notes.append(
+                        "stage %s %s: the solution, run as the grader runs it, differs from the reference log (%s rel "
+                        "%.2g)%s" % (stage, run, metric, d_ref_solution,
+                                     ": within the BLAS band %.3g (another machine's kernel wrote it)"
+                                     % blas_band(fig["band"]) if "band" in fig and
+                                     d_ref_solution <= blas_band(fig["band"]) else
+                                     ": is logs/reference from another machine or stale (make reference)?"))
                 figures.setdefault(stage, {}).setdefault(run, {})[metric] = fig
         self.runs_done = len(tasks) + len(base_keys)
         self.seconds = time.monotonic() - t0
@@ -367,22 +476,29 @@ def write_block(path, block):
 
 
 def differences(rubric, figures):
-    """Lines naming every run whose stored figures differ from the measured ones."""
+    """(lines naming every run whose stored figures differ from the measured ones by more than BLAS kernels
+    explain (allowed_move), lines naming the figures that moved within that)."""
     runs = stored_block(rubric).get("runs") or {}
-    out = []
+    beyond, within = [], []
     for stage, by_run in figures.items():
         for run, by_metric in by_run.items():
             for metric, fig in by_metric.items():
                 stored = ((runs.get(stage) or {}).get(run) or {}).get(metric)
                 if not isinstance(stored, dict):
-                    out.append("stage %s %s %s: nothing stored, measured spread_ref %g, gap_base %g"
-                               % (stage, run, metric, fig["spread_ref"], fig["gap_base"]))
+                    beyond.append("stage %s %s %s: nothing stored, measured spread_ref %g, gap_base %g"
+                                  % (stage, run, metric, fig["spread_ref"], fig["gap_base"]))
                     continue
+                band, allowed = allowed_move(stored, fig)
                 for key, by in FIGURES:
-                    if stored.get(key) != fig[key]:
-                        out.append("stage %s %s %s: %s stored %s, measured %g (%s)"
-                                   % (stage, run, metric, key, stored.get(key), fig[key], fig[by]))
-    return out
+                    s, f = stored.get(key), fig[key]
+                    if s == f:
+                        continue
+                    what = "stage %s %s %s: %s stored %s, measured %g (%s)" % (stage, run, metric, key, s, f, fig[by])
+                    if isinstance(s, (int, float)) and not isinstance(s, bool) and abs(s - f) <= allowed:
+                        within.append("%s: within the BLAS band %.3g" % (what, band))
+                    else:
+                        beyond.append("%s: beyond what BLAS kernels explain (band %.3g)" % (what, band))
+    return beyond, within
 
 
 def table(rubric, figures):
@@ -441,13 +557,16 @@ def main(argv=None):
         print("note: " + n)
     print("%d runs in %.0f s (OpenBLAS core %s)" % (m.runs_done, m.seconds, m.core or "unknown"))
     if args.check:
-        diff = differences(rubric, figures)
+        diff, moved = differences(rubric, figures)
+        for line in moved:
+            print("moved: " + line)
         for line in diff:
             print("differs: " + line)
         if diff:
             print("%s: the stored spread is not this measurement: tools/parity_spread.py --write" % relpath(args.rubric))
             return 1
-        print("%s: the stored spread matches" % relpath(args.rubric))
+        print("%s: the stored spread matches%s" % (relpath(args.rubric), " within the BLAS band (%d figure%s moved)" % (
+            len(moved), "" if len(moved) == 1 else "s") if moved else ""))
     elif args.write:
         try:
             write_block(args.rubric, merged_block(rubric, figures))

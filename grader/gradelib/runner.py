@@ -352,6 +352,21 @@ def sandbox_reach_error(out_root, who="user"):
     return None
 
 
+def openblas_core(binary, coretype=None):
+    """The core type (kernel family) OpenBLAS picks for binary, under OPENBLAS_CORETYPE=coretype if given
+    (OPENBLAS_VERBOSE=2 makes it name it), or None if it does not say. Kernels round differently in the last bits:
+    what a machine's runs can differ by (tools/parity_spread.py, make reference-check)."""
+    env = dict(os.environ, OPENBLAS_VERBOSE="2")
+    if coretype:
+        env["OPENBLAS_CORETYPE"] = coretype
+    try:
+        p = subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=30, env=env)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = re.findall(r"^Core: (\S+)", p.stdout + p.stderr, re.M)
+    return found[-1] if found else None
+
+
 def reachable_temp_dir(prefix):
     """A fresh folder (mode 755) that the sandbox's users can reach, in the first temp folder they can pass
     ($TMPDIR, /var/tmp, /tmp), or None. mkdtemp: no one can have made it beforehand."""

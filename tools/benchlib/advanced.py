@@ -34,9 +34,10 @@ def _hook_notes(run_dir):
 
 
 def _losses_agree(rows):
-    """The cases train the same model on the same batches: their last losses agree to float32 rounding."""
-    losses = {r["loss_last"] for r in rows}
-    return max(losses) - min(losses) <= 1e-6 * max(abs(x) for x in losses)
+    """The cases run one layout on the same batches and differ only in when things run (prefetch policy,
+    streams, offloading the optimizer's state): the same sums in the same order, so their last losses are
+    equal bit for bit on any machine."""
+    return len({r["loss_last"] for r in rows}) == 1
 
 
 def section_prefetch(bench, cfg):

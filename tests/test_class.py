@@ -11,6 +11,7 @@ import json
 import os
 import pathlib
 import shutil
+import stat
 import subprocess
 import sys
 import tarfile
@@ -20,7 +21,7 @@ import pytest
 import class_fixtures as cf
 import manifest
 from gradelib import classroom
-from gradelib.util import fmt_points
+from gradelib.util import fmt_points, relpath
 from helpers import ROOT, SOLVED, assert_overlap_figures, sandbox_tmp
 
 STAGES = [s.id for s in SOLVED[:2]]  # stages 01-02: the misbehaving submissions need no more
@@ -140,6 +141,18 @@ def test_class_under_load_grades_overlap_as_an_idle_machine(request):
             assert checks[key]["ok"] and checks[key]["detail"].startswith("%.1f%% of " % (100 * f.compute_share))
 
 
+def _report(out, who):
+    path = os.path.join(out, who, "report.md")
+    return open(path).read() if os.path.exists(path) else "(no %s)" % path
+
+
+# what mallory writes that the grader checks after each student (INSTRUCTORS.md, the sandbox): without root
+# its runs are the instructor's own, so these are written, restored from memory and mallory is not graded
+def _mallory_changed(graded):
+    return [os.path.join(graded["ref"], "stage%s" % STAGES[0], "metrics.jsonl"),
+            os.path.join(ROOT, "grader", "rubric.json")]
+
+
 def test_class_scores(graded):
     p, out = graded["p"], graded["out"]
     assert p.returncode == 0, p.stdout + p.stderr
@@ -149,10 +162,25 @@ def test_class_scores(graded):
     per = [fmt_points(sum(s.checks.values())) for s in SOLVED[:2]]
     got = {r[0]: r[1:] for r in rows[1:]}
     # the same solution as a folder and as a tarball: the same (full) points; peggy's leftover process
-    # and mallory's writes elsewhere cost nothing as long as they cannot disturb anything
-    for who in ("alice", "bob", "peggy", "mallory"):
-        assert got[who] == per + [full, full, "0"], (who, got[who], p.stdout)
-    for who in ("carol", "dave", "eve", "oscar", "trent"):
+    # and, as root, mallory's writes elsewhere cost nothing as long as they cannot disturb anything
+    for who in ("alice", "bob", "peggy") + (("mallory",) if os.geteuid() == 0 else ()):
+        assert got[who] == per + [full, full, "0"], (who, got[who], p.stdout, _report(out, who))
+    zero = ["carol", "dave", "eve", "oscar", "trent"]
+    if os.geteuid() != 0:
+        # without root mallory runs as the instructor and does write the grader's inputs: they are restored,
+        # it is graded again alone, writes them again and is not graded; its row and report say why
+        zero.append("mallory")
+        assert "warning: not root, so each submission runs as you" in p.stdout, p.stdout
+        said = [line for line in p.stdout.splitlines() if line.startswith("== mallory == ")]
+        assert len(said) == 1 and said[0].startswith(
+            "== mallory == NOT GRADED: its runs write outside their run directory ("), p.stdout
+        assert any("restored; they will be graded again" in line and "mallory" in line
+                   for line in p.stdout.splitlines()), p.stdout
+        report = _report(out, "mallory")
+        assert "**Not graded:** its runs write outside their run directory (" in report, report
+        for path in _mallory_changed(graded):
+            assert relpath(path) in said[0] and relpath(path) in report, (path, said[0], report)
+    for who in zero:
         assert got[who] == ["0"] * len(STAGES) + ["0", full, "0"], (who, got[who])
     assert set(got) == {"alice", "bob", "carol", "dave", "eve", "mallory", "oscar", "peggy", "trent"}
     assert "skipped notes.txt" in p.stdout
@@ -175,11 +203,24 @@ def test_class_reports_say_why(graded, who, says):
 
 
 def test_class_batch_is_not_disturbed(graded):
+    """As root nothing outside a run directory is written. Without root (INSTRUCTORS.md, the sandbox) the
+    grader's inputs are restored from memory, but mallory's other writes stay: intruder.txt and lines added to
+    alice's results.json after she was graded; her score (scores.csv, report.md) comes from memory."""
     out, ref = graded["out"], graded["ref"]
     assert _files_under(ref) == _files_under(os.path.join(ROOT, "logs", "reference"))
     assert open(os.path.join(ROOT, "grader", "rubric.json"), "rb").read() == graded["rubric_before"]
-    assert not os.path.exists(os.path.join(out, "intruder.txt"))
-    alice = json.load(open(os.path.join(out, "alice", "results.json")))
+    intruder = os.path.join(out, "intruder.txt")
+    if os.geteuid() == 0:
+        assert not os.path.exists(intruder)
+        alice = json.load(open(os.path.join(out, "alice", "results.json")))
+    else:
+        lines = open(intruder).read().splitlines()
+        assert lines and set(lines) == {"tampered"}, lines[:5]
+        text = open(os.path.join(out, "alice", "results.json")).read()
+        alice, end = json.JSONDecoder().raw_decode(text)
+        assert text[end:].split() and set(text[end:].split()) == {"tampered"}, text[end:][:200]
+        assert "**Score: %s/%s**" % (fmt_points(alice["score"]), fmt_points(alice["max_score"])) in \
+            _report(out, "alice")
     assert alice["score"] == alice["max_score"] > 0
     # peggy's grandchild was started (it wrote its marker) and did not outlive the grading
     assert os.path.exists(os.path.join(out, "peggy", "runs", "stage%s" % STAGES[0], "orphan-alive"))
@@ -190,6 +231,12 @@ def test_class_batch_is_not_disturbed(graded):
             for name in dirnames + filenames:
                 st = os.lstat(os.path.join(dirpath, name))
                 assert st.st_uid == 0, os.path.join(dirpath, name)
+    else:  # the runs were the instructor's own: no other owner, and no link or FIFO left for a check to follow
+        for dirpath, dirnames, filenames in os.walk(out):
+            for name in dirnames + filenames:
+                st = os.lstat(os.path.join(dirpath, name))
+                assert st.st_uid == os.geteuid() and (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)), \
+                    (os.path.join(dirpath, name), st.st_uid, oct(st.st_mode))
 
 
 def test_collect_takes_only_the_stage_files(tmp_path):
@@ -250,10 +297,8 @@ GRADE_WITH_DEFAULT = ("import sys; sys.path.insert(0, %r); from gradelib import 
 
 def _out_of_reach_default(tmp_path):
     """A run of grade.py (args -> CompletedProcess) whose default grade-runs/ is as in a clone in a mode-700
-    home (root's /root): out of the sandbox's users' reach. Root only: without root the runs are not theirs
-    and the default stays."""
-    if os.geteuid() != 0:
-        pytest.skip("as root only: without root the runs are not a sandbox user's and grade-runs/ stays the default")
+    home (root's /root): out of the sandbox's users' reach. Without root there are no such users (the runs are
+    the instructor's own), so grade-runs/ stays the default there and an --out there is taken."""
     home = tmp_path / "home"
     home.mkdir()
     home.chmod(0o700)
@@ -278,17 +323,29 @@ def _fallback_said(request, stdout, home):
 def test_class_default_out_out_of_reach_goes_to_a_temp_folder(request, tmp_path):
     """From a clone in a mode-700 home, grade.py --class without --out grades into a fresh folder in /tmp
     that the sandbox's users can reach, said in one line; an --out given there is refused in one line, before
-    anything is graded."""
+    anything is graded. Without root both grade into grade-runs/ itself, nothing said about reach."""
     home, default, grade = _out_of_reach_default(tmp_path)
     klass = tmp_path / "submissions"
     cf.write_tree(str(klass / "alice"), STAGES[:1])
     p = grade("--class", klass, "--stage", STAGES[0])
     out = p.stdout
     assert p.returncode == 0, out + p.stderr
+    full = fmt_points(sum(SOLVED[0].checks.values()))
+    if os.geteuid() != 0:
+        for given in ((), ("--out", default)):
+            if given:
+                p = grade("--class", klass, "--stage", STAGES[0], *given)
+                out = p.stdout
+                assert p.returncode == 0, out + p.stderr
+            assert "cannot reach" not in out + p.stderr and "runs in %s" % default in out, out + p.stderr
+            assert "warning: not root, so each submission runs as you" in out, out
+            rows = list(csv.reader(open(str(default / "scores.csv"))))
+            assert rows[1] == ["alice", full, full, full, "0"], out
+            os.unlink(str(default / "scores.csv"))
+        return
     fallback = _fallback_said(request, out, home)
     assert "reports go to %s" % fallback in out and "runs in %s" % fallback in out, out
     rows = list(csv.reader(open(os.path.join(fallback, "scores.csv"))))
-    full = fmt_points(sum(SOLVED[0].checks.values()))
     assert rows[1] == ["alice", full, full, full, "0"], out
     assert not os.path.exists(str(default))
 
@@ -301,11 +358,16 @@ def test_class_default_out_out_of_reach_goes_to_a_temp_folder(request, tmp_path)
 
 def test_sandbox_default_out_out_of_reach_goes_to_a_temp_folder(request, tmp_path):
     """The same for grade.py --sandbox (one grader): its default grade-runs/ out of reach, the runs and
-    results.json go to a fresh folder in /tmp, said in one line."""
+    results.json go to a fresh folder in /tmp, said in one line. Without root: into grade-runs/ itself."""
     home, default, grade = _out_of_reach_default(tmp_path)
     p = grade("--sandbox", "--solutions", "--stage", STAGES[0])
     out = p.stdout
     assert p.returncode == 0, out + p.stderr
+    if os.geteuid() != 0:
+        assert "cannot reach" not in out + p.stderr and "sandbox: each run as you (not root" in out, out + p.stderr
+        results = json.load(open(str(default / "results.json")))
+        assert results["score"] == results["max_score"] > 0, out
+        return
     fallback = _fallback_said(request, out, home)
     assert "results go to %s" % fallback in out, out
     results = json.load(open(os.path.join(fallback, "results.json")))

@@ -41,7 +41,7 @@ STAGES_MK := $(BUILD)/stages.mk
 include $(STAGES_MK)
 $(STAGES_MK): grader/rubric.json grader/manifest.py
 	@mkdir -p $(dir $@)
-	@$(PYTHON) grader/manifest.py mk > $@.tmp && mv $@.tmp $@
+	@$(PYTHON) grader/manifest.py mk > $@.tmp.$$$$ && mv $@.tmp.$$$$ $@  # a name of its own: two builds may remake it at once
 
 # Objects depend on the flags they were built with: a change (MPI found after an
 # install, EXTRA_CFLAGS) rebuilds them instead of linking stale ones.

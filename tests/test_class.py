@@ -399,3 +399,22 @@ def test_reports_name_calls_to_review(graded):
         assert classroom.calls_to_review(open(s.solution_src()).read()) == [], s.dir
     assert classroom.calls_to_review('/* fopen( */ // system(\nx = fopen("a(", "w"); printf("fork(");') == \
         ["fopen (line 2)"]
+
+
+def test_restored_inputs_keep_their_times(tmp_path):
+    """A grader input a submission rewrote is put back with its old modification time too: a rubric restored with
+    a new one made build/stages.mk look stale, and two students' builds then remade it at once (a lost mv)."""
+    from gradelib.classroom import Inputs
+    ref = tmp_path / "reference"
+    ref.mkdir()
+    (ref / "metrics.jsonl").write_text('{"step": 1}\n')
+    rubric = tmp_path / "rubric.json"
+    rubric.write_text("{}\n")
+    for p in (ref / "metrics.jsonl", rubric):
+        os.utime(p, ns=(1_000_000_000_000_000_000, 1_000_000_000_000_000_000))
+    inputs = Inputs(str(ref), str(rubric))
+    rubric.write_text('{"tampered": 1}\n')
+    assert inputs.changed() == [str(rubric)]
+    inputs.restore(inputs.changed())
+    assert rubric.read_text() == "{}\n" and inputs.changed() == []
+    assert os.stat(rubric).st_mtime_ns == 1_000_000_000_000_000_000

@@ -249,10 +249,11 @@ def test_stored_spread_matches_a_fresh_measurement(tmp_path):
 def test_the_band_allows_what_another_kernel_moves():
     """allowed_move: the larger of the two bands (at least 2**-23) plus half a unit in the 3rd digit; a figure
     without a band (no sweep) counts 0."""
-    a = {"spread_ref": 6.83e-8, "gap_base": 6.83e-8, "band": 6.89e-8}
-    b = {"spread_ref": 6.83e-8, "gap_base": 6.89e-8}
+    a = {"spread_ref": 2.83e-7, "gap_base": 2.83e-7, "band": 2.89e-7}
+    b = {"spread_ref": 2.83e-7, "gap_base": 2.89e-7, "band": 1.5e-7}
     band, allowed = ps.allowed_move(a, b)
-    assert band == 6.89e-8 and allowed == pytest.approx(6.89e-8 + 5e-3 * 6.89e-8)
+    assert band == 2.89e-7 and allowed == pytest.approx(2.89e-7 + 5e-3 * 2.89e-7)
+    assert ps.allowed_move(b, {"spread_ref": 2.83e-7, "gap_base": 2.89e-7})[0] == 1.5e-7
     # never below float32's resolution: what the sweep cannot force (cache sizes, libm) moves the last bits too
     assert ps.allowed_move({"spread_ref": 0.0, "gap_base": 0.0}, {"spread_ref": 0.0, "gap_base": 0.0}) == \
         (SPREAD_FLOOR, SPREAD_FLOOR)

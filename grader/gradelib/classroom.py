@@ -163,9 +163,12 @@ class Inputs:
 
     def __init__(self, reference, rubric_path):
         self.files = {}
+        self.times = {}  # (atime, mtime) in ns: a restored file keeps them, so make sees nothing new to rebuild
         for p in _input_files(reference, rubric_path):
             with open(p, "rb") as fh:
                 self.files[p] = fh.read()
+            st = os.stat(p)
+            self.times[p] = (st.st_atime_ns, st.st_mtime_ns)
         self.reference = reference
 
     def changed(self):
@@ -187,6 +190,7 @@ class Inputs:
                 os.makedirs(os.path.dirname(p), exist_ok=True)
                 with open(p + ".restore", "wb") as fh:
                     fh.write(self.files[p])
+                os.utime(p + ".restore", ns=self.times[p])
                 os.replace(p + ".restore", p)
             else:
                 try:

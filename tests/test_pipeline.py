@@ -143,12 +143,13 @@ def test_a_broken_schedule_is_one_line(tmp_path, bug):
 
 @pytest.mark.parametrize("flags,want", [
     (["--world", "4", "--pp", "3"], "error: --pp 3 must divide --world 4"),
-    (["--world", "4", "--pp", "4", "--microbatches", "3", "--batch-size", "4"], "error: --microbatches 3 must divide"),
-    (["--world", "4", "--pp", "4", "--grad-accum", "2", "--batch-size", "4"], "error: --pp splits the batch"),
+    (["--world", "4", "--pp", "2", "--microbatches", "3", "--batch-size", "4"], "error: --microbatches 3 must divide"),
+    (["--world", "4", "--pp", "2", "--grad-accum", "2", "--batch-size", "4"], "error: --pp splits the batch"),
+    (["--world", "4", "--pp", "4"], "error: --pp 4 needs at least 3 blocks"),  # the tiny flavour has 2
     (["--world", "4", "--pp", "2", "--grad-sync", "last"], "error: --pp: your pipe_schedule decides"),
     (["--world", "4", "--pp", "2", "--reshard-after-backward=false"], "error: --pp: your pipe_schedule decides"),
     (["--world", "4", "--pp", "2", "--mesh", "2,2"], "error: --pp makes its own mesh"),
-    (["--world", "8", "--pp", "8", "--n-layers", "2"], "error: --pp 8 needs at least 6 blocks"),
+    (["--world", "8", "--pp", "8", "--n-layers", "2"], "error: --pp 8 needs at least 7 blocks"),
     (["--world", "2", "--microbatches", "2"], "error: --microbatches splits a pipeline's batch: it needs --pp"),
 ])
 def test_bad_pipeline_flags_are_one_line(flags, want):
@@ -157,6 +158,26 @@ def test_bad_pipeline_flags_are_one_line(flags, want):
     assert p.returncode != 0
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(want), p.stderr
+
+
+@pytest.mark.parametrize("P", [3, 4])
+def test_the_split_holds_a_module_on_every_stage_at_its_boundary(tmp_path, P):
+    """hw_pipe.h's split gives L / P blocks to a stage, one more to the first L % P: with L < P the last stages get
+    none, so a middle stage is empty at L = P - 2 (refused before the run, naming it) and not at L = P - 1 or P
+    (they train). One definition (driver/pipe_split.h) decides both the split and the refusal."""
+    for L in (P - 2, P - 1, P):
+        out = tmp_path / ("L%d" % L)
+        p = subprocess.run([solution_bin(PP), *COMMON, "--world", str(P), "--pp", str(P), "--n-layers", str(L),
+                            "--batch-size", str(P), "--steps", "1", "--out", str(out), "--quiet"],
+                           capture_output=True, text=True, cwd=ROOT, timeout=120)
+        if L == P - 2:
+            lines = p.stderr.strip().splitlines()
+            assert p.returncode == 2 and len(lines) == 1 and lines[0].startswith(
+                "error: --pp %d needs at least %d blocks" % (P, P - 1)) and \
+                "stage %d would hold no module" % (P - 2) in lines[0], p.stderr
+        else:
+            assert p.returncode == 0, p.stderr[-2000:]
+            assert len(metrics(out)) == 1, (P, L)
 
 
 def test_a_stage_without_a_schedule_refuses_pp():

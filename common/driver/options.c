@@ -3,6 +3,7 @@
  * run.json key; the usage, the parsing, the one-line error for a bad value
  * and run.json all read it. */
 #include "driver/options.h"
+#include "driver/pipe_split.h"
 
 #include <errno.h>
 #include <math.h>
@@ -561,9 +562,10 @@ void parse_options(int argc, char **argv, Options *o) {
         const int W = o->world.world_size, P = o->pp, L = o->model.n_layers;
         if (!o->microbatches) o->microbatches = P;
         if (W % P) fatal("--pp %d must divide --world %d (each stage has world / P ranks)", P, W);
-        if (L < P - 2)
-            fatal("--pp %d needs at least %d blocks (every stage but the first and the last holds one); the model "
-                  "has %d (--n-layers)", P, P - 2, L);
+        const int empty = pipe_split_empty_stage(L, P);
+        if (empty >= 0)
+            fatal("--pp %d needs at least %d blocks: the blocks go L / P to a stage, one more to the first L %% P "
+                  "stages, so with %d (--n-layers) stage %d would hold no module (hw_pipe.h)", P, P - 1, L, empty);
         if (o->batch_size % (size_t)o->microbatches)
             fatal("--microbatches %d must divide --batch-size %zu (each microbatch holds batch-size / M sequences)",
                   o->microbatches, o->batch_size);

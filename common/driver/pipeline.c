@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "driver/pipe_split.h"
 #include "driver/trainer.h"
 #include "hw_pipe.h"
 #include "runtime/runtime.h"
@@ -23,19 +24,9 @@ struct Pipe {
 
 /* ------------------------------------------------------------- the split */
 
-/* Stage p's blocks: L / P each, one more for the first L % P stages. */
-static int blocks_before(int L, int P, int p) {
-    int n = 0;
-    for (int q = 0; q < p; q++) n += L / P + (q < L % P);
-    return n;
-}
-
 Model *pipe_stage_model(const Model *full, int P, int stage, size_t *first_param) {
-    const int L = full->cfg.n_layers;
-    const int b0 = blocks_before(L, P, stage), nb = L / P + (stage < L % P);
-    const int first = stage == 0 ? 0 : 1 + b0;            /* modules[0] is the embedding, [1 .. L] the blocks */
-    const int last = stage == P - 1 ? L + 1 : b0 + nb;    /* the head is modules[L + 1] */
-    if (last < first) fatal("--pp %d: stage %d would hold no module", P, stage);
+    int first, last; /* pipe_split.h: the one definition of the split (the flag check refused an empty stage) */
+    if (!pipe_split(full->cfg.n_layers, P, stage, &first, &last)) fatal("--pp %d: stage %d would hold no module", P, stage);
     Model *m = xcalloc(1, sizeof *m);
     m->cfg = full->cfg;
     m->n_modules = last - first + 1;

@@ -33,6 +33,7 @@ import os
 import sys
 
 import repo_paths  # noqa: F401  (grader/ on sys.path, for trace_names)
+from gradelib.checks import pipeline_bubble
 from trace_names import (ALL_GATHER, ALL_REDUCE, BACKWARD_PHASES, BROADCAST, COLLECTIVE, COMPUTE, COMPUTE_TID, COPY,
                          EVENT, FORWARD_PHASES, HOST_SYNC, HOST_TID, MEMSET, REDUCE_SCATTER, WAIT, label_and_kind)
 
@@ -557,28 +558,25 @@ def plot_pipeline(plt, run, out, step):
     P, W, M = int(cfg["pp"]), int(cfg["world_size"]), int(cfg.get("microbatches") or cfg["pp"])
     S = W // P
     t0 = min(lo for v in passes.values() for lo, _, _, _ in v)
-    t1 = max(hi for v in passes.values() for _, hi, _, _ in v)
     fig, ax = plt.subplots(figsize=(13, 0.55 * len(passes) + 1.9))
     colours = {"F": "#4c72b0", "B": "#dd8452"}
     ranks = sorted(passes)
-    busy = []
     for y, r in enumerate(ranks):
-        done = 0.0
         for lo, hi, what, mb in passes[r]:
             x, w = (lo - t0) / 1000.0, (hi - lo) / 1000.0
             ax.broken_barh([(x, w)], (y - 0.38, 0.76), facecolors=colours[what], edgecolors="white", linewidth=0.6)
             ax.text(x + w / 2, y, "%s%d" % (what, mb), ha="center", va="center", fontsize=7, color="white")
-            done += hi - lo
-        busy.append(done / (t1 - t0))
     ax.set_yticks(range(len(ranks)))
     ax.set_yticklabels(["rank %d (stage %d)" % (r, r // S) for r in ranks])
     ax.invert_yaxis()
     ax.set_xlabel("%s (ms since the step's first forward)" % clock_words(meta))
-    idle = 1 - sum(busy) / len(busy)
-    ax.set_title("%s, %d stages x %d microbatches, step %d: F = forward, B = backward of a microbatch\nthe gaps are "
-                 "the bubble: %.0f%% of the step here; (P-1)/(M+P-1) = %.0f%% with equal stages and free transfers"
-                 % ("GPipe" if cfg.get("pp_schedule") == "gpipe" else "1F1B", P, M, step + 1, 100 * idle,
-                    100.0 * (P - 1) / (M + P - 1)), fontsize=9)
+    # the bubble as the grader measures it (one definition: gradelib.checks.pipeline_bubble): the idle share of
+    # each rank's compute kernels in the step's window, so a wait inside a pass counts too (a bar spans it)
+    idle, _ = pipeline_bubble({r: [e for e in events if e.get("pid") == r] for r in range(W)}, step, W)
+    ax.set_title("%s, %d stages x %d microbatches, step %d: F = forward, B = backward of a microbatch\nthe bubble "
+                 "(compute idle, as the grader measures it): %.1f%% of this step; (P-1)/(M+P-1) = %.1f%% with equal "
+                 "stages and free transfers" % ("GPipe" if cfg.get("pp_schedule") == "gpipe" else "1F1B", P, M,
+                                                step + 1, 100 * idle, 100.0 * (P - 1) / (M + P - 1)), fontsize=9)
     ax.legend([plt.Rectangle((0, 0), 1, 1, color=colours[k]) for k in "FB"], ["forward", "backward"],
               loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     fig.tight_layout()

@@ -61,7 +61,9 @@ int dev_world_size(const Dev *d);
  * run on it. */
 Stream *dev_compute_stream(Dev *d);
 /* A new stream, destroyed with the rank. Create your streams in the same
- * order on every rank (collectives match by stream). */
+ * order on every rank (collectives match by stream); at most DEV_MAX_STREAMS
+ * per rank, the compute stream included. */
+#define DEV_MAX_STREAMS 64 /* a stream is one bit of the allocator's 64-bit masks */
 Stream *dev_stream_create(Dev *d, const char *name);
 /* Enqueue a copy / a byte fill on s (traced as "copy" / "memset"). */
 void dev_memcpy_async(Stream *s, void *dst, const void *src, size_t bytes);

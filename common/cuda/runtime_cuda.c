@@ -426,7 +426,7 @@ static int cuda_fence_create(Dev *d, PendingFree *pf) {
     Fence *f = xmalloc(sizeof *f + (size_t)d->nstreams * sizeof(cudaEvent_t));
     f->n = 0;
     int busy = 0;
-    for (int i = 0; i < d->nstreams && i < 64; i++) {
+    for (int i = 0; i < d->nstreams && i < DEV_MAX_STREAMS; i++) {
         if (!(pf->mask >> i & 1)) continue;
         cudaEvent_t e = pool_get(&c->fence_pool, &c->n_fence_pool, cudaEventDisableTiming);
         CUDA_CHECK(cudaEventRecord(e, cuda_stream(d->streams[i])->st));

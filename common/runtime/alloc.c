@@ -118,7 +118,7 @@ static void *ring_reserve(void *buf, size_t *cap, size_t *head, size_t count, si
     return nb;
 }
 
-static uint64_t all_streams(const Dev *d) { return d->nstreams >= 64 ? ~0ull : (1ull << d->nstreams) - 1; }
+static uint64_t all_streams(const Dev *d) { return d->nstreams >= DEV_MAX_STREAMS ? ~0ull : (1ull << d->nstreams) - 1; }
 
 /* A block no longer counted: its storage goes back to its stream's pool now
  * (CUDA; and a dry run's, which no op ever touches: dry.h), or once every
@@ -358,7 +358,8 @@ void dev_record_stream(void *p, Stream *s) {
     Alloc *a = live_alloc(s->dev, p);
     if (!a) fatal("dev_record_stream: %p is not a live allocation of rank %d (record before dev_free)", p, s->dev->rank);
     if (a->host) return; /* pinned host memory: its free waits for every stream anyway */
-    if (s->index >= 64) fatal("dev_record_stream: stream '%s' is the rank's 65th stream (at most 64)", s->name);
+    if (s->index >= DEV_MAX_STREAMS)
+        fatal("dev_record_stream: stream '%s' is the rank's stream %d (at most %d)", s->name, s->index + 1, DEV_MAX_STREAMS);
     if (s->index != a->stream) a->recorded |= 1ull << s->index; /* the owner's own work is ordered anyway */
 }
 
@@ -402,7 +403,6 @@ size_t dev_mem_host_current_by_tag(const Dev *d, MemTag tag) {
     return d->mem.host_by_tag[tag];
 }
 size_t dev_mem_peak(const Dev *d) { return d->mem.peak; }
-size_t dev_mem_reserved(const Dev *d) { return d->mem.reserved; }
 void dev_mem_reset_peak(Dev *d) {
     d->mem.peak = d->mem.current;
     d->mem.host_peak = d->mem.host_current;

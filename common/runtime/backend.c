@@ -29,7 +29,8 @@ int dev_dry_run(const Dev *d) { return d->world->cfg.dry_run != 0; }
 /* ---------------------------------------------------------------- streams */
 
 Stream *stream_new(Dev *d, const char *name) {
-    if (d->nstreams >= 64) fatal("rank %d: dev_stream_create('%s'): at most 64 streams per rank", d->rank, name ? name : "");
+    if (d->nstreams >= DEV_MAX_STREAMS)
+        fatal("rank %d: dev_stream_create('%s'): at most %d streams per rank", d->rank, name ? name : "", DEV_MAX_STREAMS);
     Stream *s = xcalloc(1, sizeof *s);
     s->dev = d;
     s->index = d->nstreams;

@@ -54,7 +54,6 @@ static const DeviceProfile PROFILES[] = {
 };
 #define N_PROFILES (sizeof PROFILES / sizeof PROFILES[0])
 
-const DeviceProfile *device_profile_at(int i) { return i >= 0 && (size_t)i < N_PROFILES ? &PROFILES[i] : NULL; }
 
 const DeviceProfile *device_profile_find(const char *name) {
     for (size_t i = 0; name && i < N_PROFILES; i++)

@@ -40,8 +40,6 @@ typedef struct DeviceProfile {
 const DeviceProfile *device_profile_find(const char *name);
 /* The profiles' names, ", "-separated (for messages). */
 const char *device_profile_names(void);
-/* The i-th profile (0 ..), NULL past the last. */
-const DeviceProfile *device_profile_at(int i);
 #define DEVICE_PROFILE_DEFAULT "teach"
 
 /* What a kernel of cost c takes on profile p, in us (tf32: a float32 matmul may use TF32). */

@@ -96,8 +96,6 @@ World *world_create(const WorldConfig *cfg);
  * or once on the calling thread (mpi). Returns after all ranks returned. */
 void world_run(World *w, void (*rank_main)(Dev *dev, void *arg), void *arg);
 void world_destroy(World *w);
-/* Ranks hosted by this process: all of them (local) or one (mpi). */
-int world_local_ranks(const World *w);
 int world_first_local_rank(const World *w);
 
 /* Host-side exchange between ranks, outside streams, traces and the
@@ -191,7 +189,8 @@ void dev_probe_read(Dev *d, void *host, const void *src, size_t bytes);
  * what the training driver checks the student's schedule with (a flag the
  * hooks ignore, e.g. --backward-prefetch before stage 10). */
 typedef struct {
-    const char *kind;         /* "all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier" */
+    const char *kind;         /* the kind's name, from coll.h's table (coll_kind_name): "all_gather",
+                                 "reduce_scatter", "all_reduce", "broadcast", "barrier" or "p2p" */
     const char *label;        /* the label passed ("" for NULL) */
     const char *module, *phase; /* the scope it was issued in (dev_set_scope) */
     int step, micro;          /* dev_scope_step, dev_scope_microbatch */
@@ -211,9 +210,6 @@ size_t dev_mem_current_by_tag(const Dev *d, MemTag tag);
 size_t dev_mem_host_current_by_tag(const Dev *d, MemTag tag); /* the pinned host pool (dev_alloc_host) */
 /* 1 if p lies in a live pinned host allocation (dev_alloc_host), 0 otherwise. */
 int dev_mem_is_host(const Dev *d, const void *p);
-/* Bytes of storage the allocator holds now: live allocations, freed ones
- * still in use by queued work, and (CUDA) cached segments. >= current. */
-size_t dev_mem_reserved(const Dev *d);
 /* Size of the live allocation that contains address p, or 0 if none does. */
 size_t dev_mem_live_size_containing(const Dev *d, const void *p);
 /* Identity (allocation sequence number, never reused) of the live allocation

@@ -293,7 +293,7 @@ int cpu_fence_create(Dev *d, PendingFree *pf) {
     f->timed = pf->timed;
     int busy = 0;
     for (int i = 0; i < d->nstreams; i++) {
-        if (!(pf->mask >> i & 1)) continue; /* 0: nothing to wait for (stream_new: at most 64 streams) */
+        if (!(pf->mask >> i & 1)) continue; /* 0: nothing to wait for (at most DEV_MAX_STREAMS streams) */
         Stream *s = d->streams[i];
         if (f->timed) {
             Op mark;

@@ -55,7 +55,6 @@ World *world_create(const WorldConfig *cfg) {
     return w;
 }
 
-int world_local_ranks(const World *w) { return w->local_ranks; }
 
 int world_first_local_rank(const World *w) { return w->first_local_rank; }
 

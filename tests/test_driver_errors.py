@@ -370,3 +370,44 @@ def test_backward_prefetch_ignored_under_mpirun():
     assert p.returncode != 0
     assert ("error: --backward-prefetch post: block1's backward all-gather was issued in head's pre_backward, not "
             "head's post_backward: the hooks follow --backward-prefetch pre's schedule") in p.stderr, p.stderr
+
+
+def test_help_states_each_default_once_and_it_is_the_one_used(tmp_path):
+    """--help prints a flag's default from its table row (.def) once, at the end of its text, and the help texts
+    do not repeat it: the default said is the default a run without the flag records in run.json."""
+    p = run("--help")
+    assert p.returncode == 0, p.stderr
+    entries, cur = {}, None  # flag -> its text (continuation lines joined)
+    for line in p.stdout.splitlines():
+        if line.startswith("  --"):
+            cur = line.split()[0].split("=")[0]
+            entries[cur] = line
+        elif line.startswith(" " * 20) and cur:
+            entries[cur] += " " + line.strip()
+        else:
+            cur = None
+    said = {f: t for f, t in entries.items() if "(default " in t}
+    for f, t in said.items():
+        assert t.count("default") == 1, t  # never a second "default" in the text itself
+    assert {"--seq-len", "--batch-size", "--steps", "--lr", "--warmup-steps", "--weight-decay", "--max-norm", "--seed",
+            "--world", "--grad-accum", "--grad-sync", "--reduce-dtype", "--param-dtype", "--backward-prefetch",
+            "--pp-schedule", "--profile-steps", "--reshard-after-forward", "--flavor"} <= set(said)
+    out = tmp_path / "run"
+    r = run("--steps", "1", "--out", out, "--quiet", timeout=120)
+    assert r.returncode == 0, r.stderr
+    with open(out / "run.json") as fh:
+        cfg = json.load(fh)
+    keys = {"--seq-len": "seq_len", "--batch-size": "batch_size", "--lr": "lr", "--warmup-steps": "warmup_steps",
+            "--weight-decay": "weight_decay", "--max-norm": "max_norm", "--seed": "seed", "--world": "world_size",
+            "--grad-accum": "grad_accum", "--grad-sync": "grad_sync", "--reduce-dtype": "reduce_dtype",
+            "--param-dtype": "param_dtype", "--backward-prefetch": "backward_prefetch",
+            "--profile-steps": "profile_steps", "--flavor": "flavor", "--reshard-after-forward": "reshard_after_forward"}
+    for flag, key in keys.items():
+        default = said[flag].rsplit("(default ", 1)[1].rstrip(")")
+        value = cfg[key]
+        if isinstance(value, bool):
+            assert default == ("true" if value else "false"), (flag, default, value)
+        elif isinstance(value, (int, float)):
+            assert float(default) == pytest.approx(value, rel=1e-6), (flag, default, value)
+        else:
+            assert default == value, (flag, default, value)

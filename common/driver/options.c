@@ -46,7 +46,8 @@ struct Flag {
     /* A value the kind alone cannot parse (or more to do than store it); NULL: the kind's */
     void (*parse)(const Flag *f, const char *val, Options *o);
     const char *arg;            /* --help: what the value looks like ("N", "=true|false") */
-    const char *help;           /* --help: its text, lines split by \n; NULL: listed with the
+    const char *help;           /* --help: its text, lines split by \n (usage() adds the .def default:
+                                   the text never repeats it); NULL: listed with the
                                    flags around it on one line (they share the next row's text) */
     const char *section;        /* --help: a heading before this flag */
     const char *json;           /* run.json key (NULL: not in run.json) */
@@ -198,7 +199,7 @@ static void json_mesh(Json *j, const Options *o) {
 static const Flag FLAGS[] = {
     /* model */
     {.name = "--flavor", .kind = FLAG_STRING, .at = AT(flavor), .def = "tiny", .arg = "NAME",
-     .help = "tiny | debugmodel | 1B | 8B | 70B (default tiny; 8B and 70B: Llama 3's,\n"
+     .help = "tiny | debugmodel | 1B | 8B | 70B (8B and 70B: Llama 3's,\n"
              "for --dry-run)", .section = "model", .json = "flavor"},
     {.name = "--dim", .kind = FLAG_INT, .at = AT(overrides.dim), .lo = 1, .hi = 1 << 16, .arg = "N",
      .json = "dim", .json_value = json_model_dim},
@@ -217,23 +218,23 @@ static const Flag FLAGS[] = {
 
     /* training */
     {.name = "--seq-len", .kind = FLAG_SIZE, .at = AT(seq_len), .lo = 1, .hi = 1 << 20, .def = "64", .arg = "T",
-     .help = "sequence length (default 64)", .section = "training", .json = "seq_len"},
+     .help = "sequence length", .section = "training", .json = "seq_len"},
     {.name = "--batch-size", .kind = FLAG_SIZE, .at = AT(batch_size), .lo = 1, .hi = 1 << 20, .def = "2", .arg = "B",
-     .help = "sequences per rank per step (default 2)", .json = "batch_size"},
+     .help = "sequences per rank per step", .json = "batch_size"},
     {.name = "--steps", .kind = FLAG_INT, .at = AT(steps), .lo = 0, .hi = 100000000, .def = "10", .arg = "S",
-     .help = "optimizer steps (default 10)", .json = "steps"},
+     .help = "optimizer steps", .json = "steps"},
     {.name = "--lr", .kind = FLAG_FLOAT, .at = AT(optim.lr), .lo = 0, .hi = 10, .def = "8e-4", .arg = "X",
-     .help = "peak learning rate (default 8e-4)", .json = "lr"},
+     .help = "peak learning rate", .json = "lr"},
     {.name = "--warmup-steps", .kind = FLAG_INT, .at = AT(optim.warmup_steps), .lo = 0, .hi = 100000000, .def = "2",
-     .arg = "N", .help = "linear warmup steps (default 2)", .json = "warmup_steps"},
+     .arg = "N", .help = "linear warmup steps", .json = "warmup_steps"},
     {.name = "--weight-decay", .kind = FLAG_FLOAT, .at = AT(optim.weight_decay), .lo = 0, .hi = 10, .def = "0.1",
-     .arg = "X", .help = "AdamW decoupled weight decay (default 0.1)", .json = "weight_decay"},
+     .arg = "X", .help = "AdamW decoupled weight decay", .json = "weight_decay"},
     {.name = "--max-norm", .kind = FLAG_FLOAT, .at = AT(optim.max_norm), .lo = 0, .hi = 1e30, .def = "1.0",
-     .arg = "X", .help = "clip grads to this global norm, 0 = off (default 1.0)", .json = "max_norm"},
+     .arg = "X", .help = "clip grads to this global norm, 0 = off", .json = "max_norm"},
     {.name = "--seed", .kind = FLAG_U64, .at = AT(seed), .lo = 0, .hi = 0x7fffffff, .def = "0", .arg = "N",
-     .help = "init seed (default 0)", .json = "seed"},
+     .help = "init seed", .json = "seed"},
     {.name = "--data", .kind = FLAG_STRING, .at = AT(data_path), .def = "data/corpus.txt", .arg = "FILE",
-     .help = ".npy tokens (uint16/int32) or text (bytes) (default data/corpus.txt)", .json = "data"},
+     .help = ".npy tokens (uint16/int32) or text (bytes)", .json = "data"},
     {.name = "--load", .kind = FLAG_STRING, .at = AT(load_path), .arg = "FILE",
      .help = "start from these weights (safetensors) instead of --seed; a checkpoint\n"
              "written by --save also restores the optimizer and continues its steps"},
@@ -253,12 +254,12 @@ static const Flag FLAGS[] = {
      .help = "no backward or optimizer: losses of the initial weights", .json = "forward_only"},
     {.name = "--grad-accum", .kind = FLAG_INT, .at = AT(grad_accum), .lo = 1, .hi = 1 << 20, .def = "1", .arg = "K",
      .help = "split each rank's batch into K microbatches, one optimizer step per K\n"
-             "(K divides --batch-size; default 1)",
+             "(K divides --batch-size)",
      .json = "grad_accum"},
     {.name = "--grad-sync", .kind = FLAG_ENUM, .at = AT(grad_sync_every), .choices = GRAD_SYNC, .parse = parse_sync_flag, .def = "every",
      .arg = "every|last",
-     .help = "with --grad-accum: reduce-scatter every microbatch (default), or only\n"
-             "the last (FSDP2's set_requires_gradient_sync(False) on the others)",
+     .help = "with --grad-accum: reduce-scatter every microbatch (every), or only\n"
+             "the last (last: FSDP2's set_requires_gradient_sync(False) on the others)",
      .json = "grad_sync"},
     {.name = "--reshard-after-backward", .kind = FLAG_BOOL, .at = AT(reshard_after_backward), .def = "true", .parse = parse_sync_flag,
      .arg = "=true|false",
@@ -271,7 +272,7 @@ static const Flag FLAGS[] = {
              "param_dtype; bf16 is stage 08's); shards and optimizer stay fp32",
      .json = "param_dtype"},
     {.name = "--reduce-dtype", .kind = FLAG_ENUM, .at = AT(mp.reduce_dtype), .choices = DTYPES, .def = "fp32",
-     .arg = "fp32|bf16", .help = "what the reduce-scatter moves (reduce_dtype; default fp32)", .json = "reduce_dtype"},
+     .arg = "fp32|bf16", .help = "what the reduce-scatter moves (reduce_dtype)", .json = "reduce_dtype"},
     {.name = "--mesh", .kind = FLAG_CUSTOM, .parse = parse_mesh, .arg = "R,S",
      .help = "HSDP (stage 09): a 2-D mesh of R replicas x S shards (R*S = --world; or RxS);\n"
              "params are split over S ranks and replicated R times",
@@ -279,7 +280,7 @@ static const Flag FLAGS[] = {
     {.name = "--backward-prefetch", .kind = FLAG_ENUM, .at = AT(backward_prefetch), .choices = PREFETCH, .def = "pre",
      .parse = parse_backward_prefetch, .arg = "P",
      .help = "stage 10: when the backward issues module i-1's all-gather: pre (at module\n"
-             "i's pre_backward, default), post (after module i's reduce-scatter), none",
+             "i's pre_backward), post (after module i's reduce-scatter), none",
      .json = "backward_prefetch"},
     {.name = "--single-comm-stream", .kind = FLAG_SET, .at = AT(single_comm_stream),
      .help = "stage 10: all-gathers and reduce-scatters share one stream", .json = "single_comm_stream"},
@@ -297,12 +298,12 @@ static const Flag FLAGS[] = {
     {.name = "--pp-schedule", .kind = FLAG_ENUM, .at = AT(pp_schedule), .choices = PP_SCHEDULES, .def = "1f1b",
      .arg = "gpipe|1f1b",
      .help = "with --pp: all forwards then all backwards (gpipe), or one forward one\n"
-             "backward after a warm-up (1f1b, default); PipeInfo.schedule",
+             "backward after a warm-up (1f1b); PipeInfo.schedule",
      .json = "pp_schedule", .json_with_pp = 1},
     {.name = "--world", .kind = FLAG_INT, .at = AT(world.world_size), .lo = 1, .hi = MAXRANKS, .def = "1", .arg = "N",
-     .help = "number of ranks (default 1)", .section = "world and runtime", .json = "world_size"},
+     .help = "number of ranks", .section = "world and runtime", .json = "world_size"},
     {.name = "--backend", .kind = FLAG_ENUM, .at = AT(world.backend), .choices = BACKENDS, .def = "local", .arg = "B",
-     .help = "local: ranks as threads (default; CUDA build: all on one GPU)\n"
+     .help = "local: ranks as threads (CUDA build: all on one GPU)\n"
              "mpi: one process per rank under mpirun (CPU build)\n"
              "nccl: threads, one GPU per rank; nccl-mpi: mpirun, NCCL (CUDA build)",
      .json = "backend"},
@@ -354,13 +355,13 @@ static const Flag FLAGS[] = {
      .json = "tf32"},
     {.name = "--collective-timeout-s", .kind = FLAG_DOUBLE, .at = AT(world.collective_timeout_s), .lo = 0,
      .hi = 1e7, .def = "30", .arg = "X",
-     .help = "stop when a collective waits longer than X s for its peers (default 30, 0 = off)"},
+     .help = "stop when a collective waits longer than X s for its peers (0 = off)"},
 
     /* output */
     {.name = "--out", .kind = FLAG_STRING, .at = AT(out_dir), .arg = "DIR",
      .help = "run directory: metrics.jsonl, run.json, traces, memory snapshots", .section = "output"},
     {.name = "--profile-steps", .kind = FLAG_INT, .at = AT(profile_steps), .lo = 0, .hi = 100000000, .def = "3",
-     .arg = "N", .help = "record op timings for the first N steps (default 3)", .json = "profile_steps"},
+     .arg = "N", .help = "record op timings for the first N steps", .json = "profile_steps"},
     {.name = "--trace-ranks", .kind = FLAG_INT, .at = AT(world.trace_ranks), .lo = 0, .hi = MAXRANKS, .arg = "N",
      .help = "only ranks 0..N-1 record op timings and write traces and memory\n"
              "snapshots (default 0: every rank; a 64-rank --dry-run's are gigabytes)",
@@ -421,8 +422,9 @@ static void usage(FILE *f, const char *prog) {
         /* the text's lines, the second and later under the first */
         for (const char *t = g->help;;) {
             const char *nl = strchr(t, '\n');
-            if (!nl) {
-                fprintf(f, "%s\n", t);
+            if (!nl) { /* the last line ends with the default, from the table (.def), said nowhere else */
+                if (g->def) fprintf(f, "%s (default %s)\n", t, g->def);
+                else fprintf(f, "%s\n", t);
                 break;
             }
             fprintf(f, "%.*s\n%*s", (int)(nl - t), t, USAGE_COLUMN + 2, "");

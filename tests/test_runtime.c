@@ -563,15 +563,15 @@ static void rank_watch(Dev *d, void *arg) {
     TCHECK(w.n == 2, "rank %d: %d collectives reported, expected the 2 issued while watched", dev_rank(d), w.n);
     if (w.n == 2) {
         const CollIssue *a = &w.seen[0], *b = &w.seen[1];
-        TCHECK(!strcmp(a->kind, "all_gather") && !strcmp(a->label, "block0") && !strcmp(a->module, "block1") &&
+        TCHECK(a->kind == COLL_ALL_GATHER && !strcmp(a->kind_name, "all_gather") && !strcmp(a->label, "block0") && !strcmp(a->module, "block1") &&
                    !strcmp(a->phase, "post_backward") && a->step == 3 && a->micro == 1 &&
                    a->stream == stream_index(ag) && !strcmp(a->stream_name, "ag"),
-               "all-gather reported as %s %s in %s.%s step %d micro %d on %s", a->kind, a->label, a->module, a->phase,
+               "all-gather reported as %s %s in %s.%s step %d micro %d on %s", a->kind_name, a->label, a->module, a->phase,
                a->step, a->micro, a->stream_name);
-        TCHECK(!strcmp(b->kind, "reduce_scatter") && !strcmp(b->label, "") && !strcmp(b->module, "head") &&
+        TCHECK(b->kind == COLL_REDUCE_SCATTER && !strcmp(b->kind_name, "reduce_scatter") && !strcmp(b->label, "") && !strcmp(b->module, "head") &&
                    !strcmp(b->phase, "pre_backward") && b->micro == -1 && b->stream == 0 &&
                    !strcmp(b->stream_name, "compute"),
-               "reduce-scatter reported as %s '%s' in %s.%s micro %d on %s", b->kind, b->label, b->module, b->phase,
+               "reduce-scatter reported as %s '%s' in %s.%s micro %d on %s", b->kind_name, b->label, b->module, b->phase,
                b->micro, b->stream_name);
     }
     dev_free(d, x);

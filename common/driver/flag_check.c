@@ -31,8 +31,8 @@ static void expected(const Model *m, BackwardPrefetch p, int i, int *issuer, int
 static void on_collective(void *ctx, const CollIssue *c) {
     FlagCheck *fc = ctx;
     if (c->step != fc->step || c->micro > 0) return;
-    int ag = !strcmp(c->kind, "all_gather");
-    if (!ag && strcmp(c->kind, "reduce_scatter")) return;
+    int ag = c->kind == COLL_ALL_GATHER;
+    if (!ag && c->kind != COLL_REDUCE_SCATTER) return;
     int seen = 0;
     for (int k = 0; k < fc->n_streams; k++) seen |= fc->stream[k] == c->stream;
     if (!seen && fc->n_streams < FLAG_CHECK_STREAMS) {

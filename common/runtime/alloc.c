@@ -8,13 +8,21 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Each tag's name (the snapshots' and the trace's word for it), by the tag itself: no order to keep in step. */
 static const char *const TAG_NAMES[MEM_TAG_COUNT] = {
-    "param", "param_shard", "unsharded_param", "grad_shard", "unsharded_grad",
-    "activation", "optim_state", "comm_buffer", "temp",
+    [MEM_PARAM] = "param",
+    [MEM_PARAM_SHARD] = "param_shard",
+    [MEM_UNSHARDED_PARAM] = "unsharded_param",
+    [MEM_GRAD_SHARD] = "grad_shard",
+    [MEM_UNSHARDED_GRAD] = "unsharded_grad",
+    [MEM_ACTIVATION] = "activation",
+    [MEM_OPTIM_STATE] = "optim_state",
+    [MEM_COMM_BUFFER] = "comm_buffer",
+    [MEM_TEMP] = "temp",
 };
 
 const char *mem_tag_name(MemTag tag) {
-    if ((int)tag < 0 || tag >= MEM_TAG_COUNT) return "unknown";
+    if ((int)tag < 0 || tag >= MEM_TAG_COUNT || !TAG_NAMES[tag]) return "unknown"; /* a tag added without a name */
     return TAG_NAMES[tag];
 }
 

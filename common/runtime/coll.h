@@ -15,18 +15,7 @@
 
 typedef struct Op Op;
 
-/* The collective kinds. A kind is its row of coll_kinds (coll_common.c: what
- * it moves, its checks, its link cost) plus one execute case per backend
- * (collectives.c: local; backend_mpi.c: mpi; cuda/coll_cuda.c: local and nccl). */
-typedef enum {
-    COLL_ALL_GATHER = 0,
-    COLL_REDUCE_SCATTER,
-    COLL_ALL_REDUCE,
-    COLL_BROADCAST,
-    COLL_BARRIER,
-    COLL_P2P,          /* a group of point-to-point sends and receives (p2p.c: dev_send / dev_recv) */
-    COLL_KIND_COUNT /* keep last: the number of kinds (rows of coll_kinds) */
-} CollKind;
+/* The collective kinds (CollKind): runtime.h, where the driver reads them too. */
 
 /* How many elements one buffer of a collective holds. */
 typedef enum {

@@ -360,7 +360,7 @@ void coll_op_describe(Dev *d, Stream *s, Op *o, ProcessGroup *g, CollKind kind, 
     o->coll_seq = s->coll_seq++;
     flight_set(s, o, FLIGHT_ISSUED);
     if (d->coll_watch) {
-        CollIssue c = {k->name, o->label, d->scope.module, d->scope.phase, d->scope.step,
+        CollIssue c = {kind, k->name, o->label, d->scope.module, d->scope.phase, d->scope.step,
                        d->scope.micro, s->index, s->name};
         d->coll_watch(d->coll_watch_ctx, &c);
     }

@@ -77,7 +77,7 @@ static void enqueue_batch(Dev *d, P2PBatch *b) {
     o.coll_seq = s->coll_seq++;
     flight_set(s, &o, FLIGHT_ISSUED);
     if (d->coll_watch) {
-        CollIssue c = {coll_kind_name(COLL_P2P), o.label, d->scope.module, d->scope.phase, d->scope.step,
+        CollIssue c = {COLL_P2P, coll_kind_name(COLL_P2P), o.label, d->scope.module, d->scope.phase, d->scope.step,
                        d->scope.micro, s->index, s->name};
         d->coll_watch(d->coll_watch_ctx, &c);
     }

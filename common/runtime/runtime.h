@@ -185,12 +185,25 @@ int dev_clip_collect(Dev *d, float *host, int cap);
  * the memory counts or the trace. */
 void dev_probe_read(Dev *d, void *host, const void *src, size_t bytes);
 
+/* The collective kinds. A kind is its row of coll_kinds (coll_common.c: what
+ * it moves, its checks, its link cost) plus one execute case per backend
+ * (collectives.c: local; backend_mpi.c: mpi; cuda/coll_cuda.c: local and nccl). */
+typedef enum {
+    COLL_ALL_GATHER = 0,
+    COLL_REDUCE_SCATTER,
+    COLL_ALL_REDUCE,
+    COLL_BROADCAST,
+    COLL_BARRIER,
+    COLL_P2P,          /* a group of point-to-point sends and receives (p2p.c: dev_send / dev_recv) */
+    COLL_KIND_COUNT /* keep last: the number of kinds (rows of coll_kinds) */
+} CollKind;
+
 /* Every collective this rank issues, as the host queues it (host thread):
  * what the training driver checks the student's schedule with (a flag the
  * hooks ignore, e.g. --backward-prefetch before stage 10). */
 typedef struct {
-    const char *kind;         /* the kind's name, from coll.h's table (coll_kind_name): "all_gather",
-                                 "reduce_scatter", "all_reduce", "broadcast", "barrier" or "p2p" */
+    CollKind kind;            /* what to compare (COLL_ALL_GATHER, ...) */
+    const char *kind_name;    /* its name in the trace (coll_kind_name): "all_gather", ... */
     const char *label;        /* the label passed ("" for NULL) */
     const char *module, *phase; /* the scope it was issued in (dev_set_scope) */
     int step, micro;          /* dev_scope_step, dev_scope_microbatch */

@@ -344,3 +344,48 @@ def test_student_tree_builds_around_a_broken_stage(tmp_path):
     assert "✗ stages/%s/hw_fsdp.c does not build yet" % broken in p.stdout
     assert os.path.exists(os.path.join(build, "stages", STAGES[0].dir, "train"))
     assert not os.path.exists(os.path.join(build, "stages", broken, "train"))
+
+
+def test_the_docs_say_what_each_stage_builds_on():
+    """What HANDOUT.md and README.md say a stage builds on (make carry's source) is the manifest's builds_on
+    (rubric.json): every "stage NN builds on stage MM", the handout's list of where each stage carries from and
+    the README's carry row. A new stage or a changed builds_on fails here until the docs say it."""
+    by_id = {s.id: s for s in STAGES}
+    said = {}  # stage -> what a sentence says it builds on
+
+    def claim(nn, mm, where):
+        assert nn in by_id, "%s names stage %s, which the manifest does not have" % (where, nn)
+        assert by_id[nn].builds_on == mm, "%s: stage %s builds on %s, the manifest says %s" % (
+            where, nn, mm, by_id[nn].builds_on)
+        said[nn] = mm
+    texts = {}
+    for doc in ("HANDOUT.md", "README.md"):
+        with open(os.path.join(ROOT, doc), encoding="utf-8") as fh:
+            texts[doc] = fh.read()
+        for nn, mm in re.findall(r"stage (\d\d) builds on stage (\d\d)", texts[doc]):
+            claim(nn, mm, doc)
+    # the handout's sentence: "02 to 07 from the stage before, each bonus stage 08, 09 and 10 from your stage 06, ..."
+    m = re.search(r"Each stage carries\s+from the one it builds on: (.*?)\. ", texts["HANDOUT.md"], re.S)
+    assert m, "HANDOUT.md no longer says where each stage carries from"
+    sentence = " ".join(m.group(1).split())
+    lo, hi = re.match(r"(\d\d) to (\d\d) from the stage before", sentence).groups()
+    for n in range(int(lo), int(hi) + 1):
+        claim("%02d" % n, "%02d" % (n - 1), "HANDOUT.md's carry sentence")
+    for group, mm in re.findall(r"((?:\d\d(?:, | and ))*\d\d) from your stage (\d\d)", sentence):
+        for nn in re.findall(r"\d\d", group):
+            claim(nn, mm, "HANDOUT.md's carry sentence")
+    assert set(said) >= {s.id for s in STAGES if s.builds_on}, "HANDOUT.md does not say what %s build on" % sorted(
+        {s.id for s in STAGES if s.builds_on} - set(said))
+    # README's carry row: "(NN−1; 06 for the bonus stages 08–10, 07 for 11, 11 for 12)"
+    row = re.search(r"carry your file of the stage NN builds on \((.*?)\)", texts["README.md"]).group(1)
+    named = set()
+    for mm, a, b in re.findall(r"(\d\d) for the bonus stages (\d\d)–(\d\d)", row):
+        for n in range(int(a), int(b) + 1):
+            claim("%02d" % n, mm, "README.md's carry row")
+            named.add("%02d" % n)
+    for mm, nn in re.findall(r"(\d\d) for (\d\d)\b", row):
+        claim(nn, mm, "README.md's carry row")
+        named.add(nn)
+    for s in STAGES:  # the rest: NN-1
+        if s.builds_on and s.id not in named:
+            assert int(s.builds_on) == int(s.id) - 1, "README.md's carry row says stage %s builds on the one before" % s.id

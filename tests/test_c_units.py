@@ -1,4 +1,8 @@
-"""Runs every C unit test binary (build/tests/test_*) and checks its summary line."""
+"""Runs every C unit test binary and checks its summary line.
+
+The list comes from the sources, as the Makefile's does (TEST_SRC := $(wildcard tests/test_*.c), each built to
+build/tests/test_*), not from the binaries found: a test that failed to build is a failing test that names it,
+not one missing from the list."""
 import glob
 import os
 import re
@@ -8,18 +12,33 @@ import pytest
 
 from helpers import BUILD, ROOT
 
-# Binaries that need a launcher (mpirun) have their own Python wrapper.
-SKIP = {"test_runtime_mpi"}
-BINARIES = sorted(b for b in glob.glob(os.path.join(BUILD, "tests", "test_*"))
-                  if os.access(b, os.X_OK) and os.path.basename(b) not in SKIP)
+# Sources whose binary needs a launcher (mpirun): their own Python wrapper runs them.
+SKIP = {"test_runtime_mpi": "tests/test_mpi.py"}
+SOURCES = sorted(glob.glob(os.path.join(ROOT, "tests", "test_*.c")))
+NAMES = [os.path.splitext(os.path.basename(s))[0] for s in SOURCES]
+UNITS = [n for n in NAMES if n not in SKIP]
 
 
-def test_unit_binaries_were_built():
-    assert BINARIES, "no build/tests/test_* binaries: run make first"
+def test_the_list_is_the_makefiles():
+    """The Makefile still builds every tests/test_*.c to build/tests/ (this list's rule), and what SKIP leaves
+    out is there and has its wrapper."""
+    with open(os.path.join(ROOT, "Makefile")) as fh:
+        mk = fh.read()
+    assert re.search(r"^TEST_SRC\s*:=\s*\$\(wildcard tests/test_\*\.c\)\s*$", mk, re.M), \
+        "the Makefile's TEST_SRC is no longer $(wildcard tests/test_*.c): update SOURCES here to its rule"
+    assert re.search(r"^TEST_BIN\s*:=\s*\$\(patsubst tests/%\.c,\$\(BUILD\)/tests/%,\$\(TEST_SRC\)\)\s*$", mk, re.M), \
+        "the Makefile's TEST_BIN no longer builds tests/X.c to $(BUILD)/tests/X: update the binaries' path here"
+    assert UNITS, "no tests/test_*.c"
+    for name, wrapper in SKIP.items():
+        assert name in NAMES and os.path.isfile(os.path.join(ROOT, wrapper)), (name, wrapper)
 
 
-@pytest.mark.parametrize("binary", BINARIES, ids=[os.path.basename(b) for b in BINARIES])
-def test_c_unit(binary):
+@pytest.mark.parametrize("name", UNITS)
+def test_c_unit(name):
+    binary = os.path.join(BUILD, "tests", name)
+    shown = os.path.relpath(binary, ROOT) if binary.startswith(ROOT + os.sep) else binary
+    assert os.access(binary, os.X_OK), "%s is missing: tests/%s.c did not build (run make: its errors say why)" % (
+        shown, name)
     p = subprocess.run([binary], capture_output=True, text=True, timeout=600, cwd=ROOT)
     lines = p.stdout.strip().splitlines()
     m = re.match(r"(\d+) passed, (\d+) failed", lines[-1] if lines else "")

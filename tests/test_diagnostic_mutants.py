@@ -3,12 +3,14 @@
 Three student bugs taken from tests/mutants/mutants.json (each a text edit of a solution):
 a compute stream that copies out of the all-gather buffer without waiting on the all-gather's
 event (race detector), a prefetch buffer freed before compute copies out of it (use after free),
-and ranks whose collectives disagree (desync check). Each is built once and run 20 times at the
-grading config; the verdict is decided in host enqueue order, so all 20 stderr texts must be the
-same single line, whatever the thread timing.
+and ranks whose collectives disagree (desync check). Each is built once and run 20 times as the grader runs
+the stage whose solution the mutant edits (grading_command: gradelib.rubric.stage_flags, the rubric's config with
+the stage's overrides and its own flags, then --out and --quiet, the command grader/gradelib/runner.py runs); the
+verdict is decided in host enqueue order, so all 20 stderr texts must be the same single line, whatever the
+thread timing.
 
-Then the sentences that name a bug's cause, each from a mutant run once: who freed the params the backward
-finds missing, and what the params check finds in a Param's rows instead of its shard; and a --forward-only
+Then the sentences that name a bug's cause, each from a mutant run once the same way: who freed the params the
+backward finds missing, and what the params check finds in a Param's rows instead of its shard; and a --forward-only
 run, whose grad norm is said to be not computed rather than nan.
 """
 import json
@@ -18,12 +20,12 @@ import subprocess
 
 import pytest
 
+import manifest
+from gradelib.rubric import load_rubric, stage_flags
 from helpers import CORPUS, ROOT, apply_mutant
 
 with open(os.path.join(ROOT, "tests", "mutants", "mutants.json")) as _fh:
     MUTANTS = {m["name"]: m for m in json.load(_fh)["mutants"]}
-with open(os.path.join(ROOT, "grader", "rubric.json")) as _fh:
-    CONFIG = json.load(_fh)["config"]
 
 RUNS = 20
 CASES = {
@@ -46,6 +48,13 @@ CASES = {
 }
 
 
+def grading_command(name, binary, run_dir):
+    """The grader's command for the stage whose solution mutant `name` edits (its "base": solutions/<stage dir>/):
+    runner.run's [binary] + stage_flags + --out, --quiet (the data: the default, data/corpus.txt from ROOT)."""
+    stage = manifest.stage(os.path.basename(os.path.dirname(MUTANTS[name]["base"])))
+    return [binary] + stage_flags(load_rubric(), stage.id) + ["--out", str(run_dir), "--quiet"]
+
+
 def build_mutant(name, tmp_path):
     src = apply_mutant(MUTANTS[name], str(tmp_path / "hw_fsdp.c"))
     binary = tmp_path / "train"
@@ -58,10 +67,7 @@ def build_mutant(name, tmp_path):
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_mutant_stopped_with_the_same_sentence_every_run(name, tmp_path):
     binary = build_mutant(name, tmp_path)
-    cmd = [binary, "--quiet", "--data", CORPUS, "--out", str(tmp_path / "run"),
-           "--flavor", CONFIG["flavor"], "--world", str(CONFIG["world"]), "--seq-len", str(CONFIG["seq_len"]),
-           "--batch-size", str(CONFIG["batch_size"]), "--steps", str(CONFIG["steps"]),
-           "--link-gbps", str(CONFIG["link_gbps"]), "--link-latency-us", str(CONFIG["link_latency_us"])]
+    cmd = grading_command(name, binary, tmp_path / "run")
     verdicts = []
     for _ in range(RUNS):
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT)
@@ -77,30 +83,30 @@ def test_mutant_stopped_with_the_same_sentence_every_run(name, tmp_path):
 # bug does not pin is matched by pattern): who freed the params the backward finds missing (the allocator's
 # event log), and what the params check finds in the rows instead of the shard.
 MESSAGES = {
-    "recompute_reshards_before_backward": (["--ac"], re.escape(
+    "recompute_reshards_before_backward": re.escape(
         "error: block1: layers.1.attention_norm.weight has no unsharded data for the backward (Param.data is NULL): "
         "its unsharded buffer 'layers.1.attention_norm.weight' was freed in block1's fsdp_post_forward during the "
-        "backward's recompute, after fsdp_pre_backward, and nothing gathered it again")),
-    "pre_backward_does_not_all_gather": ([], re.escape(
+        "backward's recompute, after fsdp_pre_backward, and nothing gathered it again"),
+    "pre_backward_does_not_all_gather": re.escape(
         "error: head: norm.weight has no unsharded data for the backward (Param.data is NULL): its unsharded buffer "
         "'norm.weight' was freed in head's fsdp_post_forward during the forward, and fsdp_pre_backward did not "
-        "all-gather it again")),
-    "copy_out_skips_the_last_rank": ([], re.escape(
+        "all-gather it again"),
+    "copy_out_skips_the_last_rank": re.escape(
         "error: params check on rank 3: before embedding's compute (after its pre_forward, step 1), rows [195, 259) "
         "of tok_embeddings.weight's Param.data should hold this rank's current shard; they hold NaN in 4096 of their "
         "4096 values, which were never written (fresh memory is NaN-filled): the copy-out did not reach these rows, "
-        "or compute read them before the all-gather filled them")),
-    "copy_out_of_one_param_from_its_neighbours_segment": ([], r"error: params check on rank \d: before block0's "
+        "or compute read them before the all-gather filled them"),
+    "copy_out_of_one_param_from_its_neighbours_segment": (r"error: params check on rank \d: before block0's "
         r"compute \(after its pre_forward, step 1\), rows \[\d+, \d+\) of layers\.0\.attention\.wv\.weight's "
         + re.escape("Param.data should hold this rank's current shard; they hold layers.0.attention.wk.weight's "
                     "shard instead: the copy-out took another param's segment (a wrong offset in the flat buffer, "
                     "or another module's all-gather output)")),
-    "copy_out_from_the_first_params_segment": ([], r"error: params check on rank \d: before block0's compute "
+    "copy_out_from_the_first_params_segment": (r"error: params check on rank \d: before block0's compute "
         r"\(after its pre_forward, step 1\), rows \[\d+, \d+\) of layers\.0\.attention\.wq\.weight's "
         + re.escape("Param.data should hold this rank's current shard; they hold other values: the copy-out's "
                     "offsets or counts are wrong (rank r's rows of param j start at r x S + offset(j) of the "
                     "all-gather output)")),
-    "params_not_freed_after_backward": ([], r"error: params check on rank \d: before embedding's compute \(after "
+    "params_not_freed_after_backward": (r"error: params check on rank \d: before embedding's compute \(after "
         r"its pre_forward, step 2\), rows \[\d+, \d+\) of tok_embeddings\.weight's "
         + re.escape("Param.data should hold this rank's current shard; they hold last step's shard, stale values "
                     "from before the optimizer's update (params kept from the last step instead of resharded after "
@@ -112,11 +118,9 @@ MESSAGES = {
 @pytest.mark.parametrize("name", sorted(MESSAGES))
 def test_mutant_stopped_with_its_cause_in_one_sentence(name, tmp_path):
     binary = build_mutant(name, tmp_path)
-    flags, pattern = MESSAGES[name]
-    p = subprocess.run([binary, "--quiet", "--data", CORPUS, "--out", str(tmp_path / "run"), "--flavor",
-                        CONFIG["flavor"], "--world", str(CONFIG["world"]), "--seq-len", str(CONFIG["seq_len"]),
-                        "--batch-size", str(CONFIG["batch_size"]), "--steps", str(CONFIG["steps"])] + flags,
-                       capture_output=True, text=True, timeout=60, cwd=ROOT)
+    pattern = MESSAGES[name]
+    p = subprocess.run(grading_command(name, binary, tmp_path / "run"), capture_output=True, text=True, timeout=60,
+                       cwd=ROOT)
     assert p.returncode == 2, "exit %d, stderr:\n%s" % (p.returncode, p.stderr[-2000:])
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1, "expected one line, got:\n" + p.stderr

@@ -42,15 +42,50 @@ def test_misuse(kind):
     assert re.fullmatch(CASES[kind], lines[0]), lines[0]
 
 
-def test_mpi_backend_without_mpi_is_clear():
-    """Only meaningful in a build without MPI; with MPI the binary says so and exits 0."""
+NO_MPI_LINE = "error: this build has no MPI support (rebuild with OpenMPI installed)"
+
+
+def build_has_mpi():
+    """Whether the build under test was compiled with MPI, from the flags make recorded (build/.flags: the Makefile
+    adds -DHAVE_MPI where it finds mpicc), not from what the binary says of itself."""
+    flags = os.path.join(BUILD, ".flags")
+    assert os.path.isfile(flags), "%s missing: run make first" % flags
+    with open(flags) as fh:
+        return "-DHAVE_MPI" in fh.read().split()
+
+
+def test_binary_has_the_builds_mpi():
+    """test_runtime answers --misuse mpi_no_support as its build's flags say: "mpi supported" where make compiled
+    with -DHAVE_MPI, the refusal otherwise (a binary left from a build with other flags fails here)."""
     assert os.access(BINARY, os.X_OK), "%s missing: run make first" % BINARY
     p = subprocess.run([BINARY, "--misuse", "mpi_no_support"], capture_output=True, text=True, timeout=60, cwd=ROOT)
-    if p.returncode == 0:
-        assert "mpi supported" in p.stdout
-        return
-    assert p.returncode == 2
-    assert p.stderr.strip() == "error: this build has no MPI support (rebuild with OpenMPI installed)"
+    if build_has_mpi():
+        assert (p.returncode, p.stdout.strip(), p.stderr) == (0, "mpi supported", ""), (
+            p.returncode, p.stdout, p.stderr)
+    else:
+        assert p.returncode == 2 and p.stderr.strip() == NO_MPI_LINE, (p.returncode, p.stdout, p.stderr)
+
+
+def test_mpi_backend_without_mpi_is_clear(tmp_path):
+    """A world asked for the mpi backend in a build without MPI stops with one line and exit status 2 (the
+    runtime's stubs without HAVE_MPI: backend_mpi.c, mpi_world.c). In a build without MPI that is the build under
+    test; in one with MPI the same sources are built again without it (make NO_MPI=1 into tmp_path, -O0: a few
+    seconds) and that binary is run, so the property is checked in both."""
+    binary = BINARY
+    if build_has_mpi():
+        build = tmp_path / "build-no-mpi"
+        binary = str(build / "tests" / "test_runtime")
+        env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}  # under make test
+        p = subprocess.run(["make", "-s", "--no-print-directory", "-j2", "BUILD=%s" % build, "NO_MPI=1", "NO_CUDA=1",
+                            "OPT=-O0", binary], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, "make NO_MPI=1 %s failed:\n%s%s" % (binary, p.stdout[-3000:], p.stderr[-3000:])
+        with open(build / ".flags") as fh:
+            assert "-DHAVE_MPI" not in fh.read().split()
+    assert os.access(binary, os.X_OK), "%s missing: run make first" % binary
+    p = subprocess.run([binary, "--misuse", "mpi_no_support"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert p.returncode == 2, "exit %d, stdout:\n%s\nstderr:\n%s" % (p.returncode, p.stdout, p.stderr)
+    assert p.stderr.strip() == NO_MPI_LINE, p.stderr
+    assert "mpi supported" not in p.stdout, p.stdout
 
 
 # ---------------------------------------------------------------------------------------------

@@ -62,54 +62,37 @@ class Bands:
         with open(rubric_path, encoding="utf-8") as fh:  # OSError, ValueError: main says it in one line
             runs = (json.load(fh).get("parity_spread") or {}).get("runs") or {}
         self.runs = runs if isinstance(runs, dict) else {}
-        self.widest = {}
-        for by_run in runs.values():
+        self.widest = {}  # (metric, field) -> the largest over all runs
+        for by_run in self.runs.values():
             for by_metric in (by_run or {}).values():
                 for metric, f in (by_metric or {}).items():
-                    b = f.get("band") if isinstance(f, dict) else None
-                    if isinstance(b, (int, float)) and b >= 0:
-                        self.widest[metric] = max(self.widest.get(metric, 0.0), float(b))
+                    for field in ("band", "grad_state_band"):
+                        b = f.get(field) if isinstance(f, dict) else None
+                        if isinstance(b, (int, float)) and b >= 0:
+                            self.widest[metric, field] = max(self.widest.get((metric, field), 0.0), float(b))
 
-    def grad_state_band(self, where):
-        """(band, how) for the grad_state notes of the run in `where`: its grad_norm's grad_state_band, or the
-        widest of any run, never below 2**-23."""
-        parts = where.split(os.sep)
-        stage = parts[0][len("stage"):] if parts and parts[0].startswith("stage") else None
-        run = parts[1] if len(parts) > 1 else MAIN_RUN
-        f = ((self.runs.get(stage) or {}).get(run) or {}).get("grad_norm")
-        if isinstance(f, dict) and isinstance(f.get("grad_state_band"), (int, float)):
-            band, how = float(f["grad_state_band"]), "stage %s %s" % (stage, run)
-        else:
-            band = max([float(f["grad_state_band"]) for by_run in self.runs.values() for by_metric in
-                        (by_run or {}).values() for f in [(by_metric or {}).get("grad_norm")]
-                        if isinstance(f, dict) and isinstance(f.get("grad_state_band"), (int, float))] or [0.0])
-            how = "the widest of any run" if band else "none measured"
-        if band < SPREAD_FLOOR:
-            return SPREAD_FLOOR, how + ", at least float32's resolution 2**-23"
-        return band, how
-
-    def band(self, where, metric):
-        """(band, how it was chosen) for the metrics file in the tree folder `where` ("stage02/uneven"): the measured
-        one, never below float32's resolution 2**-23 (tools/parity_spread.py blas_band says why)."""
-        band, how = self._measured(where, metric)
-        if band < SPREAD_FLOOR:
-            return SPREAD_FLOOR, how + ", at least float32's resolution 2**-23"
-        return band, how
-
-    def _measured(self, where, metric):
+    def band(self, where, metric, field="band"):
+        """(band, how it was chosen) of `metric` for the run in the tree folder `where` ("stage02/uneven"): its
+        measured `field` ("band", or "grad_state_band" for the memory snapshots' gradient probes, a grad_norm
+        field), else the widest of any run; never below float32's resolution 2**-23 (tools/parity_spread.py
+        blas_band says why)."""
         parts = where.split(os.sep)
         stage = parts[0][len("stage"):] if parts and parts[0].startswith("stage") else None
         run = parts[1] if len(parts) > 1 else MAIN_RUN
         f = ((self.runs.get(stage) or {}).get(run) or {}).get(metric)
-        if isinstance(f, dict) and isinstance(f.get("band"), (int, float)):
-            return float(f["band"]), "stage %s %s" % (stage, run)
-        if metric in self.widest:
-            return self.widest[metric], "the widest of any run"
-        return 0.0, "none measured"
+        if isinstance(f, dict) and isinstance(f.get(field), (int, float)):
+            band, how = float(f[field]), "stage %s %s" % (stage, run)
+        elif (metric, field) in self.widest:
+            band, how = self.widest[metric, field], "the widest of any run"
+        else:
+            band, how = 0.0, "none measured"
+        if band < SPREAD_FLOOR:
+            return SPREAD_FLOOR, how + ", at least float32's resolution 2**-23"
+        return band, how
 
     def measured(self):
         """Does the rubric hold any band? (Without, every value is compared bit for bit.)"""
-        return bool(self.widest)
+        return any(field == "band" for _, field in self.widest)
 
 
 def compare_metrics(a, b, name, bands, notes):
@@ -230,7 +213,8 @@ def compare_memory(a, b, name, bands, notes):
     ea, eb = a.get("events") or [], b.get("events") or []
     if len(ea) != len(eb):
         return "events: %d vs %d" % (len(ea), len(eb))
-    band, how = bands.grad_state_band(os.path.dirname(name)) if bands.measured() else (0.0, "no band in the rubric")
+    band, how = (bands.band(os.path.dirname(name), "grad_norm", "grad_state_band") if bands.measured() else
+                 (0.0, "no band in the rubric"))
     worst = [0.0]
     for i, (x, y) in enumerate(zip(ea, eb)):
         if x == y:

@@ -67,6 +67,7 @@ SOLUTION = "solution"  # the label of the solution run as the grader runs it
 FIGURES = (("spread_ref", "ref_by"), ("gap_base", "base_by"))
 BASELINE = "baseline"  # the label of the baseline run on this machine's own BLAS kernel
 GRAD_STATE = "grad_state"  # a run's gradient-state probe values (the memory snapshots' grad_state notes)
+GRAD_STATE_FLOATS = ("by_module", "unsharded_grad_sumsq", "grad_shard_sumsq", "dot_previous", "dot_params")
 
 
 def grad_state_values(run_dir):
@@ -98,8 +99,6 @@ def grad_state_values(run_dir):
         rank += 1
     return values
 
-
-GRAD_STATE_FLOATS = ("by_module", "unsharded_grad_sumsq", "grad_shard_sumsq", "dot_previous", "dot_params")
 
 ABOUT = ("The loss and grad-norm tolerances, measured (tools/parity_spread.py; HANDOUT.md#grading, INSTRUCTORS.md). "
          "Per stage, run (main: the grading configuration; then each variant the stage lists) and metric: "

@@ -14,6 +14,7 @@ import time
 from collections import defaultdict
 
 import manifest  # grader/manifest.py: the stages, from grader/rubric.json
+from gradelib.rubric import load_rubric, parity_tolerances
 from repo_paths import ROOT
 from trace_names import ALL_GATHER, ALL_REDUCE, COLLECTIVE, COMPUTE, COMPUTE_TID, REDUCE_SCATTER, label_and_kind
 
@@ -505,7 +506,6 @@ def layout_loss_rtol(*stage_ids):
     tolerance of the non-sharded baseline (grader/rubric.json parity_spread: the spread of correct runs over BLAS
     kernels, thread counts and reorderings, times the margin), so two of them within the sum of their stages'
     tolerances. Runs on one layout that differ only in schedule sum in the same order: those agree bit for bit."""
-    from gradelib.rubric import load_rubric, parity_tolerances
     rubric = load_rubric()
     return sum(parity_tolerances(rubric, s)["loss"][1] for s in stage_ids)
 

@@ -25,15 +25,13 @@ A run directory's bulky files may be gzip'd (logs/reference/: trace.json.gz, mem
 Needs matplotlib (Debian: python3-matplotlib).
 """
 import argparse
-import glob
-import gzip
 import json
 import math
 import os
 import sys
 
 import repo_paths  # noqa: F401  (grader/ on sys.path, for trace_names)
-from gradelib.checks import pipeline_bubble
+from gradelib.trace_model import BUSY_PHASES, RunDir, by_rank, ideal_bubble, open_json, pipeline_bubble
 from trace_names import (ALL_GATHER, ALL_REDUCE, BACKWARD_PHASES, BROADCAST, COLLECTIVE, COMPUTE, COMPUTE_TID, COPY,
                          EVENT, FORWARD_PHASES, HOST_SYNC, HOST_TID, MEMSET, REDUCE_SCATTER, WAIT, label_and_kind)
 
@@ -42,32 +40,14 @@ DPI = 110
 
 # ---- reading a run directory --------------------------------------------------------------------
 
-def open_json(path):
-    """The JSON document at path, or at path.gz; None when neither exists."""
-    for p in (path, path + ".gz"):
-        if os.path.exists(p):
-            with (gzip.open(p, "rt") if p.endswith(".gz") else open(p)) as fh:
-                return json.load(fh)
-    return None
-
-
 def load_metrics(run):
-    with open(os.path.join(run, "metrics.jsonl")) as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+    return RunDir(run).metrics()
 
 
 def load_trace(run):
     """(slices, {(rank, tid): stream name}, otherData) of a run: its per-rank traces, else trace.json(.gz)."""
-    events, names, meta = [], {}, {}
-    for path in sorted(glob.glob(os.path.join(run, "trace_rank*.json"))) or [os.path.join(run, "trace.json")]:
-        doc = open_json(path) or {}
-        meta = doc.get("otherData") or meta
-        for e in doc.get("traceEvents", []):
-            if e.get("ph") == "X":
-                events.append(e)
-            elif e.get("ph") == "M" and e.get("name") == "thread_name":
-                names[(e["pid"], e["tid"])] = e["args"]["name"]
-    return events, names, meta
+    r = RunDir(run)
+    return r.events(), r.track_names, r.meta
 
 
 def run_name(path):
@@ -526,7 +506,7 @@ def pipeline_passes(events, step):
     spans = {}
     for e in events:
         a = e.get("args", {})
-        if e.get("cat") != COMPUTE or a.get("step") != step or a.get("phase") not in ("forward", "backward", "recompute"):
+        if e.get("cat") != COMPUTE or a.get("step") != step or a.get("phase") not in BUSY_PHASES:
             continue
         if not isinstance(a.get("microbatch"), int):
             continue
@@ -570,13 +550,13 @@ def plot_pipeline(plt, run, out, step):
     ax.set_yticklabels(["rank %d (stage %d)" % (r, r // S) for r in ranks])
     ax.invert_yaxis()
     ax.set_xlabel("%s (ms since the step's first forward)" % clock_words(meta))
-    # the bubble as the grader measures it (one definition: gradelib.checks.pipeline_bubble): the idle share of
-    # each rank's compute kernels in the step's window, so a wait inside a pass counts too (a bar spans it)
-    idle, _ = pipeline_bubble({r: [e for e in events if e.get("pid") == r] for r in range(W)}, step, W)
+    # the bubble as the grader measures it (gradelib.trace_model.pipeline_bubble): the idle share of each rank's
+    # compute kernels in the step's window, so a wait inside a pass counts too (a bar spans it)
+    idle, _ = pipeline_bubble(by_rank(events), step, W)
     ax.set_title("%s, %d stages x %d microbatches, step %d: F = forward, B = backward of a microbatch\nthe bubble "
                  "(compute idle, as the grader measures it): %.1f%% of this step; (P-1)/(M+P-1) = %.1f%% with equal "
                  "stages and free transfers" % ("GPipe" if cfg.get("pp_schedule") == "gpipe" else "1F1B", P, M,
-                                                step + 1, 100 * idle, 100.0 * (P - 1) / (M + P - 1)), fontsize=9)
+                                                step + 1, 100 * idle, 100 * ideal_bubble(P, M)), fontsize=9)
     ax.legend([plt.Rectangle((0, 0), 1, 1, color=colours[k]) for k in "FB"], ["forward", "backward"],
               loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     fig.tight_layout()

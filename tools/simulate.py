@@ -33,6 +33,7 @@ from repo_paths import ROOT
 import manifest
 from benchlib.memory_model import flops_per_token, model_dims, n_params, replay_peak
 from benchlib.traces import step_on_model_clock, trace_events
+from gradelib.trace_model import RunDir
 
 BUILD = os.environ.get("HWFSDP_BUILD", os.path.join(ROOT, "build"))
 GIB = 1024.0 ** 3
@@ -113,8 +114,7 @@ def report(run_dir, stage):
     B = rj["batch_size"] / (rj.get("pp") or 1)
     step_s = last["model_step_ms"] / 1e3
     tps = B * T / step_s
-    with open(os.path.join(run_dir, "trace_rank0.json")) as fh:
-        meta = json.load(fh)["otherData"]
+    meta = RunDir(run_dir).meta
     fpt = flops_per_token(dims, T)
     init, steady, by_tag, where = peaks(os.path.join(run_dir, "memory_rank0.json"), last["step"] - 1)
     attn_ms = sum(e["dur"] for e in events if e["pid"] == 0 and e["args"].get("step") == last["step"] - 1

@@ -13,14 +13,12 @@
   not computed).
 Numbers only, never asserted. Rendered by render().
 """
-import json
 import os
 
-from gradelib.checks import activation_peaks, pipeline_bubble
+from gradelib.trace_model import RunDir, activation_peaks, ideal_bubble, pipeline_bubble
 
 from .figures import MIB, fmt_mib, section
 from .measure import first_stage, layout_loss_rtol, log
-from .traces import trace_events
 
 
 def _pipeline_stage(fsdp):
@@ -33,16 +31,12 @@ def _accum_stage():
 
 def bubble(run_dir, world, step):
     """The stages' mean idle share of `step` on the modelled clock, as the grader's pp_bubble measures it."""
-    traces = {}
-    for e in trace_events(run_dir):
-        traces.setdefault(e.get("pid"), []).append(e)
-    return pipeline_bubble(traces, step, world)[0]
+    return pipeline_bubble(RunDir(run_dir).traces(), step, world)[0]
 
 
 def activation_peak(run_dir, rank, step):
     """The most bytes tagged activation live at once on `rank` during `step`, from its memory snapshot."""
-    with open(os.path.join(run_dir, "memory_rank%d.json" % rank)) as fh:
-        return activation_peaks(json.load(fh)["events"], step + 1)[step][0]
+    return activation_peaks(RunDir(run_dir).memory(rank)["events"], step + 1)[step][0]
 
 
 def _last(met, key):
@@ -69,7 +63,7 @@ def section_pipeline(bench, cfg):
                               "--pp", P, "--microbatches", m, "--pp-schedule", schedule,
                               what="%s %s M=%d" % (st11.dir, schedule, m))
             row = {"schedule": schedule, "microbatches": m, "model_step_ms": _last(met, "model_step_ms"),
-                   "bubble": bubble(d, W, steps - 1), "ideal_bubble": (P - 1) / (m + P - 1),
+                   "bubble": bubble(d, W, steps - 1), "ideal_bubble": ideal_bubble(P, m),
                    "stage0_activation_peak_bytes": activation_peak(d, 0, steps - 1)}
             rows.append(row)
             log("pipeline: %-5s M=%-2d  modelled step %.3f ms  bubble %.1f %% (ideal %.1f %%)  stage 0 activations "

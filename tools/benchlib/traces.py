@@ -7,41 +7,18 @@ coll_link_time_us), a host-device copy's the PCIe model's, a kernel's the device
 the FLOPs it declared (args.flops); the wall-clock times are in args.wall_ts_us / wall_dur_us. The
 profile the run was priced on is in the trace's otherData (device_profile, peak_flops, hbm_bytes_per_s).
 """
-import glob
-import json
-import os
-
-from trace_names import BACKWARD_PHASES, COLLECTIVE, COMPUTE, COMPUTE_TID, FORWARD_PHASES, WAIT
+from gradelib.trace_model import RunDir, exposed_comm, is_compute_kernel
+from trace_names import COLLECTIVE, COMPUTE
 
 
 def trace_events(run_dir):
     """The complete ("X") events of every rank's trace in run_dir."""
-    events = []
-    for path in sorted(glob.glob(os.path.join(run_dir, "trace_rank*.json"))):
-        with open(path) as fh:
-            events += [e for e in json.load(fh)["traceEvents"] if e.get("ph") == "X"]
-    return events
+    return RunDir(run_dir).events()
 
 
 def trace_meta(run_dir):
     """The otherData of rank 0's trace: clock, device_profile, peak_flops {f32, tf32, bf16}, hbm_bytes_per_s."""
-    with open(os.path.join(run_dir, "trace_rank0.json")) as fh:
-        return json.load(fh).get("otherData", {})
-
-
-# time a rank's compute stream spends in a collective or a wait is communication the step could not
-# hide behind compute.
-def is_compute(e):
-    return e.get("cat") == COMPUTE and e["tid"] == COMPUTE_TID
-
-
-def is_exposed_comm(e):
-    return e["tid"] == COMPUTE_TID and e.get("cat") in (COLLECTIVE, WAIT)
-
-
-def phase_group(phase):
-    """'forward', 'backward' or 'other' (data, optimizer, the grad norm, ...) of an event's args.phase."""
-    return "forward" if phase in FORWARD_PHASES else "backward" if phase in BACKWARD_PHASES else "other"
+    return RunDir(run_dir).meta
 
 
 def matmul_math(rj):
@@ -55,31 +32,27 @@ def matmul_math(rj):
 def step_on_model_clock(run_dir, step, model_step_ms, rank=0, events=None):
     """One rank's figures of one step (0-based) on the modelled clock, from run_dir's traces and the step's
     modelled time (metrics.jsonl model_step_ms: the max over ranks):
-      exposed_comm_ms            the compute stream's time in collectives and waits (is_exposed_comm)
-      exposed_comm_ms_by_phase   the same split by phase_group
+      exposed_comm_ms            the compute stream's time in collectives and waits (trace_model.exposed_comm)
+      exposed_comm_ms_by_phase   the same by forward / backward / other
       exposed_comm_fraction      exposed_comm_ms / model_step_ms
       compute_ms                 the compute stream's time in kernels
       collective_ms              the rank's collectives on every stream (the link model's time for them)
       kernel_flops               the FLOPs its kernels declared (args.flops), every stream
       math, peak_flops           the matmuls' math (matmul_math) and the profile's peak for it (otherData)
       flop_utilization           kernel_flops / (model_step_ms * peak_flops)"""
-    with open(os.path.join(run_dir, "run.json")) as fh:
-        rj = json.load(fh)
-    meta = trace_meta(run_dir)
+    run = RunDir(run_dir)
+    rj, meta = run.run_json, run.meta
     math = matmul_math(rj)
     peak = meta["peak_flops"][math]
-    ev = [e for e in (trace_events(run_dir) if events is None else events)
+    ev = [e for e in (run.events() if events is None else events)
           if e["pid"] == rank and e["args"].get("step") == step]
-    by_phase = {"forward": 0.0, "backward": 0.0, "other": 0.0}
-    for e in ev:
-        if is_exposed_comm(e):
-            by_phase[phase_group(e["args"].get("phase"))] += e["dur"] / 1e3
+    by_phase = {k: us / 1e3 for k, us in exposed_comm(ev).items()}
     flops = sum(e["args"].get("flops", 0) for e in ev if e.get("cat") == COMPUTE)
     exposed = sum(by_phase.values())
     return {"rank": rank, "step": step + 1, "device_profile": meta["device_profile"], "model_step_ms": model_step_ms,
             "exposed_comm_ms": exposed, "exposed_comm_ms_by_phase": by_phase,
             "exposed_comm_fraction": exposed / model_step_ms,
-            "compute_ms": sum(e["dur"] for e in ev if is_compute(e)) / 1e3,
+            "compute_ms": sum(e["dur"] for e in ev if is_compute_kernel(e)) / 1e3,
             "collective_ms": sum(e["dur"] for e in ev if e.get("cat") == COLLECTIVE) / 1e3,
             "kernel_flops": flops, "math": math, "peak_flops": peak,
             "flop_utilization": flops / (model_step_ms / 1e3 * peak)}

@@ -5,21 +5,18 @@ or the host's waits) never overlap, since a stream runs one op at a time (0.01 u
 rounding of event times); every rank has compute slices, and collectives when the world has more than one
 rank. Prints one line per rank; exit 1 on the first broken rule of any rank."""
 import glob
-import json
 import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "grader"))
 import trace_names  # noqa: E402
+from gradelib.trace_model import read_trace  # noqa: E402
 
 SLACK_US = 0.01
 
 
 def check(path, world):
-    with open(path) as f:
-        doc = json.load(f)
-    events = doc["traceEvents"] if isinstance(doc, dict) else doc
-    slices = [e for e in events if e.get("ph") == "X"]
+    slices = read_trace(path).events
     tracks, cats = {}, {}
     for e in slices:
         if e.get("cat") not in trace_names.CATEGORIES:

@@ -91,11 +91,7 @@ typedef struct {
 /* Host rendezvous of a group's ranks (threads of this process) for one
  * stream index; slots (by group rank) are double-buffered by generation parity. */
 typedef struct {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int arrived;
-    uint8_t here[WORLD_MAX_RANKS];
-    uint64_t generation;
+    CollRendezvous rv;           /* its mutex guards slots and nccl_id too */
     CudaPost slots[2][WORLD_MAX_RANKS];
     ncclUniqueId nccl_id;        /* nccl backend, channel (0, 0, 0): rank 0's id for the world's communicator */
 } CudaChan;

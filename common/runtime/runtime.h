@@ -187,7 +187,7 @@ void dev_probe_read(Dev *d, void *host, const void *src, size_t bytes);
 
 /* The collective kinds. A kind is its row of coll_kinds (coll_common.c: what
  * it moves, its checks, its link cost) plus one execute case per backend
- * (collectives.c: local; backend_mpi.c: mpi; cuda/coll_cuda.c: local and nccl). */
+ * (cpu/coll_cpu.c: local; cpu/backend_mpi.c: mpi; cuda/coll_cuda.c: local and nccl). */
 typedef enum {
     COLL_ALL_GATHER = 0,
     COLL_REDUCE_SCATTER,

@@ -147,8 +147,8 @@ double p2p_local_execute(Stream *s, const Op *op, double ready_us) {
     struct timespec dl;
     const struct timespec *deadline = coll_deadline(w->cfg.collective_timeout_s, &dl);
     double start_us = ready_us;
-    P2PChan *chans[64];
-    P2PChan **ch = b->n <= 64 ? chans : xmalloc((size_t)b->n * sizeof *ch);
+    P2PChan *chans[P2P_STACK_ITEMS];
+    P2PChan **ch = b->n <= P2P_STACK_ITEMS ? chans : xmalloc((size_t)b->n * sizeof *ch);
     for (int i = 0; i < b->n; i++) {
         const P2PItem *it = &b->items[i];
         ch[i] = p2p_mailbox(w, it->send ? me : it->peer, it->send ? it->peer : me);

@@ -202,7 +202,7 @@ static uint64_t stream_completed(Stream *s) {
  * the guard's key instead, which only the stream workers may touch. */
 static void *heap_storage(Dev *d, size_t bytes, const char *name) {
     void *p = NULL;
-    if (posix_memalign(&p, 64, bytes) != 0 || !p)
+    if (posix_memalign(&p, DEV_ALLOC_ALIGN, bytes) != 0 || !p)
         fatal("rank %d: out of memory allocating %zu bytes for '%s' (%zu bytes allocated now)", d->rank, bytes,
               name ? name : "?", d->mem.current);
     return p;

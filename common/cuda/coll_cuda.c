@@ -484,8 +484,8 @@ static void local_p2p(Stream *s, const Op *op) {
     const int me = d->rank;
     struct timespec dl;
     const struct timespec *deadline = coll_deadline(w->cfg.collective_timeout_s, &dl);
-    P2PChan *chans[64];
-    P2PChan **ch = b->n <= 64 ? chans : xmalloc((size_t)b->n * sizeof *ch);
+    P2PChan *chans[P2P_STACK_ITEMS];
+    P2PChan **ch = b->n <= P2P_STACK_ITEMS ? chans : xmalloc((size_t)b->n * sizeof *ch);
     OpSpan span;
     if (d->scope.tracing) cuda_span_begin(d, s, &span);
     for (int i = 0; i < b->n; i++) { /* sends: the buffer and the point of s after its inputs */

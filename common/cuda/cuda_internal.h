@@ -45,7 +45,7 @@ typedef struct {
     cudaEvent_t in, out;         /* in: the calling stream's point a collective follows; out: its end, which the
                                   * calling stream waits for */
     float *one;                  /* the barrier's device float (an all-reduce sums it): zeroed at creation */
-    char name[24];               /* the group's name (hang reports; the ProcessGroup goes after dev_fini) */
+    char name[PG_NAME_MAX];      /* the group's name (hang reports; the ProcessGroup goes after dev_fini) */
     /* the last collective issued on the group (hang reports); issued == 0: none yet */
     uint64_t issued, last_seq;   /* last_seq: its number on its calling stream (Op.coll_seq) */
     int last_kind;

@@ -79,13 +79,13 @@ typedef struct BackendOps {
     void (*event_synchronize)(Event *e);
     int (*event_query)(Event *e);
 
-    /* ---- memory. Storage for an allocation of `bytes` (a multiple of 64,
-     * > 0) from stream `stream`'s pool, fatal when out of memory; storage_free
-     * gives it back to that pool; both keep d->mem.reserved. Pinned host
-     * storage (dev_alloc_host): its free waits until every stream finished the
-     * work queued before it, on every backend. Fences mark the work queued so
-     * far on the streams of pf->mask; fence_create returns 1 if one of them
-     * was busy. Probe memory (the clip probe's slots) is uncounted, outside
+    /* ---- memory. Storage for an allocation of `bytes` (dev_storage_bytes: a
+     * multiple of DEV_ALLOC_ALIGN, > 0) from stream `stream`'s pool, fatal
+     * when out of memory; storage_free gives it back to that pool; both keep
+     * d->mem.reserved. Pinned host storage (dev_alloc_host): its free waits
+     * until every stream finished the work queued before it, on every
+     * backend. Fences mark the work queued so far on the streams of pf->mask;
+     * fence_create returns 1 if one of them was busy. Probe memory (the clip probe's slots) is uncounted, outside
      * the allocator; probe_read first waits for every stream of d without
      * telling the race detector (a probe must not order the student's work). */
     void *(*storage_alloc)(Dev *d, size_t bytes, int stream, const char *name);

@@ -60,16 +60,13 @@ const CollKindInfo *coll_kind(int kind);
 /* The elements of a buffer of size b for count and a group of group_size ranks. */
 size_t coll_buf_elems(CollBufSize b, size_t count, int group_size);
 
-/* The most process groups a rank may create, the world included. */
-#define PG_MAX 16
-
 /* What one rank asked for; ranks must agree on kind, count, op, root, dtype and group. */
 typedef struct {
     int32_t kind, op, root, dtype; /* dtype: DType (device.h); root: a group rank */
     int32_t group;       /* the process group's id (0 = the world) */
     uint64_t count;      /* all_gather: send count; reduce_scatter: recv count; else buffer count */
     char label[48];      /* for messages only (not compared) */
-    char group_name[24]; /* for messages only */
+    char group_name[PG_NAME_MAX]; /* for messages only */
 } CollDesc;
 
 typedef struct {
@@ -141,7 +138,9 @@ typedef struct {
 } P2PItem;
 
 /* The sends and receives of one group (dev_group_start .. dev_group_end), on
- * one stream: one queued op (Op.p2p), freed once it ran. */
+ * one stream: one queued op (Op.p2p), freed once it ran. A backend's arrays
+ * of one entry per item sit on its stack up to P2P_STACK_ITEMS items. */
+#define P2P_STACK_ITEMS 64
 typedef struct P2PBatch {
     int n, cap;
     P2PItem *items;

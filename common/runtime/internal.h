@@ -112,7 +112,7 @@ struct ProcessGroup {
     int rank, size;                  /* this rank's group rank; members */
     int members[WORLD_MAX_RANKS];    /* world ranks, in group-rank order */
     int spans_nodes;                 /* link model: members on more than one node */
-    char name[24];
+    char name[PG_NAME_MAX];
 };
 
 /* One rank. Each unit owns its part: the allocator (alloc.c) Dev.mem, the

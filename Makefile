@@ -50,14 +50,15 @@ $(shell mkdir -p $(BUILD); printf '%s\n' '$(CC) $(CFLAGS) $(LDLIBS)' | cmp -s - 
         printf '%s\n' '$(CC) $(CFLAGS) $(LDLIBS)' > $(FLAGS_STAMP))
 
 # ---- sources ----------------------------------------------------------------
-#   common/runtime/  device emulation (libhwfsdp.a)     common/model/  Llama, ops, optimizer, data, I/O (libhwfsdp.a)
+#   common/runtime/  the shared runtime (libhwfsdp.a)   common/model/  Llama, ops, optimizer, data, I/O (libhwfsdp.a)
+#   common/cpu/      the CPU backends and kernels (libhwfsdp.a); the CUDA build's are common/cuda/ (mk/cuda.mk)
 #   common/driver/   the training loop every hw_fsdp.c links with (DRIVER_OBJ); baseline.c is an hw_fsdp.c
 HEADERS    := $(wildcard common/*.h common/*/*.h)
-COMMON_SRC := $(wildcard common/runtime/*.c common/model/*.c)
+COMMON_SRC := $(wildcard common/runtime/*.c common/model/*.c common/cpu/*.c)
 COMMON_OBJ := $(patsubst common/%.c,$(BUILD)/common/%.o,$(COMMON_SRC))
-# the CPU backends (runtime/backend.h), which the CUDA build (mk/cuda.mk) replaces by common/cuda/
-CPU_BACKEND_SRC := $(addprefix common/runtime/,backends_cpu.c backend_local.c backend_mpi.c collectives.c stream.c \
-                     model_clock.c)
+# the CPU backends (runtime/backend.h), which the CUDA build (mk/cuda.mk) replaces by common/cuda/; the CPU
+# kernels stay in both builds (the CUDA build's check_ops compares each CUDA kernel with its CPU one)
+CPU_BACKEND_SRC := $(filter-out common/cpu/kernels_cpu.c,$(wildcard common/cpu/*.c))
 DRIVER_SRC := $(filter-out common/driver/baseline.c,$(wildcard common/driver/*.c))
 DRIVER_OBJ := $(patsubst common/%.c,$(BUILD)/common/%.o,$(DRIVER_SRC))
 LIB        := $(BUILD)/libhwfsdp.a

@@ -113,7 +113,11 @@ typedef enum {
     MEM_TAG_COUNT
 } MemTag;
 
-/* A new allocation of `bytes` (64-byte aligned), tagged and named (the name
+/* Every allocation's address is a multiple of this, and its storage a
+ * multiple of it in size (at least one). */
+#define DEV_ALLOC_ALIGN 64
+
+/* A new allocation of `bytes` (DEV_ALLOC_ALIGN-aligned), tagged and named (the name
  * is copied; it shows in snapshots and race messages), from the compute
  * stream's pool. Counted at once. bytes may be 0 (a unique non-NULL pointer). */
 void *dev_alloc(Dev *d, size_t bytes, MemTag tag, const char *name);

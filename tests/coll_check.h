@@ -36,7 +36,7 @@ static float reduce_expected(int n, size_t i, int salt, RedOp op) {
 
 static int bits_equal(const float *a, const float *b, size_t n) { return n == 0 || memcmp(a, b, n * sizeof(float)) == 0; }
 
-/* ---- bfloat16, checked without the runtime's conversion (ops_math.h) */
+/* ---- bfloat16, checked without the runtime's conversion (runtime/bf16.h) */
 
 static float bits_to_f32(uint32_t u) {
     float x;

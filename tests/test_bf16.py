@@ -1,4 +1,4 @@
-"""The runtime's bfloat16 conversions (common/model/ops_math.h, through the cast ops the kernels call)
+"""The runtime's bfloat16 conversions (common/runtime/bf16.h, through the cast ops the kernels call)
 against PyTorch's tensor.to(torch.bfloat16) and back, bit for bit: ties (to even), values one bit
 either side of a tie, subnormals, the overflow to infinity past bfloat16's largest finite value,
 signed zeros and infinities, and 400,000 random bit patterns; NaN inputs give NaN (PyTorch's CPU

@@ -7,12 +7,12 @@
  *
  * Rank functions run on several threads; TCHECK serializes the harness. White-box
  * checks (deferred frees, trace records, a CPU event's waiters) read the private
- * structs of runtime/internal.h and runtime/stream.h. */
+ * structs of runtime/internal.h and cpu/cpu_internal.h. */
 #include "check.h"
 #include "local_world.h"
 #include "runtime/runtime.h"
 #include "runtime/internal.h"
-#include "runtime/stream.h"
+#include "cpu/cpu_internal.h" /* the CPU backends' CpuStream, CpuEvent */
 #include "runtime/util.h"
 #include "runtime/profile.h"
 #include "model/kernels.h"

@@ -68,9 +68,9 @@ def test_binary_has_the_builds_mpi():
 
 def test_mpi_backend_without_mpi_is_clear(tmp_path):
     """A world asked for the mpi backend in a build without MPI stops with one line and exit status 2 (the
-    runtime's stubs without HAVE_MPI: backend_mpi.c, mpi_world.c). In a build without MPI that is the build under
-    test; in one with MPI the same sources are built again without it (make NO_MPI=1 into tmp_path, -O0: a few
-    seconds) and that binary is run, so the property is checked in both."""
+    runtime's stubs without HAVE_MPI: cpu/backend_mpi.c, runtime/mpi_world.c). In a build without MPI that is the
+    build under test; in one with MPI the same sources are built again without it (make NO_MPI=1 into tmp_path, -O0: a
+    few seconds) and that binary is run, so the property is checked in both."""
     binary = BINARY
     if build_has_mpi():
         build = tmp_path / "build-no-mpi"

@@ -78,7 +78,7 @@ def test_categories_are_the_runtimes(tmp_path):
     assert tuple(p.stdout.split()) == CATEGORIES
 
 
-# a call that files a trace slice, up to its category argument (the CPU's clock_trace_op and model_clock's
+# a call that files a trace slice, up to its category argument (the CPU's clock_trace_op and modelled_clock's
 # records, the CUDA backend's cuda_trace_rec): the argument must be a TRACE_CAT_ name, never a string
 TRACE_CALLS = {"clock_trace_op": 3, "cuda_trace_rec": 3}
 
@@ -122,8 +122,8 @@ def test_every_backend_files_slices_under_the_table(tmp_path):
                 if len(args) <= k or not args[k].startswith("TRACE_CAT_"):
                     bad.append("%s: %s(...) files under %s" % (os.path.relpath(path, ROOT), fn,
                                                                args[k] if len(args) > k else "?"))
-    model = [l for l in open(os.path.join(ROOT, "common", "runtime", "model_clock.c")) if ".cat = " in l]
-    bad += ["model_clock.c: " + l.strip() for l in model  # TRACE_CAT_, or clock_trace_op's own argument passed on
+    model = [l for l in open(os.path.join(ROOT, "common", "cpu", "modelled_clock.c")) if ".cat = " in l]
+    bad += ["modelled_clock.c: " + l.strip() for l in model  # TRACE_CAT_, or clock_trace_op's own argument passed on
             if ".cat = TRACE_CAT_" not in l and ".cat = cat," not in l]
     assert seen >= 8 and model, (seen, model)  # the CPU's six calls and the CUDA backend's (at least two)
     assert not bad, "\n".join(bad)

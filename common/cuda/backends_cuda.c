@@ -1,6 +1,7 @@
 /* backends_cuda.c — the backends of the CUDA build (make cuda): "local" (N
  * ranks share one GPU), "nccl" and "nccl-mpi", all cuda_backend; it replaces
- * runtime/backends_cpu.c, and none of the CPU backends' files is built. */
+ * cpu/backends_cpu.c, and none of the CPU backends' files (common/cpu/ but
+ * the kernels) is built. */
 #include "cuda/cuda_internal.h"
 
 const BackendOps *backend_ops(CollBackend b) {

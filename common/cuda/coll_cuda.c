@@ -83,33 +83,16 @@ static CudaChan *chan_of(Stream *s, const ProcessGroup *g) {
 }
 
 /* Post `mine`, wait for every rank of op's group (threads of this process),
- * copy all posts into `all` (group-rank order). With the watchdog on, a rank
- * that waits too long reports the lowest waiting rank's call and who is missing. */
+ * copy all posts into `all` (group-rank order). The watchdog: coll_rendezvous. */
 static void rendezvous(Stream *s, const Op *op, const CudaPost *mine, CudaPost *all) {
     const ProcessGroup *g = op->pg;
     CudaChan *c = chan_of(s, g);
-    const int n = g->size;
-    const double timeout = s->dev->world->cfg.collective_timeout_s;
-    pthread_mutex_lock(&c->mu);
-    uint64_t gen = c->generation;
-    c->slots[gen & 1][g->rank] = *mine;
-    c->here[g->rank] = 1;
-    if (++c->arrived == n) {
-        c->arrived = 0;
-        memset(c->here, 0, sizeof c->here);
-        c->generation++;
-        pthread_cond_broadcast(&c->cv);
-    } else if (coll_wait_generation(&c->cv, &c->mu, &c->generation, gen, timeout)) {
-        int low = 0;
-        while (low < n && !c->here[low]) low++;
-        CollPost post = c->slots[gen & 1][low < n ? low : g->rank].post;
-        uint8_t here[WORLD_MAX_RANKS];
-        memcpy(here, c->here, sizeof here);
-        pthread_mutex_unlock(&c->mu);
-        watchdog_timeout(s, op, &post, low < n ? low : g->rank, here);
-    }
-    memcpy(all, c->slots[gen & 1], (size_t)n * sizeof *all);
-    pthread_mutex_unlock(&c->mu);
+    pthread_mutex_lock(&c->rv.mu);
+    CudaPost *slots = c->slots[c->rv.generation & 1]; /* this round's */
+    slots[g->rank] = *mine;
+    coll_rendezvous(&c->rv, s, op, &slots[0].post, sizeof *slots);
+    memcpy(all, slots, (size_t)g->size * sizeof *all);
+    pthread_mutex_unlock(&c->rv.mu);
 }
 
 /* Every rank's call, in group-rank order, compared; group rank 0 reports a mismatch. */
@@ -159,14 +142,14 @@ static ncclComm_t world_comm_init(Dev *d) {
     if (w->cfg.backend == BACKEND_NCCL) {
         CudaChan *c = cuda_world_channel(w, 0, 0, 0); /* any place the rank threads share */
         if (d->rank == 0) {
-            pthread_mutex_lock(&c->mu);
+            pthread_mutex_lock(&c->rv.mu);
             c->nccl_id = id;
-            pthread_mutex_unlock(&c->mu);
+            pthread_mutex_unlock(&c->rv.mu);
         }
         dev_host_barrier(d); /* rank 0 wrote the id */
-        pthread_mutex_lock(&c->mu);
+        pthread_mutex_lock(&c->rv.mu);
         id = c->nccl_id;
-        pthread_mutex_unlock(&c->mu);
+        pthread_mutex_unlock(&c->rv.mu);
     } else {
         mpi_world_bcast_bytes(cuda_world(w)->mpi, &id, sizeof id, 0);
     }
@@ -501,8 +484,8 @@ static void local_p2p(Stream *s, const Op *op) {
     const int me = d->rank;
     struct timespec dl;
     const struct timespec *deadline = coll_deadline(w->cfg.collective_timeout_s, &dl);
-    P2PChan *chans[64];
-    P2PChan **ch = b->n <= 64 ? chans : xmalloc((size_t)b->n * sizeof *ch);
+    P2PChan *chans[P2P_STACK_ITEMS];
+    P2PChan **ch = b->n <= P2P_STACK_ITEMS ? chans : xmalloc((size_t)b->n * sizeof *ch);
     OpSpan span;
     if (d->scope.tracing) cuda_span_begin(d, s, &span);
     for (int i = 0; i < b->n; i++) { /* sends: the buffer and the point of s after its inputs */

@@ -4,7 +4,7 @@
 
 #include "cuda/cuda_check.h"
 #include "device.h"
-#include "model/ops_math.h" /* bf16_from_f32 / bf16_to_f32: the CPU backend's conversions */
+#include "runtime/bf16.h" /* bf16_from_f32 / bf16_to_f32: the CPU backend's conversions */
 
 namespace {
 

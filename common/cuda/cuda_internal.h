@@ -45,7 +45,7 @@ typedef struct {
     cudaEvent_t in, out;         /* in: the calling stream's point a collective follows; out: its end, which the
                                   * calling stream waits for */
     float *one;                  /* the barrier's device float (an all-reduce sums it): zeroed at creation */
-    char name[24];               /* the group's name (hang reports; the ProcessGroup goes after dev_fini) */
+    char name[PG_NAME_MAX];      /* the group's name (hang reports; the ProcessGroup goes after dev_fini) */
     /* the last collective issued on the group (hang reports); issued == 0: none yet */
     uint64_t issued, last_seq;   /* last_seq: its number on its calling stream (Op.coll_seq) */
     int last_kind;
@@ -91,11 +91,7 @@ typedef struct {
 /* Host rendezvous of a group's ranks (threads of this process) for one
  * stream index; slots (by group rank) are double-buffered by generation parity. */
 typedef struct {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int arrived;
-    uint8_t here[WORLD_MAX_RANKS];
-    uint64_t generation;
+    CollRendezvous rv;           /* its mutex guards slots and nccl_id too */
     CudaPost slots[2][WORLD_MAX_RANKS];
     ncclUniqueId nccl_id;        /* nccl backend, channel (0, 0, 0): rank 0's id for the world's communicator */
 } CudaChan;

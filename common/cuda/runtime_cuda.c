@@ -81,7 +81,7 @@ void cuda_wait(Dev *d, cudaEvent_t e, cudaStream_t st, const char *what, const c
 /* nccl-mpi: the ranks are MPI processes first (mpi_world.c), then one GPU each. */
 static void cuda_world_init(World *w, long *cores) {
     struct CudaWorld *cw = xcalloc(1, sizeof *cw);
-    chan_registry_init(&cw->chans, sizeof(CudaChan), offsetof(CudaChan, mu), offsetof(CudaChan, cv));
+    chan_registry_init(&cw->chans, sizeof(CudaChan), offsetof(CudaChan, rv.mu), offsetof(CudaChan, rv.cv));
     w->backend = cw;
     cuda_p2p_world_init(w);
     if (w->cfg.backend == BACKEND_NCCL_MPI) {

@@ -49,7 +49,7 @@ void pipe_mesh_build(Dev *dev, DeviceMesh *mesh, int P) {
     mesh->ndim = 1;
     mesh->shape[0] = S;
     mesh->shape[1] = 1;
-    char name[24];
+    char name[PG_NAME_MAX];
     snprintf(name, sizeof name, "stage%d", dev_rank(dev) / S);
     mesh->shard_group = P == 1 ? dev_world_group(dev) : dev_group_new(dev, dev_rank(dev) / S, name);
 }

@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/ops_math.h" /* bf16_from_f32: what the params check expects with --param-dtype bf16 */
 #include "runtime/alloc.h" /* dev_mem_free_event: who freed the params the backward finds missing */
+#include "runtime/bf16.h" /* bf16_from_f32: what the params check expects with --param-dtype bf16 */
 #include "runtime/json.h"
 #include "runtime/runtime.h"
 #include "runtime/util.h"

@@ -4,7 +4,7 @@
  * struct below. Every pointer in an argument struct is DEVICE memory (a
  * dev_alloc'd buffer), except where a comment says otherwise. Each backend
  * has the same set, as a KernelTable its table of operations points to:
- *   kcpu_*   (kernels_cpu.c)       run on the stream's worker thread and call
+ *   kcpu_*   (cpu/kernels_cpu.c)   run on the stream's worker thread and call
  *                                  the plain C ops of ops.c / optim.c;
  *   kcuda_*  (cuda/kernels_cuda.cu) run on the host thread at launch time and
  *                                  enqueue CUDA kernels on the launching
@@ -130,7 +130,7 @@ HWFSDP_KERNEL_LIST(HWFSDP_DECLARE_KERNEL)
 /* Workspace (floats) attention_backward needs for this shape on each backend. */
 size_t kcpu_attention_scratch_floats(size_t B, size_t T, size_t H);
 size_t kcuda_attention_scratch_floats(size_t B, size_t T, size_t H);
-extern const KernelTable kcpu_kernels;  /* kernels_cpu.c */
+extern const KernelTable kcpu_kernels;  /* cpu/kernels_cpu.c */
 extern const KernelTable kcuda_kernels; /* cuda/runtime_cuda.c */
 #ifdef __cplusplus
 }

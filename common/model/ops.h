@@ -77,7 +77,7 @@ void swiglu_backward(float *da, float *db, const float *dout, const float *a, co
 void add_forward(float *out, const float *a, const float *b, size_t n);
 /* y[i] += x[i] */
 void add_inplace(float *y, const float *x, size_t n);
-/* out[i] = in[i] rounded to bfloat16 (ops_math.h: nearest, ties to even) / widened back (exact) */
+/* out[i] = in[i] rounded to bfloat16 (runtime/bf16.h: nearest, ties to even) / widened back (exact) */
 void cast_to_bf16(uint16_t *out, const float *in, size_t n);
 void cast_from_bf16(float *out, const uint16_t *in, size_t n);
 

@@ -96,11 +96,13 @@ static void mev_from_alloc(MemEvent *e, const Alloc *a) {
 
 /* ------------------------------------------------------------ freed blocks */
 
-static size_t storage_bytes(size_t bytes) { return bytes ? (bytes + 63) / 64 * 64 : 64; }
+size_t dev_storage_bytes(size_t bytes) {
+    return bytes ? (bytes + DEV_ALLOC_ALIGN - 1) / DEV_ALLOC_ALIGN * DEV_ALLOC_ALIGN : DEV_ALLOC_ALIGN;
+}
 
 static void free_storage(Dev *d, Alloc *a) {
-    if (a->host) dev_ops(d)->host_free(d, (void *)a->addr, storage_bytes(a->size));
-    else dev_ops(d)->storage_free(d, (void *)a->addr, storage_bytes(a->size), a->stream);
+    if (a->host) dev_ops(d)->host_free(d, (void *)a->addr, dev_storage_bytes(a->size));
+    else dev_ops(d)->storage_free(d, (void *)a->addr, dev_storage_bytes(a->size), a->stream);
     race_state_free(&a->race);
     free(a);
 }
@@ -249,7 +251,7 @@ static void *alloc_block(Dev *d, Stream *s, int host, size_t bytes, MemTag tag, 
     if ((int)tag < 0 || tag >= MEM_TAG_COUNT) fatal("%s('%s'): bad memory tag %d", fn, name ? name : "?", (int)tag);
     dev_complete_held_frees(d, 0);
     dev_release_pending_frees(d, 0);
-    size_t real = storage_bytes(bytes); /* 0 bytes still get a unique address */
+    size_t real = dev_storage_bytes(bytes); /* 0 bytes still get a unique address */
     if (real < bytes) fatal("%s('%s'): %zu bytes is too large", fn, name ? name : "?", bytes);
     void *p = host ? dev_ops(d)->host_alloc(d, real, name) : dev_ops(d)->storage_alloc(d, real, s->index, name);
     Alloc *a = xcalloc(1, sizeof *a);

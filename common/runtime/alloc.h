@@ -96,6 +96,10 @@ void dev_complete_held_frees(Dev *d, int wait_all);
  * idle). Called by the allocator and at every host synchronization. */
 void dev_release_pending_frees(Dev *d, int wait_all);
 void dev_alloc_destroy(Dev *d);
+/* The storage behind an allocation of `bytes`: rounded up to DEV_ALLOC_ALIGN,
+ * at least that (0 bytes still get a unique address); what a backend is asked
+ * for and what the snapshots show as its segment. */
+size_t dev_storage_bytes(size_t bytes);
 Alloc *dev_live_alloc_containing(const Dev *d, uintptr_t p);
 /* A copy's direction across the PCIe link: 1 host -> device, 2 device -> host,
  * 0 neither (both device, both host, or memory the allocator does not know). */

@@ -388,8 +388,6 @@ static void pk_list_item(Buf *b, size_t *n) {
     }
 }
 
-/* Storage behind an allocation of `bytes`: rounded up to 64, at least 64 (see dev_alloc). */
-static size_t real_size(size_t bytes) { return bytes ? (bytes + 63) / 64 * 64 : 64; }
 
 static void pk_key_str(Buf *b, const char *k, const char *v) { pk_str(b, k); pk_str(b, v); }
 static void pk_key_int(Buf *b, const char *k, int64_t v) { pk_str(b, k); pk_int(b, v); }
@@ -416,7 +414,7 @@ static void pk_frames(Buf *b, MemTag tag, const char *name, int step, const char
 
 /* One segment holding one block (every allocation is its own segment). */
 static void pk_segment(Buf *b, const Alloc *a, const char *state, size_t *n) {
-    size_t real = real_size(a->size);
+    size_t real = dev_storage_bytes(a->size);
     pk_dict_open(b);
     pk_key_int(b, "device", 0);
     pk_key_uint(b, "address", a->addr);
@@ -494,13 +492,13 @@ static void write_memory_pickle(const char *dir, Dev *d) {
         const MemEvent *e = &d->mem.mev[i];
         if (e->host) continue; /* the device's view: pinned host memory is in the json's host_events */
         if (e->kind == MEV_ALLOC) {
-            pk_trace_entry(&b, e, "segment_alloc", real_size(e->size), &n);
+            pk_trace_entry(&b, e, "segment_alloc", dev_storage_bytes(e->size), &n);
             pk_trace_entry(&b, e, "alloc", e->size, &n);
         }
         if (e->kind == MEV_FREE || e->kind == MEV_FREE_REQUESTED) pk_trace_entry(&b, e, "free_requested", e->size, &n);
         if (e->kind == MEV_FREE || e->kind == MEV_FREE_COMPLETED) {
             pk_trace_entry(&b, e, "free_completed", e->size, &n);
-            pk_trace_entry(&b, e, "segment_free", real_size(e->size), &n);
+            pk_trace_entry(&b, e, "segment_free", dev_storage_bytes(e->size), &n);
         }
     }
     pk_list_close(&b);

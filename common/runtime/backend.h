@@ -9,10 +9,11 @@
  * one pointer in World, Dev, Stream and Event (`backend`), read only by its
  * own files.
  *
- *   make       runtime/backends_cpu.c  local: backend_local.c + collectives.c (ranks as threads, memcpy)
- *                                      mpi:   backend_mpi.c + mpi_world.c (one process per rank)
- *              both CPU backends share stream.c (streams as worker threads, events,
- *              C-heap storage) and model_clock.c (the modelled clock)
+ *   make       cpu/backends_cpu.c      local: cpu/backend_local.c + cpu/coll_cpu.c (ranks as threads, memcpy)
+ *                                      mpi:   cpu/backend_mpi.c + mpi_world.c (one process per rank)
+ *              both CPU backends share cpu/runtime_cpu.c (streams as worker threads,
+ *              events, C-heap storage), cpu/modelled_clock.c (the modelled clock) and
+ *              cpu/kernels_cpu.c (the kernels); cpu/cpu_internal.h declares what they share
  *   make cuda  cuda/backends_cuda.c    local, nccl, nccl-mpi: cuda/runtime_cuda.c + cuda/coll_cuda.c
  *                                      (nccl-mpi stands on mpi_world.c too)
  */
@@ -78,13 +79,13 @@ typedef struct BackendOps {
     void (*event_synchronize)(Event *e);
     int (*event_query)(Event *e);
 
-    /* ---- memory. Storage for an allocation of `bytes` (a multiple of 64,
-     * > 0) from stream `stream`'s pool, fatal when out of memory; storage_free
-     * gives it back to that pool; both keep d->mem.reserved. Pinned host
-     * storage (dev_alloc_host): its free waits until every stream finished the
-     * work queued before it, on every backend. Fences mark the work queued so
-     * far on the streams of pf->mask; fence_create returns 1 if one of them
-     * was busy. Probe memory (the clip probe's slots) is uncounted, outside
+    /* ---- memory. Storage for an allocation of `bytes` (dev_storage_bytes: a
+     * multiple of DEV_ALLOC_ALIGN, > 0) from stream `stream`'s pool, fatal
+     * when out of memory; storage_free gives it back to that pool; both keep
+     * d->mem.reserved. Pinned host storage (dev_alloc_host): its free waits
+     * until every stream finished the work queued before it, on every
+     * backend. Fences mark the work queued so far on the streams of pf->mask;
+     * fence_create returns 1 if one of them was busy. Probe memory (the clip probe's slots) is uncounted, outside
      * the allocator; probe_read first waits for every stream of d without
      * telling the race detector (a probe must not order the student's work). */
     void *(*storage_alloc)(Dev *d, size_t bytes, int stream, const char *name);
@@ -119,7 +120,7 @@ typedef struct BackendOps {
 } BackendOps;
 
 /* The backend b among those this build has; one fatal line naming the build
- * that has it otherwise (runtime/backends_cpu.c; cuda/backends_cuda.c). */
+ * that has it otherwise (cpu/backends_cpu.c; cuda/backends_cuda.c). */
 const BackendOps *backend_ops(CollBackend b);
 
 /* The host exchange of ranks that are threads of this process (backend.c):

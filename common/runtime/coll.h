@@ -1,8 +1,8 @@
 /* coll.h — collectives inside the runtime: the kinds (CollKindInfo), what a
- * rank asks for (CollDesc), the local backend's rendezvous channels, the
+ * rank asks for (CollDesc), the thread rendezvous of the local backends, the
  * agreement check, the flight recorder, the watchdog and coll_enqueue
  * (coll_common.c, shared by every backend); each backend queues and runs them
- * (backend.h: coll_enqueue; collectives.c, backend_mpi.c, cuda/coll_cuda.c). */
+ * (backend.h: coll_enqueue; cpu/coll_cpu.c, cpu/backend_mpi.c, cuda/coll_cuda.c). */
 #ifndef HWFSDP_COLL_H
 #define HWFSDP_COLL_H
 
@@ -60,16 +60,13 @@ const CollKindInfo *coll_kind(int kind);
 /* The elements of a buffer of size b for count and a group of group_size ranks. */
 size_t coll_buf_elems(CollBufSize b, size_t count, int group_size);
 
-/* The most process groups a rank may create, the world included. */
-#define PG_MAX 16
-
 /* What one rank asked for; ranks must agree on kind, count, op, root, dtype and group. */
 typedef struct {
     int32_t kind, op, root, dtype; /* dtype: DType (device.h); root: a group rank */
     int32_t group;       /* the process group's id (0 = the world) */
     uint64_t count;      /* all_gather: send count; reduce_scatter: recv count; else buffer count */
     char label[48];      /* for messages only (not compared) */
-    char group_name[24]; /* for messages only */
+    char group_name[PG_NAME_MAX]; /* for messages only */
 } CollDesc;
 
 typedef struct {
@@ -81,16 +78,26 @@ typedef struct {
     double ready_us;     /* when the poster's stream could start it, on the modelled clock */
 } CollPost;
 
-/* Local backend: one rendezvous channel per (stream index, group), shared by
- * the group's ranks; posts and here[] are indexed by group rank. */
+/* Where the ranks of a group that are threads of this process meet, one per
+ * (stream index, group): the heart of the CPU local backend's channels
+ * (cpu/cpu_internal.h: CollChannel) and of the CUDA build's (cuda/: CudaChan).
+ * here[] is indexed by group rank. */
 typedef struct {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int arrived;
-    uint8_t here[WORLD_MAX_RANKS]; /* ranks waiting in the current barrier (watchdog) */
-    uint64_t generation;       /* bumped each time all ranks arrived */
-    CollPost posts[WORLD_MAX_RANKS];
-} CollChannel;
+    pthread_mutex_t mu;            /* guards this and the channel's posts */
+    pthread_cond_t cv;             /* monotonic (chan_registry_get) */
+    int arrived;                   /* ranks in the current round so far */
+    uint8_t here[WORLD_MAX_RANKS]; /* ranks waiting in the current round (watchdog) */
+    uint64_t generation;           /* bumped each time all ranks arrived */
+} CollRendezvous;
+
+/* With r->mu held: op's group rank arrives, and the call returns (mu held;
+ * released while it waits) once every rank of op's group has. With the
+ * watchdog on (collective_timeout_s > 0), a rank that waits longer reports the
+ * call of the lowest group rank waiting (deterministic whichever timer fires
+ * first) and the ranks missing, and the process exits. The channel's posts of
+ * this round, by group rank, are CollPosts `stride` bytes apart from posts
+ * (read for that report only). */
+void coll_rendezvous(CollRendezvous *r, Stream *s, const Op *op, const CollPost *posts, size_t stride);
 
 #define FLIGHT_DEPTH 16
 typedef enum { FLIGHT_ISSUED = 1, FLIGHT_STARTED, FLIGHT_COMPLETED } FlightState;
@@ -131,7 +138,9 @@ typedef struct {
 } P2PItem;
 
 /* The sends and receives of one group (dev_group_start .. dev_group_end), on
- * one stream: one queued op (Op.p2p), freed once it ran. */
+ * one stream: one queued op (Op.p2p), freed once it ran. A backend's arrays
+ * of one entry per item sit on its stack up to P2P_STACK_ITEMS items. */
+#define P2P_STACK_ITEMS 64
 typedef struct P2PBatch {
     int n, cap;
     P2PItem *items;
@@ -172,10 +181,6 @@ P2PSlot p2p_await_received(Stream *s, const Op *op, P2PChan *c, const P2PItem *i
 /* Every token still in a slot (a send never received), for a backend's
  * teardown before p2p_world_fini. */
 void p2p_drop_tokens(World *w, void (*drop)(void *token));
-/* The CPU local backend's execution of a p2p op through the mailboxes;
- * returns the modelled start: the latest ready time of this rank and every
- * peer of the group. */
-double p2p_local_execute(Stream *s, const Op *op, double ready_us);
 /* A p2p item's partner that never came, or one that disagrees: one report
  * (flight recorder included) and exit (p2p.c; the mpi backend's too). */
 void p2p_timeout(Stream *s, const Op *op, const P2PItem *it, double waited_s) __attribute__((noreturn));
@@ -213,10 +218,6 @@ void coll_enqueue(ProcessGroup *g, Stream *s, CollKind kind, const void *send, v
  * CLOCK_MONOTONIC (the clock the registries' condition variables use), in
  * *dl; NULL when timeout_s <= 0 (no deadline). */
 const struct timespec *coll_deadline(double timeout_s, struct timespec *dl);
-/* Wait (mu held) until *generation moves past gen; with timeout_s > 0, return
- * 1 (mu still held) if it has not after timeout_s seconds, else 0. */
-int coll_wait_generation(pthread_cond_t *cv, pthread_mutex_t *mu, const uint64_t *generation, uint64_t gen,
-                         double timeout_s);
 void flight_stream_created(Dev *d, Stream *s);
 void flight_set(Stream *s, const Op *op, int state); /* FlightState */
 /* lowest: the post of the lowest group rank waiting (NULL: op's own), here[i]:

@@ -148,15 +148,39 @@ const struct timespec *coll_deadline(double timeout_s, struct timespec *dl) {
     return dl;
 }
 
-int coll_wait_generation(pthread_cond_t *cv, pthread_mutex_t *mu, const uint64_t *generation, uint64_t gen,
-                         double timeout_s) {
+/* Wait (r->mu held) until r's generation moves past gen; with timeout_s > 0,
+ * return 1 (mu still held) if it has not after timeout_s seconds, else 0. */
+static int wait_generation(CollRendezvous *r, uint64_t gen, double timeout_s) {
     struct timespec dl;
     const struct timespec *deadline = coll_deadline(timeout_s, &dl);
-    while (*generation == gen) {
-        if (!deadline) pthread_cond_wait(cv, mu);
-        else if (pthread_cond_timedwait(cv, mu, deadline) == ETIMEDOUT && *generation == gen) return 1;
+    while (r->generation == gen) {
+        if (!deadline) pthread_cond_wait(&r->cv, &r->mu);
+        else if (pthread_cond_timedwait(&r->cv, &r->mu, deadline) == ETIMEDOUT && r->generation == gen) return 1;
     }
     return 0;
+}
+
+/* The last rank to arrive opens the next round and wakes the others. */
+void coll_rendezvous(CollRendezvous *r, Stream *s, const Op *op, const CollPost *posts, size_t stride) {
+    const ProcessGroup *g = op->pg;
+    const int n = g->size;
+    const uint64_t gen = r->generation;
+    r->here[g->rank] = 1;
+    if (++r->arrived == n) {
+        r->arrived = 0;
+        memset(r->here, 0, sizeof r->here);
+        r->generation++;
+        pthread_cond_broadcast(&r->cv);
+    } else if (wait_generation(r, gen, s->dev->world->cfg.collective_timeout_s)) {
+        int low = 0;
+        while (low < n && !r->here[low]) low++;
+        if (low == n) low = g->rank;
+        CollPost post = *(const CollPost *)((const char *)posts + (size_t)low * stride);
+        uint8_t here[WORLD_MAX_RANKS];
+        memcpy(here, r->here, sizeof here);
+        pthread_mutex_unlock(&r->mu);
+        watchdog_timeout(s, op, &post, low, here);
+    }
 }
 
 /* ------------------------------------------------------- flight recorder */

@@ -1,5 +1,6 @@
 /* dry.c — the dry run's memory (dry.h): reservations of address space with
  * nothing behind them, and each rank's first-fit arena over them. */
+#include "device.h" /* DEV_ALLOC_ALIGN */
 #include "runtime/dry.h"
 #include "runtime/util.h"
 
@@ -88,8 +89,6 @@ struct DryArena {
     int n, cap;
 };
 
-#define ALIGN 64
-
 DryArena *dry_arena_new(int rank) {
     DryArena *a = xcalloc(1, sizeof *a);
     a->rank = rank;
@@ -134,7 +133,7 @@ static void *carve(Chunk *c, size_t len) {
     return NULL;
 }
 
-static size_t aligned(size_t bytes) { return (bytes + ALIGN - 1) / ALIGN * ALIGN; }
+static size_t aligned(size_t bytes) { return (bytes + DEV_ALLOC_ALIGN - 1) / DEV_ALLOC_ALIGN * DEV_ALLOC_ALIGN; }
 
 void *dry_arena_alloc(DryArena *a, size_t bytes) {
     size_t len = aligned(bytes);

@@ -10,7 +10,7 @@
  * the SIGSEGV handler (guard.c) stops the run with one line naming the buffer
  * and the code that touched it.
  *
- * Each rank's arena (Dev.dry) hands out 64-byte-aligned ranges, first fit over
+ * Each rank's arena (Dev.dry) hands out DEV_ALLOC_ALIGN-aligned ranges, first fit over
  * address-ordered free extents that merge on free; it grows by one reservation
  * of at least DRY_CHUNK_BYTES whenever nothing fits. Touched only by the rank's
  * host thread. The reservations are also listed process-wide (lock-free for the

@@ -73,7 +73,7 @@ void dev_mesh_build(Dev *d, DeviceMesh *m, int replicas, int shards) {
     m->shape[0] = replicas;
     m->shape[1] = shards;
     int row = d->rank / shards, col = d->rank % shards;
-    char name[24];
+    char name[PG_NAME_MAX];
     snprintf(name, sizeof name, "shard%d", row);
     m->shard_group = dev_group_new(d, row, name);
     snprintf(name, sizeof name, "replicate%d", col);

@@ -326,7 +326,8 @@ static const char *base_name(const char *path) {
  * caller is), and the library the fault was in, if any. */
 static void describe_code(char *out, size_t n, uintptr_t pc) {
     void *frames[64];
-    int nf = backtrace(frames, 64); /* through the signal frame (libgcc loaded at install) */
+    /* through the signal frame (libgcc loaded at install) */
+    int nf = backtrace(frames, (int)(sizeof frames / sizeof *frames));
     int at = -1;
     for (int i = 0; i < nf; i++)
         if ((uintptr_t)frames[i] == pc) {

@@ -34,7 +34,7 @@ void intern_free(InternTable *t);
 
 /* ----------------------------------------------------------------- ops */
 
-/* OP_MARK: the CPU's own (stream.c), a timed fence's marker: not the program's work, never traced or raced */
+/* OP_MARK: the CPU's own (cpu/runtime_cpu.c), a timed fence's marker: not the program's work, never traced or raced */
 typedef enum { OP_LAUNCH = 0, OP_COPY, OP_MEMSET, OP_RECORD, OP_WAIT, OP_COLL, OP_MARK } OpKind;
 
 struct Op {
@@ -54,7 +54,7 @@ struct Op {
     const void *src;            /* copy / collective send */
     int fill;
     int pcie;                   /* copy: 1 host -> device, 2 device -> host (the PCIe model), 0 neither */
-    /* the modelled clock (CPU backends, model_clock.c) */
+    /* the modelled clock (CPU backends, cpu/modelled_clock.c) */
     double host_us;             /* the host's modelled time once it had enqueued this op */
     double cost_us;             /* how long it runs once started */
     double flops;               /* a kernel's declared FLOPs (the trace's "flops" arg) */
@@ -62,7 +62,7 @@ struct Op {
     CollDesc coll;
     const char *label;          /* collective: interned label (trace name prefix) */
     ProcessGroup *pg;           /* collective: its group (a p2p group: NULL, its peers are its items') */
-    CollChannel *chan;          /* collective, local backend: the (stream, group) rendezvous */
+    struct CollChannel *chan;   /* collective, CPU local backend: the (stream, group) rendezvous (cpu/cpu_internal.h) */
     struct P2PBatch *p2p;       /* a point-to-point group (coll.kind COLL_P2P): its items; the worker frees it */
     union {
         max_align_t align_;
@@ -72,7 +72,7 @@ struct Op {
 
 struct Stream {
     Dev *dev;
-    void *backend;                  /* the backend's own (CPU: CpuStream, stream.h; CUDA: struct CudaStream) */
+    void *backend;                  /* the backend's own (CPU: cpu/'s CpuStream; CUDA: struct CudaStream) */
     int index;
     char *name;
     uint64_t enqueued;              /* ops enqueued so far (host) */
@@ -87,7 +87,7 @@ struct Stream {
 
 struct Event {
     Dev *dev;
-    void *backend;        /* the backend's own (CPU: CpuEvent, stream.h; CUDA: the cudaEvent_t) */
+    void *backend;        /* the backend's own (CPU: cpu/'s CpuEvent; CUDA: the cudaEvent_t) */
     char *name;
     uint64_t recorded;    /* records enqueued (host) */
     uint64_t *vc;         /* race detector (host thread): the recording stream's clock at the latest record */
@@ -112,7 +112,7 @@ struct ProcessGroup {
     int rank, size;                  /* this rank's group rank; members */
     int members[WORLD_MAX_RANKS];    /* world ranks, in group-rank order */
     int spans_nodes;                 /* link model: members on more than one node */
-    char name[24];
+    char name[PG_NAME_MAX];
 };
 
 /* One rank. Each unit owns its part: the allocator (alloc.c) Dev.mem, the
@@ -123,7 +123,7 @@ struct Dev {
     int rank, world_size;
     void *backend;                      /* the backend's own (CPU: none; CUDA: struct CudaDev) */
     DevScope scope;                     /* host thread */
-    double host_us;                     /* the host's modelled time (CPU backends, model_clock.c; host thread) */
+    double host_us;                     /* the host's modelled time (CPU backends, cpu/modelled_clock.c; host thread) */
     InternTable strings;                /* host thread */
     /* streams and events (host thread) */
     Stream **streams;

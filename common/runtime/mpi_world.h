@@ -1,10 +1,10 @@
 /* mpi_world.h — ranks as MPI processes, one per rank under mpirun: what both
- * multi-process backends stand on (the CPU's "mpi", backend_mpi.c; the CUDA
+ * multi-process backends stand on (the CPU's "mpi", cpu/backend_mpi.c; the CUDA
  * build's "nccl-mpi"). MPI's start and end, the host's communicators (the
  * world's and each process group's, by group id) and the host-side exchanges
  * over them. Built with and without MPI: without it, mpi_world_create says
  * the build has no MPI support. MPI is seen only here, in mpi_world.c and in
- * backend_mpi.c (the CPU's MPI collectives). */
+ * cpu/backend_mpi.c (the CPU's MPI collectives). */
 #ifndef HWFSDP_MPI_WORLD_H
 #define HWFSDP_MPI_WORLD_H
 

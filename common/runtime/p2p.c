@@ -5,10 +5,11 @@
  * op of kind COLL_P2P on their stream: the collective-kind table's row, the
  * flight recorder, the trace and the race detector (race.c: a send reads its
  * buffer, a receive writes it) see it like any collective. Each backend runs
- * it: the thread backends here, through a mailbox per (sender, receiver);
- * mpi with messages tagged by their number (backend_mpi.c); nccl with
- * ncclSend / ncclRecv between ncclGroupStart and ncclGroupEnd
- * (cuda/coll_cuda.c). Pairing, NCCL's: the k-th send from a to b, on
+ * it: the thread backends through a mailbox per (sender, receiver), kept
+ * here (the CPU's local: cpu/coll_cpu.c; the CUDA build's local:
+ * cuda/coll_cuda.c); mpi with messages tagged by their number
+ * (cpu/backend_mpi.c); nccl with ncclSend / ncclRecv between ncclGroupStart
+ * and ncclGroupEnd (cuda/coll_cuda.c). Pairing, NCCL's: the k-th send from a to b, on
  * whichever stream of a, meets the k-th receive from a on b, whichever
  * stream (P2PItem.seq, counted on the host in issue order).
  *
@@ -279,44 +280,4 @@ P2PSlot p2p_await_received(Stream *s, const Op *op, P2PChan *c, const P2PItem *i
     c->slots[it->seq].sent = c->slots[it->seq].done = NULL; /* the sender's now */
     pthread_mutex_unlock(&c->mu);
     return got;
-}
-
-/* The CPU's execution: every send of the group posted first (a receive below
- * may wait for a peer that waits for one of these), then each receive copies
- * the sender's buffer, then each send waits until it was received (the
- * sender's stream may reuse its buffer only then). */
-double p2p_local_execute(Stream *s, const Op *op, double ready_us) {
-    flight_set(s, op, FLIGHT_STARTED);
-    P2PBatch *b = op->p2p;
-    World *w = s->dev->world;
-    const int me = s->dev->rank, run = !w->cfg.dry_run;
-    struct timespec dl;
-    const struct timespec *deadline = coll_deadline(w->cfg.collective_timeout_s, &dl);
-    double start_us = ready_us;
-    P2PChan *chans[64];
-    P2PChan **ch = b->n <= 64 ? chans : xmalloc((size_t)b->n * sizeof *ch);
-    for (int i = 0; i < b->n; i++) {
-        const P2PItem *it = &b->items[i];
-        ch[i] = p2p_mailbox(w, it->send ? me : it->peer, it->send ? it->peer : me);
-        if (it->send) p2p_post(ch[i], it, ready_us, NULL);
-    }
-    for (int i = 0; i < b->n; i++) {
-        const P2PItem *it = &b->items[i];
-        if (it->send) continue;
-        P2PSlot got = p2p_await_send(s, op, ch[i], it, deadline);
-        if (run && it->count) memcpy(it->buf, got.buf, it->count * sizeof(float));
-        if (got.ready_us > start_us) start_us = got.ready_us;
-        p2p_mark_received(ch[i], it, ready_us, NULL);
-    }
-    for (int i = 0; i < b->n; i++) {
-        const P2PItem *it = &b->items[i];
-        if (!it->send) continue;
-        P2PSlot got = p2p_await_received(s, op, ch[i], it, deadline);
-        if (got.peer_ready_us > start_us) start_us = got.peer_ready_us;
-    }
-    if (ch != chans) free(ch);
-    flight_set(s, op, FLIGHT_COMPLETED);
-    free(b->items);
-    free(b);
-    return start_us;
 }

@@ -1,4 +1,4 @@
-/* profile.h — device profiles: what the modelled clock (model_clock.c) prices
+/* profile.h — device profiles: what the modelled clock (cpu/modelled_clock.c) prices
  * every op on. One row per device in profile.c, each number with its source;
  * --device-profile NAME picks one ("teach", the grader's, by default).
  *

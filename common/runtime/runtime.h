@@ -105,9 +105,14 @@ void dev_host_allgather_f64(Dev *d, double value, double *out /* [world] */);
 /* Host-side barrier (all ranks), outside streams and traces. */
 void dev_host_barrier(Dev *d);
 
+/* The most process groups a rank may create, the world included. */
+#define PG_MAX 16
+/* The room for a process group's name, its NUL included (longer names are cut). */
+#define PG_NAME_MAX 24
+
 /* A new process group (device.h): every rank calls it, in the same order; the
  * ranks passing the same color (>= 0) form one group, numbered in world-rank
- * order; name is this rank's group's name ("shard0"). At most 16 per rank. */
+ * order; name is this rank's group's name ("shard0"). At most PG_MAX per rank. */
 ProcessGroup *dev_group_new(Dev *d, int color, const char *name);
 /* The device mesh of --mesh replicas,shards (replicas <= 0: 1-D, the world):
  * its shape, and this rank's shard and replicate groups (dev_group_new). */
@@ -187,7 +192,7 @@ void dev_probe_read(Dev *d, void *host, const void *src, size_t bytes);
 
 /* The collective kinds. A kind is its row of coll_kinds (coll_common.c: what
  * it moves, its checks, its link cost) plus one execute case per backend
- * (collectives.c: local; backend_mpi.c: mpi; cuda/coll_cuda.c: local and nccl). */
+ * (cpu/coll_cpu.c: local; cpu/backend_mpi.c: mpi; cuda/coll_cuda.c: local and nccl). */
 typedef enum {
     COLL_ALL_GATHER = 0,
     COLL_REDUCE_SCATTER,

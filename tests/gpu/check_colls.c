@@ -71,7 +71,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/ops_math.h" /* bf16_from_f32 / bf16_to_f32: the runtime's own rounding, on the host */
+#include "runtime/bf16.h" /* bf16_from_f32 / bf16_to_f32: the runtime's own rounding, on the host */
 #include "runtime/runtime.h"
 #include "runtime/util.h"
 

@@ -1,7 +1,7 @@
 """The runtime's Chrome traces (trace_rank<r>.json) summed by rank and step, the process groups
 they name, and the figures of one step on the modelled clock.
 
-Every event's ts/dur is on the modelled clock (common/runtime/model_clock.c): the same on every run,
+Every event's ts/dur is on the modelled clock (common/cpu/modelled_clock.c): the same on every run,
 whatever the load. A collective's dur is the link model's time for it (coll_common.c
 coll_link_time_us), a host-device copy's the PCIe model's, a kernel's the device profile's roofline for
 the FLOPs it declared (args.flops); the wall-clock times are in args.wall_ts_us / wall_dur_us. The

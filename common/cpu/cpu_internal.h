@@ -1,10 +1,11 @@
-/* stream.h — what the two CPU backends ("local": backend_local.c, "mpi":
+/* cpu_internal.h — what the two CPU backends ("local": backend_local.c, "mpi":
  * backend_mpi.c) share: streams as worker threads, events, storage from the
- * C heap (stream.c) and the modelled clock (model_clock.c). Each CPU backend's
+ * C heap (runtime_cpu.c), the modelled clock (modelled_clock.c), the rank-order
+ * reduction (coll_cpu.c) and the kernels (kernels_cpu.c). Each CPU backend's
  * table of operations starts from CPU_BACKEND_OPS and adds its own world,
  * host exchange, groups and collectives. */
-#ifndef HWFSDP_STREAM_H
-#define HWFSDP_STREAM_H
+#ifndef HWFSDP_CPU_INTERNAL_H
+#define HWFSDP_CPU_INTERNAL_H
 
 #include <pthread.h>
 #include <stdint.h>
@@ -39,17 +40,28 @@ typedef struct {
 static inline CpuStream *cpu_stream(const Stream *s) { return s->backend; }
 static inline CpuEvent *cpu_event(const Event *e) { return e->backend; }
 
+/* The local backend's rendezvous channel (Op.chan): one per (stream index,
+ * group), shared by the group's ranks; posts[] is indexed by group rank. */
+typedef struct CollChannel {
+    CollRendezvous rv;               /* its mutex guards posts too */
+    CollPost posts[WORLD_MAX_RANKS];
+} CollChannel;
+
 /* Queue op (op_init'd; a collective: coll_op_describe'd, its exec set) on s; the worker runs it. */
 void cpu_enqueue_op(Stream *s, Op *op);
 
-/* collectives.c. recv[i] = op over the n inputs of element `off + i` (rank
+/* coll_cpu.c. recv[i] = op over the n inputs of element `off + i` (rank
  * order, in float32), stored in the collective's dtype; parts[r] is group
  * rank r's buffer: the sum both CPU backends reduce with. */
 void coll_reduce_ranks(void *recv, const void *const *parts, int n, size_t off, size_t cnt, int dtype, int op);
 /* The local backend's Op.exec: a collective through its rendezvous channel. */
 double local_coll_execute(Stream *s, const Op *op, double ready_us);
+/* The local backend's Op.exec of a p2p op through the world's mailboxes;
+ * returns the modelled start: the latest ready time of this rank and every
+ * peer of the group. */
+double p2p_local_execute(Stream *s, const Op *op, double ready_us);
 
-/* stream.c: the entries of CPU_BACKEND_OPS */
+/* runtime_cpu.c: the entries of CPU_BACKEND_OPS */
 void cpu_dev_init(Dev *d);
 void cpu_dev_fini(Dev *d);
 Stream *cpu_stream_create(Dev *d, const char *name);
@@ -77,7 +89,7 @@ void cpu_fence_release(Dev *d, PendingFree *pf);
 void *cpu_probe_alloc(Dev *d, size_t bytes);
 void cpu_probe_free(Dev *d, void *p);
 void cpu_probe_read(Dev *d, void *host, const void *probe, size_t bytes);
-/* model_clock.c: the host's modelled time (BackendOps.host_time_us); a host
+/* modelled_clock.c: the host's modelled time (BackendOps.host_time_us); a host
  * call that costs the host a launch; the host enqueuing op (its host_us; the
  * host moves on by a launch if charged); the
  * costs of a kernel, a copy (pcie: copy_direction) and a memset, us; the host
@@ -94,7 +106,7 @@ void clock_host_wait(Dev *d, double until_us, const char *what, const char *name
 void clock_trace_op(Stream *s, const Op *op, const char *prefix, const char *cat, double start_us, double end_us,
                     double wall0_us);
 
-extern const struct KernelTable kcpu_kernels; /* model/kernels_cpu.c */
+extern const struct KernelTable kcpu_kernels; /* kernels_cpu.c */
 
 /* The two CPU backends (backends_cpu.c offers them). */
 extern const BackendOps cpu_local_backend;     /* backend_local.c */

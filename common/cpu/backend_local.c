@@ -1,9 +1,9 @@
 /* backend_local.c — the CPU's "local" backend: ranks are threads of this
  * process; a stream reaches a group's peers through a rendezvous channel per
  * (stream index, group), shared by the group's ranks and made at the stream's
- * first collective in that group; collectives.c runs them (memcpy, sums in
- * rank order, the link model). Streams, events and storage: stream.c. */
-#include "runtime/stream.h"
+ * first collective in that group; coll_cpu.c runs them (memcpy, sums in
+ * rank order, the link model). Streams, events and storage: runtime_cpu.c. */
+#include "cpu/cpu_internal.h"
 #include "runtime/util.h"
 
 #include <stddef.h>
@@ -18,7 +18,7 @@ typedef struct {
 static void local_world_init(World *w, long *cores) {
     (void)cores;
     ChanRegistry *chans = xmalloc(sizeof *chans);
-    chan_registry_init(chans, sizeof(CollChannel), offsetof(CollChannel, mu), offsetof(CollChannel, cv));
+    chan_registry_init(chans, sizeof(CollChannel), offsetof(CollChannel, rv.mu), offsetof(CollChannel, rv.cv));
     w->backend = chans;
 }
 
@@ -41,7 +41,7 @@ static void local_coll_stream_fini(Stream *s) {
 }
 
 static void local_coll_enqueue(Stream *s, Op *op) {
-    if (op->coll.kind == COLL_P2P) { /* through the world's mailboxes (p2p.c) */
+    if (op->coll.kind == COLL_P2P) { /* through the world's mailboxes (runtime/p2p.c) */
         op->exec = p2p_local_execute;
         cpu_enqueue_op(s, op);
         return;

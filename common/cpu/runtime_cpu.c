@@ -1,11 +1,11 @@
-/* stream.c — the CPU backends' streams (stream.h; both "local" and "mpi"):
+/* runtime_cpu.c — the CPU backends' device (cpu_internal.h; both "local" and "mpi"):
  * a worker thread per stream executing a FIFO of ops, events, launches, async
  * copies, host synchronization and storage from the C heap. An op's times
- * are the modelled clock's (model_clock.c), its collectives the backend's
+ * are the modelled clock's (modelled_clock.c), its collectives the backend's
  * (backend_local.c, backend_mpi.c). */
 #include "runtime/dry.h"
 #include "runtime/guard.h"
-#include "runtime/stream.h"
+#include "cpu/cpu_internal.h"
 #include "runtime/util.h"
 
 #include <stdio.h>
@@ -68,7 +68,7 @@ static double run_wait(const Op *op) {
 
 /* ---------------------------------------------------------------- worker */
 
-/* Run op for real, then give it its modelled start and end (model_clock.c):
+/* Run op for real, then give it its modelled start and end (modelled_clock.c):
  * it starts when its stream is free and the host has enqueued it (and its
  * event was recorded, or its group is ready), and lasts its cost. */
 static void execute(Stream *s, Op *op) {
@@ -202,7 +202,7 @@ static uint64_t stream_completed(Stream *s) {
  * the guard's key instead, which only the stream workers may touch. */
 static void *heap_storage(Dev *d, size_t bytes, const char *name) {
     void *p = NULL;
-    if (posix_memalign(&p, 64, bytes) != 0 || !p)
+    if (posix_memalign(&p, DEV_ALLOC_ALIGN, bytes) != 0 || !p)
         fatal("rank %d: out of memory allocating %zu bytes for '%s' (%zu bytes allocated now)", d->rank, bytes,
               name ? name : "?", d->mem.current);
     return p;

@@ -1,13 +1,13 @@
 /* backend_mpi.c — the CPU's "mpi" backend: one process per rank under mpirun
  * (mpi_world.c), streams, events and storage as the local backend's
- * (stream.c), and each stream reaches its peers through communicators of its
+ * (runtime_cpu.c), and each stream reaches its peers through communicators of its
  * own: a dup of the world's per stream index, a split of the world's per
  * (stream, group), so collectives on different streams never meet in one
- * communicator; reductions sum in rank order (collectives.c's
+ * communicator; reductions sum in rank order (coll_cpu.c's
  * coll_reduce_ranks), bitwise as the local backend's. A build without MPI
  * has this backend answer with one line. */
+#include "cpu/cpu_internal.h"
 #include "runtime/mpi_world.h"
-#include "runtime/stream.h"
 #include "runtime/util.h"
 
 #ifdef HAVE_MPI

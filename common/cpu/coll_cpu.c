@@ -1,16 +1,17 @@
-/* collectives.c — the CPU backends' NCCL-shaped collectives, executed on
- * stream workers (stream.h).
+/* coll_cpu.c — the CPU backends' NCCL-shaped collectives, executed on
+ * stream workers (cpu_internal.h).
  * local backend (backend_local.c): ranks are threads; one rendezvous channel
  *   per (stream, group); each rank computes its own output from the peers'
  *   buffers. How long it lasts is the modelled clock's (its link model:
- *   coll_common.c), from the time the last rank of the group was ready.
+ *   runtime/coll_common.c), from the time the last rank of the group was ready.
+ *   Point to point: through the world's mailboxes (runtime/p2p.c).
  * mpi backend (backend_mpi.c, its execution there too): one communicator per
  *   (stream, group); its reductions use coll_reduce_ranks below, in rank order,
  *   so results are bitwise identical to the local backend's.
  * Element types: float32 everywhere; all-gather and reduce-scatter also move
  * bfloat16 words (the reduce-scatter adds them in float32, rounding once). */
-#include "model/ops_math.h" /* bf16_from_f32 / bf16_to_f32 */
-#include "runtime/stream.h"
+#include "cpu/cpu_internal.h"
+#include "runtime/bf16.h"
 #include "runtime/util.h"
 
 #include <stdio.h>
@@ -35,31 +36,12 @@ void coll_reduce_ranks(void *recv, const void *const *parts, int n, size_t off, 
 
 /* --------------------------------------------------------- local backend */
 
-/* All ranks of the channel (the group's) meet. With the watchdog on, a rank
- * that waits longer than the timeout reports the collective of the lowest
- * waiting rank (deterministic whichever timer fires first) and the ranks
- * missing. */
-static void chan_barrier(Stream *s, const Op *op, int n) {
+/* All ranks of the channel (the group's) meet (the watchdog: coll_rendezvous). */
+static void chan_barrier(Stream *s, const Op *op) {
     CollChannel *c = op->chan;
-    const double timeout = s->dev->world->cfg.collective_timeout_s;
-    pthread_mutex_lock(&c->mu);
-    uint64_t gen = c->generation;
-    c->here[op->pg->rank] = 1;
-    if (++c->arrived == n) {
-        c->arrived = 0;
-        memset(c->here, 0, sizeof c->here);
-        c->generation++;
-        pthread_cond_broadcast(&c->cv);
-    } else if (coll_wait_generation(&c->cv, &c->mu, &c->generation, gen, timeout)) {
-        int low = 0;
-        while (low < n && !c->here[low]) low++;
-        CollPost post = c->posts[low < n ? low : op->pg->rank];
-        uint8_t here[WORLD_MAX_RANKS];
-        memcpy(here, c->here, sizeof here);
-        pthread_mutex_unlock(&c->mu);
-        watchdog_timeout(s, op, &post, low < n ? low : op->pg->rank, here);
-    }
-    pthread_mutex_unlock(&c->mu);
+    pthread_mutex_lock(&c->rv.mu);
+    coll_rendezvous(&c->rv, s, op, c->posts, sizeof *c->posts);
+    pthread_mutex_unlock(&c->rv.mu);
 }
 
 /* Returns the modelled time the group could start: the latest ready_us of its ranks. */
@@ -73,15 +55,15 @@ static double local_execute(Stream *s, const Op *op, double ready_us) {
     float *recv = op->dst;
     const float *send = op->src;
 
-    pthread_mutex_lock(&c->mu);
+    pthread_mutex_lock(&c->rv.mu);
     c->posts[me] = (CollPost){*desc, op->coll_seq, send, recv, NULL, ready_us};
-    pthread_mutex_unlock(&c->mu);
-    chan_barrier(s, op, n); /* everyone posted; their earlier stream work is visible (mutex) */
+    pthread_mutex_unlock(&c->rv.mu);
+    chan_barrier(s, op); /* everyone posted; their earlier stream work is visible (mutex) */
 
-    pthread_mutex_lock(&c->mu);
+    pthread_mutex_lock(&c->rv.mu);
     CollPost posts[WORLD_MAX_RANKS];
     memcpy(posts, c->posts, (size_t)n * sizeof *posts);
-    pthread_mutex_unlock(&c->mu);
+    pthread_mutex_unlock(&c->rv.mu);
     double start_us = ready_us;
     for (int r = 0; r < n; r++)
         if (posts[r].ready_us > start_us) start_us = posts[r].ready_us;
@@ -95,8 +77,8 @@ static double local_execute(Stream *s, const Op *op, double ready_us) {
             coll_check_agreement(s, op->coll_seq, descs, n, g->members);
         }
         /* the other ranks wait for rank 0's fatal exit */
-        pthread_mutex_lock(&c->mu);
-        for (;;) pthread_cond_wait(&c->cv, &c->mu);
+        pthread_mutex_lock(&c->rv.mu);
+        for (;;) pthread_cond_wait(&c->rv.cv, &c->rv.mu);
     }
 
     const void *parts[WORLD_MAX_RANKS];
@@ -118,13 +100,13 @@ static double local_execute(Stream *s, const Op *op, double ready_us) {
         size_t lo = (size_t)me * chunk, hi = lo + chunk < cnt ? lo + chunk : cnt;
         scratch = xmalloc((chunk ? chunk : 1) * sizeof(float));
         if (lo < hi) coll_reduce_ranks(scratch, parts, n, lo, hi - lo, DTYPE_F32, desc->op);
-        pthread_mutex_lock(&c->mu);
+        pthread_mutex_lock(&c->rv.mu);
         c->posts[me].scratch = scratch;
-        pthread_mutex_unlock(&c->mu);
-        chan_barrier(s, op, n);
-        pthread_mutex_lock(&c->mu); /* the posts stay put until everyone passed the last barrier */
+        pthread_mutex_unlock(&c->rv.mu);
+        chan_barrier(s, op);
+        pthread_mutex_lock(&c->rv.mu); /* the posts stay put until everyone passed the last barrier */
         for (int r = 0; r < n; r++) posts[r].scratch = c->posts[r].scratch;
-        pthread_mutex_unlock(&c->mu);
+        pthread_mutex_unlock(&c->rv.mu);
         for (int r = 0; r < n; r++) {
             size_t rlo = (size_t)r * chunk, rhi = rlo + chunk < cnt ? rlo + chunk : cnt;
             if (rlo < rhi) memcpy(recv + rlo, posts[r].scratch, (rhi - rlo) * sizeof(float));
@@ -139,7 +121,7 @@ static double local_execute(Stream *s, const Op *op, double ready_us) {
     case COLL_P2P: break;     /* never here: p2p_local_execute */
     case COLL_KIND_COUNT: break; /* not a kind */
     }
-    chan_barrier(s, op, n); /* nobody reuses or frees its buffers while peers read them */
+    chan_barrier(s, op); /* nobody reuses or frees its buffers while peers read them */
     free(scratch);
     return start_us;
 }
@@ -149,5 +131,46 @@ double local_coll_execute(Stream *s, const Op *op, double ready_us) {
     flight_set(s, op, FLIGHT_STARTED);
     double start_us = local_execute(s, op, ready_us);
     flight_set(s, op, FLIGHT_COMPLETED);
+    return start_us;
+}
+
+/* The local backend's point to point (Op.exec of a COLL_P2P op) through the
+ * world's mailboxes (runtime/p2p.c): every send of the group posted first (a
+ * receive below may wait for a peer that waits for one of these), then each
+ * receive copies the sender's buffer, then each send waits until it was
+ * received (the sender's stream may reuse its buffer only then). */
+double p2p_local_execute(Stream *s, const Op *op, double ready_us) {
+    flight_set(s, op, FLIGHT_STARTED);
+    P2PBatch *b = op->p2p;
+    World *w = s->dev->world;
+    const int me = s->dev->rank, run = !w->cfg.dry_run;
+    struct timespec dl;
+    const struct timespec *deadline = coll_deadline(w->cfg.collective_timeout_s, &dl);
+    double start_us = ready_us;
+    P2PChan *chans[P2P_STACK_ITEMS];
+    P2PChan **ch = b->n <= P2P_STACK_ITEMS ? chans : xmalloc((size_t)b->n * sizeof *ch);
+    for (int i = 0; i < b->n; i++) {
+        const P2PItem *it = &b->items[i];
+        ch[i] = p2p_mailbox(w, it->send ? me : it->peer, it->send ? it->peer : me);
+        if (it->send) p2p_post(ch[i], it, ready_us, NULL);
+    }
+    for (int i = 0; i < b->n; i++) {
+        const P2PItem *it = &b->items[i];
+        if (it->send) continue;
+        P2PSlot got = p2p_await_send(s, op, ch[i], it, deadline);
+        if (run && it->count) memcpy(it->buf, got.buf, it->count * sizeof(float));
+        if (got.ready_us > start_us) start_us = got.ready_us;
+        p2p_mark_received(ch[i], it, ready_us, NULL);
+    }
+    for (int i = 0; i < b->n; i++) {
+        const P2PItem *it = &b->items[i];
+        if (!it->send) continue;
+        P2PSlot got = p2p_await_received(s, op, ch[i], it, deadline);
+        if (got.peer_ready_us > start_us) start_us = got.peer_ready_us;
+    }
+    if (ch != chans) free(ch);
+    flight_set(s, op, FLIGHT_COMPLETED);
+    free(b->items);
+    free(b);
     return start_us;
 }

@@ -71,7 +71,7 @@ void kcpu_adamw(void *a) {
     adamw_update(x->param, x->grad, x->m, x->v, x->n, &x->c, x->lr, x->t, coef);
 }
 
-/* The CPU backends' kernels (runtime/stream.h: CPU_BACKEND_OPS). */
+/* The CPU backends' kernels (cpu_internal.h: CPU_BACKEND_OPS). */
 #define KCPU_ENTRY(name) .name = kcpu_##name,
 const KernelTable kcpu_kernels = {HWFSDP_KERNEL_LIST(KCPU_ENTRY).attention_scratch_floats = kcpu_attention_scratch_floats};
 #undef KCPU_ENTRY

@@ -1,4 +1,4 @@
-/* model_clock.c — the CPU backends' clock: modelled time (HANDOUT: "Time").
+/* modelled_clock.c — the CPU backends' clock: modelled time (HANDOUT: "Time").
  *
  * Every op gets a modelled start and end from program order alone, never from
  * the wall clock, the threads' interleaving or the machine's load:
@@ -16,7 +16,7 @@
  * math, the copies, the rendezvous); the model only reads their order. The
  * wall-clock times of each op stay in its trace args, for performance work. */
 #include "runtime/profile.h"
-#include "runtime/stream.h"
+#include "cpu/cpu_internal.h"
 #include "runtime/util.h"
 
 #include <stdio.h>

@@ -1,6 +1,6 @@
 /* backends_cpu.c — the backends of the CPU build (make): "local" and, built
  * with MPI, "mpi"; the CUDA build's (cuda/backends_cuda.c) replace this file. */
-#include "runtime/stream.h"
+#include "cpu/cpu_internal.h"
 #include "runtime/util.h"
 
 const BackendOps *backend_ops(CollBackend b) {

@@ -2,8 +2,8 @@
  * everything your code may use.
  *
  * You write ONE file: stages/NN_name/hw_fsdp.c. It implements the hooks
- * below. The training loop (common/driver/train_step.c) calls them exactly as
- * PyTorch autograd calls FSDP2's:
+ * below. The training loop (common/driver/train_step.c, each module run by
+ * trainer.c) calls them exactly as PyTorch autograd calls FSDP2's:
  *
  *   fsdp_init                          once: shard the model into DTensors
  *   for each step:

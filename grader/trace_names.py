@@ -1,7 +1,7 @@
 """The words of the runtime's traces that the Python side reads: the grader, the tools and the tests
 take them from here. The C side writes them (common/runtime/coll_common.c the collective kinds,
 cpu/runtime_cpu.c the categories, alloc.c the copy directions, world.c the compute stream first, trace.h the
-host's track, driver/train_step.c the phases); tests/test_trace_names.py runs the runtime and
+host's track, driver/trainer.c and train_step.c the phases); tests/test_trace_names.py runs the runtime and
 compares.
 
 A trace event ("ph": "X") of a rank has "cat" one of CATEGORIES, "tid" its stream's index (the

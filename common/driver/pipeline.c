@@ -1,12 +1,16 @@
 /* pipeline.c — the runtime's side of hw_pipe.h (--pp, stages 11 and 12): the
  * split of the modules into stages, the stage's mesh, and pipe_forward /
- * pipe_backward, which run one microbatch through this stage's modules with
- * the student's FSDP hooks around each (train_step.c's per-module steps). The
- * student's pipe_schedule decides their order and moves the activations. */
+ * pipe_backward, which run one microbatch (microbatch.h) through this stage's
+ * modules with the student's FSDP hooks around each (trainer.h's steps, the
+ * ones the accumulation loop runs). The student's pipe_schedule decides their
+ * order and moves the activations. */
+#include "driver/pipeline.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "driver/microbatch.h"
 #include "driver/pipe_split.h"
 #include "driver/trainer.h"
 #include "hw_pipe.h"
@@ -68,6 +72,7 @@ int pipe_data_shard(const Options *o, int rank, int *shards) {
 Pipe *pipe_create(Trainer *t) {
     const Options *o = t->opt;
     const int W = dev_world_size(t->dev), P = o->pp, S = W / P, rank = dev_rank(t->dev), stage = rank / S;
+    const int M = t->mb.K; /* --microbatches */
     Pipe *p = xcalloc(1, sizeof *p);
     p->t = t;
     p->step = -1;
@@ -75,15 +80,15 @@ Pipe *pipe_create(Trainer *t) {
                          .stream = t->run.stream,
                          .stage = stage,
                          .stages = P,
-                         .microbatches = o->microbatches,
+                         .microbatches = M,
                          .schedule = o->pp_schedule,
                          .prev = stage > 0 ? rank - S : -1,
                          .next = stage < P - 1 ? rank + S : -1,
-                         .act_numel = o->batch_size / (size_t)o->microbatches * o->seq_len * (size_t)o->model.dim,
+                         .act_numel = t->mb.B / (size_t)M * t->mb.T * (size_t)o->model.dim,
                          .model = t->model};
-    p->acts = model_acts_slots(t->model, o->microbatches);
-    p->fwd = xcalloc((size_t)o->microbatches, 1);
-    p->bwd = xcalloc((size_t)o->microbatches, 1);
+    p->acts = model_acts_slots(t->model, M);
+    p->fwd = xcalloc((size_t)M, 1);
+    p->bwd = xcalloc((size_t)M, 1);
     return p;
 }
 
@@ -97,14 +102,9 @@ void pipe_destroy(Pipe *p) {
 
 const PipeInfo *pipe_info(const Pipe *pipe) { return &pipe->info; }
 
-/* The model runs microbatch mb: its sequences, its loss share, its saved activations. */
+/* The model runs microbatch mb: its sequences (microbatch.h), its saved activations. */
 static void use_microbatch(Pipe *p, int mb) {
-    Trainer *t = p->t;
-    const size_t Bm = t->opt->batch_size / (size_t)p->info.microbatches, T = t->opt->seq_len;
-    t->run.B = Bm;
-    t->run.inputs = t->inputs + (size_t)mb * Bm * T;
-    t->run.targets = t->targets + (size_t)mb * Bm * T;
-    dev_set_microbatch(t->dev, mb);
+    microbatch_use(&p->t->mb, &p->t->run, mb);
     model_acts_use(p->acts, mb);
 }
 
@@ -145,9 +145,9 @@ float *pipe_forward(Pipe *p, int mb, float *in) {
     if (in) check_handed(p, "pipe_forward", mb, in, "in");
     use_microbatch(p, mb);
     t->run.h = in;
-    for (int i = 0; i < t->model->n_modules; i++) trainer_forward_module(t, s, &t->model->modules[i]);
+    trainer_forward(t, s);
     float *out = NULL;
-    if (pi->next < 0) dev_memcpy_async(t->run.stream, &t->host_loss[mb], t->run.loss, sizeof(float)); /* device -> host */
+    if (pi->next < 0) microbatch_record_loss(&t->mb, &t->run, mb);
     else out = t->run.h;
     t->run.h = NULL;
     p->fwd[mb] = 1;
@@ -173,24 +173,15 @@ float *pipe_backward(Pipe *p, int mb, float *dout) {
         fatal("pipe_backward(microbatch %d) on stage %d (rank %d): `dout` is NULL: pass the grad received from "
               "stage %d (rank %d)", mb, pi->stage, rank, pi->stage + 1, pi->next);
     if (dout) check_handed(p, "pipe_backward", mb, dout, "dout");
-    Model *m = t->model; /* its modules' requires_gradient_sync / reshard_after_backward: the schedule's */
-    use_microbatch(p, mb);
+    use_microbatch(p, mb); /* the modules' requires_gradient_sync / reshard_after_backward: the schedule's */
     t->run.dh = dout;
-    for (int i = m->n_modules - 1; i >= 0; i--) trainer_backward_module(t, s, &m->modules[i]);
-    trainer_finish_backward(t, s);
+    trainer_backward(t, s);
     float *out = pi->prev < 0 ? NULL : t->run.dh; /* the embedding's backward consumed it on stage 0 */
     t->run.dh = NULL;
     p->bwd[mb] = 1;
     p->backwards++;
     dev_set_scope(pi->dev, s, "pipe", "p2p");
     return out;
-}
-
-static void set_sync(Model *m, int on) {
-    for (int i = 0; i < m->n_modules; i++) {
-        m->modules[i].requires_gradient_sync = on;
-        m->modules[i].reshard_after_backward = on;
-    }
 }
 
 void pipe_run_step(Pipe *p, int s) {
@@ -201,7 +192,7 @@ void pipe_run_step(Pipe *p, int s) {
     p->backwards = 0;
     memset(p->fwd, 0, (size_t)M);
     memset(p->bwd, 0, (size_t)M);
-    set_sync(t->model, 1); /* the schedule may clear them before a backward (hw_pipe.h) */
+    microbatch_set_sync(t->model, 1, 1); /* the schedule may clear them before a backward (hw_pipe.h) */
     dev_set_scope(pi->dev, s, "pipe", "p2p");
     pipe_schedule(p);
     for (int mb = 0; mb < M; mb++)
@@ -209,13 +200,7 @@ void pipe_run_step(Pipe *p, int s) {
             fatal("pipe_schedule returned on stage %d (rank %d) with microbatch %d's %s not run: every microbatch runs "
                   "forward and backward once per step", pi->stage, dev_rank(pi->dev), mb,
                   !p->fwd[mb] ? "forward" : "backward");
-    p->step = -1;
-    /* the whole batch again, no microbatch in scope */
-    dev_set_microbatch(t->dev, -1);
-    t->run.B = t->opt->batch_size;
-    t->run.inputs = t->inputs;
-    t->run.targets = t->targets;
-    set_sync(t->model, 1);
+    p->step = -1; /* the loop puts the whole batch back (microbatch_whole) */
 }
 
 /* A binary whose hw_fsdp.c has no schedule (stages 01-10) answers --pp with one line. */

@@ -10,6 +10,7 @@
 #include "driver/pipe_split.h"
 #include "driver/trainer.h"
 #include "hw_pipe.h"
+#include "runtime/phase.h"
 #include "runtime/runtime.h"
 #include "runtime/util.h"
 
@@ -151,7 +152,7 @@ float *pipe_forward(Pipe *p, int mb, float *in) {
     else out = t->run.h;
     t->run.h = NULL;
     p->fwd[mb] = 1;
-    dev_set_scope(pi->dev, s, "pipe", "p2p"); /* the schedule's sends and receives */
+    dev_set_scope(pi->dev, s, "pipe", phase_name(PHASE_P2P)); /* the schedule's sends and receives */
     return out;
 }
 
@@ -182,7 +183,7 @@ float *pipe_backward(Pipe *p, int mb, float *dout) {
     t->run.dh = NULL;
     p->bwd[mb] = 1;
     p->backwards++;
-    dev_set_scope(pi->dev, s, "pipe", "p2p");
+    dev_set_scope(pi->dev, s, "pipe", phase_name(PHASE_P2P));
     return out;
 }
 
@@ -202,7 +203,7 @@ void pipe_run_step(Pipe *p, int s) {
     memset(p->fwd, 0, (size_t)M);
     memset(p->bwd, 0, (size_t)M);
     set_sync(t->model, 1); /* the schedule may clear them before a backward (hw_pipe.h) */
-    dev_set_scope(pi->dev, s, "pipe", "p2p");
+    dev_set_scope(pi->dev, s, "pipe", phase_name(PHASE_P2P));
     pipe_schedule(p);
     for (int mb = 0; mb < M; mb++)
         if (!p->fwd[mb] || !p->bwd[mb])

@@ -16,18 +16,19 @@
 #include "hw_fsdp.h"
 #include "model/model.h"
 #include "model/optim.h"
+#include "runtime/phase.h"
 #include "runtime/runtime.h"
 #include "runtime/util.h"
 
 /* What the host does now (module, phase), for traces and snapshots. */
-static void at(Trainer *t, int step, const char *module, const char *phase) {
-    dev_set_scope(t->dev, step, module, phase);
+static void at(Trainer *t, int step, const char *module, Phase phase) {
+    dev_set_scope(t->dev, step, module, phase_name(phase));
 }
 
 /* This rank's sequences of step s (model/data.h: the data-order contract). */
 static void load_batch(Trainer *t, const TrainJob *job, int s) {
     size_t N = t->run.B * t->run.T;
-    at(t, s, "data", "data");
+    at(t, s, "data", PHASE_DATA);
     int shards, shard = pipe_data_shard(t->opt, dev_rank(t->dev), &shards); /* --pp: every stage of a shard reads it */
     data_batch(job->data, s, shard, shards, t->run.B, t->run.T, t->host_inputs, t->host_targets);
     dev_memcpy_async(t->run.stream, t->inputs, t->host_inputs, N * sizeof(int32_t));
@@ -84,17 +85,17 @@ static void set_microbatch(Trainer *t, int k, int K) {
         at(t, s, module, phase);                                         \
         probe_hook_begin((t)->dev, &(t)->probes);                        \
         call;                                                            \
-        probe_hook_end((t)->dev, &(t)->probes, s, module, phase);        \
+        probe_hook_end((t)->dev, &(t)->probes, s, module, phase_name(phase)); \
     } while (0)
 
 /* One module's forward, between its hooks (the pipeline's too: pipeline.c). */
 void trainer_forward_module(Trainer *t, int s, Module *mod) {
     Fsdp *f = t->fsdp;
-    HOOK(t, s, mod->name, "pre_forward", fsdp_pre_forward(f, mod));
-    probe_params_ready(t->dev, &t->probes, mod, s, "pre_forward", 0);
-    at(t, s, mod->name, "forward");
+    HOOK(t, s, mod->name, PHASE_PRE_FORWARD, fsdp_pre_forward(f, mod));
+    probe_params_ready(t->dev, &t->probes, mod, s, phase_name(PHASE_PRE_FORWARD), 0);
+    at(t, s, mod->name, PHASE_FORWARD);
     module_forward(t->model, mod, &t->run);
-    HOOK(t, s, mod->name, "post_forward", fsdp_post_forward(f, mod));
+    HOOK(t, s, mod->name, PHASE_POST_FORWARD, fsdp_post_forward(f, mod));
     probe_after_post_forward(t->dev, &t->probes, s, mod);
 }
 
@@ -102,20 +103,20 @@ void trainer_forward_module(Trainer *t, int s, Module *mod) {
 void trainer_backward_module(Trainer *t, int s, Module *mod) {
     Model *m = t->model;
     Fsdp *f = t->fsdp;
-    HOOK(t, s, mod->name, "pre_backward", fsdp_pre_backward(f, mod));
+    HOOK(t, s, mod->name, PHASE_PRE_BACKWARD, fsdp_pre_backward(f, mod));
     if (t->opt->ac && mod->kind == MOD_BLOCK) { /* activation checkpointing: the forward again */
-        HOOK(t, s, mod->name, "recompute.pre_forward", fsdp_pre_forward(f, mod));
-        probe_params_ready(t->dev, &t->probes, mod, s, "recompute.pre_forward", 0);
-        at(t, s, mod->name, "recompute");
+        HOOK(t, s, mod->name, PHASE_RECOMPUTE_PRE_FORWARD, fsdp_pre_forward(f, mod));
+        probe_params_ready(t->dev, &t->probes, mod, s, phase_name(PHASE_RECOMPUTE_PRE_FORWARD), 0);
+        at(t, s, mod->name, PHASE_RECOMPUTE);
         module_recompute(m, mod, &t->run);
-        HOOK(t, s, mod->name, "recompute.post_forward", fsdp_post_forward(f, mod));
+        HOOK(t, s, mod->name, PHASE_RECOMPUTE_POST_FORWARD, fsdp_post_forward(f, mod));
     }
-    at(t, s, mod->name, "backward");
-    probe_params_ready(t->dev, &t->probes, mod, s, "pre_backward", 1);
+    at(t, s, mod->name, PHASE_BACKWARD);
+    probe_params_ready(t->dev, &t->probes, mod, s, phase_name(PHASE_PRE_BACKWARD), 1);
     alloc_unsharded_grads(t, mod);
     probe_grads_allocated(t->dev, &t->probes, mod);
     module_backward(m, mod, &t->run);
-    HOOK(t, s, mod->name, "post_backward", fsdp_post_backward(f, mod));
+    HOOK(t, s, mod->name, PHASE_POST_BACKWARD, fsdp_post_backward(f, mod));
     probe_after_post_backward(t->dev, &t->probes, s, mod);
     after_post_backward(t, mod);
 }
@@ -123,7 +124,7 @@ void trainer_backward_module(Trainer *t, int s, Module *mod) {
 /* The end of one backward: FSDP2's root post-backward callback (once per
  * backward, so once per microbatch). */
 void trainer_finish_backward(Trainer *t, int s) {
-    HOOK(t, s, "root", "finish_backward", fsdp_finish_backward(t->fsdp));
+    HOOK(t, s, "root", PHASE_FINISH_BACKWARD, fsdp_finish_backward(t->fsdp));
     probe_grad_state(t->dev, &t->probes, s);
 }
 
@@ -151,7 +152,7 @@ static float train_step(Trainer *t, int s) {
     if (t->pipe) { /* --pp: the student's schedule runs the microbatches (pipeline.c) */
         pipe_run_step(t->pipe, s);
         if (s == t->flags.step) flag_check_end(t->dev, &t->flags);
-        HOOK(t, s, "optimizer", "optimizer",
+        HOOK(t, s, "optimizer", PHASE_OPTIMIZER,
              grad_norm = fsdp_optimizer_step(t->fsdp, lr_at_step(&t->opt->optim, s), s + 1));
         return grad_norm;
     }
@@ -159,7 +160,7 @@ static float train_step(Trainer *t, int s) {
         set_microbatch(t, k, K);
         forward(t, s, &t->host_loss[k]);
         if (t->opt->forward_only) {
-            at(t, s, "step", "discard");
+            at(t, s, "step", PHASE_DISCARD);
             model_discard_activations(t->model, &t->run);
             return NAN;
         }
@@ -167,7 +168,7 @@ static float train_step(Trainer *t, int s) {
         if (k == 0 && s == t->flags.step) flag_check_end(t->dev, &t->flags);
     }
     set_microbatch(t, 0, 1); /* the whole batch again, no microbatch in scope */
-    HOOK(t, s, "optimizer", "optimizer",
+    HOOK(t, s, "optimizer", PHASE_OPTIMIZER,
          grad_norm = fsdp_optimizer_step(t->fsdp, lr_at_step(&t->opt->optim, s), s + 1));
     return grad_norm;
 }
@@ -188,7 +189,7 @@ static void trainer_init(Trainer *t, Dev *dev, const TrainJob *job, DeviceMesh *
     }
     size_t N = o->batch_size * o->seq_len;
     *t = (Trainer){.dev = dev, .opt = o, .model = m, .full = full};
-    at(t, -1, "init", "init");
+    at(t, -1, "init", PHASE_INIT);
     for (int i = 0; i < m->n_modules; i++)
         for (int j = 0; j < m->modules[i].n_params; j++) {
             Param *p = &m->modules[i].params[j];
@@ -206,7 +207,7 @@ static void trainer_init(Trainer *t, Dev *dev, const TrainJob *job, DeviceMesh *
                      .backward_prefetch = o->backward_prefetch,
                      .single_comm_stream = o->single_comm_stream,
                      .offload_params = o->offload_params};
-    at(t, -1, "fsdp", "init");
+    at(t, -1, "fsdp", PHASE_INIT);
     t->fsdp = fsdp_init(&fc);
     probes_check_mesh(m, mesh);
     if (o->offload_params) probes_check_offload(dev, m);
@@ -218,7 +219,7 @@ static void trainer_init(Trainer *t, Dev *dev, const TrainJob *job, DeviceMesh *
     const int K = o->pp ? o->microbatches : o->grad_accum;
     t->run = (ModelRun){.dev = dev, .stream = cs, .B = o->batch_size, .T = o->seq_len, .recompute = o->ac,
                         .microbatches = K, .param_bf16 = o->mp.param_dtype == DTYPE_BF16};
-    at(t, -1, "init", "init");
+    at(t, -1, "init", PHASE_INIT);
     t->inputs = dev_alloc(dev, N * sizeof(int32_t), MEM_ACTIVATION, "inputs");
     t->targets = dev_alloc(dev, N * sizeof(int32_t), MEM_ACTIVATION, "targets");
     t->run.inputs = t->inputs;
@@ -261,7 +262,7 @@ void train_rank(Dev *dev, void *arg) {
     }
     step_log_close(&log);
 
-    at(&t, o->steps, "end", "end");
+    at(&t, o->steps, "end", PHASE_END);
     if (o->save_path && !stop_nan)
         checkpoint_write(dev, t.model, o->save_path, o->steps > job->start_step ? o->steps : job->start_step);
     model_run_end(t.model, &t.run);

@@ -143,9 +143,9 @@ static void trace_events_of(Json *j, Dev *d) {
             json_fixed(j, r->flops, 0);
         }
         if (r->wall) {
-            json_key(j, "wall_ts_us");
+            json_key(j, TRACE_ARG_WALL_TS);
             json_fixed(j, r->wall_ts, 3);
-            json_key(j, "wall_dur_us");
+            json_key(j, TRACE_ARG_WALL_DUR);
             json_fixed(j, r->wall_dur, 3);
         }
         json_object_end(j);

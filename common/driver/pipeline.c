@@ -10,6 +10,7 @@
 #include "driver/pipe_split.h"
 #include "driver/trainer.h"
 #include "hw_pipe.h"
+#include "runtime/facts.h"
 #include "runtime/phase.h"
 #include "runtime/runtime.h"
 #include "runtime/util.h"
@@ -50,9 +51,8 @@ void pipe_mesh_build(Dev *dev, DeviceMesh *mesh, int P) {
     mesh->ndim = 1;
     mesh->shape[0] = S;
     mesh->shape[1] = 1;
-    char name[24];
-    snprintf(name, sizeof name, "stage%d", dev_rank(dev) / S);
-    mesh->shard_group = P == 1 ? dev_world_group(dev) : dev_group_new(dev, dev_rank(dev) / S, name);
+    mesh->shard_group = P == 1 ? dev_world_group(dev) : dev_group_new_of(dev, dev_rank(dev) / S, "stage");
+    dev_fact_mesh(dev, 1, &S, (const char *const[]){"shard"}); /* within the stage */
 }
 
 int pipe_data_shard(const Options *o, int rank, int *shards) {
@@ -83,6 +83,7 @@ Pipe *pipe_create(Trainer *t) {
                          .act_numel = o->batch_size / (size_t)o->microbatches * o->seq_len * (size_t)o->model.dim,
                          .model = t->model};
     p->acts = model_acts_slots(t->model, o->microbatches);
+    dev_fact_pipe_stage(t->dev, stage, P, t->model->modules[0].name, t->model->modules[t->model->n_modules - 1].name);
     p->fwd = xcalloc((size_t)o->microbatches, 1);
     p->bwd = xcalloc((size_t)o->microbatches, 1);
     return p;

@@ -1,6 +1,7 @@
 /* artifacts.c — Chrome trace JSON, memory snapshot JSON, and a memory_viz
  * pickle written by hand with only the opcodes memory_viz's unpickler accepts.
  * The trace timestamps of every rank are relative to the World's epoch. */
+#include "runtime/facts.h"
 #include "runtime/internal.h"
 #include "runtime/profile.h"
 #include "runtime/json.h"
@@ -183,6 +184,7 @@ static void write_trace(const char *dir, const char *file, Dev **devs, int n) {
         json_key(&j, "hbm_bytes_per_s");
         json_g(&j, p->hbm_bytes_s, 6);
     }
+    world_facts_json(devs[0]->world, &j); /* the groups, mesh, stage map and vocabularies the run used */
     json_object_end(&j);
     json_object_end(&j);
     json_line_end(&j);

@@ -1,5 +1,5 @@
 """What the runtime states it used (common/runtime/facts.h: run.json's and trace.json's otherData "groups",
-"mesh", "pipeline", "vocab"), against an independent derivation from the run itself: the ranks that issued
+"device_mesh", "pipeline", "vocab"), against an independent derivation from the run itself: the ranks that issued
 collectives on each group (the trace's args.group), the modules whose forward each rank ran, and the flags
 the test passed. And compare_reference's treatment of facts an older reference lacks."""
 import io
@@ -39,7 +39,7 @@ def _issuers_by_group(trace):
 
 
 def _check_common(run, trace):
-    facts = {k: run[k] for k in ("groups", "mesh", "pipeline", "vocab")}
+    facts = {k: run[k] for k in ("groups", "device_mesh", "pipeline", "vocab")}
     assert {k: trace["otherData"][k] for k in facts} == facts, "run.json and the trace state different facts"
     assert run["vocab"] == {"phases": list(tn.PHASES), "mem_tags": list(tn.MEM_TAGS),
                             "collective_kinds": list(tn.COLLECTIVE_KINDS)}
@@ -55,7 +55,8 @@ def _check_common(run, trace):
 def test_hsdp_mesh_and_groups(tmp_path):
     run, trace = _run(tmp_path, _stage_with("--mesh"), "--mesh", "2,2")
     groups = _check_common(run, trace)
-    assert run["mesh"] == {"shape": [2, 2], "dims": ["replicate", "shard"]}
+    assert run["device_mesh"] == {"shape": [2, 2], "dims": ["replicate", "shard"]}
+    assert run["mesh"] == [2, 2], "the --mesh flag's own key stays as it was"
     assert run["pipeline"] is None
     # --mesh 2,2: rows of 2 ranks shard, columns replicate (rank = row * 2 + column)
     want = {"shard0": [0, 1], "shard1": [2, 3], "replicate0": [0, 2], "replicate1": [1, 3]}
@@ -85,7 +86,7 @@ def test_pipeline_stage_map(tmp_path):
     for s in run["pipeline"]:
         g = groups["stage%d" % s["stage"]]
         assert g["kind"] == "stage" and g["ranks"] == s["ranks"]
-    assert run["mesh"] == {"shape": [2], "dims": ["shard"]}
+    assert run["device_mesh"] == {"shape": [2], "dims": ["shard"]}
 
 
 def _tree(root, run):

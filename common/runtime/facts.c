@@ -132,7 +132,7 @@ void world_facts_json(World *w, Json *j) {
         json_object_end(j);
     }
     json_array_end(j);
-    json_key(j, "mesh");
+    json_key(j, "device_mesh");
     if (f->mesh_ndim) {
         json_object_begin(j);
         json_key(j, "shape");

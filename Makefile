@@ -70,10 +70,11 @@ SOL_BIN    := $(patsubst %,$(BUILD)/solutions/%/train,$(SOLUTIONS))
 STAGE_BIN  := $(patsubst %,$(BUILD)/stages/%/train,$(STAGES))
 BASELINE   := $(BUILD)/baseline/train
 
-.PHONY: all detect run longrun test grade reference reference-check blas-check plots starters carry bench simulate fsdp2-check record-stream-demo \
+.PHONY: all detect trace-names run longrun test grade reference reference-check blas-check plots starters carry bench simulate fsdp2-check record-stream-demo \
         handout gradescope impl stage-bins tsan asan asan-test clean
 
-all: detect $(LIB) $(BASELINE) $(SOL_BIN) stage-bins $(TEST_BIN) $(BUILD)/tests/check_ops_selftest $(BUILD)/tests/check_colls
+all: detect $(LIB) $(BASELINE) $(SOL_BIN) stage-bins $(TEST_BIN) $(BUILD)/tests/check_ops_selftest $(BUILD)/tests/check_colls \
+     trace-names
 
 detect:
 	@printf 'optional parts: MPI %s  CUDA %s  NCCL %s  (a GPU is never needed to build)\n' \
@@ -141,6 +142,18 @@ $(BUILD)/tests/check_ops_selftest: tests/gpu/check_ops.c $(LIB) $(HEADERS)
 # reference bits the CUDA build's run is compared with (tests/test_check_colls.py)
 $(BUILD)/tests/check_colls: tests/gpu/check_colls.c $(LIB) $(HEADERS)
 	$(call link_binary,$@,$<)
+
+# grader/trace_names.py, the trace's words for the Python side, printed from the runtime's tables by
+# tools/trace_names.c (as $(STAGES_MK) is generated from the rubric); the committed file is rewritten only
+# when the tables changed (tests/test_trace_names.py: it is the generator's output).
+TRACE_NAMES_GEN := $(BUILD)/tools/trace_names
+$(TRACE_NAMES_GEN): LINK_WITH = $(LIB)
+$(TRACE_NAMES_GEN): tools/trace_names.c $(LIB) $(HEADERS)
+	$(call link_binary,$@,$<)
+trace-names: $(TRACE_NAMES_GEN)
+	@$(TRACE_NAMES_GEN) > $(BUILD)/trace_names.py.tmp.$$$$ && { cmp -s $(BUILD)/trace_names.py.tmp.$$$$ grader/trace_names.py && \
+	  rm -f $(BUILD)/trace_names.py.tmp.$$$$ || { mv $(BUILD)/trace_names.py.tmp.$$$$ grader/trace_names.py && \
+	  echo "wrote grader/trace_names.py (the runtime's vocabularies changed)"; }; }
 
 # Build any hw_fsdp.c into a training binary (the grader and the mutant tests use it):
 #   make impl SRC=path/to/hw_fsdp.c OUT=path/to/train

@@ -65,6 +65,28 @@ def _probe(tmp_path):
     return str(binary)
 
 
+GENERATOR = os.path.join(ROOT, "build", "tools", "trace_names")
+
+
+def test_committed_file_is_the_generators_output():
+    """grader/trace_names.py is what tools/trace_names.c prints from the runtime's tables (make rewrites it):
+    a hand edit, or a table changed without a make, shows here."""
+    assert os.path.isfile(GENERATOR), "%s missing: run make first" % GENERATOR
+    p = subprocess.run([GENERATOR], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    with open(os.path.join(ROOT, "grader", "trace_names.py"), encoding="utf-8") as fh:
+        assert fh.read() == p.stdout, "grader/trace_names.py differs from build/tools/trace_names' output: run make"
+
+
+def test_phase_sets_partition_the_phases():
+    """Every phase is in exactly one of the forward, backward and other sets, and the hooks are inside a pass."""
+    import trace_names as tn
+    sets = (FORWARD_PHASES, BACKWARD_PHASES, OTHER_PHASES)
+    assert sorted(p for s in sets for p in s) == sorted(tn.PHASES)
+    assert tn.HOOK_PHASES <= FORWARD_PHASES | BACKWARD_PHASES and "forward" not in tn.HOOK_PHASES
+    assert {"pre_forward", "post_backward", "finish_backward"} <= tn.HOOK_PHASES
+
+
 def test_collective_kinds_are_the_runtimes(tmp_path):
     p = subprocess.run([_probe(tmp_path)], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, "coll_kind_name never said '?': %s" % p.stdout

@@ -18,7 +18,9 @@ It compares what the program determines, bit for bit, and leaves out what the ma
   trace.json.gz        all of it (otherData, each track's slices in order with their ts and dur on
                        the modelled clock, the stream waits and host syncs, which are traced iff they
                        stalled in modelled time) but the slices' wall-clock args (wall_ts_us, wall_dur_us)
-A file of OLD missing from NEW is a difference; exit status 1 when anything differs.
+A file of OLD missing from NEW is a difference; exit status 1 when anything differs. The facts a run states
+(FACT_KEYS: run.json's and the trace's otherData "groups", "device_mesh", "pipeline", "vocab") are compared where
+OLD has them; where OLD was written before the runtime stated them, NEW's are new, said once, not compared.
 
 --rubric FILE reads the bands from another rubric (default grader/rubric.json; a rubric without them compares
 every value bit for bit)."""
@@ -133,6 +135,25 @@ def compare_metrics(a, b, name, bands, notes):
     return None
 
 
+# what the runtime states it used (common/runtime/facts.h), in run.json and in the trace's otherData
+FACT_KEYS = ("groups", "device_mesh", "pipeline", "vocab")
+
+
+def without_new_facts(a, b, name, new_facts):
+    """b without the FACT_KEYS that a (the older reference) lacks, at run.json's top level and in the trace's
+    otherData; each key left out is added to new_facts as "name: key"."""
+    def strip(x, y, where):
+        if not (isinstance(x, dict) and isinstance(y, dict)):
+            return y
+        gone = [k for k in FACT_KEYS if k in y and k not in x]
+        new_facts.update("%s: %s%s" % (name, where, k) for k in gone)
+        return {k: v for k, v in y.items() if k not in gone}
+    b = strip(a, b, "")
+    if isinstance(a, dict) and isinstance(b, dict) and "otherData" in b:
+        b = dict(b, otherData=strip(a.get("otherData"), b["otherData"], "otherData."))
+    return b
+
+
 def run_config(text):
     return {k: v for k, v in json.loads(text).items() if k != "host"}
 
@@ -235,7 +256,7 @@ def compare(old, new, out=sys.stdout, bands=None):
     one per metrics file whose BLAS-dependent values differ within their band."""
     bands = bands or Bands(RUBRIC_PATH)
     compared = differ = 0
-    notes = []
+    notes, new_facts = [], set()
     for root, _dirs, _files in sorted(os.walk(old)):
         rel = os.path.relpath(root, old)
         for pattern, read in READERS:
@@ -248,6 +269,8 @@ def compare(old, new, out=sys.stdout, bands=None):
                     out.write("missing in %s: %s\n" % (new, name))
                     continue
                 a, b = read(read_text(path)), read(read_text(other))
+                if read in (run_config, trace_tracks):
+                    b = without_new_facts(a, b, name, new_facts)
                 if a == b:
                     continue
                 why = (compare_metrics(a, b, name, bands, notes) if read is metrics else
@@ -257,6 +280,10 @@ def compare(old, new, out=sys.stdout, bands=None):
                     out.write("differs: %s: %s\n" % (name, why))
     for line in notes:
         out.write(line + "\n")
+    if new_facts:
+        keys = sorted({f.rsplit(": ", 1)[1] for f in new_facts})
+        out.write("new, not compared (absent from %s, which predates them): %s in %d files\n"
+                  % (old, ", ".join(keys), len({f.rsplit(": ", 1)[0] for f in new_facts})))
     return compared, differ, len(notes)
 
 

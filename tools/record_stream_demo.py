@@ -35,6 +35,7 @@ import sys
 
 from repo_paths import ROOT  # first: it puts grader/ on sys.path
 import manifest  # the stage folders come from grader/rubric.json
+from trace_names import TAG_COMM_BUFFER  # the memory tags (MemTag)
 
 # (old, new): each old text must occur exactly once in the solution.
 RECORD_STREAM = [
@@ -98,10 +99,10 @@ def comm_replay(run_dir):
         act = e.get("action")
         if act == "alloc":
             live[e["addr"]] = (e["tag"], e["size"])
-            now += e["size"] if e["tag"] == "comm_buffer" else 0
+            now += e["size"] if e["tag"] == TAG_COMM_BUFFER else 0
         elif act in ("free", "free_completed") and e["addr"] in live:
             tag, size = live.pop(e["addr"])
-            now -= size if tag == "comm_buffer" else 0
+            now -= size if tag == TAG_COMM_BUFFER else 0
         else:
             continue
         out.append((e, now))

@@ -391,7 +391,7 @@ void cpu_launch(Stream *s, const char *name, const KernelCost *cost, void (*fn)(
 }
 
 void cpu_copy(Stream *s, void *dst, const void *src, size_t bytes) {
-    int dir = bytes ? dev_copy_direction(s->dev, dst, src) : 0;
+    CopyDir dir = bytes ? dev_copy_direction(s->dev, dst, src) : COPY_SAME_SIDE;
     Op op;
     op_init(s, &op, OP_COPY, copy_direction_name(dir));
     op.dst = dst;

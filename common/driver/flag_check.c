@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/phase.h"
 #include "runtime/runtime.h"
 #include "runtime/util.h"
 
@@ -40,9 +41,9 @@ static void on_collective(void *ctx, const CollIssue *c) {
         fc->stream_name[fc->n_streams++] = c->stream_name;
     }
     if (!ag || !c->phase) return;
-    int post = !strcmp(c->phase, "post_backward");
+    int post = phase_is(c->phase, PHASE_POST_BACKWARD);
     /* an --ac recompute's pre_forward runs inside the module's backward, after its pre_backward */
-    if (!post && strcmp(c->phase, "pre_backward") && strcmp(c->phase, "recompute.pre_forward")) return;
+    if (!post && !phase_is(c->phase, PHASE_PRE_BACKWARD) && !phase_is(c->phase, PHASE_RECOMPUTE_PRE_FORWARD)) return;
     int target = module_index(fc->model, c->label), issuer = module_index(fc->model, c->module);
     if (target < 0 || issuer < 0) return;
     Issued *got = &fc->issued[target];
@@ -92,8 +93,8 @@ static void check_prefetch(const FlagCheck *fc) {
                   "follow --backward-prefetch %s's schedule, not %s's (FsdpConfig.backward_prefetch; stage 10, "
                   "HANDOUT.md#stage-10)",
                   backward_prefetch_name(want), m->modules[i].name, m->modules[at->issuer].name,
-                  at->post ? "post_backward" : "pre_backward", m->modules[issuer].name,
-                  post ? "post_backward" : "pre_backward", backward_prefetch_name(got), backward_prefetch_name(want));
+                  phase_name(at->post ? PHASE_POST_BACKWARD : PHASE_PRE_BACKWARD), m->modules[issuer].name,
+                  phase_name(post ? PHASE_POST_BACKWARD : PHASE_PRE_BACKWARD), backward_prefetch_name(got), backward_prefetch_name(want));
         }
     }
     /* another wrong schedule: the grader's prefetch_policy check names it */

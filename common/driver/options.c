@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/facts.h"
 #include "runtime/profile.h"
 #include "runtime/util.h"
 
@@ -670,5 +671,6 @@ void options_run_json(Json *j, const Options *o, const RunFacts *facts) {
             break;
         }
     }
+    if (facts->world) world_facts_json(facts->world, j);
     json_object_end(j);
 }

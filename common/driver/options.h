@@ -59,6 +59,7 @@ typedef struct {
     size_t n_params;            /* elements over all parameters */
     const char *device;         /* "cpu" or "cuda" */
     const char *host;
+    World *world;               /* after the run: its facts (runtime/facts.h) end the object; NULL before */
 } RunFacts;
 
 /* run.json's object: the run's configuration (the flags with a run.json key,

@@ -14,6 +14,8 @@
 #include "driver/pipe_split.h"
 #include "driver/trainer.h"
 #include "hw_pipe.h"
+#include "runtime/facts.h"
+#include "runtime/phase.h"
 #include "runtime/runtime.h"
 #include "runtime/util.h"
 
@@ -53,9 +55,8 @@ void pipe_mesh_build(Dev *dev, DeviceMesh *mesh, int P) {
     mesh->ndim = 1;
     mesh->shape[0] = S;
     mesh->shape[1] = 1;
-    char name[PG_NAME_MAX];
-    snprintf(name, sizeof name, "stage%d", dev_rank(dev) / S);
-    mesh->shard_group = P == 1 ? dev_world_group(dev) : dev_group_new(dev, dev_rank(dev) / S, name);
+    mesh->shard_group = P == 1 ? dev_world_group(dev) : dev_group_new_of(dev, dev_rank(dev) / S, "stage");
+    dev_fact_mesh(dev, 1, &S, (const char *const[]){"shard"}); /* within the stage */
 }
 
 int pipe_data_shard(const Options *o, int rank, int *shards) {
@@ -87,6 +88,7 @@ Pipe *pipe_create(Trainer *t) {
                          .act_numel = t->mb.B / (size_t)M * t->mb.T * (size_t)o->model.dim,
                          .model = t->model};
     p->acts = model_acts_slots(t->model, M);
+    dev_fact_pipe_stage(t->dev, stage, P, t->model->modules[0].name, t->model->modules[t->model->n_modules - 1].name);
     p->fwd = xcalloc((size_t)M, 1);
     p->bwd = xcalloc((size_t)M, 1);
     return p;
@@ -151,7 +153,7 @@ float *pipe_forward(Pipe *p, int mb, float *in) {
     else out = t->run.h;
     t->run.h = NULL;
     p->fwd[mb] = 1;
-    dev_set_scope(pi->dev, s, "pipe", "p2p"); /* the schedule's sends and receives */
+    dev_set_scope(pi->dev, s, "pipe", phase_name(PHASE_P2P)); /* the schedule's sends and receives */
     return out;
 }
 
@@ -180,7 +182,7 @@ float *pipe_backward(Pipe *p, int mb, float *dout) {
     t->run.dh = NULL;
     p->bwd[mb] = 1;
     p->backwards++;
-    dev_set_scope(pi->dev, s, "pipe", "p2p");
+    dev_set_scope(pi->dev, s, "pipe", phase_name(PHASE_P2P));
     return out;
 }
 
@@ -193,7 +195,7 @@ void pipe_run_step(Pipe *p, int s) {
     memset(p->fwd, 0, (size_t)M);
     memset(p->bwd, 0, (size_t)M);
     microbatch_set_sync(t->model, 1, 1); /* the schedule may clear them before a backward (hw_pipe.h) */
-    dev_set_scope(pi->dev, s, "pipe", "p2p");
+    dev_set_scope(pi->dev, s, "pipe", phase_name(PHASE_P2P));
     pipe_schedule(p);
     for (int mb = 0; mb < M; mb++)
         if (!p->fwd[mb] || !p->bwd[mb])

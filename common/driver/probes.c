@@ -8,6 +8,7 @@
 #include "runtime/alloc.h" /* dev_mem_free_event: who freed the params the backward finds missing */
 #include "runtime/bf16.h" /* bf16_from_f32: what the params check expects with --param-dtype bf16 */
 #include "runtime/json.h"
+#include "runtime/phase.h"
 #include "runtime/runtime.h"
 #include "runtime/util.h"
 
@@ -415,29 +416,25 @@ static void kcpu_params_check(void *arg) {
 /* The hook a scope's phase names, as the student wrote it ("block1's fsdp_post_forward during the
  * backward's recompute"); other_step: the step (1-based) when not the current one, else 0. */
 static void hook_of_phase(const char *module, const char *phase, int other_step, char *buf, size_t cap) {
-    static const struct { const char *phase, *hook, *during; } known[] = {
-        {"pre_forward", "fsdp_pre_forward", "forward"},
-        {"post_forward", "fsdp_post_forward", "forward"},
-        {"recompute.pre_forward", "fsdp_pre_forward", "backward's recompute"},
-        {"recompute.post_forward", "fsdp_post_forward", "backward's recompute"},
-        {"pre_backward", "fsdp_pre_backward", NULL},
-        {"post_backward", "fsdp_post_backward", NULL},
-        {"finish_backward", "fsdp_finish_backward", NULL}, /* once per backward: no module of its own */
-        {"optimizer", "fsdp_optimizer_step", NULL},        /* likewise */
-    };
     char whose[32] = "the ", in_step[32] = ""; /* "the forward" / "step 2's forward"; " in step 2" */
     if (other_step) {
         snprintf(whose, sizeof whose, "step %d's ", other_step);
         snprintf(in_step, sizeof in_step, " in step %d", other_step);
     }
-    for (size_t i = 0; i < sizeof known / sizeof *known; i++) {
-        if (strcmp(phase, known[i].phase)) continue;
-        if (known[i].during)
-            snprintf(buf, cap, "%s's %s during %s%s", module, known[i].hook, whose, known[i].during);
-        else if (!strcmp(phase, "finish_backward") || !strcmp(phase, "optimizer"))
-            snprintf(buf, cap, "%s%s", known[i].hook, in_step);
+    for (Phase k = 0; k < PHASE_COUNT; k++) {
+        const PhaseInfo *info = phase_info(k);
+        if (!info || !info->hook || strcmp(phase, info->name)) continue;
+        /* the forward's hooks say which forward (the --ac recompute's runs inside the backward) */
+        const char *during = k == PHASE_PRE_FORWARD || k == PHASE_POST_FORWARD ? "forward"
+                             : k == PHASE_RECOMPUTE_PRE_FORWARD || k == PHASE_RECOMPUTE_POST_FORWARD
+                                 ? "backward's recompute"
+                                 : NULL;
+        if (during)
+            snprintf(buf, cap, "%s's %s during %s%s", module, info->hook, whose, during);
+        else if (k == PHASE_FINISH_BACKWARD || k == PHASE_OPTIMIZER) /* once per backward / step: no module of its own */
+            snprintf(buf, cap, "%s%s", info->hook, in_step);
         else
-            snprintf(buf, cap, "%s's %s%s", module, known[i].hook, in_step);
+            snprintf(buf, cap, "%s's %s%s", module, info->hook, in_step);
         return;
     }
     snprintf(buf, cap, "%s's %s%s", module, phase, in_step);
@@ -458,8 +455,9 @@ static void no_data_for_backward(Dev *dev, const Probes *p, const Module *mod, i
     /* freed in this module's backward (by its fsdp_pre_backward, or in the recompute after it), or before it */
     int mine = e->step == step && !strcmp(e->module, mod->name);
     const char *then = !mine ? ", and fsdp_pre_backward did not all-gather it again"
-                       : !strcmp(e->phase, "pre_backward") ? " itself"
-                       : !strncmp(e->phase, "recompute.", 10) ? ", after fsdp_pre_backward, and nothing gathered it again"
+                       : phase_is(e->phase, PHASE_PRE_BACKWARD) ? " itself"
+                       : phase_is(e->phase, PHASE_RECOMPUTE_PRE_FORWARD) || phase_is(e->phase, PHASE_RECOMPUTE_POST_FORWARD)
+                           ? ", after fsdp_pre_backward, and nothing gathered it again"
                        : ", and fsdp_pre_backward did not all-gather it again";
     fatal("%s: %s has no unsharded data for the backward (%s is NULL): its unsharded buffer '%s' was freed in %s%s%s",
           mod->name, q->name, field, e->name ? e->name : "?", who, then, why);
@@ -518,12 +516,12 @@ void probe_grads_allocated(Dev *dev, Probes *p, const Module *mod) {
 }
 
 void probe_after_post_forward(Dev *dev, const Probes *p, int step, const Module *mod) {
-    hook_check_bytes(dev, step, mod, "post_forward", "unsharded_param_live_bytes", still_live_bytes(dev, &p->params));
+    hook_check_bytes(dev, step, mod, phase_name(PHASE_POST_FORWARD), "unsharded_param_live_bytes", still_live_bytes(dev, &p->params));
 }
 
 void probe_after_post_backward(Dev *dev, const Probes *p, int step, const Module *mod) {
-    hook_check_bytes(dev, step, mod, "post_backward", "unsharded_grad_live_bytes", still_live_bytes(dev, &p->grads));
-    hook_check_bytes(dev, step, mod, "post_backward", "unsharded_param_live_bytes", still_live_bytes(dev, &p->params));
+    hook_check_bytes(dev, step, mod, phase_name(PHASE_POST_BACKWARD), "unsharded_grad_live_bytes", still_live_bytes(dev, &p->grads));
+    hook_check_bytes(dev, step, mod, phase_name(PHASE_POST_BACKWARD), "unsharded_param_live_bytes", still_live_bytes(dev, &p->params));
 }
 
 /* ------------------------------------------------- the grad-state probe */
@@ -579,7 +577,7 @@ void probe_grad_state(Dev *dev, Probes *p, int step) {
     int k = dev_scope_microbatch(dev);
     if (k < 0 || dev_is_cuda_build() || !p->grad_state) return; /* one batch per step; the CPU backend only */
     Json f = {0};
-    note_begin(&f, step, "root", "finish_backward");
+    note_begin(&f, step, "root", phase_name(PHASE_FINISH_BACKWARD));
     micro_fields(&f, dev, NULL);
     if (dev_dry_run(dev)) { /* no gradient values: the note says so, and keeps its place in the event log */
         json_key(&f, "dry_run");

@@ -17,11 +17,12 @@
 #include "runtime/runtime.h"
 #include "runtime/util.h"
 
-/* run.json: the run's configuration, for plots, the grader and references. */
-static void write_run_json(const Options *o, const Model *m) {
+/* run.json: the run's configuration, for plots, the grader and references; written again after the run
+ * (w not NULL) with what the run used (runtime/facts.h: groups, mesh, stage map, vocabularies). */
+static void write_run_json(const Options *o, const Model *m, World *w) {
     char host[256] = "unknown";
     gethostname(host, sizeof host - 1);
-    RunFacts facts = {.n_params = m->n_params_total, .device = dev_is_cuda_build() ? "cuda" : "cpu", .host = host};
+    RunFacts facts = {.n_params = m->n_params_total, .device = dev_is_cuda_build() ? "cuda" : "cpu", .host = host, .world = w};
     Json j = {0};
     options_run_json(&j, o, &facts);
     json_line_end(&j);
@@ -59,12 +60,13 @@ int main(int argc, char **argv) {
     World *w = world_create(&o.world);
     if (o.out_dir) {
         make_dirs(o.out_dir);
-        if (world_first_local_rank(w) == 0) write_run_json(&o, m);
+        if (world_first_local_rank(w) == 0) write_run_json(&o, m, NULL);
     }
     if (start_step > 0 && !o.quiet)
         printf("resuming from %s at step %d (optimizer state restored)\n", o.load_path, start_step);
     TrainJob job = {&o, init, exp_avg, exp_avg_sq, start_step, &data, 0};
     world_run(w, train_rank, &job);
+    if (o.out_dir && world_first_local_rank(w) == 0) write_run_json(&o, m, w);
     world_destroy(w);
     data_free(&data);
     if (o.world.dry_run) dry_release(init, init_bytes);

@@ -28,7 +28,7 @@
 static void load_batch(Trainer *t, const TrainJob *job, int s) {
     const Microbatches *mb = &t->mb;
     size_t N = mb->B * mb->T;
-    trainer_at(t, s, "data", "data");
+    trainer_at(t, s, "data", PHASE_DATA);
     int shards, shard = pipe_data_shard(t->opt, dev_rank(t->dev), &shards); /* --pp: every stage of a shard reads it */
     data_batch(job->data, s, shard, shards, mb->B, mb->T, t->host_inputs, t->host_targets);
     dev_memcpy_async(t->run.stream, mb->inputs, t->host_inputs, N * sizeof(int32_t));
@@ -49,7 +49,7 @@ static int accumulate(Trainer *t, int s) {
         trainer_forward(t, s);
         microbatch_record_loss(&t->mb, &t->run, k);
         if (t->opt->forward_only) {
-            trainer_at(t, s, "step", "discard");
+            trainer_at(t, s, "step", PHASE_DISCARD);
             model_discard_activations(t->model, &t->run);
             return 0;
         }
@@ -85,7 +85,7 @@ static void trainer_init(Trainer *t, Dev *dev, const TrainJob *job, DeviceMesh *
         init += first;
     }
     *t = (Trainer){.dev = dev, .opt = o, .model = m, .full = full};
-    trainer_at(t, -1, "init", "init");
+    trainer_at(t, -1, "init", PHASE_INIT);
     for (int i = 0; i < m->n_modules; i++)
         for (int j = 0; j < m->modules[i].n_params; j++) {
             Param *p = &m->modules[i].params[j];
@@ -103,7 +103,7 @@ static void trainer_init(Trainer *t, Dev *dev, const TrainJob *job, DeviceMesh *
                      .backward_prefetch = o->backward_prefetch,
                      .single_comm_stream = o->single_comm_stream,
                      .offload_params = o->offload_params};
-    trainer_at(t, -1, "fsdp", "init");
+    trainer_at(t, -1, "fsdp", PHASE_INIT);
     t->fsdp = fsdp_init(&fc);
     probes_check_mesh(m, mesh);
     if (o->offload_params) probes_check_offload(dev, m);
@@ -114,7 +114,7 @@ static void trainer_init(Trainer *t, Dev *dev, const TrainJob *job, DeviceMesh *
 
     t->run = (ModelRun){.dev = dev, .stream = cs, .B = o->batch_size, .T = o->seq_len, .recompute = o->ac,
                         .param_bf16 = o->mp.param_dtype == DTYPE_BF16};
-    trainer_at(t, -1, "init", "init");
+    trainer_at(t, -1, "init", PHASE_INIT);
     microbatches_init(&t->mb, dev, o); /* the step's batch, whole: run.inputs / targets until a schedule slices it */
     t->run.microbatches = t->mb.K;     /* each microbatch's backward is its loss / K's */
     t->run.inputs = t->mb.inputs;
@@ -155,7 +155,7 @@ void train_rank(Dev *dev, void *arg) {
     }
     step_log_close(&log);
 
-    trainer_at(&t, o->steps, "end", "end");
+    trainer_at(&t, o->steps, "end", PHASE_END);
     if (o->save_path && !stop_nan)
         checkpoint_write(dev, t.model, o->save_path, o->steps > job->start_step ? o->steps : job->start_step);
     model_run_end(t.model, &t.run);

@@ -11,8 +11,8 @@
 #include "model/optim.h"
 #include "runtime/runtime.h"
 
-void trainer_at(Trainer *t, int step, const char *module, const char *phase) {
-    dev_set_scope(t->dev, step, module, phase);
+void trainer_at(Trainer *t, int step, const char *module, Phase phase) {
+    dev_set_scope(t->dev, step, module, phase_name(phase));
 }
 
 /* The unsharded grads of a module's backward, zeroed, as autograd allocates
@@ -50,17 +50,17 @@ static void after_post_backward(Trainer *t, Module *mod) {
         trainer_at(t, s, module, phase);                                 \
         probe_hook_begin((t)->dev, &(t)->probes);                        \
         call;                                                            \
-        probe_hook_end((t)->dev, &(t)->probes, s, module, phase);        \
+        probe_hook_end((t)->dev, &(t)->probes, s, module, phase_name(phase)); \
     } while (0)
 
 /* One module's forward, between its hooks. */
 static void forward_module(Trainer *t, int s, Module *mod) {
     Fsdp *f = t->fsdp;
-    HOOK(t, s, mod->name, "pre_forward", fsdp_pre_forward(f, mod));
-    probe_params_ready(t->dev, &t->probes, mod, s, "pre_forward", 0);
-    trainer_at(t, s, mod->name, "forward");
+    HOOK(t, s, mod->name, PHASE_PRE_FORWARD, fsdp_pre_forward(f, mod));
+    probe_params_ready(t->dev, &t->probes, mod, s, phase_name(PHASE_PRE_FORWARD), 0);
+    trainer_at(t, s, mod->name, PHASE_FORWARD);
     module_forward(t->model, mod, &t->run);
-    HOOK(t, s, mod->name, "post_forward", fsdp_post_forward(f, mod));
+    HOOK(t, s, mod->name, PHASE_POST_FORWARD, fsdp_post_forward(f, mod));
     probe_after_post_forward(t->dev, &t->probes, s, mod);
 }
 
@@ -68,20 +68,20 @@ static void forward_module(Trainer *t, int s, Module *mod) {
 static void backward_module(Trainer *t, int s, Module *mod) {
     Model *m = t->model;
     Fsdp *f = t->fsdp;
-    HOOK(t, s, mod->name, "pre_backward", fsdp_pre_backward(f, mod));
+    HOOK(t, s, mod->name, PHASE_PRE_BACKWARD, fsdp_pre_backward(f, mod));
     if (t->opt->ac && mod->kind == MOD_BLOCK) { /* activation checkpointing: the forward again */
-        HOOK(t, s, mod->name, "recompute.pre_forward", fsdp_pre_forward(f, mod));
-        probe_params_ready(t->dev, &t->probes, mod, s, "recompute.pre_forward", 0);
-        trainer_at(t, s, mod->name, "recompute");
+        HOOK(t, s, mod->name, PHASE_RECOMPUTE_PRE_FORWARD, fsdp_pre_forward(f, mod));
+        probe_params_ready(t->dev, &t->probes, mod, s, phase_name(PHASE_RECOMPUTE_PRE_FORWARD), 0);
+        trainer_at(t, s, mod->name, PHASE_RECOMPUTE);
         module_recompute(m, mod, &t->run);
-        HOOK(t, s, mod->name, "recompute.post_forward", fsdp_post_forward(f, mod));
+        HOOK(t, s, mod->name, PHASE_RECOMPUTE_POST_FORWARD, fsdp_post_forward(f, mod));
     }
-    trainer_at(t, s, mod->name, "backward");
-    probe_params_ready(t->dev, &t->probes, mod, s, "pre_backward", 1);
+    trainer_at(t, s, mod->name, PHASE_BACKWARD);
+    probe_params_ready(t->dev, &t->probes, mod, s, phase_name(PHASE_PRE_BACKWARD), 1);
     alloc_unsharded_grads(t, mod);
     probe_grads_allocated(t->dev, &t->probes, mod);
     module_backward(m, mod, &t->run);
-    HOOK(t, s, mod->name, "post_backward", fsdp_post_backward(f, mod));
+    HOOK(t, s, mod->name, PHASE_POST_BACKWARD, fsdp_post_backward(f, mod));
     probe_after_post_backward(t->dev, &t->probes, s, mod);
     after_post_backward(t, mod);
 }
@@ -94,13 +94,13 @@ void trainer_forward(Trainer *t, int s) {
 void trainer_backward(Trainer *t, int s) {
     Model *m = t->model;
     for (int i = m->n_modules - 1; i >= 0; i--) backward_module(t, s, &m->modules[i]);
-    HOOK(t, s, "root", "finish_backward", fsdp_finish_backward(t->fsdp));
+    HOOK(t, s, "root", PHASE_FINISH_BACKWARD, fsdp_finish_backward(t->fsdp));
     probe_grad_state(t->dev, &t->probes, s);
 }
 
 float trainer_optimizer_step(Trainer *t, int s) {
     float grad_norm = NAN;
-    HOOK(t, s, "optimizer", "optimizer",
+    HOOK(t, s, "optimizer", PHASE_OPTIMIZER,
          grad_norm = fsdp_optimizer_step(t->fsdp, lr_at_step(&t->opt->optim, s), s + 1));
     return grad_norm;
 }

@@ -15,6 +15,7 @@
 #include "hw_fsdp.h"
 #include "hw_pipe.h"
 #include "model/model.h"
+#include "runtime/phase.h"
 
 typedef struct {
     Dev *dev;
@@ -31,7 +32,7 @@ typedef struct {
 } Trainer;
 
 /* What the host does now (module, phase), for traces and snapshots. */
-void trainer_at(Trainer *t, int step, const char *module, const char *phase);
+void trainer_at(Trainer *t, int step, const char *module, Phase phase);
 /* The forward of t->run's microbatch through every module of t->model, in
  * order, each between its hooks; the input is the tokens (the first module)
  * or t->run.h, the output is t->run.h, or the loss at t->run.loss. */

@@ -343,10 +343,10 @@ float *dev_alloc_host_f32(Dev *d, size_t count, MemTag tag, const char *name) {
     return dev_alloc_host(d, elem_bytes(count, sizeof(float), "dev_alloc_host_f32", name), tag, name);
 }
 
-int dev_copy_direction(const Dev *d, const void *dst, const void *src) {
+CopyDir dev_copy_direction(const Dev *d, const void *dst, const void *src) {
     const Alloc *a = dev_live_alloc_containing(d, (uintptr_t)dst), *b = dev_live_alloc_containing(d, (uintptr_t)src);
-    if (!a || !b || a->host == b->host) return 0;
-    return b->host ? 1 : 2;
+    if (!a || !b || a->host == b->host) return COPY_SAME_SIDE;
+    return b->host ? COPY_H2D : COPY_D2H;
 }
 
 int dev_mem_is_host(const Dev *d, const void *p) {
@@ -354,7 +354,16 @@ int dev_mem_is_host(const Dev *d, const void *p) {
     return a && a->host;
 }
 
-const char *copy_direction_name(int dir) { return dir == 1 ? "h2d" : dir == 2 ? "d2h" : "copy"; }
+/* Each direction's name (a copy op's, and so the last part of its trace name "<module>.h2d"), by the direction. */
+static const char *const COPY_DIR_NAMES[COPY_DIR_COUNT] = {
+    [COPY_SAME_SIDE] = "copy",
+    [COPY_H2D] = "h2d",
+    [COPY_D2H] = "d2h",
+};
+
+const char *copy_direction_name(CopyDir dir) {
+    return (int)dir >= 0 && dir < COPY_DIR_COUNT && COPY_DIR_NAMES[dir] ? COPY_DIR_NAMES[dir] : "copy";
+}
 
 static Alloc *live_alloc(const Dev *d, const void *p) {
     Alloc *a = treap_floor(d->mem.live_root, (uintptr_t)p);

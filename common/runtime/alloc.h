@@ -101,10 +101,11 @@ void dev_alloc_destroy(Dev *d);
  * for and what the snapshots show as its segment. */
 size_t dev_storage_bytes(size_t bytes);
 Alloc *dev_live_alloc_containing(const Dev *d, uintptr_t p);
-/* A copy's direction across the PCIe link: 1 host -> device, 2 device -> host,
- * 0 neither (both device, both host, or memory the allocator does not know). */
-int dev_copy_direction(const Dev *d, const void *dst, const void *src);
-const char *copy_direction_name(int dir); /* "copy", "h2d", "d2h" */
+/* A copy's direction across the PCIe link (0: neither, both device, both host,
+ * or memory the allocator does not know); clock_copy_cost prices a nonzero one on the link. */
+typedef enum { COPY_SAME_SIDE = 0, COPY_H2D, COPY_D2H, COPY_DIR_COUNT } CopyDir;
+CopyDir dev_copy_direction(const Dev *d, const void *dst, const void *src);
+const char *copy_direction_name(CopyDir dir); /* "copy", "h2d", "d2h": a copy op's name */
 Alloc *dev_dead_alloc_containing(const Dev *d, uintptr_t p);
 /* The memory event that freed the allocation of id `id` (dev_mem_live_id_containing's: its
  * MEV_FREE, or MEV_FREE_REQUESTED for a held block), from the event log, or of the latest

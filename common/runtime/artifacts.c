@@ -1,6 +1,7 @@
 /* artifacts.c — Chrome trace JSON, memory snapshot JSON, and a memory_viz
  * pickle written by hand with only the opcodes memory_viz's unpickler accepts.
  * The trace timestamps of every rank are relative to the World's epoch. */
+#include "runtime/facts.h"
 #include "runtime/internal.h"
 #include "runtime/profile.h"
 #include "runtime/json.h"
@@ -143,9 +144,9 @@ static void trace_events_of(Json *j, Dev *d) {
             json_fixed(j, r->flops, 0);
         }
         if (r->wall) {
-            json_key(j, "wall_ts_us");
+            json_key(j, TRACE_ARG_WALL_TS);
             json_fixed(j, r->wall_ts, 3);
-            json_key(j, "wall_dur_us");
+            json_key(j, TRACE_ARG_WALL_DUR);
             json_fixed(j, r->wall_dur, 3);
         }
         json_object_end(j);
@@ -183,6 +184,7 @@ static void write_trace(const char *dir, const char *file, Dev **devs, int n) {
         json_key(&j, "hbm_bytes_per_s");
         json_g(&j, p->hbm_bytes_s, 6);
     }
+    world_facts_json(devs[0]->world, &j); /* the groups, mesh, stage map and vocabularies the run used */
     json_object_end(&j);
     json_object_end(&j);
     json_line_end(&j);

@@ -168,7 +168,14 @@ struct World {
     int reporting;                      /* a watchdog report is being printed */
     int guarded;                        /* device storage under the guard (guard.h: --guard-device-memory) */
     void *p2p;                          /* point-to-point mailboxes of ranks that are threads (p2p.c) */
+    struct WorldFacts *facts;           /* what the run used (facts.c) */
 };
+
+/* facts.c: the world's record of what the run used (facts.h); group.c records each group a rank makes. */
+typedef struct WorldFacts WorldFacts;
+WorldFacts *world_facts_create(void);
+void world_facts_free(WorldFacts *f);
+void facts_group(World *w, int id, int color, const char *kind, const char *name, const int *members, int size);
 
 /* 1 for the backends with one process per rank (under mpirun) */
 static inline int backend_is_multiprocess(CollBackend b) { return b == BACKEND_MPI || b == BACKEND_NCCL_MPI; }

@@ -114,6 +114,8 @@ void dev_host_barrier(Dev *d);
  * ranks passing the same color (>= 0) form one group, numbered in world-rank
  * order; name is this rank's group's name ("shard0"). At most PG_MAX per rank. */
 ProcessGroup *dev_group_new(Dev *d, int color, const char *name);
+/* The same, of a kind ("shard", "replicate", "stage"), named "<kind><color>" (facts.h records the kind). */
+ProcessGroup *dev_group_new_of(Dev *d, int color, const char *kind);
 /* The device mesh of --mesh replicas,shards (replicas <= 0: 1-D, the world):
  * its shape, and this rank's shard and replicate groups (dev_group_new). */
 void dev_mesh_build(Dev *d, DeviceMesh *m, int replicas, int shards);

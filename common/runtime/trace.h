@@ -47,10 +47,20 @@ void dev_trace_add(Dev *d, const TraceRec *r);
 #define TRACE_CAT_WAIT "wait"             /* a stream stalled on an event */
 #define TRACE_CAT_HOST_SYNC "host_sync"   /* the host waited (its own track) */
 #define TRACE_CAT_MEMSET "memset"         /* a memset on the CUDA backend */
+/* All of them, as an array's initializer (tools/trace_names.c prints them for grader/trace_names.py). */
+#define TRACE_CATEGORIES                                                                                    \
+    {TRACE_CAT_COMPUTE, TRACE_CAT_COPY, TRACE_CAT_COLLECTIVE, TRACE_CAT_EVENT, TRACE_CAT_WAIT, TRACE_CAT_HOST_SYNC, \
+     TRACE_CAT_MEMSET}
 
 /* The host's own track (TraceRec.stream): its blocking waits, "sync:<what>"
  * slices of category "host_sync", so a trace shows where a hook stalled the
  * host instead of making a stream wait. */
 #define TRACE_HOST_TID 1000
+/* The compute stream's track: each rank's first stream (world.c makes it first). */
+#define TRACE_COMPUTE_TID 0
+
+/* The args of a slice that hold wall-clock times (CPU backends): for performance work, never for grading. */
+#define TRACE_ARG_WALL_TS "wall_ts_us"
+#define TRACE_ARG_WALL_DUR "wall_dur_us"
 
 #endif

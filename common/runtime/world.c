@@ -36,6 +36,7 @@ World *world_create(const WorldConfig *cfg) {
     if (guard_env && *guard_env && strcmp(guard_env, "0") != 0) w->cfg.guard_device = 1;
     w->guarded = guard_install(w); /* before any thread of the world: the main thread loses access here */
     pthread_mutex_init(&w->report_mu, NULL);
+    w->facts = world_facts_create();
     pthread_cond_init(&w->report_cv, NULL);
     pthread_mutex_init(&w->host_mu, NULL);
     pthread_cond_init(&w->host_cv, NULL);
@@ -66,6 +67,7 @@ void world_destroy(World *w) {
     pthread_mutex_destroy(&w->host_mu);
     pthread_cond_destroy(&w->host_cv);
     pthread_mutex_destroy(&w->report_mu);
+    world_facts_free(w->facts);
     pthread_cond_destroy(&w->report_cv);
     for (int r = 0; r < WORLD_MAX_RANKS; r++) free(w->race_msg[r]);
     free(w);

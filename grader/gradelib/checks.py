@@ -13,6 +13,9 @@ import os
 import manifest
 from trace_names import (ALL_GATHER, ALL_REDUCE, BACKWARD_PHASES, COLLECTIVE, COMPUTE, COMPUTE_TID, COPY, D2H,
                          FORWARD_PHASES, H2D, HOOK_PHASES, HOST_SYNC, REDUCE_SCATTER, label_and_kind)
+# the memory tags (MemTag)
+from trace_names import (TAG_ACTIVATION, TAG_COMM_BUFFER, TAG_GRAD_SHARD, TAG_OPTIM_STATE, TAG_PARAM_SHARD,
+                         TAG_UNSHARDED_GRAD, TAG_UNSHARDED_PARAM)
 
 from .hints import grad_reduction_hint, grad_state_hint, norm_reduction_hint, norm_reduction_ok
 from .util import (CheckFailed, chunk, fmt_bytes, is_finite, is_int, mesh_shape, mp_policy, one_line, padded_rows, rel,
@@ -450,7 +453,7 @@ HOOK_HINTS["pre_backward"] = ("release the all-gather state the forward left at 
                               "and prefetch at most the one before it")
 HOOK_HINTS["recompute.pre_forward"] = HOOK_HINTS["pre_forward"]
 HOOK_HINTS["recompute.post_forward"] = HOOK_HINTS["post_forward"]
-LIFETIME_TAGS = ("unsharded_param", "unsharded_grad", "grad_shard", "comm_buffer", "optim_state")
+LIFETIME_TAGS = (TAG_UNSHARDED_PARAM, TAG_UNSHARDED_GRAD, TAG_GRAD_SHARD, TAG_COMM_BUFFER, TAG_OPTIM_STATE)
 
 
 def _live(by_tag):
@@ -1003,8 +1006,8 @@ def check_accum_grads(ctx):
         for (s, k), n in sorted(_finish_notes(ctx, rank).items()):
             if k < 0 or k == a.K - 1:
                 continue
-            got_g = n["exit_by_tag"].get("unsharded_grad", 0)
-            got_s = n["exit_by_tag"].get("grad_shard", 0)
+            got_g = n["exit_by_tag"].get(TAG_UNSHARDED_GRAD, 0)
+            got_s = n["exit_by_tag"].get(TAG_GRAD_SHARD, 0)
             want_g = 0 if a.syncs(k) else total_unsharded
             want_s = total_shards if a.syncs(k) else 0
             where = "after microbatch %d's backward (step %d, rank %d; %s)" % (k, s + 1, rank, a.describe())
@@ -1049,7 +1052,7 @@ def check_accum_reshard(ctx):
         for (s, k), n in sorted(_finish_notes(ctx, rank).items()):
             if k < 0:
                 continue
-            got = n["exit_by_tag"].get("unsharded_param", 0)
+            got = n["exit_by_tag"].get(TAG_UNSHARDED_PARAM, 0)
             want = 0 if a.reshards(k) else total
             if got != want:
                 raise CheckFailed("after microbatch %d's backward (step %d, rank %d; %s) %s of unsharded params live, "
@@ -1253,7 +1256,7 @@ def check_hsdp_memory(ctx):
         optim_bytes = sum(8 * chunk(sh[0], S, k)[2] * math.prod(sh[1:]) for sh in shapes)
         seen_optim = 0
         for (step, module, hook, micro), n in sorted(ctx.hook_memory(r).items(), key=lambda kv: kv[0][:3]):
-            got = n["exit_by_tag"].get("param_shard", 0)
+            got = n["exit_by_tag"].get(TAG_PARAM_SHARD, 0)
             where = "after %s.%s (step %d, rank %d)" % (module, hook, step + 1, r)
             if got != shard_bytes:
                 raise CheckFailed("%s the param shards take %s, expected %s: the model split over the %d ranks of the "
@@ -1262,7 +1265,7 @@ def check_hsdp_memory(ctx):
                                       "--mesh %d,%d" % (R, S) if R > 1 or S != ctx.world else "the world",
                                       ctx.world, fmt_bytes(sum(4 * padded_rows(sh[0], ctx.world) * math.prod(sh[1:])
                                                                for sh in shapes)))))
-            opt = n["exit_by_tag"].get("optim_state", 0)
+            opt = n["exit_by_tag"].get(TAG_OPTIM_STATE, 0)
             if opt and opt != optim_bytes:
                 raise CheckFailed("%s the optimizer state takes %s, expected %s: exp_avg and exp_avg_sq of this "
                                   "rank's rows (chunk %d of the split over %d ranks)"
@@ -1352,7 +1355,7 @@ def check_offload_memory(ctx):
     W = ctx.world
     shapes = [p["global_shape"] for p in ctx.dtensors(0)["params"]]
     shard_bytes = sum(4 * padded_rows(sh[0], W) * math.prod(sh[1:]) for sh in shapes)
-    kept = ("param_shard", "grad_shard", "optim_state")
+    kept = (TAG_PARAM_SHARD, TAG_GRAD_SHARD, TAG_OPTIM_STATE)
     for r in range(W):
         optim_bytes = sum(8 * chunk(sh[0], W, r)[2] * math.prod(sh[1:]) for sh in shapes)
         seen_optim = 0
@@ -1373,12 +1376,12 @@ def check_offload_memory(ctx):
                                   "shards and AdamW state with dev_alloc_host" % (
                                       where, ", ".join("%s %s" % (t, fmt_bytes(dev[t])) for t in on_dev),
                                       "the reduce-scatter's device output must go back to the host grad shards" if
-                                      "grad_shard" in on_dev else "the host pool holds them"))
-            got = host.get("param_shard", 0)
+                                      TAG_GRAD_SHARD in on_dev else "the host pool holds them"))
+            got = host.get(TAG_PARAM_SHARD, 0)
             if got != shard_bytes:
                 raise CheckFailed("%s the host param shards take %s, expected %s (every param's ceil(rows / %d) padded "
                                   "rows)" % ((where,) + _two_sizes(got, shard_bytes) + (W,)))
-            opt = host.get("optim_state", 0)
+            opt = host.get(TAG_OPTIM_STATE, 0)
             if opt and opt != optim_bytes:
                 raise CheckFailed("%s the host optimizer state takes %s, expected %s (exp_avg and exp_avg_sq of this "
                                   "rank's rows)" % ((where,) + _two_sizes(opt, optim_bytes)))
@@ -1572,7 +1575,7 @@ def activation_peaks(events, steps):
     for e in events:
         addr, step = e.get("addr"), e.get("step")
         if not is_int(addr) or not is_int(step) or not 0 <= step < steps:
-            if e.get("action") == "alloc" and e.get("tag") == "activation" and is_int(addr) and is_int(e.get("size")):
+            if e.get("action") == "alloc" and e.get("tag") == TAG_ACTIVATION and is_int(addr) and is_int(e.get("size")):
                 live[addr] = e["size"]
                 cur += e["size"]
             elif e.get("action") in ("free", "free_completed") and addr in live:
@@ -1580,7 +1583,7 @@ def activation_peaks(events, steps):
             continue
         if step not in out:
             out[step] = [cur, cur, cur]
-        if e.get("action") == "alloc" and e.get("tag") == "activation" and is_int(e.get("size")):
+        if e.get("action") == "alloc" and e.get("tag") == TAG_ACTIVATION and is_int(e.get("size")):
             live[addr] = e["size"]
             cur += e["size"]
         elif e.get("action") in ("free", "free_completed") and addr in live:

@@ -9,6 +9,7 @@ import json
 import os
 
 from trace_names import COPY, D2H, H2D, label_and_kind
+from trace_names import TAG_GRAD_SHARD, TAG_OPTIM_STATE, TAG_PARAM_SHARD  # the memory tags (MemTag)
 
 from .figures import MIB, fmt_mib, runs_section
 from .measure import CASE_LINK, first_stage, log, train_cases
@@ -84,7 +85,7 @@ def section_offload(bench, cfg):
     res = dict(c, solution=st.dir, link=" ".join(str(x) for x in CASE_LINK), rows=[])
     for name, flags, d, met in train_cases(bench, st, c, "offload", CASE_LINK, cases):
         doc, notes = _hook_notes(d)
-        kept = max((sum(e["exit_by_tag"].get(t, 0) for t in ("param_shard", "grad_shard", "optim_state"))
+        kept = max((sum(e["exit_by_tag"].get(t, 0) for t in (TAG_PARAM_SHARD, TAG_GRAD_SHARD, TAG_OPTIM_STATE))
                     for e in notes), default=0)
         copies = {H2D: [0, 0], D2H: [0, 0]}
         for e in trace_events(d):

@@ -17,6 +17,9 @@ import manifest  # grader/manifest.py: the stages, from grader/rubric.json
 from gradelib.rubric import load_rubric, parity_tolerances
 from repo_paths import ROOT
 from trace_names import ALL_GATHER, ALL_REDUCE, COLLECTIVE, COMPUTE, COMPUTE_TID, REDUCE_SCATTER, label_and_kind
+# the memory tags (MemTag)
+from trace_names import (TAG_COMM_BUFFER, TAG_GRAD_SHARD, TAG_OPTIM_STATE, TAG_PARAM_SHARD, TAG_TEMP,
+                         TAG_UNSHARDED_GRAD, TAG_UNSHARDED_PARAM)
 
 from .figures import MIB, fmt_mib, fmt_s, stats, tps_stats
 from .memory_model import flops_per_token, memory_model, mesh_shape, model_dims, n_params, replay_peak
@@ -426,9 +429,9 @@ def section_accum(bench, cfg):
         steps = list(range(1, N))
         row = {"case": name, "flags": " ".join(str(f) for f in flags),
                "peak_bytes_rank0": max(m["peak_mem_bytes_per_rank"][0] for m in met),
-               "between_unsharded_grad_bytes": None if tags is None else tags.get("unsharded_grad", 0),
-               "between_grad_shard_bytes": None if tags is None else tags.get("grad_shard", 0),
-               "between_unsharded_param_bytes": None if tags is None else tags.get("unsharded_param", 0),
+               "between_unsharded_grad_bytes": None if tags is None else tags.get(TAG_UNSHARDED_GRAD, 0),
+               "between_grad_shard_bytes": None if tags is None else tags.get(TAG_GRAD_SHARD, 0),
+               "between_unsharded_param_bytes": None if tags is None else tags.get(TAG_UNSHARDED_PARAM, 0),
                "collectives": {k: {"count": c, "bytes": b} for k, (c, b) in colls.items()},
                "model": last_step_on_model_clock(d, met),
                "step_ms": stats([m["step_ms"] for m in met if m["step"] - 1 in steps]),
@@ -468,12 +471,12 @@ def section_mixed_precision(bench, cfg):
         with open(os.path.join(d, "memory_rank0.json")) as fh:
             notes = [e for e in json.load(fh)["events"] if e.get("kind") == "hook_memory"]
         high = {t: max((e["high_water_by_tag"].get(t, 0) for e in notes), default=0)
-                for t in ("unsharded_param", "comm_buffer", "temp")}
+                for t in (TAG_UNSHARDED_PARAM, TAG_COMM_BUFFER, TAG_TEMP)}
         ref = ref or met
         row = {"case": name, "flags": " ".join(str(f) for f in flags),
                "all_gather_bytes": colls[ALL_GATHER][1], "reduce_scatter_bytes": colls[REDUCE_SCATTER][1],
-               "unsharded_param_high_bytes": high["unsharded_param"], "comm_buffer_high_bytes": high["comm_buffer"],
-               "temp_high_bytes": high["temp"],
+               "unsharded_param_high_bytes": high[TAG_UNSHARDED_PARAM], "comm_buffer_high_bytes": high[TAG_COMM_BUFFER],
+               "temp_high_bytes": high[TAG_TEMP],
                "peak_bytes_rank0": max(m["peak_mem_bytes_per_rank"][0] for m in met),
                "model": last_step_on_model_clock(d, met),
                "step_ms": stats([m["step_ms"] for m in met if m["step"] > 1]),
@@ -570,7 +573,7 @@ def section_hsdp(bench, cfg):
             "intra_node_bytes": sum(c["bytes"] for c in moving if not c["spans_nodes"]),
             "modelled_comm_ms": sum(c["modelled_ms"] for c in colls),
             "modelled_inter_node_ms": sum(c["modelled_ms"] for c in colls if c["spans_nodes"]),
-            "param_shard_bytes": live.get("param_shard", 0), "optim_state_bytes": live.get("optim_state", 0),
+            "param_shard_bytes": live.get(TAG_PARAM_SHARD, 0), "optim_state_bytes": live.get(TAG_OPTIM_STATE, 0),
             "peak_bytes_rank0": max(m["peak_mem_bytes_per_rank"][0] for m in met),
             "model": last_step_on_model_clock(d, met),
             "losses": [m["loss"] for m in met], "loss_last": met[-1]["loss"]})

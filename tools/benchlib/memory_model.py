@@ -12,6 +12,9 @@ from collections import defaultdict
 
 from gradelib.util import padded_rows
 from trace_names import ALL_GATHER, REDUCE_SCATTER
+# the memory tags (MemTag)
+from trace_names import (TAG_ACTIVATION, TAG_COMM_BUFFER, TAG_GRAD_SHARD, TAG_OPTIM_STATE, TAG_PARAM_SHARD, TAG_TEMP,
+                         TAG_UNSHARDED_GRAD, TAG_UNSHARDED_PARAM)
 
 
 # ----------------------------------------------------------------- model sizes
@@ -102,8 +105,8 @@ def memory_model(m, B, T, W, stage):
     shard = [sum(padded_rows(a, W) * b for a, b in ps) for _, ps in mods]  # rank 0's padded chunk
     full = [sum(a * b for a, b in ps) for _, ps in mods]
     agbuf = [W * s for s in shard]
-    fixed = {"param_shard": 0 if offload else sum(shard) * f4,
-             "optim_state": 0 if stage.forward_only or offload else 2 * sum(shard) * f4}
+    fixed = {TAG_PARAM_SHARD: 0 if offload else sum(shard) * f4,
+             TAG_OPTIM_STATE: 0 if stage.forward_only or offload else 2 * sum(shard) * f4}
     # activations (floats); every module's output is owned by the next module as its input x
     const = 2 * N + 2 * (T * hd // 2) + 1            # inputs, targets (int32), rope cos/sin, loss
     x_in = N * D                                       # embedding out / a block's out
@@ -118,8 +121,8 @@ def memory_model(m, B, T, W, stage):
 
     def point(where, act, tmp=0, uparam=0, ugrad=0, comm=0, gshard=0):
         tags = dict(fixed)
-        tags.update({"activation": (const + act) * f4, "temp": tmp * f4, "unsharded_param": uparam * f4,
-                     "unsharded_grad": ugrad * f4, "comm_buffer": comm * f4, "grad_shard": gshard * f4})
+        tags.update({TAG_ACTIVATION: (const + act) * f4, TAG_TEMP: tmp * f4, TAG_UNSHARDED_PARAM: uparam * f4,
+                     TAG_UNSHARDED_GRAD: ugrad * f4, TAG_COMM_BUFFER: comm * f4, TAG_GRAD_SHARD: gshard * f4})
         points.append((sum(tags.values()), where, {k: v for k, v in tags.items() if v}))
 
     # forward, at the end of module i's forward (all its allocations made)
@@ -183,7 +186,7 @@ def replay_peak(memory_json, step=None):
     by_tag, names = defaultdict(int), defaultdict(lambda: defaultdict(int))
     for e in best_live or []:
         by_tag[e["tag"]] += e["size"]
-        short = e["name"].split(".")[-1] if e["tag"] == "activation" else e["name"]
+        short = e["name"].split(".")[-1] if e["tag"] == TAG_ACTIVATION else e["name"]
         names[e["tag"]][short] += 1
     where = "step %d %s %s (%s)" % (best_at["step"] + 1, best_at["module"], best_at["phase"], best_at["name"]) \
         if best_at else "?"

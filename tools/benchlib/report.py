@@ -5,6 +5,9 @@ import os
 
 import manifest  # grader/manifest.py: the stages
 from trace_names import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
+# the memory tags (MemTag)
+from trace_names import (TAG_ACTIVATION, TAG_COMM_BUFFER, TAG_GRAD_SHARD, TAG_OPTIM_STATE, TAG_PARAM_SHARD, TAG_TEMP,
+                         TAG_UNSHARDED_GRAD, TAG_UNSHARDED_PARAM)
 
 from . import advanced, pipeline
 from .figures import MIB, fmt, fmt_mib, fmt_s, runs_section, section, table
@@ -82,8 +85,8 @@ def markdown(R):
     L.append("")
     L.append("Live set at the peak by tag, replayed from memory_rank0.json (model in brackets), MiB:")
     L.append("")
-    tags = ["param_shard", "optim_state", "grad_shard", "unsharded_param", "unsharded_grad", "comm_buffer",
-            "activation", "temp"]
+    tags = [TAG_PARAM_SHARD, TAG_OPTIM_STATE, TAG_GRAD_SHARD, TAG_UNSHARDED_PARAM, TAG_UNSHARDED_GRAD, TAG_COMM_BUFFER,
+            TAG_ACTIVATION, TAG_TEMP]
     table(L, ["stage"] + tags,
           [[r["stage"]] + ["%.2f (%.2f)" % (r["replay_live_by_tag"].get(t, 0) / MIB, r["model_by_tag"].get(t, 0) / MIB)
                            for t in tags] for r in m["rows"]])

@@ -16,10 +16,10 @@
 #include <string.h>
 
 #define FACT_DIMS 2
-#define FACT_STAGES 64
+#define FACT_STAGES WORLD_MAX_RANKS /* a stage holds at least one rank */
 
 typedef struct {
-    char name[24], kind[16];
+    char name[PG_NAME_MAX], kind[16];
     int id, color;            /* creation index (the same on every rank) and which of its groups: the order */
     int size, members[WORLD_MAX_RANKS];
 } FactGroup;

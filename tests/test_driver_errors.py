@@ -292,7 +292,7 @@ def test_mesh_needs_a_stage_that_splits_over_the_shard_group():
                         CORPUS], capture_output=True, text=True, timeout=60, cwd=ROOT)
     expect_exact(p, "--mesh 2,2: embedding's DTensor tok_embeddings.weight holds 65 padded rows of 259, not "
                     "ceil(259 / 2) = 130: on a 2-D mesh params are split over the 2 ranks of the shard group "
-                    "(FsdpConfig.mesh->shard_group; stage 09, HANDOUT.md#stage-09-hsdp)")
+                    "(FsdpConfig.mesh->shard_group; HANDOUT.md, HSDP)")
 
 
 def test_offload_needs_a_stage_that_offloads():
@@ -301,8 +301,8 @@ def test_offload_needs_a_stage_that_offloads():
     p = subprocess.run([solution_bin("04"), "--world", "2", "--offload-params", "--steps", "1", "--quiet", "--data",
                         CORPUS], capture_output=True, text=True, timeout=60, cwd=ROOT)
     expect_exact(p, "--offload-params: embedding's DTensor tok_embeddings.weight keeps its shard in device memory: "
-                    "with --offload-params the shards live in pinned host memory (dev_alloc_host; stage 10, "
-                    "HANDOUT.md#stage-10)")
+                    "with --offload-params the shards live in pinned host memory (dev_alloc_host; HANDOUT.md, "
+                    "--offload-params)")
 
 
 def train(stage, *args):
@@ -331,7 +331,7 @@ def test_backward_prefetch_needs_a_stage_that_follows_it(stage, policy, says):
     need(stage)
     for _ in range(5):
         expect_exact(train(stage, "--backward-prefetch", policy),
-                     "--backward-prefetch %s: %s (FsdpConfig.backward_prefetch; stage 10, HANDOUT.md#stage-10)"
+                     "--backward-prefetch %s: %s (FsdpConfig.backward_prefetch; HANDOUT.md, --backward-prefetch)"
                      % (policy, says))
 
 
@@ -341,7 +341,7 @@ def test_single_comm_stream_needs_a_stage_that_follows_it():
     expect_exact(train("04", "--single-comm-stream"),
                  "--single-comm-stream: the all-gathers and reduce-scatters ran on 2 streams (all_gather, "
                  "reduce_scatter): with --single-comm-stream every one goes on one stream "
-                 "(FsdpConfig.single_comm_stream; stage 10, HANDOUT.md#stage-10)")
+                 "(FsdpConfig.single_comm_stream; HANDOUT.md, --single-comm-stream)")
 
 
 @pytest.mark.parametrize("stage,flags", [

@@ -90,8 +90,8 @@ static void check_prefetch(const FlagCheck *fc) {
             const Issued *at = &fc->issued[i];
             if (at->issuer == issuer && at->post == post) continue;
             fatal("--backward-prefetch %s: %s's backward all-gather was issued in %s's %s, not %s's %s: the hooks "
-                  "follow --backward-prefetch %s's schedule, not %s's (FsdpConfig.backward_prefetch; stage 10, "
-                  "HANDOUT.md#stage-10)",
+                  "follow --backward-prefetch %s's schedule, not %s's (FsdpConfig.backward_prefetch; HANDOUT.md, "
+                  "--backward-prefetch)",
                   backward_prefetch_name(want), m->modules[i].name, m->modules[at->issuer].name,
                   phase_name(at->post ? PHASE_POST_BACKWARD : PHASE_PRE_BACKWARD), m->modules[issuer].name,
                   phase_name(post ? PHASE_POST_BACKWARD : PHASE_PRE_BACKWARD), backward_prefetch_name(got), backward_prefetch_name(want));
@@ -108,8 +108,8 @@ void flag_check_end(Dev *dev, FlagCheck *fc) {
         for (int k = 0; k < fc->n_streams && len < sizeof names; k++)
             len += (size_t)snprintf(names + len, sizeof names - len, "%s%s", k ? ", " : "", fc->stream_name[k]);
         fatal("--single-comm-stream: the all-gathers and reduce-scatters ran on %d streams (%s): with "
-              "--single-comm-stream every one goes on one stream (FsdpConfig.single_comm_stream; stage 10, "
-              "HANDOUT.md#stage-10)",
+              "--single-comm-stream every one goes on one stream (FsdpConfig.single_comm_stream; HANDOUT.md, "
+              "--single-comm-stream)",
               fc->n_streams, names);
     }
     if (fc->opt->backward_prefetch_given) check_prefetch(fc);

@@ -270,27 +270,27 @@ static const Flag FLAGS[] = {
     {.name = "--param-dtype", .kind = FLAG_ENUM, .at = AT(mp.param_dtype), .choices = DTYPES, .def = "fp32",
      .arg = "fp32|bf16",
      .help = "what the all-gather moves and compute reads (FSDP2's MixedPrecisionPolicy\n"
-             "param_dtype; bf16 is stage 08's); shards and optimizer stay fp32",
+             "param_dtype); shards and optimizer stay fp32",
      .json = "param_dtype"},
     {.name = "--reduce-dtype", .kind = FLAG_ENUM, .at = AT(mp.reduce_dtype), .choices = DTYPES, .def = "fp32",
      .arg = "fp32|bf16", .help = "what the reduce-scatter moves (reduce_dtype)", .json = "reduce_dtype"},
     {.name = "--mesh", .kind = FLAG_CUSTOM, .parse = parse_mesh, .arg = "R,S",
-     .help = "HSDP (stage 09): a 2-D mesh of R replicas x S shards (R*S = --world; or RxS);\n"
+     .help = "HSDP: a 2-D mesh of R replicas x S shards (R*S = --world; or RxS);\n"
              "params are split over S ranks and replicated R times",
      .json = "mesh", .json_value = json_mesh},
     {.name = "--backward-prefetch", .kind = FLAG_ENUM, .at = AT(backward_prefetch), .choices = PREFETCH, .def = "pre",
      .parse = parse_backward_prefetch, .arg = "P",
-     .help = "stage 10: when the backward issues module i-1's all-gather: pre (at module\n"
+     .help = "when the backward issues module i-1's all-gather: pre (at module\n"
              "i's pre_backward), post (after module i's reduce-scatter), none",
      .json = "backward_prefetch"},
     {.name = "--single-comm-stream", .kind = FLAG_SET, .at = AT(single_comm_stream),
-     .help = "stage 10: all-gathers and reduce-scatters share one stream", .json = "single_comm_stream"},
+     .help = "all-gathers and reduce-scatters share one stream", .json = "single_comm_stream"},
     {.name = "--offload-params", .kind = FLAG_SET, .at = AT(offload_params),
-     .help = "stage 10: shards, grad shards and optimizer state in pinned host memory", .json = "offload_params"},
+     .help = "shards, grad shards and optimizer state in pinned host memory", .json = "offload_params"},
 
     /* world and runtime */
     {.name = "--pp", .kind = FLAG_INT, .at = AT(pp), .lo = 1, .hi = MAXRANKS, .arg = "P",
-     .help = "pipeline parallelism (stages 11-12, hw_pipe.h): P stages of world / P ranks\n"
+     .help = "pipeline parallelism (hw_pipe.h): P stages of world / P ranks\n"
              "each; the modules split into P contiguous runs; your pipe_schedule runs them",
      .section = "pipeline", .json = "pp", .json_with_pp = 1},
     {.name = "--microbatches", .kind = FLAG_INT, .at = AT(microbatches), .lo = 1, .hi = 1 << 20, .arg = "M",

@@ -207,6 +207,6 @@ void pipe_run_step(Pipe *p, int s) {
 
 /* A binary whose hw_fsdp.c has no schedule (stages 01-10) answers --pp with one line. */
 __attribute__((weak)) void pipe_schedule(Pipe *pipe) {
-    fatal("--pp needs a pipeline schedule, and this binary's hw_fsdp.c defines no pipe_schedule (stages 11 and 12; "
-          "hw_pipe.h) on rank %d", dev_rank(pipe->info.dev));
+    fatal("--pp needs a pipeline schedule, and this binary's hw_fsdp.c defines no pipe_schedule (the "
+          "schedule of hw_pipe.h) on rank %d", dev_rank(pipe->info.dev));
 }

@@ -120,7 +120,7 @@ void probes_check_mesh(const Model *m, const DeviceMesh *mesh) {
             if (p->dt.padded_rows != want)
                 fatal("--mesh %d,%d: %s's DTensor %s holds %zu padded rows of %zu, not ceil(%zu / %zu) = %zu: on a 2-D "
                       "mesh params are split over the %zu ranks of the shard group (FsdpConfig.mesh->shard_group; "
-                      "stage 09, HANDOUT.md#stage-09-hsdp)",
+                      "HANDOUT.md, HSDP)",
                       mesh->shape[0], mesh->shape[1], m->modules[i].name, p->name, p->dt.padded_rows, p->shape[0],
                       p->shape[0], S, want, S);
         }
@@ -132,7 +132,8 @@ void probes_check_offload(Dev *dev, const Model *m) {
             const Param *p = &m->modules[i].params[j];
             if (!dev_mem_is_host(dev, p->dt.local))
                 fatal("--offload-params: %s's DTensor %s keeps its shard in device memory: with --offload-params the "
-                      "shards live in pinned host memory (dev_alloc_host; stage 10, HANDOUT.md#stage-10)",
+                      "shards live in pinned host memory (dev_alloc_host; HANDOUT.md, "
+                      "--offload-params)",
                       m->modules[i].name, p->name);
         }
 }

@@ -55,6 +55,25 @@ static void on_collective(void *ctx, const CollIssue *c) {
     }
 }
 
+void flag_check_schedule_json(Json *j, const Model *m, BackwardPrefetch p) {
+    json_object_begin(j);
+    json_key(j, "policy");
+    json_string(j, backward_prefetch_name(p));
+    json_key(j, "issued_in");
+    json_object_begin(j);
+    for (int i = 0; i < m->n_modules; i++) {
+        int issuer, post;
+        expected(m, p, i, &issuer, &post);
+        json_key(j, m->modules[i].name);
+        json_array_begin(j);
+        json_string(j, m->modules[issuer].name);
+        json_string(j, phase_name(post ? PHASE_POST_BACKWARD : PHASE_PRE_BACKWARD));
+        json_array_end(j);
+    }
+    json_object_end(j);
+    json_object_end(j);
+}
+
 void flag_check_begin(Dev *dev, FlagCheck *fc, const Options *o, const Model *m, int step) {
     int n = m->n_modules;
     *fc = (FlagCheck){.opt = o, .model = m, .step = step};

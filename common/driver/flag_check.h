@@ -16,6 +16,7 @@
 
 #include "driver/options.h"
 #include "model/model.h"
+#include "runtime/json.h"
 
 #define FLAG_CHECK_STREAMS 8
 
@@ -35,6 +36,14 @@ typedef struct {
     int stream[FLAG_CHECK_STREAMS];           /* their stream_index */
     const char *stream_name[FLAG_CHECK_STREAMS];
 } FlagCheck;
+
+/* run.json's "prefetch_schedule" (the one statement of the backward-prefetch
+ * rule, which this file checks and the grader's prefetch_policy check reads):
+ * {"policy": P, "issued_in": {module: [issuing module, hook]}} for every
+ * module of m. Policy pre: module i's all-gather in module i+1's pre_backward;
+ * post: in module i+1's post_backward; none, and the backward's first module
+ * (the last in model order) under any policy: in its own pre_backward. */
+void flag_check_schedule_json(Json *j, const Model *m, BackwardPrefetch p);
 
 /* Watch the collectives this rank issues in step `step` (first microbatch). */
 void flag_check_begin(Dev *dev, FlagCheck *fc, const Options *o, const Model *m, int step);

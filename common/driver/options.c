@@ -671,6 +671,7 @@ void options_run_json(Json *j, const Options *o, const RunFacts *facts) {
             break;
         }
     }
+    if (facts->rules) facts->rules(j, o, facts->rules_ctx);
     if (facts->world) world_facts_json(facts->world, j);
     json_object_end(j);
 }

@@ -60,6 +60,10 @@ typedef struct {
     const char *device;         /* "cpu" or "cuda" */
     const char *host;
     World *world;               /* after the run: its facts (runtime/facts.h) end the object; NULL before */
+    /* rules the run followed, stated once where they are defined (e.g. the
+     * backward-prefetch schedule, flag_check.c): written before the facts */
+    void (*rules)(Json *j, const Options *o, const void *ctx);
+    const void *rules_ctx;
 } RunFacts;
 
 /* run.json's object: the run's configuration (the flags with a run.json key,

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "driver/checkpoint.h"
+#include "driver/flag_check.h"
 #include "driver/options.h"
 #include "driver/train.h"
 #include "model/data.h"
@@ -19,10 +20,19 @@
 
 /* run.json: the run's configuration, for plots, the grader and references; written again after the run
  * (w not NULL) with what the run used (runtime/facts.h: groups, mesh, stage map, vocabularies). */
+/* The rules of the run, stated by the code that defines them: "prefetch_schedule" (flag_check.h), null
+ * with --pp (each rank holds one stage's modules; the prefetch policy is the FSDP stages' rule). */
+static void run_rules(Json *j, const Options *o, const void *ctx) {
+    json_key(j, "prefetch_schedule");
+    if (o->pp) json_null(j);
+    else flag_check_schedule_json(j, ctx, o->backward_prefetch);
+}
+
 static void write_run_json(const Options *o, const Model *m, World *w) {
     char host[256] = "unknown";
     gethostname(host, sizeof host - 1);
-    RunFacts facts = {.n_params = m->n_params_total, .device = dev_is_cuda_build() ? "cuda" : "cpu", .host = host, .world = w};
+    RunFacts facts = {.n_params = m->n_params_total, .device = dev_is_cuda_build() ? "cuda" : "cpu", .host = host, .world = w,
+                       .rules = run_rules, .rules_ctx = m};
     Json j = {0};
     options_run_json(&j, o, &facts);
     json_line_end(&j);

@@ -19,8 +19,9 @@ It compares what the program determines, bit for bit, and leaves out what the ma
                        the modelled clock, the stream waits and host syncs, which are traced iff they
                        stalled in modelled time) but the slices' wall-clock args (wall_ts_us, wall_dur_us)
 A file of OLD missing from NEW is a difference; exit status 1 when anything differs. The facts a run states
-(FACT_KEYS: run.json's and the trace's otherData "groups", "device_mesh", "pipeline", "vocab"; run.json's rules, "prefetch_schedule") are compared where
-OLD has them; where OLD was written before the runtime stated them, NEW's are new, said once, not compared.
+(FACT_KEYS: run.json's and the trace's otherData "groups", "device_mesh", "pipeline", "vocab"; run.json's rule
+"prefetch_schedule") are compared where OLD has them; where OLD was written before the runtime stated them,
+NEW's are new, said once, not compared.
 
 --rubric FILE reads the bands from another rubric (default grader/rubric.json; a rubric without them compares
 every value bit for bit)."""

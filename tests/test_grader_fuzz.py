@@ -6,7 +6,7 @@ its merged trace split back into trace_rank<r>.json) stands in for a student's r
 reference and the baseline. Each test mutates one kind of file a few hundred times with a
 fixed seed (byte flips, truncation, garbage bytes, deleted keys, values of the wrong type,
 huge numbers, NaN, deep nesting, invalid UTF-8 and surrogates) and runs, in process, every
-check of grader/gradelib/checks.py that reads it. Only CheckFailed may come out of a check.
+check of grader/gradelib/checks/ that reads it. Only CheckFailed may come out of a check.
 No build and no binary: pure Python, about 10 s.
 
     /usr/bin/python3 -m pytest -q tests/test_grader_fuzz.py
@@ -561,7 +561,7 @@ def test_cli_bad_rubric_is_one_line_exit_2(tmp_path, content, message):
         "variant-no-checks", "check-names"])
 def test_rubric_names_only_checks_the_grader_has(tmp_path, edit, message):
     """rubric.json names checks by key; the checks themselves (label, whether a variant may run them) live
-    in gradelib/checks.py: a key it does not have, or a variant listing a check of the main run only, is
+    in gradelib/checks/: a key it does not have, or a variant listing a check of the main run only, is
     one line naming the entry."""
     with open(RUBRIC_PATH) as fh:
         rubric = json.load(fh)

@@ -294,8 +294,7 @@ def main():
             files.append({"path": os.path.relpath(path, staging), "bytes": len(data),
                           "sha256": hashlib.sha256(data).hexdigest()})
             total += len(data)
-    with open(RUBRIC_PATH, "rb") as fh:
-        rubric_sha = hashlib.sha256(fh.read()).hexdigest()
+    rubric_sha = manifest.spec_sha256(RUBRIC_PATH)
     record = {
         "written_by": "grader/make_reference.py (make reference)",
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),

@@ -322,6 +322,12 @@ def load_json(path=RUBRIC_PATH):
     return data
 
 
+def spec_sha256(path=RUBRIC_PATH):
+    """The sha256 of rubric.json's bytes (what a reference tree records it was made under)."""
+    with open(path, "rb") as fh:
+        return hashlib.sha256(fh.read()).hexdigest()
+
+
 def figures_path(name, rubric_path=RUBRIC_PATH):
     """The file of the measured block `name` (FIGURES) that goes with the rubric at rubric_path (beside it)."""
     return os.path.join(os.path.dirname(os.path.abspath(rubric_path)), FIGURES[name][0])

@@ -455,11 +455,21 @@ def test_mutated_artifacts_keep_the_evidence_hints_clean(world):
     assert world._fingerprint() == world.fingerprint, "a hint modified the parsed files it was given"
 
 
+def figures_beside(tmp_path):
+    """The measured figures (grader/figures/) copied beside a rubric written to tmp_path/rubric.json, as
+    manifest.load reads them: the rubric's own entries are what a test edits."""
+    for name in manifest.FIGURES:
+        dst = manifest.figures_path(name, str(tmp_path / "rubric.json"))
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        shutil.copyfile(manifest.figures_path(name), dst)
+
+
 def test_mutated_rubric_is_a_usage_error_or_usable(world, tmp_path):
     rng = random.Random(SEED + zlib.crc32(b"rubric"))
     with open(RUBRIC_PATH, "rb") as fh:
         pristine = fh.read()
     path = str(tmp_path / "rubric.json")
+    figures_beside(tmp_path)
     failures, usable = [], 0
     for n in range(MUTATIONS):
         what, data = mutate_file(rng, pristine, False)
@@ -525,6 +535,7 @@ def test_one_line():
 ], ids=["not-json", "array", "deep", "no-flavor", "tolerance-string", "checks-list", "no-ac-solution"])
 def test_cli_bad_rubric_is_one_line_exit_2(tmp_path, content, message):
     path = tmp_path / "rubric.json"
+    figures_beside(tmp_path)
     if content is None:
         rubric = json.loads(open(RUBRIC_PATH).read())
         if "loss_rel" in message:
@@ -568,6 +579,7 @@ def test_rubric_names_only_checks_the_grader_has(tmp_path, edit, message):
     edit(rubric)
     path = tmp_path / "rubric.json"
     path.write_text(json.dumps(rubric))
+    figures_beside(tmp_path)
     with pytest.raises(UsageError) as e:
         load_rubric(str(path))
     assert message in str(e.value) and "\n" not in str(e.value), str(e.value)

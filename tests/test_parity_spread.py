@@ -20,7 +20,7 @@ import pytest
 
 import manifest
 import parity_spread as ps  # tools/
-from gradelib.checks import series_check
+from gradelib.checks.parity import series_check
 from gradelib.rubric import (MAIN_RUN, SPREAD_FLOOR, load_rubric, parity_metrics, parity_tolerances,
                              round_up_one_digit, stage_variants, tolerance_from_spread)
 from gradelib.util import CheckFailed, UsageError

@@ -30,7 +30,7 @@ TOLERANCE_KEYS = ["cuda_loss_rel", "cuda_grad_norm_rel", "peak_mem_band_rel", "o
                   "hook_memory_slack_min_bytes", "pp_bubble_slack"]
 
 # Loss and grad norm parity: the tolerances come from the spread measured between correct implementations
-# (tools/parity_spread.py, rubric.json "parity_spread"), per stage, run and metric.
+# (tools/parity_spread.py, grader/figures/parity_spread.json), per stage, run and metric.
 PARITY_METRICS = ("loss", "grad_norm")
 SPREAD_FLOOR = 2.0 ** -23  # float32's resolution: a spread is never counted below it (another machine's BLAS)
 MAIN_RUN = "main"  # parity_spread's name for a stage's run on the grading configuration
@@ -74,7 +74,7 @@ def parity_metrics(rubric, stage, variant=None):
 
 def parity_tolerances(rubric, stage, variant=None):
     """{metric: (tolerance against the reference log, tolerance against the non-sharded baseline)} of one run,
-    from its measured spread (rubric.json parity_spread: spread_ref, gap_base); a metric without figures is
+    from its measured spread (grader/figures/parity_spread.json: spread_ref, gap_base); a metric without figures is
     left out (load_rubric has refused a rubric that lacks one the run's checks need)."""
     block = _dict(rubric.get("parity_spread"))
     margin = block.get("margin")

@@ -88,9 +88,9 @@ def git_commit():
 
 def check_against_baseline(rubric, stage, run_dir, baselines, notes, variant=None):
     """The reference must agree with the non-sharded baseline, step by step, within the tolerance the grader
-    holds a student's run to (the measured gap_base of rubric.json parity_spread). A run with no figures yet (a
-    new stage or variant: tools/parity_spread.py measures them against this reference, after it) is only
-    noted, with its largest gap and whether that passes the round tolerances.cuda_*_rel."""
+    holds a student's run to (the measured gap_base of grader/figures/parity_spread.json). A run with no
+    figures yet (a new stage or variant: tools/parity_spread.py measures them against this reference, after it)
+    is only noted, with its largest gap and whether that passes the round tolerances.cuda_*_rel."""
     where = stage + ("/" + variant if variant else "")
     cfg = stage_config(rubric, stage, variant)
     steps = int(cfg["steps"])
@@ -115,8 +115,8 @@ def check_against_baseline(rubric, stage, run_dir, baselines, notes, variant=Non
         for g, gap in zip(got, gaps):
             if gap > measured[key][1]:
                 fail("stage %s's solution disagrees with the non-sharded baseline at step %d: %s %s (rel %.1e > %g, "
-                     "the tolerance of its measured gap, rubric.json parity_spread); not writing a reference (a "
-                     "change meant to move it: tools/parity_spread.py --write, make reference, then --write again)"
+                     "the tolerance of its measured gap, grader/figures/parity_spread.json); not writing a reference "
+                     "(a change meant to move it: tools/parity_spread.py --write, make reference, then --write again)"
                      % (where, g["step"], key, g[key], gap, measured[key][1]))
     return base
 
@@ -294,8 +294,7 @@ def main():
             files.append({"path": os.path.relpath(path, staging), "bytes": len(data),
                           "sha256": hashlib.sha256(data).hexdigest()})
             total += len(data)
-    with open(RUBRIC_PATH, "rb") as fh:
-        rubric_sha = hashlib.sha256(fh.read()).hexdigest()
+    rubric_sha = manifest.spec_sha256(RUBRIC_PATH)
     record = {
         "written_by": "grader/make_reference.py (make reference)",
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),

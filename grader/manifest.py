@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""The stages, as grader/rubric.json lists them: the one place that does.
+"""The stages, as grader/rubric.json lists them: the one place that does, and the one reader of that file
+and of the measured figures beside it (grader/figures/*.json).
 
 Every tool reads the stages through this module (Python) or through the Makefile
 include it writes:
@@ -11,6 +12,10 @@ include it writes:
     grader/manifest.py list            one line per stage: "NN dir flag flag ..." (for shell scripts)
 
 Adding a stage is one entry in rubric.json plus solutions/NN_name/hw_fsdp.c.
+
+rubric.json is written by hand. What tools measure lives beside it in grader/figures/, one file per
+block, each written whole by its tool (FIGURES: the overlap figures, the parity spreads); load() gives
+the rubric with those blocks in it, as the grader reads it, and write_figures() is how a tool stores one.
 Standard library only.
 """
 import hashlib
@@ -23,6 +28,18 @@ from trace_names import ALL_GATHER, REDUCE_SCATTER
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUBRIC_PATH = os.path.join(ROOT, "grader", "rubric.json")
+
+# The measured blocks of the rubric: block name -> (its file beside rubric.json, the command that writes it whole,
+# when to run that command). Never in rubric.json itself (load_json refuses them there).
+FIGURES = {
+    "overlap_figures": ("figures/overlap.json", "tools/overlap_figures.py --write",
+                        "after a change to the runtime's cost model, the device profile, a solution or the variants "
+                        "(then make reference)"),
+    "parity_spread": ("figures/parity_spread.json", "tools/parity_spread.py --write",
+                      "after any change to the solutions, the runtime, tests/mutants/equivalents.json or the stages "
+                      "and variants (after make reference)"),
+}
+GENERATED_KEY = "generated"  # each figure file's header: what wrote it and how to write it again
 PREFETCH_KINDS = ("forward", "backward")
 STREAM_KINDS = (ALL_GATHER, REDUCE_SCATTER)  # the collectives a stage runs on a stream of their own
 
@@ -298,7 +315,108 @@ def load_json(path=RUBRIC_PATH):
         raise ManifestError("cannot read the rubric %s: %s" % (path, " ".join(str(e).split())[:300]))
     if not isinstance(data, dict):
         raise ManifestError("%s: the rubric must be a JSON object, got %s" % (path, _short(data)))
+    for name, (rel_path, tool, _) in FIGURES.items():
+        if name in data:  # a rubric from before the figures had their own files: say where they went
+            raise ManifestError("%s: %s is measured, not written by hand: it lives in grader/%s, which %s writes; "
+                                "delete the entry" % (path, name, rel_path, tool))
     return data
+
+
+def spec_sha256(path=RUBRIC_PATH):
+    """The sha256 of rubric.json's bytes (what a reference tree records it was made under)."""
+    with open(path, "rb") as fh:
+        return hashlib.sha256(fh.read()).hexdigest()
+
+
+def figures_path(name, rubric_path=RUBRIC_PATH):
+    """The file of the measured block `name` (FIGURES) that goes with the rubric at rubric_path (beside it)."""
+    return os.path.join(os.path.dirname(os.path.abspath(rubric_path)), FIGURES[name][0])
+
+
+def figure_paths(rubric_path=RUBRIC_PATH):
+    """Every figure file of the rubric at rubric_path (whether it exists or not)."""
+    return [figures_path(name, rubric_path) for name in FIGURES]
+
+
+def load_figures(name, rubric_path=RUBRIC_PATH):
+    """The measured block `name` as its file holds it, without its header key; None when there is no file."""
+    path = figures_path(name, rubric_path)
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError, RecursionError) as e:
+        raise ManifestError("cannot read the measured figures %s: %s" % (path, " ".join(str(e).split())[:300]))
+    if not isinstance(data, dict):
+        raise ManifestError("%s: the figures must be a JSON object, got %s" % (path, _short(data)))
+    data.pop(GENERATED_KEY, None)
+    return data
+
+
+def load(path=RUBRIC_PATH):
+    """The rubric as the grader reads it: rubric.json with each measured block (FIGURES) from its file beside it
+    (a block whose file is missing is left out); ManifestError (one line) when a file cannot be read."""
+    data = load_json(path)
+    for name in FIGURES:
+        block = load_figures(name, path)
+        if block is not None:
+            data[name] = block
+    return data
+
+
+def _flat_json(value):
+    """A dict whose values are all numbers, strings or lists of them: one line."""
+    def leaf(v):
+        return not isinstance(v, (dict, list)) or (isinstance(v, list) and all(not isinstance(x, (dict, list))
+                                                                              for x in v))
+    return isinstance(value, dict) and all(leaf(v) for v in value.values())
+
+
+def _json_text(value, indent=0):
+    """JSON with one line per innermost record (a run's figures), as a reviewer diffs it."""
+    if not isinstance(value, dict) or not value or _flat_json(value):
+        return json.dumps(value, ensure_ascii=False)
+    pad = " " * (indent + 2)
+    items = ["%s%s: %s" % (pad, json.dumps(k), _json_text(v, indent + 2)) for k, v in value.items()]
+    return "{\n" + ",\n".join(items) + "\n" + " " * indent + "}"
+
+
+def figures_text(name, block):
+    """The whole file of the measured block `name`: its header (GENERATED_KEY) first, then the block."""
+    rel_path, tool, when = FIGURES[name]
+    header = ("Written whole by %s: do not edit. Regenerate it with that command %s. The grader reads it with "
+              "grader/rubric.json (grader/manifest.py load)." % (tool, when))
+    return _json_text(dict([(GENERATED_KEY, header)] + [(k, v) for k, v in block.items() if k != GENERATED_KEY])) + "\n"
+
+
+def write_figures(name, block, rubric_path=RUBRIC_PATH):
+    """Store the measured block `name` in its own file (figures_path), written whole; the path written."""
+    path = figures_path(name, rubric_path)
+    text = figures_text(name, block)
+    back = json.loads(text)
+    back.pop(GENERATED_KEY)
+    if back != {k: v for k, v in block.items() if k != GENERATED_KEY}:
+        raise ManifestError("%s: the figures did not read back as written (not writing)" % path)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".tmp", "w", encoding="utf-8") as fh:
+        fh.write(text)
+    os.replace(path + ".tmp", path)
+    return path
+
+
+def save(data, path):
+    """Write a rubric as load() returns it: the hand-written part to `path`, each measured block it holds to its
+    file beside it (and a block it lacks removed there), so that load(path) gives `data` back. For tests and tools
+    that make a rubric of their own (a release, an edited copy)."""
+    spec = {k: v for k, v in data.items() if k not in FIGURES}
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps(spec, indent=2, ensure_ascii=False) + "\n")
+    for name in FIGURES:
+        if name in data:
+            write_figures(name, data[name], path)
+        elif os.path.exists(figures_path(name, path)):
+            os.unlink(figures_path(name, path))
 
 
 def validate_stages(rubric, name="rubric.json"):
@@ -381,9 +499,9 @@ _cache = {}
 
 
 def rubric(path=RUBRIC_PATH):
-    """The rubric (validated for its stages), read once per process and path."""
+    """The rubric with its measured figures (load; validated for its stages), read once per process and path."""
     if path not in _cache:
-        data = load_json(path)
+        data = load(path)
         validate_stages(data, os.path.relpath(path, ROOT) if path.startswith(ROOT) else path)
         _cache[path] = data
     return _cache[path]
@@ -404,6 +522,16 @@ def stage(key, data=None):
         if text in (s.id, s.dir):
             return s
     raise KeyError(key)
+
+
+def stage_variants(data, stage):
+    """The variants a stage is graded on besides its main configuration, in rubric order."""
+    return list(data["stages"][stage].get("variants", []))
+
+
+def variant_label(data, variant):
+    """How the grader names a run: the variant's label, or the grading configuration (None)."""
+    return data["variants"][variant]["label"] if variant else "the grading configuration"
 
 
 def main_job_stage(data=None):

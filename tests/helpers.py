@@ -114,13 +114,13 @@ def overlap_of(stage, run_dir, key, variant=None, world=None):
 
 def assert_overlap_figures(stage, run_dir, want, variant=None):
     """The overlap figures of the run in run_dir, read with the grader's own function at full precision, are
-    `want` ({check key: [compute share, collective share]}, as grader/rubric.json's overlap_figures documents
+    `want` ({check key: [compute share, collective share]}, as grader/figures/overlap.json documents
     them to 10 significant digits): equal to 1e-9 relative, a documented 0 exactly. Returns {key: OverlapFigures}."""
     got = {}
     for key, (compute, collective) in want.items():
         f = got[key] = overlap_of(stage, run_dir, key, variant)
         for what, g, w in (("compute share", f.compute_share, compute),
                            ("collective share", f.collective_share, collective)):
-            assert abs(g - w) <= 1e-9 * abs(w), "stage %s%s %s %s: %r, rubric.json overlap_figures says %r" % (
+            assert abs(g - w) <= 1e-9 * abs(w), "stage %s%s %s %s: %r, grader/figures/overlap.json says %r" % (
                 stage, "/" + variant if variant else "", key, what, g, w)
     return got

@@ -65,10 +65,10 @@ def graded(request):
     tmp = _reachable_tmp(request)
     klass, out, ref = str(tmp / "submissions"), str(tmp / "out"), str(tmp / "reference")
     shutil.copytree(os.path.join(ROOT, "logs", "reference"), ref)  # a copy: a failed sandbox must not hurt main's
-    rubric = json.load(open(os.path.join(ROOT, "grader", "rubric.json")))
+    rubric = manifest.load()
     rubric["limits"]["run_file_size_mib"] = 64  # the spamming submission hits it sooner
     rubric_path = str(tmp / "rubric.json")
-    json.dump(rubric, open(rubric_path, "w"), indent=1)
+    manifest.save(rubric, rubric_path)  # with its measured figures beside it (tmp/figures/)
 
     cf.write_tree(os.path.join(klass, "alice"), STAGES)
     cf.write_tree(str(tmp / "bob" / "hwfsdp"), STAGES)
@@ -113,7 +113,7 @@ def busy_cores(n, cpu_seconds=300):
 def test_class_under_load_grades_overlap_as_an_idle_machine(request):
     """The solutions (full marks) and the starters (0) on LOADED_STAGES, two students at a time, while a
     spinning process per core keeps the machine loaded: the overlap checks read the modelled clock, so the
-    solutions pass them with exactly the figures rubric.json documents, as alone."""
+    solutions pass them with exactly the figures grader/figures/overlap.json documents, as alone."""
     tmp = _reachable_tmp(request)
     klass, out, ref = str(tmp / "submissions"), str(tmp / "out"), str(tmp / "reference")
     shutil.copytree(os.path.join(ROOT, "logs", "reference"), ref)
@@ -131,7 +131,7 @@ def test_class_under_load_grades_overlap_as_an_idle_machine(request):
     got = {r[0]: r[1:] for r in rows[1:]}
     assert got == {"solved": per + [full, full, "0"], "starter": ["0"] * len(per) + ["0", full, "0"]}, p.stdout
     results = json.load(open(os.path.join(out, "solved", "results.json")))
-    rubric = json.load(open(os.path.join(ROOT, "grader", "rubric.json")))
+    rubric = manifest.load()
     for stage in LOADED_STAGES:
         checks = {c["key"]: c for c in results["stages"][stage]["checks"]}
         want = rubric["overlap_figures"]["solutions"][stage]

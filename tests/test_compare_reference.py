@@ -10,13 +10,13 @@ import sys
 
 import pytest
 
+import manifest
 from helpers import ROOT
 from trace_names import COLLECTIVE, WAIT, WALL_ARGS
 
 TOOL = os.path.join(ROOT, "tools", "compare_reference.py")
 STAGE = os.path.join(ROOT, "logs", "reference", "stage04")
-with open(os.path.join(ROOT, "grader", "rubric.json")) as _f:
-    RUBRIC_STAGES = list(json.load(_f)["parity_spread"]["runs"])
+RUBRIC_STAGES = list(manifest.load()["parity_spread"]["runs"])
 
 
 def run_tool(old, new, *more):
@@ -26,9 +26,9 @@ def run_tool(old, new, *more):
 
 
 def stored_band(stage, run, metric):
-    """The BLAS band grader/rubric.json stores for one graded run's metric (tools/parity_spread.py --write)."""
-    with open(os.path.join(ROOT, "grader", "rubric.json")) as f:
-        return json.load(f)["parity_spread"]["runs"][stage][run][metric]["band"]
+    """The BLAS band grader/figures/parity_spread.json stores for one graded run's metric (tools/parity_spread.py
+    --write)."""
+    return manifest.load()["parity_spread"]["runs"][stage][run][metric]["band"]
 
 
 def edit_json(path, change):
@@ -205,22 +205,20 @@ def test_bad_arguments_are_one_line(tmp_path):
 def test_every_graded_run_has_a_measured_band():
     """reference-check on another machine needs the band of each BLAS-dependent figure: measured across OpenBLAS
     kernels and thread counts by tools/parity_spread.py --write, not chosen."""
-    with open(os.path.join(ROOT, "grader", "rubric.json")) as f:
-        runs = json.load(f)["parity_spread"]["runs"]
+    runs = manifest.load()["parity_spread"]["runs"]
     bands = [f["band"] for by_run in runs.values() for by_metric in by_run.values() for f in by_metric.values()]
     assert bands and all(isinstance(b, float) and 0 <= b < 1e-4 for b in bands), bands
 
 
 def rubric_with_band(tmp_path, band, stages=("04",)):
     """The rubric with the bands of these stages set to band (None: no band at all)."""
-    with open(os.path.join(ROOT, "grader", "rubric.json")) as f:
-        rubric = json.load(f)
+    rubric = manifest.load()
     for stage in stages:
         for by_metric in rubric["parity_spread"]["runs"][stage].values():
             for fig in by_metric.values():
                 fig.pop("band", None) if band is None else fig.update(band=band)
     path = tmp_path / "rubric.json"
-    path.write_text(json.dumps(rubric))
+    manifest.save(rubric, str(path))  # the bands go to figures/parity_spread.json beside it
     return str(path)
 
 
@@ -266,13 +264,12 @@ def test_grad_state_probes_move_within_their_band(tmp_path):
             e = next(e for e in m["events"] if e.get("kind") == "grad_state" and e[key])
             e[key] = e[key] * k if isinstance(e[key], float) else e[key] + 1
         return memory
-    with open(os.path.join(ROOT, "grader", "rubric.json")) as f:
-        rubric = json.load(f)
+    rubric = manifest.load()
 
     def with_band(band):
         rubric["parity_spread"]["runs"]["07"]["main"]["grad_norm"]["grad_state_band"] = band
         path = tmp_path / "rubric.json"
-        path.write_text(json.dumps(rubric))
+        manifest.save(rubric, str(path))
         return "--rubric", str(path)
     edit_json(str(new / "memory_rank1.json.gz"), nudge("unsharded_grad_sumsq", 1 + 3e-7))
     rc, out = run_tool(old.parent, new.parent, *with_band(1e-6))

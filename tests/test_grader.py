@@ -24,8 +24,7 @@ from helpers import ROOT, apply_mutant, assert_overlap_figures
 
 GRADER = os.path.join(ROOT, "grader", "grade.py")
 REFERENCE = os.path.join(ROOT, "logs", "reference")
-with open(os.path.join(ROOT, "grader", "rubric.json")) as _fh:
-    RUBRIC = json.load(_fh)
+RUBRIC = manifest.load()  # rubric.json with its measured figures (grader/figures/)
 with open(os.path.join(ROOT, "tests", "mutants", "mutants.json")) as _fh:
     MUTANTS = json.load(_fh)["mutants"]
 STAGES = [s.id for s in manifest.stages()]
@@ -103,7 +102,7 @@ def test_solutions_score_full_marks(tmp_path):
     assert len(lines) == sum(len(s["checks"]) for s in RUBRIC["stages"].values())
     assert all(l.endswith(")") and ": OK (" in l for l in lines)
 
-    # the overlap checks' figures: the modelled clock's, so exactly those rubric.json documents, on the main run and
+    # the overlap checks' figures: the modelled clock's, so exactly those grader/figures/overlap.json documents, on the main run and
     # every variant (tools/overlap_figures.py measures them with the grader's own function), and every overlap check
     # a stage grades has a run it applies to
     from overlap_figures import differences, measure
@@ -456,7 +455,7 @@ def rubric_with_limits(tmp_path, **limits):
     rubric = json.loads(json.dumps(RUBRIC))
     rubric["limits"].update(limits)
     path = tmp_path / "rubric.json"
-    path.write_text(json.dumps(rubric))
+    manifest.save(rubric, str(path))
     return path
 
 

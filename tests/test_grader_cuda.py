@@ -1,7 +1,6 @@
 """What grade.py --cuda changes that can be checked without a GPU: the resource limits of a CUDA run (no
 address-space limit: the CUDA driver maps far more than the rubric's 16 GiB before the first allocation, so
 cudaSetDevice failed under it on an H100) and the wording of an out-of-memory failure."""
-import json
 import os
 import resource
 import sys
@@ -11,8 +10,9 @@ from helpers import ROOT
 sys.path.insert(0, os.path.join(ROOT, "grader"))
 from gradelib.runner import Runner, classify_run, run_limited  # noqa: E402
 
-with open(os.path.join(ROOT, "grader", "rubric.json")) as f:
-    LIMITS = json.load(f)["limits"]
+import manifest  # noqa: E402
+
+LIMITS = manifest.rubric()["limits"]
 
 PROBE = [sys.executable, "-c", "import resource; print('AS', resource.getrlimit(resource.RLIMIT_AS)[0])"]
 

@@ -6,7 +6,7 @@ its merged trace split back into trace_rank<r>.json) stands in for a student's r
 reference and the baseline. Each test mutates one kind of file a few hundred times with a
 fixed seed (byte flips, truncation, garbage bytes, deleted keys, values of the wrong type,
 huge numbers, NaN, deep nesting, invalid UTF-8 and surrogates) and runs, in process, every
-check of grader/gradelib/checks.py that reads it. Only CheckFailed may come out of a check.
+check of grader/gradelib/checks/ that reads it. Only CheckFailed may come out of a check.
 No build and no binary: pure Python, about 10 s.
 
     /usr/bin/python3 -m pytest -q tests/test_grader_fuzz.py
@@ -455,11 +455,21 @@ def test_mutated_artifacts_keep_the_evidence_hints_clean(world):
     assert world._fingerprint() == world.fingerprint, "a hint modified the parsed files it was given"
 
 
+def figures_beside(tmp_path):
+    """The measured figures (grader/figures/) copied beside a rubric written to tmp_path/rubric.json, as
+    manifest.load reads them: the rubric's own entries are what a test edits."""
+    for name in manifest.FIGURES:
+        dst = manifest.figures_path(name, str(tmp_path / "rubric.json"))
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        shutil.copyfile(manifest.figures_path(name), dst)
+
+
 def test_mutated_rubric_is_a_usage_error_or_usable(world, tmp_path):
     rng = random.Random(SEED + zlib.crc32(b"rubric"))
     with open(RUBRIC_PATH, "rb") as fh:
         pristine = fh.read()
     path = str(tmp_path / "rubric.json")
+    figures_beside(tmp_path)
     failures, usable = [], 0
     for n in range(MUTATIONS):
         what, data = mutate_file(rng, pristine, False)
@@ -525,6 +535,7 @@ def test_one_line():
 ], ids=["not-json", "array", "deep", "no-flavor", "tolerance-string", "checks-list", "no-ac-solution"])
 def test_cli_bad_rubric_is_one_line_exit_2(tmp_path, content, message):
     path = tmp_path / "rubric.json"
+    figures_beside(tmp_path)
     if content is None:
         rubric = json.loads(open(RUBRIC_PATH).read())
         if "loss_rel" in message:
@@ -561,13 +572,14 @@ def test_cli_bad_rubric_is_one_line_exit_2(tmp_path, content, message):
         "variant-no-checks", "check-names"])
 def test_rubric_names_only_checks_the_grader_has(tmp_path, edit, message):
     """rubric.json names checks by key; the checks themselves (label, whether a variant may run them) live
-    in gradelib/checks.py: a key it does not have, or a variant listing a check of the main run only, is
+    in gradelib/checks/: a key it does not have, or a variant listing a check of the main run only, is
     one line naming the entry."""
     with open(RUBRIC_PATH) as fh:
         rubric = json.load(fh)
     edit(rubric)
     path = tmp_path / "rubric.json"
     path.write_text(json.dumps(rubric))
+    figures_beside(tmp_path)
     with pytest.raises(UsageError) as e:
         load_rubric(str(path))
     assert message in str(e.value) and "\n" not in str(e.value), str(e.value)

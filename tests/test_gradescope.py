@@ -96,6 +96,8 @@ def test_zip_layout(two_stages):
     assert cfg == {"stages": STAGES, "visibility": "visible"}
     assert not [n for n in names if n.startswith(("solutions/", "tests/"))]
     assert "grader/rubric.json" in names and "logs/reference/stage%s/metrics.jsonl" % STAGES[0] in names
+    # the measured figures the grader reads beside the rubric (its overlap bars, its parity tolerances)
+    assert {"grader/figures/overlap.json", "grader/figures/parity_spread.json"} <= set(names)
 
 
 def _points(stage_ids):

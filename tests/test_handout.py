@@ -15,6 +15,8 @@ import tarfile
 import pytest
 
 import make_handout
+import manifest
+from gradelib.rubric import load_rubric
 from helpers import BUILD, CORPUS, ROOT, STAGES
 
 BEGIN = re.compile(r"^\s*/\* BEGIN SOLUTION: .* \(HANDOUT\.md#stage-(\d\d)\) \*/\s*$")
@@ -127,6 +129,15 @@ def test_release_holds_its_stages_and_no_later_solution(release, tmp_path):
     assert not [n for n in names if n.startswith(("hwfsdp/solutions/", "hwfsdp/tests/mutants/"))]
     rubric = json.loads(read(out, "hwfsdp/grader/rubric.json"))
     assert sorted(rubric["stages"]) == [s.id for s in kept]
+    # the measured figures ship beside it, cut to the kept stages, and the release's grader accepts the pair
+    (tmp_path / "grader" / "figures").mkdir(parents=True)
+    for name in manifest.FIGURES:
+        rel = "grader/" + manifest.FIGURES[name][0]
+        (tmp_path / rel).write_text(read(out, "hwfsdp/" + rel))
+    (tmp_path / "grader" / "rubric.json").write_text(read(out, "hwfsdp/grader/rubric.json"))
+    shipped = load_rubric(str(tmp_path / "grader" / "rubric.json"))
+    assert sorted(shipped["parity_spread"]["runs"]) == [s.id for s in kept]
+    assert shipped["overlap_figures"] == manifest.rubric()["overlap_figures"]
     # a starter holds the solutions of the stages before it, so a release may hold a stage's
     # solution only if that stage was handed out in an earlier release
     regions = solution_regions()
@@ -170,6 +181,9 @@ def test_full_handout_holds_every_stage(full_handout):
         {s.dir for s in STAGES}
     assert json.loads(read(out, "hwfsdp/grader/rubric.json")) == json.load(open(os.path.join(ROOT, "grader",
                                                                                              "rubric.json")))
+    for path in manifest.figure_paths():  # the measured figures the grader reads beside it, as they are
+        rel = os.path.relpath(path, ROOT)
+        assert read(out, "hwfsdp/" + rel) == open(path, encoding="utf-8").read(), rel
 
 
 def test_full_handout_starters_hold_no_solution_region(full_handout):

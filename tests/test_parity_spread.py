@@ -1,7 +1,7 @@
 """The loss and grad-norm tolerances come from the measured spread of correct runs (issue 33): every correct
 reordering in tests/mutants/equivalents.json scores full marks, the tolerance derivation gives the worked
 numbers, the grader holds a run to the reference and to the baseline with their own tolerances, a rubric
-without a measured spread is refused in one line, and the figures stored in grader/rubric.json (parity_spread)
+without a measured spread is refused in one line, and the figures stored in grader/figures/parity_spread.json
 are those a fresh measurement gives, within the band that BLAS kernels explain (issue 45: the figures of one CPU's
 kernel are not pinned).
 
@@ -20,7 +20,7 @@ import pytest
 
 import manifest
 import parity_spread as ps  # tools/
-from gradelib.checks import series_check
+from gradelib.checks.parity import series_check
 from gradelib.rubric import (MAIN_RUN, SPREAD_FLOOR, load_rubric, parity_metrics, parity_tolerances,
                              round_up_one_digit, stage_variants, tolerance_from_spread)
 from gradelib.util import CheckFailed, UsageError
@@ -44,7 +44,7 @@ def rubric_file(tmp_path, edit):
     rubric = json.loads(json.dumps(RUBRIC))
     edit(rubric)
     path = tmp_path / "rubric.json"
-    path.write_text(json.dumps(rubric, indent=2))  # top-level keys indented 2, as the tool finds them in rubric.json
+    manifest.save(rubric, str(path))  # the spec, and the measured figures beside it (figures/parity_spread.json)
     return path
 
 
@@ -285,11 +285,12 @@ def test_check_names_a_figure_that_differs(tmp_path):
     assert "beyond what BLAS kernels explain (band " in differs[0], differs
     assert any(l.startswith("moved: stage 02 main grad_norm: gap_base stored %s" % moved) and "within the BLAS band"
                in l for l in p.stdout.splitlines()), p.stdout
-    before = path.read_text()
+    before, before_figures = path.read_text(), manifest.load(str(path))
     p = subprocess.run([sys.executable, TOOL, "--write", "--stage", "02", "--rubric", str(path)], cwd=ROOT,
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    after = json.loads(path.read_text())
+    assert path.read_text() == before  # the hand-written rubric is never written
+    after = manifest.load(str(path))
     runs, want = after["parity_spread"]["runs"]["02"], RUBRIC["parity_spread"]["runs"]["02"]
     assert sorted(runs) == sorted(want)
     for run in want:
@@ -298,4 +299,7 @@ def test_check_names_a_figure_that_differs(tmp_path):
             for key, _by in ps.FIGURES:  # this machine's measurement: the stored one within the BLAS band
                 assert abs(runs[run][metric][key] - st[key]) <= allowed, (run, metric, key, runs[run][metric], st)
     assert {k: v for k, v in after.items() if k != "parity_spread"} == \
-        {k: v for k, v in json.loads(before).items() if k != "parity_spread"}
+        {k: v for k, v in before_figures.items() if k != "parity_spread"}
+    # the other stages' figures as they were: the file is written whole, from the stored block and this measurement
+    assert {k: v for k, v in after["parity_spread"]["runs"].items() if k != "02"} == \
+        {k: v for k, v in before_figures["parity_spread"]["runs"].items() if k != "02"}

@@ -150,8 +150,8 @@ def test_mixed_precision_halves_traffic_and_unsharded_memory(runs):
     high = {k: unsharded_param_high(o) for k, o in out.items()}
     assert high["fp32"] > 0 and high["fp32"] == 2 * high["bf16"], high
     # this test's own bounds, round and loose (world 3 is not a graded configuration; the grader's tolerances are
-    # measured per graded run: rubric.json parity_spread): a bfloat16 reduce moves the grad norm off the
-    # float32-reduce baseline by about bfloat16's precision (2.9e-4 at the graded world 4)
+    # measured per graded run: grader/figures/parity_spread.json): a bfloat16 reduce moves the grad norm off
+    # the float32-reduce baseline by about bfloat16's precision (2.9e-4 at the graded world 4)
     for name, base_flags, loss_tol, norm_tol in [("fp32", [], 1e-5, 1e-4), ("bf16", ["--param-dtype=bf16"], 1e-5, 1e-4),
                                                  ("both", ["--param-dtype=bf16"], 1e-4, 3e-3)]:
         ref = metrics(baseline(runs, 3, base_flags))

@@ -5,7 +5,7 @@
 It compares what the program determines, bit for bit, and leaves out what the machine does:
   metrics.jsonl        every field but step_ms and tokens_per_s (wall clock; model_step_ms is compared);
                        the BLAS-dependent ones (loss, grad_norm, the clip coefficients) within the band measured
-                       across OpenBLAS kernels (grader/rubric.json parity_spread: band, per stage, run and
+                       across OpenBLAS kernels (grader/figures/parity_spread.json: band, per stage, run and
                        metric; tools/parity_spread.py; never below float32's resolution 2**-23), since another
                        machine's OpenBLAS picks another kernel and rounds differently in the last bits: each
                        file is reported as equal or within the band
@@ -33,6 +33,7 @@ import os
 import sys
 
 import repo_paths  # noqa: F401  (grader/ on sys.path: the trace's words)
+import manifest
 from gradelib.rubric import MAIN_RUN, RUBRIC_PATH, SPREAD_FLOOR
 from gradelib.util import rel
 from trace_names import WALL_ARGS
@@ -57,13 +58,14 @@ def metrics(text):
 
 
 class Bands:
-    """The measured BLAS band of each (stage, run, metric) from the rubric's parity_spread block; a run the block
+    """The measured BLAS band of each (stage, run, metric) from the rubric's parity_spread figures; a run they
     does not hold (a reference run the grader does not grade, e.g. stage05/no_ac) gets the largest band of that
     metric over all runs, and says so."""
 
     def __init__(self, rubric_path):
-        with open(rubric_path, encoding="utf-8") as fh:  # OSError, ValueError: main says it in one line
-            runs = (json.load(fh).get("parity_spread") or {}).get("runs") or {}
+        # the rubric with its measured figures (grader/figures/parity_spread.json beside it); ManifestError is a
+        # ValueError: main says it in one line
+        runs = (manifest.load(rubric_path).get("parity_spread") or {}).get("runs") or {}
         self.runs = runs if isinstance(runs, dict) else {}
         self.widest = {}  # (metric, field) -> the largest over all runs
         for by_run in self.runs.values():
@@ -304,7 +306,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description="Compare two reference trees on what the program determines.")
     ap.add_argument("old", help="the published tree (logs/reference)")
     ap.add_argument("new", help="a rebuilt tree (make_reference.py --out DIR)")
-    ap.add_argument("--rubric", default=RUBRIC_PATH, help="the rubric whose parity_spread bands bound the "
+    ap.add_argument("--rubric", default=RUBRIC_PATH, help="the rubric whose parity_spread bands (figures/parity_spread.json beside it) bound the "
                     "BLAS-dependent metrics (default grader/rubric.json)")
     args = ap.parse_args(argv)
     for d in (args.old, args.new):

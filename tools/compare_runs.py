@@ -3,7 +3,7 @@
 same configuration, step by step (make gpu-check: RUN_A on the CPU, RUN_B on the GPU).
 
 Tolerances (--stage NN): the ones the grader accepts between correct implementations of stage NN's grading
-configuration, measured on the CPU (rubric.json parity_spread: BLAS threads, CPU kernels and reorderings of
+configuration, measured on the CPU (grader/figures/parity_spread.json: BLAS threads, CPU kernels and reorderings of
 the solution) times its margin. A GPU sums in yet another order (block reductions, cuBLAS tiling), which is
 one more correct implementation: measured on an H100, the GPU runs differ from the CPU ones by at most
 2.1e-8 (loss) and 6.7e-8 (grad norm) relative over ten steps, inside every stage's band (>= 1.2e-6). A wrong
@@ -20,6 +20,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "grader"))
+import manifest  # noqa: E402
 from gradelib.rubric import tolerance_from_spread  # noqa: E402
 
 METRICS = ("loss", "grad_norm")
@@ -43,11 +44,10 @@ def rel(a, b):
 
 def tolerances(stage):
     """{metric: relative tolerance} of stage's main run (None: the loosest over every stage and run)."""
-    with open(os.path.join(ROOT, "grader", "rubric.json")) as f:
-        ps = json.load(f)["parity_spread"]
+    ps = manifest.load()["parity_spread"]
     runs = ps["runs"]
     if stage is not None and stage not in runs:
-        raise KeyError("rubric.json parity_spread has no stage %s (stages: %s)" % (stage, ", ".join(sorted(runs))))
+        raise KeyError("grader/figures/parity_spread.json has no stage %s (stages: %s)" % (stage, ", ".join(sorted(runs))))
     out = {}
     for m in METRICS:
         spreads = [r[m]["spread_ref"] for r in runs[stage].values() if m in r] if stage else [

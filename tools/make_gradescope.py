@@ -76,6 +76,7 @@ def main(argv=None):
     out = args.out or os.path.join(ROOT, "dist", "hwfsdp-gradescope%s.zip" % tag)
     files = [f for f in make_handout.tracked_files() if not f.startswith(make_handout.INSTRUCTORS_ONLY)
              and not make_handout.dropped_path(f, dropped) and not f.startswith(("tests/", "fuzz/", ".ci/"))]
+    rubric_files = make_handout.release_rubric(kept) if dropped else {}  # the rubric and its figures, kept stages
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
 
     def add(z, name, data, mode=0o644):
@@ -89,8 +90,8 @@ def main(argv=None):
             path = os.path.join(ROOT, f)
             if not os.path.exists(path):
                 continue
-            if dropped and f == "grader/rubric.json":
-                data = make_handout.release_rubric(kept)
+            if dropped and f in rubric_files:
+                data = rubric_files[f]
             elif dropped and f == "logs/reference/MANIFEST.json":
                 with open(path, "rb") as fh:
                     data = make_handout.reference_manifest(fh.read(),

@@ -12,8 +12,8 @@ stubs every stage up to NN, and a student who did the earlier stages carries the
 forward (make carry STAGE=NN).
 
 With --release NN: a staged release for a course that hands out one stage at a time, holding
-stages 01..NN only: their starters, their reference logs, and a rubric (grader/rubric.json)
-that lists only them. Its starters are generated here from solutions/: stage N's starter
+stages 01..NN only: their starters, their reference logs, and a rubric (grader/rubric.json, with
+its measured figures in grader/figures/) that lists only them. Its starters are generated here from solutions/: stage N's starter
 contains the solutions of the stages before N (being stuck never blocks the next stage), so
 release N is published after stage N-1's deadline. --no-earlier-solutions ships the
 committed, answer-free starters instead (students then carry their own files forward).
@@ -72,9 +72,10 @@ def dropped_path(path, dropped):
 
 
 def release_rubric(kept):
-    """rubric.json with only the kept stages (the main job falls back to the last kept one)."""
-    with open(manifest.RUBRIC_PATH, encoding="utf-8") as fh:
-        rubric = json.load(fh)
+    """{path: bytes}: grader/rubric.json with only the kept stages (the main job falls back to the last kept one)
+    and the measured figures beside it (grader/figures/) as they go with it: the parity spreads of the kept
+    stages' runs, the overlap figures as they are."""
+    rubric = manifest.load()
     rubric["stages"] = {k: v for k, v in rubric["stages"].items() if k in kept}
     if rubric.get("main_job", {}).get("stage") not in kept:
         rubric["main_job"] = dict(rubric.get("main_job", {}), stage=kept[-1])
@@ -84,7 +85,12 @@ def release_rubric(kept):
         runs = rubric["parity_spread"].get("runs") or {}
         rubric["parity_spread"]["runs"] = {k: v for k, v in runs.items() if k in kept}
     manifest.validate_stages(rubric, "the release's rubric.json")
-    return (json.dumps(rubric, indent=2, ensure_ascii=False) + "\n").encode()
+    out = {"grader/rubric.json": (json.dumps({k: v for k, v in rubric.items() if k not in manifest.FIGURES},
+                                             indent=2, ensure_ascii=False) + "\n").encode()}
+    for name, (path, _, _) in manifest.FIGURES.items():
+        if name in rubric:
+            out["grader/" + path] = manifest.figures_text(name, rubric[name]).encode()
+    return out
 
 
 def release_starters(kept):
@@ -127,6 +133,7 @@ def main(argv=None):
     out = args.out or os.path.join(ROOT, "dist", "hwfsdp-handout.tar.gz" if release is None
                                    else "hwfsdp-release-%s.tar.gz" % release)
     files = [f for f in tracked_files() if not f.startswith(INSTRUCTORS_ONLY) and not dropped_path(f, dropped)]
+    rubric_files = release_rubric(kept) if dropped else {}  # the rubric and its figures, of the kept stages
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with tarfile.open(out + ".tmp", "w:gz") as tar:
         for f in files:
@@ -136,8 +143,8 @@ def main(argv=None):
             data = None
             if f in generated:
                 data = generated[f]
-            elif dropped and f == "grader/rubric.json":
-                data = release_rubric(kept)
+            elif dropped and f in rubric_files:
+                data = rubric_files[f]
             elif dropped and f == "logs/reference/MANIFEST.json":
                 with open(path, "rb") as fh:
                     data = reference_manifest(fh.read(), lambda p: not dropped_path(p, dropped))

@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""The solutions' overlap figures, measured: what grader/rubric.json's overlap_figures must say.
+"""The solutions' overlap figures, measured: what grader/figures/overlap.json must say.
 
 Every overlap check's bar is a share of the solution's own figure on the same run (the modelled
-clock makes it one fixed number per program), so the rubric keeps those figures at full precision.
+clock makes it one fixed number per program), so grader/figures/overlap.json keeps those figures at full
+precision, beside the rubric (grader/manifest.py reads both).
 After a change to the runtime's cost model, the device profile, a solution or the variants:
 
-    tools/overlap_figures.py            grade the solutions, print the figures, exit 1 if the rubric differs
-    tools/overlap_figures.py --write    the same, and rewrite overlap_figures' "solutions" and "variants"
+    tools/overlap_figures.py            grade the solutions, print the figures, exit 1 if the stored ones differ
+    tools/overlap_figures.py --write    the same, and write grader/figures/overlap.json whole ("solutions" and
+                                        "variants" measured, "mutants" kept)
     tools/overlap_figures.py --from D   read an existing grade.py --solutions output D instead of grading
 
 A stage's figures list each overlap check it grades, on every run whose trace has transfers of the
@@ -14,9 +16,7 @@ kind (0 where the solution overlaps nothing: such a run is not graded on the che
 entries are measured by tests/test_grader.py and left as they are.
 """
 import argparse
-import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -30,7 +30,13 @@ from gradelib.rubric import stage_variants
 from gradelib.runner import RunResult
 from gradelib.util import CheckFailed
 
-RUBRIC = os.path.join(ROOT, "grader", "rubric.json")
+RUBRIC = manifest.RUBRIC_PATH
+ABOUT = ("What the overlap checks read (grader/gradelib/checks/overlap.py overlap_figures), per check: [the share of "
+         "the compute under the transfers (graded: the bar is overlap_share_min of it on the same run), the share of "
+         "the transfers' time under compute (printed)], to 10 significant digits, on the main run (solutions) and "
+         "every variant (variants) whose trace has transfers of the kind; mutants: what tests/test_grader.py measures "
+         "of some mutants of tests/mutants/mutants.json (kept as they are by --write). Why the bar sits there: "
+         "INSTRUCTORS.md, \"The overlap bar\".")
 
 
 def measure(rubric, out):
@@ -64,30 +70,31 @@ def _fmt(figs):
     return "{%s}" % ", ".join('"%s": [%s]' % (k, ", ".join("%.10g" % x for x in v)) for k, v in figs.items())
 
 
-def render(measured, indent="    "):
-    """The "solutions" and "variants" members as rubric.json writes them (one run per line)."""
-    lines = [indent + '"solutions": {']
+def render(measured):
+    """The "solutions" and "variants" members, one run per line (what the tool prints)."""
+    lines = ['"solutions": {']
     sol = measured["solutions"]
-    lines += ['%s  "%s": %s%s' % (indent, sid, _fmt(f), "," if i < len(sol) - 1 else "") for i, (sid, f) in enumerate(sol.items())]
-    lines += [indent + "},", indent + '"variants": {']
+    lines += ['  "%s": %s%s' % (sid, _fmt(f), "," if i < len(sol) - 1 else "") for i, (sid, f) in enumerate(sol.items())]
+    lines += ["},", '"variants": {']
     var = measured["variants"]
     for i, (sid, runs) in enumerate(var.items()):
-        lines.append('%s  "%s": {' % (indent, sid))
-        lines += ['%s    "%s": %s%s' % (indent, v, _fmt(f), "," if j < len(runs) - 1 else "") for j, (v, f) in enumerate(runs.items())]
-        lines.append("%s  }%s" % (indent, "," if i < len(var) - 1 else ""))
-    lines.append(indent + "},")
+        lines.append('  "%s": {' % sid)
+        lines += ['    "%s": %s%s' % (v, _fmt(f), "," if j < len(runs) - 1 else "") for j, (v, f) in enumerate(runs.items())]
+        lines.append("  }%s" % ("," if i < len(var) - 1 else ""))
+    lines.append("}")
     return "\n".join(lines)
 
 
-def write(measured, path=RUBRIC):
-    text = open(path, encoding="utf-8").read()
-    m = re.search(r'\n    "solutions": \{.*?\n    "variants": \{.*?\n    \},\n', text, re.S)
-    if not m or '"overlap_figures"' not in text[:m.start()]:
-        sys.exit("overlap_figures.py: cannot find overlap_figures' solutions/variants in %s" % path)
-    new = text[:m.start()] + "\n" + render(measured) + "\n" + text[m.end():]
-    json.loads(new)  # still JSON
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(new)
+def block(rubric, measured):
+    """The whole overlap_figures block: the measured solutions and variants, the stored mutants."""
+    stored = rubric.get("overlap_figures") or {}
+    return {"about": ABOUT, "solutions": measured["solutions"], "variants": measured["variants"],
+            "mutants": stored.get("mutants", {})}
+
+
+def write(rubric, measured, path=RUBRIC):
+    """Write grader/figures/overlap.json (of the rubric at `path`) whole; the path written."""
+    return manifest.write_figures("overlap_figures", block(rubric, measured), path)
 
 
 def _flat(figs):
@@ -109,16 +116,17 @@ def differences(rubric, measured):
     for key in sorted(set(got) | set(have), key=str):
         a, b = got.get(key), have.get(key)
         if a is None or b is None or any(abs(x - y) > 1e-9 * abs(y) for x, y in zip(a, b)):
-            out.append("%s: measured %s, rubric.json says %s" % (" ".join(str(x) for x in key if x), a, b))
+            out.append("%s: measured %s, %s says %s" % (" ".join(str(x) for x in key if x), a,
+                                                       manifest.FIGURES["overlap_figures"][0], b))
     return out
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--write", action="store_true", help="rewrite rubric.json's figures")
+    ap.add_argument("--write", action="store_true", help="write grader/figures/overlap.json")
     ap.add_argument("--from", dest="src", help="a grade.py --solutions output to read instead of grading")
     args = ap.parse_args(argv)
-    rubric = manifest.load_json(RUBRIC)
+    rubric = manifest.load(RUBRIC)
     with tempfile.TemporaryDirectory(prefix="overlap_figures.") as tmp:
         out = args.src
         if out is None:
@@ -131,8 +139,7 @@ def main(argv=None):
     print(render(measured))
     diff = differences(rubric, measured)
     if args.write:
-        write(measured)
-        print("overlap_figures.py: wrote %s" % os.path.relpath(RUBRIC, ROOT))
+        print("overlap_figures.py: wrote %s" % os.path.relpath(write(rubric, measured), ROOT))
         return 0
     for line in diff:
         print("differs: " + line)

@@ -28,7 +28,8 @@ reference within tolerance_from_spread(spread_ref) and with the baseline within 
 to one significant digit.
 
   (default)  print the figures and the tolerances they give
-  --write    store them in grader/rubric.json's parity_spread block (the rest of the file is left as it is)
+  --write    store them in grader/figures/parity_spread.json, written whole (the stages not measured kept as
+             stored; grader/rubric.json, the hand-written spec, is not touched)
   --check    exit 1 naming every run whose stored figures differ from this measurement by more than the BLAS
              band (the larger of the stored and the measured one) explains, or that has none; a figure that moved
              within the band is named as such and is no failure
@@ -100,24 +101,14 @@ def grad_state_values(run_dir):
     return values
 
 
-ABOUT = ("The loss and grad-norm tolerances, measured (tools/parity_spread.py; HANDOUT.md#grading, INSTRUCTORS.md). "
-         "Per stage, run (main: the grading configuration; then each variant the stage lists) and metric: "
-         "spread_ref is the largest relative difference from the reference log, over the steps of every correct run "
-         "of that configuration, and gap_base the largest from the non-sharded baseline; ref_by / base_by name the "
-         "run it came from. The correct runs: the solution as the grader runs it, under --blas-threads %s and "
-         "under OPENBLAS_CORETYPE=%s, and each reordering of the solution that "
-         "tests/mutants/equivalents.json lists for the stage (the same program but for the order of its "
-         "floating-point operations). The grader compares a run with the reference within tol(spread_ref) and with "
-         "the baseline within tol(gap_base), where tol(x) = max(x, 2**-23) x margin, rounded up to one significant "
-         "digit (grader/gradelib/rubric.py tolerance_from_spread; 2**-23 is float32's resolution: the reference "
-         "prints 9 digits and another machine's BLAS may round differently). band is how far spread_ref and gap_base "
-         "may move on a machine whose OpenBLAS picks another kernel (the largest difference between runs of the same "
-         "program on other BLAS settings or machines: the solution's runs and the reference log, plus the "
-         "baseline's runs): parity_spread.py --check allows that "
-         "much; grad_state_band is the same for the gradient-state probes of the memory snapshots (runs with "
-         "--grad-accum or --pp); make reference-check compares with both; the grader reads neither. The clip coefficient is compared with "
-         "the reference within the grad norm's tolerance. Written by tools/parity_spread.py --write; re-measure "
-         "after any change to the solutions, the runtime or the stages and variants (after make reference)."
+ABOUT = ("The loss and grad-norm tolerances, measured: per stage, run (main: the grading configuration; then each "
+         "variant the stage lists) and metric, spread_ref (the largest relative difference of a correct run from the "
+         "reference log) and gap_base (from the non-sharded baseline), ref_by / base_by (the run each came from), "
+         "band (how far both may move under another BLAS kernel) and grad_state_band (the same for the gradient-state "
+         "probes). The correct runs: the solution under --blas-threads %s and OPENBLAS_CORETYPE=%s, and the "
+         "reorderings of tests/mutants/equivalents.json. The grader's tolerance is max(x, 2**-23) x margin, rounded up "
+         "to one digit (grader/gradelib/rubric.py tolerance_from_spread). What each figure means and how it is "
+         "measured: INSTRUCTORS.md, \"The loss and grad-norm tolerances are measured\"."
          % (", ".join(map(str, BLAS_THREADS)), ", ".join(CORETYPES)))
 
 
@@ -424,54 +415,13 @@ def merged_block(rubric, figures):
     return {"about": ABOUT, "margin": margin_of(rubric), "runs": runs}
 
 
-def block_text(block):
-    """The block as rubric.json holds it: one line per run and metric."""
-    lines = ['  "parity_spread": {', '    "about": %s,' % json.dumps(block["about"], ensure_ascii=False),
-             '    "margin": %s,' % json.dumps(block["margin"]), '    "runs": {']
-    stages = list(block["runs"])
-    for i, stage in enumerate(stages):
-        lines.append('      %s: {' % json.dumps(stage))
-        runs = list(block["runs"][stage])
-        for j, run in enumerate(runs):
-            lines.append('        %s: {' % json.dumps(run))
-            metrics = list(block["runs"][stage][run])
-            for k, metric in enumerate(metrics):
-                lines.append('          %s: %s%s' % (json.dumps(metric), json.dumps(block["runs"][stage][run][metric]),
-                                                     "," if k + 1 < len(metrics) else ""))
-            lines.append('        }%s' % ("," if j + 1 < len(runs) else ""))
-        lines.append('      }%s' % ("," if i + 1 < len(stages) else ""))
-    lines += ['    }', '  }']
-    return "\n".join(lines)
-
-
-def _value_span(text, key):
-    """(start of the line holding the top-level "key":, end of its value) in rubric.json's text, or None."""
-    m = re.search(r'^  %s:\s*' % re.escape(json.dumps(key)), text, re.M)
-    if not m:
-        return None
-    _, end = json.JSONDecoder().raw_decode(text, m.end())
-    return m.start(), end
-
-
 def write_block(path, block):
-    """Store the block in the rubric file: replace the parity_spread block, or add it after the tolerances;
-    every other byte of the file stays as it is."""
-    with open(path, encoding="utf-8") as fh:
-        text = fh.read()
-    new = block_text(block)
-    span = _value_span(text, "parity_spread")
-    if span:
-        text = text[:span[0]] + new + text[span[1]:]
-    else:
-        span = _value_span(text, "tolerances")
-        if not span:
-            raise Fatal("%s has no top-level tolerances block to add parity_spread after" % relpath(path))
-        text = text[:span[1]] + ",\n" + new + text[span[1]:]
-    if json.loads(text).get("parity_spread") != block:
-        raise Fatal("%s: the block did not read back as written (not writing)" % relpath(path))
-    with open(path + ".tmp", "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.replace(path + ".tmp", path)
+    """Store the block in the measured-figures file of the rubric at `path` (grader/figures/parity_spread.json
+    beside it), written whole; the path written."""
+    try:
+        return manifest.write_figures("parity_spread", block, path)
+    except manifest.ManifestError as e:
+        raise Fatal(str(e))
 
 
 def differences(rubric, figures):
@@ -516,7 +466,7 @@ def table(rubric, figures):
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="parity_spread.py", description=__doc__.split("\n\n")[0])
     mode = ap.add_mutually_exclusive_group()
-    mode.add_argument("--write", action="store_true", help="store the figures in the rubric's parity_spread block")
+    mode.add_argument("--write", action="store_true", help="store the figures in grader/figures/parity_spread.json")
     mode.add_argument("--check", action="store_true", help="exit 1 if the stored figures differ from a fresh measurement")
     ap.add_argument("--stage", action="append", default=[], help="measure this stage only (repeatable; default all)")
     ap.add_argument("--jobs", type=int, default=2, help="builds and runs at once (default 2)")
@@ -555,6 +505,7 @@ def main(argv=None):
     for n in m.notes:
         print("note: " + n)
     print("%d runs in %.0f s (OpenBLAS core %s)" % (m.runs_done, m.seconds, m.core or "unknown"))
+    stored = relpath(manifest.figures_path("parity_spread", args.rubric))
     if args.check:
         diff, moved = differences(rubric, figures)
         for line in moved:
@@ -562,17 +513,17 @@ def main(argv=None):
         for line in diff:
             print("differs: " + line)
         if diff:
-            print("%s: the stored spread is not this measurement: tools/parity_spread.py --write" % relpath(args.rubric))
+            print("%s: the stored spread is not this measurement: tools/parity_spread.py --write" % stored)
             return 1
-        print("%s: the stored spread matches%s" % (relpath(args.rubric), " within the BLAS band (%d figure%s moved)" % (
+        print("%s: the stored spread matches%s" % (stored, " within the BLAS band (%d figure%s moved)" % (
             len(moved), "" if len(moved) == 1 else "s") if moved else ""))
     elif args.write:
         try:
-            write_block(args.rubric, merged_block(rubric, figures))
+            stored = relpath(write_block(args.rubric, merged_block(rubric, figures)))
         except Fatal as e:
             print("parity_spread.py: error: %s" % e, file=sys.stderr)
             return 2
-        print("wrote %s parity_spread (%d stage%s)" % (relpath(args.rubric), len(figures),
+        print("wrote %s (%d stage%s)" % (stored, len(figures),
                                                        "" if len(figures) == 1 else "s"))
     return 0
 

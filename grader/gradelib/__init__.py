@@ -1,9 +1,11 @@
 """The hwFSDP autograder as a package (grader/grade.py is its command line).
 
-    rubric.py    grader/rubric.json: loading, checking, each stage's flags
+    rubric.py    grader/rubric.json (with the measured figures, through grader/manifest.py): checking it,
+                 each stage's flags
     runner.py    building a hw_fsdp.c and running it under limits; why a run failed
     context.py   what the checks read of a run: its files, the reference logs, the baseline
-    checks.py    the checks, each declared with its key and label (@check), and run_check
+    checks/      the checks, one module per feature, each declared with its key and label (@check), and
+                 run_check (checks/__init__.py lists the modules)
     cli.py       the arguments, the grading loop, the printed lines and results.json
     util.py      small helpers every module uses (numbers, messages, paths, errors)
 

@@ -33,6 +33,8 @@ import threading
 import time
 import zipfile
 
+import manifest
+
 from .rubric import stage_variants
 from .runner import SANDBOX_UID_BASE, _proc_table, sandbox_reach_error
 from .util import NOT_GRADED, ROOT, fmt_points, one_line, relpath
@@ -147,6 +149,7 @@ def _input_files(reference, rubric_path):
     """Every file the grading of one student reads besides the student's: reference, rubric, grader,
     runtime sources and the built runtime, the data."""
     paths = [rubric_path, os.path.join(ROOT, "Makefile"), os.path.join(ROOT, "data", "corpus.txt")]
+    paths += manifest.figure_paths(rubric_path)  # the measured figures beside the rubric (grader/figures/)
     tops = [reference, os.path.join(ROOT, "grader"), os.path.join(ROOT, "common"), os.path.join(ROOT, "mk")]
     build = os.path.join(ROOT, os.environ.get("HWFSDP_BUILD", "build"))
     paths.append(os.path.join(build, "libhwfsdp.a"))

@@ -58,7 +58,7 @@ def grade_stage(rubric, stage, src, out_root, ref_root, runner, baselines):
 
     The binary runs on the grading configuration and then on each of the stage's variants
     (rubric.json "variants": another world, other flags) into run_dir/<variant>; a check a
-    variant lists, or one graded on every run (checks.py variants="every": the overlap checks, the host
+    variant lists, or one graded on every run (checks/ variants="every": the overlap checks, the host
     waits), passes only if it passes on the main run and on every such variant."""
     spec = rubric["stages"][stage]
     run_dir = os.path.join(out_root, "stage" + stage)

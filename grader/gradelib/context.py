@@ -102,7 +102,7 @@ class Context:
 
     def parity_tol(self, metric):
         """(tolerance against the reference log, tolerance against the baseline) of metric (loss, grad_norm) on
-        this run, from the spread measured between correct implementations (rubric.json parity_spread). With
+        this run, from the spread measured between correct implementations (grader/figures/parity_spread.json). With
         --cuda (a GPU sums in another order than the CPU the spreads were measured on) each is at least
         tolerances.cuda_<metric>_rel, a round number that is not measured: the loss and grad norm compare with
         the baseline on the same GPU, the clip coefficients with the (CPU) reference."""

@@ -13,7 +13,7 @@
 
 Each returns "" when its evidence is missing or cannot tell (an older reference, a trace that does not cover
 the step, a malformed file: the loaders in context.py say CheckFailed, caught here): the check then falls
-back to the ratio-based hints of checks.py. A hint only decorates a failed check's message.
+back to the ratio-based hints of checks/parity.py. A hint only decorates a failed check's message.
 """
 import math
 from fractions import Fraction

@@ -1,14 +1,17 @@
-"""grader/rubric.json for grading: loading it, checking it, and the command lines it gives each stage.
+"""grader/rubric.json for grading: loading it (through grader/manifest.py, its one reader, with the measured
+figures beside it), checking it, and the command lines it gives each stage.
 
 The stage entries' structure (folder, title, flags, prefetch, the main job) is checked by
 grader/manifest.py, which every tool shares; this module checks only what grading adds on
 top: the configuration, the limits, the tolerances, the checks and their points (a check's label,
-and whether a variant may run it, are declared with the check: checks.py), the no-AC reference.
+and whether a variant may run it, are declared with the check: checks/), the no-AC reference.
 A rubric that fails either is a UsageError of one line (exit status 2), never a crash mid-grading.
 """
 import math
 
 import manifest
+
+from manifest import stage_variants, variant_label  # noqa: F401  (the grader's modules import them from here)
 
 from .checks import CHECKS, blocking_stage
 from .util import UsageError, is_finite, is_int, one_line, relpath, short
@@ -27,7 +30,7 @@ TOLERANCE_KEYS = ["cuda_loss_rel", "cuda_grad_norm_rel", "peak_mem_band_rel", "o
                   "hook_memory_slack_min_bytes", "pp_bubble_slack"]
 
 # Loss and grad norm parity: the tolerances come from the spread measured between correct implementations
-# (tools/parity_spread.py, rubric.json "parity_spread"), per stage, run and metric.
+# (tools/parity_spread.py, grader/figures/parity_spread.json), per stage, run and metric.
 PARITY_METRICS = ("loss", "grad_norm")
 SPREAD_FLOOR = 2.0 ** -23  # float32's resolution: a spread is never counted below it (another machine's BLAS)
 MAIN_RUN = "main"  # parity_spread's name for a stage's run on the grading configuration
@@ -71,7 +74,7 @@ def parity_metrics(rubric, stage, variant=None):
 
 def parity_tolerances(rubric, stage, variant=None):
     """{metric: (tolerance against the reference log, tolerance against the non-sharded baseline)} of one run,
-    from its measured spread (rubric.json parity_spread: spread_ref, gap_base); a metric without figures is
+    from its measured spread (grader/figures/parity_spread.json: spread_ref, gap_base); a metric without figures is
     left out (load_rubric has refused a rubric that lacks one the run's checks need)."""
     block = _dict(rubric.get("parity_spread"))
     margin = block.get("margin")
@@ -86,11 +89,11 @@ def parity_tolerances(rubric, stage, variant=None):
 
 
 def load_rubric(path=RUBRIC_PATH, spread=True):
-    """The rubric, checked. Read on every call, not through manifest.rubric()'s cache: the tests load many
+    """The rubric with its measured figures (manifest.load), checked. Read on every call, not through manifest.rubric()'s cache: the tests load many
     rubrics from one path. spread=False: without the measured spreads (tools/parity_spread.py and
     make_reference.py, which run before there is one to read)."""
     try:
-        rubric = manifest.load_json(path)
+        rubric = manifest.load(path)
     except manifest.ManifestError as e:
         raise UsageError(one_line(str(e)))
     validate_rubric(rubric, relpath(path), spread=spread)
@@ -126,7 +129,7 @@ def validate_rubric(rubric, name, spread=True):
         obj(key, rubric.get(key))
     if "check_names" in rubric:  # a rubric from before the checks carried their labels: say where they went
         raise UsageError("%s: check_names is no longer read: each check's label is declared with the check "
-                         "(@check(key, label=...) in grader/gradelib/checks.py); delete the entry" % name)
+                         "(@check(key, label=...) in grader/gradelib/checks/); delete the entry" % name)
     for key, kind in CONFIG_KEYS.items():
         if key in OPTIONAL_CONFIG and key not in rubric["config"]:
             continue
@@ -268,15 +271,6 @@ def tolerances(rubric, variant=None):
     if variant:
         tol.update(rubric["variants"][variant].get("tolerances", {}))
     return tol
-
-
-def stage_variants(rubric, stage):
-    """The variants a stage is graded on besides its main configuration, in rubric order."""
-    return list(rubric["stages"][stage].get("variants", []))
-
-
-def variant_label(rubric, variant):
-    return rubric["variants"][variant]["label"] if variant else "the grading configuration"
 
 
 def config_flags(cfg):

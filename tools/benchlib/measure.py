@@ -506,7 +506,7 @@ HSDP_LINK = {"link_gbps": 10, "link_latency_us": 5, "inter_link_gbps": 1, "inter
 def layout_loss_rtol(*stage_ids):
     """How far (relative) the losses of runs that train the same model on the same batches over different parallel
     layouts may differ: each layout sums in its own order, and each correct run lies within the grader's measured
-    tolerance of the non-sharded baseline (grader/rubric.json parity_spread: the spread of correct runs over BLAS
+    tolerance of the non-sharded baseline (grader/figures/parity_spread.json: the spread of correct runs over BLAS
     kernels, thread counts and reorderings, times the margin), so two of them within the sum of their stages'
     tolerances. Runs on one layout that differ only in schedule sum in the same order: those agree bit for bit."""
     rubric = load_rubric()

@@ -1,0 +1,54 @@
+"""The check registry: @check(key, label=..., variants=..., clock=...) declares a check with all the grader
+knows of it, CHECKS holds them in the order they are declared (the package imports its feature modules in
+the order of the stage that first grades each check), run_check runs one and never lets it crash grading.
+"""
+from ..util import CheckFailed, one_line
+
+
+CHECKS = {}  # key -> Check, in the order defined here (a rubric naming an unknown key is told this list)
+
+
+class Check:
+    """One check: its function and what the rest of the grader reads of it.
+
+    key       how rubric.json, results.json ("key") and tests/mutants/mutants.json name it
+    label     the name the grader prints ("== stage 03 == <label>: OK"), results.json's "name"
+    variants  True: a variant may list it: it reads one run against that run's own reference and baseline,
+              or against the analytic model of the run's flags, so it holds at any world and flags (the
+              others compare with the grading configuration's runs or with the stage's schedule);
+              "every": a stage that grades it grades it on its main run and on every variant by itself
+              (no variant lists it), the check deciding where it applies
+    clock     True: it judges how long things took (the trace's ts and dur), which only the modelled clock
+              makes a property of the program; grade.py --cuda leaves it out of the score (cli.GPU_CLOCK_NOT_GRADED).
+              A check that reads only the order of events (ts as a sort key) is not a clock check.
+    """
+
+    def __init__(self, key, fn, label, variants, clock=False):
+        self.key, self.fn, self.label, self.variants, self.clock = key, fn, label, variants, clock
+
+    def __call__(self, ctx):
+        return self.fn(ctx)
+
+
+def check(key, *, label, variants=False, clock=False):
+    """Register the decorated function as the check `key`, printed as `label` (students and the reference
+    outputs see it: never change one lightly); clock=True if it judges durations (Check.clock)."""
+    assert variants in (False, True, "every"), variants
+    def register(fn):
+        if key in CHECKS:
+            raise ValueError("two checks named %s" % key)
+        if label in (c.label for c in CHECKS.values()):
+            raise ValueError("two checks labelled %s" % label)
+        CHECKS[key] = Check(key, fn, label, variants, clock)
+        return fn
+    return register
+
+
+def run_check(ctx, key):
+    """(ok, reason, detail) of one check, reason and detail one printable line each."""
+    try:
+        return True, "", one_line(CHECKS[key](ctx) or "")
+    except CheckFailed as e:
+        return False, one_line(str(e)) or "failed", ""
+    except Exception as e:  # a grader bug: a failed check that says so, not a crash (tests/test_grader_fuzz.py)
+        return False, one_line("could not check (%s: %s)" % (type(e).__name__, e)), ""

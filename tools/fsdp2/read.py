@@ -1,0 +1,214 @@
+"""What make fsdp2-check reads of the two runs: the C run's metrics, safetensors and trace (its collectives,
+backward all-gather issue points, pipeline pass orders and point-to-point transfers, in the grader's
+parsing), and the same from FSDP2's records, both named as the C runtime names its groups.
+"""
+import json
+import os
+
+from trace_names import (ALL_GATHER, ALL_REDUCE, BACKWARD_PHASES, COLLECTIVE, COMPUTE, FORWARD_PHASES, REDUCE_SCATTER,
+                         label_and_kind)
+
+from .runner import Failure
+
+
+def read_jsonl(path):
+    with open(path) as fh:
+        return [json.loads(l) for l in fh if l.strip()]
+
+
+def read_safetensors(path):
+    """{name: float32 numpy array} of a safetensors file: tools/torch_llama.py's reader (the tool runs
+    under a python with torch, see ensure_torch)."""
+    import torch_llama
+    try:
+        return torch_llama.read_safetensors_arrays(path)
+    except ValueError as e:
+        raise Failure(str(e))
+
+
+GRAD_NORM = "grad_norm"  # the label of the grad norm's all-reduce in the C trace, its module name in FSDP2's
+
+
+def group_name(ranks, mesh, world, pp=None):
+    """The C trace's name of the process group of these global ranks: without a mesh (mesh None) "world";
+    with --mesh R,S "shard<i>" (row i: ranks i*S .. i*S+S-1) or "replicate<j>" (column j: j, S+j, ..);
+    with --pp P "stage<p>" (stage p's S = W / P ranks p*S .. p*S+S-1).
+    Any other set: "ranks a,b,..", which no C trace names (the comparison then differs)."""
+    ranks = sorted(int(r) for r in ranks)
+    if pp:
+        S = world // pp
+        for p in range(pp):
+            if ranks == list(range(p * S, p * S + S)):
+                return "stage%d" % p
+    if mesh:
+        R, S = mesh
+        for i in range(R):
+            if ranks == [i * S + j for j in range(S)]:
+                return "shard%d" % i
+        for j in range(S):
+            if ranks == [i * S + j for i in range(R)]:
+                return "replicate%d" % j
+    elif ranks == list(range(world)):
+        return "world"
+    return "ranks " + ",".join(str(r) for r in ranks)
+
+
+def group_size(name, mesh, world, pp=None):
+    """How many ranks the group of a C trace name holds (shard<i>: S, replicate<j>: R, stage<p>: W / P, world: W)."""
+    if pp and name.startswith("stage"):
+        return world // pp
+    if name.startswith("ranks "):
+        return len(name.split(" ", 1)[1].split(","))
+    if mesh and name.startswith("shard"):
+        return mesh[1]
+    if mesh and name.startswith("replicate"):
+        return mesh[0]
+    return world
+
+
+def c_collective_events(cdir, rank):
+    """The collective events of the C run's trace_rank<r>.json, each with its label and kind ('<label>.<kind>')."""
+    with open(os.path.join(cdir, "trace_rank%d.json" % rank)) as fh:
+        events = json.load(fh).get("traceEvents", [])
+    return [(e, *label_and_kind(e["name"])) for e in events
+            if e.get("ph") == "X" and e.get("cat") == COLLECTIVE and "name" in e]
+
+
+def c_collectives(cdir, world, modules):
+    """Per rank {(step, microbatch, module, kind, phase, group, dtype, bytes): count} of the C trace (the grader's
+    parsing): the modules' all-gathers, reduce-scatters and all-reduces, and the grad norm's all-reduce."""
+    per_rank = []
+    for r in range(world):
+        counts = {}
+        for e, label, kind in c_collective_events(cdir, r):
+            if kind not in (ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE):
+                continue
+            if label not in modules and (label, kind) != (GRAD_NORM, ALL_REDUCE):
+                continue  # the checkpoint's gathers
+            a = e.get("args", {})
+            phase = a.get("phase")
+            phase = "forward" if phase in FORWARD_PHASES else "backward" if phase in BACKWARD_PHASES else phase
+            key = (a["step"], a.get("microbatch", -1), label, kind, phase, a.get("group", "world"),
+                   a.get("dtype", "f32"), a.get("bytes", -1))
+            counts[key] = counts.get(key, 0) + 1
+        per_rank.append(counts)
+    return per_rank
+
+
+def torch_collectives(ranks, profiled_steps, mesh, pp=None):
+    """FSDP2's counts per rank, keyed as c_collectives' (the groups' ranks named by group_name)."""
+    out = []
+    for rk in ranks:
+        counts = {}
+        for c in rk["collectives"]:
+            if c["step"] < profiled_steps or c["step"] < 0:
+                group = group_name(c["group"].split(","), mesh, len(ranks), pp)
+                key = (c["step"], c["microbatch"], c["module"], c["kind"], c["phase"], group, c["dtype"],
+                       c.get("bytes", -1))
+                counts[key] = counts.get(key, 0) + c["count"]
+        out.append(counts)
+    return out
+
+
+def without_single_rank_groups(per_rank, mesh, world, pp=None):
+    """(counts without the collectives in a group of one rank, how many were left out); any key whose element
+    5 is the group."""
+    kept, left_out = [], 0
+    for counts in per_rank:
+        k = {}
+        for key, n in counts.items():
+            if group_size(key[5], mesh, world, pp) == 1:
+                left_out += n
+            else:
+                k[key] = n
+        kept.append(k)
+    return kept, left_out
+
+
+def c_backward_gathers(cdir, world, modules):
+    """Per rank {(step, microbatch, module gathered, hook module, hook phase): count} of the all-gathers the C
+    trace has in the backward: args.module and args.phase name the host hook that issued each."""
+    per_rank = []
+    for r in range(world):
+        counts = {}
+        for e, label, kind in c_collective_events(cdir, r):
+            a = e.get("args", {})
+            if kind != ALL_GATHER or label not in modules or a.get("phase") not in BACKWARD_PHASES:
+                continue
+            key = (a["step"], a.get("microbatch", -1), label, a.get("module", "?"), a["phase"])
+            counts[key] = counts.get(key, 0) + 1
+        per_rank.append(counts)
+    return per_rank
+
+
+def torch_backward_gathers(ranks, profiled_steps):
+    return [{(g["step"], g["microbatch"], g["module"], g["hook_module"], g["hook_phase"]): g["count"]
+             for g in rk.get("backward_all_gathers", []) if g["step"] < profiled_steps} for rk in ranks]
+
+
+PASS_LETTERS = {"forward": "F", "backward": "B"}  # a compute event's args.phase -> the pass it belongs to
+
+
+def read_trace_events(cdir, rank):
+    with open(os.path.join(cdir, "trace_rank%d.json" % rank)) as fh:
+        return json.load(fh).get("traceEvents", [])
+
+
+def _int(x):
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def c_pass_orders(events):
+    """{step: [(F | B, microbatch), ..]}: the forwards and backwards whose kernels ran, in time order (the compute
+    events of phase forward / backward with a microbatch; consecutive kernels of one pass collapsed; a
+    recompute's kernels, phase recompute, are not a pass)."""
+    out = {}
+    passes = [e for e in events if e.get("ph") == "X" and e.get("cat") == COMPUTE
+              and e.get("args", {}).get("phase") in PASS_LETTERS and _int(e["args"].get("microbatch"))
+              and _int(e["args"].get("step"))]
+    for e in sorted(passes, key=lambda e: e["ts"]):
+        a = e["args"]
+        order = out.setdefault(a["step"], [])
+        token = (PASS_LETTERS[a["phase"]], a["microbatch"])
+        if not order or order[-1] != token:
+            order.append(token)
+    return out
+
+
+def parse_p2p(text):
+    """A p2p event's args.p2p, "send 2 0 act;recv 2 1 grad", as [(send | recv, peer, microbatch, label), ..]."""
+    items = []
+    for item in text.split(";"):
+        f = item.split()
+        if len(f) != 4 or f[0] not in ("send", "recv"):
+            raise Failure("a p2p item %r: not 'send|recv peer microbatch label'" % item)
+        try:
+            items.append((f[0], int(f[1]), int(f[2]), f[3]))
+        except ValueError:
+            raise Failure("a p2p item %r: peer and microbatch are not numbers" % item)
+    return items
+
+
+def c_p2p_groups(events):
+    """{step: [group, ..]}: each p2p event of a rank's trace (a dev_group, or a lone send or receive) as its
+    items (parse_p2p), in the trace's order."""
+    out = {}
+    for e in events:
+        a = e.get("args", {})
+        if e.get("ph") == "X" and e.get("cat") == COLLECTIVE and a.get("p2p") and _int(a.get("step")):
+            out.setdefault(a["step"], []).append(parse_p2p(a["p2p"]))
+    return out
+
+
+def torch_pipeline(ranks, what):
+    """Per rank {step: [..]} of rank<r>.json's pipeline.passes or pipeline.p2p, items as tuples."""
+    out = []
+    for rk in ranks:
+        per = {}
+        for step, xs in enumerate(rk["pipeline"][what]):
+            if what == "passes":
+                per[step] = [tuple(x) for x in xs]
+            else:
+                per[step] = [[tuple(i) for i in g] for g in xs]
+        out.append(per)
+    return out

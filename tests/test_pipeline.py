@@ -18,7 +18,7 @@ import subprocess
 
 import pytest
 
-from gradelib.checks import activation_peaks
+from gradelib.trace_model import activation_peaks
 from helpers import BASELINE, CORPUS, ROOT, SOLVED, metrics, run_train, snapshot, solution_bin, trace_events
 
 # the pipeline stages, by what the manifest says of them: the one that keeps the params between passes (12's

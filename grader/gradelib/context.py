@@ -15,6 +15,7 @@ from trace_names import COLLECTIVE
 
 from .rubric import (MAIN_RUN, REMEASURE, baseline_flags, parity_tolerances, stage_config, stage_only_flags,
                      tolerances, variant_label)
+from .trace_model import Trace, TraceError, by_rank, checked_slices
 from .util import CheckFailed, fmt_bytes, is_finite, is_int, is_num, mp_policy, one_line, read_json, relpath, short
 
 
@@ -180,18 +181,14 @@ class Context:
         return self._memo(("refmem", rank), load)
 
     def reference_trace(self):
-        """{rank: [slice]} of the reference's trace (trace.json.gz: every rank, pid = rank), its "X" events."""
+        """{rank: [slice]} of the reference's trace (trace.json.gz: every rank, pid = rank), its well-formed "X"
+        events."""
         def load():
             path, data = self._reference_gz("trace.json.gz")
-            events = data.get("traceEvents") if isinstance(data, dict) else None
-            if not isinstance(events, list):
+            if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
                 raise CheckFailed("%s has no traceEvents (instructors: make reference)" % relpath(path))
-            out = {}
-            for e in events:
-                if isinstance(e, dict) and e.get("ph") == "X" and is_int(e.get("pid")) and is_finite(e.get("ts")) \
-                        and is_finite(e.get("dur")) and isinstance(e.get("args"), dict):
-                    out.setdefault(e["pid"], []).append(e)
-            return out
+            return by_rank(e for e in Trace(data).events if is_int(e.get("pid")) and is_finite(e.get("ts"))
+                           and is_finite(e.get("dur")) and isinstance(e.get("args"), dict))
         return self._memo("reftrace", load)
 
     def hook_memory(self, rank, reference=False):
@@ -248,39 +245,13 @@ class Context:
         return out
 
     def trace(self, rank):
+        """The rank's slices (trace_rank<r>.json), each checked (trace_model.checked_slices)."""
         def load():
             name = "trace_rank%d.json" % rank
-            events = read_json(self.path(name)).get("traceEvents", [])
-            if not isinstance(events, list):
-                raise CheckFailed("%s: traceEvents is not a list" % name)
-            out = []
-            for i, e in enumerate(events):
-                if not isinstance(e, dict):
-                    raise CheckFailed("%s: event %d is not a JSON object" % (name, i))
-                if e.get("ph") != "X":
-                    continue
-                where = "%s: event %d" % (name, i)
-                if not isinstance(e.get("name"), str):
-                    raise CheckFailed("%s has no name" % where)
-                for key in ("ts", "dur"):
-                    if not is_finite(e.get(key)) or (key == "dur" and e[key] < 0):
-                        raise CheckFailed("%s (%s): %s is %s, not a finite%s number" % (
-                            where, one_line(e["name"], 80), key, short(e.get(key)), " non-negative" if key == "dur" else ""))
-                args = e.get("args", {})
-                if not isinstance(args, dict):
-                    raise CheckFailed("%s (%s): args is not a JSON object" % (where, one_line(e["name"], 80)))
-                bad = [k for k in ("module", "phase", "group", "op") if k in args and not isinstance(args[k], str)]
-                if "bytes" in args and not (is_int(args["bytes"]) and 0 <= args["bytes"] < 2 ** 53):
-                    bad.append("bytes")
-                if "step" in args and not is_int(args["step"]) or e.get("cat") == COLLECTIVE and "step" not in args:
-                    bad.append("step")
-                if "microbatch" in args and not (is_int(args["microbatch"]) and 0 <= args["microbatch"] < 2 ** 31):
-                    bad.append("microbatch")
-                if bad:
-                    raise CheckFailed("%s (%s): args.%s is %s" % (where, one_line(e["name"], 80), bad[0],
-                                                                  short(args.get(bad[0]))))
-                out.append(e)
-            return out
+            try:
+                return checked_slices(read_json(self.path(name)), name)
+            except TraceError as e:
+                raise CheckFailed(str(e))
         return self._memo(("trace", rank), load)
 
     def notes(self, rank):

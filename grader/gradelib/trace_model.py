@@ -14,14 +14,17 @@ tests import them):
   schedule_order     the order a pipeline schedule defines (GPipe, 1F1B), ideal_bubble its idle share
   pipeline_bubble    the stages' mean idle share of one step (pp_bubble, pipeline.png, the bench)
   activation_peaks   the activation bytes live at once per step (a memory snapshot)
-Standard library only.
+checked_slices is the grader's strict reading of a trace a student's run wrote.
 """
 import glob
 import gzip
 import json
 import os
 
-from trace_names import BACKWARD_PHASES, COLLECTIVE, COMPUTE, COMPUTE_TID, FORWARD_PHASES, WAIT
+from trace_names import (BACKWARD_PHASES, COLLECTIVE, COMPUTE, COMPUTE_TID, FORWARD_PHASES, TAG_ACTIVATION, WAIT,
+                         label_and_kind)
+
+from .util import is_finite, is_int, one_line, short
 
 
 # ---- reading ----------------------------------------------------------------------------------------
@@ -50,6 +53,47 @@ class Trace:
             elif e.get("ph") == "M" and e.get("name") == "thread_name":
                 self.names[(e.get("pid"), e.get("tid"))] = (e.get("args") or {}).get("name")
         self.meta = doc.get("otherData") or {}
+
+
+class TraceError(ValueError):
+    """A trace that breaks the format the runtime writes (checked_slices): one line naming the file and event."""
+
+
+def checked_slices(doc, name):
+    """The slices ("ph": "X") of trace document `doc` (a file called `name`), each checked to be what the runtime
+    writes: a name, finite ts and dur (dur >= 0), args an object whose module/phase/group/op are strings, bytes
+    and microbatch non-negative integers, step an integer (present on every collective). TraceError on the first
+    that is not."""
+    events = doc.get("traceEvents", []) if isinstance(doc, dict) else None
+    if not isinstance(events, list):
+        raise TraceError("%s: traceEvents is not a list" % name)
+    out = []
+    for i, e in enumerate(events):
+        if not isinstance(e, dict):
+            raise TraceError("%s: event %d is not a JSON object" % (name, i))
+        if e.get("ph") != "X":
+            continue
+        where = "%s: event %d" % (name, i)
+        if not isinstance(e.get("name"), str):
+            raise TraceError("%s has no name" % where)
+        for key in ("ts", "dur"):
+            if not is_finite(e.get(key)) or (key == "dur" and e[key] < 0):
+                raise TraceError("%s (%s): %s is %s, not a finite%s number" % (
+                    where, one_line(e["name"], 80), key, short(e.get(key)), " non-negative" if key == "dur" else ""))
+        args = e.get("args", {})
+        if not isinstance(args, dict):
+            raise TraceError("%s (%s): args is not a JSON object" % (where, one_line(e["name"], 80)))
+        bad = [k for k in ("module", "phase", "group", "op") if k in args and not isinstance(args[k], str)]
+        if "bytes" in args and not (is_int(args["bytes"]) and 0 <= args["bytes"] < 2 ** 53):
+            bad.append("bytes")
+        if "step" in args and not is_int(args["step"]) or e.get("cat") == COLLECTIVE and "step" not in args:
+            bad.append("step")
+        if "microbatch" in args and not (is_int(args["microbatch"]) and 0 <= args["microbatch"] < 2 ** 31):
+            bad.append("microbatch")
+        if bad:
+            raise TraceError("%s (%s): args.%s is %s" % (where, one_line(e["name"], 80), bad[0], short(args.get(bad[0]))))
+        out.append(e)
+    return out
 
 
 def read_trace(path):
@@ -153,10 +197,6 @@ def is_exposed_comm(e):
     return e.get("tid") == COMPUTE_TID and e.get("cat") in (COLLECTIVE, WAIT)
 
 
-def is_int(x):
-    return type(x) is int  # not bool
-
-
 def step_of(e):
     return (e.get("args") or {}).get("step")
 
@@ -191,6 +231,21 @@ def spans(events):
 
 
 # ---- overlap and exposed communication -----------------------------------------------------------------
+
+def transfers(traces, cat, kind, labels=None):
+    """{rank: [slice]} of the transfers of one kind in the training steps (args.step >= 0): collectives (cat
+    COLLECTIVE) named "<label>.<kind>", or copies (cat COPY) named "<module>.<h2d|d2h>"; with `labels`, only
+    those whose label is one of them (e.g. the modules: not the grad norm's all-reduce)."""
+    out = {}
+    for r, trace in traces.items():
+        for e in trace:
+            if e.get("cat") != cat or (e.get("args") or {}).get("step", -1) < 0:
+                continue
+            label, k = label_and_kind(e["name"])
+            if k == kind and (labels is None or label in labels):
+                out.setdefault(r, []).append(e)
+    return out
+
 
 def overlap_shares(traces, transfers, phases):
     """(compute_share, collective_share, compute_total) of transfers running beside compute.
@@ -301,7 +356,7 @@ def pipeline_bubble(traces, step, world):
 
 # ---- memory -----------------------------------------------------------------------------------------
 
-def activation_peaks(events, steps, tag="activation"):
+def activation_peaks(events, steps, tag=TAG_ACTIVATION):
     """{step: [peak live bytes tagged `tag`, live at the step's start, live at its end]} of the training steps
     0 .. steps-1, replaying a memory snapshot's events in order."""
     live, cur, out = {}, 0, {}

@@ -23,7 +23,8 @@ which is the order of CHECKS:
     mixed_precision.py  mixed precision (stage 08)
     hsdp.py             the 2-D mesh (stage 09)
     offload.py          backward prefetch policy and CPU offload (stage 10)
-    pipeline.py         pipeline parallelism (stages 11, 12): the schedule's measures and its checks
+    pipeline.py         pipeline parallelism (stages 11, 12): the schedule's checks
+The measures they take of a run (overlap, the bubble, pass order, activation peaks) are gradelib.trace_model's.
 """
 from .registry import CHECKS, Check, check, run_check  # first: the feature modules register into it
 from . import parity, memory, sharding, lifetimes, overlap, prefetch, recompute, zero2
@@ -32,10 +33,9 @@ from . import accumulation, mixed_precision, hsdp, offload, pipeline
 # what the rest of the grader, the tools and the tests import from here
 from .overlap import OVERLAP_CHECKS, overlap_figures, overlap_runs, overlap_transfers
 from .parity import mesh_grad_norm_hint
-from .pipeline import activation_peaks, pipeline_bubble
 from .prefetch import blocking_stage
 
 __all__ = ["CHECKS", "Check", "check", "run_check", "OVERLAP_CHECKS", "overlap_figures", "overlap_runs",
-           "overlap_transfers", "mesh_grad_norm_hint", "activation_peaks", "pipeline_bubble", "blocking_stage",
+           "overlap_transfers", "mesh_grad_norm_hint", "blocking_stage",
            "parity", "memory", "sharding", "lifetimes", "overlap", "prefetch", "recompute", "zero2", "accumulation",
            "mixed_precision", "hsdp", "offload", "pipeline"]

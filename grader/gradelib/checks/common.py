@@ -37,28 +37,6 @@ def notes_check(ctx, hook, field, want_zero, what, advice, unless=None):
     return ""
 
 
-def union_intervals(intervals):
-    merged = []
-    for a, b in sorted(intervals):
-        if merged and a <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], b)
-        else:
-            merged.append([a, b])
-    return merged
-
-
-def covered(a, b, merged):
-    """Length of [a, b) covered by the sorted disjoint intervals `merged`."""
-    total = 0.0
-    for x, y in merged:
-        if y <= a:
-            continue
-        if x >= b:
-            break
-        total += min(y, b) - max(x, a)
-    return total
-
-
 def two_sizes(a, b):
     """fmt_bytes of a and b, in exact bytes when they would print the same."""
     fa, fb = fmt_bytes(a), fmt_bytes(b)

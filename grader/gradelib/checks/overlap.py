@@ -6,11 +6,11 @@ which reads only a run's trace, and the checks, which hold that figure to a bar 
 figure on the same run (grader/figures/overlap.json, through the rubric the manifest loads).
 """
 import manifest
-from trace_names import (ALL_GATHER, ALL_REDUCE, COLLECTIVE, COMPUTE, COMPUTE_TID, COPY, D2H, H2D, HOOK_PHASES,
-                         HOST_SYNC, REDUCE_SCATTER, label_and_kind)
+from trace_names import (ALL_GATHER, ALL_REDUCE, COLLECTIVE, COMPUTE_TID, COPY, D2H, H2D, HOOK_PHASES, HOST_SYNC,
+                         REDUCE_SCATTER)
 
+from ..trace_model import overlap_shares, transfers
 from ..util import CheckFailed, is_finite, is_int
-from .common import covered, union_intervals
 from .registry import check
 
 
@@ -33,7 +33,8 @@ def check_host_waits(ctx):
     return ""
 
 
-# ------------------------------------------------------------------ the measure (a run's trace only)
+# ------------------------------------------------------------------ what each check measures (gradelib.trace_model's
+# overlap_shares of the run's transfers of one kind)
 
 class OverlapKind:
     """What one overlap check measures: the transfers of one kind and the compute they should run under.
@@ -96,20 +97,14 @@ class OverlapFigures:
 def overlap_transfers(ctx, key):
     """[(rank, event)] of the transfers overlap check `key` measures, every rank, training steps only."""
     k = OVERLAP_CHECKS[key]
-    order = set(ctx.module_order()[0]) if k.modules else None
-    out = []
-    for r in range(ctx.world):
-        for e in ctx.trace(r):
-            if e.get("cat") != k.cat or e.get("args", {}).get("step", -1) < 0:
-                continue
-            label, kind = label_and_kind(e["name"])
-            if kind == k.kind and (order is None or label in order):
-                out.append((r, e))
-    return out
+    labels = set(ctx.module_order()[0]) if k.modules else None
+    by = transfers({r: ctx.trace(r) for r in range(ctx.world)}, k.cat, k.kind, labels)
+    return [(r, e) for r in range(ctx.world) for e in by.get(r, [])]
 
 
 def overlap_figures(ctx, key):
-    """OverlapFigures of the overlap check `key` (OVERLAP_CHECKS) on ctx's run, from the trace's ts and dur.
+    """OverlapFigures of the overlap check `key` (OVERLAP_CHECKS) on ctx's run: trace_model.overlap_shares of its
+    transfers against the compute of the check's phases, from the trace's ts and dur.
 
     On the CPU backends those are the modelled clock's (program order priced on the device profile), so
     the same program gives the same figures on every run, loaded machine or not; on the CUDA backend they
@@ -118,28 +113,15 @@ def overlap_figures(ctx, key):
     events = overlap_transfers(ctx, key)
     if not events:
         raise CheckFailed("no %s in the trace (trace_rank*.json)" % k.what)
-    compute_total = compute_covered = comm_total = comm_covered = 0.0
-    for r in range(ctx.world):
-        trace = ctx.trace(r)
-        kernels = [e for e in trace if e.get("cat") == COMPUTE and e.get("tid") == COMPUTE_TID]
-        mine = [e for rr, e in events if rr == r]
-        in_flight = union_intervals([(e["ts"], e["ts"] + e["dur"]) for e in mine])
-        # a transfer on the compute stream runs between that stream's kernels, never beside them: left out of
-        # what can cover them (the trace rounds ts and dur to the nanosecond each, so back-to-back slices of one
-        # stream may touch by 1 ns)
-        beside = union_intervals([(e["ts"], e["ts"] + e["dur"]) for e in mine if e.get("tid") != COMPUTE_TID])
-        busy = union_intervals([(e["ts"], e["ts"] + e["dur"]) for e in kernels])
-        for e in kernels:
-            if e.get("args", {}).get("phase") in k.phases:
-                compute_total += e["dur"]
-                compute_covered += covered(e["ts"], e["ts"] + e["dur"], beside)
-        comm_total += sum(b - a for a, b in in_flight)
-        comm_covered += sum(covered(a, b, busy) for a, b in beside)
+    by = {}
+    for r, e in events:
+        by.setdefault(r, []).append(e)
+    compute_share, collective_share, compute_total = overlap_shares({r: ctx.trace(r) for r in range(ctx.world)},
+                                                                    by, k.phases)
     if compute_total <= 0:
         raise CheckFailed("no %s compute kernels in the trace" % "/".join(sorted(k.phases)))
     serial = [(r, e) for r, e in events if e.get("tid") == COMPUTE_TID]
-    return OverlapFigures(compute_covered / compute_total, comm_covered / comm_total if comm_total > 0 else 0.0,
-                          serial, len(serial) == len(events))
+    return OverlapFigures(compute_share, collective_share, serial, len(serial) == len(events))
 
 
 # ------------------------------------------------------------------ the checks (the measure against the solution's)

@@ -1,17 +1,18 @@
 """Pipeline parallelism (stages 11, 12): the schedule's order, its bubble, the activations a stage holds and frees,
 and the collectives per microbatch.
 
-Two parts: the measures (Pipeline, the schedule's definition; passes_ran, pipeline_bubble,
-activation_peaks, expected_all_gathers), which read only a run's trace and snapshots, and the checks,
-which compare them with the schedule and the reference.
+Two parts: what the grader asked for (Pipeline: P, S, M, the schedule, the reshard flags) and the all-gathers
+FSDP2's state implies (expected_all_gathers); then the checks, which compare the measures of the run
+(gradelib.trace_model: schedule_order, passes_ran, pipeline_bubble, activation_peaks) with the schedule and the
+reference.
 """
 import os
 
 import manifest
-from trace_names import ALL_GATHER, COMPUTE, REDUCE_SCATTER, label_and_kind
+from trace_names import ALL_GATHER, REDUCE_SCATTER, label_and_kind
 
+from ..trace_model import activation_peaks, held, ideal_bubble, passes_ran, pipeline_bubble, schedule_order
 from ..util import CheckFailed, fmt_bytes, is_int, rel, relpath
-from .common import union_intervals
 from .registry import check
 
 
@@ -37,87 +38,10 @@ class Pipeline:
 
     def order(self, stage, schedule=None):
         """[('F', mb) / ('B', mb)]: stage's forwards and backwards in the order the schedule runs them."""
-        M = self.M
-        if (schedule or self.schedule) == "gpipe":
-            return [("F", m) for m in range(M)] + [("B", m) for m in range(M)]
-        w = min(self.P - 1 - stage, M)
-        out = [("F", m) for m in range(w)]
-        for k in range(M - w):
-            out += [("F", w + k), ("B", k)]
-        return out + [("B", m) for m in range(M - w, M)]
-
-    def held(self, order):
-        """The most microbatches whose forward ran and backward not yet, along `order`."""
-        n = best = 0
-        for what, _ in order:
-            n += 1 if what == "F" else -1
-            best = max(best, n)
-        return best
+        return schedule_order(self.P, self.M, stage, schedule or self.schedule)
 
     def ideal_bubble(self):
-        return (self.P - 1) / (self.M + self.P - 1)
-
-
-PASS_PHASES = {"forward": "F", "backward": "B"}
-
-
-def passes_ran(trace, step):
-    """[('F', mb) / ('B', mb)]: the forwards and backwards whose compute ran in `step`, in modelled-time order
-    (consecutive kernels of one microbatch's pass collapsed)."""
-    out = []
-    for e in sorted((e for e in trace if e.get("cat") == COMPUTE and e["args"].get("step") == step
-                     and e["args"].get("phase") in PASS_PHASES and is_int(e["args"].get("microbatch"))),
-                    key=lambda e: e["ts"]):
-        token = (PASS_PHASES[e["args"]["phase"]], e["args"]["microbatch"])
-        if not out or out[-1] != token:
-            out.append(token)
-    return out
-
-
-def pipeline_bubble(traces, step, world):
-    """(mean idle share of the ranks' compute, the window) over one step on the modelled clock: the window runs
-    from the step's first forward kernel on any rank to its last backward kernel; each rank's busy time is the
-    union of its forward, backward and recompute kernels inside it."""
-    spans = {}
-    lo, hi = None, None
-    for r in range(world):
-        iv = [(e["ts"], e["ts"] + e["dur"]) for e in traces.get(r, []) if e.get("cat") == COMPUTE
-              and e["args"].get("step") == step and e["args"].get("phase") in ("forward", "backward", "recompute")]
-        spans[r] = union_intervals(iv)
-        for a, b in spans[r]:
-            lo = a if lo is None or a < lo else lo
-            hi = b if hi is None or b > hi else hi
-    if lo is None or hi <= lo:
-        return None, 0.0
-    idle = [1.0 - sum(b - a for a, b in spans[r]) / (hi - lo) for r in range(world)]
-    return sum(idle) / world, hi - lo
-
-
-def activation_peaks(events, steps):
-    """{step: (peak live bytes tagged activation, live at the step's start, live at its end)} of the training
-    steps 0 .. steps-1, from a snapshot."""
-    live, cur, out = {}, 0, {}
-    for e in events:
-        addr, step = e.get("addr"), e.get("step")
-        if not is_int(addr) or not is_int(step) or not 0 <= step < steps:
-            if e.get("action") == "alloc" and e.get("tag") == "activation" and is_int(addr) and is_int(e.get("size")):
-                live[addr] = e["size"]
-                cur += e["size"]
-            elif e.get("action") in ("free", "free_completed") and addr in live:
-                cur -= live.pop(addr)
-            continue
-        if step not in out:
-            out[step] = [cur, cur, cur]
-        if e.get("action") == "alloc" and e.get("tag") == "activation" and is_int(e.get("size")):
-            live[addr] = e["size"]
-            cur += e["size"]
-        elif e.get("action") in ("free", "free_completed") and addr in live:
-            cur -= live.pop(addr)
-        else:
-            continue
-        out[step][0] = max(out[step][0], cur)
-        out[step][2] = cur
-    return out
+        return ideal_bubble(self.P, self.M)
 
 
 def expected_all_gathers(order, raf, M):
@@ -226,9 +150,9 @@ def check_pp_activations(ctx):
     steps = _profiled_steps(ctx)
     for r in range(ctx.world):
         p = pl.stage(r)
-        want = pl.held(pl.order(p))
+        want = held(pl.order(p))
         for step in steps:
-            got = pl.held(passes_ran(ctx.trace(r), step))
+            got = held(passes_ran(ctx.trace(r), step))
             if got != want:
                 raise CheckFailed(
                     "step %d, rank %d (stage %d of %d) holds %d microbatches' activations at once, %s holds %d: %s"
@@ -250,7 +174,7 @@ def check_pp_activations(ctx):
                        "more: a microbatch's activations outlive its backward, or a sent buffer is never freed"
                        if g > w else "less: is a buffer a later pass needs freed early?"))
     return "%s: stage 0 holds %d of %d microbatches at once" % (
-        "1F1B" if pl.schedule == "1f1b" else "GPipe", pl.held(pl.order(0)), pl.M)
+        "1F1B" if pl.schedule == "1f1b" else "GPipe", held(pl.order(0)), pl.M)
 
 
 @check("pp_frees", label="activations freed each step", variants=True)

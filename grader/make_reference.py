@@ -45,6 +45,7 @@ from gradelib.context import Context, read_metrics
 from gradelib.rubric import (RUBRIC_PATH, baseline_flags, load_rubric, parity_metrics, parity_tolerances,
                              stage_config, stage_flags, stage_only_flags, stage_variants)
 from gradelib.runner import Baselines, Runner, RunResult, openblas_core
+from gradelib.trace_model import FACT_KEYS
 from gradelib.util import ROOT, rel, relpath
 
 PLAIN = ["metrics.jsonl", "run.json", "dtensors_rank*.json"]
@@ -238,6 +239,72 @@ def reference_stage(rubric, stage, work, staging, runner, baselines, commands, n
     return failed
 
 
+def with_facts(old, fresh):
+    """old (a reference's run.json object, or a trace document) with the facts (FACT_KEYS) fresh states and old
+    lacks, in fresh's key order; everything else as old has it. (old, names of the keys added)."""
+    def merge(o, f, where):
+        if not (isinstance(o, dict) and isinstance(f, dict)):
+            return o, []
+        added = [k for k in FACT_KEYS if k in f and k not in o]
+        if not added:
+            return o, []
+        merged = {}
+        for k in list(f) + [k for k in o if k not in f]:
+            if k in o:
+                merged[k] = o[k]
+            elif k in added:
+                merged[k] = f[k]
+        return merged, [where + k for k in added]
+    out, added = merge(old, fresh, "")
+    if isinstance(out, dict) and isinstance(out.get("otherData"), dict) and isinstance(fresh, dict):
+        other, more = merge(out["otherData"], fresh.get("otherData"), "otherData.")
+        if more:
+            out = dict(out, otherData=other)
+            added += more
+    return out, added
+
+
+def add_facts(out, fresh_root):
+    """--add-facts-from: the facts a fresh rebuild (make reference-check's tree) states, added to the run.json
+    and trace.json.gz files of reference `out` that lack them; MANIFEST.json's sizes and hashes follow, with a
+    note. Nothing else changes: the losses, traces and snapshots stay the machine's that wrote them."""
+    with open(os.path.join(out, "MANIFEST.json")) as fh:
+        record = json.load(fh)
+    changed = {}
+    for f in record["files"]:
+        name = os.path.basename(f["path"])
+        if name not in ("run.json", "trace.json.gz"):
+            continue
+        src, new = os.path.join(fresh_root, f["path"]), os.path.join(out, f["path"])
+        if not os.path.exists(src):
+            fail("--add-facts-from: %s has no %s (a rebuild of every stage: make reference-check)"
+                 % (relpath(fresh_root), f["path"]))
+        opener = gzip.open if name.endswith(".gz") else open
+        with opener(new, "rt", encoding="utf-8") as fh:
+            old = json.load(fh)
+        with opener(src, "rt", encoding="utf-8") as fh:
+            doc, added = with_facts(old, json.load(fh))
+        if not added:
+            continue
+        text = json.dumps(doc, separators=(",", ":")) + "\n"
+        data = gzip.compress(text.encode(), mtime=0) if name.endswith(".gz") else text.encode()
+        with open(new, "wb") as fh:
+            fh.write(data)
+        f["bytes"], f["sha256"] = len(data), hashlib.sha256(data).hexdigest()
+        changed[f["path"]] = added
+    if changed:
+        keys = sorted({k for v in changed.values() for k in v})
+        record["total_bytes"] = sum(f["bytes"] for f in record["files"])
+        record["notes"].append("%s: the facts %s added to %d run.json / trace.json.gz files from a rebuild "
+                               "(make_reference.py --add-facts-from); every other value as the reference runs wrote it"
+                               % (datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+                                  ", ".join(keys), len(changed)))
+        with open(os.path.join(out, "MANIFEST.json"), "w") as fh:
+            json.dump(record, fh, indent=1)
+            fh.write("\n")
+    print("added facts to %d files of %s" % (len(changed), relpath(out)))
+
+
 def main():
     ap = argparse.ArgumentParser(description="Rebuild logs/reference/ from solutions/.")
     ap.add_argument("--out", default=os.path.join(ROOT, "logs", "reference"))
@@ -246,7 +313,12 @@ def main():
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument("--stage", action="append", default=[],
                     help="rerun only this stage (repeatable); the others are kept from --out as they are")
+    ap.add_argument("--add-facts-from", metavar="DIR",
+                    help="rerun nothing: add to --out's run.json and trace.json.gz the facts (what the runtime states "
+                         "it used: groups, mesh, stage map, vocabularies, rules) that the rebuild DIR has and they lack")
     args = ap.parse_args()
+    if args.add_facts_from:
+        return add_facts(os.path.abspath(args.out), os.path.abspath(args.add_facts_from))
 
     rubric = load_rubric(spread=False)  # the spreads are measured against the reference: after it
     out = os.path.abspath(args.out)

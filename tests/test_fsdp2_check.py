@@ -102,20 +102,36 @@ def test_collectives_equal_and_differ():
     assert not equal and "no collective of a module in the C trace" in diffs
 
 
+def c_groups(W, mesh=None, pp=None):
+    """The groups a C run's run.json states the runtime made, worked out by hand: the world; with --mesh R,S the
+    rows shard<i> and the columns replicate<j> (rank = i * S + j); with --pp P the stages stage<p> of W / P ranks."""
+    groups = {"world": list(range(W))}
+    if mesh:
+        R, S = mesh
+        groups.update({"shard%d" % i: [i * S + j for j in range(S)] for i in range(R)})
+        groups.update({"replicate%d" % j: [i * S + j for i in range(R)] for j in range(S)})
+    if pp:
+        S = W // pp
+        groups.update({"stage%d" % p: list(range(p * S, p * S + S)) for p in range(pp)})
+    return groups
+
+
 def test_group_names():
-    # without a mesh every group is the world; with --mesh R,S rows are shard<i>, columns replicate<j>
-    assert fc.group_name(["0", "1", "2", "3"], None, 4) == "world"
-    assert fc.group_name([0, 1], [2, 2], 4) == "shard0" and fc.group_name([3, 2], [2, 2], 4) == "shard1"
-    assert fc.group_name([1, 3], [2, 2], 4) == "replicate1"
-    assert fc.group_name([3, 4, 5], [2, 3], 6) == "shard1" and fc.group_name([2, 5], [2, 3], 6) == "replicate2"
-    # --mesh 4,1: the column holds every rank and is still the replicate group; a row is one rank
-    assert fc.group_name([0, 1, 2, 3], [4, 1], 4) == "replicate0" and fc.group_name([2], [4, 1], 4) == "shard2"
-    # a set that is neither a row nor a column (the world on a 2-D mesh, a column split wrong)
-    assert fc.group_name([0, 1, 2, 3], [2, 2], 4) == "ranks 0,1,2,3"
-    assert fc.group_name([0, 2], None, 4) == "ranks 0,2"
-    sizes = {g: fc.group_size(g, [2, 3], 6) for g in ("shard1", "replicate2", "ranks 0,4")}
+    # the group of run.json's "groups" with exactly these ranks (as strings in FSDP2's records, or numbers)
+    assert fc.group_name(["0", "1", "2", "3"], c_groups(4)) == "world"
+    g22, g23, g41 = c_groups(4, [2, 2]), c_groups(6, [2, 3]), c_groups(4, [4, 1])
+    assert fc.group_name([0, 1], g22) == "shard0" and fc.group_name([3, 2], g22) == "shard1"
+    assert fc.group_name([1, 3], g22) == "replicate1"
+    assert fc.group_name([3, 4, 5], g23) == "shard1" and fc.group_name([2, 5], g23) == "replicate2"
+    # --mesh 4,1: the column holds every rank, as the world does: the mesh's group names it; a row is one rank
+    assert fc.group_name([0, 1, 2, 3], g41) == "replicate0" and fc.group_name([2], g41) == "shard2"
+    assert fc.group_name([0, 1, 2, 3], g22) == "world"
+    # a set that is no group the runtime made (a column split wrong)
+    assert fc.group_name([0, 3], g22) == "ranks 0,3"
+    assert fc.group_name([0, 2], c_groups(4)) == "ranks 0,2"
+    sizes = {g: fc.group_size(g, g23) for g in ("shard1", "replicate2", "ranks 0,4")}
     assert sizes == {"shard1": 3, "replicate2": 2, "ranks 0,4": 2}
-    assert fc.group_size("world", None, 5) == 5 and fc.group_size("shard3", [4, 1], 4) == 1
+    assert fc.group_size("world", c_groups(5)) == 5 and fc.group_size("shard3", g41) == 1
 
 
 MODULE_SHARD_BYTES = {"embedding": 4 * 130 * 64, "block0": 4 * 24640, "head": 4 * 130 * 64}  # one rank's segment
@@ -168,9 +184,9 @@ def hsdp_torch_ranks(R, S):
 def compared(c8, t8, mesh):
     """What compare_run does with both sides' counts: the one-rank groups out, then counts and sizes apart;
     (count differences, size differences, summary, left out of C's, left out of FSDP2's)."""
-    W = mesh[0] * mesh[1]
-    c, c_single = fc.without_single_rank_groups(c8, mesh, W)
-    t, t_single = fc.without_single_rank_groups(t8, mesh, W)
+    groups = c_groups(mesh[0] * mesh[1], mesh)
+    c, c_single = fc.without_single_rank_groups(c8, groups)
+    t, t_single = fc.without_single_rank_groups(t8, groups)
     (c, c_sizes), (t, t_sizes) = fc.counts_and_sizes(c), fc.counts_and_sizes(t)
     equal, diffs, summary = fc.compare_collectives(c, t)
     assert equal == (not diffs)
@@ -180,7 +196,7 @@ def compared(c8, t8, mesh):
 @pytest.mark.parametrize("mesh", [(2, 2), (2, 3), (4, 1)])
 def test_hsdp_collectives(mesh):
     R, S = mesh
-    t8 = fc.torch_collectives(hsdp_torch_ranks(R, S), 6, list(mesh))
+    t8 = fc.torch_collectives(hsdp_torch_ranks(R, S), 6, c_groups(R * S, mesh))
     diffs, size_diffs, summary, c_single, t_single = compared(hsdp_c_counts(R, S), t8, list(mesh))
     assert not diffs and not size_diffs, diffs + size_diffs
     # --mesh 4,1: the C runtime's all-gathers, reduce-scatters and norm in its one-rank rows are left out
@@ -191,7 +207,7 @@ def test_hsdp_collectives(mesh):
 
 
 def test_hsdp_collective_in_the_wrong_group():
-    t8 = fc.torch_collectives(hsdp_torch_ranks(2, 2), 6, [2, 2])
+    t8 = fc.torch_collectives(hsdp_torch_ranks(2, 2), 6, c_groups(4, [2, 2]))
     # the grad norm summed over the world: the C trace names the group world, FSDP2 reduces over the row
     diffs, _, _, _, _ = compared(hsdp_c_counts(2, 2, norm_group="world"), t8, [2, 2])
     assert len(diffs) == 8
@@ -205,15 +221,15 @@ def test_hsdp_collective_in_the_wrong_group():
     assert diffs == [
         "rank 2 step 1: block0 all-reduce (f32) in backward in replicate0: 0 in the C run, 1 in FSDP2's",
         "rank 2 step 1: block0 all-reduce (f32) in backward in shard1: 1 in the C run, 0 in FSDP2's"]
-    # FSDP2's all-reduce over ranks that are no group of the mesh
-    t8[1][(0, -1, "grad_norm", "all_reduce", "optimizer", fc.group_name([0, 1, 2, 3], [2, 2], 4), "f32", 4)] = 1
+    # FSDP2's all-reduce over ranks that are no group the C run made
+    t8[1][(0, -1, "grad_norm", "all_reduce", "optimizer", fc.group_name([0, 3], c_groups(4, [2, 2])), "f32", 4)] = 1
     diffs, _, _, _, _ = compared(hsdp_c_counts(2, 2), t8, [2, 2])
-    assert diffs == ["rank 1 step 1: grad_norm all-reduce (f32) in optimizer in ranks 0,1,2,3: 0 in the C run, "
+    assert diffs == ["rank 1 step 1: grad_norm all-reduce (f32) in optimizer in ranks 0,3: 0 in the C run, "
                      "1 in FSDP2's"]
 
 
 def test_hsdp_collective_sizes():
-    t8 = fc.torch_collectives(hsdp_torch_ranks(2, 2), 6, [2, 2])
+    t8 = fc.torch_collectives(hsdp_torch_ranks(2, 2), 6, c_groups(4, [2, 2]))
     # the all-reduce across the replicas on the unsharded grads (before the reduce-scatter): as often, in the
     # right group, S times the bytes
     c8 = hsdp_c_counts(2, 2)
@@ -558,23 +574,28 @@ def test_pipeline_flags_and_split():
     assert fc.pipeline_of(["--world", "4"]) is None and fc.pipeline_of(["--pp=0"]) is None
     # the init run: no pipeline flag in either spelling, one rank (the last --world wins)
     assert fc.without_pipeline_flags(flags) == ["--world", "4", "--n-layers=6", "--ac", "--world", "1"]
-    # hw_pipe.h: contiguous, L / P each, one more for p < L % P
-    assert fc.pipeline_split(4, 4) == [[0], [1], [2], [3]]
-    assert fc.pipeline_split(6, 4) == [[0, 1], [2, 3], [4], [5]]
-    assert fc.pipeline_split(4, 2) == [[0, 1], [2, 3]]
-    run = {"pp": 2, "world_size": 6, "batch_size": 4, "microbatches": 4, "pp_schedule": "1f1b", "n_layers": 4}
+    # the blocks FSDP2's stages hold are those of the stage map the C run states (run.json "pipeline")
+    stages = [{"stage": 0, "modules": ["embedding", "block0", "block1"], "ranks": [0, 1, 2]},
+              {"stage": 1, "modules": ["block2", "block3", "head"], "ranks": [3, 4, 5]}]
+    run = {"pp": 2, "world_size": 6, "batch_size": 4, "microbatches": 4, "pp_schedule": "1f1b", "n_layers": 4,
+           "pipeline": stages}
     assert fc.pipeline_job(run) == {"pp": 2, "microbatches": 4, "schedule": "1f1b", "blocks": [[0, 1], [2, 3]]}
+    uneven = [{"stage": p, "modules": m, "ranks": [p]} for p, m in enumerate(
+        [["embedding", "block0"], ["block1"], ["head"]])]
+    assert fc.pipeline_job(dict(run, pp=3, world_size=3, pipeline=uneven))["blocks"] == [[0], [1], []]
     assert fc.pipeline_job(dict(run, pp=0)) is None
     with pytest.raises(fc.Failure):
         fc.pipeline_job(dict(run, world_size=5))
+    with pytest.raises(fc.Failure):  # a run that stopped before stating its stages
+        fc.pipeline_job(dict(run, pipeline=None))
 
 
 def test_stage_groups():
-    # --pp P: stage p's S ranks are named stage<p> as the C runtime names its shard groups
-    assert fc.group_name(["2", "3"], None, 4, pp=2) == "stage1" and fc.group_name([0, 1, 2], None, 6, pp=2) == "stage0"
-    assert fc.group_name([0, 2], None, 4, pp=2) == "ranks 0,2"  # a pp group is no stage's
-    assert fc.group_size("stage1", None, 8, pp=4) == 2 and fc.group_size("stage3", None, 4, pp=4) == 1
-    assert fc.group_name([0, 1, 2, 3], None, 4) == "world"  # unchanged without --pp
+    # --pp P: stage p's S ranks are the group stage<p> the C run states
+    assert fc.group_name(["2", "3"], c_groups(4, pp=2)) == "stage1"
+    assert fc.group_name([0, 1, 2], c_groups(6, pp=2)) == "stage0"
+    assert fc.group_name([0, 2], c_groups(4, pp=2)) == "ranks 0,2"  # a pp group is no stage's
+    assert fc.group_size("stage1", c_groups(8, pp=4)) == 2 and fc.group_size("stage3", c_groups(4, pp=4)) == 1
 
 
 def one_f_one_b(P, M, p):

@@ -79,6 +79,7 @@ class World:
             os.makedirs(run)
             shutil.copytree(src, ref, ignore=shutil.ignore_patterns("*.png", "*.gz", "dtensors*"))
             shutil.copy(os.path.join(src, "metrics.jsonl"), run)
+            shutil.copy(os.path.join(src, "run.json"), run)  # what the runtime states it used: groups, rules
             for r in range(self.world):
                 shutil.copy(os.path.join(src, "dtensors_rank%d.json" % r), run)
                 with gzip.open(os.path.join(src, "memory_rank%d.json.gz" % r)) as fh:
@@ -108,6 +109,7 @@ class World:
             for key in self.rubric["stages"][stage]["checks"]:
                 CHECKS[key](ctx)
             ctx.metrics()
+            ctx.run_json()
             for r in range(self.world):
                 ctx.dtensors(r), ctx.memory(r), ctx.trace(r)
             self.loaded[stage] = dict(ctx._cache)
@@ -331,6 +333,7 @@ def checks_reading(world, stage, reader):
         "metrics": {"loss", "grad_norm", "peak_memory", "prefetch_bound", "activation_memory"},
         "reference_metrics": {"loss", "grad_norm", "peak_memory"},
         "run_json": {"loss", "grad_norm", "peak_memory"},
+        "own_run_json": {"hsdp_collectives", "hsdp_memory", "prefetch_policy", "grad_norm"},
         "baseline_metrics": {"loss", "grad_norm"},
         "dtensors": {"dtensors", "prefetch_bound", "recompute"},
         "memory": {"freed_after_forward", "freed_after_backward", "grads_freed", "zero2_params_kept",
@@ -356,8 +359,8 @@ def test_pristine_world_passes(world):
             assert ok, (stage, key, reason)
 
 
-@pytest.mark.parametrize("reader", ["metrics", "reference_metrics", "run_json", "baseline_metrics", "dtensors",
-                                    "memory", "trace"])
+@pytest.mark.parametrize("reader", ["metrics", "reference_metrics", "run_json", "own_run_json", "baseline_metrics",
+                                    "dtensors", "memory", "trace"])
 def test_mutated_artifacts_fail_checks_cleanly(world, reader):
     rng = random.Random(SEED + zlib.crc32(reader.encode()))
     failures = []
@@ -374,6 +377,8 @@ def test_mutated_artifacts_fail_checks_cleanly(world, reader):
                 path = os.path.join(world.ref, "stage05", "no_ac", "metrics.jsonl")
         elif reader == "run_json":
             path = os.path.join(world.ref, "stage" + stage, "run.json")
+        elif reader == "own_run_json":
+            path, drop = os.path.join(world.runs[stage], "run.json"), ("run_json", "groups")
         elif reader == "baseline_metrics":
             path, drop = os.path.join(world.root, "baseline", stage, "metrics.jsonl"), ("baseline",)
         elif reader == "dtensors":

@@ -35,6 +35,7 @@ import sys
 import repo_paths  # noqa: F401  (grader/ on sys.path: the trace's words)
 import manifest
 from gradelib.rubric import MAIN_RUN, RUBRIC_PATH, SPREAD_FLOOR
+from gradelib.trace_model import FACT_KEYS
 from gradelib.util import rel
 from trace_names import WALL_ARGS
 
@@ -136,11 +137,6 @@ def compare_metrics(a, b, name, bands, notes):
         notes.append("within the BLAS band: %s: %s (%s)" % (name, ", ".join(
             "%s rel %.3g <= %.3g" % (key, d, band) for key, (d, band, _) in worst.items()), "; ".join(sorted(hows))))
     return None
-
-
-# what the runtime states it used (common/runtime/facts.h), in run.json and in the trace's otherData, and the
-# rules it followed (run.json; common/driver/train_main.c run_rules)
-FACT_KEYS = ("groups", "device_mesh", "pipeline", "vocab", "prefetch_schedule")
 
 
 def without_new_facts(a, b, name, new_facts):

@@ -149,7 +149,7 @@ from fsdp2.read import (c_backward_gathers, c_p2p_groups, c_pass_orders, group_n
                         torch_backward_gathers, torch_collectives, torch_pipeline, without_single_rank_groups)
 from fsdp2.report import table, write_logs
 from fsdp2.runner import (BUILD, DEBUGMODEL, ensure_torch, Failure, MIN_TORCH, pipeline_job, pipeline_of,
-                          pipeline_split, plan, READY, shown, suitable, usage_error, venv_python,
+                          plan, READY, shown, suitable, usage_error, venv_python,
                           without_pipeline_flags)
 
 # The tool is three modules of tools/fsdp2/ (runner.py: the venv and the runs; read.py and compare.py: what is
@@ -161,7 +161,7 @@ __all__ = ["compare_collectives", "compare_issue_points", "compare_layouts", "co
            "spell_passes", "TOLERANCES", "tolerances", "c_backward_gathers", "c_p2p_groups", "c_pass_orders",
            "group_name", "group_size", "parse_p2p", "torch_backward_gathers", "torch_collectives", "torch_pipeline",
            "without_single_rank_groups", "table", "write_logs", "BUILD", "DEBUGMODEL", "ensure_torch", "Failure",
-           "MIN_TORCH", "pipeline_job", "pipeline_of", "pipeline_split", "plan", "READY", "shown", "suitable",
+           "MIN_TORCH", "pipeline_job", "pipeline_of", "plan", "READY", "shown", "suitable",
            "usage_error", "venv_python", "without_pipeline_flags", "load_rubric"]
 
 

@@ -31,7 +31,7 @@ import os
 import sys
 
 import repo_paths  # noqa: F401  (grader/ on sys.path, for trace_names)
-from gradelib.trace_model import BUSY_PHASES, RunDir, by_rank, ideal_bubble, open_json, pipeline_bubble
+from gradelib.trace_model import BUSY_PHASES, RunDir, by_rank, group_kinds, ideal_bubble, open_json, pipeline_bubble
 from trace_names import (ALL_GATHER, ALL_REDUCE, BACKWARD_PHASES, BROADCAST, COLLECTIVE, COMPUTE, COMPUTE_TID, COPY,
                          EVENT, FORWARD_PHASES, HOST_SYNC, HOST_TID, MEMSET, REDUCE_SCATTER, WAIT, label_and_kind)
 
@@ -425,10 +425,14 @@ def plot_groups(plt, run, out, step):
     t0 = min(e["ts"] for e in sel)
     rows = sorted({(e["pid"], e["tid"]) for e in sel})
 
+    kinds = group_kinds(RunDir(run).run_json)  # what run.json states the runtime made: {name: kind}
+    of_kind = {}
+    for name, kind in kinds.items():
+        of_kind.setdefault(kind, []).append(name)
+
     def colour(g):
-        fam = g.rstrip("0123456789")
-        pal = GROUP_FAMILIES.get(fam, ["#55a868"])
-        idx = int(g[len(fam):]) if g[len(fam):].isdigit() else 0
+        pal = GROUP_FAMILIES.get(kinds.get(g), ["#55a868"])
+        idx = of_kind[kinds[g]].index(g) if g in kinds else 0
         return pal[idx % len(pal)]
     fig, ax = plt.subplots(figsize=(13, 0.5 * len(rows) + 1.8))
     for y, key in enumerate(rows):

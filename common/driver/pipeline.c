@@ -88,7 +88,10 @@ Pipe *pipe_create(Trainer *t) {
                          .act_numel = t->mb.B / (size_t)M * t->mb.T * (size_t)o->model.dim,
                          .model = t->model};
     p->acts = model_acts_slots(t->model, M);
-    dev_fact_pipe_stage(t->dev, stage, P, t->model->modules[0].name, t->model->modules[t->model->n_modules - 1].name);
+    const char **names = xmalloc((size_t)t->model->n_modules * sizeof *names);
+    for (int i = 0; i < t->model->n_modules; i++) names[i] = t->model->modules[i].name;
+    dev_fact_pipe_stage(t->dev, stage, P, names, t->model->n_modules); /* run.json's stage map */
+    free(names);
     p->fwd = xcalloc((size_t)M, 1);
     p->bwd = xcalloc((size_t)M, 1);
     return p;

@@ -25,8 +25,8 @@ typedef struct {
 } FactGroup;
 
 typedef struct {
-    int seen;
-    char first[32], last[32]; /* its first and last module (forward order) */
+    char **modules;           /* [n_modules] its modules in forward order; NULL until a rank states them */
+    int n_modules;
     int nranks, ranks[WORLD_MAX_RANKS];
 } FactStage;
 
@@ -48,6 +48,10 @@ WorldFacts *world_facts_create(void) {
 
 void world_facts_free(WorldFacts *f) {
     if (!f) return;
+    for (int p = 0; p < FACT_STAGES; p++) {
+        for (int i = 0; i < f->stages[p].n_modules; i++) free(f->stages[p].modules[i]);
+        free(f->stages[p].modules);
+    }
     pthread_mutex_destroy(&f->mu);
     free(f);
 }
@@ -81,16 +85,18 @@ void dev_fact_mesh(Dev *d, int ndim, const int *shape, const char *const *dim_na
     pthread_mutex_unlock(&f->mu);
 }
 
-void dev_fact_pipe_stage(Dev *d, int stage, int stages, const char *first_module, const char *last_module) {
+void dev_fact_pipe_stage(Dev *d, int stage, int stages, const char *const *modules, int n_modules) {
     WorldFacts *f = d->world->facts;
     if (stage < 0 || stage >= FACT_STAGES || stages > FACT_STAGES)
         fatal("dev_fact_pipe_stage: stage %d of %d (at most %d stages)", stage, stages, FACT_STAGES);
     pthread_mutex_lock(&f->mu);
     f->nstages = stages;
     FactStage *s = &f->stages[stage];
-    s->seen = 1;
-    snprintf(s->first, sizeof s->first, "%s", first_module);
-    snprintf(s->last, sizeof s->last, "%s", last_module);
+    if (!s->modules) { /* the stage's first rank to get here; its other ranks hold the same modules */
+        s->modules = xmalloc((size_t)(n_modules > 0 ? n_modules : 1) * sizeof *s->modules);
+        for (int i = 0; i < n_modules; i++) s->modules[i] = xstrdup(modules[i]);
+        s->n_modules = n_modules;
+    }
     s->ranks[s->nranks++] = d->rank;
     pthread_mutex_unlock(&f->mu);
 }
@@ -145,7 +151,7 @@ void world_facts_json(World *w, Json *j) {
     } else {
         json_null(j);
     }
-    json_key(j, "pipeline"); /* --pp: stage p's modules (first..last) and ranks; null without --pp */
+    json_key(j, "pipeline"); /* --pp: stage p's modules (forward order) and ranks; null without --pp */
     if (f->nstages) {
         json_array_begin(j);
         for (int p = 0; p < f->nstages; p++) {
@@ -156,10 +162,7 @@ void world_facts_json(World *w, Json *j) {
             json_int(j, p);
             json_key(j, "modules");
             json_array_begin(j);
-            if (s->seen) {
-                json_string(j, s->first);
-                json_string(j, s->last);
-            }
+            for (int i = 0; i < s->n_modules; i++) json_string(j, s->modules[i]);
             json_array_end(j);
             json_key(j, "ranks");
             json_ints(j, s->ranks, s->nranks);

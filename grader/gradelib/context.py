@@ -15,7 +15,7 @@ from trace_names import COLLECTIVE
 
 from .rubric import (MAIN_RUN, REMEASURE, baseline_flags, parity_tolerances, stage_config, stage_only_flags,
                      tolerances, variant_label)
-from .trace_model import Trace, TraceError, by_rank, checked_slices
+from .trace_model import Trace, TraceError, by_rank, checked_slices, group_kinds, group_of, runtime_groups
 from .util import CheckFailed, fmt_bytes, is_finite, is_int, is_num, mp_policy, one_line, read_json, relpath, short
 
 
@@ -118,6 +118,29 @@ class Context:
 
     def path(self, name):
         return os.path.join(self.run.dir, name)
+
+    def run_json(self):
+        """The run's run.json (its configuration and what the runtime states it used: common/runtime/facts.h)."""
+        return self._memo("run_json", lambda: read_json(self.path("run.json")))
+
+    def groups(self):
+        """{name: ranks} of the process groups the runtime made for the run (trace_model.runtime_groups)."""
+        def load():
+            try:
+                return runtime_groups(self.run_json())
+            except ValueError as e:
+                raise CheckFailed(str(e))
+        return self._memo("groups", load)
+
+    def group_kind(self, name):
+        """The kind of the group the trace calls `name` ("world", "shard", "replicate", "stage", "group"); None when
+        run.json states no such group."""
+        return group_kinds(self.run_json()).get(name)
+
+    def group_of(self, rank, kind):
+        """The runtime's group of `kind` ("shard", "replicate", "stage") holding `rank`; None when run.json states
+        none."""
+        return group_of(self.run_json(), rank, kind)
 
     def metrics(self):
         def load():

@@ -26,17 +26,14 @@ from .util import CheckFailed, is_finite, mesh_shape, rel
 # ------------------------------------------------------------------ the norm's all-reduce (the trace)
 
 def _mesh_groups(ctx):
-    """(R, S, two_d, {group name: world ranks}) of the run's mesh, named as the runtime names its groups
-    (group.c, dev_mesh_build): world; shard<i>, row i of S ranks; replicate<j>, column j of R ranks."""
-    W = ctx.world
-    R, S = mesh_shape(ctx.flags, W)
+    """(R, S, two_d, {group name: world ranks}) of the run's mesh: R x S from its flags, the groups as run.json
+    states the runtime made them (the world; with --mesh, shard<i> and replicate<j>)."""
+    R, S = mesh_shape(ctx.flags, ctx.world)
     two_d = any(f.startswith("--mesh=") for f in ctx.flags)
-    groups = {"world": list(range(W))}
-    if two_d:
-        for i in range(R):
-            groups["shard%d" % i] = [i * S + j for j in range(S)]
-        for j in range(S):
-            groups["replicate%d" % j] = [i * S + j for i in range(R)]
+    try:
+        groups = ctx.groups()
+    except CheckFailed:  # a hint says nothing rather than fail on what run.json lacks
+        groups = {}
     return R, S, two_d, groups
 
 
@@ -139,8 +136,8 @@ def norm_reduction_hint(ctx, step, ratio, lead=True):
     R, S, two_d, groups = _mesh_groups(ctx)
     if all(c == 1 for row in coef for c in row):
         return ""
-    want = ("one all-reduce (RED_SUM) in the shard group shard0 (mesh->shard_group, its S = %d ranks: the shards "
-            "of one replica)" % S if two_d else "one all-reduce (RED_SUM) over the %d ranks" % ctx.world)
+    want = ("one all-reduce (RED_SUM) in the shard group %s (mesh->shard_group, its S = %d ranks: the shards "
+            "of one replica)" % (ctx.group_of(0, "shard"), S) if two_d else "one all-reduce (RED_SUM) over the %d ranks" % ctx.world)
     if not ars[0]:
         return ("%sthe trace shows no all-reduce of the norm's sum of squares in step %d's fsdp_optimizer_step: each "
                 "rank's norm is its own shard's only; the sum of squares must be all-reduced before the square "
@@ -164,7 +161,7 @@ def norm_reduction_hint(ctx, step, ratio, lead=True):
         what = ("rank 0's sum counts its own shard's squares %s%s: %s"
                 % (_times(own), "".join(" and the others' %s" % ", ".join(_times(o) for o in others)
                                         for _ in others[:1]), _disagreement(ctx, step)))
-    if two_d and len(ars[0]) == 1 and ars[0][0][0].startswith("replicate"):
+    if two_d and len(ars[0]) == 1 and ctx.group_kind(ars[0][0][0]) == "replicate":
         what = "the ranks of a replicate group hold the same shard, so " + what
     return "%s: %s; expected %s" % (head, what, want)
 
@@ -213,11 +210,11 @@ def grad_reduction_hint(ctx, step, ratio, lead=True):
     if summing:
         (kind, g), mods = max(summing.items(), key=lambda kv: len(kv[1]))
         n = len(groups[g])
-        if kind == ALL_REDUCE and g.startswith("replicate"):
+        if kind == ALL_REDUCE and ctx.group_kind(g) == "replicate":
             what = "the all-reduce across the %d replicas (replicate group)" % n
         elif two_d:
-            what = "the %s inside the %d-rank %s group" % (kind.replace("_", "-"), n, "shard" if g.startswith("shard")
-                                                            else g)
+            what = "the %s inside the %d-rank %s group" % (kind.replace("_", "-"), n, "shard" if ctx.group_kind(g) ==
+                                                            "shard" else g)
         else:
             what = "the %s over the %d ranks" % (kind.replace("_", "-"), n)
         every = len(mods) == len(order)
@@ -227,15 +224,16 @@ def grad_reduction_hint(ctx, step, ratio, lead=True):
                    ", so the norm too" if every and abs(ratio / n - 1) <= 0.05 else "",
                    "; the two averages together are the mean over all %d ranks' data" % ctx.world if R > 1 else ""))
     if two_d and R > 1:
-        missing = [mod for mod in order if not any(k == ALL_REDUCE and g.startswith("replicate")
+        missing = [mod for mod in order if not any(k == ALL_REDUCE and ctx.group_kind(g) == "replicate"
                                                    for k, g, _ in mine.get(mod, []))]
         if missing:
             mods = ", ".join(missing[:2]) + (" (and %d more)" % (len(missing) - 2) if len(missing) > 2 else "")
-            return ("%srank 0's trace shows no all-reduce across the %d replicas (replicate group replicate0) of the "
+            return ("%srank 0's trace shows no all-reduce across the %d replicas (replicate group %s) of the "
                     "grad shards of %s in step %d: they are the mean over their own row's %d ranks' data only, not "
                     "over all %d, and the replicas drift apart: all-reduce each grad shard (RED_AVG) in "
                     "mesh->replicate_group after its reduce-scatter"
-                    % ("%.2f times the reference: " % ratio if lead else "", R, mods, step, S, ctx.world))
+                    % ("%.2f times the reference: " % ratio if lead else "", R, ctx.group_of(0, "replicate"), mods,
+                       step, S, ctx.world))
     return ""
 
 

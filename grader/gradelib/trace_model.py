@@ -179,6 +179,50 @@ class RunDir:
         return self._names
 
 
+# ---- what the runtime states it used (run.json; common/runtime/facts.h) ------------------------------------
+
+# the keys of the facts the runtime states: run.json's top level and the trace's otherData (facts.h), and run.json's
+# rules (common/driver/train_main.c run_rules)
+FACT_KEYS = ("groups", "device_mesh", "pipeline", "vocab", "prefetch_schedule")
+
+MADE_BY_RUNTIME = ("world", "shard", "replicate", "stage")  # group kinds: the world, the mesh's, the pipeline's
+
+
+def runtime_groups(run_json):
+    """{name: [world ranks]} of the process groups the runtime made (run.json "groups"): the world, the mesh's
+    shard and replicate groups, the pipeline's stage groups; a hw_fsdp.c's own groups (kind "group") left out.
+    ValueError when run.json states none (a run that stopped first, or a runtime older than the facts)."""
+    groups = run_json.get("groups")
+    if not isinstance(groups, list) or not all(isinstance(g, dict) and isinstance(g.get("name"), str)
+                                               and isinstance(g.get("ranks"), list) for g in groups):
+        raise ValueError("run.json states no process groups (\"groups\"): did the run stop before its end?")
+    return {g["name"]: list(g["ranks"]) for g in groups if g.get("kind") in MADE_BY_RUNTIME}
+
+
+def group_kinds(run_json):
+    """{name: kind} of every process group run.json states (kind "group": one a hw_fsdp.c made itself)."""
+    groups = run_json.get("groups")
+    return {g["name"]: g.get("kind") for g in (groups if isinstance(groups, list) else [])
+            if isinstance(g, dict) and isinstance(g.get("name"), str)}
+
+
+def group_of(run_json, rank, kind):
+    """The name of the runtime's group of `kind` ("shard", "replicate", "stage") that holds `rank`, or None."""
+    groups = run_json.get("groups")
+    for g in groups if isinstance(groups, list) else []:
+        if isinstance(g, dict) and g.get("kind") == kind and isinstance(g.get("ranks"), list) and rank in g["ranks"]:
+            return g.get("name") if isinstance(g.get("name"), str) else None
+    return None
+
+
+def stage_modules(run_json):
+    """[[module names of stage p, forward order]] of a --pp run (run.json "pipeline"); None without --pp."""
+    stages = run_json.get("pipeline")
+    if stages is None:
+        return None
+    return [list(s["modules"]) for s in sorted(stages, key=lambda s: s["stage"])]
+
+
 # ---- what a slice is -------------------------------------------------------------------------------
 
 def phase_group(phase):

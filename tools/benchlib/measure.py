@@ -15,6 +15,7 @@ from collections import defaultdict
 
 import manifest  # grader/manifest.py: the stages, from grader/rubric.json
 from gradelib.rubric import load_rubric, parity_tolerances
+from gradelib.trace_model import runtime_groups
 from repo_paths import ROOT
 from trace_names import ALL_GATHER, ALL_REDUCE, COLLECTIVE, COMPUTE, COMPUTE_TID, REDUCE_SCATTER, label_and_kind
 # the memory tags (MemTag)
@@ -23,7 +24,7 @@ from trace_names import (TAG_COMM_BUFFER, TAG_GRAD_SHARD, TAG_OPTIM_STATE, TAG_P
 
 from .figures import MIB, fmt_mib, fmt_s, stats, tps_stats
 from .memory_model import flops_per_token, memory_model, mesh_shape, model_dims, n_params, replay_peak
-from .traces import group_members, last_step_on_model_clock, trace_events, trace_meta
+from .traces import last_step_on_model_clock, trace_events, trace_meta
 
 BUILD = os.path.join(ROOT, "build")
 BASELINE = os.path.join(BUILD, "baseline", "train")
@@ -519,13 +520,13 @@ def step_collectives_by_group(run_dir, step, rj):
     model of common/runtime/coll_common.c coll_link_time_us, at the inter-node link when the group spans
     nodes)."""
     W = rj["world_size"]
-    per_node, mesh = rj.get("ranks_per_node") or W, rj.get("mesh")
+    per_node, groups = rj.get("ranks_per_node") or W, runtime_groups(rj)
     out = {}
     for e in trace_events(run_dir):
         if e["pid"] != 0 or e.get("cat") != COLLECTIVE or e["args"].get("step") != step:
             continue
         kind, group = label_and_kind(e["name"])[1], e["args"]["group"]
-        members = group_members(group, W, mesh)
+        members = groups[group]
         c = out.setdefault((kind, group), {"kind": kind, "group": group, "ranks": len(members),
                                            "spans_nodes": len({r // per_node for r in members}) > 1,
                                            "count": 0, "bytes": 0, "modelled_ms": 0.0})

@@ -63,17 +63,3 @@ def last_step_on_model_clock(run_dir, metrics, rank=0):
     modelled clock every run of a configuration gives the same figures, so one step says it all."""
     m = metrics[-1]
     return step_on_model_clock(run_dir, m["step"] - 1, m["model_step_ms"], rank)
-
-
-def group_members(name, world, mesh=None):
-    """The ranks of the process group a trace names (args.group): "world"; under --mesh R,S "shard<i>",
-    row i of the mesh (ranks i*S .. i*S+S-1), or "replicate<j>", column j (ranks j, S+j, 2S+j, ...)."""
-    S = mesh[1] if mesh else world
-    if name == "world":
-        return list(range(world))
-    if name.startswith("shard"):
-        i = int(name[len("shard"):])
-        return list(range(i * S, (i + 1) * S))
-    if name.startswith("replicate"):
-        return list(range(int(name[len("replicate"):]), world, S))
-    raise ValueError("unknown process group %r" % name)

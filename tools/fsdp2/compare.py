@@ -11,6 +11,7 @@ import time
 
 import manifest
 from gradelib.util import rel
+from gradelib.trace_model import RunDir, runtime_groups
 from trace_names import ALL_GATHER, REDUCE_SCATTER
 
 from .read import (c_backward_gathers, c_collectives, c_p2p_groups, c_pass_orders, GRAD_NORM, read_jsonl,
@@ -378,9 +379,9 @@ def compare_pipeline(rec, cdir, job, ranks, profiled):
     def modules_only(per_rank):
         return [{k: n for k, n in counts.items() if k[3] in (ALL_GATHER, REDUCE_SCATTER) and k[2] in modules}
                 for counts in per_rank]
-    c_counts, c_single = without_single_rank_groups(modules_only(c_collectives(cdir, world, modules)), None, world, P)
-    t_counts, t_single = without_single_rank_groups(modules_only(torch_collectives(ranks, profiled, None, P)), None,
-                                                    world, P)
+    groups = runtime_groups(RunDir(cdir).run_json)  # the groups the C run states it made
+    c_counts, c_single = without_single_rank_groups(modules_only(c_collectives(cdir, world, modules)), groups)
+    t_counts, t_single = without_single_rank_groups(modules_only(torch_collectives(ranks, profiled, groups)), groups)
     (c_counts, c_sizes), (t_counts, t_sizes) = counts_and_sizes(c_counts), counts_and_sizes(t_counts)
     equal, diffs, summary = compare_collectives(c_counts, t_counts)
     size_diffs = compare_sizes(c_sizes, t_sizes)
@@ -463,8 +464,9 @@ def compare_run(run, args):
         profiled = min(json.load(fh)["profile_steps"], job["steps"])
     modules = {p["module"] for p in c_layouts[0]}
     mesh, world = job["mesh"], job["world"]
-    c_counts, c_single = without_single_rank_groups(c_collectives(cdir, world, modules), mesh, world)
-    t_counts, t_single = without_single_rank_groups(torch_collectives(ranks, profiled, mesh), mesh, world)
+    groups = runtime_groups(RunDir(cdir).run_json)  # the groups the C run states it made
+    c_counts, c_single = without_single_rank_groups(c_collectives(cdir, world, modules), groups)
+    t_counts, t_single = without_single_rank_groups(torch_collectives(ranks, profiled, groups), groups)
     (c_counts, c_sizes), (t_counts, t_sizes) = counts_and_sizes(c_counts), counts_and_sizes(t_counts)
     equal, diffs, summary = compare_collectives(c_counts, t_counts)
     size_diffs = compare_sizes(c_sizes, t_sizes)

@@ -8,6 +8,8 @@ import os
 from trace_names import (ALL_GATHER, ALL_REDUCE, BACKWARD_PHASES, COLLECTIVE, COMPUTE, FORWARD_PHASES, REDUCE_SCATTER,
                          label_and_kind)
 
+from gradelib.trace_model import passes_ran, read_trace
+
 from .runner import Failure
 
 
@@ -29,49 +31,29 @@ def read_safetensors(path):
 GRAD_NORM = "grad_norm"  # the label of the grad norm's all-reduce in the C trace, its module name in FSDP2's
 
 
-def group_name(ranks, mesh, world, pp=None):
-    """The C trace's name of the process group of these global ranks: without a mesh (mesh None) "world";
-    with --mesh R,S "shard<i>" (row i: ranks i*S .. i*S+S-1) or "replicate<j>" (column j: j, S+j, ..);
-    with --pp P "stage<p>" (stage p's S = W / P ranks p*S .. p*S+S-1).
-    Any other set: "ranks a,b,..", which no C trace names (the comparison then differs)."""
+def group_name(ranks, groups):
+    """The C run's name of the process group of these global ranks: the group of run.json's "groups" (what the
+    runtime made: the world, a mesh's shard<i> and replicate<j>, the pipeline's stage<p>; trace_model.runtime_groups)
+    with exactly these ranks, a mesh's or stage's before the world (under --mesh 4,1 a column is every rank); any
+    other set: "ranks a,b,..", which no C trace names (the comparison then differs)."""
     ranks = sorted(int(r) for r in ranks)
-    if pp:
-        S = world // pp
-        for p in range(pp):
-            if ranks == list(range(p * S, p * S + S)):
-                return "stage%d" % p
-    if mesh:
-        R, S = mesh
-        for i in range(R):
-            if ranks == [i * S + j for j in range(S)]:
-                return "shard%d" % i
-        for j in range(S):
-            if ranks == [i * S + j for i in range(R)]:
-                return "replicate%d" % j
-    elif ranks == list(range(world)):
-        return "world"
+    for name, members in sorted(groups.items(), key=lambda kv: kv[0] == "world"):
+        if sorted(members) == ranks:
+            return name
     return "ranks " + ",".join(str(r) for r in ranks)
 
 
-def group_size(name, mesh, world, pp=None):
-    """How many ranks the group of a C trace name holds (shard<i>: S, replicate<j>: R, stage<p>: W / P, world: W)."""
-    if pp and name.startswith("stage"):
-        return world // pp
+def group_size(name, groups):
+    """How many ranks the group of a C trace name holds (group_name's "ranks a,b,.." included)."""
     if name.startswith("ranks "):
         return len(name.split(" ", 1)[1].split(","))
-    if mesh and name.startswith("shard"):
-        return mesh[1]
-    if mesh and name.startswith("replicate"):
-        return mesh[0]
-    return world
+    return len(groups[name])
 
 
 def c_collective_events(cdir, rank):
     """The collective events of the C run's trace_rank<r>.json, each with its label and kind ('<label>.<kind>')."""
-    with open(os.path.join(cdir, "trace_rank%d.json" % rank)) as fh:
-        events = json.load(fh).get("traceEvents", [])
-    return [(e, *label_and_kind(e["name"])) for e in events
-            if e.get("ph") == "X" and e.get("cat") == COLLECTIVE and "name" in e]
+    return [(e, *label_and_kind(e["name"])) for e in read_trace_events(cdir, rank)
+            if e.get("cat") == COLLECTIVE and "name" in e]
 
 
 def c_collectives(cdir, world, modules):
@@ -95,14 +77,14 @@ def c_collectives(cdir, world, modules):
     return per_rank
 
 
-def torch_collectives(ranks, profiled_steps, mesh, pp=None):
+def torch_collectives(ranks, profiled_steps, groups):
     """FSDP2's counts per rank, keyed as c_collectives' (the groups' ranks named by group_name)."""
     out = []
     for rk in ranks:
         counts = {}
         for c in rk["collectives"]:
             if c["step"] < profiled_steps or c["step"] < 0:
-                group = group_name(c["group"].split(","), mesh, len(ranks), pp)
+                group = group_name(c["group"].split(","), groups)
                 key = (c["step"], c["microbatch"], c["module"], c["kind"], c["phase"], group, c["dtype"],
                        c.get("bytes", -1))
                 counts[key] = counts.get(key, 0) + c["count"]
@@ -110,14 +92,14 @@ def torch_collectives(ranks, profiled_steps, mesh, pp=None):
     return out
 
 
-def without_single_rank_groups(per_rank, mesh, world, pp=None):
+def without_single_rank_groups(per_rank, groups):
     """(counts without the collectives in a group of one rank, how many were left out); any key whose element
     5 is the group."""
     kept, left_out = [], 0
     for counts in per_rank:
         k = {}
         for key, n in counts.items():
-            if group_size(key[5], mesh, world, pp) == 1:
+            if group_size(key[5], groups) == 1:
                 left_out += n
             else:
                 k[key] = n
@@ -146,33 +128,22 @@ def torch_backward_gathers(ranks, profiled_steps):
              for g in rk.get("backward_all_gathers", []) if g["step"] < profiled_steps} for rk in ranks]
 
 
-PASS_LETTERS = {"forward": "F", "backward": "B"}  # a compute event's args.phase -> the pass it belongs to
-
-
-def read_trace_events(cdir, rank):
-    with open(os.path.join(cdir, "trace_rank%d.json" % rank)) as fh:
-        return json.load(fh).get("traceEvents", [])
-
-
 def _int(x):
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+def read_trace_events(cdir, rank):
+    """The slices of the C run's trace_rank<r>.json (gradelib.trace_model, the one reader of traces)."""
+    return read_trace(os.path.join(cdir, "trace_rank%d.json" % rank)).events
+
+
 def c_pass_orders(events):
-    """{step: [(F | B, microbatch), ..]}: the forwards and backwards whose kernels ran, in time order (the compute
-    events of phase forward / backward with a microbatch; consecutive kernels of one pass collapsed; a
-    recompute's kernels, phase recompute, are not a pass)."""
-    out = {}
-    passes = [e for e in events if e.get("ph") == "X" and e.get("cat") == COMPUTE
-              and e.get("args", {}).get("phase") in PASS_LETTERS and _int(e["args"].get("microbatch"))
-              and _int(e["args"].get("step"))]
-    for e in sorted(passes, key=lambda e: e["ts"]):
-        a = e["args"]
-        order = out.setdefault(a["step"], [])
-        token = (PASS_LETTERS[a["phase"]], a["microbatch"])
-        if not order or order[-1] != token:
-            order.append(token)
-    return out
+    """{step: [(F | B, microbatch), ..]}: the forwards and backwards whose kernels ran in each step, in time order
+    (trace_model.passes_ran, the grader's pp_schedule reading: a recompute's kernels are not a pass)."""
+    steps = sorted({e["args"]["step"] for e in events if e.get("ph", "X") == "X" and e.get("cat") == COMPUTE
+                    and type(e.get("args", {}).get("step")) is int})
+    out = {s: passes_ran([e for e in events if e.get("ph", "X") == "X"], s) for s in steps}
+    return {s: o for s, o in out.items() if o}
 
 
 def parse_p2p(text):

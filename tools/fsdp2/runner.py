@@ -13,6 +13,7 @@ import sys
 from repo_paths import ROOT  # first: it puts grader/ on sys.path
 import manifest
 from gradelib.rubric import stage_flags, stage_variants
+from gradelib.trace_model import stage_modules
 
 
 TOOL = os.path.join(ROOT, "tools", "fsdp2_check.py")  # the command line: what a run under the venv's python runs
@@ -241,23 +242,19 @@ def without_pipeline_flags(flags):
     return out + ["--world", "1"]
 
 
-def pipeline_split(n_layers, P):
-    """The blocks of each stage (hw_pipe.h): contiguous, stage p gets L / P, one more when p < L % P."""
-    blocks, b = [], 0
-    for p in range(P):
-        n = n_layers // P + (1 if p < n_layers % P else 0)
-        blocks.append(list(range(b, b + n)))
-        b += n
-    return blocks
-
-
 def pipeline_job(r):
-    """The job's "pipeline" of a C run's run.json: None without --pp."""
+    """The job's "pipeline" of a C run's run.json: None without --pp; the blocks of each stage from the stage map
+    the runtime states (trace_model.stage_modules), not split again here."""
     P = r.get("pp") or 0
     if P < 1:
         return None
     if r["world_size"] % P or r["batch_size"] % r["microbatches"]:
         raise Failure("--pp %d at world %d with batch %d in %d microbatches: not a split the runtime makes"
                       % (P, r["world_size"], r["batch_size"], r["microbatches"]))
+    stages = stage_modules(r)
+    if not stages or len(stages) != P:
+        raise Failure("the C run's run.json states no stage map of %d stages (\"pipeline\"): a run that stopped "
+                      "before its end?" % P)
+    # the blocks each stage holds, as the runtime split them (hw_pipe.h; run.json "pipeline"): block<i> is layer i
     return {"pp": P, "microbatches": r["microbatches"], "schedule": r["pp_schedule"],
-            "blocks": pipeline_split(r["n_layers"], P)}
+            "blocks": [[int(m[len("block"):]) for m in mods if m.startswith("block")] for mods in stages]}

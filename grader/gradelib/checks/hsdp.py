@@ -11,11 +11,10 @@ from .registry import check
 
 
 def _groups(ctx):
-    """{rank: (shard group name, replicate group name or None)} of the run's mesh, as the runtime names them."""
-    R, S = mesh_shape(ctx.flags, ctx.world)
-    if not any(f.startswith("--mesh=") for f in ctx.flags):
-        return {r: ("world", None) for r in range(ctx.world)}
-    return {r: ("shard%d" % (r // S), "replicate%d" % (r % S)) for r in range(ctx.world)}
+    """{rank: (shard group name, replicate group name or None)} of the run's mesh, as run.json states the runtime
+    made them (the world without a mesh)."""
+    ctx.groups()  # run.json states them, or one line saying it does not
+    return {r: (ctx.group_of(r, "shard") or "world", ctx.group_of(r, "replicate")) for r in range(ctx.world)}
 
 
 @check("hsdp_collectives", label="collectives in their groups", variants=True)

@@ -22,15 +22,23 @@ PREFETCH_ADVICE = {
 
 @check("prefetch_policy", label="backward prefetch follows the policy", variants=True)
 def check_prefetch_policy(ctx):
-    """Where every backward all-gather was issued (the trace's module and phase of the hook that queued it):
-    module i-1's in module i's pre_backward (pre), in module i's post_backward (post), or in its own
-    pre_backward (none); the first module of the backward always in its own pre_backward. With
-    --single-comm-stream every all-gather and reduce-scatter of a rank runs on one stream."""
+    """Where every backward all-gather was issued (the trace's module and phase of the hook that queued it),
+    against where the policy issues it as the runtime states the rule (run.json's prefetch_schedule, written by
+    common/driver/flag_check.c, which also stops a run whose hooks follow another policy): module i-1's in
+    module i's pre_backward (pre), in module i's post_backward (post), or in its own pre_backward (none); the
+    first module of the backward always in its own pre_backward. With --single-comm-stream every all-gather and
+    reduce-scatter of a rank runs on one stream."""
     policy = manifest.flag_value(ctx.flags, "--backward-prefetch", "pre")
     single = "--single-comm-stream" in ctx.flags
     zero2 = "--reshard-after-forward=false" in ctx.flags
     order, _ = ctx.module_order()
-    last = len(order) - 1
+    rule = ctx.run_json().get("prefetch_schedule")
+    issued_in = rule.get("issued_in") if isinstance(rule, dict) else None
+    if not (isinstance(issued_in, dict) and all(
+            isinstance(issued_in.get(m), list) and len(issued_in[m]) == 2 and all(isinstance(x, str) for x in issued_in[m])
+            for m in order)):
+        raise CheckFailed("run.json states no backward-prefetch schedule for the modules %s (\"prefetch_schedule\": "
+                          "the runtime writes it at the end of a run without --pp)" % ", ".join(order))
     for r in range(ctx.world):
         issued = {}  # (step, module) -> [(issuing module, phase)]
         streams = set()
@@ -63,12 +71,9 @@ def check_prefetch_policy(ctx):
         if not steps:
             raise CheckFailed("rank %d's trace holds no all-gather issued in a backward hook" % r)
         for step in steps:
-            for i, mod in enumerate(order):
+            for mod in order:
                 got = issued.get((step, mod), [])
-                if i == last or policy == "none":
-                    want = (mod, "pre_backward")
-                else:
-                    want = (order[i + 1], "pre_backward" if policy == "pre" else "post_backward")
+                want = tuple(issued_in[mod])
                 if got != [want]:
                     where = ", ".join("%s's %s" % g for g in got) or "none"
                     raise CheckFailed("%s's backward all-gather (step %d, rank %d) was issued in %s, expected %s's %s "

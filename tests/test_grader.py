@@ -16,6 +16,7 @@ import subprocess
 import sys
 
 import pytest
+from gradelib.trace_model import group_kinds, group_of, runtime_groups
 
 import manifest
 from gradelib.checks import CHECKS, OVERLAP_CHECKS, overlap_runs
@@ -309,6 +310,27 @@ class HintContext:
         self.tol = {}
         self.cuda = False
         self._traces, self._clip, self._got, self._ref = traces or {}, clip, got, ref
+        # run.json's groups as the runtime states them, worked out by hand: the world; with the mesh, rows
+        # shard<i> of S ranks and columns replicate<j> of R ranks (rank = i * S + j)
+        groups = [{"name": "world", "kind": "world", "ranks": list(range(R * S))}]
+        if mesh:
+            groups += [{"name": "shard%d" % i, "kind": "shard", "ranks": [i * S + j for j in range(S)]}
+                       for i in range(R)]
+            groups += [{"name": "replicate%d" % j, "kind": "replicate", "ranks": [i * S + j for i in range(R)]}
+                       for j in range(S)]
+        self._run_json = {"groups": groups}
+
+    def run_json(self):
+        return self._run_json
+
+    def groups(self):
+        return runtime_groups(self._run_json)
+
+    def group_kind(self, name):
+        return group_kinds(self._run_json).get(name)
+
+    def group_of(self, rank, kind):
+        return group_of(self._run_json, rank, kind)
 
     def parity_tol(self, metric):
         """(against the reference, against the baseline): the measured tolerance of every float32 run."""

@@ -244,3 +244,35 @@ def test_make_plots_with_a_reference(tmp_path):
     assert p.returncode == 0 and "Traceback" not in p.stdout + p.stderr, p.stdout[-2000:] + p.stderr[-2000:]
     for name in ("loss.png", "timeline.png", "memory.png"):
         assert (run / "plots" / name).stat().st_size > 10000, name
+
+
+PIPELINE = [s for s in SOLVED if s.pipeline]
+
+
+@pytest.mark.skipif(not PIPELINE or not os.path.isdir(os.path.join(ROOT, "logs", "reference")),
+                    reason="no pipeline solution or no logs/reference here")
+def test_one_bubble_for_the_grader_the_plot_and_the_bench(tmp_path):
+    """The pipeline bubble has one definition (gradelib.trace_model.pipeline_bubble): on one run of the first
+    pipeline stage's solution, in its grading configuration, the grader's pp_bubble line, pipeline.png's title
+    and the bench's figure name the same step and the same share."""
+    import re
+    from benchlib.pipeline import bubble
+    from gradelib.checks import run_check
+    from gradelib.context import Context
+    from gradelib.rubric import load_rubric, stage_flags
+    from gradelib.runner import RunResult
+    st = PIPELINE[0]
+    rubric = load_rubric()
+    run = tmp_path / "run"
+    run_train(solution_bin(st), run, *stage_flags(rubric, st.id))
+    ctx = Context(rubric, st.id, RunResult(str(run), True, "", 0.0, []), os.path.join(ROOT, "logs", "reference"),
+                  None)
+    ok, reason, detail = run_check(ctx, "pp_bubble")
+    assert ok, reason
+    m = re.search(r"bubble (\d+\.\d)% in step (\d+)", detail)
+    assert m, detail
+    share, step = m.group(1), int(m.group(2))
+    title = plots.plot_pipeline(plt, str(run), str(tmp_path), step - 1)
+    assert "step %d:" % step in title and "as the grader measures it): %s%% of this step" % share in title, title
+    world = int(ctx.world)
+    assert "%.1f" % (100 * bubble(str(run), world, step - 1)) == share

@@ -557,15 +557,17 @@ def plot_pipeline(plt, run, out, step):
     # the bubble as the grader measures it (gradelib.trace_model.pipeline_bubble): the idle share of each rank's
     # compute kernels in the step's window, so a wait inside a pass counts too (a bar spans it)
     idle, _ = pipeline_bubble(by_rank(events), step, W)
-    ax.set_title("%s, %d stages x %d microbatches, step %d: F = forward, B = backward of a microbatch\nthe bubble "
-                 "(compute idle, as the grader measures it): %.1f%% of this step; (P-1)/(M+P-1) = %.1f%% with equal "
-                 "stages and free transfers" % ("GPipe" if cfg.get("pp_schedule") == "gpipe" else "1F1B", P, M,
-                                                step + 1, 100 * idle, 100 * ideal_bubble(P, M)), fontsize=9)
+    title = ("%s, %d stages x %d microbatches, step %d: F = forward, B = backward of a microbatch\nthe bubble "
+             "(compute idle, as the grader measures it): %.1f%% of this step; (P-1)/(M+P-1) = %.1f%% with equal "
+             "stages and free transfers" % ("GPipe" if cfg.get("pp_schedule") == "gpipe" else "1F1B", P, M,
+                                            step + 1, 100 * idle, 100 * ideal_bubble(P, M)))
+    ax.set_title(title, fontsize=9)
     ax.legend([plt.Rectangle((0, 0), 1, 1, color=colours[k]) for k in "FB"], ["forward", "backward"],
               loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     fig.tight_layout()
     fig.savefig(os.path.join(out, "pipeline.png"), dpi=DPI)
     plt.close(fig)
+    return title
 
 
 def main():

@@ -513,6 +513,18 @@ def stages(data=None):
     return [Stage(sid, data["stages"][sid]) for sid in sorted(data["stages"])]
 
 
+def flag_stage(flag, data=None):
+    """The stage that teaches a flag: the first, in number order, whose hooks honour it (stages.NN.honours) or
+    whose graded run sets it (stages.NN.flags); None for a flag no stage teaches. The runtime's messages name
+    flags and features, never stage numbers: the grader adds the stage from here."""
+    def name(f):
+        return f.split("=", 1)[0]
+    for s in stages(data):
+        if flag in s.honours or flag in map(name, s.flags):
+            return s
+    return None
+
+
 def stage(key, data=None):
     """A stage by number ("03", "3", 3) or by folder ("03_forward_overlap"); KeyError if none."""
     text = str(key)

@@ -286,3 +286,22 @@ def test_stage_01_is_graded_where_two_ranks_own_no_rows(tmp_path):
             if len(empty) >= 2 and any(chunk(d0, world, r)[1] != d0 for r in empty):
                 found.append((v, name, d0, world, empty))
     assert found, "no graded run of stage %s has a param with two ranks that own no rows" % first
+
+
+def test_flag_stage_is_the_first_that_teaches_it():
+    """manifest.flag_stage (the grader's map from the runtime's flags to the course's stages): for every flag a
+    stage honours or grades with, the stage it names uses the flag and no earlier stage does; the runner adds
+    it to a runtime error that names the flag."""
+    from gradelib.runner import taught_in
+    stages = manifest.stages()
+
+    def uses(s, flag):
+        return flag in s.honours or any(f.split("=", 1)[0] == flag for f in s.flags)
+    flags = {f for s in stages for f in s.honours} | {f.split("=", 1)[0] for s in stages for f in s.flags}
+    assert flags
+    for flag in sorted(flags):
+        got = manifest.flag_stage(flag)
+        assert got is not None and uses(got, flag), flag
+        assert not any(uses(s, flag) for s in stages if s.id < got.id), flag
+        assert taught_in("error: %s: something" % flag) == " (%s: stage %s)" % (flag, got.id)
+    assert manifest.flag_stage("--no-such-flag") is None and taught_in("error: out of memory") == ""

@@ -27,6 +27,8 @@ import subprocess
 import tempfile
 import time
 
+import manifest
+
 from .util import ROOT, is_int, relpath
 
 # the training binary's exit statuses: a runtime error, a TODO stub reached (common/util.h), a NaN loss
@@ -259,12 +261,22 @@ def classify_run(rc, log_path, run_dir, timeout_s, steps, limits=None, one_strea
         return False, (what + ": fresh allocations are NaN-filled, so this is usually compute reading a buffer "
                        "before it was written (a missing dev_stream_wait_event?) or a division by zero")
     if rc == EXIT_FATAL and errors:
-        reason = "runtime error: " + errors[-1][len("error: "):]
+        reason = "runtime error: " + errors[-1][len("error: "):] + taught_in(errors[-1])
         if limits and limits["run_address_space_gib"] is not None and "out of memory" in reason:
             reason += " (the grader's memory limit: %g GiB of address space per run)" % limits["run_address_space_gib"]
         return False, reason
     last = errors[-1] if errors else (lines[-1].strip() if lines else "")
     return False, "exited with status %d%s" % (rc, (": " + last) if last else "")
+
+
+def taught_in(line):
+    """" (--flag: stage NN)" for the first flag a runtime message names that a stage teaches (manifest.flag_stage:
+    the runtime speaks of flags, the course of stages), or ""."""
+    for flag in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", line):
+        st = manifest.flag_stage(flag)
+        if st is not None:
+            return " (%s: stage %s)" % (flag, st.id)
+    return ""
 
 
 # ---- the sandbox ---------------------------------------------------------------------------------

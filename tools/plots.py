@@ -34,6 +34,7 @@ import repo_paths  # noqa: F401  (grader/ on sys.path, for trace_names)
 from gradelib.trace_model import BUSY_PHASES, RunDir, by_rank, group_kinds, ideal_bubble, open_json, pipeline_bubble
 from trace_names import (ALL_GATHER, ALL_REDUCE, BACKWARD_PHASES, BROADCAST, COLLECTIVE, COMPUTE, COMPUTE_TID, COPY,
                          EVENT, FORWARD_PHASES, HOST_SYNC, HOST_TID, MEMSET, REDUCE_SCATTER, WAIT, label_and_kind)
+from trace_names import PHASE_FORWARD, PHASE_OPTIMIZER  # the phases (runtime/phase.h)
 
 DPI = 110
 
@@ -176,7 +177,7 @@ def phase_group(phase):
         return "forward"
     if phase in BACKWARD_PHASES:
         return "backward"
-    return "optimizer" if phase == "optimizer" else None
+    return "optimizer" if phase == PHASE_OPTIMIZER else None
 
 
 def phase_spans(events, step):
@@ -514,7 +515,7 @@ def pipeline_passes(events, step):
             continue
         if not isinstance(a.get("microbatch"), int):
             continue
-        key = (e["pid"], "F" if a["phase"] == "forward" else "B", a["microbatch"])
+        key = (e["pid"], "F" if a["phase"] == PHASE_FORWARD else "B", a["microbatch"])
         lo, hi = spans.get(key, (e["ts"], e["ts"] + e["dur"]))
         spans[key] = (min(lo, e["ts"]), max(hi, e["ts"] + e["dur"]))
     out = {}

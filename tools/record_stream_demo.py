@@ -36,6 +36,7 @@ import sys
 from repo_paths import ROOT  # first: it puts grader/ on sys.path
 import manifest  # the stage folders come from grader/rubric.json
 from trace_names import TAG_COMM_BUFFER  # the memory tags (MemTag)
+from trace_names import PHASE_BACKWARD, PHASE_POST_BACKWARD, PHASE_PRE_BACKWARD  # the phases (runtime/phase.h)
 
 # (old, new): each old text must occur exactly once in the solution.
 RECORD_STREAM = [
@@ -116,7 +117,7 @@ def comm_peak(run_dir):
 
 def comm_series(run_dir, step):
     """Counted comm_buffer bytes of rank 0 after each allocator event of the given step's backward."""
-    backward = ("pre_backward", "post_backward", "backward")
+    backward = (PHASE_PRE_BACKWARD, PHASE_POST_BACKWARD, PHASE_BACKWARD)
     return [now for e, now in comm_replay(run_dir)[0]
             if e.get("step") == step and e.get("phase", "").startswith(backward)]
 

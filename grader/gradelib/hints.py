@@ -19,6 +19,7 @@ import math
 from fractions import Fraction
 
 from trace_names import ALL_REDUCE, BACKWARD_PHASES, COLLECTIVE, REDUCE_SCATTER, label_and_kind
+from trace_names import PHASE_OPTIMIZER  # the phases (runtime/phase.h)
 
 from .util import CheckFailed, is_finite, mesh_shape, rel
 
@@ -51,7 +52,7 @@ def _norm_all_reduces(ctx, step):
                 continue
             seen = True
             label, kind = label_and_kind(e["name"])
-            if kind != ALL_REDUCE or args.get("phase") != "optimizer":
+            if kind != ALL_REDUCE or args.get("phase") != PHASE_OPTIMIZER:
                 continue
             if label != "grad_norm" and args.get("bytes", 0) > 8:
                 return None
@@ -137,7 +138,8 @@ def norm_reduction_hint(ctx, step, ratio, lead=True):
     if all(c == 1 for row in coef for c in row):
         return ""
     want = ("one all-reduce (RED_SUM) in the shard group %s (mesh->shard_group, its S = %d ranks: the shards "
-            "of one replica)" % (ctx.group_of(0, "shard"), S) if two_d else "one all-reduce (RED_SUM) over the %d ranks" % ctx.world)
+            "of one replica)" % (ctx.group_of(0, "shard"), S) if two_d else
+            "one all-reduce (RED_SUM) over the %d ranks" % ctx.world)
     if not ars[0]:
         return ("%sthe trace shows no all-reduce of the norm's sum of squares in step %d's fsdp_optimizer_step: each "
                 "rank's norm is its own shard's only; the sum of squares must be all-reduced before the square "

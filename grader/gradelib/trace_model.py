@@ -23,6 +23,7 @@ import os
 
 from trace_names import (BACKWARD_PHASES, COLLECTIVE, COMPUTE, COMPUTE_TID, FORWARD_PHASES, TAG_ACTIVATION, WAIT,
                          label_and_kind)
+from trace_names import PHASE_BACKWARD, PHASE_FORWARD, PHASE_RECOMPUTE  # the phases (runtime/phase.h)
 
 from .util import is_finite, is_int, one_line, short
 
@@ -91,7 +92,8 @@ def checked_slices(doc, name):
         if "microbatch" in args and not (is_int(args["microbatch"]) and 0 <= args["microbatch"] < 2 ** 31):
             bad.append("microbatch")
         if bad:
-            raise TraceError("%s (%s): args.%s is %s" % (where, one_line(e["name"], 80), bad[0], short(args.get(bad[0]))))
+            raise TraceError("%s (%s): args.%s is %s" % (where, one_line(e["name"], 80), bad[0],
+                                                         short(args.get(bad[0]))))
         out.append(e)
     return out
 
@@ -334,8 +336,8 @@ def exposed_comm(events):
 
 # ---- pipeline schedules -----------------------------------------------------------------------------
 
-PASS_PHASES = {"forward": "F", "backward": "B"}  # a pass's kernels: args.phase -> its letter
-BUSY_PHASES = ("forward", "backward", "recompute")  # the kernels that count as a stage's work in the bubble
+PASS_PHASES = {PHASE_FORWARD: "F", PHASE_BACKWARD: "B"}  # a pass's kernels: args.phase -> its letter
+BUSY_PHASES = (PHASE_FORWARD, PHASE_BACKWARD, PHASE_RECOMPUTE)  # the kernels that count as a stage's work in the bubble
 
 
 def schedule_order(P, M, stage, schedule):

@@ -9,13 +9,13 @@ import json
 import os
 
 from trace_names import COPY, D2H, H2D, label_and_kind
+from trace_names import BACKWARD_PHASES  # the backward's phases and hooks (runtime/phase.h)
 from trace_names import TAG_GRAD_SHARD, TAG_OPTIM_STATE, TAG_PARAM_SHARD  # the memory tags (MemTag)
 
 from .figures import MIB, fmt_mib, runs_section
 from .measure import CASE_LINK, first_stage, log, train_cases
 from .traces import last_step_on_model_clock, trace_events
 
-BACKWARD_PHASES = {"pre_backward", "backward", "post_backward", "finish_backward"}
 
 
 def _stage10():

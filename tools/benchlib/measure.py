@@ -18,6 +18,7 @@ from gradelib.rubric import load_rubric, parity_tolerances
 from gradelib.trace_model import runtime_groups
 from repo_paths import ROOT
 from trace_names import ALL_GATHER, ALL_REDUCE, COLLECTIVE, COMPUTE, COMPUTE_TID, REDUCE_SCATTER, label_and_kind
+from trace_names import PHASE_FINISH_BACKWARD  # the phases (runtime/phase.h)
 # the memory tags (MemTag)
 from trace_names import (TAG_COMM_BUFFER, TAG_GRAD_SHARD, TAG_OPTIM_STATE, TAG_PARAM_SHARD, TAG_TEMP,
                          TAG_UNSHARDED_GRAD, TAG_UNSHARDED_PARAM)
@@ -424,7 +425,7 @@ def section_accum(bench, cfg):
         colls = step_collectives(d, N - 1)
         with open(os.path.join(d, "memory_rank0.json")) as fh:
             between = [e for e in json.load(fh)["events"] if e.get("kind") == "hook_memory"
-                       and e.get("hook") == "finish_backward" and e.get("step") == N - 1
+                       and e.get("hook") == PHASE_FINISH_BACKWARD and e.get("step") == N - 1
                        and e.get("microbatch", 0) == 0]
         tags = between[0]["exit_by_tag"] if between and flags else None  # K = 1: no "between"
         steps = list(range(1, N))

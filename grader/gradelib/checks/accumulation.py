@@ -2,6 +2,7 @@
 against the analytic model of the run's flags (Accum).
 """
 from trace_names import ALL_GATHER, REDUCE_SCATTER, label_and_kind
+from trace_names import PHASE_FINISH_BACKWARD, PHASE_POST_BACKWARD  # the phases (runtime/phase.h)
 from trace_names import TAG_GRAD_SHARD, TAG_UNSHARDED_GRAD, TAG_UNSHARDED_PARAM  # the memory tags (MemTag)
 
 from ..util import CheckFailed, fmt_bytes, is_int
@@ -74,7 +75,7 @@ def check_accum_collectives(ctx):
 
 def _finish_notes(ctx, rank):
     """{(step, microbatch): hook_memory note} of finish_backward: what lives between microbatches."""
-    return {(s, m): n for (s, mod, hook, m), n in ctx.hook_memory(rank).items() if hook == "finish_backward"}
+    return {(s, m): n for (s, mod, hook, m), n in ctx.hook_memory(rank).items() if hook == PHASE_FINISH_BACKWARD}
 
 
 @check("accum_grads", label="unsharded grads between microbatches", variants=True)
@@ -87,7 +88,7 @@ def check_accum_grads(ctx):
     for rank in range(ctx.world):
         seen = 0
         for n in ctx.notes(rank):
-            if n.get("hook") != "post_backward" or "unsharded_grad_live_bytes" not in n or "microbatch" not in n:
+            if n.get("hook") != PHASE_POST_BACKWARD or "unsharded_grad_live_bytes" not in n or "microbatch" not in n:
                 continue
             seen += 1
             live, want = int(n["unsharded_grad_live_bytes"]), a.unsharded[n["module"]]
@@ -138,7 +139,7 @@ def check_accum_reshard(ctx):
     total = sum(a.unsharded.values())
     for rank in range(ctx.world):
         for n in ctx.notes(rank):
-            if n.get("hook") != "post_backward" or "unsharded_param_live_bytes" not in n or "microbatch" not in n:
+            if n.get("hook") != PHASE_POST_BACKWARD or "unsharded_param_live_bytes" not in n or "microbatch" not in n:
                 continue
             live, want = int(n["unsharded_param_live_bytes"]), a.unsharded[n["module"]]
             if n.get("reshard_after_backward") == 0 and live != want:

@@ -1,7 +1,11 @@
 """What the hooks free and keep (every stage): params freed after forward and backward, grads after the
 reduce-scatter (the hook_check notes), and memory inside each hook against the reference's.
 """
-from trace_names import TAG_COMM_BUFFER, TAG_GRAD_SHARD, TAG_OPTIM_STATE, TAG_UNSHARDED_GRAD, TAG_UNSHARDED_PARAM  # the memory tags (MemTag)
+from trace_names import (TAG_COMM_BUFFER, TAG_GRAD_SHARD, TAG_OPTIM_STATE,  # the memory tags (MemTag)
+                         TAG_UNSHARDED_GRAD, TAG_UNSHARDED_PARAM)
+from trace_names import (PHASE_FINISH_BACKWARD, PHASE_OPTIMIZER, PHASE_POST_BACKWARD,  # the phases (phase.h)
+                         PHASE_POST_FORWARD, PHASE_PRE_BACKWARD, PHASE_PRE_FORWARD, PHASE_RECOMPUTE_POST_FORWARD,
+                         PHASE_RECOMPUTE_PRE_FORWARD)
 from ..util import CheckFailed, fmt_bytes
 from .common import notes_check
 from .registry import check
@@ -9,39 +13,39 @@ from .registry import check
 
 @check("freed_after_forward", label="params freed after forward", variants=True)
 def check_freed_after_forward(ctx):
-    return notes_check(ctx, "post_forward", "unsharded_param_live_bytes", True, "unsharded params",
+    return notes_check(ctx, PHASE_POST_FORWARD, "unsharded_param_live_bytes", True, "unsharded params",
                         "reshard: dev_free every unsharded Param.data (and set it to NULL)")
 
 
 @check("freed_after_backward", label="params freed after backward", variants=True)
 def check_freed_after_backward(ctx):
-    return notes_check(ctx, "post_backward", "unsharded_param_live_bytes", True, "unsharded params",
+    return notes_check(ctx, PHASE_POST_BACKWARD, "unsharded_param_live_bytes", True, "unsharded params",
                         "post_backward reshards after the reduce-scatter is queued", unless="reshard_after_backward")
 
 
 @check("grads_freed", label="grads freed after reduce-scatter", variants=True)
 def check_grads_freed(ctx):
-    return notes_check(ctx, "post_backward", "unsharded_grad_live_bytes", True, "unsharded grads",
+    return notes_check(ctx, PHASE_POST_BACKWARD, "unsharded_grad_live_bytes", True, "unsharded grads",
                         "free each Param.grad once it is copied into the reduce-scatter input",
                         unless="requires_gradient_sync")
 
 
 # what usually keeps memory in a hook (by the hook's name), and the tags whose lifetimes the hooks own
 HOOK_HINTS = {
-    "post_backward": "free each Param.grad as soon as its copy into the reduce-scatter input is queued, and the "
-                     "previous reduce-scatter input once compute has waited for its reduce-scatter",
-    "pre_forward": "unshard this module and prefetch at most the next; release the all-gather state before "
-                   "allocating the next all-gather output",
-    "post_forward": "reshard: free every unsharded Param.data",
-    "finish_backward": "release the kept all-gather and reduce-scatter states",
-    "optimizer": "free each module's grad shards (zero_grad) right after its AdamW is queued, and the norm's "
-                 "temporaries",
+    PHASE_POST_BACKWARD: ("free each Param.grad as soon as its copy into the reduce-scatter input is queued, and the "
+                          "previous reduce-scatter input once compute has waited for its reduce-scatter"),
+    PHASE_PRE_FORWARD: ("unshard this module and prefetch at most the next; release the all-gather state before "
+                        "allocating the next all-gather output"),
+    PHASE_POST_FORWARD: "reshard: free every unsharded Param.data",
+    PHASE_FINISH_BACKWARD: "release the kept all-gather and reduce-scatter states",
+    PHASE_OPTIMIZER: ("free each module's grad shards (zero_grad) right after its AdamW is queued, and the norm's "
+                      "temporaries"),
 }
-HOOK_HINTS["pre_backward"] = ("release the all-gather state the forward left at the top of fsdp_pre_backward (when this "
-                              "hook all-gathers nothing, as under ZeRO-2, nothing else drops it), unshard this module "
-                              "and prefetch at most the one before it")
-HOOK_HINTS["recompute.pre_forward"] = HOOK_HINTS["pre_forward"]
-HOOK_HINTS["recompute.post_forward"] = HOOK_HINTS["post_forward"]
+HOOK_HINTS[PHASE_PRE_BACKWARD] = ("release the all-gather state the forward left at the top of fsdp_pre_backward (when "
+                                  "this hook all-gathers nothing, as under ZeRO-2, nothing else drops it), unshard "
+                                  "this module and prefetch at most the one before it")
+HOOK_HINTS[PHASE_RECOMPUTE_PRE_FORWARD] = HOOK_HINTS[PHASE_PRE_FORWARD]
+HOOK_HINTS[PHASE_RECOMPUTE_POST_FORWARD] = HOOK_HINTS[PHASE_POST_FORWARD]
 LIFETIME_TAGS = (TAG_UNSHARDED_PARAM, TAG_UNSHARDED_GRAD, TAG_GRAD_SHARD, TAG_COMM_BUFFER, TAG_OPTIM_STATE)
 
 

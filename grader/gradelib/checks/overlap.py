@@ -8,6 +8,7 @@ figure on the same run (grader/figures/overlap.json, through the rubric the mani
 import manifest
 from trace_names import (ALL_GATHER, ALL_REDUCE, COLLECTIVE, COMPUTE_TID, COPY, D2H, H2D, HOOK_PHASES, HOST_SYNC,
                          REDUCE_SCATTER)
+from trace_names import PHASE_BACKWARD, PHASE_FORWARD, PHASE_RECOMPUTE  # the phases (runtime/phase.h)
 
 from ..trace_model import overlap_shares, transfers
 from ..util import CheckFailed, is_finite, is_int
@@ -55,24 +56,24 @@ class OverlapKind:
 
 OVERLAP_CHECKS = {
     "ag_overlap": OverlapKind(
-        COLLECTIVE, ALL_GATHER, {"forward"}, "all-gather",
+        COLLECTIVE, ALL_GATHER, {PHASE_FORWARD}, "all-gather",
         "are the all-gathers on their own stream, the next module's issued (prefetched) before this one computes, "
         "with compute waiting on an event rather than the host?"),
     "rs_overlap": OverlapKind(
-        COLLECTIVE, REDUCE_SCATTER, {"backward", "recompute"}, "reduce-scatter",
+        COLLECTIVE, REDUCE_SCATTER, {PHASE_BACKWARD, PHASE_RECOMPUTE}, "reduce-scatter",
         "are the reduce-scatters on their own stream, so that module i's reduce-scatter runs while module i-1's "
         "backward computes?"),
     "ar_overlap": OverlapKind(
-        COLLECTIVE, ALL_REDUCE, {"backward", "recompute"}, "replica all-reduce",
+        COLLECTIVE, ALL_REDUCE, {PHASE_BACKWARD, PHASE_RECOMPUTE}, "replica all-reduce",
         "issue each module's all-reduce across the replicas in its post_backward, on the reduce-scatter's stream "
         "right after its reduce-scatter, so that it runs while the next module's backward computes (not all at "
         "the end of the backward, not on the compute stream)", modules=True),
     "h2d_overlap": OverlapKind(
-        COPY, H2D, {"forward", "backward", "recompute"}, "host-to-device copy",
+        COPY, H2D, {PHASE_FORWARD, PHASE_BACKWARD, PHASE_RECOMPUTE}, "host-to-device copy",
         "queue each host shard's copy to the device on the all-gather stream, before its all-gather, with no host "
         "wait in between, so that it runs while the previous module computes"),
     "d2h_overlap": OverlapKind(
-        COPY, D2H, {"backward", "recompute"}, "device-to-host copy",
+        COPY, D2H, {PHASE_BACKWARD, PHASE_RECOMPUTE}, "device-to-host copy",
         "queue each reduce-scatter output's copy back to the host grad shards on the reduce-scatter stream and "
         "let the host go on (no dev_stream_synchronize / dev_event_synchronize in the hook)"),
 }
@@ -196,7 +197,7 @@ def _overlap(ctx, key):
                           % (len(f.serial), k.whats, e["name"], e["args"].get("module"), e["args"].get("phase"),
                              e["args"].get("step", -1) + 1, ", microbatch %d" % micro if is_int(micro) else "", r,
                              k.advice))
-    where = "/".join(p for p in ("forward", "backward", "recompute") if p in k.phases)
+    where = "/".join(p for p in (PHASE_FORWARD, PHASE_BACKWARD, PHASE_RECOMPUTE) if p in k.phases)
     if f.compute_share >= need:
         return "%.1f%% of %s compute ran during %s (%.1f%% of %s time under compute, not graded)" % (
             100 * f.compute_share, where, k.whats, 100 * f.collective_share, k.what)

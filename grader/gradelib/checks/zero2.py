@@ -2,6 +2,7 @@
 all-gathers nothing; true frees them as before.
 """
 from trace_names import ALL_GATHER, BACKWARD_PHASES
+from trace_names import PHASE_POST_FORWARD  # the phases (runtime/phase.h)
 
 from ..util import CheckFailed
 from .common import notes_check
@@ -24,8 +25,8 @@ def check_zero2_no_backward_all_gather(ctx):
 def check_zero2_params_kept(ctx):
     """post_forward follows --reshard-after-forward: keeps the params with false, frees them with true."""
     if "--reshard-after-forward=false" in ctx.flags:
-        return notes_check(ctx, "post_forward", "unsharded_param_live_bytes", False, "unsharded params were",
+        return notes_check(ctx, PHASE_POST_FORWARD, "unsharded_param_live_bytes", False, "unsharded params were",
                             "with --reshard-after-forward=false post_forward keeps the params for the backward")
-    return notes_check(ctx, "post_forward", "unsharded_param_live_bytes", True, "unsharded params",
+    return notes_check(ctx, PHASE_POST_FORWARD, "unsharded_param_live_bytes", True, "unsharded params",
                         "with --reshard-after-forward=true (FsdpConfig.reshard_after_forward = 1) post_forward "
                         "reshards, as in stage 05: is the flag read?")

@@ -7,7 +7,8 @@ import subprocess
 
 import pytest
 
-from helpers import BASELINE, CORPUS, ROOT, SOLVED, solution_bin
+import manifest
+from helpers import BASELINE, CORPUS, ROOT, SOLVED, apply_mutant, solution_bin
 
 
 def run(*args, timeout=60):
@@ -342,6 +343,35 @@ def test_single_comm_stream_needs_a_stage_that_follows_it():
                  "--single-comm-stream: the all-gathers and reduce-scatters ran on 2 streams (all_gather, "
                  "reduce_scatter): with --single-comm-stream every one goes on one stream "
                  "(FsdpConfig.single_comm_stream; HANDOUT.md, --single-comm-stream)")
+
+
+def test_single_comm_stream_holds_for_every_step(tmp_path):
+    """--single-comm-stream is one rule for the whole run, stated once (common/driver/flag_check.c; the grader
+    relies on it): the stage that teaches it, changed to move its reduce-scatters to a new stream after the first
+    backward, runs step 1 on one stream and stops at step 2's first reduce-scatter with the same line."""
+    st = manifest.flag_stage("--single-comm-stream")
+    need(st.id)
+    src = tmp_path / "hw_fsdp.c"
+    apply_mutant({"base": os.path.relpath(st.solution_src(), ROOT), "replace": [
+        ["    Stream *compute, *ag_stream, *rs_stream;", "    Stream *compute, *ag_stream, *rs_stream, *late;"],
+        ["    release_all_gather_state(f); /* the backward's last one, before the optimizer */",
+         "    release_all_gather_state(f); /* the backward's last one, before the optimizer */\n"
+         "    if (!f->late) f->rs_stream = f->late = dev_stream_create(f->dev, \"late\");"]]}, str(src))
+    binary = tmp_path / "train"
+    b = subprocess.run(["make", "-s", "--no-print-directory", "impl", "SRC=%s" % src, "OUT=%s" % binary], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert b.returncode == 0, b.stdout + b.stderr
+    one = subprocess.run([str(binary), "--world", "2", "--steps", "1", "--quiet", "--data", CORPUS,
+                          "--single-comm-stream", "--out", str(tmp_path / "one")], capture_output=True, text=True,
+                         timeout=120, cwd=ROOT)
+    assert one.returncode == 0, one.stderr  # the first step keeps to one stream
+    for _ in range(3):
+        expect_exact(subprocess.run([str(binary), "--world", "2", "--steps", "2", "--quiet", "--data", CORPUS,
+                                     "--single-comm-stream", "--out", str(tmp_path / "two")], capture_output=True,
+                                    text=True, timeout=120, cwd=ROOT),
+                     "--single-comm-stream: the all-gathers and reduce-scatters ran on 2 streams (all_gather, late): "
+                     "with --single-comm-stream every one goes on one stream (FsdpConfig.single_comm_stream; "
+                     "HANDOUT.md, --single-comm-stream)")
 
 
 @pytest.mark.parametrize("stage,flags", [

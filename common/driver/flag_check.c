@@ -29,9 +29,22 @@ static void expected(const Model *m, BackwardPrefetch p, int i, int *issuer, int
     }
 }
 
+/* --single-comm-stream holds for the whole run: the first all-gather or
+ * reduce-scatter on a second stream, in any step or microbatch, stops it. */
+static void check_single_stream(const FlagCheck *fc) {
+    if (!fc->opt->single_comm_stream || fc->n_streams < 2) return;
+    char names[256] = "";
+    size_t len = 0;
+    for (int k = 0; k < fc->n_streams && len < sizeof names; k++)
+        len += (size_t)snprintf(names + len, sizeof names - len, "%s%s", k ? ", " : "", fc->stream_name[k]);
+    fatal("--single-comm-stream: the all-gathers and reduce-scatters ran on %d streams (%s): with "
+          "--single-comm-stream every one goes on one stream (FsdpConfig.single_comm_stream; HANDOUT.md, "
+          "--single-comm-stream)",
+          fc->n_streams, names);
+}
+
 static void on_collective(void *ctx, const CollIssue *c) {
     FlagCheck *fc = ctx;
-    if (c->step != fc->step || c->micro > 0) return;
     int ag = c->kind == COLL_ALL_GATHER;
     if (!ag && c->kind != COLL_REDUCE_SCATTER) return;
     int seen = 0;
@@ -40,6 +53,9 @@ static void on_collective(void *ctx, const CollIssue *c) {
         fc->stream[fc->n_streams] = c->stream;
         fc->stream_name[fc->n_streams++] = c->stream_name;
     }
+    check_single_stream(fc);
+    /* the backward prefetch: where the watched step's first microbatch issued each all-gather */
+    if (fc->prefetch_done || c->step != fc->step || c->micro > 0) return;
     if (!ag || !c->phase) return;
     int post = phase_is(c->phase, PHASE_POST_BACKWARD);
     /* an --ac recompute's pre_forward runs inside the module's backward, after its pre_backward */
@@ -120,19 +136,10 @@ static void check_prefetch(const FlagCheck *fc) {
 }
 
 void flag_check_end(Dev *dev, FlagCheck *fc) {
-    if (!fc->issued) return;
-    if (fc->opt->single_comm_stream && fc->n_streams > 1) {
-        char names[256] = "";
-        size_t len = 0;
-        for (int k = 0; k < fc->n_streams && len < sizeof names; k++)
-            len += (size_t)snprintf(names + len, sizeof names - len, "%s%s", k ? ", " : "", fc->stream_name[k]);
-        fatal("--single-comm-stream: the all-gathers and reduce-scatters ran on %d streams (%s): with "
-              "--single-comm-stream every one goes on one stream (FsdpConfig.single_comm_stream; HANDOUT.md, "
-              "--single-comm-stream)",
-              fc->n_streams, names);
-    }
+    if (!fc->issued || fc->prefetch_done) return;
     if (fc->opt->backward_prefetch_given) check_prefetch(fc);
-    flag_check_free(dev, fc);
+    fc->prefetch_done = 1;
+    if (!fc->opt->single_comm_stream) flag_check_free(dev, fc); /* else: the streams are watched to the end */
 }
 
 void flag_check_free(Dev *dev, FlagCheck *fc) {

@@ -7,8 +7,10 @@
  *     that is exactly the schedule of another policy, the hooks ignore
  *     FsdpConfig.backward_prefetch: one line naming a module, the hook that
  *     issued its all-gather and the hook P asks for.
- *   --single-comm-stream: every all-gather and reduce-scatter of the step ran
- *     on one stream, else one line naming the streams.
+ *   --single-comm-stream: every all-gather and reduce-scatter of the run
+ *     runs on one stream: the first on a second stream, in any step, stops
+ *     the run with one line naming the streams (the only statement of this
+ *     rule: the grader finds such a run stopped).
  * Any other wrong schedule (a stage 10 bug, not the flag ignored) runs on:
  * the grader's prefetch_policy check finds it in the trace. */
 #ifndef HWFSDP_FLAG_CHECK_H
@@ -30,7 +32,8 @@ typedef struct {
 typedef struct {
     const Options *opt;
     const Model *model;
-    int step;                     /* the step watched: the run's first */
+    int step;                     /* the step whose backward prefetch is watched: the run's first */
+    int prefetch_done;            /* 1 after that step's check (flag_check_end) */
     Issued *issued;               /* [n_modules] in model order; NULL: no flag to check */
     int n_streams;                /* streams the all-gathers and reduce-scatters ran on */
     int stream[FLAG_CHECK_STREAMS];           /* their stream_index */
@@ -45,10 +48,12 @@ typedef struct {
  * (the last in model order) under any policy: in its own pre_backward. */
 void flag_check_schedule_json(Json *j, const Model *m, BackwardPrefetch p);
 
-/* Watch the collectives this rank issues in step `step` (first microbatch). */
+/* Watch the collectives this rank issues: the backward prefetch of step `step`
+ * (its first microbatch), and with --single-comm-stream the streams of every step. */
 void flag_check_begin(Dev *dev, FlagCheck *fc, const Options *o, const Model *m, int step);
-/* After that step's first backward: stop with one line if a flag was ignored;
- * then flag_check_free. */
+/* After that step's first backward: stop with one line if the hooks follow
+ * another prefetch policy; then flag_check_free, unless --single-comm-stream
+ * keeps the streams watched to the end of the run. */
 void flag_check_end(Dev *dev, FlagCheck *fc);
 /* Stop watching and free (a no-op after flag_check_end). */
 void flag_check_free(Dev *dev, FlagCheck *fc);

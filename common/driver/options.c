@@ -374,28 +374,6 @@ static const Flag FLAGS[] = {
 #undef AT
 #undef MAXRANKS
 
-/* run.json's keys in the order the file has always had them: a flag's (the
- * row whose json is the key) or a fact. A flag given a key later, not listed
- * here, goes where OTHER_FLAGS stands. */
-typedef enum { RJ_FLAG = 0, RJ_HIDDEN_DIM, RJ_N_PARAMS, RJ_DEVICE, RJ_HOST, RJ_OTHER_FLAGS } RunJsonSource;
-static const struct {
-    const char *key;
-    RunJsonSource source;
-} RUN_JSON[] = {
-    {"flavor", RJ_FLAG}, {"dim", RJ_FLAG}, {"n_layers", RJ_FLAG}, {"n_heads", RJ_FLAG}, {"n_kv_heads", RJ_FLAG},
-    {"vocab_size", RJ_FLAG}, {"hidden_dim", RJ_HIDDEN_DIM}, {"multiple_of", RJ_FLAG}, {"n_params", RJ_N_PARAMS},
-    {"seq_len", RJ_FLAG}, {"batch_size", RJ_FLAG}, {"steps", RJ_FLAG}, {"world_size", RJ_FLAG},
-    {"backend", RJ_FLAG}, {"device", RJ_DEVICE}, {"lr", RJ_FLAG}, {"warmup_steps", RJ_FLAG},
-    {"weight_decay", RJ_FLAG}, {"max_norm", RJ_FLAG}, {"seed", RJ_FLAG}, {"data", RJ_FLAG}, {"ac", RJ_FLAG},
-    {"reshard_after_forward", RJ_FLAG}, {"forward_only", RJ_FLAG}, {"grad_accum", RJ_FLAG},
-    {"grad_sync", RJ_FLAG}, {"reshard_after_backward", RJ_FLAG}, {"param_dtype", RJ_FLAG},
-    {"reduce_dtype", RJ_FLAG}, {"mesh", RJ_FLAG}, {"link_gbps", RJ_FLAG}, {"link_latency_us", RJ_FLAG},
-    {"ranks_per_node", RJ_FLAG}, {"inter_link_gbps", RJ_FLAG}, {"inter_link_latency_us", RJ_FLAG},
-    {"backward_prefetch", RJ_FLAG}, {"single_comm_stream", RJ_FLAG}, {"offload_params", RJ_FLAG},
-    {"pcie_gbps", RJ_FLAG}, {"pcie_latency_us", RJ_FLAG}, {"profile_steps", RJ_FLAG}, {NULL, RJ_OTHER_FLAGS},
-    {"host", RJ_HOST},
-};
-
 /* ----------------------------------------------------------------- usage */
 
 #define USAGE_COLUMN 25 /* where the flags' texts start, after two spaces */
@@ -626,51 +604,23 @@ static void flag_json(Json *j, const Flag *f, const Options *o) {
     }
 }
 
-static int listed_in_run_json(const char *key) {
-    for (size_t k = 0; k < sizeof RUN_JSON / sizeof RUN_JSON[0]; k++)
-        if (RUN_JSON[k].key && !strcmp(RUN_JSON[k].key, key)) return 1;
-    return 0;
-}
-
 void options_run_json(Json *j, const Options *o, const RunFacts *facts) {
     json_object_begin(j);
-    for (size_t k = 0; k < sizeof RUN_JSON / sizeof RUN_JSON[0]; k++) {
-        const char *key = RUN_JSON[k].key;
-        switch (RUN_JSON[k].source) {
-        case RJ_FLAG: {
-            const Flag *f = NULL;
-            for (size_t i = 0; i < N_FLAGS && !f; i++)
-                if (FLAGS[i].json && !strcmp(FLAGS[i].json, key)) f = &FLAGS[i];
-            if (!f) fatal("options.c: run.json key '%s' is no flag's", key);
-            json_key(j, key);
-            flag_json(j, f, o);
-            break;
+    /* every flag with a run.json key, in the table's order (a --pp-only key only with --pp) */
+    for (size_t i = 0; i < N_FLAGS; i++)
+        if (FLAGS[i].json && (!FLAGS[i].json_with_pp || o->pp)) {
+            json_key(j, FLAGS[i].json);
+            flag_json(j, &FLAGS[i], o);
         }
-        case RJ_OTHER_FLAGS:
-            for (size_t i = 0; i < N_FLAGS; i++)
-                if (FLAGS[i].json && !listed_in_run_json(FLAGS[i].json) && (!FLAGS[i].json_with_pp || o->pp)) {
-                    json_key(j, FLAGS[i].json);
-                    flag_json(j, &FLAGS[i], o);
-                }
-            break;
-        case RJ_HIDDEN_DIM:
-            json_key(j, key);
-            json_int(j, o->model.hidden_dim);
-            break;
-        case RJ_N_PARAMS:
-            json_key(j, key);
-            json_uint(j, facts->n_params);
-            break;
-        case RJ_DEVICE:
-            json_key(j, key);
-            json_string(j, facts->device);
-            break;
-        case RJ_HOST:
-            json_key(j, key);
-            json_string(j, facts->host);
-            break;
-        }
-    }
+    /* what the flags imply, and where the run ran */
+    json_key(j, "hidden_dim");
+    json_int(j, o->model.hidden_dim);
+    json_key(j, "n_params");
+    json_uint(j, facts->n_params);
+    json_key(j, "device");
+    json_string(j, facts->device);
+    json_key(j, "host");
+    json_string(j, facts->host);
     if (facts->rules) facts->rules(j, o, facts->rules_ctx);
     if (facts->world) world_facts_json(facts->world, j);
     json_object_end(j);

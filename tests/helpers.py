@@ -50,6 +50,33 @@ def trace_events(out):
     return RunDir(out).events()
 
 
+def find_cycle(graph):
+    """One cycle of a dependency graph {node: nodes it depends on} as [a, b, ..., a], or None (depth-first
+    search; the include-layer and import-cycle tests)."""
+    state, stack = {}, []
+
+    def visit(n):
+        state[n] = "open"
+        stack.append(n)
+        for m in sorted(graph.get(n, ())):
+            if state.get(m) == "open":
+                return stack[stack.index(m):] + [m]
+            if m not in state:
+                found = visit(m)
+                if found:
+                    return found
+        stack.pop()
+        state[n] = "done"
+        return None
+
+    for n in sorted(graph):
+        if n not in state:
+            found = visit(n)
+            if found:
+                return found
+    return None
+
+
 def rel(a, b):
     return abs(a - b) / max(abs(b), 1e-12)
 

@@ -12,9 +12,7 @@ The checker is run on small made-up trees too, so that it is seen to fail on a c
 import os
 import re
 
-import pytest
-
-from helpers import ROOT
+from helpers import ROOT, find_cycle
 
 DRIVER = os.path.join(ROOT, "common", "driver")
 
@@ -71,32 +69,6 @@ def graph(files):
             if inc in files and node(inc) != node(f):
                 edges[node(f)].add(node(inc))
     return edges, own
-
-
-def find_cycle(edges):
-    """One cycle of `edges` as a list of nodes [a, b, ..., a], or None."""
-    state, stack = {}, []
-
-    def visit(n):
-        state[n] = "open"
-        stack.append(n)
-        for m in sorted(edges.get(n, ())):
-            if state.get(m) == "open":
-                return stack[stack.index(m):] + [m]
-            if m not in state:
-                found = visit(m)
-                if found:
-                    return found
-        stack.pop()
-        state[n] = "done"
-        return None
-
-    for n in sorted(edges):
-        if n not in state:
-            found = visit(n)
-            if found:
-                return found
-    return None
 
 
 def problems(files):

@@ -5,7 +5,7 @@ grader/manifest.py and `from gradelib.checks import X` grader/gradelib/checks/__
 import ast
 import os
 
-from helpers import ROOT
+from helpers import ROOT, find_cycle
 
 ROOTS = [os.path.join(ROOT, "grader"), os.path.join(ROOT, "tools")]
 
@@ -57,32 +57,6 @@ def imports_of(name, path, known):
 def import_graph(roots=ROOTS):
     files = module_files(roots)
     return {name: imports_of(name, path, files) for name, path in files.items()}
-
-
-def find_cycle(graph):
-    """One cycle of the graph as [a, b, ..., a], or None (depth-first search, white / grey / black)."""
-    state, stack = {}, []
-
-    def visit(n):
-        state[n] = "grey"
-        stack.append(n)
-        for m in sorted(graph.get(n, ())):
-            if state.get(m) == "grey":
-                return stack[stack.index(m):] + [m]
-            if m not in state:
-                found = visit(m)
-                if found:
-                    return found
-        stack.pop()
-        state[n] = "black"
-        return None
-
-    for n in sorted(graph):
-        if n not in state:
-            found = visit(n)
-            if found:
-                return found
-    return None
 
 
 def test_the_graph_sees_the_imports():

@@ -32,7 +32,7 @@ from repo_paths import ROOT
 
 import manifest
 from benchlib.memory_model import flops_per_token, model_dims, n_params, replay_peak
-from benchlib.traces import step_on_model_clock, trace_events
+from benchlib.traces import step_on_model_clock
 from gradelib.trace_model import RunDir
 
 BUILD = os.environ.get("HWFSDP_BUILD", os.path.join(ROOT, "build"))
@@ -101,12 +101,10 @@ def peaks(memory_json, last_step):
 
 
 def report(run_dir, stage):
-    with open(os.path.join(run_dir, "run.json")) as fh:
-        rj = json.load(fh)
-    with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
-        metrics = [json.loads(line) for line in fh if line.strip()]
+    run = RunDir(run_dir)
+    rj, metrics = run.run_json, run.metrics()
     last = metrics[-1]
-    events = trace_events(run_dir)
+    events = run.events()  # every rank's trace read once: the clock's figures, the meta and attention below
     clock = step_on_model_clock(run_dir, last["step"] - 1, last["model_step_ms"], events=events)
     dims = model_dims(rj)
     T = rj["seq_len"]
@@ -114,7 +112,7 @@ def report(run_dir, stage):
     B = rj["batch_size"] / (rj.get("pp") or 1)
     step_s = last["model_step_ms"] / 1e3
     tps = B * T / step_s
-    meta = RunDir(run_dir).meta
+    meta = run.meta
     fpt = flops_per_token(dims, T)
     init, steady, by_tag, where = peaks(os.path.join(run_dir, "memory_rank0.json"), last["step"] - 1)
     attn_ms = sum(e["dur"] for e in events if e["pid"] == 0 and e["args"].get("step") == last["step"] - 1

@@ -172,7 +172,10 @@ class RunDir:
 
     @property
     def meta(self):
-        self._load()
+        """Rank 0's otherData; read from rank 0's file alone when the traces are not loaded."""
+        if self._traces is None:
+            t = read_trace(self.file("trace_rank0.json")) or read_trace(self.file("trace.json"))
+            return t.meta if t is not None else {}
         return self._meta
 
     @property

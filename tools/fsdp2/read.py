@@ -140,9 +140,9 @@ def read_trace_events(cdir, rank):
 def c_pass_orders(events):
     """{step: [(F | B, microbatch), ..]}: the forwards and backwards whose kernels ran in each step, in time order
     (trace_model.passes_ran, the grader's pp_schedule reading: a recompute's kernels are not a pass)."""
-    steps = sorted({e["args"]["step"] for e in events if e.get("ph", "X") == "X" and e.get("cat") == COMPUTE
-                    and type(e.get("args", {}).get("step")) is int})
-    out = {s: passes_ran([e for e in events if e.get("ph", "X") == "X"], s) for s in steps}
+    steps = sorted({e["args"]["step"] for e in events if e.get("cat") == COMPUTE
+                    and _int(e.get("args", {}).get("step"))})
+    out = {s: passes_ran(events, s) for s in steps}
     return {s: o for s, o in out.items() if o}
 
 

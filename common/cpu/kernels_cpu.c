@@ -33,17 +33,17 @@ void kcpu_rope_tables(void *a) { RopeTabArgs *r = a; rope_tables(r->cos, r->sin,
 
 void kcpu_attention_forward(void *a) {
     AttArgs *x = a;
-    attention_forward(x->out, x->probs, x->q, x->k, x->v, x->B, x->T, x->H, x->KV, x->hd);
+    attention_forward(x->out, x->lse, x->q, x->k, x->v, x->B, x->T, x->H, x->KV, x->hd);
 }
 void kcpu_attention_backward(void *a) {
     AttBwdArgs *x = a;
-    attention_backward(x->dq, x->dk, x->dv, x->dout, x->q, x->k, x->v, x->probs, x->scratch, x->B, x->T, x->H, x->KV,
-                       x->hd);
+    attention_backward(x->dq, x->dk, x->dv, x->dout, x->q, x->k, x->v, x->out, x->lse, x->scratch, x->B, x->T, x->H,
+                       x->KV, x->hd);
 }
 size_t kcpu_attention_scratch_floats(size_t B, size_t T, size_t H) {
     (void)B;
     (void)H;
-    return T * T; /* dS of one head at a time */
+    return attention_scratch_floats(T); /* one head's tiles at a time */
 }
 
 void kcpu_swiglu_forward(void *a) { SwiArgs *x = a; swiglu_forward(x->out, x->a, x->b, x->n); }

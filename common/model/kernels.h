@@ -41,10 +41,15 @@ typedef struct { float *dinp, *dw; const float *dout, *in, *w; size_t N, C, OC; 
 typedef struct { float *x; const float *cos, *sin; size_t B, T, nh, hd; int backward; } RopeArgs;
 /* cos/sin tables [T, hd/2] */
 typedef struct { float *cos, *sin; size_t T, hd; float theta; } RopeTabArgs;
-/* causal attention: out[B,T,H,hd], probs[B,H,T,T] */
-typedef struct { float *out, *probs; const float *q, *k, *v; size_t B, T, H, KV, hd; } AttArgs;
-/* dq, dk, dv accumulate; scratch holds attention_scratch_floats(B,T,H) floats */
-typedef struct { float *dq, *dk, *dv, *scratch; const float *dout, *q, *k, *v, *probs; size_t B, T, H, KV, hd; } AttBwdArgs;
+/* causal flash attention (ops.h): out[B,T,H,hd], lse[B,H,T] (each row's logsumexp, saved) */
+typedef struct { float *out, *lse; const float *q, *k, *v; size_t B, T, H, KV, hd; } AttArgs;
+/* dq, dk, dv accumulate; out and lse are the forward's; scratch holds
+ * attention_scratch_floats(B,T,H) floats of this backend */
+typedef struct {
+    float *dq, *dk, *dv, *scratch;
+    const float *dout, *q, *k, *v, *out, *lse;
+    size_t B, T, H, KV, hd;
+} AttBwdArgs;
 /* out[n] = silu(a[n]) * b[n] */
 typedef struct { float *out; const float *a, *b; size_t n; } SwiArgs;
 typedef struct { float *da, *db; const float *dout, *a, *b; size_t n; } SwiBwdArgs;
@@ -93,18 +98,23 @@ static inline KernelCost kcost_matmul_backward(size_t N, size_t C, size_t OC, DT
     double n = (double)N, c = (double)C, oc = (double)OC, wsz = math == DTYPE_BF16 ? 2 : 4;
     return kcost(COST_MATMUL, math, 4 * n * c * oc, 4 * (2 * n * oc + 3 * n * c + 2 * oc * c) + wsz * oc * c);
 }
-/* causal: each of the B*H heads scores T^2/2 pairs (2 hd FLOPs each in QK^T and
- * again in PV, about 5 for the softmax) and writes its probabilities [T, T] */
+/* Flash attention (ops.h): each of the B*H heads scores the T(T+1)/2 pairs of
+ * the causal half (the masked tiles are skipped): 2 hd FLOPs each in Q K^T,
+ * 2 hd in P V, about 5 for the online softmax (a max, an exp, a rescale).
+ * Bytes: q, k, v read and out written once, lse written; no [T, T] matrix. */
 static inline KernelCost kcost_attention_forward(size_t B, size_t T, size_t H, size_t KV, size_t hd) {
-    double bh = (double)(B * H), t2 = (double)T * (double)T, n = (double)(B * T);
-    return kcost(COST_ATTENTION, DTYPE_F32, bh * t2 * (2.0 * (double)hd + 2.5),
-                 4 * (n * (double)hd * (double)(2 * H + 2 * KV) + bh * t2));
+    double bh = (double)(B * H), pairs = (double)T * ((double)T + 1) / 2, n = (double)(B * T);
+    return kcost(COST_ATTENTION, DTYPE_F32, bh * pairs * (4.0 * (double)hd + 5.0),
+                 4 * (n * (double)hd * (double)(2 * H + 2 * KV) + bh * (double)T));
 }
-/* twice the forward's GEMMs (dV, dP, dQ, dK), the softmax backward; reads the probabilities */
+/* FlashAttention-2's backward: per causal pair the scores again (2 hd), dV,
+ * dP, dQ, dK (2 hd each) and about 6 for exp(s - lse) and dS; plus the row
+ * term D = rowsum(dout * out) (2 hd per row). Reads q, k, v, out, dout, lse;
+ * dq, dk, dv accumulate (read and written). */
 static inline KernelCost kcost_attention_backward(size_t B, size_t T, size_t H, size_t KV, size_t hd) {
-    double bh = (double)(B * H), t2 = (double)T * (double)T, n = (double)(B * T);
-    return kcost(COST_ATTENTION, DTYPE_F32, bh * t2 * (4.0 * (double)hd + 5.0),
-                 4 * (n * (double)hd * (double)(3 * H + 4 * KV) + 2 * bh * t2));
+    double bh = (double)(B * H), pairs = (double)T * ((double)T + 1) / 2, n = (double)(B * T);
+    return kcost(COST_ATTENTION, DTYPE_F32, bh * pairs * (10.0 * (double)hd + 6.0) + 2.0 * n * (double)(H * hd),
+                 4 * (n * (double)hd * (double)(5 * H + 6 * KV) + 2 * bh * (double)T));
 }
 
 #define HWFSDP_KERNEL_LIST(X)                                                                                          \

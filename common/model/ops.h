@@ -46,23 +46,43 @@ void rope_backward(float *dx, const float *cos_tab, const float *sin_tab, size_t
 
 /* Causal self-attention with grouped KV heads (head h reads kv head h / (H/KV)).
  * q [B,T,H,hd], k and v [B,T,KV,hd] (rows of the projections, RoPE applied),
- * out [B,T,H,hd], probs [B,H,T,T] softmax(q k^T / sqrt(hd)) with the causal
- * mask (entries above the diagonal are 0), saved for the backward. */
-void attention_forward(float *out, float *probs, const float *q, const float *k, const float *v,
-                       size_t B, size_t T, size_t H, size_t KV, size_t hd);
-/* dq, dk, dv accumulate. scratch: T*T floats of workspace (dS of one head). */
+ * out [B,T,H,hd] = softmax(q k^T / sqrt(hd) + causal mask) v.
+ *
+ * The model runs FLASH attention (FlashAttention-2's algorithm): the scores
+ * are made a tile at a time (ATTENTION_TILE_Q query rows x ATTENTION_TILE_K
+ * keys) and folded into the output with an online softmax, so no [T, T]
+ * matrix ever exists. Tiles right of the diagonal are skipped (the causal
+ * half). The forward saves, besides out, lse [B,H,T]: each row's logsumexp
+ * of its scaled scores; the backward recomputes the probabilities tile by
+ * tile as exp(score - lse). */
+#define ATTENTION_TILE_Q 64
+#define ATTENTION_TILE_K 64
+void attention_forward(float *out, float *lse, const float *q, const float *k, const float *v, size_t B, size_t T,
+                       size_t H, size_t KV, size_t hd);
+/* dq, dk, dv accumulate. out and lse are the forward's; scratch holds
+ * attention_scratch_floats(T) floats. */
 void attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
-                        const float *v, const float *probs, float *scratch, size_t B, size_t T, size_t H, size_t KV,
-                        size_t hd);
-/* The same, computed in causal blocks of `tile` query rows (0: one block):
- * blocks right of the diagonal are skipped. The default is ATTENTION_TILE;
- * any tile gives the same math, equal up to rounding (the tests run several). */
-#define ATTENTION_TILE 64
-void attention_forward_tiled(float *out, float *probs, const float *q, const float *k, const float *v, size_t B,
-                             size_t T, size_t H, size_t KV, size_t hd, size_t tile);
-void attention_backward_tiled(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
-                              const float *v, const float *probs, float *scratch, size_t B, size_t T, size_t H,
-                              size_t KV, size_t hd, size_t tile);
+                        const float *v, const float *out, const float *lse, float *scratch, size_t B, size_t T,
+                        size_t H, size_t KV, size_t hd);
+size_t attention_scratch_floats(size_t T);
+/* The same with explicit tiles (any tq, tk >= 1 gives the same math, equal up
+ * to float32 rounding: the tests run several); scratch for tiles tq x tk. */
+void attention_forward_tiles(float *out, float *lse, const float *q, const float *k, const float *v, size_t B,
+                             size_t T, size_t H, size_t KV, size_t hd, size_t tq, size_t tk);
+void attention_backward_tiles(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
+                              const float *v, const float *out, const float *lse, float *scratch, size_t B, size_t T,
+                              size_t H, size_t KV, size_t hd, size_t tq, size_t tk);
+size_t attention_scratch_floats_tiles(size_t T, size_t tq, size_t tk);
+
+/* The materialising attention, the tests' reference (the model never runs
+ * it): probs [B,H,T,T] = the causal softmax (0 above the diagonal), written
+ * by the forward and read by the backward; scratch holds T*T floats (dS of
+ * one head). Causal row blocks of `tile` rows skip the zero columns. */
+void attention_materialized_forward(float *out, float *probs, const float *q, const float *k, const float *v,
+                                    size_t B, size_t T, size_t H, size_t KV, size_t hd, size_t tile);
+void attention_materialized_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                                     const float *k, const float *v, const float *probs, float *scratch, size_t B,
+                                     size_t T, size_t H, size_t KV, size_t hd, size_t tile);
 
 /* e^x for x <= 0, within 2 ulp of expf (the attention softmax's exp). */
 float exp_nonpositive(float x);

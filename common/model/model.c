@@ -7,7 +7,7 @@
  * Block math (x is the block input, N = B*T rows):
  *   xn  = RMSNorm(x) * attention_norm              [N, D]
  *   q   = RoPE(xn Wq^T), k = RoPE(xn Wk^T), v = xn Wv^T
- *   att = softmax(q k^T / sqrt(hd) + causal) v     [N, H*hd]
+ *   att = softmax(q k^T / sqrt(hd) + causal) v     [N, H*hd]  (flash: saves lse [B,H,T], no [T,T])
  *   h   = x + att Wo^T                             [N, D]
  *   hn  = RMSNorm(h) * ffn_norm
  *   g   = silu(hn W1^T) * (hn W3^T)                [N, F]
@@ -114,7 +114,7 @@ struct ModuleActs {
     float *q;      /* [N, H*hd] after RoPE */
     float *k;      /* [N, KV*hd] after RoPE */
     float *v;      /* [N, KV*hd] */
-    float *probs;  /* [B, H, T, T] */
+    float *lse;    /* [B, H, T] each attention row's logsumexp (flash attention) */
     float *att;    /* [N, H*hd] attention output before wo */
     float *h;      /* [N, D] x + attention branch */
     float *hn;     /* [N, D] ffn RMSNorm output */
@@ -368,7 +368,7 @@ static void add_q(Q *q, float *out, const float *a_, const float *b_, size_t n) 
 }
 
 static void free_acts(Dev *dev, ModuleActs *A, int keep_input) {
-    float **all[] = {&A->xn, &A->rstd1, &A->q, &A->k, &A->v, &A->probs, &A->att, &A->h,
+    float **all[] = {&A->xn, &A->rstd1, &A->q, &A->k, &A->v, &A->lse, &A->att, &A->h,
                      &A->hn, &A->rstd2, &A->a, &A->b, &A->g, &A->logits};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         dev_free(dev, *all[i]);
@@ -433,9 +433,9 @@ static void block_forward_saved(Model *m, Module *mod, ModelRun *run, Q *q) {
     matmul_q(q, run, "wv", A->v, A->xn, &P[P_WV], N, D, KV * hd);
     rope_q(q, A->q, run, H, hd, 0);
     rope_q(q, A->k, run, KV, hd, 0);
-    A->probs = act(q, run->B * H * run->T * run->T, "probs");
+    A->lse = act(q, run->B * H * run->T, "lse");
     A->att = act(q, N * H * hd, "att");
-    AttArgs aa = {A->att, A->probs, A->q, A->k, A->v, run->B, run->T, H, KV, hd};
+    AttArgs aa = {A->att, A->lse, A->q, A->k, A->v, run->B, run->T, H, KV, hd};
     KernelCost ca = kcost_attention_forward(run->B, run->T, H, KV, hd);
     dev_launch(q->s, "attention", &ca, KERNEL(q->s, attention_forward), &aa, sizeof aa);
     A->h = act(q, N * D, "h");
@@ -570,7 +570,7 @@ void module_backward(Model *m, Module *mod, ModelRun *run) {
         matmul_bwd_q(&q, run, "wo_bwd", datt, dh, A->att, &P[P_WO], N, H * hd, D);
         float *dq = zeros(&q, N * H * hd, "dq"), *dk = zeros(&q, N * KV * hd, "dk"), *dv = zeros(&q, N * KV * hd, "dv");
         float *scratch = temp(&q, KERNEL(run->stream, attention_scratch_floats)(run->B, run->T, H), "att_scratch");
-        AttBwdArgs ab = {dq, dk, dv, scratch, datt, A->q, A->k, A->v, A->probs, run->B, run->T, H, KV, hd};
+        AttBwdArgs ab = {dq, dk, dv, scratch, datt, A->q, A->k, A->v, A->att, A->lse, run->B, run->T, H, KV, hd};
         KernelCost ca = kcost_attention_backward(run->B, run->T, H, KV, hd);
         dev_launch(run->stream, "attention_bwd", &ca, KERNEL(run->stream, attention_backward), &ab, sizeof ab);
         rope_q(&q, dq, run, H, hd, 1);

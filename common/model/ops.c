@@ -206,13 +206,10 @@ float exp_nonpositive(float x) {
     return x < EXP_MIN ? 0.0f : p * scale;
 }
 
-/* One causal softmax row in place: p[0..n) := softmax(p[0..n)). Eight lanes
- * for the max (exact in any order) and for the sum (lane l takes j = l mod 8,
- * the lanes are added pairwise: a fixed order), e^x by exp_nonpositive's
- * operations; with SSE2 (every x86-64) four at a time, the same bits. */
-void softmax_row(float *p, size_t n) {
+/* The largest of p[0..n) (n >= 1): eight lanes (exact in any order). */
+static float row_max(const float *p, size_t n) {
     size_t full = n / 8 * 8, j = 0;
-    float mx[8], acc[8];
+    float mx[8];
 #if defined(__SSE2__)
     __m128 m0 = _mm_set1_ps(p[0]), m1 = m0;
     for (; j < full; j += 8) { /* lane = p > lane ? p : lane, as the scalar code */
@@ -229,7 +226,16 @@ void softmax_row(float *p, size_t n) {
     for (j = full; j < n; j++) mx[0] = p[j] > mx[0] ? p[j] : mx[0];
     float m = mx[0];
     for (int l = 1; l < 8; l++) m = mx[l] > m ? mx[l] : m;
-    j = 0;
+    return m;
+}
+
+/* p[j] := e^(p[j] - m) for j < n (p[j] <= m up to rounding), and returns
+ * their sum: eight lanes (lane l takes j = l mod 8) added pairwise, a fixed
+ * order. e^x by exp_nonpositive's operations; with SSE2 (every x86-64) four
+ * at a time, the same bits. */
+static float exp_shift_row(float *p, size_t n, float m) {
+    size_t full = n / 8 * 8, j = 0;
+    float acc[8];
 #if defined(__SSE2__)
     const __m128 vm = _mm_set1_ps(m), lo = _mm_set1_ps(EXP_MIN), log2e = _mm_set1_ps(EXP_LOG2E);
     const __m128 rnd = _mm_set1_ps(EXP_ROUND), hi2 = _mm_set1_ps(EXP_LN2_HI), lo2 = _mm_set1_ps(EXP_LN2_LO);
@@ -269,9 +275,14 @@ void softmax_row(float *p, size_t n) {
         for (int l = 0; l < 8; l++) acc[l] += p[j + l];
 #endif
     for (j = full; j < n; j++) acc[j - full] += p[j];
-    float sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-    float inv = 1.0f / sum;
-    for (j = 0; j < n; j++) p[j] *= inv;
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+/* One causal softmax row in place: p[0..n) := softmax(p[0..n)): the max,
+ * e^(p - max) and its sum (exp_shift_row), each times 1 / sum. */
+void softmax_row(float *p, size_t n) {
+    float inv = 1.0f / exp_shift_row(p, n, row_max(p, n));
+    for (size_t j = 0; j < n; j++) p[j] *= inv;
 }
 
 /* What both attention passes check and share: the head grouping, the score
@@ -307,8 +318,8 @@ static bool attention_shape(AttnShape *s, const char *who, size_t B, size_t T, s
  * is 0 (at T = 256 and tile 64 that is 10 of 16 blocks of work). The terms
  * left out are exact zeros, so the tile changes at most the rounding (sgemm
  * may round a block of another shape differently in the last bit). */
-void attention_forward_tiled(float *out, float *probs, const float *q, const float *k, const float *v, size_t B,
-                             size_t T, size_t H, size_t KV, size_t hd, size_t tile) {
+void attention_materialized_forward(float *out, float *probs, const float *q, const float *k, const float *v,
+                                    size_t B, size_t T, size_t H, size_t KV, size_t hd, size_t tile) {
     AttnShape s;
     if (!attention_shape(&s, "attention_forward", B, T, H, KV, hd)) return;
     if (tile == 0) tile = T;
@@ -340,11 +351,6 @@ void attention_forward_tiled(float *out, float *probs, const float *q, const flo
     }
 }
 
-void attention_forward(float *out, float *probs, const float *q, const float *k, const float *v,
-                       size_t B, size_t T, size_t H, size_t KV, size_t hd) {
-    attention_forward_tiled(out, probs, q, k, v, B, T, H, KV, hd, ATTENTION_TILE);
-}
-
 /* With G = dout[b,:,h,:] and the same views as the forward:
  *   dV  += P^T G
  *   dP   = G V^T                                     (into a T x T buffer)
@@ -357,9 +363,9 @@ void attention_forward(float *out, float *probs, const float *q, const float *k,
  * only (P and dS are 0 above the diagonal). dS is written left of r1 only.
  * The sgemm products need dS (T x T) at once: that is `scratch`, which the
  * caller allocates (so the device allocator counts it). */
-void attention_backward_tiled(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
-                              const float *v, const float *probs, float *scratch, size_t B, size_t T, size_t H,
-                              size_t KV, size_t hd, size_t tile) {
+void attention_materialized_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                                     const float *k, const float *v, const float *probs, float *scratch, size_t B,
+                                     size_t T, size_t H, size_t KV, size_t hd, size_t tile) {
     AttnShape s;
     if (!attention_shape(&s, "attention_backward", B, T, H, KV, hd)) return;
     if (tile == 0) tile = T;
@@ -407,10 +413,172 @@ void attention_backward_tiled(float *dq, float *dk, float *dv, const float *dout
     }
 }
 
+/* ------------------------------------------------------- flash attention */
+
+/* FlashAttention-2's forward, for each batch b and head h (kv head kh), with
+ * Q, K, V, O the [T, hd] views of the materialising version above. Query
+ * rows are taken tq at a time, [r0, r1); for each, the keys tk at a time,
+ * [c0, c1), only up to the diagonal (c0 < r1: the tiles right of it are all
+ * masked and never made). With S = scale Q[r0:r1] K[c0:c1]^T (a tq x tk tile)
+ * each row t keeps a running max m_t, a running sum l_t and its unnormalised
+ * output O_t:
+ *   m'  = max(m_t, max_{j <= t} S[t,j])          (the causal part of the tile)
+ *   P[t,j] = e^(S[t,j] - m')  for j <= t, 0 past the diagonal
+ *   l_t = l_t e^(m_t - m') + sum_j P[t,j]
+ *   O_t = O_t e^(m_t - m') + P[t,:] V[c0:c1]      (one sgemm for the tile)
+ * and at the end O_t /= l_t, lse_t = m_t + log(l_t), the row's logsumexp:
+ * softmax(S[t,:]) = e^(S[t,:] - lse_t), which the backward recomputes from it.
+ * The first key tile (c0 = 0) starts every row (key 0 is never masked), so O
+ * is written, not scaled, there. Tile buffers: S [tq, tk], m and l [tq], the
+ * analogue of a GPU kernel's shared memory and registers (host memory here,
+ * not device memory: no allocator counts them). */
+void attention_forward_tiles(float *out, float *lse, const float *q, const float *k, const float *v, size_t B,
+                             size_t T, size_t H, size_t KV, size_t hd, size_t tq, size_t tk) {
+    AttnShape s;
+    if (!attention_shape(&s, "attention_forward", B, T, H, KV, hd)) return;
+    if (tq == 0 || tk == 0) fatal("attention_forward: tiles must be at least 1 (%zu x %zu)", tq, tk);
+    float *S = xmalloc(tq * tk * sizeof(float)); /* [tq, tk] scores, then probabilities */
+    float *m = xmalloc(2 * tq * sizeof(float)), *l = m + tq; /* [tq] running max and sum */
+    blasint ldS = blas_dim(tk, "attention");
+    for (size_t b = 0; b < B; b++) {
+        for (size_t h = 0; h < H; h++) {
+            size_t kh = h / s.group;
+            const float *Q = q + b * T * H * hd + h * hd;
+            const float *K = k + b * T * KV * hd + kh * hd;
+            const float *Vm = v + b * T * KV * hd + kh * hd;
+            float *O = out + b * T * H * hd + h * hd;
+            float *L = lse + (b * H + h) * T;
+            for (size_t r0 = 0; r0 < T; r0 += tq) {
+                size_t r1 = r0 + tq < T ? r0 + tq : T;
+                blasint m_ = (blasint)(r1 - r0);
+                for (size_t c0 = 0; c0 < r1; c0 += tk) {
+                    size_t c1 = c0 + tk < r1 ? c0 + tk : r1;
+                    blasint n_ = (blasint)(c1 - c0);
+                    /* S = scale Q[r0:r1] K[c0:c1]^T */
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m_, n_, s.hd, s.scale, Q + r0 * (size_t)s.qs,
+                                s.qs, K + c0 * (size_t)s.ks, s.ks, 0.0f, S, ldS);
+                    for (size_t t = r0; t < r1; t++) {
+                        size_t i = t - r0;
+                        float *p = S + i * tk, *o = O + t * (size_t)s.qs;
+                        size_t n = t + 1 < c1 ? (t + 1 > c0 ? t + 1 - c0 : 0) : c1 - c0; /* keys <= t here */
+                        if (n == 0) { /* the whole row is past the diagonal: nothing to add */
+                            memset(p, 0, (c1 - c0) * sizeof(float));
+                            continue;
+                        }
+                        float mx = row_max(p, n);
+                        if (c0 > 0 && m[i] > mx) mx = m[i];
+                        float rowsum = exp_shift_row(p, n, mx);
+                        memset(p + n, 0, (c1 - c0 - n) * sizeof(float));
+                        if (c0 == 0) {
+                            l[i] = rowsum;
+                        } else {
+                            float alpha = exp_nonpositive(m[i] - mx); /* rescales what the row holds */
+                            l[i] = l[i] * alpha + rowsum;
+                            for (size_t e = 0; e < hd; e++) o[e] *= alpha;
+                        }
+                        m[i] = mx;
+                    }
+                    /* O[r0:r1] (+)= P V[c0:c1] */
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m_, s.hd, n_, 1.0f, S, ldS,
+                                Vm + c0 * (size_t)s.ks, s.ks, c0 == 0 ? 0.0f : 1.0f, O + r0 * (size_t)s.qs, s.qs);
+                }
+                for (size_t t = r0; t < r1; t++) {
+                    size_t i = t - r0;
+                    float inv = 1.0f / l[i], *o = O + t * (size_t)s.qs;
+                    for (size_t e = 0; e < hd; e++) o[e] *= inv;
+                    L[t] = m[i] + logf(l[i]);
+                }
+            }
+        }
+    }
+    free(S);
+    free(m);
+}
+
+void attention_forward(float *out, float *lse, const float *q, const float *k, const float *v, size_t B, size_t T,
+                       size_t H, size_t KV, size_t hd) {
+    attention_forward_tiles(out, lse, q, k, v, B, T, H, KV, hd, ATTENTION_TILE_Q, ATTENTION_TILE_K);
+}
+
+/* FlashAttention-2's backward, per batch b and head h, with G = dout[b,:,h,:]:
+ *   D_t = sum_e G[t,e] O[t,e]                     (= sum_j P[t,j] dP[t,j])
+ * then for each key tile [c0, c1) and each query tile [r0, r1) that reaches
+ * it (r1 > c0: tiles wholly above the diagonal are skipped):
+ *   P  = e^(scale Q[r0:r1] K[c0:c1]^T - lse)     (recomputed; 0 past the diagonal)
+ *   dV[c0:c1] += P^T G[r0:r1]
+ *   dP = G[r0:r1] V[c0:c1]^T
+ *   dS = P * (dP - D)                             (the softmax backward)
+ *   dQ[r0:r1] += scale dS K[c0:c1]
+ *   dK[c0:c1] += scale dS^T Q[r0:r1]
+ * Every sum runs in a fixed order (key tiles, then query tiles, then heads
+ * h = 0..H-1 into a shared kv head), so the result does not depend on
+ * anything but the inputs and the tiles. scratch: D [T], P and dS [tq, tk]. */
+void attention_backward_tiles(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
+                              const float *v, const float *out, const float *lse, float *scratch, size_t B, size_t T,
+                              size_t H, size_t KV, size_t hd, size_t tq, size_t tk) {
+    AttnShape s;
+    if (!attention_shape(&s, "attention_backward", B, T, H, KV, hd)) return;
+    if (tq == 0 || tk == 0) fatal("attention_backward: tiles must be at least 1 (%zu x %zu)", tq, tk);
+    float *D = scratch, *P = scratch + T, *dS = P + tq * tk; /* [T], [tq, tk], [tq, tk] */
+    blasint ldS = blas_dim(tk, "attention");
+    for (size_t b = 0; b < B; b++) {
+        for (size_t h = 0; h < H; h++) {
+            size_t kh = h / s.group;
+            size_t qoff = b * T * H * hd + h * hd, koff = b * T * KV * hd + kh * hd;
+            const float *Q = q + qoff, *G = dout + qoff, *O = out + qoff, *L = lse + (b * H + h) * T;
+            const float *K = k + koff, *Vm = v + koff;
+            for (size_t t = 0; t < T; t++) {
+                const float *g = G + t * (size_t)s.qs, *o = O + t * (size_t)s.qs;
+                float d = 0.0f;
+                for (size_t e = 0; e < hd; e++) d += g[e] * o[e];
+                D[t] = d;
+            }
+            for (size_t c0 = 0; c0 < T; c0 += tk) {
+                size_t c1 = c0 + tk < T ? c0 + tk : T;
+                blasint n_ = (blasint)(c1 - c0);
+                for (size_t r0 = c0 / tq * tq; r0 < T; r0 += tq) {
+                    size_t r1 = r0 + tq < T ? r0 + tq : T;
+                    blasint m_ = (blasint)(r1 - r0);
+                    /* P = e^(scale Q K^T - lse), 0 past the diagonal */
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m_, n_, s.hd, s.scale, Q + r0 * (size_t)s.qs,
+                                s.qs, K + c0 * (size_t)s.ks, s.ks, 0.0f, P, ldS);
+                    for (size_t t = r0; t < r1; t++) {
+                        float *p = P + (t - r0) * tk;
+                        size_t n = t + 1 < c1 ? (t + 1 > c0 ? t + 1 - c0 : 0) : c1 - c0;
+                        exp_shift_row(p, n, L[t]);
+                        memset(p + n, 0, (c1 - c0 - n) * sizeof(float));
+                    }
+                    /* dV[c0:c1] += P^T G[r0:r1] */
+                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n_, s.hd, m_, 1.0f, P, ldS,
+                                G + r0 * (size_t)s.qs, s.qs, 1.0f, dv + koff + c0 * (size_t)s.ks, s.ks);
+                    /* dP = G[r0:r1] V[c0:c1]^T, then dS = P (dP - D) in place */
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m_, n_, s.hd, 1.0f, G + r0 * (size_t)s.qs,
+                                s.qs, Vm + c0 * (size_t)s.ks, s.ks, 0.0f, dS, ldS);
+                    for (size_t t = r0; t < r1; t++) {
+                        const float *p = P + (t - r0) * tk;
+                        float *ds = dS + (t - r0) * tk;
+                        for (size_t j = 0; j < c1 - c0; j++) ds[j] = p[j] * (ds[j] - D[t]);
+                    }
+                    /* dQ[r0:r1] += scale dS K[c0:c1] */
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m_, s.hd, n_, s.scale, dS, ldS,
+                                K + c0 * (size_t)s.ks, s.ks, 1.0f, dq + qoff + r0 * (size_t)s.qs, s.qs);
+                    /* dK[c0:c1] += scale dS^T Q[r0:r1] */
+                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n_, s.hd, m_, s.scale, dS, ldS,
+                                Q + r0 * (size_t)s.qs, s.qs, 1.0f, dk + koff + c0 * (size_t)s.ks, s.ks);
+                }
+            }
+        }
+    }
+}
+
+size_t attention_scratch_floats_tiles(size_t T, size_t tq, size_t tk) { return T + 2 * tq * tk; }
+size_t attention_scratch_floats(size_t T) { return attention_scratch_floats_tiles(T, ATTENTION_TILE_Q, ATTENTION_TILE_K); }
+
 void attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
-                        const float *v, const float *probs, float *scratch, size_t B, size_t T, size_t H, size_t KV,
-                        size_t hd) {
-    attention_backward_tiled(dq, dk, dv, dout, q, k, v, probs, scratch, B, T, H, KV, hd, ATTENTION_TILE);
+                        const float *v, const float *out, const float *lse, float *scratch, size_t B, size_t T,
+                        size_t H, size_t KV, size_t hd) {
+    attention_backward_tiles(dq, dk, dv, dout, q, k, v, out, lse, scratch, B, T, H, KV, hd, ATTENTION_TILE_Q,
+                             ATTENTION_TILE_K);
 }
 
 /* --------------------------------------------------------------------- swiglu */

@@ -568,7 +568,7 @@ static void flash_vs_materialized(size_t B, size_t T, size_t H, size_t KV, size_
 }
 /* T not a multiple of the tile (2 full tiles + 22), H != KV; T = 1; one partial tile */
 TEST(attention_flash_vs_materialized) {
-    flash_vs_materialized(1, 2 * ATTENTION_TILE_Q + 22, 4, 2, 8, 11);
+    flash_vs_materialized(1, 2 * ATTENTION_TILE_K + 22, 4, 2, 8, 11);
     flash_vs_materialized(2, 1, 4, 1, 8, 14);
     flash_vs_materialized(2, 37, 6, 3, 16, 15);
 }
@@ -577,7 +577,7 @@ TEST(attention_flash_vs_materialized) {
  * forward against the float64 reference; the backward against one-tile
  * flash (whose tile is the whole sequence: a single softmax per row). */
 TEST(attention_long_sequence_tiles) {
-    size_t B = 1, T = 2 * ATTENTION_TILE_Q + 22, H = 2, KV = 1, hd = 8;
+    size_t B = 1, T = 2 * ATTENTION_TILE_K + 22, H = 2, KV = 1, hd = 8;
     Rng r;
     rng_seed(&r, 11);
     size_t nq = B * T * H * hd, nk = B * T * KV * hd;

@@ -503,7 +503,8 @@ void attention_forward(float *out, float *lse, const float *q, const float *k, c
 /* FlashAttention-2's backward, per batch b and head h, with G = dout[b,:,h,:]:
  *   D_t = sum_e G[t,e] O[t,e]                     (= sum_j P[t,j] dP[t,j])
  * then for each key tile [c0, c1) and each query tile [r0, r1) that reaches
- * it (r1 > c0: tiles wholly above the diagonal are skipped):
+ * it (r1 > c0: tiles wholly above the diagonal are skipped), keys [c0, e1),
+ * e1 = min(c1, r1) (the keys past r1 are masked for every row of the tile):
  *   P  = e^(scale Q[r0:r1] K[c0:c1]^T - lse)     (recomputed; 0 past the diagonal)
  *   dV[c0:c1] += P^T G[r0:r1]
  *   dP = G[r0:r1] V[c0:c1]^T
@@ -535,18 +536,17 @@ void attention_backward_tiles(float *dq, float *dk, float *dv, const float *dout
             }
             for (size_t c0 = 0; c0 < T; c0 += tk) {
                 size_t c1 = c0 + tk < T ? c0 + tk : T;
-                blasint n_ = (blasint)(c1 - c0);
                 for (size_t r0 = c0 / tq * tq; r0 < T; r0 += tq) {
-                    size_t r1 = r0 + tq < T ? r0 + tq : T;
-                    blasint m_ = (blasint)(r1 - r0);
+                    size_t r1 = r0 + tq < T ? r0 + tq : T, e1 = c1 < r1 ? c1 : r1; /* keys past r1: masked */
+                    blasint m_ = (blasint)(r1 - r0), n_ = (blasint)(e1 - c0);
                     /* P = e^(scale Q K^T - lse), 0 past the diagonal */
                     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m_, n_, s.hd, s.scale, Q + r0 * (size_t)s.qs,
                                 s.qs, K + c0 * (size_t)s.ks, s.ks, 0.0f, P, ldS);
                     for (size_t t = r0; t < r1; t++) {
                         float *p = P + (t - r0) * tk;
-                        size_t n = t + 1 < c1 ? (t + 1 > c0 ? t + 1 - c0 : 0) : c1 - c0;
+                        size_t n = t + 1 < e1 ? (t + 1 > c0 ? t + 1 - c0 : 0) : e1 - c0;
                         exp_shift_row(p, n, L[t]);
-                        memset(p + n, 0, (c1 - c0 - n) * sizeof(float));
+                        memset(p + n, 0, (e1 - c0 - n) * sizeof(float));
                     }
                     /* dV[c0:c1] += P^T G[r0:r1] */
                     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n_, s.hd, m_, 1.0f, P, ldS,
@@ -557,7 +557,7 @@ void attention_backward_tiles(float *dq, float *dk, float *dv, const float *dout
                     for (size_t t = r0; t < r1; t++) {
                         const float *p = P + (t - r0) * tk;
                         float *ds = dS + (t - r0) * tk;
-                        for (size_t j = 0; j < c1 - c0; j++) ds[j] = p[j] * (ds[j] - D[t]);
+                        for (size_t j = 0; j < e1 - c0; j++) ds[j] = p[j] * (ds[j] - D[t]);
                     }
                     /* dQ[r0:r1] += scale dS K[c0:c1] */
                     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m_, s.hd, n_, s.scale, dS, ldS,

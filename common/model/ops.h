@@ -55,8 +55,11 @@ void rope_backward(float *dx, const float *cos_tab, const float *sin_tab, size_t
  * half). The forward saves, besides out, lse [B,H,T]: each row's logsumexp
  * of its scaled scores; the backward recomputes the probabilities tile by
  * tile as exp(score - lse). */
-#define ATTENTION_TILE_Q 64
-#define ATTENTION_TILE_K 64
+/* CPU tiles: 32 x 128 floats (16 KiB, an L1/L2-sized block; at the
+ * debugmodel's seq 256 and head dim 16 the fastest of 16..128 x 64..256
+ * measured, tools/bench_notes.md) */
+#define ATTENTION_TILE_Q 32
+#define ATTENTION_TILE_K 128
 void attention_forward(float *out, float *lse, const float *q, const float *k, const float *v, size_t B, size_t T,
                        size_t H, size_t KV, size_t hd);
 /* dq, dk, dv accumulate. out and lse are the forward's; scratch holds

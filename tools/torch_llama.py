@@ -3,7 +3,10 @@
 (tests/test_parity_torch.py), the bench and the FSDP2 check (tools/fsdp2_torch.py shards it).
 
 Same model, parameter names, data order, optimizer, LR schedule and clipping
-as the C runtime, written plainly (explicit attention, no SDPA):
+as the C runtime, written plainly. Attention is torch's fused causal
+scaled_dot_product_attention where torch has it (2.0 on: a flash or
+memory-efficient kernel, as the C runtime's flash attention), else the explicit
+softmax(q k^T / sqrt(hd) + mask) v (torch 1.13, Debian's); ATTENTION says which:
 
     python3 tools/torch_llama.py --init INIT.safetensors --data TOKENS.npy \\
         --dim 64 --n-layers 2 --n-heads 4 --n-kv-heads 2 --vocab-size 259 --multiple-of 16 \\
@@ -36,6 +39,9 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+# "sdpa": torch's fused causal attention (torch >= 2.0); "explicit": the softmax written out
+ATTENTION = "sdpa" if hasattr(F, "scaled_dot_product_attention") else "explicit"
 
 
 # ------------------------------------------------------------------ model
@@ -108,10 +114,13 @@ class Attention(nn.Module):
             k = k.repeat_interleave(rep, dim=2)
             v = v.repeat_interleave(rep, dim=2)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, heads, T, hd]
-        scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)
-        mask = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
-        scores = scores.masked_fill(mask, float("-inf"))
-        out = torch.softmax(scores, dim=-1) @ v
+        if ATTENTION == "sdpa":
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)
+            mask = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
+            scores = scores.masked_fill(mask, float("-inf"))
+            out = torch.softmax(scores, dim=-1) @ v
         return self.wo(out.transpose(1, 2).reshape(B, T, -1))
 
 

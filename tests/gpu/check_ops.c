@@ -262,28 +262,28 @@ static void check_rope(Ctx *c, size_t B, size_t T, size_t nh, size_t hd) {
 }
 
 static void check_attention(Ctx *c, size_t B, size_t T, size_t H, size_t KV, size_t hd) {
-    size_t nq = B * T * H * hd, nk = B * T * KV * hd, np = B * H * T * T;
-    float *q = randf(nq, 1), *k = randf(nk, 1), *v = randf(nk, 1), *out = randf(nq, 1), *probs = randf(np, 1);
+    size_t nq = B * T * H * hd, nk = B * T * KV * hd, nl = B * H * T;
+    float *q = randf(nq, 1), *k = randf(nk, 1), *v = randf(nk, 1), *out = randf(nq, 1), *lse = randf(nl, 1);
     float *dout = randf(nq, 1), *dq = randf(nq, 1), *dk = randf(nk, 1), *dv = randf(nk, 1);
-    float *o2 = randf(nq, 1), *saved = randf(np, 1);
+    float *o2 = randf(nq, 1), *lse2 = randf(nl, 1);
     size_t ns = kcpu_attention_scratch_floats(B, T, H), ng = kcuda_attention_scratch_floats(B, T, H);
     size_t nscr = ns > ng ? ns : ng;
     float *scratch = randf(nscr, 1);
     char shape[64];
     snprintf(shape, sizeof shape, "B%zu T%zu H%zu KV%zu hd%zu", B, T, H, KV, hd);
-    AttArgs f = {out, probs, q, k, v, B, T, H, KV, hd};
+    AttArgs f = {out, lse, q, k, v, B, T, H, KV, hd};
     Buf bf[] = {{"q", q, F(nq), 0}, {"k", k, F(nk), 0}, {"v", v, F(nk), 0}, {"out", out, F(nq), 1},
-                {"probs", probs, F(np), 1}};
+                {"lse", lse, F(nl), 1}};
     CASE("attention_forward", shape, kcpu_attention_forward, kcuda_attention_forward, f, bf);
-    attention_forward(o2, saved, q, k, v, B, T, H, KV, hd); /* the saved probs the backward reads */
-    AttBwdArgs g = {dq, dk, dv, scratch, dout, q, k, v, saved, B, T, H, KV, hd};
-    Buf bg[] = {{"dout", dout, F(nq), 0}, {"q", q, F(nq), 0},   {"k", k, F(nk), 0},
-                {"v", v, F(nk), 0},       {"probs", saved, F(np), 0},
+    attention_forward(o2, lse2, q, k, v, B, T, H, KV, hd); /* the saved out and lse the backward reads */
+    AttBwdArgs g = {dq, dk, dv, scratch, dout, q, k, v, o2, lse2, B, T, H, KV, hd};
+    Buf bg[] = {{"dout", dout, F(nq), 0}, {"q", q, F(nq), 0},  {"k", k, F(nk), 0},
+                {"v", v, F(nk), 0},       {"out", o2, F(nq), 0}, {"lse", lse2, F(nl), 0},
                 {"scratch", scratch, F(nscr), 2},
                 {"dq", dq, F(nq), 1},     {"dk", dk, F(nk), 1}, {"dv", dv, F(nk), 1}};
     CASE("attention_backward", shape, kcpu_attention_backward, kcuda_attention_backward, g, bg);
-    free(q), free(k), free(v), free(out), free(probs), free(dout), free(dq), free(dk), free(dv), free(scratch);
-    free(o2), free(saved);
+    free(q), free(k), free(v), free(out), free(lse), free(dout), free(dq), free(dk), free(dv), free(scratch);
+    free(o2), free(lse2);
 }
 
 static void check_elementwise(Ctx *c, size_t n) {

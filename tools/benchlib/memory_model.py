@@ -8,6 +8,8 @@ zero2 (from the flags) and prefetch (which all-gather runs one module ahead).
 Standard library only.
 """
 import json
+import os
+import re
 from collections import defaultdict
 
 from gradelib.util import padded_rows
@@ -18,6 +20,14 @@ from trace_names import (TAG_ACTIVATION, TAG_COMM_BUFFER, TAG_GRAD_SHARD, TAG_OP
 
 
 # ----------------------------------------------------------------- model sizes
+
+def attention_tiles():
+    """The CPU flash attention's tiles (query rows, keys), as common/model/ops.h defines them: its
+    backward's scratch is D [T] and two tiles (ops.c attention_scratch_floats)."""
+    with open(os.path.join(os.path.dirname(__file__), "..", "..", "common", "model", "ops.h")) as fh:
+        text = fh.read()
+    return tuple(int(re.search(r"#define ATTENTION_TILE_%s (\d+)" % w, text).group(1)) for w in "QK")
+
 
 def hidden_dim(dim, multiple_of, ffn_dim_multiplier=0.0):
     """The SwiGLU width F: Llama's 2/3 of 4 x dim, scaled, rounded up to multiple_of."""
@@ -110,10 +120,11 @@ def memory_model(m, B, T, W, stage):
     # activations (floats); every module's output is owned by the next module as its input x
     const = 2 * N + 2 * (T * hd // 2) + 1            # inputs, targets (int32), rope cos/sin, loss
     x_in = N * D                                       # embedding out / a block's out
-    blk_saved = (N * D + N + N * H * hd + 2 * N * KV * hd + B * H * T * T + N * H * hd
-                 + N * D + N * D + N + 3 * N * F)      # xn rstd1 q k v probs att h hn rstd2 w1_out w3_out swiglu
+    blk_saved = (N * D + N + N * H * hd + 2 * N * KV * hd + B * H * T + N * H * hd
+                 + N * D + N * D + N + 3 * N * F)      # xn rstd1 q k v lse att h hn rstd2 w1_out w3_out swiglu
     head_saved = N * D + N + N * V                     # xn rstd logits
-    blk_tmp = (3 * N * F + N * D + N * H * hd + N * H * hd + 2 * N * KV * hd + T * T + N * D
+    tq, tk = attention_tiles()
+    blk_tmp = (3 * N * F + N * D + N * H * hd + N * H * hd + 2 * N * KV * hd + T + 2 * tq * tk + N * D
                + N * D)  # dswiglu dw1_out dw3_out dhn datt dq dk dv att_scratch dxn + dh (the incoming grad)
     head_tmp = N * V + N * D + N * D                   # dlogits dxn dx
     ac = stage.ac

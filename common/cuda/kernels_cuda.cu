@@ -13,9 +13,10 @@
  * differs; embedding, add, RoPE and AdamW do the CPU's float operations in
  * the CPU's order and are expected to match it bitwise.
  *
- * Layouts (row-major): x [N, D]; q [B, T, H, hd]; k, v [B, T, KV, hd];
- * probs [B, H, T, T]; logits [N, V]. Sizes are size_t, and so is every
- * element index that can pass 2^31 (probs, logits). */
+ * Layouts (row-major): x [N, D]; q, out, dout [B, T, H, hd]; k, v [B, T, KV, hd];
+ * lse and the attention backward's D [B, H, T]; logits [N, V]. Sizes are
+ * size_t, and so is every element index that can pass 2^31 (activations,
+ * logits); only indices bounded by a tile or a head dim are int. */
 #include <math.h>
 #include <stdint.h>
 
@@ -66,18 +67,6 @@ template <typename T> __device__ T block_sum(T v, T *sh) {
         __syncthreads();
     }
     T r = sh[0];
-    __syncthreads();
-    return r;
-}
-
-__device__ float block_max(float v, float *sh) {
-    sh[threadIdx.x] = v;
-    __syncthreads();
-    for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
-        if (threadIdx.x < s) sh[threadIdx.x] = fmaxf(sh[threadIdx.x], sh[threadIdx.x + s]);
-        __syncthreads();
-    }
-    float r = sh[0];
     __syncthreads();
     return r;
 }
@@ -201,128 +190,345 @@ __global__ void rope_rot(float *x, const float *cos_tab, const float *sin_tab, s
 
 /* ----------------------------------------------------------------- attention */
 
-/* Forward, one block per query row (b, h, i), kv head g = h / (H/KV); the
- * scores of the row in shared memory [T]:
- *   s_j = (q_i . k_j) / sqrt(hd) for j <= i;  p = softmax(s), 0 for j > i
- *   probs[b, h, i, :] = p;  out_i = sum_{j <= i} p_j v_j  (j in order) */
-__global__ void attention_fwd(float *out, float *probs, const float *q, const float *k, const float *v, size_t T,
-                              size_t H, size_t KV, size_t hd) {
-    extern __shared__ float s[]; /* [T] scores, then [blockDim] reduction space */
-    float *red = s + T;
-    size_t row = blockIdx.x; /* (b * H + h) * T + i */
-    size_t i = row % T, h = (row / T) % H, b = row / (T * H);
-    size_t g = h / (H / KV);
-    const float *qi = q + ((b * T + i) * H + h) * hd;
-    float scale = 1.0f / sqrtf((float)hd);
-    for (size_t j = threadIdx.x; j <= i; j += blockDim.x) {
-        const float *kj = k + ((b * T + j) * KV + g) * hd;
-        float dot = 0.0f;
-        for (size_t d = 0; d < hd; d++) dot += qi[d] * kj[d];
-        s[j] = dot * scale;
-    }
-    float m = -INFINITY;
-    for (size_t j = threadIdx.x; j <= i; j += blockDim.x) m = fmaxf(m, s[j]); /* each thread reads its own s[j] */
-    m = block_max(m, red);
-    float sum = 0.0f;
-    for (size_t j = threadIdx.x; j <= i; j += blockDim.x) {
-        s[j] = expf(s[j] - m);
-        sum += s[j];
-    }
-    float inv = 1.0f / block_sum(sum, red);
-    float *prow = probs + row * T;
-    for (size_t j = threadIdx.x; j < T; j += blockDim.x) {
-        float p = j <= i ? s[j] * inv : 0.0f;
-        if (j <= i) s[j] = p;
-        prow[j] = p;
-    }
-    __syncthreads();
-    float *oi = out + ((b * T + i) * H + h) * hd;
-    for (size_t d = threadIdx.x; d < hd; d += blockDim.x) {
-        float acc = 0.0f;
-        for (size_t j = 0; j <= i; j++) acc += s[j] * v[((b * T + j) * KV + g) * hd + d];
-        oi[d] = acc;
+/* Causal flash attention (ops.h; FlashAttention-2's algorithm) in fp32 on the
+ * CUDA cores. For batch b, query head h, its kv head g = h / (H/KV), query
+ * row i and key row j <= i (scale = 1/sqrt(hd)):
+ *   s_ij  = scale (q_i . k_j)
+ *   lse_i = log sum_{j<=i} exp(s_ij)            (saved: lse[b, h, i])
+ *   p_ij  = exp(s_ij - lse_i),   out_i = sum_{j<=i} p_ij v_j
+ * and the backward, with g_i = dout_i:
+ *   D_i   = g_i . out_i                          (= sum_j p_ij (g_i . v_j))
+ *   dp_ij = g_i . v_j,   ds_ij = p_ij (dp_ij - D_i)
+ *   dq_i += scale sum_j ds_ij k_j,  dk_j += scale sum_i ds_ij q_i,  dv_j += sum_i p_ij g_i
+ *
+ * The three tile kernels share one geometry. A block OWNS kAttRows = 32 rows
+ * of one head (query rows in the forward and the dq kernel, key rows in the
+ * dk/dv kernel): kAttWarps = 8 warps of kAttRowsPerWarp = 4 rows. It STREAMS
+ * tiles of 32 rows of the other side through shared memory and never holds
+ * a [T, T] matrix:
+ *   - an owned row lives in registers, spread over its warp by dimension:
+ *     lane l holds dims l, l+32, l+64, l+96 (so hd <= kAttMaxHd = 128), and
+ *     so do the row's accumulators;
+ *   - a streamed tile is [32][hd + 1] floats of shared memory: lane j works
+ *     with row j (the +1 puts the 32 rows' same dim in 32 different banks);
+ *   - so lane j of a warp makes the scores of the warp's 4 owned rows with
+ *     streamed row j (att_dots: the owned dims come one at a time from their
+ *     lane by __shfl_sync), and a warp makes a 4 x 32 tile of the scores,
+ *     the block a 32 x 32 one;
+ *   - the owned accumulators take sum_j w_j x_j over the streamed rows x_j,
+ *     with lane j's weight w_j shuffled to every lane (att_accumulate).
+ * Only the tiles at or left of the diagonal are visited; inside the diagonal
+ * tile the causal mask (att_keep) zeroes p. Streamed rows past T are zeros;
+ * owned rows past T compute on zeros and write nothing.
+ *
+ * Shared memory: two streamed tiles, 2 x 32 x (hd + 1) floats (33,024 bytes
+ * at hd = 128), plus 64 floats of lse and D in the dk/dv kernel: within the
+ * default 48 KiB for every hd <= 128 (attn_shared_bytes).
+ *
+ * Determinism: every output element has one owner thread, which adds its
+ * terms in a fixed order (tiles in order, keys or queries in order inside a
+ * tile, heads of a group in order); the warp reductions are fixed trees. */
+constexpr int kAttRows = kWarp;                       /* rows a block owns = rows of a streamed tile */
+constexpr int kAttRowsPerWarp = 4;                    /* owned rows per warp */
+constexpr int kAttWarps = kAttRows / kAttRowsPerWarp; /* 8 */
+constexpr int kAttThreads = kAttWarps * kWarp;        /* 256 */
+constexpr int kAttChunks = 4;                         /* dims per lane of an owned row */
+constexpr int kAttMaxHd = kAttChunks * kWarp;         /* 128 */
+
+/* the causal mask: query i sees key j iff j <= i and key j exists (j < T).
+ * An owned query row past T (never written) so still sees key 0 and stays
+ * finite; a streamed query row past T is never read (att_accumulate's n). */
+__device__ bool att_keep(size_t i, size_t j, size_t T) { return j <= i && j < T; }
+
+/* tile[r][d] = x[t0 + r, d] for r < 32, d < hd (tile rows hd + 1 floats
+ * apart); 0 for t0 + r >= T. x is one head of q, k, v or dout: row t at
+ * x + t * stride. All threads of the block take part; coalesced along d. */
+__device__ void att_load_tile(float *tile, const float *x, size_t stride, size_t t0, size_t T, int hd) {
+    for (int e = threadIdx.x; e < kAttRows * hd; e += blockDim.x) {
+        int r = e / hd, d = e % hd;
+        size_t t = t0 + (size_t)r;
+        tile[r * (hd + 1) + d] = t < T ? x[t * stride + (size_t)d] : 0.0f;
     }
 }
 
-/* Backward, step 1, one block per query row (b, h, i):
- *   dP_j = dout_i . v_j,  D_i = sum_j P_ij dP_j   (saved: rowterm[(b*H + h)*T + i])
- *   dS_j = P_ij (dP_j - D_i),  dq_i += (sum_{j <= i} dS_j k_j) / sqrt(hd)  (j in order) */
-__global__ void attention_bwd_dq(float *dq, float *rowterm, const float *dout, const float *k, const float *v,
-                                 const float *probs, size_t T, size_t H, size_t KV, size_t hd) {
-    extern __shared__ float s[]; /* [T] dP then dS, then [blockDim] reduction space */
-    float *red = s + T;
-    size_t row = blockIdx.x;
-    size_t i = row % T, h = (row / T) % H, b = row / (T * H);
-    size_t g = h / (H / KV);
-    const float *go = dout + ((b * T + i) * H + h) * hd;
-    const float *prow = probs + row * T;
-    float scale = 1.0f / sqrtf((float)hd);
-    float part = 0.0f;
-    for (size_t j = threadIdx.x; j <= i; j += blockDim.x) {
-        const float *vj = v + ((b * T + j) * KV + g) * hd;
-        float dp = 0.0f;
-        for (size_t d = 0; d < hd; d++) dp += go[d] * vj[d];
-        s[j] = dp;
-        part += prow[j] * dp;
+/* An owned row into registers: row[c] = x[t, c*32 + lane] (0 past hd, and
+ * the whole row 0 for t >= T). */
+__device__ void att_load_row(float row[kAttChunks], const float *x, size_t stride, size_t t, size_t T, int hd,
+                             int lane) {
+#pragma unroll
+    for (int c = 0; c < kAttChunks; c++) {
+        int d = c * kWarp + lane;
+        row[c] = t < T && d < hd ? x[t * stride + (size_t)d] : 0.0f;
     }
-    float Di = block_sum(part, red);
-    for (size_t j = threadIdx.x; j <= i; j += blockDim.x) s[j] = prow[j] * (s[j] - Di);
-    __syncthreads();
-    float *dqi = dq + ((b * T + i) * H + h) * hd;
-    for (size_t d = threadIdx.x; d < hd; d += blockDim.x) {
-        float acc = 0.0f;
-        for (size_t j = 0; j <= i; j++) acc += s[j] * k[((b * T + j) * KV + g) * hd + d];
-        dqi[d] += acc * scale;
-    }
-    if (threadIdx.x == 0) rowterm[row] = Di;
 }
 
-/* Backward, step 2, one block per key row (b, g, j) of kv head g, summing over
- * the heads h of group g in order and, within each, the queries i >= j in order:
- *   dv_j += sum P_ij dout_i;   dk_j += (sum dS_ij q_i) / sqrt(hd)
- * The block takes the queries blockDim at a time: thread t computes P and dS
- * of query i0 + t into shared memory, then thread d (up to 4 per thread)
- * folds the tile into its components of dk_j and dv_j. */
-__global__ void attention_bwd_dkv(float *dk, float *dv, const float *dout, const float *q, const float *v,
-                                  const float *probs, const float *rowterm, size_t T, size_t H, size_t KV, size_t hd) {
-    __shared__ float tp[kThreads], tds[kThreads];
-    size_t row = blockIdx.x; /* (b * KV + g) * T + j */
-    size_t j = row % T, g = (row / T) % KV, b = row / (T * KV);
-    size_t per = H / KV;
-    const float *vj = v + ((b * T + j) * KV + g) * hd;
-    float accv[4] = {0, 0, 0, 0}, acck[4] = {0, 0, 0, 0}; /* components d = threadIdx.x + c blockDim, c < 4 */
-    for (size_t h = g * per; h < (g + 1) * per; h++) {
-        for (size_t i0 = j; i0 < T; i0 += blockDim.x) {
-            size_t i = i0 + threadIdx.x;
-            if (i < T) {
-                size_t prow = (b * H + h) * T + i;
-                const float *go = dout + ((b * T + i) * H + h) * hd;
-                float dp = 0.0f;
-                for (size_t d = 0; d < hd; d++) dp += go[d] * vj[d];
-                float p = probs[prow * T + j];
-                tp[threadIdx.x] = p;
-                tds[threadIdx.x] = p * (dp - rowterm[prow]);
-            }
-            __syncthreads();
-            size_t n = T - i0 < blockDim.x ? T - i0 : blockDim.x;
-            for (int c = 0; c < 4; c++) {
-                size_t d = threadIdx.x + (size_t)c * blockDim.x;
-                if (d >= hd) break;
-                for (size_t t = 0; t < n; t++) {
-                    size_t qi = ((b * T + i0 + t) * H + h) * hd + d;
-                    accv[c] += tp[t] * dout[qi];
-                    acck[c] += tds[t] * q[qi];
-                }
-            }
-            __syncthreads();
+/* dots[r] = sum_{d < hd} own[r][d] x[d] for the warp's 4 owned rows r, with x
+ * this lane's streamed row (in shared memory). Owned dim d = c*32 + src is
+ * register own[r][c] of lane src: the whole warp walks d in order, so every
+ * lane receives it in the same shuffle. */
+__device__ void att_dots(float dots[kAttRowsPerWarp], const float own[kAttRowsPerWarp][kAttChunks], const float *x,
+                         int hd) {
+#pragma unroll
+    for (int r = 0; r < kAttRowsPerWarp; r++) dots[r] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < kAttChunks; c++) {
+        int n = hd - c * kWarp < kWarp ? hd - c * kWarp : kWarp; /* dims of chunk c (<= 0: none) */
+        for (int src = 0; src < n; src++) {
+            float xd = x[c * kWarp + src];
+#pragma unroll
+            for (int r = 0; r < kAttRowsPerWarp; r++) dots[r] += __shfl_sync(0xffffffffu, own[r][c], src) * xd;
         }
     }
+}
+
+/* acc[r][d] += sum_{j < n} w_j[r] tile[j][d] for the warp's 4 owned rows r
+ * (this lane's dims d = c*32 + lane), w_j = lane j's w: j in order. */
+__device__ void att_accumulate(float acc[kAttRowsPerWarp][kAttChunks], const float w[kAttRowsPerWarp],
+                               const float *tile, int n, int hd, int lane) {
+    for (int j = 0; j < n; j++) {
+        float wj[kAttRowsPerWarp];
+#pragma unroll
+        for (int r = 0; r < kAttRowsPerWarp; r++) wj[r] = __shfl_sync(0xffffffffu, w[r], j);
+#pragma unroll
+        for (int c = 0; c < kAttChunks; c++) {
+            int d = c * kWarp + lane;
+            if (c * kWarp >= hd) break; /* the same for the whole warp */
+            float x = d < hd ? tile[j * (hd + 1) + d] : 0.0f;
+#pragma unroll
+            for (int r = 0; r < kAttRowsPerWarp; r++) acc[r][c] += wj[r] * x;
+        }
+    }
+}
+
+/* Forward. Block (b, h, query tile qt) over B*H*ntiles, its warp w owning
+ * query rows i = qt*32 + 4w + r. For each key tile kt = 0..qt (keys
+ * j = kt*32 + lane), the online softmax of each owned row:
+ *   m' = max(m, max_j s_ij),   corr = exp(m - m')   (0 on the first tile: m = -inf)
+ *   p_ij = exp(s_ij - m')      (0 where masked: s = -inf)
+ *   l' = l corr + sum_j p_ij,  acc' = acc corr + sum_j p_ij v_j
+ * then out_i = acc / l and lse_i = m + log(l). m is finite from the first
+ * tile on: att_keep keeps key 0 for every row (rows past T included). */
+__global__ void __launch_bounds__(kAttThreads)
+    attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v, size_t T, size_t H,
+                  size_t KV, int hd) {
+    extern __shared__ float att_sh[];
+    float *ks = att_sh;                        /* [32][hd + 1] keys kt*32 .. of kv head g */
+    float *vs = att_sh + kAttRows * (hd + 1); /* [32][hd + 1] their values */
+    size_t ntiles = (T + kAttRows - 1) / kAttRows;
+    size_t qt = blockIdx.x % ntiles, h = (blockIdx.x / ntiles) % H, b = blockIdx.x / (ntiles * H);
+    size_t g = h / (H / KV);
+    int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+    size_t qs = H * (size_t)hd, kvs = KV * (size_t)hd; /* row strides of q/out and of k/v */
+    const float *qh = q + (b * T * H + h) * hd;   /* q[b, 0, h, :] */
+    const float *kg = k + (b * T * KV + g) * hd;  /* k[b, 0, g, :] */
+    const float *vg = v + (b * T * KV + g) * hd;  /* v[b, 0, g, :] */
+    size_t i0 = qt * kAttRows + (size_t)warp * kAttRowsPerWarp; /* this warp's first query row */
     float scale = 1.0f / sqrtf((float)hd);
-    for (int c = 0; c < 4; c++) {
-        size_t d = threadIdx.x + (size_t)c * blockDim.x;
-        if (d >= hd) break;
-        dv[((b * T + j) * KV + g) * hd + d] += accv[c];
-        dk[((b * T + j) * KV + g) * hd + d] += acck[c] * scale;
+
+    float qr[kAttRowsPerWarp][kAttChunks];  /* q_i, this lane's dims */
+    float acc[kAttRowsPerWarp][kAttChunks]; /* sum_j exp(s_ij - m_i) v_j, this lane's dims */
+    float m[kAttRowsPerWarp], l[kAttRowsPerWarp]; /* running max and sum of exp(s - m) */
+#pragma unroll
+    for (int r = 0; r < kAttRowsPerWarp; r++) {
+        att_load_row(qr[r], qh, qs, i0 + r, T, hd, lane);
+#pragma unroll
+        for (int c = 0; c < kAttChunks; c++) acc[r][c] = 0.0f;
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+    }
+    for (size_t kt = 0; kt <= qt; kt++) { /* tiles right of the diagonal: all masked, skipped */
+        size_t j0 = kt * kAttRows, j = j0 + (size_t)lane;
+        __syncthreads(); /* every warp is done with the previous tile */
+        att_load_tile(ks, kg, kvs, j0, T, hd);
+        att_load_tile(vs, vg, kvs, j0, T, hd);
+        __syncthreads();
+        float s[kAttRowsPerWarp], p[kAttRowsPerWarp];
+        att_dots(s, qr, ks + lane * (hd + 1), hd); /* q_i . k_j */
+#pragma unroll
+        for (int r = 0; r < kAttRowsPerWarp; r++) {
+            float sij = att_keep(i0 + r, j, T) ? s[r] * scale : -INFINITY;
+            float mnew = fmaxf(m[r], warp_max(sij));
+            float corr = expf(m[r] - mnew);
+            p[r] = expf(sij - mnew);
+            l[r] = l[r] * corr + warp_sum(p[r]);
+            m[r] = mnew;
+#pragma unroll
+            for (int c = 0; c < kAttChunks; c++) acc[r][c] *= corr;
+        }
+        int nk = T - j0 < (size_t)kAttRows ? (int)(T - j0) : kAttRows; /* keys of this tile below T */
+        att_accumulate(acc, p, vs, nk, hd, lane);                       /* += p_ij v_j */
+    }
+#pragma unroll
+    for (int r = 0; r < kAttRowsPerWarp; r++) {
+        size_t i = i0 + r;
+        if (i >= T) continue;
+        float *oi = out + (b * T + i) * qs + h * hd; /* out[b, i, h, :] */
+#pragma unroll
+        for (int c = 0; c < kAttChunks; c++) {
+            int d = c * kWarp + lane;
+            if (d < hd) oi[d] = acc[r][c] / l[r];
+        }
+        if (lane == 0) lse[(b * H + h) * T + i] = m[r] + logf(l[r]);
+    }
+}
+
+/* Backward, step 1: D[b, h, i] = dout_i . out_i (D is [B, H, T], the
+ * scratch), one warp per row (b, h, i): lanes stride the dims, a fixed tree. */
+__global__ void attention_bwd_rowdot(float *D, const float *dout, const float *out, size_t B, size_t T, size_t H,
+                                     int hd) {
+    size_t row = (size_t)blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp; /* (b*H + h)*T + i */
+    int lane = threadIdx.x % kWarp;
+    if (row >= B * H * T) return; /* the whole warp */
+    size_t i = row % T, h = (row / T) % H, b = row / (T * H);
+    size_t off = ((b * T + i) * H + h) * hd; /* [b, i, h, :] of dout and out */
+    float acc = 0.0f;
+    for (int d = lane; d < hd; d += kWarp) acc += dout[off + d] * out[off + d];
+    acc = warp_sum(acc);
+    if (lane == 0) D[row] = acc;
+}
+
+/* Backward, step 2: dq. Block (b, h, query tile qt) as the forward, owning
+ * q_i, g_i = dout_i and the dq_i accumulator of its 32 query rows; for each
+ * key tile kt = 0..qt (keys j = kt*32 + lane), per owned row:
+ *   p_ij = exp(scale q_i.k_j - lse_i),  ds_ij = p_ij (g_i.v_j - D_i)
+ *   acc_i += sum_j ds_ij k_j;   at the end dq_i += scale acc_i */
+__global__ void __launch_bounds__(kAttThreads)
+    attention_bwd_dq(float *dq, const float *dout, const float *q, const float *k, const float *v, const float *lse,
+                     const float *D, size_t T, size_t H, size_t KV, int hd) {
+    extern __shared__ float att_sh[];
+    float *ks = att_sh;                        /* [32][hd + 1] keys kt*32 .. of kv head g */
+    float *vs = att_sh + kAttRows * (hd + 1); /* [32][hd + 1] their values */
+    size_t ntiles = (T + kAttRows - 1) / kAttRows;
+    size_t qt = blockIdx.x % ntiles, h = (blockIdx.x / ntiles) % H, b = blockIdx.x / (ntiles * H);
+    size_t g = h / (H / KV);
+    int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+    size_t qs = H * (size_t)hd, kvs = KV * (size_t)hd;
+    const float *qh = q + (b * T * H + h) * hd;     /* q[b, 0, h, :] */
+    const float *gh = dout + (b * T * H + h) * hd;  /* dout[b, 0, h, :] */
+    const float *kg = k + (b * T * KV + g) * hd;    /* k[b, 0, g, :] */
+    const float *vg = v + (b * T * KV + g) * hd;    /* v[b, 0, g, :] */
+    const float *lse_h = lse + (b * H + h) * T, *D_h = D + (b * H + h) * T; /* [T] of head (b, h) */
+    size_t i0 = qt * kAttRows + (size_t)warp * kAttRowsPerWarp;
+    float scale = 1.0f / sqrtf((float)hd);
+
+    float qr[kAttRowsPerWarp][kAttChunks], gr[kAttRowsPerWarp][kAttChunks]; /* q_i, g_i: this lane's dims */
+    float acc[kAttRowsPerWarp][kAttChunks];                                  /* sum_j ds_ij k_j */
+    float lse_i[kAttRowsPerWarp], D_i[kAttRowsPerWarp];
+#pragma unroll
+    for (int r = 0; r < kAttRowsPerWarp; r++) {
+        size_t i = i0 + r;
+        att_load_row(qr[r], qh, qs, i, T, hd, lane);
+        att_load_row(gr[r], gh, qs, i, T, hd, lane);
+#pragma unroll
+        for (int c = 0; c < kAttChunks; c++) acc[r][c] = 0.0f;
+        lse_i[r] = i < T ? lse_h[i] : 0.0f;
+        D_i[r] = i < T ? D_h[i] : 0.0f;
+    }
+    for (size_t kt = 0; kt <= qt; kt++) {
+        size_t j0 = kt * kAttRows, j = j0 + (size_t)lane;
+        __syncthreads();
+        att_load_tile(ks, kg, kvs, j0, T, hd);
+        att_load_tile(vs, vg, kvs, j0, T, hd);
+        __syncthreads();
+        float s[kAttRowsPerWarp], dp[kAttRowsPerWarp], ds[kAttRowsPerWarp];
+        att_dots(s, qr, ks + lane * (hd + 1), hd);  /* q_i . k_j */
+        att_dots(dp, gr, vs + lane * (hd + 1), hd); /* g_i . v_j */
+#pragma unroll
+        for (int r = 0; r < kAttRowsPerWarp; r++) {
+            float p = att_keep(i0 + r, j, T) ? expf(s[r] * scale - lse_i[r]) : 0.0f;
+            ds[r] = p * (dp[r] - D_i[r]);
+        }
+        int nk = T - j0 < (size_t)kAttRows ? (int)(T - j0) : kAttRows;
+        att_accumulate(acc, ds, ks, nk, hd, lane); /* += ds_ij k_j */
+    }
+#pragma unroll
+    for (int r = 0; r < kAttRowsPerWarp; r++) {
+        size_t i = i0 + r;
+        if (i >= T) continue;
+        float *dqi = dq + (b * T + i) * qs + h * hd; /* dq[b, i, h, :] */
+#pragma unroll
+        for (int c = 0; c < kAttChunks; c++) {
+            int d = c * kWarp + lane;
+            if (d < hd) dqi[d] += scale * acc[r][c];
+        }
+    }
+}
+
+/* Backward, step 3: dk and dv. Block (b, kv head g, key tile kt) over
+ * B*KV*ntiles, its warp w owning key rows j = kt*32 + 4w + r: k_j, v_j and
+ * the dk_j, dv_j accumulators. For each query head h of group g in order,
+ * and each query tile qt = kt..ntiles-1 (the tiles at or below the
+ * diagonal; queries i = qt*32 + lane), per owned row:
+ *   p_ij = exp(scale q_i.k_j - lse_i),  ds_ij = p_ij (g_i.v_j - D_i)
+ *   dv_j += sum_i p_ij g_i;   acc_j += sum_i ds_ij q_i;   at the end dk_j += scale acc_j */
+__global__ void __launch_bounds__(kAttThreads)
+    attention_bwd_dkv(float *dk, float *dv, const float *dout, const float *q, const float *k, const float *v,
+                      const float *lse, const float *D, size_t T, size_t H, size_t KV, int hd) {
+    extern __shared__ float att_sh[];
+    float *qs_t = att_sh;                        /* [32][hd + 1] queries qt*32 .. of head h */
+    float *gs_t = att_sh + kAttRows * (hd + 1); /* [32][hd + 1] their dout rows */
+    float *lse_t = gs_t + kAttRows * (hd + 1);   /* [32] their lse */
+    float *D_t = lse_t + kAttRows;               /* [32] their D */
+    size_t ntiles = (T + kAttRows - 1) / kAttRows;
+    size_t kt = blockIdx.x % ntiles, g = (blockIdx.x / ntiles) % KV, b = blockIdx.x / (ntiles * KV);
+    size_t per = H / KV; /* query heads per kv head */
+    int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+    size_t qs = H * (size_t)hd, kvs = KV * (size_t)hd;
+    const float *kg = k + (b * T * KV + g) * hd; /* k[b, 0, g, :] */
+    const float *vg = v + (b * T * KV + g) * hd; /* v[b, 0, g, :] */
+    size_t j0 = kt * kAttRows + (size_t)warp * kAttRowsPerWarp; /* this warp's first key row */
+    float scale = 1.0f / sqrtf((float)hd);
+
+    float kr[kAttRowsPerWarp][kAttChunks], vr[kAttRowsPerWarp][kAttChunks]; /* k_j, v_j: this lane's dims */
+    float dka[kAttRowsPerWarp][kAttChunks], dva[kAttRowsPerWarp][kAttChunks]; /* sum_i ds_ij q_i, sum_i p_ij g_i */
+#pragma unroll
+    for (int r = 0; r < kAttRowsPerWarp; r++) {
+        att_load_row(kr[r], kg, kvs, j0 + r, T, hd, lane);
+        att_load_row(vr[r], vg, kvs, j0 + r, T, hd, lane);
+#pragma unroll
+        for (int c = 0; c < kAttChunks; c++) dka[r][c] = dva[r][c] = 0.0f;
+    }
+    for (size_t h = g * per; h < (g + 1) * per; h++) {
+        const float *qh = q + (b * T * H + h) * hd;    /* q[b, 0, h, :] */
+        const float *gh = dout + (b * T * H + h) * hd; /* dout[b, 0, h, :] */
+        const float *lse_h = lse + (b * H + h) * T, *D_h = D + (b * H + h) * T;
+        for (size_t qt = kt; qt < ntiles; qt++) { /* tiles above the diagonal: all masked, skipped */
+            size_t q0 = qt * kAttRows, i = q0 + (size_t)lane;
+            __syncthreads();
+            att_load_tile(qs_t, qh, qs, q0, T, hd);
+            att_load_tile(gs_t, gh, qs, q0, T, hd);
+            if (threadIdx.x < kAttRows) {
+                size_t t = q0 + threadIdx.x;
+                lse_t[threadIdx.x] = t < T ? lse_h[t] : 0.0f;
+                D_t[threadIdx.x] = t < T ? D_h[t] : 0.0f;
+            }
+            __syncthreads();
+            float s[kAttRowsPerWarp], dp[kAttRowsPerWarp], p[kAttRowsPerWarp], ds[kAttRowsPerWarp];
+            att_dots(s, kr, qs_t + lane * (hd + 1), hd);  /* k_j . q_i */
+            att_dots(dp, vr, gs_t + lane * (hd + 1), hd); /* v_j . g_i */
+#pragma unroll
+            for (int r = 0; r < kAttRowsPerWarp; r++) {
+                p[r] = att_keep(i, j0 + r, T) ? expf(s[r] * scale - lse_t[lane]) : 0.0f;
+                ds[r] = p[r] * (dp[r] - D_t[lane]);
+            }
+            int nq = T - q0 < (size_t)kAttRows ? (int)(T - q0) : kAttRows; /* queries of this tile below T */
+            att_accumulate(dva, p, gs_t, nq, hd, lane);  /* += p_ij g_i */
+            att_accumulate(dka, ds, qs_t, nq, hd, lane); /* += ds_ij q_i */
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < kAttRowsPerWarp; r++) {
+        size_t j = j0 + r;
+        if (j >= T) continue;
+        size_t off = (b * T + j) * kvs + g * hd; /* [b, j, g, :] of dk and dv */
+#pragma unroll
+        for (int c = 0; c < kAttChunks; c++) {
+            int d = c * kWarp + lane;
+            if (d < hd) {
+                dk[off + d] += scale * dka[r][c];
+                dv[off + d] += dva[r][c];
+            }
+        }
     }
 }
 
@@ -446,18 +652,26 @@ void gemm(cublasOperation_t ta, cublasOperation_t tb, size_t m, size_t n, size_t
                               CUBLAS_GEMM_DEFAULT));
 }
 
-/* dynamic shared memory of the attention row kernels: T scores + the reduction space */
-size_t attn_shared_bytes(size_t T, const char *what) {
-    size_t bytes = (T + kThreads) * sizeof(float);
-    if (bytes > 48 * 1024)
-        fatal("%s: seq-len %zu needs %zu bytes of shared memory per block (at most 48 KiB: seq-len <= %d)", what, T,
-              bytes, 48 * 1024 / (int)sizeof(float) - kThreads);
-    return bytes;
-}
-
+/* The flash kernels' limits, one fatal line each: GQA needs H a multiple of
+ * KV; an owned row is kAttChunks registers per lane, so hd <= 128 (every
+ * flavour fits: tiny and debugmodel have 16, 1B, 8B and 70B 128). */
 void attn_check(size_t H, size_t KV, size_t hd, const char *what) {
     if (KV == 0 || H % KV != 0) fatal("%s: n_heads %zu is not a multiple of n_kv_heads %zu", what, H, KV);
-    if (hd > 4 * (size_t)kThreads) fatal("%s: head dim %zu is more than %d", what, hd, 4 * kThreads);
+    if (hd > (size_t)kAttMaxHd)
+        fatal("%s: head dim %zu is more than %d, the most the CUDA flash attention holds per row", what, hd,
+              kAttMaxHd);
+}
+
+/* dynamic shared memory of a flash kernel: two streamed tiles [32][hd + 1]
+ * and `extra` floats; at most 33,280 bytes (hd = 128), under the default
+ * 48 KiB a block may use without opting in */
+size_t attn_shared_bytes(size_t hd, size_t extra) {
+    return (2 * (size_t)kAttRows * (hd + 1) + extra) * sizeof(float);
+}
+
+/* blocks of a flash kernel: one per (batch, head, tile of 32 rows) */
+unsigned attn_blocks(size_t B, size_t heads, size_t T, const char *what) {
+    return grid_rows(B * heads * ((T + kAttRows - 1) / kAttRows), what);
 }
 
 /* A kernel with a grid-stride loop over n elements, launched on the current
@@ -574,26 +788,33 @@ void kcuda_attention_forward(void *a) {
     AttArgs *x = (AttArgs *)a;
     attn_check(x->H, x->KV, x->hd, "attention_forward");
     if (!x->B || !x->T || !x->H || !x->hd) return;
-    attention_fwd<<<grid_rows(x->B * x->H * x->T, "attention"), kThreads, attn_shared_bytes(x->T, "attention"),
-                    cuda_current_stream()>>>(x->out, x->probs, x->q, x->k, x->v, x->T, x->H, x->KV, x->hd);
+    attention_fwd<<<attn_blocks(x->B, x->H, x->T, "attention"), kAttThreads, attn_shared_bytes(x->hd, 0),
+                    cuda_current_stream()>>>(x->out, x->lse, x->q, x->k, x->v, x->T, x->H, x->KV, (int)x->hd);
     CUDA_CHECK_LAUNCH("attention_fwd");
 }
 
 size_t kcuda_attention_scratch_floats(size_t B, size_t T, size_t H) {
-    size_t n = B * T * H; /* D_i = sum_j P_ij dP_ij of every query row */
+    size_t n = B * H * T; /* D [B, H, T]: D_i = dout_i . out_i of every query row */
     return n ? n : 1;
 }
 
+/* D first (scratch), then dq and dk/dv, which both read it: stream order. */
 void kcuda_attention_backward(void *a) {
     AttBwdArgs *x = (AttBwdArgs *)a;
     attn_check(x->H, x->KV, x->hd, "attention_backward");
     if (!x->B || !x->T || !x->H || !x->hd) return;
-    attention_bwd_dq<<<grid_rows(x->B * x->H * x->T, "attention_bwd"), kThreads,
-                       attn_shared_bytes(x->T, "attention_bwd"), cuda_current_stream()>>>(
-        x->dq, x->scratch, x->dout, x->k, x->v, x->probs, x->T, x->H, x->KV, x->hd);
+    int hd = (int)x->hd;
+    size_t rows = x->B * x->H * x->T, rows_per_block = kThreads / kWarp;
+    attention_bwd_rowdot<<<grid_rows((rows + rows_per_block - 1) / rows_per_block, "attention_bwd"), kThreads, 0,
+                           cuda_current_stream()>>>(x->scratch, x->dout, x->out, x->B, x->T, x->H, hd);
+    CUDA_CHECK_LAUNCH("attention_bwd_rowdot");
+    attention_bwd_dq<<<attn_blocks(x->B, x->H, x->T, "attention_bwd"), kAttThreads, attn_shared_bytes(x->hd, 0),
+                       cuda_current_stream()>>>(x->dq, x->dout, x->q, x->k, x->v, x->lse, x->scratch, x->T, x->H,
+                                                x->KV, hd);
     CUDA_CHECK_LAUNCH("attention_bwd_dq");
-    attention_bwd_dkv<<<grid_rows(x->B * x->KV * x->T, "attention_bwd"), kThreads, 0, cuda_current_stream()>>>(
-        x->dk, x->dv, x->dout, x->q, x->v, x->probs, x->scratch, x->T, x->H, x->KV, x->hd);
+    attention_bwd_dkv<<<attn_blocks(x->B, x->KV, x->T, "attention_bwd"), kAttThreads,
+                        attn_shared_bytes(x->hd, 2 * kAttRows), cuda_current_stream()>>>(
+        x->dk, x->dv, x->dout, x->q, x->k, x->v, x->lse, x->scratch, x->T, x->H, x->KV, hd);
     CUDA_CHECK_LAUNCH("attention_bwd_dkv");
 }
 

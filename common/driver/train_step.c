@@ -107,7 +107,7 @@ static void trainer_init(Trainer *t, Dev *dev, const TrainJob *job, DeviceMesh *
     t->fsdp = fsdp_init(&fc);
     probes_check_mesh(m, mesh);
     if (o->offload_params) probes_check_offload(dev, m);
-    probes_init(&t->probes, m, o->mp.param_dtype == DTYPE_BF16);
+    probes_init(&t->probes, m, o->mp.param_dtype == DTYPE_BF16, o->ac);
     if (o->out_dir) probes_write_dtensors(dev, m, init, o->out_dir, mesh);
     if (job->init_exp_avg && !o->forward_only)
         checkpoint_restore_optimizer(dev, m, job->init_exp_avg, job->init_exp_avg_sq);

@@ -15,8 +15,11 @@
  *       fsdp_post_forward(mod)         -> reshard (free Param.data)
  *     for mod in reverse order:
  *       fsdp_pre_backward(mod)         -> make mod's Param.data valid again
- *       if --ac and mod is a block:    (activation-checkpoint recompute)
+ *       if mod is a block that recomputes (activation checkpointing: every
+ *       block with --ac or --ac-op, blocks N, 2N, ... counting from 1 with
+ *       --ac-every N; run.json's recompute_blocks):
  *         fsdp_pre_forward(mod); <recompute forward>; fsdp_post_forward(mod)
+ *       (a block that does not recompute sees no forward hook here)
  *       <runtime allocates and zeroes mod's Param.grad (unsharded grads)>
  *       <mod backward on the compute stream, accumulates into Param.grad>
  *       fsdp_post_backward(mod)        -> reduce-scatter Param.grad into

@@ -75,7 +75,8 @@ class Stage:
 
     @property
     def ac(self):
-        return "--ac" in self.flags
+        """Some activation checkpointing (--ac, --ac-every N or --ac-op): ac_mode(self.flags) says which."""
+        return ac_mode(self.flags)[0] != "none"
 
     @property
     def zero2(self):
@@ -226,6 +227,21 @@ def flag_value(flags, name, default=None):
         elif f.startswith(name + "="):
             value = f.split("=", 1)[1]
     return value
+
+
+AC_FLAGS = ("--ac", "--ac-every", "--ac-op")  # the runtime's activation-checkpointing modes (options.c)
+
+
+def ac_mode(flags):
+    """(mode, every) of the activation checkpointing a command line asks for, as run.json's "ac" and "ac_every"
+    state it: ("full", 0) for --ac, ("every", N) for --ac-every N, ("op", 0) for --ac-op, ("none", 0). Which blocks
+    then recompute is the runtime's rule (model.h ac_block_recomputes), stated in run.json's recompute_blocks."""
+    every = flag_value(flags, "--ac-every")
+    if every is not None:
+        return "every", int(every)
+    if "--ac-op" in flags:
+        return "op", 0
+    return ("full" if "--ac" in flags else "none"), 0
 
 
 def run_flags(rubric, stage, variant=None):

@@ -16,7 +16,7 @@ import pytest
 from helpers import BUILD, ROOT, metrics, run_train
 
 import manifest
-from benchlib.memory_model import memory_model, model_dims, replay_peak
+from benchlib.memory_model import memory_model, model_dims, recomputes, replay_peak
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(os.path.join(ROOT, "solutions")),
                                 reason="compares the instructors' solutions/ with the model")
@@ -68,6 +68,10 @@ def cases():
                     yield with_flags(s, flags + extra), world, "%s%s-%d" % (sid, tag, world)
             if not s.forward_only:
                 yield with_flags(s, s.flags + ["--forward-only"]), world, "%s+forward-only-%d" % (sid, world)
+            if s.ac:  # the selective modes: every 2nd block (of three), per op
+                plain = [f for f in s.flags if f != "--ac"]
+                for extra, tag in ((["--ac-every=2", "--n-layers=3"], "+every2"), (["--ac-op"], "+op")):
+                    yield with_flags(s, plain + extra), world, "%s%s-%d" % (sid, tag, world)
 
 
 CASES = list(cases())
@@ -82,7 +86,10 @@ def test_rank0_peak_is_the_model(st, world, tmp_path):
     run_train(binary, tmp_path, "--flavor", "tiny", "--world", world, "--batch-size", B, "--seq-len", T,
               "--steps", 2, "--profile-steps", 0, "--no-poison", *st.flags_at(world))
     with open(tmp_path / "run.json") as fh:
-        dims = model_dims(json.load(fh))
+        run = json.load(fh)
+    dims = model_dims(run)
+    # the model restates the runtime's recompute rule: the run says which blocks it followed
+    assert run["recompute_blocks"] == ["block%d" % j for j in range(dims["L"]) if recomputes(st.flags, j)]
     # the params are split over the shard group: the world, or S of a 2-D mesh (stage 09; rank 0 is chunk 0)
     model_bytes, model_at, model_tags = memory_model(dims, B, T, st.shards_at(world), st)
     measured = max(m["peak_mem_bytes_per_rank"][0] for m in metrics(tmp_path))

@@ -1,6 +1,6 @@
 /* test_model.c — the whole model: gradient check by finite differences,
- * recompute (activation checkpointing) equals the plain backward, config
- * validation, and no activation leaks.
+ * recompute (activation checkpointing: full, every N-th block, per op) equals
+ * the plain backward bit for bit, config validation, and no activation leaks.
  *
  * Runs one rank through the real runtime (streams, allocator). */
 #include <math.h>
@@ -19,7 +19,7 @@ typedef struct {
     int32_t *inputs, *targets;      /* host */
     float *params;                  /* host copy of every parameter [n_params_total] */
     float *grads;                   /* host: analytic grads */
-    int recompute;
+    AcPolicy ac;                    /* activation checkpointing (AC_NONE: none) */
     double loss;                    /* out */
 } Job;
 
@@ -43,7 +43,7 @@ static void run_model(Dev *dev, Job *job, int want_grads) {
     run.stream = s;
     run.B = job->B;
     run.T = job->T;
-    run.recompute = job->recompute;
+    run.ac = job->ac;
     run.inputs = in;
     run.targets = tg;
     model_run_begin(m, &run);
@@ -51,7 +51,7 @@ static void run_model(Dev *dev, Job *job, int want_grads) {
     if (want_grads) {
         for (int i = m->n_modules - 1; i >= 0; i--) {
             Module *mod = &m->modules[i];
-            if (job->recompute && mod->kind == MOD_BLOCK) module_recompute(m, mod, &run);
+            if (module_recomputes(&run, mod)) module_recompute(m, mod, &run);
             for (int j = 0; j < mod->n_params; j++) {
                 Param *p = &mod->params[j];
                 p->grad = dev_alloc_f32(dev, p->numel, MEM_UNSHARDED_GRAD, p->name);
@@ -259,16 +259,37 @@ TEST(gradient_check) {
     free_job(&job);
 }
 
+/* Every mode, on three blocks (--ac-every 2: only the second recomputes). */
+static const AcPolicy AC_MODES[] = {{AC_FULL, 0}, {AC_EVERY, 2}, {AC_EVERY, 1}, {AC_EVERY, 4}, {AC_OP, 0}};
+#define N_AC_MODES (sizeof AC_MODES / sizeof AC_MODES[0])
+
 TEST(recompute_equals_plain_backward) {
-    Job a = make_job(small_config(), 2, 7, 4), b = make_job(small_config(), 2, 7, 4);
-    b.recompute = 1;
-    Ctx ca = {&a, 1, 0, 0}, cb = {&b, 1, 0, 0};
+    ModelConfig c = small_config();
+    c.n_layers = 3;
+    Job a = make_job(c, 2, 7, 4);
+    Ctx ca = {&a, 1, 0, 0};
     run_world(&ca);
-    run_world(&cb);
-    CHECK(a.loss == b.loss, "loss %.9g vs %.9g", a.loss, b.loss);
-    CHECK(memcmp(a.grads, b.grads, a.m->n_params_total * sizeof(float)) == 0, "grads differ with recompute");
+    for (size_t k = 0; k < N_AC_MODES; k++) {
+        Job b = make_job(c, 2, 7, 4);
+        b.ac = AC_MODES[k];
+        Ctx cb = {&b, 1, 0, 0};
+        run_world(&cb);
+        CHECK(a.loss == b.loss, "%s (every %d): loss %.9g vs %.9g", ac_mode_name(b.ac.mode), b.ac.every, a.loss, b.loss);
+        CHECK(memcmp(a.grads, b.grads, a.m->n_params_total * sizeof(float)) == 0, "grads differ with recompute %s (every %d)",
+              ac_mode_name(b.ac.mode), b.ac.every);
+        free_job(&b);
+    }
     free_job(&a);
-    free_job(&b);
+}
+
+/* torchtitan's selective_ac_option N: blocks counted from 1, those whose count is a multiple of N. */
+TEST(ac_every_counts_blocks_from_one) {
+    AcPolicy every2 = {AC_EVERY, 2}, every3 = {AC_EVERY, 3}, full = {AC_FULL, 0}, op = {AC_OP, 0}, none = {AC_NONE, 0};
+    for (int l = 0; l < 6; l++) {
+        CHECK(ac_block_recomputes(every2, l) == (l == 1 || l == 3 || l == 5), "every 2, block %d", l);
+        CHECK(ac_block_recomputes(every3, l) == (l == 2 || l == 5), "every 3, block %d", l);
+        CHECK(ac_block_recomputes(full, l) && ac_block_recomputes(op, l) && !ac_block_recomputes(none, l), "block %d", l);
+    }
 }
 
 TEST(no_leaks) {
@@ -276,9 +297,12 @@ TEST(no_leaks) {
     Ctx ctx = {&a, 2, 0, 0};
     run_world(&ctx);
     CHECK(ctx.leaked == 0, "%zu bytes still allocated after a forward+backward", ctx.leaked);
-    a.recompute = 1;
-    run_world(&ctx);
-    CHECK(ctx.leaked == 0, "%zu bytes still allocated after a recompute forward+backward", ctx.leaked);
+    for (size_t k = 0; k < N_AC_MODES; k++) {
+        a.ac = AC_MODES[k];
+        run_world(&ctx);
+        CHECK(ctx.leaked == 0, "%zu bytes still allocated after a forward+backward with recompute %s (every %d)",
+              ctx.leaked, ac_mode_name(a.ac.mode), a.ac.every);
+    }
     free_job(&a);
 }
 

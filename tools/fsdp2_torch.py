@@ -273,13 +273,26 @@ def build_model(job):
     return model, weights
 
 
+def checkpoint_blocks(model, job):
+    """Activation checkpointing as the C run did it (run.json): torch's checkpoint wrapper around each block the
+    runtime recomputed (recompute_blocks: every block with --ac, every N-th with --ac-every N; torchtitan's way).
+    --ac-op (torchtitan's per-op policy) has no mapping here yet: said, not run as something else."""
+    mode = job["ac"]
+    if mode in (False, None, "none"):
+        return
+    if mode == "op":
+        raise SystemExit("fsdp2-check: --ac-op (per-op selective checkpointing) is not mapped onto torch here")
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    blocks = job.get("recompute_blocks")
+    for name in list(model.layers.keys()):
+        if blocks is None or "block%s" % name in blocks:  # an older run.json: "ac": true, every block
+            model.layers[name] = checkpoint_wrapper(model.layers[name], preserve_rng_state=False)
+
+
 def shard(model, job, mesh):
     """Activation checkpointing, then fully_shard per module group and on the root (torchtitan's order)."""
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-    if job["ac"]:
-        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-        for name in list(model.layers.keys()):
-            model.layers[name] = checkpoint_wrapper(model.layers[name], preserve_rng_state=False)
+    checkpoint_blocks(model, job)
     mp = MixedPrecisionPolicy(param_dtype=DTYPES[job["param_dtype"]] if job["param_dtype"] else None,
                               reduce_dtype=DTYPES[job["reduce_dtype"]] if job["reduce_dtype"] else None)
     kw = {"mesh": mesh, "reshard_after_forward": job["reshard_after_forward"], "mp_policy": mp}
@@ -645,10 +658,7 @@ def pipeline_stage_module(model, blocks, first, last):
 
 def shard_stage(model, job, dp_mesh):
     """--ac, then (S > 1) fully_shard per module over the stage's "dp" mesh and on the stage's root."""
-    if job["ac"]:
-        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-        for name in list(model.layers.keys()):
-            model.layers[name] = checkpoint_wrapper(model.layers[name], preserve_rng_state=False)
+    checkpoint_blocks(model, job)
     if dp_mesh is None:
         return model
     from torch.distributed.fsdp import fully_shard

@@ -136,13 +136,18 @@ def report(run_dir, stage):
     }
 
 
+AC_WORDS = {"none": "no activation checkpointing", "full": "full activation checkpointing",
+            "every": "selective activation checkpointing (every N-th block)",
+            "op": "selective activation checkpointing (per op)"}
+
+
 def render(r):
     """The report as markdown lines."""
     L = ["# Dry run: stage %s, Llama %s, %d modelled GPUs (%s)" % (r["stage"], r["flavor"], r["world"],
                                                                    r["device_profile"]), ""]
     L.append("Local batch %d x sequence %d, %s, params %s, reduce %s%s; %s parameters. No math ran: every figure "
              "is the modelled clock's or the allocator's." % (
-                 r["batch"], r["seq_len"], "full activation checkpointing" if r["ac"] else "no activation checkpointing",
+                 r["batch"], r["seq_len"], AC_WORDS.get(r["ac"], "activation checkpointing %s" % r["ac"]),
                  r["param_dtype"], r["reduce_dtype"], "" if r["reshard_after_forward"] in (None, True)
                  else ", no reshard after forward (ZeRO-2)", "{:,}".format(r["n_params"])))
     L += ["", "| figure | value |", "| --- | --- |",

@@ -152,6 +152,19 @@ static void parse_sync_flag(const Flag *f, const char *val, Options *o) {
     o->sync_flags_given = 1;
 }
 
+/* --ac, --ac-every N, --ac-op: one activation-checkpointing mode (model.h, AcMode); a second one is refused */
+static void parse_ac(const Flag *f, const char *val, Options *o) {
+    AcMode mode = !strcmp(f->name, "--ac-every") ? AC_EVERY : !strcmp(f->name, "--ac-op") ? AC_OP : AC_FULL;
+    if (o->ac_flag && strcmp(o->ac_flag, f->name))
+        fatal("%s and %s are two activation-checkpointing modes: give one (--ac every block, --ac-every N every "
+              "N-th block, --ac-op per op)", o->ac_flag, f->name);
+    if (mode == AC_EVERY) store(f, val, o); /* N into ac.every, checked against the row's range */
+    o->ac.mode = mode;
+    o->ac_flag = f->name;
+}
+
+static void json_ac(Json *j, const Options *o) { json_string(j, ac_mode_name(o->ac.mode)); }
+
 static void parse_backward_prefetch(const Flag *f, const char *val, Options *o) {
     parse_enum(f, val, o);
     o->backward_prefetch_given = 1; /* a stage that ignores it stops (flag_check.h) */
@@ -246,8 +259,18 @@ static const Flag FLAGS[] = {
      .help = "also write the --save checkpoint every N steps"},
     {.name = "--save-init", .kind = FLAG_STRING, .at = AT(save_init_path), .arg = "FILE",
      .help = "write the initial weights and exit"},
-    {.name = "--ac", .kind = FLAG_SET, .at = AT(ac),
-     .help = "activation checkpointing: blocks recompute their forward in backward", .json = "ac"},
+    {.name = "--ac", .kind = FLAG_SET, .at = AT(ac.mode), .parse = parse_ac,
+     .help = "full activation checkpointing: every block keeps only its input and\n"
+             "recomputes its forward (and its forward hooks) in backward",
+     .json = "ac", .json_value = json_ac},
+    {.name = "--ac-every", .kind = FLAG_INT, .at = AT(ac.every), .lo = 1, .hi = 1 << 20, .parse = parse_ac,
+     .arg = "N",
+     .help = "selective activation checkpointing by block: blocks N, 2N, ... (counting\n"
+             "from 1) do as --ac, the others keep everything and recompute nothing",
+     .json = "ac_every"},
+    {.name = "--ac-op", .kind = FLAG_SET, .at = AT(ac.mode), .parse = parse_ac,
+     .help = "selective activation checkpointing per op: every block keeps its matmul\n"
+             "outputs wq, wv, w1 and the attention's, and recomputes the rest in backward"},
     {.name = "--reshard-after-forward", .kind = FLAG_BOOL, .at = AT(reshard_after_forward), .def = "true",
      .arg = "=true|false", .help = "false = ZeRO-2 (keep params unsharded until backward)",
      .json = "reshard_after_forward"},
@@ -502,7 +525,8 @@ void parse_options(int argc, char **argv, Options *o) {
             exit(0);
         case FLAG_SET:
         case FLAG_CLEAR: /* a switch: a value after = is ignored */
-            store(f, NULL, o);
+            if (f->parse) f->parse(f, NULL, o);
+            else store(f, NULL, o);
             continue;
         case FLAG_BOOL: /* a value is optional: true by itself */
             if (!val && i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) val = argv[++i];

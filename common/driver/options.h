@@ -29,7 +29,9 @@ typedef struct {
     AdamWConfig optim;
     uint64_t seed;
     const char *data_path, *load_path, *save_path, *save_init_path, *out_dir;
-    int ac, reshard_after_forward, forward_only;
+    AcPolicy ac;                /* --ac, --ac-every N or --ac-op (model.h: ac_block_recomputes) */
+    const char *ac_flag;        /* the one of them given (a second mode is refused) */
+    int reshard_after_forward, forward_only;
     int grad_accum;             /* K microbatches per step (1: none) */
     int grad_sync_every;        /* 1: reduce-scatter every microbatch; 0: only the last */
     int reshard_after_backward; /* 0: keep params unsharded between microbatches */

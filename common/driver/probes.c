@@ -268,9 +268,10 @@ void probes_write_dtensors(Dev *dev, Model *m, const float *init, const char *di
     dev_host_barrier(dev);
 }
 
-void probes_init(Probes *p, const Model *m, int param_bf16) {
+void probes_init(Probes *p, const Model *m, int param_bf16, AcPolicy ac) {
     p->model = m;
     p->param_bf16 = param_bf16;
+    p->ac = ac;
     p->history = xcalloc((size_t)m->n_modules * MODULE_MAX_PARAMS, sizeof *p->history);
     for (int i = 0; i < m->n_modules * MODULE_MAX_PARAMS; i++) p->history[i].step = -1;
     p->grad_state = xcalloc((size_t)m->n_modules * MODULE_MAX_PARAMS, sizeof *p->grad_state);
@@ -448,9 +449,16 @@ static void no_data_for_backward(Dev *dev, const Probes *p, const Module *mod, i
     const Param *q = &mod->params[j];
     uint64_t id = p->last_data ? p->last_data[mod->index * MODULE_MAX_PARAMS + j] : 0;
     const MemEvent *e = id ? dev_mem_free_event(dev, id) : NULL;
+    /* a block that does not recompute under selective checkpointing: no forward hook comes between its
+     * pre_backward and its backward (a state machine that waits for one leaves it without params) */
+    char not_recomputed[160] = "";
+    if (mod->kind == MOD_BLOCK && p->ac.mode != AC_NONE && !ac_block_recomputes(p->ac, mod->layer))
+        snprintf(not_recomputed, sizeof not_recomputed,
+                 " (%s does not recompute with --ac-every %d: no forward hook runs in its backward, so "
+                 "fsdp_pre_backward alone must unshard it)", mod->name, p->ac.every);
     if (!e || !e->phase || !e->module)
-        fatal("%s: %s has no unsharded data for the backward (%s is NULL after fsdp_pre_backward)%s", mod->name,
-              q->name, field, why);
+        fatal("%s: %s has no unsharded data for the backward (%s is NULL after fsdp_pre_backward)%s%s", mod->name,
+              q->name, field, not_recomputed, why);
     char who[200];
     hook_of_phase(e->module, e->phase, e->step != step && e->step >= 0 ? e->step + 1 : 0, who, sizeof who);
     /* freed in this module's backward (by its fsdp_pre_backward, or in the recompute after it), or before it */
@@ -460,8 +468,8 @@ static void no_data_for_backward(Dev *dev, const Probes *p, const Module *mod, i
                        : phase_is(e->phase, PHASE_RECOMPUTE_PRE_FORWARD) || phase_is(e->phase, PHASE_RECOMPUTE_POST_FORWARD)
                            ? ", after fsdp_pre_backward, and nothing gathered it again"
                        : ", and fsdp_pre_backward did not all-gather it again";
-    fatal("%s: %s has no unsharded data for the backward (%s is NULL): its unsharded buffer '%s' was freed in %s%s%s",
-          mod->name, q->name, field, e->name ? e->name : "?", who, then, why);
+    fatal("%s: %s has no unsharded data for the backward (%s is NULL): its unsharded buffer '%s' was freed in %s%s%s%s",
+          mod->name, q->name, field, e->name ? e->name : "?", who, then, not_recomputed, why);
 }
 
 void probe_params_ready(Dev *dev, Probes *p, const Module *mod, int step, const char *hook, int backward) {

@@ -58,12 +58,13 @@ typedef struct {
     uint64_t *last_data;      /* [n_modules * MODULE_MAX_PARAMS] the allocation (id) of each param's unsharded
                                * data when a check last saw it set: who freed it, if the backward finds none */
     int param_bf16;           /* --param-dtype bf16: the params are Param.data_bf16 */
+    AcPolicy ac;              /* which blocks recompute (model.h): a message's hint */
     GradCopy *grad_state;     /* [n_modules * MODULE_MAX_PARAMS] the grad-state probe's copies */
     float *spare;             /* [spare_cap] the grad-state probe's scratch */
     size_t spare_cap;
 } Probes;
 
-void probes_init(Probes *p, const Model *m, int param_bf16);
+void probes_init(Probes *p, const Model *m, int param_bf16, AcPolicy ac);
 void probes_free(Probes *p);
 
 /* Around every hook: a "hook_memory" note with the bytes allocated at entry,

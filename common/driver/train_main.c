@@ -21,11 +21,20 @@
 /* run.json: the run's configuration, for plots, the grader and references; written again after the run
  * (w not NULL) with what the run used (runtime/facts.h: groups, mesh, stage map, vocabularies). */
 /* The rules of the run, stated by the code that defines them: "prefetch_schedule" (flag_check.h), null
- * with --pp (each rank holds one stage's modules; the prefetch policy is the FSDP stages' rule). */
+ * with --pp (each rank holds one stage's modules; the prefetch policy is the FSDP stages' rule), and
+ * "recompute_blocks": the blocks that re-run their forward and its hooks in backward (model.h,
+ * ac_block_recomputes: the predicate the training loop follows). */
 static void run_rules(Json *j, const Options *o, const void *ctx) {
+    const Model *m = ctx;
     json_key(j, "prefetch_schedule");
     if (o->pp) json_null(j);
-    else flag_check_schedule_json(j, ctx, o->backward_prefetch);
+    else flag_check_schedule_json(j, m, o->backward_prefetch);
+    json_key(j, "recompute_blocks");
+    json_array_begin(j);
+    for (int i = 0; i < m->n_modules; i++)
+        if (m->modules[i].kind == MOD_BLOCK && ac_block_recomputes(o->ac, m->modules[i].layer))
+            json_string(j, m->modules[i].name);
+    json_array_end(j);
 }
 
 static void write_run_json(const Options *o, const Model *m, World *w) {

@@ -107,12 +107,12 @@ static void trainer_init(Trainer *t, Dev *dev, const TrainJob *job, DeviceMesh *
     t->fsdp = fsdp_init(&fc);
     probes_check_mesh(m, mesh);
     if (o->offload_params) probes_check_offload(dev, m);
-    probes_init(&t->probes, m, o->mp.param_dtype == DTYPE_BF16);
+    probes_init(&t->probes, m, o->mp.param_dtype == DTYPE_BF16, o->ac);
     if (o->out_dir) probes_write_dtensors(dev, m, init, o->out_dir, mesh);
     if (job->init_exp_avg && !o->forward_only)
         checkpoint_restore_optimizer(dev, m, job->init_exp_avg, job->init_exp_avg_sq);
 
-    t->run = (ModelRun){.dev = dev, .stream = cs, .B = o->batch_size, .T = o->seq_len, .recompute = o->ac,
+    t->run = (ModelRun){.dev = dev, .stream = cs, .B = o->batch_size, .T = o->seq_len, .ac = o->ac,
                         .param_bf16 = o->mp.param_dtype == DTYPE_BF16};
     trainer_at(t, -1, "init", PHASE_INIT);
     microbatches_init(&t->mb, dev, o); /* the step's batch, whole: run.inputs / targets until a schedule slices it */

@@ -64,12 +64,14 @@ static void forward_module(Trainer *t, int s, Module *mod) {
     probe_after_post_forward(t->dev, &t->probes, s, mod);
 }
 
-/* One module's backward, between its hooks (with --ac, the forward again first). */
+/* One module's backward, between its hooks; a block that recomputes
+ * (model.h: module_recomputes, from --ac, --ac-every or --ac-op) runs its
+ * forward again first, between its forward hooks. */
 static void backward_module(Trainer *t, int s, Module *mod) {
     Model *m = t->model;
     Fsdp *f = t->fsdp;
     HOOK(t, s, mod->name, PHASE_PRE_BACKWARD, fsdp_pre_backward(f, mod));
-    if (t->opt->ac && mod->kind == MOD_BLOCK) { /* activation checkpointing: the forward again */
+    if (module_recomputes(&t->run, mod)) { /* activation checkpointing: the forward again */
         HOOK(t, s, mod->name, PHASE_RECOMPUTE_PRE_FORWARD, fsdp_pre_forward(f, mod));
         probe_params_ready(t->dev, &t->probes, mod, s, phase_name(PHASE_RECOMPUTE_PRE_FORWARD), 0);
         trainer_at(t, s, mod->name, PHASE_RECOMPUTE);

@@ -37,8 +37,8 @@ void trainer_at(Trainer *t, int step, const char *module, Phase phase);
  * order, each between its hooks; the input is the tokens (the first module)
  * or t->run.h, the output is t->run.h, or the loss at t->run.loss. */
 void trainer_forward(Trainer *t, int s);
-/* Its backward, modules in reverse order (with --ac, each block's forward
- * again first), then finish_backward: FSDP2's root post-backward callback,
+/* Its backward, modules in reverse order (a block that recomputes,
+ * module_recomputes: its forward again first), then finish_backward: FSDP2's root post-backward callback,
  * once per backward, so once per microbatch. */
 void trainer_backward(Trainer *t, int s);
 /* The step's optimizer step, in its hook (after the schedule and

@@ -414,8 +414,46 @@ void model_run_end(Model *m, ModelRun *run) {
     run->h = run->dh = run->rope_cos = run->rope_sin = run->loss = NULL;
 }
 
-/* The block forward up to g (everything the backward needs). */
-static void block_forward_saved(Model *m, Module *mod, ModelRun *run, Q *q) {
+/* ------------------------------------------------- activation checkpointing */
+
+int ac_block_recomputes(AcPolicy ac, int layer) {
+    switch (ac.mode) {
+    case AC_FULL:
+    case AC_OP: return 1;
+    case AC_EVERY: return ac.every > 0 && (layer + 1) % ac.every == 0; /* torchtitan counts blocks from 1 */
+    case AC_NONE: break;
+    }
+    return 0;
+}
+
+const char *ac_mode_name(AcMode mode) {
+    static const char *const names[] = {[AC_NONE] = "none", [AC_FULL] = "full", [AC_EVERY] = "every", [AC_OP] = "op"};
+    return (unsigned)mode < sizeof names / sizeof names[0] ? names[mode] : "none";
+}
+
+int module_recomputes(const ModelRun *run, const Module *mod) {
+    return mod->kind == MOD_BLOCK && ac_block_recomputes(run->ac, mod->layer);
+}
+
+/* After a checkpointed block's forward: free what its recompute rebuilds.
+ * AC_OP keeps x, q, v, att, lse and a (torchtitan's saved matmul and attention
+ * outputs); the other modes keep x alone. */
+static void drop_recomputed(Dev *dev, ModuleActs *A, AcMode mode) {
+    if (mode != AC_OP) {
+        free_acts(dev, A, 1);
+        return;
+    }
+    float **rebuilt[] = {&A->xn, &A->rstd1, &A->k, &A->h, &A->hn, &A->rstd2, &A->b, &A->g};
+    for (size_t i = 0; i < sizeof rebuilt / sizeof rebuilt[0]; i++) {
+        dev_free(dev, *rebuilt[i]);
+        *rebuilt[i] = NULL;
+    }
+}
+
+/* The block forward up to g (everything the backward needs). With `kept`
+ * (an AC_OP recompute) q, v, att, lse and a are the forward's, kept: only the
+ * rest runs again, the same kernels on the same inputs, so the same bits. */
+static void block_forward_saved(Model *m, Module *mod, ModelRun *run, Q *q, int kept) {
     const ModelConfig *c = &m->cfg;
     size_t N = run->B * run->T, D = (size_t)c->dim, F = (size_t)c->hidden_dim, hd = (size_t)c->head_dim;
     size_t H = (size_t)c->n_heads, KV = (size_t)c->n_kv_heads;
@@ -425,29 +463,37 @@ static void block_forward_saved(Model *m, Module *mod, ModelRun *run, Q *q) {
     A->rstd1 = act(q, N, "rstd1");
     dev_access(run->stream, A->x, N * D * sizeof(float), 0, "input");
     rmsnorm_q(q, run, A->xn, A->rstd1, A->x, &P[P_ATTN_NORM], N, D, c->norm_eps);
-    A->q = act(q, N * H * hd, "q");
+    if (!kept) {
+        A->q = act(q, N * H * hd, "q");
+        matmul_q(q, run, "wq", A->q, A->xn, &P[P_WQ], N, D, H * hd); /* matmul 1: kept by AC_OP */
+    }
     A->k = act(q, N * KV * hd, "k");
-    A->v = act(q, N * KV * hd, "v");
-    matmul_q(q, run, "wq", A->q, A->xn, &P[P_WQ], N, D, H * hd);
-    matmul_q(q, run, "wk", A->k, A->xn, &P[P_WK], N, D, KV * hd);
-    matmul_q(q, run, "wv", A->v, A->xn, &P[P_WV], N, D, KV * hd);
-    rope_q(q, A->q, run, H, hd, 0);
+    matmul_q(q, run, "wk", A->k, A->xn, &P[P_WK], N, D, KV * hd); /* matmul 2: recomputed by AC_OP */
+    if (!kept) {
+        A->v = act(q, N * KV * hd, "v");
+        matmul_q(q, run, "wv", A->v, A->xn, &P[P_WV], N, D, KV * hd); /* matmul 3: kept */
+        rope_q(q, A->q, run, H, hd, 0);
+    }
     rope_q(q, A->k, run, KV, hd, 0);
-    A->lse = act(q, run->B * H * run->T, "lse");
-    A->att = act(q, N * H * hd, "att");
-    AttArgs aa = {A->att, A->lse, A->q, A->k, A->v, run->B, run->T, H, KV, hd};
-    KernelCost ca = kcost_attention_forward(run->B, run->T, H, KV, hd);
-    dev_launch(q->s, "attention", &ca, KERNEL(q->s, attention_forward), &aa, sizeof aa);
-    A->h = act(q, N * D, "h");
+    if (!kept) { /* the attention's outputs: kept */
+        A->lse = act(q, run->B * H * run->T, "lse");
+        A->att = act(q, N * H * hd, "att");
+        AttArgs aa = {A->att, A->lse, A->q, A->k, A->v, run->B, run->T, H, KV, hd};
+        KernelCost ca = kcost_attention_forward(run->B, run->T, H, KV, hd);
+        dev_launch(q->s, "attention", &ca, KERNEL(q->s, attention_forward), &aa, sizeof aa);
+    }
+    A->h = act(q, N * D, "h"); /* matmul 4 (wo) and the residual: recomputed */
     matmul_q(q, run, "wo", A->h, A->att, &P[P_WO], N, H * hd, D);
     add_q(q, A->h, A->h, A->x, N * D);
     A->hn = act(q, N * D, "hn");
     A->rstd2 = act(q, N, "rstd2");
     rmsnorm_q(q, run, A->hn, A->rstd2, A->h, &P[P_FFN_NORM], N, D, c->norm_eps);
-    A->a = act(q, N * F, "w1_out");
+    if (!kept) {
+        A->a = act(q, N * F, "w1_out");
+        matmul_q(q, run, "w1", A->a, A->hn, &P[P_W1], N, D, F); /* matmul 5: kept */
+    }
     A->b = act(q, N * F, "w3_out");
-    matmul_q(q, run, "w1", A->a, A->hn, &P[P_W1], N, D, F);
-    matmul_q(q, run, "w3", A->b, A->hn, &P[P_W3], N, D, F);
+    matmul_q(q, run, "w3", A->b, A->hn, &P[P_W3], N, D, F); /* matmul 6: recomputed */
     A->g = act(q, N * F, "swiglu");
     SwiArgs sa = {A->g, A->a, A->b, N * F};
     KernelCost cs = kcost_elementwise(6.0 * (double)(N * F), 12.0 * (double)(N * F)); /* silu(a) * b */
@@ -500,11 +546,11 @@ void module_forward(Model *m, Module *mod, ModelRun *run) {
         run->h = out;
     } else if (mod->kind == MOD_BLOCK) {
         A->x = run->h; /* the block owns its input until its backward */
-        block_forward_saved(m, mod, run, &q);
+        block_forward_saved(m, mod, run, &q, 0);
         float *out = act(&q, N * D, "out");
-        matmul_q(&q, run, "w2", out, A->g, &P[P_W2], N, (size_t)c->hidden_dim, D);
+        matmul_q(&q, run, "w2", out, A->g, &P[P_W2], N, (size_t)c->hidden_dim, D); /* matmul 7 */
         add_q(&q, out, out, A->h, N * D);
-        if (run->recompute) free_acts(run->dev, A, 1); /* keep only the input */
+        if (module_recomputes(run, mod)) drop_recomputed(run->dev, A, run->ac.mode);
         run->h = out;
     } else {
         A->x = run->h;
@@ -522,10 +568,11 @@ void module_forward(Model *m, Module *mod, ModelRun *run) {
 }
 
 void module_recompute(Model *m, Module *mod, ModelRun *run) {
-    if (mod->kind != MOD_BLOCK || !run->recompute || !mod->acts->x)
-        fatal("module_recompute: %s has no checkpointed input (not a block run with --ac?)", mod->name);
+    if (!module_recomputes(run, mod) || !mod->acts->x)
+        fatal("module_recompute: %s has no checkpointed input (not a block that --ac / --ac-every / --ac-op "
+              "checkpoints, or no forward before)", mod->name);
     Q q = {run->dev, run->stream, mod->name};
-    block_forward_saved(m, mod, run, &q);
+    block_forward_saved(m, mod, run, &q, run->ac.mode == AC_OP);
 }
 
 void module_backward(Model *m, Module *mod, ModelRun *run) {

@@ -39,13 +39,40 @@ Param *model_find_param(Model *m, const char *name);
 void model_init_host(const Model *m, uint64_t seed, float *out /* [n_params_total] */);
 size_t model_param_offset(const Model *m, const Param *p);
 
+/* --- activation checkpointing (torchtitan's three modes) ------------------- */
+
+/* Which blocks re-run their forward inside their backward, and what each keeps:
+ *   AC_FULL   every block keeps only its input x; the backward recomputes all
+ *             of block_forward_saved (torchtitan mode = "full").
+ *   AC_EVERY  blocks 1-based numbers k with k % every == 0 do as AC_FULL; the
+ *             others keep every activation and do not recompute (torchtitan
+ *             selective_ac_option = "<every>").
+ *   AC_OP     every block keeps x and the outputs torchtitan's per-op policy
+ *             saves (the odd-numbered matmuls in forward order, wq 1, wv 3,
+ *             w1 5, and the attention: q, v, att, lse) and recomputes the rest:
+ *             the norms, wk + RoPE, wo + residual, w3, SwiGLU (selective_ac_option
+ *             = "op"; w2, matmul 7, feeds no saved tensor here). */
+typedef enum { AC_NONE = 0, AC_FULL, AC_EVERY, AC_OP } AcMode;
+typedef struct {
+    AcMode mode;
+    int every; /* AC_EVERY's N (>= 1) */
+} AcPolicy;
+
+/* THE predicate: does block `layer` (0-based, the model's numbering, also
+ * under --pp) re-run its forward, and so its forward hooks, in its backward?
+ * The model (what a forward keeps), the training loop (the recompute and its
+ * hooks) and run.json (recompute_blocks, read by the grader) all ask it. */
+int ac_block_recomputes(AcPolicy ac, int layer);
+/* "none", "full", "every", "op" */
+const char *ac_mode_name(AcMode mode);
+
 /* --- running modules (used by the training loop, not by FSDP code) --------- */
 
 typedef struct {
     Dev *dev;
     Stream *stream;           /* compute stream */
     size_t B, T;              /* per-rank batch, sequence length */
-    int recompute;            /* --ac: blocks keep only their input in forward */
+    AcPolicy ac;              /* --ac, --ac-every N, --ac-op: which blocks recompute, what they keep */
     int microbatches;         /* K of --grad-accum (B is then one microbatch): the backward is loss / K's */
     int param_bf16;           /* --param-dtype bf16: ops read Param.data_bf16, widened (model.c: param_in) */
     const int32_t *inputs;    /* [B*T] device memory */
@@ -72,8 +99,13 @@ void model_acts_use(ActsSlots *a, int k);
 void model_acts_slots_free(ActsSlots *a);
 /* Queue the module's forward on run->stream. Reads its Param.data. */
 void module_forward(Model *m, Module *mod, ModelRun *run);
+/* 1 if mod is a block that ac_block_recomputes (run->ac): the loop then calls
+ * module_recompute (between the forward hooks) before its backward. */
+int module_recomputes(const ModelRun *run, const Module *mod);
 /* Activation checkpointing: re-run a block's forward inside backward to
- * rebuild its saved activations (needs run->recompute and a prior forward). */
+ * rebuild the saved activations its forward dropped (all but the input, or
+ * with AC_OP what the per-op policy does not keep). Only for a block that
+ * module_recomputes, after its forward. */
 void module_recompute(Model *m, Module *mod, ModelRun *run);
 /* Queue the module's backward: accumulates into Param.grad (allocated and
  * zeroed by the caller), turns run->dh into the grad of the module's input. */

@@ -334,7 +334,8 @@ class Context:
         flags = expect if expect is not None else self.flags if mine else stage_only_flags(self.rubric, stage)
         batch = int(manifest.flag_value(flags, "--batch-size", want["batch_size"]))  # a pipeline stage sets its own
         pairs = [("flavor", want["flavor"]), ("world_size", want["world"]), ("seq_len", want["seq_len"]),
-                 ("batch_size", batch), ("steps", want["steps"]), ("ac", "--ac" in flags),
+                 ("batch_size", batch), ("steps", want["steps"]), ("ac", manifest.ac_mode(flags)[0]),
+                 ("ac_every", manifest.ac_mode(flags)[1]),
                  ("forward_only", "--forward-only" in flags),
                  ("reshard_after_forward", "--reshard-after-forward=false" not in flags),
                  ("param_dtype", mp_policy(flags)[0]), ("reduce_dtype", mp_policy(flags)[1])]

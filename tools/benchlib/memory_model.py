@@ -4,7 +4,7 @@ stage's schedule alone, and the replay of a run's memory snapshot it is compared
 tools/bench.py (section 4) and tests/test_memory_model.py put it next to the measured peak;
 the runtime's allocator counts requested bytes in host call order, so the two are equal to
 the byte. A stage's schedule comes from grader/manifest.py: its Stage's forward_only, ac and
-zero2 (from the flags) and prefetch (which all-gather runs one module ahead).
+zero2 (from the flags; which blocks recompute and what they keep: --ac, --ac-every N, --ac-op) and prefetch (which all-gather runs one module ahead).
 Standard library only.
 """
 import json
@@ -12,6 +12,7 @@ import os
 import re
 from collections import defaultdict
 
+import manifest
 from gradelib.util import padded_rows
 from trace_names import ALL_GATHER, REDUCE_SCATTER
 # the memory tags (MemTag)
@@ -81,6 +82,14 @@ def mesh_shape(flags, world):
     return 1, world
 
 
+def recomputes(flags, layer):
+    """Does block `layer` (0-based) recompute under these flags? The runtime's rule is model.h's
+    ac_block_recomputes (stated per run in run.json's recompute_blocks); this model has no run to read, so it
+    restates it, and tests/test_memory_model.py holds the two equal on every case it runs."""
+    mode, every = manifest.ac_mode(flags)
+    return mode in ("full", "op") or (mode == "every" and (layer + 1) % every == 0)
+
+
 def memory_model(m, B, T, W, stage):
     """Peak bytes of rank 0 predicted from the sizes alone, with the live set by tag.
 
@@ -127,7 +136,11 @@ def memory_model(m, B, T, W, stage):
     blk_tmp = (3 * N * F + N * D + N * H * hd + N * H * hd + 2 * N * KV * hd + T + 2 * tq * tk + N * D
                + N * D)  # dswiglu dw1_out dw3_out dhn datt dq dk dv att_scratch dxn + dh (the incoming grad)
     head_tmp = N * V + N * D + N * D                   # dlogits dxn dx
-    ac = stage.ac
+    # what block j keeps from its forward to its backward besides its input x: everything, nothing (it
+    # recomputes: --ac, --ac-every's blocks), or with --ac-op torchtitan's saved outputs q v lse att w1_out
+    op_kept = N * H * hd + N * KV * hd + B * H * T + N * H * hd + N * F
+    op = manifest.ac_mode(stage.flags)[0] == "op"
+    held = [(op_kept if op else 0) if recomputes(stage.flags, j) else blk_saved for j in range(L)]
     points = []
 
     def point(where, act, tmp=0, uparam=0, ugrad=0, comm=0, gshard=0):
@@ -141,10 +154,10 @@ def memory_model(m, B, T, W, stage):
         if i == 0:
             act = x_in
         elif i < M - 1:
-            j = i - 1  # block j: inputs of blocks 0..j, its output, saved sets (AC: only block j's, transient)
-            act = (j + 2) * x_in + (1 if ac else j + 1) * blk_saved
+            j = i - 1  # block j: inputs of blocks 0..j, its output, what blocks 0..j-1 kept, its whole set
+            act = (j + 2) * x_in + sum(held[:j]) + blk_saved
         else:
-            act = (L + 1) * x_in + (0 if ac else L) * blk_saved + head_saved
+            act = (L + 1) * x_in + sum(held) + head_saved
         uparam = sum(full[:i + 1]) if stage.zero2 else full[i]
         # the prefetched all-gather of i+1 (which dropped i's AllGatherState); the last module's state
         # lives on through its forward
@@ -165,11 +178,11 @@ def memory_model(m, B, T, W, stage):
         if rs_state and i + 1 < M:
             comm += agbuf[i + 1]                    # ReduceScatterState: module i+1's reduce-scatter input
         if i == M - 1:
-            act = (L + 1) * x_in + (0 if ac else L) * blk_saved + head_saved
+            act = (L + 1) * x_in + sum(held) + head_saved
             tmp = head_tmp
         elif i >= 1:
-            j = i - 1
-            act = (j + 1) * x_in + (1 if ac else j + 1) * blk_saved
+            j = i - 1  # block j's whole set again (kept, or rebuilt by its recompute)
+            act = (j + 1) * x_in + sum(held[:j]) + blk_saved
             tmp = blk_tmp
         else:
             act, tmp = 0, x_in

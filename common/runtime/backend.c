@@ -116,6 +116,10 @@ static void check_no_overlap(const char *name, const DevCopy *c, size_t n) {
     free(ends);
 }
 
+static const char *direction_words(CopyDir d) {
+    return d == COPY_H2D ? "host to device" : d == COPY_D2H ? "device to host" : "device to device";
+}
+
 void dev_memcpy_batch_async(Stream *s, const char *name, const DevCopy *copies, size_t n) {
     if (!s) fatal("dev_memcpy_batch_async('%s'): NULL stream", name ? name : "?");
     if (!name || !*name || strchr(name, '.'))
@@ -139,7 +143,7 @@ void dev_memcpy_batch_async(Stream *s, const char *name, const DevCopy *copies, 
             dir = d;
         } else if (d != dir) {
             fatal("dev_memcpy_batch_async('%s'): copy %zu goes %s but copy %zu goes %s (one batch, one direction: "
-                  "split it)", name, first, copy_direction_name(dir), i, copy_direction_name(d));
+                  "split it)", name, first, direction_words(dir), i, direction_words(d));
         }
     }
     if (!n) return; /* nothing to launch, as an empty foreach */

@@ -198,12 +198,12 @@ static void issue_all_gather(Fsdp *f, Group *g) {
 static void wait_all_gather(Fsdp *f, Group *g) {
     if (!g->ag_flat) return;
     Module *mod = g->mod;
-    /* BEGIN SOLUTION: compute waits on ag_done (HANDOUT.md#stage-03) */
+    /* BEGIN SOLUTION: compute waits on ag_done; start the copy-out's list of copies (HANDOUT.md#stage-03) */
     size_t S = g->shard_numel;
     dev_stream_wait_event(f->compute, g->ag_done);
-    /* END SOLUTION */
     DevCopy out[MODULE_MAX_PARAMS * WORLD_MAX_RANKS]; /* the copy-out, one launch (FSDP2's split_with_sizes_copy) */
     size_t nout = 0;
+    /* END SOLUTION */
     for (int j = 0; j < mod->n_params; j++) {
         /* BEGIN SOLUTION: param j: list each rank's rows out of the all-gather output (float32: into Param.data) in out[] (HANDOUT.md#stage-03) */
         Param *p = &mod->params[j];

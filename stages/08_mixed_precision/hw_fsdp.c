@@ -148,10 +148,8 @@ static void issue_all_gather(Fsdp *f, Group *g) {
 static void wait_all_gather(Fsdp *f, Group *g) {
     if (!g->ag_flat) return;
     Module *mod = g->mod;
-    /* TODO(stage 03): compute waits on ag_done. */
-    hw_todo("compute waits on ag_done", "HANDOUT.md#stage-03");
-    DevCopy out[MODULE_MAX_PARAMS * WORLD_MAX_RANKS]; /* the copy-out, one launch (FSDP2's split_with_sizes_copy) */
-    size_t nout = 0;
+    /* TODO(stage 03): compute waits on ag_done; start the copy-out's list of copies. */
+    hw_todo("compute waits on ag_done; start the copy-out's list of copies", "HANDOUT.md#stage-03");
     for (int j = 0; j < mod->n_params; j++) {
         /* TODO(stage 03): param j: list each rank's rows out of the all-gather output (float32: into Param.data) in out[]. */
         hw_todo("param j: list each rank's rows out of the all-gather output (float32: into Param.data) in out[]", "HANDOUT.md#stage-03");

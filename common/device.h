@@ -68,6 +68,21 @@ Stream *dev_stream_create(Dev *d, const char *name);
 /* Enqueue a copy / a byte fill on s (traced as "copy" / "memset"). */
 void dev_memcpy_async(Stream *s, void *dst, const void *src, size_t bytes);
 void dev_memset_async(Stream *s, void *dst, int byte, size_t bytes);
+/* Many copies as ONE launch (FSDP2's fused copy-in, copy-out and chunk-cat:
+ * torch._foreach_copy_, split_with_sizes_copy, _chunk_cat). Each copy of the
+ * list costs what its bytes cost, but the launch overhead is paid once: at
+ * world 64 a copy-out of 9 params is 576 copies, and 576 launches cost more
+ * than the bytes. Traced as one "copy" slice "<module>.<name>" (name: what it
+ * is, e.g. "copy_in"; a batch between host and device memory adds its
+ * direction: "copy_in.h2d"). The list is read at the call (reuse it at once).
+ * No two destinations may overlap, nor any destination any source; every
+ * copy goes the same way (device/device, host->device or device->host). */
+typedef struct {
+    void *dst;
+    const void *src;
+    size_t bytes;
+} DevCopy;
+void dev_memcpy_batch_async(Stream *s, const char *name, const DevCopy *copies, size_t n);
 /* Block the host until the work enqueued on s (or on every stream) finished. */
 void dev_stream_synchronize(Stream *s);
 void dev_synchronize(Dev *d);

@@ -42,7 +42,8 @@ static void wait_for(Stream *waiter, Event *e, Stream *s) {
 
 /* Stream "producer" writes buf (memcpy); "compute" reads it. mode selects the
  * ordering: 0 none, 1 event wait, 2 event recorded BEFORE the write, 3 host
- * stream sync, 4 host event sync, 5 none, with a kernel that only pretends. */
+ * stream sync, 4 host event sync, 5 none, with a kernel that only pretends; 6 none and 7 an event wait, the
+ * write a batch copy. */
 static void rank_write_then_read(Dev *d, void *arg) {
     int mode = *(int *)arg;
     Stream *c = dev_compute_stream(d), *p = dev_stream_create(d, "producer");
@@ -53,9 +54,14 @@ static void rank_write_then_read(Dev *d, void *arg) {
     float *out = dev_alloc_f32(d, 256, MEM_ACTIVATION, "block1.out");
     dev_memset_async(p, src, 0, 256 * sizeof(float));
     if (mode == 2) dev_event_record(e, p);
-    dev_memcpy_async(p, buf + 256, src, 256 * sizeof(float));
-    if (mode == 1) dev_event_record(e, p);
-    if (mode == 1 || mode == 2) dev_stream_wait_event(c, e);
+    if (mode >= 6) { /* a batch copy: the detector sees each of its ranges (the second one is read below) */
+        DevCopy list[2] = {{buf, src, 64 * sizeof(float)}, {buf + 256, src, 256 * sizeof(float)}};
+        dev_memcpy_batch_async(p, "copy_out", list, 2);
+    } else {
+        dev_memcpy_async(p, buf + 256, src, 256 * sizeof(float));
+    }
+    if (mode == 1 || mode == 7) dev_event_record(e, p);
+    if (mode == 1 || mode == 2 || mode == 7) dev_stream_wait_event(c, e);
     if (mode == 3) dev_stream_synchronize(p);
     if (mode == 4) {
         dev_event_record(e, p);
@@ -322,6 +328,8 @@ static int run_mode(const char *kind) {
     else if (!strcmp(kind, "race_event_sync")) fn = rank_write_then_read, arg = 4;
     else if (!strcmp(kind, "race_pretend")) fn = rank_write_then_read, arg = 5;
     else if (!strcmp(kind, "race_off")) fn = rank_write_then_read, arg = 5, c.no_race_check = 1;
+    else if (!strcmp(kind, "race_batch")) fn = rank_write_then_read, arg = 6;
+    else if (!strcmp(kind, "race_batch_ordered")) fn = rank_write_then_read, arg = 7;
     else if (!strcmp(kind, "race_write_after_read")) fn = rank_write_after_read, arg = 0;
     else if (!strcmp(kind, "race_write_after_read_ordered")) fn = rank_write_after_read, arg = 1;
     else if (!strcmp(kind, "race_use_after_free")) fn = rank_use_after_free;
@@ -393,6 +401,14 @@ static int child(const char *kind, char *err, size_t cap) {
 
 TEST(missing_wait_is_reported) { EXPECT_LINE("race_missing_wait", MISSING_WAIT); }
 TEST(event_wait_orders) { EXPECT_CLEAN("race_with_wait"); }
+TEST(batch_copy_ranges_are_raced) {
+    EXPECT_LINE("race_batch",
+                "error: race on rank 0: compute stream's 'block1.matmul' reads 'block1.buffer' (comm_buffer, allocated "
+                "in block1.pre_forward) at byte offset 1024 as block1 weights written by producer stream's "
+                "'block1.copy_out' with no event wait ordering it (record an event on producer after the write and "
+                "make compute wait for it)");
+    EXPECT_CLEAN("race_batch_ordered");
+}
 TEST(record_before_write_does_not_order) { EXPECT_LINE("race_record_before_write", MISSING_WAIT); }
 TEST(host_syncs_order) {
     EXPECT_CLEAN("race_stream_sync");

@@ -828,6 +828,71 @@ TEST(modelled_clock_by_hand) {
     run_world(c, rank_clock_by_hand, NULL);
 }
 
+/* dev_memcpy_batch_async on the A100 profile: three copies (and an empty one) into permuted places land,
+ * as ONE launch: the host pays one launch (4 us), the stream one kernel latency (3 us) plus the bytes,
+ * read and written, at 80 % of HBM; one "copy" slice "block0.copy_in" of all the bytes. The list is read
+ * at the call: the host scribbles over it while a gate still holds the stream. A batch from pinned host
+ * memory is priced by the PCIe model and named "<name>.h2d". */
+static void rank_batch_copy(Dev *d, void *arg) {
+    (void)arg;
+    Stream *s = dev_compute_stream(d);
+    const size_t n = 1000, bytes = n * sizeof(float);
+    float *src = dev_alloc_f32(d, 3 * n, MEM_PARAM_SHARD, "shards");
+    float *dst = dev_alloc_f32(d, 3 * n, MEM_COMM_BUFFER, "flat");
+    for (size_t i = 0; i < 3 * n; i++) src[i] = (float)i;
+    Gate gate = GATE_INIT;
+    Gate *gp = &gate;
+    dev_set_scope(d, 0, "block0", "pre_forward");
+    dev_launch(s, "gate", TEST_COST, k_gate_wait, &gp, sizeof gp);
+    DevCopy list[4] = {{dst + 2 * n, src, bytes}, {dst, src + n, bytes}, {NULL, NULL, 0}, {dst + n, src + 2 * n, bytes}};
+    double t0 = dev_host_time_us(d);
+    dev_memcpy_batch_async(s, "copy_in", list, 4);
+    TCHECK(fabs(dev_host_time_us(d) - t0 - 4) < 1e-9, "the batch cost the host %g us, one launch is 4",
+           dev_host_time_us(d) - t0);
+    memset(list, 0xff, sizeof list); /* read at the call: the queued batch must not see this */
+    gate_open(&gate);
+    dev_stream_synchronize(s);
+    int same = 1;
+    for (size_t i = 0; i < n; i++)
+        same &= dst[2 * n + i] == (float)i && dst[i] == (float)(n + i) && dst[n + i] == (float)(2 * n + i);
+    TCHECK(same, "the batch's bytes did not land where its list said");
+    const double model = 3 + 2.0 * 3 * bytes / (2039e9 * 0.8) * 1e6;
+    int slices = 0, right = 0;
+    pthread_mutex_lock(&d->trace.mu);
+    for (size_t i = 0; i < d->trace.n; i++) {
+        const TraceRec *r = &d->trace.recs[i];
+        if (strcmp(r->cat, "copy")) continue;
+        slices++;
+        right = !strcmp(r->prefix, "block0") && !strcmp(r->name, "copy_in") && r->bytes == 3 * bytes &&
+                fabs(r->dur - model) < 1e-9;
+    }
+    pthread_mutex_unlock(&d->trace.mu);
+    TCHECK(slices == 1 && right, "%d copy slices (expected one 'block0.copy_in' of %zu bytes lasting %.4f us)", slices,
+           3 * bytes, model);
+    /* host -> device: the PCIe model (200 us + the bytes at 1 GB/s), once for the batch */
+    float *host = dev_alloc_host_f32(d, 2 * n, MEM_PARAM_SHARD, "host_shards");
+    for (size_t i = 0; i < 2 * n; i++) host[i] = -(float)i;
+    DevCopy h2d[2] = {{dst + n, host, bytes}, {dst, host + n, bytes}};
+    dev_memcpy_batch_async(s, "copy_in", h2d, 2);
+    dev_stream_synchronize(s);
+    TCHECK(dst[n] == 0.0f && dst[2 * n - 1] == -(float)(n - 1) && dst[0] == -(float)n, "the h2d batch's bytes");
+    const TraceRec *pc = find_rec(d, 0, "copy_in.h2d");
+    TCHECK(pc && pc->bytes == 2 * bytes && fabs(pc->dur - (200 + 2.0 * bytes / 1e9 * 1e6)) < 1e-9,
+           "the h2d batch: %s, %g us", pc ? "traced" : "not traced as copy_in.h2d", pc ? pc->dur : -1);
+    dev_memcpy_batch_async(s, "copy_in", NULL, 0); /* an empty batch: nothing to launch */
+    TCHECK(s->enqueued == 3, "%llu ops enqueued: the gate and the two batches", (unsigned long long)s->enqueued);
+    dev_free(d, host);
+    dev_free(d, dst);
+    dev_free(d, src);
+}
+TEST(batch_copy_is_one_launch) {
+    WorldConfig c = traced(local_config(1));
+    c.profile = device_profile_find("a100-80g");
+    c.pcie_gbps = 1.0;
+    c.pcie_latency_us = 200;
+    run_world(c, rank_batch_copy, NULL);
+}
+
 /* A collective starts when the last rank of its group is ready: rank 1 reaches
  * it 1 ms later (a kernel before it), so rank 0's all-gather starts then too. */
 static void rank_clock_collective(Dev *d, void *arg) {
@@ -959,6 +1024,23 @@ static void rank_misuse_overlap_all_reduce(Dev *d, void *arg) {
     dev_synchronize(d);
 }
 
+/* dev_memcpy_batch_async's bad input, one line each: destinations that overlap, a NULL source, copies that go
+ * two ways (device to device, host to device), a name with a dot. */
+static void rank_misuse_batch(Dev *d, void *arg) {
+    const char *kind = arg;
+    Stream *s = dev_compute_stream(d);
+    float *a = dev_alloc_f32(d, 64, MEM_COMM_BUFFER, "a"), *b = dev_alloc_f32(d, 64, MEM_COMM_BUFFER, "b");
+    float *h = dev_alloc_host_f32(d, 16, MEM_PARAM_SHARD, "h");
+    DevCopy overlap[3] = {{a, b, 64}, {a + 32, b + 16, 64}, {a + 8, b + 32, 64}}; /* a[8..24) meets a[0..16) */
+    DevCopy null_src[2] = {{a, b, 64}, {a + 16, NULL, 64}};
+    DevCopy mixed[2] = {{a, b, 64}, {a + 16, h, 64}};
+    if (!strcmp(kind, "batch_overlap")) dev_memcpy_batch_async(s, "copy_out", overlap, 3);
+    if (!strcmp(kind, "batch_null")) dev_memcpy_batch_async(s, "chunk_cat", null_src, 2);
+    if (!strcmp(kind, "batch_mixed")) dev_memcpy_batch_async(s, "copy_in", mixed, 2);
+    if (!strcmp(kind, "batch_name")) dev_memcpy_batch_async(s, "block0.copy_in", overlap, 1);
+    dev_synchronize(d);
+}
+
 static int misuse(const char *kind) {
     void (*fn)(Dev *, void *) = NULL;
     WorldConfig c = local_config(1);
@@ -977,6 +1059,11 @@ static int misuse(const char *kind) {
         c = local_config(2);
     } else if (strcmp(kind, "overlap_all_reduce") == 0) {
         fn = rank_misuse_overlap_all_reduce;
+    } else if (strncmp(kind, "batch_", 6) == 0) {
+        World *w = world_create(&c);
+        world_run(w, rank_misuse_batch, (void *)kind);
+        world_destroy(w);
+        return 0;
     } else if (strcmp(kind, "world0") == 0) c = local_config(0);
     else if (strcmp(kind, "world_big") == 0) c = local_config(WORLD_MAX_RANKS + 1);
     else if (strcmp(kind, "mpi_no_support") == 0) {

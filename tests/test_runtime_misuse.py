@@ -27,6 +27,15 @@ CASES = {
     "overlap_all_reduce": re.escape("error: all_reduce (grad_norm) on rank 0: send is at recv-4 elements, overlapping "
                                     "recv: pass the same buffer for both (in place) or two disjoint ones; any other "
                                     "overlap races with the peers' reads"),
+    # dev_memcpy_batch_async: its copies run in no set order, in one direction, under a name of their own
+    "batch_overlap": re.escape("error: dev_memcpy_batch_async('copy_out'): copy 0's destination overlaps copy 2's "
+                               "destination (the copies of a batch run in no set order: no destination may overlap "
+                               "another copy's source or destination)"),
+    "batch_null": re.escape("error: dev_memcpy_batch_async('chunk_cat'): copy 1 has a NULL source with 64 bytes"),
+    "batch_mixed": re.escape("error: dev_memcpy_batch_async('copy_in'): copy 0 goes device to device but copy 1 goes "
+                             "host to device (one batch, one direction: split it)"),
+    "batch_name": re.escape("error: dev_memcpy_batch_async: name it what it is, without a dot (e.g. \"copy_in\"), "
+                            "not 'block0.copy_in' (the trace shows \"<module>.<name>\")"),
     "world0": re.escape("error: world size 0 is out of range (1..64 ranks)"),
     "world_big": re.escape("error: world size 65 is out of range (1..64 ranks)"),
 }

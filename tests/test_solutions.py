@@ -12,7 +12,7 @@ import shutil
 import pytest
 
 from helpers import BASELINE, SOLVED, manifest, metrics, rel, run_train, snapshot, solution_bin, trace_events
-from trace_names import ALL_GATHER, BACKWARD_PHASES, COLLECTIVE, REDUCE_SCATTER
+from trace_names import ALL_GATHER, BACKWARD_PHASES, COLLECTIVE, COPY, REDUCE_SCATTER
 from gradelib.checks import OVERLAP_CHECKS
 from gradelib.trace_model import by_rank, overlap_shares, transfers
 
@@ -343,3 +343,32 @@ def dtensor_params(out):
     import json
     with open(os.path.join(str(out), "dtensors_rank0.json")) as fh:
         return json.load(fh)["params"]
+
+
+# every stage from 03 on fuses its copies (HANDOUT.md#fused-copies); 08's float32 run (its bf16 copy-in casts)
+FUSED = {s.id: (list(s.flags) if s.id != "08" else []) for s in SOLVED if s.id >= "03"}
+
+
+@pytest.mark.parametrize("stage", sorted(FUSED))
+def test_copies_are_fused(runs, stage):
+    """From stage 03 on a solution's copy-in, copy-out and chunk-cat are one launch each: per rank and step, one
+    "copy_in" and one "copy_out" copy slice per all-gather, one "chunk_cat" per reduce-scatter (the FSDP2 shapes:
+    _foreach_copy_, split_with_sizes_copy, _chunk_cat), and no other copy slice carries those names."""
+    ev = trace_events(runs(solution_bin(stage), *(TINY + ["--world", "4"] + FUSED[stage])))
+    counts = {}
+    for e in ev:
+        step = e.get("args", {}).get("step", -1)
+        if e.get("ph") != "X" or step < 0:
+            continue
+        kind = e["name"].rpartition(".")[2]
+        if (e.get("cat") == COPY and kind in ("copy_in", "copy_out", "chunk_cat")) or \
+                (e.get("cat") == COLLECTIVE and kind in (ALL_GATHER, REDUCE_SCATTER)):
+            c = counts.setdefault((e["pid"], step), {})
+            c[kind] = c.get(kind, 0) + 1
+    assert counts, "no all-gather, reduce-scatter or fused copy traced"
+    for (rank, step), c in sorted(counts.items()):
+        ag, rs = c.get(ALL_GATHER, 0), c.get(REDUCE_SCATTER, 0)
+        assert ag > 0 and rs > 0, "rank %d step %d: %s" % (rank, step, c)
+        assert c.get("copy_in") == ag and c.get("copy_out") == ag and c.get("chunk_cat") == rs, \
+            "rank %d step %d: %s (one copy_in and one copy_out per all-gather, one chunk_cat per reduce-scatter)" % (
+                rank, step, c)

@@ -69,6 +69,7 @@ void cpu_stream_destroy(Stream *s);
 void cpu_launch(Stream *s, const char *name, const KernelCost *cost, void (*fn)(void *args), const void *args,
                 size_t args_size);
 void cpu_copy(Stream *s, void *dst, const void *src, size_t bytes);
+void cpu_copy_batch(Stream *s, const char *name, const DevCopy *copies, size_t n, size_t bytes, CopyDir dir);
 void cpu_fill(Stream *s, void *dst, int byte, size_t bytes);
 void cpu_stream_synchronize(Stream *s);
 void cpu_synchronize(Dev *d);
@@ -116,7 +117,7 @@ const BackendOps *cpu_mpi_backend_ops(void);   /* backend_mpi.c; one fatal line 
 #define CPU_BACKEND_OPS                                                                                                \
     .race_checked = 1, .storage_fenced = 1, .kernels = &kcpu_kernels, .dev_init = cpu_dev_init,                        \
     .dev_fini = cpu_dev_fini, .stream_create = cpu_stream_create, .stream_destroy = cpu_stream_destroy,                \
-    .launch = cpu_launch, .copy = cpu_copy, .fill = cpu_fill, .stream_synchronize = cpu_stream_synchronize,             \
+    .launch = cpu_launch, .copy = cpu_copy, .copy_batch = cpu_copy_batch, .fill = cpu_fill, .stream_synchronize = cpu_stream_synchronize,             \
     .synchronize = cpu_synchronize, .event_init = cpu_event_init, .event_fini = cpu_event_fini,                         \
     .event_destroy = cpu_event_destroy, .event_record = cpu_event_record, .event_wait = cpu_event_wait,                 \
     .event_synchronize = cpu_event_synchronize, .event_query = cpu_event_query, .storage_alloc = cpu_storage_alloc,     \

@@ -83,7 +83,13 @@ static void execute(Stream *s, Op *op) {
         clock_trace_op(s, op, op->module, TRACE_CAT_COMPUTE, start, end, wall0);
         break;
     case OP_COPY:
-        if (run && op->bytes && op->dst != op->src) memmove(op->dst, op->src, op->bytes);
+        if (op->copies) { /* a batch: its copies never overlap (backend.c checked) */
+            for (size_t i = 0; run && i < op->ncopies; i++)
+                if (op->copies[i].bytes) memcpy(op->copies[i].dst, op->copies[i].src, op->copies[i].bytes);
+            free(op->copies);
+        } else if (run && op->bytes && op->dst != op->src) {
+            memmove(op->dst, op->src, op->bytes);
+        }
         end = start + op->cost_us;
         clock_trace_op(s, op, op->module, TRACE_CAT_COPY, start, end, wall0);
         break;
@@ -396,6 +402,20 @@ void cpu_copy(Stream *s, void *dst, const void *src, size_t bytes) {
     op_init(s, &op, OP_COPY, copy_direction_name(dir));
     op.dst = dst;
     op.src = src;
+    op.bytes = bytes;
+    op.pcie = dir;
+    op.cost_us = clock_copy_cost(s->dev, bytes, dir);
+    enqueue(s, &op, 0, 1);
+}
+
+/* One copy op carrying its own copy of the list: one launch on the host's clock, one copy of all the bytes on
+ * the stream's (a device copy, or over the PCIe model when dir says so). */
+void cpu_copy_batch(Stream *s, const char *name, const DevCopy *copies, size_t n, size_t bytes, CopyDir dir) {
+    Op op;
+    op_init(s, &op, OP_COPY, name);
+    op.copies = xmalloc(n * sizeof *op.copies);
+    memcpy(op.copies, copies, n * sizeof *op.copies);
+    op.ncopies = n;
     op.bytes = bytes;
     op.pcie = dir;
     op.cost_us = clock_copy_cost(s->dev, bytes, dir);

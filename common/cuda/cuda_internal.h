@@ -177,5 +177,7 @@ void cuda_nccl_watch(Dev *d, const char *what, const char *name, double waited_s
  * float32; the buffers hold float32, or bfloat16 words when bf16 (summed widened, rounded once) */
 void cuda_reduce_ranks(void *out, const void *const *in, int n, size_t offset, size_t count, int avg, int bf16,
                        cudaStream_t st);
+/* copy_kernels.cu: the n copies of a host list (read at the call) as one kernel launch on st; bytes: their sum */
+void cuda_copy_batch(const DevCopy *copies, size_t n, size_t bytes, cudaStream_t st);
 
 #endif

@@ -3,7 +3,9 @@
  * every backend shares, then the world's table of operations), and what the
  * backends build on (a new Stream, the host exchange of ranks that are
  * threads). */
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "runtime/internal.h"
@@ -69,6 +71,90 @@ void dev_launch(Stream *s, const char *name, const KernelCost *cost, void (*fn)(
 void dev_memcpy_async(Stream *s, void *dst, const void *src, size_t bytes) {
     if (bytes && (!dst || !src)) fatal("dev_memcpy_async: NULL pointer with %zu bytes", bytes);
     dev_ops(s->dev)->copy(s, dst, src, bytes);
+}
+
+/* One end of a batch's copy, for the overlap check: [lo, hi) read (src) or written (dst) by copy i. */
+typedef struct {
+    uintptr_t lo, hi;
+    size_t i;
+    int dst;
+} CopyEnd;
+
+static int by_lo(const void *a, const void *b) {
+    const CopyEnd *x = a, *y = b;
+    return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+
+/* Fatal if two destinations overlap, or a destination overlaps a source (a
+ * fused kernel runs its copies in no set order); sources may share bytes.
+ * Sorted by start, each range overlaps an earlier one iff it starts below the
+ * furthest end of those: the earlier destination or source ending furthest is
+ * the one named. O(n log n): a copy-out at world 64 is hundreds of copies. */
+static void check_no_overlap(const char *name, const DevCopy *c, size_t n) {
+    CopyEnd *ends = xmalloc(2 * n * sizeof *ends);
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!c[i].bytes) continue;
+        ends[m++] = (CopyEnd){(uintptr_t)c[i].dst, (uintptr_t)c[i].dst + c[i].bytes, i, 1};
+        ends[m++] = (CopyEnd){(uintptr_t)c[i].src, (uintptr_t)c[i].src + c[i].bytes, i, 0};
+    }
+    qsort(ends, m, sizeof *ends, by_lo);
+    const CopyEnd *far[2] = {NULL, NULL}; /* the source [0] / destination [1] seen so far that ends furthest */
+    for (size_t k = 0; k < m; k++) {
+        const CopyEnd *e = &ends[k];
+        for (int other = 0; other < 2; other++) {
+            const CopyEnd *o = far[other];
+            if (!o || (!e->dst && !other) || e->lo >= o->hi) continue; /* two sources may overlap */
+            size_t a = o->i < e->i ? o->i : e->i, b = o->i < e->i ? e->i : o->i;
+            int a_dst = o->i < e->i ? o->dst : e->dst, b_dst = o->i < e->i ? e->dst : o->dst;
+            fatal("dev_memcpy_batch_async('%s'): copy %zu's %s overlaps copy %zu's %s (the copies of a batch run "
+                  "in no set order: no destination may overlap another copy's source or destination)", name, a,
+                  a_dst ? "destination" : "source", b, b_dst ? "destination" : "source");
+        }
+        if (!far[e->dst] || e->hi > far[e->dst]->hi) far[e->dst] = e;
+    }
+    free(ends);
+}
+
+static const char *direction_words(CopyDir d) {
+    return d == COPY_H2D ? "host to device" : d == COPY_D2H ? "device to host" : "device to device";
+}
+
+void dev_memcpy_batch_async(Stream *s, const char *name, const DevCopy *copies, size_t n) {
+    if (!s) fatal("dev_memcpy_batch_async('%s'): NULL stream", name ? name : "?");
+    if (!name || !*name || strchr(name, '.'))
+        fatal("dev_memcpy_batch_async: name it what it is, without a dot (e.g. \"copy_in\"), not '%s' (the trace "
+              "shows \"<module>.<name>\")", name ? name : "(null)");
+    if (n && !copies) fatal("dev_memcpy_batch_async('%s'): NULL list of %zu copies", name, n);
+    size_t bytes = 0;
+    CopyDir dir = COPY_SAME_SIDE;
+    size_t first = n; /* the first copy with bytes: every other goes its way */
+    for (size_t i = 0; i < n; i++) {
+        const DevCopy *c = &copies[i];
+        if (!c->bytes) continue;
+        if (!c->dst || !c->src)
+            fatal("dev_memcpy_batch_async('%s'): copy %zu has a NULL %s with %zu bytes", name, i,
+                  c->dst ? "source" : "destination", c->bytes);
+        if (c->bytes > SIZE_MAX - bytes) fatal("dev_memcpy_batch_async('%s'): the copies' bytes overflow", name);
+        bytes += c->bytes;
+        CopyDir d = dev_copy_direction(s->dev, c->dst, c->src);
+        if (first == n) {
+            first = i;
+            dir = d;
+        } else if (d != dir) {
+            fatal("dev_memcpy_batch_async('%s'): copy %zu goes %s but copy %zu goes %s (one batch, one direction: "
+                  "split it)", name, first, direction_words(dir), i, direction_words(d));
+        }
+    }
+    if (!n) return; /* nothing to launch, as an empty foreach */
+    check_no_overlap(name, copies, n);
+    /* the race detector sees every range the launch reads and writes (dev_access: the next op is the batch) */
+    for (size_t i = 0; i < n; i++) dev_access(s, copies[i].src, copies[i].bytes, 0, NULL);
+    for (size_t i = 0; i < n; i++) dev_access(s, copies[i].dst, copies[i].bytes, 1, NULL);
+    char full[96];
+    if (dir == COPY_SAME_SIDE) snprintf(full, sizeof full, "%s", name);
+    else snprintf(full, sizeof full, "%s.%s", name, copy_direction_name(dir)); /* "copy_in.h2d": the PCIe model prices it */
+    dev_ops(s->dev)->copy_batch(s, full, copies, n, bytes, dir);
 }
 
 void dev_memset_async(Stream *s, void *dst, int byte, size_t bytes) {

@@ -56,13 +56,16 @@ typedef struct BackendOps {
     void (*host_exchange)(Dev *d, double value, double *out);
 
     /* ---- streams. stream_create makes the Stream (stream_new), joins the
-     * groups made so far and appends it to d's list; launch, copy and fill
-     * come after the shared argument checks (backend.c). */
+     * groups made so far and appends it to d's list; launch, copy,
+     * copy_batch and fill come after the shared argument checks (backend.c). */
     Stream *(*stream_create)(Dev *d, const char *name);
     void (*stream_destroy)(Stream *s);
     void (*launch)(Stream *s, const char *name, const KernelCost *cost, void (*fn)(void *args), const void *args,
                    size_t args_size);
     void (*copy)(Stream *s, void *dst, const void *src, size_t bytes);
+    /* dev_memcpy_batch_async, checked (backend.c): the n > 0 copies of `copies` (the caller's list: copy
+     * it) as one launch of `bytes` in all, every copy in direction dir, traced as one copy slice "name" */
+    void (*copy_batch)(Stream *s, const char *name, const DevCopy *copies, size_t n, size_t bytes, CopyDir dir);
     void (*fill)(Stream *s, void *dst, int byte, size_t bytes);
     void (*stream_synchronize)(Stream *s);
     void (*synchronize)(Dev *d);

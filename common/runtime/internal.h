@@ -54,6 +54,8 @@ struct Op {
     const void *src;            /* copy / collective send */
     int fill;
     int pcie;                   /* copy: 1 host -> device, 2 device -> host (the PCIe model), 0 neither */
+    DevCopy *copies;            /* a batch copy (dev_memcpy_batch_async): its own list of ncopies (the worker frees it) */
+    size_t ncopies;
     /* the modelled clock (CPU backends, cpu/modelled_clock.c) */
     double host_us;             /* the host's modelled time once it had enqueued this op */
     double cost_us;             /* how long it runs once started */

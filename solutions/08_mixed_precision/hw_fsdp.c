@@ -150,7 +150,8 @@ static void release_all_gather_state(Fsdp *f) {
 
 /* Issue g's all-gather on the all-gather stream (returns at once): copy-in
  * this rank's padded shards into its segment of the flat output, all-gather
- * in place, record ag_done. The output is [r0: p0|p1|..][r1: p0|p1|..].. */
+ * in place, record ag_done. The output is [r0: p0|p1|..][r1: p0|p1|..]..
+ * The copy-in is one launch, a list of copies (HANDOUT.md#fused-copies). */
 static void issue_all_gather(Fsdp *f, Group *g) {
     if (g->ag_flat || is_unsharded(g)) return; /* already in flight or done */
     Module *mod = g->mod;
@@ -176,10 +177,12 @@ static void issue_all_gather(Fsdp *f, Group *g) {
         /* BEGIN SOLUTION: float32: copy-in + all-gather on the all-gather stream (HANDOUT.md#stage-03) */
         float *flat = dev_alloc_f32_on(f->ag_stream, S * (size_t)f->world, MEM_COMM_BUFFER, name); /* the stream that fills it */
         float *mine = flat + (size_t)f->rank * S;
+        DevCopy in[MODULE_MAX_PARAMS]; /* FSDP2's foreach copy-in: every shard, one launch */
         for (int j = 0; j < mod->n_params; j++) {
             DTensor *dt = &mod->params[j].dt;
-            dev_memcpy_async(f->ag_stream, mine + g->offsets[j], dt->local, dt->padded_rows * dt->row_numel * sizeof(float));
+            in[j] = (DevCopy){mine + g->offsets[j], dt->local, dt->padded_rows * dt->row_numel * sizeof(float)};
         }
+        dev_memcpy_batch_async(f->ag_stream, "copy_in", in, (size_t)mod->n_params);
         coll_all_gather(f->dev, mine, flat, S, f->ag_stream, mod->name);
         g->ag_flat = flat;
         /* END SOLUTION */
@@ -190,27 +193,30 @@ static void issue_all_gather(Fsdp *f, Group *g) {
 }
 
 /* Make g's params usable by compute: the compute stream waits for the
- * all-gather, then copies each param's rows out of every rank's segment. */
+ * all-gather, then copies each param's rows out of every rank's segment.
+ * One launch for all of them: at world 64 a block's 9 params are 576 copies. */
 static void wait_all_gather(Fsdp *f, Group *g) {
     if (!g->ag_flat) return;
     Module *mod = g->mod;
-    /* BEGIN SOLUTION: compute waits on ag_done (HANDOUT.md#stage-03) */
+    /* BEGIN SOLUTION: compute waits on ag_done; start the copy-out's list of copies (HANDOUT.md#stage-03) */
     size_t S = g->shard_numel;
     dev_stream_wait_event(f->compute, g->ag_done);
+    DevCopy out[MODULE_MAX_PARAMS * WORLD_MAX_RANKS]; /* the copy-out, one launch (FSDP2's split_with_sizes_copy) */
+    size_t nout = 0;
     /* END SOLUTION */
     for (int j = 0; j < mod->n_params; j++) {
-        /* BEGIN SOLUTION: param j: copy each rank's rows out of the all-gather output (float32: into Param.data) (HANDOUT.md#stage-03) */
+        /* BEGIN SOLUTION: param j: list each rank's rows out of the all-gather output (float32: into Param.data) in out[] (HANDOUT.md#stage-03) */
         Param *p = &mod->params[j];
         size_t chunk = p->dt.padded_rows, rn = p->dt.row_numel;
         if (f->param_bf16) {
-            /* BEGIN SOLUTION: copy each rank's rows out of the bfloat16 all-gather output into Param.data_bf16 (HANDOUT.md#stage-08) */
+            /* BEGIN SOLUTION: list each rank's rows out of the bfloat16 all-gather output into Param.data_bf16 (HANDOUT.md#stage-08) */
             const Bf16 *flat = g->ag_flat;
             p->data_bf16 = dev_alloc_bf16(f->dev, p->numel, MEM_UNSHARDED_PARAM, p->name);
             for (int r = 0; r < f->world; r++) {
                 size_t rows = rows_of_rank(p->shape[0], f->world, r);
                 if (rows)
-                    dev_memcpy_async(f->compute, p->data_bf16 + chunk * (size_t)r * rn,
-                                     flat + (size_t)r * S + g->offsets[j], rows * rn * sizeof(Bf16));
+                    out[nout++] = (DevCopy){p->data_bf16 + chunk * (size_t)r * rn, flat + (size_t)r * S + g->offsets[j],
+                                            rows * rn * sizeof(Bf16)};
             }
             /* END SOLUTION */
             continue;
@@ -220,12 +226,13 @@ static void wait_all_gather(Fsdp *f, Group *g) {
         for (int r = 0; r < f->world; r++) {
             size_t rows = rows_of_rank(p->shape[0], f->world, r);
             if (rows)
-                dev_memcpy_async(f->compute, p->data + chunk * (size_t)r * rn, flat + (size_t)r * S + g->offsets[j],
-                                 rows * rn * sizeof(float));
+                out[nout++] = (DevCopy){p->data + chunk * (size_t)r * rn, flat + (size_t)r * S + g->offsets[j],
+                                        rows * rn * sizeof(float)};
         }
         /* END SOLUTION */
     }
-    /* BEGIN SOLUTION: record copy_out_done and keep the flat buffer as the AllGatherState (HANDOUT.md#stage-03) */
+    /* BEGIN SOLUTION: copy out in one launch, record copy_out_done and keep the flat buffer as the AllGatherState (HANDOUT.md#stage-03) */
+    dev_memcpy_batch_async(f->compute, "copy_out", out, nout);
     dev_event_record(f->copy_out_done, f->compute);
     f->ag_state = g->ag_flat; /* kept until the all-gather stream waited for the copy-out */
     g->ag_flat = NULL;
@@ -298,7 +305,8 @@ static void reduce_grads_bf16(Fsdp *f, Group *g) {
 
 /* reduce-scatter on its own stream: compute fills the chunk-cat input (row r
  * of (world, S) holds chunk r of every grad) and frees the grads; the
- * reduce-scatter stream waits for that, averages, and records rs_done. */
+ * reduce-scatter stream waits for that, averages, and records rs_done.
+ * The chunk-cat is one launch, a list of copies (HANDOUT.md#fused-copies). */
 static void reduce_grads(Fsdp *f, Group *g) {
     /* BEGIN SOLUTION: with --reduce-dtype bf16 the reduce-scatter runs in bfloat16 (HANDOUT.md#stage-08) */
     if (f->reduce_bf16) {
@@ -316,17 +324,22 @@ static void reduce_grads(Fsdp *f, Group *g) {
     snprintf(name, sizeof name, "%s.reduce_scatter_input", mod->name);
     float *in = dev_alloc_f32(f->dev, S * (size_t)f->world, MEM_COMM_BUFFER, name);
     dev_memset_async(f->compute, in, 0, S * (size_t)f->world * sizeof(float));
+    DevCopy cat[MODULE_MAX_PARAMS * WORLD_MAX_RANKS]; /* FSDP2's chunk_cat: one launch */
+    size_t ncat = 0;
     for (int j = 0; j < mod->n_params; j++) {
         Param *p = &mod->params[j];
         size_t chunk = p->dt.padded_rows, rn = p->dt.row_numel;
         for (int r = 0; r < f->world; r++) {
             size_t rows = rows_of_rank(p->shape[0], f->world, r);
             if (rows)
-                dev_memcpy_async(f->compute, in + (size_t)r * S + g->offsets[j], p->grad + chunk * (size_t)r * rn,
-                                 rows * rn * sizeof(float));
+                cat[ncat++] = (DevCopy){in + (size_t)r * S + g->offsets[j], p->grad + chunk * (size_t)r * rn,
+                                        rows * rn * sizeof(float)};
         }
-        dev_free(f->dev, p->grad);
-        p->grad = NULL;
+    }
+    dev_memcpy_batch_async(f->compute, "chunk_cat", cat, ncat);
+    for (int j = 0; j < mod->n_params; j++) { /* the unsharded grads are not needed any more */
+        dev_free(f->dev, mod->params[j].grad);
+        mod->params[j].grad = NULL;
     }
     dev_event_record(f->grads_ready, f->compute);
     dev_stream_wait_event(f->rs_stream, f->grads_ready);

@@ -124,7 +124,8 @@ static void release_all_gather_state(Fsdp *f) {
 
 /* Issue g's all-gather on the all-gather stream (returns at once): copy-in
  * this rank's padded shards into its segment of the flat output, all-gather
- * in place, record ag_done. The output is [r0: p0|p1|..][r1: p0|p1|..].. */
+ * in place, record ag_done. The output is [r0: p0|p1|..][r1: p0|p1|..]..
+ * The copy-in is one launch, a list of copies (HANDOUT.md#fused-copies). */
 static void issue_all_gather(Fsdp *f, Group *g) {
     if (g->ag_flat || is_unsharded(g)) return; /* already in flight or done */
     Module *mod = g->mod;
@@ -142,20 +143,21 @@ static void issue_all_gather(Fsdp *f, Group *g) {
 }
 
 /* Make g's params usable by compute: the compute stream waits for the
- * all-gather, then copies each param's rows out of every rank's segment. */
+ * all-gather, then copies each param's rows out of every rank's segment.
+ * One launch for all of them: at world 64 a block's 9 params are 576 copies. */
 static void wait_all_gather(Fsdp *f, Group *g) {
     if (!g->ag_flat) return;
     Module *mod = g->mod;
-    /* TODO(stage 03): compute waits on ag_done. */
-    hw_todo("compute waits on ag_done", "HANDOUT.md#stage-03");
+    /* TODO(stage 03): compute waits on ag_done; start the copy-out's list of copies. */
+    hw_todo("compute waits on ag_done; start the copy-out's list of copies", "HANDOUT.md#stage-03");
     for (int j = 0; j < mod->n_params; j++) {
-        /* TODO(stage 03): param j: copy each rank's rows out of the all-gather output (float32: into Param.data). */
-        hw_todo("param j: copy each rank's rows out of the all-gather output (float32: into Param.data)", "HANDOUT.md#stage-03");
-        /* TODO(stage 08): copy each rank's rows out of the bfloat16 all-gather output into Param.data_bf16. */
-        hw_todo("copy each rank's rows out of the bfloat16 all-gather output into Param.data_bf16", "HANDOUT.md#stage-08");
+        /* TODO(stage 03): param j: list each rank's rows out of the all-gather output (float32: into Param.data) in out[]. */
+        hw_todo("param j: list each rank's rows out of the all-gather output (float32: into Param.data) in out[]", "HANDOUT.md#stage-03");
+        /* TODO(stage 08): list each rank's rows out of the bfloat16 all-gather output into Param.data_bf16. */
+        hw_todo("list each rank's rows out of the bfloat16 all-gather output into Param.data_bf16", "HANDOUT.md#stage-08");
     }
-    /* TODO(stage 03): record copy_out_done and keep the flat buffer as the AllGatherState. */
-    hw_todo("record copy_out_done and keep the flat buffer as the AllGatherState", "HANDOUT.md#stage-03");
+    /* TODO(stage 03): copy out in one launch, record copy_out_done and keep the flat buffer as the AllGatherState. */
+    hw_todo("copy out in one launch, record copy_out_done and keep the flat buffer as the AllGatherState", "HANDOUT.md#stage-03");
 }
 
 /* reshard: free the unsharded params (float32 or bfloat16); the DTensor shards stay. */
@@ -184,7 +186,8 @@ static void reduce_grads_bf16(Fsdp *f, Group *g) {
 
 /* reduce-scatter on its own stream: compute fills the chunk-cat input (row r
  * of (world, S) holds chunk r of every grad) and frees the grads; the
- * reduce-scatter stream waits for that, averages, and records rs_done. */
+ * reduce-scatter stream waits for that, averages, and records rs_done.
+ * The chunk-cat is one launch, a list of copies (HANDOUT.md#fused-copies). */
 static void reduce_grads(Fsdp *f, Group *g) {
     /* TODO(stage 08): with --reduce-dtype bf16 the reduce-scatter runs in bfloat16. */
     hw_todo("with --reduce-dtype bf16 the reduce-scatter runs in bfloat16", "HANDOUT.md#stage-08");

@@ -167,3 +167,38 @@ def test_simulate_report_holds_its_definitions(tmp_path):
     assert sum(r["steady_peak_by_tag"].values()) == r["steady_peak_bytes"]
     assert "modelled step (step 2)" in (out / "report.md").read_text()
     assert (out / "plots" / "timeline.png").exists() and (out / "plots" / "memory.png").exists()
+
+
+def test_8B_at_sequence_8192_runs_flash_attention(tmp_path):
+    """Llama 3 8B at its full context (a dry run, 8 modelled H100s, float32): attention is flash attention. No
+    allocation of a block is anywhere near one head's T x T scores, let alone the B x H x T x T probabilities (8 GiB a layer);
+    each block saves its logsumexp, B x H x T floats, instead; and attention is a minority of the modelled compute
+    (its FLOPs are the causal half)."""
+    st = stage_or_skip("04")
+    B, T, W = 1, 8192, 8
+    run_train(solution_bin(st), tmp_path, "--flavor", "8B", "--world", W, "--batch-size", B, "--seq-len", T,
+              "--steps", 2, "--profile-steps", 2, "--trace-ranks", 1, "--dry-run", "--device-profile", "h100-sxm",
+              timeout=300)
+    rj = read(tmp_path / "run.json")
+    H = rj["n_heads"]
+    events = read(tmp_path / "memory_rank0.json")["events"]
+    allocs = [e for e in events if e.get("action") == "alloc"]
+    lse = [e for e in allocs if e["name"].endswith(".lse")]
+    assert lse and all(e["size"] == B * H * T * 4 and e["tag"] == "activation" for e in lse), lse[:3]
+    assert {e["module"] for e in lse} >= {"block0", "block%d" % (rj["n_layers"] - 1)}
+    # the blocks' own (the head's logits, N x V, are the biggest tensor of a step, and not attention's): the
+    # largest is an FFN activation (N x F), a sixteenth of the probabilities; attention's own (its output, lse and
+    # the backward's scratch) are each below one head's T x T
+    blocks = [e for e in allocs if e["tag"] in ("activation", "temp") and e["module"].startswith("block")]
+    biggest = max(blocks, key=lambda e: e["size"])
+    assert biggest["size"] <= B * H * T * T * 4 // 16, "%s holds %d bytes" % (biggest["name"], biggest["size"])
+    for e in blocks:
+        if e["name"].split(".")[-1] in ("att", "lse", "att_scratch"):
+            assert e["size"] < T * T * 4, "%s holds %d bytes: one head's T x T scores are %d" % (
+                e["name"], e["size"], T * T * 4)
+    assert not [e for e in allocs if "probs" in e["name"]]
+    trace = read(tmp_path / "trace_rank0.json")
+    compute = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "compute"]
+    total = sum(e["dur"] for e in compute)
+    attention = sum(e["dur"] for e in compute if e["name"].split(".")[-1].startswith("attention"))
+    assert total > 0 and attention < 0.5 * total, "attention %.0f of %.0f us of compute" % (attention, total)

@@ -56,8 +56,10 @@ TORCHTITAN = [
      "ac": "full", "precision": "bf16 params, fp32 reduce", "compile": False, "tps": 331, "memory_gib": None,
      "mfu": 51.7, "source": "the same table"},
 ]
-# our side of every row: stage 08's solution (FSDP2's MixedPrecisionPolicy), full AC (this runtime has no selective AC)
-COMPARE_STAGE, COMPARE_FLAGS = "08", ["--ac", "--param-dtype", "bf16"]
+# our side of every row: stage 08's solution (FSDP2's MixedPrecisionPolicy) with the row's own activation
+# checkpointing (torchtitan's per-op selective AC is --ac-op, full is --ac)
+COMPARE_STAGE, COMPARE_FLAGS = "08", ["--param-dtype", "bf16"]
+AC_FLAG = {"selective (per op)": "--ac-op", "full": "--ac"}
 
 
 def fail(msg):
@@ -171,9 +173,9 @@ def render(r):
                                                                                     r["collective_ms"]))
     L += ["", "How it was priced (common/runtime/profile.c): matmuls at the %s peak x 70%% (bf16 under "
           "--param-dtype bf16, as a bf16 GPU run executes them, though this runtime widens to float32); attention "
-          "at the FP32 peak x 40%%, as this runtime computes it, materialising the T x T probabilities (%.0f ms of "
-          "this step, %.0f%% of compute; a fused bf16 flash kernel would be several times faster and hold no "
-          "T x T tensor); element-wise ops at 80%% of HBM bandwidth; activations counted in float32, twice a "
+          "at the FP32 peak x 40%%: flash attention as this runtime computes it, the causal half, no T x T tensor, "
+          "but float32 math (%.0f ms of this step, %.0f%% of compute; a bf16 kernel on the tensor cores would be "
+          "several times faster); element-wise ops at 80%% of HBM bandwidth; activations counted in float32, twice a "
           "bf16 run's; collectives on the ring model of the profile's links." % (
               r["matmul_math"], r["attention_ms"], 100 * r["attention_ms"] / max(r["compute_ms"], 1e-9))]
     return L
@@ -247,16 +249,16 @@ def compare(a):
          "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     rows, done = [], {}
     for t in TORCHTITAN:
-        key = "%s-w%d-%s-b%d" % (t["flavor"], t["world"], t["profile"], t["batch"])
+        ac = AC_FLAG[t["ac"]]
+        key = "%s-w%d-%s-b%d-%s" % (t["flavor"], t["world"], t["profile"], t["batch"], ac.strip("-"))
         if key not in done:  # torch.compile's row is the same dry run
             print("dry run: %s ..." % t["row"], flush=True)
             done[key] = dry_run(exe, stage, t["flavor"], t["world"], t["profile"], t["batch"], t["seq"], a.steps,
-                                COMPARE_FLAGS, os.path.join(a.out, key))
+                                COMPARE_FLAGS + [ac], os.path.join(a.out, key))
             print("\n".join(render(done[key])) + "\n")
         r = done[key]
         rows.append({"torchtitan": t, "dry_run": r})
-        diff = ["full AC (torchtitan: %s)" % t["ac"]] if t["ac"] != "full" else []
-        diff += ["float32 activations and attention"] + (["torch.compile"] if t["compile"] else [])
+        diff = ["float32 activations and attention math"] + (["torch.compile"] if t["compile"] else [])
         L.append("| %s, batch %d x %d | %d | %.0f (%.0f) | %s | %.1f%% | %s | %.1f GiB | %s |" % (
             t["row"], t["batch"], t["seq"], t["tps"], r["tokens_per_s_per_gpu"], r["tokens_per_s_per_gpu_bf16_attention"],
             "%.1f%%" % t["mfu"] if t["mfu"] else "not published", 100 * r["mfu"],

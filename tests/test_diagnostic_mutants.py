@@ -30,11 +30,11 @@ with open(os.path.join(ROOT, "tests", "mutants", "mutants.json")) as _fh:
 RUNS = 20
 CASES = {
     "missing_wait_before_copy_out": re.escape(
-        "error: race on rank 0: compute stream's 'embedding.copy' reads 'embedding.all_gather_buffer' (comm_buffer, "
+        "error: race on rank 0: compute stream's 'embedding.copy_out' reads 'embedding.all_gather_buffer' (comm_buffer, "
         "allocated in embedding.pre_forward) written by all_gather stream's 'embedding.all_gather' with no event "
         "wait ordering it (record an event on all_gather after the write and make compute wait for it)"),
     "free_prefetch_buffer_before_copy_out": re.escape(
-        "error: use after free on rank 0: compute stream's 'embedding.copy' reads 'embedding.all_gather_buffer' "
+        "error: use after free on rank 0: compute stream's 'embedding.copy_out' reads 'embedding.all_gather_buffer' "
         "(comm_buffer, allocated in embedding.pre_forward, freed in embedding.pre_forward) after its dev_free (free "
         "a buffer only after enqueuing the last op that uses it)"),
     # rank 0 skips block0's all-gather, so its third collective is the head's while the others gather block1

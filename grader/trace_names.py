@@ -40,6 +40,15 @@ CATEGORIES = (COMPUTE, COPY, COLLECTIVE, EVENT, WAIT, HOST_SYNC, MEMSET)
 # args of a slice that hold wall-clock times (CPU backends): for performance work, never for grading
 WALL_ARGS = ("wall_ts_us", "wall_dur_us")
 
+# args of a kernel's slice (CPU backends): its cost class (CostClass, common/runtime/runtime.h, in the enum's
+# order) and its math ("f32" / "bf16")
+KERNEL_ARGS = ("class", "math")
+COST_MATMUL = "matmul"
+COST_ATTENTION = "attention"
+COST_ELEMENTWISE = "elementwise"
+COST_FREE = "free"
+COST_CLASSES = (COST_MATMUL, COST_ATTENTION, COST_ELEMENTWISE, COST_FREE)
+
 # copy directions (CopyDir, common/runtime/alloc.h): the last part of a copy's name
 H2D = "h2d"
 D2H = "d2h"

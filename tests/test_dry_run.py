@@ -165,6 +165,13 @@ def test_simulate_report_holds_its_definitions(tmp_path):
     assert r["mfu"] == pytest.approx(r["flops_per_token"] * r["tokens_per_s_per_gpu"] / peak)
     assert r["steady_peak_bytes"] == last["peak_mem_bytes_per_rank"][0]
     assert sum(r["steady_peak_by_tag"].values()) == r["steady_peak_bytes"]
+    # the compute stream's kernels by op class (their args.class) add up to its kernel time, and every class a run
+    # of stage 04 holds is there; its copies and memsets beside them
+    by_class = r["compute_ms_by_class"]
+    assert set(by_class) == {"matmul", "attention", "elementwise", "copies and memsets"}, by_class
+    kernels = sum(ms for what, ms in by_class.items() if what != "copies and memsets")
+    assert kernels == pytest.approx(r["compute_ms"], rel=1e-9), (by_class, r["compute_ms"])
+    assert r["attention_ms"] == by_class["attention"]
     assert "modelled step (step 2)" in (out / "report.md").read_text()
     assert (out / "plots" / "timeline.png").exists() and (out / "plots" / "memory.png").exists()
 

@@ -34,6 +34,7 @@ import manifest
 from benchlib.memory_model import flops_per_token, model_dims, n_params, replay_peak
 from benchlib.traces import step_on_model_clock
 from gradelib.trace_model import RunDir
+import trace_names as tn
 
 BUILD = os.environ.get("HWFSDP_BUILD", os.path.join(ROOT, "build"))
 GIB = 1024.0 ** 3
@@ -102,6 +103,24 @@ def peaks(memory_json, last_step):
     return init, steady, by_tag, where
 
 
+def compute_by_class(events, step):
+    """Rank 0's compute stream in `step` (the trace's 0-based step), ms per kind of work: each kernel class
+    (args.class: matmul, attention, elementwise, the runtime's own words) and the copies and memsets."""
+    out = {}
+    for e in events:
+        if e["pid"] != 0 or e["tid"] != tn.COMPUTE_TID or e["args"].get("step") != step:
+            continue
+        if e.get("cat") == tn.COMPUTE:
+            what = e["args"].get(tn.KERNEL_ARGS[0])
+        elif e.get("cat") in (tn.COPY, tn.MEMSET):
+            what = "copies and memsets"
+        else:
+            continue
+        if what:
+            out[what] = out.get(what, 0.0) + e["dur"] / 1e3
+    return out
+
+
 def report(run_dir, stage):
     run = RunDir(run_dir)
     rj, metrics = run.run_json, run.metrics()
@@ -117,8 +136,8 @@ def report(run_dir, stage):
     meta = run.meta
     fpt = flops_per_token(dims, T)
     init, steady, by_tag, where = peaks(os.path.join(run_dir, "memory_rank0.json"), last["step"] - 1)
-    attn_ms = sum(e["dur"] for e in events if e["pid"] == 0 and e["args"].get("step") == last["step"] - 1
-                  and e["tid"] == 0 and e.get("cat") == "compute" and e["name"].split(".")[-1].startswith("attention")) / 1e3
+    by_class = compute_by_class(events, last["step"] - 1)
+    attn_ms = by_class.get(tn.COST_ATTENTION, 0.0)
     return {
         "stage": stage.id, "flavor": rj["flavor"], "world": rj["world_size"], "mesh": rj.get("mesh"),
         "device_profile": meta["device_profile"], "batch": B, "seq_len": T, "ac": rj.get("ac"),
@@ -133,6 +152,7 @@ def report(run_dir, stage):
         # scaled by the FP32 / BF16 peak ratio, the rest of the step unchanged (an estimate, said as one)
         "tokens_per_s_per_gpu_bf16_attention": B * T / ((last["model_step_ms"] - attn_ms + attn_ms *
                                                          meta["peak_flops"]["f32"] / meta["peak_flops"]["bf16"]) / 1e3),
+        "compute_ms_by_class": by_class,
         "init_peak_bytes": init, "steady_peak_bytes": steady, "steady_peak_by_tag": by_tag, "steady_peak_at": where,
         "run_dir": run_dir,
     }
@@ -171,6 +191,9 @@ def render(r):
         ph["forward"], ph["backward"], ph["other"], 100 * r["exposed_comm_ms"] / r["model_step_ms"]))
     L.append("| compute stream busy / collectives on any stream | %.1f / %.1f ms |" % (r["compute_ms"],
                                                                                     r["collective_ms"]))
+    for what, ms in sorted(r["compute_ms_by_class"].items(), key=lambda kv: -kv[1]):
+        L.append("| &nbsp;&nbsp;%s on the compute stream | %.1f ms (%.1f%% of the step) |" % (
+            what, ms, 100 * ms / r["model_step_ms"]))
     L += ["", "How it was priced (common/runtime/profile.c): matmuls at the %s peak x 70%% (bf16 under "
           "--param-dtype bf16, as a bf16 GPU run executes them, though this runtime widens to float32); attention "
           "at the FP32 peak x 40%%: flash attention as this runtime computes it, the causal half, no T x T tensor, "

@@ -110,6 +110,13 @@ int main(void) {
     puts("\n# args of a slice that hold wall-clock times (CPU backends): for performance work, never for grading");
     printf("WALL_ARGS = (\"%s\", \"%s\")\n", TRACE_ARG_WALL_TS, TRACE_ARG_WALL_DUR);
 
+    puts("\n# args of a kernel's slice (CPU backends): its cost class (CostClass, common/runtime/runtime.h, in the enum's\n"
+         "# order) and its math (\"f32\" / \"bf16\")");
+    printf("KERNEL_ARGS = (\"%s\", \"%s\")\n", TRACE_ARG_CLASS, TRACE_ARG_MATH);
+    const char *classes[COST_CLASS_COUNT];
+    for (int c = 0; c < COST_CLASS_COUNT; c++) classes[c] = cost_class_name(c);
+    print_words("COST_", "COST_CLASSES", classes, COST_CLASS_COUNT);
+
     puts("\n# copy directions (CopyDir, common/runtime/alloc.h): the last part of a copy's name");
     for (int d = 0; d < COPY_DIR_COUNT; d++) {
         if (d == COPY_SAME_SIDE) continue; /* a copy within one side is named "copy", no direction */

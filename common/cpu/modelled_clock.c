@@ -70,6 +70,8 @@ void clock_trace_op(Stream *s, const Op *op, const char *prefix, const char *cat
                   .group = op->kind == OP_COLL && op->pg ? op->pg->name : NULL,
                   .p2p = op->kind == OP_COLL && op->coll.kind == COLL_P2P ? op->label : NULL,
                   .op = op->kind == OP_COLL ? coll_op_name(op->coll.kind, op->coll.op) : NULL, .flops = op->flops, .wall = 1,
+                  .kclass = op->kind == OP_LAUNCH && op->cls != COST_FREE ? cost_class_name(op->cls) : NULL,
+                  .math = op->kind == OP_LAUNCH && op->cls != COST_FREE ? coll_dtype_name(op->math) : NULL,
                   .wall_ts = wall0_us - epoch, .wall_dur = wall1_us - wall0_us};
     dev_trace_add(s->dev, &r);
 }

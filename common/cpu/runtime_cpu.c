@@ -393,6 +393,8 @@ void cpu_launch(Stream *s, const char *name, const KernelCost *cost, void (*fn)(
     if (args_size) memcpy(op.args, args, args_size);
     op.cost_us = clock_kernel_cost(s->dev, cost);
     op.flops = cost->cls == COST_FREE ? 0 : cost->flops;
+    op.cls = cost->cls;
+    op.math = cost->math;
     enqueue(s, &op, args_size, cost->cls != COST_FREE);
 }
 

@@ -143,6 +143,12 @@ static void trace_events_of(Json *j, Dev *d) {
             json_key(j, "flops");
             json_fixed(j, r->flops, 0);
         }
+        if (r->kclass) {
+            json_key(j, TRACE_ARG_CLASS);
+            json_string(j, r->kclass);
+            json_key(j, TRACE_ARG_MATH);
+            json_string(j, r->math);
+        }
         if (r->wall) {
             json_key(j, TRACE_ARG_WALL_TS);
             json_fixed(j, r->wall_ts, 3);

@@ -62,7 +62,7 @@ void dev_launch(Stream *s, const char *name, const KernelCost *cost, void (*fn)(
     if (!cost)
         fatal("dev_launch('%s'): no declared cost (every kernel declares its FLOPs and bytes: a KernelCost, "
               "runtime.h)", name ? name : "?");
-    if ((unsigned)cost->cls > COST_FREE || !(cost->flops >= 0) || !(cost->bytes >= 0))
+    if ((unsigned)cost->cls >= COST_CLASS_COUNT || !(cost->flops >= 0) || !(cost->bytes >= 0))
         fatal("dev_launch('%s'): a bad cost (class %d, %g FLOPs, %g bytes)", name ? name : "?", (int)cost->cls,
               cost->flops, cost->bytes);
     dev_ops(s->dev)->launch(s, name, cost, fn, args, args_size);

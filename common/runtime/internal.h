@@ -60,6 +60,8 @@ struct Op {
     double host_us;             /* the host's modelled time once it had enqueued this op */
     double cost_us;             /* how long it runs once started */
     double flops;               /* a kernel's declared FLOPs (the trace's "flops" arg) */
+    CostClass cls;              /* a kernel's class and math (the trace's "class" and "math" args) */
+    DType math;
     uint64_t coll_seq;          /* per-stream collective number */
     CollDesc coll;
     const char *label;          /* collective: interned label (trace name prefix) */

@@ -78,3 +78,8 @@ double kernel_time_us(const DeviceProfile *p, const KernelCost *c, int tf32) {
     double mem_s = c->bytes / (p->hbm_bytes_s * p->eff_memory);
     return p->kernel_latency_us + 1e6 * (math_s > mem_s ? math_s : mem_s);
 }
+
+const char *cost_class_name(CostClass c) {
+    static const char *const names[COST_CLASS_COUNT] = {"matmul", "attention", "elementwise", "free"};
+    return (unsigned)c < COST_CLASS_COUNT ? names[c] : "?";
+}

@@ -149,8 +149,12 @@ typedef enum {
     COST_MATMUL = 0,   /* a GEMM (tensor cores where its math has them) */
     COST_ATTENTION,    /* softmax(Q K^T) V and its backward */
     COST_ELEMENTWISE,  /* norms, RoPE, SwiGLU, adds, casts, AdamW, sums: bound by bandwidth */
-    COST_FREE          /* not the program's work (the driver's probes): no time on any clock */
+    COST_FREE,         /* not the program's work (the driver's probes): no time on any clock */
+    COST_CLASS_COUNT
 } CostClass;
+/* The class's name ("matmul", "attention", "elementwise", "free"): a kernel's trace slice carries it as
+ * args.class, and its math ("f32" / "bf16") as args.math, so a report can split compute by class. */
+const char *cost_class_name(CostClass c);
 typedef struct {
     CostClass cls;
     DType math;        /* what its FLOPs run in: DTYPE_F32 (TF32 for a matmul under --tf32) or DTYPE_BF16 */

@@ -22,6 +22,7 @@ typedef struct {
     const char *p2p;                    /* p2p groups: "send|recv peer microbatch label" per item, ';' between
                                            (interned); NULL = not shown */
     double flops;                       /* kernels: the FLOPs their launch declared (CPU backends); 0 = not shown */
+    const char *kclass, *math;          /* kernels: cost_class_name and "f32" / "bf16" (CPU backends); NULL = not shown */
     int wall;                           /* 1: wall_ts and wall_dur hold its wall-clock times (CPU backends) */
     double wall_ts, wall_dur;           /* µs of wall time since the world's epoch: performance work, never grading */
 } TraceRec;
@@ -62,5 +63,8 @@ void dev_trace_add(Dev *d, const TraceRec *r);
 /* The args of a slice that hold wall-clock times (CPU backends): for performance work, never for grading. */
 #define TRACE_ARG_WALL_TS "wall_ts_us"
 #define TRACE_ARG_WALL_DUR "wall_dur_us"
+/* The args of a kernel's slice that say what it computes (CPU backends): its cost class and its math. */
+#define TRACE_ARG_CLASS "class"
+#define TRACE_ARG_MATH "math"
 
 #endif

@@ -315,6 +315,20 @@ void launch_add(Stream *s, float *out, const float *a, const float *b, size_t n)
  * elements on s. */
 void launch_cast_to_bf16(Stream *s, Bf16 *out, const float *in, size_t n);
 void launch_cast_from_bf16(Stream *s, float *out, const Bf16 *in, size_t n);
+/* Many casts to bfloat16 as ONE launch (FSDP2 casts inside its fused copies:
+ * the _foreach_copy_ into the bfloat16 all-gather input, _chunk_cat into a
+ * bfloat16 reduce-scatter input): dst[i] = src[i] rounded as
+ * launch_cast_to_bf16 does, for each CastCopy of the list. One kernel slice
+ * "<module>.<name>" (name: what it is, no dot, e.g. "copy_in"), costed as one
+ * element-wise kernel over all the elements. The list is read at the call
+ * (reuse it at once); no destination may overlap another cast's source or
+ * destination. n == 0: nothing to launch. */
+typedef struct {
+    Bf16 *dst;        /* [n] bfloat16 */
+    const float *src; /* [n] float32 */
+    size_t n;         /* elements */
+} CastCopy;
+void launch_cast_batch_to_bf16(Stream *s, const char *name, const CastCopy *list, size_t n);
 /* Queue one AdamW update of n elements of a shard on s, t = 1-based step. The
  * clip coefficient min(1, max_norm / (sqrt(*total_sumsq) + 1e-6)) is formed on
  * the stream from *total_sumsq (the global sum of squared grads, a device float). */

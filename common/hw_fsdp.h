@@ -40,7 +40,8 @@
  *     post_backward left in Param.grad are what the next backward adds to.
  *   - With --param-dtype bf16 (stage 08) compute reads Param.data_bf16 and
  *     never Param.data: its rows must hold this rank's shard rounded to
- *     bfloat16 (launch_cast_to_bf16). The grads stay float32.
+ *     bfloat16 (launch_cast_to_bf16, or launch_cast_batch_to_bf16 for a
+ *     list of shards in one launch). The grads stay float32.
  *   - Buffers, FSDP2's rule: allocate a buffer on the stream that fills it
  *     (dev_alloc_on; dev_alloc is the compute stream's pool) and dev_free it
  *     once the last op that uses it is queued. dev_free gives the block back

@@ -893,6 +893,81 @@ TEST(batch_copy_is_one_launch) {
     run_world(c, rank_batch_copy, NULL);
 }
 
+/* launch_cast_batch_to_bf16: three casts (and an empty one) into permuted places give, bit for bit, what
+ * launch_cast_to_bf16 gives each range (values of every kind: random bit patterns, so NaNs, infinities,
+ * subnormals and ties to even among them), as ONE launch: the host pays one launch, the trace shows one
+ * kernel slice "block0.copy_in" priced as one launch_cast_to_bf16 of all the elements. The list is read at
+ * the call: the host scribbles over it while a gate still holds the stream. */
+static void rank_cast_batch(Dev *d, void *arg) {
+    (void)arg;
+    Stream *s = dev_compute_stream(d);
+    const size_t n = 1000;
+    float *src = dev_alloc_f32(d, 3 * n, MEM_PARAM_SHARD, "shards");                 /* [3n] */
+    Bf16 *got = dev_alloc_bf16(d, 3 * n, MEM_COMM_BUFFER, "flat");                    /* [3n] the batch's */
+    Bf16 *want = dev_alloc_bf16(d, 3 * n, MEM_COMM_BUFFER, "want");                   /* [3n] one range at a time */
+    Bf16 *whole = dev_alloc_bf16(d, 3 * n, MEM_COMM_BUFFER, "whole");                 /* [3n] the cost yardstick */
+    uint32_t x = 12345u;
+    for (size_t i = 0; i < 3 * n; i++) {
+        x = x * 1664525u + 1013904223u; /* LCG: every exponent shows up, NaN and inf among them */
+        uint32_t bits = i % 7 == 0 ? (x & 0xffff0000u) | 0x8000u : x; /* every 7th a tie: the half-way point */
+        memcpy(&src[i], &bits, sizeof bits);
+    }
+    memset(got, 0x5a, 3 * n * sizeof(Bf16));
+    Gate gate = GATE_INIT;
+    Gate *gp = &gate;
+    dev_set_scope(d, 0, "block0", "pre_forward");
+    dev_launch(s, "gate", TEST_COST, k_gate_wait, &gp, sizeof gp);
+    CastCopy list[4] = {{got + 2 * n, src, n}, {got, src + n, n}, {NULL, NULL, 0}, {got + n, src + 2 * n, n}};
+    uint64_t before = s->enqueued;
+    double t0 = dev_host_time_us(d);
+    launch_cast_batch_to_bf16(s, "copy_in", list, 4);
+    TCHECK(s->enqueued == before + 1, "the batch enqueued %llu ops, expected one launch",
+           (unsigned long long)(s->enqueued - before));
+    TCHECK(fabs(dev_host_time_us(d) - t0 - 4) < 1e-9, "the batch cost the host %g us, one launch is 4",
+           dev_host_time_us(d) - t0);
+    memset(list, 0xff, sizeof list); /* read at the call: the queued batch must not see this */
+    gate_open(&gate);
+    launch_cast_to_bf16(s, want + 2 * n, src, n);
+    launch_cast_to_bf16(s, want, src + n, n);
+    launch_cast_to_bf16(s, want + n, src + 2 * n, n);
+    launch_cast_to_bf16(s, whole, src, 3 * n);
+    dev_stream_synchronize(s);
+    size_t bad = 3 * n;
+    for (size_t i = 0; i < 3 * n && bad == 3 * n; i++)
+        if (got[i] != want[i]) bad = i;
+    TCHECK(bad == 3 * n, "element %zu: the batch gave 0x%04x, launch_cast_to_bf16 0x%04x", bad,
+           bad < 3 * n ? got[bad] : 0, bad < 3 * n ? want[bad] : 0);
+    const TraceRec *batch = NULL, *yard = NULL;
+    int slices = 0;
+    pthread_mutex_lock(&d->trace.mu);
+    for (size_t i = 0; i < d->trace.n; i++) {
+        const TraceRec *r = &d->trace.recs[i];
+        if (!strcmp(r->name, "copy_in")) {
+            slices++;
+            batch = r;
+        }
+        if (!strcmp(r->name, "cast_to_bf16") && r->dur > (yard ? yard->dur : 0)) yard = r; /* the 3n-element one */
+    }
+    pthread_mutex_unlock(&d->trace.mu);
+    TCHECK(slices == 1 && batch && yard && !strcmp(batch->prefix, "block0") && !strcmp(batch->cat, yard->cat) &&
+               fabs(batch->dur - yard->dur) < 1e-9,
+           "%d 'copy_in' slices (expected one 'block0.copy_in' kernel lasting %.4f us, one cast of all %zu "
+           "elements): %s %.4f us", slices, yard ? yard->dur : -1, 3 * n, batch ? batch->cat : "-",
+           batch ? batch->dur : -1);
+    before = s->enqueued;
+    launch_cast_batch_to_bf16(s, "copy_in", NULL, 0); /* an empty batch: nothing to launch */
+    TCHECK(s->enqueued == before, "an empty batch enqueued %llu ops", (unsigned long long)(s->enqueued - before));
+    dev_free(d, whole);
+    dev_free(d, want);
+    dev_free(d, got);
+    dev_free(d, src);
+}
+TEST(batch_cast_is_one_launch) {
+    WorldConfig c = traced(local_config(1));
+    c.profile = device_profile_find("a100-80g");
+    run_world(c, rank_cast_batch, NULL);
+}
+
 /* A collective starts when the last rank of its group is ready: rank 1 reaches
  * it 1 ms later (a kernel before it), so rank 0's all-gather starts then too. */
 static void rank_clock_collective(Dev *d, void *arg) {
@@ -1025,7 +1100,7 @@ static void rank_misuse_overlap_all_reduce(Dev *d, void *arg) {
 }
 
 /* dev_memcpy_batch_async's bad input, one line each: destinations that overlap, a NULL source, copies that go
- * two ways (device to device, host to device), a name with a dot. */
+ * two ways (device to device, host to device), a name with a dot; and launch_cast_batch_to_bf16's. */
 static void rank_misuse_batch(Dev *d, void *arg) {
     const char *kind = arg;
     Stream *s = dev_compute_stream(d);
@@ -1038,6 +1113,13 @@ static void rank_misuse_batch(Dev *d, void *arg) {
     if (!strcmp(kind, "batch_null")) dev_memcpy_batch_async(s, "chunk_cat", null_src, 2);
     if (!strcmp(kind, "batch_mixed")) dev_memcpy_batch_async(s, "copy_in", mixed, 2);
     if (!strcmp(kind, "batch_name")) dev_memcpy_batch_async(s, "block0.copy_in", overlap, 1);
+    /* launch_cast_batch_to_bf16: a destination that meets another cast's source, a NULL destination, a dot */
+    Bf16 *o = dev_alloc_bf16(d, 64, MEM_COMM_BUFFER, "o");
+    CastCopy cast_overlap[2] = {{o, b, 16}, {(Bf16 *)(b + 4), a, 16}}; /* cast 1 writes b[4..12), cast 0 reads b */
+    CastCopy cast_null[2] = {{o, a, 16}, {NULL, b, 16}};
+    if (!strcmp(kind, "batch_cast_overlap")) launch_cast_batch_to_bf16(s, "copy_in", cast_overlap, 2);
+    if (!strcmp(kind, "batch_cast_null")) launch_cast_batch_to_bf16(s, "chunk_cat", cast_null, 2);
+    if (!strcmp(kind, "batch_cast_name")) launch_cast_batch_to_bf16(s, "block0.copy_in", cast_null, 1);
     dev_synchronize(d);
 }
 

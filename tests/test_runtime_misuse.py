@@ -36,6 +36,14 @@ CASES = {
                              "host to device (one batch, one direction: split it)"),
     "batch_name": re.escape("error: dev_memcpy_batch_async: name it what it is, without a dot (e.g. \"copy_in\"), "
                             "not 'block0.copy_in' (the trace shows \"<module>.<name>\")"),
+    # launch_cast_batch_to_bf16 (a casting chunk-cat / copy-in): the same rules, one line each
+    "batch_cast_overlap": re.escape("error: launch_cast_batch_to_bf16('copy_in'): cast 0's source overlaps cast 1's "
+                                    "destination (the casts of a batch run in no set order: no destination may "
+                                    "overlap another cast's source or destination)"),
+    "batch_cast_null": re.escape("error: launch_cast_batch_to_bf16('chunk_cat'): cast 1 has a NULL destination "
+                                 "with 16 elements"),
+    "batch_cast_name": re.escape("error: launch_cast_batch_to_bf16: name it what it is, without a dot (e.g. "
+                                 "\"copy_in\"), not 'block0.copy_in' (the trace shows \"<module>.<name>\")"),
     "world0": re.escape("error: world size 0 is out of range (1..64 ranks)"),
     "world_big": re.escape("error: world size 65 is out of range (1..64 ranks)"),
 }

@@ -12,7 +12,7 @@ import shutil
 import pytest
 
 from helpers import BASELINE, SOLVED, manifest, metrics, rel, run_train, snapshot, solution_bin, trace_events
-from trace_names import ALL_GATHER, BACKWARD_PHASES, COLLECTIVE, COPY, REDUCE_SCATTER
+from trace_names import ALL_GATHER, BACKWARD_PHASES, COLLECTIVE, COMPUTE, COPY, REDUCE_SCATTER
 from gradelib.checks import OVERLAP_CHECKS
 from gradelib.trace_model import by_rank, overlap_shares, transfers
 
@@ -345,23 +345,30 @@ def dtensor_params(out):
         return json.load(fh)["params"]
 
 
-# every stage from 03 on fuses its copies (HANDOUT.md#fused-copies); 08's float32 run (its bf16 copy-in casts)
-FUSED = {s.id: (list(s.flags) if s.id != "08" else []) for s in SOLVED if s.id >= "03"}
+# every stage from 03 on fuses its copies (HANDOUT.md#fused-copies), each with its own flags; 08 also without them
+# (float32: dev_memcpy_batch_async) and with bf16 reductions (its chunk-cat casts too): its bf16 copy-in and
+# chunk-cat are launch_cast_batch_to_bf16 kernels, "copy_in" and "chunk_cat" slices of the compute category
+FUSED = {s.id: (s.id, list(s.flags)) for s in SOLVED if s.id >= "03"}
+if "08" in FUSED:
+    FUSED["08_fp32"] = ("08", [])
+    FUSED["08_bf16_reduce"] = ("08", FUSED["08"][1] + ["--reduce-dtype=bf16"])
 
 
-@pytest.mark.parametrize("stage", sorted(FUSED))
-def test_copies_are_fused(runs, stage):
+@pytest.mark.parametrize("case", sorted(FUSED))
+def test_copies_are_fused(runs, case):
     """From stage 03 on a solution's copy-in, copy-out and chunk-cat are one launch each: per rank and step, one
-    "copy_in" and one "copy_out" copy slice per all-gather, one "chunk_cat" per reduce-scatter (the FSDP2 shapes:
-    _foreach_copy_, split_with_sizes_copy, _chunk_cat), and no other copy slice carries those names."""
-    ev = trace_events(runs(solution_bin(stage), *(TINY + ["--world", "4"] + FUSED[stage])))
+    "copy_in" and one "copy_out" slice per all-gather, one "chunk_cat" per reduce-scatter (the FSDP2 shapes:
+    _foreach_copy_, split_with_sizes_copy, _chunk_cat), and no other slice carries those names. A copy that casts
+    (stage 08's bf16 copy-in and chunk-cat) is one kernel too (launch_cast_batch_to_bf16): no cast per range."""
+    stage, flags = FUSED[case]
+    ev = trace_events(runs(solution_bin(stage), *(TINY + ["--world", "4"] + flags)))
     counts = {}
     for e in ev:
         step = e.get("args", {}).get("step", -1)
         if e.get("ph") != "X" or step < 0:
             continue
         kind = e["name"].rpartition(".")[2]
-        if (e.get("cat") == COPY and kind in ("copy_in", "copy_out", "chunk_cat")) or \
+        if (e.get("cat") in (COPY, COMPUTE) and kind in ("copy_in", "copy_out", "chunk_cat", "cast_to_bf16")) or \
                 (e.get("cat") == COLLECTIVE and kind in (ALL_GATHER, REDUCE_SCATTER)):
             c = counts.setdefault((e["pid"], step), {})
             c[kind] = c.get(kind, 0) + 1
@@ -372,3 +379,5 @@ def test_copies_are_fused(runs, stage):
         assert c.get("copy_in") == ag and c.get("copy_out") == ag and c.get("chunk_cat") == rs, \
             "rank %d step %d: %s (one copy_in and one copy_out per all-gather, one chunk_cat per reduce-scatter)" % (
                 rank, step, c)
+        assert "cast_to_bf16" not in c, "rank %d step %d: %s (a cast per range: launch_cast_batch_to_bf16 casts " \
+            "them all in one launch)" % (rank, step, c)

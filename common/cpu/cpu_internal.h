@@ -67,7 +67,7 @@ void cpu_dev_fini(Dev *d);
 Stream *cpu_stream_create(Dev *d, const char *name);
 void cpu_stream_destroy(Stream *s);
 void cpu_launch(Stream *s, const char *name, const KernelCost *cost, void (*fn)(void *args), const void *args,
-                size_t args_size);
+                size_t args_size, const void *list, size_t list_bytes);
 void cpu_copy(Stream *s, void *dst, const void *src, size_t bytes);
 void cpu_copy_batch(Stream *s, const char *name, const DevCopy *copies, size_t n, size_t bytes, CopyDir dir);
 void cpu_fill(Stream *s, void *dst, int byte, size_t bytes);

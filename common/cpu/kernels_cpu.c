@@ -52,6 +52,10 @@ void kcpu_swiglu_backward(void *a) { SwiBwdArgs *x = a; swiglu_backward(x->da, x
 void kcpu_add(void *a) { AddArgs *x = a; add_forward(x->out, x->a, x->b, x->n); }
 void kcpu_cast_to_bf16(void *a) { CastArgs *x = a; cast_to_bf16(x->bf16, x->f32, x->n); }
 void kcpu_cast_from_bf16(void *a) { CastArgs *x = a; cast_from_bf16(x->f32, x->bf16, x->n); }
+void kcpu_cast_batch_to_bf16(void *a) {
+    CastBatchArgs *x = a;
+    for (size_t c = 0; c < x->n; c++) cast_to_bf16(x->list[c].dst, x->list[c].src, x->list[c].n);
+}
 
 void kcpu_crossentropy_forward(void *a) {
     CeArgs *x = a;

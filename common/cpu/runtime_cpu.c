@@ -79,6 +79,7 @@ static void execute(Stream *s, Op *op) {
     switch (op->kind) {
     case OP_LAUNCH:
         if (run) op->fn(op->args);
+        free(op->list); /* dev_launch_list's copy, run or priced only */
         end = start + op->cost_us;
         clock_trace_op(s, op, op->module, TRACE_CAT_COMPUTE, start, end, wall0);
         break;
@@ -386,11 +387,16 @@ void cpu_stream_destroy(Stream *s) {
 }
 
 void cpu_launch(Stream *s, const char *name, const KernelCost *cost, void (*fn)(void *args), const void *args,
-                size_t args_size) {
+                size_t args_size, const void *list, size_t list_bytes) {
     Op op;
     op_init(s, &op, OP_LAUNCH, name);
     op.fn = fn;
     if (args_size) memcpy(op.args, args, args_size);
+    if (list_bytes) { /* the kernel reads its own copy: the caller's list may change before the worker runs it */
+        op.list = xmalloc(list_bytes);
+        memcpy(op.list, list, list_bytes);
+        memcpy(op.args, &op.list, sizeof op.list);
+    }
     op.cost_us = clock_kernel_cost(s->dev, cost);
     op.flops = cost->cls == COST_FREE ? 0 : cost->flops;
     op.cls = cost->cls;

@@ -557,6 +557,16 @@ __global__ void cast_from_bf16_k(float *out, const uint16_t *in, size_t n) {
     GRID_STRIDE(i, n) { out[i] = bf16_to_f32(in[i]); }
 }
 
+/* the fused cast: blockIdx.y walks the casts, blockIdx.x and threadIdx.x the
+ * elements of one (grid-stride); the casts never overlap (launch.c checked) */
+__global__ void cast_batch_to_bf16_k(const CastCopy *list, size_t n) {
+    for (size_t c = blockIdx.y; c < n; c += gridDim.y) {
+        CastCopy k = list[c];
+        for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < k.n; i += (size_t)gridDim.x * blockDim.x)
+            k.dst[i] = bf16_from_f32(k.src[i]);
+    }
+}
+
 /* ------------------------------------------------------------- cross-entropy */
 
 /* logsumexp of one row x[V] by one warp: m = max_j x_j, then
@@ -836,6 +846,29 @@ void kcuda_add(void *a) {
 void kcuda_cast_to_bf16(void *a) {
     CastArgs *x = (CastArgs *)a;
     launch_per_element(cast_to_bf16_k, x->n, "cast_to_bf16", x->bf16, x->f32, x->n);
+}
+
+/* The list (host memory, the caller's: dev_launch_list) goes to the device
+ * first, as copy_kernels.cu's: a stream-ordered scratch allocation filled by
+ * one host-to-device copy (staged: it has read the list when it returns),
+ * read by ONE kernel, freed in stream order after it. */
+void kcuda_cast_batch_to_bf16(void *a) {
+    CastBatchArgs *x = (CastBatchArgs *)a;
+    if (!x->n) return;
+    cudaStream_t st = cuda_current_stream();
+    size_t total = 0;
+    for (size_t c = 0; c < x->n; c++) total += x->list[c].n;
+    CastCopy *list = NULL;
+    CUDA_CHECK(cudaMallocAsync((void **)&list, x->n * sizeof *list, st));
+    CUDA_CHECK(cudaMemcpyAsync(list, x->list, x->n * sizeof *list, cudaMemcpyHostToDevice, st));
+    /* enough blocks per cast for its mean length, at most 1024; casts at most 65535 at a time along y (the
+     * grid's limit: the kernel's loop takes the rest) */
+    size_t per_cast = (total / x->n + kThreads - 1) / kThreads;
+    unsigned bx = (unsigned)(per_cast < 1 ? 1 : per_cast > 1024 ? 1024 : per_cast);
+    unsigned by = (unsigned)(x->n < 65535 ? x->n : 65535);
+    cast_batch_to_bf16_k<<<dim3(bx, by), kThreads, 0, st>>>(list, x->n);
+    CUDA_CHECK_LAUNCH("cast_batch_to_bf16");
+    CUDA_CHECK(cudaFreeAsync(list, st));
 }
 
 void kcuda_cast_from_bf16(void *a) {

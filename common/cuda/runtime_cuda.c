@@ -483,13 +483,14 @@ static void cuda_stream_destroy(Stream *s) {
 
 /* The cost is the modelled clock's (CPU backends): the GPU times itself. */
 static void cuda_launch(Stream *s, const char *name, const KernelCost *cost, void (*fn)(void *args), const void *args,
-                        size_t args_size) {
+                        size_t args_size, const void *list, size_t list_bytes) {
     (void)cost;
     union {
         max_align_t align_;
         unsigned char b[DEV_ARGS_MAX];
     } copy;
     if (args_size) memcpy(copy.b, args, args_size);
+    if (list_bytes) memcpy(copy.b, &list, sizeof list); /* dev_launch_list: fn reads (uploads) it before we return */
     Dev *d = s->dev;
     OpSpan span;
     if (d->scope.tracing) cuda_span_begin(d, s, &span);

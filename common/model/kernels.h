@@ -57,6 +57,9 @@ typedef struct { float *da, *db; const float *dout, *a, *b; size_t n; } SwiBwdAr
 typedef struct { float *out; const float *a, *b; size_t n; } AddArgs;
 /* cast_to_bf16: bf16[i] = round(f32[i]); cast_from_bf16: f32[i] = bf16[i] */
 typedef struct { float *f32; uint16_t *bf16; size_t n; } CastArgs;
+/* cast_batch_to_bf16: list[c].dst[i] = round(list[c].src[i]) for the n casts
+ * of the list (device.h CastCopy, host memory: dev_launch_list sets `list`) */
+typedef struct { const CastCopy *list; size_t n; } CastBatchArgs;
 /* forward: *loss = mean CE over the N rows (loss is one device float);
  * backward: dlogits += (softmax - onehot) / mean_over, mean_over = N, or N x K
  * for one of K microbatches (the grad of the whole batch's mean: loss / K) */
@@ -121,7 +124,7 @@ static inline KernelCost kcost_attention_backward(size_t B, size_t T, size_t H, 
     X(embedding_forward) X(embedding_backward) X(rmsnorm_forward) X(rmsnorm_backward) X(matmul_forward)                \
     X(matmul_backward) X(rope) X(rope_tables) X(attention_forward) X(attention_backward) X(swiglu_forward)             \
     X(swiglu_backward) X(add) X(crossentropy_forward) X(crossentropy_backward) X(sumsq_accumulate) X(adamw)            \
-    X(cast_to_bf16) X(cast_from_bf16)
+    X(cast_to_bf16) X(cast_from_bf16) X(cast_batch_to_bf16)
 
 /* One backend's kernels. */
 #define HWFSDP_KERNEL_FIELD(name) void (*name)(void *args);

@@ -1,10 +1,16 @@
 /* launch.c — the launch helpers device.h offers student code: the
  * squared-norm accumulation, an element-wise add (accumulating grad shards),
- * the bfloat16 casts (mixed precision) and the AdamW update of a shard, as
+ * the bfloat16 casts (mixed precision: one range, or a list of them in one
+ * launch) and the AdamW update of a shard, as
  * stream kernels with their race-detector annotations and their costs on the
  * modelled clock. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "model/kernels.h"
 #include "runtime/runtime.h"
+#include "runtime/util.h"
 
 void launch_sumsq_accumulate(Stream *s, float *acc, const float *x, size_t n) {
     SumsqArgs a = {acc, x, n};
@@ -29,6 +35,44 @@ void launch_cast_to_bf16(Stream *s, Bf16 *out, const float *in, size_t n) {
     dev_access(s, out, n * sizeof(Bf16), 1, NULL);
     KernelCost c = kcost_elementwise((double)n, 6.0 * (double)n);
     dev_launch(s, "cast_to_bf16", &c, KERNEL(s, cast_to_bf16), &x, sizeof x);
+}
+
+/* One kernel over the whole list: checked here (one line each), every range
+ * told to the race detector, the list handed to dev_launch_list (read now). */
+void launch_cast_batch_to_bf16(Stream *s, const char *name, const CastCopy *list, size_t n) {
+    if (!s) fatal("launch_cast_batch_to_bf16('%s'): NULL stream", name ? name : "?");
+    if (!name || !*name || strchr(name, '.'))
+        fatal("launch_cast_batch_to_bf16: name it what it is, without a dot (e.g. \"copy_in\"), not '%s' (the "
+              "trace shows \"<module>.<name>\")", name ? name : "(null)");
+    if (n && !list) fatal("launch_cast_batch_to_bf16('%s'): NULL list of %zu casts", name, n);
+    size_t total = 0; /* elements of all the casts */
+    for (size_t i = 0; i < n; i++) {
+        const CastCopy *c = &list[i];
+        if (!c->n) continue;
+        if (!c->dst || !c->src)
+            fatal("launch_cast_batch_to_bf16('%s'): cast %zu has a NULL %s with %zu elements", name, i,
+                  c->dst ? "source" : "destination", c->n);
+        if (c->n > (SIZE_MAX / sizeof(float)) - total)
+            fatal("launch_cast_batch_to_bf16('%s'): the casts' elements overflow", name);
+        total += c->n;
+    }
+    if (!n) return; /* nothing to launch, as an empty foreach */
+    BatchRange *r = xmalloc(2 * n * sizeof *r); /* what each cast reads and writes, for the overlap check */
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!list[i].n) continue;
+        r[m++] = (BatchRange){(uintptr_t)list[i].dst, (uintptr_t)(list[i].dst + list[i].n), i, 1};
+        r[m++] = (BatchRange){(uintptr_t)list[i].src, (uintptr_t)(list[i].src + list[i].n), i, 0};
+    }
+    char who[96];
+    snprintf(who, sizeof who, "launch_cast_batch_to_bf16('%s')", name);
+    check_batch_disjoint(who, "cast", "casts", r, m);
+    free(r);
+    for (size_t i = 0; i < n; i++) dev_access(s, list[i].src, list[i].n * sizeof(float), 0, NULL);
+    for (size_t i = 0; i < n; i++) dev_access(s, list[i].dst, list[i].n * sizeof(Bf16), 1, NULL);
+    CastBatchArgs x = {list, n};
+    KernelCost c = kcost_elementwise((double)total, 6.0 * (double)total); /* launch_cast_to_bf16's, once */
+    dev_launch_list(s, name, &c, KERNEL(s, cast_batch_to_bf16), &x, sizeof x, list, n * sizeof *list);
 }
 
 void launch_cast_from_bf16(Stream *s, float *out, const Bf16 *in, size_t n) {

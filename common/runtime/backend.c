@@ -54,8 +54,8 @@ void stream_join_groups(Stream *s) {
 
 Stream *dev_stream_create(Dev *d, const char *name) { return dev_ops(d)->stream_create(d, name); }
 
-void dev_launch(Stream *s, const char *name, const KernelCost *cost, void (*fn)(void *args), const void *args,
-                size_t args_size) {
+/* dev_launch's checks: one line each, naming the kernel */
+static void check_launch(const char *name, const KernelCost *cost, void (*fn)(void *args), size_t args_size) {
     if (!fn) fatal("dev_launch('%s'): no function", name ? name : "?");
     if (args_size > DEV_ARGS_MAX)
         fatal("dev_launch('%s'): %zu bytes of arguments, at most %d allowed", name ? name : "?", args_size, DEV_ARGS_MAX);
@@ -65,7 +65,22 @@ void dev_launch(Stream *s, const char *name, const KernelCost *cost, void (*fn)(
     if ((unsigned)cost->cls >= COST_CLASS_COUNT || !(cost->flops >= 0) || !(cost->bytes >= 0))
         fatal("dev_launch('%s'): a bad cost (class %d, %g FLOPs, %g bytes)", name ? name : "?", (int)cost->cls,
               cost->flops, cost->bytes);
-    dev_ops(s->dev)->launch(s, name, cost, fn, args, args_size);
+}
+
+void dev_launch(Stream *s, const char *name, const KernelCost *cost, void (*fn)(void *args), const void *args,
+                size_t args_size) {
+    check_launch(name, cost, fn, args_size);
+    dev_ops(s->dev)->launch(s, name, cost, fn, args, args_size, NULL, 0);
+}
+
+void dev_launch_list(Stream *s, const char *name, const KernelCost *cost, void (*fn)(void *args), const void *args,
+                     size_t args_size, const void *list, size_t list_bytes) {
+    check_launch(name, cost, fn, args_size);
+    if (args_size < sizeof(const void *))
+        fatal("dev_launch_list('%s'): %zu bytes of arguments, too few to begin with the list's pointer",
+              name ? name : "?", args_size);
+    if (!list || !list_bytes) fatal("dev_launch_list('%s'): no list (%zu bytes)", name ? name : "?", list_bytes);
+    dev_ops(s->dev)->launch(s, name, cost, fn, args, args_size, list, list_bytes);
 }
 
 void dev_memcpy_async(Stream *s, void *dst, const void *src, size_t bytes) {
@@ -73,46 +88,45 @@ void dev_memcpy_async(Stream *s, void *dst, const void *src, size_t bytes) {
     dev_ops(s->dev)->copy(s, dst, src, bytes);
 }
 
-/* One end of a batch's copy, for the overlap check: [lo, hi) read (src) or written (dst) by copy i. */
-typedef struct {
-    uintptr_t lo, hi;
-    size_t i;
-    int dst;
-} CopyEnd;
-
 static int by_lo(const void *a, const void *b) {
-    const CopyEnd *x = a, *y = b;
+    const BatchRange *x = a, *y = b;
     return x->lo < y->lo ? -1 : x->lo > y->lo;
 }
 
-/* Fatal if two destinations overlap, or a destination overlaps a source (a
- * fused kernel runs its copies in no set order); sources may share bytes.
- * Sorted by start, each range overlaps an earlier one iff it starts below the
+/* Sorted by start, each range overlaps an earlier one iff it starts below the
  * furthest end of those: the earlier destination or source ending furthest is
  * the one named. O(n log n): a copy-out at world 64 is hundreds of copies. */
-static void check_no_overlap(const char *name, const DevCopy *c, size_t n) {
-    CopyEnd *ends = xmalloc(2 * n * sizeof *ends);
-    size_t m = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (!c[i].bytes) continue;
-        ends[m++] = (CopyEnd){(uintptr_t)c[i].dst, (uintptr_t)c[i].dst + c[i].bytes, i, 1};
-        ends[m++] = (CopyEnd){(uintptr_t)c[i].src, (uintptr_t)c[i].src + c[i].bytes, i, 0};
-    }
-    qsort(ends, m, sizeof *ends, by_lo);
-    const CopyEnd *far[2] = {NULL, NULL}; /* the source [0] / destination [1] seen so far that ends furthest */
+void check_batch_disjoint(const char *who, const char *item, const char *items, BatchRange *r, size_t m) {
+    qsort(r, m, sizeof *r, by_lo);
+    const BatchRange *far[2] = {NULL, NULL}; /* the source [0] / destination [1] seen so far that ends furthest */
     for (size_t k = 0; k < m; k++) {
-        const CopyEnd *e = &ends[k];
+        const BatchRange *e = &r[k];
         for (int other = 0; other < 2; other++) {
-            const CopyEnd *o = far[other];
+            const BatchRange *o = far[other];
             if (!o || (!e->dst && !other) || e->lo >= o->hi) continue; /* two sources may overlap */
             size_t a = o->i < e->i ? o->i : e->i, b = o->i < e->i ? e->i : o->i;
             int a_dst = o->i < e->i ? o->dst : e->dst, b_dst = o->i < e->i ? e->dst : o->dst;
-            fatal("dev_memcpy_batch_async('%s'): copy %zu's %s overlaps copy %zu's %s (the copies of a batch run "
-                  "in no set order: no destination may overlap another copy's source or destination)", name, a,
-                  a_dst ? "destination" : "source", b, b_dst ? "destination" : "source");
+            fatal("%s: %s %zu's %s overlaps %s %zu's %s (the %s of a batch run in no set order: no destination may "
+                  "overlap another %s's source or destination)", who, item, a, a_dst ? "destination" : "source", item,
+                  b, b_dst ? "destination" : "source", items, item);
         }
         if (!far[e->dst] || e->hi > far[e->dst]->hi) far[e->dst] = e;
     }
+}
+
+/* Fatal if two destinations overlap, or a destination overlaps a source (a
+ * fused kernel runs its copies in no set order); sources may share bytes. */
+static void check_no_overlap(const char *name, const DevCopy *c, size_t n) {
+    BatchRange *ends = xmalloc(2 * n * sizeof *ends);
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!c[i].bytes) continue;
+        ends[m++] = (BatchRange){(uintptr_t)c[i].dst, (uintptr_t)c[i].dst + c[i].bytes, i, 1};
+        ends[m++] = (BatchRange){(uintptr_t)c[i].src, (uintptr_t)c[i].src + c[i].bytes, i, 0};
+    }
+    char who[96];
+    snprintf(who, sizeof who, "dev_memcpy_batch_async('%s')", name);
+    check_batch_disjoint(who, "copy", "copies", ends, m);
     free(ends);
 }
 

@@ -60,8 +60,11 @@ typedef struct BackendOps {
      * copy_batch and fill come after the shared argument checks (backend.c). */
     Stream *(*stream_create)(Dev *d, const char *name);
     void (*stream_destroy)(Stream *s);
+    /* launch: fn(args) queued; with a list (dev_launch_list, list_bytes > 0) the args' first member, a
+     * pointer, is set to a list of those bytes that stays readable until fn ran: CPU, its own copy (the
+     * worker frees it, dry run or not); CUDA, the caller's (fn runs at once, on the host, and uploads it) */
     void (*launch)(Stream *s, const char *name, const KernelCost *cost, void (*fn)(void *args), const void *args,
-                   size_t args_size);
+                   size_t args_size, const void *list, size_t list_bytes);
     void (*copy)(Stream *s, void *dst, const void *src, size_t bytes);
     /* dev_memcpy_batch_async, checked (backend.c): the n > 0 copies of `copies` (the caller's list: copy
      * it) as one launch of `bytes` in all, every copy in direction dir, traced as one copy slice "name" */

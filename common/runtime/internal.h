@@ -56,6 +56,7 @@ struct Op {
     int pcie;                   /* copy: 1 host -> device, 2 device -> host (the PCIe model), 0 neither */
     DevCopy *copies;            /* a batch copy (dev_memcpy_batch_async): its own list of ncopies (the worker frees it) */
     size_t ncopies;
+    void *list;                 /* a launch's own copy of its list (dev_launch_list): the worker frees it */
     /* the modelled clock (CPU backends, cpu/modelled_clock.c) */
     double host_us;             /* the host's modelled time once it had enqueued this op */
     double cost_us;             /* how long it runs once started */

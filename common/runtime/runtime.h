@@ -168,6 +168,26 @@ typedef struct {
 #define DEV_ARGS_MAX 256
 void dev_launch(Stream *s, const char *name, const KernelCost *cost, void (*fn)(void *args), const void *args,
                 size_t args_size);
+/* dev_launch of a kernel that reads a list too long for its args (a fused
+ * cast over hundreds of ranges): args begins with a `const void *` member,
+ * which the launch points at a list of the list_bytes of `list` (host
+ * memory) that stays readable until the kernel ran: on the CPU a copy the
+ * runtime made and frees, on CUDA the caller's own list, which the kernel's
+ * host side reads (and uploads) before the launch returns. Either way the
+ * list is read at the call: the caller may reuse it at once. */
+void dev_launch_list(Stream *s, const char *name, const KernelCost *cost, void (*fn)(void *args), const void *args,
+                     size_t args_size, const void *list, size_t list_bytes);
+/* One range a batch of copies or casts reads (dst = 0) or writes (dst = 1):
+ * [lo, hi), item i of the list. check_batch_disjoint (which sorts r) is fatal,
+ * one line "<who>: <item> 3's destination overlaps <item> 5's source (the
+ * <items> of a batch run in no set order: ...)", if a written range overlaps
+ * any other range; read ranges may share bytes. */
+typedef struct {
+    uintptr_t lo, hi;
+    size_t i;
+    int dst;
+} BatchRange;
+void check_batch_disjoint(const char *who, const char *item, const char *items, BatchRange *r, size_t m);
 /* The kernels of s's backend (model/kernels.h: KERNEL(s, name)). */
 const struct KernelTable *stream_kernels(const Stream *s);
 /* Race-detector annotation for kernels: the NEXT op enqueued on s (normally

@@ -4,13 +4,15 @@
  *   - the shards stay float32 (master weights: AdamW updates them exactly as
  *     before, and the optimizer state stays float32 too);
  *   - --param-dtype bf16: the copy-in casts each shard to bfloat16 (round to
- *     nearest even) into the all-gather buffer, the all-gather moves 16-bit
- *     words (half the bytes), the copy-out fills Param.data_bf16 (half the
- *     unsharded memory), and compute reads those rounded values;
+ *     nearest even) into the all-gather buffer, all shards in one launch
+ *     (launch_cast_batch_to_bf16); the all-gather moves 16-bit words (half
+ *     the bytes), the copy-out fills Param.data_bf16 (half the unsharded
+ *     memory), and compute reads those rounded values;
  *   - the grads are float32 and, with the default --reduce-dtype fp32, are
  *     reduce-scattered in float32 (FSDP2's reduce_dtype=torch.float32);
- *     --reduce-dtype bf16 casts them to bfloat16 first: half the traffic, and
- *     each rank's contribution loses its low mantissa bits before the sum.
+ *     --reduce-dtype bf16 casts them to bfloat16 in the chunk-cat (one launch
+ *     again): half the traffic, and each rank's contribution loses its low
+ *     mantissa bits before the sum.
  * Without the flags this file behaves exactly like stage 06.
  *
  * Streams: compute, all_gather (copy-in + all-gather), reduce_scatter.
@@ -166,10 +168,12 @@ static void issue_all_gather(Fsdp *f, Group *g) {
         /* BEGIN SOLUTION: bfloat16 all-gather: cast each padded shard into this rank's segment on copy-in, then all-gather the 16-bit words (HANDOUT.md#stage-08) */
         Bf16 *flat = dev_alloc_bf16_on(f->ag_stream, S * (size_t)f->world, MEM_COMM_BUFFER, name);
         Bf16 *mine = flat + (size_t)f->rank * S;
+        CastCopy in[MODULE_MAX_PARAMS]; /* FSDP2's foreach copy-in into the bfloat16 input: every shard, one launch */
         for (int j = 0; j < mod->n_params; j++) {
             DTensor *dt = &mod->params[j].dt; /* the padding rows are zeros: they cast to bfloat16 zeros */
-            launch_cast_to_bf16(f->ag_stream, mine + g->offsets[j], dt->local, dt->padded_rows * dt->row_numel);
+            in[j] = (CastCopy){mine + g->offsets[j], dt->local, dt->padded_rows * dt->row_numel};
         }
+        launch_cast_batch_to_bf16(f->ag_stream, "copy_in", in, (size_t)mod->n_params);
         coll_all_gather_bf16(f->dev, mine, flat, S, f->ag_stream, mod->name);
         g->ag_flat = flat;
         /* END SOLUTION */
@@ -269,24 +273,29 @@ static void release_reduce_scatter_state(Fsdp *f) {
  * grad shards the optimizer reads. */
 static void reduce_grads_bf16(Fsdp *f, Group *g) {
     Module *mod = g->mod;
-    /* BEGIN SOLUTION: reduce-scatter in bfloat16: cast each grad chunk into the input, reduce-scatter the 16-bit words, widen the result into the float32 grad shards, keep the input as the reduce-scatter state (HANDOUT.md#stage-08) */
+    /* BEGIN SOLUTION: reduce-scatter in bfloat16: cast every grad chunk into the input (one launch), reduce-scatter the 16-bit words, widen the result into the float32 grad shards, keep the input as the reduce-scatter state (HANDOUT.md#stage-08) */
     size_t S = g->shard_numel;
     char name[64];
     release_reduce_scatter_state(f);
     snprintf(name, sizeof name, "%s.reduce_scatter_input", mod->name);
     Bf16 *in = dev_alloc_bf16(f->dev, S * (size_t)f->world, MEM_COMM_BUFFER, name);
     dev_memset_async(f->compute, in, 0, S * (size_t)f->world * sizeof(Bf16)); /* bfloat16 zero is 0x0000 */
+    CastCopy cat[MODULE_MAX_PARAMS * WORLD_MAX_RANKS]; /* FSDP2's _chunk_cat into bfloat16: one launch */
+    size_t ncat = 0;
     for (int j = 0; j < mod->n_params; j++) {
         Param *p = &mod->params[j];
         size_t chunk = p->dt.padded_rows, rn = p->dt.row_numel;
         for (int r = 0; r < f->world; r++) {
             size_t rows = rows_of_rank(p->shape[0], f->world, r);
             if (rows)
-                launch_cast_to_bf16(f->compute, in + (size_t)r * S + g->offsets[j], p->grad + chunk * (size_t)r * rn,
-                                    rows * rn);
+                cat[ncat++] = (CastCopy){in + (size_t)r * S + g->offsets[j], p->grad + chunk * (size_t)r * rn,
+                                         rows * rn};
         }
-        dev_free(f->dev, p->grad);
-        p->grad = NULL;
+    }
+    launch_cast_batch_to_bf16(f->compute, "chunk_cat", cat, ncat);
+    for (int j = 0; j < mod->n_params; j++) { /* the unsharded grads are not needed any more */
+        dev_free(f->dev, mod->params[j].grad);
+        mod->params[j].grad = NULL;
     }
     dev_event_record(f->grads_ready, f->compute);
     dev_stream_wait_event(f->rs_stream, f->grads_ready);

@@ -9,13 +9,15 @@
  *   - the shards stay float32 (master weights: AdamW updates them exactly as
  *     before, and the optimizer state stays float32 too);
  *   - --param-dtype bf16: the copy-in casts each shard to bfloat16 (round to
- *     nearest even) into the all-gather buffer, the all-gather moves 16-bit
- *     words (half the bytes), the copy-out fills Param.data_bf16 (half the
- *     unsharded memory), and compute reads those rounded values;
+ *     nearest even) into the all-gather buffer, all shards in one launch
+ *     (launch_cast_batch_to_bf16); the all-gather moves 16-bit words (half
+ *     the bytes), the copy-out fills Param.data_bf16 (half the unsharded
+ *     memory), and compute reads those rounded values;
  *   - the grads are float32 and, with the default --reduce-dtype fp32, are
  *     reduce-scattered in float32 (FSDP2's reduce_dtype=torch.float32);
- *     --reduce-dtype bf16 casts them to bfloat16 first: half the traffic, and
- *     each rank's contribution loses its low mantissa bits before the sum.
+ *     --reduce-dtype bf16 casts them to bfloat16 in the chunk-cat (one launch
+ *     again): half the traffic, and each rank's contribution loses its low
+ *     mantissa bits before the sum.
  * Without the flags this file behaves exactly like stage 06.
  *
  * Streams: compute, all_gather (copy-in + all-gather), reduce_scatter.
@@ -180,8 +182,8 @@ static void release_reduce_scatter_state(Fsdp *f) {
  * grad shards the optimizer reads. */
 static void reduce_grads_bf16(Fsdp *f, Group *g) {
     Module *mod = g->mod;
-    /* TODO(stage 08): reduce-scatter in bfloat16: cast each grad chunk into the input, reduce-scatter the 16-bit words, widen the result into the float32 grad shards, keep the input as the reduce-scatter state. */
-    hw_todo("reduce-scatter in bfloat16: cast each grad chunk into the input, reduce-scatter the 16-bit words, widen the result into the float32 grad shards, keep the input as the reduce-scatter state", "HANDOUT.md#stage-08");
+    /* TODO(stage 08): reduce-scatter in bfloat16: cast every grad chunk into the input (one launch), reduce-scatter the 16-bit words, widen the result into the float32 grad shards, keep the input as the reduce-scatter state. */
+    hw_todo("reduce-scatter in bfloat16: cast every grad chunk into the input (one launch), reduce-scatter the 16-bit words, widen the result into the float32 grad shards, keep the input as the reduce-scatter state", "HANDOUT.md#stage-08");
 }
 
 /* reduce-scatter on its own stream: compute fills the chunk-cat input (row r

@@ -16,14 +16,14 @@ TRACE_DTYPE = {"fp32": "f32", "bf16": "bf16"}  # the trace's args.dtype of a col
 
 MP_ADVICE = {
     (ALL_GATHER, "bf16"): "with --param-dtype bf16 cast each padded shard to bfloat16 on copy-in "
-                            "(launch_cast_to_bf16 into this rank's segment) and all-gather the 16-bit words "
+                            "(launch_cast_batch_to_bf16 into this rank's segment) and all-gather the 16-bit words "
                             "(coll_all_gather_bf16)",
     (ALL_GATHER, "fp32"): "without --param-dtype bf16 the all-gather moves the float32 shards",
     (REDUCE_SCATTER, "fp32"): "--reduce-dtype fp32 is FSDP2's reduce_dtype=torch.float32: reduce-scatter the "
                                 "float32 grads (coll_reduce_scatter); rounding them to bfloat16 first drops their "
                                 "low bits before the sum",
     (REDUCE_SCATTER, "bf16"): "with --reduce-dtype bf16 cast the grads into a bfloat16 reduce-scatter input "
-                                "(launch_cast_to_bf16), reduce-scatter the 16-bit words (coll_reduce_scatter_bf16) "
+                                "(launch_cast_batch_to_bf16), reduce-scatter the 16-bit words (coll_reduce_scatter_bf16) "
                                 "and widen the result into the float32 grad shards",
 }
 

@@ -15,6 +15,7 @@ from collections import defaultdict
 
 import manifest  # grader/manifest.py: the stages, from grader/rubric.json
 from gradelib.rubric import load_rubric, parity_tolerances
+from gradelib.runner import openblas_core
 from gradelib.trace_model import runtime_groups
 from repo_paths import ROOT
 from trace_names import ALL_GATHER, ALL_REDUCE, COLLECTIVE, COMPUTE, COMPUTE_TID, REDUCE_SCATTER, label_and_kind
@@ -135,8 +136,11 @@ def section_throughput(bench, cfg, sgemm):
     programs = [("baseline", BASELINE, "baseline"),
                 (sol, bench.solution(manifest.stage(FULL_FSDP)), "sol" + FULL_FSDP)]
     res = {"flavor": fl, "batch": B, "seq_len": T, "steps": steps, "median_over_steps": "%d..%d" % (first, steps),
-           "threads": 2, "dtype": "fp32", "runs": {}}
-    log("throughput: %s, batch %d x seq %d, world 1, 2 threads, steps %d..%d" % (fl, B, T, first, steps))
+           "threads": 2, "dtype": "fp32", "runs": {},
+           # the kernel family OpenBLAS runs here: the ratio to PyTorch (MKL-DNN) depends on it (tools/bench_notes.md)
+           "openblas_core": openblas_core(BASELINE) or "unknown"}
+    log("throughput: %s, batch %d x seq %d, world 1, 2 threads, steps %d..%d, OpenBLAS core %s" % (
+        fl, B, T, first, steps, res["openblas_core"]))
     have_torch = torch_available()
     if not have_torch:
         res["pytorch_skipped"] = "torch is not importable by %s" % sys.executable

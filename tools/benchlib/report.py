@@ -311,8 +311,9 @@ def targets(R):
     out = []
     t = R["throughput"]["runs"].get("baseline", {})
     if "vs_pytorch" in t:
-        out.append("single-rank throughput ≥ %.1f× PyTorch eager: %.2f× %s" % (
-            VS_PYTORCH_TARGET, t["vs_pytorch"], "✓" if t["vs_pytorch"] >= VS_PYTORCH_TARGET else "✗"))
+        out.append("single-rank throughput ≥ %.1f× PyTorch eager: %.2f× %s (OpenBLAS core %s)" % (
+            VS_PYTORCH_TARGET, t["vs_pytorch"], "✓" if t["vs_pytorch"] >= VS_PYTORCH_TARGET else "✗",
+            R["throughput"].get("openblas_core", "unknown")))
     for r in R["overlap"]["rows"]:
         if r["stage"].startswith("04"):
             f = r["model"]["exposed_comm_fraction"]

@@ -292,7 +292,14 @@ typedef struct {
     size_t group; /* query heads per kv head, H / KV */
     float scale;  /* 1 / sqrt(hd) */
     blasint t, hd, qs, ks;
+    size_t qrow0, krow0; /* set by attn_head: where head h of batch b starts in q (out, dout, dq) and in k (v, dk, dv) */
 } AttnShape;
+
+/* Head h of batch b (kv head h / group): its first element in q-shaped and in k-shaped tensors. */
+static void attn_head(AttnShape *s, size_t b, size_t h, size_t T, size_t H, size_t KV, size_t hd) {
+    s->qrow0 = (b * T * H + h) * hd;
+    s->krow0 = (b * T * KV + h / s->group) * hd;
+}
 
 static bool attention_shape(AttnShape *s, const char *who, size_t B, size_t T, size_t H, size_t KV, size_t hd) {
     if (KV == 0 || H % KV != 0) fatal("%s: n_heads %zu is not a multiple of n_kv_heads %zu", who, H, KV);
@@ -325,11 +332,9 @@ void attention_materialized_forward(float *out, float *probs, const float *q, co
     if (tile == 0) tile = T;
     for (size_t b = 0; b < B; b++) {
         for (size_t h = 0; h < H; h++) {
-            size_t kh = h / s.group;
-            const float *Q = q + b * T * H * hd + h * hd;
-            const float *K = k + b * T * KV * hd + kh * hd;
-            const float *Vm = v + b * T * KV * hd + kh * hd;
-            float *O = out + b * T * H * hd + h * hd;
+            attn_head(&s, b, h, T, H, KV, hd);
+            const float *Q = q + s.qrow0, *K = k + s.krow0, *Vm = v + s.krow0;
+            float *O = out + s.qrow0;
             float *P = probs + (b * H + h) * T * T;
             for (size_t r0 = 0; r0 < T; r0 += tile) {
                 size_t r1 = r0 + tile < T ? r0 + tile : T;
@@ -372,8 +377,8 @@ void attention_materialized_backward(float *dq, float *dk, float *dv, const floa
     float *dS = scratch; /* [T, T] */
     for (size_t b = 0; b < B; b++) {
         for (size_t h = 0; h < H; h++) {
-            size_t kh = h / s.group;
-            size_t qoff = b * T * H * hd + h * hd, koff = b * T * KV * hd + kh * hd;
+            attn_head(&s, b, h, T, H, KV, hd);
+            size_t qoff = s.qrow0, koff = s.krow0;
             const float *P = probs + (b * H + h) * T * T;
             const float *G = dout + qoff;
             for (size_t c0 = 0; c0 < T; c0 += tile) {
@@ -442,11 +447,9 @@ void attention_forward_tiles(float *out, float *lse, const float *q, const float
     blasint ldS = blas_dim(tk, "attention");
     for (size_t b = 0; b < B; b++) {
         for (size_t h = 0; h < H; h++) {
-            size_t kh = h / s.group;
-            const float *Q = q + b * T * H * hd + h * hd;
-            const float *K = k + b * T * KV * hd + kh * hd;
-            const float *Vm = v + b * T * KV * hd + kh * hd;
-            float *O = out + b * T * H * hd + h * hd;
+            attn_head(&s, b, h, T, H, KV, hd);
+            const float *Q = q + s.qrow0, *K = k + s.krow0, *Vm = v + s.krow0;
+            float *O = out + s.qrow0;
             float *L = lse + (b * H + h) * T;
             for (size_t r0 = 0; r0 < T; r0 += tq) {
                 size_t r1 = r0 + tq < T ? r0 + tq : T;
@@ -524,8 +527,8 @@ void attention_backward_tiles(float *dq, float *dk, float *dv, const float *dout
     blasint ldS = blas_dim(tk, "attention");
     for (size_t b = 0; b < B; b++) {
         for (size_t h = 0; h < H; h++) {
-            size_t kh = h / s.group;
-            size_t qoff = b * T * H * hd + h * hd, koff = b * T * KV * hd + kh * hd;
+            attn_head(&s, b, h, T, H, KV, hd);
+            size_t qoff = s.qrow0, koff = s.krow0;
             const float *Q = q + qoff, *G = dout + qoff, *O = out + qoff, *L = lse + (b * H + h) * T;
             const float *K = k + koff, *Vm = v + koff;
             for (size_t t = 0; t < T; t++) {

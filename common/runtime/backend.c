@@ -94,24 +94,45 @@ static int by_lo(const void *a, const void *b) {
 }
 
 /* Sorted by start, each range overlaps an earlier one iff it starts below the
- * furthest end of those: the earlier destination or source ending furthest is
- * the one named. O(n log n): a copy-out at world 64 is hundreds of copies. */
+ * furthest end of those: O(n log n), a copy-out at world 64 is hundreds of
+ * copies. Which overlap the sweep meets first depends on where the buffers
+ * lie, which changes from run to run; so once it finds one, the pair named is
+ * the first in the list's own order (the lowest item, then the next lowest,
+ * a destination before a source): the same sentence on every run. */
+static int overlap(const BatchRange *x, const BatchRange *y) {
+    return (x->dst || y->dst) && x != y && x->lo < y->hi && y->lo < x->hi;
+}
+static int named_before(const BatchRange *x1, const BatchRange *y1, const BatchRange *x2, const BatchRange *y2) {
+    size_t a1 = x1->i < y1->i ? x1->i : y1->i, b1 = x1->i < y1->i ? y1->i : x1->i;
+    size_t a2 = x2->i < y2->i ? x2->i : y2->i, b2 = x2->i < y2->i ? y2->i : x2->i;
+    if (a1 != a2) return a1 < a2;
+    if (b1 != b2) return b1 < b2;
+    return x1->dst + y1->dst > x2->dst + y2->dst; /* two destinations first */
+}
 void check_batch_disjoint(const char *who, const char *item, const char *items, BatchRange *r, size_t m) {
     qsort(r, m, sizeof *r, by_lo);
     const BatchRange *far[2] = {NULL, NULL}; /* the source [0] / destination [1] seen so far that ends furthest */
-    for (size_t k = 0; k < m; k++) {
+    int found = 0;
+    for (size_t k = 0; k < m && !found; k++) {
         const BatchRange *e = &r[k];
         for (int other = 0; other < 2; other++) {
             const BatchRange *o = far[other];
-            if (!o || (!e->dst && !other) || e->lo >= o->hi) continue; /* two sources may overlap */
-            size_t a = o->i < e->i ? o->i : e->i, b = o->i < e->i ? e->i : o->i;
-            int a_dst = o->i < e->i ? o->dst : e->dst, b_dst = o->i < e->i ? e->dst : o->dst;
-            fatal("%s: %s %zu's %s overlaps %s %zu's %s (the %s of a batch run in no set order: no destination may "
-                  "overlap another %s's source or destination)", who, item, a, a_dst ? "destination" : "source", item,
-                  b, b_dst ? "destination" : "source", items, item);
+            if (o && (e->dst || other) && e->lo < o->hi) found = 1; /* two sources may overlap */
         }
         if (!far[e->dst] || e->hi > far[e->dst]->hi) far[e->dst] = e;
     }
+    if (!found) return;
+    const BatchRange *x = NULL, *y = NULL; /* the pair to name: every pair looked at, an error's cost only */
+    for (size_t p = 0; p < m; p++)
+        for (size_t q = p + 1; q < m; q++)
+            if (overlap(&r[p], &r[q]) && (!x || named_before(&r[p], &r[q], x, y))) x = &r[p], y = &r[q];
+    if (y->i < x->i || (y->i == x->i && y->dst > x->dst)) {
+        const BatchRange *t = x;
+        x = y, y = t;
+    }
+    fatal("%s: %s %zu's %s overlaps %s %zu's %s (the %s of a batch run in no set order: no destination may "
+          "overlap another %s's source or destination)", who, item, x->i, x->dst ? "destination" : "source", item,
+          y->i, y->dst ? "destination" : "source", items, item);
 }
 
 /* Fatal if two destinations overlap, or a destination overlaps a source (a

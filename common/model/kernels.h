@@ -101,7 +101,10 @@ static inline KernelCost kcost_matmul_backward(size_t N, size_t C, size_t OC, DT
     double n = (double)N, c = (double)C, oc = (double)OC, wsz = math == DTYPE_BF16 ? 2 : 4;
     return kcost(COST_MATMUL, math, 4 * n * c * oc, 4 * (2 * n * oc + 3 * n * c + 2 * oc * c) + wsz * oc * c);
 }
-/* Flash attention (ops.h): each of the B*H heads scores the T(T+1)/2 pairs of
+/* FLOPs as FlashAttention-2 counts them (T. Dao, "FlashAttention-2", 2023, section 4.1: the forward
+ * 4 hd per score pair of the causal half, the backward 2.5 times the forward); the few FLOPs of the
+ * softmax per pair are this project's count of the operations below.
+ * Flash attention (ops.h): each of the B*H heads scores the T(T+1)/2 pairs of
  * the causal half (the masked tiles are skipped): 2 hd FLOPs each in Q K^T,
  * 2 hd in P V, about 5 for the online softmax (a max, an exp, a rescale).
  * Bytes: q, k, v read and out written once, lse written; no [T, T] matrix. */

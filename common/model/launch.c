@@ -40,11 +40,7 @@ void launch_cast_to_bf16(Stream *s, Bf16 *out, const float *in, size_t n) {
 /* One kernel over the whole list: checked here (one line each), every range
  * told to the race detector, the list handed to dev_launch_list (read now). */
 void launch_cast_batch_to_bf16(Stream *s, const char *name, const CastCopy *list, size_t n) {
-    if (!s) fatal("launch_cast_batch_to_bf16('%s'): NULL stream", name ? name : "?");
-    if (!name || !*name || strchr(name, '.'))
-        fatal("launch_cast_batch_to_bf16: name it what it is, without a dot (e.g. \"copy_in\"), not '%s' (the "
-              "trace shows \"<module>.<name>\")", name ? name : "(null)");
-    if (n && !list) fatal("launch_cast_batch_to_bf16('%s'): NULL list of %zu casts", name, n);
+    check_batch_call("launch_cast_batch_to_bf16", s, name, list, n, "casts");
     size_t total = 0; /* elements of all the casts */
     for (size_t i = 0; i < n; i++) {
         const CastCopy *c = &list[i];

@@ -155,12 +155,17 @@ static const char *direction_words(CopyDir d) {
     return d == COPY_H2D ? "host to device" : d == COPY_D2H ? "device to host" : "device to device";
 }
 
-void dev_memcpy_batch_async(Stream *s, const char *name, const DevCopy *copies, size_t n) {
-    if (!s) fatal("dev_memcpy_batch_async('%s'): NULL stream", name ? name : "?");
+void check_batch_call(const char *who, const Stream *s, const char *name, const void *list, size_t n,
+                      const char *items) {
+    if (!s) fatal("%s('%s'): NULL stream", who, name ? name : "?");
     if (!name || !*name || strchr(name, '.'))
-        fatal("dev_memcpy_batch_async: name it what it is, without a dot (e.g. \"copy_in\"), not '%s' (the trace "
-              "shows \"<module>.<name>\")", name ? name : "(null)");
-    if (n && !copies) fatal("dev_memcpy_batch_async('%s'): NULL list of %zu copies", name, n);
+        fatal("%s: name it what it is, without a dot (e.g. \"copy_in\"), not '%s' (the trace shows "
+              "\"<module>.<name>\")", who, name ? name : "(null)");
+    if (n && !list) fatal("%s('%s'): NULL list of %zu %s", who, name, n, items);
+}
+
+void dev_memcpy_batch_async(Stream *s, const char *name, const DevCopy *copies, size_t n) {
+    check_batch_call("dev_memcpy_batch_async", s, name, copies, n, "copies");
     size_t bytes = 0;
     CopyDir dir = COPY_SAME_SIDE;
     size_t first = n; /* the first copy with bytes: every other goes its way */

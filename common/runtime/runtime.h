@@ -188,6 +188,10 @@ typedef struct {
     int dst;
 } BatchRange;
 void check_batch_disjoint(const char *who, const char *item, const char *items, BatchRange *r, size_t m);
+/* A batch call's own arguments, one fatal line each: a stream, a name without a dot (the trace adds
+ * "<module>."), a list when n > 0 (items: "copies", "casts"). */
+void check_batch_call(const char *who, const Stream *s, const char *name, const void *list, size_t n,
+                      const char *items);
 /* The kernels of s's backend (model/kernels.h: KERNEL(s, name)). */
 const struct KernelTable *stream_kernels(const Stream *s);
 /* Race-detector annotation for kernels: the NEXT op enqueued on s (normally

@@ -6,7 +6,6 @@
  * modelled clock. */
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "model/kernels.h"
 #include "runtime/runtime.h"

@@ -3,42 +3,130 @@
 #include "model/kernels.h"
 
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "model/ops.h"
+#include "runtime/util.h"
 
-void kcpu_embedding_forward(void *a) { EmbArgs *x = a; embedding_forward(x->out, x->tok, x->w, x->N, x->D); }
-void kcpu_embedding_backward(void *a) { EmbArgs *x = a; embedding_backward(x->out, x->w, x->tok, x->N, x->D); }
+/* --- bf16 tensors (kernels.h: the [a] tensors under bf16) ----------------
+ * The ops of ops.h are float32. A bf16 tensor is widened (exact) into this
+ * kernel's own float32 working copy, the op runs, and what it wrote is
+ * rounded back once. The working copies are the CPU kernel's, like BLAS's
+ * packing buffers (host memory of the worker thread, not device memory): a
+ * GPU kernel reads the bf16 words directly, and the memory count is of the
+ * device tensors, 2 bytes an element. */
+typedef struct {
+    void *dev; /* the tensor: bf16 words, or the float32 tensor itself */
+    float *f;  /* what the op reads and writes */
+    size_t n;
+    int bf16;
+} View;
+
+/* a tensor the op reads (NULL stays NULL) */
+static View in_(const void *p, size_t n, int bf16) {
+    View v = {(void *)p, (float *)p, n, bf16 && p};
+    if (v.bf16) {
+        v.f = xmalloc(n * sizeof(float));
+        cast_from_bf16(v.f, p, n);
+    }
+    return v;
+}
+/* a tensor the op writes (acc = 0) or accumulates into (acc = 1: widened first) */
+static View out_(void *p, size_t n, int bf16, int acc) {
+    if (acc || !bf16 || !p) return in_(p, n, bf16);
+    View v = {p, xmalloc(n * sizeof(float)), n, 1};
+    return v;
+}
+/* rounds what the op wrote back into the tensor, frees the working copy */
+static void wrote(View *v) {
+    if (!v->bf16) return;
+    cast_to_bf16(v->dev, v->f, v->n);
+    free(v->f);
+}
+static void read_(View *v) {
+    if (v->bf16) free(v->f);
+}
+
+void kcpu_embedding_forward(void *a) {
+    EmbArgs *x = a;
+    if (!x->bf16) {
+        embedding_forward(x->out, x->tok, x->w, x->N, x->D);
+        return;
+    }
+    /* bf16: the rows are copied as words (the loader checked every id < V) */
+    uint16_t *out = x->out;
+    const uint16_t *w = x->w;
+    for (size_t n = 0; n < x->N; n++) {
+        if (x->tok[n] < 0) fatal("embedding_forward: negative token id %d at row %zu", (int)x->tok[n], n);
+        memcpy(out + n * x->D, w + (size_t)x->tok[n] * x->D, x->D * sizeof *out);
+    }
+}
+void kcpu_embedding_backward(void *a) {
+    EmbArgs *x = a; /* out = dwte (float32), w = dout [a] */
+    View d = in_(x->w, x->N * x->D, x->bf16);
+    embedding_backward(x->out, d.f, x->tok, x->N, x->D);
+    read_(&d);
+}
 
 void kcpu_rmsnorm_forward(void *a) {
     NormArgs *x = a;
-    rmsnorm_forward(x->out, x->rstd, x->in, x->w, x->N, x->D, x->eps);
+    View in = in_(x->in, x->N * x->D, x->bf16), w = in_(x->w, x->D, x->bf16);
+    View out = out_(x->out, x->N * x->D, x->bf16, 0);
+    rmsnorm_forward(out.f, x->rstd, in.f, w.f, x->N, x->D, x->eps);
+    wrote(&out), read_(&in), read_(&w);
 }
 void kcpu_rmsnorm_backward(void *a) {
     NormBwdArgs *x = a;
-    rmsnorm_backward(x->dinp, x->dw, x->dout, x->in, x->w, x->rstd, x->N, x->D);
+    size_t nd = x->N * x->D;
+    View dout = in_(x->dout, nd, x->bf16), in = in_(x->in, nd, x->bf16), w = in_(x->w, x->D, x->bf16);
+    View dinp = out_(x->dinp, nd, x->bf16, 1);
+    rmsnorm_backward(dinp.f, x->dw, dout.f, in.f, w.f, x->rstd, x->N, x->D);
+    wrote(&dinp), read_(&dout), read_(&in), read_(&w);
 }
 
-void kcpu_matmul_forward(void *a) { MmArgs *x = a; matmul_forward(x->out, x->in, x->w, x->N, x->C, x->OC); }
+void kcpu_matmul_forward(void *a) {
+    MmArgs *x = a;
+    View in = in_(x->in, x->N * x->C, x->bf16), w = in_(x->w, x->OC * x->C, x->bf16);
+    View out = out_(x->out, x->N * x->OC, x->bf16, 0);
+    matmul_forward(out.f, in.f, w.f, x->N, x->C, x->OC);
+    wrote(&out), read_(&in), read_(&w);
+}
 void kcpu_matmul_backward(void *a) {
     MmBwdArgs *x = a;
-    matmul_backward(x->dinp, x->dw, x->dout, x->in, x->w, x->N, x->C, x->OC);
+    View dout = in_(x->dout, x->N * x->OC, x->bf16), in = in_(x->in, x->N * x->C, x->bf16);
+    View w = in_(x->w, x->OC * x->C, x->bf16), dinp = out_(x->dinp, x->N * x->C, x->bf16, 1);
+    matmul_backward(dinp.f, x->dw, dout.f, in.f, w.f, x->N, x->C, x->OC);
+    wrote(&dinp), read_(&dout), read_(&in), read_(&w);
 }
 
 void kcpu_rope(void *a) {
     RopeArgs *r = a;
-    if (r->backward) rope_backward(r->x, r->cos, r->sin, r->B, r->T, r->nh, r->hd);
-    else rope_forward(r->x, r->cos, r->sin, r->B, r->T, r->nh, r->hd);
+    View v = out_(r->x, r->B * r->T * r->nh * r->hd, r->bf16, 1);
+    if (r->backward) rope_backward(v.f, r->cos, r->sin, r->B, r->T, r->nh, r->hd);
+    else rope_forward(v.f, r->cos, r->sin, r->B, r->T, r->nh, r->hd);
+    wrote(&v);
 }
 void kcpu_rope_tables(void *a) { RopeTabArgs *r = a; rope_tables(r->cos, r->sin, r->T, r->hd, r->theta); }
 
 void kcpu_attention_forward(void *a) {
     AttArgs *x = a;
-    attention_forward(x->out, x->lse, x->q, x->k, x->v, x->B, x->T, x->H, x->KV, x->hd);
+    size_t nq = x->B * x->T * x->H * x->hd, nk = x->B * x->T * x->KV * x->hd;
+    View q = in_(x->q, nq, x->bf16), k = in_(x->k, nk, x->bf16), v = in_(x->v, nk, x->bf16);
+    View out = out_(x->out, nq, x->bf16, 0);
+    attention_forward(out.f, x->lse, q.f, k.f, v.f, x->B, x->T, x->H, x->KV, x->hd);
+    wrote(&out), read_(&q), read_(&k), read_(&v);
 }
 void kcpu_attention_backward(void *a) {
     AttBwdArgs *x = a;
-    attention_backward(x->dq, x->dk, x->dv, x->dout, x->q, x->k, x->v, x->out, x->lse, x->scratch, x->B, x->T, x->H,
-                       x->KV, x->hd);
+    size_t nq = x->B * x->T * x->H * x->hd, nk = x->B * x->T * x->KV * x->hd;
+    View q = in_(x->q, nq, x->bf16), k = in_(x->k, nk, x->bf16), v = in_(x->v, nk, x->bf16);
+    View out = in_(x->out, nq, x->bf16), dout = in_(x->dout, nq, x->bf16);
+    View dq = out_(x->dq, nq, x->bf16, 1), dk = out_(x->dk, nk, x->bf16, 1), dv = out_(x->dv, nk, x->bf16, 1);
+    attention_backward(dq.f, dk.f, dv.f, dout.f, q.f, k.f, v.f, out.f, x->lse, x->scratch, x->B, x->T, x->H, x->KV,
+                       x->hd);
+    wrote(&dq), wrote(&dk), wrote(&dv);
+    read_(&q), read_(&k), read_(&v), read_(&out), read_(&dout);
 }
 size_t kcpu_attention_scratch_floats(size_t B, size_t T, size_t H) {
     (void)B;
@@ -46,10 +134,26 @@ size_t kcpu_attention_scratch_floats(size_t B, size_t T, size_t H) {
     return attention_scratch_floats(T); /* one head's tiles at a time */
 }
 
-void kcpu_swiglu_forward(void *a) { SwiArgs *x = a; swiglu_forward(x->out, x->a, x->b, x->n); }
-void kcpu_swiglu_backward(void *a) { SwiBwdArgs *x = a; swiglu_backward(x->da, x->db, x->dout, x->a, x->b, x->n); }
+void kcpu_swiglu_forward(void *a) {
+    SwiArgs *x = a;
+    View va = in_(x->a, x->n, x->bf16), vb = in_(x->b, x->n, x->bf16), out = out_(x->out, x->n, x->bf16, 0);
+    swiglu_forward(out.f, va.f, vb.f, x->n);
+    wrote(&out), read_(&va), read_(&vb);
+}
+void kcpu_swiglu_backward(void *a) {
+    SwiBwdArgs *x = a;
+    View va = in_(x->a, x->n, x->bf16), vb = in_(x->b, x->n, x->bf16), dout = in_(x->dout, x->n, x->bf16);
+    View da = out_(x->da, x->n, x->bf16, 1), db = out_(x->db, x->n, x->bf16, 1);
+    swiglu_backward(da.f, db.f, dout.f, va.f, vb.f, x->n);
+    wrote(&da), wrote(&db), read_(&va), read_(&vb), read_(&dout);
+}
 
-void kcpu_add(void *a) { AddArgs *x = a; add_forward(x->out, x->a, x->b, x->n); }
+void kcpu_add(void *a) {
+    AddArgs *x = a; /* out may alias a or b: widen both before writing */
+    View va = in_(x->a, x->n, x->bf16), vb = in_(x->b, x->n, x->bf16), out = out_(x->out, x->n, x->bf16, 0);
+    add_forward(out.f, va.f, vb.f, x->n);
+    wrote(&out), read_(&va), read_(&vb);
+}
 void kcpu_cast_to_bf16(void *a) { CastArgs *x = a; cast_to_bf16(x->bf16, x->f32, x->n); }
 void kcpu_cast_from_bf16(void *a) { CastArgs *x = a; cast_from_bf16(x->f32, x->bf16, x->n); }
 void kcpu_cast_batch_to_bf16(void *a) {

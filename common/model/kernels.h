@@ -27,34 +27,48 @@
  * (stream_kernels: runtime/runtime.h). */
 #define KERNEL(s, name) (stream_kernels(s)->name)
 
-/* embedding forward: out[N,D] = w[tok[n]]; backward: out (= dwte) += rows of w (= dout) */
-typedef struct { float *out; const int32_t *tok; const float *w; size_t N, D; } EmbArgs;
-/* out[N,D], rstd[N] = RMSNorm(in) * w */
-typedef struct { float *out, *rstd; const float *in, *w; size_t N, D; float eps; } NormArgs;
-/* dinp += ..., dw += ... */
-typedef struct { float *dinp, *dw; const float *dout, *in, *w, *rstd; size_t N, D; } NormBwdArgs;
-/* out[N,OC] = in[N,C] @ w[OC,C]^T */
-typedef struct { float *out; const float *in, *w; size_t N, C, OC; } MmArgs;
-/* dinp[N,C] += dout @ w ; dw[OC,C] += dout^T @ in (either may be NULL) */
-typedef struct { float *dinp, *dw; const float *dout, *in, *w; size_t N, C, OC; } MmBwdArgs;
-/* in-place RoPE on x[B,T,nh,hd] (backward = rotate by -angle) */
-typedef struct { float *x; const float *cos, *sin; size_t B, T, nh, hd; int backward; } RopeArgs;
+/* The activations' dtype (the `bf16` field): with bf16 = 0 every tensor is
+ * float32. With bf16 = 1 (--param-dtype bf16) the tensors marked [a] below,
+ * the activations and the weights, are bfloat16 words (runtime/bf16.h), as a
+ * bf16 GPU run holds them: a kernel reads them widened (exact), does its math
+ * and sums in float32, and rounds what it writes once (nearest even); one
+ * that accumulates (+=) into a bf16 tensor reads, adds in float32 and rounds.
+ * The unmarked ones stay float32: parameter gradients (dw: the optimizer's
+ * and the reduce-scatter's input, as FSDP2's float32 grads), rstd [N] and
+ * lse [B,H,T] (one float per row, tiny, and what norms and FlashAttention-2
+ * keep in float32), the attention scratch, the loss and the logits (the loss
+ * reads float32 logits, as torchtitan's casts them: model.c's head). */
+/* embedding forward: out[N,D] [a] = w [a] [tok[n]]; backward: out (= dwte, float32) += rows of w (= dout [a]) */
+typedef struct { void *out; const int32_t *tok; const void *w; size_t N, D; int bf16; } EmbArgs;
+/* out[N,D] [a], rstd[N] = RMSNorm(in [a]) * w [a] */
+typedef struct { void *out; float *rstd; const void *in, *w; size_t N, D; float eps; int bf16; } NormArgs;
+/* dinp [a] += ..., dw += ... (dout, in, w [a]) */
+typedef struct { void *dinp; float *dw; const void *dout, *in, *w; const float *rstd; size_t N, D; int bf16; } NormBwdArgs;
+/* out[N,OC] = in[N,C] @ w[OC,C]^T (all [a]) */
+typedef struct { void *out; const void *in, *w; size_t N, C, OC; int bf16; } MmArgs;
+/* dinp[N,C] += dout @ w ; dw[OC,C] += dout^T @ in (either may be NULL; dinp, dout, in, w [a]) */
+typedef struct { void *dinp; float *dw; const void *dout, *in, *w; size_t N, C, OC; int bf16; } MmBwdArgs;
+/* in-place RoPE on x[B,T,nh,hd] [a] (backward = rotate by -angle) */
+typedef struct { void *x; const float *cos, *sin; size_t B, T, nh, hd; int backward; int bf16; } RopeArgs;
 /* cos/sin tables [T, hd/2] */
 typedef struct { float *cos, *sin; size_t T, hd; float theta; } RopeTabArgs;
-/* causal flash attention (ops.h): out[B,T,H,hd], lse[B,H,T] (each row's logsumexp, saved) */
-typedef struct { float *out, *lse; const float *q, *k, *v; size_t B, T, H, KV, hd; } AttArgs;
-/* dq, dk, dv accumulate; out and lse are the forward's; scratch holds
- * attention_scratch_floats(B,T,H) floats of this backend */
+/* causal flash attention (ops.h): out[B,T,H,hd] [a], lse[B,H,T] (each row's logsumexp, saved); q, k, v [a] */
+typedef struct { void *out; float *lse; const void *q, *k, *v; size_t B, T, H, KV, hd; int bf16; } AttArgs;
+/* dq, dk, dv [a] accumulate; out [a] and lse are the forward's; scratch holds
+ * attention_scratch_floats(B,T,H) floats of this backend; dout, q, k, v [a] */
 typedef struct {
-    float *dq, *dk, *dv, *scratch;
-    const float *dout, *q, *k, *v, *out, *lse;
+    void *dq, *dk, *dv;
+    float *scratch;
+    const void *dout, *q, *k, *v, *out;
+    const float *lse;
     size_t B, T, H, KV, hd;
+    int bf16;
 } AttBwdArgs;
-/* out[n] = silu(a[n]) * b[n] */
-typedef struct { float *out; const float *a, *b; size_t n; } SwiArgs;
-typedef struct { float *da, *db; const float *dout, *a, *b; size_t n; } SwiBwdArgs;
-/* out = a + b (out may alias a or b) */
-typedef struct { float *out; const float *a, *b; size_t n; } AddArgs;
+/* out[n] = silu(a[n]) * b[n] (all [a]) */
+typedef struct { void *out; const void *a, *b; size_t n; int bf16; } SwiArgs;
+typedef struct { void *da, *db; const void *dout, *a, *b; size_t n; int bf16; } SwiBwdArgs;
+/* out = a + b (out may alias a or b; all [a]) */
+typedef struct { void *out; const void *a, *b; size_t n; int bf16; } AddArgs;
 /* cast_to_bf16: bf16[i] = round(f32[i]); cast_from_bf16: f32[i] = bf16[i] */
 typedef struct { float *f32; uint16_t *bf16; size_t n; } CastArgs;
 /* cast_batch_to_bf16: list[c].dst[i] = round(list[c].src[i]) for the n casts
@@ -81,9 +95,12 @@ typedef struct {
 
 /* What each kernel costs (runtime.h: KernelCost), declared by whoever launches
  * it: FLOPs as its math counts them (a multiply-add is 2), bytes as each
- * tensor read or written once in device memory (float32 activations; a
- * weight read in `math` bf16 is 2 bytes). A backward that accumulates (+=)
- * reads and writes its output. */
+ * tensor read or written once in device memory, at its dtype's size: the [a]
+ * tensors 2 bytes under bf16, else 4 (dtype_bytes). A backward that
+ * accumulates (+=) reads and writes its output. `dt` is the kernel's [a]
+ * dtype, and the dtype its matmuls run in (bf16 tensor cores, float32
+ * accumulation). */
+static inline double dtype_bytes(DType dt) { return dt == DTYPE_BF16 ? 2.0 : 4.0; }
 static inline KernelCost kcost(CostClass cls, DType math, double flops, double bytes) {
     KernelCost c = {cls, math, flops, bytes};
     return c;
@@ -92,14 +109,15 @@ static inline KernelCost kcost_elementwise(double flops, double bytes) {
     return kcost(COST_ELEMENTWISE, DTYPE_F32, flops, bytes);
 }
 /* out[N,OC] = in[N,C] @ w[OC,C]^T */
-static inline KernelCost kcost_matmul_forward(size_t N, size_t C, size_t OC, DType math) {
-    double n = (double)N, c = (double)C, oc = (double)OC, wsz = math == DTYPE_BF16 ? 2 : 4;
-    return kcost(COST_MATMUL, math, 2 * n * c * oc, 4 * (n * c + n * oc) + wsz * oc * c);
+static inline KernelCost kcost_matmul_forward(size_t N, size_t C, size_t OC, DType dt) {
+    double n = (double)N, c = (double)C, oc = (double)OC, e = dtype_bytes(dt);
+    return kcost(COST_MATMUL, dt, 2 * n * c * oc, e * (n * c + n * oc + oc * c));
 }
-/* dinp += dout @ w, dw += dout^T @ in: two GEMMs */
-static inline KernelCost kcost_matmul_backward(size_t N, size_t C, size_t OC, DType math) {
-    double n = (double)N, c = (double)C, oc = (double)OC, wsz = math == DTYPE_BF16 ? 2 : 4;
-    return kcost(COST_MATMUL, math, 4 * n * c * oc, 4 * (2 * n * oc + 3 * n * c + 2 * oc * c) + wsz * oc * c);
+/* dinp += dout @ w, dw += dout^T @ in: two GEMMs; dout read by both, dinp
+ * and the float32 dw read and written */
+static inline KernelCost kcost_matmul_backward(size_t N, size_t C, size_t OC, DType dt) {
+    double n = (double)N, c = (double)C, oc = (double)OC, e = dtype_bytes(dt);
+    return kcost(COST_MATMUL, dt, 4 * n * c * oc, e * (2 * n * oc + 3 * n * c + oc * c) + 4 * 2 * oc * c);
 }
 /* FLOPs as FlashAttention-2 counts them (T. Dao, "FlashAttention-2", 2023, section 4.1: the forward
  * 4 hd per score pair of the causal half, the backward 2.5 times the forward); the few FLOPs of the
@@ -107,20 +125,22 @@ static inline KernelCost kcost_matmul_backward(size_t N, size_t C, size_t OC, DT
  * Flash attention (ops.h): each of the B*H heads scores the T(T+1)/2 pairs of
  * the causal half (the masked tiles are skipped): 2 hd FLOPs each in Q K^T,
  * 2 hd in P V, about 5 for the online softmax (a max, an exp, a rescale).
- * Bytes: q, k, v read and out written once, lse written; no [T, T] matrix. */
-static inline KernelCost kcost_attention_forward(size_t B, size_t T, size_t H, size_t KV, size_t hd) {
+ * Bytes: q, k, v read and out written once, lse (float32) written; no [T, T]
+ * matrix. Under bf16 its two matmuls run on bf16 tensor cores, as
+ * FlashAttention-2's bf16 kernels do. */
+static inline KernelCost kcost_attention_forward(size_t B, size_t T, size_t H, size_t KV, size_t hd, DType dt) {
     double bh = (double)(B * H), pairs = (double)T * ((double)T + 1) / 2, n = (double)(B * T);
-    return kcost(COST_ATTENTION, DTYPE_F32, bh * pairs * (4.0 * (double)hd + 5.0),
-                 4 * (n * (double)hd * (double)(2 * H + 2 * KV) + bh * (double)T));
+    return kcost(COST_ATTENTION, dt, bh * pairs * (4.0 * (double)hd + 5.0),
+                 dtype_bytes(dt) * n * (double)hd * (double)(2 * H + 2 * KV) + 4 * bh * (double)T);
 }
 /* FlashAttention-2's backward: per causal pair the scores again (2 hd), dV,
  * dP, dQ, dK (2 hd each) and about 6 for exp(s - lse) and dS; plus the row
  * term D = rowsum(dout * out) (2 hd per row). Reads q, k, v, out, dout, lse;
- * dq, dk, dv accumulate (read and written). */
-static inline KernelCost kcost_attention_backward(size_t B, size_t T, size_t H, size_t KV, size_t hd) {
+ * dq, dk, dv accumulate (read and written); lse and D are float32. */
+static inline KernelCost kcost_attention_backward(size_t B, size_t T, size_t H, size_t KV, size_t hd, DType dt) {
     double bh = (double)(B * H), pairs = (double)T * ((double)T + 1) / 2, n = (double)(B * T);
-    return kcost(COST_ATTENTION, DTYPE_F32, bh * pairs * (10.0 * (double)hd + 6.0) + 2.0 * n * (double)(H * hd),
-                 4 * (n * (double)hd * (double)(5 * H + 6 * KV) + 2 * bh * (double)T));
+    return kcost(COST_ATTENTION, dt, bh * pairs * (10.0 * (double)hd + 6.0) + 2.0 * n * (double)(H * hd),
+                 dtype_bytes(dt) * n * (double)hd * (double)(5 * H + 6 * KV) + 4 * 2 * bh * (double)T);
 }
 
 #define HWFSDP_KERNEL_LIST(X)                                                                                          \

@@ -20,7 +20,7 @@ void launch_sumsq_accumulate(Stream *s, float *acc, const float *x, size_t n) {
 }
 
 void launch_add(Stream *s, float *out, const float *a, const float *b, size_t n) {
-    AddArgs x = {out, a, b, n};
+    AddArgs x = {out, a, b, n, 0};
     dev_access(s, a, n * sizeof(float), 0, NULL);
     dev_access(s, b, n * sizeof(float), 0, NULL);
     dev_access(s, out, n * sizeof(float), 1, NULL);

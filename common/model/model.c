@@ -106,23 +106,25 @@ void model_config_finalize(ModelConfig *c) {
     c->hidden_dim = (int)hidden;
 }
 
-/* Saved activations of one module (what its backward needs). */
+/* Saved activations of one module (what its backward needs). The void *
+ * ones are activations: float32, or bfloat16 words under --param-dtype bf16
+ * (kernels.h: the [a] tensors); the float * ones are float32 always. */
 struct ModuleActs {
-    float *x;      /* [N, D] module input (blocks, head); owned, freed in backward */
-    float *xn;     /* [N, D] first RMSNorm output */
+    void *x;       /* [N, D] module input (blocks, head); owned, freed in backward */
+    void *xn;      /* [N, D] first RMSNorm output */
     float *rstd1;  /* [N] */
-    float *q;      /* [N, H*hd] after RoPE */
-    float *k;      /* [N, KV*hd] after RoPE */
-    float *v;      /* [N, KV*hd] */
+    void *q;       /* [N, H*hd] after RoPE */
+    void *k;       /* [N, KV*hd] after RoPE */
+    void *v;       /* [N, KV*hd] */
     float *lse;    /* [B, H, T] each attention row's logsumexp (flash attention) */
-    float *att;    /* [N, H*hd] attention output before wo */
-    float *h;      /* [N, D] x + attention branch */
-    float *hn;     /* [N, D] ffn RMSNorm output */
+    void *att;     /* [N, H*hd] attention output before wo */
+    void *h;       /* [N, D] x + attention branch */
+    void *hn;      /* [N, D] ffn RMSNorm output */
     float *rstd2;  /* [N] */
-    float *a;      /* [N, F] hn W1^T */
-    float *b;      /* [N, F] hn W3^T */
-    float *g;      /* [N, F] silu(a) * b */
-    float *logits; /* [N, V] (head) */
+    void *a;       /* [N, F] hn W1^T */
+    void *b;       /* [N, F] hn W3^T */
+    void *g;       /* [N, F] silu(a) * b */
+    float *logits; /* [N, V] (head; float32 for the loss, as torchtitan's .float()) */
 };
 
 /* ---------------------------------------------------------------- structure */
@@ -271,108 +273,104 @@ typedef struct {
     Dev *dev;
     Stream *s;
     const char *mod;
+    int bf16; /* the run's activations are bfloat16 (--param-dtype bf16) */
 } Q;
 
-static float *act(Q *q, size_t n, const char *what) {
+static DType act_dtype(const ModelRun *run) { return run->param_bf16 ? DTYPE_BF16 : DTYPE_F32; }
+/* bytes of one activation element: 2 under bf16, else 4 */
+static size_t act_size(const ModelRun *run) { return run->param_bf16 ? sizeof(Bf16) : sizeof(float); }
+
+static void *alloc_named(Q *q, size_t n, size_t esize, MemTag tag, const char *what) {
     char nm[64];
     snprintf(nm, sizeof nm, "%s.%s", q->mod, what);
-    return dev_alloc_f32(q->dev, n, MEM_ACTIVATION, nm);
+    return dev_alloc(q->dev, n * esize, tag, nm);
 }
-static float *temp(Q *q, size_t n, const char *what) {
-    char nm[64];
-    snprintf(nm, sizeof nm, "%s.%s", q->mod, what);
-    return dev_alloc_f32(q->dev, n, MEM_TEMP, nm);
+/* an activation of n elements in the run's dtype */
+static void *act(Q *q, size_t n, const char *what) {
+    return alloc_named(q, n, q->bf16 ? sizeof(Bf16) : sizeof(float), MEM_ACTIVATION, what);
 }
-static float *zeros(Q *q, size_t n, const char *what) {
-    char nm[64];
-    snprintf(nm, sizeof nm, "%s.%s", q->mod, what);
-    float *p = dev_alloc_f32(q->dev, n, MEM_TEMP, nm);
-    dev_memset_async(q->s, p, 0, n * sizeof(float));
+/* a float32 activation (rstd, lse, logits, the loss, the RoPE tables) */
+static float *act_f32(Q *q, size_t n, const char *what) { return alloc_named(q, n, sizeof(float), MEM_ACTIVATION, what); }
+static float *temp_f32(Q *q, size_t n, const char *what) { return alloc_named(q, n, sizeof(float), MEM_TEMP, what); }
+/* a zeroed gradient of an activation (the run's dtype; bf16 zero is 0x0000) */
+static void *zeros(Q *q, size_t n, const char *what) {
+    size_t es = q->bf16 ? sizeof(Bf16) : sizeof(float);
+    void *p = alloc_named(q, n, es, MEM_TEMP, what);
+    dev_memset_async(q->s, p, 0, n * es);
     return p;
 }
 
-/* The float32 values an op reads for parameter p: Param.data, or with
- * --param-dtype bf16 Param.data_bf16 widened (exactly) into a scratch buffer
- * for that one op. A GPU kernel would read the bfloat16 words directly
- * (cuBLAS: bfloat16 inputs, float32 accumulation); our kernels, on both
- * backends, are float32, so the scratch (MEM_TEMP, one param at a time) is
- * this runtime's cost, not FSDP's. param_done frees it once the op is queued
- * (same stream: safe). Either way the race detector sees the read. */
-static const float *param_in(ModelRun *run, const Param *p) {
+/* The values an op reads for parameter p: Param.data (float32), or with
+ * --param-dtype bf16 Param.data_bf16, the all-gathered bfloat16 words, read
+ * directly, as cuBLAS reads bfloat16 inputs (the CPU kernels widen them in
+ * their own working copy: cpu/kernels_cpu.c). The race detector sees the read. */
+static const void *param_in(ModelRun *run, const Param *p) {
     if (!run->param_bf16) {
         dev_access(run->stream, p->data, p->numel * sizeof(float), 0, p->name);
         return p->data;
     }
     if (!p->data_bf16) fatal("%s: Param.data_bf16 is NULL when compute reads it (--param-dtype bf16)", p->name);
-    char nm[96];
-    snprintf(nm, sizeof nm, "%s.widened", p->name);
-    float *w = dev_alloc_f32(run->dev, p->numel, MEM_TEMP, nm);
-    launch_cast_from_bf16(run->stream, w, p->data_bf16, p->numel);
-    return w;
+    dev_access(run->stream, p->data_bf16, p->numel * sizeof(Bf16), 0, p->name);
+    return p->data_bf16;
 }
 
-static void param_done(ModelRun *run, const float *w) {
-    if (run->param_bf16) dev_free(run->dev, (void *)w);
-}
 /* A backward accumulates into p's grad: the race detector sees the write. */
 static void grad_written(ModelRun *run, const Param *p) {
     dev_access(run->stream, p->grad, p->numel * sizeof(float), 1, NULL);
 }
 
-/* The ops on a parameter p read it through param_in for that one op; their
- * backwards accumulate its gradient into p->grad. */
-static void rmsnorm_q(Q *q, ModelRun *run, float *out, float *rstd, const float *in, const Param *p, size_t N,
+/* The ops on a parameter p read it through param_in; their backwards
+ * accumulate its gradient into p->grad. Bytes: e per activation element. */
+static void rmsnorm_q(Q *q, ModelRun *run, void *out, float *rstd, const void *in, const Param *p, size_t N,
                       size_t D, float eps) {
-    const float *w = param_in(run, p);
-    NormArgs a = {out, rstd, in, w, N, D, eps};
-    KernelCost c = kcost_elementwise(4.0 * N * D, 4.0 * (2 * N * D + D + N));
+    NormArgs a = {out, rstd, in, param_in(run, p), N, D, eps, q->bf16};
+    double e = (double)act_size(run);
+    KernelCost c = kcost_elementwise(4.0 * N * D, e * (2 * N * D + D) + 4.0 * N);
     dev_launch(q->s, "rmsnorm", &c, KERNEL(q->s, rmsnorm_forward), &a, sizeof a);
-    param_done(run, w);
 }
-static void rmsnorm_bwd_q(Q *q, ModelRun *run, float *dinp, const float *dout, const float *in, const Param *p,
+static void rmsnorm_bwd_q(Q *q, ModelRun *run, void *dinp, const void *dout, const void *in, const Param *p,
                           const float *rstd, size_t N, size_t D) {
     grad_written(run, p);
-    const float *w = param_in(run, p);
-    NormBwdArgs a = {dinp, p->grad, dout, in, w, rstd, N, D};
-    KernelCost c = kcost_elementwise(8.0 * N * D, 4.0 * (4 * N * D + 3 * D + N));
+    NormBwdArgs a = {dinp, p->grad, dout, in, param_in(run, p), rstd, N, D, q->bf16};
+    double e = (double)act_size(run);
+    KernelCost c = kcost_elementwise(8.0 * N * D, e * (4 * N * D + D) + 4.0 * (2 * D + N));
     dev_launch(q->s, "rmsnorm_bwd", &c, KERNEL(q->s, rmsnorm_backward), &a, sizeof a);
-    param_done(run, w);
 }
-static void matmul_q(Q *q, ModelRun *run, const char *name, float *out, const float *in, const Param *p, size_t N,
+static void matmul_q(Q *q, ModelRun *run, const char *name, void *out, const void *in, const Param *p, size_t N,
                      size_t C, size_t OC) {
-    const float *w = param_in(run, p);
-    MmArgs a = {out, in, w, N, C, OC};
-    KernelCost c = kcost_matmul_forward(N, C, OC, run->param_bf16 ? DTYPE_BF16 : DTYPE_F32);
+    MmArgs a = {out, in, param_in(run, p), N, C, OC, q->bf16};
+    KernelCost c = kcost_matmul_forward(N, C, OC, act_dtype(run));
     dev_launch(q->s, name, &c, KERNEL(q->s, matmul_forward), &a, sizeof a);
-    param_done(run, w);
 }
-static void matmul_bwd_q(Q *q, ModelRun *run, const char *name, float *dinp, const float *dout, const float *in,
+static void matmul_bwd_q(Q *q, ModelRun *run, const char *name, void *dinp, const void *dout, const void *in,
                          const Param *p, size_t N, size_t C, size_t OC) {
     grad_written(run, p);
-    const float *w = param_in(run, p);
-    MmBwdArgs a = {dinp, p->grad, dout, in, w, N, C, OC};
-    KernelCost c = kcost_matmul_backward(N, C, OC, run->param_bf16 ? DTYPE_BF16 : DTYPE_F32);
+    MmBwdArgs a = {dinp, p->grad, dout, in, param_in(run, p), N, C, OC, q->bf16};
+    KernelCost c = kcost_matmul_backward(N, C, OC, act_dtype(run));
     dev_launch(q->s, name, &c, KERNEL(q->s, matmul_backward), &a, sizeof a);
-    param_done(run, w);
 }
-static void rope_q(Q *q, float *x, const ModelRun *run, size_t nh, size_t hd, int backward) {
-    RopeArgs a = {x, run->rope_cos, run->rope_sin, run->B, run->T, nh, hd, backward};
+static void rope_q(Q *q, void *x, const ModelRun *run, size_t nh, size_t hd, int backward) {
+    RopeArgs a = {x, run->rope_cos, run->rope_sin, run->B, run->T, nh, hd, backward, q->bf16};
     double n = (double)(run->B * run->T * nh * hd); /* a rotation: 6 FLOPs per pair */
-    KernelCost c = kcost_elementwise(3.0 * n, 4.0 * (2 * n + (double)(run->T * hd)));
+    KernelCost c = kcost_elementwise(3.0 * n, 2.0 * (double)act_size(run) * n + 4.0 * (double)(run->T * hd));
     dev_launch(q->s, backward ? "rope_bwd" : "rope", &c, KERNEL(q->s, rope), &a, sizeof a);
 }
-static void add_q(Q *q, float *out, const float *a_, const float *b_, size_t n) {
-    AddArgs a = {out, a_, b_, n};
-    KernelCost c = kcost_elementwise((double)n, 12.0 * (double)n);
+static void add_q(Q *q, const ModelRun *run, void *out, const void *a_, const void *b_, size_t n) {
+    AddArgs a = {out, a_, b_, n, q->bf16};
+    KernelCost c = kcost_elementwise((double)n, 3.0 * (double)act_size(run) * (double)n);
     dev_launch(q->s, "residual_add", &c, KERNEL(q->s, add), &a, sizeof a);
 }
 
 static void free_acts(Dev *dev, ModuleActs *A, int keep_input) {
-    float **all[] = {&A->xn, &A->rstd1, &A->q, &A->k, &A->v, &A->lse, &A->att, &A->h,
-                     &A->hn, &A->rstd2, &A->a, &A->b, &A->g, &A->logits};
+    void **all[] = {&A->xn, &A->q, &A->k, &A->v, &A->att, &A->h, &A->hn, &A->a, &A->b, &A->g};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         dev_free(dev, *all[i]);
         *all[i] = NULL;
+    }
+    float **f32[] = {&A->rstd1, &A->lse, &A->rstd2, &A->logits};
+    for (size_t i = 0; i < sizeof f32 / sizeof f32[0]; i++) {
+        dev_free(dev, *f32[i]);
+        *f32[i] = NULL;
     }
     if (!keep_input) {
         dev_free(dev, A->x);
@@ -384,14 +382,14 @@ static void free_acts(Dev *dev, ModuleActs *A, int keep_input) {
 
 void model_run_begin(Model *m, ModelRun *run) {
     size_t hd = (size_t)m->cfg.head_dim;
-    Q q = {run->dev, run->stream, "rope"};
-    run->rope_cos = act(&q, run->T * hd / 2, "cos");
-    run->rope_sin = act(&q, run->T * hd / 2, "sin");
+    Q q = {run->dev, run->stream, "rope", 0};
+    run->rope_cos = act_f32(&q, run->T * hd / 2, "cos");
+    run->rope_sin = act_f32(&q, run->T * hd / 2, "sin");
     RopeTabArgs a = {run->rope_cos, run->rope_sin, run->T, hd, m->cfg.rope_theta};
     KernelCost c = kcost_elementwise(20.0 * (double)(run->T * hd / 2), 4.0 * (double)(run->T * hd)); /* a pow, a sin, a cos */
     dev_launch(run->stream, "rope_tables", &c, KERNEL(run->stream, rope_tables), &a, sizeof a);
-    Q ql = {run->dev, run->stream, "head"};
-    run->loss = act(&ql, 1, "loss");
+    Q ql = {run->dev, run->stream, "head", 0};
+    run->loss = act_f32(&ql, 1, "loss");
     run->h = run->dh = NULL;
 }
 
@@ -411,7 +409,8 @@ void model_run_end(Model *m, ModelRun *run) {
     dev_free(run->dev, run->rope_cos);
     dev_free(run->dev, run->rope_sin);
     dev_free(run->dev, run->loss);
-    run->h = run->dh = run->rope_cos = run->rope_sin = run->loss = NULL;
+    run->h = run->dh = NULL;
+    run->rope_cos = run->rope_sin = run->loss = NULL;
 }
 
 /* ------------------------------------------------- activation checkpointing */
@@ -443,11 +442,14 @@ static void drop_recomputed(Dev *dev, ModuleActs *A, AcMode mode) {
         free_acts(dev, A, 1);
         return;
     }
-    float **rebuilt[] = {&A->xn, &A->rstd1, &A->k, &A->h, &A->hn, &A->rstd2, &A->b, &A->g};
+    void **rebuilt[] = {&A->xn, &A->k, &A->h, &A->hn, &A->b, &A->g};
     for (size_t i = 0; i < sizeof rebuilt / sizeof rebuilt[0]; i++) {
         dev_free(dev, *rebuilt[i]);
         *rebuilt[i] = NULL;
     }
+    dev_free(dev, A->rstd1);
+    dev_free(dev, A->rstd2);
+    A->rstd1 = A->rstd2 = NULL;
 }
 
 /* The block forward up to g (everything the backward needs). With `kept`
@@ -460,8 +462,8 @@ static void block_forward_saved(Model *m, Module *mod, ModelRun *run, Q *q, int 
     ModuleActs *A = mod->acts;
     Param *P = mod->params;
     A->xn = act(q, N * D, "xn");
-    A->rstd1 = act(q, N, "rstd1");
-    dev_access(run->stream, A->x, N * D * sizeof(float), 0, "input");
+    A->rstd1 = act_f32(q, N, "rstd1");
+    dev_access(run->stream, A->x, N * D * act_size(run), 0, "input");
     rmsnorm_q(q, run, A->xn, A->rstd1, A->x, &P[P_ATTN_NORM], N, D, c->norm_eps);
     if (!kept) {
         A->q = act(q, N * H * hd, "q");
@@ -476,17 +478,17 @@ static void block_forward_saved(Model *m, Module *mod, ModelRun *run, Q *q, int 
     }
     rope_q(q, A->k, run, KV, hd, 0);
     if (!kept) { /* the attention's outputs: kept */
-        A->lse = act(q, run->B * H * run->T, "lse");
+        A->lse = act_f32(q, run->B * H * run->T, "lse");
         A->att = act(q, N * H * hd, "att");
-        AttArgs aa = {A->att, A->lse, A->q, A->k, A->v, run->B, run->T, H, KV, hd};
-        KernelCost ca = kcost_attention_forward(run->B, run->T, H, KV, hd);
+        AttArgs aa = {A->att, A->lse, A->q, A->k, A->v, run->B, run->T, H, KV, hd, q->bf16};
+        KernelCost ca = kcost_attention_forward(run->B, run->T, H, KV, hd, act_dtype(run));
         dev_launch(q->s, "attention", &ca, KERNEL(q->s, attention_forward), &aa, sizeof aa);
     }
     A->h = act(q, N * D, "h"); /* matmul 4 (wo) and the residual: recomputed */
     matmul_q(q, run, "wo", A->h, A->att, &P[P_WO], N, H * hd, D);
-    add_q(q, A->h, A->h, A->x, N * D);
+    add_q(q, run, A->h, A->h, A->x, N * D);
     A->hn = act(q, N * D, "hn");
-    A->rstd2 = act(q, N, "rstd2");
+    A->rstd2 = act_f32(q, N, "rstd2");
     rmsnorm_q(q, run, A->hn, A->rstd2, A->h, &P[P_FFN_NORM], N, D, c->norm_eps);
     if (!kept) {
         A->a = act(q, N * F, "w1_out");
@@ -495,8 +497,8 @@ static void block_forward_saved(Model *m, Module *mod, ModelRun *run, Q *q, int 
     A->b = act(q, N * F, "w3_out");
     matmul_q(q, run, "w3", A->b, A->hn, &P[P_W3], N, D, F); /* matmul 6: recomputed */
     A->g = act(q, N * F, "swiglu");
-    SwiArgs sa = {A->g, A->a, A->b, N * F};
-    KernelCost cs = kcost_elementwise(6.0 * (double)(N * F), 12.0 * (double)(N * F)); /* silu(a) * b */
+    SwiArgs sa = {A->g, A->a, A->b, N * F, q->bf16};
+    KernelCost cs = kcost_elementwise(6.0 * (double)(N * F), 3.0 * (double)act_size(run) * (double)(N * F)); /* silu(a) * b */
     dev_launch(q->s, "swiglu", &cs, KERNEL(q->s, swiglu_forward), &sa, sizeof sa);
 }
 
@@ -533,33 +535,39 @@ void model_acts_slots_free(ActsSlots *a) {
 void module_forward(Model *m, Module *mod, ModelRun *run) {
     const ModelConfig *c = &m->cfg;
     size_t N = run->B * run->T, D = (size_t)c->dim, V = (size_t)c->vocab_size;
-    Q q = {run->dev, run->stream, mod->name};
+    Q q = {run->dev, run->stream, mod->name, run->param_bf16};
     ModuleActs *A = mod->acts;
     Param *P = mod->params;
     if (mod->kind == MOD_EMBEDDING) {
-        float *out = act(&q, N * D, "out");
-        const float *w = param_in(run, &P[0]);
-        EmbArgs a = {out, run->inputs, w, N, D};
-        KernelCost c = kcost_elementwise(0, 8.0 * (double)(N * D) + 4.0 * (double)N); /* a row copied per token */
+        void *out = act(&q, N * D, "out");
+        EmbArgs a = {out, run->inputs, param_in(run, &P[0]), N, D, q.bf16};
+        double e = (double)act_size(run);
+        KernelCost c = kcost_elementwise(0, 2.0 * e * (double)(N * D) + 4.0 * (double)N); /* a row copied per token */
         dev_launch(run->stream, "embedding", &c, KERNEL(run->stream, embedding_forward), &a, sizeof a);
-        param_done(run, w);
         run->h = out;
     } else if (mod->kind == MOD_BLOCK) {
         A->x = run->h; /* the block owns its input until its backward */
         block_forward_saved(m, mod, run, &q, 0);
-        float *out = act(&q, N * D, "out");
+        void *out = act(&q, N * D, "out");
         matmul_q(&q, run, "w2", out, A->g, &P[P_W2], N, (size_t)c->hidden_dim, D); /* matmul 7 */
-        add_q(&q, out, out, A->h, N * D);
+        add_q(&q, run, out, out, A->h, N * D);
         if (module_recomputes(run, mod)) drop_recomputed(run->dev, A, run->ac.mode);
         run->h = out;
     } else {
         A->x = run->h;
         A->xn = act(&q, N * D, "xn");
-        A->rstd1 = act(&q, N, "rstd");
-        dev_access(run->stream, A->x, N * D * sizeof(float), 0, "input");
+        A->rstd1 = act_f32(&q, N, "rstd");
+        dev_access(run->stream, A->x, N * D * act_size(run), 0, "input");
         rmsnorm_q(&q, run, A->xn, A->rstd1, A->x, &P[P_HEAD_NORM], N, D, c->norm_eps);
-        A->logits = act(&q, N * V, "logits");
-        matmul_q(&q, run, "output", A->logits, A->xn, &P[P_OUTPUT], N, D, V);
+        A->logits = act_f32(&q, N * V, "logits");
+        if (q.bf16) { /* the bf16 matmul's rounded output, widened for the loss (torchtitan: pred.float()) */
+            Bf16 *l16 = act(&q, N * V, "logits_bf16");
+            matmul_q(&q, run, "output", l16, A->xn, &P[P_OUTPUT], N, D, V);
+            launch_cast_from_bf16(run->stream, A->logits, l16, N * V);
+            dev_free(run->dev, l16);
+        } else {
+            matmul_q(&q, run, "output", A->logits, A->xn, &P[P_OUTPUT], N, D, V);
+        }
         CeArgs ce = {run->loss, NULL, A->logits, run->targets, N, V, N};
         KernelCost c = kcost_elementwise(5.0 * (double)(N * V), 4.0 * (double)(N * V + 2 * N)); /* log-sum-exp per row */
         dev_launch(run->stream, "cross_entropy", &c, KERNEL(run->stream, crossentropy_forward), &ce, sizeof ce);
@@ -571,7 +579,7 @@ void module_recompute(Model *m, Module *mod, ModelRun *run) {
     if (!module_recomputes(run, mod) || !mod->acts->x)
         fatal("module_recompute: %s has no checkpointed input (not a block that --ac / --ac-every / --ac-op "
               "checkpoints, or no forward before)", mod->name);
-    Q q = {run->dev, run->stream, mod->name};
+    Q q = {run->dev, run->stream, mod->name, run->param_bf16};
     block_forward_saved(m, mod, run, &q, run->ac.mode == AC_OP);
 }
 
@@ -579,63 +587,73 @@ void module_backward(Model *m, Module *mod, ModelRun *run) {
     const ModelConfig *c = &m->cfg;
     size_t N = run->B * run->T, D = (size_t)c->dim, V = (size_t)c->vocab_size, F = (size_t)c->hidden_dim;
     size_t H = (size_t)c->n_heads, KV = (size_t)c->n_kv_heads, hd = (size_t)c->head_dim;
-    Q q = {run->dev, run->stream, mod->name};
+    Q q = {run->dev, run->stream, mod->name, run->param_bf16};
     ModuleActs *A = mod->acts;
     Param *P = mod->params;
     for (int j = 0; j < mod->n_params; j++)
         if (!P[j].grad) fatal("module_backward: %s has no grad buffer for %s", mod->name, P[j].name);
     if (mod->kind == MOD_HEAD) {
-        float *dlogits = zeros(&q, N * V, "dlogits");
+        float *dlogits = temp_f32(&q, N * V, "dlogits");
+        dev_memset_async(run->stream, dlogits, 0, N * V * sizeof(float));
         size_t mean_over = N * (run->microbatches > 1 ? (size_t)run->microbatches : 1); /* loss / K */
         CeArgs ce = {NULL, dlogits, A->logits, run->targets, N, V, mean_over};
         KernelCost c = kcost_elementwise(5.0 * (double)(N * V), 4.0 * (double)(3 * N * V + N)); /* softmax - onehot */
         dev_launch(run->stream, "cross_entropy_bwd", &c, KERNEL(run->stream, crossentropy_backward), &ce, sizeof ce);
-        float *dxn = zeros(&q, N * D, "dxn");
-        matmul_bwd_q(&q, run, "output_bwd", dxn, dlogits, A->xn, &P[P_OUTPUT], N, D, V);
-        float *dx = zeros(&q, N * D, "dx");
+        const void *dl = dlogits;
+        if (q.bf16) { /* the grad of .float() is rounded to the bf16 logits' dtype */
+            Bf16 *d16 = alloc_named(&q, N * V, sizeof(Bf16), MEM_TEMP, "dlogits_bf16");
+            launch_cast_to_bf16(run->stream, d16, dlogits, N * V);
+            dev_free(run->dev, dlogits);
+            dlogits = NULL;
+            dl = d16;
+        }
+        void *dxn = zeros(&q, N * D, "dxn");
+        matmul_bwd_q(&q, run, "output_bwd", dxn, dl, A->xn, &P[P_OUTPUT], N, D, V);
+        void *dx = zeros(&q, N * D, "dx");
         rmsnorm_bwd_q(&q, run, dx, dxn, A->x, &P[P_HEAD_NORM], A->rstd1, N, D);
-        dev_free(run->dev, dlogits);
+        dev_free(run->dev, (void *)dl);
         dev_free(run->dev, dxn);
         free_acts(run->dev, A, 0);
         run->dh = dx;
     } else if (mod->kind == MOD_BLOCK) {
-        float *dout = run->dh; /* [N, D]; becomes dL/dh below (the residual passes it through) */
+        void *dout = run->dh; /* [N, D]; becomes dL/dh below (the residual passes it through) */
+        const double e = (double)act_size(run);
         /* out = h + g W2^T */
-        float *dg = zeros(&q, N * F, "dswiglu");
+        void *dg = zeros(&q, N * F, "dswiglu");
         matmul_bwd_q(&q, run, "w2_bwd", dg, dout, A->g, &P[P_W2], N, F, D);
-        float *da = zeros(&q, N * F, "dw1_out"), *db = zeros(&q, N * F, "dw3_out");
-        SwiBwdArgs sb = {da, db, dg, A->a, A->b, N * F};
-        KernelCost cs = kcost_elementwise(10.0 * (double)(N * F), 28.0 * (double)(N * F)); /* da, db += */
+        void *da = zeros(&q, N * F, "dw1_out"), *db = zeros(&q, N * F, "dw3_out");
+        SwiBwdArgs sb = {da, db, dg, A->a, A->b, N * F, q.bf16};
+        KernelCost cs = kcost_elementwise(10.0 * (double)(N * F), 7.0 * e * (double)(N * F)); /* da, db += */
         dev_launch(run->stream, "swiglu_bwd", &cs, KERNEL(run->stream, swiglu_backward), &sb, sizeof sb);
-        float *dhn = zeros(&q, N * D, "dhn");
+        void *dhn = zeros(&q, N * D, "dhn");
         matmul_bwd_q(&q, run, "w1_bwd", dhn, da, A->hn, &P[P_W1], N, D, F);
         matmul_bwd_q(&q, run, "w3_bwd", dhn, db, A->hn, &P[P_W3], N, D, F);
-        float *dh = dout; /* dL/dh = dout (residual) + RMSNorm backward of dhn */
+        void *dh = dout; /* dL/dh = dout (residual) + RMSNorm backward of dhn */
         rmsnorm_bwd_q(&q, run, dh, dhn, A->h, &P[P_FFN_NORM], A->rstd2, N, D);
         /* h = x + att Wo^T */
-        float *datt = zeros(&q, N * H * hd, "datt");
+        void *datt = zeros(&q, N * H * hd, "datt");
         matmul_bwd_q(&q, run, "wo_bwd", datt, dh, A->att, &P[P_WO], N, H * hd, D);
-        float *dq = zeros(&q, N * H * hd, "dq"), *dk = zeros(&q, N * KV * hd, "dk"), *dv = zeros(&q, N * KV * hd, "dv");
-        float *scratch = temp(&q, KERNEL(run->stream, attention_scratch_floats)(run->B, run->T, H), "att_scratch");
-        AttBwdArgs ab = {dq, dk, dv, scratch, datt, A->q, A->k, A->v, A->att, A->lse, run->B, run->T, H, KV, hd};
-        KernelCost ca = kcost_attention_backward(run->B, run->T, H, KV, hd);
+        void *dq = zeros(&q, N * H * hd, "dq"), *dk = zeros(&q, N * KV * hd, "dk"), *dv = zeros(&q, N * KV * hd, "dv");
+        float *scratch = temp_f32(&q, KERNEL(run->stream, attention_scratch_floats)(run->B, run->T, H), "att_scratch");
+        AttBwdArgs ab = {dq, dk, dv, scratch, datt, A->q, A->k, A->v, A->att, A->lse, run->B, run->T, H, KV, hd, q.bf16};
+        KernelCost ca = kcost_attention_backward(run->B, run->T, H, KV, hd, act_dtype(run));
         dev_launch(run->stream, "attention_bwd", &ca, KERNEL(run->stream, attention_backward), &ab, sizeof ab);
         rope_q(&q, dq, run, H, hd, 1);
         rope_q(&q, dk, run, KV, hd, 1);
-        float *dxn = zeros(&q, N * D, "dxn");
+        void *dxn = zeros(&q, N * D, "dxn");
         matmul_bwd_q(&q, run, "wq_bwd", dxn, dq, A->xn, &P[P_WQ], N, D, H * hd);
         matmul_bwd_q(&q, run, "wk_bwd", dxn, dk, A->xn, &P[P_WK], N, D, KV * hd);
         matmul_bwd_q(&q, run, "wv_bwd", dxn, dv, A->xn, &P[P_WV], N, D, KV * hd);
         /* x feeds both the residual (dh) and the attention norm (dxn) */
         rmsnorm_bwd_q(&q, run, dh, dxn, A->x, &P[P_ATTN_NORM], A->rstd1, N, D);
-        float *frees[] = {dg, da, db, dhn, datt, dq, dk, dv, scratch, dxn};
+        void *frees[] = {dg, da, db, dhn, datt, dq, dk, dv, scratch, dxn};
         for (size_t i = 0; i < sizeof frees / sizeof frees[0]; i++) dev_free(run->dev, frees[i]);
         free_acts(run->dev, A, 0);
         run->dh = dh; /* now dL/dx */
     } else {
         grad_written(run, &P[0]);
-        EmbArgs a = {P[0].grad, run->inputs, run->dh, N, D};
-        KernelCost c = kcost_elementwise((double)(N * D), 12.0 * (double)(N * D) + 4.0 * (double)N); /* rows += */
+        EmbArgs a = {P[0].grad, run->inputs, run->dh, N, D, q.bf16};
+        KernelCost c = kcost_elementwise((double)(N * D), (8.0 + (double)act_size(run)) * (double)(N * D) + 4.0 * (double)N); /* rows += */
         dev_launch(run->stream, "embedding_bwd", &c, KERNEL(run->stream, embedding_backward), &a, sizeof a);
         dev_free(run->dev, run->dh);
         run->dh = NULL;

@@ -74,12 +74,13 @@ typedef struct {
     size_t B, T;              /* per-rank batch, sequence length */
     AcPolicy ac;              /* --ac, --ac-every N, --ac-op: which blocks recompute, what they keep */
     int microbatches;         /* K of --grad-accum (B is then one microbatch): the backward is loss / K's */
-    int param_bf16;           /* --param-dtype bf16: ops read Param.data_bf16, widened (model.c: param_in) */
+    int param_bf16;           /* --param-dtype bf16: ops read Param.data_bf16, and the activations are
+                                 bfloat16 (kernels.h: which tensors; model.c: ModuleActs) */
     const int32_t *inputs;    /* [B*T] device memory */
     const int32_t *targets;   /* [B*T] */
     float *rope_cos, *rope_sin; /* [T, hd/2] */
-    float *h;                 /* forward: output of the last module run, [B*T, D] */
-    float *dh;                /* backward: grad w.r.t. the output of the module about to run backward */
+    void *h;                  /* forward: output of the last module run, [B*T, D] (float32, or bf16 words) */
+    void *dh;                 /* backward: grad w.r.t. the output of the module about to run backward (same dtype) */
     float *loss;              /* [1] this rank's mean loss, written by the head's forward */
 } ModelRun;
 

@@ -206,10 +206,10 @@ static void check_embedding(Ctx *c, size_t N, size_t D, size_t V) {
     float *w = randf(V * D, 1), *out = randf(N * D, 1), *dw = randf(V * D, 1), *dout = randf(N * D, 1);
     char shape[64];
     snprintf(shape, sizeof shape, "N%zu D%zu V%zu", N, D, V);
-    EmbArgs f = {out, tok, w, N, D};
+    EmbArgs f = {out, tok, w, N, D, 0};
     Buf bf[] = {{"tokens", tok, N * 4, 0}, {"wte", w, F(V * D), 0}, {"out", out, F(N * D), 1}};
     CASE("embedding_forward", shape, kcpu_embedding_forward, kcuda_embedding_forward, f, bf);
-    EmbArgs g = {dw, tok, dout, N, D};
+    EmbArgs g = {dw, tok, dout, N, D, 0};
     Buf bg[] = {{"tokens", tok, N * 4, 0}, {"dout", dout, F(N * D), 0}, {"dwte", dw, F(V * D), 1}};
     CASE("embedding_backward", shape, kcpu_embedding_backward, kcuda_embedding_backward, g, bg);
     free(tok), free(w), free(out), free(dw), free(dout);
@@ -221,11 +221,11 @@ static void check_rmsnorm(Ctx *c, size_t N, size_t D) {
     float *y = randf(N * D, 1), *saved = randf(N, 1);
     char shape[64];
     snprintf(shape, sizeof shape, "N%zu D%zu", N, D);
-    NormArgs f = {out, rstd, x, w, N, D, 1e-5f};
+    NormArgs f = {out, rstd, x, w, N, D, 1e-5f, 0};
     Buf bf[] = {{"x", x, F(N * D), 0}, {"w", w, F(D), 0}, {"out", out, F(N * D), 1}, {"rstd", rstd, F(N), 1}};
     CASE("rmsnorm_forward", shape, kcpu_rmsnorm_forward, kcuda_rmsnorm_forward, f, bf);
     rmsnorm_forward(y, saved, x, w, N, D, 1e-5f); /* the saved rstd the backward reads */
-    NormBwdArgs g = {dx, dw, dout, x, w, saved, N, D};
+    NormBwdArgs g = {dx, dw, dout, x, w, saved, N, D, 0};
     Buf bg[] = {{"dout", dout, F(N * D), 0}, {"x", x, F(N * D), 0}, {"w", w, F(D), 0},
                 {"rstd", saved, F(N), 0},    {"dx", dx, F(N * D), 1}, {"dw", dw, F(D), 1}};
     CASE("rmsnorm_backward", shape, kcpu_rmsnorm_backward, kcuda_rmsnorm_backward, g, bg);
@@ -237,15 +237,15 @@ static void check_matmul(Ctx *c, size_t N, size_t C, size_t OC) {
     float *dout = randf(N * OC, 1), *din = randf(N * C, 1), *dw = randf(OC * C, 1);
     char shape[64];
     snprintf(shape, sizeof shape, "N%zu C%zu OC%zu", N, C, OC);
-    MmArgs f = {out, in, w, N, C, OC};
+    MmArgs f = {out, in, w, N, C, OC, 0};
     Buf bf[] = {{"in", in, F(N * C), 0}, {"w", w, F(OC * C), 0}, {"out", out, F(N * OC), 1}};
     CASE("matmul_forward", shape, kcpu_matmul_forward, kcuda_matmul_forward, f, bf);
-    MmBwdArgs g = {din, dw, dout, in, w, N, C, OC};
+    MmBwdArgs g = {din, dw, dout, in, w, N, C, OC, 0};
     Buf bg[] = {{"dout", dout, F(N * OC), 0}, {"in", in, F(N * C), 0}, {"w", w, F(OC * C), 0},
                 {"dinp", din, F(N * C), 1},   {"dw", dw, F(OC * C), 1}};
     CASE("matmul_backward", shape, kcpu_matmul_backward, kcuda_matmul_backward, g, bg);
     /* one of the two grads NULL (and the operand only it would read) */
-    MmBwdArgs gi = {din, NULL, dout, NULL, w, N, C, OC}, gw = {NULL, dw, dout, in, NULL, N, C, OC};
+    MmBwdArgs gi = {din, NULL, dout, NULL, w, N, C, OC, 0}, gw = {NULL, dw, dout, in, NULL, N, C, OC, 0};
     Buf bi[] = {{"dout", dout, F(N * OC), 0}, {"w", w, F(OC * C), 0}, {"dinp", din, F(N * C), 1}};
     Buf bw[] = {{"dout", dout, F(N * OC), 0}, {"in", in, F(N * C), 0}, {"dw", dw, F(OC * C), 1}};
     CASE("matmul_backward", shape, kcpu_matmul_backward, kcuda_matmul_backward, gi, bi);
@@ -263,7 +263,7 @@ static void check_rope(Ctx *c, size_t B, size_t T, size_t nh, size_t hd) {
     CASE("rope_tables", shape, kcpu_rope_tables, kcuda_rope_tables, t, bt);
     rope_tables(cs, sn, T, hd, 500000.0f); /* the same tables on both sides */
     for (int bwd = 0; bwd < 2; bwd++) {
-        RopeArgs r = {x, cs, sn, B, T, nh, hd, bwd};
+        RopeArgs r = {x, cs, sn, B, T, nh, hd, bwd, 0};
         Buf br[] = {{"cos", cs, F(T * half), 0}, {"sin", sn, F(T * half), 0}, {"x", x, F(B * T * nh * hd), 1}};
         CASE(bwd ? "rope_backward" : "rope_forward", shape, kcpu_rope, kcuda_rope, r, br);
     }
@@ -282,12 +282,12 @@ static void check_attention(Ctx *c, size_t B, size_t T, size_t H, size_t KV, siz
     float *scratch = randf(nscr, 1);
     char shape[64];
     snprintf(shape, sizeof shape, "B%zu T%zu H%zu KV%zu hd%zu", B, T, H, KV, hd);
-    AttArgs f = {out, lse, q, k, v, B, T, H, KV, hd};
+    AttArgs f = {out, lse, q, k, v, B, T, H, KV, hd, 0};
     Buf bf[] = {{"q", q, F(nq), 0}, {"k", k, F(nk), 0}, {"v", v, F(nk), 0}, {"out", out, F(nq), 1},
                 {"lse", lse, F(nl), 1}};
     CASE("attention_forward", shape, kcpu_attention_forward, kcuda_attention_forward, f, bf);
     attention_forward(o2, lse2, q, k, v, B, T, H, KV, hd); /* the saved out and lse the backward reads */
-    AttBwdArgs g = {dq, dk, dv, scratch, dout, q, k, v, o2, lse2, B, T, H, KV, hd};
+    AttBwdArgs g = {dq, dk, dv, scratch, dout, q, k, v, o2, lse2, B, T, H, KV, hd, 0};
     Buf bg[] = {{"dout", dout, F(nq), 0}, {"q", q, F(nq), 0},      {"k", k, F(nk), 0},
                 {"v", v, F(nk), 0},       {"out", o2, F(nq), 0},   {"lse", lse2, F(nl), 0},
                 {"scratch", scratch, F(nscr), 2},
@@ -302,17 +302,17 @@ static void check_elementwise(Ctx *c, size_t n) {
           *db = randf(n, 1);
     char shape[64];
     snprintf(shape, sizeof shape, "n%zu", n);
-    SwiArgs f = {out, a, b, n};
+    SwiArgs f = {out, a, b, n, 0};
     Buf bf[] = {{"a", a, F(n), 0}, {"b", b, F(n), 0}, {"out", out, F(n), 1}};
     CASE("swiglu_forward", shape, kcpu_swiglu_forward, kcuda_swiglu_forward, f, bf);
-    SwiBwdArgs g = {da, db, dout, a, b, n};
+    SwiBwdArgs g = {da, db, dout, a, b, n, 0};
     Buf bg[] = {{"dout", dout, F(n), 0}, {"a", a, F(n), 0}, {"b", b, F(n), 0}, {"da", da, F(n), 1},
                 {"db", db, F(n), 1}};
     CASE("swiglu_backward", shape, kcpu_swiglu_backward, kcuda_swiglu_backward, g, bg);
-    AddArgs s = {out, a, b, n};
+    AddArgs s = {out, a, b, n, 0};
     Buf bs[] = {{"a", a, F(n), 0}, {"b", b, F(n), 0}, {"out", out, F(n), 1}};
     CASE("add", shape, kcpu_add, kcuda_add, s, bs);
-    AddArgs si = {a, a, b, n}; /* in place, as the residual adds run */
+    AddArgs si = {a, a, b, n, 0}; /* in place, as the residual adds run */
     Buf bi[] = {{"a=out", a, F(n), 1}, {"b", b, F(n), 0}};
     CASE("add", shape, kcpu_add, kcuda_add, si, bi);
     free(a), free(b), free(out), free(dout), free(da), free(db);

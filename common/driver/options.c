@@ -584,6 +584,9 @@ void parse_options(int argc, char **argv, Options *o) {
             fatal("--pp keeps each stage's parameters on its own ranks: it cannot go with %s",
                   o->load_path ? "--load" : o->save_path ? "--save" : "--save-init");
         if (o->offload_params) fatal("--pp cannot go with --offload-params");
+        if (o->mp.param_dtype == DTYPE_BF16)
+            fatal("--pp cannot go with --param-dtype bf16: the stages hand over float32 activations (hw_pipe.h: "
+                  "act_numel floats), and under bf16 the model's activations are bfloat16");
     } else if (o->microbatches) {
         fatal("--microbatches splits a pipeline's batch: it needs --pp (for plain accumulation: --grad-accum)");
     }

@@ -148,10 +148,6 @@ def report(run_dir, stage):
         "kernel_flop_utilization": clock["flop_utilization"], "matmul_math": clock["math"],
         "exposed_comm_ms_by_phase": clock["exposed_comm_ms_by_phase"], "exposed_comm_ms": clock["exposed_comm_ms"],
         "compute_ms": clock["compute_ms"], "collective_ms": clock["collective_ms"], "attention_ms": attn_ms,
-        # what if attention ran at the BF16 tensor-core rate, as a GPU framework's fused kernel does: its time
-        # scaled by the FP32 / BF16 peak ratio, the rest of the step unchanged (an estimate, said as one)
-        "tokens_per_s_per_gpu_bf16_attention": B * T / ((last["model_step_ms"] - attn_ms + attn_ms *
-                                                         meta["peak_flops"]["f32"] / meta["peak_flops"]["bf16"]) / 1e3),
         "compute_ms_by_class": by_class,
         "init_peak_bytes": init, "steady_peak_bytes": steady, "steady_peak_by_tag": by_tag, "steady_peak_at": where,
         "run_dir": run_dir,
@@ -175,8 +171,6 @@ def render(r):
     L += ["", "| figure | value |", "| --- | --- |",
           "| modelled step (step %d) | %.1f ms |" % (r["steps"], r["model_step_ms"]),
           "| tokens/s per GPU | %.0f |" % r["tokens_per_s_per_gpu"],
-          "| ... were attention at the BF16 rate (an estimate: its time x FP32/BF16 peak) | %.0f |" % (
-              r["tokens_per_s_per_gpu_bf16_attention"]),
           "| MFU (torchtitan's formula: %.3g FLOPs/token against the dense BF16 peak) | %.1f%% |" % (
               r["flops_per_token"], 100 * r["mfu"]),
           "| declared kernel FLOPs / (step x the %s peak) | %.1f%% |" % (r["matmul_math"],
@@ -194,13 +188,16 @@ def render(r):
     for what, ms in sorted(r["compute_ms_by_class"].items(), key=lambda kv: -kv[1]):
         L.append("| &nbsp;&nbsp;%s on the compute stream | %.1f ms (%.1f%% of the step) |" % (
             what, ms, 100 * ms / r["model_step_ms"]))
-    L += ["", "How it was priced (common/runtime/profile.c): matmuls at the %s peak x 70%% (bf16 under "
-          "--param-dtype bf16, as a bf16 GPU run executes them, though this runtime widens to float32); attention "
-          "at the FP32 peak x 40%%: flash attention as this runtime computes it, the causal half, no T x T tensor, "
-          "but float32 math (%.0f ms of this step, %.0f%% of compute; a bf16 kernel on the tensor cores would be "
-          "several times faster); element-wise ops at 80%% of HBM bandwidth; activations counted in float32, twice a "
-          "bf16 run's; collectives on the ring model of the profile's links." % (
-              r["matmul_math"], r["attention_ms"], 100 * r["attention_ms"] / max(r["compute_ms"], 1e-9))]
+    bf16 = r["param_dtype"] == "bf16"
+    L += ["", "How it was priced (common/runtime/profile.c): each kernel as it declares itself, FLOPs at its math's "
+          "peak times its class's efficiency, or its bytes at 80%% of HBM bandwidth, whichever is longer. Matmuls "
+          "%s at 70%% of the peak; flash attention (the causal half, no T x T tensor) in %s at 40%% (%.0f ms of this "
+          "step, %.0f%% of compute); element-wise ops bandwidth-bound; activations %s; collectives on the ring "
+          "model of the profile's links." % (
+              r["matmul_math"], "bf16" if bf16 else "float32", r["attention_ms"],
+              100 * r["attention_ms"] / max(r["compute_ms"], 1e-9),
+              "in bfloat16 (2 bytes; rstd, lse and the logits the loss reads in float32)" if bf16
+              else "in float32")]
     return L
 
 
@@ -267,7 +264,7 @@ def sweep(exe, stage, a, worlds):
 def compare(a):
     stage = manifest.stage(COMPARE_STAGE)
     exe = binary(stage, True)
-    L = ["| configuration | torchtitan tokens/s/GPU | dry run tokens/s/GPU (bf16 attention, estimate) | "
+    L = ["| configuration | torchtitan tokens/s/GPU | dry run tokens/s/GPU | "
          "torchtitan MFU | dry run MFU | torchtitan memory | dry run memory/rank | what differs |",
          "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     rows, done = [], {}
@@ -281,9 +278,9 @@ def compare(a):
             print("\n".join(render(done[key])) + "\n")
         r = done[key]
         rows.append({"torchtitan": t, "dry_run": r})
-        diff = ["float32 activations and attention math"] + (["torch.compile"] if t["compile"] else [])
-        L.append("| %s, batch %d x %d | %d | %.0f (%.0f) | %s | %.1f%% | %s | %.1f GiB | %s |" % (
-            t["row"], t["batch"], t["seq"], t["tps"], r["tokens_per_s_per_gpu"], r["tokens_per_s_per_gpu_bf16_attention"],
+        diff = ["torch.compile"] if t["compile"] else ["-"]
+        L.append("| %s, batch %d x %d | %d | %.0f | %s | %.1f%% | %s | %.1f GiB | %s |" % (
+            t["row"], t["batch"], t["seq"], t["tps"], r["tokens_per_s_per_gpu"],
             "%.1f%%" % t["mfu"] if t["mfu"] else "not published", 100 * r["mfu"],
             "%.1f GiB" % t["memory_gib"] if t["memory_gib"] else "not published", r["steady_peak_bytes"] / GIB,
             "; ".join(diff)))

@@ -126,9 +126,8 @@ def markdown(R):
                  "only with a bfloat16 reduce. The bfloat16 runs' matmuls are priced at the profile's bfloat16 peak "
                  "and their FLOP utilization is taken against it. The drift is bfloat16's precision reaching the loss, not a bug: "
                  "the non-sharded baseline under the same policy agrees with the sharded run to float32 rounding. "
-                 "The temp column includes the widened weights (this runtime's float32 kernels read bfloat16 "
-                 "weights through a float32 copy of one param at a time; a GPU kernel reads the 16-bit words "
-                 "directly), which stay under the other scratch buffers' high-water here.")
+                 "Under bfloat16 params the activations and their gradients are bfloat16 too (2 bytes; "
+                 "common/model/kernels.h lists what stays float32), so the temp column and the peak fall with them.")
     hs = R.get("hsdp", {})
     if hs.get("rows"):
         hsdp_section(L, hs)

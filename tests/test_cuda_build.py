@@ -102,16 +102,22 @@ def test_compare_runs_accepts_equal_and_rejects_different(tmp_path):
 
 def test_gpu_op_harness_against_itself():
     """check_ops (gpu-check part 1) built on the CPU with the CPU kernels on both sides: every op is
-    compared, every error is exactly 0, both runs agree bitwise (so the harness's buffer plumbing is right)."""
+    compared, every op with an [a] tensor (kernels.h) also with bfloat16 activations, every error is exactly 0,
+    both runs agree bitwise (so the harness's buffer plumbing is right, bf16 buffers included)."""
     exe = os.path.join(BASELINE.rsplit(os.sep, 2)[0], "tests", "check_ops_selftest")
     p = subprocess.run([exe], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     lines = [l for l in p.stdout.splitlines() if l.startswith("op ")]
     ops = {l.split()[1] for l in lines}
-    assert {"embedding_forward", "embedding_backward", "rmsnorm_forward", "rmsnorm_backward", "matmul_forward",
-            "matmul_backward", "rope_tables", "rope_forward", "rope_backward", "attention_forward",
-            "attention_backward", "swiglu_forward", "swiglu_backward", "add", "sumsq_accumulate", "adamw",
-            "crossentropy_forward", "crossentropy_backward"} <= ops
+    by_dtype = {dt: {l.split()[1] for l in lines if l.split()[2] == dt} for dt in ("f32", "bf16")}
+    activation_ops = {"embedding_forward", "embedding_backward", "rmsnorm_forward", "rmsnorm_backward",
+                      "matmul_forward", "matmul_backward", "rope_forward", "rope_backward", "attention_forward",
+                      "attention_backward", "swiglu_forward", "swiglu_backward", "add"}
+    assert by_dtype["f32"] == ops
+    assert activation_ops | {"rope_tables", "sumsq_accumulate", "adamw", "crossentropy_forward",
+                             "crossentropy_backward"} <= ops
+    assert by_dtype["bf16"] == activation_ops, by_dtype["bf16"]
+    assert all(l.split()[2] in ("f32", "bf16") for l in lines), p.stdout
     assert all("max_rel_err 0.00e+00" in l and l.endswith("OK") for l in lines), p.stdout
     assert p.stdout.rstrip().endswith("%d ops passed, 0 failed" % len(lines))
 

@@ -2,7 +2,8 @@
 # gpu_check.sh — `make gpu-check`: the acceptance test of the CUDA backend on a machine with an NVIDIA GPU.
 # Paste its output: it is the evidence that the backend works there.
 #
-#   ops-*       every kernel vs the CPU kernel on fresh random inputs (check_ops; fp32, then tf32 bounds)
+#   ops-*       every kernel vs the CPU kernel on fresh random inputs (check_ops: float32 and bf16 activations;
+#               fp32, then tf32 bounds for the float32 matmuls)
 #   colls-*     every collective vs the CPU backend (check_colls): 4 ranks on one GPU bitwise; NCCL at
 #               min(GPUs, 4) ranks (world 1 on one GPU) and under mpirun (nccl-mpi) within float64 bounds
 #   train-NN    each solution's grading configuration on the GPU vs the CPU, within the band the grader

@@ -16,7 +16,18 @@
  * Layouts (row-major): x [N, D]; q, out, dout [B, T, H, hd]; k, v [B, T, KV, hd];
  * lse and the attention backward's D [B, H, T]; logits [N, V]. Sizes are
  * size_t, and so is every element index that can pass 2^31 (activations,
- * logits); only indices bounded by a tile or a head dim are int. */
+ * logits); only indices bounded by a tile or a head dim are int.
+ *
+ * Dtypes (kernels.h, the `bf16` field): the [a] tensors are float32, or
+ * bfloat16 words under bf16. Every kernel that touches one is a template on
+ * its storage type S (float or Bf16): it reads an element widened to float
+ * (exact), does all its math in float32 as the fp32 kernel does, and rounds
+ * what it writes once to nearest even; an accumulating (+=) output is read,
+ * added to in float32 and rounded once, by the thread that owns it. These are
+ * the CPU kernels' semantics (cpu/kernels_cpu.c), so the bf16 results differ
+ * from the CPU's only where the float32 results did, by at most one bf16 step.
+ * The matmuls run on cuBLAS with bf16 operands and float32 compute: the
+ * products are exact, the sums float32, a bf16 output rounded once. */
 #include <math.h>
 #include <stdint.h>
 
@@ -54,6 +65,26 @@ int blas_int(size_t v, const char *what) {
     return (int)v;
 }
 
+/* --- storage types (kernels.h: the [a] tensors) --------------------------
+ * widen: an element as float32 (exact for both). narrow<S>: a float32 result
+ * as S, rounded once (bf16_from_f32: nearest, ties to even). as<S>: an
+ * argument struct's void pointer as S's. */
+__device__ __forceinline__ float widen(float x) { return x; }
+__device__ __forceinline__ float widen(Bf16 x) { return bf16_to_f32(x); }
+template <typename S> __device__ S narrow(float x);
+template <> __device__ __forceinline__ float narrow<float>(float x) { return x; }
+template <> __device__ __forceinline__ Bf16 narrow<Bf16>(float x) { return bf16_from_f32(x); }
+template <typename S> S *as(void *p) { return static_cast<S *>(p); }
+template <typename S> const S *as(const void *p) { return static_cast<const S *>(p); }
+
+/* Calls f with a value of the [a] storage type the run uses: f(Bf16) under
+ * bf16, f(float) otherwise. A generic lambda takes it as `auto s` and names
+ * the type decltype(s): the one place a kcuda_ picks its instantiation. */
+template <typename F> void with_storage(int bf16, F f) {
+    if (bf16) f(Bf16{});
+    else f(0.0f);
+}
+
 #define GRID_STRIDE(i, n)                                                                                              \
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
 
@@ -85,27 +116,30 @@ __device__ float warp_max(float v) {
 
 /* ----------------------------------------------------------------- embedding */
 
-/* out[n, d] = wte[tok[n], d]. The data loader checks ids < V; a negative id
- * (the CPU op stops on it) gives a NaN row rather than a wild read. */
-__global__ void embedding_fwd(float *out, const int32_t *tok, const float *wte, size_t N, size_t D) {
+/* out[n, d] = wte[tok[n], d]: a copy of S words (bf16 rows stay bitwise). The
+ * data loader checks ids < V; a negative id (the CPU op stops on it) gives a
+ * NaN row rather than a wild read. */
+template <typename S> __global__ void embedding_fwd(S *out, const int32_t *tok, const S *wte, size_t N, size_t D) {
     GRID_STRIDE(e, N * D) {
         int32_t t = tok[e / D];
-        out[e] = t < 0 ? NAN : wte[(size_t)t * D + e % D];
+        out[e] = t < 0 ? narrow<S>(NAN) : wte[(size_t)t * D + e % D];
     }
 }
 
-/* dwte[tok[n], d] += dout[n, d], n = 0..N-1 IN ORDER, as the CPU op. With P
+/* dwte[tok[n], d] += dout[n, d], n = 0..N-1 IN ORDER, as the CPU op (dwte
+ * float32 under bf16 too, dout widened: the same adds). With P
  * a power of two, thread (p, d) owns column d of the vocab rows v with
  * v % P == p: it walks every token in order and adds those of its class. So
  * no two threads write one element, each element adds its rows in token order
  * (the CPU's bits), and P only spreads the work. A warp reads one tok[n]. */
-__global__ void embedding_bwd(float *dwte, const float *dout, const int32_t *tok, size_t N, size_t D, unsigned P) {
+template <typename S>
+__global__ void embedding_bwd(float *dwte, const S *dout, const int32_t *tok, size_t N, size_t D, unsigned P) {
     GRID_STRIDE(e, D * P) {
         size_t d = e % D;
         unsigned p = (unsigned)(e / D);
         for (size_t n = 0; n < N; n++) {
             int32_t t = tok[n];
-            if (t >= 0 && ((unsigned)t & (P - 1)) == p) dwte[(size_t)t * D + d] += dout[n * D + d];
+            if (t >= 0 && ((unsigned)t & (P - 1)) == p) dwte[(size_t)t * D + d] += widen(dout[n * D + d]);
         }
     }
 }
@@ -114,44 +148,49 @@ __global__ void embedding_bwd(float *dwte, const float *dout, const int32_t *tok
 
 /* one block per row: r = 1 / sqrt(mean(x^2) + eps) (sum in double, as the
  * CPU); out = (x r) w; rstd[row] = r */
-__global__ void rmsnorm_fwd(float *out, float *rstd, const float *inp, const float *w, size_t D, float eps) {
+template <typename S>
+__global__ void rmsnorm_fwd(S *out, float *rstd, const S *inp, const S *w, size_t D, float eps) {
     __shared__ double sh[kThreads];
-    const float *x = inp + (size_t)blockIdx.x * D;
-    float *o = out + (size_t)blockIdx.x * D;
+    const S *x = inp + (size_t)blockIdx.x * D;
+    S *o = out + (size_t)blockIdx.x * D;
     double ss = 0.0;
-    for (size_t i = threadIdx.x; i < D; i += blockDim.x) ss += (double)x[i] * (double)x[i];
+    for (size_t i = threadIdx.x; i < D; i += blockDim.x) ss += (double)widen(x[i]) * (double)widen(x[i]);
     ss = block_sum(ss, sh);
     float r = 1.0f / sqrtf((float)(ss / (double)D) + eps);
-    for (size_t i = threadIdx.x; i < D; i += blockDim.x) o[i] = (x[i] * r) * w[i];
+    for (size_t i = threadIdx.x; i < D; i += blockDim.x) o[i] = narrow<S>((widen(x[i]) * r) * widen(w[i]));
     if (threadIdx.x == 0) rstd[blockIdx.x] = r;
 }
 
 /* one block per row: dx += r (g w) - x r^3/D sum_i(g_i w_i x_i)  (the sum in double) */
-__global__ void rmsnorm_bwd_dx(float *dinp, const float *dout, const float *inp, const float *w, const float *rstd,
-                               size_t D) {
+template <typename S>
+__global__ void rmsnorm_bwd_dx(S *dinp, const S *dout, const S *inp, const S *w, const float *rstd, size_t D) {
     __shared__ double sh[kThreads];
     size_t row = blockIdx.x;
-    const float *x = inp + row * D, *g = dout + row * D;
-    float *dx = dinp + row * D;
+    const S *x = inp + row * D, *g = dout + row * D;
+    S *dx = dinp + row * D;
     float r = rstd[row];
     double dot = 0.0;
-    for (size_t i = threadIdx.x; i < D; i += blockDim.x) dot += (double)(g[i] * w[i]) * (double)x[i];
+    for (size_t i = threadIdx.x; i < D; i += blockDim.x)
+        dot += (double)(widen(g[i]) * widen(w[i])) * (double)widen(x[i]);
     dot = block_sum(dot, sh);
     float c = (float)(dot * (double)r * (double)r * (double)r / (double)D);
-    for (size_t i = threadIdx.x; i < D; i += blockDim.x) dx[i] += r * (g[i] * w[i]) - c * x[i];
+    for (size_t i = threadIdx.x; i < D; i += blockDim.x)
+        dx[i] = narrow<S>(widen(dx[i]) + (r * (widen(g[i]) * widen(w[i])) - c * widen(x[i])));
 }
 
 /* dw[i] += sum_n g[n,i] (x[n,i] r[n]), a reduction over the N rows. Block =
  * 32 columns x 32 row lanes: lane y sums rows y, y+32, y+64, ... in order
  * (coalesced: a warp reads 32 adjacent columns of one row), then the 32 lane
  * sums of a column meet in a fixed tree. */
+template <typename S>
 __global__ void __launch_bounds__(kTile * kTile)
-    rmsnorm_bwd_dw(float *dw, const float *dout, const float *inp, const float *rstd, size_t N, size_t D) {
+    rmsnorm_bwd_dw(float *dw, const S *dout, const S *inp, const float *rstd, size_t N, size_t D) {
     __shared__ float sh[kTile][kTile + 1];
     size_t i = (size_t)blockIdx.x * kTile + threadIdx.x;
     float acc = 0.0f;
     if (i < D)
-        for (size_t n = threadIdx.y; n < N; n += kTile) acc += dout[n * D + i] * (inp[n * D + i] * rstd[n]);
+        for (size_t n = threadIdx.y; n < N; n += kTile)
+            acc += widen(dout[n * D + i]) * (widen(inp[n * D + i]) * rstd[n]);
     sh[threadIdx.y][threadIdx.x] = acc;
     __syncthreads();
     for (unsigned s = kTile / 2; s > 0; s >>= 1) {
@@ -179,20 +218,28 @@ __global__ void rope_tab(float *cos_tab, float *sin_tab, size_t T, size_t half, 
 }
 
 /* pair e = ((b*T + t)*nh + h)*half + i is (x[2e], x[2e+1]) (hd = 2 half):
- * rotated by +angle[t, i] (forward) or -angle (backward: the transpose) */
-__global__ void rope_rot(float *x, const float *cos_tab, const float *sin_tab, size_t B, size_t T, size_t nh,
-                         size_t half, float sign) {
+ * rotated by +angle[t, i] (forward) or -angle (backward: the transpose), in
+ * float32, each rounded once back into x */
+template <typename S>
+__global__ void rope_rot(S *x, const float *cos_tab, const float *sin_tab, size_t B, size_t T, size_t nh, size_t half,
+                         float sign) {
     GRID_STRIDE(e, B * T * nh * half) {
         size_t i = e % half, t = (e / (half * nh)) % T;
-        rope_pair(&x[2 * e], &x[2 * e + 1], cos_tab[t * half + i], sign * sin_tab[t * half + i]);
+        float x0 = widen(x[2 * e]), x1 = widen(x[2 * e + 1]);
+        rope_pair(&x0, &x1, cos_tab[t * half + i], sign * sin_tab[t * half + i]);
+        x[2 * e] = narrow<S>(x0);
+        x[2 * e + 1] = narrow<S>(x1);
     }
 }
 
 /* ----------------------------------------------------------------- attention */
 
 /* Causal flash attention (ops.h; FlashAttention-2's algorithm) in fp32 on the
- * CUDA cores. For batch b, query head h, its kv head g = h / (H/KV), query
- * row i and key row j <= i (scale = 1/sqrt(hd)):
+ * CUDA cores, on q, k, v, out, dout, dq, dk, dv of storage type S (widened
+ * into the float tiles and registers as they are loaded; out rounded once;
+ * dq, dk, dv read, added to and rounded once per element at the end of the
+ * kernel that owns it); lse and D float32. For batch b, query head h, its kv
+ * head g = h / (H/KV), query row i and key row j <= i (scale = 1/sqrt(hd)):
  *   s_ij  = scale (q_i . k_j)
  *   lse_i = log sum_{j<=i} exp(s_ij)            (saved: lse[b, h, i])
  *   p_ij  = exp(s_ij - lse_i),   out_i = sum_{j<=i} p_ij v_j
@@ -240,25 +287,26 @@ constexpr int kAttMaxHd = kAttChunks * kWarp;         /* 128 */
  * finite; a streamed query row past T is never read (att_accumulate's n). */
 __device__ bool att_keep(size_t i, size_t j, size_t T) { return j <= i && j < T; }
 
-/* tile[r][d] = x[t0 + r, d] for r < 32, d < hd (tile rows hd + 1 floats
- * apart); 0 for t0 + r >= T. x is one head of q, k, v or dout: row t at
- * x + t * stride. All threads of the block take part; coalesced along d. */
-__device__ void att_load_tile(float *tile, const float *x, size_t stride, size_t t0, size_t T, int hd) {
+/* tile[r][d] = x[t0 + r, d] widened, for r < 32, d < hd (tile rows hd + 1
+ * floats apart); 0 for t0 + r >= T. x is one head of q, k, v or dout: row t
+ * at x + t * stride. All threads of the block take part; coalesced along d. */
+template <typename S>
+__device__ void att_load_tile(float *tile, const S *x, size_t stride, size_t t0, size_t T, int hd) {
     for (int e = threadIdx.x; e < kAttRows * hd; e += blockDim.x) {
         int r = e / hd, d = e % hd;
         size_t t = t0 + (size_t)r;
-        tile[r * (hd + 1) + d] = t < T ? x[t * stride + (size_t)d] : 0.0f;
+        tile[r * (hd + 1) + d] = t < T ? widen(x[t * stride + (size_t)d]) : 0.0f;
     }
 }
 
-/* An owned row into registers: row[c] = x[t, c*32 + lane] (0 past hd, and
- * the whole row 0 for t >= T). */
-__device__ void att_load_row(float row[kAttChunks], const float *x, size_t stride, size_t t, size_t T, int hd,
-                             int lane) {
+/* An owned row into registers, widened: row[c] = x[t, c*32 + lane] (0 past
+ * hd, and the whole row 0 for t >= T). */
+template <typename S>
+__device__ void att_load_row(float row[kAttChunks], const S *x, size_t stride, size_t t, size_t T, int hd, int lane) {
 #pragma unroll
     for (int c = 0; c < kAttChunks; c++) {
         int d = c * kWarp + lane;
-        row[c] = t < T && d < hd ? x[t * stride + (size_t)d] : 0.0f;
+        row[c] = t < T && d < hd ? widen(x[t * stride + (size_t)d]) : 0.0f;
     }
 }
 
@@ -308,9 +356,9 @@ __device__ void att_accumulate(float acc[kAttRowsPerWarp][kAttChunks], const flo
  *   l' = l corr + sum_j p_ij,  acc' = acc corr + sum_j p_ij v_j
  * then out_i = acc / l and lse_i = m + log(l). m is finite from the first
  * tile on: att_keep keeps key 0 for every row (rows past T included). */
+template <typename S>
 __global__ void __launch_bounds__(kAttThreads)
-    attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v, size_t T, size_t H,
-                  size_t KV, int hd) {
+    attention_fwd(S *out, float *lse, const S *q, const S *k, const S *v, size_t T, size_t H, size_t KV, int hd) {
     extern __shared__ float att_sh[];
     float *ks = att_sh;                        /* [32][hd + 1] keys kt*32 .. of kv head g */
     float *vs = att_sh + kAttRows * (hd + 1); /* [32][hd + 1] their values */
@@ -319,9 +367,9 @@ __global__ void __launch_bounds__(kAttThreads)
     size_t g = h / (H / KV);
     int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
     size_t qs = H * (size_t)hd, kvs = KV * (size_t)hd; /* row strides of q/out and of k/v */
-    const float *qh = q + (b * T * H + h) * hd;   /* q[b, 0, h, :] */
-    const float *kg = k + (b * T * KV + g) * hd;  /* k[b, 0, g, :] */
-    const float *vg = v + (b * T * KV + g) * hd;  /* v[b, 0, g, :] */
+    const S *qh = q + (b * T * H + h) * hd;   /* q[b, 0, h, :] */
+    const S *kg = k + (b * T * KV + g) * hd;  /* k[b, 0, g, :] */
+    const S *vg = v + (b * T * KV + g) * hd;  /* v[b, 0, g, :] */
     size_t i0 = qt * kAttRows + (size_t)warp * kAttRowsPerWarp; /* this warp's first query row */
     float scale = 1.0f / sqrtf((float)hd);
 
@@ -362,11 +410,11 @@ __global__ void __launch_bounds__(kAttThreads)
     for (int r = 0; r < kAttRowsPerWarp; r++) {
         size_t i = i0 + r;
         if (i >= T) continue;
-        float *oi = out + (b * T + i) * qs + h * hd; /* out[b, i, h, :] */
+        S *oi = out + (b * T + i) * qs + h * hd; /* out[b, i, h, :] */
 #pragma unroll
         for (int c = 0; c < kAttChunks; c++) {
             int d = c * kWarp + lane;
-            if (d < hd) oi[d] = acc[r][c] / l[r];
+            if (d < hd) oi[d] = narrow<S>(acc[r][c] / l[r]);
         }
         if (lane == 0) lse[(b * H + h) * T + i] = m[r] + logf(l[r]);
     }
@@ -374,15 +422,15 @@ __global__ void __launch_bounds__(kAttThreads)
 
 /* Backward, step 1: D[b, h, i] = dout_i . out_i (D is [B, H, T], the
  * scratch), one warp per row (b, h, i): lanes stride the dims, a fixed tree. */
-__global__ void attention_bwd_rowdot(float *D, const float *dout, const float *out, size_t B, size_t T, size_t H,
-                                     int hd) {
+template <typename S>
+__global__ void attention_bwd_rowdot(float *D, const S *dout, const S *out, size_t B, size_t T, size_t H, int hd) {
     size_t row = (size_t)blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp; /* (b*H + h)*T + i */
     int lane = threadIdx.x % kWarp;
     if (row >= B * H * T) return; /* the whole warp */
     size_t i = row % T, h = (row / T) % H, b = row / (T * H);
     size_t off = ((b * T + i) * H + h) * hd; /* [b, i, h, :] of dout and out */
     float acc = 0.0f;
-    for (int d = lane; d < hd; d += kWarp) acc += dout[off + d] * out[off + d];
+    for (int d = lane; d < hd; d += kWarp) acc += widen(dout[off + d]) * widen(out[off + d]);
     acc = warp_sum(acc);
     if (lane == 0) D[row] = acc;
 }
@@ -392,9 +440,10 @@ __global__ void attention_bwd_rowdot(float *D, const float *dout, const float *o
  * key tile kt = 0..qt (keys j = kt*32 + lane), per owned row:
  *   p_ij = exp(scale q_i.k_j - lse_i),  ds_ij = p_ij (g_i.v_j - D_i)
  *   acc_i += sum_j ds_ij k_j;   at the end dq_i += scale acc_i */
+template <typename S>
 __global__ void __launch_bounds__(kAttThreads)
-    attention_bwd_dq(float *dq, const float *dout, const float *q, const float *k, const float *v, const float *lse,
-                     const float *D, size_t T, size_t H, size_t KV, int hd) {
+    attention_bwd_dq(S *dq, const S *dout, const S *q, const S *k, const S *v, const float *lse, const float *D,
+                     size_t T, size_t H, size_t KV, int hd) {
     extern __shared__ float att_sh[];
     float *ks = att_sh;                        /* [32][hd + 1] keys kt*32 .. of kv head g */
     float *vs = att_sh + kAttRows * (hd + 1); /* [32][hd + 1] their values */
@@ -403,10 +452,10 @@ __global__ void __launch_bounds__(kAttThreads)
     size_t g = h / (H / KV);
     int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
     size_t qs = H * (size_t)hd, kvs = KV * (size_t)hd;
-    const float *qh = q + (b * T * H + h) * hd;     /* q[b, 0, h, :] */
-    const float *gh = dout + (b * T * H + h) * hd;  /* dout[b, 0, h, :] */
-    const float *kg = k + (b * T * KV + g) * hd;    /* k[b, 0, g, :] */
-    const float *vg = v + (b * T * KV + g) * hd;    /* v[b, 0, g, :] */
+    const S *qh = q + (b * T * H + h) * hd;     /* q[b, 0, h, :] */
+    const S *gh = dout + (b * T * H + h) * hd;  /* dout[b, 0, h, :] */
+    const S *kg = k + (b * T * KV + g) * hd;    /* k[b, 0, g, :] */
+    const S *vg = v + (b * T * KV + g) * hd;    /* v[b, 0, g, :] */
     const float *lse_h = lse + (b * H + h) * T, *D_h = D + (b * H + h) * T; /* [T] of head (b, h) */
     size_t i0 = qt * kAttRows + (size_t)warp * kAttRowsPerWarp;
     float scale = 1.0f / sqrtf((float)hd);
@@ -445,11 +494,11 @@ __global__ void __launch_bounds__(kAttThreads)
     for (int r = 0; r < kAttRowsPerWarp; r++) {
         size_t i = i0 + r;
         if (i >= T) continue;
-        float *dqi = dq + (b * T + i) * qs + h * hd; /* dq[b, i, h, :] */
+        S *dqi = dq + (b * T + i) * qs + h * hd; /* dq[b, i, h, :] */
 #pragma unroll
         for (int c = 0; c < kAttChunks; c++) {
             int d = c * kWarp + lane;
-            if (d < hd) dqi[d] += scale * acc[r][c];
+            if (d < hd) dqi[d] = narrow<S>(widen(dqi[d]) + scale * acc[r][c]);
         }
     }
 }
@@ -461,9 +510,10 @@ __global__ void __launch_bounds__(kAttThreads)
  * diagonal; queries i = qt*32 + lane), per owned row:
  *   p_ij = exp(scale q_i.k_j - lse_i),  ds_ij = p_ij (g_i.v_j - D_i)
  *   dv_j += sum_i p_ij g_i;   acc_j += sum_i ds_ij q_i;   at the end dk_j += scale acc_j */
+template <typename S>
 __global__ void __launch_bounds__(kAttThreads)
-    attention_bwd_dkv(float *dk, float *dv, const float *dout, const float *q, const float *k, const float *v,
-                      const float *lse, const float *D, size_t T, size_t H, size_t KV, int hd) {
+    attention_bwd_dkv(S *dk, S *dv, const S *dout, const S *q, const S *k, const S *v, const float *lse,
+                      const float *D, size_t T, size_t H, size_t KV, int hd) {
     extern __shared__ float att_sh[];
     float *qs_t = att_sh;                        /* [32][hd + 1] queries qt*32 .. of head h */
     float *gs_t = att_sh + kAttRows * (hd + 1); /* [32][hd + 1] their dout rows */
@@ -474,8 +524,8 @@ __global__ void __launch_bounds__(kAttThreads)
     size_t per = H / KV; /* query heads per kv head */
     int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
     size_t qs = H * (size_t)hd, kvs = KV * (size_t)hd;
-    const float *kg = k + (b * T * KV + g) * hd; /* k[b, 0, g, :] */
-    const float *vg = v + (b * T * KV + g) * hd; /* v[b, 0, g, :] */
+    const S *kg = k + (b * T * KV + g) * hd; /* k[b, 0, g, :] */
+    const S *vg = v + (b * T * KV + g) * hd; /* v[b, 0, g, :] */
     size_t j0 = kt * kAttRows + (size_t)warp * kAttRowsPerWarp; /* this warp's first key row */
     float scale = 1.0f / sqrtf((float)hd);
 
@@ -489,8 +539,8 @@ __global__ void __launch_bounds__(kAttThreads)
         for (int c = 0; c < kAttChunks; c++) dka[r][c] = dva[r][c] = 0.0f;
     }
     for (size_t h = g * per; h < (g + 1) * per; h++) {
-        const float *qh = q + (b * T * H + h) * hd;    /* q[b, 0, h, :] */
-        const float *gh = dout + (b * T * H + h) * hd; /* dout[b, 0, h, :] */
+        const S *qh = q + (b * T * H + h) * hd;    /* q[b, 0, h, :] */
+        const S *gh = dout + (b * T * H + h) * hd; /* dout[b, 0, h, :] */
         const float *lse_h = lse + (b * H + h) * T, *D_h = D + (b * H + h) * T;
         for (size_t qt = kt; qt < ntiles; qt++) { /* tiles above the diagonal: all masked, skipped */
             size_t q0 = qt * kAttRows, i = q0 + (size_t)lane;
@@ -525,8 +575,8 @@ __global__ void __launch_bounds__(kAttThreads)
         for (int c = 0; c < kAttChunks; c++) {
             int d = c * kWarp + lane;
             if (d < hd) {
-                dk[off + d] += scale * dka[r][c];
-                dv[off + d] += dva[r][c];
+                dk[off + d] = narrow<S>(widen(dk[off + d]) + scale * dka[r][c]);
+                dv[off + d] = narrow<S>(widen(dv[off + d]) + dva[r][c]);
             }
         }
     }
@@ -535,18 +585,23 @@ __global__ void __launch_bounds__(kAttThreads)
 /* --------------------------------------------------------------- elementwise */
 
 /* out = silu(a) b, silu(a) = a / (1 + exp(-a)) */
-__global__ void swiglu_fwd(float *out, const float *a, const float *b, size_t n) {
-    GRID_STRIDE(i, n) { out[i] = swiglu_elem(a[i], b[i]); }
+template <typename S> __global__ void swiglu_fwd(S *out, const S *a, const S *b, size_t n) {
+    GRID_STRIDE(i, n) { out[i] = narrow<S>(swiglu_elem(widen(a[i]), widen(b[i]))); }
 }
 
-/* da += g b sig (1 + a (1 - sig)),  db += g silu(a) */
-__global__ void swiglu_bwd(float *da, float *db, const float *dout, const float *a, const float *b, size_t n) {
-    GRID_STRIDE(i, n) { swiglu_backward_elem(dout[i], a[i], b[i], &da[i], &db[i]); }
+/* da += g b sig (1 + a (1 - sig)),  db += g silu(a)  (each read, added to in float32, rounded once) */
+template <typename S> __global__ void swiglu_bwd(S *da, S *db, const S *dout, const S *a, const S *b, size_t n) {
+    GRID_STRIDE(i, n) {
+        float dai = widen(da[i]), dbi = widen(db[i]);
+        swiglu_backward_elem(widen(dout[i]), widen(a[i]), widen(b[i]), &dai, &dbi);
+        da[i] = narrow<S>(dai);
+        db[i] = narrow<S>(dbi);
+    }
 }
 
 /* out = a + b (out may alias a or b: each thread reads its element before writing it) */
-__global__ void add_k(float *out, const float *a, const float *b, size_t n) {
-    GRID_STRIDE(i, n) { out[i] = a[i] + b[i]; }
+template <typename S> __global__ void add_k(S *out, const S *a, const S *b, size_t n) {
+    GRID_STRIDE(i, n) { out[i] = narrow<S>(widen(a[i]) + widen(b[i])); }
 }
 
 /* bfloat16 casts: the conversions of ops_math.h, element by element */
@@ -650,15 +705,20 @@ __global__ void adamw_k(float *param, const float *grad, float *m_, float *v_, s
 
 /* ----------------------------------------------------------------- host side */
 
-/* C = op(A) op(B) (+ C if beta = 1), column-major, on this launch's stream:
- * exact fp32, or TF32 tensor cores when the run asked for them (--tf32) */
-void gemm(cublasOperation_t ta, cublasOperation_t tb, size_t m, size_t n, size_t k, const float *A, size_t lda,
-          const float *B, size_t ldb, float beta, float *C, size_t ldc) {
+/* C = op(A) op(B) (+ C if beta = 1), column-major, on this launch's stream,
+ * A and B of type ab, C of type c (cudaDataType_t). float32 A, B: exact
+ * fp32, or TF32 tensor cores when the run asked for them (--tf32). bf16 A,
+ * B: tensor cores with float32 compute (CUBLAS_COMPUTE_32F; --tf32 has no
+ * say): the products are exact, the sums float32, and a bf16 C (beta = 1
+ * included) is read widened and rounded once; a float32 C (dw) stays float32. */
+void gemm(cublasOperation_t ta, cublasOperation_t tb, size_t m, size_t n, size_t k, const void *A, size_t lda,
+          const void *B, size_t ldb, cudaDataType_t ab, float beta, void *C, size_t ldc, cudaDataType_t c) {
     const float one = 1.0f;
-    cublasComputeType_t ct = cuda_tf32_enabled() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    cublasComputeType_t ct =
+        ab == CUDA_R_32F && cuda_tf32_enabled() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     CUBLAS_CHECK(cublasGemmEx(cuda_current_cublas(), ta, tb, blas_int(m, "matmul"), blas_int(n, "matmul"),
-                              blas_int(k, "matmul"), &one, A, CUDA_R_32F, blas_int(lda, "matmul"), B, CUDA_R_32F,
-                              blas_int(ldb, "matmul"), &beta, C, CUDA_R_32F, blas_int(ldc, "matmul"), ct,
+                              blas_int(k, "matmul"), &one, A, ab, blas_int(lda, "matmul"), B, ab,
+                              blas_int(ldb, "matmul"), &beta, C, c, blas_int(ldc, "matmul"), ct,
                               CUBLAS_GEMM_DEFAULT));
 }
 
@@ -718,37 +778,51 @@ const char *cublas_status_name(cublasStatus_t s) {
 void kcuda_embedding_forward(void *a) {
     EmbArgs *x = (EmbArgs *)a;
     if (!x->N || !x->D) return;
-    embedding_fwd<<<blocks_for(x->N * x->D), kThreads, 0, cuda_current_stream()>>>(x->out, x->tok, x->w, x->N, x->D);
+    with_storage(x->bf16, [&](auto s) {
+        using S = decltype(s);
+        embedding_fwd<<<blocks_for(x->N * x->D), kThreads, 0, cuda_current_stream()>>>(
+            as<S>(x->out), x->tok, as<S>(x->w), x->N, x->D);
+    });
     CUDA_CHECK_LAUNCH("embedding_fwd");
 }
 
-void kcuda_embedding_backward(void *a) { /* out = dwte, w = dout */
+void kcuda_embedding_backward(void *a) { /* out = dwte (float32), w = dout [a] */
     EmbArgs *x = (EmbArgs *)a;
     if (!x->N || !x->D) return;
     unsigned P = 1; /* a power of two, for about 64k threads however wide the rows */
     while (P < 1024 && (size_t)P * x->D < 65536) P *= 2;
-    embedding_bwd<<<blocks_for(x->D * P), kThreads, 0, cuda_current_stream()>>>(x->out, x->w, x->tok, x->N, x->D, P);
+    with_storage(x->bf16, [&](auto s) {
+        using S = decltype(s);
+        embedding_bwd<<<blocks_for(x->D * P), kThreads, 0, cuda_current_stream()>>>(
+            static_cast<float *>(x->out), as<S>(x->w), x->tok, x->N, x->D, P);
+    });
     CUDA_CHECK_LAUNCH("embedding_bwd");
 }
 
 void kcuda_rmsnorm_forward(void *a) {
     NormArgs *x = (NormArgs *)a;
     if (!x->N) return;
-    rmsnorm_fwd<<<grid_rows(x->N, "rmsnorm"), kThreads, 0, cuda_current_stream()>>>(x->out, x->rstd, x->in, x->w,
-                                                                                      x->D, x->eps);
+    with_storage(x->bf16, [&](auto s) {
+        using S = decltype(s);
+        rmsnorm_fwd<<<grid_rows(x->N, "rmsnorm"), kThreads, 0, cuda_current_stream()>>>(
+            as<S>(x->out), x->rstd, as<S>(x->in), as<S>(x->w), x->D, x->eps);
+    });
     CUDA_CHECK_LAUNCH("rmsnorm_fwd");
 }
 
 void kcuda_rmsnorm_backward(void *a) {
     NormBwdArgs *x = (NormBwdArgs *)a;
     if (!x->N || !x->D) return;
-    rmsnorm_bwd_dx<<<grid_rows(x->N, "rmsnorm_bwd"), kThreads, 0, cuda_current_stream()>>>(x->dinp, x->dout, x->in,
-                                                                                             x->w, x->rstd, x->D);
-    CUDA_CHECK_LAUNCH("rmsnorm_bwd_dx");
-    dim3 tile(kTile, kTile);
-    rmsnorm_bwd_dw<<<grid_rows((x->D + kTile - 1) / kTile, "rmsnorm_bwd"), tile, 0, cuda_current_stream()>>>(
-        x->dw, x->dout, x->in, x->rstd, x->N, x->D);
-    CUDA_CHECK_LAUNCH("rmsnorm_bwd_dw");
+    with_storage(x->bf16, [&](auto s) {
+        using S = decltype(s);
+        rmsnorm_bwd_dx<<<grid_rows(x->N, "rmsnorm_bwd"), kThreads, 0, cuda_current_stream()>>>(
+            as<S>(x->dinp), as<S>(x->dout), as<S>(x->in), as<S>(x->w), x->rstd, x->D);
+        CUDA_CHECK_LAUNCH("rmsnorm_bwd_dx");
+        dim3 tile(kTile, kTile);
+        rmsnorm_bwd_dw<<<grid_rows((x->D + kTile - 1) / kTile, "rmsnorm_bwd"), tile, 0, cuda_current_stream()>>>(
+            x->dw, as<S>(x->dout), as<S>(x->in), x->rstd, x->N, x->D);
+        CUDA_CHECK_LAUNCH("rmsnorm_bwd_dw");
+    });
 }
 
 /* Row-major nn.Linear through column-major cuBLAS: a row-major [R, C] matrix
@@ -758,28 +832,38 @@ void kcuda_rmsnorm_backward(void *a) {
 void kcuda_matmul_forward(void *a) {
     MmArgs *x = (MmArgs *)a;
     if (!x->N || !x->OC) return;
-    if (!x->C) {
-        CUDA_CHECK(cudaMemsetAsync(x->out, 0, x->N * x->OC * sizeof(float), cuda_current_stream()));
+    if (!x->C) { /* a sum of no terms; bf16 zero is the word 0 too */
+        size_t elem = x->bf16 ? sizeof(Bf16) : sizeof(float);
+        CUDA_CHECK(cudaMemsetAsync(x->out, 0, x->N * x->OC * elem, cuda_current_stream()));
         return;
     }
-    gemm(CUBLAS_OP_T, CUBLAS_OP_N, x->OC, x->N, x->C, x->w, x->C, x->in, x->C, 0.0f, x->out, x->OC);
+    cudaDataType_t t = x->bf16 ? CUDA_R_16BF : CUDA_R_32F; /* in, w, out */
+    gemm(CUBLAS_OP_T, CUBLAS_OP_N, x->OC, x->N, x->C, x->w, x->C, x->in, x->C, t, 0.0f, x->out, x->OC, t);
 }
 
 /* dinp^T [C, N]  += W^T [C, OC] x dout^T [OC, N]     (W's col-major view as is)
- * dW^T   [C, OC] += in^T [C, N] x op_T(dout^T [OC, N])   (beta = 1 accumulates) */
+ * dW^T   [C, OC] += in^T [C, N] x op_T(dout^T [OC, N])   (beta = 1 accumulates)
+ * dout, in, w and dinp are [a] (bf16 under bf16); dw is float32 always. */
 void kcuda_matmul_backward(void *a) {
     MmBwdArgs *x = (MmBwdArgs *)a;
     if (!x->N || !x->C || !x->OC) return;
-    if (x->dinp) gemm(CUBLAS_OP_N, CUBLAS_OP_N, x->C, x->N, x->OC, x->w, x->C, x->dout, x->OC, 1.0f, x->dinp, x->C);
-    if (x->dw) gemm(CUBLAS_OP_N, CUBLAS_OP_T, x->C, x->OC, x->N, x->in, x->C, x->dout, x->OC, 1.0f, x->dw, x->C);
+    cudaDataType_t t = x->bf16 ? CUDA_R_16BF : CUDA_R_32F;
+    if (x->dinp)
+        gemm(CUBLAS_OP_N, CUBLAS_OP_N, x->C, x->N, x->OC, x->w, x->C, x->dout, x->OC, t, 1.0f, x->dinp, x->C, t);
+    if (x->dw)
+        gemm(CUBLAS_OP_N, CUBLAS_OP_T, x->C, x->OC, x->N, x->in, x->C, x->dout, x->OC, t, 1.0f, x->dw, x->C,
+             CUDA_R_32F);
 }
 
 void kcuda_rope(void *a) {
     RopeArgs *r = (RopeArgs *)a;
     if (r->hd % 2 != 0) fatal("rope: head dim %zu is odd", r->hd);
     size_t half = r->hd / 2, n = r->B * r->T * r->nh * half;
-    launch_per_element(rope_rot, n, "rope_rot", r->x, r->cos, r->sin, r->B, r->T, r->nh, half,
-                       r->backward ? -1.0f : 1.0f);
+    with_storage(r->bf16, [&](auto s) {
+        using S = decltype(s);
+        launch_per_element(rope_rot<S>, n, "rope_rot", as<S>(r->x), r->cos, r->sin, r->B, r->T, r->nh, half,
+                           r->backward ? -1.0f : 1.0f);
+    });
 }
 
 void kcuda_rope_tables(void *a) {
@@ -798,8 +882,12 @@ void kcuda_attention_forward(void *a) {
     AttArgs *x = (AttArgs *)a;
     attn_check(x->H, x->KV, x->hd, "attention_forward");
     if (!x->B || !x->T || !x->H || !x->hd) return;
-    attention_fwd<<<attn_blocks(x->B, x->H, x->T, "attention"), kAttThreads, attn_shared_bytes(x->hd, 0),
-                    cuda_current_stream()>>>(x->out, x->lse, x->q, x->k, x->v, x->T, x->H, x->KV, (int)x->hd);
+    with_storage(x->bf16, [&](auto s) {
+        using S = decltype(s);
+        attention_fwd<<<attn_blocks(x->B, x->H, x->T, "attention"), kAttThreads, attn_shared_bytes(x->hd, 0),
+                        cuda_current_stream()>>>(as<S>(x->out), x->lse, as<S>(x->q), as<S>(x->k), as<S>(x->v), x->T,
+                                                 x->H, x->KV, (int)x->hd);
+    });
     CUDA_CHECK_LAUNCH("attention_fwd");
 }
 
@@ -815,32 +903,46 @@ void kcuda_attention_backward(void *a) {
     if (!x->B || !x->T || !x->H || !x->hd) return;
     int hd = (int)x->hd;
     size_t rows = x->B * x->H * x->T, rows_per_block = kThreads / kWarp;
-    attention_bwd_rowdot<<<grid_rows((rows + rows_per_block - 1) / rows_per_block, "attention_bwd"), kThreads, 0,
-                           cuda_current_stream()>>>(x->scratch, x->dout, x->out, x->B, x->T, x->H, hd);
-    CUDA_CHECK_LAUNCH("attention_bwd_rowdot");
-    attention_bwd_dq<<<attn_blocks(x->B, x->H, x->T, "attention_bwd"), kAttThreads, attn_shared_bytes(x->hd, 0),
-                       cuda_current_stream()>>>(x->dq, x->dout, x->q, x->k, x->v, x->lse, x->scratch, x->T, x->H,
-                                                x->KV, hd);
-    CUDA_CHECK_LAUNCH("attention_bwd_dq");
-    attention_bwd_dkv<<<attn_blocks(x->B, x->KV, x->T, "attention_bwd"), kAttThreads,
-                        attn_shared_bytes(x->hd, 2 * kAttRows), cuda_current_stream()>>>(
-        x->dk, x->dv, x->dout, x->q, x->k, x->v, x->lse, x->scratch, x->T, x->H, x->KV, hd);
-    CUDA_CHECK_LAUNCH("attention_bwd_dkv");
+    cudaStream_t st = cuda_current_stream();
+    with_storage(x->bf16, [&](auto s) {
+        using S = decltype(s);
+        const S *dout = as<S>(x->dout), *q = as<S>(x->q), *k = as<S>(x->k), *v = as<S>(x->v);
+        attention_bwd_rowdot<<<grid_rows((rows + rows_per_block - 1) / rows_per_block, "attention_bwd"), kThreads, 0,
+                               st>>>(x->scratch, dout, as<S>(x->out), x->B, x->T, x->H, hd);
+        CUDA_CHECK_LAUNCH("attention_bwd_rowdot");
+        attention_bwd_dq<<<attn_blocks(x->B, x->H, x->T, "attention_bwd"), kAttThreads, attn_shared_bytes(x->hd, 0),
+                           st>>>(as<S>(x->dq), dout, q, k, v, x->lse, x->scratch, x->T, x->H, x->KV, hd);
+        CUDA_CHECK_LAUNCH("attention_bwd_dq");
+        attention_bwd_dkv<<<attn_blocks(x->B, x->KV, x->T, "attention_bwd"), kAttThreads,
+                            attn_shared_bytes(x->hd, 2 * kAttRows), st>>>(
+            as<S>(x->dk), as<S>(x->dv), dout, q, k, v, x->lse, x->scratch, x->T, x->H, x->KV, hd);
+        CUDA_CHECK_LAUNCH("attention_bwd_dkv");
+    });
 }
 
 void kcuda_swiglu_forward(void *a) {
     SwiArgs *x = (SwiArgs *)a;
-    launch_per_element(swiglu_fwd, x->n, "swiglu_fwd", x->out, x->a, x->b, x->n);
+    with_storage(x->bf16, [&](auto s) {
+        using S = decltype(s);
+        launch_per_element(swiglu_fwd<S>, x->n, "swiglu_fwd", as<S>(x->out), as<S>(x->a), as<S>(x->b), x->n);
+    });
 }
 
 void kcuda_swiglu_backward(void *a) {
     SwiBwdArgs *x = (SwiBwdArgs *)a;
-    launch_per_element(swiglu_bwd, x->n, "swiglu_bwd", x->da, x->db, x->dout, x->a, x->b, x->n);
+    with_storage(x->bf16, [&](auto s) {
+        using S = decltype(s);
+        launch_per_element(swiglu_bwd<S>, x->n, "swiglu_bwd", as<S>(x->da), as<S>(x->db), as<S>(x->dout),
+                           as<S>(x->a), as<S>(x->b), x->n);
+    });
 }
 
 void kcuda_add(void *a) {
     AddArgs *x = (AddArgs *)a;
-    launch_per_element(add_k, x->n, "add", x->out, x->a, x->b, x->n);
+    with_storage(x->bf16, [&](auto s) {
+        using S = decltype(s);
+        launch_per_element(add_k<S>, x->n, "add", as<S>(x->out), as<S>(x->a), as<S>(x->b), x->n);
+    });
 }
 
 void kcuda_cast_to_bf16(void *a) {

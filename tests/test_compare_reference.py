@@ -205,9 +205,20 @@ def test_bad_arguments_are_one_line(tmp_path):
 def test_every_graded_run_has_a_measured_band():
     """reference-check on another machine needs the band of each BLAS-dependent figure: measured across OpenBLAS
     kernels and thread counts by tools/parity_spread.py --write, not chosen."""
-    runs = manifest.load()["parity_spread"]["runs"]
-    bands = [f["band"] for by_run in runs.values() for by_metric in by_run.values() for f in by_metric.values()]
-    assert bands and all(isinstance(b, float) and 0 <= b < 1e-4 for b in bands), bands
+    data = manifest.load()
+    runs = data["parity_spread"]["runs"]
+
+    def bound(run):
+        """a float32 run's figures move in their last bits (below 1e-4); a run that reduce-scatters in bfloat16
+        rounds each grad to 8 mantissa bits before the sum, and another kernel's last-bit change flips some of
+        those roundings: its grad norm's band is bounded by a quarter of one bfloat16 step, 2**-10, instead"""
+        flags = data["variants"][run]["add_flags"] if run in data["variants"] else []
+        return 2.0 ** -10 if "--reduce-dtype=bf16" in flags else 1e-4
+
+    bands = [(run, f["band"], bound(run)) for by_run in runs.values() for run, by_metric in by_run.items()
+             for f in by_metric.values()]
+    assert bands and all(isinstance(b, float) and 0 <= b < limit for _, b, limit in bands), bands
+    assert any(limit < 2.0 ** -10 for _, _, limit in bands)
 
 
 def rubric_with_band(tmp_path, band, stages=("04",)):

@@ -55,16 +55,29 @@ def baseline(runs, world, stage_flags, base=TINY, save=False):
     return runs(BASELINE, *(flags + ["--world", "1"] + keep), save=save)
 
 
+def baseline_tolerances(stage, world):
+    """(loss, grad norm) relative tolerances against the non-sharded baseline. float32: the same math in
+    another order, a few ulps. Under --param-dtype bf16 the activations' gradients are bfloat16: the loss's
+    gradient is scaled by 1 / (the rank's tokens) before it is rounded, the baseline's by 1 / (all tokens);
+    at a world that is a power of two the two scalings differ by a power of two and round alike (measured at
+    worlds 2 and 4 over 10 steps: 3e-7 and 7e-7), at world 3 every element rounds on its own (measured:
+    loss 3.8e-5, grad norm 1.5e-3), so there the bound is bfloat16's: about 5x the measured gap."""
+    if "--param-dtype=bf16" in STAGE_FLAGS[stage] and world & (world - 1):
+        return 2e-4, 1e-2
+    return 1e-5, 1e-4
+
+
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 @pytest.mark.parametrize("stage", sorted(STAGE_FLAGS))
 def test_parity_with_non_sharded_baseline(runs, stage, world):
     got = metrics(runs(solution_bin(stage), *(TINY + ["--world", str(world)] + FLAGS_AT[stage](world))))
     ref = metrics(baseline(runs, world, STAGE_FLAGS[stage]))
     assert len(got) == len(ref) == 10
+    loss_tol, norm_tol = baseline_tolerances(stage, world)
     for g, r in zip(got, ref):
-        assert rel(g["loss"], r["loss"]) < 1e-5, "step %d loss %.8g vs baseline %.8g" % (g["step"], g["loss"], r["loss"])
+        assert rel(g["loss"], r["loss"]) < loss_tol, "step %d loss %.8g vs baseline %.8g" % (g["step"], g["loss"], r["loss"])
         if stage in TRAINING:
-            assert rel(g["grad_norm"], r["grad_norm"]) < 1e-4, \
+            assert rel(g["grad_norm"], r["grad_norm"]) < norm_tol, \
                 "step %d grad_norm %.8g vs baseline %.8g" % (g["step"], g["grad_norm"], r["grad_norm"])
     if stage not in TRAINING:
         assert all(g["grad_norm"] is None for g in got)
@@ -153,9 +166,12 @@ def test_mixed_precision_halves_traffic_and_unsharded_memory(runs):
     assert high["fp32"] > 0 and high["fp32"] == 2 * high["bf16"], high
     # this test's own bounds, round and loose (world 3 is not a graded configuration; the grader's tolerances are
     # measured per graded run: grader/figures/parity_spread.json): a bfloat16 reduce moves the grad norm off
-    # the float32-reduce baseline by about bfloat16's precision (2.9e-4 at the graded world 4)
-    for name, base_flags, loss_tol, norm_tol in [("fp32", [], 1e-5, 1e-4), ("bf16", ["--param-dtype=bf16"], 1e-5, 1e-4),
-                                                 ("both", ["--param-dtype=bf16"], 1e-4, 3e-3)]:
+    # the float32-reduce baseline by about bfloat16's precision (2.9e-4 at the graded world 4); bfloat16 params
+    # (and so activations) at world 3 round their gradients apart from the baseline's (baseline_tolerances)
+    bf16_loss, bf16_norm = baseline_tolerances(s, 3)
+    for name, base_flags, loss_tol, norm_tol in [("fp32", [], 1e-5, 1e-4),
+                                                 ("bf16", ["--param-dtype=bf16"], bf16_loss, bf16_norm),
+                                                 ("both", ["--param-dtype=bf16"], bf16_loss, bf16_norm)]:
         ref = metrics(baseline(runs, 3, base_flags))
         for g, r in zip(metrics(out[name]), ref):
             assert rel(g["loss"], r["loss"]) < loss_tol and rel(g["grad_norm"], r["grad_norm"]) < norm_tol, (name, g, r)

@@ -361,6 +361,17 @@ static void add_q(Q *q, const ModelRun *run, void *out, const void *a_, const vo
     dev_launch(q->s, "residual_add", &c, KERNEL(q->s, add), &a, sizeof a);
 }
 
+/* The head's casts between its bf16 matmul and its float32 loss (named for
+ * the model, apart from FSDP's copy-in casts): to_bf16 rounds f32 into bf16,
+ * else widens bf16 into f32 (exact). */
+static void cast_q(Q *q, const char *name, float *f32, Bf16 *bf16, size_t n, int to_bf16) {
+    CastArgs a = {f32, bf16, n};
+    dev_access(q->s, f32, n * sizeof(float), !to_bf16, NULL);
+    dev_access(q->s, bf16, n * sizeof(Bf16), to_bf16, NULL);
+    KernelCost c = kcost_elementwise((double)n, 6.0 * (double)n);
+    dev_launch(q->s, name, &c, to_bf16 ? KERNEL(q->s, cast_to_bf16) : KERNEL(q->s, cast_from_bf16), &a, sizeof a);
+}
+
 static void free_acts(Dev *dev, ModuleActs *A, int keep_input) {
     void **all[] = {&A->xn, &A->q, &A->k, &A->v, &A->att, &A->h, &A->hn, &A->a, &A->b, &A->g};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
@@ -563,7 +574,7 @@ void module_forward(Model *m, Module *mod, ModelRun *run) {
         if (q.bf16) { /* the bf16 matmul's rounded output, widened for the loss (torchtitan: pred.float()) */
             Bf16 *l16 = act(&q, N * V, "logits_bf16");
             matmul_q(&q, run, "output", l16, A->xn, &P[P_OUTPUT], N, D, V);
-            launch_cast_from_bf16(run->stream, A->logits, l16, N * V);
+            cast_q(&q, "logits_to_f32", A->logits, l16, N * V, 0);
             dev_free(run->dev, l16);
         } else {
             matmul_q(&q, run, "output", A->logits, A->xn, &P[P_OUTPUT], N, D, V);
@@ -602,7 +613,7 @@ void module_backward(Model *m, Module *mod, ModelRun *run) {
         const void *dl = dlogits;
         if (q.bf16) { /* the grad of .float() is rounded to the bf16 logits' dtype */
             Bf16 *d16 = alloc_named(&q, N * V, sizeof(Bf16), MEM_TEMP, "dlogits_bf16");
-            launch_cast_to_bf16(run->stream, d16, dlogits, N * V);
+            cast_q(&q, "dlogits_to_bf16", dlogits, d16, N * V, 1);
             dev_free(run->dev, dlogits);
             dlogits = NULL;
             dl = d16;

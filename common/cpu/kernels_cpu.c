@@ -24,7 +24,7 @@ typedef struct {
 } View;
 
 /* a tensor the op reads (NULL stays NULL) */
-static View in_(const void *p, size_t n, int bf16) {
+static View view_in(const void *p, size_t n, int bf16) {
     View v = {(void *)p, (float *)p, n, bf16 && p};
     if (v.bf16) {
         v.f = xmalloc(n * sizeof(float));
@@ -33,18 +33,19 @@ static View in_(const void *p, size_t n, int bf16) {
     return v;
 }
 /* a tensor the op writes (acc = 0) or accumulates into (acc = 1: widened first) */
-static View out_(void *p, size_t n, int bf16, int acc) {
-    if (acc || !bf16 || !p) return in_(p, n, bf16);
+static View view_out(void *p, size_t n, int bf16, int acc) {
+    if (acc || !bf16 || !p) return view_in(p, n, bf16);
     View v = {p, xmalloc(n * sizeof(float)), n, 1};
     return v;
 }
-/* rounds what the op wrote back into the tensor, frees the working copy */
-static void wrote(View *v) {
+/* rounds what the op wrote into the tensor (once), frees the working copy */
+static void put_back(View *v) {
     if (!v->bf16) return;
     cast_to_bf16(v->dev, v->f, v->n);
     free(v->f);
 }
-static void read_(View *v) {
+/* frees the working copy of a tensor the op only read */
+static void drop(View *v) {
     if (v->bf16) free(v->f);
 }
 
@@ -64,69 +65,88 @@ void kcpu_embedding_forward(void *a) {
 }
 void kcpu_embedding_backward(void *a) {
     EmbArgs *x = a; /* out = dwte (float32), w = dout [a] */
-    View d = in_(x->w, x->N * x->D, x->bf16);
+    View d = view_in(x->w, x->N * x->D, x->bf16);
     embedding_backward(x->out, d.f, x->tok, x->N, x->D);
-    read_(&d);
+    drop(&d);
 }
 
 void kcpu_rmsnorm_forward(void *a) {
     NormArgs *x = a;
-    View in = in_(x->in, x->N * x->D, x->bf16), w = in_(x->w, x->D, x->bf16);
-    View out = out_(x->out, x->N * x->D, x->bf16, 0);
+    View in = view_in(x->in, x->N * x->D, x->bf16), w = view_in(x->w, x->D, x->bf16);
+    View out = view_out(x->out, x->N * x->D, x->bf16, 0);
     rmsnorm_forward(out.f, x->rstd, in.f, w.f, x->N, x->D, x->eps);
-    wrote(&out), read_(&in), read_(&w);
+    put_back(&out);
+    drop(&in);
+    drop(&w);
 }
 void kcpu_rmsnorm_backward(void *a) {
     NormBwdArgs *x = a;
     size_t nd = x->N * x->D;
-    View dout = in_(x->dout, nd, x->bf16), in = in_(x->in, nd, x->bf16), w = in_(x->w, x->D, x->bf16);
-    View dinp = out_(x->dinp, nd, x->bf16, 1);
+    View dout = view_in(x->dout, nd, x->bf16), in = view_in(x->in, nd, x->bf16), w = view_in(x->w, x->D, x->bf16);
+    View dinp = view_out(x->dinp, nd, x->bf16, 1);
     rmsnorm_backward(dinp.f, x->dw, dout.f, in.f, w.f, x->rstd, x->N, x->D);
-    wrote(&dinp), read_(&dout), read_(&in), read_(&w);
+    put_back(&dinp);
+    drop(&dout);
+    drop(&in);
+    drop(&w);
 }
 
 void kcpu_matmul_forward(void *a) {
     MmArgs *x = a;
-    View in = in_(x->in, x->N * x->C, x->bf16), w = in_(x->w, x->OC * x->C, x->bf16);
-    View out = out_(x->out, x->N * x->OC, x->bf16, 0);
+    View in = view_in(x->in, x->N * x->C, x->bf16), w = view_in(x->w, x->OC * x->C, x->bf16);
+    View out = view_out(x->out, x->N * x->OC, x->bf16, 0);
     matmul_forward(out.f, in.f, w.f, x->N, x->C, x->OC);
-    wrote(&out), read_(&in), read_(&w);
+    put_back(&out);
+    drop(&in);
+    drop(&w);
 }
 void kcpu_matmul_backward(void *a) {
     MmBwdArgs *x = a;
-    View dout = in_(x->dout, x->N * x->OC, x->bf16), in = in_(x->in, x->N * x->C, x->bf16);
-    View w = in_(x->w, x->OC * x->C, x->bf16), dinp = out_(x->dinp, x->N * x->C, x->bf16, 1);
+    View dout = view_in(x->dout, x->N * x->OC, x->bf16), in = view_in(x->in, x->N * x->C, x->bf16);
+    View w = view_in(x->w, x->OC * x->C, x->bf16), dinp = view_out(x->dinp, x->N * x->C, x->bf16, 1);
     matmul_backward(dinp.f, x->dw, dout.f, in.f, w.f, x->N, x->C, x->OC);
-    wrote(&dinp), read_(&dout), read_(&in), read_(&w);
+    put_back(&dinp);
+    drop(&dout);
+    drop(&in);
+    drop(&w);
 }
 
 void kcpu_rope(void *a) {
     RopeArgs *r = a;
-    View v = out_(r->x, r->B * r->T * r->nh * r->hd, r->bf16, 1);
+    View v = view_out(r->x, r->B * r->T * r->nh * r->hd, r->bf16, 1);
     if (r->backward) rope_backward(v.f, r->cos, r->sin, r->B, r->T, r->nh, r->hd);
     else rope_forward(v.f, r->cos, r->sin, r->B, r->T, r->nh, r->hd);
-    wrote(&v);
+    put_back(&v);
 }
 void kcpu_rope_tables(void *a) { RopeTabArgs *r = a; rope_tables(r->cos, r->sin, r->T, r->hd, r->theta); }
 
 void kcpu_attention_forward(void *a) {
     AttArgs *x = a;
     size_t nq = x->B * x->T * x->H * x->hd, nk = x->B * x->T * x->KV * x->hd;
-    View q = in_(x->q, nq, x->bf16), k = in_(x->k, nk, x->bf16), v = in_(x->v, nk, x->bf16);
-    View out = out_(x->out, nq, x->bf16, 0);
+    View q = view_in(x->q, nq, x->bf16), k = view_in(x->k, nk, x->bf16), v = view_in(x->v, nk, x->bf16);
+    View out = view_out(x->out, nq, x->bf16, 0);
     attention_forward(out.f, x->lse, q.f, k.f, v.f, x->B, x->T, x->H, x->KV, x->hd);
-    wrote(&out), read_(&q), read_(&k), read_(&v);
+    put_back(&out);
+    drop(&q);
+    drop(&k);
+    drop(&v);
 }
 void kcpu_attention_backward(void *a) {
     AttBwdArgs *x = a;
     size_t nq = x->B * x->T * x->H * x->hd, nk = x->B * x->T * x->KV * x->hd;
-    View q = in_(x->q, nq, x->bf16), k = in_(x->k, nk, x->bf16), v = in_(x->v, nk, x->bf16);
-    View out = in_(x->out, nq, x->bf16), dout = in_(x->dout, nq, x->bf16);
-    View dq = out_(x->dq, nq, x->bf16, 1), dk = out_(x->dk, nk, x->bf16, 1), dv = out_(x->dv, nk, x->bf16, 1);
+    View q = view_in(x->q, nq, x->bf16), k = view_in(x->k, nk, x->bf16), v = view_in(x->v, nk, x->bf16);
+    View out = view_in(x->out, nq, x->bf16), dout = view_in(x->dout, nq, x->bf16);
+    View dq = view_out(x->dq, nq, x->bf16, 1), dk = view_out(x->dk, nk, x->bf16, 1), dv = view_out(x->dv, nk, x->bf16, 1);
     attention_backward(dq.f, dk.f, dv.f, dout.f, q.f, k.f, v.f, out.f, x->lse, x->scratch, x->B, x->T, x->H, x->KV,
                        x->hd);
-    wrote(&dq), wrote(&dk), wrote(&dv);
-    read_(&q), read_(&k), read_(&v), read_(&out), read_(&dout);
+    put_back(&dq);
+    put_back(&dk);
+    put_back(&dv);
+    drop(&q);
+    drop(&k);
+    drop(&v);
+    drop(&out);
+    drop(&dout);
 }
 size_t kcpu_attention_scratch_floats(size_t B, size_t T, size_t H) {
     (void)B;
@@ -136,23 +156,31 @@ size_t kcpu_attention_scratch_floats(size_t B, size_t T, size_t H) {
 
 void kcpu_swiglu_forward(void *a) {
     SwiArgs *x = a;
-    View va = in_(x->a, x->n, x->bf16), vb = in_(x->b, x->n, x->bf16), out = out_(x->out, x->n, x->bf16, 0);
+    View va = view_in(x->a, x->n, x->bf16), vb = view_in(x->b, x->n, x->bf16), out = view_out(x->out, x->n, x->bf16, 0);
     swiglu_forward(out.f, va.f, vb.f, x->n);
-    wrote(&out), read_(&va), read_(&vb);
+    put_back(&out);
+    drop(&va);
+    drop(&vb);
 }
 void kcpu_swiglu_backward(void *a) {
     SwiBwdArgs *x = a;
-    View va = in_(x->a, x->n, x->bf16), vb = in_(x->b, x->n, x->bf16), dout = in_(x->dout, x->n, x->bf16);
-    View da = out_(x->da, x->n, x->bf16, 1), db = out_(x->db, x->n, x->bf16, 1);
+    View va = view_in(x->a, x->n, x->bf16), vb = view_in(x->b, x->n, x->bf16), dout = view_in(x->dout, x->n, x->bf16);
+    View da = view_out(x->da, x->n, x->bf16, 1), db = view_out(x->db, x->n, x->bf16, 1);
     swiglu_backward(da.f, db.f, dout.f, va.f, vb.f, x->n);
-    wrote(&da), wrote(&db), read_(&va), read_(&vb), read_(&dout);
+    put_back(&da);
+    put_back(&db);
+    drop(&va);
+    drop(&vb);
+    drop(&dout);
 }
 
 void kcpu_add(void *a) {
     AddArgs *x = a; /* out may alias a or b: widen both before writing */
-    View va = in_(x->a, x->n, x->bf16), vb = in_(x->b, x->n, x->bf16), out = out_(x->out, x->n, x->bf16, 0);
+    View va = view_in(x->a, x->n, x->bf16), vb = view_in(x->b, x->n, x->bf16), out = view_out(x->out, x->n, x->bf16, 0);
     add_forward(out.f, va.f, vb.f, x->n);
-    wrote(&out), read_(&va), read_(&vb);
+    put_back(&out);
+    drop(&va);
+    drop(&vb);
 }
 void kcpu_cast_to_bf16(void *a) { CastArgs *x = a; cast_to_bf16(x->bf16, x->f32, x->n); }
 void kcpu_cast_from_bf16(void *a) { CastArgs *x = a; cast_from_bf16(x->f32, x->bf16, x->n); }

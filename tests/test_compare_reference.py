@@ -212,7 +212,7 @@ def test_every_graded_run_has_a_measured_band():
         """a float32 run's figures move in their last bits (below 1e-4); a run that reduce-scatters in bfloat16
         rounds each grad to 8 mantissa bits before the sum, and another kernel's last-bit change flips some of
         those roundings: its grad norm's band is bounded by a quarter of one bfloat16 step, 2**-10, instead"""
-        flags = data["variants"][run]["add_flags"] if run in data["variants"] else []
+        flags = data["variants"][run].get("add_flags", []) if run in data["variants"] else []
         return 2.0 ** -10 if "--reduce-dtype=bf16" in flags else 1e-4
 
     bands = [(run, f["band"], bound(run)) for by_run in runs.values() for run, by_metric in by_run.items()

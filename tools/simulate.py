@@ -17,6 +17,10 @@ the run directory) reads what the run wrote:
   memory per rank            rank 0's peak from step 2 on (torchtitan reads memory there), by tag, from the
                              memory snapshot; and the peak at init (the full model fsdp_init receives)
   exposed communication      rank 0's compute stream in collectives and waits, by phase (the trace)
+  device memory              the profile's HBM capacity (run.json hbm_capacity_bytes) and whether every rank's
+                             allocations of every step stayed within it (run.json fits); a configuration that does
+                             not fit is marked so in the title, the table and --compare's table, with the run's
+                             out-of-memory line (train exits 5 then, every file written: driver/step_log.h)
 and draws the timeline and memory plots (tools/plots.py). --sweep draws tokens/s/GPU and memory against
 the world size (sweep.png). By default STAGE is your stages/NN (build/stages/NN_*/train); --solutions takes
 the instructors' solution. Ranks >= 1 record no trace (--trace-ranks 1): FSDP's ranks are symmetric and a
@@ -78,8 +82,12 @@ def binary(stage, solutions):
 GPUS_PER_NODE = 8  # a DGX / HGX node: NVLink inside, the profile's InfiniBand between nodes
 
 
+EXIT_OVER_CAPACITY = 5  # train's exit status when a rank went past the profile's memory (driver/step_log.h)
+
+
 def dry_run(exe, stage, flavor, world, profile, batch, seq, steps, flags, out):
-    """Run one dry run into out; its report. A failed run is one line and exit status 2."""
+    """Run one dry run into out; its report. A failed run is one line and exit status 2; one that went past the
+    device's memory (exit status 5) is reported, marked as not fitting, with its out-of-memory line."""
     cmd = [exe, "--dry-run", "--flavor", flavor, "--world", str(world), "--device-profile", profile,
            "--ranks-per-node", str(min(world, GPUS_PER_NODE)),
            "--batch-size", str(batch), "--seq-len", str(seq), "--steps", str(steps), "--warmup-steps", "0",
@@ -87,10 +95,16 @@ def dry_run(exe, stage, flavor, world, profile, batch, seq, steps, flags, out):
     cmd += stage.flags_at(world) + list(flags)
     os.makedirs(out, exist_ok=True)
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-    if p.returncode != 0:
+    if p.returncode not in (0, EXIT_OVER_CAPACITY):
         last = (p.stderr.strip().splitlines() or ["exit status %d" % p.returncode])[-1]
         fail("the dry run of stage %s (%s, world %d) failed: %s" % (stage.id, flavor, world, last))
-    return report(out, stage)
+    r = report(out, stage)
+    oom = [l for l in p.stderr.splitlines() if "out of device memory" in l]
+    if (p.returncode == EXIT_OVER_CAPACITY) != (r["fits"] is False) or (r["fits"] is False and len(oom) != 1):
+        fail("the dry run of stage %s (%s, world %d) exited %d with run.json's fits %s and %d out-of-memory lines" % (
+            stage.id, flavor, world, p.returncode, r["fits"], len(oom)))
+    r["over_capacity_line"] = oom[0] if oom else None
+    return r
 
 
 def peaks(memory_json, last_step):
@@ -150,8 +164,18 @@ def report(run_dir, stage):
         "compute_ms": clock["compute_ms"], "collective_ms": clock["collective_ms"], "attention_ms": attn_ms,
         "compute_ms_by_class": by_class,
         "init_peak_bytes": init, "steady_peak_bytes": steady, "steady_peak_by_tag": by_tag, "steady_peak_at": where,
+        # the profile's device memory (None: a profile with no limit, like teach) and whether the run stayed within it
+        "hbm_capacity_bytes": rj.get("hbm_capacity_bytes"), "fits": rj.get("fits"),
         "run_dir": run_dir,
     }
+
+
+def fit_mark(r, capacity=False):
+    """What the title and the tables say of a configuration that went past the device's memory ("" if it fits,
+    or the profile has no capacity); capacity: with the capacity (where the line does not state it)."""
+    if r["fits"] is not False:
+        return ""
+    return "does not fit" + (" in %.0f GiB" % (r["hbm_capacity_bytes"] / GIB) if capacity else "")
 
 
 AC_WORDS = {"none": "no activation checkpointing", "full": "full activation checkpointing",
@@ -161,8 +185,10 @@ AC_WORDS = {"none": "no activation checkpointing", "full": "full activation chec
 
 def render(r):
     """The report as markdown lines."""
-    L = ["# Dry run: stage %s, Llama %s, %d modelled GPUs (%s)" % (r["stage"], r["flavor"], r["world"],
-                                                                   r["device_profile"]), ""]
+    cap = r["hbm_capacity_bytes"]
+    L = ["# Dry run: stage %s, Llama %s, %d modelled GPUs (%s%s)%s" % (
+        r["stage"], r["flavor"], r["world"], r["device_profile"], ", %.0f GiB each" % (cap / GIB) if cap else "",
+        ": " + fit_mark(r) if fit_mark(r) else ""), ""]
     L.append("Local batch %d x sequence %d, %s, params %s, reduce %s%s; %s parameters. No math ran: every figure "
              "is the modelled clock's or the allocator's." % (
                  r["batch"], r["seq_len"], AC_WORDS.get(r["ac"], "activation checkpointing %s" % r["ac"]),
@@ -177,9 +203,14 @@ def render(r):
                                                                       100 * r["kernel_flop_utilization"]),
           "| peak memory per rank, step %d on | %.2f GiB (%s) |" % (r["steps"], r["steady_peak_bytes"] / GIB,
                                                                       r["steady_peak_at"]),
-          "| peak memory at init (the full model fsdp_init receives) | %.2f GiB |" % (r["init_peak_bytes"] / GIB)]
+          "| peak memory at init (the full model fsdp_init receives) | %.2f GiB%s |" % (
+              r["init_peak_bytes"] / GIB, " (past the device's memory, which init is not held to: torchtitan builds "
+              "the model on the meta device)" if cap and r["init_peak_bytes"] > cap else "")]
     for tag, b in sorted(r["steady_peak_by_tag"].items(), key=lambda kv: -kv[1]):
         L.append("| &nbsp;&nbsp;%s at the peak | %.2f GiB |" % (tag, b / GIB))
+    if cap:  # the profile's HBM: every rank's allocations of every step held to it (init is not: step_log.h)
+        L.append("| device memory per GPU (%s's HBM), every rank and step | %.2f GiB: %s |" % (
+            r["device_profile"], cap / GIB, "**%s**" % fit_mark(r) if fit_mark(r) else "fits"))
     ph = r["exposed_comm_ms_by_phase"]
     L.append("| exposed communication (forward / backward / other) | %.1f / %.1f / %.1f ms (%.1f%% of the step) |" % (
         ph["forward"], ph["backward"], ph["other"], 100 * r["exposed_comm_ms"] / r["model_step_ms"]))
@@ -188,6 +219,9 @@ def render(r):
     for what, ms in sorted(r["compute_ms_by_class"].items(), key=lambda kv: -kv[1]):
         L.append("| &nbsp;&nbsp;%s on the compute stream | %.1f ms (%.1f%% of the step) |" % (
             what, ms, 100 * ms / r["model_step_ms"]))
+    if r.get("over_capacity_line"):
+        L += ["", "A GPU would have stopped with its out-of-memory error; the dry run went on to price the step:", "",
+              "    " + r["over_capacity_line"]]
     bf16 = r["param_dtype"] == "bf16"
     L += ["", "How it was priced (common/runtime/profile.c): each kernel as it declares itself, FLOPs at its math's "
           "peak times its class's efficiency, or its bytes at 80%% of HBM bandwidth, whichever is longer. Matmuls "
@@ -226,9 +260,9 @@ def sweep(exe, stage, a, worlds):
          "", "| world | modelled step ms | tokens/s/GPU | MFU | peak GiB/rank | exposed comm ms |",
          "| ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
-        L.append("| %d | %.1f | %.0f | %.1f%% | %.2f | %.1f |" % (r["world"], r["model_step_ms"],
-                                                                  r["tokens_per_s_per_gpu"], 100 * r["mfu"],
-                                                                  r["steady_peak_bytes"] / GIB, r["exposed_comm_ms"]))
+        L.append("| %d | %.1f | %.0f | %.1f%% | %.2f%s | %.1f |" % (
+            r["world"], r["model_step_ms"], r["tokens_per_s_per_gpu"], 100 * r["mfu"], r["steady_peak_bytes"] / GIB,
+            " (%s)" % fit_mark(r, True) if fit_mark(r) else "", r["exposed_comm_ms"]))
     print("\n".join(L))
     with open(os.path.join(a.out, "sweep.json"), "w") as fh:
         json.dump(rows, fh, indent=1)
@@ -261,6 +295,17 @@ def sweep(exe, stage, a, worlds):
     print("wrote %s" % os.path.join(a.out, "sweep.png"))
 
 
+def compare_row(t, r):
+    """The --compare table's row of torchtitan's row t against the dry run's report r (marked where it does not
+    fit the profile's memory)."""
+    diff = ["torch.compile"] if t["compile"] else ["-"]
+    return "| %s, batch %d x %d | %d | %.0f | %s | %.1f%% | %s | %.1f GiB%s | %s |" % (
+        t["row"], t["batch"], t["seq"], t["tps"], r["tokens_per_s_per_gpu"],
+        "%.1f%%" % t["mfu"] if t["mfu"] else "not published", 100 * r["mfu"],
+        "%.1f GiB" % t["memory_gib"] if t["memory_gib"] else "not published", r["steady_peak_bytes"] / GIB,
+        ", **%s**" % fit_mark(r, True) if fit_mark(r) else "", "; ".join(diff))
+
+
 def compare(a):
     stage = manifest.stage(COMPARE_STAGE)
     exe = binary(stage, True)
@@ -278,12 +323,7 @@ def compare(a):
             print("\n".join(render(done[key])) + "\n")
         r = done[key]
         rows.append({"torchtitan": t, "dry_run": r})
-        diff = ["torch.compile"] if t["compile"] else ["-"]
-        L.append("| %s, batch %d x %d | %d | %.0f | %s | %.1f%% | %s | %.1f GiB | %s |" % (
-            t["row"], t["batch"], t["seq"], t["tps"], r["tokens_per_s_per_gpu"],
-            "%.1f%%" % t["mfu"] if t["mfu"] else "not published", 100 * r["mfu"],
-            "%.1f GiB" % t["memory_gib"] if t["memory_gib"] else "not published", r["steady_peak_bytes"] / GIB,
-            "; ".join(diff)))
+        L.append(compare_row(t, r))
     print("\n".join(L))
     with open(os.path.join(a.out, "compare.json"), "w") as fh:
         json.dump(rows, fh, indent=1)

@@ -648,6 +648,13 @@ void options_run_json(Json *j, const Options *o, const RunFacts *facts) {
     json_string(j, facts->device);
     json_key(j, "host");
     json_string(j, facts->host);
+    if (facts->hbm_capacity_bytes) { /* a profile with a memory capacity (step_log.h: EXIT_OVER_CAPACITY) */
+        json_key(j, "hbm_capacity_bytes");
+        json_uint(j, facts->hbm_capacity_bytes);
+        json_key(j, "fits");
+        if (facts->fits < 0) json_null(j);
+        else json_bool(j, facts->fits);
+    }
     if (facts->rules) facts->rules(j, o, facts->rules_ctx);
     if (facts->world) world_facts_json(facts->world, j);
     json_object_end(j);

@@ -62,6 +62,8 @@ typedef struct {
     const char *device;         /* "cpu" or "cuda" */
     const char *host;
     World *world;               /* after the run: its facts (runtime/facts.h) end the object; NULL before */
+    size_t hbm_capacity_bytes;  /* the device profile's memory the run is held to (0: none, and no key) */
+    int fits;                   /* after the run: 1 if every rank stayed within it, 0 if not; -1 before */
     /* rules the run followed, stated once where they are defined (e.g. the
      * backward-prefetch schedule, flag_check.c): written before the facts */
     void (*rules)(Json *j, const Options *o, const void *ctx);

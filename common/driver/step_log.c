@@ -12,6 +12,7 @@
 
 void step_log_open(StepLog *l, Dev *dev, const char *out_dir) {
     l->metrics = NULL;
+    l->over_capacity = 0;
     l->all = xcalloc((size_t)dev_world_size(dev), sizeof(double));
     if (dev_rank(dev) != 0 || !out_dir) return;
     char *path = xasprintf("%s/metrics.jsonl", out_dir);
@@ -59,7 +60,7 @@ static void per_rank(Json *j, const char *key, const double *v, int world, int d
  * without "nan": the line is not bad for it). */
 static void write_metrics_line(FILE *f, int step, double loss, float grad_norm, float lr, const double *peaks,
                                const double *clip, int world, double step_max_us, double tps,
-                               double model_step_max_us, int bad, int dry) {
+                               double model_step_max_us, int bad, int dry, size_t capacity) {
     Json j = {0};
     json_object_begin(&j);
     json_key(&j, "step");
@@ -79,6 +80,12 @@ static void write_metrics_line(FILE *f, int step, double loss, float grad_norm, 
     json_key(&j, "peak_mem_bytes");
     json_fixed(&j, max_of(peaks, world), 0);
     per_rank(&j, "peak_mem_bytes_per_rank", peaks, world, -1);
+    if (capacity) { /* a profile with a memory capacity (teach has none: no key) */
+        json_key(&j, "hbm_capacity_bytes");
+        json_uint(&j, capacity);
+        json_key(&j, "fits"); /* every rank's allocations of this step within it */
+        json_bool(&j, max_of(peaks, world) <= (double)capacity);
+    }
     if (clip) {
         per_rank(&j, "clip_coef_min_per_rank", clip, world, 9);
         per_rank(&j, "clip_coef_max_per_rank", clip + world, world, 9);
@@ -114,6 +121,22 @@ int step_log_write(StepLog *l, Dev *dev, const Options *o, const ModelRun *run, 
     const int dry = dev_dry_run(dev); /* no loss, grad norm or clip coefficient: nothing ran */
     double *peaks = xmalloc((size_t)W * sizeof(double)), *clip = NULL;
     dev_host_allgather_f64(dev, (double)dev_mem_peak(dev), peaks);
+    const size_t capacity = dev_mem_capacity(dev); /* the same on every rank: one profile */
+    if (capacity) {
+        /* which ranks went past the device's memory so far; the lowest says so, the first time any did */
+        dev_host_allgather_f64(dev, dev_mem_over_capacity(dev) ? 1.0 : 0.0, l->all);
+        int first = -1;
+        for (int r = W - 1; r >= 0; r--)
+            if (l->all[r] != 0) first = r;
+        if (first >= 0 && !l->over_capacity) {
+            l->over_capacity = 1;
+            if (dev_rank(dev) == first)
+                fprintf(stderr, "error: %s%s; a GPU would stop here, the %s goes on and records that the "
+                        "configuration does not fit (\"fits\": false in run.json and metrics.jsonl; exit status %d)\n",
+                        dry ? "dry run: " : "", dev_mem_over_capacity(dev), dry ? "dry run" : "run",
+                        EXIT_OVER_CAPACITY);
+        }
+    }
     if (!o->forward_only && !dry) {
         ClipStats c = clip_stats(dev);
         clip = xmalloc(3 * (size_t)W * sizeof(double));
@@ -131,14 +154,17 @@ int step_log_write(StepLog *l, Dev *dev, const Options *o, const ModelRun *run, 
         float lr = lr_at_step(&o->optim, step);
         if (l->metrics)
             write_metrics_line(l->metrics, step, loss, grad_norm, lr, peaks, clip, W, step_max, tps, model_step_max, bad,
-                               dry);
+                               dry, capacity);
         if (!o->quiet && dry) {
             /* the modelled clock's tokens per second per GPU: what the report (tools/simulate.py) reads too */
             double model_tps = (double)(run->B * run->T) / P / (model_step_max * 1e-6), peak = max_of(peaks, W);
             int gib = peak >= 1073741824.0;
-            printf("step: %3d  loss: dry run  grad_norm: dry run  memory: %8.2f%s  lr: %.2e  modelled step: %.3fms  "
+            char over[48] = ""; /* past the device's memory: the line says so beside the figure */
+            if (capacity && peak > (double)capacity)
+                snprintf(over, sizeof over, " (over %.2fGiB)", (double)capacity / 1073741824.0);
+            printf("step: %3d  loss: dry run  grad_norm: dry run  memory: %8.2f%s%s  lr: %.2e  modelled step: %.3fms  "
                    "modelled tokens/s/GPU: %.0f\n",
-                   step + 1, peak / (gib ? 1073741824.0 : 1048576.0), gib ? "GiB" : "MiB", (double)lr,
+                   step + 1, peak / (gib ? 1073741824.0 : 1048576.0), gib ? "GiB" : "MiB", over, (double)lr,
                    model_step_max / 1000.0, model_tps);
         } else if (!o->quiet) {
             char norm[48]; /* --forward-only runs no backward: say so rather than print nan */

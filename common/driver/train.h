@@ -13,7 +13,8 @@ typedef struct {
     const float *init_exp_avg, *init_exp_avg_sq; /* [n_params_total] AdamW state when resuming, else NULL */
     int start_step;           /* 0, or the step a resumed checkpoint was saved at */
     const TokenData *data;
-    int exit_code;            /* set by rank 0: 0 or EXIT_NAN */
+    int exit_code;            /* set by rank 0: 0, EXIT_NAN or EXIT_OVER_CAPACITY (step_log.h) */
+    int over_capacity;        /* set by rank 0: a rank's allocations went past the device's memory (run.json "fits") */
 } TrainJob;
 
 /* world_run's rank function: set the rank up, train job->opt->steps steps

@@ -15,11 +15,13 @@
 #include "model/model.h"
 #include "runtime/dry.h"
 #include "runtime/json.h"
+#include "runtime/profile.h"
 #include "runtime/runtime.h"
 #include "runtime/util.h"
 
 /* run.json: the run's configuration, for plots, the grader and references; written again after the run
- * (w not NULL) with what the run used (runtime/facts.h: groups, mesh, stage map, vocabularies). */
+ * (w and job not NULL) with what the run used (runtime/facts.h: groups, mesh, stage map, vocabularies) and,
+ * on a profile with a memory capacity, whether it fitted. */
 /* The rules of the run, stated by the code that defines them: "prefetch_schedule" (flag_check.h), null
  * with --pp (each rank holds one stage's modules; the prefetch policy is the FSDP stages' rule), and
  * "recompute_blocks": the blocks that re-run their forward and its hooks in backward (model.h,
@@ -37,11 +39,14 @@ static void run_rules(Json *j, const Options *o, const void *ctx) {
     json_array_end(j);
 }
 
-static void write_run_json(const Options *o, const Model *m, World *w) {
+static void write_run_json(const Options *o, const Model *m, World *w, const TrainJob *job) {
     char host[256] = "unknown";
     gethostname(host, sizeof host - 1);
     RunFacts facts = {.n_params = m->n_params_total, .device = dev_is_cuda_build() ? "cuda" : "cpu", .host = host, .world = w,
-                       .rules = run_rules, .rules_ctx = m};
+                       .rules = run_rules, .rules_ctx = m,
+                       /* the profile's memory holds on the modelled clock (the CPU build's; dev_mem_capacity) */
+                       .hbm_capacity_bytes = dev_is_cuda_build() ? 0 : o->world.profile->hbm_capacity_bytes,
+                       .fits = job ? !job->over_capacity : -1};
     Json j = {0};
     options_run_json(&j, o, &facts);
     json_line_end(&j);
@@ -79,13 +84,13 @@ int main(int argc, char **argv) {
     World *w = world_create(&o.world);
     if (o.out_dir) {
         make_dirs(o.out_dir);
-        if (world_first_local_rank(w) == 0) write_run_json(&o, m, NULL);
+        if (world_first_local_rank(w) == 0) write_run_json(&o, m, NULL, NULL);
     }
     if (start_step > 0 && !o.quiet)
         printf("resuming from %s at step %d (optimizer state restored)\n", o.load_path, start_step);
-    TrainJob job = {&o, init, exp_avg, exp_avg_sq, start_step, &data, 0};
+    TrainJob job = {&o, init, exp_avg, exp_avg_sq, start_step, &data, 0, 0};
     world_run(w, train_rank, &job);
-    if (o.out_dir && world_first_local_rank(w) == 0) write_run_json(&o, m, w);
+    if (o.out_dir && world_first_local_rank(w) == 0) write_run_json(&o, m, w, &job);
     world_destroy(w);
     data_free(&data);
     if (o.world.dry_run) dry_release(init, init_bytes);

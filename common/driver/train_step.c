@@ -135,6 +135,7 @@ void train_rank(Dev *dev, void *arg) {
     flag_check_begin(dev, &t.flags, o, t.model, job->start_step);
     StepLog log;
     step_log_open(&log, dev, o->out_dir);
+    dev_mem_watch_capacity(dev, 1); /* the steps are held to the device's memory, not init (step_log.h) */
     int stop_nan = 0;
     for (int s = job->start_step; s < o->steps && !stop_nan; s++) {
         dev_synchronize(dev);
@@ -152,6 +153,11 @@ void train_rank(Dev *dev, void *arg) {
             stop_nan = 1;
             if (dev_rank(dev) == 0) job->exit_code = EXIT_NAN; /* step_log_write said why */
         }
+    }
+    dev_mem_watch_capacity(dev, 0);
+    if (log.over_capacity && dev_rank(dev) == 0) {
+        job->over_capacity = 1;
+        if (!job->exit_code) job->exit_code = EXIT_OVER_CAPACITY; /* step_log_write said where */
     }
     step_log_close(&log);
 

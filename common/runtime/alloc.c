@@ -3,8 +3,10 @@
  * O(log n)), per-stream frees and record_stream holds (the rules of PyTorch's
  * caching allocator), poison, and the memory event log. */
 #include "runtime/internal.h"
+#include "runtime/profile.h"
 #include "runtime/util.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -243,6 +245,50 @@ Alloc *dev_live_alloc_containing(const Dev *d, uintptr_t p) {
 }
 Alloc *dev_dead_alloc_containing(const Dev *d, uintptr_t p) { return containing(d->race.dead_root, p); }
 
+/* ------------------------------------------------------- device capacity */
+
+/* bytes as the capacity line says them: GiB from 1 GiB up, MiB below */
+static void size_text(char *buf, size_t n, size_t bytes) {
+    if (bytes >= ((size_t)1 << 30)) snprintf(buf, n, "%.2f GiB", (double)bytes / 1073741824.0);
+    else snprintf(buf, n, "%.2f MiB", (double)bytes / 1048576.0);
+}
+
+/* Allocation a (device memory, counted) took this rank past its capacity: the line CUDA's out-of-memory error
+ * would print, once per rank: what was asked for and where, the capacity, what was allocated before it
+ * (allocated = capacity - free) and the three tags holding the most of that. */
+static void note_over_capacity(Dev *d, const Alloc *a) {
+    size_t before = d->mem.current - a->size, held[MEM_TAG_COUNT];
+    memcpy(held, d->mem.by_tag, sizeof held);
+    held[a->tag] -= a->size; /* by tag, before a */
+    char tags[256] = "", ask[32], cap[32], had[32], free_[32], one[32];
+    size_t len = 0;
+    for (int k = 0; k < 3; k++) {
+        int best = -1; /* the largest tag not listed yet (ties: the tag order) */
+        for (int t = 0; t < MEM_TAG_COUNT; t++)
+            if (held[t] && (best < 0 || held[t] > held[best])) best = t;
+        if (best < 0) break;
+        size_text(one, sizeof one, held[best]);
+        len += (size_t)snprintf(tags + len, sizeof tags - len, "%s%s %s", k ? ", " : "", mem_tag_name((MemTag)best),
+                                one);
+        held[best] = 0;
+    }
+    size_text(ask, sizeof ask, a->size);
+    size_text(cap, sizeof cap, d->mem.capacity);
+    size_text(had, sizeof had, before);
+    size_text(free_, sizeof free_, before < d->mem.capacity ? d->mem.capacity - before : 0);
+    char micro[32] = "";
+    if (d->scope.micro >= 0) snprintf(micro, sizeof micro, ", microbatch %d", d->scope.micro);
+    d->mem.over_capacity =
+        xasprintf("out of device memory on rank %d in step %d (%s%s%s%s): tried to allocate %s for '%s' (%s); the "
+                  "%s profile's device has %s, of which %s is allocated (%s) and %s is free",
+                  d->rank, d->scope.step + 1, a->module, *a->module ? " " : "", a->phase, micro, ask, a->name,
+                  mem_tag_name(a->tag), d->world->cfg.profile->name, cap, had, *tags ? tags : "nothing", free_);
+}
+
+size_t dev_mem_capacity(const Dev *d) { return d->mem.capacity; }
+void dev_mem_watch_capacity(Dev *d, int on) { d->mem.watch_capacity = on != 0; }
+const char *dev_mem_over_capacity(const Dev *d) { return d->mem.over_capacity; }
+
 /* --------------------------------------------------------------- alloc */
 
 /* A new allocation: device memory from stream s's pool, or (host) pinned host memory. */
@@ -290,6 +336,8 @@ static void *alloc_block(Dev *d, Stream *s, int host, size_t bytes, MemTag tag, 
             d->mem.window_peak = d->mem.current;
             memcpy(d->mem.window_by_tag, d->mem.by_tag, sizeof d->mem.window_by_tag);
         }
+        if (d->mem.watch_capacity && d->mem.capacity && d->mem.current > d->mem.capacity && !d->mem.over_capacity)
+            note_over_capacity(d, a); /* counted all the same: the run goes on (driver/step_log.h) */
     }
 
     MemEvent *e = mev_push(d);
@@ -518,4 +566,5 @@ void dev_alloc_destroy(Dev *d) {
     free_tree(d, d->mem.host_root);
     for (size_t i = 0; i < d->mem.n_mev; i++) free(d->mem.mev[i].json);
     free(d->mem.mev);
+    free(d->mem.over_capacity);
 }

@@ -85,6 +85,11 @@ typedef struct {
     /* the pinned host pool (dev_alloc_host): its own live tree and counts */
     Alloc *host_root;
     size_t host_current, host_peak, host_by_tag[MEM_TAG_COUNT];
+    /* the device's memory (dev_mem_watch_capacity): the profile's bytes on the modelled clock (0: no limit),
+     * whether allocations are held to it now, and the first one that went over, as one line (NULL: none) */
+    size_t capacity;
+    int watch_capacity;
+    char *over_capacity;
 } DevMem;
 
 /* Complete the held (dev_record_stream) frees whose streams are past them:

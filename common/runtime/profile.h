@@ -9,9 +9,13 @@
  *   memset   its bytes written at the HBM roofline
  *   collective  the ring model of its kind on the group's link (coll_common.c)
  *   host     host_launch_us per op it enqueues; a host wait moves it to the
- *            modelled end of what it waited for */
+ *            modelled end of what it waited for
+ * and what the allocator holds it to: hbm_capacity_bytes, the device memory
+ * a rank's allocations may take (alloc.c: dev_mem_watch_capacity). */
 #ifndef HWFSDP_PROFILE_H
 #define HWFSDP_PROFILE_H
+
+#include <stddef.h>
 
 #include "runtime/runtime.h"
 
@@ -23,6 +27,7 @@ typedef struct DeviceProfile {
     double peak_tf32;          /* TF32 tensor cores (a float32 matmul under --tf32) */
     double peak_bf16;          /* BF16 tensor cores */
     double hbm_bytes_s;        /* device memory bandwidth, bytes/s */
+    size_t hbm_capacity_bytes; /* device memory, bytes: what a rank's allocations may hold at once (0: no limit) */
     /* the share of a peak a kernel of each class reaches (COST_MATMUL, COST_ATTENTION,
      * COST_ELEMENTWISE; COST_FREE takes no time), and of the HBM bandwidth */
     double eff[3];

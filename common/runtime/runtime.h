@@ -279,6 +279,18 @@ void dev_mem_note(Dev *d, const char *kind, const char *json_fields);
 void dev_mem_window_begin(Dev *d);
 size_t dev_mem_window_peak(const Dev *d, size_t *by_tag);
 
+/* The device's memory: the profile's hbm_capacity_bytes on the modelled clock
+ * (runtime/profile.h), 0 for no limit (the "teach" profile; the CUDA build,
+ * whose GPU enforces its own). While watched (on = 1), the first device
+ * allocation that takes the bytes this rank has allocated past the capacity
+ * is recorded as one line, as CUDA's out-of-memory error would say it (what
+ * was asked for, step, module and phase, the capacity, what was allocated and
+ * its largest tags); the allocation is made and counted all the same.
+ * dev_mem_over_capacity: that line (no "error:", no newline), NULL while none. */
+size_t dev_mem_capacity(const Dev *d);
+void dev_mem_watch_capacity(Dev *d, int on);
+const char *dev_mem_over_capacity(const Dev *d);
+
 /* ------------------------------------------------------------------ clock */
 
 /* The host's time now on the world's clock, us since the world began: the

@@ -87,6 +87,8 @@ static Dev *dev_create(World *w, int rank) {
     d->scope.tracing = 0;
     dev_set_tracing(d, w->cfg.trace);
     d->mem.prio_state = 0x9E3779B97F4A7C15ull ^ (uint64_t)(rank + 1);
+    /* the profile's memory holds where its clock prices the ops; a GPU has its own */
+    d->mem.capacity = strcmp(w->ops->clock, "model") == 0 ? w->cfg.profile->hbm_capacity_bytes : 0;
     pthread_mutex_init(&d->trace.mu, NULL);
     pthread_mutex_init(&d->flight.mu, NULL);
     d->race.on = !w->cfg.no_race_check && w->ops->race_checked; /* the detector models the CPU streams */

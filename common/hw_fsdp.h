@@ -78,7 +78,8 @@ typedef struct {
     int multiple_of;          /* FFN hidden rounded up to a multiple of this */
     float ffn_dim_multiplier; /* 0 = none */
     float norm_eps;           /* 1e-5 */
-    float rope_theta;         /* 500000 */
+    float rope_theta;         /* 500000 (Llama 2: 10000) */
+    float rope_factor, rope_low_freq_factor, rope_high_freq_factor, rope_old_context; /* Llama 3.1 (0: none; ops.h) */
     /* derived */
     int head_dim;             /* hd = D / H */
     int hidden_dim;           /* F = multiple_of * ceil(m * (2 * 4D / 3) / multiple_of) */

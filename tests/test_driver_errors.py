@@ -58,6 +58,8 @@ def write_st(path, tensors, header_override=None):
 
 
 LONG = "x" * 80
+# model.h's MODEL_FLAVORS
+FLAVORS = "tiny, debugmodel, 1B, 8B, 70B, llama2-7B, llama2-13B, llama2-70B, llama3.1-8B, llama3.1-70B, llama3.1-405B"
 
 
 @pytest.mark.parametrize("args,message", [
@@ -69,8 +71,8 @@ LONG = "x" * 80
     (["--lr", "-1"], "--lr must be in [0, 10], got -1"),
     (["--lr", "abc"], "--lr expects a number, got 'abc'"),
     (["--lr", "nan"], "--lr must be in [0, 10], got nan"),
-    (["--flavor", "huge"], "unknown flavor 'huge' (tiny, debugmodel, 1B, 8B, 70B)"),
-    (["--flavor", LONG], "unknown flavor '%s' (tiny, debugmodel, 1B, 8B, 70B)" % LONG),
+    (["--flavor", "huge"], "unknown flavor 'huge' (%s)" % FLAVORS),
+    (["--flavor", LONG], "unknown flavor '%s' (%s)" % (LONG, FLAVORS)),
     (["--dim", "66"], "dim 66 is not divisible by n-heads 4"),
     (["--n-heads", "4", "--n-kv-heads", "3"], "n-heads 4 is not divisible by n-kv-heads 3"),
     (["--dim", "12", "--n-heads", "4"], "head dim 3 (dim / n-heads) must be even for RoPE"),

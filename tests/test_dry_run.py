@@ -132,11 +132,13 @@ def test_1B_at_world_8_is_counted_as_the_memory_model_predicts(tmp_path):
     assert os.path.exists(tmp_path / "memory_rank0.json") and not os.path.exists(tmp_path / "memory_rank1.json")
 
 
+# model.h's MODEL_FLAVORS
+FLAVORS = "tiny, debugmodel, 1B, 8B, 70B, llama2-7B, llama2-13B, llama2-70B, llama3.1-8B, llama3.1-70B, llama3.1-405B"
 BAD = [
-    (["--flavor", "13B"], "error: unknown flavor '13B' (tiny, debugmodel, 1B, 8B, 70B)"),
+    (["--flavor", "13B"], "error: unknown flavor '13B' (%s)" % FLAVORS),
     (["--flavor", "8B", "--seq-len", "16384"],
-     "error: --seq-len 16384 exceeds the 8B flavour's context of 8192 tokens (Llama 3's; longer contexts need the "
-     "RoPE scaling of Llama 3.1, which this runtime does not do)"),
+     "error: --seq-len 16384 exceeds the 8B flavour's context of 8192 tokens (Llama 3's; the llama3.1-* flavours, "
+     "with Llama 3.1's RoPE scaling, take 131072)"),
     (["--load", "x.safetensors"], "error: --dry-run computes no values: it cannot go with --load"),
     (["--save", "x.safetensors"], "error: --dry-run computes no values: it cannot go with --save"),
     (["--world", "8", "--mesh", "3,3"], "error: --mesh 3,3 holds 9 ranks but --world is 8 (R*S must equal the world)"),

@@ -417,7 +417,7 @@ TEST(rope_grad) {
     const float theta = 10000.0f;
     float *x = frandn(&r, n, 1.0f), *G = frandn(&r, n, 1.0f);
     float *cs = fzeros(T * hd / 2), *sn = fzeros(T * hd / 2);
-    rope_tables(cs, sn, T, hd, theta);
+    rope_tables(cs, sn, T, hd, theta, NULL);
     float *y = fcopy(x, n);
     rope_forward(y, cs, sn, B, T, nh, hd);
     RopeCtx c = {B, T, nh, hd, (double)theta, to_double(x, n), to_double(G, n), dzeros(n)};
@@ -775,7 +775,7 @@ static RopeCase rope_case(uint64_t seed, size_t B, size_t T, size_t nh, size_t h
     rng_seed(&r, seed);
     const size_t n = B * T * nh * hd;
     RopeCase c = {frandn(&r, n, 1.0f), NULL, fzeros(T * hd / 2), fzeros(T * hd / 2)};
-    rope_tables(c.cs, c.sn, T, hd, 500000.0f);
+    rope_tables(c.cs, c.sn, T, hd, 500000.0f, NULL);
     c.y = fcopy(c.x, n);
     rope_forward(c.y, c.cs, c.sn, B, T, nh, hd);
     return c;
@@ -809,7 +809,7 @@ TEST(rope_backward_inverts_forward) {
 TEST(rope_adjacent_pairs_hand_example) {
     const size_t T = 2, hd = 4;
     float cs[4], sn[4];
-    rope_tables(cs, sn, T, hd, 10000.0f);
+    rope_tables(cs, sn, T, hd, 10000.0f, NULL);
     float x[8] = {9, 9, 9, 9, /* t = 1: */ 1, 2, 3, 4};
     rope_forward(x, cs, sn, 1, T, 1, hd);
     double c1 = cos(1.0), s1 = sin(1.0), c2 = cos(0.01), s2 = sin(0.01);
@@ -828,7 +828,7 @@ TEST(rope_tables_match_torch_formula) {
     {
         const size_t T = 6, hd = 8;
         float cs[6 * 4], sn[6 * 4];
-        rope_tables(cs, sn, T, hd, 10000.0f);
+        rope_tables(cs, sn, T, hd, 10000.0f, NULL);
         for (size_t t = 0; t < T; t++)
             for (size_t i = 0; i < hd / 2; i++) {
                 double ang = (double)t * pow(10000.0, -(double)(2 * i) / (double)hd);
@@ -839,7 +839,7 @@ TEST(rope_tables_match_torch_formula) {
     {
         const size_t T = 8192, hd = 128, half = 64;
         float *cs = fzeros(T * half), *sn = fzeros(T * half);
-        rope_tables(cs, sn, T, hd, 500000.0f);
+        rope_tables(cs, sn, T, hd, 500000.0f, NULL);
         size_t bad = 0;
         for (size_t i = 0; i < half; i++) {
             float freq = 1.0f / powf(500000.0f, (float)(2 * i) / (float)hd); /* torch: 1/(theta ** (arange/dim)) */
@@ -851,6 +851,66 @@ TEST(rope_tables_match_torch_formula) {
         CHECK(bad == 0, "%zu table entries differ from cos/sin of the fp32 angle", bad);
         free_all();
     }
+}
+
+/* Llama 3.1's RoPE scaling (ops.h: RopeScaling), against a float64 restatement
+ * of it written here from the published formula (llama-models apply_scaling):
+ * each frequency f = theta^(-2i/hd) has wavelength w = 2 pi / f; with C the
+ * original context, f stays if w < C / high, becomes f / factor if
+ * w > C / low, and between the two is (1 - s) f / factor + s f with
+ * s = (C / w - low) / (high - low). */
+static double ref_scaled_freq(size_t i, size_t hd, double theta, double factor, double low, double high, double C) {
+    double f = pow(theta, -(double)(2 * i) / (double)hd);
+    double w = 2.0 * acos(-1.0) / f; /* 2 pi / f */
+    if (w < C / high) return f;
+    if (w > C / low) return f / factor;
+    double s = (C / w - low) / (high - low);
+    return (1.0 - s) * f / factor + s * f;
+}
+
+/* Llama 3.1 8B's heads (hd 128, theta 500000; factor 8, low 1, high 4, C
+ * 8192) put pairs in all three bands: pairs 0..28 keep their frequency, 29..34
+ * blend, 35..63 are divided by 8. Checked: each pair's frequency (row t = 1
+ * holds the angle 1 * f: recovered as atan2(sin, cos)) and the whole table past
+ * the original context against the float64 angle t * f, within what float32
+ * angles allow (f to a few ulp, t * f rounded once: ~5e-7 of the angle). */
+TEST(rope_tables_llama31_scaling_match_float64) {
+    const size_t T = 16384, hd = 128, half = 64;
+    const double theta = 500000.0, factor = 8.0, low = 1.0, high = 4.0, C = 8192.0;
+    const RopeScaling sc = {8.0f, 1.0f, 4.0f, 8192.0f};
+    float *cs = fzeros(T * half), *sn = fzeros(T * half);
+    rope_tables(cs, sn, T, hd, 500000.0f, &sc);
+    double *ref = dzeros(half);
+    size_t bands[3] = {0, 0, 0}; /* kept, blended, divided */
+    for (size_t i = 0; i < half; i++) {
+        ref[i] = ref_scaled_freq(i, hd, theta, factor, low, high, C);
+        double f = pow(theta, -(double)(2 * i) / (double)hd);
+        bands[ref[i] == f ? 0 : ref[i] == f / factor ? 2 : 1]++;
+        double got = atan2((double)sn[half + i], (double)cs[half + i]); /* t = 1: the frequency itself */
+        CHECK_CLOSE(got, ref[i], 2e-6, 0.0, "scaled frequency (table row t = 1)");
+    }
+    CHECK(bands[0] == 29 && bands[1] == 6 && bands[2] == 29,
+          "bands: %zu kept, %zu blended, %zu divided (want 29, 6, 29)", bands[0], bands[1], bands[2]);
+    size_t bad = 0;
+    for (size_t t = 0; t < T; t += 13)
+        for (size_t i = 0; i < half; i++) {
+            double ang = (double)t * ref[i], tol = 2e-6 + 5e-7 * ang;
+            if (fabs(cs[t * half + i] - cos(ang)) > tol || fabs(sn[t * half + i] - sin(ang)) > tol) bad++;
+        }
+    CHECK(bad == 0, "%zu table entries differ from cos/sin of the float64 scaled angle", bad);
+    /* negative control: without the scaling the long waves' frequencies are 8 times these */
+    float *ucs = fzeros(2 * half), *usn = fzeros(2 * half);
+    rope_tables(ucs, usn, 2, hd, 500000.0f, NULL);
+    double unscaled = atan2((double)usn[half + half - 1], (double)ucs[half + half - 1]);
+    CHECK(fabs(unscaled / ref[half - 1] - factor) < 1e-5, "the last pair unscaled: %.9g, scaled (float64) %.9g",
+          unscaled, ref[half - 1]);
+    /* factor 0 is no scaling, as NULL is */
+    const RopeScaling zero = {0, 0, 0, 0};
+    float *zcs = fzeros(2 * half), *zsn = fzeros(2 * half);
+    rope_tables(zcs, zsn, 2, hd, 500000.0f, &zero);
+    CHECK(memcmp(zcs, ucs, 2 * half * sizeof(float)) == 0 && memcmp(zsn, usn, 2 * half * sizeof(float)) == 0,
+          "factor 0 changed the tables");
+    free_all();
 }
 
 /* ---- attention ---- */
@@ -1004,7 +1064,7 @@ TEST(determinism) {
     float *q = frandn(&r, nq, 1.0f), *k = frandn(&r, nk, 1.0f), *v = frandn(&r, nk, 1.0f);
     float *logits = frandn(&r, N * V, 3.0f);
     float *cs = fzeros(T * hd / 2), *sn = fzeros(T * hd / 2);
-    rope_tables(cs, sn, T, hd, 500000.0f);
+    rope_tables(cs, sn, T, hd, 500000.0f, NULL);
     float *o[2], *g1[2], *g2[2], *g3[2], *aux[2], *aux2[2];
     double ss[2];
     float loss[2];

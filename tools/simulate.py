@@ -29,6 +29,7 @@ the instructors' solution. Ranks >= 1 record no trace (--trace-ranks 1): FSDP's 
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -65,6 +66,18 @@ TORCHTITAN = [
 # checkpointing (torchtitan's per-op selective AC is --ac-op, full is --ac)
 COMPARE_STAGE, COMPARE_FLAGS = "08", ["--param-dtype", "bf16"]
 AC_FLAG = {"selective (per op)": "--ac-op", "full": "--ac"}
+
+
+def model_name(flavor):
+    """What a flavour is, for titles: the published models by name and release ("Llama 3 8B": the flavours 8B
+    and 70B are Llama 3's; "Llama 2 7B", "Llama 3.1 405B" for llama2-7B, llama3.1-405B), this project's own
+    (tiny, debugmodel, 1B) as flavours."""
+    m = re.fullmatch(r"llama(\d+(?:\.\d+)?)-(\d+B)", flavor)
+    if m:
+        return "Llama %s %s" % m.groups()
+    if flavor in ("8B", "70B"):
+        return "Llama 3 %s" % flavor
+    return "the %s flavour" % flavor
 
 
 def fail(msg):
@@ -186,9 +199,9 @@ AC_WORDS = {"none": "no activation checkpointing", "full": "full activation chec
 def render(r):
     """The report as markdown lines."""
     cap = r["hbm_capacity_bytes"]
-    L = ["# Dry run: stage %s, Llama %s, %d modelled GPUs (%s%s)%s" % (
-        r["stage"], r["flavor"], r["world"], r["device_profile"], ", %.0f GiB each" % (cap / GIB) if cap else "",
-        ": " + fit_mark(r) if fit_mark(r) else ""), ""]
+    L = ["# Dry run: stage %s, %s, %d modelled GPUs (%s%s)%s" % (
+        r["stage"], model_name(r["flavor"]), r["world"], r["device_profile"],
+        ", %.0f GiB each" % (cap / GIB) if cap else "", ": " + fit_mark(r) if fit_mark(r) else ""), ""]
     L.append("Local batch %d x sequence %d, %s, params %s, reduce %s%s; %s parameters. No math ran: every figure "
              "is the modelled clock's or the allocator's." % (
                  r["batch"], r["seq_len"], AC_WORDS.get(r["ac"], "activation checkpointing %s" % r["ac"]),
@@ -256,7 +269,8 @@ def sweep(exe, stage, a, worlds):
         out = os.path.join(a.out, "world%d" % w)
         print("dry run: stage %s, %s, world %d ..." % (stage.id, a.flavor, w), flush=True)
         rows.append(dry_run(exe, stage, a.flavor, w, a.profile, a.batch, a.seq, a.steps, a.flags.split(), out))
-    L = ["# Sweep: stage %s, Llama %s on %s, local batch %d x %d" % (stage.id, a.flavor, a.profile, a.batch, a.seq),
+    L = ["# Sweep: stage %s, %s on %s, local batch %d x %d" % (stage.id, model_name(a.flavor), a.profile, a.batch,
+                                                               a.seq),
          "", "| world | modelled step ms | tokens/s/GPU | MFU | peak GiB/rank | exposed comm ms |",
          "| ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
@@ -289,7 +303,7 @@ def sweep(exe, stage, a, worlds):
         x.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
         x.set_xticks(ws, [str(w) for w in ws])
         x.set_ylim(bottom=0)
-    fig.suptitle("stage %s, Llama %s, %s, %s" % (stage.id, a.flavor, a.profile, a.flags or "no flags"))
+    fig.suptitle("stage %s, %s, %s, %s" % (stage.id, model_name(a.flavor), a.profile, a.flags or "no flags"))
     fig.tight_layout()
     fig.savefig(os.path.join(a.out, "sweep.png"), dpi=100)
     print("wrote %s" % os.path.join(a.out, "sweep.png"))
@@ -335,7 +349,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--stage", default="04", help="stage number (default 04)")
     ap.add_argument("--solutions", action="store_true", help="the solution's hw_fsdp.c instead of stages/NN's")
-    ap.add_argument("--flavor", default="8B")
+    ap.add_argument("--flavor", default="8B", help="train --flavor (default 8B, Llama 3's): also 70B, llama2-7B, "
+                    "llama2-13B, llama2-70B, llama3.1-8B, llama3.1-70B, llama3.1-405B, and tiny, debugmodel, 1B")
     ap.add_argument("--world", type=int, default=8)
     ap.add_argument("--profile", default="h100-sxm", help="device profile (train --device-profile)")
     ap.add_argument("--batch", type=int, default=1, help="local batch (sequences per rank; default 1)")

@@ -118,7 +118,7 @@ void kcpu_rope(void *a) {
     else rope_forward(v.f, r->cos, r->sin, r->B, r->T, r->nh, r->hd);
     put_back(&v);
 }
-void kcpu_rope_tables(void *a) { RopeTabArgs *r = a; rope_tables(r->cos, r->sin, r->T, r->hd, r->theta); }
+void kcpu_rope_tables(void *a) { RopeTabArgs *r = a; rope_tables(r->cos, r->sin, r->T, r->hd, r->theta, &r->scaling); }
 
 void kcpu_attention_forward(void *a) {
     AttArgs *x = a;

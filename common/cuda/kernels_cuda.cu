@@ -202,7 +202,7 @@ __global__ void __launch_bounds__(kTile * kTile)
 
 /* ---------------------------------------------------------------------- rope */
 
-struct RopeFreqs { float f[kMaxHalf]; }; /* freq_i = rope_freq(i), formed on the host as the CPU forms it */
+struct RopeFreqs { float f[kMaxHalf]; }; /* freq_i = rope_freq_scaled(i), formed on the host as the CPU forms it */
 
 /* cos/sin[t, i] of angle = (float)t * freq_i: the CPU's float angle bit for
  * bit; cos and sin in double, then rounded, agree with glibc's cosf/sinf
@@ -873,7 +873,8 @@ void kcuda_rope_tables(void *a) {
     if (half > (size_t)kMaxHalf) fatal("rope_tables: head dim %zu is more than %d", r->hd, 2 * kMaxHalf);
     if (!r->T || !half) return;
     RopeFreqs fr;
-    for (size_t i = 0; i < half; i++) fr.f[i] = rope_freq(i, r->hd, r->theta); /* host libm, as the CPU */
+    /* host libm, as the CPU; Llama 3.1's scaling (r->scaling, ops.h) there too */
+    for (size_t i = 0; i < half; i++) fr.f[i] = rope_freq_scaled(i, r->hd, r->theta, &r->scaling);
     rope_tab<<<blocks_for(r->T * half), kThreads, 0, cuda_current_stream()>>>(r->cos, r->sin, r->T, half, fr);
     CUDA_CHECK_LAUNCH("rope_tab");
 }

@@ -213,8 +213,9 @@ static void json_mesh(Json *j, const Options *o) {
 static const Flag FLAGS[] = {
     /* model */
     {.name = "--flavor", .kind = FLAG_STRING, .at = AT(flavor), .def = "tiny", .arg = "NAME",
-     .help = "tiny | debugmodel | 1B | 8B | 70B (8B and 70B: Llama 3's,\n"
-             "for --dry-run)", .section = "model", .json = "flavor"},
+     .help = "tiny | debugmodel | 1B | 8B | 70B | llama2-7B | llama2-13B |\n"
+             "llama2-70B | llama3.1-8B | llama3.1-70B | llama3.1-405B\n"
+             "(8B and 70B: Llama 3's; the published ones for --dry-run)", .section = "model", .json = "flavor"},
     {.name = "--dim", .kind = FLAG_INT, .at = AT(overrides.dim), .lo = 1, .hi = 1 << 16, .arg = "N",
      .json = "dim", .json_value = json_model_dim},
     {.name = "--n-layers", .kind = FLAG_INT, .at = AT(overrides.n_layers), .lo = 1, .hi = 1024, .arg = "N",
@@ -560,9 +561,12 @@ void parse_options(int argc, char **argv, Options *o) {
     apply_model_overrides(&o->model, &o->overrides);
     model_config_finalize(&o->model);
     size_t max_seq = model_flavor_max_seq_len(o->flavor);
-    if (max_seq && o->seq_len > max_seq)
-        fatal("--seq-len %zu exceeds the %s flavour's context of %zu tokens (Llama 3's; longer contexts need the RoPE "
-              "scaling of Llama 3.1, which this runtime does not do)", o->seq_len, o->flavor, max_seq);
+    if (max_seq && o->seq_len > max_seq) {
+        const char *family = model_flavor_family(o->flavor);
+        fatal("--seq-len %zu exceeds the %s flavour's context of %zu tokens (%s's%s)", o->seq_len, o->flavor, max_seq,
+              family, strcmp(family, "Llama 3") == 0 ? "; the llama3.1-* flavours, with Llama 3.1's RoPE scaling, "
+                                                       "take 131072" : "");
+    }
     if (o->pp) {
         const int W = o->world.world_size, P = o->pp, L = o->model.n_layers;
         if (!o->microbatches) o->microbatches = P;

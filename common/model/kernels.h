@@ -20,6 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "model/ops.h" /* RopeScaling */
 #include "model/optim.h"
 #include "runtime/runtime.h"
 
@@ -50,8 +51,8 @@ typedef struct { void *out; const void *in, *w; size_t N, C, OC; int bf16; } MmA
 typedef struct { void *dinp; float *dw; const void *dout, *in, *w; size_t N, C, OC; int bf16; } MmBwdArgs;
 /* in-place RoPE on x[B,T,nh,hd] [a] (backward = rotate by -angle) */
 typedef struct { void *x; const float *cos, *sin; size_t B, T, nh, hd; int backward; int bf16; } RopeArgs;
-/* cos/sin tables [T, hd/2] */
-typedef struct { float *cos, *sin; size_t T, hd; float theta; } RopeTabArgs;
+/* cos/sin tables [T, hd/2]; scaling: Llama 3.1's (ops.h; factor 0: none) */
+typedef struct { float *cos, *sin; size_t T, hd; float theta; RopeScaling scaling; } RopeTabArgs;
 /* causal flash attention (ops.h): out[B,T,H,hd] [a], lse[B,H,T] (each row's logsumexp, saved); q, k, v [a] */
 typedef struct { void *out; float *lse; const void *q, *k, *v; size_t B, T, H, KV, hd; int bf16; } AttArgs;
 /* dq, dk, dv [a] accumulate; out [a] and lse are the forward's; scratch holds

@@ -26,17 +26,35 @@
 
 /* ------------------------------------------------------------ configuration */
 
-/* Llama 3 as torchtitan defines it (vocab: the Llama 3 tokenizer's 128,000 + 256 special tokens; FFN
- * multiplier 1.3, so F = 14336 for 8B, 28672 for 70B), with Llama 3's context. */
+/* The published Llama models, as their configs define them: llama-models' sku_list.py for Llama 3 and 3.1,
+ * Llama 2's params.json (not sku_list.py, whose Llama 2 entries copy Llama 3's arguments). F is derived by
+ * model_config_finalize: 14336 / 28672 / 53248 for Llama 3 and 3.1's 8B / 70B / 405B, 11008 / 13824 / 28672
+ * for Llama 2's 7B / 13B / 70B. Vocab: Llama 3's tokenizer's 128,000 + 256 special tokens, Llama 2's 32,000.
+ * 8B and 70B are Llama 3 as torchtitan defines it (no RoPE scaling, context 8192); Llama 3.1 has the same
+ * shapes (405B: its own), Llama 3.1's scaled RoPE and context 131072. */
 static const struct {
-    const char *name;
-    int dim, n_layers, n_heads, n_kv_heads, multiple_of;
-    size_t max_seq_len;
-} LLAMA3[] = {
-    {"8B", 4096, 32, 32, 8, 1024, 8192},
-    {"70B", 8192, 80, 64, 8, 4096, 8192},
+    const char *name, *family;
+    int dim, n_layers, n_heads, n_kv_heads, vocab_size, multiple_of;
+    float ffn_dim_multiplier; /* 0: none (Llama 2 7B and 13B) */
+    float rope_theta;
+    int scaled_rope;          /* Llama 3.1's RoPE scaling (LLAMA31_ROPE) */
+    size_t max_seq_len;       /* context */
+} LLAMA[] = {
+    /* name           family       dim    L    H    KV  vocab   mult_of mult  theta      scaled context */
+    {"8B",            "Llama 3",   4096,  32,  32,  8,  128256, 1024,   1.3f, 500000.0f, 0,     8192},
+    {"70B",           "Llama 3",   8192,  80,  64,  8,  128256, 4096,   1.3f, 500000.0f, 0,     8192},
+    {"llama2-7B",     "Llama 2",   4096,  32,  32,  32, 32000,  256,    0.0f, 10000.0f,  0,     4096},
+    {"llama2-13B",    "Llama 2",   5120,  40,  40,  40, 32000,  256,    0.0f, 10000.0f,  0,     4096},
+    {"llama2-70B",    "Llama 2",   8192,  80,  64,  8,  32000,  4096,   1.3f, 10000.0f,  0,     4096},
+    {"llama3.1-8B",   "Llama 3.1", 4096,  32,  32,  8,  128256, 1024,   1.3f, 500000.0f, 1,     131072},
+    {"llama3.1-70B",  "Llama 3.1", 8192,  80,  64,  8,  128256, 4096,   1.3f, 500000.0f, 1,     131072},
+    {"llama3.1-405B", "Llama 3.1", 16384, 126, 128, 8,  128256, 4096,   1.2f, 500000.0f, 1,     131072},
 };
-#define N_LLAMA3 (sizeof LLAMA3 / sizeof LLAMA3[0])
+#define N_LLAMA (sizeof LLAMA / sizeof LLAMA[0])
+
+/* Llama 3.1's RoPE scaling (llama-models' apply_scaling): factor 8, low / high frequency factors 1 and 4,
+ * original context 8192 (ops.h: the formula) */
+static const RopeScaling LLAMA31_ROPE = {8.0f, 1.0f, 4.0f, 8192.0f};
 
 int model_flavor(ModelConfig *c, const char *name) {
     memset(c, 0, sizeof *c);
@@ -64,15 +82,22 @@ int model_flavor(ModelConfig *c, const char *name) {
         c->n_heads = 16;
         c->vocab_size = 2048;
     } else {
-        for (size_t i = 0; i < N_LLAMA3; i++)
-            if (strcmp(name, LLAMA3[i].name) == 0) {
-                c->dim = LLAMA3[i].dim;
-                c->n_layers = LLAMA3[i].n_layers;
-                c->n_heads = LLAMA3[i].n_heads;
-                c->n_kv_heads = LLAMA3[i].n_kv_heads;
-                c->multiple_of = LLAMA3[i].multiple_of;
-                c->vocab_size = 128256;
-                c->ffn_dim_multiplier = 1.3f;
+        for (size_t i = 0; i < N_LLAMA; i++)
+            if (strcmp(name, LLAMA[i].name) == 0) {
+                c->dim = LLAMA[i].dim;
+                c->n_layers = LLAMA[i].n_layers;
+                c->n_heads = LLAMA[i].n_heads;
+                c->n_kv_heads = LLAMA[i].n_kv_heads;
+                c->vocab_size = LLAMA[i].vocab_size;
+                c->multiple_of = LLAMA[i].multiple_of;
+                c->ffn_dim_multiplier = LLAMA[i].ffn_dim_multiplier;
+                c->rope_theta = LLAMA[i].rope_theta;
+                if (LLAMA[i].scaled_rope) {
+                    c->rope_factor = LLAMA31_ROPE.factor;
+                    c->rope_low_freq_factor = LLAMA31_ROPE.low_freq_factor;
+                    c->rope_high_freq_factor = LLAMA31_ROPE.high_freq_factor;
+                    c->rope_old_context = LLAMA31_ROPE.old_context;
+                }
                 return 1;
             }
         return 0;
@@ -81,10 +106,16 @@ int model_flavor(ModelConfig *c, const char *name) {
 }
 
 size_t model_flavor_max_seq_len(const char *name) {
-    /* Llama 3's context; the small flavours are this project's and take any length */
-    for (size_t i = 0; name && i < N_LLAMA3; i++)
-        if (strcmp(name, LLAMA3[i].name) == 0) return LLAMA3[i].max_seq_len;
+    /* the published models' context; the small flavours are this project's and take any length */
+    for (size_t i = 0; name && i < N_LLAMA; i++)
+        if (strcmp(name, LLAMA[i].name) == 0) return LLAMA[i].max_seq_len;
     return 0;
+}
+
+const char *model_flavor_family(const char *name) {
+    for (size_t i = 0; name && i < N_LLAMA; i++)
+        if (strcmp(name, LLAMA[i].name) == 0) return LLAMA[i].family;
+    return NULL;
 }
 
 void model_config_finalize(ModelConfig *c) {
@@ -99,6 +130,12 @@ void model_config_finalize(ModelConfig *c) {
     c->head_dim = c->dim / c->n_heads;
     if (c->head_dim % 2 != 0) fatal("head dim %d (dim / n-heads) must be even for RoPE", c->head_dim);
     if (c->ffn_dim_multiplier < 0) fatal("ffn-dim-multiplier must be positive");
+    /* Llama 3.1's RoPE scaling (ops.h): its blend divides by high - low and the bands by both */
+    if (c->rope_factor != 0.0f && !(c->rope_factor > 0.0f && c->rope_low_freq_factor > 0.0f &&
+                                    c->rope_high_freq_factor > c->rope_low_freq_factor && c->rope_old_context > 0.0f))
+        fatal("RoPE scaling needs factor > 0, 0 < low-freq factor < high-freq factor and an original context > 0 "
+              "(got %g, %g, %g, %g)", c->rope_factor, c->rope_low_freq_factor, c->rope_high_freq_factor,
+              c->rope_old_context);
     /* torchtitan: hidden = int(2 * 4d / 3); times multiplier; round up to multiple_of */
     long hidden = (long)(2 * (4 * (long)c->dim) / 3);
     if (c->ffn_dim_multiplier > 0) hidden = (long)(c->ffn_dim_multiplier * (float)hidden);
@@ -396,7 +433,9 @@ void model_run_begin(Model *m, ModelRun *run) {
     Q q = {run->dev, run->stream, "rope", 0};
     run->rope_cos = act_f32(&q, run->T * hd / 2, "cos");
     run->rope_sin = act_f32(&q, run->T * hd / 2, "sin");
-    RopeTabArgs a = {run->rope_cos, run->rope_sin, run->T, hd, m->cfg.rope_theta};
+    const ModelConfig *cfg = &m->cfg; /* its RoPE: theta, and Llama 3.1's scaling (factor 0: none) */
+    RopeTabArgs a = {run->rope_cos, run->rope_sin, run->T, hd, cfg->rope_theta,
+                     {cfg->rope_factor, cfg->rope_low_freq_factor, cfg->rope_high_freq_factor, cfg->rope_old_context}};
     KernelCost c = kcost_elementwise(20.0 * (double)(run->T * hd / 2), 4.0 * (double)(run->T * hd)); /* a pow, a sin, a cos */
     dev_launch(run->stream, "rope_tables", &c, KERNEL(run->stream, rope_tables), &a, sizeof a);
     Q ql = {run->dev, run->stream, "head", 0};

@@ -16,15 +16,23 @@
 #include "hw_fsdp.h"
 
 /* Fill c with a named flavour (MODEL_FLAVORS). Returns 0 if the name is
- * unknown. 8B and 70B are Llama 3's, as torchtitan defines them: at that size
- * the CPU trains nothing, but --dry-run prices and counts a step. */
-#define MODEL_FLAVORS "tiny, debugmodel, 1B, 8B, 70B"
+ * unknown. tiny, debugmodel and 1B are this project's; the others are the
+ * published models as their configs define them: 8B and 70B are Llama 3's,
+ * as torchtitan defines them, llama2-* Llama 2's and llama3.1-* Llama 3.1's
+ * (with its RoPE scaling: ops.h). At those sizes the CPU trains nothing, but
+ * --dry-run prices and counts a step. */
+#define MODEL_FLAVORS \
+    "tiny, debugmodel, 1B, 8B, 70B, llama2-7B, llama2-13B, llama2-70B, llama3.1-8B, llama3.1-70B, llama3.1-405B"
 int model_flavor(ModelConfig *c, const char *name);
-/* The longest sequence the flavour allows (8B, 70B: Llama 3's 8192), 0 if any. */
+/* The longest sequence the flavour allows (its model's context: Llama 3's
+ * 8192, Llama 2's 4096, Llama 3.1's 131072), 0 if any. */
 size_t model_flavor_max_seq_len(const char *name);
+/* "Llama 3", "Llama 2" or "Llama 3.1" for a published model's flavour, NULL
+ * for this project's own. */
+const char *model_flavor_family(const char *name);
 /* Derive head_dim and hidden_dim; fatal with one line on an impossible config
  * (dim not divisible by heads, heads not divisible by kv heads, odd head dim,
- * non-positive sizes). */
+ * non-positive sizes, a RoPE scaling whose bands do not order). */
 void model_config_finalize(ModelConfig *c);
 
 /* Build the module/param structure (no parameter memory: every data/grad NULL). */

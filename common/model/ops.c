@@ -122,14 +122,15 @@ void matmul_backward(float *dinp, float *dweight, const float *dout, const float
 /* ----------------------------------------------------------------------- rope */
 
 /* As torch does it, all in fp32:
- *   freq[i]  = 1 / theta^((2i)/hd)        (float exponent, float pow: rope_freq)
+ *   freq[i]  = 1 / theta^((2i)/hd)        (float exponent, float pow: rope_freq),
+ *              then Llama 3.1's scaling when given (rope_freq_scaled)
  *   angle    = (float)t * freq[i]         (float multiply)
  *   cos/sin of that float angle. */
-void rope_tables(float *cos_tab, float *sin_tab, size_t T, size_t hd, float theta) {
+void rope_tables(float *cos_tab, float *sin_tab, size_t T, size_t hd, float theta, const RopeScaling *scaling) {
     if (hd % 2 != 0) fatal("rope_tables: head dim %zu is odd", hd);
     size_t half = hd / 2;
     for (size_t i = 0; i < half; i++) {
-        float freq = rope_freq(i, hd, theta); /* ops_math.h */
+        float freq = rope_freq_scaled(i, hd, theta, scaling); /* ops_math.h */
         for (size_t t = 0; t < T; t++) {
             float angle = (float)t * freq;
             cos_tab[t * half + i] = cosf(angle);

@@ -36,8 +36,24 @@ void matmul_forward(float *out, const float *inp, const float *weight, size_t N,
 void matmul_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
                      size_t N, size_t C, size_t OC);
 
-/* RoPE tables for positions 0..T-1: angle[t,i] = t * theta^(-2i/hd), i < hd/2. */
-void rope_tables(float *cos_tab /* [T, hd/2] */, float *sin_tab /* [T, hd/2] */, size_t T, size_t hd, float theta);
+/* Llama 3.1's RoPE scaling (ModelConfig's rope_factor, rope_low_freq_factor,
+ * rope_high_freq_factor, rope_old_context; published: 8, 1, 4, 8192). It
+ * stretches the long waves of a model trained at context C = old_context so
+ * that positions beyond C fall on angles it has seen. Per frequency f, with
+ * wavelength w = 2 pi / f:
+ *   w < C / high_freq_factor    f                              (short waves, as trained)
+ *   w > C / low_freq_factor     f / factor                     (long waves, stretched)
+ *   otherwise                   (1 - s) f / factor + s f,      a blend of the two, with
+ *                               s = (C / w - low_freq_factor) / (high_freq_factor - low_freq_factor)
+ * factor 0 (or a NULL RopeScaling *): no scaling. ops_math.h: rope_freq_scaled. */
+typedef struct {
+    float factor, low_freq_factor, high_freq_factor, old_context;
+} RopeScaling;
+
+/* RoPE tables for positions 0..T-1: angle[t,i] = t * f_i, i < hd/2, with
+ * f_i = theta^(-2i/hd), scaled as above when scaling is given. */
+void rope_tables(float *cos_tab /* [T, hd/2] */, float *sin_tab /* [T, hd/2] */, size_t T, size_t hd, float theta,
+                 const RopeScaling *scaling /* NULL: none */);
 /* In-place rotation of ADJACENT pairs (x[2i], x[2i+1]) by angle[t,i], as
  * Meta/torchtitan's complex-number RoPE. x is [B, T, nh, hd]. */
 void rope_forward(float *x, const float *cos_tab, const float *sin_tab, size_t B, size_t T, size_t nh, size_t hd);

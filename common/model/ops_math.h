@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "model/ops.h" /* RopeScaling */
 #include "model/optim.h"
 #include "runtime/bf16.h" /* HWFSDP_HD; bf16_from_f32 / bf16_to_f32 */
 
@@ -37,6 +38,21 @@ HWFSDP_HD void swiglu_backward_elem(float g, float a, float b, float *da, float 
 
 /* RoPE frequency of pair i: 1 / theta^(2i/hd), in float as torch forms it */
 HWFSDP_HD float rope_freq(size_t i, size_t hd, float theta) { return 1.0f / powf(theta, (float)(2 * i) / (float)hd); }
+
+/* Pair i's frequency under Llama 3.1's scaling (ops.h: RopeScaling, its three
+ * bands), in float32: f = rope_freq, w = 2 pi / f its wavelength in positions,
+ * C the original context. Unscaled when sc is NULL or sc->factor is 0. */
+HWFSDP_HD float rope_freq_scaled(size_t i, size_t hd, float theta, const RopeScaling *sc) {
+    float f = rope_freq(i, hd, theta);
+    if (!sc || sc->factor == 0.0f) return f;
+    const float two_pi = 6.28318530717958647692f;
+    float w = two_pi / f;                                         /* positions per turn */
+    if (w < sc->old_context / sc->high_freq_factor) return f;     /* short wave: as trained */
+    if (w > sc->old_context / sc->low_freq_factor) return f / sc->factor; /* long wave: stretched */
+    /* between: s runs from 0 (w = C / low_freq_factor) to 1 (w = C / high_freq_factor), linear in C / w */
+    float s = (sc->old_context / w - sc->low_freq_factor) / (sc->high_freq_factor - sc->low_freq_factor);
+    return (1.0f - s) * f / sc->factor + s * f;
+}
 
 /* the complex product (x0 + i x1)(c + i s): a rotation of the adjacent pair by
  * angle (s = sin, or -sin to undo); products rounded as on the CPU (no FMA) */

@@ -333,11 +333,18 @@ static void check_rope(Ctx *c, size_t B, size_t T, size_t nh, size_t hd) {
     char shape[64];
     snprintf(shape, sizeof shape, "B%zu T%zu nh%zu hd%zu", B, T, nh, hd);
     if (!c->bf16) {
-        RopeTabArgs t = {cs, sn, T, hd, 500000.0f};
-        Buf bt[] = {{"cos", cs, F(T * half), OUT}, {"sin", sn, F(T * half), OUT}};
-        CASE_F32("rope_tables", shape, kcpu_rope_tables, kcuda_rope_tables, t, bt);
+        /* Llama 3's tables, then Llama 3.1's scaled ones (ops.h: RopeScaling; its frequencies are formed on the
+         * host, as the CPU forms them, so the two agree as the unscaled ones do) */
+        const RopeScaling none = {0, 0, 0, 0}, llama31 = {8.0f, 1.0f, 4.0f, 8192.0f};
+        for (int scaled = 0; scaled < 2; scaled++) {
+            RopeTabArgs t = {cs, sn, T, hd, 500000.0f, scaled ? llama31 : none};
+            Buf bt[] = {{"cos", cs, F(T * half), OUT}, {"sin", sn, F(T * half), OUT}};
+            char tshape[80];
+            snprintf(tshape, sizeof tshape, "%s%s", shape, scaled ? " scaled" : "");
+            CASE_F32("rope_tables", tshape, kcpu_rope_tables, kcuda_rope_tables, t, bt);
+        }
     }
-    rope_tables(cs, sn, T, hd, 500000.0f); /* the same tables on both sides */
+    rope_tables(cs, sn, T, hd, 500000.0f, NULL); /* the same tables on both sides */
     for (int bwd = 0; bwd < 2; bwd++) {
         RopeArgs r = {x, cs, sn, B, T, nh, hd, bwd, c->bf16};
         Buf br[] = {{"cos", cs, F(T * half), IN}, {"sin", sn, F(T * half), IN},

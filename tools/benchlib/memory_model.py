@@ -31,7 +31,10 @@ def attention_tiles():
 
 
 def hidden_dim(dim, multiple_of, ffn_dim_multiplier=0.0):
-    """The SwiGLU width F: Llama's 2/3 of 4 x dim, scaled, rounded up to multiple_of."""
+    """The SwiGLU width F: Llama's 2/3 of 4 x dim, scaled, rounded up to multiple_of, as model_config_finalize
+    derives it: 11008 / 13824 / 28672 for Llama 2 7B / 13B / 70B (dim 4096 / 5120 / 8192, multiple_of 256 / 256 /
+    4096, multiplier none / none / 1.3), 14336 / 28672 / 53248 for Llama 3 and 3.1's 8B / 70B / 405B (dim 4096 /
+    8192 / 16384, multiple_of 1024 / 4096 / 4096, multiplier 1.3 / 1.3 / 1.2)."""
     h = int(2 * (4 * dim) / 3)
     if ffn_dim_multiplier:
         h = int(ffn_dim_multiplier * h)
@@ -45,7 +48,9 @@ def model_dims(run_json):
     d = {"D": c["dim"], "L": c["n_layers"], "H": c["n_heads"], "KV": kv, "V": c["vocab_size"],
          "hd": c["dim"] // c["n_heads"], "F": hidden_dim(c["dim"], c["multiple_of"], c.get("ffn_dim_multiplier", 0.0))}
     if "hidden_dim" in c and c["hidden_dim"] != d["F"]:
-        d["F"] = c["hidden_dim"]  # a flavour with a multiplier: trust the runtime's derivation
+        # run.json states F but not the multiplier: a flavour with one (8B, 70B, llama2-70B, llama3.1-*) or
+        # --ffn-dim-multiplier takes the runtime's F (hidden_dim above derives the same from the multiplier)
+        d["F"] = c["hidden_dim"]
     return d
 
 

@@ -30,7 +30,10 @@ def model_allocs(out):
 
 
 def stage08():
-    st = manifest.stage("08")
+    try:
+        st = manifest.stage("08")
+    except KeyError:  # a staged release holds the stages up to its own
+        pytest.skip("no stage 08 in this release")
     if not os.path.exists(st.solution_src()):
         pytest.skip("no solution for stage 08")
     return st

@@ -66,7 +66,10 @@ def run_json(out):
 
 
 def solution_or_skip(sid):
-    st = manifest.stage(sid)
+    try:
+        st = manifest.stage(sid)
+    except KeyError:  # a staged release holds the stages up to its own
+        pytest.skip("no stage %s in this release" % sid)
     if not os.path.exists(st.solution_src()):
         pytest.skip("no solutions/%s" % st.dir)
     return solution_bin(sid)

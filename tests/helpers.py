@@ -26,6 +26,19 @@ def solution_bin(stage):
     return os.path.join(BUILD, "solutions", st.dir, "train")
 
 
+def stage_or_skip(sid):
+    """Stage sid of the manifest, its test skipped where this tree has no solution for it (the student tree) or
+    no such stage (a staged release holds the stages up to its own)."""
+    import pytest
+    try:
+        st = manifest.stage(sid)
+    except KeyError:
+        pytest.skip("no stage %s in this release" % sid)
+    if not os.path.exists(st.solution_src()):
+        pytest.skip("no solutions/%s" % st.dir)
+    return st
+
+
 def run_train(binary, out, *flags, timeout=300, check=True, env=None, launcher=()):
     """Run a training binary into run directory `out`; return the CompletedProcess."""
     cmd = list(launcher) + [binary, "--out", str(out), "--quiet", "--data", CORPUS] + [str(f) for f in flags]

@@ -5,13 +5,10 @@ their gradient, the loss, the RoPE tables). Checked on the memory snapshot, by p
 run with the same allocation of a bf16 run of the same configuration: a real run of the tiny flavour, and a dry run
 of Llama 3 8B on 8 modelled H100s."""
 import collections
-import os
 
 import pytest
 
-from helpers import ROOT, run_train, snapshot, solution_bin
-
-import manifest
+from helpers import run_train, snapshot, solution_bin, stage_or_skip
 
 # the model's float32 tensors under bf16 (model.c: act_f32, temp_f32); every other tensor of a module is bf16
 FLOAT32 = {"rstd", "rstd1", "rstd2", "lse", "att_scratch", "logits", "dlogits", "loss", "cos", "sin"}
@@ -29,14 +26,6 @@ def model_allocs(out):
     return sizes
 
 
-def stage08():
-    try:
-        st = manifest.stage("08")
-    except KeyError:  # a staged release holds the stages up to its own
-        pytest.skip("no stage 08 in this release")
-    if not os.path.exists(st.solution_src()):
-        pytest.skip("no solution for stage 08")
-    return st
 
 
 def check_paired(f32, bf16):
@@ -59,7 +48,7 @@ RUNS = {
 
 @pytest.mark.parametrize("run", sorted(RUNS))
 def test_bf16_activations_take_2_bytes(run, tmp_path):
-    st = stage08()
+    st = stage_or_skip("08")
     outs = {}
     for dt in ("fp32", "bf16"):
         outs[dt] = tmp_path / dt

@@ -22,9 +22,7 @@ import sys
 
 import pytest
 
-from helpers import BASELINE, BUILD, ROOT, SOLVED, metrics, run_train, solution_bin
-
-import manifest
+from helpers import BASELINE, BUILD, ROOT, SOLVED, metrics, run_train, solution_bin, stage_or_skip
 
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 from compare_reference import memory_snapshot, trace_tracks  # noqa: E402
@@ -35,16 +33,6 @@ EXIT_OVER_CAPACITY = simulate.EXIT_OVER_CAPACITY
 
 DEBUG = ["--flavor", "debugmodel", "--world", 4, "--seq-len", 128, "--batch-size", 2, "--steps", 2,
          "--profile-steps", 2, "--device-profile", "h100-sxm"]
-
-
-def stage_or_skip(sid):
-    try:
-        st = manifest.stage(sid)
-    except KeyError:  # a staged release holds the stages up to its own
-        pytest.skip("no stage %s in this release" % sid)
-    if not os.path.exists(st.solution_src()):
-        pytest.skip("no solutions/%s" % st.dir)
-    return st
 
 
 def read(path, reader=json.loads):

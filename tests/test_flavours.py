@@ -20,9 +20,8 @@ import re
 
 import pytest
 
-from helpers import BASELINE, ROOT, metrics, run_train, solution_bin
+from helpers import BASELINE, metrics, run_train, solution_bin, stage_or_skip
 
-import manifest
 from benchlib.memory_model import hidden_dim, model_dims, n_params
 from simulate import model_name
 
@@ -66,13 +65,7 @@ def run_json(out):
 
 
 def solution_or_skip(sid):
-    try:
-        st = manifest.stage(sid)
-    except KeyError:  # a staged release holds the stages up to its own
-        pytest.skip("no stage %s in this release" % sid)
-    if not os.path.exists(st.solution_src()):
-        pytest.skip("no solutions/%s" % st.dir)
-    return solution_bin(sid)
+    return solution_bin(stage_or_skip(sid))
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))

@@ -315,7 +315,8 @@ typedef struct {
 
 static DType act_dtype(const ModelRun *run) { return run->param_bf16 ? DTYPE_BF16 : DTYPE_F32; }
 /* bytes of one activation element: 2 under bf16, else 4 */
-static size_t act_size(const ModelRun *run) { return run->param_bf16 ? sizeof(Bf16) : sizeof(float); }
+static size_t elem_size(int bf16) { return bf16 ? sizeof(Bf16) : sizeof(float); }
+static size_t act_size(const ModelRun *run) { return elem_size(run->param_bf16); }
 
 static void *alloc_named(Q *q, size_t n, size_t esize, MemTag tag, const char *what) {
     char nm[64];
@@ -324,14 +325,14 @@ static void *alloc_named(Q *q, size_t n, size_t esize, MemTag tag, const char *w
 }
 /* an activation of n elements in the run's dtype */
 static void *act(Q *q, size_t n, const char *what) {
-    return alloc_named(q, n, q->bf16 ? sizeof(Bf16) : sizeof(float), MEM_ACTIVATION, what);
+    return alloc_named(q, n, elem_size(q->bf16), MEM_ACTIVATION, what);
 }
 /* a float32 activation (rstd, lse, logits, the loss, the RoPE tables) */
 static float *act_f32(Q *q, size_t n, const char *what) { return alloc_named(q, n, sizeof(float), MEM_ACTIVATION, what); }
 static float *temp_f32(Q *q, size_t n, const char *what) { return alloc_named(q, n, sizeof(float), MEM_TEMP, what); }
 /* a zeroed gradient of an activation (the run's dtype; bf16 zero is 0x0000) */
 static void *zeros(Q *q, size_t n, const char *what) {
-    size_t es = q->bf16 ? sizeof(Bf16) : sizeof(float);
+    size_t es = elem_size(q->bf16);
     void *p = alloc_named(q, n, es, MEM_TEMP, what);
     dev_memset_async(q->s, p, 0, n * es);
     return p;

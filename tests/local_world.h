@@ -11,9 +11,9 @@
 
 /* The declared cost of the tests' own kernels (runtime.h: every launch declares
  * one): a kernel's fixed time on the profile, no FLOPs, no bytes. */
-#define TEST_COST (&(KernelCost){COST_ELEMENTWISE, DTYPE_F32, 0, 0})
+#define TEST_COST (&(KernelCost){.cls = COST_ELEMENTWISE, .math = DTYPE_F32})
 /* A kernel that lasts 1 ms on the modelled clock ("teach" profile: 100 MB at 100 GB/s). */
-#define LONG_COST (&(KernelCost){COST_ELEMENTWISE, DTYPE_F32, 0, 100e6})
+#define LONG_COST (&(KernelCost){.cls = COST_ELEMENTWISE, .math = DTYPE_F32, .bytes = 100e6})
 
 static inline WorldConfig local_config(int n) {
     WorldConfig c = {0};

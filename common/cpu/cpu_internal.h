@@ -24,6 +24,8 @@ typedef struct {
     int stop;
     uint64_t colls_done;            /* collectives finished so far (worker; a dry run's host throttle reads it) */
     void *coll;                     /* the collective backend's own (local: channels; mpi: communicators) */
+    double sm_debt_us;              /* compute time its collectives still take from other streams (host;
+                                     * modelled_clock.c: clock_overlap) */
 } CpuStream;
 
 /* A CPU event (Event.backend): when each record completed on the modelled clock. */
@@ -35,6 +37,7 @@ typedef struct {
     int refs;             /* queued ops still pointing at this event */
     int waiting;          /* stream workers blocked in a wait on it now (tests wait for one to block) */
     int destroyed;
+    int rec_stream;       /* the stream index of its latest record (host), -1 before one */
 } CpuEvent;
 
 static inline CpuStream *cpu_stream(const Stream *s) { return s->backend; }
@@ -101,6 +104,13 @@ double cpu_host_time_us(const Dev *d);
 void clock_host_call(Dev *d);
 void clock_enqueue(Dev *d, Op *op, int charged);
 double clock_kernel_cost(const Dev *d, const KernelCost *c);
+/* The overlap slowdown (profile.h: overlap_slowdown): a collective queued on s leaves a debt on the other
+ * streams' compute (clock_coll_queued); a kernel of cost_us queued on s pays from it, and returns its cost with
+ * what it paid (clock_overlap); a wait of s for an event recorded on stream `rec` ends rec's debt (the
+ * collectives before it are over: clock_overlap_ends). All on the host thread, in program order. */
+void clock_coll_queued(Stream *s, double cost_us);
+double clock_overlap(Stream *s, double cost_us);
+void clock_overlap_ends(Stream *s, int rec);
 double clock_copy_cost(const Dev *d, size_t bytes, int pcie);
 double clock_fill_cost(const Dev *d, size_t bytes);
 void clock_host_wait(Dev *d, double until_us, const char *what, const char *name);

@@ -34,6 +34,37 @@ void clock_enqueue(Dev *d, Op *op, int charged) {
 
 double clock_kernel_cost(const Dev *d, const KernelCost *c) { return kernel_time_us(profile(d), c, d->world->cfg.tf32); }
 
+/* The overlap slowdown. A collective of c us slows compute that overlaps it by
+ * 1 + s (s = overlap_slowdown): in c us of overlap the compute does c / (1 + s)
+ * us of its work and loses c s / (1 + s), the debt a collective leaves. The
+ * kernels queued on other streams after it pay it off, each at most s times
+ * its own cost (it cannot be slowed more than that), until a wait for an event
+ * recorded on the collective's stream says it is over: what is left then was
+ * not overlapped, so nobody pays it. Program order only: the same on every run. */
+void clock_coll_queued(Stream *s, double cost_us) {
+    double slow = profile(s->dev)->overlap_slowdown;
+    if (slow > 0) cpu_stream(s)->sm_debt_us += cost_us * slow / (1 + slow);
+}
+
+double clock_overlap(Stream *s, double cost_us) {
+    const Dev *d = s->dev;
+    double slow = profile(d)->overlap_slowdown, room = cost_us * slow, paid = 0;
+    if (!(slow > 0)) return cost_us;
+    for (int i = 0; i < d->nstreams && room > paid; i++) {
+        CpuStream *o = cpu_stream(d->streams[i]);
+        if (d->streams[i] == s || !(o->sm_debt_us > 0)) continue;
+        double take = o->sm_debt_us < room - paid ? o->sm_debt_us : room - paid;
+        o->sm_debt_us -= take;
+        paid += take;
+    }
+    return cost_us + paid;
+}
+
+void clock_overlap_ends(Stream *s, int rec) {
+    const Dev *d = s->dev;
+    if (rec >= 0 && rec < d->nstreams && d->streams[rec] != s) cpu_stream(d->streams[rec])->sm_debt_us = 0;
+}
+
 /* Host <-> device (pcie 1 or 2) over the PCIe model; device -> device reads and writes its bytes. */
 double clock_copy_cost(const Dev *d, size_t bytes, int pcie) {
     const WorldConfig *cfg = &d->world->cfg;

@@ -184,6 +184,7 @@ static void enqueue(Stream *s, Op *op, size_t args_size, int charged) {
 #define DRY_COLLECTIVES_AHEAD 4
 
 void cpu_enqueue_op(Stream *s, Op *op) {
+    if (op->kind == OP_COLL && op->coll.kind != COLL_P2P) clock_coll_queued(s, op->cost_us);
     enqueue(s, op, 0, 1);
     if (!s->dev->world->cfg.dry_run || op->kind != OP_COLL) return;
     CpuStream *cs = cpu_stream(s);
@@ -397,7 +398,7 @@ void cpu_launch(Stream *s, const char *name, const KernelCost *cost, void (*fn)(
         memcpy(op.list, list, list_bytes);
         memcpy(op.args, &op.list, sizeof op.list);
     }
-    op.cost_us = clock_kernel_cost(s->dev, cost);
+    op.cost_us = cost->cls == COST_FREE ? 0.0 : clock_overlap(s, clock_kernel_cost(s->dev, cost));
     op.flops = cost->cls == COST_FREE ? 0 : cost->flops;
     op.cls = cost->cls;
     op.math = cost->math;
@@ -457,6 +458,7 @@ void cpu_stream_synchronize(Stream *s) {
     race_host_waited_stream(s);
     dev_release_pending_frees(s->dev, 0);
     clock_host_wait(s->dev, end, "", s->name);
+    cpu_stream(s)->sm_debt_us = 0; /* its collectives are over */
 }
 
 void cpu_synchronize(Dev *d) {
@@ -468,12 +470,14 @@ void cpu_synchronize(Dev *d) {
     race_host_waited_all(d);
     dev_release_pending_frees(d, 0);
     clock_host_wait(d, end, "all streams", NULL);
+    for (int i = 0; i < d->nstreams; i++) cpu_stream(d->streams[i])->sm_debt_us = 0;
 }
 
 /* ---------------------------------------------------------------- events */
 
 void cpu_event_init(Event *e) {
     CpuEvent *ev = xcalloc(1, sizeof *ev);
+    ev->rec_stream = -1;
     pthread_mutex_init(&ev->mu, NULL);
     pthread_cond_init(&ev->cv, NULL);
     e->backend = ev;
@@ -511,7 +515,10 @@ static void enqueue_event_op(Stream *s, Event *e, OpKind kind, const char *verb)
     pthread_mutex_lock(&ev->mu);
     op.record_no = kind == OP_RECORD ? ++e->recorded : e->recorded;
     ev->refs++;
+    if (kind == OP_RECORD) ev->rec_stream = s->index;
+    int rec = ev->rec_stream;
     pthread_mutex_unlock(&ev->mu);
+    if (kind == OP_WAIT) clock_overlap_ends(s, rec);
     enqueue(s, &op, 0, 1); /* records and waits cost nothing on the stream itself */
 }
 
@@ -524,6 +531,8 @@ void cpu_event_synchronize(Event *e) {
     race_host_waited_event(e);
     dev_release_pending_frees(e->dev, 0);
     clock_host_wait(e->dev, t, "event ", e->name);
+    int rec = cpu_event(e)->rec_stream;
+    if (rec >= 0 && rec < e->dev->nstreams) cpu_stream(e->dev->streams[rec])->sm_debt_us = 0;
 }
 
 /* On the modelled clock: has the latest record completed by the host's time

@@ -103,7 +103,7 @@ typedef struct {
  * accumulation). */
 static inline double dtype_bytes(DType dt) { return dt == DTYPE_BF16 ? 2.0 : 4.0; }
 static inline KernelCost kcost(CostClass cls, DType math, double flops, double bytes) {
-    KernelCost c = {cls, math, flops, bytes};
+    KernelCost c = {cls, math, flops, bytes, {{0, 0, 0}, {0, 0, 0}}, 0};
     return c;
 }
 static inline KernelCost kcost_elementwise(double flops, double bytes) {
@@ -112,13 +112,18 @@ static inline KernelCost kcost_elementwise(double flops, double bytes) {
 /* out[N,OC] = in[N,C] @ w[OC,C]^T */
 static inline KernelCost kcost_matmul_forward(size_t N, size_t C, size_t OC, DType dt) {
     double n = (double)N, c = (double)C, oc = (double)OC, e = dtype_bytes(dt);
-    return kcost(COST_MATMUL, dt, 2 * n * c * oc, e * (n * c + n * oc + oc * c));
+    KernelCost k = kcost(COST_MATMUL, dt, 2 * n * c * oc, e * (n * c + n * oc + oc * c));
+    k.gemm[0][0] = n, k.gemm[0][1] = oc, k.gemm[0][2] = c; /* out[N,OC]: K = C */
+    return k;
 }
 /* dinp += dout @ w, dw += dout^T @ in: two GEMMs; dout read by both, dinp
  * and the float32 dw read and written */
 static inline KernelCost kcost_matmul_backward(size_t N, size_t C, size_t OC, DType dt) {
     double n = (double)N, c = (double)C, oc = (double)OC, e = dtype_bytes(dt);
-    return kcost(COST_MATMUL, dt, 4 * n * c * oc, e * (2 * n * oc + 3 * n * c + oc * c) + 4 * 2 * oc * c);
+    KernelCost k = kcost(COST_MATMUL, dt, 4 * n * c * oc, e * (2 * n * oc + 3 * n * c + oc * c) + 4 * 2 * oc * c);
+    k.gemm[0][0] = n, k.gemm[0][1] = c, k.gemm[0][2] = oc;  /* dinp[N,C]: K = OC */
+    k.gemm[1][0] = oc, k.gemm[1][1] = c, k.gemm[1][2] = n;  /* dw[OC,C]: K = N, the tokens */
+    return k;
 }
 /* FLOPs as FlashAttention-2 counts them (T. Dao, "FlashAttention-2", 2023, section 4.1: the forward
  * 4 hd per score pair of the causal half, the backward 2.5 times the forward); the few FLOPs of the
@@ -131,8 +136,10 @@ static inline KernelCost kcost_matmul_backward(size_t N, size_t C, size_t OC, DT
  * FlashAttention-2's bf16 kernels do. */
 static inline KernelCost kcost_attention_forward(size_t B, size_t T, size_t H, size_t KV, size_t hd, DType dt) {
     double bh = (double)(B * H), pairs = (double)T * ((double)T + 1) / 2, n = (double)(B * T);
-    return kcost(COST_ATTENTION, dt, bh * pairs * (4.0 * (double)hd + 5.0),
-                 dtype_bytes(dt) * n * (double)hd * (double)(2 * H + 2 * KV) + 4 * bh * (double)T);
+    KernelCost k = kcost(COST_ATTENTION, dt, bh * pairs * (4.0 * (double)hd + 5.0),
+                         dtype_bytes(dt) * n * (double)hd * (double)(2 * H + 2 * KV) + 4 * bh * (double)T);
+    k.seq = (double)T;
+    return k;
 }
 /* FlashAttention-2's backward: per causal pair the scores again (2 hd), dV,
  * dP, dQ, dK (2 hd each) and about 6 for exp(s - lse) and dS; plus the row
@@ -140,8 +147,10 @@ static inline KernelCost kcost_attention_forward(size_t B, size_t T, size_t H, s
  * dq, dk, dv accumulate (read and written); lse and D are float32. */
 static inline KernelCost kcost_attention_backward(size_t B, size_t T, size_t H, size_t KV, size_t hd, DType dt) {
     double bh = (double)(B * H), pairs = (double)T * ((double)T + 1) / 2, n = (double)(B * T);
-    return kcost(COST_ATTENTION, dt, bh * pairs * (10.0 * (double)hd + 6.0) + 2.0 * n * (double)(H * hd),
-                 dtype_bytes(dt) * n * (double)hd * (double)(5 * H + 6 * KV) + 4 * 2 * bh * (double)T);
+    KernelCost k = kcost(COST_ATTENTION, dt, bh * pairs * (10.0 * (double)hd + 6.0) + 2.0 * n * (double)(H * hd),
+                         dtype_bytes(dt) * n * (double)hd * (double)(5 * H + 6 * KV) + 4 * 2 * bh * (double)T);
+    k.seq = (double)T;
+    return k;
 }
 
 #define HWFSDP_KERNEL_LIST(X)                                                                                          \

@@ -2,6 +2,7 @@
  * (sizes, checks, link cost), the cross-rank agreement check, argument
  * checks, the flight recorder and the watchdog's report. */
 #include "runtime/internal.h"
+#include "runtime/profile.h"
 #include "runtime/util.h"
 
 #include <errno.h>
@@ -347,23 +348,32 @@ static size_t coll_bytes(const CollKindInfo *k, size_t count, int group_size, DT
     return (send > recv ? send : recv) * coll_dtype_size(dtype);
 }
 
-/* A ring over the group's n ranks: every byte crosses n-1 hops; the kind says
- * what share of its bytes each pass puts on a link and how many passes it
- * makes. A group whose ranks sit on more than one node (--ranks-per-node)
- * runs at the pace of the slower inter-node link, which every ring around
- * nodes crosses. A link of 0 Gbit/s is off: collectives take no time. */
+/* NCCL's ring over the group's n ranks, on k nodes with m = n / k of them on
+ * each (profile.c: where each figure comes from):
+ *   time = base + steps x step latency + bytes x share x passes / bus bandwidth
+ * Every byte crosses n - 1 ring steps per pass (the kind says what share of
+ * its bytes each pass puts on a link and how many passes it makes); k - 1 of
+ * each pass's steps cross the network. The bus bandwidth is the NVLink ring's
+ * within a node; a ring across nodes leaves each node through the m NICs of
+ * its m ranks at once (NCCL's channels), so it runs at the smaller of the
+ * NVLink rate (when m > 1) and m NICs' rate. A link of 0 Gbit/s is off:
+ * collectives take no time. */
 double coll_link_time_us(const WorldConfig *cfg, const CollKindInfo *k, size_t bytes, const ProcessGroup *g) {
     int n = g->size;
     if (n <= 1 || cfg->link_gbps <= 0) return 0.0;
-    double gbps = cfg->link_gbps, hop_us = cfg->link_latency_us;
-    if (g->spans_nodes && cfg->inter_link_gbps > 0) {
-        gbps = cfg->inter_link_gbps < gbps ? cfg->inter_link_gbps : gbps;
-        hop_us = cfg->inter_link_latency_us > hop_us ? cfg->inter_link_latency_us : hop_us;
+    int nodes = g->spans_nodes && cfg->inter_link_gbps > 0 ? g->nodes : 1;
+    double gbps = cfg->link_gbps;
+    if (nodes > 1) {
+        int m = n / nodes; /* the group's ranks per node */
+        double nics = (double)m * cfg->inter_link_gbps;
+        gbps = m > 1 && gbps < nics ? gbps : nics;
     }
     double bw = gbps * 1e9 / 8.0; /* bytes per second */
-    double lat = (n - 1) * hop_us;
+    double inter_steps = nodes - 1, intra_steps = (n - 1) - inter_steps;
+    double lat = intra_steps * cfg->link_latency_us + inter_steps * cfg->inter_link_latency_us;
+    double base = cfg->profile ? cfg->profile->coll_latency_us : 0.0;
     double share = k->link_share == COLL_LINK_RING ? (double)(n - 1) / n : k->link_share == COLL_LINK_WHOLE ? 1.0 : 0.0;
-    return k->link_passes * (share * (double)bytes / bw * 1e6 + lat);
+    return base + k->link_passes * (share * (double)bytes / bw * 1e6 + lat);
 }
 
 void coll_op_describe(Dev *d, Stream *s, Op *o, ProcessGroup *g, CollKind kind, RedOp op, int root, size_t count,

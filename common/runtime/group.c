@@ -27,9 +27,11 @@ static ProcessGroup *group_add(Dev *d, int color, const int *colors, const char 
     for (int r = 0; r < d->world_size; r++) {
         if (colors && colors[r] != color) continue;
         if (r == d->rank) g->rank = g->size;
+        /* members come in rank order, so a node's members are consecutive */
+        if (!g->size || node_of(d->world, r) != node_of(d->world, g->members[g->size - 1])) g->nodes++;
         g->members[g->size++] = r;
-        if (node_of(d->world, r) != node_of(d->world, g->members[0])) g->spans_nodes = 1;
     }
+    g->spans_nodes = g->nodes > 1;
     snprintf(g->name, sizeof g->name, "%s", name);
     facts_group(d->world, g->id, g->color, kind, g->name, g->members, g->size);
     dev_ops(d)->group_init(g);

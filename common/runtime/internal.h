@@ -117,6 +117,7 @@ struct ProcessGroup {
     int rank, size;                  /* this rank's group rank; members */
     int members[WORLD_MAX_RANKS];    /* world ranks, in group-rank order */
     int spans_nodes;                 /* link model: members on more than one node */
+    int nodes;                       /* link model: the nodes its members sit on */
     char name[PG_NAME_MAX];
 };
 

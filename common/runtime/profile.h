@@ -32,11 +32,24 @@ typedef struct DeviceProfile {
      * COST_ELEMENTWISE; COST_FREE takes no time), and of the HBM bandwidth */
     double eff[3];
     double eff_memory;
+    /* a GEMM's efficiency by its shape (profile.c: gemm_efficiency; sm_count 0: eff[COST_MATMUL] for every shape) */
+    int sm_count;              /* streaming multiprocessors: one output tile each per wave */
+    int gemm_tile_m, gemm_tile_n; /* the output tile a large GEMM kernel computes per SM */
+    double gemm_max_eff;       /* the best share of the BF16 peak a GEMM reaches at any shape (measured) */
+    /* attention's measured share of the BF16 peak at sequence 2k, 4k, 8k, 16k (forward + backward, causal,
+     * head dim 128; all 0: eff[COST_ATTENTION] for every length) */
+    double attn_eff[4];
+    /* the slowdown of compute that overlaps a collective (NCCL's kernels take SMs and memory bandwidth):
+     * a kernel overlapping one runs 1 + overlap_slowdown times as long (cpu/modelled_clock.c) */
+    double overlap_slowdown;
     double kernel_latency_us;  /* a kernel's, copy's or memset's fixed time on its stream */
     double host_launch_us;     /* the host's time to enqueue one op */
-    /* the link model (--link-*, --inter-link-*, --pcie-* override them) */
-    double link_gbps, link_latency_us;             /* within a node: Gbit/s each way per rank, us per ring hop */
-    double inter_link_gbps, inter_link_latency_us; /* between nodes */
+    /* the link model (--link-*, --inter-link-*, --pcie-* override them; coll_common.c: coll_link_time_us) */
+    double link_gbps, link_latency_us;             /* within a node: a rank's bus bandwidth, Gbit/s each way, as
+                                                    * NCCL's ring reaches it; us per ring step */
+    double inter_link_gbps, inter_link_latency_us; /* between nodes: one NIC's bus bandwidth (each GPU has one);
+                                                    * us per ring step that crosses nodes */
+    double coll_latency_us;                        /* a collective's fixed time, however many steps */
     double pcie_gbs, pcie_latency_us;              /* host <-> device copies: GB/s each way, us per copy */
     const char *source;        /* where the numbers come from */
 } DeviceProfile;
@@ -49,5 +62,9 @@ const char *device_profile_names(void);
 
 /* What a kernel of cost c takes on profile p, in us (tf32: a float32 matmul may use TF32). */
 double kernel_time_us(const DeviceProfile *p, const KernelCost *c, int tf32);
+/* The share of the peak a GEMM of output [m, n] reaches on p (tile and wave quantisation under gemm_max_eff). */
+double gemm_efficiency(const DeviceProfile *p, double m, double n);
+/* The share of the BF16 peak attention at sequence length seq reaches on p. */
+double attention_efficiency(const DeviceProfile *p, double seq);
 
 #endif

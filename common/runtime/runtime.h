@@ -160,6 +160,8 @@ typedef struct {
     DType math;        /* what its FLOPs run in: DTYPE_F32 (TF32 for a matmul under --tf32) or DTYPE_BF16 */
     double flops;
     double bytes;      /* read + written */
+    double gemm[2][3]; /* a matmul's GEMMs, {M, N, K} each (out[M,N] += a[M,K] b[K,N]); {0,0,0}: none */
+    double seq;        /* an attention kernel's sequence length (its measured efficiency depends on it) */
 } KernelCost;
 
 /* Enqueue fn(args) on s, costing *cost (NULL: fatal, naming the kernel).

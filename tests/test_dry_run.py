@@ -317,3 +317,18 @@ def test_the_teach_profile_holds_no_memory_capacity(tmp_path):
     r = simulate.report(str(tmp_path), st)
     assert r["hbm_capacity_bytes"] is None and r["fits"] is None
     assert simulate.render(r)[0].endswith("(teach)")
+
+
+def test_the_handout_lists_the_profiles_as_the_program_does():
+    """HANDOUT.md's profile table is a copy of `train --device-profile list` (the constants are stated once, in
+    common/runtime/profile.c): the copy between its markers is the program's output, byte for byte."""
+    st = stage_or_skip(simulate.COMPARE_STAGE)
+    p = subprocess.run([solution_bin(st), "--device-profile", "list"], capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0 and p.stderr == "", p.stderr
+    with open(os.path.join(ROOT, "HANDOUT.md")) as fh:
+        handout = fh.read()
+    copy = re.search(r"<!-- train --device-profile list -->\n(.*?)<!-- end of the list -->", handout, re.S)
+    assert copy, "HANDOUT.md has no copy of the profile list between its markers"
+    assert copy.group(1) == p.stdout, "HANDOUT.md's profile table differs from train --device-profile list: copy it"
+    for name in ("teach", "a100-80g", "h100-sxm", "h100-gt"):
+        assert "| `%s` |" % name in p.stdout

@@ -187,6 +187,10 @@ static void json_ranks_per_node(Json *j, const Options *o) {
 }
 
 static void parse_device_profile(const Flag *f, const char *val, Options *o) {
+    if (strcmp(val, "list") == 0) { /* every profile's constants, and exit */
+        device_profile_table(stdout);
+        exit(0);
+    }
     const DeviceProfile *p = device_profile_find(val);
     if (!p) fatal("%s: no profile '%s' (profiles: %s)", f->name, val, device_profile_names());
     o->world.profile = p;
@@ -334,7 +338,8 @@ static const Flag FLAGS[] = {
      .json = "backend"},
     {.name = "--device-profile", .kind = FLAG_CUSTOM, .parse = parse_device_profile, .arg = "NAME",
      .help = "what the modelled clock prices every op on (HANDOUT: Time): teach\n"
-             "(default, the grader's), a100-80g, h100-sxm",
+             "(default, the grader's), a100-80g, h100-sxm, h100-gt; list: every\n"
+             "profile's constants and their sources",
      .json = "device_profile", .json_value = json_device_profile},
     {.name = "--link-gbps", .kind = FLAG_DOUBLE, .at = AT(world.link_gbps), .lo = 0, .hi = 1e6, .arg = "X",
      .help = "link model for collectives, Gbit/s each way (0 = free; default: the profile's)", .json = "link_gbps"},

@@ -173,6 +173,32 @@ const char *device_profile_names(void) {
     return names;
 }
 
+/* The profiles as a markdown table, every constant the modelled clock prices with, and each row's sources
+ * (train --device-profile list; HANDOUT.md copies it, tests/test_dry_run.py checks the copy). */
+void device_profile_table(FILE *f) {
+    fprintf(f, "| profile | BF16 / TF32 / FP32 peak (TFLOP/s) | HBM | GEMM ceiling (tile, SMs) | attention at seq "
+               "2k / 4k / 8k / 16k | NVLink ring: bus bandwidth, per step | between nodes: per NIC, per step | per "
+               "collective | overlap slowdown | per kernel / launch |\n");
+    fprintf(f, "|---|---|---|---|---|---|---|---|---|---|\n");
+    for (size_t i = 0; i < N_PROFILES; i++) {
+        const DeviceProfile *p = &PROFILES[i];
+        char mem[64], gemm[96], attn[96];
+        if (p->hbm_capacity_bytes) snprintf(mem, sizeof mem, "%.0f GiB at %.3g TB/s", (double)p->hbm_capacity_bytes / GIB, p->hbm_bytes_s / 1e12);
+        else snprintf(mem, sizeof mem, "no limit, %.3g TB/s", p->hbm_bytes_s / 1e12);
+        if (p->sm_count) snprintf(gemm, sizeof gemm, "%.1f %% (%d x %d, %d)", 100 * p->gemm_max_eff, p->gemm_tile_m, p->gemm_tile_n, p->sm_count);
+        else snprintf(gemm, sizeof gemm, "%.0f %%, any shape", 100 * p->eff[COST_MATMUL]);
+        if (p->attn_eff[0] > 0) snprintf(attn, sizeof attn, "%.1f / %.1f / %.1f / %.1f %%", 100 * p->attn_eff[0], 100 * p->attn_eff[1], 100 * p->attn_eff[2], 100 * p->attn_eff[3]);
+        else snprintf(attn, sizeof attn, "%.0f %%, any length", 100 * p->eff[COST_ATTENTION]);
+        fprintf(f, "| `%s` | %.4g / %.4g / %.4g | %s | %s | %s | %.4g GB/s, %.3g us | %.4g GB/s, %.3g us | %.3g us | %.1f %% | %.3g / %.3g us |\n",
+                p->name, p->peak_bf16 / 1e12, p->peak_tf32 / 1e12, p->peak_f32 / 1e12, mem, gemm, attn, p->link_gbps / 8,
+                p->link_latency_us, p->inter_link_gbps / 8, p->inter_link_latency_us, p->coll_latency_us,
+                100 * p->overlap_slowdown, p->kernel_latency_us, p->host_launch_us);
+    }
+    fprintf(f, "\nElement-wise kernels, copies and memsets: HBM at %.0f %% (teach: %.0f %%). Sources (each figure's, "
+               "in full, in common/runtime/profile.c):\n", 100 * PROFILES[1].eff_memory, 100 * PROFILES[0].eff_memory);
+    for (size_t i = 0; i < N_PROFILES; i++) fprintf(f, "- `%s`, %s: %s\n", PROFILES[i].name, PROFILES[i].about, PROFILES[i].source);
+}
+
 double gemm_efficiency(const DeviceProfile *p, double m, double n) {
     if (p->sm_count <= 0 || m <= 0 || n <= 0) return p->eff[COST_MATMUL];
     double tm = p->gemm_tile_m, tn = p->gemm_tile_n, sms = p->sm_count;

@@ -16,6 +16,7 @@
 #define HWFSDP_PROFILE_H
 
 #include <stddef.h>
+#include <stdio.h>
 
 #include "runtime/runtime.h"
 
@@ -56,6 +57,8 @@ typedef struct DeviceProfile {
 
 /* The profile called name, or NULL. */
 const DeviceProfile *device_profile_find(const char *name);
+/* Every profile's constants as a markdown table, and their sources (train --device-profile list). */
+void device_profile_table(FILE *f);
 /* The profiles' names, ", "-separated (for messages). */
 const char *device_profile_names(void);
 #define DEVICE_PROFILE_DEFAULT "teach"

@@ -780,10 +780,12 @@ static const TraceRec *find_rec(Dev *d, int tid, const char *name) {
 }
 
 /* By hand, on the A100 profile (its datasheet figures and the efficiencies profile.c
- * states: 70 % of dense peak for a GEMM, 80 % of HBM; 3 us per kernel, 4 us of host
- * time per op): a float32 matmul of 1024 x 4096 x 4096 (bound by its math) and a
- * bf16 one of 128 x 256 x 512 (bound by its bytes), a host wait that moves the
- * host to their end, a stream that waits for an event. */
+ * states: 70 % of dense peak for a float32 GEMM on CUDA cores, a bf16 GEMM at the
+ * MAMF ceiling less its tile and wave quantisation, 80 % of HBM; 3 us per kernel, 4 us
+ * of host time per op): a float32 matmul of 1024 x 4096 x 4096 and a bf16 one of
+ * 128 x 256 x 512 (both bound by their math: the small one fills 4 of the 108 SMs'
+ * 256 x 128 tiles, and only a quarter of two of them), a host wait that moves the host
+ * to their end, a stream that waits for an event. */
 static void rank_clock_by_hand(Dev *d, void *arg) {
     (void)arg;
     Stream *s = dev_compute_stream(d), *b = dev_stream_create(d, "b");
@@ -792,8 +794,10 @@ static void rank_clock_by_hand(Dev *d, void *arg) {
     const double flops_small = 2.0 * 128 * 256 * 512, bytes_bf16 = 2.0 * (128 * 256 + 128 * 512 + 512 * 256);
     const double hbm = 2039e9 * 0.8;
     double f32_us = 3 + 1e6 * flops / (19.5e12 * 0.7);   /* 2,520.2 us: its bytes take 61.7 */
-    double bf16_us = 3 + 1e6 * bytes_bf16 / hbm;         /* 3.281 us (bf16 in, out, weight): its math takes 0.154 */
-    TCHECK(1e6 * bytes_f32 / hbm < f32_us - 3 && 1e6 * flops_small / (312e12 * 0.7) < bf16_us - 3, "test's own bounds");
+    /* out [128, 512]: 1 x 4 tiles of 256 x 128 in one wave of 108 SMs, 65,536 of 108 x 32,768 elements useful */
+    const double small_eff = 271.2 / 312 * (128.0 * 512) / (108 * 256.0 * 128);
+    double bf16_us = 3 + 1e6 * flops_small / (312e12 * small_eff); /* 6.68 us of math: its bytes take 0.281 */
+    TCHECK(1e6 * bytes_f32 / hbm < f32_us - 3 && 1e6 * bytes_bf16 / hbm < bf16_us - 3, "test's own bounds");
     KernelCost f32 = kcost_matmul_forward(1024, 4096, 4096, DTYPE_F32);
     KernelCost bf16 = kcost_matmul_forward(128, 256, 512, DTYPE_BF16);
     TCHECK(f32.flops == flops && f32.bytes == bytes_f32 && bf16.flops == flops_small && bf16.bytes == bytes_bf16,
@@ -986,6 +990,105 @@ static void rank_clock_collective(Dev *d, void *arg) {
     dev_free(d, x);
 }
 TEST(modelled_collective_waits_for_the_group) { run_world(traced(local_config(2)), rank_clock_collective, NULL); }
+
+/* The GPU profiles' cost model, each figure worked out by hand from the sourced inputs (profile.c):
+ * a GEMM's share of the peak after tile and wave quantisation, attention's share by sequence length,
+ * a kernel with two GEMMs, and NCCL's ring within a node, across nodes and one rank per node. */
+TEST(profile_costs_by_hand) {
+    const DeviceProfile *h = device_profile_find("h100-sxm"), *a = device_profile_find("a100-80g");
+    const DeviceProfile *t = device_profile_find("teach");
+    /* 16384 x 4096 out of 256 x 128 tiles: 64 x 32 = 2048 tiles, 16 waves of 132 SMs = 2112 slots */
+    TCHECK(fabs(gemm_efficiency(h, 16384, 4096) - 794.5 / 989.4 * 2048.0 / 2112.0) < 1e-12, "16384 x 4096: %.6f",
+           gemm_efficiency(h, 16384, 4096));
+    /* 100 x 100 is one partial tile in one wave: 10,000 useful elements of 132 x 32,768 paid */
+    TCHECK(fabs(gemm_efficiency(h, 100, 100) - 794.5 / 989.4 * 1e4 / (132.0 * 32768)) < 1e-12, "100 x 100");
+    /* A100, 4096 x 1024: 16 x 8 = 128 tiles, more than 108 SMs: two waves (216 slots) */
+    TCHECK(fabs(gemm_efficiency(a, 4096, 1024) - 271.2 / 312 * 128.0 / 216.0) < 1e-12, "A100 4096 x 1024: %.6f",
+           gemm_efficiency(a, 4096, 1024));
+    TCHECK(gemm_efficiency(t, 16384, 4096) == 1.0, "teach: one figure for every shape");
+    /* FlashAttention-2 on the H100: 308 TFLOP/s at 8k; halfway (in log2) between 4k and 8k, the mean of 294
+     * and 308; held below 2k and above 16k */
+    TCHECK(fabs(attention_efficiency(h, 8192) - 308 / 989.4) < 1e-12, "8k");
+    TCHECK(fabs(attention_efficiency(h, 4096 * sqrt(2.0)) - (294 + 308) / 2.0 / 989.4) < 1e-9, "between 4k and 8k");
+    TCHECK(fabs(attention_efficiency(h, 512) - 265 / 989.4) < 1e-12, "below 2k");
+    TCHECK(fabs(attention_efficiency(h, 65536) - 328 / 989.4) < 1e-12, "above 16k");
+    /* the matmul backward at 8192 tokens, 4096 -> 14336: dinp [8192, 4096] (K 14336) and dw [14336, 4096] (K 8192),
+     * each at its own shape's share of the bf16 peak (both above the bytes' time) */
+    KernelCost mb = kcost_matmul_backward(8192, 4096, 14336, DTYPE_BF16);
+    double flop1 = 2.0 * 8192 * 4096 * 14336, flop2 = 2.0 * 14336 * 4096 * 8192;
+    double e1 = 794.5 / 989.4 * (8192.0 * 4096) / (8 * 132 * 256.0 * 128); /* 32 x 32 = 1024 tiles: 8 waves */
+    double e2 = 794.5 / 989.4 * (14336.0 * 4096) / (14 * 132 * 256.0 * 128); /* 56 x 32 = 1792: 14 waves */
+    double want = 3 + 1e6 * (flop1 / (989.4e12 * e1) + flop2 / (989.4e12 * e2));
+    TCHECK(fabs(kernel_time_us(h, &mb, 0) - want) < 1e-6, "matmul backward: %.3f us, by hand %.3f",
+           kernel_time_us(h, &mb, 0), want);
+    /* an all-gather of 1 GiB (the gathered buffer) on the H100 profile (NCCL's ring: 8.4 us per collective,
+     * 3.4 us per NVLink step, 14 us per network step) */
+    WorldConfig c = local_config(16);
+    c.profile = h;
+    c.link_gbps = h->link_gbps, c.link_latency_us = h->link_latency_us;
+    c.inter_link_gbps = h->inter_link_gbps, c.inter_link_latency_us = h->inter_link_latency_us;
+    const CollKindInfo *ag = coll_kind(COLL_ALL_GATHER);
+    const double S = (double)(1 << 30);
+    ProcessGroup g = {.size = 8, .nodes = 1}; /* one node: NVLink's 370 GB/s, 7 steps */
+    double one = 8.4 + 7.0 / 8 * S / 370e9 * 1e6 + 7 * 3.4;
+    TCHECK(fabs(coll_link_time_us(&c, ag, (size_t)S, &g) - one) < 1e-6, "8 ranks, one node: %.3f, by hand %.3f",
+           coll_link_time_us(&c, ag, (size_t)S, &g), one);
+    /* 16 ranks on 2 nodes: 8 NICs per node at 48 GB/s (384) leave NVLink's 370 the bottleneck; 14 NVLink steps, 1
+     * network step */
+    ProcessGroup g2 = {.size = 16, .nodes = 2, .spans_nodes = 1};
+    double two = 8.4 + 15.0 / 16 * S / 370e9 * 1e6 + 14 * 3.4 + 14;
+    TCHECK(fabs(coll_link_time_us(&c, ag, (size_t)S, &g2) - two) < 1e-6, "16 ranks, 2 nodes: %.3f, by hand %.3f",
+           coll_link_time_us(&c, ag, (size_t)S, &g2), two);
+    /* HSDP's replicate group: 4 ranks, one per node: each on its own NIC (48 GB/s), every step crosses nodes */
+    ProcessGroup g3 = {.size = 4, .nodes = 4, .spans_nodes = 1};
+    double rep = 8.4 + 3.0 / 4 * S / 48e9 * 1e6 + 3 * 14;
+    TCHECK(fabs(coll_link_time_us(&c, ag, (size_t)S, &g3) - rep) < 1e-6, "4 ranks, 4 nodes: %.3f, by hand %.3f",
+           coll_link_time_us(&c, ag, (size_t)S, &g3), rep);
+    /* 16 ranks, 4 per node on 4 nodes: 4 NICs (192 GB/s) are slower than NVLink */
+    ProcessGroup g4 = {.size = 16, .nodes = 4, .spans_nodes = 1};
+    double four = 8.4 + 15.0 / 16 * S / 192e9 * 1e6 + 12 * 3.4 + 3 * 14;
+    TCHECK(fabs(coll_link_time_us(&c, ag, (size_t)S, &g4) - four) < 1e-6, "16 ranks, 4 per node: %.3f, by hand %.3f",
+           coll_link_time_us(&c, ag, (size_t)S, &g4), four);
+}
+
+/* The overlap slowdown on the A100 profile: an all-gather on its own stream leaves a debt of c s / (1 + s)
+ * (c its time, s the profile's slowdown); a kernel then queued on the compute stream runs 1 + s times as long
+ * (the debt is larger than s times its time); once the compute stream waits for the all-gather's event the rest
+ * of the debt is gone, and the next kernel takes its plain time. A kernel on the all-gather's own stream never
+ * pays. */
+static void rank_overlap(Dev *d, void *arg) {
+    (void)arg;
+    Stream *s = dev_compute_stream(d), *ags = dev_stream_create(d, "all_gather");
+    Event *done = dev_event_create(d, "ag_done");
+    const size_t n = (size_t)1 << 26; /* 256 MiB gathered: about 1.2 ms on 230 GB/s, far above the kernels */
+    float *x = dev_alloc_f32(d, n, MEM_COMM_BUFFER, "x");
+    const DeviceProfile *p = d->world->cfg.profile;
+    const double slow = p->overlap_slowdown, plain = 3 + 100e6 / (2039e9 * 0.8) * 1e6; /* LONG_COST on the A100 */
+    TCHECK(slow > 0, "the A100 profile has an overlap slowdown");
+    coll_all_gather(d, x + dev_rank(d) * (n / 2), x, n / 2, ags, "gather");
+    dev_event_record(done, ags);
+    dev_launch(ags, "same_stream", LONG_COST, k_nothing, NULL, 0);
+    dev_launch(s, "overlapped", LONG_COST, k_nothing, NULL, 0);
+    dev_stream_wait_event(s, done);
+    dev_launch(s, "after", LONG_COST, k_nothing, NULL, 0);
+    dev_synchronize(d);
+    const TraceRec *same = find_rec(d, 1, "same_stream"), *ov = find_rec(d, 0, "overlapped");
+    const TraceRec *af = find_rec(d, 0, "after");
+    TCHECK(same && fabs(same->dur - plain) < 1e-9, "the collective's own stream: %g us, plain %g", same ? same->dur : -1,
+           plain);
+    TCHECK(ov && fabs(ov->dur - plain * (1 + slow)) < 1e-9, "overlapped: %g us, expected %g", ov ? ov->dur : -1,
+           plain * (1 + slow));
+    TCHECK(af && fabs(af->dur - plain) < 1e-9, "after the wait: %g us, plain %g", af ? af->dur : -1, plain);
+    dev_event_destroy(done);
+    dev_free(d, x);
+}
+TEST(overlap_slowdown_by_hand) {
+    WorldConfig c = traced(local_config(2));
+    const DeviceProfile *a = device_profile_find("a100-80g");
+    c.profile = a;
+    c.link_gbps = a->link_gbps, c.link_latency_us = a->link_latency_us;
+    run_world(c, rank_overlap, NULL);
+}
 
 /* ------------------------------------------------------ artifacts mode */
 

@@ -16,6 +16,10 @@ the run directory) reads what the run wrote:
                              whatever the run's math was (as torchtitan quotes it)
   memory per rank            rank 0's peak from step 2 on (torchtitan reads memory there), by tag, from the
                              memory snapshot; and the peak at init (the full model fsdp_init receives)
+  reserved per rank          the bytes PyTorch's CUDA caching allocator would hold in segments for the same
+                             allocations in step 2 on (tools/benchlib/caching_allocator.py: its rules, replayed
+                             on rank 0's snapshot): what torchtitan's published "Memory (GiB)" is (the
+                             allocator's reserved_bytes.all.peak), where the figure above is its allocated bytes
   exposed communication      rank 0's compute stream in collectives and waits, by phase (the trace)
   device memory              the profile's HBM capacity (run.json hbm_capacity_bytes) and whether every rank's
                              allocations of every step stayed within it (run.json fits); a configuration that does
@@ -36,6 +40,7 @@ import sys
 from repo_paths import ROOT
 
 import manifest
+from benchlib.caching_allocator import reserved_in_step
 from benchlib.memory_model import flops_per_token, model_dims, n_params, replay_peak
 from benchlib.traces import step_on_model_clock
 from gradelib.trace_model import RunDir
@@ -187,7 +192,13 @@ def report(run_dir, stage):
     tps = B * T / step_s
     meta = run.meta
     fpt = flops_per_token(dims, T)
-    init, steady, by_tag, where = peaks(os.path.join(run_dir, "memory_rank0.json"), last["step"] - 1)
+    snapshot = os.path.join(run_dir, "memory_rank0.json")
+    init, steady, by_tag, where = peaks(snapshot, last["step"] - 1)
+    # the caching allocator's reserved bytes in the same step: the init as torchtitan's (the shards made in place,
+    # nothing of the full model), and as this program ran it (the full model fsdp_init receives, cached after)
+    cap = rj.get("hbm_capacity_bytes")
+    reserved = reserved_in_step(snapshot, last["step"] - 1, cap, init="survivors")
+    reserved_full_init = reserved_in_step(snapshot, last["step"] - 1, cap, init="all")
     by_class = compute_by_class(events, last["step"] - 1)
     attn_ms = by_class.get(tn.COST_ATTENTION, 0.0)
     return {
@@ -202,6 +213,11 @@ def report(run_dir, stage):
         "compute_ms": clock["compute_ms"], "collective_ms": clock["collective_ms"], "attention_ms": attn_ms,
         "compute_ms_by_class": by_class,
         "init_peak_bytes": init, "steady_peak_bytes": steady, "steady_peak_by_tag": by_tag, "steady_peak_at": where,
+        # steady_peak_bytes is allocated (the bytes asked for); these are reserved (the caching allocator's segments)
+        "steady_reserved_bytes": reserved["reserved_bytes"],
+        "steady_reserved_bytes_full_init": reserved_full_init["reserved_bytes"],
+        # segments a GPU could not have had (a new one past the capacity after the cache was given back): 0 if none
+        "reserved_segments_over_capacity": reserved["segments_over_capacity"],
         # the profile's device memory (None: a profile with no limit, like teach) and whether the run stayed within it
         "hbm_capacity_bytes": rj.get("hbm_capacity_bytes"), "fits": rj.get("fits"),
         "run_dir": run_dir,
@@ -239,8 +255,10 @@ def render(r):
               r["flops_per_token"], 100 * r["mfu"]),
           "| declared kernel FLOPs / (step x the %s peak) | %.1f%% |" % (r["matmul_math"],
                                                                       100 * r["kernel_flop_utilization"]),
-          "| peak memory per rank, step %d on | %.2f GiB (%s) |" % (r["steps"], r["steady_peak_bytes"] / GIB,
-                                                                      r["steady_peak_at"]),
+          "| memory per rank, step %d on | allocated %.2f GiB, reserved by a caching allocator %.2f GiB (allocated: "
+          "the bytes asked for, at their peak, %s; reserved: the segments PyTorch's caching allocator would hold for "
+          "them, what torchtitan's \"Memory\" reports) |" % (r["steps"], r["steady_peak_bytes"] / GIB,
+                                                             r["steady_reserved_bytes"] / GIB, r["steady_peak_at"]),
           "| peak memory at init (the full model fsdp_init receives) | %.2f GiB%s |" % (
               r["init_peak_bytes"] / GIB, " (past the device's memory, which init is not held to: torchtitan builds "
               "the model on the meta device)" if cap and r["init_peak_bytes"] > cap else "")]
@@ -257,6 +275,17 @@ def render(r):
     for what, ms in sorted(r["compute_ms_by_class"].items(), key=lambda kv: -kv[1]):
         L.append("| &nbsp;&nbsp;%s on the compute stream | %.1f ms (%.1f%% of the step) |" % (
             what, ms, 100 * ms / r["model_step_ms"]))
+    L += ["", "Reserved (tools/benchlib/caching_allocator.py): rank 0's allocations replayed in call order through "
+          "PyTorch's caching allocator's rules (512-byte rounding; 2 MiB segments for requests up to 1 MiB, 20 MiB "
+          "under 10 MiB, larger ones rounded to 2 MiB; best fit, split and merged within a segment; a pool per "
+          "stream; nothing given back unless a new segment would pass the device's memory), its most in step %d: %.2f GiB over the allocated peak. Init as torchtitan's "
+          "(the shards made in place); with the full model fsdp_init receives going through the allocator first, "
+          "%.2f GiB. Not counted: the CUDA context, NCCL's and cuBLAS's buffers." % (
+              r["steps"], (r["steady_reserved_bytes"] - r["steady_peak_bytes"]) / GIB,
+              r["steady_reserved_bytes_full_init"] / GIB)]
+    if r["reserved_segments_over_capacity"]:
+        L.append("Past the device's memory even after the allocator gave its cache back: %d segment(s); a GPU "
+                 "would stop there." % r["reserved_segments_over_capacity"])
     if r.get("over_capacity_line"):
         L += ["", "A GPU would have stopped with its out-of-memory error; the dry run went on to price the step:", "",
               "    " + r["over_capacity_line"]]

@@ -997,9 +997,13 @@ TEST(modelled_collective_waits_for_the_group) { run_world(traced(local_config(2)
 TEST(profile_costs_by_hand) {
     const DeviceProfile *h = device_profile_find("h100-sxm"), *a = device_profile_find("a100-80g");
     const DeviceProfile *t = device_profile_find("teach");
-    /* 16384 x 4096 out of 256 x 128 tiles: 64 x 32 = 2048 tiles, 16 waves of 132 SMs = 2112 slots */
-    TCHECK(fabs(gemm_efficiency(h, 16384, 4096) - 794.5 / 989.4 * 2048.0 / 2112.0) < 1e-12, "16384 x 4096: %.6f",
+    /* 16384 x 4096 out of 256 x 128 tiles: 64 x 32 = 2048 tiles, 16 waves of 132 SMs = 2112 slots, 97 % used,
+     * above the 85 % a model's shapes reach of the best */
+    TCHECK(fabs(gemm_efficiency(h, 16384, 4096) - 794.5 / 989.4 * 0.85) < 1e-12, "16384 x 4096: %.6f",
            gemm_efficiency(h, 16384, 4096));
+    /* 1280 x 4096: 5 x 32 = 160 tiles, 2 waves of 132 = 264 slots: 60.6 % used, below 85 % */
+    TCHECK(fabs(gemm_efficiency(h, 1280, 4096) - 794.5 / 989.4 * 160.0 / 264.0) < 1e-12, "1280 x 4096: %.6f",
+           gemm_efficiency(h, 1280, 4096));
     /* 100 x 100 is one partial tile in one wave: 10,000 useful elements of 132 x 32,768 paid */
     TCHECK(fabs(gemm_efficiency(h, 100, 100) - 794.5 / 989.4 * 1e4 / (132.0 * 32768)) < 1e-12, "100 x 100");
     /* A100, 4096 x 1024: 16 x 8 = 128 tiles, more than 108 SMs: two waves (216 slots) */
@@ -1016,11 +1020,12 @@ TEST(profile_costs_by_hand) {
      * each at its own shape's share of the bf16 peak (both above the bytes' time) */
     KernelCost mb = kcost_matmul_backward(8192, 4096, 14336, DTYPE_BF16);
     double flop1 = 2.0 * 8192 * 4096 * 14336, flop2 = 2.0 * 14336 * 4096 * 8192;
-    double e1 = 794.5 / 989.4 * (8192.0 * 4096) / (8 * 132 * 256.0 * 128); /* 32 x 32 = 1024 tiles: 8 waves */
-    double e2 = 794.5 / 989.4 * (14336.0 * 4096) / (14 * 132 * 256.0 * 128); /* 56 x 32 = 1792: 14 waves */
+    double e1 = 794.5 / 989.4 * (8192.0 * 4096) / (8 * 132 * 256.0 * 128); /* 1024 tiles, 8 waves: 96.97 % */
+    double e2 = 794.5 / 989.4 * (14336.0 * 4096) / (14 * 132 * 256.0 * 128); /* 1792, 14 waves: 96.97 % */
+    e1 = e1 > 794.5 / 989.4 * 0.85 ? 794.5 / 989.4 * 0.85 : e1, e2 = e2 > 794.5 / 989.4 * 0.85 ? 794.5 / 989.4 * 0.85 : e2;
     double want = 3 + 1e6 * (flop1 / (989.4e12 * e1) + flop2 / (989.4e12 * e2));
-    TCHECK(fabs(kernel_time_us(h, &mb, 0) - want) < 1e-6, "matmul backward: %.3f us, by hand %.3f",
-           kernel_time_us(h, &mb, 0), want);
+    TCHECK(fabs(kernel_time_us(h, &mb, 0, PRICE_FUSED) - want) < 1e-6, "matmul backward: %.3f us, by hand %.3f",
+           kernel_time_us(h, &mb, 0, PRICE_FUSED), want);
     /* an all-gather of 1 GiB (the gathered buffer) on the H100 profile (NCCL's ring: 8.4 us per collective,
      * 3.4 us per NVLink step, 14 us per network step) */
     WorldConfig c = local_config(16);

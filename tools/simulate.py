@@ -57,29 +57,33 @@ GIB = 1024.0 ** 3
 #   - the H100 rows (benchmarks/llama3_h100_202412_torchtitan.md, tables 1 and 3): Grand Teton H100s (the h100-gt
 #     profile), 400 Gb/s per GPU; selective AC is the preset's per-op policy (train_configs/llama3_8b.toml).
 # Precision: FSDP2's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), torchtitan's default.
+# Kernels: torchtitan ran eager PyTorch (no torch.compile), so its element-wise math is priced as eager PyTorch
+# launches it (train --price-ops, common/model/kernels.h), with the RMSNorm of the row's preset at the publishing
+# commit (train_configs/*.toml norm_type: "fused_rmsnorm", a Triton kernel, for 8B and Llama 2 13B at 1ea476e9;
+# "rmsnorm", eager, for 70B and Llama 2 70B there and for every preset at 9dec370a).
 TT_A100 = "torchtitan docs/performance.md (2024-04, commit 1ea476e9)"
 TT_H100 = "torchtitan benchmarks/llama3_h100_202412_torchtitan.md (tables 1 and 3)"
 TORCHTITAN = [
     {"model": "Llama 3 8B", "flavor": "8B", "world": 64, "profile": "a100-80g", "batch": 1, "seq": 8192,
-     "ac": "selective (every 2nd block)", "tps": 2904, "memory_gib": None, "mfu": 56.8, "source": TT_A100},
+     "norm": "fused", "ac": "selective (every 2nd block)", "tps": 2904, "memory_gib": None, "mfu": 56.8, "source": TT_A100},
     {"model": "Llama 3 8B", "flavor": "8B", "world": 64, "profile": "a100-80g", "batch": 1, "seq": 8192,
-     "ac": "selective (per op)", "tps": 2973, "memory_gib": None, "mfu": 58.2, "source": TT_A100},
+     "norm": "fused", "ac": "selective (per op)", "tps": 2973, "memory_gib": None, "mfu": 58.2, "source": TT_A100},
     {"model": "Llama 3 70B", "flavor": "70B", "world": 64, "profile": "a100-80g", "batch": 1, "seq": 8192,
-     "ac": "full", "tps": 331, "memory_gib": None, "mfu": 51.7, "source": TT_A100},
+     "norm": "eager", "ac": "full", "tps": 331, "memory_gib": None, "mfu": 51.7, "source": TT_A100},
     {"model": "Llama 2 13B", "flavor": "llama2-13B", "world": 64, "profile": "a100-80g", "batch": 2, "seq": 4096,
-     "ac": "none", "tps": 2162, "memory_gib": None, "mfu": 61.1, "source": TT_A100},
+     "norm": "fused", "ac": "none", "tps": 2162, "memory_gib": None, "mfu": 61.1, "source": TT_A100},
     {"model": "Llama 2 13B", "flavor": "llama2-13B", "world": 64, "profile": "a100-80g", "batch": 2, "seq": 4096,
-     "ac": "selective (every 2nd block)", "tps": 1914, "memory_gib": None, "mfu": 54.1, "source": TT_A100},
+     "norm": "fused", "ac": "selective (every 2nd block)", "tps": 1914, "memory_gib": None, "mfu": 54.1, "source": TT_A100},
     {"model": "Llama 2 13B", "flavor": "llama2-13B", "world": 64, "profile": "a100-80g", "batch": 2, "seq": 4096,
-     "ac": "selective (per op)", "tps": 1904, "memory_gib": None, "mfu": 53.8, "source": TT_A100},
+     "norm": "fused", "ac": "selective (per op)", "tps": 1904, "memory_gib": None, "mfu": 53.8, "source": TT_A100},
     {"model": "Llama 2 70B", "flavor": "llama2-70B", "world": 64, "profile": "a100-80g", "batch": 1, "seq": 4096,
-     "ac": "selective (per op)", "tps": 355, "memory_gib": None, "mfu": 50.8, "source": TT_A100},
+     "norm": "eager", "ac": "selective (per op)", "tps": 355, "memory_gib": None, "mfu": 50.8, "source": TT_A100},
     {"model": "Llama 2 70B", "flavor": "llama2-70B", "world": 64, "profile": "a100-80g", "batch": 2, "seq": 4096,
-     "ac": "full", "tps": 353, "memory_gib": None, "mfu": 50.5, "source": TT_A100},
+     "norm": "eager", "ac": "full", "tps": 353, "memory_gib": None, "mfu": 50.5, "source": TT_A100},
     {"model": "Llama 3.1 8B", "flavor": "llama3.1-8B", "world": 8, "profile": "h100-gt", "batch": 2, "seq": 8192,
-     "ac": "selective (per op)", "tps": 5762, "memory_gib": 82.4, "mfu": None, "source": TT_H100},
+     "norm": "eager", "ac": "selective (per op)", "tps": 5762, "memory_gib": 82.4, "mfu": None, "source": TT_H100},
     {"model": "Llama 3.1 8B", "flavor": "llama3.1-8B", "world": 128, "profile": "h100-gt", "batch": 2, "seq": 8192,
-     "ac": "selective (per op)", "tps": 5605, "memory_gib": 67.0, "mfu": None, "source": TT_H100},
+     "norm": "eager", "ac": "selective (per op)", "tps": 5605, "memory_gib": 67.0, "mfu": None, "source": TT_H100},
 ]
 # published beside those and out of this model's scope: what differs is not priced (no compiler, no float8)
 TORCHTITAN_OUT_OF_SCOPE = [
@@ -91,6 +95,7 @@ TORCHTITAN_OUT_OF_SCOPE = [
 # our side of every row: stage 08's solution (FSDP2's MixedPrecisionPolicy) with the row's own activation
 # checkpointing (torchtitan's per-op selective AC is --ac-op; per block, option "2", is --ac-every 2; full is --ac)
 COMPARE_STAGE, COMPARE_FLAGS = "08", ["--param-dtype", "bf16"]
+PRICE_OPS = {"fused": ["--price-ops", "eager-fused-norm"], "eager": ["--price-ops", "eager"]}
 AC_FLAG = {"selective (per op)": ["--ac-op"], "full": ["--ac"], "selective (every 2nd block)": ["--ac-every", "2"],
            "none": []}
 # the targets the validation is held to (issue 48): tokens/s/GPU within 15 %, memory within 10 %
@@ -378,9 +383,9 @@ def compare_row(t, r):
     mem = reserved if reserved is not None else r["steady_peak_bytes"]
     em = err(mem / GIB, t["memory_gib"]) if t["memory_gib"] else None
     mark = lambda e, tgt: "%+.1f%%%s" % (100 * e, "" if abs(e) <= tgt else " (!)")
-    return "| %s | %d (%d/node) | %s | %d x %d | %s | %d | %.0f | %s | %s | %s%s | %s |" % (
+    return "| %s | %d (%d/node) | %s | %d x %d | %s | eager, %s RMSNorm | %d | %.0f | %s | %s | %s%s | %s |" % (
         t["model"], t["world"], min(t["world"], GPUS_PER_NODE), INTER_NODE[t["profile"]], t["batch"], t["seq"],
-        t["ac"], t["tps"], r["tokens_per_s_per_gpu"], mark(et, TARGET_TPS),
+        t["ac"], t["norm"], t["tps"], r["tokens_per_s_per_gpu"], mark(et, TARGET_TPS),
         "%.1f GiB" % t["memory_gib"] if t["memory_gib"] else "not published",
         "%.1f GiB" % (mem / GIB), (" (allocated %.1f)" % (r["steady_peak_bytes"] / GIB) if reserved is not None
                                     else "") + (", **%s**" % fit_mark(r, True) if fit_mark(r) else ""),
@@ -390,16 +395,16 @@ def compare_row(t, r):
 def compare(a):
     stage = manifest.stage(COMPARE_STAGE)
     exe = binary(stage, True)
-    L = ["| model | GPUs | inter-node | local batch x seq | AC | torchtitan tokens/s/GPU | dry run | error | "
+    L = ["| model | GPUs | inter-node | local batch x seq | AC | kernels | torchtitan tokens/s/GPU | dry run | error | "
          "torchtitan memory (reserved) | dry run memory (reserved) | error |",
-         "| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+         "| --- | --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     rows, ets, ems = [], [], []
     for t in TORCHTITAN:
-        key = "%s-w%d-%s-b%d-%s" % (t["flavor"], t["world"], t["profile"], t["batch"],
-                                    "-".join(f.strip("-") for f in AC_FLAG[t["ac"]]) or "noac")
+        key = "%s-w%d-%s-b%d-%s-%s" % (t["flavor"], t["world"], t["profile"], t["batch"],
+                                       "-".join(f.strip("-") for f in AC_FLAG[t["ac"]]) or "noac", t["norm"])
         print("dry run: %s, %d GPUs, %s ..." % (t["model"], t["world"], t["ac"]), flush=True)
         r = dry_run(exe, stage, t["flavor"], t["world"], t["profile"], t["batch"], t["seq"], a.steps,
-                    COMPARE_FLAGS + AC_FLAG[t["ac"]], os.path.join(a.out, key))
+                    COMPARE_FLAGS + AC_FLAG[t["ac"]] + PRICE_OPS[t["norm"]], os.path.join(a.out, key))
         line, et, em = compare_row(t, r)
         rows.append({"torchtitan": t, "dry_run": r, "tps_error": et, "memory_error": em})
         ets.append(abs(et))

@@ -32,7 +32,7 @@ void clock_enqueue(Dev *d, Op *op, int charged) {
     op->host_us = d->host_us;
 }
 
-double clock_kernel_cost(const Dev *d, const KernelCost *c) { return kernel_time_us(profile(d), c, d->world->cfg.tf32); }
+double clock_kernel_cost(const Dev *d, const KernelCost *c) { return kernel_time_us(profile(d), c, d->world->cfg.tf32, d->world->cfg.price_ops); }
 
 /* The overlap slowdown. A collective of c us slows compute that overlaps it by
  * 1 + s (s = overlap_slowdown): in c us of overlap the compute does c / (1 + s)

@@ -65,6 +65,8 @@ _Static_assert(sizeof(PipeSchedule) == sizeof(int), "PipeSchedule is stored as a
 
 static const FlagChoice BACKENDS[] = {
     {"local", BACKEND_LOCAL}, {"mpi", BACKEND_MPI}, {"nccl", BACKEND_NCCL}, {"nccl-mpi", BACKEND_NCCL_MPI}, {NULL, 0}};
+static const FlagChoice PRICE_OPS[] = {
+    {"fused", PRICE_FUSED}, {"eager", PRICE_EAGER}, {"eager-fused-norm", PRICE_EAGER_FUSED_NORM}, {NULL, 0}};
 static const FlagChoice PP_SCHEDULES[] = {{"gpipe", PIPE_GPIPE}, {"1f1b", PIPE_1F1B}, {NULL, 0}};
 static const FlagChoice GRAD_SYNC[] = {{"every", 1}, {"last", 0}, {NULL, 0}};
 static const FlagChoice DTYPES[] = {{"fp32", DTYPE_F32}, {"bf16", DTYPE_BF16}, {NULL, 0}};
@@ -379,6 +381,13 @@ static const Flag FLAGS[] = {
              "execute nothing and back no memory: your hooks on 8-64 modelled GPUs at\n"
              "8B/70B (no loss or grad norm; host code touching a buffer stops the run)",
      .json = "dry_run"},
+    {.name = "--price-ops", .kind = FLAG_ENUM, .at = AT(world.price_ops), .choices = PRICE_OPS, .def = "fused",
+     .arg = "=fused|eager|eager-fused-norm",
+     .help = "what the modelled clock prices element-wise math as: this runtime's fused\n"
+             "kernels, or the kernels eager PyTorch launches for it in torchtitan's Llama\n"
+             "(eager-fused-norm: with its fused RMSNorm), to compare with published runs;\n"
+             "the math and the memory are this runtime's either way (common/model/kernels.h)",
+     .json = "price_ops"},
     {.name = "--tf32", .kind = FLAG_SET, .at = AT(world.tf32),
      .help = "matmuls may use TF32 tensor cores (CUDA build; the modelled clock prices\n"
              "float32 matmuls at the profile's TF32 peak; default exact fp32)",

@@ -103,7 +103,7 @@ typedef struct {
  * accumulation). */
 static inline double dtype_bytes(DType dt) { return dt == DTYPE_BF16 ? 2.0 : 4.0; }
 static inline KernelCost kcost(CostClass cls, DType math, double flops, double bytes) {
-    KernelCost c = {cls, math, flops, bytes, {{0, 0, 0}, {0, 0, 0}}, 0};
+    KernelCost c = {.cls = cls, .math = math, .flops = flops, .bytes = bytes};
     return c;
 }
 static inline KernelCost kcost_elementwise(double flops, double bytes) {
@@ -151,6 +151,51 @@ static inline KernelCost kcost_attention_backward(size_t B, size_t T, size_t H, 
                          dtype_bytes(dt) * n * (double)hd * (double)(5 * H + 6 * KV) + 4 * 2 * bh * (double)T);
     k.seq = (double)T;
     return k;
+}
+
+/* Eager PyTorch's kernels for the same math (priced instead under --price-ops eager: profile.c), as
+ * torchtitan's Llama launches them without torch.compile (torchtitan/models/llama/model.py and
+ * models/norms.py at commit 9dec370a) and as autograd differentiates them (PyTorch's
+ * tools/autograd/derivatives.yaml): each kernel reads and writes its tensors once, at a = the activation's
+ * bytes, or 4 for the float32 its .float() calls make; a cast from a to 4 bytes and back is a kernel each
+ * way, and none when a is 4 already. Per element: */
+static inline double eager_cast(double a) { return a < 4 ? a + 4 : 0; }
+static inline int eager_casts(double a) { return a < 4 ? 1 : 0; }
+static inline void kcost_eager(KernelCost *c, double bytes, int kernels) {
+    c->eager_bytes = bytes;
+    c->eager_kernels = kernels;
+}
+/* RMSNorm, x * rsqrt(mean(x.float()^2) + eps), .type_as(x), * weight, over n elements:
+ *   forward: .float(), pow, mean (4 read), x * rsqrt (8), .type_as, * weight (2a); and two kernels on the
+ *   rows (+ eps, rsqrt) whose bytes are negligible;
+ *   backward: * weight's two grads (g w: 2a; g * out: 3a, summed over rows: a), .type_as's (a cast),
+ *   x * r's two (g r: 8; g x: 12, summed over the row: 4), mean's (an expand: 4 written), pow's
+ *   (g * 2 * x^1: 8 + 8 + 12), the two paths into x.float() added (12), .float()'s (a cast). */
+static inline void kcost_eager_rmsnorm(KernelCost *c, double a, double n, int backward) {
+    double cast = eager_cast(a);
+    int casts = 2 * eager_casts(a);
+    if (!backward) kcost_eager(c, n * (2 * cast + 8 + 4 + 8 + 2 * a), casts + 6);
+    else kcost_eager(c, n * (6 * a + 2 * cast + 24 + 4 + 28 + 12), casts + 13);
+    c->eager_norm = 1;
+}
+/* RoPE on n elements, view_as_complex(x.float()) * freqs_cis, view_as_real, .type_as(x): a cast up, a
+ * complex multiply (8), a cast down; its backward the same three (the multiply by the conjugate). */
+static inline void kcost_eager_rope(KernelCost *c, double a, double n) {
+    kcost_eager(c, n * (2 * eager_cast(a) + 8), 2 * eager_casts(a) + 1);
+}
+/* SwiGLU on n = N x F elements, silu(a) * b: forward silu (2a) and the product (3a); backward the
+ * product's two grads (g b, g silu(a): 3a each) and silu's (3a). */
+static inline void kcost_eager_swiglu(KernelCost *c, double a, double n, int backward) {
+    if (!backward) kcost_eager(c, n * 5 * a, 2);
+    else kcost_eager(c, n * 9 * a, 3);
+}
+/* What eager attention adds around the fused kernel, for N tokens: repeat_kv's copies of k and v from KV
+ * to H heads (expand + reshape: KV hd read, H hd written, each; none when KV == H) and the output's
+ * transpose(1, 2).contiguous() (H hd read and written); backward: the gradient's copy back through the
+ * transpose and repeat_kv's sums from H heads to KV (H hd read, KV hd written, each). */
+static inline void kcost_eager_attention(KernelCost *c, double a, double N, double H, double KV, double hd) {
+    int rep = KV < H;
+    kcost_eager(c, N * hd * a * ((rep ? 2 * (H + KV) : 0) + 2 * H), rep ? 3 : 1);
 }
 
 #define HWFSDP_KERNEL_LIST(X)                                                                                          \

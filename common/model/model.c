@@ -364,6 +364,7 @@ static void rmsnorm_q(Q *q, ModelRun *run, void *out, float *rstd, const void *i
     NormArgs a = {out, rstd, in, param_in(run, p), N, D, eps, q->bf16};
     double e = (double)act_size(run);
     KernelCost c = kcost_elementwise(4.0 * N * D, e * (2 * N * D + D) + 4.0 * N);
+    kcost_eager_rmsnorm(&c, e, (double)(N * D), 0);
     dev_launch(q->s, "rmsnorm", &c, KERNEL(q->s, rmsnorm_forward), &a, sizeof a);
 }
 static void rmsnorm_bwd_q(Q *q, ModelRun *run, void *dinp, const void *dout, const void *in, const Param *p,
@@ -372,6 +373,7 @@ static void rmsnorm_bwd_q(Q *q, ModelRun *run, void *dinp, const void *dout, con
     NormBwdArgs a = {dinp, p->grad, dout, in, param_in(run, p), rstd, N, D, q->bf16};
     double e = (double)act_size(run);
     KernelCost c = kcost_elementwise(8.0 * N * D, e * (4 * N * D + D) + 4.0 * (2 * D + N));
+    kcost_eager_rmsnorm(&c, e, (double)(N * D), 1);
     dev_launch(q->s, "rmsnorm_bwd", &c, KERNEL(q->s, rmsnorm_backward), &a, sizeof a);
 }
 static void matmul_q(Q *q, ModelRun *run, const char *name, void *out, const void *in, const Param *p, size_t N,
@@ -391,6 +393,7 @@ static void rope_q(Q *q, void *x, const ModelRun *run, size_t nh, size_t hd, int
     RopeArgs a = {x, run->rope_cos, run->rope_sin, run->B, run->T, nh, hd, backward, q->bf16};
     double n = (double)(run->B * run->T * nh * hd); /* a rotation: 6 FLOPs per pair */
     KernelCost c = kcost_elementwise(3.0 * n, 2.0 * (double)act_size(run) * n + 4.0 * (double)(run->T * hd));
+    kcost_eager_rope(&c, (double)act_size(run), n);
     dev_launch(q->s, backward ? "rope_bwd" : "rope", &c, KERNEL(q->s, rope), &a, sizeof a);
 }
 static void add_q(Q *q, const ModelRun *run, void *out, const void *a_, const void *b_, size_t n) {
@@ -533,6 +536,7 @@ static void block_forward_saved(Model *m, Module *mod, ModelRun *run, Q *q, int 
         A->att = act(q, N * H * hd, "att");
         AttArgs aa = {A->att, A->lse, A->q, A->k, A->v, run->B, run->T, H, KV, hd, q->bf16};
         KernelCost ca = kcost_attention_forward(run->B, run->T, H, KV, hd, act_dtype(run));
+        kcost_eager_attention(&ca, (double)act_size(run), (double)N, (double)H, (double)KV, (double)hd);
         dev_launch(q->s, "attention", &ca, KERNEL(q->s, attention_forward), &aa, sizeof aa);
     }
     A->h = act(q, N * D, "h"); /* matmul 4 (wo) and the residual: recomputed */
@@ -550,6 +554,7 @@ static void block_forward_saved(Model *m, Module *mod, ModelRun *run, Q *q, int 
     A->g = act(q, N * F, "swiglu");
     SwiArgs sa = {A->g, A->a, A->b, N * F, q->bf16};
     KernelCost cs = kcost_elementwise(6.0 * (double)(N * F), 3.0 * (double)act_size(run) * (double)(N * F)); /* silu(a) * b */
+    kcost_eager_swiglu(&cs, (double)act_size(run), (double)(N * F), 0);
     dev_launch(q->s, "swiglu", &cs, KERNEL(q->s, swiglu_forward), &sa, sizeof sa);
 }
 
@@ -675,6 +680,7 @@ void module_backward(Model *m, Module *mod, ModelRun *run) {
         void *da = zeros(&q, N * F, "dw1_out"), *db = zeros(&q, N * F, "dw3_out");
         SwiBwdArgs sb = {da, db, dg, A->a, A->b, N * F, q.bf16};
         KernelCost cs = kcost_elementwise(10.0 * (double)(N * F), 7.0 * e * (double)(N * F)); /* da, db += */
+        kcost_eager_swiglu(&cs, e, (double)(N * F), 1);
         dev_launch(run->stream, "swiglu_bwd", &cs, KERNEL(run->stream, swiglu_backward), &sb, sizeof sb);
         void *dhn = zeros(&q, N * D, "dhn");
         matmul_bwd_q(&q, run, "w1_bwd", dhn, da, A->hn, &P[P_W1], N, D, F);
@@ -688,6 +694,7 @@ void module_backward(Model *m, Module *mod, ModelRun *run) {
         float *scratch = temp_f32(&q, KERNEL(run->stream, attention_scratch_floats)(run->B, run->T, H), "att_scratch");
         AttBwdArgs ab = {dq, dk, dv, scratch, datt, A->q, A->k, A->v, A->att, A->lse, run->B, run->T, H, KV, hd, q.bf16};
         KernelCost ca = kcost_attention_backward(run->B, run->T, H, KV, hd, act_dtype(run));
+        kcost_eager_attention(&ca, e, (double)N, (double)H, (double)KV, (double)hd);
         dev_launch(run->stream, "attention_bwd", &ca, KERNEL(run->stream, attention_backward), &ab, sizeof ab);
         rope_q(&q, dq, run, H, hd, 1);
         rope_q(&q, dk, run, KV, hd, 1);

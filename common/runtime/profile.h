@@ -37,6 +37,7 @@ typedef struct DeviceProfile {
     int sm_count;              /* streaming multiprocessors: one output tile each per wave */
     int gemm_tile_m, gemm_tile_n; /* the output tile a large GEMM kernel computes per SM */
     double gemm_max_eff;       /* the best share of the BF16 peak a GEMM reaches at any shape (measured) */
+    double gemm_typical;       /* the share of that best a model's large GEMMs reach (measured) */
     /* attention's measured share of the BF16 peak at sequence 2k, 4k, 8k, 16k (forward + backward, causal,
      * head dim 128; all 0: eff[COST_ATTENTION] for every length) */
     double attn_eff[4];
@@ -63,8 +64,9 @@ void device_profile_table(FILE *f);
 const char *device_profile_names(void);
 #define DEVICE_PROFILE_DEFAULT "teach"
 
-/* What a kernel of cost c takes on profile p, in us (tf32: a float32 matmul may use TF32). */
-double kernel_time_us(const DeviceProfile *p, const KernelCost *c, int tf32);
+/* What a kernel of cost c takes on profile p, in us (tf32: a float32 matmul may use TF32; price_ops: PriceOps,
+ * runtime.h: as itself, or as the eager kernels it declares). */
+double kernel_time_us(const DeviceProfile *p, const KernelCost *c, int tf32, int price_ops);
 /* The share of the peak a GEMM of output [m, n] reaches on p (tile and wave quantisation under gemm_max_eff). */
 double gemm_efficiency(const DeviceProfile *p, double m, double n);
 /* The share of the BF16 peak attention at sequence length seq reaches on p. */

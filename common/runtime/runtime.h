@@ -70,6 +70,7 @@ int dev_is_cuda_build(void);
 typedef struct {
     int world_size;           /* N ranks (1..WORLD_MAX_RANKS) */
     CollBackend backend;      /* local: threads; mpi: one process per rank */
+    int price_ops;            /* PriceOps: element-wise kernels priced as our own (0) or as eager PyTorch's */
     double link_gbps;         /* link model for local collectives; 0 = off */
     double link_latency_us;   /* per ring hop */
     int ranks_per_node;       /* link model: ranks r / ranks_per_node share a node (0 = one node) */
@@ -162,7 +163,14 @@ typedef struct {
     double bytes;      /* read + written */
     double gemm[2][3]; /* a matmul's GEMMs, {M, N, K} each (out[M,N] += a[M,K] b[K,N]); {0,0,0}: none */
     double seq;        /* an attention kernel's sequence length (its measured efficiency depends on it) */
+    /* eager PyTorch's kernels for the same math (kernels.h: kcost_eager), priced instead under --price-ops eager */
+    double eager_bytes;
+    int eager_kernels; /* 0: none declared (priced as itself) */
+    int eager_norm;    /* an RMSNorm's (under --price-ops eager-fused-norm, priced as itself) */
 } KernelCost;
+/* What the modelled clock prices element-wise math as (--price-ops): this runtime's own fused kernels, or the
+ * kernels eager PyTorch launches for the same math in torchtitan's Llama (to compare with published runs). */
+typedef enum { PRICE_FUSED, PRICE_EAGER, PRICE_EAGER_FUSED_NORM } PriceOps;
 
 /* Enqueue fn(args) on s, costing *cost (NULL: fatal, naming the kernel).
  * args (at most DEV_ARGS_MAX bytes) is copied, so the caller's struct may go

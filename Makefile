@@ -247,6 +247,8 @@ bench: all
 # Your FSDP on a modelled cluster: a dry run of your stages/NN (SOLUTION=1: the solution) in which every op is
 # priced on PROFILE's modelled clock and every allocation counted, nothing executed (tools/simulate.py --help).
 # SWEEP="8 16 32 64": one dry run per world size and a plot of tokens/s/GPU and memory against it.
+# BATCH, SEQ: the local batch and the sequence. The pipeline stages (11, 12): PP (stages), MICROBATCHES and
+# SCHEDULE (1f1b or gpipe), defaults in tools/simulate.py --help; on any other stage they are refused.
 STAGE_SIM ?= $(or $(STAGE),04)
 comma := ,
 space := $(subst ,, )
@@ -256,6 +258,8 @@ PROFILE ?= h100-sxm
 simulate: all
 	$(PYTHON) tools/simulate.py --stage $(STAGE_SIM) --flavor $(FLAVOR) --world $(WORLD) --profile $(PROFILE) \
 	  $(if $(BATCH),--batch $(BATCH)) $(if $(SEQ),--seq $(SEQ)) $(if $(filter-out 0,$(SOLUTION)),--solutions) \
+	  $(if $(PP),--pp $(PP)) $(if $(MICROBATCHES),--microbatches $(MICROBATCHES)) \
+	  $(if $(SCHEDULE),--pp-schedule $(SCHEDULE)) \
 	  $(if $(SWEEP),--sweep $(subst $(space),$(comma),$(strip $(SWEEP)))) --flags="$(FLAGS)"
 
 # Instructors: every stage's solution against real PyTorch FSDP2 on gloo CPU processes (loss, grad norm,

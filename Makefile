@@ -74,7 +74,7 @@ BASELINE   := $(BUILD)/baseline/train
         handout gradescope impl stage-bins tsan asan asan-test clean
 
 all: detect $(LIB) $(BASELINE) $(SOL_BIN) stage-bins $(TEST_BIN) $(BUILD)/tests/check_ops_selftest $(BUILD)/tests/check_colls \
-     trace-names
+     $(BUILD)/tools/gpu_calibrate trace-names
 
 detect:
 	@printf 'optional parts: MPI %s  CUDA %s  NCCL %s  (a GPU is never needed to build)\n' \
@@ -131,6 +131,13 @@ stage-bins: $(DRIVER_OBJ) $(LIB)
 $(BUILD)/tests/%: LINK_CFLAGS = $(CFLAGS) -Itests
 $(BUILD)/tests/%: LINK_WITH = $(LIB)
 $(BUILD)/tests/%: tests/%.c $(LIB) $(wildcard tests/*.h)
+	$(call link_binary,$@,$<)
+
+# make gpu-calibrate's program without CUDA: it times nothing, but lists the ops with their modelled times, summarizes
+# given timings and holds its modelled times to the clock's (tests/test_gpu_calibrate.py; the CUDA build: mk/cuda.mk)
+$(BUILD)/tools/gpu_calibrate: LINK_CFLAGS = $(CFLAGS) -DGPU_CALIBRATE_CPU
+$(BUILD)/tools/gpu_calibrate: LINK_WITH = $(LIB)
+$(BUILD)/tools/gpu_calibrate: tools/gpu_calibrate.c $(LIB) $(HEADERS)
 	$(call link_binary,$@,$<)
 
 # gpu-check's op harness run against itself on the CPU (tests/test_cuda_build.py)

@@ -74,7 +74,7 @@ BASELINE   := $(BUILD)/baseline/train
         handout gradescope impl stage-bins tsan asan asan-test clean
 
 all: detect $(LIB) $(BASELINE) $(SOL_BIN) stage-bins $(TEST_BIN) $(BUILD)/tests/check_ops_selftest $(BUILD)/tests/check_colls \
-     trace-names
+     $(BUILD)/tools/gpu_calibrate trace-names
 
 detect:
 	@printf 'optional parts: MPI %s  CUDA %s  NCCL %s  (a GPU is never needed to build)\n' \
@@ -131,6 +131,13 @@ stage-bins: $(DRIVER_OBJ) $(LIB)
 $(BUILD)/tests/%: LINK_CFLAGS = $(CFLAGS) -Itests
 $(BUILD)/tests/%: LINK_WITH = $(LIB)
 $(BUILD)/tests/%: tests/%.c $(LIB) $(wildcard tests/*.h)
+	$(call link_binary,$@,$<)
+
+# make gpu-calibrate's program without CUDA: it times nothing, but lists the ops with their modelled times, summarizes
+# given timings and holds its modelled times to the clock's (tests/test_gpu_calibrate.py; the CUDA build: mk/cuda.mk)
+$(BUILD)/tools/gpu_calibrate: LINK_CFLAGS = $(CFLAGS) -DGPU_CALIBRATE_CPU
+$(BUILD)/tools/gpu_calibrate: LINK_WITH = $(LIB)
+$(BUILD)/tools/gpu_calibrate: tools/gpu_calibrate.c $(LIB) $(HEADERS)
 	$(call link_binary,$@,$<)
 
 # gpu-check's op harness run against itself on the CPU (tests/test_cuda_build.py)
@@ -247,6 +254,8 @@ bench: all
 # Your FSDP on a modelled cluster: a dry run of your stages/NN (SOLUTION=1: the solution) in which every op is
 # priced on PROFILE's modelled clock and every allocation counted, nothing executed (tools/simulate.py --help).
 # SWEEP="8 16 32 64": one dry run per world size and a plot of tokens/s/GPU and memory against it.
+# BATCH, SEQ: the local batch and the sequence. The pipeline stages (11, 12): PP (stages), MICROBATCHES and
+# SCHEDULE (1f1b or gpipe), defaults in tools/simulate.py --help; on any other stage they are refused.
 STAGE_SIM ?= $(or $(STAGE),04)
 comma := ,
 space := $(subst ,, )
@@ -256,6 +265,8 @@ PROFILE ?= h100-sxm
 simulate: all
 	$(PYTHON) tools/simulate.py --stage $(STAGE_SIM) --flavor $(FLAVOR) --world $(WORLD) --profile $(PROFILE) \
 	  $(if $(BATCH),--batch $(BATCH)) $(if $(SEQ),--seq $(SEQ)) $(if $(filter-out 0,$(SOLUTION)),--solutions) \
+	  $(if $(PP),--pp $(PP)) $(if $(MICROBATCHES),--microbatches $(MICROBATCHES)) \
+	  $(if $(SCHEDULE),--pp-schedule $(SCHEDULE)) \
 	  $(if $(SWEEP),--sweep $(subst $(space),$(comma),$(strip $(SWEEP)))) --flags="$(FLAGS)"
 
 # Instructors: every stage's solution against real PyTorch FSDP2 on gloo CPU processes (loss, grad norm,

@@ -5,6 +5,10 @@
 #   make gpu-check   on a machine with a GPU: kernels and collectives vs the CPU ones, each
 #                    solution's run vs the CPU run, reruns, sanitizers, the grader; one line
 #                    `gpu-check: N passed, N failed` (tools/gpu_check.sh; GPU_CHECK_ARGS="--only 'train-*'")
+#   make gpu-calibrate  on a machine with a GPU: the CUDA kernels timed at a dry run's shapes against the modelled
+#                    clock's time on PROFILE (default h100-sxm), per op class `gpu-calibrate: <class>
+#                    measured/modelled = X.XX (n ops)`, into logs/calibrate/<gpu>-<date>.txt (tools/gpu_calibrate.c;
+#                    GPU_CALIBRATE_ARGS="--only matmul --repeats 50"). Compiled only: it has not run on a GPU yet
 # The CPU build never needs any of this.
 
 CUDA_BUILD    ?= build-cuda
@@ -30,9 +34,9 @@ CUDA_HDRS := $(HEADERS)
 CUDA_DRIVER_OBJ := $(patsubst common/%.c,$(CUDA_BUILD)/common/%.o,$(DRIVER_SRC))
 CUDA_BINS := $(CUDA_BUILD)/baseline/train $(patsubst %,$(CUDA_BUILD)/solutions/%/train,$(SOLUTIONS)) \
              $(patsubst %,$(CUDA_BUILD)/stages/%/train,$(STAGES)) $(CUDA_BUILD)/tests/check_ops \
-             $(CUDA_BUILD)/tests/check_colls
+             $(CUDA_BUILD)/tests/check_colls $(CUDA_BUILD)/tools/gpu_calibrate
 
-.PHONY: cuda cuda-check-tools gpu-check impl-cuda
+.PHONY: cuda cuda-check-tools gpu-check gpu-calibrate impl-cuda
 
 cuda: cuda-check-tools $(CUDA_LIB) $(CUDA_BINS)
 	@echo "cuda: built $(words $(CUDA_BINS)) binaries in $(CUDA_BUILD)/ for sm_$(subst $(eval ) ,/sm_,$(CUDA_ARCHS)) (compiled only: run make gpu-check on a GPU machine)"
@@ -78,6 +82,11 @@ $(CUDA_BUILD)/tests/check_colls: LINK_WITH = $(CUDA_LIB)
 $(CUDA_BUILD)/tests/check_colls: tests/gpu/check_colls.c $(CUDA_LIB) $(CUDA_HDRS)
 	$(call link_binary,$@,$<)
 
+# make gpu-calibrate's program: the CUDA kernels through the runtime's launch path (the CPU build's: the Makefile)
+$(CUDA_BUILD)/tools/gpu_calibrate: LINK_WITH = $(CUDA_LIB)
+$(CUDA_BUILD)/tools/gpu_calibrate: tools/gpu_calibrate.c $(CUDA_LIB) $(CUDA_HDRS)
+	$(call link_binary,$@,$<)
+
 # Any hw_fsdp.c against the CUDA runtime (the grader's --cuda uses it).
 impl-cuda: LINK_CFLAGS = $(CUDA_CFLAGS) $(STARTER_CFLAGS)
 impl-cuda: LINK_WITH = $(CUDA_DRIVER_OBJ) $(CUDA_LIB)
@@ -88,3 +97,6 @@ impl-cuda: cuda-check-tools $(CUDA_DRIVER_OBJ) $(CUDA_LIB)
 
 gpu-check: all cuda
 	bash tools/gpu_check.sh $(GPU_CHECK_ARGS)
+
+gpu-calibrate: cuda
+	$(CUDA_BUILD)/tools/gpu_calibrate --profile $(or $(PROFILE),h100-sxm) $(GPU_CALIBRATE_ARGS)

@@ -138,8 +138,8 @@ def test_sections_hold_numbers(bench):
         assert timing(r["step_ms"]) and timing(r["tokens_per_s"])  # the wall clock: a spread
         m = r["model"]  # the modelled clock: one figure each
         assert all(number(m[k]) for k in ("model_step_ms", "exposed_comm_ms", "exposed_comm_fraction",
-                                          "flop_utilization", "compute_ms", "collective_ms"))
-        assert 0 < m["exposed_comm_ms"] <= m["model_step_ms"] and 0 < m["flop_utilization"] <= 1
+                                          "kernel_flops_over_peak", "compute_ms", "collective_ms"))
+        assert 0 < m["exposed_comm_ms"] <= m["model_step_ms"] and 0 < m["kernel_flops_over_peak"] <= 1
         assert m["exposed_comm_ms"] == pytest.approx(sum(m["exposed_comm_ms_by_phase"].values()), rel=1e-12)
         assert m["math"] == ("bf16" if "--param-dtype=bf16" in r["flags"] else "f32")
     rows = {r["stage"][:2]: r["model"] for r in ov["rows"]}
@@ -279,8 +279,8 @@ def overlap_run(bench_dir, data, stage_id):
     return row, bench_dir / "work" / ("overlap_world%d" % ov["world"]) / row["stage"]
 
 
-def test_flop_utilization_from_the_trace(bench, bench_dir):
-    """Every overlap row's FLOP utilization, recomputed from its run's own files: the FLOPs rank 0's kernels
+def test_kernel_flops_over_peak_from_the_trace(bench, bench_dir):
+    """Every overlap row's kernel FLOPs / (step x peak), recomputed from its run's own files: the FLOPs rank 0's kernels
     declared in the last step (trace_rank0.json args.flops), that step's model_step_ms (metrics.jsonl) and the
     profile's peak for the matmuls' math (otherData.peak_flops: bf16 under --param-dtype bf16, f32 otherwise)."""
     data = bench[0]
@@ -295,7 +295,7 @@ def test_flop_utilization_from_the_trace(bench, bench_dir):
         peak = doc["otherData"]["peak_flops"]["bf16" if "--param-dtype=bf16" in r["flags"] else "f32"]
         assert flops > 0
         assert r["model"]["model_step_ms"] == last["model_step_ms"]
-        assert r["model"]["flop_utilization"] == pytest.approx(flops / (last["model_step_ms"] / 1e3 * peak), rel=1e-9)
+        assert r["model"]["kernel_flops_over_peak"] == pytest.approx(flops / (last["model_step_ms"] / 1e3 * peak), rel=1e-9)
 
 
 def test_blocking_stage_exposes_all_its_communication(bench, bench_dir):

@@ -33,13 +33,15 @@ needs_cuda_build = pytest.mark.skipif(not os.path.exists(CUDA_BASELINE),
 
 @pytest.mark.skipif(not HAVE_NVCC, reason="nvcc not found")
 def test_cuda_build_is_complete():
-    """make cuda built the runtime, the baseline, every stage and the op and collective checkers."""
+    """make cuda built the runtime, the baseline, every stage, the op and collective checkers and make gpu-calibrate's
+    program (tests/test_gpu_calibrate.py runs it)."""
     p = subprocess.run(["make", "-s", "--no-print-directory", "cuda"], cwd=ROOT, capture_output=True, text=True,
                        timeout=1800)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "compiled only" in p.stdout
     stages = sorted(d for d in os.listdir(os.path.join(ROOT, "stages")) if d[:2].isdigit())
     for b in [CUDA_BASELINE] + [os.path.join(CUDA_BUILD, "tests", t) for t in ("check_ops", "check_colls")] + \
+             [os.path.join(CUDA_BUILD, "tools", "gpu_calibrate")] + \
              [os.path.join(CUDA_BUILD, "stages", s, "train") for s in stages]:
         assert os.access(b, os.X_OK), b
 

@@ -1026,6 +1026,31 @@ TEST(profile_costs_by_hand) {
     double want = 3 + 1e6 * (flop1 / (989.4e12 * e1) + flop2 / (989.4e12 * e2));
     TCHECK(fabs(kernel_time_us(h, &mb, 0, PRICE_FUSED) - want) < 1e-6, "matmul backward: %.3f us, by hand %.3f",
            kernel_time_us(h, &mb, 0, PRICE_FUSED), want);
+    /* --price-ops: an RMSNorm over 16384 x 4096 bf16 elements priced as eager PyTorch's kernels (torchtitan's
+     * RMSNorm: 8 kernels moving 36 bytes per element forward: a cast up 2 + 4, pow 4 + 4, mean 4, x * rsqrt 4 + 4,
+     * a cast down 4 + 2, * weight 2 + 2), as itself under fused and under eager-fused-norm */
+    const double n = 16384.0 * 4096;
+    KernelCost nf = kcost_elementwise(4.0 * n, 2.0 * (2 * n + 4096) + 4.0 * 16384);
+    kcost_eager_rmsnorm(&nf, 2.0, n, 0);
+    double hbm = 3350e9 * 0.8;
+    TCHECK(fabs(kernel_time_us(h, &nf, 0, PRICE_EAGER) - (8 * 3 + 1e6 * 36 * n / hbm)) < 1e-6, "eager RMSNorm: %.3f us",
+           kernel_time_us(h, &nf, 0, PRICE_EAGER));
+    TCHECK(kernel_time_us(h, &nf, 0, PRICE_EAGER_FUSED_NORM) == kernel_time_us(h, &nf, 0, PRICE_FUSED) &&
+               fabs(kernel_time_us(h, &nf, 0, PRICE_FUSED) - (3 + 1e6 * nf.bytes / hbm)) < 1e-6,
+           "a fused RMSNorm is priced as itself");
+    /* its backward: 92 bytes per element in 15 kernels (* weight's grads 4 + 6 + 2, a cast 6, x * rsqrt's 8 + 12 + 4,
+     * mean's 4, pow's 8 + 8 + 12, the two paths added 12, a cast 6) */
+    KernelCost nb = kcost_elementwise(8.0 * n, 0);
+    kcost_eager_rmsnorm(&nb, 2.0, n, 1);
+    TCHECK(fabs(kernel_time_us(h, &nb, 0, PRICE_EAGER) - (15 * 3 + 1e6 * 92 * n / hbm)) < 1e-6, "eager RMSNorm backward");
+    /* attention, 8B's heads (32, 8 KV, hd 128) on 16384 tokens: beside the fused kernel, repeat_kv's two copies
+     * (read 8 heads, write 32, each) and the output's transposed copy (32 heads read and written), 3 kernels */
+    KernelCost at = kcost_attention_forward(2, 8192, 32, 8, 128, DTYPE_BF16);
+    kcost_eager_attention(&at, 2.0, 16384, 32, 8, 128);
+    double extra = 3 * 3 + 1e6 * 16384 * 128 * 2.0 * (2 * (32 + 8) + 2 * 32) / hbm;
+    TCHECK(fabs(kernel_time_us(h, &at, 0, PRICE_EAGER) - kernel_time_us(h, &at, 0, PRICE_FUSED) - extra) < 1e-6,
+           "eager attention's copies: %.3f us more, by hand %.3f",
+           kernel_time_us(h, &at, 0, PRICE_EAGER) - kernel_time_us(h, &at, 0, PRICE_FUSED), extra);
     /* an all-gather of 1 GiB (the gathered buffer) on the H100 profile (NCCL's ring: 8.4 us per collective,
      * 3.4 us per NVLink step, 14 us per network step) */
     WorldConfig c = local_config(16);

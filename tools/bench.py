@@ -10,7 +10,7 @@ Sections (results/bench.json, results/bench.md, and a table on stdout):
   scaling     solution 04 at world 1, 2, 4 on tiny and debugmodel, same global batch
   overlap     the solutions of every training stage but activation checkpointing at world 4 and 2,
               at the device profile's link: the step on the modelled clock, its exposed
-              communication (by phase) and FLOP utilization, beside the wall-clock step and tokens/s
+              communication (by phase) and kernel FLOPs / (step x peak), beside the wall-clock step and tokens/s
   memory      peak bytes per rank of every stage's solution next to an analytic model of the sizes
   accum       gradient accumulation (stage 07): K = 1, 2, 4, sync every / last / params kept: peak,
               what lives between microbatches, collectives and bytes per step, modelled and wall step

@@ -3,6 +3,7 @@
 
     tools/simulate.py --stage 04 --flavor 8B --world 8 --profile h100-sxm [--flags="--ac --param-dtype bf16"]
     tools/simulate.py --stage 08 --flavor 8B --sweep 8,16,32,64 --flags="--ac --param-dtype bf16"
+    tools/simulate.py --stage 11 --flavor 8B --world 8 [--pp 4 --microbatches 8 --pp-schedule 1f1b] --flags=--ac
     tools/simulate.py --compare            the dry runs of torchtitan's published FSDP2 configurations, side by side
 
 The driver, the model's schedule and the stage's hw_fsdp.c run as in training; every kernel, copy and
@@ -10,27 +11,48 @@ collective is priced on the device profile's modelled clock and executed nowhere
 counted as in a real run, with no memory behind it. The report (printed, and report.md / report.json in
 the run directory) reads what the run wrote:
   modelled step time         metrics.jsonl model_step_ms of the last step (the max over ranks)
-  tokens/s per GPU           local batch x sequence / that step time (with --pp P: a data shard's batch / P)
+  tokens/s per GPU           local batch x sequence / that step time; with --pp P the P ranks of a data shard
+                             (one per stage) share its batch: batch x sequence / P / step time, so that tokens/s/GPU
+                             x world is the global batch's tokens per second, as torchtitan counts it
   MFU                        torchtitan's formula: (6 x non-embedding params + 12 x layers x heads x
                              head_dim x seq) FLOPs per token x tokens/s/GPU / the profile's dense BF16 peak,
                              whatever the run's math was (as torchtitan quotes it)
   memory per rank            rank 0's peak from step 2 on (torchtitan reads memory there), by tag, from the
-                             memory snapshot; and the peak at init (the full model fsdp_init receives)
+                             memory snapshot; and the peak at init (the full model fsdp_init receives); with --pp,
+                             the highest of the stages' first ranks (the stages hold different modules), and each's
   reserved per rank          the bytes PyTorch's CUDA caching allocator would hold in segments for the same
                              allocations in step 2 on (tools/benchlib/caching_allocator.py: its rules, replayed
-                             on rank 0's snapshot): what torchtitan's published "Memory (GiB)" is (the
+                             on that rank's snapshot): what torchtitan's published "Memory (GiB)" is (the
                              allocator's reserved_bytes.all.peak), where the figure above is its allocated bytes
+  kernel FLOPs / peak        the FLOPs rank 0's kernels declared / (step time x the peak of their matmuls' math):
+                             not MFU (it counts what ran, recompute included, at the run's own math's peak)
   exposed communication      rank 0's compute stream in collectives and waits, by phase (the trace)
   device memory              the profile's HBM capacity (run.json hbm_capacity_bytes) and whether every rank's
                              allocations of every step stayed within it (run.json fits); a configuration that does
                              not fit is marked so in the title, the table and --compare's table, with the run's
                              out-of-memory line (train exits 5 then, every file written: driver/step_log.h)
+  pipeline (stages 11, 12)   P (--pp), M (--microbatches), the schedule (--pp-schedule) and the bubble: in the
+                             last step, the window from the first forward kernel of any stage to the last backward
+                             kernel, and the share of it each stage's compute stream runs none of its forward,
+                             backward or recompute kernels (waiting for its peers), averaged over the stages' first
+                             ranks (gradelib.trace_model.pipeline_bubble: the grader's pipeline-bubble measure),
+                             beside the textbook (P-1)/(M+P-1) of equal stages and free transfers
 and draws the timeline and memory plots (tools/plots.py). --sweep draws tokens/s/GPU and memory against
 the world size (sweep.png). By default STAGE is your stages/NN (build/stages/NN_*/train); --solutions takes
 the instructors' solution. Ranks >= 1 record no trace (--trace-ranks 1): FSDP's ranks are symmetric and a
-64-rank trace is gigabytes.
+64-rank trace is gigabytes; with --pp the first rank of every stage records one (--trace-ranks (P-1) x S + 1,
+S = world / P ranks a stage), as the stages are not symmetric.
+
+The stage's own flags (grader/rubric.json) come with it, except the grading configuration's size: its
+--n-layers and --batch-size (stages 11, 12) give way to the flavour's layers and --batch, and its --pp,
+--microbatches and --pp-schedule to this tool's (below). A pipeline's defaults: P the largest divisor of the
+world up to 4, M the local batch (torchtitan's default: microbatches of one sequence), the local batch 2P
+(so M = 2P) unless --batch or --microbatches gives one, the schedule 1F1B. --pp, --microbatches and
+--pp-schedule on a stage without a pipeline are refused; a combination train refuses (e.g. --pp with
+--param-dtype bf16) is train's one line.
 """
 import argparse
+import collections
 import json
 import os
 import re
@@ -43,7 +65,7 @@ import manifest
 from benchlib.caching_allocator import reserved_in_step
 from benchlib.memory_model import flops_per_token, model_dims, n_params, replay_peak
 from benchlib.traces import step_on_model_clock
-from gradelib.trace_model import RunDir
+from gradelib.trace_model import RunDir, ideal_bubble, pipeline_bubble
 import trace_names as tn
 
 BUILD = os.environ.get("HWFSDP_BUILD", os.path.join(ROOT, "build"))
@@ -129,18 +151,83 @@ def binary(stage, solutions):
 
 GPUS_PER_NODE = 8  # a DGX / HGX node: NVLink inside, the profile's InfiniBand between nodes
 
+# A pipeline's shape: P stages (--pp), M microbatches (--microbatches), the schedule (--pp-schedule).
+Pipeline = collections.namedtuple("Pipeline", "stages microbatches schedule")
+PIPELINE_FLAGS = ("--pp", "--microbatches", "--pp-schedule")  # set by this tool's options, never by --flags
+GRADING_SIZE_FLAGS = ("--n-layers", "--batch-size")  # the grading configuration's size (rubric.json): not simulated
+PP_SCHEDULES = ("1f1b", "gpipe")  # train --pp-schedule (common/driver/options.c)
+MAX_DEFAULT_PP = 4  # --pp's default: the largest divisor of the world up to this
+
+
+def default_pp(world):
+    """P when --pp is not given: the largest divisor of the world up to MAX_DEFAULT_PP (train needs P | world)."""
+    return max(d for d in range(1, min(world, MAX_DEFAULT_PP) + 1) if world % d == 0)
+
+
+def pipeline_stages(data=None):
+    """The ids of the stages that run a pipeline (their rubric flags hold --pp)."""
+    return [s.id for s in manifest.stages(data) if s.pipeline]
+
+
+def batch_and_pipeline(stage, a, world):
+    """(local batch, Pipeline or None) of a dry run of `stage` at `world` ranks from the options `a`. Without a
+    pipeline: --batch (default 1). With one: P = --pp (default_pp), the local batch --batch, else --microbatches,
+    else 2P; M = --microbatches, else the local batch (microbatches of one sequence, torchtitan's default); the
+    schedule --pp-schedule (default 1F1B)."""
+    if not stage.pipeline:
+        return (1 if a.batch is None else a.batch), None
+    P = a.pp or default_pp(world)
+    batch = a.batch if a.batch is not None else (a.microbatches or 2 * P)
+    return batch, Pipeline(P, a.microbatches or batch, a.pp_schedule or "1f1b")
+
+
+def check_pipeline_options(stage, a):
+    """One line and exit status 2 for pipeline options on a stage without a pipeline, and for a pipeline's flags
+    given in --flags (where they would silently fight this tool's)."""
+    given = [n for n, v in (("--pp", a.pp), ("--microbatches", a.microbatches), ("--pp-schedule", a.pp_schedule))
+             if v is not None]
+    if given and not stage.pipeline:
+        fail("stage %s runs no pipeline: %s %s only for the pipeline stages (%s)" % (
+            stage.id, " and ".join(given), "is" if len(given) == 1 else "are", ", ".join(pipeline_stages())))
+    for name, v in (("--pp", a.pp), ("--microbatches", a.microbatches), ("--batch", a.batch)):
+        if v is not None and v < 1:
+            fail("%s must be at least 1 (got %d)" % (name, v))
+    inside = [f for f in a.flags.split() if f.split("=", 1)[0] in PIPELINE_FLAGS]
+    if inside:
+        fail("%s in --flags: give a pipeline's shape as --pp, --microbatches and --pp-schedule "
+             "(make simulate PP=P MICROBATCHES=M SCHEDULE=1f1b|gpipe)" % " ".join(inside))
+
+
+def stage_flags(stage, world, pipe):
+    """The stage's own flags for a dry run at `world` ranks: stage.flags_at(world) without the grading
+    configuration's size (--n-layers, --batch-size: the flavour's layers and the local batch stand) and with the
+    pipeline `pipe` (a Pipeline, or None) in place of its grading pipeline."""
+    out = [f for f in stage.flags_at(world) if f.split("=", 1)[0] not in GRADING_SIZE_FLAGS + PIPELINE_FLAGS]
+    if pipe:
+        out += ["--pp=%d" % pipe.stages, "--microbatches=%d" % pipe.microbatches, "--pp-schedule=%s" % pipe.schedule]
+    return out
+
+
+def traced_ranks(world, pipe):
+    """--trace-ranks: rank 0 alone (FSDP's ranks are symmetric), or with a pipeline every stage's first rank
+    (rank p x S of stage p, S = world / P: hw_pipe.h), which --trace-ranks N (ranks below N) takes."""
+    if not pipe:
+        return 1
+    return (pipe.stages - 1) * (world // pipe.stages) + 1
+
 
 EXIT_OVER_CAPACITY = 5  # train's exit status when a rank went past the profile's memory (driver/step_log.h)
 
 
-def dry_run(exe, stage, flavor, world, profile, batch, seq, steps, flags, out):
-    """Run one dry run into out; its report. A failed run is one line and exit status 2; one that went past the
-    device's memory (exit status 5) is reported, marked as not fitting, with its out-of-memory line."""
+def dry_run(exe, stage, flavor, world, profile, batch, seq, steps, flags, out, pipe=None):
+    """Run one dry run into out; its report. pipe: the Pipeline of a pipeline stage (None: none). A failed run is
+    one line and exit status 2 (train's own line last); one that went past the device's memory (exit status 5) is
+    reported, marked as not fitting, with its out-of-memory line."""
     cmd = [exe, "--dry-run", "--flavor", flavor, "--world", str(world), "--device-profile", profile,
            "--ranks-per-node", str(min(world, GPUS_PER_NODE)),
            "--batch-size", str(batch), "--seq-len", str(seq), "--steps", str(steps), "--warmup-steps", "0",
-           "--profile-steps", str(steps), "--trace-ranks", "1", "--quiet", "--out", out]
-    cmd += stage.flags_at(world) + list(flags)
+           "--profile-steps", str(steps), "--trace-ranks", str(traced_ranks(world, pipe)), "--quiet", "--out", out]
+    cmd += stage_flags(stage, world, pipe) + list(flags)
     os.makedirs(out, exist_ok=True)
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if p.returncode not in (0, EXIT_OVER_CAPACITY):
@@ -183,41 +270,60 @@ def compute_by_class(events, step):
     return out
 
 
+def stage_first_ranks(rj):
+    """[rank]: the first rank of each pipeline stage, in stage order (run.json "pipeline"), or [0] without one."""
+    stages = rj.get("pipeline")
+    if not stages:
+        return [0]
+    return [min(s["ranks"]) for s in sorted(stages, key=lambda s: s["stage"])]
+
+
 def report(run_dir, stage):
     run = RunDir(run_dir)
     rj, metrics = run.run_json, run.metrics()
     last = metrics[-1]
-    events = run.events()  # every rank's trace read once: the clock's figures, the meta and attention below
-    clock = step_on_model_clock(run_dir, last["step"] - 1, last["model_step_ms"], events=events)
+    step = last["step"] - 1  # the trace's 0-based step
+    events = run.events()  # every traced rank's slices read once: the clock's figures, the meta and the classes below
+    clock = step_on_model_clock(run_dir, step, last["model_step_ms"], events=events)
     dims = model_dims(rj)
     T = rj["seq_len"]
-    # tokens per GPU and step: a rank's batch; with --pp P the P ranks of a data shard share its batch
-    B = rj["batch_size"] / (rj.get("pp") or 1)
+    B = rj["batch_size"]
+    # tokens per GPU and step: a rank's local batch; with --pp P the P ranks of a data shard (one per stage) all
+    # carry its batch, so each GPU's share is batch / P (tokens/s/GPU x world = the global batch's tokens/s)
+    P = rj.get("pp") or 0
     step_s = last["model_step_ms"] / 1e3
-    tps = B * T / step_s
+    tps = B * T / (P or 1) / step_s
     meta = run.meta
     fpt = flops_per_token(dims, T)
-    snapshot = os.path.join(run_dir, "memory_rank0.json")
-    init, steady, by_tag, where = peaks(snapshot, last["step"] - 1)
-    # the caching allocator's reserved bytes in the same step: the init as torchtitan's (the shards made in place,
-    # nothing of the full model), and as this program ran it (the full model fsdp_init receives, cached after)
+    # memory: rank 0's peak; with a pipeline each stage's first rank's (the stages hold different modules), the
+    # highest of them reported as the peak per rank
+    firsts = stage_first_ranks(rj)
+    mem = {r: peaks(os.path.join(run_dir, "memory_rank%d.json" % r), step) for r in firsts}
+    top = max(firsts, key=lambda r: mem[r][1])  # the first of equal peaks
+    _, steady, by_tag, where = mem[top]
+    init = max(m[0] for m in mem.values())
+    # the caching allocator's reserved bytes in the same step, on the same rank: the init as torchtitan's (the
+    # shards made in place, nothing of the full model), and as this program ran it (the full model fsdp_init
+    # receives, cached after)
+    snapshot = os.path.join(run_dir, "memory_rank%d.json" % top)
     cap = rj.get("hbm_capacity_bytes")
-    reserved = reserved_in_step(snapshot, last["step"] - 1, cap, init="survivors")
-    reserved_full_init = reserved_in_step(snapshot, last["step"] - 1, cap, init="all")
-    by_class = compute_by_class(events, last["step"] - 1)
+    reserved = reserved_in_step(snapshot, step, cap, init="survivors")
+    reserved_full_init = reserved_in_step(snapshot, step, cap, init="all")
+    by_class = compute_by_class(events, step)
     attn_ms = by_class.get(tn.COST_ATTENTION, 0.0)
-    return {
+    r = {
         "stage": stage.id, "flavor": rj["flavor"], "world": rj["world_size"], "mesh": rj.get("mesh"),
-        "device_profile": meta["device_profile"], "batch": B, "seq_len": T, "ac": rj.get("ac"),
-        "param_dtype": rj.get("param_dtype"), "reduce_dtype": rj.get("reduce_dtype"),
+        "device_profile": meta["device_profile"], "batch": B, "seq_len": T, "n_layers": rj["n_layers"],
+        "ac": rj.get("ac"), "param_dtype": rj.get("param_dtype"), "reduce_dtype": rj.get("reduce_dtype"),
         "reshard_after_forward": rj.get("reshard_after_forward"), "n_params": n_params(dims),
         "steps": len(metrics), "model_step_ms": last["model_step_ms"], "tokens_per_s_per_gpu": tps,
         "flops_per_token": fpt, "mfu": fpt * tps / meta["peak_flops"]["bf16"],
-        "kernel_flop_utilization": clock["flop_utilization"], "matmul_math": clock["math"],
+        "kernel_flops_over_peak": clock["kernel_flops_over_peak"], "matmul_math": clock["math"],
         "exposed_comm_ms_by_phase": clock["exposed_comm_ms_by_phase"], "exposed_comm_ms": clock["exposed_comm_ms"],
         "compute_ms": clock["compute_ms"], "collective_ms": clock["collective_ms"], "attention_ms": attn_ms,
         "compute_ms_by_class": by_class,
         "init_peak_bytes": init, "steady_peak_bytes": steady, "steady_peak_by_tag": by_tag, "steady_peak_at": where,
+        "steady_peak_rank": top,
         # steady_peak_bytes is allocated (the bytes asked for); these are reserved (the caching allocator's segments)
         "steady_reserved_bytes": reserved["reserved_bytes"],
         "steady_reserved_bytes_full_init": reserved_full_init["reserved_bytes"],
@@ -225,8 +331,22 @@ def report(run_dir, stage):
         "reserved_segments_over_capacity": reserved["segments_over_capacity"],
         # the profile's device memory (None: a profile with no limit, like teach) and whether the run stayed within it
         "hbm_capacity_bytes": rj.get("hbm_capacity_bytes"), "fits": rj.get("fits"),
+        # a pipeline (None without --pp): P, M, the schedule, and the bubble of the last step over the stages' first
+        # ranks (the grader's measure) beside (P-1)/(M+P-1)
+        "pp": P or None, "microbatches": None, "pp_schedule": None, "stage_first_ranks": None,
+        "steady_peak_bytes_by_stage": None, "bubble": None, "bubble_window_ms": None, "ideal_bubble": None,
         "run_dir": run_dir,
     }
+    if P:
+        M = rj["microbatches"]
+        bubble, window = pipeline_bubble(run.traces(), step, rj["world_size"], ranks=firsts)
+        if bubble is None:
+            fail("the dry run in %s traced no forward or backward kernel on the stages' first ranks %s in step %d" % (
+                run_dir, firsts, step + 1))
+        r.update({"microbatches": M, "pp_schedule": rj["pp_schedule"], "stage_first_ranks": firsts,
+                  "steady_peak_bytes_by_stage": [mem[f][1] for f in firsts], "bubble": bubble,
+                  "bubble_window_ms": window / 1e3, "ideal_bubble": ideal_bubble(P, M)})
+    return r
 
 
 def fit_mark(r, capacity=False):
@@ -237,6 +357,7 @@ def fit_mark(r, capacity=False):
     return "does not fit" + (" in %.0f GiB" % (r["hbm_capacity_bytes"] / GIB) if capacity else "")
 
 
+PP_SCHEDULE_WORDS = {"1f1b": "1F1B", "gpipe": "GPipe"}
 AC_WORDS = {"none": "no activation checkpointing", "full": "full activation checkpointing",
             "every": "selective activation checkpointing (every N-th block)",
             "op": "selective activation checkpointing (per op)"}
@@ -245,25 +366,52 @@ AC_WORDS = {"none": "no activation checkpointing", "full": "full activation chec
 def render(r):
     """The report as markdown lines."""
     cap = r["hbm_capacity_bytes"]
-    L = ["# Dry run: stage %s, %s, %d modelled GPUs (%s%s)%s" % (
-        r["stage"], model_name(r["flavor"]), r["world"], r["device_profile"],
-        ", %.0f GiB each" % (cap / GIB) if cap else "", ": " + fit_mark(r) if fit_mark(r) else ""), ""]
-    L.append("Local batch %d x sequence %d, %s, params %s, reduce %s%s; %s parameters. No math ran: every figure "
+    P = r.get("pp")
+    L = ["# Dry run: stage %s, %s, %d modelled GPUs%s (%s%s)%s" % (
+        r["stage"], model_name(r["flavor"]), r["world"], " in %d pipeline stages" % P if P else "",
+        r["device_profile"], ", %.0f GiB each" % (cap / GIB) if cap else "", ": " + fit_mark(r) if fit_mark(r) else ""),
+        ""]
+    L.append("%s %d x sequence %d, %s, params %s, reduce %s%s; %d layers, %s parameters. No math ran: every figure "
              "is the modelled clock's or the allocator's." % (
-                 r["batch"], r["seq_len"], AC_WORDS.get(r["ac"], "activation checkpointing %s" % r["ac"]),
+                 "A data shard's batch" if P else "Local batch", r["batch"], r["seq_len"],
+                 AC_WORDS.get(r["ac"], "activation checkpointing %s" % r["ac"]),
                  r["param_dtype"], r["reduce_dtype"], "" if r["reshard_after_forward"] in (None, True)
-                 else ", no reshard after forward (ZeRO-2)", "{:,}".format(r["n_params"])))
+                 else ", no reshard after forward (ZeRO-2)", r["n_layers"], "{:,}".format(r["n_params"])))
+    if P:
+        S = r["world"] // P
+        L += ["", "Pipeline: P = %d stages of %d rank%s each, M = %d microbatches of %g sequence%s, schedule %s. "
+              "The P ranks of a data shard carry its batch between them, so each GPU's share of the tokens is "
+              "batch x sequence / P. The bubble is the last step's window from the first forward kernel of any "
+              "stage to the last backward kernel, and the share of it a stage's compute stream runs none of its "
+              "forward, backward or recompute kernels (waiting for its peers), averaged over the stages' first "
+              "ranks %s (the grader's pipeline bubble); (P-1)/(M+P-1) is the textbook bubble of equal stages and "
+              "free transfers. Exposed communication and the compute stream's figures are rank 0's (stage 0)." % (
+                  P, S, "" if S == 1 else "s", r["microbatches"], r["batch"] / r["microbatches"],
+                  "" if r["batch"] == r["microbatches"] else "s", PP_SCHEDULE_WORDS.get(r["pp_schedule"],
+                                                                                         r["pp_schedule"]),
+                  ", ".join(map(str, r["stage_first_ranks"])))]
     L += ["", "| figure | value |", "| --- | --- |",
           "| modelled step (step %d) | %.1f ms |" % (r["steps"], r["model_step_ms"]),
-          "| tokens/s per GPU | %.0f |" % r["tokens_per_s_per_gpu"],
+          "| tokens/s per GPU%s | %.0f |" % (" (a data shard's batch / P per GPU)" if P else "",
+                                             r["tokens_per_s_per_gpu"]),
           "| MFU (torchtitan's formula: %.3g FLOPs/token against the dense BF16 peak) | %.1f%% |" % (
               r["flops_per_token"], 100 * r["mfu"]),
           "| declared kernel FLOPs / (step x the %s peak) | %.1f%% |" % (r["matmul_math"],
-                                                                      100 * r["kernel_flop_utilization"]),
-          "| memory per rank, step %d on | allocated %.2f GiB, reserved by a caching allocator %.2f GiB (allocated: "
-          "the bytes asked for, at their peak, %s; reserved: the segments PyTorch's caching allocator would hold for "
-          "them, what torchtitan's \"Memory\" reports) |" % (r["steps"], r["steady_peak_bytes"] / GIB,
-                                                             r["steady_reserved_bytes"] / GIB, r["steady_peak_at"]),
+                                                                      100 * r["kernel_flops_over_peak"])]
+    if P:
+        L.append("| pipeline bubble (step %d): P = %d, M = %d, %s | %.1f%% of a %.1f ms window (textbook "
+                 "(P-1)/(M+P-1) = %d/%d = %.1f%%) |" % (
+                     r["steps"], P, r["microbatches"], PP_SCHEDULE_WORDS.get(r["pp_schedule"], r["pp_schedule"]),
+                     100 * r["bubble"], r["bubble_window_ms"], P - 1, r["microbatches"] + P - 1,
+                     100 * r["ideal_bubble"]))
+        for p, (rank, b) in enumerate(zip(r["stage_first_ranks"], r["steady_peak_bytes_by_stage"])):
+            L.append("| &nbsp;&nbsp;peak memory of stage %d (rank %d), step %d on | %.2f GiB |" % (
+                p, rank, r["steps"], b / GIB))
+    L += ["| memory per rank, step %d on | allocated %.2f GiB, reserved by a caching allocator %.2f GiB (allocated: "
+          "the bytes asked for, at their peak, %s%s; reserved: the segments PyTorch's caching allocator would hold "
+          "for them, what torchtitan's \"Memory\" reports) |" % (
+              r["steps"], r["steady_peak_bytes"] / GIB, r["steady_reserved_bytes"] / GIB,
+              "rank %d: " % r["steady_peak_rank"] if P else "", r["steady_peak_at"]),
           "| peak memory at init (the full model fsdp_init receives) | %.2f GiB%s |" % (
               r["init_peak_bytes"] / GIB, " (past the device's memory, which init is not held to: torchtitan builds "
               "the model on the meta device)" if cap and r["init_peak_bytes"] > cap else "")]
@@ -330,15 +478,21 @@ def sweep(exe, stage, a, worlds):
     for w in worlds:
         out = os.path.join(a.out, "world%d" % w)
         print("dry run: stage %s, %s, world %d ..." % (stage.id, a.flavor, w), flush=True)
-        rows.append(dry_run(exe, stage, a.flavor, w, a.profile, a.batch, a.seq, a.steps, a.flags.split(), out))
-    L = ["# Sweep: stage %s, %s on %s, local batch %d x %d" % (stage.id, model_name(a.flavor), a.profile, a.batch,
-                                                               a.seq),
-         "", "| world | modelled step ms | tokens/s/GPU | MFU | peak GiB/rank | exposed comm ms |",
-         "| ---: | ---: | ---: | ---: | ---: | ---: |"]
+        batch, pipe = batch_and_pipeline(stage, a, w)
+        rows.append(dry_run(exe, stage, a.flavor, w, a.profile, batch, a.seq, a.steps, a.flags.split(), out, pipe))
+    pp = stage.pipeline  # a pipeline's rows say P, M and the bubble (P may differ by world: batch_and_pipeline)
+    L = ["# Sweep: stage %s, %s on %s, %s %s x %d" % (
+        stage.id, model_name(a.flavor), a.profile, "a data shard's batch" if pp else "local batch",
+        "/".join(sorted({"%d" % r["batch"] for r in rows}, key=int)), a.seq),
+         "", "| world | %smodelled step ms | tokens/s/GPU | MFU | peak GiB/rank | exposed comm ms |%s" % (
+             "P x M | " if pp else "", " bubble (textbook) |" if pp else ""),
+         "| ---: | %s---: | ---: | ---: | ---: | ---: |%s" % ("---: | " if pp else "", " ---: |" if pp else "")]
     for r in rows:
-        L.append("| %d | %.1f | %.0f | %.1f%% | %.2f%s | %.1f |" % (
-            r["world"], r["model_step_ms"], r["tokens_per_s_per_gpu"], 100 * r["mfu"], r["steady_peak_bytes"] / GIB,
-            " (%s)" % fit_mark(r, True) if fit_mark(r) else "", r["exposed_comm_ms"]))
+        L.append("| %d | %s%.1f | %.0f | %.1f%% | %.2f%s | %.1f |%s" % (
+            r["world"], "%d x %d | " % (r["pp"], r["microbatches"]) if pp else "", r["model_step_ms"],
+            r["tokens_per_s_per_gpu"], 100 * r["mfu"], r["steady_peak_bytes"] / GIB,
+            " (%s)" % fit_mark(r, True) if fit_mark(r) else "", r["exposed_comm_ms"],
+            " %.1f%% (%.1f%%) |" % (100 * r["bubble"], 100 * r["ideal_bubble"]) if pp else ""))
     print("\n".join(L))
     with open(os.path.join(a.out, "sweep.json"), "w") as fh:
         json.dump(rows, fh, indent=1)
@@ -438,9 +592,16 @@ def main(argv=None):
                     "llama2-13B, llama2-70B, llama3.1-8B, llama3.1-70B, llama3.1-405B, and tiny, debugmodel, 1B")
     ap.add_argument("--world", type=int, default=8)
     ap.add_argument("--profile", default="h100-sxm", help="device profile (train --device-profile)")
-    ap.add_argument("--batch", type=int, default=1, help="local batch (sequences per rank; default 1)")
+    ap.add_argument("--batch", type=int, help="local batch (sequences per rank; default 1; a pipeline stage: a "
+                    "data shard's batch, default --microbatches, else 2P)")
     ap.add_argument("--seq", type=int, default=8192, help="sequence length (default 8192)")
     ap.add_argument("--steps", type=int, default=2, help="steps (default 2: the report reads the last)")
+    ap.add_argument("--pp", type=int, help="pipeline stages P (train --pp; stages 11 and 12 only; default the "
+                    "largest divisor of the world up to %d)" % MAX_DEFAULT_PP)
+    ap.add_argument("--microbatches", type=int, help="microbatches M per step (train --microbatches; stages 11 and 12 "
+                    "only; default the local batch: microbatches of one sequence, torchtitan's default)")
+    ap.add_argument("--pp-schedule", choices=PP_SCHEDULES, help="the pipeline's schedule (train --pp-schedule; stages "
+                    "11 and 12 only; default 1f1b)")
     ap.add_argument("--flags", default="", help="more train flags, one string: --flags=\"--ac --param-dtype bf16\"")
     ap.add_argument("--sweep", help="world sizes, comma-separated (e.g. 8,16,32,64): one dry run each and sweep.png")
     ap.add_argument("--compare", action="store_true", help="torchtitan's published configurations, side by side")
@@ -456,6 +617,7 @@ def main(argv=None):
         stage = manifest.stage(a.stage)
     except KeyError:
         fail("no stage %r (stages: %s)" % (a.stage, ", ".join(s.id for s in manifest.stages())))
+    check_pipeline_options(stage, a)
     exe = binary(stage, a.solutions)
     if a.sweep:
         try:
@@ -466,7 +628,8 @@ def main(argv=None):
         sweep(exe, stage, a, worlds)
         return 0
     a.out = a.out or os.path.join(ROOT, "runs", "simulate", "%s-%s-w%d-%s" % (stage.id, a.flavor, a.world, a.profile))
-    r = dry_run(exe, stage, a.flavor, a.world, a.profile, a.batch, a.seq, a.steps, a.flags.split(), a.out)
+    batch, pipe = batch_and_pipeline(stage, a, a.world)
+    r = dry_run(exe, stage, a.flavor, a.world, a.profile, batch, a.seq, a.steps, a.flags.split(), a.out, pipe)
     plots(a.out, a.steps)
     write_report(r)
     return 0

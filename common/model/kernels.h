@@ -103,7 +103,7 @@ typedef struct {
  * accumulation). */
 static inline double dtype_bytes(DType dt) { return dt == DTYPE_BF16 ? 2.0 : 4.0; }
 static inline KernelCost kcost(CostClass cls, DType math, double flops, double bytes) {
-    KernelCost c = {.cls = cls, .math = math, .flops = flops, .bytes = bytes};
+    KernelCost c = {cls, math, flops, bytes, {{0, 0, 0}, {0, 0, 0}}, 0, 0, 0, 0};
     return c;
 }
 static inline KernelCost kcost_elementwise(double flops, double bytes) {

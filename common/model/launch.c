@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "model/costs.h"
 #include "model/kernels.h"
 #include "runtime/runtime.h"
 #include "runtime/util.h"
@@ -86,6 +87,6 @@ void launch_adamw(Stream *s, float *param, const float *grad, float *exp_avg, fl
     dev_access(s, param, n * sizeof(float), 1, NULL);
     dev_access(s, exp_avg, n * sizeof(float), 1, NULL);
     dev_access(s, exp_avg_sq, n * sizeof(float), 1, NULL);
-    KernelCost cost = kcost_elementwise(15.0 * (double)n, 28.0 * (double)n); /* param, m, v read and written; grad read */
+    KernelCost cost = kcost_adamw(n); /* param, m, v read and written; grad read */
     dev_launch(s, "adamw", &cost, KERNEL(s, adamw), &a, sizeof a);
 }

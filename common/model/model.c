@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/costs.h"
 #include "model/kernels.h"
 #include "runtime/runtime.h"
 #include "runtime/util.h"
@@ -362,18 +363,14 @@ static void grad_written(ModelRun *run, const Param *p) {
 static void rmsnorm_q(Q *q, ModelRun *run, void *out, float *rstd, const void *in, const Param *p, size_t N,
                       size_t D, float eps) {
     NormArgs a = {out, rstd, in, param_in(run, p), N, D, eps, q->bf16};
-    double e = (double)act_size(run);
-    KernelCost c = kcost_elementwise(4.0 * N * D, e * (2 * N * D + D) + 4.0 * N);
-    kcost_eager_rmsnorm(&c, e, (double)(N * D), 0);
+    KernelCost c = kcost_rmsnorm_forward(N, D, act_dtype(run));
     dev_launch(q->s, "rmsnorm", &c, KERNEL(q->s, rmsnorm_forward), &a, sizeof a);
 }
 static void rmsnorm_bwd_q(Q *q, ModelRun *run, void *dinp, const void *dout, const void *in, const Param *p,
                           const float *rstd, size_t N, size_t D) {
     grad_written(run, p);
     NormBwdArgs a = {dinp, p->grad, dout, in, param_in(run, p), rstd, N, D, q->bf16};
-    double e = (double)act_size(run);
-    KernelCost c = kcost_elementwise(8.0 * N * D, e * (4 * N * D + D) + 4.0 * (2 * D + N));
-    kcost_eager_rmsnorm(&c, e, (double)(N * D), 1);
+    KernelCost c = kcost_rmsnorm_backward(N, D, act_dtype(run));
     dev_launch(q->s, "rmsnorm_bwd", &c, KERNEL(q->s, rmsnorm_backward), &a, sizeof a);
 }
 static void matmul_q(Q *q, ModelRun *run, const char *name, void *out, const void *in, const Param *p, size_t N,
@@ -398,7 +395,7 @@ static void rope_q(Q *q, void *x, const ModelRun *run, size_t nh, size_t hd, int
 }
 static void add_q(Q *q, const ModelRun *run, void *out, const void *a_, const void *b_, size_t n) {
     AddArgs a = {out, a_, b_, n, q->bf16};
-    KernelCost c = kcost_elementwise((double)n, 3.0 * (double)act_size(run) * (double)n);
+    KernelCost c = kcost_add(n, act_dtype(run));
     dev_launch(q->s, "residual_add", &c, KERNEL(q->s, add), &a, sizeof a);
 }
 
@@ -553,8 +550,7 @@ static void block_forward_saved(Model *m, Module *mod, ModelRun *run, Q *q, int 
     matmul_q(q, run, "w3", A->b, A->hn, &P[P_W3], N, D, F); /* matmul 6: recomputed */
     A->g = act(q, N * F, "swiglu");
     SwiArgs sa = {A->g, A->a, A->b, N * F, q->bf16};
-    KernelCost cs = kcost_elementwise(6.0 * (double)(N * F), 3.0 * (double)act_size(run) * (double)(N * F)); /* silu(a) * b */
-    kcost_eager_swiglu(&cs, (double)act_size(run), (double)(N * F), 0);
+    KernelCost cs = kcost_swiglu_forward(N * F, act_dtype(run)); /* silu(a) * b */
     dev_launch(q->s, "swiglu", &cs, KERNEL(q->s, swiglu_forward), &sa, sizeof sa);
 }
 
@@ -673,14 +669,12 @@ void module_backward(Model *m, Module *mod, ModelRun *run) {
         run->dh = dx;
     } else if (mod->kind == MOD_BLOCK) {
         void *dout = run->dh; /* [N, D]; becomes dL/dh below (the residual passes it through) */
-        const double e = (double)act_size(run);
         /* out = h + g W2^T */
         void *dg = zeros(&q, N * F, "dswiglu");
         matmul_bwd_q(&q, run, "w2_bwd", dg, dout, A->g, &P[P_W2], N, F, D);
         void *da = zeros(&q, N * F, "dw1_out"), *db = zeros(&q, N * F, "dw3_out");
         SwiBwdArgs sb = {da, db, dg, A->a, A->b, N * F, q.bf16};
-        KernelCost cs = kcost_elementwise(10.0 * (double)(N * F), 7.0 * e * (double)(N * F)); /* da, db += */
-        kcost_eager_swiglu(&cs, e, (double)(N * F), 1);
+        KernelCost cs = kcost_swiglu_backward(N * F, act_dtype(run)); /* da, db += */
         dev_launch(run->stream, "swiglu_bwd", &cs, KERNEL(run->stream, swiglu_backward), &sb, sizeof sb);
         void *dhn = zeros(&q, N * D, "dhn");
         matmul_bwd_q(&q, run, "w1_bwd", dhn, da, A->hn, &P[P_W1], N, D, F);
@@ -694,7 +688,7 @@ void module_backward(Model *m, Module *mod, ModelRun *run) {
         float *scratch = temp_f32(&q, KERNEL(run->stream, attention_scratch_floats)(run->B, run->T, H), "att_scratch");
         AttBwdArgs ab = {dq, dk, dv, scratch, datt, A->q, A->k, A->v, A->att, A->lse, run->B, run->T, H, KV, hd, q.bf16};
         KernelCost ca = kcost_attention_backward(run->B, run->T, H, KV, hd, act_dtype(run));
-        kcost_eager_attention(&ca, e, (double)N, (double)H, (double)KV, (double)hd);
+        kcost_eager_attention(&ca, (double)act_size(run), (double)N, (double)H, (double)KV, (double)hd);
         dev_launch(run->stream, "attention_bwd", &ca, KERNEL(run->stream, attention_backward), &ab, sizeof ab);
         rope_q(&q, dq, run, H, hd, 1);
         rope_q(&q, dk, run, KV, hd, 1);

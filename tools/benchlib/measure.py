@@ -236,8 +236,8 @@ def overlap_stages(W):
 def section_overlap(bench, cfg, W):
     """Overlap at world W with the global batch cfg["ov_gbatch"] split over the ranks: every schedule at the
     device profile's own link. The step on the modelled clock (rank 0's last step: exact, the same on every
-    run), the compute stream's time in collectives and waits (exposed communication, by phase), the FLOP
-    utilization on the profile; beside them the wall-clock step time and tokens/s (median over steps 2..N)."""
+    run), the compute stream's time in collectives and waits (exposed communication, by phase), the kernels'
+    declared FLOPs / (step x the profile's peak); beside them the wall-clock step time and tokens/s (median over steps 2..N)."""
     fl, T, N = cfg["ov_flavor"], cfg["ov_seq"], cfg["ov_steps"]
     B = max(1, cfg["ov_gbatch"] // W)
     wd = os.path.join(bench.work, "overlap_world%d" % W)
@@ -261,7 +261,7 @@ def section_overlap(bench, cfg, W):
         log("  %-28s modelled step %.3f ms  exposed comm %.3f ms (%.1f %%)  FLOP util %.1f %% of %s  "
             "| wall: step %s ms, %s tokens/s" % (
                 row["stage"], mod["model_step_ms"], mod["exposed_comm_ms"], 100 * mod["exposed_comm_fraction"],
-                100 * mod["flop_utilization"], mod["math"], fmt_s(row["step_ms"], 1), fmt_s(row["tokens_per_s"])))
+                100 * mod["kernel_flops_over_peak"], mod["math"], fmt_s(row["step_ms"], 1), fmt_s(row["tokens_per_s"])))
     return res
 
 
@@ -462,7 +462,7 @@ def section_mixed_precision(bench, cfg):
     float32 reduce-scatter, and both in bfloat16, trained from the same weights on the same batches; rank 0's
     all-gather and reduce-scatter bytes of the last step (trace), the high-water of its unsharded params and
     communication buffers (the hook_memory records), its peak, the last step on the modelled clock (bfloat16
-    matmuls are priced at the profile's bfloat16 peak, and their FLOP utilization taken against it), the
+    matmuls are priced at the profile's bfloat16 peak, and their declared FLOPs divided by it), the
     wall-clock step time, and how far loss and grad norm move from the float32 run."""
     st = first_stage(mixed_precision)
     if st is None:
@@ -495,7 +495,7 @@ def section_mixed_precision(bench, cfg):
             "grad norm max rel %.1e" % (
                 name, row["all_gather_bytes"] / 1e6, row["reduce_scatter_bytes"] / 1e6,
                 row["unsharded_param_high_bytes"] / MIB, row["comm_buffer_high_bytes"] / MIB,
-                row["peak_bytes_rank0"] / MIB, row["model"]["model_step_ms"], 100 * row["model"]["flop_utilization"],
+                row["peak_bytes_rank0"] / MIB, row["model"]["model_step_ms"], 100 * row["model"]["kernel_flops_over_peak"],
                 row["model"]["math"], fmt_s(row["step_ms"], 1), row["loss_last"], row["loss_rel_vs_fp32"],
                 row["grad_norm_rel_vs_fp32"]))
     return res

@@ -58,7 +58,7 @@ def markdown(R):
               "%.2f×" % r["vs_world1"]) for r in sc["rows"]])
     ov = overlap_sections(R)
     o = ov[0]
-    L.append("## 3. Overlap and FLOP utilization (%s, global batch %d × seq %d, profile %s, link %s)" % (
+    L.append("## 3. Overlap and kernel FLOPs / peak (%s, global batch %d × seq %d, profile %s, link %s)" % (
         o["flavor"], o["batch"] * o["world"], o["seq_len"], o["device_profile"], o["link"]))
     L.append("")
     for o in ov:
@@ -67,7 +67,7 @@ def markdown(R):
     L.append("Modelled step: the last step (%d) on the modelled clock, metrics.jsonl model_step_ms (the slowest "
              "rank's). Exposed comm: the time rank 0's compute stream (tid 0) spends in collectives and `wait` "
              "slices in that step, as ms and %% of the modelled step, then split by phase (forward / backward / "
-             "other: data, grad norm, optimizer). FLOP utilization = the FLOPs rank 0's kernels declared in the "
+             "other: data, grad norm, optimizer). Kernel FLOPs / peak = the FLOPs rank 0's kernels declared in the "
              "step (trace args.flops) / (modelled step × the profile's peak for the matmuls' math, otherData."
              "peak_flops: f32 %s GFLOP/s, bf16 %s GFLOP/s under --param-dtype bf16). Wall: this machine's step "
              "and tokens/s over steps %s, median [min–max]; the ranks share its %d cores and no link time is "
@@ -115,16 +115,16 @@ def markdown(R):
                  "last step on the modelled clock, its exposed communication in brackets.",
                  ["policy", "all-gather MB/step", "reduce-scatter MB/step", "unsharded params MiB",
                   "comm buffers MiB", "temp MiB", "peak MiB", "modelled step ms (exposed comm)",
-                  "FLOP utilization", "wall step ms", "loss drift", "grad-norm drift"],
+                  "kernel FLOPs / peak", "wall step ms", "loss drift", "grad-norm drift"],
                  lambda r: (r["case"], "%.2f" % (r["all_gather_bytes"] / 1e6),
                             "%.2f" % (r["reduce_scatter_bytes"] / 1e6), fmt_mib(r["unsharded_param_high_bytes"]),
                             fmt_mib(r["comm_buffer_high_bytes"]), fmt_mib(r["temp_high_bytes"]),
                             fmt_mib(r["peak_bytes_rank0"]), model_step(r),
-                            "%s of %s" % (pct(r["model"]["flop_utilization"]), r["model"]["math"]),
+                            "%s of %s" % (pct(r["model"]["kernel_flops_over_peak"]), r["model"]["math"]),
                             fmt_s(r["step_ms"], 1), "%.1e" % r["loss_rel_vs_fp32"], "%.1e" % r["grad_norm_rel_vs_fp32"]),
                  "bfloat16 params halve the all-gather bytes and the unsharded params; the reduce-scatter halves "
                  "only with a bfloat16 reduce. The bfloat16 runs' matmuls are priced at the profile's bfloat16 peak "
-                 "and their FLOP utilization is taken against it. The drift is bfloat16's precision reaching the loss, not a bug: "
+                 "and their kernel FLOPs are divided by it. The drift is bfloat16's precision reaching the loss, not a bug: "
                  "the non-sharded baseline under the same policy agrees with the sharded run to float32 rounding. "
                  "Under bfloat16 params the activations and their gradients are bfloat16 too (2 bytes; "
                  "common/model/kernels.h lists what stays float32), so the temp column and the peak fall with them.")
@@ -184,11 +184,11 @@ def overlap_table(L, o):
     L.append("**World %d, batch %d × seq %d per rank**" % (o["world"], o["batch"], o["seq_len"]))
     L.append("")
     table(L, ["stage", "modelled step ms", "exposed comm ms (% of step)", "exposed fwd / bwd / other ms",
-              "FLOP utilization", "wall step ms", "wall tokens/s"],
+              "kernel FLOPs / peak", "wall step ms", "wall tokens/s"],
           [("%s %s" % (r["stage"], r["flags"]), "%.3f" % r["model"]["model_step_ms"],
             "%.3f (%s)" % (r["model"]["exposed_comm_ms"], pct(r["model"]["exposed_comm_fraction"])),
             " / ".join("%.3f" % r["model"]["exposed_comm_ms_by_phase"][p] for p in ("forward", "backward", "other")),
-            "%s of %s" % (pct(r["model"]["flop_utilization"]), r["model"]["math"]), fmt_s(r["step_ms"], 1),
+            "%s of %s" % (pct(r["model"]["kernel_flops_over_peak"]), r["model"]["math"]), fmt_s(r["step_ms"], 1),
             fmt_s(r["tokens_per_s"])) for r in o["rows"]])
     L.append("")
     if o.get("not_at_this_world"):
@@ -277,11 +277,11 @@ def run_notes(R):
     if "02" in ov and "04" in ov:
         out.append("On the modelled clock (%s, world %d), exposed communication is %.1f %% of the step for 02 "
                    "(blocking), %.1f %% for 03 (forward prefetch) and %.1f %% for 04 (backward overlap too); the step "
-                   "takes %.3f ms (02) vs %.3f ms (04), FLOP utilization %.1f %% vs %.1f %%." % (
+                   "takes %.3f ms (02) vs %.3f ms (04), declared kernel FLOPs / (step x the peak) %.1f %% vs %.1f %%." % (
                        R["overlap"]["device_profile"], R["overlap"]["world"], 100 * ov["02"]["exposed_comm_fraction"],
                        100 * ov.get("03", ov["02"])["exposed_comm_fraction"], 100 * ov["04"]["exposed_comm_fraction"],
-                       ov["02"]["model_step_ms"], ov["04"]["model_step_ms"], 100 * ov["02"]["flop_utilization"],
-                       100 * ov["04"]["flop_utilization"]))
+                       ov["02"]["model_step_ms"], ov["04"]["model_step_ms"], 100 * ov["02"]["kernel_flops_over_peak"],
+                       100 * ov["04"]["kernel_flops_over_peak"]))
     worst = max(abs(r["ratio_measured_over_model"] - 1) for r in R["memory"]["rows"])
     out.append("Every peak matches the analytic model within %.2f %%: the allocator counts requested bytes in "
                "host call order, so the peak is a deterministic function of the sizes and the hook schedule." % (

@@ -39,7 +39,7 @@ def step_on_model_clock(run_dir, step, model_step_ms, rank=0, events=None):
       collective_ms              the rank's collectives on every stream (the link model's time for them)
       kernel_flops               the FLOPs its kernels declared (args.flops), every stream
       math, peak_flops           the matmuls' math (matmul_math) and the profile's peak for it (otherData)
-      flop_utilization           kernel_flops / (model_step_ms * peak_flops)"""
+      kernel_flops_over_peak     kernel_flops / (model_step_ms * peak_flops)"""
     run = RunDir(run_dir)
     rj, meta = run.run_json, run.meta
     math = matmul_math(rj)
@@ -55,7 +55,7 @@ def step_on_model_clock(run_dir, step, model_step_ms, rank=0, events=None):
             "compute_ms": sum(e["dur"] for e in ev if is_compute_kernel(e)) / 1e3,
             "collective_ms": sum(e["dur"] for e in ev if e.get("cat") == COLLECTIVE) / 1e3,
             "kernel_flops": flops, "math": math, "peak_flops": peak,
-            "flop_utilization": flops / (model_step_ms / 1e3 * peak)}
+            "kernel_flops_over_peak": flops / (model_step_ms / 1e3 * peak)}
 
 
 def last_step_on_model_clock(run_dir, metrics, rank=0):

@@ -344,7 +344,8 @@ static const Flag FLAGS[] = {
              "profile's constants and their sources",
      .json = "device_profile", .json_value = json_device_profile},
     {.name = "--link-gbps", .kind = FLAG_DOUBLE, .at = AT(world.link_gbps), .lo = 0, .hi = 1e6, .arg = "X",
-     .help = "link model for collectives, Gbit/s each way (0 = free; default: the profile's)", .json = "link_gbps"},
+     .help = "link model for collectives: a rank's bus bandwidth in a node, Gbit/s each way\n"
+             "(0 = free; default: the profile's)", .json = "link_gbps"},
     {.name = "--link-latency-us", .kind = FLAG_DOUBLE, .at = AT(world.link_latency_us), .lo = 0, .hi = 1e7,
      .arg = "X", .help = "link model latency per ring hop (default: the profile's)", .json = "link_latency_us"},
     {.name = "--ranks-per-node", .kind = FLAG_INT, .at = AT(world.ranks_per_node), .lo = 1, .hi = MAXRANKS,
@@ -354,11 +355,12 @@ static const Flag FLAGS[] = {
      .json = "ranks_per_node", .json_value = json_ranks_per_node},
     {.name = "--inter-link-gbps", .kind = FLAG_DOUBLE, .at = AT(world.inter_link_gbps), .lo = 0, .hi = 1e6,
      .arg = "X",
-     .help = "link model: a collective whose ranks span nodes runs at this bandwidth\n"
-             "(default: the profile's)",
+     .help = "link model: one NIC's bandwidth between nodes, Gbit/s each way; a collective\n"
+             "whose group has m ranks on each of its nodes crosses on m NICs at once, at most\n"
+             "at --link-gbps (default: the profile's)",
      .json = "inter_link_gbps"},
     {.name = "--inter-link-latency-us", .kind = FLAG_DOUBLE, .at = AT(world.inter_link_latency_us), .lo = 0,
-     .hi = 1e7, .arg = "X", .help = "... and this latency per hop (default: the profile's)",
+     .hi = 1e7, .arg = "X", .help = "... and this latency per ring step that crosses nodes (default: the profile's)",
      .json = "inter_link_latency_us"},
     {.name = "--pcie-gbps", .kind = FLAG_DOUBLE, .at = AT(world.pcie_gbps), .lo = 0, .hi = 1e6, .arg = "X",
      .help = "PCIe model for host <-> device copies (pinned host memory), GB/s each way\n"

@@ -24,7 +24,9 @@ the run directory) reads what the run wrote:
 and draws the timeline and memory plots (tools/plots.py). --sweep draws tokens/s/GPU and memory against
 the world size (sweep.png). By default STAGE is your stages/NN (build/stages/NN_*/train); --solutions takes
 the instructors' solution. Ranks >= 1 record no trace (--trace-ranks 1): FSDP's ranks are symmetric and a
-64-rank trace is gigabytes.
+64-rank trace is gigabytes. Above 64 ranks (up to 16,384) train executes one representative rank per class of
+symmetric ranks (rank 0; with --pp each stage's first) and prices every collective on its full group
+(train --dry-run-ranks; run.json "executed_ranks"): a 70B step at 512 ranks takes seconds.
 """
 import argparse
 import json
@@ -98,14 +100,20 @@ GPUS_PER_NODE = 8  # a DGX / HGX node: NVLink inside, the profile's InfiniBand b
 EXIT_OVER_CAPACITY = 5  # train's exit status when a rank went past the profile's memory (driver/step_log.h)
 
 
-def dry_run(exe, stage, flavor, world, profile, batch, seq, steps, flags, out):
-    """Run one dry run into out; its report. A failed run is one line and exit status 2; one that went past the
-    device's memory (exit status 5) is reported, marked as not fitting, with its out-of-memory line."""
+def dry_run_cmd(exe, stage, flavor, world, profile, batch, seq, steps, flags, out):
+    """The train command of one dry run into out (above 64 ranks train executes one representative rank per
+    class of symmetric ranks: --dry-run-ranks)."""
     cmd = [exe, "--dry-run", "--flavor", flavor, "--world", str(world), "--device-profile", profile,
            "--ranks-per-node", str(min(world, GPUS_PER_NODE)),
            "--batch-size", str(batch), "--seq-len", str(seq), "--steps", str(steps), "--warmup-steps", "0",
            "--profile-steps", str(steps), "--trace-ranks", "1", "--quiet", "--out", out]
-    cmd += stage.flags_at(world) + list(flags)
+    return cmd + stage.flags_at(world) + list(flags)
+
+
+def dry_run(exe, stage, flavor, world, profile, batch, seq, steps, flags, out):
+    """Run one dry run into out; its report. A failed run is one line and exit status 2; one that went past the
+    device's memory (exit status 5) is reported, marked as not fitting, with its out-of-memory line."""
+    cmd = dry_run_cmd(exe, stage, flavor, world, profile, batch, seq, steps, flags, out)
     os.makedirs(out, exist_ok=True)
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if p.returncode not in (0, EXIT_OVER_CAPACITY):

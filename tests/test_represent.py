@@ -7,7 +7,7 @@ any size (up to 16,384 ranks) runs in the time and memory of a few.
   clock's), its memory snapshot (every event in order, sizes, tags, modelled times) and the modelled step time,
   for plain FSDP (stages 04 and 08, on the teaching profile and on H100s four to a node, where the world's
   collectives cross nodes), HSDP (stage 09, --mesh) and the pipeline (stages 11 and 12, --pp: one executed
-  rank per stage, each stage's first).
+  rank per stage, each stage's first); and at world 64, Llama 3 8B on 8 nodes of H100s (stage 08).
 - Llama 3 70B at 512 ranks and Llama 3 8B at 16,384 run and report (tools/simulate.py's report reads them);
   their wall time and memory: tools/bench_dry_worlds.py.
 - Bad input is one line: all above 64 ranks, a world past 16,384, the flag without --dry-run, a computing run
@@ -38,6 +38,9 @@ CASES = [
     ("pp12-tiny-w8", "12", 8, ["--flavor", "tiny"]),
     ("pp12-debug-h100-4pernode-w16", "12", 16, ["--flavor", "debugmodel", "--seq-len", 128,
                                                 "--device-profile", "h100-sxm", "--ranks-per-node", 4]),
+    # the largest world that executes every rank, at Llama 3 8B's size on 8 nodes (2 s on 2 cores)
+    ("fsdp08-8B-h100-w64", "08", 64, ["--flavor", "8B", "--seq-len", 8192, "--batch-size", 1, "--ac",
+                                      "--device-profile", "h100-sxm", "--ranks-per-node", 8, "--trace-ranks", 1]),
 ]
 COMMON = ["--dry-run", "--steps", 2, "--profile-steps", 2, "--warmup-steps", 0]
 

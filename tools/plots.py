@@ -557,7 +557,7 @@ def plot_pipeline(plt, run, out, step):
     ax.set_xlabel("%s (ms since the step's first forward)" % clock_words(meta))
     # the bubble as the grader measures it (gradelib.trace_model.pipeline_bubble): the idle share of each rank's
     # compute kernels in the step's window, so a wait inside a pass counts too (a bar spans it)
-    idle, _ = pipeline_bubble(by_rank(events), step, W)
+    idle, _ = pipeline_bubble(by_rank(events), step, W, cfg.get("executed_ranks"))  # a dry run's: its representatives
     title = ("%s, %d stages x %d microbatches, step %d: F = forward, B = backward of a microbatch\nthe bubble "
              "(compute idle, as the grader measures it): %.1f%% of this step; (P-1)/(M+P-1) = %.1f%% with equal "
              "stages and free transfers" % ("GPipe" if cfg.get("pp_schedule") == "gpipe" else "1F1B", P, M,

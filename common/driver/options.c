@@ -387,10 +387,11 @@ static const Flag FLAGS[] = {
      .json = "dry_run"},
     {.name = "--dry-run-ranks", .kind = FLAG_ENUM, .at = AT(dry_run_ranks), .choices = DRY_RANKS,
      .parse = parse_dry_run_ranks, .arg = "all|representative",
-     .help = "with --dry-run: execute every rank, one thread each (all, the default up\n"
-             "to 64 ranks), or one rank per class of symmetric ranks (representative,\n"
-             "the default above 64, up to 16384: rank 0 for FSDP and HSDP, each\n"
-             "pipeline stage's first rank), pricing collectives on their full groups",
+     .help = "with --dry-run: which ranks execute:\n"
+             "all (a thread each; the default up to 64 ranks), or representative\n"
+             "(the default above 64, up to 16384): one rank per class of symmetric\n"
+             "ranks (rank 0 for FSDP and HSDP, each pipeline stage's first rank),\n"
+             "every collective priced on its full group",
      .json = "dry_run_ranks", .json_with_dry_run = 1},
     {.name = "--tf32", .kind = FLAG_SET, .at = AT(world.tf32),
      .help = "matmuls may use TF32 tensor cores (CUDA build; the modelled clock prices\n"

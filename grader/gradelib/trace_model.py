@@ -384,14 +384,17 @@ def passes_ran(trace, step):
     return out
 
 
-def pipeline_bubble(traces, step, world):
+def pipeline_bubble(traces, step, world, ranks=None):
     """(bubble, window) of one step: the mean over the world's ranks of the share of the window their compute
     idles. The window runs from the step's first forward kernel on any rank to its last backward kernel; a
     rank's busy time is the union of its forward, backward and recompute kernels inside it. (None, 0.0) when
-    the step ran no such kernel."""
+    the step ran no such kernel. ranks: the ranks that stand for the world (default all of them); a dry run
+    with representative ranks (run.json "executed_ranks") ran one per stage, each stage's ranks alike, so the
+    mean over them is the world's."""
+    ranks = list(range(world)) if ranks is None else list(ranks)
     busy = {}
     lo = hi = None
-    for r in range(world):
+    for r in ranks:
         busy[r] = union_intervals(spans(e for e in traces.get(r, []) if e.get("cat") == COMPUTE
                                         and e["args"].get("step") == step and e["args"].get("phase") in BUSY_PHASES))
         for a, b in busy[r]:
@@ -399,8 +402,8 @@ def pipeline_bubble(traces, step, world):
             hi = b if hi is None or b > hi else hi
     if lo is None or hi <= lo:
         return None, 0.0
-    idle = [1.0 - sum(b - a for a, b in busy[r]) / (hi - lo) for r in range(world)]
-    return sum(idle) / world, hi - lo
+    idle = [1.0 - sum(b - a for a, b in busy[r]) / (hi - lo) for r in ranks]
+    return sum(idle) / len(ranks), hi - lo
 
 
 # ---- memory -----------------------------------------------------------------------------------------

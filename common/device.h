@@ -244,7 +244,15 @@ void dev_group_end(Dev *d);
 
 /* ----------------------------------------------------------------- DTensor */
 
+/* The most ranks that execute: each is a thread of the process (or a process
+ * under mpirun) with its own streams and allocator. */
 #define WORLD_MAX_RANKS 64
+/* The largest world a dry run (--dry-run) models: above WORLD_MAX_RANKS it
+ * executes one representative rank per class of symmetric ranks (every rank
+ * of plain FSDP or HSDP is one class; a pipeline stage's ranks are one) and
+ * prices each collective on its group's full size. dev_rank and
+ * dev_world_size are the modelled ones: your code sees rank 0 of 16,384. */
+#define WORLD_MAX_DRY_RANKS 16384
 
 /* The device mesh, as FSDP2's DeviceMesh. Without --mesh it is 1-D: the
  * world, every rank a shard. With --mesh R,S (HSDP, stage 09) it is 2-D,
@@ -259,7 +267,8 @@ void dev_group_end(Dev *d);
  * copy: placements (Replicate(), Shard(0)). */
 typedef struct {
     int size;                      /* every rank: the world */
-    int ranks[WORLD_MAX_RANKS];    /* 0 .. size-1, row-major over shape */
+    int ranks[WORLD_MAX_RANKS];    /* ranks[i] = i, row-major over shape; listed up to WORLD_MAX_RANKS
+                                      (a dry run's world may be larger: its rank i is still i) */
     int ndim;                      /* 1, or 2 with --mesh */
     int shape[2];                  /* 1-D: {world, 1}; 2-D: {R, S} */
     ProcessGroup *shard_group;     /* this rank's row: the ranks its params are split over (1-D: the world) */

@@ -56,7 +56,7 @@ def test_cuda_binary_parses_flags_without_a_gpu():
 @pytest.mark.parametrize("flags, message", [
     (["--backend", "mpi"], "error: --backend mpi is the CPU build's multi-process backend; "
                            "the CUDA build uses nccl-mpi under mpirun"),
-    (["--world", "0"], "error: --world must be in [1, 64], got 0"),
+    (["--world", "0"], "error: --world must be in [1, 16384], got 0"),
 ])
 def test_cuda_binary_bad_flags(flags, message):
     p = subprocess.run([CUDA_BASELINE, "--flavor", "tiny", "--steps", "1", "--quiet"] + flags,

@@ -76,8 +76,9 @@ FLAVORS = "tiny, debugmodel, 1B, 8B, 70B, llama2-7B, llama2-13B, llama2-70B, lla
     (["--dim", "66"], "dim 66 is not divisible by n-heads 4"),
     (["--n-heads", "4", "--n-kv-heads", "3"], "n-heads 4 is not divisible by n-kv-heads 3"),
     (["--dim", "12", "--n-heads", "4"], "head dim 3 (dim / n-heads) must be even for RoPE"),
-    (["--world", "0"], "--world must be in [1, 64], got 0"),
-    (["--world", "65"], "--world must be in [1, 64], got 65"),
+    (["--world", "0"], "--world must be in [1, 16384], got 0"),
+    (["--world", "65"], "--world 65: a run that computes executes every rank, one thread each, at most 64; a dry "
+                        "run (--dry-run) models up to 16384 by executing one rank per class of symmetric ranks"),
     (["--backend", "gloo"], "--backend expects local, mpi, nccl or nccl-mpi, got 'gloo'"),
     (["--device-profile", "h200"], "--device-profile: no profile 'h200' (profiles: teach, a100-80g, h100-sxm)"),
     (["--device-profile"], "flag --device-profile needs a value (see --help)"),

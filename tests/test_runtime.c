@@ -1120,6 +1120,96 @@ TEST(overlap_slowdown_by_hand) {
     run_world(c, rank_overlap, NULL);
 }
 
+/* ------------------------------------------------- representative ranks */
+
+/* A dry run of 4096 ranks on 512 nodes of 8 (WorldConfig.rep_stride 4096: rank 0 alone executes), HSDP's mesh
+ * of 512 replicas x 8 shards: rank 0's groups are the full ones (sizes, group ranks, node span), each
+ * all-gather lasts the ring model's time on all of its members (inside a node: 7/8 of its bytes at the fast
+ * link; across nodes: 511/512 of them at the slow link, 511 hops), and nobody waits for the 4095 others. */
+typedef struct {
+    double inside_us, across_us;
+    int shard_size, replicate_size, shard_rank, replicate_rank, executed, first_executed;
+    double gathered;
+} RepArgs;
+
+static void rank_representative(Dev *d, void *arg) {
+    RepArgs *ra = arg;
+    DeviceMesh m;
+    dev_mesh_build(d, &m, 512, 8);
+    ra->shard_size = pg_size(m.shard_group), ra->replicate_size = pg_size(m.replicate_group);
+    ra->shard_rank = pg_rank(m.shard_group), ra->replicate_rank = pg_rank(m.replicate_group);
+    ra->executed = dev_executed_count(d), ra->first_executed = dev_executed_rank(d, 0);
+    double mine[1];
+    dev_host_allgather_f64(d, 7.5, mine); /* out[dev_executed_count]: one value */
+    ra->gathered = mine[0];
+    const size_t cnt = 1000; /* 4 kB per rank */
+    float *in = dev_alloc_f32(d, 8 * cnt, MEM_COMM_BUFFER, "in"), *across = dev_alloc_f32(d, 512 * cnt, MEM_COMM_BUFFER,
+                                                                                                "across");
+    Stream *s = dev_compute_stream(d);
+    pg_all_gather(m.shard_group, in, in, cnt, s, "inside"); /* in place: group rank 0's block is the first */
+    pg_all_gather(m.replicate_group, across, across, cnt, s, "across");
+    dev_synchronize(d);
+    pthread_mutex_lock(&d->trace.mu);
+    for (size_t i = 0; i < d->trace.n; i++) {
+        const TraceRec *r = &d->trace.recs[i];
+        if (strcmp(r->cat, "collective")) continue;
+        if (!strcmp(r->prefix, "inside")) ra->inside_us = r->dur;
+        if (!strcmp(r->prefix, "across")) ra->across_us = r->dur;
+    }
+    pthread_mutex_unlock(&d->trace.mu);
+    dev_free(d, in);
+    dev_free(d, across);
+}
+
+TEST(representative_ranks_price_the_full_groups) {
+    WorldConfig c = traced(local_config(4096));
+    c.dry_run = 1;
+    c.rep_stride = 4096;
+    c.link_gbps = 1000;       /* inside a node: 1 MB in 8 us */
+    c.inter_link_gbps = 0.1;  /* across nodes: 1 MB in 80 ms */
+    c.inter_link_latency_us = 1000;
+    c.ranks_per_node = 8;
+    RepArgs ra = {0};
+    run_world(c, rank_representative, &ra);
+    CHECK(ra.executed == 1 && ra.first_executed == 0 && ra.gathered == 7.5, "executed %d ranks from %d; gathered %g",
+          ra.executed, ra.first_executed, ra.gathered);
+    CHECK(ra.shard_size == 8 && ra.replicate_size == 512 && ra.shard_rank == 0 && ra.replicate_rank == 0,
+          "shard group %d ranks (rank %d), replicate group %d (rank %d)", ra.shard_size, ra.shard_rank,
+          ra.replicate_size, ra.replicate_rank);
+    const double inside = 7.0 / 8 * 8 * 4000 / (1000e9 / 8) * 1e6;                  /* no latency in a node */
+    const double across = 511.0 / 512 * 512 * 4000 / (0.1e9 / 8) * 1e6 + 511 * 1000.0; /* 511 hops between nodes */
+    CHECK(fabs(ra.inside_us - inside) < 1e-6 * inside, "inside a node: %.4f us, the ring of 8: %.4f", ra.inside_us,
+          inside);
+    CHECK(fabs(ra.across_us - across) < 1e-6 * across, "across nodes: %.1f us, the ring of 512: %.1f", ra.across_us,
+          across);
+}
+
+/* A pipeline's classes (WorldConfig.rep_stride 4 of 8: ranks 0 and 4 execute, each stage's first): each
+ * stage's group is whole (4 ranks), and the two representatives' sends and receives meet each other. */
+static void rank_representative_stages(Dev *d, void *arg) {
+    int *ok = arg;
+    const int stage = dev_rank(d) / 4;
+    ProcessGroup *g = dev_group_new_of(d, stage, "stage", stage * 4, 1, 4);
+    float *buf = dev_alloc_f32(d, 64, MEM_COMM_BUFFER, "act");
+    Stream *s = dev_compute_stream(d);
+    pg_all_gather(g, buf, buf, 16, s, "block0");
+    if (stage == 0) dev_send(s, buf, 16, 4, 0, "act");
+    else dev_recv(s, buf, 16, 0, 0, "act");
+    dev_synchronize(d);
+    if (pg_size(g) == 4 && pg_rank(g) == 0 && dev_executed_count(d) == 2 && dev_executed_rank(d, 1) == 4)
+        __atomic_add_fetch(ok, 1, __ATOMIC_SEQ_CST);
+    dev_free(d, buf);
+}
+
+TEST(representative_stages_meet_their_peers) {
+    WorldConfig c = local_config(8);
+    c.dry_run = 1;
+    c.rep_stride = 4;
+    int ok = 0;
+    run_world(c, rank_representative_stages, &ok);
+    CHECK(ok == 2, "%d of the 2 executed ranks saw their stage's whole group and each other", ok);
+}
+
 /* ------------------------------------------------------ artifacts mode */
 
 static void k_noop(void *p) { (void)p; }
@@ -1256,6 +1346,14 @@ static void rank_misuse_batch(Dev *d, void *arg) {
     dev_synchronize(d);
 }
 
+/* With representative ranks: rank 0 sends to rank 1, which does not execute; a group made from colors alone. */
+static void rank_misuse_rep_p2p(Dev *d, void *arg) {
+    float *buf = dev_alloc_f32(d, 16, MEM_COMM_BUFFER, "act");
+    if (dev_rank(d) == 0) dev_send(dev_compute_stream(d), buf, 16, 1, 0, "act");
+    dev_synchronize(d);
+}
+static void rank_misuse_rep_group(Dev *d, void *arg) { dev_group_new(d, dev_rank(d) / 4, "mine"); }
+
 static int misuse(const char *kind) {
     void (*fn)(Dev *, void *) = NULL;
     WorldConfig c = local_config(1);
@@ -1279,6 +1377,18 @@ static int misuse(const char *kind) {
         world_run(w, rank_misuse_batch, (void *)kind);
         world_destroy(w);
         return 0;
+    } else if (strcmp(kind, "rep_p2p") == 0 || strcmp(kind, "rep_group") == 0) {
+        c = local_config(8); /* a dry run executing ranks 0 and 4 */
+        c.dry_run = 1;
+        c.rep_stride = 4;
+        fn = strcmp(kind, "rep_p2p") == 0 ? rank_misuse_rep_p2p : rank_misuse_rep_group;
+    } else if (strcmp(kind, "rep_computing") == 0) {
+        c = local_config(8);
+        c.rep_stride = 4;
+    } else if (strcmp(kind, "rep_world_big") == 0) {
+        c = local_config(WORLD_MAX_DRY_RANKS + 1);
+        c.dry_run = 1;
+        c.rep_stride = WORLD_MAX_DRY_RANKS + 1;
     } else if (strcmp(kind, "world0") == 0) c = local_config(0);
     else if (strcmp(kind, "world_big") == 0) c = local_config(WORLD_MAX_RANKS + 1);
     else if (strcmp(kind, "mpi_no_support") == 0) {

@@ -44,6 +44,18 @@ CASES = {
                                  "with 16 elements"),
     "batch_cast_name": re.escape("error: launch_cast_batch_to_bf16: name it what it is, without a dot (e.g. "
                                  "\"copy_in\"), not 'block0.copy_in' (the trace shows \"<module>.<name>\")"),
+    # representative ranks (a dry run's WorldConfig.rep_stride): a send to a rank that does not execute, a group
+    # whose non-executed members pass no color, a run that computes, a world past the dry run's largest
+    "rep_p2p": re.escape("error: dev_send('act') on rank 0: peer rank 1 does not execute: this dry run executes one "
+                         "representative rank per class of symmetric ranks (every 4-th rank), and a representative's "
+                         "peers must be representatives too (--dry-run-ranks all runs every rank, up to 64)"),
+    "rep_group": re.escape("error: rank 0: dev_group_new('mine'): with representative ranks (a dry run of 8 ranks "
+                           "executing 2) the ranks that do not execute pass no color: make the group from its "
+                           "structure (dev_group_new_of)"),
+    "rep_computing": re.escape("error: representative ranks stand for ranks that never execute: a dry run's "
+                               "(--dry-run) of the local backend only, not a run that computes or one with a process "
+                               "per rank"),
+    "rep_world_big": re.escape("error: world size 16385 is out of range (1..16384 ranks with representative ranks)"),
     "world0": re.escape("error: world size 0 is out of range (1..64 ranks)"),
     "world_big": re.escape("error: world size 65 is out of range (1..64 ranks)"),
 }

@@ -556,12 +556,14 @@ def plot_pipeline(plt, run, out, step):
     ax.invert_yaxis()
     ax.set_xlabel("%s (ms since the step's first forward)" % clock_words(meta))
     # the bubble as the grader measures it (gradelib.trace_model.pipeline_bubble): the idle share of each rank's
-    # compute kernels in the step's window, so a wait inside a pass counts too (a bar spans it). Every rank's when
-    # every rank recorded a trace; else each stage's first rank's (a pipeline dry run traces ranks 0 .. (P-1) x S:
-    # tools/simulate.py; a stage's ranks are symmetric), so that each stage weighs the same as in the full mean
+    # compute kernels in the step's window, so a wait inside a pass counts too (a bar spans it). A dry run's
+    # representatives (run.json executed_ranks: one per stage); else every rank's when every rank recorded a trace;
+    # else each stage's first rank's (a pipeline dry run traces ranks 0 .. (P-1) x S: tools/simulate.py; a stage's
+    # ranks are symmetric), so that each stage weighs the same as in the full mean
     traced = by_rank(events)
     every = all(r in traced for r in range(W))
-    idle, _ = pipeline_bubble(traced, step, W, ranks=None if every else [p * S for p in range(P) if p * S in traced])
+    ranks = cfg.get("executed_ranks") or (None if every else [p * S for p in range(P) if p * S in traced])
+    idle, _ = pipeline_bubble(traced, step, W, ranks=ranks)
     title = ("%s, %d stages x %d microbatches, step %d: F = forward, B = backward of a microbatch\nthe bubble "
              "(compute idle, as the grader measures it): %.1f%% of this step; (P-1)/(M+P-1) = %.1f%% with equal "
              "stages and free transfers" % ("GPipe" if cfg.get("pp_schedule") == "gpipe" else "1F1B", P, M,

@@ -41,7 +41,10 @@ and draws the timeline and memory plots (tools/plots.py). --sweep draws tokens/s
 the world size (sweep.png). By default STAGE is your stages/NN (build/stages/NN_*/train); --solutions takes
 the instructors' solution. Ranks >= 1 record no trace (--trace-ranks 1): FSDP's ranks are symmetric and a
 64-rank trace is gigabytes; with --pp the first rank of every stage records one (--trace-ranks (P-1) x S + 1,
-S = world / P ranks a stage), as the stages are not symmetric.
+S = world / P ranks a stage), as the stages are not symmetric. Above 64 ranks (up to 16,384) train executes one
+representative rank per class of symmetric ranks (rank 0; with --pp each stage's first) and prices every
+collective on its full group (train --dry-run-ranks; run.json "executed_ranks"): a 70B step at 512 ranks takes
+seconds.
 
 The stage's own flags (grader/rubric.json) come with it, except the grading configuration's size: its
 --n-layers and --batch-size (stages 11, 12) give way to the flavour's layers and --batch, and its --pp,
@@ -219,15 +222,21 @@ def traced_ranks(world, pipe):
 EXIT_OVER_CAPACITY = 5  # train's exit status when a rank went past the profile's memory (driver/step_log.h)
 
 
-def dry_run(exe, stage, flavor, world, profile, batch, seq, steps, flags, out, pipe=None):
-    """Run one dry run into out; its report. pipe: the Pipeline of a pipeline stage (None: none). A failed run is
-    one line and exit status 2 (train's own line last); one that went past the device's memory (exit status 5) is
-    reported, marked as not fitting, with its out-of-memory line."""
+def dry_run_cmd(exe, stage, flavor, world, profile, batch, seq, steps, flags, out, pipe=None):
+    """The train command of one dry run into out (above 64 ranks train executes one representative rank per
+    class of symmetric ranks: --dry-run-ranks). pipe: the Pipeline of a pipeline stage (None: none)."""
     cmd = [exe, "--dry-run", "--flavor", flavor, "--world", str(world), "--device-profile", profile,
            "--ranks-per-node", str(min(world, GPUS_PER_NODE)),
            "--batch-size", str(batch), "--seq-len", str(seq), "--steps", str(steps), "--warmup-steps", "0",
            "--profile-steps", str(steps), "--trace-ranks", str(traced_ranks(world, pipe)), "--quiet", "--out", out]
-    cmd += stage_flags(stage, world, pipe) + list(flags)
+    return cmd + stage_flags(stage, world, pipe) + list(flags)
+
+
+def dry_run(exe, stage, flavor, world, profile, batch, seq, steps, flags, out, pipe=None):
+    """Run one dry run into out; its report. pipe: the Pipeline of a pipeline stage (None: none). A failed run is
+    one line and exit status 2 (train's own line last); one that went past the device's memory (exit status 5) is
+    reported, marked as not fitting, with its out-of-memory line."""
+    cmd = dry_run_cmd(exe, stage, flavor, world, profile, batch, seq, steps, flags, out, pipe)
     os.makedirs(out, exist_ok=True)
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if p.returncode not in (0, EXIT_OVER_CAPACITY):

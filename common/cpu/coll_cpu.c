@@ -44,11 +44,14 @@ static void chan_barrier(Stream *s, const Op *op) {
     pthread_mutex_unlock(&c->rv.mu);
 }
 
-/* Returns the modelled time the group could start: the latest ready_us of its ranks. */
+/* Returns the modelled time the group could start: the latest ready_us of its executed ranks (with
+ * representative ranks, the full group's by symmetry). The channel holds the executed members alone; the
+ * data moves only when every member executes (a dry run, which representative ranks need, moves none), so
+ * there n and me are the group's size and this rank's group rank. */
 static double local_execute(Stream *s, const Op *op, double ready_us) {
     CollChannel *c = op->chan;
     const ProcessGroup *g = op->pg;
-    const int n = g->size, me = g->rank; /* group ranks */
+    const int n = g->nlive, me = g->live; /* executed members */
     const CollDesc *desc = &op->coll;
     const size_t cnt = (size_t)desc->count, esize = coll_dtype_size(desc->dtype);
     float *scratch = NULL; /* a kind's buffer that peers read: freed after the last barrier */

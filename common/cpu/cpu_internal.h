@@ -44,7 +44,8 @@ static inline CpuStream *cpu_stream(const Stream *s) { return s->backend; }
 static inline CpuEvent *cpu_event(const Event *e) { return e->backend; }
 
 /* The local backend's rendezvous channel (Op.chan): one per (stream index,
- * group), shared by the group's ranks; posts[] is indexed by group rank. */
+ * group), shared by the group's executed ranks; posts[] is indexed by
+ * ProcessGroup.live (the group rank when every rank executes). */
 typedef struct CollChannel {
     CollRendezvous rv;               /* its mutex guards posts too */
     CollPost posts[WORLD_MAX_RANKS];

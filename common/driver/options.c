@@ -55,6 +55,7 @@ struct Flag {
     /* run.json's value where it is not the stored value in the kind's format; NULL: that */
     void (*json_value)(Json *j, const Options *o);
     int json_with_pp;           /* in run.json only with --pp (a pipeline run's keys) */
+    int json_with_dry_run;      /* in run.json only with --dry-run (a dry run's keys) */
 };
 
 /* Enum flags are stored through an int. */
@@ -70,6 +71,8 @@ static const FlagChoice PRICE_OPS[] = {
 static const FlagChoice PP_SCHEDULES[] = {{"gpipe", PIPE_GPIPE}, {"1f1b", PIPE_1F1B}, {NULL, 0}};
 static const FlagChoice GRAD_SYNC[] = {{"every", 1}, {"last", 0}, {NULL, 0}};
 static const FlagChoice DTYPES[] = {{"fp32", DTYPE_F32}, {"bf16", DTYPE_BF16}, {NULL, 0}};
+static const FlagChoice DRY_RANKS[] = {
+    {"all", DRY_RANKS_ALL}, {"representative", DRY_RANKS_REPRESENTATIVE}, {NULL, 0}};
 static const FlagChoice PREFETCH[] = {
     {"pre", BACKWARD_PREFETCH_PRE}, {"post", BACKWARD_PREFETCH_POST}, {"none", BACKWARD_PREFETCH_NONE}, {NULL, 0}};
 
@@ -167,6 +170,11 @@ static void parse_ac(const Flag *f, const char *val, Options *o) {
 
 static void json_ac(Json *j, const Options *o) { json_string(j, ac_mode_name(o->ac.mode)); }
 
+static void parse_dry_run_ranks(const Flag *f, const char *val, Options *o) {
+    parse_enum(f, val, o);
+    o->dry_run_ranks_given = 1; /* else the world size decides (parse_options) */
+}
+
 static void parse_backward_prefetch(const Flag *f, const char *val, Options *o) {
     parse_enum(f, val, o);
     o->backward_prefetch_given = 1; /* a stage that ignores it stops (flag_check.h) */
@@ -215,6 +223,7 @@ static void json_mesh(Json *j, const Options *o) {
 
 #define AT(member) offsetof(Options, member)
 #define MAXRANKS ((double)WORLD_MAX_RANKS)
+#define MAXDRYRANKS ((double)WORLD_MAX_DRY_RANKS)
 
 static const Flag FLAGS[] = {
     /* model */
@@ -331,8 +340,9 @@ static const Flag FLAGS[] = {
      .help = "with --pp: all forwards then all backwards (gpipe), or one forward one\n"
              "backward after a warm-up (1f1b); PipeInfo.schedule",
      .json = "pp_schedule", .json_with_pp = 1},
-    {.name = "--world", .kind = FLAG_INT, .at = AT(world.world_size), .lo = 1, .hi = MAXRANKS, .def = "1", .arg = "N",
-     .help = "number of ranks", .section = "world and runtime", .json = "world_size"},
+    {.name = "--world", .kind = FLAG_INT, .at = AT(world.world_size), .lo = 1, .hi = MAXDRYRANKS, .def = "1",
+     .arg = "N", .help = "number of ranks (at most 64; a --dry-run's, 16384)", .section = "world and runtime",
+     .json = "world_size"},
     {.name = "--backend", .kind = FLAG_ENUM, .at = AT(world.backend), .choices = BACKENDS, .def = "local", .arg = "B",
      .help = "local: ranks as threads (CUDA build: all on one GPU)\n"
              "mpi: one process per rank under mpirun (CPU build)\n"
@@ -348,7 +358,7 @@ static const Flag FLAGS[] = {
              "(0 = free; default: the profile's)", .json = "link_gbps"},
     {.name = "--link-latency-us", .kind = FLAG_DOUBLE, .at = AT(world.link_latency_us), .lo = 0, .hi = 1e7,
      .arg = "X", .help = "link model latency per ring hop (default: the profile's)", .json = "link_latency_us"},
-    {.name = "--ranks-per-node", .kind = FLAG_INT, .at = AT(world.ranks_per_node), .lo = 1, .hi = MAXRANKS,
+    {.name = "--ranks-per-node", .kind = FLAG_INT, .at = AT(world.ranks_per_node), .lo = 1, .hi = MAXDRYRANKS,
      .arg = "N",
      .help = "link model: ranks 0..N-1 share node 0, N..2N-1 node 1, ... (default: S of\n"
              "--mesh, else all ranks on one node)",
@@ -380,8 +390,9 @@ static const Flag FLAGS[] = {
              "HWFSDP_GUARD_DEVICE=1)"},
     {.name = "--dry-run", .kind = FLAG_SET, .at = AT(world.dry_run),
      .help = "price every op on the modelled clock and count every allocation, but\n"
-             "execute nothing and back no memory: your hooks on 8-64 modelled GPUs at\n"
-             "8B/70B (no loss or grad norm; host code touching a buffer stops the run)",
+             "execute nothing and back no memory: your hooks on up to 16384 modelled\n"
+             "GPUs at 8B/70B (no loss or grad norm; host code touching a buffer stops\n"
+             "the run)",
      .json = "dry_run"},
     {.name = "--price-ops", .kind = FLAG_ENUM, .at = AT(world.price_ops), .choices = PRICE_OPS, .def = "fused",
      .arg = "=fused|eager|eager-fused-norm",
@@ -390,6 +401,14 @@ static const Flag FLAGS[] = {
              "(eager-fused-norm: with its fused RMSNorm), to compare with published runs;\n"
              "the math and the memory are this runtime's either way (common/model/kernels.h)",
      .json = "price_ops"},
+    {.name = "--dry-run-ranks", .kind = FLAG_ENUM, .at = AT(dry_run_ranks), .choices = DRY_RANKS,
+     .parse = parse_dry_run_ranks, .arg = "all|representative",
+     .help = "with --dry-run: which ranks execute:\n"
+             "all (a thread each; the default up to 64 ranks), or representative\n"
+             "(the default above 64, up to 16384): one rank per class of symmetric\n"
+             "ranks (rank 0 for FSDP and HSDP, each pipeline stage's first rank),\n"
+             "every collective priced on its full group",
+     .json = "dry_run_ranks", .json_with_dry_run = 1},
     {.name = "--tf32", .kind = FLAG_SET, .at = AT(world.tf32),
      .help = "matmuls may use TF32 tensor cores (CUDA build; the modelled clock prices\n"
              "float32 matmuls at the profile's TF32 peak; default exact fp32)",
@@ -403,7 +422,7 @@ static const Flag FLAGS[] = {
      .help = "run directory: metrics.jsonl, run.json, traces, memory snapshots", .section = "output"},
     {.name = "--profile-steps", .kind = FLAG_INT, .at = AT(profile_steps), .lo = 0, .hi = 100000000, .def = "3",
      .arg = "N", .help = "record op timings for the first N steps", .json = "profile_steps"},
-    {.name = "--trace-ranks", .kind = FLAG_INT, .at = AT(world.trace_ranks), .lo = 0, .hi = MAXRANKS, .arg = "N",
+    {.name = "--trace-ranks", .kind = FLAG_INT, .at = AT(world.trace_ranks), .lo = 0, .hi = MAXDRYRANKS, .arg = "N",
      .help = "only ranks 0..N-1 record op timings and write traces and memory\n"
              "snapshots (default 0: every rank; a 64-rank --dry-run's are gigabytes)",
      .json = "trace_ranks"},
@@ -413,6 +432,7 @@ static const Flag FLAGS[] = {
 #define N_FLAGS (sizeof FLAGS / sizeof FLAGS[0])
 #undef AT
 #undef MAXRANKS
+#undef MAXDRYRANKS
 
 /* ----------------------------------------------------------------- usage */
 
@@ -516,6 +536,33 @@ static void apply_model_overrides(ModelConfig *m, const ModelOverrides *ov) {
     if (ov->ffn_dim_multiplier > 0) m->ffn_dim_multiplier = (float)ov->ffn_dim_multiplier;
 }
 
+/* Which ranks execute (--dry-run-ranks, runtime.h: WorldConfig.rep_stride). A run that computes executes every
+ * rank, one thread (or process) each: at most WORLD_MAX_RANKS. A dry run may model up to WORLD_MAX_DRY_RANKS by
+ * executing one rank per class of symmetric ranks: FSDP's and HSDP's ranks are all alike (rank 0 stands for
+ * the world); a pipeline's stages differ, each one's ranks are alike (its first rank, p * S, stands for the
+ * stage: the same data shard in every stage, so each representative's sends and receives meet another). */
+static void resolve_dry_run_ranks(Options *o) {
+    const int W = o->world.world_size;
+    if (o->dry_run_ranks_given && !o->world.dry_run)
+        fatal("--dry-run-ranks picks the ranks a dry run executes: it needs --dry-run (a run that computes "
+              "executes every rank)");
+    if (!o->world.dry_run && W > WORLD_MAX_RANKS)
+        fatal("--world %d: a run that computes executes every rank, one thread each, at most %d; a dry run "
+              "(--dry-run) models up to %d by executing one rank per class of symmetric ranks", W, WORLD_MAX_RANKS,
+              WORLD_MAX_DRY_RANKS);
+    if (!o->dry_run_ranks_given)
+        o->dry_run_ranks = W > WORLD_MAX_RANKS ? DRY_RANKS_REPRESENTATIVE : DRY_RANKS_ALL;
+    if (o->dry_run_ranks == DRY_RANKS_ALL && W > WORLD_MAX_RANKS)
+        fatal("--dry-run-ranks all executes every rank, one thread each: at most %d, and --world is %d (representative, "
+              "the default above %d, executes one rank per class of symmetric ranks)", WORLD_MAX_RANKS, W,
+              WORLD_MAX_RANKS);
+    if (o->dry_run_ranks != DRY_RANKS_REPRESENTATIVE) return;
+    if (o->world.backend != BACKEND_LOCAL)
+        fatal("--dry-run-ranks representative runs its ranks as threads of one process: it needs --backend local "
+              "(--world %d)", W);
+    o->world.rep_stride = o->pp ? W / o->pp : W;
+}
+
 void parse_options(int argc, char **argv, Options *o) {
     set_defaults(o);
     for (int i = 1; i < argc; i++) {
@@ -613,6 +660,7 @@ void parse_options(int argc, char **argv, Options *o) {
     if (o->world.dry_run && (o->load_path || o->save_path || o->save_init_path))
         fatal("--dry-run computes no values: it cannot go with %s", o->load_path ? "--load" : o->save_path ? "--save"
                                                                                                   : "--save-init");
+    resolve_dry_run_ranks(o);
 }
 
 const char *backward_prefetch_name(BackwardPrefetch p) {
@@ -653,12 +701,20 @@ static void flag_json(Json *j, const Flag *f, const Options *o) {
 
 void options_run_json(Json *j, const Options *o, const RunFacts *facts) {
     json_object_begin(j);
-    /* every flag with a run.json key, in the table's order (a --pp-only key only with --pp) */
+    /* every flag with a run.json key, in the table's order (a --pp-only key only with --pp, a dry run's only
+     * with --dry-run) */
     for (size_t i = 0; i < N_FLAGS; i++)
-        if (FLAGS[i].json && (!FLAGS[i].json_with_pp || o->pp)) {
+        if (FLAGS[i].json && (!FLAGS[i].json_with_pp || o->pp) && (!FLAGS[i].json_with_dry_run || o->world.dry_run)) {
             json_key(j, FLAGS[i].json);
             flag_json(j, &FLAGS[i], o);
         }
+    if (o->world.dry_run) { /* the ranks that ran (--dry-run-ranks): per-rank files and figures are theirs */
+        const int W = o->world.world_size, every = o->world.rep_stride ? o->world.rep_stride : 1;
+        json_key(j, "executed_ranks");
+        json_array_begin(j);
+        for (int r = 0; r < W; r += every) json_int(j, r);
+        json_array_end(j);
+    }
     /* what the flags imply, and where the run ran */
     json_key(j, "hidden_dim");
     json_int(j, o->model.hidden_dim);

@@ -44,11 +44,17 @@ typedef struct {
     int sync_flags_given;       /* --grad-sync or --reshard-after-backward was on the command line */
     int microbatches;           /* --microbatches M (default P) */
     PipeSchedule pp_schedule;   /* --pp-schedule */
+    int dry_run_ranks;          /* --dry-run-ranks: DRY_RANKS_ALL or DRY_RANKS_REPRESENTATIVE (world.rep_stride) */
+    int dry_run_ranks_given;    /* it was on the command line */
     int profile_steps;
     int save_every;
     int quiet;
     WorldConfig world;
 } Options;
+
+/* Which ranks a dry run executes (--dry-run-ranks): every one, a thread each, or one representative per
+ * class of symmetric ranks (runtime.h: WorldConfig.rep_stride), the default above WORLD_MAX_RANKS. */
+enum { DRY_RANKS_ALL = 0, DRY_RANKS_REPRESENTATIVE = 1 };
 
 /* Fill o from argv (defaults first); --help prints the usage and exits 0, a
  * bad flag or value is one line and exit status 2. */

@@ -51,11 +51,12 @@ void pipe_mesh_build(Dev *dev, DeviceMesh *mesh, int P) {
     const int W = dev_world_size(dev), S = W / P;
     memset(mesh, 0, sizeof *mesh);
     mesh->size = W;
-    for (int r = 0; r < W; r++) mesh->ranks[r] = r;
+    for (int r = 0; r < W && r < WORLD_MAX_RANKS; r++) mesh->ranks[r] = r;
     mesh->ndim = 1;
     mesh->shape[0] = S;
     mesh->shape[1] = 1;
-    mesh->shard_group = P == 1 ? dev_world_group(dev) : dev_group_new_of(dev, dev_rank(dev) / S, "stage");
+    const int stage = dev_rank(dev) / S; /* stage p: ranks p*S .. p*S+S-1 */
+    mesh->shard_group = P == 1 ? dev_world_group(dev) : dev_group_new_of(dev, stage, "stage", stage * S, 1, S);
     dev_fact_mesh(dev, 1, &S, (const char *const[]){"shard"}); /* within the stage */
 }
 
@@ -90,7 +91,7 @@ Pipe *pipe_create(Trainer *t) {
     p->acts = model_acts_slots(t->model, M);
     const char **names = xmalloc((size_t)t->model->n_modules * sizeof *names);
     for (int i = 0; i < t->model->n_modules; i++) names[i] = t->model->modules[i].name;
-    dev_fact_pipe_stage(t->dev, stage, P, names, t->model->n_modules); /* run.json's stage map */
+    dev_fact_pipe_stage(t->dev, stage, P, names, t->model->n_modules, stage * S, S); /* run.json's stage map */
     free(names);
     p->fwd = xcalloc((size_t)M, 1);
     p->bwd = xcalloc((size_t)M, 1);

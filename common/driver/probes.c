@@ -171,7 +171,7 @@ static void dtensor_json(Json *j, Dev *dev, const Model *m, const Module *mod, c
     const DeviceMesh *dm = dt->mesh;
     int mesh_ok = dm && dm->size == mesh->size && dm->ndim == mesh->ndim && dm->shape[0] == mesh->shape[0] &&
                   dm->shape[1] == mesh->shape[1];
-    for (int r = 0; mesh_ok && r < mesh->size; r++) mesh_ok = dm->ranks[r] == mesh->ranks[r];
+    for (int r = 0; mesh_ok && r < mesh->size && r < WORLD_MAX_RANKS; r++) mesh_ok = dm->ranks[r] == mesh->ranks[r];
     const char *pl = dt->placement == PLACEMENT_SHARD0 ? "Shard(0)"
                      : dt->placement == PLACEMENT_REPLICATE ? "Replicate()" : "none";
     /* FSDP2's placements, one per mesh dim: a 2-D mesh replicates along its first */

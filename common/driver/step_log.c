@@ -13,7 +13,7 @@
 void step_log_open(StepLog *l, Dev *dev, const char *out_dir) {
     l->metrics = NULL;
     l->over_capacity = 0;
-    l->all = xcalloc((size_t)dev_world_size(dev), sizeof(double));
+    l->all = xcalloc((size_t)dev_executed_count(dev), sizeof(double)); /* a host exchange's values */
     if (dev_rank(dev) != 0 || !out_dir) return;
     char *path = xasprintf("%s/metrics.jsonl", out_dir);
     l->metrics = fopen(path, "w");
@@ -21,7 +21,7 @@ void step_log_open(StepLog *l, Dev *dev, const char *out_dir) {
     free(path);
 }
 
-/* max over the ranks of the values the last host exchange gathered */
+/* max over the executed ranks of the values the last host exchange gathered */
 static double max_of(const double *all, int world) {
     double m = 0;
     for (int r = 0; r < world; r++) m = all[r] > m ? all[r] : m;
@@ -45,7 +45,8 @@ static ClipStats clip_stats(Dev *dev) {
     return c;
 }
 
-/* key: [v per rank], each printed as json_g (significant digits) or, with digits < 0, as a whole number */
+/* key: [v per executed rank] (every rank's, unless representative ranks stand in: run.json "executed_ranks"
+ * says whose), each printed as json_g (significant digits) or, with digits < 0, as a whole number */
 static void per_rank(Json *j, const char *key, const double *v, int world, int digits) {
     json_key(j, key);
     json_array_begin(j);
@@ -111,13 +112,17 @@ static void write_metrics_line(FILE *f, int step, double loss, float grad_norm, 
 
 int step_log_write(StepLog *l, Dev *dev, const Options *o, const ModelRun *run, int step, double loss_local,
                    float grad_norm, double step_us, double model_step_us) {
-    const int W = dev_world_size(dev);
+    /* W: the executed ranks, whose values the host exchanges gather (every rank's, unless representative
+     * ranks stand in for the others: a dry run's, which has no loss to average) */
+    const int W = dev_executed_count(dev);
     dev_host_allgather_f64(dev, loss_local, l->all);
     /* the mean over the data shards; with --pp only the last stage (ranks (P-1)*S ..) computed a loss */
-    const int P = o->pp ? o->pp : 1, S = W / P;
+    const int P = o->pp ? o->pp : 1, S = dev_world_size(dev) / P;
     double loss = 0;
-    for (int r = (P - 1) * S; r < W; r++) loss += l->all[r];
-    loss /= S;
+    int shards = 0;
+    for (int i = 0; i < W; i++)
+        if (dev_executed_rank(dev, i) >= (P - 1) * S) loss += l->all[i], shards++;
+    loss /= shards;
     const int dry = dev_dry_run(dev); /* no loss, grad norm or clip coefficient: nothing ran */
     double *peaks = xmalloc((size_t)W * sizeof(double)), *clip = NULL;
     dev_host_allgather_f64(dev, (double)dev_mem_peak(dev), peaks);
@@ -126,11 +131,11 @@ int step_log_write(StepLog *l, Dev *dev, const Options *o, const ModelRun *run, 
         /* which ranks went past the device's memory so far; the lowest says so, the first time any did */
         dev_host_allgather_f64(dev, dev_mem_over_capacity(dev) ? 1.0 : 0.0, l->all);
         int first = -1;
-        for (int r = W - 1; r >= 0; r--)
-            if (l->all[r] != 0) first = r;
+        for (int i = W - 1; i >= 0; i--)
+            if (l->all[i] != 0) first = i;
         if (first >= 0 && !l->over_capacity) {
             l->over_capacity = 1;
-            if (dev_rank(dev) == first)
+            if (dev_rank(dev) == dev_executed_rank(dev, first))
                 fprintf(stderr, "error: %s%s; a GPU would stop here, the %s goes on and records that the "
                         "configuration does not fit (\"fits\": false in run.json and metrics.jsonl; exit status %d)\n",
                         dry ? "dry run: " : "", dev_mem_over_capacity(dev), dry ? "dry run" : "run",

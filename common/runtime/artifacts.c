@@ -536,7 +536,9 @@ void dev_write_artifacts(Dev *d, const char *dir) {
     }
     if (!backend_is_multiprocess(w->cfg.backend) && w->local_ranks > 1) {
         dev_host_barrier(d); /* every rank's trace is complete */
-        if (d->rank == 0) write_trace(dir, "trace.json", w->devs, traced < w->local_ranks ? traced : w->local_ranks);
+        int n = 0; /* the executed ranks below `traced` (slots run in rank order) */
+        while (n < w->local_ranks && world_slot_rank(w, n) < traced) n++;
+        if (d->rank == 0) write_trace(dir, "trace.json", w->devs, n);
         dev_host_barrier(d); /* nobody records more or exits while rank 0 reads */
     } else if (!backend_is_multiprocess(w->cfg.backend)) {
         write_trace(dir, "trace.json", &d, 1);

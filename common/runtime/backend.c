@@ -255,15 +255,15 @@ void threads_host_exchange(Dev *d, double value, double *out) {
     World *w = d->world;
     pthread_mutex_lock(&w->host_mu);
     uint64_t gen = w->host_gen;
-    w->host_vals[gen & 1][d->rank] = value;
-    if (++w->host_arrived == w->cfg.world_size) {
+    w->host_vals[gen & 1][world_rank_slot(w, d->rank)] = value; /* the executed ranks, by slot */
+    if (++w->host_arrived == w->local_ranks) {
         w->host_arrived = 0;
         w->host_gen++;
         pthread_cond_broadcast(&w->host_cv);
     } else {
         while (w->host_gen == gen) pthread_cond_wait(&w->host_cv, &w->host_mu);
     }
-    if (out) memcpy(out, w->host_vals[gen & 1], (size_t)w->cfg.world_size * sizeof *out);
+    if (out) memcpy(out, w->host_vals[gen & 1], (size_t)w->local_ranks * sizeof *out);
     pthread_mutex_unlock(&w->host_mu);
 }
 

@@ -81,7 +81,8 @@ typedef struct {
 /* Where the ranks of a group that are threads of this process meet, one per
  * (stream index, group): the heart of the CPU local backend's channels
  * (cpu/cpu_internal.h: CollChannel) and of the CUDA build's (cuda/: CudaChan).
- * here[] is indexed by group rank. */
+ * here[] is indexed by the group's executed members (ProcessGroup.live: the
+ * group rank, unless representative ranks stand in for the others). */
 typedef struct {
     pthread_mutex_t mu;            /* guards this and the channel's posts */
     pthread_cond_t cv;             /* monotonic (chan_registry_get) */
@@ -91,12 +92,12 @@ typedef struct {
 } CollRendezvous;
 
 /* With r->mu held: op's group rank arrives, and the call returns (mu held;
- * released while it waits) once every rank of op's group has. With the
+ * released while it waits) once every executed rank of op's group has. With the
  * watchdog on (collective_timeout_s > 0), a rank that waits longer reports the
  * call of the lowest group rank waiting (deterministic whichever timer fires
  * first) and the ranks missing, and the process exits. The channel's posts of
- * this round, by group rank, are CollPosts `stride` bytes apart from posts
- * (read for that report only). */
+ * this round, by executed member (ProcessGroup.live), are CollPosts `stride`
+ * bytes apart from posts (read for that report only). */
 void coll_rendezvous(CollRendezvous *r, Stream *s, const Op *op, const CollPost *posts, size_t stride);
 
 #define FLIGHT_DEPTH 16
@@ -220,8 +221,10 @@ void coll_enqueue(ProcessGroup *g, Stream *s, CollKind kind, const void *send, v
 const struct timespec *coll_deadline(double timeout_s, struct timespec *dl);
 void flight_stream_created(Dev *d, Stream *s);
 void flight_set(Stream *s, const Op *op, int state); /* FlightState */
-/* lowest: the post of the lowest group rank waiting (NULL: op's own), here[i]:
- * group rank i arrived (NULL: unknown); ranks are reported as world ranks. */
+/* lowest: the post of the lowest executed member waiting (NULL: op's own),
+ * lowest_grank its index among the group's executed members (ProcessGroup.live),
+ * here[i]: executed member i arrived (NULL: unknown); ranks are reported as
+ * world ranks. */
 void watchdog_timeout(Stream *s, const Op *op, const CollPost *lowest, int lowest_grank, const uint8_t *here)
     __attribute__((noreturn));
 /* The watchdog's way out, for any report: once per world, `line` (no

@@ -164,9 +164,9 @@ static int wait_generation(CollRendezvous *r, uint64_t gen, double timeout_s) {
 /* The last rank to arrive opens the next round and wakes the others. */
 void coll_rendezvous(CollRendezvous *r, Stream *s, const Op *op, const CollPost *posts, size_t stride) {
     const ProcessGroup *g = op->pg;
-    const int n = g->size;
+    const int n = g->nlive; /* the executed members meet (all of them, unless representative ranks stand in) */
     const uint64_t gen = r->generation;
-    r->here[g->rank] = 1;
+    r->here[g->live] = 1;
     if (++r->arrived == n) {
         r->arrived = 0;
         memset(r->here, 0, sizeof r->here);
@@ -175,7 +175,7 @@ void coll_rendezvous(CollRendezvous *r, Stream *s, const Op *op, const CollPost 
     } else if (wait_generation(r, gen, s->dev->world->cfg.collective_timeout_s)) {
         int low = 0;
         while (low < n && !r->here[low]) low++;
-        if (low == n) low = g->rank;
+        if (low == n) low = g->live;
         CollPost post = *(const CollPost *)((const char *)posts + (size_t)low * stride);
         uint8_t here[WORLD_MAX_RANKS];
         memcpy(here, r->here, sizeof here);
@@ -249,7 +249,7 @@ void watchdog_timeout(Stream *s, const Op *op, const CollPost *lowest, int lowes
     char missing[512] = "";
     size_t len = 0;
     int nmiss = 0;
-    for (int r = 0; here && r < g->size && len < sizeof missing - 16; r++)
+    for (int r = 0; here && r < g->nlive && len < sizeof missing - 16; r++)
         if (!here[r]) {
             len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%d", nmiss ? ", " : "", g->members[r]);
             nmiss++;
@@ -287,7 +287,8 @@ void watchdog_report(Stream *s, const char *line) {
     if (!backend_is_multiprocess(w->cfg.backend)) {
         for (int r = 0; r < w->local_ranks; r++) {
             if (w->devs[r]) flight_print(stderr, w->devs[r]);
-            else fprintf(stderr, "  rank %d: %s\n", r, w->rank_done[r] ? "finished (its program returned)" : "not started");
+            else fprintf(stderr, "  rank %d: %s\n", world_slot_rank(w, r),
+                         w->rank_done[r] ? "finished (its program returned)" : "not started");
         }
     } else {
         flight_print(stderr, s->dev);

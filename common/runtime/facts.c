@@ -21,13 +21,14 @@
 typedef struct {
     char name[PG_NAME_MAX], kind[16];
     int id, color;            /* creation index (the same on every rank) and which of its groups: the order */
-    int size, members[WORLD_MAX_RANKS];
+    int size, first, stride;  /* its members: first + i * stride (i < size); stride 0: members[] lists them */
+    int *members;             /* [size] when stride is 0 (a world whose every rank executes), else NULL */
 } FactGroup;
 
 typedef struct {
     char **modules;           /* [n_modules] its modules in forward order; NULL until a rank states them */
     int n_modules;
-    int nranks, ranks[WORLD_MAX_RANKS];
+    int first_rank, nranks;   /* its ranks: first_rank .. first_rank + nranks - 1 */
 } FactStage;
 
 struct WorldFacts {
@@ -52,23 +53,30 @@ void world_facts_free(WorldFacts *f) {
         for (int i = 0; i < f->stages[p].n_modules; i++) free(f->stages[p].modules[i]);
         free(f->stages[p].modules);
     }
+    for (int i = 0; i < f->ngroups; i++) free(f->groups[i].members);
     pthread_mutex_destroy(&f->mu);
     free(f);
 }
 
-void facts_group(World *w, int id, int color, const char *kind, const char *name, const int *members, int size) {
+void facts_group(World *w, const ProcessGroup *pg, const char *kind) {
     WorldFacts *f = w->facts;
     pthread_mutex_lock(&f->mu);
     int known = 0;
-    for (int i = 0; i < f->ngroups && !known; i++) known = !strcmp(f->groups[i].name, name);
-    if (!known && f->ngroups < (int)(sizeof f->groups / sizeof *f->groups)) { /* every rank of a group makes it */
+    for (int i = 0; i < f->ngroups && !known; i++) known = !strcmp(f->groups[i].name, pg->name);
+    if (!known && f->ngroups < (int)(sizeof f->groups / sizeof *f->groups)) { /* every executed rank of a group makes it */
         FactGroup *g = &f->groups[f->ngroups++];
-        snprintf(g->name, sizeof g->name, "%s", name);
+        snprintf(g->name, sizeof g->name, "%s", pg->name);
         snprintf(g->kind, sizeof g->kind, "%s", kind);
-        g->id = id;
-        g->color = color;
-        g->size = size;
-        memcpy(g->members, members, (size_t)size * sizeof *members);
+        g->id = pg->id;
+        g->color = pg->color;
+        g->size = pg->size;
+        g->first = pg->first;
+        g->stride = pg->stride;
+        g->members = NULL;
+        if (!pg->stride) { /* no structure: every rank executes, and members[] holds them all */
+            g->members = xmalloc((size_t)pg->size * sizeof *g->members);
+            memcpy(g->members, pg->members, (size_t)pg->size * sizeof *g->members);
+        }
     }
     pthread_mutex_unlock(&f->mu);
 }
@@ -85,7 +93,8 @@ void dev_fact_mesh(Dev *d, int ndim, const int *shape, const char *const *dim_na
     pthread_mutex_unlock(&f->mu);
 }
 
-void dev_fact_pipe_stage(Dev *d, int stage, int stages, const char *const *modules, int n_modules) {
+void dev_fact_pipe_stage(Dev *d, int stage, int stages, const char *const *modules, int n_modules, int first_rank,
+                         int nranks) {
     WorldFacts *f = d->world->facts;
     if (stage < 0 || stage >= FACT_STAGES || stages > FACT_STAGES)
         fatal("dev_fact_pipe_stage: stage %d of %d (at most %d stages)", stage, stages, FACT_STAGES);
@@ -96,14 +105,16 @@ void dev_fact_pipe_stage(Dev *d, int stage, int stages, const char *const *modul
         s->modules = xmalloc((size_t)(n_modules > 0 ? n_modules : 1) * sizeof *s->modules);
         for (int i = 0; i < n_modules; i++) s->modules[i] = xstrdup(modules[i]);
         s->n_modules = n_modules;
+        s->first_rank = first_rank;
+        s->nranks = nranks;
     }
-    s->ranks[s->nranks++] = d->rank;
     pthread_mutex_unlock(&f->mu);
 }
 
-static void json_ints(Json *j, const int *v, int n) {
+/* [first, first + stride, ...] (n of them), or v[0..n) when v is not NULL */
+static void json_ranks(Json *j, const int *v, int first, int stride, int n) {
     json_array_begin(j);
-    for (int i = 0; i < n; i++) json_int(j, v[i]);
+    for (int i = 0; i < n; i++) json_int(j, v ? v[i] : first + i * stride);
     json_array_end(j);
 }
 
@@ -115,8 +126,6 @@ static void json_words(Json *j, const char *(*name)(int), int n) {
 
 static const char *phase_word(int p) { return phase_name((Phase)p); }
 static const char *tag_word(int t) { return mem_tag_name((MemTag)t); }
-
-static int by_rank(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
 
 static int by_creation(const void *a, const void *b) { /* the ranks are threads: they record in any order */
     const FactGroup *x = a, *y = b;
@@ -134,7 +143,7 @@ void world_facts_json(World *w, Json *j) {
         json_key_string(j, "name", f->groups[i].name);
         json_key_string(j, "kind", f->groups[i].kind);
         json_key(j, "ranks");
-        json_ints(j, f->groups[i].members, f->groups[i].size);
+        json_ranks(j, f->groups[i].members, f->groups[i].first, f->groups[i].stride, f->groups[i].size);
         json_object_end(j);
     }
     json_array_end(j);
@@ -142,7 +151,7 @@ void world_facts_json(World *w, Json *j) {
     if (f->mesh_ndim) {
         json_object_begin(j);
         json_key(j, "shape");
-        json_ints(j, f->mesh_shape, f->mesh_ndim);
+        json_ranks(j, f->mesh_shape, 0, 0, f->mesh_ndim);
         json_key(j, "dims");
         json_array_begin(j);
         for (int i = 0; i < f->mesh_ndim; i++) json_string(j, f->mesh_dims[i]);
@@ -156,7 +165,6 @@ void world_facts_json(World *w, Json *j) {
         json_array_begin(j);
         for (int p = 0; p < f->nstages; p++) {
             FactStage *s = &f->stages[p];
-            qsort(s->ranks, (size_t)s->nranks, sizeof *s->ranks, by_rank);
             json_object_begin(j);
             json_key(j, "stage");
             json_int(j, p);
@@ -165,7 +173,7 @@ void world_facts_json(World *w, Json *j) {
             for (int i = 0; i < s->n_modules; i++) json_string(j, s->modules[i]);
             json_array_end(j);
             json_key(j, "ranks");
-            json_ints(j, s->ranks, s->nranks);
+            json_ranks(j, NULL, s->first_rank, 1, s->nranks);
             json_object_end(j);
         }
         json_array_end(j);

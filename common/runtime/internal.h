@@ -109,17 +109,27 @@ typedef struct {
 
 /* A process group (device.h). Every rank creates the same groups in the same
  * order (group.c: dev_group_new), so a group id names the same split on every
- * rank; the ranks with the same (id, color) are one group. */
+ * rank; the ranks with the same (id, color) are one group.
+ * size, rank and spans_nodes are the full group's, executed or not: what the
+ * collectives' buffers hold and what the link model prices. Its executed
+ * members (all of them, unless WorldConfig.rep_stride) are what meets: nlive of
+ * them, listed in members[], this rank the live-th. */
 struct ProcessGroup {
     Dev *dev;
     int id;                          /* creation index, the same on every rank; 0 = the world */
     int color;                       /* which of the id's groups */
-    int rank, size;                  /* this rank's group rank; members */
-    int members[WORLD_MAX_RANKS];    /* world ranks, in group-rank order */
+    int rank, size;                  /* this rank's group rank; members, executed or not */
+    int first, stride;               /* group rank i is world rank first + i * stride; stride 0: no such
+                                        structure (dev_group_new's colors), members[] lists them all */
+    int nlive, live;                 /* executed members; this rank's index among them */
+    int members[WORLD_MAX_RANKS];    /* the executed members' world ranks, in group-rank order */
     int spans_nodes;                 /* link model: members on more than one node */
     int nodes;                       /* link model: the nodes its members sit on */
     char name[PG_NAME_MAX];
 };
+
+/* The world rank of g's group rank i. */
+static inline int pg_member(const ProcessGroup *g, int i) { return g->stride ? g->first + i * g->stride : g->members[i]; }
 
 /* One rank. Each unit owns its part: the allocator (alloc.c) Dev.mem, the
  * race detector (race.c) Dev.race, the flight recorder (coll_common.c)
@@ -157,31 +167,40 @@ struct World {
     WorldConfig cfg;
     const BackendOps *ops;              /* cfg.backend's (backend.h) */
     void *backend;                      /* the backend's own (local: its channels; mpi: MpiWorld; CUDA: struct CudaWorld) */
-    int local_ranks, first_local_rank;
+    int local_ranks, first_local_rank;  /* the ranks this process executes: slots 0 .. local_ranks-1 (world_slot_rank) */
     double epoch_us;
     /* host barrier / allgather of ranks that are threads (threads_host_exchange) */
     pthread_mutex_t host_mu;
     pthread_cond_t host_cv;
     int host_arrived;
     uint64_t host_gen;
-    double host_vals[2][WORLD_MAX_RANKS];
-    Dev *devs[WORLD_MAX_RANKS];         /* local ranks' Devs, for trace.json and the flight recorder */
+    double host_vals[2][WORLD_MAX_RANKS]; /* by slot */
+    Dev *devs[WORLD_MAX_RANKS];         /* local ranks' Devs by slot, for trace.json and the flight recorder */
     /* one report for the whole world (race detector, watchdog); guards devs[] updates */
     pthread_mutex_t report_mu;
     pthread_cond_t report_cv;
-    char *race_msg[WORLD_MAX_RANKS];    /* a rank's race verdict, waiting for lower ranks' */
-    uint8_t rank_done[WORLD_MAX_RANKS]; /* rank_main returned */
+    char *race_msg[WORLD_MAX_RANKS];    /* a rank's race verdict, waiting for lower ranks' (by slot) */
+    uint8_t rank_done[WORLD_MAX_RANKS]; /* rank_main returned (by slot) */
     int reporting;                      /* a watchdog report is being printed */
     int guarded;                        /* device storage under the guard (guard.h: --guard-device-memory) */
     void *p2p;                          /* point-to-point mailboxes of ranks that are threads (p2p.c) */
     struct WorldFacts *facts;           /* what the run used (facts.c) */
 };
 
-/* facts.c: the world's record of what the run used (facts.h); group.c records each group a rank makes. */
+/* The ranks this process executes (WorldConfig.rep_stride): slot i of World.devs (and of the other
+ * arrays by slot) is world rank world_slot_rank(w, i); world_executes: whether rank runs at all, in
+ * this process or another. */
+static inline int world_stride(const World *w) { return w->cfg.rep_stride > 0 ? w->cfg.rep_stride : 1; }
+static inline int world_slot_rank(const World *w, int slot) { return w->first_local_rank + slot * world_stride(w); }
+static inline int world_rank_slot(const World *w, int rank) { return (rank - w->first_local_rank) / world_stride(w); }
+static inline int world_executes(const World *w, int rank) { return rank % world_stride(w) == 0; }
+
+/* facts.c: the world's record of what the run used (facts.h); group.c records each group a rank makes
+ * (all its members, from its structure or from g->members when every rank executes). */
 typedef struct WorldFacts WorldFacts;
 WorldFacts *world_facts_create(void);
 void world_facts_free(WorldFacts *f);
-void facts_group(World *w, int id, int color, const char *kind, const char *name, const int *members, int size);
+void facts_group(World *w, const ProcessGroup *g, const char *kind);
 
 /* 1 for the backends with one process per rank (under mpirun) */
 static inline int backend_is_multiprocess(CollBackend b) { return b == BACKEND_MPI || b == BACKEND_NCCL_MPI; }

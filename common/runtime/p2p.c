@@ -94,6 +94,11 @@ static void add_item(Stream *s, int send, void *buf, size_t count, int peer, int
     if (peer == d->rank)
         fatal("%s('%s') on rank %d: the peer is this rank itself (a stage passes data to itself without a send)", what,
               lbl, d->rank);
+    if (!world_executes(d->world, peer))
+        fatal("%s('%s') on rank %d: peer rank %d does not execute: this dry run executes one representative rank per "
+              "class of symmetric ranks (every %d-th rank), and a representative's peers must be representatives "
+              "too (--dry-run-ranks all runs every rank, up to %d)", what, lbl, d->rank, peer,
+              d->world->cfg.rep_stride, WORLD_MAX_RANKS);
     if (count && !buf) fatal("%s('%s') on rank %d: NULL buffer with %zu elements", what, lbl, d->rank, count);
     if (microbatch < 0) fatal("%s('%s') on rank %d: microbatch %d is negative", what, lbl, d->rank, microbatch);
     if (d->p2p_group && !d->p2p_group->stream) d->p2p_group->stream = s; /* the group's first item picks its stream */

@@ -398,7 +398,7 @@ void race_on_enqueue(Stream *s, const Op *op) {
  * a race only some ranks have (lower ranks may then be stuck in a collective
  * waiting for this one). */
 void world_report_race(World *w, int rank, const char *msg) {
-    int me = rank - w->first_local_rank;
+    int me = world_rank_slot(w, rank); /* the slots run in rank order */
     pthread_mutex_lock(&w->report_mu);
     if (!w->race_msg[me]) w->race_msg[me] = xstrdup(msg);
     pthread_cond_broadcast(&w->report_cv);

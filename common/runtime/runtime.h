@@ -68,7 +68,7 @@ const char *backend_name(CollBackend b);
 int dev_is_cuda_build(void);
 
 typedef struct {
-    int world_size;           /* N ranks (1..WORLD_MAX_RANKS) */
+    int world_size;           /* N ranks (1..WORLD_MAX_RANKS; 1..WORLD_MAX_DRY_RANKS with rep_stride) */
     CollBackend backend;      /* local: threads; mpi: one process per rank */
     int price_ops;            /* PriceOps: element-wise kernels priced as our own (0) or as eager PyTorch's */
     double link_gbps;         /* link model for local collectives; 0 = off */
@@ -88,6 +88,14 @@ typedef struct {
     int tf32;                 /* matmuls may use TF32 tensor cores (CUDA build; the modelled clock prices them so) */
     const struct DeviceProfile *profile; /* what the modelled clock prices ops on (NULL: "teach") */
     int dry_run;              /* CPU backends: price and count every op, execute none, back no memory (dry.h) */
+    /* Representative ranks (a dry run of the local backend only): 0 = every rank executes, one thread each;
+     * K > 0 = only ranks 0, K, 2K, ... execute (world_size / K <= WORLD_MAX_RANKS of them), rank r standing
+     * for the K symmetric ranks r .. r+K-1 (its class: plain FSDP and HSDP, K = world_size, rank 0 alone;
+     * --pp P, K = world_size / P, each stage's lowest rank). A group keeps its full size, members and node
+     * span, which price its collectives (coll_link_time_us); its executed members alone meet (ProcessGroup:
+     * nlive), and a collective starts when the last of them is ready, as the full world's would by symmetry.
+     * A send to or a receive from a rank that does not execute is fatal (the classes were not symmetric). */
+    int rep_stride;
 } WorldConfig;
 
 /* Create the world. With BACKEND_MPI this calls MPI_Init_thread and checks that
@@ -99,11 +107,19 @@ void world_run(World *w, void (*rank_main)(Dev *dev, void *arg), void *arg);
 void world_destroy(World *w);
 int world_first_local_rank(const World *w);
 
+/* The ranks that execute: every rank, or with WorldConfig.rep_stride one
+ * representative per class: dev_executed_count of them, the i-th (in rank
+ * order) world rank dev_executed_rank(d, i). */
+int dev_executed_count(const Dev *d);
+int dev_executed_rank(const Dev *d, int i);
+
 /* Host-side exchange between ranks, outside streams, traces and the
- * collective sequence: every rank passes `value`, all get all ranks' values in
- * rank order. Blocks until every rank called it. For logging only. */
-void dev_host_allgather_f64(Dev *d, double value, double *out /* [world] */);
-/* Host-side barrier (all ranks), outside streams and traces. */
+ * collective sequence: every executed rank passes `value`, all get theirs in
+ * rank order (out[i]: dev_executed_rank(d, i)'s; every rank's, in a world
+ * whose every rank executes). Blocks until every executed rank called it. For
+ * logging only. */
+void dev_host_allgather_f64(Dev *d, double value, double *out /* [dev_executed_count] */);
+/* Host-side barrier (all executed ranks), outside streams and traces. */
 void dev_host_barrier(Dev *d);
 
 /* The most process groups a rank may create, the world included. */
@@ -113,10 +129,15 @@ void dev_host_barrier(Dev *d);
 
 /* A new process group (device.h): every rank calls it, in the same order; the
  * ranks passing the same color (>= 0) form one group, numbered in world-rank
- * order; name is this rank's group's name ("shard0"). At most PG_MAX per rank. */
+ * order; name is this rank's group's name ("shard0"). At most PG_MAX per rank.
+ * A world whose every rank executes only: with representative ranks the
+ * members that do not execute pass no color (fatal: use dev_group_new_of). */
 ProcessGroup *dev_group_new(Dev *d, int color, const char *name);
-/* The same, of a kind ("shard", "replicate", "stage"), named "<kind><color>" (facts.h records the kind). */
-ProcessGroup *dev_group_new_of(Dev *d, int color, const char *kind);
+/* The same, of a kind ("shard", "replicate", "stage"), named "<kind><color>" (facts.h records the kind), whose
+ * members are known from their structure: the `size` world ranks first, first + stride, ... (stride >= 1),
+ * this rank among them. The executed ranks' colors must say the same (fatal otherwise): what lets a dry run
+ * with representative ranks know every group in full. */
+ProcessGroup *dev_group_new_of(Dev *d, int color, const char *kind, int first, int stride, int size);
 /* The device mesh of --mesh replicas,shards (replicas <= 0: 1-D, the world):
  * its shape, and this rank's shard and replicate groups (dev_group_new). */
 void dev_mesh_build(Dev *d, DeviceMesh *m, int replicas, int shards);

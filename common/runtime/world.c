@@ -17,8 +17,19 @@ void openblas_set_num_threads(int num_threads); /* OpenBLAS; no header needed */
 
 World *world_create(const WorldConfig *cfg) {
     if (!cfg) fatal("world_create: no config");
-    if (cfg->world_size < 1 || cfg->world_size > WORLD_MAX_RANKS)
-        fatal("world size %d is out of range (1..%d ranks)", cfg->world_size, WORLD_MAX_RANKS);
+    const int rep = cfg->rep_stride, max = rep ? WORLD_MAX_DRY_RANKS : WORLD_MAX_RANKS;
+    if (cfg->world_size < 1 || cfg->world_size > max)
+        fatal("world size %d is out of range (1..%d ranks%s)", cfg->world_size, max,
+              rep ? " with representative ranks" : "");
+    if (rep < 0 || (rep && cfg->world_size % rep))
+        fatal("representative ranks every %d ranks: the classes of symmetric ranks must split the world of %d", rep,
+              cfg->world_size);
+    if (rep && (!cfg->dry_run || cfg->backend != BACKEND_LOCAL))
+        fatal("representative ranks stand for ranks that never execute: a dry run's (--dry-run) of the local "
+              "backend only, not a run that computes or one with a process per rank");
+    if (rep && cfg->world_size / rep > WORLD_MAX_RANKS)
+        fatal("representative ranks every %d ranks of %d: %d of them execute, at most %d", rep, cfg->world_size,
+              cfg->world_size / rep, WORLD_MAX_RANKS);
     if (cfg->link_gbps < 0 || cfg->link_latency_us < 0)
         fatal("link model: --link-gbps and --link-latency-us must be >= 0");
     if (!(cfg->collective_timeout_s >= 0) || cfg->collective_timeout_s > 1e7)
@@ -42,7 +53,8 @@ World *world_create(const WorldConfig *cfg) {
     pthread_cond_init(&w->host_cv, NULL);
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     if (cores < 1) cores = 1;
-    w->local_ranks = cfg->world_size; /* ranks as threads, unless the backend makes them processes */
+    w->local_ranks = cfg->world_size / world_stride(w); /* the executed ranks as threads, unless the backend makes
+                                                             them processes */
     w->first_local_rank = 0;
     ops->world_init(w, &cores);
     p2p_world_init(w);
@@ -135,13 +147,14 @@ static void *rank_thread(void *p) {
     Dev *d = dev_create(w, rs->rank);
     guard_thread_host(d);
     pthread_mutex_lock(&w->report_mu); /* the watchdog may be reading the flight recorders */
-    w->devs[rs->rank - w->first_local_rank] = d;
+    const int slot = world_rank_slot(w, rs->rank);
+    w->devs[slot] = d;
     pthread_mutex_unlock(&w->report_mu);
     rs->fn(d, rs->arg);
     /* nobody may still be reading this rank's trace (dev_write_artifacts ends with a barrier) */
     pthread_mutex_lock(&w->report_mu);
-    w->devs[rs->rank - w->first_local_rank] = NULL;
-    w->rank_done[rs->rank - w->first_local_rank] = 1;
+    w->devs[slot] = NULL;
+    w->rank_done[slot] = 1;
     pthread_cond_broadcast(&w->report_cv);
     pthread_mutex_unlock(&w->report_mu);
     dev_destroy(d);
@@ -151,7 +164,7 @@ static void *rank_thread(void *p) {
 void world_run(World *w, void (*rank_main)(Dev *dev, void *arg), void *arg) {
     int n = w->local_ranks;
     RankStart *rs = xcalloc((size_t)n, sizeof *rs);
-    for (int i = 0; i < n; i++) rs[i] = (RankStart){w, w->first_local_rank + i, rank_main, arg};
+    for (int i = 0; i < n; i++) rs[i] = (RankStart){w, world_slot_rank(w, i), rank_main, arg};
     if (backend_is_multiprocess(w->cfg.backend)) {
         rank_thread(&rs[0]);
     } else {
@@ -170,6 +183,8 @@ int stream_index(const Stream *s) { return s->index; }
 const char *stream_name(const Stream *s) { return s->name; }
 
 int dev_world_size(const Dev *d) { return d->world_size; }
+int dev_executed_count(const Dev *d) { return d->world_size / world_stride(d->world); }
+int dev_executed_rank(const Dev *d, int i) { return i * world_stride(d->world); }
 
 /* ---------------------------------------------------------------- scope */
 

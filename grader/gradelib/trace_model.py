@@ -388,8 +388,10 @@ def pipeline_bubble(traces, step, world, ranks=None):
     """(bubble, window) of one step: the mean over the world's ranks of the share of the window their compute
     idles. The window runs from the step's first forward kernel on any rank to its last backward kernel; a
     rank's busy time is the union of its forward, backward and recompute kernels inside it. (None, 0.0) when
-    the step ran no such kernel. ranks: the ranks to take (default range(world)), e.g. one traced rank per
-    pipeline stage when the others recorded no trace (tools/simulate.py: a stage's ranks are symmetric)."""
+    the step ran no such kernel. ranks: the ranks that stand for the world (default all of them), e.g. one
+    traced rank per pipeline stage when the others recorded no trace, or a dry run's representative ranks
+    (run.json "executed_ranks": one per stage); each stage's ranks are alike, so the mean over them is the
+    world's."""
     ranks = list(range(world)) if ranks is None else list(ranks)
     busy = {}
     lo = hi = None

@@ -189,7 +189,8 @@ static void wait_all_gather(Fsdp *f, Group *g) {
     /* BEGIN SOLUTION: compute waits on ag_done, copy-out of every shard-group rank's rows into each Param.data, record copy_out_done and keep the flat buffer as the AllGatherState (HANDOUT.md#stage-03) */
     size_t S = g->shard_numel;
     dev_stream_wait_event(f->compute, g->ag_done);
-    DevCopy out[MODULE_MAX_PARAMS * WORLD_MAX_RANKS]; /* FSDP2's split_with_sizes_copy: one launch */
+    /* FSDP2's split_with_sizes_copy: one launch of params x ranks copies (up to 16384 ranks) */
+    DevCopy *out = xmalloc((size_t)mod->n_params * (size_t)f->nshards * sizeof *out);
     size_t nout = 0;
     for (int j = 0; j < mod->n_params; j++) {
         Param *p = &mod->params[j];
@@ -203,6 +204,7 @@ static void wait_all_gather(Fsdp *f, Group *g) {
         }
     }
     dev_memcpy_batch_async(f->compute, "copy_out", out, nout);
+    free(out); /* the launch read the list */
     dev_event_record(f->copy_out_done, f->compute);
     f->ag_state = g->ag_flat; /* kept until the all-gather stream waited for the copy-out */
     g->ag_flat = NULL;
@@ -246,7 +248,8 @@ static void reduce_grads(Fsdp *f, Group *g) {
     snprintf(name, sizeof name, "%s.reduce_scatter_input", mod->name);
     float *in = dev_alloc_f32(f->dev, S * (size_t)f->nshards, MEM_COMM_BUFFER, name);
     dev_memset_async(f->compute, in, 0, S * (size_t)f->nshards * sizeof(float));
-    DevCopy cat[MODULE_MAX_PARAMS * WORLD_MAX_RANKS]; /* FSDP2's chunk_cat: one launch */
+    /* FSDP2's chunk_cat: one launch of params x ranks copies (a dry run's world: up to 16384) */
+    DevCopy *cat = xmalloc((size_t)mod->n_params * (size_t)f->nshards * sizeof *cat);
     size_t ncat = 0;
     for (int j = 0; j < mod->n_params; j++) {
         Param *p = &mod->params[j];
@@ -259,6 +262,7 @@ static void reduce_grads(Fsdp *f, Group *g) {
         }
     }
     dev_memcpy_batch_async(f->compute, "chunk_cat", cat, ncat);
+    free(cat); /* the launch read the list */
     for (int j = 0; j < mod->n_params; j++) { /* the unsharded grads are not needed any more */
         dev_free(f->dev, mod->params[j].grad);
         mod->params[j].grad = NULL;

@@ -20,7 +20,7 @@ CUDA_PTX_ARCH ?= $(firstword $(CUDA_ARCHS))
 NVCC_GENCODE  := $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
                  -gencode arch=compute_$(CUDA_PTX_ARCH),code=compute_$(CUDA_PTX_ARCH)
 NVCCFLAGS     := -std=c++17 -O2 -g -Icommon $(NVCC_GENCODE) -Werror all-warnings \
-                 -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter
+                 -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter,-Wno-missing-field-initializers
 CUDA_CFLAGS   := $(CFLAGS) -I$(CUDA_HOME)/include
 CUDA_LDLIBS   := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lnccl -lstdc++ $(LDLIBS)
 

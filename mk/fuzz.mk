@@ -12,7 +12,7 @@ FUZZ_BUILD   ?= build-fuzz
 FUZZ_SECONDS ?= 30
 FUZZ_TARGETS := safetensors tokens
 FUZZ_CC      ?= $(shell command -v clang 2>/dev/null || command -v clang-14 2>/dev/null)
-FUZZ_CFLAGS  := -std=c11 -g -O1 -Wall -Wextra -Werror -Wno-unused-parameter -D_GNU_SOURCE -Icommon -Ifuzz \
+FUZZ_CFLAGS  := -std=c11 -g -O1 -Wall -Wextra -Werror -Wno-unused-parameter -Wno-missing-field-initializers -D_GNU_SOURCE -Icommon -Ifuzz \
                 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 # fuzz/fuzz_support.h tracks the readers' allocations so that it can free them after a
 # fatal() it longjmps out of (and flag a reader that leaks on a successful read).

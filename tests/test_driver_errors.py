@@ -80,7 +80,7 @@ FLAVORS = "tiny, debugmodel, 1B, 8B, 70B, llama2-7B, llama2-13B, llama2-70B, lla
     (["--world", "65"], "--world 65: a run that computes executes every rank, one thread each, at most 64; a dry "
                         "run (--dry-run) models up to 16384 by executing one rank per class of symmetric ranks"),
     (["--backend", "gloo"], "--backend expects local, mpi, nccl or nccl-mpi, got 'gloo'"),
-    (["--device-profile", "h200"], "--device-profile: no profile 'h200' (profiles: teach, a100-80g, h100-sxm)"),
+    (["--device-profile", "h200"], "--device-profile: no profile 'h200' (profiles: teach, a100-80g, h100-sxm, h100-gt)"),
     (["--device-profile"], "flag --device-profile needs a value (see --help)"),
     (["--backend", "nccl"], "--backend nccl needs the CUDA build (make cuda, then build-cuda/.../train)"),
     (["--backend", "nccl-mpi"], "--backend nccl-mpi needs the CUDA build (make cuda, then build-cuda/.../train)"),

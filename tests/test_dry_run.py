@@ -332,3 +332,50 @@ def test_the_handout_lists_the_profiles_as_the_program_does():
     assert copy.group(1) == p.stdout, "HANDOUT.md's profile table differs from train --device-profile list: copy it"
     for name in ("teach", "a100-80g", "h100-sxm", "h100-gt"):
         assert "| `%s` |" % name in p.stdout
+
+
+def test_price_ops_eager_prices_eager_kernels_and_holds_eager_memory(tmp_path):
+    """--price-ops eager (the torchtitan rows of --compare): the same program, its element-wise math priced as
+    eager PyTorch's kernels and two more buffers held (model.c: eager_hold). Against --price-ops fused on the
+    debugmodel (--ac-op, bf16, h100-sxm; one rank, so that no collective's overlap slowdown moves between kernels):
+    every matmul slice lasts the same; each RMSNorm lasts 8 kernels' latency
+    plus 36 bytes an element at 80 % of 3.35 TB/s (kernels.h: kcost_eager_rmsnorm); the snapshot adds, per block
+    and step, one 'eager_w2_saved' of N x D bf16 from its forward to its backward, and per step one
+    'eager_nll_grad' of N x V float32 in the head's backward; nothing else."""
+    st = stage_or_skip(simulate.COMPARE_STAGE)
+    B, T, W = 2, 256, 1
+    runs = {}
+    for po in ("fused", "eager"):
+        out = tmp_path / po
+        run_train(solution_bin(st), out, "--dry-run", "--flavor", "debugmodel", "--world", W, "--batch-size", B,
+                  "--seq-len", T, "--steps", 2, "--profile-steps", 2, "--device-profile", "h100-sxm", "--ac-op",
+                  "--param-dtype", "bf16", "--price-ops", po, timeout=120)
+        runs[po] = out
+    rj = read(runs["eager"] / "run.json")
+    assert rj["price_ops"] == "eager" and "price_ops" not in read(runs["fused"] / "run.json")
+    dims = model_dims(rj)
+    N, D, V = B * T, dims["D"], dims["V"]
+
+    def slices(d, name):
+        tr = read(d / "trace_rank0.json")
+        evs = tr["traceEvents"] if isinstance(tr, dict) else tr
+        return [e for e in evs if e.get("ph") == "X" and e.get("name", "").split(".")[-1] == name]
+
+    for name in ("wq", "w1", "output"):
+        f, e = slices(runs["fused"], name), slices(runs["eager"], name)
+        assert f and [x["dur"] for x in f] == [x["dur"] for x in e], name
+    norms = slices(runs["eager"], "rmsnorm")
+    want = 8 * 3 + 36.0 * N * D / (3350e9 * 0.8) * 1e6
+    assert norms and all(abs(x["dur"] - want) < 1e-3 for x in norms), (norms[0]["dur"], want)
+    snaps = {po: read(runs[po] / "memory_rank0.json") for po in runs}
+    extra = [e for e in snaps["eager"]["events"] if e.get("action") == "alloc" and "eager" in e["name"]]
+    assert not [e for e in snaps["fused"]["events"] if "eager" in e.get("name", "")]
+    w2 = [e for e in extra if e["name"].endswith("eager_w2_saved")]
+    nll = [e for e in extra if e["name"].endswith("eager_nll_grad")]
+    assert len(w2) == 2 * dims["L"] and all(e["size"] == N * D * 2 and e["phase"] == "forward" for e in w2), w2[:1]
+    assert len(nll) == 2 and all(e["size"] == N * V * 4 and e["phase"] == "backward" for e in nll), nll
+    assert len(extra) == len(w2) + len(nll)
+    # the rest of the snapshot is the same allocations, in the same order
+    same = lambda s: [(e.get("action"), e.get("name"), e.get("size")) for e in s["events"]
+                      if "eager" not in e.get("name", "")]
+    assert same(snaps["fused"]) == same(snaps["eager"])

@@ -576,10 +576,11 @@ def compare(a):
         print(line, flush=True)
     within = sum(e <= TARGET_TPS for e in ets) + sum(e <= TARGET_MEMORY for e in ems)
     L += ["", "Mean absolute error: tokens/s/GPU %.1f%% over %d rows (largest %.1f%%), memory %s. "
-          "Within the targets (tokens/s +-%d%%, memory +-%d%%): %d of %d figures; (!) marks the others." % (
+          "Within the targets (tokens/s +-%d%%, memory +-%d%%): %d of %d figures%s." % (
               100 * sum(ets) / len(ets), len(ets), 100 * max(ets),
               "%.1f%% over %d rows" % (100 * sum(ems) / len(ems), len(ems)) if ems else "not published",
-              100 * TARGET_TPS, 100 * TARGET_MEMORY, within, len(ets) + len(ems)),
+              100 * TARGET_TPS, 100 * TARGET_MEMORY, within, len(ets) + len(ems),
+              "" if within == len(ets) + len(ems) else "; (!) marks the others"),
           "", "Published beside them, out of this model's scope (what differs is not priced):", ""]
     L += ["- %s: %d tokens/s/GPU, %.1f GiB (%s)" % o for o in TORCHTITAN_OUT_OF_SCOPE]
     L += ["", "Sources: %s; %s. Memory: torchtitan logs the caching allocator's peak reserved bytes; the dry run's "

@@ -56,6 +56,7 @@ struct Flag {
     void (*json_value)(Json *j, const Options *o);
     int json_with_pp;           /* in run.json only with --pp (a pipeline run's keys) */
     int json_with_dry_run;      /* in run.json only with --dry-run (a dry run's keys) */
+    int json_unless_zero;       /* in run.json only when its value is not 0 (an enum's first choice: the default) */
 };
 
 /* Enum flags are stored through an int. */
@@ -399,8 +400,9 @@ static const Flag FLAGS[] = {
      .help = "what the modelled clock prices element-wise math as: this runtime's fused\n"
              "kernels, or the kernels eager PyTorch launches for it in torchtitan's Llama\n"
              "(eager-fused-norm: with its fused RMSNorm), to compare with published runs;\n"
-             "the math and the memory are this runtime's either way (common/model/kernels.h)",
-     .json = "price_ops"},
+             "the math is this runtime's either way; memory adds the two tensors torchtitan's\n"
+             "program holds beyond it (common/model/kernels.h, model.c: eager_hold)",
+     .json = "price_ops", .json_unless_zero = 1},
     {.name = "--dry-run-ranks", .kind = FLAG_ENUM, .at = AT(dry_run_ranks), .choices = DRY_RANKS,
      .parse = parse_dry_run_ranks, .arg = "all|representative",
      .help = "with --dry-run: which ranks execute:\n"
@@ -704,7 +706,8 @@ void options_run_json(Json *j, const Options *o, const RunFacts *facts) {
     /* every flag with a run.json key, in the table's order (a --pp-only key only with --pp, a dry run's only
      * with --dry-run) */
     for (size_t i = 0; i < N_FLAGS; i++)
-        if (FLAGS[i].json && (!FLAGS[i].json_with_pp || o->pp) && (!FLAGS[i].json_with_dry_run || o->world.dry_run)) {
+        if (FLAGS[i].json && (!FLAGS[i].json_with_pp || o->pp) && (!FLAGS[i].json_with_dry_run || o->world.dry_run) &&
+            (!FLAGS[i].json_unless_zero || *(const int *)((const char *)o + FLAGS[i].at))) {
             json_key(j, FLAGS[i].json);
             flag_json(j, &FLAGS[i], o);
         }

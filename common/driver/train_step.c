@@ -113,7 +113,8 @@ static void trainer_init(Trainer *t, Dev *dev, const TrainJob *job, DeviceMesh *
         checkpoint_restore_optimizer(dev, m, job->init_exp_avg, job->init_exp_avg_sq);
 
     t->run = (ModelRun){.dev = dev, .stream = cs, .B = o->batch_size, .T = o->seq_len, .ac = o->ac,
-                        .param_bf16 = o->mp.param_dtype == DTYPE_BF16};
+                        .param_bf16 = o->mp.param_dtype == DTYPE_BF16,
+                        .eager_memory = o->world.price_ops != PRICE_FUSED};
     trainer_at(t, -1, "init", PHASE_INIT);
     microbatches_init(&t->mb, dev, o); /* the step's batch, whole: run.inputs / targets until a schedule slices it */
     t->run.microbatches = t->mb.K;     /* each microbatch's backward is its loss / K's */

@@ -163,6 +163,7 @@ struct ModuleActs {
     void *b;       /* [N, F] hn W3^T */
     void *g;       /* [N, F] silu(a) * b */
     float *logits; /* [N, V] (head; float32 for the loss, as torchtitan's .float()) */
+    void *eager_w2; /* [N, D] --price-ops eager* under --ac-op: the w2 output torchtitan's policy saves (eager_hold) */
 };
 
 /* ---------------------------------------------------------------- structure */
@@ -410,8 +411,17 @@ static void cast_q(Q *q, const char *name, float *f32, Bf16 *bf16, size_t n, int
     dev_launch(q->s, name, &c, to_bf16 ? KERNEL(q->s, cast_to_bf16) : KERNEL(q->s, cast_from_bf16), &a, sizeof a);
 }
 
+/* eager_hold (--price-ops eager*, to compare memory with torchtitan's published runs): two buffers that hold
+ * what torchtitan's eager program holds beyond this runtime, and are never read.
+ *   - Under its per-op selective AC (torchtitan parallelize_llama.py at 9dec370a, _get_custom_policy) a block
+ *     saves the output of every other matmul counting from its first: wq, wv, w1 and w2. This runtime's
+ *     --ac-op needs no w2 output (its backward reads w2's input), so eager_w2 is that [N, D] tensor, held
+ *     from the block's forward to its backward.
+ *   - Eager cross-entropy (log_softmax, then nll_loss) has, in its backward, nll_loss's float32 gradient
+ *     [N, V] and log_softmax's beside the saved log-probabilities; this runtime's fused loss writes its
+ *     gradient at once: eager_nll_grad is the one more [N, V] float32 it lacks, during the loss's backward. */
 static void free_acts(Dev *dev, ModuleActs *A, int keep_input) {
-    void **all[] = {&A->xn, &A->q, &A->k, &A->v, &A->att, &A->h, &A->hn, &A->a, &A->b, &A->g};
+    void **all[] = {&A->xn, &A->q, &A->k, &A->v, &A->att, &A->h, &A->hn, &A->a, &A->b, &A->g, &A->eager_w2};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         dev_free(dev, *all[i]);
         *all[i] = NULL;
@@ -602,6 +612,8 @@ void module_forward(Model *m, Module *mod, ModelRun *run) {
         block_forward_saved(m, mod, run, &q, 0);
         void *out = act(&q, N * D, "out");
         matmul_q(&q, run, "w2", out, A->g, &P[P_W2], N, (size_t)c->hidden_dim, D); /* matmul 7 */
+        if (run->eager_memory && run->ac.mode == AC_OP && module_recomputes(run, mod))
+            A->eager_w2 = act(&q, N * D, "eager_w2_saved"); /* eager_hold: held, never read */
         add_q(&q, run, out, out, A->h, N * D);
         if (module_recomputes(run, mod)) drop_recomputed(run->dev, A, run->ac.mode);
         run->h = out;
@@ -650,7 +662,9 @@ void module_backward(Model *m, Module *mod, ModelRun *run) {
         size_t mean_over = N * (run->microbatches > 1 ? (size_t)run->microbatches : 1); /* loss / K */
         CeArgs ce = {NULL, dlogits, A->logits, run->targets, N, V, mean_over};
         KernelCost c = kcost_elementwise(5.0 * (double)(N * V), 4.0 * (double)(3 * N * V + N)); /* softmax - onehot */
+        float *nll_grad = run->eager_memory ? temp_f32(&q, N * V, "eager_nll_grad") : NULL; /* eager_hold */
         dev_launch(run->stream, "cross_entropy_bwd", &c, KERNEL(run->stream, crossentropy_backward), &ce, sizeof ce);
+        dev_free(run->dev, nll_grad);
         const void *dl = dlogits;
         if (q.bf16) { /* the grad of .float() is rounded to the bf16 logits' dtype */
             Bf16 *d16 = alloc_named(&q, N * V, sizeof(Bf16), MEM_TEMP, "dlogits_bf16");

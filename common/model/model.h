@@ -90,6 +90,8 @@ typedef struct {
     void *h;                  /* forward: output of the last module run, [B*T, D] (float32, or bf16 words) */
     void *dh;                 /* backward: grad w.r.t. the output of the module about to run backward (same dtype) */
     float *loss;              /* [1] this rank's mean loss, written by the head's forward */
+    int eager_memory;         /* --price-ops eager*: also hold what torchtitan's eager program holds beyond this
+                                 runtime (model.c: eager_hold), to compare memory with its published runs */
 } ModelRun;
 
 /* Allocate rope tables and the loss slot; run->inputs/targets set by caller. */

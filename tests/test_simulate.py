@@ -39,7 +39,7 @@ W, P, SEQ = 4, 2, 128
 DEBUGMODEL_LAYERS = 6  # torchtitan's debugmodel (common/model: dim 256, 6 layers); the grading runs use 4
 
 
-@pytest.mark.parametrize("sid", ["11", "12"])
+@pytest.mark.parametrize("sid", [s.id for s in simulate.manifest.stages() if s.pipeline])
 def test_pipeline_stage_simulates_the_flavour_with_its_pipeline(sid, tmp_path):
     st = stage_or_skip(sid)
     out = tmp_path / "sim"

@@ -57,7 +57,7 @@
  *   - between nodes, one NIC per GPU (DGX A100: HDR 200 Gb/s; DGX H100: NDR
  *     400 Gb/s), each NIC reaching "24GB/s" (HDR: nccl-tests #119, S.
  *     Jeaugey, who adds that a node's NICs add up: 4 NICs, 96 GB/s) and "46-48
- *     GB/s" (NDR: nccl-tests #290, A. Lavin; 48 taken). A group with m ranks
+ *     GB/s" (NDR: nccl-tests #290, NVIDIA's AddyLaddy; 48 taken). A group with m ranks
  *     on each of its nodes crosses nodes on m NICs at once;
  *   - latency: NCCL's own cost model for its ring with the Simple protocol
  *     (src/graph/tuning.cc, NCCL 2.23): 8.4 us per collective, 3.4 us per

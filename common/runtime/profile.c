@@ -107,6 +107,18 @@
 #define GT_PEAK_BF16 912e12
 #define GT_SCALE (GT_PEAK_BF16 / 989.4e12)
 
+/* What every GPU row shares: the assumed and NCCL's constants above (header comment) */
+#define GPU_COMMON                                                                                                 \
+    .eff = {0.7, 0.4, 0.8}, .eff_memory = 0.8, .gemm_tile_m = 256, .gemm_tile_n = 128,                             \
+    .gemm_typical = GEMM_TYPICAL, .overlap_slowdown = OVERLAP_SLOWDOWN, .kernel_latency_us = 3, .host_launch_us = 4, \
+    .link_latency_us = NCCL_NVLINK_STEP_US, .inter_link_latency_us = NCCL_NET_STEP_US, .coll_latency_us = NCCL_BASE_US, \
+    .pcie_latency_us = 5
+/* What both H100 rows share: the SXM5 die (132 SMs), its measured GEMM and attention shares, NVLink 4, one
+ * 400 Gb/s NIC per GPU, PCIe Gen5 */
+#define H100_COMMON                                                                                                \
+    GPU_COMMON, .sm_count = 132, .gemm_max_eff = H100_GEMM_MAX, .attn_eff = H100_FA2,                             \
+    .link_gbps = GBS_TO_GBPS(370), .inter_link_gbps = GBS_TO_GBPS(48), .pcie_gbs = 64
+
 static const DeviceProfile PROFILES[] = {
     {.name = "teach",
      .about = "the grader's teaching accelerator: compute and collectives of the same order",
@@ -120,42 +132,23 @@ static const DeviceProfile PROFILES[] = {
     {.name = "a100-80g",
      .about = "NVIDIA A100 80GB SXM4 (DGX A100): NVLink 3 in a node, one InfiniBand HDR NIC per GPU between nodes",
      .peak_f32 = 19.5e12, .peak_tf32 = 156e12, .peak_bf16 = 312e12, .hbm_bytes_s = 2039e9,
-     .hbm_capacity_bytes = 80 * GIB,
-     .eff = {0.7, 0.4, 0.8}, .eff_memory = 0.8,
-     .sm_count = 108, .gemm_tile_m = 256, .gemm_tile_n = 128, .gemm_max_eff = A100_GEMM_MAX, .gemm_typical = GEMM_TYPICAL,
-     .attn_eff = A100_FA2, .overlap_slowdown = OVERLAP_SLOWDOWN,
-     .kernel_latency_us = 3, .host_launch_us = 4,
-     .link_gbps = GBS_TO_GBPS(230), .link_latency_us = NCCL_NVLINK_STEP_US,
-     .inter_link_gbps = GBS_TO_GBPS(24), .inter_link_latency_us = NCCL_NET_STEP_US, .coll_latency_us = NCCL_BASE_US,
-     .pcie_gbs = 32, .pcie_latency_us = 5,
+     .hbm_capacity_bytes = 80 * GIB, GPU_COMMON,
+     .sm_count = 108, .gemm_max_eff = A100_GEMM_MAX, .attn_eff = A100_FA2,
+     .link_gbps = GBS_TO_GBPS(230), .inter_link_gbps = GBS_TO_GBPS(24), .pcie_gbs = 32,
      .source = "NVIDIA A100 datasheet and whitepaper (BF16 312 TFLOP/s, 80GB HBM2e at 2,039 GB/s, 108 SMs); "
                "GEMMs: MAMF 271.2 TFLOP/s (ml-engineering); attention: FlashAttention-2's A100 figures; NCCL: "
                "230 GB/s NVLink, 24 GB/s per HDR NIC (nccl-tests #149, #119), tuning.cc latencies (profile.c)"},
     {.name = "h100-sxm",
      .about = "NVIDIA H100 SXM5 80GB (DGX H100): NVLink 4 in a node, one InfiniBand NDR NIC per GPU between nodes",
      .peak_f32 = 66.9e12, .peak_tf32 = 494.7e12, .peak_bf16 = 989.4e12, .hbm_bytes_s = 3350e9,
-     .hbm_capacity_bytes = 80 * GIB,
-     .eff = {0.7, 0.4, 0.8}, .eff_memory = 0.8,
-     .sm_count = 132, .gemm_tile_m = 256, .gemm_tile_n = 128, .gemm_max_eff = H100_GEMM_MAX, .gemm_typical = GEMM_TYPICAL,
-     .attn_eff = H100_FA2, .overlap_slowdown = OVERLAP_SLOWDOWN,
-     .kernel_latency_us = 3, .host_launch_us = 4,
-     .link_gbps = GBS_TO_GBPS(370), .link_latency_us = NCCL_NVLINK_STEP_US,
-     .inter_link_gbps = GBS_TO_GBPS(48), .inter_link_latency_us = NCCL_NET_STEP_US, .coll_latency_us = NCCL_BASE_US,
-     .pcie_gbs = 64, .pcie_latency_us = 5,
+     .hbm_capacity_bytes = 80 * GIB, H100_COMMON,
      .source = "NVIDIA H100 datasheet and whitepaper, SXM5 (BF16 989.4 TFLOP/s, 80GB HBM3 at 3.35 TB/s, 132 SMs); "
                "GEMMs: MAMF 794.5 TFLOP/s (ml-engineering); attention: FlashAttention-2's H100 figures; NCCL: "
                "370 GB/s NVLink, 48 GB/s per NDR NIC (nccl-tests #212, #290), tuning.cc latencies (profile.c)"},
     {.name = "h100-gt",
      .about = "H100 on Meta's Grand Teton, as torchtitan's H100 rows ran: 96GB HBM2e at 2.4 TB/s, 500 W, 400 Gb/s per GPU",
      .peak_f32 = 66.9e12 * GT_SCALE, .peak_tf32 = 494.7e12 * GT_SCALE, .peak_bf16 = GT_PEAK_BF16,
-     .hbm_bytes_s = 2.4e12, .hbm_capacity_bytes = 96 * GIB,
-     .eff = {0.7, 0.4, 0.8}, .eff_memory = 0.8,
-     .sm_count = 132, .gemm_tile_m = 256, .gemm_tile_n = 128, .gemm_max_eff = H100_GEMM_MAX, .gemm_typical = GEMM_TYPICAL,
-     .attn_eff = H100_FA2, .overlap_slowdown = OVERLAP_SLOWDOWN,
-     .kernel_latency_us = 3, .host_launch_us = 4,
-     .link_gbps = GBS_TO_GBPS(370), .link_latency_us = NCCL_NVLINK_STEP_US,
-     .inter_link_gbps = GBS_TO_GBPS(48), .inter_link_latency_us = NCCL_NET_STEP_US, .coll_latency_us = NCCL_BASE_US,
-     .pcie_gbs = 64, .pcie_latency_us = 5,
+     .hbm_bytes_s = 2.4e12, .hbm_capacity_bytes = 96 * GIB, H100_COMMON,
      .source = "torchtitan benchmarks/llama3_h100_202412_torchtitan.md (96GB HBM2e, 2.4 TB/s, 500 W, 400 Gb/s per "
                "GPU); BF16 peak 912 TFLOP/s chosen (the midpoint of torchtitan's 835..989 bracket: unpublished); "
                "the rest as h100-sxm (profile.c)"},

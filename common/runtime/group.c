@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static int node_of(const World *w, int rank) {
     int per = w->cfg.ranks_per_node > 0 ? w->cfg.ranks_per_node : w->cfg.world_size;
@@ -90,10 +91,14 @@ void dev_groups_fini(Dev *d) {
 /* The group of the ranks of this rank's color, of kind `kind`, named `name` (members m where known). */
 static ProcessGroup *group_new(Dev *d, int color, Members m, const char *kind, const char *name) {
     if (color < 0) fatal("rank %d: dev_group_new('%s'): color %d is negative", d->rank, name ? name : "", color);
-    if (!m.stride && dev_executed_count(d) < d->world_size)
+    if (!m.stride && dev_executed_count(d) < d->world_size) {
+        /* every executed rank makes the same call: the lowest says so, once (the others wait for its exit) */
+        if (d->rank != dev_executed_rank(d, 0))
+            for (;;) pause();
         fatal("rank %d: dev_group_new('%s'): with representative ranks (a dry run of %d ranks executing %d) the "
               "ranks that do not execute pass no color: make the group from its structure (dev_group_new_of)",
               d->rank, name ? name : "", d->world_size, dev_executed_count(d));
+    }
     double colors[WORLD_MAX_RANKS];
     dev_ops(d)->host_exchange(d, (double)color, colors); /* every executed rank's color: the members */
     ProcessGroup *g = group_add(d, color, colors, m, kind, name && *name ? name : "group");

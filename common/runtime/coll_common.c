@@ -362,7 +362,7 @@ static size_t coll_bytes(const CollKindInfo *k, size_t count, int group_size, DT
 double coll_link_time_us(const WorldConfig *cfg, const CollKindInfo *k, size_t bytes, const ProcessGroup *g) {
     int n = g->size;
     if (n <= 1 || cfg->link_gbps <= 0) return 0.0;
-    int nodes = g->spans_nodes && cfg->inter_link_gbps > 0 ? g->nodes : 1;
+    int nodes = cfg->inter_link_gbps > 0 && g->nodes > 1 ? g->nodes : 1; /* g->spans_nodes is nodes > 1 */
     double gbps = cfg->link_gbps;
     if (nodes > 1) {
         int m = n / nodes; /* the group's ranks per node */

@@ -18,7 +18,7 @@ from .checks import CHECKS, run_check
 from .context import Context
 from .rubric import (RUBRIC_PATH, load_rubric, parse_stage, stage_config, stage_flags, stage_variants,
                      variant_label)
-from .runner import (Baselines, Runner, RunResult, Sandbox, reachable_temp_dir, sandbox_reach_error,
+from .runner import (RUNTIME_ERROR, Baselines, Runner, RunResult, Sandbox, reachable_temp_dir, sandbox_reach_error,
                      unreachable_by_others)
 from .util import NOT_GRADED, ROOT, UsageError, fmt_points, one_line, relpath
 
@@ -108,6 +108,9 @@ def grade_stage(rubric, stage, src, out_root, ref_root, runner, baselines):
     # the checks a failed run leaves ungraded, per run (None: the main run): said in one line after the others,
     # the run's reason having been said once above
     ungraded = {}
+    said = {}  # key -> (the check's line, the line under it): the checks said on lines of their own
+    failed_by = {}  # key of a failed check -> why: FAILED_ITSELF, or the run that failed (None: the main run)
+    failed_at = {}  # key of a failed check -> the first step its failure shows in (CheckFailed.step) or None
     for key, points in spec["checks"].items():
         name = CHECKS[key].label
         skip = not_graded(key, runner.cuda)
@@ -117,30 +120,38 @@ def grade_stage(rubric, stage, src, out_root, ref_root, runner, baselines):
             continue
         t1 = time.monotonic()
         ok, reason, detail = _grade_check(ctx, key)
+        failed_at[key] = ctx.failed_at.get(key)
         said_below = not run.ok  # a failed run's check goes on the one "not graded" line below, not its own
         if not run.ok:
+            failed_by[key] = None
             ungraded.setdefault(None, []).append(name + (" (the files the run wrote before failing pass it)"
                                                          if reason == PASSES_ON_FILES else ""))
         for v, c in vctx.items():
             if ok and (key in rubric["variants"][v]["checks"] or CHECKS[key].variants == "every"):
                 ok, why, _ = _grade_check(c, key)
+                failed_at[key] = c.failed_at.get(key)
                 reason = "" if ok else why if not c.run.ok else "on %s: %s" % (c.label, why)
                 if not c.run.ok and not ok:
                     said_below = True
+                    failed_by[key] = v
                     ungraded.setdefault(v, []).append(name)
+        if not ok:
+            failed_by.setdefault(key, FAILED_ITSELF)
         seconds = time.monotonic() - t1
         if not said_below:
-            say("%s %s: %s (%.1fs)" % (prefix, name, "OK" if ok else "FAIL", seconds))
-            if not ok or detail:
-                say("    " + (reason if not ok else detail))
+            said[key] = ("%s %s: %s (%.1fs)" % (prefix, name, "OK" if ok else "FAIL", seconds),
+                         "    " + (reason if not ok else detail) if not ok or detail else None)
         checks.append({"key": key, "name": name, "ok": ok, "points": points if ok else 0, "max_points": points,
                        "reason": reason, "detail": detail, "seconds": round(seconds, 3)})
-    gpu_skipped = [c["name"] for c in checks if c["ok"] is None]
-    if gpu_skipped:
-        say("%s not graded with --cuda: %s (%s)" % (prefix, ", ".join(gpu_skipped), GPU_CLOCK_NOT_GRADED))
-    for v, names in ungraded.items():
-        say("%s not graded (%s): %s" % (prefix, "the run failed" if v is None else "the run on %s failed"
-                                         % variant_label(rubric, v), ", ".join(names)))
+    order = lead_order(failed_by, failed_at, list(spec["checks"]), run, extra)
+    lead = order[0] if order else None
+    if len(order) > 1:
+        say("%s most likely cause: %s" % (prefix, _lead_line(lead, order, rubric, run, extra)))
+    # the failed checks first, the one that names the cause leading; then those that passed, in the rubric's order
+    for key in [k for k in order if k in said] + [k for k in spec["checks"] if k in said and k not in failed_by]:
+        for line in said[key]:
+            if line is not None:
+                say(line)
     got = sum(c["points"] for c in checks)
     total = sum(c["max_points"] for c in checks)
     say("stage %s: %s/%s points%s" % (stage, fmt_points(got), fmt_points(total), " (bonus)" if spec.get("bonus") else ""))
@@ -150,10 +161,45 @@ def grade_stage(rubric, stage, src, out_root, ref_root, runner, baselines):
                     "command": _command(run)},
             "variants": {v: {"label": variant_label(rubric, v), "ok": r.ok, "reason": r.reason,
                              "dir": relpath(r.dir), "command": _command(r)} for v, r in extra.items()},
-            "points": got, "max_points": total, "checks": checks}
+            "lead": lead, "failed_order": order, "points": got, "max_points": total, "checks": checks}
 
 
 PASSES_ON_FILES = NOT_GRADED + "; the files it wrote before failing pass this check"
+
+FAILED_ITSELF = "check"  # failed_by: the check failed on its own evidence (not because a run it reads failed)
+MAIN_RUN_FAILED = "run"  # lead_order's name for the main run's failure
+
+
+def lead_order(failed_by, failed_at, keys, run, extra):
+    """The stage's failures in the order a student should read them, the one most likely to name the cause first:
+    a run stopped by the runtime (the main run, or a variant's) with its diagnosis, then the checks that failed on
+    their own evidence by how directly they name a cause (Check.tier: what ran, which buffer, which number, a total,
+    the loss; within a tier the one whose failure shows in the earlier step (failed_at: a cause comes before what
+    it moves), then the rubric's order), then a run that failed without a diagnosis (NaN, a crash, a
+    timeout: often a consequence); each entry a check's key, MAIN_RUN_FAILED, or "run:<variant>". The checks a
+    failed run left ungraded are said with it, not listed."""
+    if not run.ok:
+        return [MAIN_RUN_FAILED]
+    index = {k: i for i, k in enumerate(keys)}
+    def first_step(k):
+        return failed_at.get(k) if failed_at.get(k) is not None else float("inf")
+    own = sorted((k for k, why in failed_by.items() if why == FAILED_ITSELF),
+                 key=lambda k: (CHECKS[k].tier, first_step(k), index[k]))
+    runs = ["run:" + v for v in extra if v in failed_by.values()]
+    diagnosed = [r for r in runs if extra[r[4:]].reason.startswith(RUNTIME_ERROR)]
+    return diagnosed + own + [r for r in runs if r not in diagnosed]
+
+
+def _lead_line(lead, order, rubric, run, extra):
+    """'pipeline schedule order (read it first: peak memory, pipeline bubble may follow from it)'."""
+    def name(entry):
+        if entry == MAIN_RUN_FAILED:
+            return "the run failed"
+        if entry.startswith("run:"):
+            return "the run on %s failed" % variant_label(rubric, entry[4:])
+        return CHECKS[entry].label
+    rest = ", ".join(name(e) for e in order[1:])
+    return "%s (read it first: %s may follow from it)" % (name(lead), rest)
 
 
 def _grade_check(ctx, key):

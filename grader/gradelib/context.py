@@ -94,6 +94,7 @@ class Context:
         self.parity = parity_tolerances(rubric, stage, variant)
         self.flags = stage_only_flags(rubric, stage, variant)
         self.forward_only = "--forward-only" in self.flags
+        self.failed_at = {}  # check key -> the first step its failure shows in (CheckFailed.step), None if not a step
         self._cache = {}
 
     def _memo(self, key, fn):

@@ -18,6 +18,8 @@ back to the ratio-based hints of checks/parity.py. A hint only decorates a faile
 import math
 from fractions import Fraction
 
+import manifest
+
 from trace_names import ALL_REDUCE, BACKWARD_PHASES, COLLECTIVE, REDUCE_SCATTER, label_and_kind
 from trace_names import PHASE_OPTIMIZER  # the phases (runtime/phase.h)
 
@@ -63,17 +65,30 @@ def _norm_all_reduces(ctx, step):
     return out
 
 
+def _pieces(ctx, groups):
+    """[the piece of the model's params rank r holds, for each r]: ranks holding the same grads share a piece (the
+    replicas of a 2-D mesh: one replicate group), every other rank holds a piece of its own (a shard of its own
+    pipeline stage's modules, or of the whole model's). The global norm counts every piece once."""
+    piece = []
+    for r in range(ctx.world):
+        g = ctx.group_of(r, "replicate")
+        piece.append(min(groups[g]) if g in groups else r)
+    return piece
+
+
 def _norm_coefficients(ctx, step):
-    """(all-reduces per rank, coefficients per rank): what each rank's sum of squares counts of each shard index
-    j's squares (the replicas of a shard hold the same grads), after the all-reduces the trace shows, as
-    Fractions; right is 1 for every shard on every rank. None if the trace cannot tell (a group the runtime does
-    not name, ranks of a group that disagree on it)."""
-    R, S, _, groups = _mesh_groups(ctx)
+    """(all-reduces per rank, coefficients per rank): what each rank's sum of squares counts of each piece's
+    squares (_pieces: a shard, the same on its replicas), after the all-reduces the trace shows, as Fractions
+    {piece: count}; right is 1 for every piece on every rank. None if the trace cannot tell (a group the runtime
+    does not name, ranks of a group that disagree on it)."""
+    _, _, _, groups = _mesh_groups(ctx)
     ars = _norm_all_reduces(ctx, step)
     if ars is None or len({len(a) for a in ars.values()}) != 1:
         return None
     W = ctx.world
-    coef = [[Fraction(int(j == r % S)) for j in range(S)] for r in range(W)]
+    piece = _pieces(ctx, groups)
+    pieces = sorted(set(piece))
+    coef = [{j: Fraction(int(j == piece[r])) for j in pieces} for r in range(W)]
     for t in range(len(ars[0])):
         new = []
         for r in range(W):
@@ -82,8 +97,8 @@ def _norm_coefficients(ctx, step):
             if members is None or r not in members or op not in ("sum", "avg") or \
                     any(ars[m][t] != (g, op) for m in members):
                 return None
-            total = [sum((coef[m][j] for m in members), Fraction(0)) for j in range(S)]
-            new.append([c / len(members) for c in total] if op == "avg" else total)
+            total = {j: sum((coef[m][j] for m in members), Fraction(0)) for j in pieces}
+            new.append({j: c / len(members) for j, c in total.items()} if op == "avg" else total)
         coef = new
     return ars, coef
 
@@ -135,10 +150,13 @@ def norm_reduction_hint(ctx, step, ratio, lead=True):
         return ""
     ars, coef = got
     R, S, two_d, groups = _mesh_groups(ctx)
-    if all(c == 1 for row in coef for c in row):
+    if all(c == 1 for row in coef for c in row.values()):
         return ""
+    stages = int(manifest.flag_value(ctx.flags, "--pp", "1"))
     want = ("one all-reduce (RED_SUM) in the shard group %s (mesh->shard_group, its S = %d ranks: the shards "
             "of one replica)" % (ctx.group_of(0, "shard"), S) if two_d else
+            "one all-reduce (RED_SUM) over all %d ranks: each of the %d pipeline stages holds its own modules' "
+            "shards, and the norm is the whole model's" % (ctx.world, stages) if stages > 1 else
             "one all-reduce (RED_SUM) over the %d ranks" % ctx.world)
     if not ars[0]:
         return ("%sthe trace shows no all-reduce of the norm's sum of squares in step %d's fsdp_optimizer_step: each "
@@ -147,17 +165,27 @@ def norm_reduction_hint(ctx, step, ratio, lead=True):
     ran = ", then ".join("%s (%d rank%s, %s)" % (g, len(groups[g]), "s" if len(groups[g]) > 1 else "", op)
                          for g, op in ars[0])
     head = "%son rank 0 the norm's all-reduce ran in %s" % ("%.2f times the reference: " % ratio if lead else "", ran)
-    flat = {c for row in coef for c in row}
-    if len(flat) == 1:  # every rank counts every shard alike
+    flat = {c for row in coef for c in row.values()}
+    if len(flat) == 1:  # every rank counts every piece alike
         m = flat.pop()
         return ("%s: every shard's squares count %s in the sum, so the norm comes out sqrt(%s) = %.2f times the "
                 "reference's; expected %s" % (head, _times(m), m, math.sqrt(m), want))
-    own, others = coef[0][0], sorted(set(coef[0][1:]))
+    stage = ctx.group_of(0, "stage")
+    mine = set(groups.get(stage, ())) if stage in groups else set()
+    counted = {j for j, c in coef[0].items() if c}
+    if stages > 1 and mine and counted == {_pieces(ctx, groups)[r] for r in mine} and \
+            all(coef[0][j] == 1 for j in counted):
+        return ("%s: rank 0's sum holds the squares of its own pipeline stage's shards (%s) and nothing of the "
+                "other %d stage%s' modules, so its norm is one stage's, and %s; expected %s"
+                % (head, stage, stages - 1, "s" if stages > 2 else "", _disagreement(ctx, step), want))
+    own = coef[0][_pieces(ctx, groups)[0]]
+    others = sorted({c for j, c in coef[0].items() if j != _pieces(ctx, groups)[0]})
     if others == [0] and own > 0:
+        n = len(coef[0]) - 1
         what = ("each rank sums %s and nothing of the other %d shard%s: each rank's norm is its own shard's%s, and "
                 "%s"
                 % ("%s copies of its own shard's squares" % own if own.denominator == 1 and own > 1 else
-                   "its own shard's squares %s" % _times(own), S - 1, "s" if S > 2 else "",
+                   "its own shard's squares %s" % _times(own), n, "s" if n > 1 else "",
                    "" if own == 1 else " times sqrt(%s)" % own, _disagreement(ctx, step)))
     else:
         what = ("rank 0's sum counts its own shard's squares %s%s: %s"

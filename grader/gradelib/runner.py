@@ -34,6 +34,7 @@ from .util import ROOT, is_int, relpath
 # the training binary's exit statuses: a runtime error, a TODO stub reached (common/util.h), a NaN loss
 # (common/train_main.c)
 EXIT_FATAL, EXIT_TODO, EXIT_NAN = 2, 3, 4
+RUNTIME_ERROR = "runtime error: "  # how a run's reason opens when the runtime stopped it with a diagnosis
 
 SIGNAL_HINTS = {
     "SIGSEGV": "a bad pointer: a Param.data/grad used after it was freed or set to NULL, or a copy out of bounds",
@@ -261,7 +262,7 @@ def classify_run(rc, log_path, run_dir, timeout_s, steps, limits=None, one_strea
         return False, (what + ": fresh allocations are NaN-filled, so this is usually compute reading a buffer "
                        "before it was written (a missing dev_stream_wait_event?) or a division by zero")
     if rc == EXIT_FATAL and errors:
-        reason = "runtime error: " + errors[-1][len("error: "):] + taught_in(errors[-1])
+        reason = RUNTIME_ERROR + errors[-1][len("error: "):] + taught_in(errors[-1])
         if limits and limits["run_address_space_gib"] is not None and "out of memory" in reason:
             reason += " (the grader's memory limit: %g GiB of address space per run)" % limits["run_address_space_gib"]
         return False, reason

@@ -19,7 +19,13 @@ class UsageError(Exception):
 
 
 class CheckFailed(Exception):
-    """Raised inside a check: the check fails with this one-line reason."""
+    """Raised inside a check: the check fails with this one-line reason. step: the first step (1-based) the failure
+    shows in, for a check that reads a series (of two failures that say as much, the earlier one leads: a cause
+    comes before what it moves; cli.lead_order)."""
+
+    def __init__(self, reason, step=None):
+        super().__init__(reason)
+        self.step = step
 
 
 def mp_policy(flags):

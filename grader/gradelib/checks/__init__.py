@@ -1,5 +1,5 @@
 """The checks: one function per key of rubric.json's stages.NN.checks, declared with all the grader
-knows of it: @check(key, label=..., variants=...) registers a Check in CHECKS (registry.py).
+knows of it: @check(key, label=..., tier=..., variants=...) registers a Check in CHECKS (registry.py).
 
 A check takes the stage's Context and returns a detail line ("" or what it measured), or raises
 CheckFailed with a one-line reason that says what is wrong and where to look. run_check runs one

@@ -7,7 +7,7 @@ from trace_names import TAG_GRAD_SHARD, TAG_UNSHARDED_GRAD, TAG_UNSHARDED_PARAM 
 
 from ..util import CheckFailed, fmt_bytes, is_int
 from .common import Accum, note_where
-from .registry import check
+from .registry import SAYS_WHAT_RAN, SAYS_WHICH_BUFFER, check
 
 
 def _accum(ctx):
@@ -18,7 +18,7 @@ def _accum(ctx):
     return a
 
 
-@check("accum_collectives", label="collectives per microbatch", variants=True)
+@check("accum_collectives", label="collectives per microbatch", variants=True, tier=SAYS_WHAT_RAN)
 def check_accum_collectives(ctx):
     """Per rank, step, microbatch and module: reduce-scatters where the module syncs, none elsewhere; all-gathers
     as the reshard flags imply (the forward's unless the params were kept from the previous backward, the
@@ -78,7 +78,7 @@ def _finish_notes(ctx, rank):
     return {(s, m): n for (s, mod, hook, m), n in ctx.hook_memory(rank).items() if hook == PHASE_FINISH_BACKWARD}
 
 
-@check("accum_grads", label="unsharded grads between microbatches", variants=True)
+@check("accum_grads", label="unsharded grads between microbatches", variants=True, tier=SAYS_WHICH_BUFFER)
 def check_accum_grads(ctx):
     """Without sync each module's post_backward keeps its whole unsharded grads (the next backward adds to them);
     with sync they are gone. Between microbatches (at finish_backward's exit) the unsharded grads are exactly
@@ -130,7 +130,7 @@ def check_accum_grads(ctx):
         "all" if not a.sync_every else "no", "all" if a.sync_every else "no")
 
 
-@check("accum_reshard", label="params between microbatches", variants=True)
+@check("accum_reshard", label="params between microbatches", variants=True, tier=SAYS_WHAT_RAN)
 def check_accum_reshard(ctx):
     """post_backward follows mod->reshard_after_backward: frees the params (1) or keeps them (0, so the next
     microbatch's forward needs no all-gather); between microbatches the unsharded params live are all the

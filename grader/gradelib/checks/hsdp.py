@@ -7,7 +7,7 @@ from trace_names import TAG_OPTIM_STATE, TAG_PARAM_SHARD  # the memory tags (Mem
 
 from ..util import CheckFailed, chunk, fmt_bytes, mesh_shape, padded_rows
 from .common import two_sizes
-from .registry import check
+from .registry import SAYS_WHAT_RAN, SAYS_WHICH_BUFFER, check
 
 
 def _groups(ctx):
@@ -17,7 +17,7 @@ def _groups(ctx):
     return {r: (ctx.group_of(r, "shard") or "world", ctx.group_of(r, "replicate")) for r in range(ctx.world)}
 
 
-@check("hsdp_collectives", label="collectives in their groups", variants=True)
+@check("hsdp_collectives", label="collectives in their groups", variants=True, tier=SAYS_WHAT_RAN)
 def check_hsdp_collectives(ctx):
     """Per rank, step and module: the all-gathers and reduce-scatters run in the rank's shard group (its row of
     S ranks) and move the module's padded size split S ways; each reduce-scatter is followed by exactly one
@@ -98,7 +98,7 @@ def check_hsdp_collectives(ctx):
             (S, ", one all-reduce per module in replicate groups of %d" % R if need_ar else ", no all-reduce"))
 
 
-@check("hsdp_memory", label="shards split over the shard group", variants=True)
+@check("hsdp_memory", label="shards split over the shard group", variants=True, tier=SAYS_WHICH_BUFFER)
 def check_hsdp_memory(ctx):
     """After every hook the rank's param shards (tag param_shard) take exactly the model split S ways
     (sum over params of ceil(rows / S) x row_numel floats), and its optimizer state (tag optim_state), once

@@ -8,22 +8,22 @@ from trace_names import (PHASE_FINISH_BACKWARD, PHASE_OPTIMIZER, PHASE_POST_BACK
                          PHASE_RECOMPUTE_PRE_FORWARD)
 from ..util import CheckFailed, fmt_bytes
 from .common import notes_check
-from .registry import check
+from .registry import SAYS_HOW_MUCH, SAYS_WHICH_BUFFER, check
 
 
-@check("freed_after_forward", label="params freed after forward", variants=True)
+@check("freed_after_forward", label="params freed after forward", variants=True, tier=SAYS_WHICH_BUFFER)
 def check_freed_after_forward(ctx):
     return notes_check(ctx, PHASE_POST_FORWARD, "unsharded_param_live_bytes", True, "unsharded params",
                         "reshard: dev_free every unsharded Param.data (and set it to NULL)")
 
 
-@check("freed_after_backward", label="params freed after backward", variants=True)
+@check("freed_after_backward", label="params freed after backward", variants=True, tier=SAYS_WHICH_BUFFER)
 def check_freed_after_backward(ctx):
     return notes_check(ctx, PHASE_POST_BACKWARD, "unsharded_param_live_bytes", True, "unsharded params",
                         "post_backward reshards after the reduce-scatter is queued", unless="reshard_after_backward")
 
 
-@check("grads_freed", label="grads freed after reduce-scatter", variants=True)
+@check("grads_freed", label="grads freed after reduce-scatter", variants=True, tier=SAYS_WHICH_BUFFER)
 def check_grads_freed(ctx):
     return notes_check(ctx, PHASE_POST_BACKWARD, "unsharded_grad_live_bytes", True, "unsharded grads",
                         "free each Param.grad once it is copied into the reduce-scatter input",
@@ -53,7 +53,7 @@ def _live(by_tag):
     return ", ".join("%s %s" % (t, fmt_bytes(by_tag[t])) for t in LIFETIME_TAGS if by_tag.get(t)) or "none"
 
 
-@check("hook_memory", label="memory inside hooks", variants=True)
+@check("hook_memory", label="memory inside hooks", variants=True, tier=SAYS_HOW_MUCH)
 def check_hook_memory(ctx):
     """Inside every hook and after it, memory as the reference's: the rise above the hook's entry to its
     high-water, and each lifetime tag still allocated at its exit (the step's peak may lie elsewhere)."""

@@ -1,10 +1,10 @@
 """Peak memory (every stage): per rank, the step's peak within a band of the reference's.
 """
 from ..util import CheckFailed, fmt_bytes, rel, relpath
-from .registry import check
+from .registry import SAYS_HOW_MUCH, check
 
 
-@check("peak_memory", label="peak memory", variants=True)
+@check("peak_memory", label="peak memory", variants=True, tier=SAYS_HOW_MUCH)
 def check_peak_memory(ctx):
     band = ctx.tol["peak_mem_band_rel"]
     got = ctx.peaks(ctx.metrics())

@@ -7,7 +7,7 @@ from trace_names import ALL_GATHER, REDUCE_SCATTER, label_and_kind
 
 from ..util import CheckFailed, fmt_bytes, mp_policy, padded_rows
 from .common import note_where
-from .registry import check
+from .registry import SAYS_WHAT_RAN, check
 
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2}
@@ -28,7 +28,7 @@ MP_ADVICE = {
 }
 
 
-@check("mp_bytes", label="bytes per element on the wire", variants=True)
+@check("mp_bytes", label="bytes per element on the wire", variants=True, tier=SAYS_WHAT_RAN)
 def check_mp_bytes(ctx):
     """Every all-gather moves the param dtype's bytes per element, every reduce-scatter the reduce dtype's, over
     the module's padded flat size (analytic: its params' ceil(rows / W) x row_numel, times W), from the trace's
@@ -61,7 +61,7 @@ def check_mp_bytes(ctx):
         param_dtype, DTYPE_BYTES[param_dtype], reduce_dtype, DTYPE_BYTES[reduce_dtype])
 
 
-@check("mp_params", label="unsharded params in bfloat16", variants=True)
+@check("mp_params", label="unsharded params in bfloat16", variants=True, tier=SAYS_WHAT_RAN)
 def check_mp_params(ctx):
     """After every pre_forward / pre_backward the module's Param.data_bf16 live in allocations of exactly 2 bytes
     per element of its params (bfloat16, nothing more), and no float32 Param.data is kept beside them: the

@@ -10,7 +10,7 @@ from trace_names import TAG_GRAD_SHARD, TAG_OPTIM_STATE, TAG_PARAM_SHARD  # the 
 
 from ..util import CheckFailed, chunk, fmt_bytes, padded_rows
 from .common import two_sizes
-from .registry import check
+from .registry import SAYS_WHAT_RAN, SAYS_WHICH_BUFFER, check
 
 
 PREFETCH_ADVICE = {
@@ -20,7 +20,7 @@ PREFETCH_ADVICE = {
 }
 
 
-@check("prefetch_policy", label="backward prefetch follows the policy", variants=True)
+@check("prefetch_policy", label="backward prefetch follows the policy", variants=True, tier=SAYS_WHAT_RAN)
 def check_prefetch_policy(ctx):
     """Where every backward all-gather was issued (the trace's module and phase of the hook that queued it),
     against where the policy issues it as the runtime states the rule (run.json's prefetch_schedule, written by
@@ -83,7 +83,7 @@ def check_prefetch_policy(ctx):
         policy, " on one comm stream" if single else "")
 
 
-@check("offload_memory", label="shards offloaded to host memory", variants=True)
+@check("offload_memory", label="shards offloaded to host memory", variants=True, tier=SAYS_WHICH_BUFFER)
 def check_offload_memory(ctx):
     """After every hook: with --offload-params no param shard, grad shard or optimizer state is in device memory
     and the host pool holds the param shards at their analytic size (sum of ceil(rows / W) x row_numel floats)

@@ -8,29 +8,36 @@ figure on the same run (grader/figures/overlap.json, through the rubric the mani
 import manifest
 from trace_names import (ALL_GATHER, ALL_REDUCE, COLLECTIVE, COMPUTE_TID, COPY, D2H, H2D, HOOK_PHASES, HOST_SYNC,
                          REDUCE_SCATTER)
-from trace_names import PHASE_BACKWARD, PHASE_FORWARD, PHASE_RECOMPUTE  # the phases (runtime/phase.h)
+from trace_names import PHASE_BACKWARD, PHASE_FORWARD, PHASE_P2P, PHASE_RECOMPUTE  # the phases (runtime/phase.h)
 
 from ..trace_model import overlap_shares, transfers
 from ..util import CheckFailed, is_finite, is_int
-from .registry import check
+from .registry import SAYS_HOW_MUCH, SAYS_WHAT_RAN, check
 
 
-@check("host_waits", label="no host wait in a hook", variants="every")
+@check("host_waits", label="no host wait in a hook", variants="every", tier=SAYS_WHAT_RAN)
 def check_host_waits(ctx):
-    """No hook blocks the host: the trace's host track holds a host_sync slice for every host wait (0 long
-    where it did not stall the host on the modelled clock, so a wait is seen whether or not it cost time,
-    the same on every run). No stage's contract needs one inside a hook: whatever a hook queues, another
-    stream can wait for with an event; the host waits only outside them (the optimizer step, to return the
-    grad norm; the runtime, between steps). A host wait in a hook stalls the queueing of everything after
-    it, which on a GPU leaves the device idle and on the modelled clock shows as lost overlap where the
-    device is behind the host (stage 10's offload copies)."""
+    """No hook (and, with --pp, no pipeline schedule between its passes) blocks the host: the trace's host track
+    holds a host_sync slice for every host wait (0 long where it did not stall the host on the modelled clock,
+    so a wait is seen whether or not it cost time, the same on every run). No stage's contract needs one there:
+    whatever a hook or a send queues, another stream can wait for with an event; the host waits only outside
+    them (the optimizer step, to return the grad norm; the runtime, between steps). A host wait in a hook
+    stalls the queueing of everything after it, which on a GPU leaves the device idle and on the modelled
+    clock shows as lost overlap where the device is behind the host (stage 10's offload copies), or as a
+    longer pipeline bubble (stages 11 and 12)."""
     for r in range(ctx.world):
         for e in ctx.trace(r):
-            if e.get("cat") == HOST_SYNC and e["args"].get("phase") in HOOK_PHASES:
+            phase = e["args"].get("phase") if e.get("cat") == HOST_SYNC else None
+            if phase in HOOK_PHASES:
                 raise CheckFailed("step %d, rank %d: the host blocked inside %s.%s (%s): make the stream that needs "
                                   "the result wait for an event (dev_stream_wait_event), not the host"
-                                  % (e["args"].get("step", -1) + 1, r, e["args"].get("module"), e["args"]["phase"],
-                                     e["name"]))
+                                  % (e["args"].get("step", -1) + 1, r, e["args"].get("module"), phase, e["name"]))
+            if phase == PHASE_P2P:
+                raise CheckFailed("step %d, rank %d: the host blocked in pipe_schedule between passes (%s): a send or "
+                                  "a receive is a stream op, ordered on its stream like the passes around it, so "
+                                  "the schedule never needs the host to wait; while it waits, this stage queues no "
+                                  "work and the pipeline's bubble grows"
+                                  % (e["args"].get("step", -1) + 1, r, e["name"]))
     return ""
 
 
@@ -213,7 +220,7 @@ def _register_overlap_checks():
         def fn(ctx, key=key):
             return _overlap(ctx, key)
         fn.__name__ = "check_" + key
-        check(key, label=k.what + " overlap", variants="every", clock=True)(fn)
+        check(key, label=k.what + " overlap", variants="every", tier=SAYS_HOW_MUCH, clock=True)(fn)
 
 
 _register_overlap_checks()

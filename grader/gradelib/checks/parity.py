@@ -11,7 +11,7 @@ from trace_names import ALL_REDUCE, label_and_kind
 from ..hints import grad_reduction_hint, grad_state_hint, norm_reduction_hint, norm_reduction_ok
 from ..util import CheckFailed, is_finite, is_int, mesh_shape, rel, relpath
 from .common import Accum, near
-from .registry import check
+from .registry import SAYS_THAT_IT_DIFFERS, SAYS_WHICH_NUMBER, check
 
 
 def series_check(ctx, key, label, hint):
@@ -26,15 +26,16 @@ def series_check(ctx, key, label, hint):
         step = i + 1
         g, r, b = got[i].get(key), ref[i].get(key), base[i].get(key)
         if r is None or b is None:
-            raise CheckFailed("step %d %s missing in the %s" % (step, label, "reference log" if r is None else "baseline run"))
+            raise CheckFailed("step %d %s missing in the %s" % (step, label, "reference log" if r is None else
+                                                                "baseline run"), step=step)
         if g is None:
             if key not in got[i]:
-                raise CheckFailed("step %d has no %s in metrics.jsonl" % (step, label))
-            raise CheckFailed("step %d %s is not finite (null in metrics.jsonl)" % (step, label))
+                raise CheckFailed("step %d has no %s in metrics.jsonl" % (step, label), step=step)
+            raise CheckFailed("step %d %s is not finite (null in metrics.jsonl)" % (step, label), step=step)
         if ctx.cuda:
             if rel(g, b) > tol_base:
                 raise CheckFailed("step %d %s %.9g vs the non-sharded baseline on the same GPU %.9g (rel %.1e > %g): %s"
-                                  % (step, label, g, b, rel(g, b), tol_base, hint(step, g, b)))
+                                  % (step, label, g, b, rel(g, b), tol_base, hint(step, g, b)), step=step)
             continue
         ok_ref, ok_base, ref_vs_base = rel(g, r) <= tol_ref, rel(g, b) <= tol_base, rel(r, b) <= tol_base
         if ok_ref and ok_base:
@@ -43,24 +44,24 @@ def series_check(ctx, key, label, hint):
             if ok_base:
                 raise CheckFailed("step %d %s %.9g matches the non-sharded baseline (%.9g) but not the reference log "
                                   "(%.9g): the reference disagrees with the baseline, so %s is stale or corrupt "
-                                  "(instructors: make reference)" % (step, label, g, b, r, ref_name))
+                                  "(instructors: make reference)" % (step, label, g, b, r, ref_name), step=step)
             if ok_ref:
                 raise CheckFailed("step %d %s %.9g matches the reference log but not the non-sharded baseline (%.9g, "
                                   "rel %.1e > %g): the reference disagrees with the baseline, and the baseline is the "
-                                  "ground truth" % (step, label, g, b, rel(g, b), tol_base))
+                                  "ground truth" % (step, label, g, b, rel(g, b), tol_base), step=step)
             raise CheckFailed("step %d %s %.9g vs non-sharded baseline %.9g (rel %.1e > %g; the reference log %.9g "
                               "disagrees with the baseline too): %s" % (step, label, g, b, rel(g, b), tol_base, r,
-                                                                       hint(step, g, b)))
+                                                                       hint(step, g, b)), step=step)
         if not ok_ref:
             raise CheckFailed("step %d %s %.9g vs reference %.9g (rel %.1e > %g): %s"
-                              % (step, label, g, r, rel(g, r), tol_ref, hint(step, g, r)))
+                              % (step, label, g, r, rel(g, r), tol_ref, hint(step, g, r)), step=step)
         raise CheckFailed("step %d %s %.9g vs non-sharded baseline %.9g (rel %.1e > %g; within the reference's "
                           "tolerance of the reference log %.9g): %s" % (step, label, g, b, rel(g, b), tol_base, r,
-                                                                       hint(step, g, b)))
+                                                                       hint(step, g, b)), step=step)
     return ""
 
 
-@check("loss", label="loss parity", variants=True)
+@check("loss", label="loss parity", variants=True, tier=SAYS_THAT_IT_DIFFERS)
 def check_loss(ctx):
     def hint(step, g, r):
         if step == 1:
@@ -116,7 +117,7 @@ def _grads_evidence(ctx, step, ratio, K, lead=True):
             grad_reduction_hint(ctx, step, ratio, lead))
 
 
-@check("grad_norm", label="grad norm parity", variants=True)
+@check("grad_norm", label="grad norm parity", variants=True, tier=SAYS_WHICH_NUMBER)
 def check_grad_norm(ctx):
     W = ctx.world
     K = Accum(ctx.flags).K
@@ -185,7 +186,7 @@ def _clip_lists(rows, world, where):
     return out
 
 
-@check("clip", label="clip coefficient", variants=True)
+@check("clip", label="clip coefficient", variants=True, tier=SAYS_WHICH_NUMBER)
 def check_clip(ctx):
     """Every AdamW launch of a step applied the reference's clip coefficient, on every rank, within the grad norm's
     tolerance against the reference (the coefficient is max_norm over the norm: it moves as much as the norm)."""
@@ -202,6 +203,8 @@ def check_clip(ctx):
         said = _grads_evidence(ctx, i + 1, g / r, Accum(ctx.flags).K, lead=False)
         return ("it divided by a grad norm %.2f times the reference's, for the cause grad norm parity names: %s"
                 % (g / r, said)) if said else ""
+    stages = int(manifest.flag_value(ctx.flags, "--pp", "1"))
+    stage_note = " (with --pp %d: every pipeline stage's, each holding other modules)" % stages if stages > 1 else ""
     for i in range(ctx.steps):
         (lo, hi, n), (rlo, _, rn) = got[i], ref[i]
         want = rlo[0]
@@ -209,28 +212,29 @@ def check_clip(ctx):
             where = "step %d, rank %d" % (i + 1, r)
             if n[r] == -1:
                 raise CheckFailed("%s: more AdamW launches than the probe records: one launch per parameter shard "
-                                  "(the reference makes %d)" % (where, rn[r]))
+                                  "(the reference makes %d)" % (where, rn[r]), step=i + 1)
             if n[r] != rn[r]:
                 raise CheckFailed("%s: %d AdamW launches, the reference makes %d: launch_adamw once per parameter "
-                                  "shard, every step" % (where, n[r], rn[r]))
+                                  "shard, every step" % (where, n[r], rn[r]), step=i + 1)
             if n[r] == 0 or want is None:
                 continue
             if lo[r] is None or hi[r] is None:
-                raise CheckFailed("%s: no clip coefficient recorded" % where)
+                raise CheckFailed("%s: no clip coefficient recorded" % where, step=i + 1)
             if rel(hi[r], lo[r]) > tol:
                 raise CheckFailed("%s: the AdamW launches applied clip coefficients from %.6g to %.6g: every launch "
                                   "of a step must read the same total_sumsq (fill it, all-reduce it, then launch)"
-                                  % (where, lo[r], hi[r]))
+                                  % (where, lo[r], hi[r]), step=i + 1)
             if rel(lo[r], want) > tol:
                 # the grad norm's finding when the run's records show one (the same cause on both lines), else
                 # the coefficient's own suspects
                 hint = norm_cause(i) or (
-                    "no clipping although the reference clips: is total_sumsq this rank's shards only, or zeroed "
-                    "after the all-reduce?" if lo[r] >= 1.0 else
+                    "no clipping although the reference clips: is total_sumsq this rank's shards only%s, or zeroed "
+                    "after the all-reduce?" % stage_note if lo[r] >= 1.0 else
                     "clipped harder than the reference: is total_sumsq summed twice, or over the padding?"
                     if lo[r] < want else
-                    "clipped less than the reference: total_sumsq must be the sum over every rank's shards "
-                    "(all-reduce with RED_SUM) of the squared gradients")
+                    "clipped less than the reference: total_sumsq must be the sum over every rank's shards%s "
+                    "(all-reduce with RED_SUM) of the squared gradients" % stage_note)
                 raise CheckFailed("%s: AdamW applied clip coefficient %.6g, the reference %.6g (max_norm %g / global "
-                                  "grad norm): %s" % (where, lo[r], want, ctx.cfg.get("max_norm", 1.0), hint))
+                                  "grad norm): %s" % (where, lo[r], want, ctx.cfg.get("max_norm", 1.0), hint),
+                                  step=i + 1)
     return "coefficients %s" % ", ".join("%.3g" % got[i][0][0] for i in range(ctx.steps) if got[i][0][0] is not None)

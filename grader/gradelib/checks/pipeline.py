@@ -13,7 +13,7 @@ from trace_names import ALL_GATHER, REDUCE_SCATTER, label_and_kind
 
 from ..trace_model import activation_peaks, held, ideal_bubble, passes_ran, pipeline_bubble, schedule_order
 from ..util import CheckFailed, fmt_bytes, is_int, rel, relpath
-from .registry import check
+from .registry import SAYS_HOW_MUCH, SAYS_WHAT_RAN, SAYS_WHICH_BUFFER, check
 
 
 # ------------------------------------------------------------------ the measures (a run's trace and snapshots)
@@ -78,7 +78,7 @@ def _profiled_steps(ctx):
     return steps
 
 
-@check("pp_schedule", label="pipeline schedule order", variants=True)
+@check("pp_schedule", label="pipeline schedule order", variants=True, tier=SAYS_WHAT_RAN)
 def check_pp_schedule(ctx):
     """Per rank and step, the forwards and backwards of the microbatches as the trace shows them ran, against
     the schedule's definition (GPipe: all forwards, then all backwards; 1F1B: P-1-p warm-up forwards on stage p,
@@ -110,7 +110,7 @@ def check_pp_schedule(ctx):
         "1F1B" if pl.schedule == "1f1b" else "GPipe", pl.P, pl.M)
 
 
-@check("pp_bubble", label="pipeline bubble", variants=True, clock=True)
+@check("pp_bubble", label="pipeline bubble", variants=True, clock=True, tier=SAYS_HOW_MUCH)
 def check_pp_bubble(ctx):
     """The share of each step the stages' compute idles (the bubble), on the modelled clock, against the
     reference run of the same configuration: deterministic on both sides, so a schedule that waits more than
@@ -143,7 +143,7 @@ def check_pp_bubble(ctx):
         100 * worst[0], worst[1] + 1, 100 * pl.ideal_bubble())
 
 
-@check("pp_activations", label="activations a stage holds", variants=True)
+@check("pp_activations", label="activations a stage holds", variants=True, tier=SAYS_WHICH_BUFFER)
 def check_pp_activations(ctx):
     """How many microbatches' activations each rank holds at once (the trace's order: forwards run, backwards
     not yet) against the schedule's (GPipe: all M; 1F1B: min(P - p, M) on stage p), and its peak of live
@@ -180,7 +180,7 @@ def check_pp_activations(ctx):
         "1F1B" if pl.schedule == "1f1b" else "GPipe", held(pl.order(0)), pl.M)
 
 
-@check("pp_frees", label="activations freed each step", variants=True)
+@check("pp_frees", label="activations freed each step", variants=True, tier=SAYS_WHICH_BUFFER)
 def check_pp_frees(ctx):
     """Every activation of a step is gone when the step ends: the live activation bytes at each step's end are
     those at its start (what the runtime keeps: the batch's tokens), on every rank."""
@@ -200,7 +200,7 @@ def check_pp_frees(ctx):
     return ""
 
 
-@check("pp_collectives", label="collectives per microbatch in a pipeline", variants=True)
+@check("pp_collectives", label="collectives per microbatch in a pipeline", variants=True, tier=SAYS_WHAT_RAN)
 def check_pp_collectives(ctx):
     """Per rank, step and module: one reduce-scatter, in the stage's last backward (only it syncs); all-gathers
     as FSDP2's state implies over the order the passes ran in (expected_all_gathers): one per step with

@@ -5,7 +5,7 @@ import manifest
 from trace_names import ALL_GATHER, BACKWARD_PHASES, FORWARD_PHASES, label_and_kind
 
 from ..util import CheckFailed, fmt_bytes
-from .registry import check
+from .registry import SAYS_WHAT_RAN, SAYS_WHICH_BUFFER, check
 
 
 def blocking_stage(rubric):
@@ -14,7 +14,7 @@ def blocking_stage(rubric):
     return next((s.id for s in manifest.stages(rubric) if not (s.prefetch or s.forward_only)), None)
 
 
-@check("prefetch_bound", label="prefetch memory bound")
+@check("prefetch_bound", label="prefetch memory bound", tier=SAYS_WHICH_BUFFER)
 def check_prefetch_bound(ctx):
     order, size = ctx.module_order()
     index = {m: i for i, m in enumerate(order)}
@@ -45,7 +45,7 @@ def check_prefetch_bound(ctx):
     return ""
 
 
-@check("schedule", label="prefetch schedule")
+@check("schedule", label="prefetch schedule", tier=SAYS_WHAT_RAN)
 def check_schedule(ctx):
     """The stage's prefetch exists and is one module ahead (forward: module i's hooks issue module i+1's
     all-gather; backward: module i's issue module i-1's). With the host running ahead of the device, a

@@ -5,7 +5,7 @@ N-th with --ac-every N) is the runtime's rule: the check reads it from run.json'
 from trace_names import ALL_GATHER, label_and_kind
 
 from ..util import CheckFailed, fmt_bytes, relpath
-from .registry import check
+from .registry import SAYS_WHAT_RAN, SAYS_WHICH_BUFFER, check
 
 
 def recompute_blocks(ctx):
@@ -17,7 +17,7 @@ def recompute_blocks(ctx):
     return blocks
 
 
-@check("recompute", label="recompute all-gathers", variants=True)
+@check("recompute", label="recompute all-gathers", variants=True, tier=SAYS_WHAT_RAN)
 def check_recompute(ctx):
     order, _ = ctx.module_order()
     want = ctx.tol["recompute_all_gathers_per_module_step"]
@@ -54,7 +54,7 @@ def check_recompute(ctx):
     return ""
 
 
-@check("activation_memory", label="activation memory")
+@check("activation_memory", label="activation memory", tier=SAYS_WHICH_BUFFER)
 def check_activation_memory(ctx):
     spec = ctx.rubric["stages"][ctx.stage]["no_ac_reference"]
     flags = [f for f in ctx.flags if f not in spec["drop_flags"]]

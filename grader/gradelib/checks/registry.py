@@ -1,9 +1,20 @@
-"""The check registry: @check(key, label=..., variants=..., clock=...) declares a check with all the grader
+"""The check registry: @check(key, label=..., tier=..., variants=..., clock=...) declares a check with all the grader
 knows of it, CHECKS holds them in the order they are declared (the package imports its feature modules in
 the order of the stage that first grades each check), run_check runs one and never lets it crash grading.
 """
 from ..util import CheckFailed, one_line
 
+
+# How directly a failed check names its cause: when several checks of a stage fail, the grader says them in this
+# order (cli.lead_order), so that the first failure a student reads is the one that names what to change and
+# the totals it moves (memory, overlap, the loss) come after it.
+SAYS_WHAT_RAN = 0      # what the code did, in its own terms: the order of the passes, the collectives a module or a
+                       # microbatch issued, their group and dtype, the shards' layout, a host wait
+SAYS_WHICH_BUFFER = 1  # which buffer outlived its hook or went missing: params, grads, activations, the prefetch
+SAYS_WHICH_NUMBER = 2  # a number off, with the run's own evidence of why: the grad norm, the clip coefficient
+SAYS_HOW_MUCH = 3      # a total that many causes move: peak memory, memory inside hooks, overlap, the bubble
+SAYS_THAT_IT_DIFFERS = 4  # the loss: what every numerical cause moves, said last
+TIERS = (SAYS_WHAT_RAN, SAYS_WHICH_BUFFER, SAYS_WHICH_NUMBER, SAYS_HOW_MUCH, SAYS_THAT_IT_DIFFERS)
 
 CHECKS = {}  # key -> Check, in the order defined here (a rubric naming an unknown key is told this list)
 
@@ -21,34 +32,41 @@ class Check:
     clock     True: it judges how long things took (the trace's ts and dur), which only the modelled clock
               makes a property of the program; grade.py --cuda leaves it out of the score (cli.GPU_CLOCK_NOT_GRADED).
               A check that reads only the order of events (ts as a sort key) is not a clock check.
+    tier      how directly its failure names the cause (SAYS_WHAT_RAN ... SAYS_HOW_MUCH): the order in which the
+              grader says a stage's failed checks
     """
 
-    def __init__(self, key, fn, label, variants, clock=False):
+    def __init__(self, key, fn, label, variants, tier, clock=False):
         self.key, self.fn, self.label, self.variants, self.clock = key, fn, label, variants, clock
+        self.tier = tier
 
     def __call__(self, ctx):
         return self.fn(ctx)
 
 
-def check(key, *, label, variants=False, clock=False):
+def check(key, *, label, tier, variants=False, clock=False):
     """Register the decorated function as the check `key`, printed as `label` (students and the reference
-    outputs see it: never change one lightly); clock=True if it judges durations (Check.clock)."""
+    outputs see it: never change one lightly); tier: how directly its failure names the cause (Check.tier);
+    clock=True if it judges durations (Check.clock)."""
     assert variants in (False, True, "every"), variants
+    assert tier in TIERS, tier
     def register(fn):
         if key in CHECKS:
             raise ValueError("two checks named %s" % key)
         if label in (c.label for c in CHECKS.values()):
             raise ValueError("two checks labelled %s" % label)
-        CHECKS[key] = Check(key, fn, label, variants, clock)
+        CHECKS[key] = Check(key, fn, label, variants, tier, clock)
         return fn
     return register
 
 
 def run_check(ctx, key):
-    """(ok, reason, detail) of one check, reason and detail one printable line each."""
+    """(ok, reason, detail) of one check, reason and detail one printable line each; the step a failure shows in
+    (CheckFailed.step) goes to ctx.failed_at[key]."""
     try:
         return True, "", one_line(CHECKS[key](ctx) or "")
     except CheckFailed as e:
+        ctx.failed_at[key] = e.step
         return False, one_line(str(e)) or "failed", ""
     except Exception as e:  # a grader bug: a failed check that says so, not a crash (tests/test_grader_fuzz.py)
         return False, one_line("could not check (%s: %s)" % (type(e).__name__, e)), ""

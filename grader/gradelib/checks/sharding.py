@@ -4,10 +4,10 @@ read from the dtensors_rank<r>.json dump written right after fsdp_init.
 import math
 
 from ..util import CheckFailed, chunk, mesh_shape
-from .registry import check
+from .registry import SAYS_WHAT_RAN, check
 
 
-@check("dtensors", label="DTensors", variants=True)
+@check("dtensors", label="DTensors", variants=True, tier=SAYS_WHAT_RAN)
 def check_dtensors(ctx):
     W = ctx.world
     R, S = mesh_shape(ctx.flags, W)

@@ -6,10 +6,10 @@ from trace_names import PHASE_POST_FORWARD  # the phases (runtime/phase.h)
 
 from ..util import CheckFailed
 from .common import notes_check
-from .registry import check
+from .registry import SAYS_WHAT_RAN, check
 
 
-@check("zero2_no_backward_all_gather", label="no all-gather in backward", variants=True)
+@check("zero2_no_backward_all_gather", label="no all-gather in backward", variants=True, tier=SAYS_WHAT_RAN)
 def check_zero2_no_backward_all_gather(ctx):
     bad = [(r, e) for r, e in ctx.collectives(ALL_GATHER) if e["args"].get("phase") in BACKWARD_PHASES]
     if bad:
@@ -21,7 +21,7 @@ def check_zero2_no_backward_all_gather(ctx):
     return ""
 
 
-@check("zero2_params_kept", label="reshard after forward follows the flag", variants=True)
+@check("zero2_params_kept", label="reshard after forward follows the flag", variants=True, tier=SAYS_WHAT_RAN)
 def check_zero2_params_kept(ctx):
     """post_forward follows --reshard-after-forward: keeps the params with false, frees them with true."""
     if "--reshard-after-forward=false" in ctx.flags:

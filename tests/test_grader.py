@@ -1,6 +1,7 @@
 """The autograder, graded: the solutions score full marks, the starters score zero on
 their TODOs, every mutant in tests/mutants/mutants.json loses exactly the points of the
-checks it breaks, and a wrong reference log never makes a wrong answer pass.
+checks it breaks and the first failure it is told is the one that names its cause (its
+"lead"), and a wrong reference log never makes a wrong answer pass.
 
 Every test grades into its own tmp_path (the grader builds and runs there), so the
 file is safe to run in parallel. No wall-clock assertions (the grader prints its own time);
@@ -161,6 +162,9 @@ def test_mutants_file_is_sound():
         if m["expect_fail"] != ["*"]:
             assert m["expect_fail"] and set(m["expect_fail"]) <= valid, (m["name"], set(m["expect_fail"]) - valid)
         assert set(m.get("may_fail", [])) <= valid, m["name"]
+        # the failure that names the mutant's cause: a check it fails, or a run that fails
+        runs = ["run"] + ["run:" + v for v in stage_variants(RUBRIC, m["stage"])]
+        assert m["lead"] in (runs if m["expect_fail"] == ["*"] else set(m["expect_fail"]) | set(runs)), m["name"]
 
 
 def test_overlap_bars_keep_their_margins():
@@ -190,11 +194,12 @@ def test_mutant_loses_exactly_its_points(mutant, tmp_path):
     args = ["--file", src, "--stage", mutant["stage"]]
     if "timeout_s" in mutant:
         args += ["--timeout", mutant["timeout_s"]]
-    _, res = grade(tmp_path / "out", *args)
+    out, res = grade(tmp_path / "out", *args)
     st = res["stages"][mutant["stage"]]
     checks = {c["key"]: c for c in st["checks"]}
     assert [c["name"] for c in st["checks"]] == check_labels(mutant["stage"])
     assert list(checks) == check_keys(mutant["stage"])
+    assert_leads(mutant, out, st)
     if mutant["expect_fail"] == ["*"]:
         # a failed build or run: its reason is said once, every check fails pointing at it (a check
         # whose files the run wrote before failing adds whether they pass)
@@ -219,6 +224,26 @@ def test_mutant_loses_exactly_its_points(mutant, tmp_path):
     reasons = [checks[n]["reason"] for n in mutant["expect_fail"]]
     assert any(mutant["expect_message"] in r for r in reasons), reasons
     assert all(r and "\n" not in r for r in reasons)
+
+
+def assert_leads(mutant, out, st):
+    """The failure the grader says first is the mutant's "lead", the one that names its cause: results.json's
+    "lead" and, on stdout, the first failed check said (a 'most likely cause' line naming it when more than one
+    failure is said), the run's reason when the run failed."""
+    assert st["lead"] == mutant["lead"], "%s leads, the cause is %s (order said: %s)" % (
+        st["lead"], mutant["lead"], st["failed_order"])
+    lines = out.splitlines()
+    failed = [m.group(2) for m in map(CHECK_LINE.match, lines) if m and m.group(3) == "FAIL"]
+    likely = [l for l in lines if " == most likely cause: " in l]
+    if mutant["lead"] == "run":
+        assert st["failed_order"] == ["run"] and not failed and not likely, lines
+        return
+    if mutant["lead"].startswith("run:"):
+        assert likely and likely[0].split(" == most likely cause: ")[1].startswith("the run on "), lines
+        return
+    assert failed and failed[0] == CHECKS[mutant["lead"]].label, failed
+    assert len(st["failed_order"]) == 1 or likely[0].split(" == most likely cause: ")[1].startswith(
+        CHECKS[mutant["lead"]].label + " (read it first: "), likely
 
 
 def grade_mutant(tmp_path, name):
@@ -630,3 +655,31 @@ def test_every_stage_grades_the_untouched_bonus_starters_too(tmp_path):
     assert sorted(res["stages"]) == STAGES and res["skipped"] == {} and "skipped" not in out
     for stage in STAGES:
         assert res["stages"][stage]["run"]["reason"].startswith("TODO not implemented:"), stage
+
+
+def test_lead_order_says_the_cause_before_what_it_moves():
+    """lead_order, on made-up failures: a run the runtime stopped with its diagnosis first, then the checks by how
+    directly they name a cause (Check.tier), within a tier the one whose failure shows in the earlier step, then
+    the rubric's order; a variant's run that failed without a diagnosis (NaN, a crash) after them; a failed main run
+    alone (its checks are ungraded)."""
+    from gradelib.cli import FAILED_ITSELF, MAIN_RUN_FAILED, lead_order
+    from gradelib.runner import RUNTIME_ERROR, RunResult
+    ok = RunResult("d", True, "", 0.0, [])
+    keys = list(RUBRIC["stages"]["12"]["checks"])
+    tiers = {k: CHECKS[k].tier for k in keys}
+    assert tiers["pp_collectives"] < tiers["peak_memory"] < tiers["loss"] and tiers["pp_schedule"] < tiers["pp_bubble"]
+    own = dict.fromkeys(["loss", "peak_memory", "pp_bubble", "pp_collectives", "pp_schedule"], FAILED_ITSELF)
+    order = lead_order(own, {}, keys, ok, {})
+    assert order[:2] == ["pp_schedule", "pp_collectives"] and order[-1] == "loss", order  # tier, then the rubric
+    # within a tier the earlier step leads, whatever the rubric's order
+    both = {"grad_norm": FAILED_ITSELF, "clip": FAILED_ITSELF}
+    assert lead_order(both, {"grad_norm": 3, "clip": 1}, keys, ok, {}) == ["clip", "grad_norm"]
+    assert lead_order(both, {"grad_norm": 1, "clip": 1}, keys, ok, {}) == ["grad_norm", "clip"]
+    # a variant's run: before everything when the runtime said why, after the checks when it did not
+    stopped = RunResult("d", False, RUNTIME_ERROR + "race on rank 0: ...", 0.0, [])
+    nan = RunResult("d", False, "loss not finite at step 1: ...", 0.0, [])
+    failed = dict(own, host_waits="pp_4x2", dtensors="pp12_ac")
+    order = lead_order(failed, {}, keys, ok, {"pp_4x2": stopped, "pp12_ac": nan})
+    assert order[0] == "run:pp_4x2" and order[-1] == "run:pp12_ac" and order[1] == "pp_schedule", order
+    assert lead_order(dict.fromkeys(keys), {}, keys, RunResult("d", False, RUNTIME_ERROR, 0.0, []), {}) == [
+        MAIN_RUN_FAILED]

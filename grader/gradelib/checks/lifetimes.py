@@ -8,7 +8,7 @@ from trace_names import (PHASE_FINISH_BACKWARD, PHASE_OPTIMIZER, PHASE_POST_BACK
                          PHASE_RECOMPUTE_PRE_FORWARD)
 from ..util import CheckFailed, fmt_bytes
 from .common import notes_check
-from .registry import SAYS_HOW_MUCH, SAYS_WHICH_BUFFER, check
+from .registry import SAYS_WHICH_BUFFER, SAYS_WHICH_HOOK, check
 
 
 @check("freed_after_forward", label="params freed after forward", variants=True, tier=SAYS_WHICH_BUFFER)
@@ -53,7 +53,7 @@ def _live(by_tag):
     return ", ".join("%s %s" % (t, fmt_bytes(by_tag[t])) for t in LIFETIME_TAGS if by_tag.get(t)) or "none"
 
 
-@check("hook_memory", label="memory inside hooks", variants=True, tier=SAYS_HOW_MUCH)
+@check("hook_memory", label="memory inside hooks", variants=True, tier=SAYS_WHICH_HOOK)
 def check_hook_memory(ctx):
     """Inside every hook and after it, memory as the reference's: the rise above the hook's entry to its
     high-water, and each lifetime tag still allocated at its exit (the step's peak may lie elsewhere)."""

@@ -5,7 +5,7 @@ import manifest
 from trace_names import ALL_GATHER, BACKWARD_PHASES, FORWARD_PHASES, label_and_kind
 
 from ..util import CheckFailed, fmt_bytes
-from .registry import SAYS_WHAT_RAN, SAYS_WHICH_BUFFER, check
+from .registry import SAYS_HOW_MUCH, SAYS_WHAT_RAN, check
 
 
 def blocking_stage(rubric):
@@ -14,7 +14,7 @@ def blocking_stage(rubric):
     return next((s.id for s in manifest.stages(rubric) if not (s.prefetch or s.forward_only)), None)
 
 
-@check("prefetch_bound", label="prefetch memory bound", tier=SAYS_WHICH_BUFFER)
+@check("prefetch_bound", label="prefetch memory bound", tier=SAYS_HOW_MUCH)
 def check_prefetch_bound(ctx):
     order, size = ctx.module_order()
     index = {m: i for i, m in enumerate(order)}

@@ -10,11 +10,12 @@ from ..util import CheckFailed, one_line
 # the totals it moves (memory, overlap, the loss) come after it.
 SAYS_WHAT_RAN = 0      # what the code did, in its own terms: the order of the passes, the collectives a module or a
                        # microbatch issued, their group and dtype, the shards' layout, a host wait
-SAYS_WHICH_BUFFER = 1  # which buffer outlived its hook or went missing: params, grads, activations, the prefetch
+SAYS_WHICH_BUFFER = 1  # which buffer outlived its hook or went missing: params, grads, activations, optimizer state
 SAYS_WHICH_NUMBER = 2  # a number off, with the run's own evidence of why: the grad norm, the clip coefficient
-SAYS_HOW_MUCH = 3      # a total that many causes move: peak memory, memory inside hooks, overlap, the bubble
-SAYS_THAT_IT_DIFFERS = 4  # the loss: what every numerical cause moves, said last
-TIERS = (SAYS_WHAT_RAN, SAYS_WHICH_BUFFER, SAYS_WHICH_NUMBER, SAYS_HOW_MUCH, SAYS_THAT_IT_DIFFERS)
+SAYS_WHICH_HOOK = 3    # memory inside one hook against the reference's: where, and what was live, not which mistake
+SAYS_HOW_MUCH = 4      # a total that many causes move: peak memory, the prefetch bound, overlap, the bubble
+SAYS_THAT_IT_DIFFERS = 5  # the loss: what every numerical cause moves, said last
+TIERS = (SAYS_WHAT_RAN, SAYS_WHICH_BUFFER, SAYS_WHICH_NUMBER, SAYS_WHICH_HOOK, SAYS_HOW_MUCH, SAYS_THAT_IT_DIFFERS)
 
 CHECKS = {}  # key -> Check, in the order defined here (a rubric naming an unknown key is told this list)
 

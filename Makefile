@@ -110,19 +110,30 @@ define link_binary
 $(CC) $(LINK_CFLAGS) -o $(1) $(2) $(LINK_WITH) $(LDFLAGS) $(LINK_LIBS)
 endef
 
-# Every FSDP implementation (baseline, solution, starter) is one hw_fsdp.c
-# linked with the runtime and the training driver.
-$(BASELINE): common/driver/baseline.c $(DRIVER_OBJ) $(LIB)
-	$(call link_binary,$@,$<)
+# Every FSDP implementation (baseline, solution, starter, make impl's file; the CUDA build's too) is one
+# hw_fsdp.c linked with the runtime and the training driver, by $(call link_impl,OUT,SRC): link_binary's
+# flags, with SRC compiled to OUT.o first and that object checked for state the ranks would share
+# (tools/check_shared_state.py: the ranks are threads of one process, so a writable file-scope or
+# function-static variable is one copy for all of them; one line and the build fails).
+define link_impl
+@mkdir -p $(dir $(1))
+$(CC) $(LINK_CFLAGS) -c -o $(1).o $(2)
+@$(PYTHON) tools/check_shared_state.py $(2) $(1).o || { rm -f $(1).o $(1); exit 1; }
+$(CC) $(LINK_CFLAGS) -o $(1) $(1).o $(LINK_WITH) $(LDFLAGS) $(LINK_LIBS)
+@rm -f $(1).o
+endef
 
-$(BUILD)/solutions/%/train: solutions/%/hw_fsdp.c $(DRIVER_OBJ) $(LIB)
-	$(call link_binary,$@,$<)
+$(BASELINE): common/driver/baseline.c $(DRIVER_OBJ) $(LIB) tools/check_shared_state.py
+	$(call link_impl,$@,$<)
+
+$(BUILD)/solutions/%/train: solutions/%/hw_fsdp.c $(DRIVER_OBJ) $(LIB) tools/check_shared_state.py
+	$(call link_impl,$@,$<)
 
 # A starter's stubs leave variables unused until the student fills them.
 STARTER_CFLAGS := -Wno-unused-variable -Wno-unused-but-set-variable -Wno-unused-function
 $(BUILD)/stages/%/train: LINK_CFLAGS = $(CFLAGS) $(STARTER_CFLAGS)
-$(BUILD)/stages/%/train: stages/%/hw_fsdp.c $(DRIVER_OBJ) $(LIB)
-	$(call link_binary,$@,$<)
+$(BUILD)/stages/%/train: stages/%/hw_fsdp.c $(DRIVER_OBJ) $(LIB) tools/check_shared_state.py
+	$(call link_impl,$@,$<)
 
 # The stages/ binaries. In the student tree (no solutions/) a stage whose file does not build
 # yet is said and left out (its old binary removed), so that make run, make test and grading
@@ -170,7 +181,7 @@ trace-names: $(TRACE_NAMES_GEN)
 impl: LINK_CFLAGS = $(CFLAGS) $(STARTER_CFLAGS)
 impl: $(DRIVER_OBJ) $(LIB)
 	@test -n "$(SRC)" -a -n "$(OUT)" || { echo "usage: make impl SRC=hw_fsdp.c OUT=binary"; exit 2; }
-	$(call link_binary,$(OUT),$(SRC))
+	$(call link_impl,$(OUT),$(SRC))
 
 # ---- the main job -------------------------------------------------------------
 RUN_DIR   ?= runs/debugmodel

@@ -27,6 +27,13 @@
  *     fsdp_finish_backward()           -> end of a backward: reductions queued
  *   grad_norm = fsdp_optimizer_step()    (global norm, clip, AdamW on shards)
  *
+ * Per-rank state: the ranks are threads of one process (the CPU runtime and
+ * the one-GPU CUDA runtime), so a writable file-scope or function-static
+ * variable in your file is ONE copy every rank reads and writes; the build
+ * refuses one, naming it. Keep what a rank owns in your struct Fsdp
+ * (fsdp_init returns it, every hook gets it) or per module in mod->fsdp.
+ * static const tables are fine.
+ *
  * What the runtime guarantees:
  *   - At fsdp_init every Param.data holds the full initial value (its own
  *     allocation, tag MEM_PARAM); fsdp_init must copy out this rank's shard and

@@ -57,20 +57,21 @@ $(CUDA_LIB): $(CUDA_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-# The binaries: the Makefile's one link recipe (link_binary), with the CUDA flags, objects and libraries.
+# The binaries: the Makefile's link recipes (link_binary; link_impl for an hw_fsdp.c, its object checked for
+# state the ranks would share), with the CUDA flags, objects and libraries.
 $(CUDA_BUILD)/%: LINK_CFLAGS = $(CUDA_CFLAGS)
 $(CUDA_BUILD)/%: LINK_WITH = $(CUDA_DRIVER_OBJ) $(CUDA_LIB)
 $(CUDA_BUILD)/%: LINK_LIBS = $(CUDA_LDLIBS)
 
-$(CUDA_BUILD)/baseline/train: common/driver/baseline.c $(CUDA_DRIVER_OBJ) $(CUDA_LIB)
-	$(call link_binary,$@,$<)
+$(CUDA_BUILD)/baseline/train: common/driver/baseline.c $(CUDA_DRIVER_OBJ) $(CUDA_LIB) tools/check_shared_state.py
+	$(call link_impl,$@,$<)
 
-$(CUDA_BUILD)/solutions/%/train: solutions/%/hw_fsdp.c $(CUDA_DRIVER_OBJ) $(CUDA_LIB)
-	$(call link_binary,$@,$<)
+$(CUDA_BUILD)/solutions/%/train: solutions/%/hw_fsdp.c $(CUDA_DRIVER_OBJ) $(CUDA_LIB) tools/check_shared_state.py
+	$(call link_impl,$@,$<)
 
 $(CUDA_BUILD)/stages/%/train: LINK_CFLAGS = $(CUDA_CFLAGS) $(STARTER_CFLAGS)
-$(CUDA_BUILD)/stages/%/train: stages/%/hw_fsdp.c $(CUDA_DRIVER_OBJ) $(CUDA_LIB)
-	$(call link_binary,$@,$<)
+$(CUDA_BUILD)/stages/%/train: stages/%/hw_fsdp.c $(CUDA_DRIVER_OBJ) $(CUDA_LIB) tools/check_shared_state.py
+	$(call link_impl,$@,$<)
 
 $(CUDA_BUILD)/tests/check_ops: LINK_CFLAGS = $(CUDA_CFLAGS) -Itests
 $(CUDA_BUILD)/tests/check_ops: LINK_WITH = $(CUDA_LIB)
@@ -93,7 +94,7 @@ impl-cuda: LINK_WITH = $(CUDA_DRIVER_OBJ) $(CUDA_LIB)
 impl-cuda: LINK_LIBS = $(CUDA_LDLIBS)
 impl-cuda: cuda-check-tools $(CUDA_DRIVER_OBJ) $(CUDA_LIB)
 	@test -n "$(SRC)" -a -n "$(OUT)" || { echo "usage: make impl-cuda SRC=hw_fsdp.c OUT=binary"; exit 2; }
-	$(call link_binary,$(OUT),$(SRC))
+	$(call link_impl,$(OUT),$(SRC))
 
 gpu-check: all cuda
 	bash tools/gpu_check.sh $(GPU_CHECK_ARGS)

@@ -16,9 +16,11 @@ ifneq ($(shell cat $(DEPS_STAMP) 2>/dev/null),$(strip $(DEPS_KEY)))
 DEPS_PROBE = printf '$(1)\n' | $(CC) $(CFLAGS) -x c - -o /dev/null $(2) >/dev/null 2>&1 && echo 1
 DEPS_MISSING := $(strip \
   $(if $(shell command -v $(firstword $(CC)) >/dev/null 2>&1 && echo 1),,gcc) \
+  $(if $(shell command -v readelf >/dev/null 2>&1 && echo 1),,binutils) \
   $(if $(shell $(call DEPS_PROBE,#include <stdio.h>\nint main(void) { return puts("") < 0; })),,libc6-dev) \
   $(if $(shell $(call DEPS_PROBE,#include <cblas.h>\nint main(void) { blasint n = 1; float x = 1; return (int)cblas_sdot(n$(DEPS_COMMA) &x$(DEPS_COMMA) 1$(DEPS_COMMA) &x$(DEPS_COMMA) 1) - 1; },-lopenblas)),,libopenblas-dev))
 DEPS_WHY_gcc             := the C compiler, $(firstword $(CC))
+DEPS_WHY_binutils        := readelf, which checks each hw_fsdp.c for state the rank threads would share
 DEPS_WHY_libc6-dev       := the C library's headers
 DEPS_WHY_libopenblas-dev := OpenBLAS's <cblas.h> and -lopenblas
 ifneq ($(DEPS_MISSING),)

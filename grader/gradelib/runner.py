@@ -63,7 +63,8 @@ class Runner:
         self.limits, self.timeout_s, self.cuda, self.sandbox = limits_for_backend(limits, cuda), timeout_s, cuda, sandbox
 
     def build(self, src, out_bin, log_path):
-        """make impl SRC=src OUT=out_bin (impl-cuda with cuda); (ok, reason, seconds)."""
+        """make impl SRC=src OUT=out_bin (impl-cuda with cuda); (ok, reason, seconds). The reason is the build's first
+        error line: the compiler's, or tools/check_shared_state.py's for state the rank threads would share."""
         if os.path.exists(out_bin):
             os.remove(out_bin)
         cmd = ["make", "-s", "--no-print-directory", "impl-cuda" if self.cuda else "impl", "SRC=" + src,

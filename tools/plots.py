@@ -161,8 +161,8 @@ TRACK_STYLE = [(COMPUTE, "compute (a kernel)", "#4C72B0"), (COLLECTIVE, "collect
                (WAIT, "a wait that stalls compute", "#C44E52"),
                (HOST_SYNC, "host ahead, waits for the device", "#EFE2A6")]
 HOST_STALL, HOST_STALL_WORDS, HOST_STALL_COLOUR = "host_stall", "host blocks, compute idle", "#E6A800"
-CAT_COLORS = dict([(cat, colour) for cat, _, colour in TRACK_STYLE], **{EVENT: "#55A868", HOST_STALL:
-                                                                         HOST_STALL_COLOUR})
+CAT_COLORS = dict([(cat, colour) for cat, _, colour in TRACK_STYLE], **{EVENT: "#55A868"})
+CAT_COLORS[HOST_STALL] = HOST_STALL_COLOUR
 PHASE_COLORS = {"forward": "#D6E4F0", "backward": "#F6DCC8", "optimizer": "#D5ECD4", "passes": "#E4DCEB"}
 LABEL_PT = 7  # module names on the slices
 PHASE_PT = 8  # the phase band's labels
@@ -497,7 +497,7 @@ def draw_timeline(plt, events, names, meta, step):
         bars.setdefault(key + (e.get("cat"),), []).append((x(e["ts"]), max(e["dur"], 1) / per))
     for (pid, tid), spans in stalls.items():
         if (pid, tid) in rows:
-            bars[(pid, tid, WAIT)] = [(x(a), (b - a) / per) for a, b in spans if b > t0]
+            bars[(pid, tid, WAIT)] = [(x(a), (b - a) / per) for a, b in spans if b > t0 and a < t0 + span_us]
     for pid, spans in lost.items():
         if (pid, HOST_TID) in rows:
             bars[(pid, HOST_TID, HOST_STALL)] = [(x(a), (b - a) / per) for a, b, _ in spans]
@@ -526,8 +526,7 @@ def draw_timeline(plt, events, names, meta, step):
     who = "%d rank%s" % (len(ranks), "" if len(ranks) == 1 else "s") if ranks == traced else \
         "%s of the %d traced" % (rank_words(ranks), len(traced))
     fig.suptitle("step %d, %s, %s" % (step + 1, who, clock_words(meta)), fontsize=11)
-    present = {e.get("cat") for e in sel if e.get("cat") != WAIT} | ({WAIT} if any(
-        k in rows for k in stalls) else set())
+    present = {cat for (_, _, cat), spans in bars.items() if spans}  # a wait only where one stalls in this step
     styles = [(words, colour) for cat, words, colour in TRACK_STYLE if cat in present]
     if ranks[0] in lost:
         total = sum(b - a for a, b, _ in lost[ranks[0]])

@@ -3,18 +3,25 @@
 
     plots.py RUN [--ref REF_RUN] [--out DIR] [--step N] [--rank R]
 
-writes into DIR (default RUN/plots):
+writes into DIR (default RUN/plots), every title numbering steps from 1 as metrics.jsonl does:
   loss.png      loss, grad norm and peak memory per step: your run, and with --ref the
-                reference (dashed); peak memory per rank where the ranks differ by over 1 %
+                reference (dashed); peak memory per rank where the ranks differ by over 1 %.
+                Not for a dry run (no loss: its peak memory is memory.png's)
   timeline.png  one row per (rank, stream) for one step on the trace's clock (the modelled
-                clock on the CPU): compute, copies, collectives, the streams' waits and the
-                host's waits; the forward, backward and optimizer phases along the top;
-                module names on the slices wide enough to hold them
+                clock on the CPU): compute, copies, collectives; a wait only where it stalls
+                the compute stream (a stream waiting for its input with compute busy is idle,
+                not stalled); the host's waits pale where it runs ahead of the device, bright
+                where it blocks and compute runs dry; the forward, backward and optimizer
+                phases along the top (a pipeline: its passes as one span, each compute row
+                naming its own, F3, B0); module names on the slices wide enough to hold them;
+                at most 8 ranks
   memory.png    rank R's allocated bytes over the run (host order, step by step), stacked by
-                tag, with the peak marked; with --ref the reference's total as a dashed line
-  groups.png    only for a run on a 2-D mesh (--mesh): every rank's collectives
-                of one step, coloured by process group (shard groups: rows of
-                the mesh; replicate groups: its columns)
+                tag, with the peak marked; with --ref the reference's total as a dashed line;
+                the device's memory where the peak comes near it (a dry run on a profile)
+  groups.png    for a run with process groups other than the world (a 2-D mesh, a pipeline):
+                every rank's collectives of one step coloured by group (shard groups orange,
+                replicate groups purple, each pipeline stage's its own colour, the world's
+                dark, the sends between stages grey), titled with what ran in which
   backward.png  only for a run with a backward-prefetch policy other than pre or
                 one comm stream (stage 10): rank R's streams during one step's
                 backward, each collective labelled with its module
@@ -32,9 +39,10 @@ import sys
 
 import repo_paths  # noqa: F401  (grader/ on sys.path, for trace_names)
 from gradelib.trace_model import BUSY_PHASES, RunDir, by_rank, group_kinds, ideal_bubble, open_json, pipeline_bubble
-from trace_names import (ALL_GATHER, ALL_REDUCE, BACKWARD_PHASES, BROADCAST, COLLECTIVE, COMPUTE, COMPUTE_TID, COPY,
-                         EVENT, FORWARD_PHASES, HOST_SYNC, HOST_TID, MEMSET, REDUCE_SCATTER, WAIT, label_and_kind)
-from trace_names import PHASE_FORWARD, PHASE_OPTIMIZER  # the phases (runtime/phase.h)
+from trace_names import (ALL_GATHER, ALL_REDUCE, BACKWARD_PHASES, BARRIER, BROADCAST, COLLECTIVE, COMPUTE, COMPUTE_TID,
+                         COPY, EVENT, FORWARD_PHASES, HOST_SYNC, HOST_TID, MEMSET, P2P, REDUCE_SCATTER, WAIT,
+                         label_and_kind)
+from trace_names import PHASE_FORWARD, PHASE_OPTIMIZER, PHASE_P2P  # the phases (runtime/phase.h)
 
 DPI = 110
 
@@ -127,23 +135,40 @@ def draw_steps(plt, rows, ref_rows, name, ref_name):
     return fig
 
 
+def trains(rows):
+    """Whether a run's metrics.jsonl has a loss: a --dry-run computes none (loss and grad norm null), and its one
+    per-step figure, the peak memory, is memory.png's (with the device's capacity) and the report's."""
+    return any(r.get("loss") is not None or r.get("grad_norm") is not None for r in rows)
+
+
 def plot_loss(plt, run, ref, out):
-    fig = draw_steps(plt, load_metrics(run), load_metrics(ref) if ref else None, run_name(run),
-                     run_name(ref) if ref else None)
+    rows = load_metrics(run)
+    if not trains(rows):
+        print("%s is a dry run (no loss, no grad norm): no loss.png; its peak memory is in memory.png" % run)
+        return
+    fig = draw_steps(plt, rows, load_metrics(ref) if ref else None, run_name(run), run_name(ref) if ref else None)
     fig.savefig(os.path.join(out, "loss.png"), dpi=DPI)
     plt.close(fig)
 
 
 # ---- timeline.png -------------------------------------------------------------------------------
 
-# (category, what the legend calls it, colour), in the legend's order; an event record is zero-length: not drawn
+# (category, what the legend calls it, colour), in the legend's order; an event record is zero-length: not drawn.
+# A wait is drawn only where it stalls the compute stream (wait_stalls); a host wait in a pale colour where the host
+# is ahead of the device, in its own where the compute stream idles because the host blocks (host_stalls).
 TRACK_STYLE = [(COMPUTE, "compute (a kernel)", "#4C72B0"), (COLLECTIVE, "collective", "#DD8452"),
                (COPY, "copy", "#8C8C8C"), (MEMSET, "memset", "#B0B0B0"),
-               (WAIT, "stream waits for an event", "#C44E52"), (HOST_SYNC, "host waits for the device", "#E6C229")]
+               (WAIT, "a wait that stalls compute", "#C44E52"),
+               (HOST_SYNC, "host ahead, waits for the device", "#EFE2A6")]
+HOST_STALL, HOST_STALL_WORDS, HOST_STALL_COLOUR = "host_stall", "host blocks, compute idle", "#E6A800"
 CAT_COLORS = dict([(cat, colour) for cat, _, colour in TRACK_STYLE], **{EVENT: "#55A868"})
-PHASE_COLORS = {"forward": "#D6E4F0", "backward": "#F6DCC8", "optimizer": "#D5ECD4"}
+CAT_COLORS[HOST_STALL] = HOST_STALL_COLOUR
+PHASE_COLORS = {"forward": "#D6E4F0", "backward": "#F6DCC8", "optimizer": "#D5ECD4", "passes": "#E4DCEB"}
 LABEL_PT = 7  # module names on the slices
+PHASE_PT = 8  # the phase band's labels
 SHORT_KINDS = {ALL_GATHER: "AG", REDUCE_SCATTER: "RS", ALL_REDUCE: "AR", BROADCAST: "BC"}
+MAX_RANKS = 8  # the timeline draws at most this many ranks (drawn_ranks)
+TOL_US = 0.01  # the trace's times are rounded to the nanosecond: a wait ends where its record is, to 10 ns
 
 
 def step_of(e):
@@ -172,12 +197,34 @@ def time_unit(span_us):
     return ("ms", 1000.0) if span_us >= 5000 else ("µs", 1.0)
 
 
+def duration_words(us):
+    """'630 µs', '116.2 ms', '10,470 ms': a duration as a student reads it (no exponent)."""
+    if us < 1000:
+        return "%.0f µs" % us
+    return "{:,.1f} ms".format(us / 1000.0) if us < 1e6 else "{:,.0f} ms".format(us / 1000.0)
+
+
+def is_pipeline(meta):
+    """A --pp run: its trace's otherData states the pipeline's stages."""
+    return bool(meta.get("pipeline"))
+
+
 def phase_group(phase):
     if phase in FORWARD_PHASES:
         return "forward"
     if phase in BACKWARD_PHASES:
         return "backward"
     return "optimizer" if phase == PHASE_OPTIMIZER else None
+
+
+def pass_of(e):
+    """('F' | 'B', microbatch) of a compute kernel in a microbatch's forward or backward (--ac's recompute is part
+    of the backward, as in pipeline.png), else None."""
+    a = e.get("args", {})
+    group = phase_group(a.get("phase"))
+    if group not in ("forward", "backward") or not isinstance(a.get("microbatch"), int):
+        return None
+    return ("F" if group == "forward" else "B", a["microbatch"])
 
 
 def phase_spans(events, step):
@@ -197,6 +244,39 @@ def phase_spans(events, step):
                   key=lambda span: span[1])
 
 
+def band_spans(events, step, pipeline):
+    """The phase band's spans, [(colour key, texts longest first, start_us, end_us)] in time order: phase_spans',
+    each with shorter texts for a narrow span ('forward mb0', 'fwd mb0', 'F0'). A pipeline's microbatches pass
+    through the ranks at different times (rank 3 runs B0 while rank 0 runs F3), so one span per microbatch would
+    overlap its neighbours: its forwards and backwards are one span, each compute row names its own passes (F3,
+    B0), and the optimizer follows."""
+    spans = phase_spans(events, step)
+    if pipeline:
+        passes = [(s, t) for label, s, t in spans if label.split()[0] in ("forward", "backward")]
+        mbs = {label.split()[1] for label, _, _ in spans if len(label.split()) > 1}
+        rest = [span for span in spans if span[0].split()[0] not in ("forward", "backward")]
+        spans = rest
+        if passes:
+            n = len(mbs)
+            words = "forward and backward of %d microbatch%s" % (n, "" if n == 1 else "es")
+            spans = sorted(rest + [("passes", min(s for s, _ in passes), max(t for _, t in passes), words)],
+                           key=lambda span: span[1])
+    out, end = [], -math.inf
+    for span in spans:  # one after another: a span that began on another rank before the last ended starts there
+        label, s, t = span[:3]
+        s, end = max(s, end), max(t, end)
+        if t <= s:
+            continue
+        if label == "passes":
+            texts = [span[3] + " (F<k>, B<k> on each compute row)", span[3], "F and B passes", "F/B"]
+        else:
+            group, _, mb = label.partition(" ")
+            short = {"forward": "fwd", "backward": "bwd", "optimizer": "opt"}[group]
+            texts = [label, "%s %s" % (short, mb) if mb else short, group[0].upper() + mb[2:] if mb else None]
+        out.append((label.split()[0], [x for x in texts if x], s, t))
+    return out
+
+
 def host_waits(events, step):
     """{rank: [(start_us, dur_us, what)]}: where each rank's host blocked in this step ('sync:<what>' slices on the
     host's track: it ran ahead, then waited for the device to catch up)."""
@@ -207,12 +287,89 @@ def host_waits(events, step):
     return waits
 
 
-def label_runs(track):
+def union(intervals):
+    """The sorted disjoint union of [a, b) intervals (touching ones joined), as [(a, b)]."""
+    merged = []
+    for a, b in sorted(intervals):
+        if merged and a <= merged[-1][1] + TOL_US:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+        elif b > a:
+            merged.append((a, b))
+    return merged
+
+
+def wait_stalls(events):
+    """{(rank, stream): [(start_us, end_us)]}: the part of each stream's waits that stalled the compute stream.
+
+    A wait slice runs from when its stream could have started the op queued after it (its previous op's end, or
+    the host's enqueue) to the record of the event it waits for. On the compute stream that is compute not
+    running: all of it is a stall. Another stream's wait stalls nothing by itself: the all-gather stream waiting
+    for compute to free a buffer, or the reduce-scatter stream for the grads, is a stream with nothing it may do
+    yet, as idle as one with nothing queued. It holds compute up only while compute waits for an event recorded
+    on that stream after it: there, and transitively (the all-gather stream stalled on a copy the compute stream
+    waits for ...), the overlap of the two waits is drawn. A wait is matched to its record by the event's name
+    ('wait:<event>', '<module>.record:<event>') and time (the wait ends where the record is); a compute wait
+    whose record is not in the trace is still a stall."""
+    records, waits = {}, {}
+    for e in events:
+        if e.get("cat") == EVENT and "record:" in e["name"]:
+            records.setdefault((e["pid"], e["name"].partition("record:")[2]), []).append(e)
+        elif e.get("cat") == WAIT and e.get("dur", 0) > 0:
+            waits.setdefault((e["pid"], e["tid"]), []).append(e)
+
+    def record_of(w):
+        end = w["ts"] + w["dur"]
+        near = [r for r in records.get((w["pid"], w["name"].partition(":")[2]), []) if abs(r["ts"] - end) <= TOL_US]
+        return min(near, key=lambda r: abs(r["ts"] - end)) if near else None
+    stalls, done = {}, {}  # done: id(wait) -> the intervals of it already followed
+    todo = [(w, w["ts"], w["ts"] + w["dur"]) for (pid, tid), ws in waits.items() if tid == COMPUTE_TID for w in ws]
+    while todo:
+        w, a, b = todo.pop()
+        seen = done.setdefault(id(w), [])
+        if any(x <= a + TOL_US and b <= y + TOL_US for x, y in seen):
+            continue
+        seen.append((a, b))
+        stalls.setdefault((w["pid"], w["tid"]), []).append((a, b))
+        rec = record_of(w)
+        if rec is None or rec["tid"] == w["tid"]:
+            continue
+        for v in waits.get((w["pid"], rec["tid"]), []):  # the recording stream's waits before the record
+            lo, hi = max(v["ts"], a), min(v["ts"] + v["dur"], b)
+            if v["ts"] + v["dur"] <= rec["ts"] + TOL_US and hi > lo:
+                todo.append((v, lo, hi))
+    return {k: union(v) for k, v in stalls.items()}
+
+
+def host_stalls(events, step):
+    """{rank: [(start_us, end_us, what)]}: the part of each host wait of this step during which the rank's
+    compute stream had nothing to run because the host, blocked, could not queue it. The host waits for the
+    device at every step's end (the grad norm's read-back): it ran ahead, and the device is busy until the wait
+    ends, so that costs nothing. A wait costs where the compute stream ran dry before the wait ended: from its
+    last slice (any: a kernel, a copy, a collective, a wait) to the wait's end."""
+    busy = {}
+    for e in events:
+        if e.get("tid") == COMPUTE_TID and e.get("dur", 0) > 0 and e.get("cat") != EVENT:
+            busy.setdefault(e["pid"], []).append((e["ts"], e["ts"] + e["dur"]))
+    busy = {r: union(v) for r, v in busy.items()}
+    out = {}
+    for rank, waits in host_waits(events, step).items():
+        for s, dur, what in waits:
+            e = s + dur
+            if dur <= 0 or any(a < e - TOL_US and b >= e - TOL_US for a, b in busy.get(rank, [])):
+                continue  # compute busy when the wait ends: the host was ahead
+            last = max([b for a, b in busy.get(rank, []) if b <= e], default=s)
+            if e - max(s, last) > TOL_US:
+                out.setdefault(rank, []).append((max(s, last), e, what))
+    return out
+
+
+def label_runs(track, passes=False):
     """[(start_us, end_us, names longest first, category)] worth writing on one stream's slices (sorted by ts):
     each collective ('block2.all_gather', 'block2 AG', 'block2'), each host wait ('host waits for compute
     (optimizer)', 'sync:compute'), each run of kernels of one module ('block2'; copies between them neither end
     nor extend a run, a wait ends it, and an idle gap longer than the run so far; a run whose kernels fill less
-    than half of it has no name)."""
+    than half of it has no name). passes (a pipeline): a run is one microbatch's pass instead of one module's
+    ('F3', 'B0'; recompute is part of B), the schedule a pipeline's compute row is read for."""
     runs, cur = [], None
     for e in track:
         cat, end = e.get("cat"), e["ts"] + e["dur"]
@@ -221,12 +378,16 @@ def label_runs(track):
             short = "%s %s" % (label, SHORT_KINDS.get(kind, kind)) if label else kind
             runs.append((e["ts"], end, [e["name"], short, label or kind], COLLECTIVE))
             cur = None
-        elif cat == COMPUTE and e.get("args", {}).get("module"):
-            module = e["args"]["module"]
-            if cur and cur[2] == [module] and e["ts"] - cur[1] <= cur[1] - cur[0]:
+        elif cat == COMPUTE and (pass_of(e) if passes else e.get("args", {}).get("module")):
+            if passes:
+                what, mb = pass_of(e)
+                names = ["%s%d" % (what, mb)]  # one short name for every pass: the band says what F and B are
+            else:
+                names = [e["args"]["module"]]
+            if cur and cur[2] == names and e["ts"] - cur[1] <= cur[1] - cur[0]:
                 cur[1], cur[4] = end, cur[4] + e["dur"]
             else:
-                cur = [e["ts"], end, [module], COMPUTE, e["dur"]]
+                cur = [e["ts"], end, names, COMPUTE, e["dur"]]
                 runs.append(cur)
         elif cat == HOST_SYNC:
             what, module = e["name"].partition(":")[2], e.get("args", {}).get("module")
@@ -237,30 +398,113 @@ def label_runs(track):
     return [tuple(r[:4]) for r in runs if len(r) == 4 or r[4] >= 0.5 * (r[1] - r[0])]  # a run: kernels half of it
 
 
+def text_px(text, points, dpi, em=0.55):
+    """The width in pixels of text at `points` (a character ~em of the font's size)."""
+    return len(text) * em * points * dpi / 72.0
+
+
 def fit_label(texts, width_px, points=LABEL_PT, dpi=DPI):
     """The first of texts that fits in width_px (a character ~0.55 em, 1 px either side), else None."""
     for t in texts:
-        if t and len(t) * 0.55 * points * dpi / 72.0 + 2 <= width_px:
+        if t and text_px(t, points, dpi) + 2 <= width_px:
             return t
     return None
+
+
+def place_band_labels(spans, px, edge_px, points=PHASE_PT, dpi=DPI):
+    """[(text, x_px, ha)] for the phase band: each span's longest text that fits inside it, centred; a span too
+    narrow for any (the optimizer's, at the step's end) gets its shortest beside it, on the side away from the
+    nearer edge, where that leaves every other label clear. No two labels overlap: each is kept only if its box
+    (widths estimated generously, 0.62 em, 3 px apart) is clear of those placed before it.
+    spans: band_spans' [(key, texts, start, end)]; px(t): a time's x in pixels; edge_px: the axis' (left, right)."""
+    placed, boxes = [], []
+
+    def clear(x0, x1):
+        return edge_px[0] - 1 <= x0 and x1 <= edge_px[1] + 1 and all(x1 + 3 <= a or b + 3 <= x0 for a, b in boxes)
+    later = []
+    for _, texts, s, t in spans:
+        a, b = px(s), px(t)
+        for text in texts:
+            w = text_px(text, points, dpi, em=0.62)
+            x0 = (a + b - w) / 2
+            if w + 4 <= b - a and clear(x0, x0 + w):
+                placed.append((text, (a + b) / 2, "center"))
+                boxes.append((x0, x0 + w))
+                break
+        else:
+            later.append((texts[-1], a, b))
+    for text, a, b in later:
+        w = text_px(text, points, dpi, em=0.62)
+        right = (a + b) / 2 > (edge_px[0] + edge_px[1]) / 2
+        x0, x1 = (b - w - 2, b) if right else (a, a + w + 2)
+        if clear(x0, x1):
+            placed.append((text, b if right else a, "right" if right else "left"))
+            boxes.append((x0, x1))
+    return placed
+
+
+def drawn_ranks(ranks, meta, limit=MAX_RANKS):
+    """The ranks the timeline draws: all when at most `limit`; else each pipeline stage's first rank, then the
+    lowest ranks, up to `limit` (a dry run at world 64 traces 64 ranks alike)."""
+    if len(ranks) <= limit:
+        return list(ranks)
+    firsts = [min(st["ranks"]) for st in meta.get("pipeline") or [] if st.get("ranks")]
+    keep = [r for r in firsts if r in ranks][:limit]
+    for r in ranks:
+        if len(keep) >= limit:
+            break
+        if r not in keep:
+            keep.append(r)
+    return sorted(keep)
+
+
+def rank_words(ranks):
+    """'ranks 0-5, 32, 48': consecutive ranks as a range."""
+    parts, run = [], []
+    for r in sorted(ranks) + [None]:
+        if run and (r is None or r != run[-1] + 1):
+            parts.append(str(run[0]) if len(run) == 1 else "%d-%d" % (run[0], run[-1]) if len(run) > 2
+                         else "%d, %d" % tuple(run))
+            run = []
+        if r is not None:
+            run.append(r)
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(parts)
 
 
 def draw_timeline(plt, events, names, meta, step):
     """timeline.png's figure for one step: (fig, main axes, phase strip axes, legend)."""
     sel = [e for e in events if step_of(e) == step and e.get("cat") != EVENT] or events
+    traced = sorted({e["pid"] for e in sel})
+    ranks = drawn_ranks(traced, meta)
+    sel = [e for e in sel if e["pid"] in ranks]
+    mine = [e for e in events if e["pid"] in ranks]
     t0 = min(e["ts"] for e in sel)
     span_us = max(e["ts"] + e["dur"] for e in sel) - t0
     unit, per = time_unit(span_us)
     x = lambda ts: (ts - t0) / per  # noqa: E731
+    pipeline = is_pipeline(meta)
     rows = sorted({(e["pid"], e["tid"]) for e in sel}, key=lambda k: (k[0], -1 if k[1] == HOST_TID else k[1]))
     fig, (strip, ax) = plt.subplots(2, 1, sharex=True, figsize=(13, 0.42 * len(rows) + 2.0), dpi=DPI,
                                     gridspec_kw={"height_ratios": [0.35, 0.42 * len(rows)]})
+    stalls = wait_stalls(mine)
+    lost = host_stalls(mine, step)
     by_row, bars = {}, {}
     for e in sorted(sel, key=lambda e: e["ts"]):
-        by_row.setdefault((e["pid"], e["tid"]), []).append(e)
-        bars.setdefault((e["pid"], e["tid"], e.get("cat")), []).append((x(e["ts"]), max(e["dur"], 1) / per))
+        key = (e["pid"], e["tid"])
+        by_row.setdefault(key, []).append(e)
+        if e.get("cat") == WAIT:
+            continue  # drawn where it stalls compute, below
+        bars.setdefault(key + (e.get("cat"),), []).append((x(e["ts"]), max(e["dur"], 1) / per))
+    for (pid, tid), spans in stalls.items():
+        if (pid, tid) in rows:
+            bars[(pid, tid, WAIT)] = [(x(a), (b - a) / per) for a, b in spans if b > t0 and a < t0 + span_us]
+    for pid, spans in lost.items():
+        if (pid, HOST_TID) in rows:
+            bars[(pid, HOST_TID, HOST_STALL)] = [(x(a), (b - a) / per) for a, b, _ in spans]
     for (pid, tid, cat), spans in bars.items():
-        ax.broken_barh(spans, (rows.index((pid, tid)) - 0.4, 0.8), facecolors=CAT_COLORS.get(cat, "#999999"))
+        height = 0.4 if cat == HOST_SYNC else 0.8  # the host ahead: a thin pale bar under its stalls
+        ax.broken_barh(spans, (rows.index((pid, tid)) - height / 2, height), facecolors=CAT_COLORS.get(cat, "#999999"),
+                       zorder=3 if cat == HOST_STALL else 2)
     for y, key in enumerate(rows):
         if y and key[0] != rows[y - 1][0]:
             ax.axhline(y - 0.5, color="0.5", lw=0.8)
@@ -270,40 +514,55 @@ def draw_timeline(plt, events, names, meta, step):
     ax.set_ylim(len(rows) - 0.5, -0.5)
     ax.set_xlim(0, span_us / per * 1.005)
     ax.set_xlabel("%s (%s since the step began)" % (clock_words(meta), unit))
-    phases = phase_spans(sel, step)
-    for label, s, t in phases:
-        strip.axvspan(x(s), x(t), color=PHASE_COLORS[label.split()[0]], ec="white")
+    phases = band_spans(sel, step, pipeline)
+    for key, _, s, t in phases:
+        strip.axvspan(x(s), x(t), color=PHASE_COLORS[key], ec="white")
         ax.axvline(x(s), color="0.3", lw=0.7, ls=":")
     strip.set_ylim(0, 1)
     strip.set_yticks([])
     strip.tick_params(axis="x", length=0)
     for side in ("left", "right", "top", "bottom"):
         strip.spines[side].set_visible(False)
-    ranks = sorted({p for p, _ in rows})
-    fig.suptitle("step %d (the trace's args.step %d), %d rank%s, %s" % (step + 1, step, len(ranks),
-                 "" if len(ranks) == 1 else "s", clock_words(meta)), fontsize=11)
-    present = {e.get("cat") for e in sel}
-    waited = sum(d for _, d, _ in host_waits(sel, step).get(ranks[0], [])) / per
-    styles = [(words + (" (rank %d: %.4g %s)" % (ranks[0], waited, unit) if cat == HOST_SYNC else ""), colour)
-              for cat, words, colour in TRACK_STYLE if cat in present]
+    who = "%d rank%s" % (len(ranks), "" if len(ranks) == 1 else "s") if ranks == traced else \
+        "%s of the %d traced" % (rank_words(ranks), len(traced))
+    fig.suptitle("step %d, %s, %s" % (step + 1, who, clock_words(meta)), fontsize=11)
+    present = {cat for (_, _, cat), spans in bars.items() if spans}  # a wait only where one stalls in this step
+    styles = [(words, colour) for cat, words, colour in TRACK_STYLE if cat in present]
+    if ranks[0] in lost:
+        total = sum(b - a for a, b, _ in lost[ranks[0]])
+        styles.append(("%s (rank %d: %s)" % (HOST_STALL_WORDS, ranks[0], duration_words(total)), HOST_STALL_COLOUR))
     legend = strip.legend([plt.Rectangle((0, 0), 1, 1, color=c) for _, c in styles], [w for w, _ in styles],
                           loc="lower center", bbox_to_anchor=(0.5, 1.02), ncol=len(styles), fontsize=8,
                           frameon=False, borderaxespad=0)
     fig.tight_layout(h_pad=0.2)
     px_per_unit = ax.transData.transform((1, 0))[0] - ax.transData.transform((0, 0))[0]
-    for label, s, t in phases:  # in its span; too narrow: over its neighbour, on the side away from the edge
-        if fit_label([label], (t - s) / per * px_per_unit, points=8, dpi=fig.dpi):
-            strip.text(x((s + t) / 2), 0.5, label, ha="center", va="center", fontsize=8)
-        else:
-            right = x(s) > 0.5 * span_us / per
-            strip.text(x(t) if right else x(s), 0.5, label + " " if right else " " + label, va="center",
-                       ha="right" if right else "left", fontsize=8)
+    x_px = lambda ts: ax.transData.transform((x(ts), 0))[0]  # noqa: E731
+    edges = (ax.transData.transform((0, 0))[0], ax.transData.transform((span_us / per * 1.005, 0))[0])
+    for text, xp, ha in place_band_labels(phases, x_px, edges, dpi=fig.dpi):
+        strip.text(ax.transData.inverted().transform((xp, 0))[0], 0.5, text, ha=ha, va="center", fontsize=PHASE_PT)
     for y, key in enumerate(rows):
-        for s, t, texts, cat in label_runs(by_row[key]):
+        runs = label_runs([e for e in by_row[key] if e.get("cat") != HOST_SYNC], passes=pipeline and
+                          key[1] == COMPUTE_TID)
+        for s, t, texts, cat in runs:
             text = fit_label(texts, (t - s) / per * px_per_unit, dpi=fig.dpi)
             if text:
                 ax.text(x((s + t) / 2), y, text, ha="center", va="center", fontsize=LABEL_PT,
                         color="white" if cat == COMPUTE else "black", clip_on=True)
+        if key[1] != HOST_TID:
+            continue
+        for s, t, texts, _ in label_runs(by_row[key]):  # the host's waits: where it was ahead, where it cost
+            stalled = [(a, b) for a, b, _ in lost.get(key[0], []) if s - TOL_US <= a and b <= t + TOL_US]
+            for a, b in stalled:
+                text = fit_label([HOST_STALL_WORDS, "stall"], (b - a) / per * px_per_unit, dpi=fig.dpi)
+                if text:
+                    ax.text(x((a + b) / 2), y, text, ha="center", va="center", fontsize=LABEL_PT, clip_on=True,
+                            zorder=4)
+            if not stalled:
+                texts = ["the host is ahead: it %s" % texts[0][5:]] + texts
+                text = fit_label(texts, (t - s) / per * px_per_unit, dpi=fig.dpi)
+                if text:
+                    ax.text(x((s + t) / 2), y, text, ha="center", va="center", fontsize=LABEL_PT, color="0.3",
+                            clip_on=True)
     return fig, ax, strip, legend
 
 
@@ -352,8 +611,10 @@ def memory_series(snap):
     return xs, series, bands
 
 
-def draw_memory(plt, snap, rank, ref_snap=None, ref_name=None):
-    """memory.png's figure: (fig, axes, the peak's label, legend)."""
+def draw_memory(plt, snap, rank, ref_snap=None, ref_name=None, capacity=None):
+    """memory.png's figure: (fig, axes, the peak's label, legend). capacity: the device's bytes (metrics.jsonl's
+    hbm_capacity_bytes, a dry run's profile), drawn as a line when the peak comes within a quarter of it: does
+    the run fit."""
     xs, series, bands = memory_series(snap)
     tags = list(series)  # colours by the snapshot's tag order: the same tag, the same colour, in every run
     used = [t for t in tags if max(series[t]) > 0]
@@ -376,6 +637,11 @@ def draw_memory(plt, snap, rank, ref_snap=None, ref_name=None):
     label = ax.annotate("peak %.2f MiB" % peak, (xs[peak_i], peak), xytext=(-4 if right else 4, 3),
                         textcoords="offset points", ha="right" if right else "left", va="bottom", fontsize=9,
                         bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none", "alpha": 0.85})
+    device = capacity / 2.0 ** 20 if capacity else None
+    if device and peak >= 0.25 * device:
+        ax.axhline(device, color="#C44E52", lw=1.0, ls="--", label="the device's memory (%.2f GiB)%s" % (
+            capacity / 2.0 ** 30, "" if peak <= device else ": the run does not fit"))
+        top = max(top, device)
     ax.set_ylim(0, top * 1.15)
     ax.set_xlim(xs[0], bands[-1][1] if bands else xs[-1])
     if bands:
@@ -403,106 +669,229 @@ def plot_memory(plt, run, out, rank, ref=None):
         print("no %s in %s: skipping memory.png" % ("allocation events" if snap else "memory_rank%d.json" % rank, run))
         return
     ref_snap = open_json(os.path.join(ref, "memory_rank%d.json" % rank)) if ref else None
-    fig = draw_memory(plt, snap, rank, ref_snap, run_name(ref) if ref else None)[0]
+    capacity = max([r.get("hbm_capacity_bytes") or 0 for r in load_metrics(run)], default=0)
+    fig = draw_memory(plt, snap, rank, ref_snap, run_name(ref) if ref else None, capacity)[0]
     fig.savefig(os.path.join(out, "memory.png"), dpi=DPI)
     plt.close(fig)
 
+# the colours of process groups, by kind (run.json "groups"): a family per kind, a colour per group of it. The mesh's
+# shard groups orange and replicate groups purple (HANDOUT's words for stage 09's picture); the pipeline's stage
+# groups each a hue of its own (stage 0 and stage 1 must not look alike); the world dark, so that the grad norm's
+# one all-reduce stands out; a group hw_fsdp.c made itself in yellows; sends and receives between stages grey.
 GROUP_FAMILIES = {"shard": ["#dd8452", "#f2b880", "#c0622c", "#f6d2b0"],
-                  "replicate": ["#8172b3", "#b3a8db", "#5a4c8f", "#d4cdef"], "world": ["#999999"]}
+                  "replicate": ["#8172b3", "#b3a8db", "#5a4c8f", "#d4cdef"],
+                  "stage": ["#55a868", "#4c9fd8", "#e0b000", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f"],
+                  "world": ["#222222"], "group": ["#e6ab02", "#a6761d", "#f0d264", "#7a5a00"]}
+P2P_COLOUR = "#b0b0b0"
+# how a title names the groups of each kind, in the title's order; "p2p": the sends and receives between stages
+GROUP_WORDS = [("shard", "the shard groups (rows of the mesh)"), ("replicate", "the replicate groups (its columns)"),
+               ("stage", "each pipeline stage's group"), ("group", "the groups hw_fsdp.c made"),
+               ("world", "the world"), (P2P, "between neighbouring stages")]
+KIND_WORDS = {ALL_GATHER: "all-gathers", REDUCE_SCATTER: "reduce-scatters", ALL_REDUCE: "all-reduces",
+              BROADCAST: "broadcasts", BARRIER: "barriers"}
+WHAT_ORDER = ["all-gathers", "reduce-scatters", "the grads' all-reduces", "all-reduces", "broadcasts", "barriers",
+              "the grad norm's all-reduce", "activations and grads sent"]  # a step's order
 
 
-def plot_groups(plt, run, out, step):
-    """Collectives by process group: on a 2-D mesh the all-gathers and reduce-scatters run in shard groups
-    and the grads' all-reduces in replicate groups; the picture shows which rank talks to which."""
-    events, names, meta = load_trace(run)
-    coll = [e for e in events if e.get("cat") == COLLECTIVE]
-    groups = sorted({e.get("args", {}).get("group", "world") for e in coll})
-    if not coll or groups == ["world"]:
-        return  # a 1-D run: every collective is the world's
-    steps = sorted({e["args"].get("step", -1) for e in coll if e["args"].get("step", -1) >= 0})
-    if step is None:
-        step = steps[len(steps) // 2] if steps else -1
-    sel = [e for e in coll if e["args"].get("step", -1) == step] or coll
-    t0 = min(e["ts"] for e in sel)
-    rows = sorted({(e["pid"], e["tid"]) for e in sel})
+def group_of_slice(e):
+    """The process group a collective ran in: its args.group; a pipeline's send/receive (args.p2p, no group): P2P."""
+    a = e.get("args", {})
+    if a.get("group"):
+        return a["group"]
+    return P2P if a.get("p2p") or a.get("phase") == PHASE_P2P else "world"
 
-    kinds = group_kinds(RunDir(run).run_json)  # what run.json states the runtime made: {name: kind}
+
+def what_ran(slices):
+    """'all-gathers and reduce-scatters', "the grad norm's all-reduce", 'activations and grads': one group's (or
+    kind's) collectives in words."""
+    words = []
+    for e in sorted(slices, key=lambda e: e["ts"]):
+        label, kind = label_and_kind(e["name"])
+        if group_of_slice(e) == P2P:
+            w = "activations and grads sent"
+        elif kind == ALL_REDUCE and label == "grad_norm":
+            w = "the grad norm's all-reduce"
+        elif kind == ALL_REDUCE and label:
+            w = "the grads' all-reduces"
+        else:
+            w = KIND_WORDS.get(kind, kind)
+        if w not in words:
+            words.append(w)
+    words.sort(key=lambda w: WHAT_ORDER.index(w) if w in WHAT_ORDER else len(WHAT_ORDER))
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
+def group_colours(kinds, groups):
+    """{group name: colour}: by its kind's family (GROUP_FAMILIES), each group of a kind the next colour of it in
+    run.json's order; a group run.json does not state, green; P2P grey."""
     of_kind = {}
     for name, kind in kinds.items():
         of_kind.setdefault(kind, []).append(name)
+    out = {}
+    for g in groups:
+        if g == P2P:
+            out[g] = P2P_COLOUR
+        elif g in kinds:
+            pal = GROUP_FAMILIES.get(kinds[g], GROUP_FAMILIES["group"])
+            out[g] = pal[of_kind[kinds[g]].index(g) % len(pal)]
+        else:
+            out[g] = "#55a868"
+    return out
 
-    def colour(g):
-        pal = GROUP_FAMILIES.get(kinds.get(g), ["#55a868"])
-        idx = of_kind[kinds[g]].index(g) if g in kinds else 0
-        return pal[idx % len(pal)]
-    fig, ax = plt.subplots(figsize=(13, 0.5 * len(rows) + 1.8))
-    for y, key in enumerate(rows):
-        for e in sel:
-            if (e["pid"], e["tid"]) != key:
-                continue
-            g = e["args"].get("group", "world")
-            x, w = (e["ts"] - t0) / 1000.0, max(e["dur"], 1) / 1000.0
-            ax.broken_barh([(x, w)], (y - 0.4, 0.8), facecolors=colour(g), edgecolors="white", linewidth=0.5)
+
+def draw_groups(plt, events, names, meta, run_json, step):
+    """groups.png's figure: (fig, axes, legend), or None for a run whose collectives all run in the world: every
+    collective of one step, on its rank's stream, coloured by its process group; the title says what ran in
+    which kind of group, the legend each group's ranks and collectives."""
+    coll = [e for e in events if e.get("cat") == COLLECTIVE]
+    if not coll or {group_of_slice(e) for e in coll} == {"world"}:
+        return None  # a 1-D run without a pipeline: every collective is the world's
+    steps = sorted({step_of(e) for e in coll if step_of(e) >= 0})
+    if step is None:
+        step = steps[len(steps) // 2] if steps else -1
+    sel = [e for e in coll if step_of(e) == step] or coll
+    ranks = drawn_ranks(sorted({e["pid"] for e in sel}), meta)
+    sel = [e for e in sel if e["pid"] in ranks]
+    t0 = min(e["ts"] for e in sel)
+    span_us = max(e["ts"] + e["dur"] for e in sel) - t0 or 1.0
+    unit, per = time_unit(span_us)
+    rows = sorted({(e["pid"], e["tid"]) for e in sel})
+    kinds = group_kinds(run_json)  # what run.json states the runtime made: {name: kind}
+    members = {g.get("name"): g.get("ranks") for g in run_json.get("groups") or [] if isinstance(g, dict)}
+    groups = sorted({group_of_slice(e) for e in sel},
+                    key=lambda g: ([k for k, _ in GROUP_WORDS].index(kinds.get(g, P2P if g == P2P else "group")),
+                                   list(kinds).index(g) if g in kinds else 0))
+    colour = group_colours(kinds, groups)
+    fig, ax = plt.subplots(figsize=(13, 0.5 * len(rows) + 2.2 + 0.2 * math.ceil(len(groups) / 2.0)))
+    least = span_us / per * 0.004  # ~4 px: a collective of a one-rank group (no cost) or the grad norm's is seen
+    for e in sel:
+        x, w = (e["ts"] - t0) / per, max(e["dur"] / per, least)
+        ax.broken_barh([(x, w)], (rows.index((e["pid"], e["tid"])) - 0.4, 0.8), facecolors=colour[group_of_slice(e)],
+                       edgecolors="white", linewidth=0.3)
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels(["rank %d %s" % (p, names.get((p, t), "stream %d" % t)) for p, t in rows])
-    ax.invert_yaxis()
-    ax.set_xlabel("%s (ms since the step's first collective)" % clock_words(meta))
-    ax.set_title("collectives by process group, step %d: all-gathers and reduce-scatters inside the shard groups "
-                 "(rows of the mesh), the grads' all-reduces across the replicate groups (its columns)" % (step + 1),
-                 fontsize=9)
-    handles = [plt.Rectangle((0, 0), 1, 1, color=colour(g)) for g in groups]
-    ax.legend(handles, groups, loc="upper right", fontsize=8)
+    ax.set_ylim(len(rows) - 0.5, -0.5)
+    ax.set_xlim(-least, span_us / per * 1.01)
+    ax.set_xlabel("%s (%s since the step's first collective)" % (clock_words(meta), unit))
+    parts = []
+    for kind, where in GROUP_WORDS:
+        mine = [e for e in sel if kinds.get(group_of_slice(e), P2P if group_of_slice(e) == P2P else "group") == kind]
+        if mine:
+            parts.append("%s %s %s" % (what_ran(mine), "" if kind == P2P else "in", where))
+    title = "collectives by process group, step %d: " % (step + 1) + "; ".join(p.replace("  ", " ") for p in parts)
+    ax.set_title(wrap(title, 150), fontsize=9)
+
+    def label(g):
+        if g == P2P:
+            return "sends and receives between stages"
+        who = " (%s)" % rank_words(members[g]) if members.get(g) else ""
+        alone = ", one rank: nothing moves" if len(members.get(g) or []) == 1 else ""
+        return "%s%s: %s%s" % (g, who, what_ran([e for e in sel if group_of_slice(e) == g]), alone)
+    legend = ax.legend([plt.Rectangle((0, 0), 1, 1, color=colour[g]) for g in groups], [label(g) for g in groups],
+                       loc="upper center", bbox_to_anchor=(0.5, -0.45 / (0.5 * len(rows) + 0.6)),
+                       ncol=min(len(groups), 2), fontsize=8, frameon=False)  # under the axis' label
     fig.tight_layout()
-    fig.savefig(os.path.join(out, "groups.png"), dpi=DPI)
-    plt.close(fig)
+    return fig, ax, legend
+
+
+def wrap(text, width):
+    """text broken at spaces into lines of at most `width` characters."""
+    lines, line = [], ""
+    for word in text.split(" "):
+        if line and len(line) + 1 + len(word) > width:
+            lines.append(line)
+            line = word
+        else:
+            line = "%s %s" % (line, word) if line else word
+    return "\n".join(lines + [line])
+
+
+def plot_groups(plt, run, out, step):
+    """Collectives by process group: on a 2-D mesh the all-gathers and reduce-scatters run in shard groups and the
+    grads' all-reduces in replicate groups; in a pipeline each stage's in its stage group, the activations and
+    grads between stages, the grad norm's all-reduce over the world. Which rank talks to which."""
+    events, names, meta = load_trace(run)
+    drawn = draw_groups(plt, events, names, meta, RunDir(run).run_json, step)
+    if drawn:
+        drawn[0].savefig(os.path.join(out, "groups.png"), dpi=DPI)
+        plt.close(drawn[0])
+
+
+def draw_backward(plt, events, names, meta, cfg, step, rank):
+    """backward.png's figure, (fig, axes), or None when the rank traced no backward: rank `rank`'s compute and comm
+    streams through one step's backward, every all-gather and reduce-scatter labelled with its module where the
+    name fits (all-gathers above the middle, reduce-scatters below), waits drawn where they stall compute
+    (wait_stalls), the axis from the backward's first op (a wait queued before it is not its start)."""
+    policy, single = cfg.get("backward_prefetch", "pre"), cfg.get("single_comm_stream", False)
+    mine = [e for e in events if e.get("pid") == rank]
+    back = [e for e in mine if e.get("args", {}).get("phase") in BACKWARD_PHASES]
+    steps = sorted({step_of(e) for e in back if step_of(e) >= 0})
+    if not steps:
+        return None
+    if step is None:
+        step = steps[len(steps) // 2]
+    sel = [e for e in back if step_of(e) == step and e.get("tid") != HOST_TID and e.get("cat") != EVENT]
+    work = [e for e in sel if e.get("cat") != WAIT]
+    if not work:
+        return None
+    t0 = min(e["ts"] for e in work)
+    t1 = max(e["ts"] + e["dur"] for e in work)
+    tids = sorted({e["tid"] for e in sel})
+    unit, per = time_unit(t1 - t0)
+    fig, ax = plt.subplots(figsize=(13, 0.8 * len(tids) + 1.8))
+    ax.set_xlim(0, (t1 - t0) / per * 1.005)
+    for y, tid in enumerate(tids):
+        for a, b in wait_stalls(mine).get((rank, tid), []):
+            lo, hi = max(a, t0), min(b, t1)
+            if hi > lo:
+                ax.broken_barh([((lo - t0) / per, (hi - lo) / per)], (y - 0.4, 0.8), facecolors=CAT_COLORS[WAIT])
+    fig.tight_layout()
+    px_per_unit = ax.transData.transform((1, 0))[0] - ax.transData.transform((0, 0))[0]
+    written = {}  # (stream, above or below): the right end in pixels of the last name written there
+    for y, tid in enumerate(tids):
+        for e in sorted((e for e in work if e["tid"] == tid), key=lambda e: e["ts"]):
+            x, w = (e["ts"] - t0) / per, max(e["dur"], 1) / per
+            label, kind = label_and_kind(e["name"])
+            colour = {ALL_GATHER: "#dd8452", REDUCE_SCATTER: "#8172b3"}.get(kind, CAT_COLORS.get(e.get("cat"),
+                                                                                                  "#999999"))
+            ax.broken_barh([(x, w)], (y - 0.4, 0.8), facecolors=colour, edgecolors="white", linewidth=0.3)
+            if e.get("cat") != COLLECTIVE:
+                continue
+            # the module's name, all-gathers above the middle, reduce-scatters below, centred on the bar; one that
+            # would run into the previous name on its line is left out
+            text, line = label or kind, (y, kind == ALL_GATHER)
+            half = text_px(text, 6, fig.dpi, em=0.62) / 2 + 2
+            mid = (x + w / 2) * px_per_unit
+            if mid - half >= written.get(line, -math.inf):
+                written[line] = mid + half
+                ax.text(x + w / 2, y + (-0.22 if kind == ALL_GATHER else 0.22), text, ha="center", va="center",
+                        fontsize=6)
+    ax.set_yticks(range(len(tids)))
+    ax.set_yticklabels([names.get((rank, t), "stream %d" % t) for t in tids])
+    ax.set_ylim(len(tids) - 0.5, -0.5)
+    ax.set_xlabel("%s (%s since the step's backward began, rank %d)" % (clock_words(meta), unit, rank))
+    ax.set_title("backward of step %d: --backward-prefetch %s%s (all-gathers orange, reduce-scatters purple, compute "
+                 "blue, waits that stall compute red)" % (step + 1, policy, ", one comm stream" if single else ""),
+                 fontsize=9)
+    fig.tight_layout()
+    return fig, ax
 
 
 def plot_backward(plt, run, out, step, rank):
-    """Rank `rank`'s compute and comm streams through one backward, every all-gather and reduce-scatter labelled
-    with its module: where the policy issues the all-gathers, and what they queue behind."""
+    """Rank `rank`'s compute and comm streams through one backward (draw_backward), for a run with a backward-prefetch
+    policy other than pre or one comm stream: where the policy issues the all-gathers, and what they queue behind."""
     try:
         with open(os.path.join(run, "run.json")) as fh:
             cfg = json.load(fh)
     except (OSError, ValueError):
         return
-    policy, single = cfg.get("backward_prefetch", "pre"), cfg.get("single_comm_stream", False)
-    if policy == "pre" and not single:
+    if cfg.get("backward_prefetch", "pre") == "pre" and not cfg.get("single_comm_stream", False):
         return
     events, names, meta = load_trace(run)
-    back = [e for e in events if e.get("pid") == rank and e.get("args", {}).get("phase") in BACKWARD_PHASES]
-    steps = sorted({e["args"].get("step", -1) for e in back if e["args"].get("step", -1) >= 0})
-    if not steps:
-        return
-    if step is None:
-        step = steps[len(steps) // 2]
-    sel = [e for e in back if e["args"].get("step") == step and e.get("tid") != HOST_TID]
-    if not sel:
-        return
-    t0 = min(e["ts"] for e in sel)
-    tids = sorted({e["tid"] for e in sel})
-    fig, ax = plt.subplots(figsize=(13, 0.8 * len(tids) + 1.8))
-    for y, tid in enumerate(tids):
-        for e in sel:
-            if e["tid"] != tid:
-                continue
-            x, w = (e["ts"] - t0) / 1000.0, max(e["dur"], 1) / 1000.0
-            label, kind = label_and_kind(e["name"])
-            colour = {ALL_GATHER: "#dd8452", REDUCE_SCATTER: "#8172b3"}.get(kind, CAT_COLORS.get(e.get("cat"),
-                                                                                                  "#999999"))
-            ax.broken_barh([(x, w)], (y - 0.4, 0.8), facecolors=colour, edgecolors="white", linewidth=0.3)
-            if e.get("cat") == COLLECTIVE:  # the module's name, all-gathers above the middle, reduce-scatters below
-                ax.text(x + w / 2, y + (-0.22 if kind == ALL_GATHER else 0.22), label or kind,
-                        ha="center", va="center", fontsize=6)
-    ax.set_yticks(range(len(tids)))
-    ax.set_yticklabels([names.get((rank, t), "stream %d" % t) for t in tids])
-    ax.invert_yaxis()
-    ax.set_xlabel("%s (ms since the step's backward began, rank %d)" % (clock_words(meta), rank))
-    ax.set_title("backward of step %d: --backward-prefetch %s%s (all-gathers orange, reduce-scatters purple, compute "
-                 "blue, waits red, events green)" % (step + 1, policy, ", one comm stream" if single else ""),
-                 fontsize=9)
-    fig.tight_layout()
-    fig.savefig(os.path.join(out, "backward.png"), dpi=DPI)
-    plt.close(fig)
+    drawn = draw_backward(plt, events, names, meta, cfg, step, rank)
+    if drawn:
+        drawn[0].savefig(os.path.join(out, "backward.png"), dpi=DPI)
+        plt.close(drawn[0])
 
 
 def pipeline_passes(events, step):
@@ -550,7 +939,6 @@ def plot_pipeline(plt, run, out, step):
         for lo, hi, what, mb in passes[r]:
             x, w = (lo - t0) / 1000.0, (hi - lo) / 1000.0
             ax.broken_barh([(x, w)], (y - 0.38, 0.76), facecolors=colours[what], edgecolors="white", linewidth=0.6)
-            ax.text(x + w / 2, y, "%s%d" % (what, mb), ha="center", va="center", fontsize=7, color="white")
     ax.set_yticks(range(len(ranks)))
     ax.set_yticklabels(["rank %d (stage %d)" % (r, r // S) for r in ranks])
     ax.invert_yaxis()
@@ -572,6 +960,12 @@ def plot_pipeline(plt, run, out, step):
     ax.legend([plt.Rectangle((0, 0), 1, 1, color=colours[k]) for k in "FB"], ["forward", "backward"],
               loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     fig.tight_layout()
+    px_per_ms = ax.transData.transform((1, 0))[0] - ax.transData.transform((0, 0))[0]
+    for y, r in enumerate(sorted(passes)):  # each bar's name where it fits (many microbatches: narrow bars, no names)
+        for lo, hi, what, mb in passes[r]:
+            if fit_label(["%s%d" % (what, mb)], (hi - lo) / 1000.0 * px_per_ms, points=7, dpi=fig.dpi):
+                ax.text((lo + hi) / 2000.0 - t0 / 1000.0, y, "%s%d" % (what, mb), ha="center", va="center",
+                        fontsize=7, color="white")
     fig.savefig(os.path.join(out, "pipeline.png"), dpi=DPI)
     plt.close(fig)
     return title

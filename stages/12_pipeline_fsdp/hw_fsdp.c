@@ -295,8 +295,8 @@ void pipe_schedule(Pipe *pipe) {
     const PipeInfo *pi = pipe_info(pipe);
     const int M = pi->microbatches, first = pi->prev < 0, last = pi->next < 0;
     int done = 0; /* backwards run this step */
-    /* TODO(stage 11): GPipe: every microbatch's forward (receive, forward, send), then every backward. */
-    hw_todo("GPipe: every microbatch's forward (receive, forward, send), then every backward", "HANDOUT.md#stage-11");
+    /* TODO(stage 11): GPipe: every microbatch's forward (receive, forward, send), then every backward in microbatch order B0 .. B(M-1), as torch's ScheduleGPipe. */
+    hw_todo("GPipe: every microbatch's forward (receive, forward, send), then every backward in microbatch order B0 .. B(M-1), as torch's ScheduleGPipe", "HANDOUT.md#stage-11");
     /* TODO(stage 11): 1F1B: P-1-p warm-up forwards, then a forward and a backward in turn, each send grouped with the receive the neighbour sends back, then the cool-down backwards. */
     hw_todo("1F1B: P-1-p warm-up forwards, then a forward and a backward in turn, each send grouped with the receive the neighbour sends back, then the cool-down backwards", "HANDOUT.md#stage-11");
 }

@@ -279,6 +279,31 @@ def test_a_failed_run_says_its_cause_once_and_what_it_left_ungraded(tmp_path):
                for c in st["checks"] if not c["ok"])
 
 
+def test_a_failed_run_says_the_dtensors_it_wrote_fail(tmp_path):
+    """A sharding bug that also stops the run (stage 12's shard count taken from the world, not the stage's shard
+    group; the run then reads NaN padding): the DTensors every rank wrote right after fsdp_init fail the check, and
+    the "not graded" line says so with the check's reason (the handout's promise: the DTensors verdict whenever
+    the run wrote them), never a bare "DTensors"."""
+    pipes = [s for s in manifest.stages() if s.pipeline and s.shards_at(4) > 1]
+    if not pipes:
+        pytest.skip("no pipeline stage with more than one shard per stage in this release")
+    st12 = pipes[0]
+    mutant = {"name": "pipeline_split_over_the_world", "base": os.path.relpath(st12.solution_src(), ROOT),
+              "replace": [["    f->srank = pg_rank(f->shard_pg);\n    f->nshards = pg_size(f->shard_pg);",
+                           "    f->srank = dev_rank(f->dev);\n    f->nshards = dev_world_size(f->dev);"]]}
+    src = apply_mutant(mutant, str(tmp_path / "hw_fsdp.c"))
+    out, res = grade(tmp_path / "out", "--file", src, "--stage", st12.id)
+    st = res["stages"][st12.id]
+    assert not st["run"]["ok"]
+    dt = next(c for c in st["checks"] if c["key"] == "dtensors")
+    prefix = "not graded: the run failed; the files it wrote before failing fail this check: "
+    assert dt["reason"].startswith(prefix) and dt["points"] == 0, dt
+    why = dt["reason"][len(prefix):]
+    assert "split over the %d ranks of its pipeline stage" % st12.shards_at(4) in why, why
+    line = next(l for l in out.splitlines() if l.startswith("== stage %s == not graded (the run failed): " % st12.id))
+    assert "%s (the files the run wrote before failing FAIL it: %s)" % (dt["name"], why) in line, line
+
+
 @pytest.mark.parametrize("R,S", [(2, 2), (2, 3), (3, 2), (4, 1)])
 def test_grad_norm_hint_names_the_mesh_factor(R, S):
     """On an R x S mesh each wrong reduction leaves its own factor on the norm (worked out here from the math,

@@ -119,8 +119,10 @@ def grade_stage(rubric, stage, src, out_root, ref_root, runner, baselines):
         ok, reason, detail = _grade_check(ctx, key)
         said_below = not run.ok  # a failed run's check goes on the one "not graded" line below, not its own
         if not run.ok:
-            ungraded.setdefault(None, []).append(name + (" (the files the run wrote before failing pass it)"
-                                                         if reason == PASSES_ON_FILES else ""))
+            ungraded.setdefault(None, []).append(name + (
+                " (the files the run wrote before failing pass it)" if reason == PASSES_ON_FILES else
+                " (the files the run wrote before failing FAIL it: %s)" % reason[len(FAILS_ON_FILES):]
+                if reason.startswith(FAILS_ON_FILES) else ""))
         for v, c in vctx.items():
             if ok and (key in rubric["variants"][v]["checks"] or CHECKS[key].variants == "every"):
                 ok, why, _ = _grade_check(c, key)
@@ -154,18 +156,26 @@ def grade_stage(rubric, stage, src, out_root, ref_root, runner, baselines):
 
 
 PASSES_ON_FILES = NOT_GRADED + "; the files it wrote before failing pass this check"
+FAILS_ON_FILES = NOT_GRADED + "; the files it wrote before failing fail this check: "
+# the checks that read only files a run writes before its first step: check key -> those files, per rank
+ON_EARLY_FILES = {"dtensors": "dtensors_rank%d.json"}
 
 
 def _grade_check(ctx, key):
     """run_check; on a failed run no check earns points and each points at the run's reason (said once),
     but a check whose files the run wrote before failing (the DTensors, written right after fsdp_init)
-    still says whether they pass."""
+    still says whether they pass, and why not when every rank wrote them and they fail."""
     ok, reason, detail = run_check(ctx, key)
     if ctx.run.ok:
         return ok, reason, detail
     if ctx.variant is not None:
         return False, "on %s the run failed: %s" % (ctx.label, ctx.run.reason), ""
-    return False, PASSES_ON_FILES if ok else NOT_GRADED, ""
+    if ok:
+        return False, PASSES_ON_FILES, ""
+    files = ON_EARLY_FILES.get(key)
+    if files and all(os.path.isfile(ctx.path(files % r)) for r in range(ctx.world)):
+        return False, FAILS_ON_FILES + reason, ""
+    return False, NOT_GRADED, ""
 
 
 def _started(rubric, stages, root):

@@ -180,6 +180,24 @@ def test_the_skips_are_said_in_one_line():
                                                        "test_solutions.py)")
 
 
+def test_skip_reasons_say_what_to_run(monkeypatch):
+    """The skips a student copy's `make test` prints say what to run, in plain words: a missing CUDA build is
+    "`make cuda` has not been run" where nvcc and NCCL are here (as `make` prints CUDA ✓ NCCL ✓), else the part
+    missing; a parameter list left empty (no solutions/) is one skipped test saying so, not pytest's "got empty
+    parameter set"."""
+    import helpers
+    nccl = any(os.path.exists(os.path.join(d, "include", "nccl.h")) for d in ("/usr/local/cuda", "/usr"))
+    if helpers.nvcc_path() and nccl:
+        assert helpers.no_cuda_build_reason().startswith("`make cuda` has not been run")
+    monkeypatch.setattr(helpers, "nvcc_path", lambda: None)
+    assert "needs nvcc" in helpers.no_cuda_build_reason()
+    (param,) = helpers.params_or_skip([])
+    (mark,) = param.marks
+    assert mark.name == "skip" and "solutions/" in mark.kwargs["reason"]
+    assert helpers.params_or_skip([1, 2]) == [1, 2]
+    assert [p.id for p in helpers.params_or_skip([1, 2], ids=["a", "b"])] == ["a", "b"]
+
+
 def test_readme_lists_the_packages_hwfsdp_installs():
     """README's package list is the script's (PKGS in ./hwfsdp), word for word."""
     import re

@@ -197,6 +197,34 @@ def test_full_handout_starters_hold_no_solution_region(full_handout):
         len(leaks), "\n".join("solution %s -> starter %s: %s" % l for l in leaks[:10]))
 
 
+INSTRUCTOR_TARGETS = ("reference", "reference-check", "blas-check", "fsdp2-check", "record-stream-demo", "handout",
+                      "gradescope", "starters")
+
+
+def test_student_readme_lists_what_the_tarball_has(full_handout):
+    """The README the student copy ships names nothing it lacks (solutions/, INSTRUCTORS.md, the instructors'
+    make targets, grading a class), its students' commands come first (make run, grade, carry before make test),
+    and it, the repo's README and HANDOUT.md name the two commands the same way: ./hwfsdp run and ./hwfsdp test."""
+    readme = read(full_handout, "hwfsdp/README.md")
+    names = members(full_handout)
+    assert "solutions/" not in readme and "INSTRUCTORS.md" not in readme and "--class" not in readme, readme
+    for target in INSTRUCTOR_TARGETS:
+        assert "make %s`" % target not in readme and "make %s " % target not in readme, target
+        assert "`make %s" % target in open(os.path.join(ROOT, "INSTRUCTORS.md")).read(), target
+    for path in re.findall(r"\]\(([^)#]+)\)", readme):  # every link it holds is in the tarball
+        assert "hwfsdp/" + path in names, path
+    rows = re.findall(r"^\| `(make \w+|make)[` ]", readme, re.M)
+    assert rows[:4] == ["make", "make run", "make grade", "make carry"] and rows[-1] == "make test", rows
+    repo = open(os.path.join(ROOT, "README.md")).read()
+    handout = open(os.path.join(ROOT, "HANDOUT.md")).read()
+    for text in (readme, repo):
+        two = text.split("## Two commands", 1)[1].split("```sh", 1)[1].split("```", 1)[0]
+        assert [l.split()[0:2] for l in two.strip().splitlines()] == [["./hwfsdp", "run"], ["./hwfsdp", "test"]], two
+    used = set(re.findall(r"\./hwfsdp (\w+)", handout))
+    assert used and used <= {"run", "test"}, used
+    assert "<!-- instructors -->" in repo and "<!-- instructors -->" not in readme
+
+
 def test_release_keeps_earlier_solutions_unless_asked(tmp_path):
     """A staged release's starter of stage N holds the solutions of the stages before N (today's choice for
     courses); --no-earlier-solutions ships the full handout's answer-free starters instead."""

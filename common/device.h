@@ -153,7 +153,9 @@ void dev_free(Dev *d, void *p);
  * work queued before the free. Memory then depends on how far the streams
  * got, not on your program, which is why FSDP2 avoids it. */
 void dev_record_stream(void *p, Stream *s);
-/* Pinned host memory (stage 10, CPU offload), as cudaHostAlloc: a pool of its
+/* Pinned host memory, as cudaHostAlloc (stage 10's CPU offload keeps the
+ * shards there; stage 02 on may copy a value back into it, as the grad norm
+ * fsdp_optimizer_step returns, before a dev_stream_synchronize): a pool of its
  * own, counted apart from device memory (dev_mem_host_*; "host_events" in the
  * snapshot), NaN-filled like device memory. A stream copies between it and
  * device memory with dev_memcpy_async (traced "h2d" / "d2h", as long as the

@@ -58,7 +58,7 @@ typedef struct {
     Stream *stream;           /* the compute stream: where module compute runs */
     int stage, stages;        /* p and P */
     int microbatches;         /* M */
-    PipeSchedule schedule;    /* --pp-schedule: gpipe (all forwards, then all backwards) or 1f1b */
+    PipeSchedule schedule;    /* --pp-schedule: gpipe (all forwards, then the backwards B0 .. B(M-1)) or 1f1b */
     int prev, next;           /* world ranks of this shard on stage p-1 / p+1; -1 at either end */
     size_t act_numel;         /* floats of one microbatch's activation between stages: (B / M) * T * D */
     Model *model;             /* this stage's modules (FsdpConfig.model) */

@@ -229,6 +229,31 @@ def flag_value(flags, name, default=None):
     return value
 
 
+def flag_groups(flags):
+    """[(name, [tokens])]: a command line cut before each --flag, each group the flag and the values after it (the
+    runtime's option parser: a token that does not start with -- is the value of the flag before it)."""
+    out = []
+    for f in flags:
+        if f.startswith("--") or not out:
+            out.append((f.split("=", 1)[0], [f]))
+        else:
+            out[-1][1].append(f)
+    return out
+
+
+def override_flags(base, over):
+    """(base without every flag that `over` sets, [(name, the dropped tokens)]): base + over then names each flag
+    once, with over's value (the runtime would take the last of two silently)."""
+    names = {name for name, _ in flag_groups(over)}
+    kept, dropped = [], []
+    for name, tokens in flag_groups(base):
+        if name in names:
+            dropped.append((name, tokens))
+        else:
+            kept += tokens
+    return kept, dropped
+
+
 AC_FLAGS = ("--ac", "--ac-every", "--ac-op")  # the runtime's activation-checkpointing modes (options.c)
 
 

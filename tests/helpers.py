@@ -108,6 +108,34 @@ def apply_mutant(mutant, dest):
     return dest
 
 
+def params_or_skip(items, ids=None, why="needs the instructors' solutions/ (this tree has none)"):
+    """items as pytest.mark.parametrize's values; where there are none (the student tree has no solutions/), one
+    value whose test is skipped saying why (pytest itself would only say "got empty parameter set")."""
+    import pytest
+    if items:
+        return list(items) if ids is None else [pytest.param(x, id=i) for x, i in zip(items, ids)]
+    return [pytest.param(None, marks=pytest.mark.skip(reason=why), id="none")]
+
+
+def nvcc_path():
+    """The nvcc the Makefile finds (NVCC: on the PATH or /usr/local/cuda/bin/nvcc), or None."""
+    import shutil
+    found = shutil.which("nvcc")
+    return found or ("/usr/local/cuda/bin/nvcc" if os.access("/usr/local/cuda/bin/nvcc", os.X_OK) else None)
+
+
+def no_cuda_build_reason():
+    """Why build-cuda/ is not there, in words that say what to run: `make cuda` not yet run where nvcc and NCCL
+    are here (as `make` prints them: CUDA ✓ NCCL ✓), else which of the two is missing."""
+    nvcc = nvcc_path()
+    home = os.environ.get("CUDA_HOME") or (os.path.dirname(os.path.dirname(nvcc)) if nvcc else "/usr/local/cuda")
+    nccl = any(os.path.exists(os.path.join(d, "nccl.h")) for d in (os.path.join(home, "include"), "/usr/include"))
+    if nvcc and nccl:
+        return "`make cuda` has not been run (nvcc and NCCL are here: run `make cuda`, then these tests run)"
+    missing = " and ".join(w for w, have in (("nvcc (the CUDA toolkit)", nvcc), ("NCCL (nccl.h)", nccl)) if not have)
+    return "no CUDA build: `make cuda` needs %s, which this machine does not have" % missing
+
+
 def require_torch(what):
     """Import-time guard of a test module that compares with Debian's python3-torch: skipped with the
     reason on a developer machine without it, an error under CI (CI=true), where ./hwfsdp installs it."""

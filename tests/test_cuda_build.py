@@ -6,17 +6,16 @@ the CUDA build's binaries as far as they go without a GPU (flag parsing, the
 backend checks, the one-line error when no device is visible) and test the
 GPU-vs-CPU comparison that `make gpu-check` relies on, on two CPU runs."""
 import os
-import shutil
 import subprocess
 import sys
 
 import pytest
 
-from helpers import BASELINE, CORPUS, ROOT, run_train
+from helpers import BASELINE, CORPUS, ROOT, no_cuda_build_reason, nvcc_path, run_train
 
 CUDA_BUILD = os.path.join(ROOT, "build-cuda")
 CUDA_BASELINE = os.path.join(CUDA_BUILD, "baseline", "train")
-HAVE_NVCC = shutil.which("nvcc") is not None or os.path.exists("/usr/local/cuda/bin/nvcc")
+HAVE_NVCC = nvcc_path() is not None
 PYTHON = sys.executable
 
 
@@ -27,11 +26,10 @@ def have_gpu():
         return False
 
 
-needs_cuda_build = pytest.mark.skipif(not os.path.exists(CUDA_BASELINE),
-                                      reason="no CUDA build (make cuda needs nvcc and NCCL)")
+needs_cuda_build = pytest.mark.skipif(not os.path.exists(CUDA_BASELINE), reason=no_cuda_build_reason())
 
 
-@pytest.mark.skipif(not HAVE_NVCC, reason="nvcc not found")
+@pytest.mark.skipif(not HAVE_NVCC, reason="nvcc (the CUDA toolkit) is not installed: `make cuda` needs it")
 def test_cuda_build_is_complete():
     """make cuda built the runtime, the baseline, every stage, the op and collective checkers and make gpu-calibrate's
     program (tests/test_gpu_calibrate.py runs it)."""

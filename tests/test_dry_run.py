@@ -22,7 +22,7 @@ import sys
 
 import pytest
 
-from helpers import BASELINE, BUILD, ROOT, SOLVED, metrics, run_train, solution_bin, stage_or_skip
+from helpers import BASELINE, BUILD, ROOT, SOLVED, metrics, params_or_skip, run_train, solution_bin, stage_or_skip
 
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 from compare_reference import memory_snapshot, trace_tracks  # noqa: E402
@@ -44,7 +44,7 @@ def read(path, reader=json.loads):
 TRAINING = [s for s in SOLVED if not s.forward_only]
 
 
-@pytest.mark.parametrize("st", TRAINING, ids=[s.id for s in TRAINING])
+@pytest.mark.parametrize("st", params_or_skip(TRAINING, ids=[s.id for s in TRAINING]))
 def test_dry_run_has_the_real_runs_schedule_and_memory(st, tmp_path):
     real, dry = tmp_path / "real", tmp_path / "dry"
     run_train(solution_bin(st), real, *DEBUG, *st.flags_at(4))

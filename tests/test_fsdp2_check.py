@@ -455,8 +455,13 @@ def fsdp2_python():
     for python in candidates + [sys.executable]:
         if fc.suitable(python):
             return python, None
-    return None, ("no torch >= %d.%d with torch.distributed.fsdp.fully_shard in %s or %s (make fsdp2-check "
-                  "installs one)" % (fc.MIN_TORCH + (fc.shown(venv), sys.executable)))
+    if not candidates:
+        return None, ("the torch venv these tests use is not installed (%s): `make fsdp2-check` installs it once "
+                      "(torch from PyPI, about 5 GB), and %s's own torch is not %d.%d or newer"
+                      % ((fc.shown(venv), sys.executable) + fc.MIN_TORCH))
+    return None, ("neither the torch venv (%s) nor %s has torch %d.%d or newer with fully_shard: remove %s and run "
+                  "`make fsdp2-check` to install it again" % ((fc.shown(venv), sys.executable) + fc.MIN_TORCH
+                                                                + (fc.shown(venv),)))
 
 
 def tool_on_mutant(name, stage, tmp_path, python, *args):

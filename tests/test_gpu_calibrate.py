@@ -16,7 +16,7 @@ import subprocess
 
 import pytest
 
-from helpers import BUILD, ROOT
+from helpers import BUILD, ROOT, no_cuda_build_reason
 
 CPU_BIN = os.path.join(BUILD, "tools", "gpu_calibrate")
 CUDA_BIN = os.path.join(ROOT, "build-cuda", "tools", "gpu_calibrate")
@@ -182,7 +182,7 @@ def test_bad_fake_times_are_one_line(tmp_path, text, line):
     assert lines == ["error: gpu_calibrate: %s %s" % (f, line)], p.stderr
 
 
-needs_cuda_build = pytest.mark.skipif(not os.path.exists(CUDA_BIN), reason="no CUDA build (make cuda needs nvcc)")
+needs_cuda_build = pytest.mark.skipif(not os.path.exists(CUDA_BIN), reason=no_cuda_build_reason())
 
 
 @needs_cuda_build

@@ -164,7 +164,7 @@ def test_mutants_file_is_sound():
         assert set(m.get("may_fail", [])) <= valid, m["name"]
         # the failure that names the mutant's cause: a check it fails, or a run that fails
         runs = ["run"] + ["run:" + v for v in stage_variants(RUBRIC, m["stage"])]
-        assert m["lead"] in (runs if m["expect_fail"] == ["*"] else set(m["expect_fail"]) | set(runs)), m["name"]
+        assert m["lead"] in set(runs) | (valid if m["expect_fail"] == ["*"] else set(m["expect_fail"])), m["name"]
 
 
 def test_overlap_bars_keep_their_margins():
@@ -241,9 +241,12 @@ def assert_leads(mutant, out, st):
     if mutant["lead"].startswith("run:"):
         assert likely and likely[0].split(" == most likely cause: ")[1].startswith("the run on "), lines
         return
-    assert failed and failed[0] == CHECKS[mutant["lead"]].label, failed
+    label = CHECKS[mutant["lead"]].label
+    # a check said on its own line leads them; one that fails on the files a failed run wrote is named on the
+    # 'most likely cause' line, before the run's reason
+    assert failed[:1] == [label] if failed else not st["run"]["ok"] and len(st["failed_order"]) > 1, lines
     assert len(st["failed_order"]) == 1 or likely[0].split(" == most likely cause: ")[1].startswith(
-        CHECKS[mutant["lead"]].label + " (read it first: "), likely
+        label + " (read it first: "), likely
 
 
 def grade_mutant(tmp_path, name):
@@ -302,6 +305,31 @@ def test_a_failed_run_says_its_cause_once_and_what_it_left_ungraded(tmp_path):
     assert not [l for l in lines if CHECK_LINE.match(l) and CHECK_LINE.match(l).group(3) == "FAIL"], lines
     assert all(c["reason"].startswith("on --reshard-after-forward=true --ac the run failed: runtime error: block1: ")
                for c in st["checks"] if not c["ok"])
+
+
+def test_a_failed_run_says_the_dtensors_it_wrote_fail(tmp_path):
+    """A sharding bug that also stops the run (stage 12's shard count taken from the world, not the stage's shard
+    group; the run then reads NaN padding): the DTensors every rank wrote right after fsdp_init fail the check, and
+    the "not graded" line says so with the check's reason (the handout's promise: the DTensors verdict whenever
+    the run wrote them), never a bare "DTensors"."""
+    pipes = [s for s in manifest.stages() if s.pipeline and s.shards_at(4) > 1]
+    if not pipes:
+        pytest.skip("no pipeline stage with more than one shard per stage in this release")
+    st12 = pipes[0]
+    mutant = {"name": "pipeline_split_over_the_world", "base": os.path.relpath(st12.solution_src(), ROOT),
+              "replace": [["    f->srank = pg_rank(f->shard_pg);\n    f->nshards = pg_size(f->shard_pg);",
+                           "    f->srank = dev_rank(f->dev);\n    f->nshards = dev_world_size(f->dev);"]]}
+    src = apply_mutant(mutant, str(tmp_path / "hw_fsdp.c"))
+    out, res = grade(tmp_path / "out", "--file", src, "--stage", st12.id)
+    st = res["stages"][st12.id]
+    assert not st["run"]["ok"]
+    dt = next(c for c in st["checks"] if c["key"] == "dtensors")
+    prefix = "not graded: the run failed; the files it wrote before failing fail this check: "
+    assert dt["reason"].startswith(prefix) and dt["points"] == 0, dt
+    why = dt["reason"][len(prefix):]
+    assert "split over the %d ranks of its pipeline stage" % st12.shards_at(4) in why, why
+    line = next(l for l in out.splitlines() if l.startswith("== stage %s == not graded (the run failed): " % st12.id))
+    assert "%s (the files the run wrote before failing FAIL it: %s)" % (dt["name"], why) in line, line
 
 
 @pytest.mark.parametrize("R,S", [(2, 2), (2, 3), (3, 2), (4, 1)])

@@ -197,6 +197,34 @@ def test_full_handout_starters_hold_no_solution_region(full_handout):
         len(leaks), "\n".join("solution %s -> starter %s: %s" % l for l in leaks[:10]))
 
 
+INSTRUCTOR_TARGETS = ("reference", "reference-check", "blas-check", "fsdp2-check", "record-stream-demo", "handout",
+                      "gradescope", "starters")
+
+
+def test_student_readme_lists_what_the_tarball_has(full_handout):
+    """The README the student copy ships names nothing it lacks (solutions/, INSTRUCTORS.md, the instructors'
+    make targets, grading a class), its students' commands come first (make run, grade, carry before make test),
+    and it, the repo's README and HANDOUT.md name the two commands the same way: ./hwfsdp run and ./hwfsdp test."""
+    readme = read(full_handout, "hwfsdp/README.md")
+    names = members(full_handout)
+    assert "solutions/" not in readme and "INSTRUCTORS.md" not in readme and "--class" not in readme, readme
+    for target in INSTRUCTOR_TARGETS:
+        assert "make %s`" % target not in readme and "make %s " % target not in readme, target
+        assert "`make %s" % target in open(os.path.join(ROOT, "INSTRUCTORS.md")).read(), target
+    for path in re.findall(r"\]\(([^)#]+)\)", readme):  # every link it holds is in the tarball
+        assert "hwfsdp/" + path in names, path
+    rows = re.findall(r"^\| `(make \w+|make)[` ]", readme, re.M)
+    assert rows[:4] == ["make", "make run", "make grade", "make carry"] and rows[-1] == "make test", rows
+    repo = open(os.path.join(ROOT, "README.md")).read()
+    handout = open(os.path.join(ROOT, "HANDOUT.md")).read()
+    for text in (readme, repo):
+        two = text.split("## Two commands", 1)[1].split("```sh", 1)[1].split("```", 1)[0]
+        assert [l.split()[0:2] for l in two.strip().splitlines()] == [["./hwfsdp", "run"], ["./hwfsdp", "test"]], two
+    used = set(re.findall(r"\./hwfsdp (\w+)", handout))
+    assert used and used <= {"run", "test"}, used
+    assert "<!-- instructors -->" in repo and "<!-- instructors -->" not in readme
+
+
 def test_release_keeps_earlier_solutions_unless_asked(tmp_path):
     """A staged release's starter of stage N holds the solutions of the stages before N (today's choice for
     courses); --no-earlier-solutions ships the full handout's answer-free starters instead."""
@@ -229,6 +257,14 @@ def _carry(root, *args):
                           capture_output=True, text=True, timeout=60)
 
 
+def _added(stdout):
+    """The lines of make carry's "Stage NN adds" list (its own TODOs)."""
+    lines = stdout.splitlines()
+    start = next(i for i, l in enumerate(lines) if " adds, in the starter's order" in l) + 1
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("  ")), len(lines))
+    return lines[start:end]
+
+
 def test_carry_moves_your_file_forward(tmp_path):
     """make carry STAGE=03: your stage 02 file becomes stage 03's hw_fsdp.c, the starter stays beside it,
     every TODO of stage 03's starter is listed with its HANDOUT anchor, and the carried file builds and
@@ -249,7 +285,7 @@ def test_carry_moves_your_file_forward(tmp_path):
     banner = carried[:len(carried) - len(mine)]
     assert "stage-%s file" % prev.id in banner and "HANDOUT.md#stage-%s" % cur.id in banner
     assert open(os.path.join(here, "hw_fsdp.starter.c")).read() == starter
-    listed = [l for l in p.stdout.splitlines() if l.startswith("  - ")]
+    listed = _added(p.stdout)
     stubs = re.findall(r'hw_todo\("([^"]*)", "HANDOUT\.md#stage-%s"' % cur.id, starter)
     assert len(stubs) == starter.count("/* TODO(stage %s):" % cur.id) > 0
     assert len(listed) == len(stubs)
@@ -302,7 +338,7 @@ def test_carry_follows_builds_on_and_renames_the_banner(tmp_path):
     assert "carried stages/%s/hw_fsdp.c -> stages/%s/hw_fsdp.c" % (six.dir, nine.dir) in p.stdout
     carried = open(os.path.join(root, "stages", nine.dir, "hw_fsdp.c")).read()
     assert carried.endswith(mine) and carried.startswith("/* CARRIED into stage 09")
-    listed = [l for l in p.stdout.splitlines() if l.startswith("  - ")]
+    listed = _added(p.stdout)
     assert listed and all("HANDOUT.md#stage-09" in l for l in listed)
     # a carried file carried on: one banner, the newest
     p = _carry(root, "10")  # from 06 too
@@ -316,6 +352,55 @@ def test_carry_follows_builds_on_and_renames_the_banner(tmp_path):
     text = open(os.path.join(root, "stages", STAGES[2].dir, "hw_fsdp.c")).read()
     assert text.count("CARRIED into stage") == 1 and text.startswith("/* CARRIED into stage %s" % STAGES[2].id)
     assert "stage-%s file" % STAGES[1].id in text.split("*/", 1)[0], text[:300]
+
+
+def test_carry_lists_what_the_stages_in_between_add(tmp_path):
+    """A stage that builds on one further back (11 on 07): make carry lists, besides the stage's own TODOs, every
+    TODO(stage NN) of the stages in between in the starter (09's shard group), the earlier TODOs whose words
+    changed since the starter the carried file answered (the shard group in place of the world), and, by the
+    starter's line, the include, struct fields, functions and frees the carried file lacks."""
+    by_id = {s.id: s for s in STAGES}
+    cur = next((s for s in STAGES if s.builds_on and int(s.id) - int(s.builds_on) > 1
+                and re.search(r"TODO\(stage (\d\d)\)", open(s.starter_src()).read())
+                and any(s.builds_on < t < s.id for t in re.findall(r"TODO\(stage (\d\d)\)",
+                                                                      open(s.starter_src()).read()))), None)
+    if cur is None:
+        pytest.skip("no stage whose starter holds TODOs of a stage between it and the one it builds on")
+    prev = by_id[cur.builds_on]
+    root = str(tmp_path / "tree")
+    shutil.copytree(os.path.join(ROOT, "stages"), os.path.join(root, "stages"))
+    here = os.path.join(root, "stages", prev.dir)
+    shutil.copyfile(os.path.join(here, "hw_fsdp.c"), os.path.join(here, "hw_fsdp.starter.c"))  # carried there
+    mine = open(prev.solution_src()).read()
+    open(os.path.join(here, "hw_fsdp.c"), "w").write(mine)
+    starter = open(cur.starter_src()).read()
+    p = _carry(root, cur.id)
+    assert p.returncode == 0, p.stderr
+    out = p.stdout
+    marks = re.findall(r"/\* TODO\(stage (\d\d)\): (.*?)\.? \*/", starter)
+    between = [(t, w) for t, w in marks if prev.id < t < cur.id]
+    assert between
+    for tag, what in between:  # stage 11: stage 09's shard group, in fsdp_init and the all-gather
+        assert "%s  [hw_fsdp.starter.c:" % what in out and "HANDOUT.md#stage-%s]" % tag in out, (what, out)
+    assert "also needs the work of stage %s" % between[0][0] in out, out
+    old = set(re.findall(r"/\* TODO\(stage (\d\d)\): (.*?)\.? \*/", open(prev.starter_src()).read()))
+    changed = [(t, w) for t, w in marks if t <= prev.id and (t, w) not in old]
+    section = out.split("words differently", 1)[1].split("\n\n", 1)[0] if changed else ""
+    assert [l for l in section.splitlines() if l.startswith("  - ")] == [
+        l for l in section.splitlines() if l.startswith("  - ") and any(w in l for _, w in changed)]
+    assert len([l for l in section.splitlines() if l.startswith("  - ")]) == len(changed)
+    lacks = out.split("your file lacks", 1)[1].split("\n\n", 1)[0]
+    for inc in re.findall(r'^#include [<"].*[>"]$', starter, re.M):
+        assert (inc in lacks) == (inc not in mine), inc
+    if cur.pipeline and not prev.pipeline:
+        assert '#include "hw_pipe.h"' in lacks and "function pipe_schedule" in lacks, lacks
+    for field in ("shard_pg", "srank, nshards"):
+        if field in starter and field not in mine:
+            assert "field: " in lacks and field in lacks, (field, lacks)
+    for line in lacks.splitlines():  # each names the starter's line, which holds what it lists
+        m = re.search(r"\[hw_fsdp\.starter\.c:(\d+)\]$", line.strip())
+        if m and "function " in line:
+            assert line.split("function ", 1)[1].split()[0] in starter.splitlines()[int(m.group(1)) - 1], line
 
 
 def test_carry_warns_about_open_todos_and_refuses_bad_stages(tmp_path):

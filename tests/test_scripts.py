@@ -93,6 +93,42 @@ def test_main_job_trains_the_highest_stage_you_changed(tmp_path, monkeypatch):
     assert say.startswith("training with your stage %s" % accum.id) and "%s: TODO not implemented" % mesh.id in say, say
 
 
+def makefile_run_flags():
+    """make run's RUN_FLAGS as the Makefile sets them (continuation lines joined)."""
+    import re
+    with open(os.path.join(ROOT, "Makefile")) as fh:
+        text = fh.read().replace("\\\n", " ")
+    return re.search(r"^RUN_FLAGS \?= (.*)$", text, re.M).group(1).split()
+
+
+def test_make_run_names_each_flag_once():
+    """make run's command line with any stage's own flags names each flag once: where the stage sets one the run
+    sets too (stage 12's --batch-size=4 over RUN_FLAGS' --batch-size 2), the stage's stays and the run's goes,
+    and the line before the command says so."""
+    import manifest
+    mj = _main_job()
+    flags = makefile_run_flags()
+    world = int(manifest.flag_value(flags, "--world", "1"))
+    assert "--batch-size" in flags
+    clashed = 0
+    for st in manifest.stages():
+        own = st.flags_at(world)
+        cmd, said = mj.train_command("train", flags, own, "runs/x")
+        names = [name for name, _ in manifest.flag_groups(cmd[1:])]
+        assert len(names) == len(set(names)), (st.id, cmd)
+        assert cmd[-len(own) - 2:-2] == own and cmd[-2:] == ["--out", "runs/x"], (st.id, cmd)
+        both = {n for n, _ in manifest.flag_groups(own)} & {n for n, _ in manifest.flag_groups(flags)}
+        for name in both:
+            clashed += 1
+            assert manifest.flag_value(cmd, name) == manifest.flag_value(own, name), (st.id, name, cmd)
+            assert "in place of the run's %s" % name in said, said
+        assert bool(both) == bool(said), (st.id, said)
+    if any(manifest.flag_value(s.flags, "--batch-size") for s in manifest.stages()):
+        assert clashed, "a stage sets --batch-size, which make run sets too: the test should have met it"
+    assert mj.train_command("t", ["--ac", "--steps", "3"], ["--ac", "--x=1"], "o") == (
+        ["t", "--steps", "3", "--ac", "--x=1", "--out", "o"], "the stage's own --ac in place of the run's --ac")
+
+
 def test_compact_run_dir_keeps_a_memory_viz_snapshot_of_the_profiled_steps(tmp_path):
     """make run's directory: rank 0's pickle cut after the profiled steps (its segments the blocks alive there,
     as a replay of its trace leaves them; opcodes memory_viz reads), every rank's whole pickle gzipped, the other
@@ -142,6 +178,24 @@ def test_the_skips_are_said_in_one_line():
     assert skip_summary([]) is None
     assert skip_summary([], ["test_solutions.py"]) == ("1 instructors' test files not collected (no solutions/: "
                                                        "test_solutions.py)")
+
+
+def test_skip_reasons_say_what_to_run(monkeypatch):
+    """The skips a student copy's `make test` prints say what to run, in plain words: a missing CUDA build is
+    "`make cuda` has not been run" where nvcc and NCCL are here (as `make` prints CUDA ✓ NCCL ✓), else the part
+    missing; a parameter list left empty (no solutions/) is one skipped test saying so, not pytest's "got empty
+    parameter set"."""
+    import helpers
+    nccl = any(os.path.exists(os.path.join(d, "include", "nccl.h")) for d in ("/usr/local/cuda", "/usr"))
+    if helpers.nvcc_path() and nccl:
+        assert helpers.no_cuda_build_reason().startswith("`make cuda` has not been run")
+    monkeypatch.setattr(helpers, "nvcc_path", lambda: None)
+    assert "needs nvcc" in helpers.no_cuda_build_reason()
+    (param,) = helpers.params_or_skip([])
+    (mark,) = param.marks
+    assert mark.name == "skip" and "solutions/" in mark.kwargs["reason"]
+    assert helpers.params_or_skip([1, 2]) == [1, 2]
+    assert [p.id for p in helpers.params_or_skip([1, 2], ids=["a", "b"])] == ["a", "b"]
 
 
 def test_readme_lists_the_packages_hwfsdp_installs():

@@ -29,6 +29,9 @@ def test_generator_refuses_unbalanced_markers(tmp_path):
     stubbed, todos = make_starters.convert(two, "03", "x.c")  # the full handout: every stage up to 03 stubbed
     assert "return 1;" not in stubbed and "BEGIN SOLUTION" not in stubbed and \
         todos == [("02", "do it"), ("03", "do more")] and 'hw_todo("do it", "HANDOUT.md#stage-02");' in stubbed
+    carried, _ = make_starters.convert(two, "03", "x.c", carry_from="02")  # an earlier stub says to carry
+    assert 'hw_todo("do it", "HANDOUT.md#stage-02; did stage 02 already? `make carry STAGE=03` brings your file ' \
+        'here");' in carried and 'hw_todo("do more", "HANDOUT.md#stage-03");' in carried
     kept, todos = make_starters.convert(two, "03", "x.c", keep_earlier=True)  # a staged release
     assert "return 1;" in kept and "BEGIN SOLUTION" not in kept and todos == [("03", "do more")]
     # a region nested in an earlier stage's: stubbing the outer one lists the inner TODO after it
@@ -49,20 +52,28 @@ def test_generator_refuses_unbalanced_markers(tmp_path):
 
 def _stubs(text):
     """[(what, anchor)] of the starter's hw_todo stubs."""
-    return re.findall(r'hw_todo\("((?:[^"\\]|\\.)*)",\s*"(HANDOUT\.md#stage-\d\d)"\)', text)
+    return re.findall(r'hw_todo\("((?:[^"\\]|\\.)*)",\s*"(HANDOUT\.md#stage-\d\d)(?:; [^"]*)?"\)', text)
 
 
 @pytest.mark.parametrize("stage", STAGES)
 def test_starter_stops_at_a_named_todo(stage, tmp_path):
     """The starter stops at the first TODO its run reaches (often an earlier stage's: it stubs them all), with a
-    message that names one of its own stubs and that stub's HANDOUT section."""
+    message that names one of its own stubs and that stub's HANDOUT section; an earlier stage's stub in the
+    starter of a stage that builds on another's file also says to run `make carry STAGE=NN` (the manifest's
+    builds_on), so an untouched starter's first message says how to bring your own file here."""
     binary = os.path.join(BUILD, "stages", stage, "train")
     flags = FLAGS[stage]
     p = subprocess.run([binary, "--world", "2", "--steps", "2", "--data", CORPUS, "--out", str(tmp_path), "--quiet"]
                        + flags, capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert p.returncode == 3, (p.returncode, p.stderr)
-    m = re.search(r"TODO not implemented: (.*) \(see (HANDOUT\.md#stage-(\d\d))\)", p.stderr)
+    m = re.search(r"TODO not implemented: (.*) \(see (HANDOUT\.md#stage-(\d\d))(; [^\n]*)?\)\n", p.stderr)
     assert m, p.stderr
+    st = next(s for s in SOLVED if s.dir == stage)
+    if st.builds_on and m.group(3) < st.id:
+        assert m.group(4) == "; did stage %s already? `make carry STAGE=%s` brings your file here" % (
+            st.builds_on, st.id), p.stderr
+    else:
+        assert m.group(4) is None, p.stderr
     stubs = _stubs(open(os.path.join(ROOT, "stages", stage, "hw_fsdp.c")).read())
     assert (m.group(1), m.group(2)) in [(w.replace('\\"', '"'), a) for w, a in stubs], (m.group(0), stubs)
     assert m.group(3) <= stage[:2]
@@ -78,7 +89,7 @@ def test_starter_stubs_every_stage_up_to_its_own(stage):
     tagged = re.findall(r"TODO\(stage (\d\d)\)", text.split("*/", 1)[1])  # past the banner
     assert n in tagged and first in tagged, tagged
     assert max(tagged) == n, tagged
-    pairs = re.findall(r"/\* TODO\(stage (\d\d)\): .*\. \*/\n\s*hw_todo\(\"(?:[^\"\\\\]|\\\\.)*\", \"HANDOUT\.md#stage-(\d\d)\"\);", text)
+    pairs = re.findall(r"/\* TODO\(stage (\d\d)\): .*\. \*/\n\s*hw_todo\(\"(?:[^\"\\\\]|\\\\.)*\", \"HANDOUT\.md#stage-(\d\d)(?:; [^\"]*)?\"\);", text)
     assert len(pairs) == len(tagged) and all(a == b for a, b in pairs), pairs
     if n != first:
         assert "make carry STAGE=%s" % n in text.split("*/", 1)[0]  # the banner says how to carry instead

@@ -54,7 +54,7 @@ def student_stage(flags):
     that runs a step with the run's world size and batch size (the smoke run uses the stage's flags at that
     world: --grad-accum must divide the batch, --mesh must fit the world)."""
     world = int(manifest.flag_value(flags, "--world", "1"))
-    smoke = SMOKE + ["--world", str(world), "--batch-size", manifest.flag_value(flags, "--batch-size", "1")]
+    run = SMOKE + ["--world", str(world), "--batch-size", manifest.flag_value(flags, "--batch-size", "1")]
     passed = []  # (stage, why) of the higher stages that do not run, said in the line that names the one that does
     for st in reversed(manifest.stages()):
         started, why = st.started(ROOT)
@@ -65,8 +65,9 @@ def student_stage(flags):
         if not os.path.exists(binary):
             passed.append((st.id, "does not build"))
             continue
+        smoke = manifest.override_flags(run, st.flags_at(world))[0] + st.flags_at(world)  # each flag once
         with tempfile.TemporaryDirectory() as tmp:
-            p = subprocess.run([binary] + smoke + st.flags_at(world) + ["--out", tmp], cwd=ROOT,
+            p = subprocess.run([binary] + smoke + ["--out", tmp], cwd=ROOT,
                                capture_output=True, text=True, timeout=300)
         if p.returncode == 0:
             return binary, st.flags_at(world), "training with your stage %s (stages/%s): the highest-numbered " \
@@ -99,13 +100,28 @@ def main(argv):
     if not os.path.exists(binary):
         fail("%s is missing: run make first" % os.path.relpath(binary, ROOT))
     print("main job: " + say, flush=True)
-    cmd = [binary] + flags + stage_flags + ["--out", out]
+    cmd, said = train_command(binary, flags, stage_flags, out)
+    if said:
+        print("main job: " + said, flush=True)
     print("$ " + " ".join(os.path.relpath(c, ROOT) if os.path.isabs(c) else c for c in cmd), flush=True)
     rc = subprocess.run(cmd, cwd=ROOT).returncode
     if rc == 0:
         compact_run_dir(out if os.path.isabs(out) else os.path.join(ROOT, out),
-                        int(manifest.flag_value(flags + stage_flags, "--profile-steps", "3")))
+                        int(manifest.flag_value(cmd, "--profile-steps", "3")))
     sys.exit(rc)
+
+
+def train_command(binary, flags, stage_flags, out):
+    """(the training command line, what to say or ""): the run's flags, then the stage's own, each flag once. The
+    stage's win where both set one (stage 12's --batch-size=4, which its 4 microbatches need, over make run's
+    --batch-size 2): the run's is left out and said."""
+    kept, replaced = manifest.override_flags(flags, stage_flags)
+    said = ""
+    if replaced:
+        theirs = dict((name, " ".join(tokens)) for name, tokens in manifest.flag_groups(stage_flags))
+        said = "the stage's own %s in place of the run's %s" % (
+            ", ".join(theirs[name] for name, _ in replaced), ", ".join(" ".join(t) for _, t in replaced))
+    return [binary] + kept + stage_flags + ["--out", out], said
 
 
 def gzip_file(path, dest=None):

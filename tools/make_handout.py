@@ -4,7 +4,8 @@
     make_handout.py [--release NN [--no-earlier-solutions]] [--out FILE]
 
 Everything git tracks but what only instructors have (solutions/, the mutants built from
-them, the tests that need them).
+them, the tests that need them, INSTRUCTORS.md, and README.md's paragraphs between
+`<!-- instructors -->` and `<!-- /instructors -->`).
 
 Without --release: the full handout, for a self-learner or a course that hands out everything
 at once. Its starters are the committed stages/, which hold no answer: stage NN's starter
@@ -24,6 +25,7 @@ import argparse
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -32,6 +34,9 @@ from repo_paths import ROOT  # first: it puts grader/ on sys.path
 import manifest
 import make_starters
 
+# README.md's paragraphs for instructors, between these two lines, are left out of the student copy
+INSTRUCTORS_BLOCK = re.compile(r"^<!-- instructors -->\n.*?^<!-- /instructors -->\n\n?", re.M | re.S)
+STUDENT_EDITED = {"README.md": lambda data: INSTRUCTORS_BLOCK.sub("", data.decode("utf-8")).encode("utf-8")}
 INSTRUCTORS_ONLY = ("solutions/", "tests/mutants/", "tests/test_solutions", "tests/test_grader", "tests/test_handout",
                     "tests/test_parity_spread",
                     "tests/test_class", "tests/class_fixtures", "tests/test_gradescope", "INSTRUCTORS.md")
@@ -148,6 +153,9 @@ def main(argv=None):
             elif dropped and f == "logs/reference/MANIFEST.json":
                 with open(path, "rb") as fh:
                     data = reference_manifest(fh.read(), lambda p: not dropped_path(p, dropped))
+            elif f in STUDENT_EDITED:
+                with open(path, "rb") as fh:
+                    data = STUDENT_EDITED[f](fh.read())
             info = tar.gettarinfo(path, arcname="hwfsdp/" + f)
             info.uid = info.gid = 0
             info.uname = info.gname = ""

@@ -9,7 +9,9 @@ A solution marks the code a stage asks for:
 
 Solution NN marks every piece of code that answers a stage up to NN, each region tagged with
 the stage that asks for it. For stage NN, every region tagged NN or earlier becomes a TODO
-stub that stops the run with a message naming the TODO (hw_todo, exit status 3): the
+stub that stops the run with a message naming the TODO (hw_todo, exit status 3; an earlier
+stage's stub also says to run `make carry STAGE=NN` if the student did the stage NN builds
+on, grader/rubric.json's builds_on: an untouched starter stops at one of those first): the
 committed stages/ (what the full handout ships) holds no answer of any stage, and a student
 who did the earlier stages carries their own file forward (make carry STAGE=NN). Regions
 tagged with a later stage keep their code; every marker line goes. A region may hold a region
@@ -32,9 +34,21 @@ import manifest  # the stages: grader/rubric.json
 BEGIN = re.compile(r"^(?P<indent>\s*)/\* BEGIN SOLUTION: (?P<what>.*) \(HANDOUT\.md#stage-(?P<stage>\d\d)\) \*/\s*$")
 END = re.compile(r"^\s*/\* END SOLUTION \*/\s*$")
 
-def convert(text, stage, src_name, keep_earlier=False):
+def todo_where(tag, stage, carry_from=None):
+    """The second argument of a stub's hw_todo, which its message prints after "see": the HANDOUT section of the
+    stage that asks for it; for a stub of an earlier stage in a starter of a stage that builds on another's file
+    (carry_from: its builds_on), also how to bring that file here instead (the run of an untouched starter stops
+    at such a stub first)."""
+    where = f"HANDOUT.md#stage-{tag}"
+    if carry_from and tag < stage:
+        where += f"; did stage {carry_from} already? `make carry STAGE={stage}` brings your file here"
+    return where
+
+
+def convert(text, stage, src_name, keep_earlier=False, carry_from=None):
     """(starter text, [TODO what]) of stage `stage` from a solution's text. Stubs the regions tagged
-    `stage` and, unless keep_earlier, those of every earlier stage."""
+    `stage` and, unless keep_earlier, those of every earlier stage (their stubs' messages say to run
+    `make carry STAGE=stage` when carry_from, the stage it builds on, is given)."""
     out, stack, todos = [], [], []
     for lineno, line in enumerate(text.split("\n"), 1):
         m = BEGIN.match(line)
@@ -51,7 +65,7 @@ def convert(text, stage, src_name, keep_earlier=False):
                 ind, what = m.group("indent"), m.group("what")
                 if dropping:
                     ind = next((l[:len(l) - len(l.lstrip())] for l in reversed(out) if l.strip()), ind)
-                where = f"HANDOUT.md#stage-{tag}"
+                where = todo_where(tag, stage, carry_from)
                 todos.append((tag, what))
                 out.append(f"{ind}/* TODO(stage {tag}): {what}. */")
                 c_what = what.replace("\\", "\\\\").replace('"', '\\"')
@@ -114,7 +128,7 @@ def starter_files(st, keep_earlier=False):
     the starter's hash that `make grade` compares with (Stage.started)."""
     src = st.solution_src()
     with open(src, encoding="utf-8") as fh:
-        starter, todos = convert(fh.read(), st.id, src, keep_earlier)
+        starter, todos = convert(fh.read(), st.id, src, keep_earlier, None if keep_earlier else st.builds_on)
     return {"hw_fsdp.c": starter, "README.md": readme(st, todos),
             manifest.STARTER_RECORD: manifest.starter_record(starter)}
 

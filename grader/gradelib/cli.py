@@ -123,9 +123,12 @@ def grade_stage(rubric, stage, src, out_root, ref_root, runner, baselines):
         failed_at[key] = ctx.failed_at.get(key)
         said_below = not run.ok  # a failed run's check goes on the one "not graded" line below, not its own
         if not run.ok:
-            failed_by[key] = None
-            ungraded.setdefault(None, []).append(name + (" (the files the run wrote before failing pass it)"
-                                                         if reason == PASSES_ON_FILES else ""))
+            # a check that fails on the files the run wrote before it failed names its cause (lead_order)
+            failed_by[key] = JUDGED_ON_FILES if reason.startswith(FAILS_ON_FILES) else None
+            ungraded.setdefault(None, []).append(name + (
+                " (the files the run wrote before failing pass it)" if reason == PASSES_ON_FILES else
+                " (the files the run wrote before failing FAIL it: %s)" % reason[len(FAILS_ON_FILES):]
+                if reason.startswith(FAILS_ON_FILES) else ""))
         for v, c in vctx.items():
             if ok and (key in rubric["variants"][v]["checks"] or CHECKS[key].variants == "every"):
                 ok, why, _ = _grade_check(c, key)
@@ -165,8 +168,12 @@ def grade_stage(rubric, stage, src, out_root, ref_root, runner, baselines):
 
 
 PASSES_ON_FILES = NOT_GRADED + "; the files it wrote before failing pass this check"
+FAILS_ON_FILES = NOT_GRADED + "; the files it wrote before failing fail this check: "
+# the checks that read only files a run writes before its first step: check key -> those files, per rank
+ON_EARLY_FILES = {"dtensors": "dtensors_rank%d.json"}
 
 FAILED_ITSELF = "check"  # failed_by: the check failed on its own evidence (not because a run it reads failed)
+JUDGED_ON_FILES = "files"  # failed_by: the main run failed, and the check fails on the files it wrote before failing
 MAIN_RUN_FAILED = "run"  # lead_order's name for the main run's failure
 
 
@@ -176,11 +183,13 @@ def lead_order(failed_by, failed_at, keys, run, extra):
     their own evidence by how directly they name a cause (Check.tier: what ran, which buffer, which number, a total,
     the loss; within a tier the one whose failure shows in the earlier step (failed_at: a cause comes before what
     it moves), then the rubric's order), then a run that failed without a diagnosis (NaN, a crash, a
-    timeout: often a consequence); each entry a check's key, MAIN_RUN_FAILED, or "run:<variant>". The checks a
-    failed run left ungraded are said with it, not listed."""
-    if not run.ok:
-        return [MAIN_RUN_FAILED]
+    timeout: often a consequence); each entry a check's key, MAIN_RUN_FAILED, or "run:<variant>". When the main
+    run failed, its reason comes after the checks that fail on the files it wrote before failing (JUDGED_ON_FILES);
+    the checks it left ungraded are said with it, not listed."""
     index = {k: i for i, k in enumerate(keys)}
+    if not run.ok:  # what the run wrote before failing, when a check finds its cause there, then the run's reason
+        return sorted((k for k, why in failed_by.items() if why == JUDGED_ON_FILES),
+                      key=lambda k: (CHECKS[k].tier, index[k])) + [MAIN_RUN_FAILED]
     def first_step(k):
         return failed_at.get(k) if failed_at.get(k) is not None else float("inf")
     own = sorted((k for k, why in failed_by.items() if why == FAILED_ITSELF),
@@ -205,13 +214,18 @@ def _lead_line(lead, order, rubric, run, extra):
 def _grade_check(ctx, key):
     """run_check; on a failed run no check earns points and each points at the run's reason (said once),
     but a check whose files the run wrote before failing (the DTensors, written right after fsdp_init)
-    still says whether they pass."""
+    still says whether they pass, and why not when every rank wrote them and they fail."""
     ok, reason, detail = run_check(ctx, key)
     if ctx.run.ok:
         return ok, reason, detail
     if ctx.variant is not None:
         return False, "on %s the run failed: %s" % (ctx.label, ctx.run.reason), ""
-    return False, PASSES_ON_FILES if ok else NOT_GRADED, ""
+    if ok:
+        return False, PASSES_ON_FILES, ""
+    files = ON_EARLY_FILES.get(key)
+    if files and all(os.path.isfile(ctx.path(files % r)) for r in range(ctx.world)):
+        return False, FAILS_ON_FILES + reason, ""
+    return False, NOT_GRADED, ""
 
 
 def _started(rubric, stages, root):

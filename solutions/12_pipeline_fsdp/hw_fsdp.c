@@ -476,7 +476,7 @@ void pipe_schedule(Pipe *pipe) {
     const PipeInfo *pi = pipe_info(pipe);
     const int M = pi->microbatches, first = pi->prev < 0, last = pi->next < 0;
     int done = 0; /* backwards run this step */
-    /* BEGIN SOLUTION: GPipe: every microbatch's forward (receive, forward, send), then every backward (HANDOUT.md#stage-11) */
+    /* BEGIN SOLUTION: GPipe: every microbatch's forward (receive, forward, send), then every backward in microbatch order B0 .. B(M-1), as torch's ScheduleGPipe (HANDOUT.md#stage-11) */
     if (pi->schedule == PIPE_GPIPE) {
         for (int mb = 0; mb < M; mb++) {
             float *in = first ? NULL : recv_activation(pi, mb, pi->prev, "act");

@@ -67,7 +67,7 @@ Fsdp *fsdp_init(const FsdpConfig *cfg) {
             Param *p = &mod->params[j];
             DTensor *dt = &p->dt;
             /* TODO(stage 01): shard p into a DTensor: Shard(0) on the world mesh, torch.chunk rows, padded local storage. */
-            hw_todo("shard p into a DTensor: Shard(0) on the world mesh, torch.chunk rows, padded local storage", "HANDOUT.md#stage-01");
+            hw_todo("shard p into a DTensor: Shard(0) on the world mesh, torch.chunk rows, padded local storage", "HANDOUT.md#stage-01; did stage 01 already? `make carry STAGE=02` brings your file here");
         }
     }
     return f;
@@ -80,13 +80,13 @@ static void unshard(Fsdp *f, Group *g) {
     Module *mod = g->mod;
     if (mod->params[0].data) return; /* already unsharded */
     /* TODO(stage 01): copy-in, all-gather on the compute stream, copy-out into each Param.data. */
-    hw_todo("copy-in, all-gather on the compute stream, copy-out into each Param.data", "HANDOUT.md#stage-01");
+    hw_todo("copy-in, all-gather on the compute stream, copy-out into each Param.data", "HANDOUT.md#stage-01; did stage 01 already? `make carry STAGE=02` brings your file here");
 }
 
 /* reshard: free the unsharded params; the DTensor shards stay. */
 static void reshard(Fsdp *f, Group *g) {
     /* TODO(stage 01): free every unsharded Param.data of the module. */
-    hw_todo("free every unsharded Param.data of the module", "HANDOUT.md#stage-01");
+    hw_todo("free every unsharded Param.data of the module", "HANDOUT.md#stage-01; did stage 01 already? `make carry STAGE=02` brings your file here");
 }
 
 /* reduce-scatter: row r of the (world, S) input holds chunk r of every grad

@@ -77,7 +77,7 @@ Fsdp *fsdp_init(const FsdpConfig *cfg) {
             Param *p = &mod->params[j];
             DTensor *dt = &p->dt;
             /* TODO(stage 01): shard p into a DTensor: Shard(0) on the world mesh, torch.chunk rows, padded local storage. */
-            hw_todo("shard p into a DTensor: Shard(0) on the world mesh, torch.chunk rows, padded local storage", "HANDOUT.md#stage-01");
+            hw_todo("shard p into a DTensor: Shard(0) on the world mesh, torch.chunk rows, padded local storage", "HANDOUT.md#stage-01; did stage 02 already? `make carry STAGE=03` brings your file here");
         }
     }
     /* TODO(stage 03): create the all-gather stream and the events that order it with compute. */
@@ -120,7 +120,7 @@ static void wait_all_gather(Fsdp *f, Group *g) {
 /* reshard: free the unsharded params; the DTensor shards stay. */
 static void reshard(Fsdp *f, Group *g) {
     /* TODO(stage 01): free every unsharded Param.data of the module. */
-    hw_todo("free every unsharded Param.data of the module", "HANDOUT.md#stage-01");
+    hw_todo("free every unsharded Param.data of the module", "HANDOUT.md#stage-01; did stage 02 already? `make carry STAGE=03` brings your file here");
 }
 
 /* reduce-scatter: row r of the (world, S) input holds chunk r of every grad
@@ -129,7 +129,7 @@ static void reshard(Fsdp *f, Group *g) {
 static void reduce_grads(Fsdp *f, Group *g) {
     Module *mod = g->mod;
     /* TODO(stage 02): chunk-cat the grads, free them, reduce-scatter with an average, DTensor.grad as views. */
-    hw_todo("chunk-cat the grads, free them, reduce-scatter with an average, DTensor.grad as views", "HANDOUT.md#stage-02");
+    hw_todo("chunk-cat the grads, free them, reduce-scatter with an average, DTensor.grad as views", "HANDOUT.md#stage-02; did stage 02 already? `make carry STAGE=03` brings your file here");
 }
 
 void fsdp_pre_forward(Fsdp *f, Module *mod) {
@@ -147,7 +147,7 @@ void fsdp_pre_backward(Fsdp *f, Module *mod) {
 
 void fsdp_post_backward(Fsdp *f, Module *mod) {
     /* TODO(stage 02): reduce-scatter this module's grads, then reshard. */
-    hw_todo("reduce-scatter this module's grads, then reshard", "HANDOUT.md#stage-02");
+    hw_todo("reduce-scatter this module's grads, then reshard", "HANDOUT.md#stage-02; did stage 02 already? `make carry STAGE=03` brings your file here");
 }
 
 void fsdp_finish_backward(Fsdp *f) {
@@ -158,11 +158,11 @@ void fsdp_finish_backward(Fsdp *f) {
 
 float fsdp_optimizer_step(Fsdp *f, float lr, int t) {
     /* TODO(stage 02): global grad norm = sqrt(all-reduce of local sums of squares); clip; AdamW on local rows; free the grad shards. */
-    hw_todo("global grad norm = sqrt(all-reduce of local sums of squares); clip; AdamW on local rows; free the grad shards", "HANDOUT.md#stage-02");
+    hw_todo("global grad norm = sqrt(all-reduce of local sums of squares); clip; AdamW on local rows; free the grad shards", "HANDOUT.md#stage-02; did stage 02 already? `make carry STAGE=03` brings your file here");
     /* TODO(stage 03): the next all-gathers must read the updated shards. */
     hw_todo("the next all-gathers must read the updated shards", "HANDOUT.md#stage-03");
     /* TODO(stage 02): read the global grad norm back and return it. */
-    hw_todo("read the global grad norm back and return it", "HANDOUT.md#stage-02");
+    hw_todo("read the global grad norm back and return it", "HANDOUT.md#stage-02; did stage 02 already? `make carry STAGE=03` brings your file here");
 }
 
 void fsdp_destroy(Fsdp *f) {

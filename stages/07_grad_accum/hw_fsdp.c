@@ -96,13 +96,13 @@ Fsdp *fsdp_init(const FsdpConfig *cfg) {
             Param *p = &mod->params[j];
             DTensor *dt = &p->dt;
             /* TODO(stage 01): shard p into a DTensor: Shard(0) on the world mesh, torch.chunk rows, padded local storage. */
-            hw_todo("shard p into a DTensor: Shard(0) on the world mesh, torch.chunk rows, padded local storage", "HANDOUT.md#stage-01");
+            hw_todo("shard p into a DTensor: Shard(0) on the world mesh, torch.chunk rows, padded local storage", "HANDOUT.md#stage-01; did stage 06 already? `make carry STAGE=07` brings your file here");
         }
     }
     /* TODO(stage 03): create the all-gather stream and the events that order it with compute. */
-    hw_todo("create the all-gather stream and the events that order it with compute", "HANDOUT.md#stage-03");
+    hw_todo("create the all-gather stream and the events that order it with compute", "HANDOUT.md#stage-03; did stage 06 already? `make carry STAGE=07` brings your file here");
     /* TODO(stage 04): create the reduce-scatter stream and its events. */
-    hw_todo("create the reduce-scatter stream and its events", "HANDOUT.md#stage-04");
+    hw_todo("create the reduce-scatter stream and its events", "HANDOUT.md#stage-04; did stage 06 already? `make carry STAGE=07` brings your file here");
     return f;
 }
 
@@ -114,7 +114,7 @@ static int is_unsharded(const Group *g) { return g->mod->params[0].data != NULL;
 static void release_all_gather_state(Fsdp *f) {
     if (!f->ag_state) return;
     /* TODO(stage 03): the all-gather stream waits for the copy-out, then the kept output is freed. */
-    hw_todo("the all-gather stream waits for the copy-out, then the kept output is freed", "HANDOUT.md#stage-03");
+    hw_todo("the all-gather stream waits for the copy-out, then the kept output is freed", "HANDOUT.md#stage-03; did stage 06 already? `make carry STAGE=07` brings your file here");
 }
 
 /* Issue g's all-gather on the all-gather stream (returns at once): copy-in
@@ -125,7 +125,7 @@ static void issue_all_gather(Fsdp *f, Group *g) {
     if (g->ag_flat || is_unsharded(g)) return; /* already in flight or done */
     Module *mod = g->mod;
     /* TODO(stage 03): copy-in + all-gather on the all-gather stream, after the shards are ready; record ag_done. */
-    hw_todo("copy-in + all-gather on the all-gather stream, after the shards are ready; record ag_done", "HANDOUT.md#stage-03");
+    hw_todo("copy-in + all-gather on the all-gather stream, after the shards are ready; record ag_done", "HANDOUT.md#stage-03; did stage 06 already? `make carry STAGE=07` brings your file here");
 }
 
 /* Make g's params usable by compute: the compute stream waits for the
@@ -135,13 +135,13 @@ static void wait_all_gather(Fsdp *f, Group *g) {
     if (!g->ag_flat) return;
     Module *mod = g->mod;
     /* TODO(stage 03): compute waits on ag_done, copy-out into each Param.data, record copy_out_done and keep the flat buffer as the AllGatherState. */
-    hw_todo("compute waits on ag_done, copy-out into each Param.data, record copy_out_done and keep the flat buffer as the AllGatherState", "HANDOUT.md#stage-03");
+    hw_todo("compute waits on ag_done, copy-out into each Param.data, record copy_out_done and keep the flat buffer as the AllGatherState", "HANDOUT.md#stage-03; did stage 06 already? `make carry STAGE=07` brings your file here");
 }
 
 /* reshard: free the unsharded params; the DTensor shards stay. */
 static void reshard(Fsdp *f, Group *g) {
     /* TODO(stage 01): free every unsharded Param.data of the module. */
-    hw_todo("free every unsharded Param.data of the module", "HANDOUT.md#stage-01");
+    hw_todo("free every unsharded Param.data of the module", "HANDOUT.md#stage-01; did stage 06 already? `make carry STAGE=07` brings your file here");
 }
 
 /* Drop the ReduceScatterState: once compute has waited for the reduce-scatter
@@ -149,7 +149,7 @@ static void reshard(Fsdp *f, Group *g) {
 static void release_reduce_scatter_state(Fsdp *f) {
     if (!f->rs_state) return;
     /* TODO(stage 04): compute waits for the reduce-scatter, then its input is freed. */
-    hw_todo("compute waits for the reduce-scatter, then its input is freed", "HANDOUT.md#stage-04");
+    hw_todo("compute waits for the reduce-scatter, then its input is freed", "HANDOUT.md#stage-04; did stage 06 already? `make carry STAGE=07` brings your file here");
 }
 
 /* reduce-scatter on its own stream: compute fills the chunk-cat input (row r
@@ -158,68 +158,68 @@ static void release_reduce_scatter_state(Fsdp *f) {
  * The chunk-cat is one launch, a list of copies (HANDOUT.md#fused-copies). */
 static void reduce_grads(Fsdp *f, Group *g) {
     /* TODO(stage 04): chunk-cat the grads on compute (after releasing the previous ReduceScatterState) and free them; the reduce-scatter stream waits for the input. */
-    hw_todo("chunk-cat the grads on compute (after releasing the previous ReduceScatterState) and free them; the reduce-scatter stream waits for the input", "HANDOUT.md#stage-04");
+    hw_todo("chunk-cat the grads on compute (after releasing the previous ReduceScatterState) and free them; the reduce-scatter stream waits for the input", "HANDOUT.md#stage-04; did stage 06 already? `make carry STAGE=07` brings your file here");
     /* TODO(stage 07): reduce-scatter into the grad shards; with --grad-sync every a later microbatch's goes to a buffer of its own and is added to what the earlier ones left. */
     hw_todo("reduce-scatter into the grad shards; with --grad-sync every a later microbatch's goes to a buffer of its own and is added to what the earlier ones left", "HANDOUT.md#stage-07");
     /* TODO(stage 04): record rs_done, keep the input as the ReduceScatterState, DTensor.grad as views of the grad shards. */
-    hw_todo("record rs_done, keep the input as the ReduceScatterState, DTensor.grad as views of the grad shards", "HANDOUT.md#stage-04");
+    hw_todo("record rs_done, keep the input as the ReduceScatterState, DTensor.grad as views of the grad shards", "HANDOUT.md#stage-04; did stage 06 already? `make carry STAGE=07` brings your file here");
 }
 
 void fsdp_pre_forward(Fsdp *f, Module *mod) {
     Group *g = mod->fsdp;
     /* TODO(stage 05): an activation-checkpoint recompute runs pre_forward inside backward: params are already unsharded, do nothing. */
-    hw_todo("an activation-checkpoint recompute runs pre_forward inside backward: params are already unsharded, do nothing", "HANDOUT.md#stage-05");
+    hw_todo("an activation-checkpoint recompute runs pre_forward inside backward: params are already unsharded, do nothing", "HANDOUT.md#stage-05; did stage 06 already? `make carry STAGE=07` brings your file here");
     /* TODO(stage 03): unshard (unless prefetched), wait, then prefetch the next module in forward order. */
-    hw_todo("unshard (unless prefetched), wait, then prefetch the next module in forward order", "HANDOUT.md#stage-03");
+    hw_todo("unshard (unless prefetched), wait, then prefetch the next module in forward order", "HANDOUT.md#stage-03; did stage 06 already? `make carry STAGE=07` brings your file here");
 }
 
 void fsdp_post_forward(Fsdp *f, Module *mod) {
     Group *g = mod->fsdp;
     /* TODO(stage 05): after a recompute the backward still needs the params: do not reshard. */
-    hw_todo("after a recompute the backward still needs the params: do not reshard", "HANDOUT.md#stage-05");
+    hw_todo("after a recompute the backward still needs the params: do not reshard", "HANDOUT.md#stage-05; did stage 06 already? `make carry STAGE=07` brings your file here");
     /* TODO(stage 06): ZeRO-2: without reshard-after-forward the params stay unsharded until post_backward. */
-    hw_todo("ZeRO-2: without reshard-after-forward the params stay unsharded until post_backward", "HANDOUT.md#stage-06");
+    hw_todo("ZeRO-2: without reshard-after-forward the params stay unsharded until post_backward", "HANDOUT.md#stage-06; did stage 06 already? `make carry STAGE=07` brings your file here");
     reshard(f, g);
     /* TODO(stage 05): the forward is done: back to IDLE. */
-    hw_todo("the forward is done: back to IDLE", "HANDOUT.md#stage-05");
+    hw_todo("the forward is done: back to IDLE", "HANDOUT.md#stage-05; did stage 06 already? `make carry STAGE=07` brings your file here");
 }
 
 void fsdp_pre_backward(Fsdp *f, Module *mod) {
     Group *g = mod->fsdp;
     /* TODO(stage 03): drop the forward's last AllGatherState. */
-    hw_todo("drop the forward's last AllGatherState", "HANDOUT.md#stage-03");
+    hw_todo("drop the forward's last AllGatherState", "HANDOUT.md#stage-03; did stage 06 already? `make carry STAGE=07` brings your file here");
     /* TODO(stage 05): enter PRE_BACKWARD (once) so the recompute's forward hooks know. */
-    hw_todo("enter PRE_BACKWARD (once) so the recompute's forward hooks know", "HANDOUT.md#stage-05");
+    hw_todo("enter PRE_BACKWARD (once) so the recompute's forward hooks know", "HANDOUT.md#stage-05; did stage 06 already? `make carry STAGE=07` brings your file here");
     /* TODO(stage 04): unshard (unless prefetched), wait, prefetch the module that ran forward just before. */
-    hw_todo("unshard (unless prefetched), wait, prefetch the module that ran forward just before", "HANDOUT.md#stage-04");
+    hw_todo("unshard (unless prefetched), wait, prefetch the module that ran forward just before", "HANDOUT.md#stage-04; did stage 06 already? `make carry STAGE=07` brings your file here");
 }
 
 void fsdp_post_backward(Fsdp *f, Module *mod) {
     Group *g = mod->fsdp;
     /* TODO(stage 05): enter POST_BACKWARD. */
-    hw_todo("enter POST_BACKWARD", "HANDOUT.md#stage-05");
+    hw_todo("enter POST_BACKWARD", "HANDOUT.md#stage-05; did stage 06 already? `make carry STAGE=07` brings your file here");
     /* TODO(stage 07): without gradient sync keep Param.grad for the next microbatch and reduce nothing; reshard only when reshard_after_backward says so. */
     hw_todo("without gradient sync keep Param.grad for the next microbatch and reduce nothing; reshard only when reshard_after_backward says so", "HANDOUT.md#stage-07");
     /* TODO(stage 02): reshard after the backward. */
-    hw_todo("reshard after the backward", "HANDOUT.md#stage-02");
+    hw_todo("reshard after the backward", "HANDOUT.md#stage-02; did stage 06 already? `make carry STAGE=07` brings your file here");
 }
 
 void fsdp_finish_backward(Fsdp *f) {
     /* TODO(stage 03): drop the backward's last AllGatherState before the optimizer. */
-    hw_todo("drop the backward's last AllGatherState before the optimizer", "HANDOUT.md#stage-03");
+    hw_todo("drop the backward's last AllGatherState before the optimizer", "HANDOUT.md#stage-03; did stage 06 already? `make carry STAGE=07` brings your file here");
     /* TODO(stage 04): the optimizer (compute stream) must see every reduce-scatter's output. */
-    hw_todo("the optimizer (compute stream) must see every reduce-scatter's output", "HANDOUT.md#stage-04");
+    hw_todo("the optimizer (compute stream) must see every reduce-scatter's output", "HANDOUT.md#stage-04; did stage 06 already? `make carry STAGE=07` brings your file here");
     /* TODO(stage 05): every module back to IDLE for the next step. */
-    hw_todo("every module back to IDLE for the next step", "HANDOUT.md#stage-05");
+    hw_todo("every module back to IDLE for the next step", "HANDOUT.md#stage-05; did stage 06 already? `make carry STAGE=07` brings your file here");
 }
 
 float fsdp_optimizer_step(Fsdp *f, float lr, int t) {
     /* TODO(stage 02): global grad norm = sqrt(all-reduce of local sums of squares); clip; AdamW on local rows; free the grad shards. */
-    hw_todo("global grad norm = sqrt(all-reduce of local sums of squares); clip; AdamW on local rows; free the grad shards", "HANDOUT.md#stage-02");
+    hw_todo("global grad norm = sqrt(all-reduce of local sums of squares); clip; AdamW on local rows; free the grad shards", "HANDOUT.md#stage-02; did stage 06 already? `make carry STAGE=07` brings your file here");
     /* TODO(stage 03): the next all-gathers must read the updated shards. */
-    hw_todo("the next all-gathers must read the updated shards", "HANDOUT.md#stage-03");
+    hw_todo("the next all-gathers must read the updated shards", "HANDOUT.md#stage-03; did stage 06 already? `make carry STAGE=07` brings your file here");
     /* TODO(stage 02): read the global grad norm back and return it. */
-    hw_todo("read the global grad norm back and return it", "HANDOUT.md#stage-02");
+    hw_todo("read the global grad norm back and return it", "HANDOUT.md#stage-02; did stage 06 already? `make carry STAGE=07` brings your file here");
 }
 
 void fsdp_destroy(Fsdp *f) {

@@ -149,12 +149,20 @@ def grade_stage(rubric, stage, src, out_root, ref_root, runner, baselines):
     order = lead_order(failed_by, failed_at, list(spec["checks"]), run, extra)
     lead = order[0] if order else None
     if len(order) > 1:
-        say("%s most likely cause: %s" % (prefix, _lead_line(lead, order, rubric, run, extra)))
+        on_files = {c["key"]: c["reason"][len(FAILS_ON_FILES):] for c in checks
+                    if failed_by.get(c["key"]) == JUDGED_ON_FILES}
+        say("%s most likely cause: %s" % (prefix, _lead_line(lead, order, rubric, on_files)))
     # the failed checks first, the one that names the cause leading; then those that passed, in the rubric's order
     for key in [k for k in order if k in said] + [k for k in spec["checks"] if k in said and k not in failed_by]:
         for line in said[key]:
             if line is not None:
                 say(line)
+    gpu_skipped = [c["name"] for c in checks if c["ok"] is None]
+    if gpu_skipped:
+        say("%s not graded with --cuda: %s (%s)" % (prefix, ", ".join(gpu_skipped), GPU_CLOCK_NOT_GRADED))
+    for v, names in ungraded.items():
+        say("%s not graded (%s): %s" % (prefix, "the run failed" if v is None else "the run on %s failed"
+                                         % variant_label(rubric, v), ", ".join(names)))
     got = sum(c["points"] for c in checks)
     total = sum(c["max_points"] for c in checks)
     say("stage %s: %s/%s points%s" % (stage, fmt_points(got), fmt_points(total), " (bonus)" if spec.get("bonus") else ""))
@@ -199,16 +207,18 @@ def lead_order(failed_by, failed_at, keys, run, extra):
     return diagnosed + own + [r for r in runs if r not in diagnosed]
 
 
-def _lead_line(lead, order, rubric, run, extra):
-    """'pipeline schedule order (read it first: peak memory, pipeline bubble may follow from it)'."""
+def _lead_line(lead, order, rubric, on_files):
+    """'pipeline schedule order (read it first: peak memory, pipeline bubble may follow from it)'; a check that
+    failed on the files a failed run wrote (on_files: key -> its reason) with its reason, said nowhere else on a
+    line of its own."""
     def name(entry):
         if entry == MAIN_RUN_FAILED:
             return "the run failed"
         if entry.startswith("run:"):
             return "the run on %s failed" % variant_label(rubric, entry[4:])
         return CHECKS[entry].label
-    rest = ", ".join(name(e) for e in order[1:])
-    return "%s (read it first: %s may follow from it)" % (name(lead), rest)
+    said = name(lead) + (", on the files the run wrote before failing: " + on_files[lead] if lead in on_files else "")
+    return "%s (read it first: %s may follow from it)" % (said, ", ".join(name(e) for e in order[1:]))
 
 
 def _grade_check(ctx, key):

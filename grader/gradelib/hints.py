@@ -135,7 +135,7 @@ def norm_reduction_ok(ctx, step):
         got = _norm_coefficients(ctx, step)
     except CheckFailed:
         return None
-    return None if got is None else all(c == 1 for row in got[1] for c in row)
+    return None if got is None else all(c == 1 for row in got[1] for c in row.values())
 
 
 def norm_reduction_hint(ctx, step, ratio, lead=True):

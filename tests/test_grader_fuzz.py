@@ -337,7 +337,7 @@ def checks_reading(world, stage, reader):
         "baseline_metrics": {"loss", "grad_norm"},
         "dtensors": {"dtensors", "prefetch_bound", "recompute"},
         "memory": {"freed_after_forward", "freed_after_backward", "grads_freed", "zero2_params_kept",
-                   "peak_memory"},
+                   "peak_memory", "dtensors"},
         "trace": {"ag_overlap", "rs_overlap", "prefetch_bound", "recompute", "zero2_no_backward_all_gather"},
     }[reader]
     return [k for k in keys if k in reads]

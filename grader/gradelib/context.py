@@ -237,6 +237,22 @@ class Context:
             raise CheckFailed("%s holds no hook_memory records" % name)
         return out
 
+    def grad_padding(self, rank):
+        """The rank's "grad_padding" notes (probes.h: a DTensor.grad whose padding rows are not zero before the
+        optimizer; none in a correct run), each checked, in the snapshot's order."""
+        name = "memory_rank%d.json" % rank
+        out = []
+        for i, e in enumerate(self.memory(rank).get("events", [])):
+            if e.get("kind") != "grad_padding":
+                continue
+            bad = [k for k in ("module", "param") if not isinstance(e.get(k), str)]
+            bad += [k for k in ("step", "local_rows", "padded_rows", "padding_values", "nonzero", "nan", "params")
+                    if not (is_int(e.get(k)) and 0 <= e[k] < 2 ** 53)]
+            if bad:
+                raise CheckFailed("%s: event %d (grad_padding): %s is %s" % (name, i, bad[0], short(e.get(bad[0]))))
+            out.append(e)
+        return out
+
     def grad_states(self, rank, reference=False):
         """{(step, microbatch): note} of the rank's "grad_state" notes (probes.h: the gradient state after each
         microbatch of a --grad-accum run, as sums of squares), each checked; {} when the run has none."""

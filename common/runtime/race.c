@@ -496,6 +496,7 @@ void world_report_race(World *w, int rank, const char *msg) {
     w->reporting = 1;
     pthread_mutex_unlock(&w->report_mu);
     report_lock(); /* a plain fatal() of another thread may be speaking */
+    report_last_words(msg); /* this rank's partial record (runtime.h, dev_record_partial) */
     /* _exit, not exit: the streams are still running kernels (BLAS) that
      * atexit teardown would pull the rug from under */
     fflush(stdout);

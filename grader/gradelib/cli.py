@@ -117,10 +117,17 @@ def grade_stage(rubric, stage, src, out_root, ref_root, runner, baselines):
             continue
         t1 = time.monotonic()
         ok, reason, detail = _grade_check(ctx, key)
-        said_below = not run.ok  # a failed run's check goes on the one "not graded" line below, not its own
-        if not run.ok:
+        on_partial = _grade_on_partial(ctx, key)
+        # a failed run's check goes on the one "not graded" line below, not its own, unless its partial record
+        # fails it: that reason is said (it may name what the runtime error is a symptom of)
+        said_below = not run.ok and not (on_partial and not on_partial[0])
+        if said_below:
             ungraded.setdefault(None, []).append(name + (" (the files the run wrote before failing pass it)"
-                                                         if reason == PASSES_ON_FILES else ""))
+                                                         if reason == PASSES_ON_FILES else
+                                                         " (its record up to the runtime error passes it)"
+                                                         if on_partial else ""))
+        if on_partial:
+            reason = on_partial[1]
         for v, c in vctx.items():
             if ok and (key in rubric["variants"][v]["checks"] or CHECKS[key].variants == "every"):
                 ok, why, _ = _grade_check(c, key)
@@ -135,6 +142,8 @@ def grade_stage(rubric, stage, src, out_root, ref_root, runner, baselines):
                 say("    " + (reason if not ok else detail))
         checks.append({"key": key, "name": name, "ok": ok, "points": points if ok else 0, "max_points": points,
                        "reason": reason, "detail": detail, "seconds": round(seconds, 3)})
+        if on_partial:
+            checks[-1]["partial"] = True  # judged on the partial record of a run stopped by a runtime error
     gpu_skipped = [c["name"] for c in checks if c["ok"] is None]
     if gpu_skipped:
         say("%s not graded with --cuda: %s (%s)" % (prefix, ", ".join(gpu_skipped), GPU_CLOCK_NOT_GRADED))
@@ -166,6 +175,24 @@ def _grade_check(ctx, key):
     if ctx.variant is not None:
         return False, "on %s the run failed: %s" % (ctx.label, ctx.run.reason), ""
     return False, PASSES_ON_FILES if ok else NOT_GRADED, ""
+
+
+PASSES_ON_PARTIAL = NOT_GRADED + "; its record up to the runtime error passes this check"
+
+
+def _grade_on_partial(ctx, key):
+    """On a main run stopped by a runtime error: (ok, reason) of the check `key` judged on the partial record the
+    run left (Context.partial_view: the reporting rank's enqueued ops and memory notes up to the error), for a
+    check that can judge one (Check.partial); None otherwise. It earns nothing either way (the run failed);
+    a failure is said with its reason, which may name the cause the runtime error is a symptom of (a backward
+    prefetch turned the wrong way stops the run at a race)."""
+    if ctx.run.ok or ctx.variant is not None or not CHECKS[key].partial:
+        return None
+    view = ctx._memo("partial_view", ctx.partial_view)
+    if view is None:
+        return None
+    ok, reason, _ = run_check(view, key)
+    return (True, PASSES_ON_PARTIAL) if ok else (False, "before the runtime error: " + reason)
 
 
 def _started(rubric, stages, root):

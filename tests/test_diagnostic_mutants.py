@@ -1,13 +1,14 @@
 """Wrong hw_fsdp.c files stopped by the runtime's diagnostics, with the same sentence every time.
 
-Three student bugs taken from tests/mutants/mutants.json (each a text edit of a solution):
+Student bugs taken from tests/mutants/mutants.json (each a text edit of a solution):
 a compute stream that copies out of the all-gather buffer without waiting on the all-gather's
 event (race detector), a prefetch buffer freed before compute copies out of it (use after free),
-and ranks whose collectives disagree (desync check). Each is built once and run 20 times as the grader runs
+a backward prefetch turned the wrong way (the race it causes), and ranks whose collectives disagree
+(desync check). Each is built once and run 20 times as the grader runs
 the stage whose solution the mutant edits (grading_command: gradelib.rubric.stage_flags, the rubric's config with
 the stage's overrides and its own flags, then --out and --quiet, the command grader/gradelib/runner.py runs); the
 verdict is decided in host enqueue order, so all 20 stderr texts must be the same single line, whatever the
-thread timing.
+thread timing, and so must the partial record the reporting rank leaves (the same bytes).
 
 Then the sentences that name a bug's cause, each from a mutant run once the same way: who freed the params the
 backward finds missing, and what the params check finds in a Param's rows instead of its shard; and a --forward-only
@@ -16,6 +17,7 @@ run, whose grad norm is said to be not computed rather than nan.
 import json
 import os
 import re
+import shutil
 import subprocess
 
 import pytest
@@ -45,7 +47,19 @@ CASES = {
     # unpadded shards: rank 3 holds fewer embedding rows than the others
     "no_padding": r"error: collective mismatch on stream 'compute' #0: (rank [012] all_gather (\d+) f32 \(embedding\); )"
                   r"{3}rank 3 all_gather (?!\2)\d+ f32 \(embedding\)",
+    # a backward prefetch turned the wrong way: the race it causes stops the run; the partial record it leaves is
+    # what names the direction (the grader's prefetch schedule check)
+    "backward_prefetches_the_module_just_done": re.escape(
+        "error: race on rank 0: compute stream's 'optimizer.adamw' writes 'layers.0.attention_norm.weight' "
+        "(param_shard, allocated in fsdp.init) while all_gather stream's 'embedding.copy_in' may still read it: no "
+        "event wait orders the read before the write (record an event on all_gather after the read and make compute "
+        "wait for it)"),
 }
+# The cases whose error the reporting rank's host thread decides (the race detector, lowest rank first): each
+# leaves that rank's partial record (runtime.h, dev_record_partial), the same bytes on every run. (A collective
+# mismatch is found by a stream worker, which leaves none.)
+PARTIAL = {"missing_wait_before_copy_out": "partial_rank0.json", "free_prefetch_buffer_before_copy_out":
+           "partial_rank0.json", "backward_prefetches_the_module_just_done": "partial_rank0.json"}
 
 
 def grading_command(name, binary, run_dir):
@@ -68,12 +82,22 @@ def build_mutant(name, tmp_path):
 def test_mutant_stopped_with_the_same_sentence_every_run(name, tmp_path):
     binary = build_mutant(name, tmp_path)
     cmd = grading_command(name, binary, tmp_path / "run")
-    verdicts = []
+    verdicts, records = [], set()
     for _ in range(RUNS):
+        shutil.rmtree(tmp_path / "run", ignore_errors=True)
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT)
         assert p.returncode == 2, "exit %d, stderr:\n%s" % (p.returncode, p.stderr[-2000:])
         verdicts.append(p.stderr)
+        left = sorted(f for f in os.listdir(tmp_path / "run") if f.startswith("partial_rank"))
+        assert left == ([PARTIAL[name]] if name in PARTIAL else []), left
+        for f in left:
+            with open(tmp_path / "run" / f, "rb") as fh:
+                records.add(fh.read())
     assert len(set(verdicts)) == 1, "verdicts differ between runs:\n" + "\n".join(sorted(set(verdicts)))
+    assert len(records) <= 1, "the partial records differ between runs"
+    if name in PARTIAL:
+        record = json.loads(records.pop())
+        assert record["partial"] is True and "error: " + record["error"] == verdicts[0].strip(), record["error"]
     lines = verdicts[0].strip().splitlines()
     assert len(lines) == 1, "expected one line, got:\n" + verdicts[0]
     assert re.fullmatch(CASES[name], lines[0]), lines[0]

@@ -202,12 +202,25 @@ def test_mutant_loses_exactly_its_points(mutant, tmp_path):
     assert_leads(mutant, out, st)
     if mutant["expect_fail"] == ["*"]:
         # a failed build or run: its reason is said once, every check fails pointing at it (a check
-        # whose files the run wrote before failing adds whether they pass)
+        # whose files the run wrote before failing adds whether they pass), but a check that can judge the
+        # partial record a runtime error leaves (Check.partial) and fails on it says why, on that record: the
+        # message is the run's reason, or such a check's when the mutant names the cause the runtime error is a
+        # symptom of (then only such checks may fail on the partial record: no other says anything of its own)
         assert not st["run"]["ok"], "the run was expected to fail"
-        assert mutant["expect_message"] in st["run"]["reason"], st["run"]["reason"]
+        on_partial = [c["reason"] for c in checks.values() if c.get("partial")
+                      and not c["reason"].startswith("not graded: the run failed")]
+        if mutant["expect_message"] in st["run"]["reason"]:
+            assert not on_partial, on_partial
+        else:
+            assert any(mutant["expect_message"] in r for r in on_partial), (st["run"]["reason"], on_partial)
         assert st["points"] == 0
         for c in checks.values():
-            assert not c["ok"] and c["points"] == 0 and c["reason"].startswith("not graded: the run failed")
+            assert not c["ok"] and c["points"] == 0
+            if c.get("partial"):
+                assert CHECKS[c["key"]].partial and c["reason"] and "\n" not in c["reason"], c
+                assert c["reason"].startswith(("not graded: the run failed", "before the runtime error: ")), c
+            else:
+                assert c["reason"].startswith("not graded: the run failed"), c
         return
     assert st["run"]["ok"], st["run"]["reason"]
     failed = {n for n, c in checks.items() if not c["ok"]}

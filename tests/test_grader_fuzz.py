@@ -27,7 +27,7 @@ import pytest
 from helpers import ROOT, manifest
 
 from gradelib.checks import CHECKS, run_check
-from gradelib.context import Context
+from gradelib.context import PARTIAL_FILE, Context
 from gradelib.rubric import RUBRIC_PATH, baseline_flags, load_rubric, parse_stage, stage_flags
 from gradelib.runner import RunResult, last_completed_step
 from gradelib.util import CheckFailed, UsageError, is_int, one_line
@@ -94,6 +94,8 @@ class World:
             for r in range(self.world):
                 events = [e for e in merged if e.get("pid") == r]
                 self._dump(os.path.join(run, "trace_rank%d.json" % r), {"traceEvents": events})
+            if partial_checks(self.rubric, stage):
+                self._dump(os.path.join(run, PARTIAL_FILE % 0), partial_record(run))
             self.runs[stage] = run
             os.makedirs(os.path.join(root, "baseline", stage))
             shutil.copy(os.path.join(src, "metrics.jsonl"), os.path.join(root, "baseline", stage))
@@ -123,9 +125,13 @@ class World:
     def _fingerprint(self):
         return zlib.crc32(json.dumps([sorted(map(repr, v.items())) for _, v in sorted(self.loaded.items())]).encode())
 
-    def context(self, stage, rubric=None, seed_cache=True, drop=()):
-        run = RunResult(self.runs[stage], True, "", 0.0, [])
+    def context(self, stage, rubric=None, seed_cache=True, drop=(), partial=False):
+        """The stage's Context; partial: the one reading the partial record (partial_rank0.json), of a run
+        that failed, nothing loaded beforehand."""
+        run = RunResult(self.runs[stage], not partial, "" if not partial else "runtime error: race", 0.0, [])
         baselines = FakeBaselines(os.path.join(self.root, "baseline", stage))
+        if partial:
+            return Context(rubric or self.rubric, stage, run, self.ref, baselines).partial_view()
         ctx = Context(rubric or self.rubric, stage, run, self.ref, baselines)
         if seed_cache:
             ctx._cache.update({k: v for k, v in self.loaded[stage].items() if k not in drop})
@@ -134,6 +140,29 @@ class World:
     def restore(self, path):
         with open(path, "wb") as fh:
             fh.write(self.pristine_bytes[path])
+
+
+def partial_checks(rubric, stage):
+    """The stage's checks that can judge a failed run's partial record (Check.partial)."""
+    return [k for k in rubric["stages"][stage]["checks"] if CHECKS[k].partial]
+
+
+def partial_record(run):
+    """A partial record as the runtime leaves it at a runtime error (runtime.h, dev_record_partial), made of the run's
+    rank 0: its trace in time order cut in the middle of the last step, each slice at its start with no duration,
+    and its memory notes of the steps before."""
+    with open(os.path.join(run, "trace_rank0.json")) as fh:
+        events = json.load(fh)["traceEvents"]
+    with open(os.path.join(run, "memory_rank0.json")) as fh:
+        notes = [e for e in json.load(fh)["events"] if "kind" in e]
+    slices = sorted((e for e in events if e.get("ph") == "X"), key=lambda e: e["ts"])
+    last = max(_step_of(e) for e in slices)
+    in_last = [e["ts"] for e in slices if _step_of(e) == last]
+    cut = in_last[len(in_last) // 2]
+    kept = [dict(e, dur=0) for e in slices if _step_of(e) < last or e["ts"] < cut]
+    return {"partial": True, "rank": 0, "error": "race on rank 0: a fuzzed run's runtime error",
+            "traceEvents": [e for e in events if e.get("ph") != "X"] + kept,
+            "events": [e for e in notes if _step_of(e) < last]}
 
 
 @pytest.fixture(scope="module")
@@ -337,7 +366,7 @@ def checks_reading(world, stage, reader):
         "baseline_metrics": {"loss", "grad_norm"},
         "dtensors": {"dtensors", "prefetch_bound", "recompute"},
         "memory": {"freed_after_forward", "freed_after_backward", "grads_freed", "zero2_params_kept",
-                   "peak_memory"},
+                   "peak_memory", "dtensors"},
         "trace": {"ag_overlap", "rs_overlap", "prefetch_bound", "recompute", "zero2_no_backward_all_gather"},
     }[reader]
     return [k for k in keys if k in reads]
@@ -359,12 +388,26 @@ def test_pristine_world_passes(world):
             assert ok, (stage, key, reason)
 
 
+def test_pristine_partial_records_pass(world):
+    """A partial record cut in the middle of a correct run's last step passes every check that judges one: what the
+    run did not reach is no fault."""
+    stages = [s for s in world.stages if partial_checks(world.rubric, s)]
+    assert stages
+    for stage in stages:
+        ctx = world.context(stage, partial=True)
+        assert ctx is not None and ctx.ranks() == [0], stage
+        for key in partial_checks(world.rubric, stage):
+            ok, reason, _ = run_check(ctx, key)
+            assert ok, (stage, key, reason)
+
+
 @pytest.mark.parametrize("reader", ["metrics", "reference_metrics", "run_json", "own_run_json", "baseline_metrics",
-                                    "dtensors", "memory", "trace"])
+                                    "dtensors", "memory", "trace", "partial"])
 def test_mutated_artifacts_fail_checks_cleanly(world, reader):
     rng = random.Random(SEED + zlib.crc32(reader.encode()))
     failures = []
-    stages = [s for s in world.stages if checks_reading(world, s, reader)]
+    stages = [s for s in world.stages if (partial_checks(world.rubric, s) if reader == "partial" else
+                                          checks_reading(world, s, reader))]
     for n in range(MUTATIONS):
         stage = rng.choice(stages)
         rank = rng.randrange(world.world)
@@ -385,6 +428,8 @@ def test_mutated_artifacts_fail_checks_cleanly(world, reader):
             path, drop = os.path.join(world.runs[stage], "dtensors_rank%d.json" % rank), (("dt", rank), "modules")
         elif reader == "memory":
             path, drop = os.path.join(world.runs[stage], "memory_rank%d.json" % rank), (("mem", rank),)
+        elif reader == "partial":
+            path = os.path.join(world.runs[stage], PARTIAL_FILE % 0)
         else:
             path, drop = os.path.join(world.runs[stage], "trace_rank%d.json" % rank), (("trace", rank),)
         what, data = mutate_file(rng, world.pristine_bytes[path], path.endswith(".jsonl"))
@@ -392,6 +437,10 @@ def test_mutated_artifacts_fail_checks_cleanly(world, reader):
         with open(path, "wb") as fh:
             fh.write(data)
         try:
+            if reader == "partial":
+                ctx = world.context(stage, partial=True)
+                run_checks(ctx, partial_checks(world.rubric, stage), failures, what)
+                continue
             ctx = world.context(stage, drop=drop)
             run_checks(ctx, checks_reading(world, stage, reader), failures, what)
             if reader == "memory":

@@ -446,9 +446,9 @@ TEST(collective_race_deterministic) {
     "'block2.all_gather' still writes it; now compute stream's 'block2.memset' writes 'layers.2.w' (unsharded_param, " \
     "allocated in block2.pre_forward), allocated from that pool after the free (so possibly the same memory), with "  \
     "nothing ordering that write before it. Make compute wait for an event recorded on all_gather after that write "  \
-    "before it touches blocks of the compute stream's pool again (as FSDP2's reduce-scatter stream waits for compute " \
-    "before each reduce-scatter), keep 'block2.all_gather_buffer' alive until then (as FSDP2's AllGatherState does), " \
-    "or call dev_record_stream(buf, all_gather stream) before dev_free"
+    "before it touches blocks of the compute stream's pool again (as FSDP2 makes compute wait for the all-gather's "  \
+    "event before the copy-out), keep 'block2.all_gather_buffer' alive until then (as FSDP2's AllGatherState does "   \
+    "for an all-gather output), or call dev_record_stream(buf, all_gather stream) before dev_free"
 TEST(free_while_in_use_deterministic) {
     /* 4 ranks, decided in host order: the same line on every run */
     for (int i = 0; i < 20; i++) EXPECT_LINE("free_in_use", FREE_IN_USE);
@@ -464,9 +464,9 @@ TEST(foreign_pool) {
                 "error: race on rank 0: all_gather stream's 'block3.memset' writes 'block3.all_gather_buffer' "
                 "(comm_buffer, allocated in block3.pre_forward), a block of the compute stream's pool, with no event "
                 "wait ordering it after the compute work queued before the allocation, which may still use that "
-                "memory (a freed block goes to the next allocation on its stream at once). Allocate it on the stream "
-                "that fills it (dev_alloc_on(all_gather stream, ...)), or make all_gather wait for an event recorded "
-                "on compute after the allocation");
+                "memory (a freed block goes to the next allocation on its stream at once). The all_gather stream "
+                "fills it: allocate it on that stream (dev_alloc_on(all_gather stream, ...)), or make all_gather "
+                "wait for an event recorded on compute after the allocation");
     EXPECT_CLEAN("foreign_pool_own");
     EXPECT_CLEAN("foreign_pool_waited");
 }

@@ -11,8 +11,13 @@ from helpers import BUILD, ROOT
 BINARY = os.path.join(BUILD, "tests", "test_runtime")
 
 CASES = {
-    "event": r"error: event 'ag_done' waited on but never recorded",
-    "event_sync": r"error: event 'rs_done' waited on but never recorded",
+    # the rank and who waits (a stream, or the host) are named; the hook too when the wait is in one
+    "event": re.escape("error: event 'ag_done' waited on but never recorded (rank 0: compute stream waits on it; a "
+                       "wait refers to the latest dev_event_record of the event, so record it after the work it "
+                       "marks, before anything waits on it)"),
+    "event_sync": re.escape("error: event 'rs_done' waited on but never recorded (rank 0: the host waits on it; a "
+                            "wait refers to the latest dev_event_record of the event, so record it after the work it "
+                            "marks, before anything waits on it)"),
     "double_free": r"error: dev_free: 0x[0-9a-f]+ is not a live allocation of rank 0 \(double free\?\)",
     "foreign_free": r"error: dev_free: 0x[0-9a-f]+ is not a live allocation of rank 0 \(double free\?\)",
     "mismatch": re.escape("error: collective mismatch on stream 'ag' #14: rank 0 all_gather 8192 f32 (block2); "

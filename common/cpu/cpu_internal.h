@@ -117,6 +117,8 @@ double clock_fill_cost(const Dev *d, size_t bytes);
 void clock_host_wait(Dev *d, double until_us, const char *what, const char *name);
 void clock_trace_op(Stream *s, const Op *op, const char *prefix, const char *cat, double start_us, double end_us,
                     double wall0_us);
+/* The host just enqueued op on s: its record, timed at its enqueue, in the rank's enqueue log (trace.h). */
+void clock_log_enqueued(Stream *s, const Op *op);
 
 extern const struct KernelTable kcpu_kernels; /* kernels_cpu.c */
 

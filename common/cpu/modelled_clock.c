@@ -87,22 +87,52 @@ void clock_host_wait(Dev *d, double until_us, const char *what, const char *name
                       .cat = TRACE_CAT_HOST_SYNC, .stream = TRACE_HOST_TID, .step = d->scope.step, .ts = d->host_us,
                       .dur = until_us - d->host_us, .micro = d->scope.micro};
         dev_trace_add(d, &r);
+        dev_enqueued_add(d, &r); /* the host's own: its time is already host order */
     }
     d->host_us = until_us;
+}
+
+/* op's trace record on s, under prefix and cat, from start_us to end_us (no wall-clock times). */
+static TraceRec op_rec(const Stream *s, const Op *op, const char *prefix, const char *cat, double start_us,
+                       double end_us) {
+    return (TraceRec){.prefix = prefix, .name = op->name, .module = op->module, .phase = op->phase, .cat = cat,
+                      .stream = s->index, .step = op->step, .ts = start_us, .dur = end_us - start_us,
+                      .bytes = op->bytes, .micro = op->micro,
+                      .dtype = op->kind == OP_COLL ? coll_dtype_name(op->coll.dtype) : NULL,
+                      .group = op->kind == OP_COLL && op->pg ? op->pg->name : NULL,
+                      .p2p = op->kind == OP_COLL && op->coll.kind == COLL_P2P ? op->label : NULL,
+                      .op = op->kind == OP_COLL ? coll_op_name(op->coll.kind, op->coll.op) : NULL,
+                      .flops = op->flops,
+                      .kclass = op->kind == OP_LAUNCH && op->cls != COST_FREE ? cost_class_name(op->cls) : NULL,
+                      .math = op->kind == OP_LAUNCH && op->cls != COST_FREE ? coll_dtype_name(op->math) : NULL};
 }
 
 void clock_trace_op(Stream *s, const Op *op, const char *prefix, const char *cat, double start_us, double end_us,
                     double wall0_us) {
     if (!op->traced) return;
     double wall1_us = now_us(), epoch = s->dev->world->epoch_us;
-    TraceRec r = {.prefix = prefix, .name = op->name, .module = op->module, .phase = op->phase, .cat = cat,
-                  .stream = s->index, .step = op->step, .ts = start_us, .dur = end_us - start_us, .bytes = op->bytes,
-                  .micro = op->micro, .dtype = op->kind == OP_COLL ? coll_dtype_name(op->coll.dtype) : NULL,
-                  .group = op->kind == OP_COLL && op->pg ? op->pg->name : NULL,
-                  .p2p = op->kind == OP_COLL && op->coll.kind == COLL_P2P ? op->label : NULL,
-                  .op = op->kind == OP_COLL ? coll_op_name(op->coll.kind, op->coll.op) : NULL, .flops = op->flops, .wall = 1,
-                  .kclass = op->kind == OP_LAUNCH && op->cls != COST_FREE ? cost_class_name(op->cls) : NULL,
-                  .math = op->kind == OP_LAUNCH && op->cls != COST_FREE ? coll_dtype_name(op->math) : NULL,
-                  .wall_ts = wall0_us - epoch, .wall_dur = wall1_us - wall0_us};
+    TraceRec r = op_rec(s, op, prefix, cat, start_us, end_us);
+    r.wall = 1;
+    r.wall_ts = wall0_us - epoch;
+    r.wall_dur = wall1_us - wall0_us;
     dev_trace_add(s->dev, &r);
+}
+
+void clock_log_enqueued(Stream *s, const Op *op) {
+    if (!op->traced || !s->dev->partial_dir) return;
+    const char *prefix = op->module, *cat = NULL;
+    switch (op->kind) {
+    case OP_LAUNCH: cat = TRACE_CAT_COMPUTE; break;
+    case OP_COPY:
+    case OP_MEMSET: cat = TRACE_CAT_COPY; break;
+    case OP_RECORD: cat = TRACE_CAT_EVENT; break;
+    case OP_COLL: /* as the worker names it (runtime_cpu.c: execute) */
+        cat = TRACE_CAT_COLLECTIVE;
+        prefix = op->coll.kind == COLL_P2P ? NULL : op->label;
+        break;
+    case OP_WAIT: /* traced only if it stalls, which the order alone does not tell */
+    case OP_MARK: return;
+    }
+    TraceRec r = op_rec(s, op, prefix, cat, op->host_us, op->host_us);
+    dev_enqueued_add(s->dev, &r);
 }

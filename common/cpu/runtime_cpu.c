@@ -170,6 +170,7 @@ static void push(Stream *s, const Op *op, size_t args_size) {
 static void enqueue(Stream *s, Op *op, size_t args_size, int charged) {
     race_on_enqueue(s, op); /* host order: the verdict never depends on timing */
     clock_enqueue(s->dev, op, charged);
+    clock_log_enqueued(s, op);
     push(s, op, args_size);
 }
 

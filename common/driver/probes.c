@@ -1,6 +1,7 @@
 /* probes.c — the driver's records for the grader (probes.h). */
 #include "driver/probes.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -580,6 +581,60 @@ static void track_state(Dev *dev, GradCopy *c, GradKind kind, const float *src, 
 static void g_or_null(Json *f, int has, double v) {
     if (has) json_g(f, v, 17);
     else json_null(f);
+}
+
+/* Before the optimizer: each DTensor.grad's padding rows [local_rows, padded_rows) read back (CPU backend, not a
+ * dry run). FSDP2 keeps them zero, as the shards' own: the reduce-scatter input's padding rows are zeroed, so the
+ * padding of its output is too. Nothing is noted when every one is zero (a correct run's log is unchanged); else
+ * one "grad_padding" note names the first param whose padding is not, what it holds, and how many params share
+ * the fault. A DTensor.grad outside one live allocation is not read (the grad-state probe says so). */
+void probe_grad_padding(Dev *dev, const Probes *p, int step) {
+    if (dev_is_cuda_build() || dev_dry_run(dev)) return;
+    const Model *m = p->model;
+    const Module *first_mod = NULL;
+    const Param *first = NULL;
+    size_t first_nan = 0, first_nonzero = 0;
+    int bad = 0;
+    float *buf = NULL;
+    size_t cap = 0;
+    for (int i = 0; i < m->n_modules; i++)
+        for (int j = 0; j < m->modules[i].n_params; j++) {
+            const Param *q = &m->modules[i].params[j];
+            const DTensor *dt = &q->dt;
+            if (!dt->grad || dt->padded_rows <= dt->local_rows) continue;
+            size_t lo = dt->local_rows * dt->row_numel, hi = dt->padded_rows * dt->row_numel; /* padding: [lo, hi) */
+            if (!readable(dev, dt->grad, hi * sizeof(float))) continue;
+            if (hi - lo > cap) {
+                free(buf);
+                cap = hi - lo;
+                buf = xmalloc(cap * sizeof(float));
+            }
+            dev_probe_read(dev, buf, dt->grad + lo, (hi - lo) * sizeof(float));
+            size_t nan = 0, nonzero = 0;
+            for (size_t e = 0; e < hi - lo; e++) {
+                nan += isnan(buf[e]) != 0;
+                nonzero += buf[e] != 0.0f; /* NaN too */
+            }
+            if (!nonzero) continue;
+            if (!bad++) {
+                first_mod = &m->modules[i];
+                first = q;
+                first_nan = nan;
+                first_nonzero = nonzero;
+            }
+        }
+    free(buf);
+    if (!bad) return;
+    Json f = {0};
+    note_begin(&f, step, first_mod->name, phase_name(PHASE_OPTIMIZER));
+    json_key_string(&f, "param", first->name);
+    size_field(&f, "local_rows", first->dt.local_rows);
+    size_field(&f, "padded_rows", first->dt.padded_rows);
+    size_field(&f, "padding_values", (first->dt.padded_rows - first->dt.local_rows) * first->dt.row_numel);
+    size_field(&f, "nonzero", first_nonzero);
+    size_field(&f, "nan", first_nan);
+    json_key_int(&f, "params", bad);
+    note_end(dev, &f, "grad_padding");
 }
 
 void probe_grad_state(Dev *dev, Probes *p, int step) {

@@ -99,6 +99,10 @@ void probe_after_post_backward(Dev *dev, const Probes *p, int step, const Module
  * run what was queued (dev_probe_read), at no cost on the modelled clock or
  * the memory counts. */
 void probe_grad_state(Dev *dev, Probes *p, int step);
+/* Before the optimizer step (CPU backend, not a dry run): every DTensor.grad's padding rows hold zeros, as FSDP2
+ * keeps them; if not, a "grad_padding" note (the first such param, its rows, how many of its padding values are
+ * nonzero and NaN, and how many params share the fault). Nothing is noted when all are zero. */
+void probe_grad_padding(Dev *dev, const Probes *p, int step);
 /* After fsdp_init on a 2-D mesh (--mesh R,S): fatal, naming the first param,
  * if a DTensor is not split over the shard group (a pre-09 stage splits over
  * the world). */

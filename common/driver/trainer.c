@@ -102,6 +102,7 @@ void trainer_backward(Trainer *t, int s) {
 
 float trainer_optimizer_step(Trainer *t, int s) {
     float grad_norm = NAN;
+    probe_grad_padding(t->dev, &t->probes, s); /* the grad shards the optimizer reads: padding rows zero */
     HOOK(t, s, "optimizer", PHASE_OPTIMIZER,
          grad_norm = fsdp_optimizer_step(t->fsdp, lr_at_step(&t->opt->optim, s), s + 1));
     return grad_norm;

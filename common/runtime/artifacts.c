@@ -74,7 +74,75 @@ static int by_track(const void *a, const void *b) {
     return i < k ? -1 : i > k;
 }
 
-static void trace_events_of(Json *j, Dev *d) {
+/* One slice ("X") of rank d's trace. */
+static void trace_rec_json(Json *j, const Dev *d, const TraceRec *r) {
+    json_object_begin(j);
+    json_key(j, "ph");
+    json_string(j, "X");
+    json_key(j, "name");
+    if (r->prefix && *r->prefix) json_stringf(j, "%s.%s", r->prefix, r->name);
+    else json_string(j, r->name);
+    json_key(j, "cat");
+    json_string(j, r->cat);
+    json_key(j, "pid");
+    json_int(j, d->rank);
+    json_key(j, "tid");
+    json_int(j, r->stream);
+    json_key(j, "ts");
+    json_fixed(j, r->ts, 3);
+    json_key(j, "dur");
+    json_fixed(j, r->dur, 3);
+    json_key(j, "args");
+    json_object_begin(j);
+    json_key_int(j, "step", r->step);
+    json_key_string(j, "phase", r->phase);
+    json_key_string(j, "module", r->module);
+    if (r->bytes) {
+        json_key(j, "bytes");
+        json_uint(j, r->bytes);
+    }
+    if (r->micro >= 0) {
+        json_key(j, "microbatch");
+        json_int(j, r->micro);
+    }
+    if (r->dtype) {
+        json_key(j, "dtype");
+        json_string(j, r->dtype);
+    }
+    if (r->group) {
+        json_key(j, "group");
+        json_string(j, r->group);
+    }
+    if (r->op) {
+        json_key(j, "op");
+        json_string(j, r->op);
+    }
+    if (r->p2p) {
+        json_key(j, "p2p");
+        json_string(j, r->p2p);
+    }
+    if (r->flops > 0) {
+        json_key(j, "flops");
+        json_fixed(j, r->flops, 0);
+    }
+    if (r->kclass) {
+        json_key(j, TRACE_ARG_CLASS);
+        json_string(j, r->kclass);
+        json_key(j, TRACE_ARG_MATH);
+        json_string(j, r->math);
+    }
+    if (r->wall) {
+        json_key(j, TRACE_ARG_WALL_TS);
+        json_fixed(j, r->wall_ts, 3);
+        json_key(j, TRACE_ARG_WALL_DUR);
+        json_fixed(j, r->wall_dur, 3);
+    }
+    json_object_end(j);
+    json_object_end(j);
+}
+
+/* The metadata of rank d's tracks: the process (rank) and its streams' and host's names and order. */
+static void trace_tracks_of(Json *j, const Dev *d) {
     char rank_name[32];
     snprintf(rank_name, sizeof rank_name, "rank %d", d->rank);
     trace_meta(j, "process_name", d->rank, 0, "name", rank_name, 0);
@@ -85,6 +153,10 @@ static void trace_events_of(Json *j, Dev *d) {
     }
     trace_meta(j, "thread_name", d->rank, TRACE_HOST_TID, "name", "host", 0);
     trace_meta(j, "thread_sort_index", d->rank, TRACE_HOST_TID, "sort_index", NULL, -1);
+}
+
+static void trace_events_of(Json *j, Dev *d) {
+    trace_tracks_of(j, d);
     pthread_mutex_lock(&d->trace.mu);
     size_t *order = xmalloc((d->trace.n ? d->trace.n : 1) * sizeof *order);
     for (size_t i = 0; i < d->trace.n; i++) order[i] = i;
@@ -92,72 +164,7 @@ static void trace_events_of(Json *j, Dev *d) {
     sort_base = d->trace.recs;
     qsort(order, d->trace.n, sizeof *order, by_track);
     pthread_mutex_unlock(&sort_mu);
-    for (size_t i = 0; i < d->trace.n; i++) {
-        const TraceRec *r = &d->trace.recs[order[i]];
-        json_object_begin(j);
-        json_key(j, "ph");
-        json_string(j, "X");
-        json_key(j, "name");
-        if (r->prefix && *r->prefix) json_stringf(j, "%s.%s", r->prefix, r->name);
-        else json_string(j, r->name);
-        json_key(j, "cat");
-        json_string(j, r->cat);
-        json_key(j, "pid");
-        json_int(j, d->rank);
-        json_key(j, "tid");
-        json_int(j, r->stream);
-        json_key(j, "ts");
-        json_fixed(j, r->ts, 3);
-        json_key(j, "dur");
-        json_fixed(j, r->dur, 3);
-        json_key(j, "args");
-        json_object_begin(j);
-        json_key_int(j, "step", r->step);
-        json_key_string(j, "phase", r->phase);
-        json_key_string(j, "module", r->module);
-        if (r->bytes) {
-            json_key(j, "bytes");
-            json_uint(j, r->bytes);
-        }
-        if (r->micro >= 0) {
-            json_key(j, "microbatch");
-            json_int(j, r->micro);
-        }
-        if (r->dtype) {
-            json_key(j, "dtype");
-            json_string(j, r->dtype);
-        }
-        if (r->group) {
-            json_key(j, "group");
-            json_string(j, r->group);
-        }
-        if (r->op) {
-            json_key(j, "op");
-            json_string(j, r->op);
-        }
-        if (r->p2p) {
-            json_key(j, "p2p");
-            json_string(j, r->p2p);
-        }
-        if (r->flops > 0) {
-            json_key(j, "flops");
-            json_fixed(j, r->flops, 0);
-        }
-        if (r->kclass) {
-            json_key(j, TRACE_ARG_CLASS);
-            json_string(j, r->kclass);
-            json_key(j, TRACE_ARG_MATH);
-            json_string(j, r->math);
-        }
-        if (r->wall) {
-            json_key(j, TRACE_ARG_WALL_TS);
-            json_fixed(j, r->wall_ts, 3);
-            json_key(j, TRACE_ARG_WALL_DUR);
-            json_fixed(j, r->wall_dur, 3);
-        }
-        json_object_end(j);
-        json_object_end(j);
-    }
+    for (size_t i = 0; i < d->trace.n; i++) trace_rec_json(j, d, &d->trace.recs[order[i]]);
     free(order);
     pthread_mutex_unlock(&d->trace.mu);
 }
@@ -516,6 +523,50 @@ static void write_memory_pickle(const char *dir, Dev *d) {
     char file[64];
     snprintf(file, sizeof file, "memory_rank%d.pickle", d->rank);
     write_buf(dir, file, &b);
+}
+
+/* --------------------------------------------------------- partial record */
+
+void dev_record_partial(Dev *d, const char *dir) {
+    free(d->partial_dir);
+    d->partial_dir = dir ? xstrdup(dir) : NULL;
+}
+
+/* partial_rank<r>.json: rank d's record up to the runtime error `line` (the host thread that reports it):
+ * traceEvents, the ops its host had enqueued, in that order, each at the host's modelled time when it enqueued
+ * it (dur 0; trace.h, EnqueueLog), and events, the memory snapshot's notes so far. Host order only, so the
+ * same file on every run that stops at the same error. */
+static void write_partial(Dev *d, const char *line) {
+    make_dirs(d->partial_dir);
+    Json j = {0};
+    json_object_begin(&j);
+    json_key(&j, "partial");
+    json_bool(&j, 1);
+    json_key_int(&j, "rank", d->rank);
+    json_key_string(&j, "error", line);
+    json_key_string(&j, "about", "this rank's record up to the runtime error: traceEvents, the ops its host had "
+                                 "enqueued, in that order, each at the host's modelled time when it enqueued it "
+                                 "(dur 0); events, the memory snapshot's notes so far");
+    json_key(&j, "traceEvents");
+    json_array_begin_lines(&j);
+    trace_tracks_of(&j, d);
+    for (size_t i = 0; i < d->enqueued.n; i++) trace_rec_json(&j, d, &d->enqueued.recs[i]);
+    json_array_end(&j);
+    json_key(&j, "events");
+    json_array_begin_lines(&j);
+    for (size_t i = 0; i < d->mem.n_mev; i++)
+        if (d->mem.mev[i].kind == MEV_NOTE) json_mem_event(&j, d, &d->mem.mev[i]);
+    json_array_end(&j);
+    json_object_end(&j);
+    json_line_end(&j);
+    char file[64];
+    snprintf(file, sizeof file, "partial_rank%d.json", d->rank);
+    write_json(d->partial_dir, file, &j);
+}
+
+void runtime_last_words(const char *line) {
+    Dev *d = world_thread_dev();
+    if (d && d->partial_dir) write_partial(d, line);
 }
 
 /* ------------------------------------------------------------------ all */

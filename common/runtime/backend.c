@@ -225,24 +225,41 @@ void dev_event_record(Event *e, Stream *s) {
     dev_ops(s->dev)->event_record(e, s);
 }
 
-/* A wait, sync or query refers to the latest record. */
-static void check_recorded(const Event *e) {
-    if (e->recorded == 0) fatal("event '%s' waited on but never recorded", e->name);
+/* A wait, sync or query refers to the latest record. `who`: the stream that waits, or NULL for the host
+ * (dev_event_synchronize / dev_event_query); the message names the rank, the waiter and the hook it ran in. */
+static void check_recorded(const Event *e, const Stream *who) {
+    if (e->recorded) return;
+    const Dev *d = e->dev;
+    const char *module = d->scope.module, *phase = d->scope.phase;
+    char waiter[160], where[200];
+    if (who) snprintf(waiter, sizeof waiter, "%s stream", who->name);
+    else snprintf(waiter, sizeof waiter, "the host");
+    if (module && *module && phase && *phase) snprintf(where, sizeof where, " in %s's %s", module, phase);
+    else if (module && *module) snprintf(where, sizeof where, " in %s", module);
+    else if (phase && *phase) snprintf(where, sizeof where, " in %s", phase);
+    else where[0] = 0;
+    char msg[800];
+    snprintf(msg, sizeof msg,
+             "event '%s' waited on but never recorded (rank %d: %s waits on it%s; a wait refers to the latest "
+             "dev_event_record of the event, so record it after the work it marks, before anything waits on it)",
+             e->name, d->rank, waiter, where);
+    /* decided in host order like a race: when every rank makes the same mistake, the lowest one says it */
+    world_report_race(d->world, d->rank, msg);
 }
 
 void dev_stream_wait_event(Stream *s, Event *e) {
     if (e->dev != s->dev) fatal("event '%s' of rank %d waited on by a stream of rank %d", e->name, e->dev->rank, s->dev->rank);
-    check_recorded(e);
+    check_recorded(e, s);
     dev_ops(s->dev)->event_wait(s, e);
 }
 
 void dev_event_synchronize(Event *e) {
-    check_recorded(e);
+    check_recorded(e, NULL);
     dev_ops(e->dev)->event_synchronize(e);
 }
 
 int dev_event_query(Event *e) {
-    check_recorded(e);
+    check_recorded(e, NULL);
     return dev_ops(e->dev)->event_query(e);
 }
 

@@ -150,6 +150,8 @@ struct Dev {
     RaceDetector race;
     FlightRecorder flight;
     TraceBuffer trace;
+    EnqueueLog enqueued;                /* host thread: its traced work in enqueue order (trace.h) */
+    char *partial_dir;                  /* where the partial record goes at a runtime error (dev_record_partial) */
     ProcessGroup *pgs[PG_MAX];          /* [npgs] groups by id; pgs[0] = the world */
     int npgs;
     /* the clip probe (clip_probe.c): device floats launch_adamw's kernels write */
@@ -218,6 +220,11 @@ void event_free(Event *e);
 /* group.c: the world group (dev_create) */
 void dev_groups_init(Dev *d);
 void dev_groups_fini(Dev *d);
+
+/* world.c: the Dev of the rank whose host thread calls it (NULL on any other thread: a stream worker, main).
+ * artifacts.c: the runtime's LastWords (util.h), set by world_create: the calling rank's partial record. */
+Dev *world_thread_dev(void);
+void runtime_last_words(const char *line);
 
 /* race.c: one fatal report for the whole world; ranks below `rank` that hit
  * the same verdict win, so the message is the same on every run */

@@ -201,20 +201,61 @@ static void report_overrun(Stream *s, const RaceStamp *me, int write, const Allo
 
 static void report_alloc_race(Stream *s, const RaceStamp *me, int write, const Alloc *a, const void *p,
                               const char *what) __attribute__((noreturn));
+/* s touches a block of another stream's pool (the owner) without being ordered after the owner's work queued
+ * before the allocation. (A write by another stream that s does not wait for is reported instead, as the race
+ * it is: check_access.) The remedy depends on who fills the block:
+ *   - s writes it first: s fills it, so it may come from s's own pool, or s waits for the owner's allocation;
+ *   - another stream w wrote it and s waits for that write, but w is not the owner: s must also be ordered
+ *     after the owner's earlier work (an event recorded on the owner after the allocation);
+ *   - s reads a block nothing has written: a read of memory no op filled. */
 static void report_alloc_race(Stream *s, const RaceStamp *me, int write, const Alloc *a, const void *p,
                               const char *what) {
     Dev *d = s->dev;
-    char mine[200], bufdesc[600], msg[1800];
+    const RaceState *r = &a->race;
+    char mine[200], bufdesc[600], head[1200], msg[2000];
     op_text(mine, sizeof mine, me);
     buffer_text(bufdesc, sizeof bufdesc, a, p, what, 0);
     const char *os = d->streams[a->stream]->name;
-    snprintf(msg, sizeof msg,
+    snprintf(head, sizeof head,
              "race on rank %d: %s stream's '%s' %s %s, a block of the %s stream's pool, with no event wait ordering it "
              "after the %s work queued before the allocation, which may still use that memory (a freed block goes "
-             "to the next allocation on its stream at once). Allocate it on the stream that fills it "
-             "(dev_alloc_on(%s stream, ...)), or make %s wait for an event recorded on %s after the allocation",
-             d->rank, s->name, mine, write ? "writes" : "reads", bufdesc, os, os, s->name, s->name, os);
+             "to the next allocation on its stream at once)",
+             d->rank, s->name, mine, write ? "writes" : "reads", bufdesc, os, os);
+    if (r->writer >= 0 && r->writer != s->index) {
+        char theirs[200];
+        op_text(theirs, sizeof theirs, &r->write);
+        const char *ws = d->streams[r->writer]->name;
+        snprintf(msg, sizeof msg,
+                 "%s. The %s stream waits for %s stream's write ('%s') but not for the %s stream: make %s also wait for "
+                 "an event recorded on %s after the allocation",
+                 head, s->name, ws, theirs, os, s->name, os);
+    } else if (write) {
+        snprintf(msg, sizeof msg,
+                 "%s. The %s stream fills it: allocate it on that stream (dev_alloc_on(%s stream, ...)), or make %s wait "
+                 "for an event recorded on %s after the allocation",
+                 head, s->name, s->name, s->name, os);
+    } else {
+        snprintf(msg, sizeof msg,
+                 "%s. Nothing has written it yet: fill it first, and make %s wait for an event recorded on the stream "
+                 "that fills it after its writes",
+                 head, s->name);
+    }
     report(d, msg);
+}
+
+/* What the freed block of a pool debt was, told by the ops that used it, for the FSDP2 parallel of the remedy:
+ * FSDP2 keeps a reduce-scatter input alive in its ReduceScatterState until compute waited for the reduce-scatter,
+ * and an all-gather output in its AllGatherState until the all-gather stream waited for the copy-out. */
+typedef enum { FREED_OTHER, FREED_RS_INPUT, FREED_AG_OUTPUT, FREED_RS_OUTPUT } FreedRole;
+
+static int named(const char *name, const char *want) { return name && strcmp(name, want) == 0; }
+
+static FreedRole freed_role(const PoolDebt *debt) {
+    if (!debt->wrote && named(debt->use.name, "reduce_scatter")) return FREED_RS_INPUT;
+    if (named(debt->filled_by, "all_gather") || (debt->wrote && named(debt->use.name, "all_gather")))
+        return FREED_AG_OUTPUT;
+    if (named(debt->filled_by, "reduce_scatter")) return FREED_RS_OUTPUT;
+    return FREED_OTHER;
 }
 
 static void report_free_race(Stream *s, const RaceStamp *me, int write, const Alloc *a, const void *p,
@@ -222,7 +263,7 @@ static void report_free_race(Stream *s, const RaceStamp *me, int write, const Al
 static void report_free_race(Stream *s, const RaceStamp *me, int write, const Alloc *a, const void *p,
                              const char *what, const PoolDebt *debt) {
     Dev *d = s->dev;
-    char mine[200], theirs[200], bufdesc[600], born[160], freed_in[160], msg[2400];
+    char mine[200], theirs[200], bufdesc[600], born[160], freed_in[160], aside[300] = "", state[80] = "", msg[2600];
     op_text(mine, sizeof mine, me);
     op_text(theirs, sizeof theirs, &debt->use);
     buffer_text(bufdesc, sizeof bufdesc, a, p, what, 0);
@@ -230,16 +271,42 @@ static void report_free_race(Stream *s, const RaceStamp *me, int write, const Al
     scope_text(freed_in, sizeof freed_in, debt->free_module, debt->free_phase);
     const char *ts = d->streams[debt->stream]->name, *owner = d->streams[a->stream]->name;
     const char *use = debt->wrote ? "write" : "read";
+    /* the FSDP2 parallel, only where s reuses its own pool: then s waits for ts as the FSDP2 stream of the same
+     * role does (a reduce-scatter input: compute for the reduce-scatter; an all-gather output: the all-gather
+     * stream for the copy-out, or compute for the all-gather; a reduce-scatter output: its stream for compute) */
+    const int own = s->index == a->stream;
+    switch (freed_role(debt)) {
+    case FREED_RS_INPUT:
+        if (own)
+            snprintf(aside, sizeof aside, " (as FSDP2's next post_backward makes compute wait for the previous "
+                     "reduce-scatter's event)");
+        snprintf(state, sizeof state, " (as FSDP2's ReduceScatterState does for a reduce-scatter input)");
+        break;
+    case FREED_AG_OUTPUT:
+        if (own && debt->wrote)
+            snprintf(aside, sizeof aside, " (as FSDP2 makes compute wait for the all-gather's event before the "
+                     "copy-out)");
+        else if (own)
+            snprintf(aside, sizeof aside, " (as FSDP2 makes the all-gather stream wait for the copy-out's event "
+                     "before the next all-gather)");
+        snprintf(state, sizeof state, " (as FSDP2's AllGatherState does for an all-gather output)");
+        break;
+    case FREED_RS_OUTPUT:
+        if (own)
+            snprintf(aside, sizeof aside, " (as FSDP2 makes the reduce-scatter stream wait for compute before each "
+                     "reduce-scatter)");
+        break;
+    case FREED_OTHER: break;
+    }
     snprintf(msg, sizeof msg,
              "free while in use on rank %d: dev_free of '%s' (%s, allocated in %s) in %s gave it back to the %s "
              "stream's pool while %s stream's '%s' still %s it; now %s stream's '%s' %s %s, allocated from that pool "
              "after the free (so possibly the same memory), with nothing ordering that %s before it. Make %s wait for "
-             "an event recorded on %s after that %s before it touches blocks of the %s stream's pool again (as "
-             "FSDP2's reduce-scatter stream waits for compute before each reduce-scatter), keep '%s' alive until then "
-             "(as FSDP2's AllGatherState does), or call dev_record_stream(buf, %s stream) before dev_free",
+             "an event recorded on %s after that %s before it touches blocks of the %s stream's pool again%s, keep "
+             "'%s' alive until then%s, or call dev_record_stream(buf, %s stream) before dev_free",
              d->rank, debt->freed, mem_tag_name((MemTag)debt->freed_tag), born, freed_in, owner, ts, theirs,
              debt->wrote ? "writes" : "reads", s->name, mine, write ? "writes" : "reads", bufdesc, use, s->name, ts,
-             use, owner, debt->freed, ts);
+             use, owner, aside, debt->freed, state, ts);
     report(d, msg);
 }
 
@@ -284,7 +351,8 @@ static void add_debt(Dev *d, Stream *o, const Alloc *a, int t, const RaceStamp *
         o->debts = xrealloc(o->debts, (size_t)o->debts_cap * sizeof *o->debts);
     }
     o->debts[o->ndebts++] = (PoolDebt){t, *use, wrote, a->name, (int)a->tag, a->module, a->phase,
-                                       d->scope.module, d->scope.phase};
+                                       d->scope.module, d->scope.phase,
+                                       a->race.writer >= 0 ? a->race.write.name : NULL};
 }
 
 void race_on_free(Dev *d, const Alloc *a) {
@@ -313,13 +381,19 @@ static void check_access(Stream *s, const RaceStamp *me, const void *p, size_t b
     RaceStamp stamp = *me;
     stamp.what = what;
     if (bytes > a->size - ((uintptr_t)p - a->addr)) report_overrun(s, &stamp, write, a, p, bytes, what);
-    if (r->owner >= 0 && si != r->owner && s->vc[r->owner] < r->born) report_alloc_race(s, &stamp, write, a, p, what);
+    const int unordered_write = r->writer >= 0 && r->writer != si && s->vc[r->writer] < r->write.clock;
+    if (r->owner >= 0 && si != r->owner && s->vc[r->owner] < r->born) {
+        /* another stream filled the block and s does not wait for it: that race names who wrote, and an event
+         * recorded after that write is the remedy (the writer being the owner, it also orders s after the
+         * owner's work before the allocation) */
+        if (unordered_write) report_race(s, &stamp, write, a, p, what, r->writer, &r->write, 1);
+        report_alloc_race(s, &stamp, write, a, p, what);
+    }
     for (int i = 0; i < r->ndebts; i++) {
         const PoolDebt *dt = &r->debts[i];
         if (dt->stream != si && s->vc[dt->stream] < dt->use.clock) report_free_race(s, &stamp, write, a, p, what, dt);
     }
-    if (r->writer >= 0 && r->writer != si && s->vc[r->writer] < r->write.clock)
-        report_race(s, &stamp, write, a, p, what, r->writer, &r->write, 1);
+    if (unordered_write) report_race(s, &stamp, write, a, p, what, r->writer, &r->write, 1);
     if (write) {
         for (int t = 0; t < r->nreads; t++)
             if (t != si && r->reads[t].clock && s->vc[t] < r->reads[t].clock)
@@ -422,6 +496,7 @@ void world_report_race(World *w, int rank, const char *msg) {
     w->reporting = 1;
     pthread_mutex_unlock(&w->report_mu);
     report_lock(); /* a plain fatal() of another thread may be speaking */
+    report_last_words(msg); /* this rank's partial record (runtime.h, dev_record_partial) */
     /* _exit, not exit: the streams are still running kernels (BLAS) that
      * atexit teardown would pull the rug from under */
     fflush(stdout);

@@ -34,6 +34,8 @@ typedef struct {
     int freed_tag;               /* its MemTag */
     const char *alloc_module, *alloc_phase; /* interned: the scope of its allocation */
     const char *free_module, *free_phase;   /* interned: the scope of the dev_free */
+    const char *filled_by;       /* interned op name of the block's last write before the free ("all_gather":
+                                    an all-gather output), or NULL: what the block was, for the message */
 } PoolDebt;
 
 typedef struct {

@@ -346,5 +346,12 @@ int dev_dry_run(const Dev *d);
  * writes trace.json holding every rank (call after all ranks wrote theirs:
  * dev_write_artifacts does a host barrier). */
 void dev_write_artifacts(Dev *d, const char *dir);
+/* Ask for a partial record (dir NULL: no more): when a runtime error (exit status 2: a fatal line, a race)
+ * stops the run on this rank's host thread, partial_rank<r>.json goes into dir before the error line, marked
+ * "partial": true with the error line: the ops this rank's host had enqueued, in host order, at the host's
+ * modelled time of each enqueue (CPU backends; the CUDA build writes none of them), and the memory
+ * snapshot's notes so far. The grader judges what it can of a failed run from it. The host order makes it the
+ * same file on every run that stops at the same point. */
+void dev_record_partial(Dev *d, const char *dir);
 
 #endif

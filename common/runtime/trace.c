@@ -15,3 +15,11 @@ void dev_trace_add(Dev *d, const TraceRec *r) {
     d->trace.recs[d->trace.n++] = *r;
     pthread_mutex_unlock(&d->trace.mu);
 }
+
+/* An op the host just enqueued (host thread), or a host wait it just made: only while a partial record is asked
+ * for (runtime.h, dev_record_partial). */
+void dev_enqueued_add(Dev *d, const TraceRec *r) {
+    if (!d->partial_dir) return;
+    d->enqueued.recs = xgrow(d->enqueued.recs, &d->enqueued.cap, (d->enqueued.n + 1) * sizeof *r, 1024 * sizeof *r);
+    d->enqueued.recs[d->enqueued.n++] = *r;
+}

@@ -36,6 +36,17 @@ typedef struct {
 
 void dev_trace_add(Dev *d, const TraceRec *r);
 
+/* The rank's traced work in host enqueue order (Dev.enqueued; host thread only), kept while a partial record
+ * is asked for (dev_record_partial): what the partial record of a run stopped by a runtime error holds. Each
+ * record is its op's, timed at the host's modelled time when it enqueued it (dur 0): which of them had run when
+ * the error came depends on the threads, their order does not. The CPU backends fill it (modelled_clock.c). */
+typedef struct {
+    TraceRec *recs;
+    size_t n, cap;                      /* records; capacity in bytes (xgrow) */
+} EnqueueLog;
+
+void dev_enqueued_add(Dev *d, const TraceRec *r);
+
 /* The categories (TraceRec.cat, the trace's "cat") every backend files its
  * slices under: one table, so the grader (grader/trace_names.py CATEGORIES,
  * checked against this by tests/test_trace_names.py) reads the same words from

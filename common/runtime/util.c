@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
+#include <setjmp.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +25,21 @@ static pthread_mutex_t exit_mu = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
 void report_lock(void) { pthread_mutex_lock(&exit_mu); }
 
 void fatal_set_hook(FatalHook hook) { fatal_hook = hook; }
+
+/* The LastWords (util.h): 0 not run yet, 1 running (an error raised inside it jumps back out), 2 done. Only
+ * the thread holding report_lock touches these. */
+static LastWords last_words;
+static int last_words_state;
+static jmp_buf last_words_jump;
+
+void fatal_set_last_words(LastWords fn) { last_words = fn; }
+
+void report_last_words(const char *line) {
+    if (!last_words || last_words_state) return;
+    last_words_state = 1;
+    if (!setjmp(last_words_jump)) last_words(line);
+    last_words_state = 2;
+}
 
 void cond_init_monotonic(pthread_cond_t *cv) {
     pthread_condattr_t attr;
@@ -50,6 +66,8 @@ void fatal(const char *fmt, ...) {
     va_end(again);
     if (fatal_hook) fatal_hook(line);
     report_lock(); /* never released: the process ends below */
+    if (last_words_state == 1) longjmp(last_words_jump, 1); /* raised while writing the last words: drop them */
+    report_last_words(line);
     fflush(stdout);
     fprintf(stderr, "error: %s\n", line);
     /* _exit, not exit: other threads (stream workers, BLAS) may still be running,

@@ -29,6 +29,16 @@ void report_lock(void);
 typedef void (*FatalHook)(const char *message);
 void fatal_set_hook(FatalHook hook);
 
+/* What the process writes before it reports a runtime error and exits (the runtime's partial record:
+ * runtime.h, dev_record_partial). fatal() and the race detector's report call it once, on the reporting
+ * thread, after report_lock and before the "error:" line, with that line (without "error: "). An error
+ * raised while it runs (a file it cannot write) ends it early, silently: the original line is still the one
+ * reported. NULL (the default) writes nothing. Process-wide: set it before any thread starts. */
+typedef void (*LastWords)(const char *line);
+void fatal_set_last_words(LastWords fn);
+/* For the runtime's own reports that end the process (race.c): call the LastWords once; after report_lock. */
+void report_last_words(const char *line);
+
 /* A starter's TODO stub (hw_fsdp.h): one line naming the TODO, exit(EXIT_TODO). */
 void hw_todo(const char *what, const char *where) __attribute__((noreturn));
 

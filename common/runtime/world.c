@@ -46,6 +46,7 @@ World *world_create(const WorldConfig *cfg) {
     const char *guard_env = getenv("HWFSDP_GUARD_DEVICE"); /* any binary, e.g. a test's, can turn it on */
     if (guard_env && *guard_env && strcmp(guard_env, "0") != 0) w->cfg.guard_device = 1;
     w->guarded = guard_install(w); /* before any thread of the world: the main thread loses access here */
+    fatal_set_last_words(runtime_last_words); /* a rank stopped by a runtime error leaves its partial record */
     pthread_mutex_init(&w->report_mu, NULL);
     w->facts = world_facts_create();
     pthread_cond_init(&w->report_cv, NULL);
@@ -128,6 +129,8 @@ static void dev_destroy(Dev *d) {
     free(d->p2p_group ? d->p2p_group->items : NULL);
     free(d->p2p_group);
     free(d->trace.recs);
+    free(d->enqueued.recs);
+    free(d->partial_dir);
     pthread_mutex_destroy(&d->trace.mu);
     intern_free(&d->strings);
     free(d);
@@ -140,12 +143,18 @@ typedef struct {
     void *arg;
 } RankStart;
 
+/* The rank whose host thread this is (world_thread_dev). */
+static __thread Dev *t_rank_dev;
+
+Dev *world_thread_dev(void) { return t_rank_dev; }
+
 static void *rank_thread(void *p) {
     RankStart *rs = p;
     World *w = rs->w;
     guard_thread_host(NULL); /* host code: no access to device memory (--guard-device-memory) */
     Dev *d = dev_create(w, rs->rank);
     guard_thread_host(d);
+    t_rank_dev = d;
     pthread_mutex_lock(&w->report_mu); /* the watchdog may be reading the flight recorders */
     const int slot = world_rank_slot(w, rs->rank);
     w->devs[slot] = d;
@@ -157,6 +166,7 @@ static void *rank_thread(void *p) {
     w->rank_done[slot] = 1;
     pthread_cond_broadcast(&w->report_cv);
     pthread_mutex_unlock(&w->report_mu);
+    t_rank_dev = NULL;
     dev_destroy(d);
     return NULL;
 }

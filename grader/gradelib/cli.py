@@ -91,16 +91,18 @@ def grade_stage(rubric, stage, src, out_root, ref_root, runner, baselines):
         run = RunResult(run_dir, False, "could not build or run: %s" % e, 0.0, [])
     run_s = time.monotonic() - t0
     run.reason = one_line(run.reason)  # it quotes the student's log: one printable line
-    say("%s %s: %s (%.1fs; log: %s)" % (prefix, relpath(src), "built and ran" if run.ok else "run FAILED", run_s,
-                                         relpath(log_path)))
+    # the runs' lines, said once the checks are graded: a 'most likely cause' line goes first
+    runs_said = ["%s %s: %s (%.1fs; log: %s)" % (prefix, relpath(src), "built and ran" if run.ok else "run FAILED",
+                                                  run_s, relpath(log_path))]
     if not run.ok:
-        say("    " + run.reason)
+        runs_said.append("    " + run.reason)
     for v, r in extra.items():
         r.reason = one_line(r.reason)
-        say("%s   also on %s: %s%s" % (prefix, variant_label(rubric, v), "ran" if r.ok else "run FAILED",
-                                       "" if r.ok else " (log: %s)" % relpath(os.path.join(r.dir, "log.txt"))))
+        runs_said.append("%s   also on %s: %s%s" % (
+            prefix, variant_label(rubric, v), "ran" if r.ok else "run FAILED",
+            "" if r.ok else " (log: %s)" % relpath(os.path.join(r.dir, "log.txt"))))
         if not r.ok:
-            say("    " + r.reason)
+            runs_said.append("    " + r.reason)
 
     ctx = Context(rubric, stage, run, ref_root, baselines, cuda=runner.cuda)
     vctx = {v: Context(rubric, stage, r, ref_root, baselines, cuda=runner.cuda, variant=v) for v, r in extra.items()}
@@ -121,14 +123,22 @@ def grade_stage(rubric, stage, src, out_root, ref_root, runner, baselines):
         t1 = time.monotonic()
         ok, reason, detail = _grade_check(ctx, key)
         failed_at[key] = ctx.failed_at.get(key)
-        said_below = not run.ok  # a failed run's check goes on the one "not graded" line below, not its own
+        on_partial = _grade_on_partial(ctx, key)
+        # a failed run's check goes on the one "not graded" line below, not its own, unless its partial record
+        # fails it: that reason is said (it may name what the runtime error is a symptom of)
+        said_below = not run.ok and not (on_partial and not on_partial[0])
         if not run.ok:
-            # a check that fails on the files the run wrote before it failed names its cause (lead_order)
-            failed_by[key] = JUDGED_ON_FILES if reason.startswith(FAILS_ON_FILES) else None
+            # a check that fails on what the run wrote before it failed may name its cause (lead_order)
+            failed_by[key] = (JUDGED_ON_FILES if reason.startswith(FAILS_ON_FILES) or (on_partial and not on_partial[0])
+                              else None)
+        if said_below:
             ungraded.setdefault(None, []).append(name + (
                 " (the files the run wrote before failing pass it)" if reason == PASSES_ON_FILES else
                 " (the files the run wrote before failing FAIL it: %s)" % reason[len(FAILS_ON_FILES):]
-                if reason.startswith(FAILS_ON_FILES) else ""))
+                if reason.startswith(FAILS_ON_FILES) else
+                " (its record up to the runtime error passes it)" if on_partial else ""))
+        if on_partial:
+            reason = on_partial[1]
         for v, c in vctx.items():
             if ok and (key in rubric["variants"][v]["checks"] or CHECKS[key].variants == "every"):
                 ok, why, _ = _grade_check(c, key)
@@ -146,12 +156,16 @@ def grade_stage(rubric, stage, src, out_root, ref_root, runner, baselines):
                          "    " + (reason if not ok else detail) if not ok or detail else None)
         checks.append({"key": key, "name": name, "ok": ok, "points": points if ok else 0, "max_points": points,
                        "reason": reason, "detail": detail, "seconds": round(seconds, 3)})
+        if on_partial:
+            checks[-1]["partial"] = True  # judged on the partial record of a run stopped by a runtime error
     order = lead_order(failed_by, failed_at, list(spec["checks"]), run, extra)
     lead = order[0] if order else None
-    if len(order) > 1:
+    if len(order) > 1:  # at the top of the stage's result
         on_files = {c["key"]: c["reason"][len(FAILS_ON_FILES):] for c in checks
-                    if failed_by.get(c["key"]) == JUDGED_ON_FILES}
+                    if c["reason"].startswith(FAILS_ON_FILES)}
         say("%s most likely cause: %s" % (prefix, _lead_line(lead, order, rubric, on_files)))
+    for line in runs_said:
+        say(line)
     # the failed checks first, the one that names the cause leading; then those that passed, in the rubric's order
     for key in [k for k in order if k in said] + [k for k in spec["checks"] if k in said and k not in failed_by]:
         for line in said[key]:
@@ -236,6 +250,24 @@ def _grade_check(ctx, key):
     if files and all(os.path.isfile(ctx.path(files % r)) for r in range(ctx.world)):
         return False, FAILS_ON_FILES + reason, ""
     return False, NOT_GRADED, ""
+
+
+PASSES_ON_PARTIAL = NOT_GRADED + "; its record up to the runtime error passes this check"
+
+
+def _grade_on_partial(ctx, key):
+    """On a main run stopped by a runtime error: (ok, reason) of the check `key` judged on the partial record the
+    run left (Context.partial_view: the reporting rank's enqueued ops and memory notes up to the error), for a
+    check that can judge one (Check.partial); None otherwise. It earns nothing either way (the run failed);
+    a failure is said with its reason, which may name the cause the runtime error is a symptom of (a backward
+    prefetch turned the wrong way stops the run at a race)."""
+    if ctx.run.ok or ctx.variant is not None or not CHECKS[key].partial:
+        return None
+    view = ctx._memo("partial_view", ctx.partial_view)
+    if view is None:
+        return None
+    ok, reason, _ = run_check(view, key)
+    return (True, PASSES_ON_PARTIAL) if ok else (False, "before the runtime error: " + reason)
 
 
 def _started(rubric, stages, root):

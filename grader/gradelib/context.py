@@ -78,15 +78,23 @@ DTENSOR_FIELDS = [
 ]
 
 
+# The partial record of a rank whose host reported the runtime error that stopped the run (runtime.h,
+# dev_record_partial): its enqueued ops in host order (traceEvents, each at its enqueue's modelled time, dur 0)
+# and its memory notes so far (events).
+PARTIAL_FILE = "partial_rank%d.json"
+
+
 class Context:
     """What a stage's checks read: the run's files, the reference, the baseline. Files are read once.
 
     cuda: the run is on a GPU (grade.py --cuda), so the baseline run on the same GPU is the ground truth
-    for loss and grad norm (the reference logs come from the CPU)."""
+    for loss and grad norm (the reference logs come from the CPU).
+    partial: the run stopped at a runtime error, and trace(r) and memory(r) read the partial record it left
+    (PARTIAL_FILE) for the ranks that have one (ranks()); only the checks registered partial=True read it."""
 
-    def __init__(self, rubric, stage, run, ref_root, baselines, cuda=False, variant=None):
+    def __init__(self, rubric, stage, run, ref_root, baselines, cuda=False, variant=None, partial=False):
         self.rubric, self.stage, self.run, self.ref_root, self.baselines = rubric, stage, run, ref_root, baselines
-        self.cuda, self.variant = cuda, variant
+        self.cuda, self.variant, self.partial = cuda, variant, partial
         self.label = variant_label(rubric, variant)
         self.cfg = stage_config(rubric, stage, variant)
         self.world, self.steps = int(self.cfg["world"]), int(self.cfg["steps"])
@@ -119,6 +127,44 @@ class Context:
 
     def path(self, name):
         return os.path.join(self.run.dir, name)
+
+    def partial_view(self):
+        """A Context of the same run reading its partial record (Context.partial), or None when the run left
+        none (it did not stop at a runtime error, or nothing had been asked of it: see runtime.h)."""
+        if self.run.ok or not any(os.path.isfile(self.path(PARTIAL_FILE % r)) for r in range(self.world)):
+            return None
+        return Context(self.rubric, self.stage, self.run, self.ref_root, self.baselines, cuda=self.cuda,
+                       variant=self.variant, partial=True)
+
+    def ranks(self):
+        """The ranks whose record the checks read: every rank, or on a partial record the ones that left one."""
+        if not self.partial:
+            return list(range(self.world))
+        return self._memo("partial_ranks", lambda: [r for r in range(self.world)
+                                                    if os.path.isfile(self.path(PARTIAL_FILE % r))])
+
+    def partial_record(self, rank):
+        """The rank's partial record, checked: an object marked "partial": true, of this rank, with the error
+        line, its traceEvents and its events (notes) lists."""
+        def load():
+            name = PARTIAL_FILE % rank
+            data = read_json(self.path(name))
+            if not isinstance(data, dict):
+                raise CheckFailed("%s is not a JSON object" % name)
+            if data.get("partial") is not True:
+                raise CheckFailed("%s: partial is %s, not true" % (name, short(data.get("partial"))))
+            if not (is_int(data.get("rank")) and data["rank"] == rank):
+                raise CheckFailed("%s: rank is %s, not %d" % (name, short(data.get("rank")), rank))
+            if not isinstance(data.get("error"), str):
+                raise CheckFailed("%s: error is %s, not the runtime error's line" % (name, short(data.get("error"))))
+            for key in ("traceEvents", "events"):
+                if not isinstance(data.get(key), list):
+                    raise CheckFailed("%s: %s is not a list" % (name, key))
+            for i, e in enumerate(data["events"]):
+                if not isinstance(e, dict):
+                    raise CheckFailed("%s: event %d is not a JSON object" % (name, i))
+            return data
+        return self._memo(("partial", rank), load)
 
     def run_json(self):
         """The run's run.json (its configuration and what the runtime states it used: common/runtime/facts.h)."""
@@ -171,6 +217,9 @@ class Context:
         return self._memo(("dt", rank), load)
 
     def memory(self, rank):
+        if self.partial:  # its notes so far, under "events" as in a snapshot
+            return self.partial_record(rank)
+
         def load():
             name = "memory_rank%d.json" % rank
             data = read_json(self.path(name))
@@ -238,6 +287,22 @@ class Context:
             raise CheckFailed("%s holds no hook_memory records" % name)
         return out
 
+    def grad_padding(self, rank):
+        """The rank's "grad_padding" notes (probes.h: a DTensor.grad whose padding rows are not zero before the
+        optimizer; none in a correct run), each checked, in the snapshot's order."""
+        name = "memory_rank%d.json" % rank
+        out = []
+        for i, e in enumerate(self.memory(rank).get("events", [])):
+            if e.get("kind") != "grad_padding":
+                continue
+            bad = [k for k in ("module", "param") if not isinstance(e.get(k), str)]
+            bad += [k for k in ("step", "local_rows", "padded_rows", "padding_values", "nonzero", "nan", "params")
+                    if not (is_int(e.get(k)) and 0 <= e[k] < 2 ** 53)]
+            if bad:
+                raise CheckFailed("%s: event %d (grad_padding): %s is %s" % (name, i, bad[0], short(e.get(bad[0]))))
+            out.append(e)
+        return out
+
     def grad_states(self, rank, reference=False):
         """{(step, microbatch): note} of the rank's "grad_state" notes (probes.h: the gradient state after each
         microbatch of a --grad-accum run, as sums of squares), each checked; {} when the run has none."""
@@ -271,9 +336,10 @@ class Context:
     def trace(self, rank):
         """The rank's slices (trace_rank<r>.json), each checked (trace_model.checked_slices)."""
         def load():
-            name = "trace_rank%d.json" % rank
+            name = (PARTIAL_FILE if self.partial else "trace_rank%d.json") % rank
             try:
-                return checked_slices(read_json(self.path(name)), name)
+                return checked_slices(self.partial_record(rank) if self.partial else read_json(self.path(name)),
+                                      name)
             except TraceError as e:
                 raise CheckFailed(str(e))
         return self._memo(("trace", rank), load)
@@ -313,9 +379,9 @@ class Context:
         return self._memo("modules", load)
 
     def collectives(self, kind):
-        """[(rank, event)] for collectives named '<label>.<kind>', all ranks."""
+        """[(rank, event)] for collectives named '<label>.<kind>', all ranks (those of a partial record)."""
         out = []
-        for r in range(self.world):
+        for r in self.ranks():
             out += [(r, e) for e in self.trace(r) if e.get("cat") == COLLECTIVE and e["name"].endswith("." + kind)]
         return out
 

@@ -81,9 +81,10 @@ def checked_slices(doc, name):
             if not is_finite(e.get(key)) or (key == "dur" and e[key] < 0):
                 raise TraceError("%s (%s): %s is %s, not a finite%s number" % (
                     where, one_line(e["name"], 80), key, short(e.get(key)), " non-negative" if key == "dur" else ""))
-        args = e.get("args", {})
-        if not isinstance(args, dict):
-            raise TraceError("%s (%s): args is not a JSON object" % (where, one_line(e["name"], 80)))
+        args = e.get("args")
+        if not isinstance(args, dict):  # the runtime gives every slice its args (step, phase, module)
+            raise TraceError("%s (%s): args is %s" % (where, one_line(e["name"], 80),
+                                                       "missing" if args is None else "not a JSON object"))
         bad = [k for k in ("module", "phase", "group", "op") if k in args and not isinstance(args[k], str)]
         if "bytes" in args and not (is_int(args["bytes"]) and 0 <= args["bytes"] < 2 ** 53):
             bad.append("bytes")

@@ -70,25 +70,34 @@ def _spell(order, limit=24):
 
 
 def _profiled_steps(ctx):
-    """The training steps rank 0's trace holds (not the end's teardown, filed under step = steps)."""
-    steps = sorted({e["args"]["step"] for e in ctx.trace(0) if is_int(e["args"].get("step"))
+    """The training steps rank 0's trace holds (not the end's teardown, filed under step = steps); on a partial
+    record, those of the first rank that left one."""
+    r = ctx.ranks()[0] if ctx.ranks() else 0
+    steps = sorted({e["args"]["step"] for e in ctx.trace(r) if is_int(e["args"].get("step"))
                     and 0 <= e["args"]["step"] < ctx.steps})
     if not steps:
-        raise CheckFailed("rank 0's trace has no step: was the run profiled (--profile-steps)?")
+        raise CheckFailed("rank %d's trace has no step: was the run profiled (--profile-steps)?" % r)
     return steps
 
 
-@check("pp_schedule", label="pipeline schedule order", variants=True, tier=SAYS_WHAT_RAN)
+def _cut_short(ctx, step):
+    """Whether `step` is the one a partial record ends in (Context.partial): the runtime error stopped it, so
+    what it holds is a beginning."""
+    return ctx.partial and step == _profiled_steps(ctx)[-1]
+
+
+@check("pp_schedule", label="pipeline schedule order", variants=True, tier=SAYS_WHAT_RAN, partial=True)
 def check_pp_schedule(ctx):
     """Per rank and step, the forwards and backwards of the microbatches as the trace shows them ran, against
     the schedule's definition (GPipe: all forwards, then all backwards; 1F1B: P-1-p warm-up forwards on stage p,
-    then one forward one backward, then the cool-down)."""
+    then one forward one backward, then the cool-down). On a partial record, the step the runtime error cut
+    short is held to the beginning of that order."""
     pl = Pipeline(ctx.flags, ctx.world)
     for step in _profiled_steps(ctx):
-        for r in range(ctx.world):
+        for r in ctx.ranks():
             p = pl.stage(r)
             ran, want = passes_ran(ctx.trace(r), step), pl.order(p)
-            if ran == want:
+            if ran == want or _cut_short(ctx, step) and ran == want[:len(ran)]:
                 continue
             at = next((i for i, (a, b) in enumerate(zip(ran, want)) if a != b), min(len(ran), len(want)))
             other = "gpipe" if pl.schedule == "1f1b" else "1f1b"
@@ -200,11 +209,12 @@ def check_pp_frees(ctx):
     return ""
 
 
-@check("pp_collectives", label="collectives per microbatch in a pipeline", variants=True, tier=SAYS_WHAT_RAN)
+@check("pp_collectives", label="collectives per microbatch in a pipeline", variants=True, tier=SAYS_WHAT_RAN, partial=True)
 def check_pp_collectives(ctx):
     """Per rank, step and module: one reduce-scatter, in the stage's last backward (only it syncs); all-gathers
     as FSDP2's state implies over the order the passes ran in (expected_all_gathers): one per step with
-    --reshard-after-forward=false (the params stay unsharded from the first forward to the last backward)."""
+    --reshard-after-forward=false (the params stay unsharded from the first forward to the last backward). On a
+    partial record, the steps the run completed (not the one the runtime error cut short)."""
     pl = Pipeline(ctx.flags, ctx.world)
     seen = {}
     for kind in (ALL_GATHER, REDUCE_SCATTER):
@@ -213,7 +223,9 @@ def check_pp_collectives(ctx):
             seen.setdefault((r, e["args"].get("step"), label, kind), []).append(e["args"].get("microbatch"))
     ags = set()
     for step in _profiled_steps(ctx):
-        for r in range(ctx.world):
+        if _cut_short(ctx, step):
+            continue
+        for r in ctx.ranks():
             order = passes_ran(ctx.trace(r), step)
             last_b = next((mb for what, mb in reversed(order) if what == "B"), None)
             want_ag = expected_all_gathers(order, pl.raf, pl.M)

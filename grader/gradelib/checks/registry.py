@@ -33,30 +33,37 @@ class Check:
     clock     True: it judges how long things took (the trace's ts and dur), which only the modelled clock
               makes a property of the program; grade.py --cuda leaves it out of the score (cli.GPU_CLOCK_NOT_GRADED).
               A check that reads only the order of events (ts as a sort key) is not a clock check.
-    tier      how directly its failure names the cause (SAYS_WHAT_RAN ... SAYS_HOW_MUCH): the order in which the
-              grader says a stage's failed checks
+    tier      how directly its failure names the cause (SAYS_WHAT_RAN ... SAYS_THAT_IT_DIFFERS): the order in which
+              the grader says a stage's failed checks
+    partial   True: it can judge the partial record a run stopped by a runtime error leaves (partial_rank<r>.json:
+              the reporting rank's enqueued ops in host order and its memory notes so far; Context.partial): it
+              reads only the ranks that record has (Context.ranks), the order of events, never their times, and
+              it does not fail for what the record lacks because the run stopped. On a failed run such a check
+              earns nothing, but its failure is said (it may name the cause the runtime error is a symptom of).
     """
 
-    def __init__(self, key, fn, label, variants, tier, clock=False):
+    def __init__(self, key, fn, label, variants, tier, clock=False, partial=False):
         self.key, self.fn, self.label, self.variants, self.clock = key, fn, label, variants, clock
-        self.tier = tier
+        self.tier, self.partial = tier, partial
 
     def __call__(self, ctx):
         return self.fn(ctx)
 
 
-def check(key, *, label, tier, variants=False, clock=False):
+def check(key, *, label, tier, variants=False, clock=False, partial=False):
     """Register the decorated function as the check `key`, printed as `label` (students and the reference
     outputs see it: never change one lightly); tier: how directly its failure names the cause (Check.tier);
-    clock=True if it judges durations (Check.clock)."""
+    clock=True if it judges durations (Check.clock); partial=True if it can judge a failed run's partial record
+    (Check.partial)."""
     assert variants in (False, True, "every"), variants
     assert tier in TIERS, tier
+    assert not (clock and partial), "a partial record has no durations"
     def register(fn):
         if key in CHECKS:
             raise ValueError("two checks named %s" % key)
         if label in (c.label for c in CHECKS.values()):
             raise ValueError("two checks labelled %s" % label)
-        CHECKS[key] = Check(key, fn, label, variants, tier, clock)
+        CHECKS[key] = Check(key, fn, label, variants, tier, clock, partial)
         return fn
     return register
 

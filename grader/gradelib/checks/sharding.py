@@ -1,5 +1,6 @@
 """DTensors (every stage): each rank's shard of every param as torch.chunk splits it over its shard group,
-read from the dtensors_rank<r>.json dump written right after fsdp_init.
+read from the dtensors_rank<r>.json dump written right after fsdp_init; and the grad shards' padding rows, zero
+before each optimizer step as the shards' own (the "grad_padding" notes of the memory snapshots).
 """
 import math
 
@@ -72,4 +73,26 @@ def check_dtensors(ctx):
             if p["padding_is_zero"] is not True:
                 raise CheckFailed("%s's padding rows (%d..%d) are not zero: zero them (fresh memory is NaN-filled)"
                                   % (who, local, padded))
+    if ctx.run.ok:  # the grad shards' padding, before each optimizer step (a run that failed wrote no snapshot)
+        check_grad_padding(ctx)
     return ""
+
+
+def check_grad_padding(ctx):
+    """FSDP2 keeps the padding rows of the grad shards zero, as the shards' own: the reduce-scatter input's padding
+    rows are zeroed. The runtime notes a DTensor.grad whose padding is not zero before the optimizer (probes.h)."""
+    for rank in range(ctx.world):
+        notes = ctx.grad_padding(rank)
+        if not notes:
+            continue
+        n = min(notes, key=lambda e: e["step"])
+        what = ("NaN in %d of its %d padding values" % (n["nan"], n["padding_values"]) if n["nan"] else
+                "nonzero values in %d of its %d padding values" % (n["nonzero"], n["padding_values"]))
+        more = n["params"] - 1
+        raise CheckFailed("step %d, rank %d: %s's grad shard (DTensor.grad) holds %s (padding rows %d..%d) before "
+                          "the optimizer%s: zero the padding rows of the reduce-scatter input (fresh memory is "
+                          "NaN-filled), so that the reduce-scatter's output, the grad shards, keeps them zero as "
+                          "FSDP2's does" % (n["step"] + 1, rank, n["param"], what, n["local_rows"], n["padded_rows"],
+                                            (", as %s %d more param%s" % ("do" if more > 1 else "does", more,
+                                                                          "s'" if more > 1 else "'s"))
+                                            if more > 0 else ""))

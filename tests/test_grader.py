@@ -260,7 +260,7 @@ def assert_leads(mutant, out, st):
     # 'most likely cause' line, before the run's reason
     assert failed[:1] == [label] if failed else not st["run"]["ok"] and len(st["failed_order"]) > 1, lines
     assert len(st["failed_order"]) == 1 or likely[0].split(" == most likely cause: ")[1].startswith(
-        label + " (read it first: "), likely
+        (label + " (read it first: ", label + ", on the files the run wrote before failing: ")), likely
 
 
 def grade_mutant(tmp_path, name):

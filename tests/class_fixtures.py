@@ -11,11 +11,10 @@ HEAD = "#include <signal.h>\n#include <stdio.h>\n#include <stdlib.h>\n#include <
 BEHAVIOURS = {
     "crash": "    { volatile int *p = NULL; *p = 1; }\n",
     "hang": "    for (;;) pause();\n",
-    # trains correctly, but leaves a grandchild behind in a session of its own (it must not outlive the grading)
     # trains correctly, but leaves a grandchild behind in a session of its own (it must not outlive the
-    # grading); $HOME/orphan-alive says it was started (written once it exists, before training goes on)
-    "orphan": "    static int once;\n"
-              "    if (__sync_fetch_and_add(&once, 1) == 0) {\n"
+    # grading); $HOME/orphan-alive says it was started (written once it exists, before training goes on).
+    # Rank 0 alone forks (a static "once" flag would be state the rank threads share, which the build refuses)
+    "orphan": "    if (dev_rank(cfg->dev) == 0) {\n"
               "        pid_t child = fork();\n"
               "        if (child == 0) {\n"
               "            setsid();\n"

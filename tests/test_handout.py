@@ -488,3 +488,20 @@ def test_the_docs_say_what_each_stage_builds_on():
     for s in STAGES:  # the rest: NN-1
         if s.builds_on and s.id not in named:
             assert int(s.builds_on) == int(s.id) - 1, "README.md's carry row says stage %s builds on the one before" % s.id
+
+
+def test_the_handout_gives_each_stage_its_points():
+    """Every stage's heading in HANDOUT.md ("## Stage 11 — ... (bonus, 4.25 points)") and the advanced track's
+    score line say the points rubric.json gives: a check added to a stage (or its points changed) fails here
+    until the handout says it."""
+    rubric = load_rubric()
+    with open(os.path.join(ROOT, "HANDOUT.md"), encoding="utf-8") as fh:
+        text = fh.read()
+    headings = dict(re.findall(r"^## Stage (\d\d) — .*\((?:bonus, )?([\d.]+) points\)$", text, re.M))
+    assert set(headings) == {s.id for s in STAGES}, sorted(headings)
+    for s in STAGES:
+        points = sum(rubric["stages"][s.id]["checks"].values())
+        assert float(headings[s.id]) == points, (s.id, headings[s.id], points)
+    bonus = sum(sum(v["checks"].values()) for v in rubric["stages"].values() if v.get("bonus"))
+    line = re.search(r"\+ bonus\s+([\d.]+)/([\d.]+) \(stages", text)
+    assert line and float(line.group(1)) == float(line.group(2)) == bonus, (line and line.groups(), bonus)

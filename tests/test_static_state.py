@@ -20,7 +20,7 @@ ADVICE = ("writable state shared by every rank: ranks are threads of one process
           "variable exists once and every rank reads and writes the same copy; keep per-rank state in your "
           "struct Fsdp (fsdp_init returns it, every hook gets it) or per module in mod->fsdp, and declare a table "
           "you only read const (static const int t[], static const char *const names[])")
-STAGE02 = next(s for s in STAGES if s.id == "02")
+FIRST = STAGES[0]  # stage 01: the one stage every student tree has (a release of stage 01 alone too)
 HOOK = "void fsdp_pre_forward(Fsdp *f, Module *mod) { unshard(f, mod->fsdp); }"
 
 needs_readelf = pytest.mark.skipif(shutil.which("readelf") is None or shutil.which("gcc") is None,
@@ -28,11 +28,11 @@ needs_readelf = pytest.mark.skipif(shutil.which("readelf") is None or shutil.whi
 
 
 def starter_with(tmp_path, before="", body=""):
-    """Stage 02's starter with `before` put above fsdp_pre_forward and `body` at its start; (path, line of the
+    """Stage 01's starter with `before` put above fsdp_pre_forward and `body` at its start; (path, line of the
     first line of `before`)."""
-    with open(os.path.join(ROOT, "stages", STAGE02.dir, "hw_fsdp.c")) as fh:
+    with open(os.path.join(ROOT, "stages", FIRST.dir, "hw_fsdp.c")) as fh:
         text = fh.read()
-    assert text.count(HOOK) == 1, "stage 02's starter changed its fsdp_pre_forward: update HOOK"
+    assert text.count(HOOK) == 1, "stage %s's starter changed its fsdp_pre_forward: update HOOK" % FIRST.id
     line = text[:text.index(HOOK)].count("\n") + 1
     text = text.replace(HOOK, before + HOOK.replace("{ ", "{ " + body, 1))
     path = tmp_path / "hw_fsdp.c"
@@ -86,17 +86,17 @@ def test_a_shared_counter_fails_the_build_with_one_line(kind, before, body, desc
 
 @needs_readelf
 def test_the_grader_says_the_line_as_the_build_failure(tmp_path):
-    """grade.py --file --stage 02 on the counter: 0 points, and the run's reason is the line (not "build failed in
+    """grade.py --file --stage 01 on the counter: 0 points, and the run's reason is the line (not "build failed in
     the runtime"), before anything runs."""
     src, line = starter_with(tmp_path, "static int calls;\n", "calls++; ")
     out = str(tmp_path / "grade")
-    p = subprocess.run([sys.executable, os.path.join(ROOT, "grader", "grade.py"), "--file", src, "--stage", "02",
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "grader", "grade.py"), "--file", src, "--stage", FIRST.id,
                         "--out", out], cwd=ROOT, capture_output=True, text=True, timeout=600)
     reason = "build failed: %s:%d: error: 'calls' (static int at file scope) is %s" % (src, line, ADVICE)
     assert "    " + reason in p.stdout.splitlines(), p.stdout + p.stderr
     with open(os.path.join(out, "results.json")) as fh:
         results = json.load(fh)
-    assert "stage 02: 0/" in p.stdout and reason in json.dumps(results), p.stdout
+    assert "stage %s: 0/" % FIRST.id in p.stdout and reason in json.dumps(results), p.stdout
 
 
 @needs_readelf

@@ -310,12 +310,14 @@ typedef struct {
     const char *path;
     Layout layout;
     int restore; /* build without AdamW state, restore it as --load does, check it, then save */
+    int wrong_piece; /* rank 1's tok_embeddings.weight says row_offset 0 */
 } SaveScenario;
 
 static void rank_save(Dev *d, void *arg) {
     const SaveScenario *sc = arg;
     Net n;
     net_build(d, &n, sc->layout, !sc->restore);
+    if (sc->wrong_piece && dev_rank(d) == 1) n.params[0].dt.row_offset = 0; /* rank 1 holds [8, 15) */
     if (sc->restore) {
         float ea[N_TOTAL], eas[N_TOTAL];
         for (size_t i = 0; i < N_TOTAL; i++) ea[i] = avg_value(i, 0), eas[i] = avg_value(i, 1);
@@ -360,7 +362,11 @@ static int run_mode(const char *kind) {
     else if (!strcmp(kind, "params_per_module")) ps = (ParamsScenario){LAYOUT_PER_MODULE, 0, 0};
     else if (!strcmp(kind, "params_shifted")) ps = (ParamsScenario){LAYOUT_BUCKET, 1, 0};
     else if (!strcmp(kind, "params_other_param")) ps = (ParamsScenario){LAYOUT_PER_MODULE, 0, 1};
-    else {
+    else if (!strcmp(kind, "save_wrong_piece")) {
+        SaveScenario sc = {"/dev/null", LAYOUT_BUCKET, 0, 1};
+        run_world(local_config(4), rank_save, &sc);
+        return 0;
+    } else {
         fprintf(stderr, "unknown mode %s\n", kind);
         return 1;
     }
@@ -418,6 +424,16 @@ static char *slurp(const char *path) {
 }
 
 static char tmp_dir[256];
+
+TEST(save_refuses_a_flat_dtensor_off_its_piece) {
+    char err[4096];
+    int rc = child("save_wrong_piece", err, sizeof err);
+    CHECK(rc == 2 && !strcmp(err, "error: --save: tok_embeddings.weight's flat DTensor on rank 1 says it holds elements "
+                                  "[0, 7) (row_numel 1, global_rows 15, padded_rows 7); flat_offset 0 and S = 8 give "
+                                  "[8, 15) (row_numel 1, global_rows = numel 15, padded_rows = local_rows; device.h, "
+                                  "PLACEMENT_FLAT)\n"),
+          "exit %d, stderr:\n%s", rc, err);
+}
 
 TEST(dtensors_dump_has_flat_fields) {
     DumpScenario sc = {tmp_dir, LAYOUT_BUCKET, 0};
@@ -503,7 +519,7 @@ TEST(checkpoint_of_flat_layout_is_the_per_param_one) {
     for (int w = 0; w < 3; w++) {
         char ref[512], flat[512], restored[512];
         snprintf(ref, sizeof ref, "%s/shard0.safetensors", tmp_dir);
-        SaveScenario sc = {ref, LAYOUT_SHARD0, 0};
+        SaveScenario sc = {ref, LAYOUT_SHARD0, 0, 0};
         run_world(poisoned(local_config(worlds[w])), rank_save, &sc);
         /* what the per-param run saved: the init and the AdamW state, with torchtitan's names */
         Net n;
@@ -518,11 +534,11 @@ TEST(checkpoint_of_flat_layout_is_the_per_param_one) {
         free(eas);
         for (Layout l = LAYOUT_BUCKET; l <= LAYOUT_PER_MODULE; l++) {
             snprintf(flat, sizeof flat, "%s/flat%d.safetensors", tmp_dir, (int)l);
-            sc = (SaveScenario){flat, l, 0};
+            sc = (SaveScenario){flat, l, 0, 0};
             run_world(poisoned(local_config(worlds[w])), rank_save, &sc);
             CHECK(same_file(ref, flat), "world %d layout %d: the flat layout's checkpoint differs", worlds[w], (int)l);
             snprintf(restored, sizeof restored, "%s/restored%d.safetensors", tmp_dir, (int)l);
-            sc = (SaveScenario){restored, l, 1};
+            sc = (SaveScenario){restored, l, 1, 0};
             run_world(poisoned(local_config(worlds[w])), rank_save, &sc);
             CHECK(same_file(ref, restored), "world %d layout %d: restored then saved, the checkpoint differs",
                   worlds[w], (int)l);

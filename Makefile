@@ -146,6 +146,10 @@ $(BUILD)/tests/%: LINK_CFLAGS = $(CFLAGS) -Itests
 $(BUILD)/tests/%: LINK_WITH = $(LIB)
 $(BUILD)/tests/%: tests/%.c $(LIB) $(wildcard tests/*.h)
 	$(call link_binary,$@,$<)
+# test_flat drives the driver's probes and checkpoint code on flat layouts built by hand (no hw_fsdp.c)
+FLAT_TEST_OBJ := $(BUILD)/common/driver/probes.o $(BUILD)/common/driver/checkpoint.o
+$(BUILD)/tests/test_flat: LINK_WITH = $(FLAT_TEST_OBJ) $(LIB)
+$(BUILD)/tests/test_flat: $(FLAT_TEST_OBJ)
 
 # make gpu-calibrate's program without CUDA: it times nothing, but lists the ops with their modelled times, summarizes
 # given timings and holds its modelled times to the clock's (tests/test_gpu_calibrate.py; the CUDA build: mk/cuda.mk)

@@ -277,7 +277,7 @@ typedef struct {
     ProcessGroup *replicate_group; /* this rank's column (same shard index in every row); NULL when 1-D */
 } DeviceMesh;
 
-typedef enum { PLACEMENT_NONE = 0, PLACEMENT_SHARD0 = 1, PLACEMENT_REPLICATE = 2 } Placement;
+typedef enum { PLACEMENT_NONE = 0, PLACEMENT_SHARD0 = 1, PLACEMENT_REPLICATE = 2, PLACEMENT_FLAT = 3 } Placement;
 
 /* A sharded parameter, as FSDP2's DTensor with placement Shard(0).
  * Dim 0 is split over the shard group's N ranks (the world, or S with --mesh)
@@ -289,7 +289,21 @@ typedef enum { PLACEMENT_NONE = 0, PLACEMENT_SHARD0 = 1, PLACEMENT_REPLICATE = 2
  * pg_rank(shard group) * padded_rows. A
  * rank that owns no rows has row_offset = global_rows (its empty range starts
  * at the end of the tensor, as torch.chunk's missing chunks do), so
- * [row_offset, row_offset + local_rows) is always a valid range. */
+ * [row_offset, row_offset + local_rows) is always a valid range.
+ *
+ * PLACEMENT_FLAT (stage 13, FSDP1's FlatParameter): a unit's params (one
+ * module, or a bucket of consecutive ones) lie in one 1-D buffer, param p at
+ * elements [flat_offset, flat_offset + numel); the buffer, padded to N x S
+ * elements (S = flat_shard_numel), is split evenly: rank r (pg_rank of the
+ * shard group) holds flat[r*S, (r+1)*S). The param is seen as 1-D
+ * (global_rows = numel, row_numel = 1, padded_rows = local_rows) and rank r
+ * holds its elements [row_offset, row_offset + local_rows):
+ *   row_offset                = clamp(r*S - flat_offset, 0, numel)
+ *   row_offset + local_rows   = clamp((r+1)*S - flat_offset, 0, numel)
+ * (an empty piece sits at 0 or at numel). local, grad, exp_avg and exp_avg_sq
+ * point into the unit's [S] buffers at element
+ * clamp(flat_offset + row_offset - r*S, 0, S), an empty piece too, and are
+ * never freed one by one; the [S] elements outside every piece are zero. */
 typedef struct {
     float *local;             /* [padded_rows, row_numel] this rank's shard */
     float *grad;              /* [padded_rows, row_numel] sharded grad (NULL when none) */
@@ -302,7 +316,10 @@ typedef struct {
     size_t row_offset;        /* first global row this rank owns (see above) */
     const DeviceMesh *mesh;   /* the mesh (FsdpConfig.mesh) */
     Placement placement;      /* Shard(0) for FSDP, on the mesh's shard dim (a 2-D
-                                 mesh adds Replicate() on its replicate dim) */
+                                 mesh adds Replicate() on its replicate dim); Flat */
+    size_t flat_offset;       /* Flat: the param's first element in its unit's flat buffer */
+    size_t flat_shard_numel;  /* Flat: S, the elements of the unit every rank holds */
+    int flat_unit;            /* Flat: Module.index of the unit's first module */
 } DTensor;
 
 /* ----------------------------------------------------------- launch helpers */

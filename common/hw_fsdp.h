@@ -20,7 +20,7 @@
  *       --ac-every N; run.json's recompute_blocks):
  *         fsdp_pre_forward(mod); <recompute forward>; fsdp_post_forward(mod)
  *       (a block that does not recompute sees no forward hook here)
- *       <runtime allocates and zeroes mod's Param.grad (unsharded grads)>
+ *       <runtime allocates and zeroes mod's Param.grad left NULL (unsharded grads)>
  *       <mod backward on the compute stream, accumulates into Param.grad>
  *       fsdp_post_backward(mod)        -> reduce-scatter Param.grad into
  *                                         DTensor.grad, free Param.grad, reshard
@@ -45,6 +45,12 @@
  *     backward; after fsdp_post_backward the runtime never touches it again,
  *     unless mod->requires_gradient_sync was 0 (below): then the grads
  *     post_backward left in Param.grad are what the next backward adds to.
+ *     A Param.grad a hook leaves set (non-NULL) when the module's backward
+ *     starts is neither allocated nor zeroed by the runtime: the backward
+ *     adds into it (FSDP1's .grad views into a flat gradient, stage 13:
+ *     zero it yourself).
+ *   - Param.data and Param.grad may be views into a larger allocation (a
+ *     flat buffer, stage 13); the runtime never frees either.
  *   - With --param-dtype bf16 (stage 08) compute reads Param.data_bf16 and
  *     never Param.data: its rows must hold this rank's shard rounded to
  *     bfloat16 (launch_cast_to_bf16, or launch_cast_batch_to_bf16 for a
@@ -63,8 +69,9 @@
  *   - The same calls, in the same order, on every rank.
  *   - Resuming (--load of a --save checkpoint): DTensor.exp_avg/exp_avg_sq are
  *     already allocated and filled after fsdp_init (beside the shard: in pinned
- *     host memory when DTensor.local is); create optimizer state only where
- *     they are NULL.
+ *     host memory when DTensor.local is; a Flat param's are views into one
+ *     zeroed [S] allocation per unit, device.h); create optimizer state only
+ *     where they are NULL.
  * What the grader checks, per stage: see HANDOUT.md.
  */
 #ifndef HWFSDP_HW_FSDP_H
@@ -170,6 +177,8 @@ typedef struct {
     int single_comm_stream;       /* --single-comm-stream: all-gathers and reduce-scatters share one stream (stage 10) */
     int offload_params;           /* --offload-params: shards, grad shards and optimizer state in pinned host
                                      memory, the optimizer step on them (stage 10) */
+    size_t bucket_bytes;          /* stage 13: a flat unit takes consecutive modules until their params hold at
+                                     least this many bytes; 0: one unit per module (the driver passes 0 so far) */
 } FsdpConfig;
 
 typedef struct Fsdp Fsdp;         /* yours: define struct Fsdp in hw_fsdp.c */

@@ -10,6 +10,8 @@
 #include "runtime/runtime.h"
 #include "runtime/util.h"
 
+#include "driver/flat.h"
+
 #define OPTIM_PREFIX "optim."
 
 /* Weights (and, from a checkpoint written by --save, the AdamW state and the
@@ -93,10 +95,50 @@ void checkpoint_save(const Model *m, const char *path, const float *w, const flo
 
 typedef enum { FULL_PARAM, FULL_EXP_AVG, FULL_EXP_AVG_SQ } FullWhat;
 
+/* A flat DTensor (device.h, PLACEMENT_FLAT) the checkpoint can read: S > 0, its unit's N x S elements cover the
+ * param, and its fields describe rank r's piece; else one line naming what is wrong. */
+static void flat_check(const Param *p, int r, int N, const char *what) {
+    const DTensor *dt = &p->dt;
+    size_t S = dt->flat_shard_numel;
+    if (!S || dt->flat_offset + p->numel > S * (size_t)N)
+        fatal("%s: %s's flat DTensor puts its %zu elements at flat_offset %zu, outside the unit's %d x %zu "
+              "sharded elements (flat_shard_numel; device.h, PLACEMENT_FLAT)", what, p->name, p->numel,
+              dt->flat_offset, N, S);
+    if (!flat_fields_agree(p, (size_t)r)) {
+        FlatPiece q = flat_piece_of(p, (size_t)r);
+        fatal("%s: %s's flat DTensor on rank %d says it holds elements [%zu, %zu) (row_numel %zu, global_rows %zu, "
+              "padded_rows %zu); flat_offset %zu and S = %zu give [%zu, %zu) (row_numel 1, global_rows = numel "
+              "%zu, padded_rows = local_rows; device.h, PLACEMENT_FLAT)", what, p->name, r, dt->row_offset,
+              dt->row_offset + dt->local_rows, dt->row_numel, dt->global_rows, dt->padded_rows, dt->flat_offset,
+              S, q.start, q.start + q.count, p->numel);
+    }
+}
+
+/* A flat param's full value into dst [numel]: every rank's piece (the formula, device.h) padded to
+ * c = min(S, numel) elements and all-gathered over the world, [c] from rank r at r * c. Ranks 0 .. N-1 are
+ * shard ranks 0 .. N-1 (the first row of a 2-D mesh, which holds every piece): each puts its piece in place. */
+static void gather_flat(Dev *dev, Stream *s, const Param *p, const float *src, float *dst) {
+    const DTensor *dt = &p->dt;
+    int W = dev_world_size(dev), rank = dev_rank(dev), r_shard = flat_rank(dt, rank);
+    int N = dt->mesh && dt->mesh->shard_group ? pg_size(dt->mesh->shard_group) : W;
+    flat_check(p, r_shard, N, "--save");
+    size_t c = dt->flat_shard_numel < p->numel ? dt->flat_shard_numel : p->numel;
+    float *all = dev_alloc_f32(dev, c * (size_t)W, MEM_TEMP, "checkpoint.gather"); /* [W, c] */
+    float *mine = all + (size_t)rank * c;
+    dev_memset_async(s, mine, 0, c * sizeof(float));
+    if (dt->local_rows) dev_memcpy_async(s, mine, src, dt->local_rows * sizeof(float));
+    coll_all_gather(dev, mine, all, c, s, "checkpoint");
+    for (int r = 0; r < N && r < W; r++) {
+        FlatPiece q = flat_piece_of(p, (size_t)r);
+        if (q.count) dev_memcpy_async(s, dst + q.start, all + (size_t)r * c, q.count * sizeof(float));
+    }
+    dev_free(dev, all);
+}
+
 /* Gather the full value of every parameter (or of its AdamW state) from the
  * DTensors into host memory `out` (every rank takes part in the all-gathers).
  * Shards are the first local_rows rows of their storage; rank r's rows start
- * at r * padded_rows (torch.chunk). */
+ * at r * padded_rows (torch.chunk); a flat param's pieces are gather_flat's. */
 static void gather_full(Dev *dev, Model *m, FullWhat what, float *out) {
     Stream *s = dev_compute_stream(dev);
     int W = dev_world_size(dev), rank = dev_rank(dev);
@@ -108,6 +150,10 @@ static void gather_full(Dev *dev, Model *m, FullWhat what, float *out) {
             float *dst = out + model_param_offset(m, p);
             if (dt->placement == PLACEMENT_REPLICATE) {
                 dev_memcpy_async(s, dst, src, p->numel * sizeof(float));
+                continue;
+            }
+            if (dt->placement == PLACEMENT_FLAT) {
+                gather_flat(dev, s, p, src, dst);
                 continue;
             }
             size_t rn = dt->row_numel, chunk = dt->padded_rows * rn;
@@ -146,15 +192,64 @@ void checkpoint_write(Dev *dev, Model *m, const char *path, int step) {
     free(eas);
 }
 
-/* Resuming: give every DTensor its rows of the saved AdamW state, as the
- * optimizer would have created them (hw_fsdp.h: the optimizer creates state
- * only where DTensor.exp_avg is NULL). */
-void checkpoint_restore_optimizer(Dev *dev, Model *m, const float *exp_avg, const float *exp_avg_sq) {
+/* A flat unit's AdamW state on resume: one zeroed [S] allocation each for exp_avg and exp_avg_sq (beside the
+ * shard: pinned host memory when DTensor.local is), every param of the unit a view at its piece's place
+ * holding its elements of the saved state (device.h, PLACEMENT_FLAT). */
+static void restore_flat_unit(Dev *dev, Model *m, const Param *first, const Module *first_mod, const float *exp_avg,
+                              const float *exp_avg_sq) {
     Stream *s = dev_compute_stream(dev);
+    int unit = first->dt.flat_unit, r = flat_rank(&first->dt, dev_rank(dev));
+    int N = first->dt.mesh && first->dt.mesh->shard_group ? pg_size(first->dt.mesh->shard_group) : dev_world_size(dev);
+    size_t S = first->dt.flat_shard_numel;
+    int host = dev_mem_is_host(dev, first->dt.local);
+    char name[2][64];
+    snprintf(name[0], sizeof name[0], "%s.flat_exp_avg", first_mod->name);
+    snprintf(name[1], sizeof name[1], "%s.flat_exp_avg_sq", first_mod->name);
+    float *state[2];
+    for (int k = 0; k < 2; k++) {
+        state[k] = host ? dev_alloc_host_f32(dev, S ? S : 1, MEM_OPTIM_STATE, name[k])
+                        : dev_alloc_f32(dev, S ? S : 1, MEM_OPTIM_STATE, name[k]);
+        dev_memset_async(s, state[k], 0, S * sizeof(float));
+    }
     for (int i = 0; i < m->n_modules; i++)
         for (int j = 0; j < m->modules[i].n_params; j++) {
             Param *p = &m->modules[i].params[j];
             DTensor *dt = &p->dt;
+            if (dt->placement != PLACEMENT_FLAT || dt->flat_unit != unit) continue;
+            flat_check(p, r, N, "--load");
+            if (dt->flat_shard_numel != S)
+                fatal("--load: %s's flat DTensor has flat_shard_numel %zu, %s's (the same unit, flat_unit %d) %zu: "
+                      "a unit has one S (device.h, PLACEMENT_FLAT)", p->name, dt->flat_shard_numel, first->name,
+                      unit, S);
+            FlatPiece q = flat_piece_of(p, (size_t)r); /* at + count <= S */
+            size_t off = model_param_offset(m, p) + q.start;
+            dt->exp_avg = state[0] + q.at;
+            dt->exp_avg_sq = state[1] + q.at;
+            if (!q.count) continue;
+            dev_memcpy_async(s, dt->exp_avg, exp_avg + off, q.count * sizeof(float));
+            dev_memcpy_async(s, dt->exp_avg_sq, exp_avg_sq + off, q.count * sizeof(float));
+        }
+}
+
+/* Resuming: give every DTensor its rows of the saved AdamW state, as the
+ * optimizer would have created them (hw_fsdp.h: the optimizer creates state
+ * only where DTensor.exp_avg is NULL); a flat unit's, restore_flat_unit's. */
+void checkpoint_restore_optimizer(Dev *dev, Model *m, const float *exp_avg, const float *exp_avg_sq) {
+    Stream *s = dev_compute_stream(dev);
+    int *units = xcalloc((size_t)m->n_modules * MODULE_MAX_PARAMS + 1, sizeof(int)), n_units = 0;
+    for (int i = 0; i < m->n_modules; i++)
+        for (int j = 0; j < m->modules[i].n_params; j++) {
+            Param *p = &m->modules[i].params[j];
+            DTensor *dt = &p->dt;
+            if (dt->placement == PLACEMENT_FLAT) { /* the unit's state, once, at its first param */
+                int seen = 0;
+                for (int k = 0; k < n_units && !seen; k++) seen = units[k] == dt->flat_unit;
+                if (!seen) {
+                    units[n_units++] = dt->flat_unit;
+                    restore_flat_unit(dev, m, p, &m->modules[i], exp_avg, exp_avg_sq);
+                }
+                continue;
+            }
             size_t n = dt->local_rows * dt->row_numel, off = model_param_offset(m, p) + dt->row_offset * dt->row_numel;
             if (dt->row_offset + dt->local_rows > p->shape[0] && dt->local_rows)
                 fatal("%s: DTensor rows [%zu, %zu) are outside the parameter's %zu rows", p->name, dt->row_offset,
@@ -168,4 +263,5 @@ void checkpoint_restore_optimizer(Dev *dev, Model *m, const float *exp_avg, cons
             dev_memcpy_async(s, dt->exp_avg, exp_avg + off, n * sizeof(float));
             dev_memcpy_async(s, dt->exp_avg_sq, exp_avg_sq + off, n * sizeof(float));
         }
+    free(units);
 }

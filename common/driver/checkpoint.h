@@ -15,10 +15,12 @@ int checkpoint_load(const Model *m, const char *path, float *w, float **exp_avg,
 void checkpoint_save(const Model *m, const char *path, const float *w, const float *exp_avg,
                      const float *exp_avg_sq, int step);
 /* --save during training: every rank gathers the full weights and AdamW state
- * from the DTensors (collectives on the compute stream); rank 0 writes. */
+ * from the DTensors (collectives on the compute stream; a flat param's pieces
+ * too, device.h PLACEMENT_FLAT: the same file as per param); rank 0 writes. */
 void checkpoint_write(Dev *dev, Model *m, const char *path, int step);
 /* Resuming: give every DTensor its rows of the saved AdamW state (after
- * fsdp_init; the student's optimizer creates state only where it is NULL). */
+ * fsdp_init; the student's optimizer creates state only where it is NULL); a
+ * flat unit gets one zeroed [S] allocation each, its params views into them. */
 void checkpoint_restore_optimizer(Dev *dev, Model *m, const float *exp_avg, const float *exp_avg_sq);
 
 #endif

@@ -13,6 +13,7 @@
 #include "runtime/runtime.h"
 #include "runtime/util.h"
 
+#include "driver/flat.h" /* a flat DTensor's pieces (device.h, PLACEMENT_FLAT) */
 
 static void capture(Dev *dev, Captured *c, const void *const *ptrs, int n) {
     c->n = n;
@@ -162,24 +163,115 @@ static int readable(Dev *dev, const void *p, size_t bytes) {
     return dev_mem_is_host(dev, p) && dev_mem_is_host(dev, last);
 }
 
+/* A flat unit's [S] shard on rank r, as its params' views give it (device.h,
+ * PLACEMENT_FLAT): grad 0 reads DTensor.local, 1 DTensor.grad. The shard is
+ * read (not in a dry run) only when every view sits where its piece says, in
+ * one live allocation of S floats. */
+typedef struct {
+    int unit;                 /* flat_unit: Module.index of the unit's first module */
+    int n_params;             /* params with placement Flat and this flat_unit */
+    const Param *first;       /* the first of them in module order, and its module */
+    const Module *first_mod;
+    size_t S, end;            /* the shard's elements; the flat buffer's, up to its last param's end */
+    const char *base;         /* the [S] shard (bytes), from the first view (NULL: none) */
+    int views_ok;             /* one S, and every view at base + its piece's place */
+    int in_alloc;             /* [base, base + S) in one live allocation (-1: not known) */
+    int read;                 /* read: the counts below hold */
+    size_t covered, nonzero, nan; /* the pieces' elements; of the others, nonzero (NaN too) and NaN */
+} FlatUnit;
+
+static const float *flat_view(const Param *q, int grad) { return grad ? q->dt.grad : q->dt.local; }
+
+static void flat_unit_scan(Dev *dev, const Model *m, int unit, int r, int grad, FlatUnit *u) {
+    memset(u, 0, sizeof *u);
+    u->unit = unit;
+    u->views_ok = 1;
+    u->in_alloc = -1;
+    for (int i = 0; i < m->n_modules; i++)
+        for (int j = 0; j < m->modules[i].n_params; j++) {
+            const Param *q = &m->modules[i].params[j];
+            if (q->dt.placement != PLACEMENT_FLAT || q->dt.flat_unit != unit) continue;
+            if (!u->n_params++) {
+                u->first = q;
+                u->first_mod = &m->modules[i];
+                u->S = q->dt.flat_shard_numel;
+            }
+            if (q->dt.flat_offset + q->numel > u->end) u->end = q->dt.flat_offset + q->numel;
+            const char *v = (const char *)flat_view(q, grad);
+            FlatPiece pc = flat_piece_of(q, (size_t)r);
+            if (!v || q->dt.flat_shard_numel != u->S) u->views_ok = 0;
+            else if (!u->base) u->base = v - pc.at * sizeof(float);
+            else if (v != u->base + pc.at * sizeof(float)) u->views_ok = 0;
+        }
+    if (!u->base || !u->views_ok || !u->S) return;
+    u->in_alloc = readable(dev, u->base, u->S * sizeof(float));
+    if (!u->in_alloc || dev_dry_run(dev)) return;
+    float *buf = xmalloc(u->S * sizeof(float));
+    unsigned char *piece = xcalloc(u->S, 1); /* 1: an element of some param's piece */
+    dev_probe_read(dev, buf, u->base, u->S * sizeof(float));
+    for (int i = 0; i < m->n_modules; i++)
+        for (int j = 0; j < m->modules[i].n_params; j++) {
+            const Param *q = &m->modules[i].params[j];
+            if (q->dt.placement != PLACEMENT_FLAT || q->dt.flat_unit != unit) continue;
+            FlatPiece pc = flat_piece_of(q, (size_t)r); /* at + count <= S by the formula */
+            memset(piece + pc.at, 1, pc.count);
+        }
+    for (size_t e = 0; e < u->S; e++) {
+        if (piece[e]) u->covered++;
+        else {
+            u->nonzero += buf[e] != 0.0f; /* NaN too */
+            u->nan += isnan(buf[e]) != 0;
+        }
+    }
+    u->read = 1;
+    free(piece);
+    free(buf);
+}
+
+/* The flat units of the model in module order of their first param (n_out of them; NULL when none). */
+static FlatUnit *flat_units(Dev *dev, const Model *m, int r, int grad, int *n_out) {
+    FlatUnit *units = NULL;
+    int n = 0, cap = 0;
+    for (int i = 0; i < m->n_modules; i++)
+        for (int j = 0; j < m->modules[i].n_params; j++) {
+            const DTensor *dt = &m->modules[i].params[j].dt;
+            if (dt->placement != PLACEMENT_FLAT) continue;
+            int seen = 0;
+            for (int k = 0; k < n && !seen; k++) seen = units[k].unit == dt->flat_unit;
+            if (seen) continue;
+            if (n == cap) {
+                cap = cap ? 2 * cap : 8;
+                FlatUnit *grown = xcalloc((size_t)cap, sizeof *grown);
+                if (n) memcpy(grown, units, (size_t)n * sizeof *grown);
+                free(units);
+                units = grown;
+            }
+            flat_unit_scan(dev, m, dt->flat_unit, r, grad, &units[n++]);
+        }
+    *n_out = n;
+    return units;
+}
+
 /* One param's DTensor; mesh: the world's (or --mesh's) mesh. The local shard is
  * device memory on a GPU (or pinned host memory, stage 10): it is read through
  * dev_probe_read into a host copy, never dereferenced here. */
 static void dtensor_json(Json *j, Dev *dev, const Model *m, const Module *mod, const Param *p, const float *init,
-                         const DeviceMesh *mesh) {
+                         const DeviceMesh *mesh, const FlatUnit *unit) {
     const DTensor *dt = &p->dt;
     /* the DTensor's own mesh, compared by value with the world's (a copy is fine) */
     const DeviceMesh *dm = dt->mesh;
     int mesh_ok = dm && dm->size == mesh->size && dm->ndim == mesh->ndim && dm->shape[0] == mesh->shape[0] &&
                   dm->shape[1] == mesh->shape[1];
     for (int r = 0; mesh_ok && r < mesh->size && r < WORLD_MAX_RANKS; r++) mesh_ok = dm->ranks[r] == mesh->ranks[r];
+    int flat = dt->placement == PLACEMENT_FLAT; /* 1-D: elements are its rows (device.h) */
     const char *pl = dt->placement == PLACEMENT_SHARD0 ? "Shard(0)"
-                     : dt->placement == PLACEMENT_REPLICATE ? "Replicate()" : "none";
+                     : dt->placement == PLACEMENT_REPLICATE ? "Replicate()" : flat ? "Flat" : "none";
     /* FSDP2's placements, one per mesh dim: a 2-D mesh replicates along its first */
     int two_d = dm && dm->ndim == 2;
     /* does the local shard hold exactly the rows [row_offset, +local_rows) of the init? */
     int matches = -1, pad_zero = -1, in_alloc = -1;
-    if (dt->local && dt->row_offset + dt->local_rows <= p->shape[0] && dt->row_numel == p->numel / p->shape[0]) {
+    size_t rows = flat ? p->numel : p->shape[0];
+    if (dt->local && dt->row_offset + dt->local_rows <= rows && dt->row_numel == p->numel / rows) {
         size_t n = dt->local_rows * dt->row_numel, total = n;
         if (dt->padded_rows >= dt->local_rows && dt->placement == PLACEMENT_SHARD0)
             total = dt->padded_rows * dt->row_numel;
@@ -194,6 +286,8 @@ static void dtensor_json(Json *j, Dev *dev, const Model *m, const Module *mod, c
             pad_zero = 1;
             for (size_t e = n; e < total; e++)
                 if (local[e] != 0.0f) pad_zero = 0;
+            /* a flat param's padding is its unit's: the [S] shard's elements outside every piece */
+            if (flat) pad_zero = unit && unit->read ? unit->nonzero == 0 : -1;
             free(local);
         }
     }
@@ -240,7 +334,37 @@ static void dtensor_json(Json *j, Dev *dev, const Model *m, const Module *mod, c
     bool_or_null(j, matches);
     json_key(j, "padding_is_zero");
     bool_or_null(j, pad_zero);
+    if (flat) { /* only a flat param has these: the dumps of the other placements are unchanged */
+        size_field(j, "flat_offset", dt->flat_offset);
+        size_field(j, "flat_shard_numel", dt->flat_shard_numel);
+        json_key_int(j, "flat_unit", dt->flat_unit);
+    }
     json_object_end(j);
+}
+
+/* The flat units (dtensors_rank<r>.json's "flat_units"): each unit's shard as this rank holds it. */
+static void flat_units_json(Json *j, const Model *m, const FlatUnit *units, int n) {
+    json_key(j, "flat_units");
+    json_array_begin(j);
+    for (int k = 0; k < n; k++) {
+        const FlatUnit *u = &units[k];
+        json_object_begin(j);
+        json_key_int(j, "flat_unit", u->unit);
+        json_key(j, "module"); /* the unit's first module, when flat_unit names one */
+        if (u->unit >= 0 && u->unit < m->n_modules) json_string(j, m->modules[u->unit].name);
+        else json_null(j);
+        json_key_int(j, "params", u->n_params);
+        size_field(j, "shard_numel", u->S);
+        size_field(j, "flat_numel", u->end);
+        json_key(j, "views_in_shard");
+        json_bool(j, u->views_ok && u->base);
+        json_key(j, "shard_in_allocation");
+        bool_or_null(j, u->in_alloc);
+        json_key(j, "padding_is_zero");
+        bool_or_null(j, u->read ? u->nonzero == 0 : -1);
+        json_object_end(j);
+    }
+    json_array_end(j);
 }
 
 void probes_write_dtensors(Dev *dev, Model *m, const float *init, const char *dir, const DeviceMesh *mesh) {
@@ -253,12 +377,21 @@ void probes_write_dtensors(Dev *dev, Model *m, const float *init, const char *di
     mesh_shape(&j, mesh);
     json_key_int(&j, "shard_rank", pg_rank(mesh->shard_group));
     json_key_int(&j, "shard_size", pg_size(mesh->shard_group));
+    int n_units = 0;
+    FlatUnit *units = flat_units(dev, m, pg_rank(mesh->shard_group), 0, &n_units);
     json_key(&j, "params");
     json_array_begin(&j);
     for (int i = 0; i < m->n_modules; i++)
-        for (int k = 0; k < m->modules[i].n_params; k++)
-            dtensor_json(&j, dev, m, &m->modules[i], &m->modules[i].params[k], init, mesh);
+        for (int k = 0; k < m->modules[i].n_params; k++) {
+            const Param *p = &m->modules[i].params[k];
+            const FlatUnit *unit = NULL;
+            for (int u = 0; u < n_units && p->dt.placement == PLACEMENT_FLAT; u++)
+                if (units[u].unit == p->dt.flat_unit) unit = &units[u];
+            dtensor_json(&j, dev, m, &m->modules[i], p, init, mesh, unit);
+        }
     json_array_end(&j);
+    if (n_units) flat_units_json(&j, m, units, n_units);
+    free(units);
     json_object_end(&j);
     json_line_end(&j);
     char *path = xasprintf("%s/dtensors_rank%d.json", dir, dev_rank(dev));
@@ -301,16 +434,24 @@ typedef struct {
     Probes *probes;
     const char *hook;
     int step, rank, world;
+    int flat_rank;                        /* this rank in a flat param's shard group (device.h, PLACEMENT_FLAT) */
     int bf16;                             /* --param-dtype bf16: data are Param.data_bf16 */
     const void *data[MODULE_MAX_PARAMS];  /* Param.data (or data_bf16) as the hook left them */
 } ParamsCheck;
 
 /* This rank's rows of a param as torch.chunk splits dim 0 (not the DTensor's
- * own fields: a wrong row_offset is the DTensors check's to report). */
-typedef struct { size_t start, rows, row_numel; } OwnRows;
+ * own fields: a wrong row_offset is the DTensors check's to report). A flat
+ * param's (flat 1): its elements, as its flat_offset and S place them. */
+typedef struct { size_t start, rows, row_numel; int flat; } OwnRows;
 static OwnRows own_rows(const Param *p, int rank, int world) {
     size_t rows = p->shape[0], chunk = (rows + (size_t)world - 1) / (size_t)world, start = chunk * (size_t)rank;
-    OwnRows o = {start, start >= rows ? 0 : (rows - start < chunk ? rows - start : chunk), p->numel / rows};
+    OwnRows o = {start, start >= rows ? 0 : (rows - start < chunk ? rows - start : chunk), p->numel / rows, 0};
+    return o;
+}
+static OwnRows own_of(const ParamsCheck *c, const Param *p) {
+    if (p->dt.placement != PLACEMENT_FLAT) return own_rows(p, c->rank, c->world);
+    FlatPiece q = flat_piece_of(p, (size_t)c->flat_rank);
+    OwnRows o = {q.start, q.count, 1, 1};
     return o;
 }
 
@@ -337,9 +478,16 @@ static const void *own_data(const ParamsCheck *c, int j, OwnRows own) {
  * its first row): the first two, the middle and the last. Sampled so the check
  * costs little next to the module's compute it runs before (a copy-out offset
  * or count bug moves every row, and the first and last catch an off-by-one). */
+#define FLAT_RUN 32 /* a flat piece is sampled as runs of this many elements */
 static uint64_t sampled_hash(const void *rows, OwnRows o, HashAs as) {
     size_t pick[4] = {0, 1, o.rows / 2, o.rows - 1};
     uint64_t h = 1469598103934665603ull;
+    if (o.flat) { /* 1-D: runs at its start, middle and end (a wrong view moves every element) */
+        size_t run = o.rows < FLAT_RUN ? o.rows : FLAT_RUN, from[3] = {0, (o.rows - run) / 2, o.rows - run};
+        for (int k = 0; k < 3; k++)
+            for (size_t i = 0; i < run; i++) h = (h ^ word_at(rows, from[k] + i, as)) * 1099511628211ull;
+        return h;
+    }
     for (int k = 0; k < 4; k++) {
         if (pick[k] >= o.rows || (k && pick[k] == pick[k - 1])) continue;
         for (size_t i = 0; i < o.row_numel; i++) h = (h ^ word_at(rows, pick[k] * o.row_numel + i, as)) * 1099511628211ull;
@@ -350,7 +498,7 @@ static uint64_t sampled_hash(const void *rows, OwnRows o, HashAs as) {
 /* What the rows hold instead of the shard, as the object of "they hold ..." in the message. */
 static void what_instead(const ParamsCheck *c, int j, uint64_t got, const ShardHistory *h, char *buf, size_t cap) {
     const Param *p = &c->mod->params[j];
-    OwnRows own = own_rows(p, c->rank, c->world);
+    OwnRows own = own_of(c, p);
     const void *rows = own_data(c, j, own);
     size_t n = own.rows * own.row_numel, nan = 0;
     for (size_t i = 0; i < n; i++) {
@@ -359,8 +507,9 @@ static void what_instead(const ParamsCheck *c, int j, uint64_t got, const ShardH
     }
     if (nan) {
         snprintf(buf, cap, "NaN in %zu of their %zu values, which were never written (fresh memory is NaN-filled): "
-                 "the copy-out did not reach these rows, or compute read them before the all-gather filled them",
-                 nan, n);
+                 "%s, or compute read them before the all-gather filled them", nan, n,
+                 own.flat ? "the all-gather into the unit's flat buffer did not reach these elements"
+                          : "the copy-out did not reach these rows");
         return;
     }
     if (h->step >= 0 && h->before != h->now && got == h->before) {
@@ -374,18 +523,30 @@ static void what_instead(const ParamsCheck *c, int j, uint64_t got, const ShardH
         if (i < 0 || i >= m->n_modules) continue;
         for (int k = 0; k < m->modules[i].n_params; k++) {
             const Param *q = &m->modules[i].params[k];
-            OwnRows oq = own_rows(q, c->rank, c->world);
+            OwnRows oq = own_of(c, q);
             if ((i != c->mod->index || k != j) && oq.rows == own.rows && oq.row_numel == own.row_numel &&
-                q->dt.local && sampled_hash(q->dt.local, oq, shard_as(c)) == got) {
-                snprintf(buf, cap, "%s's shard instead: the copy-out took another param's segment (a wrong offset "
-                         "in the flat buffer, or another module's all-gather output)", m->modules[i].params[k].name);
+                oq.flat == own.flat && q->dt.local && sampled_hash(q->dt.local, oq, shard_as(c)) == got) {
+                if (own.flat)
+                    snprintf(buf, cap, "%s's piece instead: Param.data is a view at another param's place in the "
+                             "unit's flat buffer (a wrong flat_offset, or another unit's buffer)",
+                             m->modules[i].params[k].name);
+                else
+                    snprintf(buf, cap, "%s's shard instead: the copy-out took another param's segment (a wrong "
+                             "offset in the flat buffer, or another module's all-gather output)",
+                             m->modules[i].params[k].name);
                 return;
             }
         }
     }
-    snprintf(buf, cap, "other values: the copy-out's offsets or counts are wrong (rank r's rows of param j start at "
-             "r x S + offset(j) of the all-gather output%s)",
-             c->bf16 ? "; in bfloat16 elements of 2 bytes, not sizeof(float)" : "");
+    if (own.flat)
+        snprintf(buf, cap, "other values: Param.data is not the view at flat_offset (%zu) of the unit's unsharded "
+                 "flat buffer, whose elements [r x S, (r+1) x S) are rank r's flat shard (S = %zu%s)",
+                 p->dt.flat_offset, p->dt.flat_shard_numel,
+                 c->bf16 ? "; in bfloat16 elements of 2 bytes, not sizeof(float)" : "");
+    else
+        snprintf(buf, cap, "other values: the copy-out's offsets or counts are wrong (rank r's rows of param j start "
+                 "at r x S + offset(j) of the all-gather output%s)",
+                 c->bf16 ? "; in bfloat16 elements of 2 bytes, not sizeof(float)" : "");
 }
 
 /* The params check as a kernel on the compute stream (CPU backend only: it
@@ -395,7 +556,7 @@ static void kcpu_params_check(void *arg) {
     for (int j = 0; j < c->mod->n_params; j++) {
         const Param *p = &c->mod->params[j];
         const DTensor *dt = &p->dt;
-        OwnRows own = own_rows(p, c->rank, c->world);
+        OwnRows own = own_of(c, p); /* a flat param: its piece, by the formula (device.h, PLACEMENT_FLAT) */
         size_t n = own.rows * own.row_numel;
         if (!n || !dt->local || dt->local_rows * dt->row_numel != n) continue; /* a wrong shard: DTensors says so */
         ShardHistory *h = &c->probes->history[c->mod->index * MODULE_MAX_PARAMS + j];
@@ -409,9 +570,10 @@ static void kcpu_params_check(void *arg) {
         if (got == shard) continue;
         char why[600];
         what_instead(c, j, got, h, why, sizeof why);
-        fatal("params check on rank %d: before %s's compute (after its %s, step %d), rows [%zu, %zu) of %s's "
-              "Param.%s should hold this rank's current shard%s; they hold %s", c->rank, c->mod->name, c->hook,
-              c->step + 1, own.start, own.start + own.rows, p->name, c->bf16 ? "data_bf16" : "data",
+        fatal("params check on rank %d: before %s's compute (after its %s, step %d), %s [%zu, %zu) of %s's "
+              "Param.%s should hold this rank's current shard%s%s; they hold %s", c->rank, c->mod->name, c->hook,
+              c->step + 1, own.flat ? "elements" : "rows", own.start, own.start + own.rows, p->name,
+              c->bf16 ? "data_bf16" : "data", own.flat ? " (its piece of the unit's flat shard)" : "",
               c->bf16 ? " rounded to bfloat16" : "", why);
     }
 }
@@ -509,7 +671,12 @@ void probe_params_ready(Dev *dev, Probes *p, const Module *mod, int step, const 
     note_end(dev, &f, "hook_check");
     /* the check reads device memory on the host; a dry run has no values to check */
     if (dev_is_cuda_build() || dev_dry_run(dev) || !p->history) return;
-    ParamsCheck c = {mod, p, hook, step, dev_rank(dev), dev_world_size(dev), p->param_bf16, {0}};
+    ParamsCheck c = {mod, p, hook, step, dev_rank(dev), dev_world_size(dev), dev_rank(dev), p->param_bf16, {0}};
+    for (int j = 0; j < mod->n_params; j++)
+        if (mod->params[j].dt.placement == PLACEMENT_FLAT) {
+            c.flat_rank = flat_rank(&mod->params[j].dt, c.rank);
+            break;
+        }
     for (int j = 0; j < mod->n_params; j++) c.data[j] = ptrs[j];
     Stream *cs = dev_compute_stream(dev);
     int tracing = dev_tracing(dev);
@@ -587,20 +754,41 @@ static void g_or_null(Json *f, int has, double v) {
  * dry run). FSDP2 keeps them zero, as the shards' own: the reduce-scatter input's padding rows are zeroed, so the
  * padding of its output is too. Nothing is noted when every one is zero (a correct run's log is unchanged); else
  * one "grad_padding" note names the first param whose padding is not, what it holds, and how many params share
- * the fault. A DTensor.grad outside one live allocation is not read (the grad-state probe says so). */
+ * the fault. A DTensor.grad outside one live allocation is not read (the grad-state probe says so). A flat unit
+ * (device.h, PLACEMENT_FLAT) is judged once, at its first param: its [S] grad shard's elements outside every
+ * piece (local_rows: the pieces' elements, padded_rows: S, and "flat_unit": the unit's first module). */
 void probe_grad_padding(Dev *dev, const Probes *p, int step) {
     if (dev_is_cuda_build() || dev_dry_run(dev)) return;
     const Model *m = p->model;
     const Module *first_mod = NULL;
     const Param *first = NULL;
-    size_t first_nan = 0, first_nonzero = 0;
-    int bad = 0;
+    size_t first_nan = 0, first_nonzero = 0, first_local = 0, first_padded = 0;
+    int bad = 0, first_unit = -1;
     float *buf = NULL;
     size_t cap = 0;
+    int n_units = 0;
+    FlatUnit *units = NULL; /* scanned when the first flat param is met */
     for (int i = 0; i < m->n_modules; i++)
         for (int j = 0; j < m->modules[i].n_params; j++) {
             const Param *q = &m->modules[i].params[j];
             const DTensor *dt = &q->dt;
+            if (dt->placement == PLACEMENT_FLAT) {
+                if (!units && !n_units) units = flat_units(dev, m, flat_rank(dt, dev_rank(dev)), 1, &n_units);
+                for (int u = 0; u < n_units; u++) {
+                    const FlatUnit *fu = &units[u];
+                    if (fu->first != q || !fu->read || !fu->nonzero) continue; /* judged at its first param */
+                    if (!bad++) {
+                        first_mod = &m->modules[i];
+                        first = q;
+                        first_nan = fu->nan;
+                        first_nonzero = fu->nonzero;
+                        first_local = fu->covered;
+                        first_padded = fu->S;
+                        first_unit = fu->unit;
+                    }
+                }
+                continue;
+            }
             if (!dt->grad || dt->padded_rows <= dt->local_rows) continue;
             size_t lo = dt->local_rows * dt->row_numel, hi = dt->padded_rows * dt->row_numel; /* padding: [lo, hi) */
             if (!readable(dev, dt->grad, hi * sizeof(float))) continue;
@@ -621,19 +809,28 @@ void probe_grad_padding(Dev *dev, const Probes *p, int step) {
                 first = q;
                 first_nan = nan;
                 first_nonzero = nonzero;
+                first_local = dt->local_rows;
+                first_padded = dt->padded_rows;
             }
         }
     free(buf);
+    free(units);
     if (!bad) return;
+    size_t row_numel = first_unit >= 0 ? 1 : first->dt.row_numel;
     Json f = {0};
     note_begin(&f, step, first_mod->name, phase_name(PHASE_OPTIMIZER));
     json_key_string(&f, "param", first->name);
-    size_field(&f, "local_rows", first->dt.local_rows);
-    size_field(&f, "padded_rows", first->dt.padded_rows);
-    size_field(&f, "padding_values", (first->dt.padded_rows - first->dt.local_rows) * first->dt.row_numel);
+    size_field(&f, "local_rows", first_local);
+    size_field(&f, "padded_rows", first_padded);
+    size_field(&f, "padding_values", (first_padded - first_local) * row_numel);
     size_field(&f, "nonzero", first_nonzero);
     size_field(&f, "nan", first_nan);
     json_key_int(&f, "params", bad);
+    if (first_unit >= 0) { /* a flat unit's shard: named by its first module */
+        json_key(&f, "flat_unit");
+        if (first_unit < m->n_modules) json_string(&f, m->modules[first_unit].name);
+        else json_int(&f, first_unit);
+    }
     note_end(dev, &f, "grad_padding");
 }
 

@@ -77,7 +77,9 @@ void probe_hook_end(Dev *dev, const Probes *p, int step, const char *module, con
  * stream right before the module's compute: this rank's rows of each
  * Param.data equal its current shard, else one line naming the module, the
  * hook, the param and what it holds instead (NaN: never written; last step's
- * shard: stale; a neighbouring param's shard: mixed up). */
+ * shard: stale; a neighbouring param's shard: mixed up). A flat param
+ * (device.h, PLACEMENT_FLAT): its elements [row_offset, +local_rows) as its
+ * flat_offset and S place them, against its DTensor.local. */
 void probe_params_ready(Dev *dev, Probes *p, const Module *mod, int step, const char *hook, int backward);
 /* After the runtime allocated the module's unsharded grads. */
 void probe_grads_allocated(Dev *dev, Probes *p, const Module *mod);
@@ -101,7 +103,9 @@ void probe_after_post_backward(Dev *dev, const Probes *p, int step, const Module
 void probe_grad_state(Dev *dev, Probes *p, int step);
 /* Before the optimizer step (CPU backend, not a dry run): every DTensor.grad's padding rows hold zeros, as FSDP2
  * keeps them; if not, a "grad_padding" note (the first such param, its rows, how many of its padding values are
- * nonzero and NaN, and how many params share the fault). Nothing is noted when all are zero. */
+ * nonzero and NaN, and how many params share the fault). Nothing is noted when all are zero. A flat unit's [S] grad
+ * shard is judged as one: its elements outside every piece (the note names the unit's first param, and "flat_unit"
+ * its first module). */
 void probe_grad_padding(Dev *dev, const Probes *p, int step);
 /* After fsdp_init on a 2-D mesh (--mesh R,S): fatal, naming the first param,
  * if a DTensor is not split over the shard group (a pre-09 stage splits over
@@ -111,7 +115,11 @@ void probes_check_mesh(const Model *m, const DeviceMesh *mesh);
  * DTensor's shard is not in pinned host memory (a pre-10 stage keeps it on the device). */
 void probes_check_offload(Dev *dev, const Model *m);
 /* dtensors_rank<r>.json in dir: every DTensor's geometry, mesh, placement and
- * whether its shard holds exactly its rows of the initial weights `init`. */
+ * whether its shard holds exactly its rows of the initial weights `init`. A
+ * flat param adds flat_offset, flat_shard_numel and flat_unit, and its
+ * padding_is_zero is its unit's; with flat params the file adds "flat_units":
+ * per unit its S, its flat size, whether the views sit in one [S] shard and
+ * whether that shard's elements outside every piece are zero. */
 void probes_write_dtensors(Dev *dev, Model *m, const float *init, const char *dir, const DeviceMesh *mesh);
 
 #endif

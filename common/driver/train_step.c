@@ -102,7 +102,8 @@ static void trainer_init(Trainer *t, Dev *dev, const TrainJob *job, DeviceMesh *
                      .optim = o->optim,
                      .backward_prefetch = o->backward_prefetch,
                      .single_comm_stream = o->single_comm_stream,
-                     .offload_params = o->offload_params};
+                     .offload_params = o->offload_params,
+                     .bucket_bytes = 0 /* no --bucket-mb yet: one flat unit per module */};
     trainer_at(t, -1, "fsdp", PHASE_INIT);
     t->fsdp = fsdp_init(&fc);
     probes_check_mesh(m, mesh);

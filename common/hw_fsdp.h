@@ -178,7 +178,7 @@ typedef struct {
     int offload_params;           /* --offload-params: shards, grad shards and optimizer state in pinned host
                                      memory, the optimizer step on them (stage 10) */
     size_t bucket_bytes;          /* stage 13: a flat unit takes consecutive modules until their params hold at
-                                     least this many bytes; 0: one unit per module (the driver passes 0 so far) */
+                                     least this many bytes; 0: one unit per module */
 } FsdpConfig;
 
 typedef struct Fsdp Fsdp;         /* yours: define struct Fsdp in hw_fsdp.c */

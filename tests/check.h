@@ -17,6 +17,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 static int check_failed_in_test, check_passed_tests, check_failed_tests;
 
@@ -109,6 +111,32 @@ static inline int check_main(int argc, char **argv) {
     }
     for (int i = 0; i < n; i++) check_run(&t[i]);
     return check_summary();
+}
+
+/* A test that watches a runtime error end a process runs itself as a child: check_child_init(argv[0]) in main,
+ * then check_child("kind", err, cap) runs `<this binary> --mode kind` and returns its exit status (128 + the
+ * signal of a killed one), its stderr in err (stdout dropped). */
+static inline char *check_self_path(void) {
+    static char path[4096];
+    return path;
+}
+
+static inline void check_child_init(const char *argv0) {
+    char *self = check_self_path();
+    ssize_t n = readlink("/proc/self/exe", self, 4095);
+    if (n <= 0) snprintf(self, 4096, "%s", argv0);
+    else self[n] = 0;
+}
+
+static inline int check_child(const char *kind, char *err, size_t cap) {
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "'%s' --mode %s 2>&1 >/dev/null", check_self_path(), kind);
+    FILE *f = popen(cmd, "r");
+    if (!f) return -1;
+    size_t n = fread(err, 1, cap - 1, f);
+    err[n] = 0;
+    int st = pclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
 }
 
 #endif

@@ -374,39 +374,26 @@ static int run_mode(const char *kind) {
     return 0;
 }
 
-static char self_path[4096];
-
-/* Run `--mode kind` in a child; returns its exit status, stderr in err. */
-static int child(const char *kind, char *err, size_t cap) {
-    char cmd[8192];
-    snprintf(cmd, sizeof cmd, "'%s' --mode %s 2>&1 >/dev/null", self_path, kind);
-    FILE *f = popen(cmd, "r");
-    if (!f) return -1;
-    size_t n = fread(err, 1, cap - 1, f);
-    err[n] = 0;
-    int st = pclose(f);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
-}
 
 TEST(params_check_passes_flat_views) {
     const char *kinds[2] = {"params_bucket", "params_per_module"};
     for (int i = 0; i < 2; i++) {
         char err[4096];
-        int rc = child(kinds[i], err, sizeof err);
+        int rc = check_child(kinds[i], err, sizeof err);
         CHECK(rc == 0 && err[0] == 0, "%s: exit %d, stderr: %s", kinds[i], rc, err);
     }
 }
 
 TEST(params_check_stops_a_wrong_view) {
     char err[4096];
-    int rc = child("params_shifted", err, sizeof err);
+    int rc = check_child("params_shifted", err, sizeof err);
     CHECK(rc != 0 && strstr(err, "error: params check on rank ") &&
               strstr(err, "before head's compute (after its pre_forward, step 1), elements [") &&
               strstr(err, "of output.weight's Param.data should hold this rank's current shard (its piece of the "
                           "unit's flat shard); they hold other values: Param.data is not the view at flat_offset (20) "
                           "of the unit's unsharded flat buffer"),
           "exit %d, stderr:\n%s", rc, err);
-    rc = child("params_other_param", err, sizeof err); /* norm.weight's data at output.weight's place */
+    rc = check_child("params_other_param", err, sizeof err); /* norm.weight's data at output.weight's place */
     CHECK(rc != 0 && strstr(err, "of norm.weight's Param.data should hold this rank's current shard (its piece"),
           "exit %d, stderr:\n%s", rc, err);
 }
@@ -427,7 +414,7 @@ static char tmp_dir[256];
 
 TEST(save_refuses_a_flat_dtensor_off_its_piece) {
     char err[4096];
-    int rc = child("save_wrong_piece", err, sizeof err);
+    int rc = check_child("save_wrong_piece", err, sizeof err);
     CHECK(rc == 2 && !strcmp(err, "error: --save: tok_embeddings.weight's flat DTensor on rank 1 says it holds elements "
                                   "[0, 7) (row_numel 1, global_rows 15, padded_rows 7); flat_offset 0 and S = 8 give "
                                   "[8, 15) (row_numel 1, global_rows = numel 15, padded_rows = local_rows; device.h, "
@@ -548,9 +535,7 @@ TEST(checkpoint_of_flat_layout_is_the_per_param_one) {
 
 int main(int argc, char **argv) {
     if (argc > 2 && strcmp(argv[1], "--mode") == 0) return run_mode(argv[2]);
-    ssize_t n = readlink("/proc/self/exe", self_path, sizeof self_path - 1);
-    if (n <= 0) snprintf(self_path, sizeof self_path, "%s", argv[0]);
-    else self_path[n] = 0;
+    check_child_init(argv[0]);
     snprintf(tmp_dir, sizeof tmp_dir, "/tmp/test_flat.XXXXXX");
     if (!mkdtemp(tmp_dir)) {
         fprintf(stderr, "error: test_flat: cannot make a directory under /tmp\n");

@@ -367,30 +367,17 @@ static int run_mode(const char *kind) {
 
 /* ----------------------------------------------------------- unit tests */
 
-static char self_path[4096];
-
-/* Run `--mode kind` in a child; returns its exit status, stderr in err. */
-static int child(const char *kind, char *err, size_t cap) {
-    char cmd[8192];
-    snprintf(cmd, sizeof cmd, "'%s' --mode %s 2>&1 >/dev/null", self_path, kind);
-    FILE *f = popen(cmd, "r");
-    if (!f) return -1;
-    size_t n = fread(err, 1, cap - 1, f);
-    err[n] = 0;
-    int st = pclose(f);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
-}
 
 #define EXPECT_CLEAN(kind)                                                        \
     do {                                                                          \
         char err_[4096];                                                          \
-        int rc_ = child(kind, err_, sizeof err_);                                 \
+        int rc_ = check_child(kind, err_, sizeof err_);                                 \
         CHECK(rc_ == 0 && err_[0] == 0, "%s: exit %d, stderr: %s", kind, rc_, err_); \
     } while (0)
 #define EXPECT_LINE(kind, line)                                                   \
     do {                                                                          \
         char err_[4096];                                                          \
-        int rc_ = child(kind, err_, sizeof err_);                                 \
+        int rc_ = check_child(kind, err_, sizeof err_);                                 \
         CHECK(rc_ == 2 && strcmp(err_, line "\n") == 0, "%s: exit %d, stderr:\n%s\nwanted:\n%s", kind, rc_, err_, line); \
     } while (0)
 
@@ -491,8 +478,6 @@ TEST(verdict_is_deterministic) {
 
 int main(int argc, char **argv) {
     if (argc > 2 && strcmp(argv[1], "--mode") == 0) return run_mode(argv[2]);
-    ssize_t n = readlink("/proc/self/exe", self_path, sizeof self_path - 1);
-    if (n <= 0) snprintf(self_path, sizeof self_path, "%s", argv[0]);
-    else self_path[n] = 0;
+    check_child_init(argv[0]);
     return check_main(argc, argv);
 }

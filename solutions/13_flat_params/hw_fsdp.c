@@ -281,16 +281,16 @@ static void form_flat_grad(Fsdp *f, Unit *u) {
  * flat[r*S, (r+1)*S), its own shard's elements) into the [S] grad shard. */
 static void reduce_grads(Fsdp *f, Unit *u) {
     const char *label = first_module(f, u)->name;
-    char name[64];
+    float *in = u->flat_grad; /* the reduce-scatter's input: the flat gradient as it is */
     /* BEGIN SOLUTION: release the previous ReduceScatterState; the reduce-scatter stream waits for the flat gradient (HANDOUT.md#stage-13) */
     release_reduce_scatter_state(f); /* one reduce-scatter in flight at a time bounds the comm buffers */
-    float *in = u->flat_grad;
     u->flat_grad = NULL;
     for (int k = 0; k < u->n_params; k++) u->params[k]->grad = NULL; /* views: the buffer is the reduce-scatter's */
     dev_event_record(f->grads_ready, f->compute);
     dev_stream_wait_event(f->rs_stream, f->grads_ready);
     /* END SOLUTION */
     /* BEGIN SOLUTION: reduce-scatter into the grad shards; with --grad-sync every a later microbatch's goes to a buffer of its own and is added to what the earlier ones left (HANDOUT.md#stage-07) */
+    char name[64];
     if (!u->grad_shard) {
         snprintf(name, sizeof name, "%s.grad_shards", label);
         u->grad_shard = dev_alloc_f32_on(f->rs_stream, u->S, MEM_GRAD_SHARD, name); /* the stream that fills it */

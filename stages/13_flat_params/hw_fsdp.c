@@ -176,7 +176,7 @@ static void form_flat_grad(Fsdp *f, Unit *u) {
  * flat[r*S, (r+1)*S), its own shard's elements) into the [S] grad shard. */
 static void reduce_grads(Fsdp *f, Unit *u) {
     const char *label = first_module(f, u)->name;
-    char name[64];
+    float *in = u->flat_grad; /* the reduce-scatter's input: the flat gradient as it is */
     /* TODO(stage 13): release the previous ReduceScatterState; the reduce-scatter stream waits for the flat gradient. */
     hw_todo("release the previous ReduceScatterState; the reduce-scatter stream waits for the flat gradient", "HANDOUT.md#stage-13");
     /* TODO(stage 07): reduce-scatter into the grad shards; with --grad-sync every a later microbatch's goes to a buffer of its own and is added to what the earlier ones left. */

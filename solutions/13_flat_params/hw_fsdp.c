@@ -91,8 +91,10 @@ struct Fsdp {
 /* clamp(a - b, 0, hi) in size_t */
 static size_t clamp_diff(size_t a, size_t b, size_t hi) { return a <= b ? 0 : (a - b < hi ? a - b : hi); }
 
-/* BEGIN SOLUTION: the units: consecutive modules until one holds at least bucket_bytes of float32 params (0: a unit per module) (HANDOUT.md#stage-13) */
+/* The units: consecutive modules until one holds at least bucket_bytes of
+ * float32 params (0: a unit per module); the last may hold less. */
 static void plan_units(Fsdp *f) {
+    /* BEGIN SOLUTION: the units: consecutive modules until one holds at least bucket_bytes of float32 params (0: a unit per module) (HANDOUT.md#stage-13) */
     Model *m = f->model;
     size_t bytes = 0;
     for (int i = 0; i < m->n_modules; i++) {
@@ -106,16 +108,18 @@ static void plan_units(Fsdp *f) {
         f->mods[i].unit = u;
         for (int j = 0; j < m->modules[i].n_params; j++) bytes += m->modules[i].params[j].numel * sizeof(float);
     }
+    /* END SOLUTION */
 }
-/* END SOLUTION */
 
-/* BEGIN SOLUTION: lay a unit's params out flat, shard it into W chunks of S, describe each param's piece as a Flat DTensor (HANDOUT.md#stage-13) */
+/* Lay a unit's params out flat, shard it into W chunks of S, and make each
+ * param's DTensor its piece (device.h, PLACEMENT_FLAT). */
 static void shard_unit(Fsdp *f, Unit *u) {
+    /* BEGIN SOLUTION: the flat layout (offsets, total, S) and the zeroed [S] shard (HANDOUT.md#stage-13) */
     Model *m = f->model;
     u->params = xmalloc((size_t)u->n_params * sizeof *u->params);
     u->offset = xmalloc((size_t)u->n_params * sizeof *u->offset);
     u->at = xmalloc((size_t)u->n_params * sizeof *u->at);
-    int k = 0;
+    int n = 0;
     /* No alignment padding between params: a float32 view at any element is
      * aligned for every kernel of this runtime, FSDP1 with
      * use_orig_params=False lays them out the same way (so its shards can be
@@ -123,20 +127,23 @@ static void shard_unit(Fsdp *f, Unit *u) {
      * makes W x S (fewer than W elements). */
     for (int i = u->first; i <= u->last; i++)
         for (int j = 0; j < m->modules[i].n_params; j++) {
-            u->params[k] = &m->modules[i].params[j];
-            u->offset[k] = u->total;
-            u->total += u->params[k]->numel;
-            k++;
+            u->params[n] = &m->modules[i].params[j];
+            u->offset[n] = u->total;
+            u->total += u->params[n]->numel;
+            n++;
         }
-    const size_t W = (size_t)f->world, r = (size_t)f->rank;
+    const size_t W = (size_t)f->world;
     u->S = (u->total + W - 1) / W;
     char name[64];
     snprintf(name, sizeof name, "%s.flat_param", m->modules[u->first].name);
     u->shard = dev_alloc_f32(f->dev, u->S, MEM_PARAM_SHARD, name);
     dev_memset_async(f->compute, u->shard, 0, u->S * sizeof(float)); /* the padding and gaps stay 0 */
-    for (k = 0; k < u->n_params; k++) {
+    /* END SOLUTION */
+    for (int k = 0; k < u->n_params; k++) {
         Param *p = u->params[k];
         DTensor *dt = &p->dt;
+        /* BEGIN SOLUTION: describe this rank's piece of p as a Flat DTensor, DTensor.local a view into the shard (HANDOUT.md#stage-13) */
+        const size_t r = (size_t)f->rank;
         /* rank r holds the param's elements [lo, hi) = flat[r*S, (r+1)*S) shifted by its offset, clamped */
         size_t lo = clamp_diff(r * u->S, u->offset[k], p->numel), hi = clamp_diff((r + 1) * u->S, u->offset[k], p->numel);
         u->at[k] = clamp_diff(u->offset[k] + lo, r * u->S, u->S);
@@ -151,12 +158,15 @@ static void shard_unit(Fsdp *f, Unit *u) {
         dt->flat_shard_numel = u->S;
         dt->flat_unit = u->first;
         dt->local = u->shard + u->at[k];
-        if (hi > lo) dev_memcpy_async(f->compute, dt->local, p->data + lo, (hi - lo) * sizeof(float));
-        dev_free(f->dev, p->data); /* the full tensor is gone: only the flat shard remains */
+        /* END SOLUTION */
+        /* BEGIN SOLUTION: copy this rank's piece of p into its shard, then free the full param (HANDOUT.md#stage-01) */
+        if (dt->local_rows)
+            dev_memcpy_async(f->compute, dt->local, p->data + dt->row_offset, dt->local_rows * sizeof(float));
+        dev_free(f->dev, p->data); /* the full tensor is gone: only the shard remains */
         p->data = NULL;
+        /* END SOLUTION */
     }
 }
-/* END SOLUTION */
 
 Fsdp *fsdp_init(const FsdpConfig *cfg) {
     Fsdp *f = xcalloc(1, sizeof *f);

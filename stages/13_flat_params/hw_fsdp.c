@@ -96,11 +96,27 @@ struct Fsdp {
 /* clamp(a - b, 0, hi) in size_t */
 static size_t clamp_diff(size_t a, size_t b, size_t hi) { return a <= b ? 0 : (a - b < hi ? a - b : hi); }
 
-/* TODO(stage 13): the units: consecutive modules until one holds at least bucket_bytes of float32 params (0: a unit per module). */
-hw_todo("the units: consecutive modules until one holds at least bucket_bytes of float32 params (0: a unit per module)", "HANDOUT.md#stage-13");
+/* The units: consecutive modules until one holds at least bucket_bytes of
+ * float32 params (0: a unit per module); the last may hold less. */
+static void plan_units(Fsdp *f) {
+    /* TODO(stage 13): the units: consecutive modules until one holds at least bucket_bytes of float32 params (0: a unit per module). */
+    hw_todo("the units: consecutive modules until one holds at least bucket_bytes of float32 params (0: a unit per module)", "HANDOUT.md#stage-13");
+}
 
-/* TODO(stage 13): lay a unit's params out flat, shard it into W chunks of S, describe each param's piece as a Flat DTensor. */
-hw_todo("lay a unit's params out flat, shard it into W chunks of S, describe each param's piece as a Flat DTensor", "HANDOUT.md#stage-13");
+/* Lay a unit's params out flat, shard it into W chunks of S, and make each
+ * param's DTensor its piece (device.h, PLACEMENT_FLAT). */
+static void shard_unit(Fsdp *f, Unit *u) {
+    /* TODO(stage 13): the flat layout (offsets, total, S) and the zeroed [S] shard. */
+    hw_todo("the flat layout (offsets, total, S) and the zeroed [S] shard", "HANDOUT.md#stage-13");
+    for (int k = 0; k < u->n_params; k++) {
+        Param *p = u->params[k];
+        DTensor *dt = &p->dt;
+        /* TODO(stage 13): describe this rank's piece of p as a Flat DTensor, DTensor.local a view into the shard. */
+        hw_todo("describe this rank's piece of p as a Flat DTensor, DTensor.local a view into the shard", "HANDOUT.md#stage-13");
+        /* TODO(stage 01): copy this rank's piece of p into its shard, then free the full param. */
+        hw_todo("copy this rank's piece of p into its shard, then free the full param", "HANDOUT.md#stage-01; did stage 07 already? `make carry STAGE=13` brings your file here");
+    }
+}
 
 Fsdp *fsdp_init(const FsdpConfig *cfg) {
     Fsdp *f = xcalloc(1, sizeof *f);

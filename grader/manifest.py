@@ -119,6 +119,11 @@ class Stage:
         return next((f.split("=", 1)[1] for f in self.flags if f.startswith("--backward-prefetch=")), "pre")
 
     @property
+    def flat(self):
+        """The stage lays its params out flat (rubric "flat": PLACEMENT_FLAT, stage 13, FSDP1's FlatParameter)."""
+        return bool(self.spec.get("flat"))
+
+    @property
     def offload(self):
         return "--offload-params" in self.flags
 
@@ -199,6 +204,7 @@ FLAG_FIELDS = {
     "--single-comm-stream": "single_comm_stream",
     "--offload-params": "offload_params",
     "--pp-schedule": "schedule",
+    "--bucket-mb": "bucket_bytes",
 }
 
 

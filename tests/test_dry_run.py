@@ -65,6 +65,12 @@ def test_dry_run_has_the_real_runs_schedule_and_memory(st, tmp_path):
         strip = lambda d: [{k: v for k, v in p.items() if k not in ("local_matches_init", "padding_is_zero")}
                            for p in d["params"]]
         assert strip(got) == strip(want)
+        # a flat stage's units (manifest Stage.flat): the same geometry; whether the padding is zero is a value
+        assert ("flat_units" in got) == ("flat_units" in want) == st.flat
+        for u in got.get("flat_units", []):
+            assert u["padding_is_zero"] is None, u
+        units = lambda d: [{k: v for k, v in u.items() if k != "padding_is_zero"} for u in d.get("flat_units", [])]
+        assert units(got) == units(want)
     mr, md = metrics(real), metrics(dry)
     for a, b in zip(mr, md):
         assert b["dry_run"] is True and b["loss"] is None and b["grad_norm"] is None and b["tokens_per_s"] is None

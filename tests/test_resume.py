@@ -1,7 +1,8 @@
 """Checkpoints: a run stopped at step k and resumed from its --save checkpoint
 continues bitwise identically to an uninterrupted run (stages 02 and 06 at
-world 4, and the baseline), and a run killed while writing checkpoints always
-leaves a valid one behind."""
+world 4, each flat stage, and the baseline), a flat stage's checkpoint is its
+base stage's (each loads the other's and resumes bitwise), and a run killed
+while writing checkpoints always leaves a valid one behind."""
 import filecmp
 import json
 import os
@@ -12,7 +13,7 @@ import time
 
 import pytest
 
-from helpers import BASELINE, CORPUS, ROOT, metrics, run_train, solution_bin
+from helpers import BASELINE, CORPUS, ROOT, STAGES, metrics, run_train, solution_bin
 
 def built_solution(stage):
     """The stage's solution binary, or None in a student tree (no solutions/, or a release without the stage)."""
@@ -35,7 +36,13 @@ def st_header(path):
     return json.loads(raw[8:8 + n])
 
 
-@pytest.mark.parametrize("impl,extra", [("02", []), ("06", ["--reshard-after-forward=false"]), ("baseline", [])])
+# the stages that lay their params out flat (manifest Stage.flat: FSDP1's FlatParameter), with their own flags
+FLAT_PARAMS = [s for s in STAGES if s.flat]
+RESUMED = [("02", []), ("06", ["--reshard-after-forward=false"]), ("baseline", [])] + \
+    [(s.id, s.flags) for s in FLAT_PARAMS]
+
+
+@pytest.mark.parametrize("impl,extra", RESUMED)
 def test_resume_is_bitwise(tmp_path, impl, extra):
     binary = BASELINE if impl == "baseline" else built_solution(impl)
     if binary is None:  # the student tree has no solutions/: the baseline case still runs
@@ -52,6 +59,37 @@ def test_resume_is_bitwise(tmp_path, impl, extra):
     got = [(m["step"], m["loss"], m["grad_norm"]) for m in metrics(second)]
     assert got == want
     assert filecmp.cmp(full / "ck.safetensors", second / "ck.safetensors", shallow=False)
+
+
+@pytest.mark.parametrize("stage", FLAT_PARAMS, ids=[s.id for s in FLAT_PARAMS])
+def test_flat_checkpoint_is_the_base_stages(tmp_path, stage):
+    """--save turns a flat stage's shards (a rank's piece of each param, cut out of its unit's flat shard, and
+    the AdamW state beside it) back into the base stage's per-param checkpoint: the same names, shapes, layout
+    and bytes, and each stage loads the other's and continues bitwise as the loader's own uninterrupted run.
+    --max-norm 100 keeps clipping off: the two stages sum the grad norm in different orders (a few ulps apart,
+    tests/test_solutions.py test_flat_params_agree_with_their_base), which a clip coefficient below 1 would
+    carry into the weights; without it the weights are the same bits."""
+    base = stage.builds_on
+    flat_bin, base_bin = built_solution(stage.id), built_solution(base)
+    if flat_bin is None or base_bin is None:
+        pytest.skip("stages %s and %s's solutions are the instructors' (not in a student tree)" % (stage.id, base))
+    flags = FLAGS + stage.flags + ["--max-norm", "100"]
+    runs = {}
+    for name, binary in (("flat", flat_bin), ("base", base_bin)):
+        for steps in (5, 8):
+            out = tmp_path / ("%s%d" % (name, steps))
+            run_train(binary, out, *(flags + ["--steps", str(steps), "--save", out / "ck.safetensors"]))
+            runs[name, steps] = out
+    for steps in (5, 8):
+        assert filecmp.cmp(runs["flat", steps] / "ck.safetensors", runs["base", steps] / "ck.safetensors",
+                           shallow=False), "step %d: stage %s's checkpoint differs from stage %s's" % (steps, stage.id, base)
+    for loader, binary, writer in (("base", base_bin, "flat"), ("flat", flat_bin, "base")):
+        out = tmp_path / ("%s_from_%s" % (loader, writer))
+        run_train(binary, out, *(flags + ["--steps", "8", "--load", runs[writer, 5] / "ck.safetensors",
+                                          "--save", out / "ck.safetensors"]))
+        want = [(m["step"], m["loss"], m["grad_norm"]) for m in metrics(runs[loader, 8])][5:]
+        assert [(m["step"], m["loss"], m["grad_norm"]) for m in metrics(out)] == want, (loader, writer)
+        assert filecmp.cmp(out / "ck.safetensors", runs[loader, 8] / "ck.safetensors", shallow=False), (loader, writer)
 
 
 def test_resume_without_optimizer_state_differs(tmp_path):

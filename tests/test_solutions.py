@@ -19,10 +19,14 @@ from gradelib.trace_model import by_rank, overlap_shares, transfers
 TINY = ["--flavor", "tiny", "--seq-len", "32", "--batch-size", "2", "--steps", "10", "--profile-steps", "10"]
 # the pipeline stages (11, 12) hold a stage of the model per rank and split the batch themselves: their
 # solutions are held to the same baseline, and threads to mpirun, by tests/test_pipeline.py
-FLAT = [s for s in SOLVED if not s.pipeline]
-STAGE_FLAGS = {s.id: s.flags for s in FLAT}
-FLAGS_AT = {s.id: s.flags_at for s in FLAT}  # the flags at another world (a 2-D mesh resized)
-TRAINING = [s.id for s in FLAT if not s.forward_only]  # every stage with a backward and an optimizer step
+WHOLE_MODEL = [s for s in SOLVED if not s.pipeline]
+STAGE_FLAGS = {s.id: s.flags for s in WHOLE_MODEL}
+FLAGS_AT = {s.id: s.flags_at for s in WHOLE_MODEL}  # the flags at another world (a 2-D mesh resized)
+TRAINING = [s.id for s in WHOLE_MODEL if not s.forward_only]  # every stage with a backward and an optimizer step
+# the stages that lay their params out flat (FSDP1's FlatParameter: manifest Stage.flat); the FSDP2-shaped
+# assertions below (bitwise agreement, per-module grads freed, fused copies) hold for the others, and each flat
+# stage has its own counterpart
+FLAT_PARAMS = [s.id for s in WHOLE_MODEL if s.flat]
 LINK = ["--link-gbps", "5", "--link-latency-us", "10"]
 
 _cache = {}
@@ -93,15 +97,58 @@ def one_batch(flags):
 @pytest.mark.parametrize("world", [3, 4])
 def test_training_solutions_agree_bitwise(runs, world):
     """Every training solution (07 with one microbatch, 08 in float32, 09 without a mesh) gives the same bits:
-    sharding, overlap, recompute and ZeRO-2 change no arithmetic."""
+    sharding, overlap, recompute and ZeRO-2 change no arithmetic. A flat stage sums the grad norm over its flat
+    shards, in another order: test_flat_params_agree_with_their_base."""
     outs = {s: runs(solution_bin(s), *(TINY + ["--world", str(world)] + one_batch(STAGE_FLAGS[s])), save=True)
-            for s in TRAINING}
+            for s in TRAINING if s not in FLAT_PARAMS}
     ref = metrics(outs["02"])
     for s, out in outs.items():
         got = metrics(out)
         assert [(m["loss"], m["grad_norm"]) for m in got] == [(m["loss"], m["grad_norm"]) for m in ref], s
         assert filecmp.cmp(out / "final.safetensors", outs["02"] / "final.safetensors", shallow=False), \
             "stage %s's final weights differ from stage 02's" % s
+
+
+def safetensors(path):
+    """{name: (shape, [float32 values])} of a checkpoint (float32 tensors only, as --save writes them)."""
+    import json
+    import struct
+    raw = open(path, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    out = {}
+    for k, v in header.items():
+        if k == "__metadata__":
+            continue
+        assert v["dtype"] == "F32", (k, v["dtype"])
+        a, b = v["data_offsets"]
+        out[k] = (v["shape"], struct.unpack("<%df" % ((b - a) // 4), raw[8 + n + a:8 + n + b]))
+    return header.get("__metadata__"), out
+
+
+@pytest.mark.parametrize("world", [3, 4])
+@pytest.mark.parametrize("stage", FLAT_PARAMS)
+def test_flat_params_agree_with_their_base(runs, stage, world):
+    """A flat stage against the per-parameter stage it builds on, same flags (07's accumulation): the same math
+    but for the grad norm's summation order (a sum over flat shards that cut across params, not one per param).
+    Measured at worlds 3 and 4 over 10 steps: the logged losses equal, grad norms 1.2e-7 apart; the clip
+    coefficient then moves the weights by a few ulps (at most 2.7e-7 of a tensor's largest value). The checkpoint
+    holds the base stage's names, shapes and step, and its values within that rounding."""
+    base = manifest.stage(stage).builds_on
+    flags = TINY + ["--world", str(world)] + STAGE_FLAGS[stage]
+    flat, per = runs(solution_bin(stage), *flags, save=True), runs(solution_bin(base), *flags, save=True)
+    got, want = metrics(flat), metrics(per)
+    assert [m["loss"] for m in got] == [m["loss"] for m in want]
+    for g, w in zip(got, want):
+        assert rel(g["grad_norm"], w["grad_norm"]) < 1e-6, (g["step"], g["grad_norm"], w["grad_norm"])
+    meta_f, flat_t = safetensors(flat / "final.safetensors")
+    meta_p, per_t = safetensors(per / "final.safetensors")
+    assert meta_f == meta_p and list(flat_t) == list(per_t)
+    for k, (shape, vals) in per_t.items():
+        assert flat_t[k][0] == shape, k
+        scale = max(abs(v) for v in vals) or 1.0
+        worst = max(abs(a - b) for a, b in zip(flat_t[k][1], vals))
+        assert worst <= 1e-5 * scale, (k, worst, scale)
 
 
 ACCUM = [s for s in TRAINING if any(f.startswith("--grad-accum") for f in STAGE_FLAGS[s])]
@@ -206,7 +253,7 @@ def notes(out, world, hook, field, unless=None):
     return res
 
 
-@pytest.mark.parametrize("stage", sorted(STAGE_FLAGS))
+@pytest.mark.parametrize("stage", sorted(s for s in STAGE_FLAGS if s not in FLAT_PARAMS))
 def test_memory_freed_after_hooks(runs, stage):
     out = runs(solution_bin(stage), *(TINY + ["--world", "4"] + STAGE_FLAGS[stage]))
     fwd = notes(out, 4, "post_forward", "unsharded_param_live_bytes")
@@ -223,6 +270,46 @@ def test_memory_freed_after_hooks(runs, stage):
         synced = "--grad-sync=last" not in STAGE_FLAGS[stage]
         assert len(grads) == 4 * 10 * 4 * (K if synced else 1) and len(params) == 4 * 10 * 4 * K
         assert all(b == 0 for *_, b in grads) and all(b == 0 for *_, b in params)
+
+
+def flat_units(out, rank=0):
+    """{module: (its unit's first module, S)}, in module order, from a flat run's DTensors dump."""
+    import json
+    with open(out / ("dtensors_rank%d.json" % rank)) as fh:
+        d = json.load(fh)
+    first = {u["flat_unit"]: (u["module"], u["shard_numel"]) for u in d["flat_units"]}
+    return {p["module"]: first[p["flat_unit"]] for p in d["params"]}
+
+
+@pytest.mark.parametrize("bucket", [[], ["--bucket-mb=0.2"]], ids=["per_module", "bucket"])
+@pytest.mark.parametrize("stage", FLAT_PARAMS)
+def test_flat_memory_after_hooks(runs, stage, bucket):
+    """test_memory_freed_after_hooks for a flat stage. The all-gather output is freed after forward and backward
+    as a per-param stage's params are, at the unit's last module (a bucket's earlier modules still use it). The
+    flat gradient is the reduce-scatter's input as it is, so after a syncing post_backward exactly it is alive
+    (4 x W x S bytes: the ReduceScatterState, freed once compute waited for that reduce-scatter), no per-param
+    grad beside it; microbatches without sync keep their per-param grads (not checked here)."""
+    out = runs(solution_bin(stage), *(TINY + ["--world", "4"] + STAGE_FLAGS[stage] + bucket))
+    unit = flat_units(out)
+    last = {}  # the unit's last module in forward order (the dump lists the params in module order)
+    for m in unit:
+        last[unit[m][0]] = m
+    K = int(next((f.split("=")[1] for f in STAGE_FLAGS[stage] if f.startswith("--grad-accum=")), 1))
+    fwd = notes(out, 4, "post_forward", "unsharded_param_live_bytes")
+    assert len(fwd) == 4 * 10 * 4 * K
+    assert not manifest.stage(stage).zero2
+    for r, step, m, b in fwd:
+        assert (b == 0) == (last[unit[m][0]] == m), (r, step, m, b)
+    grads = notes(out, 4, "post_backward", "unsharded_grad_live_bytes", unless="requires_gradient_sync")
+    params = notes(out, 4, "post_backward", "unsharded_param_live_bytes", unless="reshard_after_backward")
+    synced = "--grad-sync=last" not in STAGE_FLAGS[stage]
+    assert len(grads) == 4 * 10 * 4 * (K if synced else 1) and len(params) == 4 * 10 * 4 * K
+    first = {u for u, _ in unit.values()}
+    for r, step, m, b in grads:
+        u, S = unit[m]
+        assert b == 4 * 4 * S, (r, step, m, b, "the flat grad of unit %s: 4 x W x S = %d bytes" % (u, 16 * S))
+    for r, step, m, b in params:  # backward runs the other way: a unit's last module there is its first
+        assert (b == 0) == (m in first), (r, step, m, b)
 
 
 def module_bytes(out):
@@ -364,7 +451,7 @@ def dtensor_params(out):
 # every stage from 03 on fuses its copies (HANDOUT.md#fused-copies), each with its own flags; 08 also without them
 # (float32: dev_memcpy_batch_async) and with bf16 reductions (its chunk-cat casts too): its bf16 copy-in and
 # chunk-cat are launch_cast_batch_to_bf16 kernels, "copy_in" and "chunk_cat" slices of the compute category
-FUSED = {s.id: (s.id, list(s.flags)) for s in SOLVED if s.id >= "03"}
+FUSED = {s.id: (s.id, list(s.flags)) for s in SOLVED if s.id >= "03" and not s.flat}
 if "08" in FUSED:
     FUSED["08_fp32"] = ("08", [])
     FUSED["08_bf16_reduce"] = ("08", FUSED["08"][1] + ["--reduce-dtype=bf16"])
@@ -397,3 +484,37 @@ def test_copies_are_fused(runs, case):
                 rank, step, c)
         assert "cast_to_bf16" not in c, "rank %d step %d: %s (a cast per range: launch_cast_batch_to_bf16 casts " \
             "them all in one launch)" % (rank, step, c)
+
+
+@pytest.mark.parametrize("case", ["last4", "every4", "bucket_last4"])
+@pytest.mark.parametrize("stage", FLAT_PARAMS)
+def test_flat_params_copy_nothing(runs, stage, case):
+    """test_copies_are_fused for a flat stage, at world 4 with K = 4 microbatches: the all-gather writes the
+    unsharded storage (Param.data views: no copy_in, no copy_out) and the reduce-scatter reads the flat gradient
+    as it is (no chunk_cat). Under --grad-sync last the flat gradient is formed once per unit and step, on the
+    last microbatch, with one batched copy of the kept per-param grads ("grad_cat": as many per step as
+    reduce-scatters); under --grad-sync every each microbatch's backward writes into the flat views, no copy."""
+    sync = "every" if case.startswith("every") else "last"
+    bucket = ["--bucket-mb=0.2"] if case.startswith("bucket") else []
+    flags = [f for f in STAGE_FLAGS[stage] if not f.startswith(("--grad-accum", "--grad-sync"))]
+    out = runs(solution_bin(stage), *(TINY + ["--world", "4", "--batch-size", "4", "--grad-accum=4",
+                                              "--grad-sync=" + sync] + flags + bucket))
+    n_units = len({u for u, _ in flat_units(out).values()})
+    assert n_units == (2 if bucket else 4)
+    counts = {}
+    for e in trace_events(out):
+        step = e.get("args", {}).get("step", -1)
+        if e.get("ph") != "X" or step < 0:
+            continue
+        kind = e["name"].rpartition(".")[2]
+        if (e.get("cat") in (COPY, COMPUTE) and kind in ("copy_in", "copy_out", "chunk_cat", "grad_cat")) or \
+                (e.get("cat") == COLLECTIVE and kind in (ALL_GATHER, REDUCE_SCATTER)):
+            c = counts.setdefault((e["pid"], step), {})
+            c[kind] = c.get(kind, 0) + 1
+    assert len(counts) == 4 * 10, sorted(counts)[:5]
+    for (rank, step), c in sorted(counts.items()):
+        assert not {"copy_in", "copy_out", "chunk_cat"} & set(c), "rank %d step %d: %s" % (rank, step, c)
+        # every microbatch all-gathers each unit in forward and in backward
+        assert c.get(ALL_GATHER) == 2 * 4 * n_units, "rank %d step %d: %s" % (rank, step, c)
+        assert c.get(REDUCE_SCATTER) == n_units * (4 if sync == "every" else 1), "rank %d step %d: %s" % (rank, step, c)
+        assert c.get("grad_cat", 0) == (0 if sync == "every" else n_units), "rank %d step %d: %s" % (rank, step, c)

@@ -46,4 +46,31 @@ static inline int flat_rank(const DTensor *dt, int dev_rank) {
     return dt->mesh && dt->mesh->shard_group ? pg_rank(dt->mesh->shard_group) : dev_rank;
 }
 
+/* --bucket-mb's rule (FsdpConfig.bucket_bytes; run.json's "flat_units"): greedy over the modules in forward
+ * order, a unit takes consecutive modules until their float32 params hold at least bucket_bytes (0: every
+ * module is a unit of its own; the last unit may hold less). unit_of[i] = Module.index of the first module of
+ * module i's unit; returns the number of units. */
+static inline int flat_bucket_units(const Model *m, size_t bucket_bytes, int *unit_of) {
+    int n = 0, first = 0;
+    size_t bytes = 0;
+    for (int i = 0; i < m->n_modules; i++) {
+        if (i == 0 || bytes >= bucket_bytes) { /* the previous unit is full: module i opens the next */
+            first = i;
+            bytes = 0;
+            n++;
+        }
+        unit_of[i] = first;
+        for (int j = 0; j < m->modules[i].n_params; j++) bytes += m->modules[i].params[j].numel * sizeof(float);
+    }
+    return n;
+}
+
+/* Does any param of m have a flat placement (a stage 13 layout)? */
+static inline int flat_any(const Model *m) {
+    for (int i = 0; i < m->n_modules; i++)
+        for (int j = 0; j < m->modules[i].n_params; j++)
+            if (m->modules[i].params[j].dt.placement == PLACEMENT_FLAT) return 1;
+    return 0;
+}
+
 #endif

@@ -56,7 +56,8 @@ struct Flag {
     void (*json_value)(Json *j, const Options *o);
     int json_with_pp;           /* in run.json only with --pp (a pipeline run's keys) */
     int json_with_dry_run;      /* in run.json only with --dry-run (a dry run's keys) */
-    int json_unless_zero;       /* in run.json only when its value is not 0 (an enum's first choice: the default) */
+    int json_unless_zero;       /* in run.json only when its value is not 0 (an enum's first choice: the default;
+                                   an int-sized or a FLAG_DOUBLE field) */
 };
 
 /* Enum flags are stored through an int. */
@@ -179,6 +180,11 @@ static void parse_dry_run_ranks(const Flag *f, const char *val, Options *o) {
 static void parse_backward_prefetch(const Flag *f, const char *val, Options *o) {
     parse_enum(f, val, o);
     o->backward_prefetch_given = 1; /* a stage that ignores it stops (flag_check.h) */
+}
+
+static void parse_bucket_mb(const Flag *f, const char *val, Options *o) {
+    store(f, val, o);
+    o->bucket_mb_given = 1; /* a stage without flat params stops (train_step.c) */
 }
 
 /* run.json values that are not the flag's own: the model's final sizes (the
@@ -327,6 +333,11 @@ static const Flag FLAGS[] = {
      .help = "all-gathers and reduce-scatters share one stream", .json = "single_comm_stream"},
     {.name = "--offload-params", .kind = FLAG_SET, .at = AT(offload_params),
      .help = "shards, grad shards and optimizer state in pinned host memory", .json = "offload_params"},
+    {.name = "--bucket-mb", .kind = FLAG_DOUBLE, .at = AT(bucket_mb), .lo = 0, .hi = 1 << 20, .parse = parse_bucket_mb,
+     .arg = "MB",
+     .help = "flat parameters (stage 13): a flat unit takes consecutive modules until\n"
+             "their float32 params hold at least MB x 2^20 bytes (0: one unit per module)",
+     .json = "bucket_mb", .json_unless_zero = 1},
 
     /* world and runtime */
     {.name = "--pp", .kind = FLAG_INT, .at = AT(pp), .lo = 1, .hi = MAXRANKS, .arg = "P",
@@ -619,6 +630,8 @@ void parse_options(int argc, char **argv, Options *o) {
         fatal("--mesh %d,%d holds %d ranks but --world is %d (R*S must equal the world)", o->mesh_replicas,
               o->mesh_shards, o->mesh_replicas * o->mesh_shards, o->world.world_size);
     if (o->mesh_replicas && !o->world.ranks_per_node) o->world.ranks_per_node = o->mesh_shards; /* a row per node */
+    if (o->mesh_replicas && o->bucket_mb_given)
+        fatal("--mesh cannot go with --bucket-mb: flat parameters (stage 13) shard over the 1-D world");
     if (o->world.ranks_per_node && o->world.world_size % o->world.ranks_per_node)
         fatal("--ranks-per-node %d must divide --world %d", o->world.ranks_per_node, o->world.world_size);
     resolve_links(&o->world);
@@ -653,6 +666,7 @@ void parse_options(int argc, char **argv, Options *o) {
             fatal("--pp keeps each stage's parameters on its own ranks: it cannot go with %s",
                   o->load_path ? "--load" : o->save_path ? "--save" : "--save-init");
         if (o->offload_params) fatal("--pp cannot go with --offload-params");
+        if (o->bucket_mb_given) fatal("--pp cannot go with --bucket-mb: flat parameters (stage 13) shard the whole model");
         if (o->mp.param_dtype == DTYPE_BF16)
             fatal("--pp cannot go with --param-dtype bf16: the stages hand over float32 activations (hw_pipe.h: "
                   "act_numel floats), and under bf16 the model's activations are bfloat16");
@@ -701,13 +715,19 @@ static void flag_json(Json *j, const Flag *f, const Options *o) {
     }
 }
 
+/* Is a json_unless_zero flag's value 0? (a double is read as a double, the others as int) */
+static int flag_is_zero(const Flag *f, const Options *o) {
+    const void *v = cfield(o, f);
+    return f->kind == FLAG_DOUBLE ? *(const double *)v == 0 : *(const int *)v == 0;
+}
+
 void options_run_json(Json *j, const Options *o, const RunFacts *facts) {
     json_object_begin(j);
     /* every flag with a run.json key, in the table's order (a --pp-only key only with --pp, a dry run's only
      * with --dry-run) */
     for (size_t i = 0; i < N_FLAGS; i++)
         if (FLAGS[i].json && (!FLAGS[i].json_with_pp || o->pp) && (!FLAGS[i].json_with_dry_run || o->world.dry_run) &&
-            (!FLAGS[i].json_unless_zero || *(const int *)((const char *)o + FLAGS[i].at))) {
+            (!FLAGS[i].json_unless_zero || !flag_is_zero(&FLAGS[i], o))) {
             json_key(j, FLAGS[i].json);
             flag_json(j, &FLAGS[i], o);
         }

@@ -40,6 +40,8 @@ typedef struct {
     BackwardPrefetch backward_prefetch; /* --backward-prefetch (stage 10) */
     int backward_prefetch_given;        /* it was on the command line (a stage ignoring it stops) */
     int single_comm_stream, offload_params; /* --single-comm-stream, --offload-params (stage 10) */
+    double bucket_mb;           /* --bucket-mb MB (stage 13): FsdpConfig.bucket_bytes = MB x 2^20 */
+    int bucket_mb_given;        /* it was on the command line (a stage without flat params stops) */
     int pp;                     /* --pp P pipeline stages (stages 11-12); 0: no pipeline */
     int sync_flags_given;       /* --grad-sync or --reshard-after-backward was on the command line */
     int microbatches;           /* --microbatches M (default P) */

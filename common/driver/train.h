@@ -15,6 +15,7 @@ typedef struct {
     const TokenData *data;
     int exit_code;            /* set by rank 0: 0, EXIT_NAN or EXIT_OVER_CAPACITY (step_log.h) */
     int over_capacity;        /* set by rank 0: a rank's allocations went past the device's memory (run.json "fits") */
+    int flat;                 /* set by rank 0 after fsdp_init: some param is Flat (run.json "flat_units") */
 } TrainJob;
 
 /* world_run's rank function: set the rank up, train job->opt->steps steps

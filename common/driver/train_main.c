@@ -9,6 +9,7 @@
 
 #include "driver/checkpoint.h"
 #include "driver/flag_check.h"
+#include "driver/flat.h"
 #include "driver/options.h"
 #include "driver/train.h"
 #include "model/data.h"
@@ -25,9 +26,16 @@
 /* The rules of the run, stated by the code that defines them: "prefetch_schedule" (flag_check.h), null
  * with --pp (each rank holds one stage's modules; the prefetch policy is the FSDP stages' rule), and
  * "recompute_blocks": the blocks that re-run their forward and its hooks in backward (model.h,
- * ac_block_recomputes: the predicate the training loop follows). */
+ * ac_block_recomputes: the predicate the training loop follows); after a run whose params are Flat (stage 13),
+ * "flat_units": the modules of each unit by --bucket-mb's rule (flat.h, flat_bucket_units). */
+typedef struct {
+    const Model *m;
+    const TrainJob *job; /* NULL before the run */
+} RulesCtx;
+
 static void run_rules(Json *j, const Options *o, const void *ctx) {
-    const Model *m = ctx;
+    const RulesCtx *rc = ctx;
+    const Model *m = rc->m;
     json_key(j, "prefetch_schedule");
     if (o->pp) json_null(j);
     else flag_check_schedule_json(j, m, o->backward_prefetch);
@@ -37,13 +45,30 @@ static void run_rules(Json *j, const Options *o, const void *ctx) {
         if (m->modules[i].kind == MOD_BLOCK && ac_block_recomputes(o->ac, m->modules[i].layer))
             json_string(j, m->modules[i].name);
     json_array_end(j);
+    if (rc->job && rc->job->flat) {
+        int *unit_of = xmalloc((size_t)m->n_modules * sizeof *unit_of);
+        flat_bucket_units(m, (size_t)(o->bucket_mb * 1048576.0), unit_of);
+        json_key(j, "flat_units"); /* [["embedding", "block0"], ["block1", "head"]] */
+        json_array_begin(j);
+        for (int i = 0; i < m->n_modules; i++) {
+            if (unit_of[i] == i) {
+                if (i) json_array_end(j);
+                json_array_begin(j);
+            }
+            json_string(j, m->modules[i].name);
+        }
+        if (m->n_modules) json_array_end(j);
+        json_array_end(j);
+        free(unit_of);
+    }
 }
 
 static void write_run_json(const Options *o, const Model *m, World *w, const TrainJob *job) {
     char host[256] = "unknown";
     gethostname(host, sizeof host - 1);
+    RulesCtx rc = {m, job};
     RunFacts facts = {.n_params = m->n_params_total, .device = dev_is_cuda_build() ? "cuda" : "cpu", .host = host, .world = w,
-                       .rules = run_rules, .rules_ctx = m,
+                       .rules = run_rules, .rules_ctx = &rc,
                        /* the profile's memory holds on the modelled clock (the CPU build's; dev_mem_capacity) */
                        .hbm_capacity_bytes = dev_is_cuda_build() ? 0 : o->world.profile->hbm_capacity_bytes,
                        .fits = job ? !job->over_capacity : -1};
@@ -88,7 +113,7 @@ int main(int argc, char **argv) {
     }
     if (start_step > 0 && !o.quiet)
         printf("resuming from %s at step %d (optimizer state restored)\n", o.load_path, start_step);
-    TrainJob job = {&o, init, exp_avg, exp_avg_sq, start_step, &data, 0, 0};
+    TrainJob job = {&o, init, exp_avg, exp_avg_sq, start_step, &data, 0, 0, 0};
     world_run(w, train_rank, &job);
     if (o.out_dir && world_first_local_rank(w) == 0) write_run_json(&o, m, w, &job);
     world_destroy(w);

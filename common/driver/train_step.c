@@ -13,6 +13,7 @@
 
 #include "driver/checkpoint.h"
 #include "driver/flag_check.h"
+#include "driver/flat.h"
 #include "driver/microbatch.h"
 #include "driver/pipeline.h"
 #include "driver/probes.h"
@@ -103,11 +104,14 @@ static void trainer_init(Trainer *t, Dev *dev, const TrainJob *job, DeviceMesh *
                      .backward_prefetch = o->backward_prefetch,
                      .single_comm_stream = o->single_comm_stream,
                      .offload_params = o->offload_params,
-                     .bucket_bytes = 0 /* no --bucket-mb yet: one flat unit per module */};
+                     .bucket_bytes = (size_t)(o->bucket_mb * 1048576.0)}; /* --bucket-mb MB: MB x 2^20 bytes */
     trainer_at(t, -1, "fsdp", PHASE_INIT);
     t->fsdp = fsdp_init(&fc);
     probes_check_mesh(m, mesh);
     if (o->offload_params) probes_check_offload(dev, m);
+    if (o->bucket_mb_given && !flat_any(m))
+        fatal("--bucket-mb %g: no DTensor is Flat after fsdp_init, so this FSDP ignores buckets (flat parameters: "
+              "stage 13; HANDOUT.md#stage-13)", o->bucket_mb);
     probes_init(&t->probes, m, o->mp.param_dtype == DTYPE_BF16, o->ac);
     if (o->out_dir) probes_write_dtensors(dev, m, init, o->out_dir, mesh);
     if (job->init_exp_avg && !o->forward_only)
@@ -135,6 +139,7 @@ void train_rank(Dev *dev, void *arg) {
     Trainer t;
     if (o->out_dir) dev_record_partial(dev, o->out_dir); /* a runtime error leaves what the grader can judge */
     trainer_init(&t, dev, job, &mesh);
+    if (dev_rank(dev) == 0) job->flat = flat_any(t.model); /* run.json states the flat units (train_main.c) */
     flag_check_begin(dev, &t.flags, o, t.model, job->start_step);
     StepLog log;
     step_log_open(&log, dev, o->out_dir);

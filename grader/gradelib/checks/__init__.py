@@ -24,11 +24,12 @@ which is the order of CHECKS:
     hsdp.py             the 2-D mesh (stage 09)
     offload.py          backward prefetch policy and CPU offload (stage 10)
     pipeline.py         pipeline parallelism (stages 11, 12): the schedule's checks
+    flat.py             flat parameters (stage 13): params as views of the all-gather output
 The measures they take of a run (overlap, the bubble, pass order, activation peaks) are gradelib.trace_model's.
 """
 from .registry import CHECKS, Check, check, run_check  # first: the feature modules register into it
 from . import parity, memory, sharding, lifetimes, overlap, prefetch, recompute, zero2
-from . import accumulation, mixed_precision, hsdp, offload, pipeline
+from . import accumulation, mixed_precision, hsdp, offload, pipeline, flat
 
 # what the rest of the grader, the tools and the tests import from here
 from .overlap import OVERLAP_CHECKS, overlap_figures, overlap_runs, overlap_transfers
@@ -38,4 +39,4 @@ from .prefetch import blocking_stage
 __all__ = ["CHECKS", "Check", "check", "run_check", "OVERLAP_CHECKS", "overlap_figures", "overlap_runs",
            "overlap_transfers", "mesh_grad_norm_hint", "blocking_stage",
            "parity", "memory", "sharding", "lifetimes", "overlap", "prefetch", "recompute", "zero2", "accumulation",
-           "mixed_precision", "hsdp", "offload", "pipeline"]
+           "mixed_precision", "hsdp", "offload", "pipeline", "flat"]

@@ -1,6 +1,8 @@
 """DTensors (every stage): each rank's shard of every param as torch.chunk splits it over its shard group,
 read from the dtensors_rank<r>.json dump written right after fsdp_init; and the grad shards' padding rows, zero
-before each optimizer step as the shards' own (the "grad_padding" notes of the memory snapshots).
+before each optimizer step as the shards' own (the "grad_padding" notes of the memory snapshots). A flat stage
+(rubric "flat", stage 13): each rank's piece of every param by the flat formula of device.h (PLACEMENT_FLAT),
+the units' layout (params in order, no per-param padding) and the units run.json's flat_units states.
 """
 import math
 
@@ -10,6 +12,11 @@ from .registry import SAYS_WHAT_RAN, check
 
 @check("dtensors", label="DTensors", variants=True, tier=SAYS_WHAT_RAN)
 def check_dtensors(ctx):
+    if ctx.rubric["stages"][ctx.stage].get("flat"):
+        check_flat_dtensors(ctx)
+        if ctx.run.ok:
+            check_grad_padding(ctx)
+        return ""
     W = ctx.world
     R, S = mesh_shape(ctx.flags, W)
     two_d = any(f.startswith("--mesh=") for f in ctx.flags)
@@ -96,3 +103,117 @@ def check_grad_padding(ctx):
                                             (", as %s %d more param%s" % ("do" if more > 1 else "does", more,
                                                                           "s'" if more > 1 else "'s"))
                                             if more > 0 else ""))
+
+
+# A flat unit's params may sit apart by an alignment of at most this many elements (64 bytes of float32), and
+# S may be ceil(flat size / W) rounded up to it: anything more is per-param padding.
+FLAT_ALIGN = 16
+
+
+def _round_up(n, a):
+    return (n + a - 1) // a * a
+
+
+def check_flat_dtensors(ctx):
+    """FSDP1's FlatParameter (device.h, PLACEMENT_FLAT): each unit's params one after another in one 1-D buffer
+    (gaps of at most FLAT_ALIGN - 1 elements), split into W chunks of S elements, S at most ceil(end / W)
+    rounded up to FLAT_ALIGN; rank r's piece of a param at flat_offset fo is its elements
+    [clamp(r*S - fo, 0, numel), clamp((r+1)*S - fo, 0, numel)); the units are the ones run.json states."""
+    W = ctx.world
+    want_units = ctx.run_json().get("flat_units")
+    for rank in range(W):
+        d = ctx.dtensors(rank)
+        params = d.get("params", [])
+        if not params:
+            raise CheckFailed("dtensors_rank%d.json lists no params" % rank)
+        modules = []  # forward order: Module.index is the position
+        for p in params:
+            if p["module"] not in modules:
+                modules.append(p["module"])
+        units = {}  # flat_unit -> [params in dump order]
+        for p in params:
+            who = "rank %d: %s" % (rank, p["name"])
+            numel = math.prod(p["global_shape"])
+            if p["placement"] != "Flat":
+                raise CheckFailed("%s has placement %s, expected Flat: this stage lays every param out in its unit's "
+                                  "flat buffer (PLACEMENT_FLAT, device.h)" % (who, p["placement"]))
+            if not p["mesh_is_world"] or p["mesh"] != list(range(W)):
+                raise CheckFailed("%s's mesh is %s, expected the world %s: use FsdpConfig.mesh"
+                                  % (who, p["mesh"], list(range(W))))
+            for key in ("flat_offset", "flat_shard_numel", "flat_unit"):
+                if not isinstance(p.get(key), int) or p[key] < 0:
+                    raise CheckFailed("%s has no %s (a Flat DTensor states it: device.h)" % (who, key))
+            if p["global_rows"] != numel or p["row_numel"] != 1:
+                raise CheckFailed("%s says global_rows %s x row_numel %s: a Flat param is seen as 1-D, %d x 1 "
+                                  "(device.h, PLACEMENT_FLAT)" % (who, p["global_rows"], p["row_numel"], numel))
+            units.setdefault(p["flat_unit"], []).append(p)
+        # the units: consecutive modules, flat_unit = the first one's index, as run.json states them
+        got_units = []
+        for unit, ps in sorted(units.items()):
+            mods = []
+            for p in ps:
+                if p["module"] not in mods:
+                    mods.append(p["module"])
+            idx = [modules.index(m) for m in mods]
+            if idx != list(range(idx[0], idx[0] + len(idx))) or unit != idx[0]:
+                raise CheckFailed("rank %d: the flat unit %d holds the modules %s: a unit is a run of consecutive "
+                                  "modules and flat_unit is its first module's index (Module.index)"
+                                  % (rank, unit, ", ".join(mods)))
+            got_units.append(mods)
+        for mod in modules:
+            owners = sorted({p["flat_unit"] for p in params if p["module"] == mod})
+            if len(owners) > 1:
+                raise CheckFailed("rank %d: %s's params lie in the flat units %s: a module's params all lie in one "
+                                  "unit" % (rank, mod, owners))
+        if want_units is not None and got_units != want_units:
+            raise CheckFailed("rank %d: the flat units are %s, run.json states %s for --bucket-mb %s (consecutive "
+                              "modules until a unit holds at least MB x 2^20 bytes of float32 params; no "
+                              "--bucket-mb: a unit per module)"
+                              % (rank, got_units, want_units, ctx.run_json().get("bucket_mb", 0)))
+        for unit, ps in sorted(units.items()):
+            S = ps[0]["flat_shard_numel"]
+            end = 0
+            for p in ps:
+                who = "rank %d: %s" % (rank, p["name"])
+                numel = math.prod(p["global_shape"])
+                fo = p["flat_offset"]
+                if p["flat_shard_numel"] != S:
+                    raise CheckFailed("%s has flat_shard_numel %d, the first param of its unit %d: a unit has one S"
+                                      % (who, p["flat_shard_numel"], S))
+                if fo < end or fo - end >= FLAT_ALIGN:
+                    raise CheckFailed("%s has flat_offset %d, the previous param of its unit ends at %d: the params "
+                                      "lie one after another in their order in the module (an alignment gap of at "
+                                      "most %d elements; no per-param padding)" % (who, fo, end, FLAT_ALIGN - 1))
+                end = fo + numel
+                lo = min(max(rank * S - fo, 0), numel)
+                hi = min(max((rank + 1) * S - fo, 0), numel)
+                if (p["row_offset"], p["local_rows"], p["padded_rows"]) != (lo, hi - lo, hi - lo):
+                    raise CheckFailed("%s row_offset %d, local_rows %d, padded_rows %d; expected %d, %d, %d: rank %d "
+                                      "holds flat[%d*%d, %d*%d), the param's elements [clamp(r*S - %d, 0, %d), "
+                                      "clamp((r+1)*S - %d, 0, %d)) (device.h, PLACEMENT_FLAT; an empty piece sits "
+                                      "at 0 or at numel)"
+                                      % (who, p["row_offset"], p["local_rows"], p["padded_rows"], lo, hi - lo,
+                                         hi - lo, rank, rank, S, rank + 1, S, fo, numel, fo, numel))
+                if not p["has_local"]:
+                    raise CheckFailed("%s has no local storage (DTensor.local is NULL; an empty piece too points "
+                                      "into the unit's [S] shard)" % who)
+                if p["local_in_allocation"] is False:
+                    raise CheckFailed("%s's piece (DTensor.local) is not inside one live allocation from dev_alloc"
+                                      % who)
+                if p["local_matches_init"] is not True:
+                    raise CheckFailed("%s's piece does not hold elements [%d, %d) of the initial value: copy them "
+                                      "into the unit's shard before freeing Param.data" % (who, lo, hi))
+            need = -(-end // W)
+            if S < need or S > _round_up(need, FLAT_ALIGN):
+                raise CheckFailed("rank %d: flat unit %d (%s) has S = %d for %d elements on %d ranks: S is ceil(%d / "
+                                  "%d) = %d (rounded up to at most %d): more is padding"
+                                  % (rank, unit, ps[0]["module"], S, end, W, end, W, need,
+                                     _round_up(need, FLAT_ALIGN)))
+        for u in d.get("flat_units") or []:
+            what = "rank %d: flat unit %s (%s)" % (rank, u.get("flat_unit"), u.get("module"))
+            if u.get("views_in_shard") is False or u.get("shard_in_allocation") is False:
+                raise CheckFailed("%s: its params' DTensor.local are not views into one [S] allocation (device.h, "
+                                  "PLACEMENT_FLAT)" % what)
+            if u.get("padding_is_zero") is False:
+                raise CheckFailed("%s: the shard's elements outside every param's piece are not zero: zero the "
+                                  "unit's shard (fresh memory is NaN-filled)" % what)

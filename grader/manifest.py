@@ -59,6 +59,7 @@ class Stage:
         self.goal = spec.get("goal", "")
         self.fill = spec.get("fill", "")
         self.graded_on = spec.get("graded_on", "")
+        self.question = spec.get("question", "")  # asked in the stage's README, answered there, read by instructors
         self.flags = list(spec.get("flags", []))
         self.honours = list(spec.get("honours", []))  # the flags (rubric.json "flags") its hooks follow
         self.prefetch = list(spec.get("prefetch", []))
@@ -487,7 +488,7 @@ def validate_stages(rubric, name="rubric.json"):
         d = spec.get("dir")
         if not (isinstance(d, str) and re.fullmatch(re.escape(sid) + r"_[a-z0-9_]+", d)):
             bad(where + ".dir", "\"%s_<name>\" (lower case, digits, _; so no two stages share one)" % sid, d)
-        for key in ("title", "goal", "fill", "graded_on"):
+        for key in ("title", "goal", "fill", "graded_on", "question"):
             if not isinstance(spec.get(key, ""), str):
                 bad("%s.%s" % (where, key), "a string", spec.get(key))
         if not isinstance(spec.get("bonus", False), bool):
@@ -588,9 +589,14 @@ def stage_variants(data, stage):
     return list(data["stages"][stage].get("variants", []))
 
 
-def variant_label(data, variant):
-    """How the grader names a run: the variant's label, or the grading configuration (None)."""
-    return data["variants"][variant]["label"] if variant else "the grading configuration"
+def variant_label(data, variant, stage=None):
+    """How the grader names a run: the variant's label, or the grading configuration (None). A flat stage's run
+    (stage 13) reads the variant's flat_label where it has one: the same world means other things there."""
+    if not variant:
+        return "the grading configuration"
+    v = data["variants"][variant]
+    flat = stage is not None and bool(data["stages"][stage].get("flat"))
+    return v.get("flat_label", v["label"]) if flat else v["label"]
 
 
 def main_job_stage(data=None):

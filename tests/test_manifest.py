@@ -305,3 +305,26 @@ def test_flag_stage_is_the_first_that_teaches_it():
         assert not any(uses(s, flag) for s in stages if s.id < got.id), flag
         assert taught_in("error: %s: something" % flag) == " (%s: stage %s)" % (flag, got.id)
     assert manifest.flag_stage("--no-such-flag") is None and taught_in("error: out of memory") == ""
+
+
+def test_a_flat_stage_names_its_split_variants_as_it_splits():
+    """A variant that changes how params split (another world, other KV heads) and that per-param stages run too
+    says rows in its label; a flat stage splits whole units, so each such variant it runs carries a flat_label,
+    which the grader prints for that stage and only for it."""
+    data = manifest.rubric()
+    split_keys = {"world", "n_kv_heads", "n_heads", "dim", "vocab_size"}
+    flat = [sid for sid, s in data["stages"].items() if s.get("flat")]
+    if not flat:
+        pytest.skip("this tree has no flat stage")
+    for sid in flat:
+        for v in data["stages"][sid].get("variants", []):
+            spec = data["variants"][v]
+            shared = any(v in s.get("variants", []) for s in data["stages"].values() if not s.get("flat"))
+            if shared and split_keys & set(spec.get("config", {})):
+                assert spec.get("flat_label"), "variant %s splits params (%s) but has no flat_label for stage %s" % (
+                    v, ", ".join(sorted(split_keys & set(spec["config"]))), sid)
+                assert manifest.variant_label(data, v, sid) == spec["flat_label"]
+    for sid, s in data["stages"].items():
+        if not s.get("flat"):
+            for v in s.get("variants", []):
+                assert manifest.variant_label(data, v, sid) == data["variants"][v]["label"], (sid, v)

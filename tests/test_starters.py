@@ -93,3 +93,20 @@ def test_starter_stubs_every_stage_up_to_its_own(stage):
     assert len(pairs) == len(tagged) and all(a == b for a, b in pairs), pairs
     if n != first:
         assert "make carry STAGE=%s" % n in text.split("*/", 1)[0]  # the banner says how to carry instead
+
+
+def test_a_readme_asks_its_stages_question():
+    """A stage whose manifest entry has a question asks it in its README under its own heading, with the line
+    the answer goes below; a stage without one has no such section (make_starters renders what the manifest says,
+    and nothing else)."""
+    asked = [s for s in SOLVED if s.question]
+    if not asked:
+        pytest.skip("no stage of this tree asks a question")
+    for s in SOLVED:
+        with open(os.path.join(ROOT, "stages", s.dir, "README.md"), encoding="utf-8") as fh:
+            text = fh.read()
+        if s.question:
+            head, _, answer = text.partition("## Question\n")
+            assert s.question in answer and "*Your answer:*" in answer.split("---", 1)[-1], s.dir
+        else:
+            assert "## Question" not in text, s.dir

@@ -106,7 +106,7 @@ def banner(stage, keep_earlier):
 
 
 def readme(st, todos):
-    """A stage's README.md from its manifest entry (title, goal, fill, graded_on) and its TODOs."""
+    """A stage's README.md from its manifest entry (title, goal, fill, graded_on, question) and its TODOs."""
     stage, dirname = st.id, st.dir
     lines = [f"# Stage {stage} — {st.title}", "", st.goal, "",
              f"**Your file:** `stages/{dirname}/hw_fsdp.c`. **What to fill:** {st.fill}.", "",
@@ -120,6 +120,11 @@ def readme(st, todos):
                   f"stays beside it as `hw_fsdp.starter.c`) and lists what stage {stage} adds."]
     lines += ["", f"**Graded on:** {st.graded_on}. Run `make grade STAGE={stage}`; details in "
               f"[HANDOUT.md](../../HANDOUT.md#stage-{stage}).", ""]
+    if st.question:
+        lines += ["## Question", "", st.question, "",
+                  "`make grade` does not read this section: your instructors do. Answer below the line, with the "
+                  "figures of your own runs (the command and what it printed).", "", "---", "",
+                  "*Your answer:*", ""]
     return "\n".join(lines)
 
 

@@ -99,7 +99,7 @@ def grade_stage(rubric, stage, src, out_root, ref_root, runner, baselines):
     for v, r in extra.items():
         r.reason = one_line(r.reason)
         runs_said.append("%s   also on %s: %s%s" % (
-            prefix, variant_label(rubric, v), "ran" if r.ok else "run FAILED",
+            prefix, variant_label(rubric, v, stage), "ran" if r.ok else "run FAILED",
             "" if r.ok else " (log: %s)" % relpath(os.path.join(r.dir, "log.txt"))))
         if not r.ok:
             runs_said.append("    " + r.reason)
@@ -163,7 +163,7 @@ def grade_stage(rubric, stage, src, out_root, ref_root, runner, baselines):
     if len(order) > 1:  # at the top of the stage's result
         on_files = {c["key"]: c["reason"][len(FAILS_ON_FILES):] for c in checks
                     if c["reason"].startswith(FAILS_ON_FILES)}
-        say("%s most likely cause: %s" % (prefix, _lead_line(lead, order, rubric, on_files)))
+        say("%s most likely cause: %s" % (prefix, _lead_line(lead, order, rubric, on_files, stage)))
     for line in runs_said:
         say(line)
     # the failed checks first, the one that names the cause leading; then those that passed, in the rubric's order
@@ -176,7 +176,7 @@ def grade_stage(rubric, stage, src, out_root, ref_root, runner, baselines):
         say("%s not graded with --cuda: %s (%s)" % (prefix, ", ".join(gpu_skipped), GPU_CLOCK_NOT_GRADED))
     for v, names in ungraded.items():
         say("%s not graded (%s): %s" % (prefix, "the run failed" if v is None else "the run on %s failed"
-                                         % variant_label(rubric, v), ", ".join(names)))
+                                         % variant_label(rubric, v, stage), ", ".join(names)))
     got = sum(c["points"] for c in checks)
     total = sum(c["max_points"] for c in checks)
     say("stage %s: %s/%s points%s" % (stage, fmt_points(got), fmt_points(total), " (bonus)" if spec.get("bonus") else ""))
@@ -184,7 +184,7 @@ def grade_stage(rubric, stage, src, out_root, ref_root, runner, baselines):
             "source": relpath(src),
             "run": {"ok": run.ok, "reason": run.reason, "seconds": round(run_s, 3), "dir": relpath(run_dir),
                     "command": _command(run)},
-            "variants": {v: {"label": variant_label(rubric, v), "ok": r.ok, "reason": r.reason,
+            "variants": {v: {"label": variant_label(rubric, v, stage), "ok": r.ok, "reason": r.reason,
                              "dir": relpath(r.dir), "command": _command(r)} for v, r in extra.items()},
             "lead": lead, "failed_order": order, "points": got, "max_points": total, "checks": checks}
 
@@ -221,7 +221,7 @@ def lead_order(failed_by, failed_at, keys, run, extra):
     return diagnosed + own + [r for r in runs if r not in diagnosed]
 
 
-def _lead_line(lead, order, rubric, on_files):
+def _lead_line(lead, order, rubric, on_files, stage=None):
     """'pipeline schedule order (read it first: peak memory, pipeline bubble may follow from it)'; a check that
     failed on the files a failed run wrote (on_files: key -> its reason) with its reason, said nowhere else on a
     line of its own."""
@@ -229,7 +229,7 @@ def _lead_line(lead, order, rubric, on_files):
         if entry == MAIN_RUN_FAILED:
             return "the run failed"
         if entry.startswith("run:"):
-            return "the run on %s failed" % variant_label(rubric, entry[4:])
+            return "the run on %s failed" % variant_label(rubric, entry[4:], stage)
         return CHECKS[entry].label
     said = name(lead) + (", on the files the run wrote before failing: " + on_files[lead] if lead in on_files else "")
     return "%s (read it first: %s may follow from it)" % (said, ", ".join(name(e) for e in order[1:]))

@@ -95,7 +95,7 @@ class Context:
     def __init__(self, rubric, stage, run, ref_root, baselines, cuda=False, variant=None, partial=False):
         self.rubric, self.stage, self.run, self.ref_root, self.baselines = rubric, stage, run, ref_root, baselines
         self.cuda, self.variant, self.partial = cuda, variant, partial
-        self.label = variant_label(rubric, variant)
+        self.label = variant_label(rubric, variant, stage)
         self.cfg = stage_config(rubric, stage, variant)
         self.world, self.steps = int(self.cfg["world"]), int(self.cfg["steps"])
         self.tol = tolerances(rubric, variant)

@@ -183,6 +183,9 @@ def validate_rubric(rubric, name, spread=True):
         obj(where, v)
         if not (isinstance(v.get("label"), str) and v["label"]):
             bad(where + ".label", "a non-empty string", v.get("label"))
+        for key in ("flat_label", "flat_why"):
+            if key in v and not (isinstance(v[key], str) and v[key]):
+                bad(where + "." + key, "a non-empty string", v[key])
         for key, value in obj(where + ".config", v.get("config", {})).items():
             if key not in CONFIG_KEYS:
                 bad(where + ".config", "keys of config (%s)" % ", ".join(CONFIG_KEYS), key)

@@ -186,7 +186,7 @@ def _overlap(ctx, key):
     A run the check does not apply to (overlap_applies) passes with a line that says where it is graded."""
     k = OVERLAP_CHECKS[key]
     if not overlap_applies(ctx.rubric, ctx.stage, ctx.variant, key):
-        runs = [manifest.variant_label(ctx.rubric, v) for v in overlap_runs(ctx.rubric, ctx.stage, key)]
+        runs = [manifest.variant_label(ctx.rubric, v, ctx.stage) for v in overlap_runs(ctx.rubric, ctx.stage, key)]
         if not runs:
             raise CheckFailed("grader/figures/overlap.json gives stage %s's solution no %s figure on any "
                               "run, so there is no bar to grade against (instructors: tools/overlap_figures.py "

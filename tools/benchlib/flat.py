@@ -86,7 +86,8 @@ def run_row(case, flags, run_dir, met):
 def _cases(small_bucket_mb):
     """(name, stage key, extra flags) of the flat table: 'base' is the per-parameter stage, 'flat' stage 13."""
     return [("per-parameter (FSDP2)", "base", []), ("flat, a unit per module", "flat", []),
-            ("flat, --bucket-mb 25", "flat", ["--bucket-mb", 25]), ("flat, --bucket-mb 100", "flat", ["--bucket-mb", 100]),
+            ("flat, --bucket-mb 25", "flat", ["--bucket-mb", 25]),
+            ("flat, --bucket-mb 100", "flat", ["--bucket-mb", 100]),
             ("flat, --bucket-mb %g (about two modules)" % small_bucket_mb, "flat", ["--bucket-mb", small_bucket_mb])]
 
 
@@ -232,7 +233,8 @@ def render(L, R):
     e = x.get("llama3_8b", {})
     if e and "skipped" not in e:
         L.append("**Llama 3 8B on %d modelled H100s** (%d nodes of 8, dry run: priced, not computed; batch %d × seq %d "
-                 "per rank, `%s`; %.2f GiB of float32 params):" % (e["world"], e["world"] // 8, e["batch"], e["seq"], e["flags"], 4 * e["rows"][0]["n_params"] / GIB))
+                 "per rank, `%s`; %.2f GiB of float32 params):" % (
+                     e["world"], e["world"] // 8, e["batch"], e["seq"], e["flags"], 4 * e["rows"][0]["n_params"] / GIB))
         L.append("")
         table(L, flat_header(GIB), flat_rows(e["rows"], GIB))
         L.append("")

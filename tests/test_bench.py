@@ -74,6 +74,9 @@ def test_every_section_is_there(bench):
     titles = ["## 1. Throughput", "## 2. Scaling", "## 3. Overlap", "## 4. Memory", "## 5. Grading"]
     if data["hsdp"].get("rows"):
         titles.append("## 4d. HSDP")
+    if any(s.flat for s in STAGES):  # section 4j (its rows: test_flat_rows_are_their_runs)
+        assert data["flat"]["small"]["rows"] and data["flat"]["one_node"] == {"skipped": "--quick"}
+        titles.append("## 4j. Flat parameters and buckets")
     for title in titles:
         assert title in md and title in stdout, title
 
@@ -320,3 +323,91 @@ def test_modelled_figures_repeat(bench, tmp_path):
     assert len(first) > 40 and set(first) == set(again)
     differ = [k for k in first if first[k] != again[k]]
     assert not differ, differ[:5]
+
+
+# ---- section 4j: flat parameters and buckets (tools/benchlib/flat.py) --------------------------------------------
+
+def test_flat_step_counts_on_fabricated_slices():
+    """flat.step_counts on hand-made slices: a launch is a kernel, copy, memset or collective of the rank and step
+    asked for, on any of its streams; event records, waits and host syncs are not; collectives count by kind with
+    their bytes."""
+    from benchlib import flat
+
+    def sl(cat, pid=0, step=1, tid=0, name="block0.fwd", nbytes=None):
+        args = {"step": step}
+        if nbytes is not None:
+            args["bytes"] = nbytes
+        return {"ph": "X", "cat": cat, "pid": pid, "tid": tid, "name": name, "args": args, "ts": 0, "dur": 1}
+
+    ev = [sl("compute"), sl("compute", tid=0), sl("copy", name="block0.copy_in"), sl("memset"),
+          sl("collective", tid=1, name="block0.all_gather", nbytes=100),
+          sl("collective", tid=1, name="block1.all_gather", nbytes=50),
+          sl("collective", tid=2, name="block0.reduce_scatter", nbytes=40),
+          sl("collective", name="grad_norm.all_reduce", nbytes=4),
+          sl("event", tid=1), sl("wait", tid=0), sl("host_sync", tid=1000),  # not launches
+          sl("compute", pid=1), sl("collective", pid=1, name="block0.all_gather", nbytes=100),  # another rank
+          sl("compute", step=0), sl("collective", step=0, name="block0.all_gather", nbytes=100)]  # another step
+    got = flat.step_counts(ev, step=1, rank=0)
+    assert got["launches"] == 8
+    assert got["by_category"] == {"compute": 2, "copy": 1, "memset": 1, "collective": 4}
+    assert got["collectives"] == {"all_gather": {"count": 2, "bytes": 150}, "reduce_scatter": {"count": 1, "bytes": 40},
+                                  "all_reduce": {"count": 1, "bytes": 4}}
+    assert flat.step_counts(ev, step=1, rank=1)["launches"] == 2 and flat.step_counts(ev, step=0)["launches"] == 2
+
+
+def test_flat_rows_are_their_runs(tmp_path):
+    """Section 4j in its quick configuration (tiny, world 2: five runs of a second or so), each row against its run's
+    own files read here independently: rank 0's last step in trace_rank0.json (launches: every slice but event,
+    wait and host_sync; collectives by name), metrics.jsonl (peak, modelled step), run.json (the flat units); then
+    what the layouts imply: the per-parameter run has no units, the flat runs launch fewer ops (no copy-in, copy-out,
+    chunk-cat) with the per-parameter run's collectives when a unit is a module, and a unit of n modules takes one
+    reduce-scatter per step (--grad-sync last) and a module's all-gathers, n times fewer; the table has a row each."""
+    from benchlib import flat
+    from benchlib.measure import Bench
+
+    if not any(s.flat for s in STAGES):
+        pytest.skip("no flat stage in this release")
+    res = flat.section_flat(Bench(str(tmp_path / "work")), {"quick": True})
+    rows = res["small"]["rows"]
+    assert res["llama3_8b"] == {"skipped": "--quick"} and len(rows) == 5
+    runs = sorted((tmp_path / "work" / "flat").iterdir())
+    assert len(runs) == 5
+    by_flags = {}
+    for d in runs:
+        with open(d / "run.json") as fh:
+            rj = json.load(fh)
+        by_flags[(rj.get("flat_units") is not None, rj.get("bucket_mb"))] = (d, rj)
+    for r in rows:
+        key = (r["units"] is not None, float(r["flags"].split("--bucket-mb ")[1]) if "--bucket-mb" in r["flags"] else None)
+        d, rj = by_flags[key]
+        met = metrics(d)
+        assert r["units"] == rj.get("flat_units") and r["n_params"] == rj["n_params"]
+        assert r["peak_bytes"] == max(max(m["peak_mem_bytes_per_rank"]) for m in met)
+        assert r["model"]["model_step_ms"] == met[-1]["model_step_ms"]
+        with open(d / "trace_rank0.json") as fh:
+            ev = [e for e in json.load(fh)["traceEvents"] if e.get("ph") == "X" and e["pid"] == 0
+                  and e["args"].get("step") == met[-1]["step"] - 1]
+        assert r["launches"] == sum(e["cat"] not in ("event", "wait", "host_sync") for e in ev) > 0
+        for kind in ("all_gather", "reduce_scatter"):
+            assert r["collectives"][kind]["count"] == sum(e["cat"] == "collective" and e["name"].endswith("." + kind)
+                                                          for e in ev), (r["case"], kind)
+    per_param, per_module = rows[0], rows[1]
+    assert per_param["units"] is None and all(r["units"] for r in rows[1:])
+    n_modules = len(per_module["units"])
+    assert all(len(u) == 1 for u in per_module["units"]) and n_modules > 1
+    # the same collectives (their bytes differ by the flat buffers' padding to W equal chunks)
+    assert {k: c["count"] for k, c in per_module["collectives"].items()} == {
+        k: c["count"] for k, c in per_param["collectives"].items()}
+    ag_per_module = per_module["collectives"]["all_gather"]["count"] // n_modules
+    for r in rows[1:]:
+        assert r["launches"] < per_param["launches"], r["case"]
+        assert sum(len(u) for u in r["units"]) == n_modules
+        assert r["collectives"]["reduce_scatter"]["count"] == len(r["units"]), r["case"]
+        assert r["collectives"]["all_gather"]["count"] == ag_per_module * len(r["units"]), r["case"]
+    assert len(rows[2]["units"]) == 1 and 1 < len(rows[4]["units"]) < n_modules  # the whole model; about two modules
+    L = []
+    flat.render(L, {"flat": res})
+    md = "\n".join(L)
+    assert "## 4j. Flat parameters and buckets" in md and "4k." not in md
+    table_rows = [l for l in md.splitlines() if l.startswith("| ") and not l.startswith(("| case", "| ---"))]
+    assert [l.split(" | ")[0][2:] for l in table_rows] == [r["case"] for r in rows]

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmarks of the hwFSDP runtime, measured side by side in one run (make bench).
 
-    tools/bench.py [--quick] [--out results] [--device-profile NAME]
+    tools/bench.py [--quick] [--out results] [--device-profile NAME] [--only SECTION ...]
 
 Sections (results/bench.json, results/bench.md, and a table on stdout):
   sgemm       the machine's OpenBLAS fp32 rate (tools/bench_sgemm.c, n=2048, 2 threads, best of 5)
@@ -32,7 +32,8 @@ device profile (common/runtime/profile.c; --device-profile, default teach): exac
 configuration, so the bench takes the last step's and prints no spread. Wall-clock figures (step_ms,
 tokens/s) are medians over steps (warm-up skipped) with min and max; they hold no link or PCIe time.
 The bench never fails on noise: it exits 0 unless a binary fails. --quick (tiny flavour, few steps,
-torch skipped when absent) is the smoke test's mode (tests/test_bench.py).
+torch skipped when absent) is the smoke test's mode (tests/test_bench.py). --only runs the named sections that
+stand alone (ALONE below) and writes their figures and tables to bench-<names>.json and .md, leaving bench.json be.
 
 The work is done by tools/benchlib/ (measure, memory_model, report); the stages come from
 grader/manifest.py.
@@ -43,14 +44,43 @@ import os
 import sys
 import time
 
-from benchlib import advanced, measure, pipeline, report
+from benchlib import advanced, flat, measure, pipeline, report
 from benchlib.measure import BASELINE, ROOT, Bench, BinaryFailed, manifest
 
 
-def write_json(R, out):
+# The sections that need no other section's figures and render on their own: what --only can run.
+ALONE = {"prefetch": advanced.section_prefetch, "offload": advanced.section_offload,
+         "pipeline": pipeline.section_pipeline, "flat": flat.section_flat}
+
+
+def write_json(R, out, name="bench.json"):
     os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "bench.json"), "w") as fh:
+    with open(os.path.join(out, name), "w") as fh:
         json.dump(R, fh, indent=1)
+
+
+def run_only(bench, cfg, names, out):
+    """--only: the named sections of ALONE, their figures in out/bench-<names>.json and tables in .md."""
+    t0 = time.perf_counter()
+    R = {"quick": cfg["quick"], "only": names, "date": time.strftime("%Y-%m-%d %H:%M:%S"), "config": cfg}
+    stem = "bench-" + "-".join(names)
+    try:
+        for name in names:
+            R[name] = ALONE[name](bench, cfg)
+    except BinaryFailed as e:
+        print("error: " + str(e), file=sys.stderr)
+        R["failures"] = bench.failures
+        write_json(R, out, stem + ".json")
+        return 1
+    R["total_s"] = time.perf_counter() - t0
+    write_json(R, out, stem + ".json")
+    md = report.markdown_only(R)
+    with open(os.path.join(out, stem + ".md"), "w") as fh:
+        fh.write(md + "\n")
+    print()
+    print(md)
+    print("wrote %s.json and .md (%.0f s)" % (os.path.relpath(os.path.join(out, stem), ROOT), R["total_s"]))
+    return 0
 
 
 def main(argv=None):
@@ -60,6 +90,8 @@ def main(argv=None):
     ap.add_argument("--work", help="scratch run directories (default build/bench)")
     ap.add_argument("--device-profile", help="price every training run on this device profile (the runtime's "
                     "--device-profile: teach, a100-80g, h100-sxm; default: the runtime's, teach)")
+    ap.add_argument("--only", nargs="+", choices=sorted(ALONE), metavar="SECTION",
+                    help="run only these sections (%s) into bench-<names>.json/.md" % ", ".join(sorted(ALONE)))
     args = ap.parse_args(argv)
     bench = Bench(args.work, args.device_profile)
     for b in [BASELINE] + [bench.solution(st) for st in manifest.stages()]:
@@ -67,6 +99,8 @@ def main(argv=None):
             print("error: %s is missing: run `make` first (make bench does)" % os.path.relpath(b, ROOT), file=sys.stderr)
             return 1
     cfg = measure.configs(args.quick)
+    if args.only:
+        return run_only(bench, cfg, args.only, args.out)
     t0 = time.perf_counter()
     R = {"quick": args.quick, "host": os.uname().nodename, "cores": os.cpu_count(),
          "date": time.strftime("%Y-%m-%d %H:%M:%S"), "config": cfg}
@@ -84,6 +118,7 @@ def main(argv=None):
         R["prefetch"] = advanced.section_prefetch(bench, cfg)
         R["offload"] = advanced.section_offload(bench, cfg)
         R["pipeline"] = pipeline.section_pipeline(bench, cfg)
+        R["flat"] = flat.section_flat(bench, cfg)
         R["profile"] = measure.section_profile(bench, cfg)
         R["grading"] = measure.section_grading(bench, cfg)
     except BinaryFailed as e:

@@ -9,7 +9,7 @@ from trace_names import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
 from trace_names import (TAG_ACTIVATION, TAG_COMM_BUFFER, TAG_GRAD_SHARD, TAG_OPTIM_STATE, TAG_PARAM_SHARD, TAG_TEMP,
                          TAG_UNSHARDED_GRAD, TAG_UNSHARDED_PARAM)
 
-from . import advanced, pipeline
+from . import advanced, flat, pipeline
 from .figures import MIB, fmt, fmt_mib, fmt_s, runs_section, section, table
 
 # the static notes (optimisations applied, opportunities left), appended to a full run's report
@@ -133,6 +133,7 @@ def markdown(R):
         hsdp_section(L, hs)
     advanced.render(L, R)
     pipeline.render(L, R)
+    flat.render(L, R)
     g = R["grading"]
     L.append("## 5. Grading time")
     L.append("")
@@ -167,6 +168,17 @@ def markdown(R):
         with open(NOTES) as fh:
             L.append(fh.read().rstrip())
         L.append("")
+    return "\n".join(L)
+
+
+def markdown_only(R):
+    """The report of a --only run (tools/bench.py): the tables of the sections it ran, nothing else."""
+    L = ["# hwFSDP benchmarks, sections %s%s" % (", ".join(R["only"]), " (quick mode)" if R["quick"] else ""), "",
+         "Run %s; total %.0f s. Modelled figures only where a section says so (exact: one number per "
+         "configuration)." % (R["date"], R["total_s"]), ""]
+    advanced.render(L, R)
+    pipeline.render(L, R)
+    flat.render(L, R)
     return "\n".join(L)
 
 

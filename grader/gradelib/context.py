@@ -115,7 +115,7 @@ def read_checkpoint(path, what="your run's checkpoint"):
         if not isinstance(e, dict):
             raise CheckFailed("%s is %s, not a JSON object" % (where, short(e)))
         dtype, shape, offsets = e.get("dtype"), e.get("shape"), e.get("data_offsets")
-        if dtype not in DTYPE_BYTES:
+        if not (isinstance(dtype, str) and dtype in DTYPE_BYTES):
             raise CheckFailed("%s: dtype is %s, not one of %s" % (where, short(dtype), ", ".join(DTYPE_BYTES)))
         if not (isinstance(shape, list) and len(shape) <= 8 and all(is_int(d) and 0 <= d < 2 ** 40 for d in shape)):
             raise CheckFailed("%s: shape is %s, not a list of dimensions" % (where, short(shape)))

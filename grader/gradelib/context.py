@@ -524,9 +524,9 @@ class Context:
         (Runner.run_saving: SAVED_DIR/CHECKPOINT in the run's dir)."""
         def load():
             if self.saved is not None and not self.saved.ok:
+                log = relpath(os.path.join(self.saved.dir, "log.txt"))
                 raise CheckFailed("the run with --save (the grading configuration once more, writing its checkpoint "
-                                  "at step %d) failed: %s (log: %s)" % (self.steps, one_line(self.saved.reason),
-                                                                        relpath(os.path.join(self.saved.dir, "log.txt"))))
+                                  "at step %d) failed: %s (log: %s)" % (self.steps, one_line(self.saved.reason), log))
             return read_checkpoint(self.path(os.path.join(SAVED_DIR, CHECKPOINT)),
                                    "the checkpoint --save writes at step %d" % self.steps)
         return self._memo("checkpoint", load)

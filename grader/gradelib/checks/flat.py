@@ -9,7 +9,7 @@ import math
 from trace_names import (COMPUTE, COPY, PHASE_PRE_BACKWARD, PHASE_PRE_FORWARD, PHASE_RECOMPUTE_PRE_FORWARD,
                          label_and_kind)
 
-from ..util import CheckFailed, short
+from ..util import CheckFailed, one_line, short
 from .registry import SAYS_WHAT_RAN, SAYS_WHICH_NUMBER, check
 
 # the hooks that unshard a unit: with flat params the all-gather output is the params' storage
@@ -114,8 +114,10 @@ def check_flat_checkpoint(ctx):
     got_meta, got = ctx.checkpoint()
     want_meta, want = ctx.baseline_checkpoint()
     if got_meta.get("step") != want_meta.get("step"):
+        def step(meta):  # the metadata's values are strings (read_checkpoint)
+            return one_line(meta["step"], 40) if "step" in meta else "none (no \"step\" in its metadata)"
         raise CheckFailed("the checkpoint says step %s, the baseline's (saved at the same step) %s"
-                          % (short(got_meta.get("step")), short(want_meta.get("step"))))
+                          % (step(got_meta), step(want_meta)))
     missing = [n for n in want if n not in got]
     if missing:
         state = [n for n in missing if n.startswith(OPTIM)]

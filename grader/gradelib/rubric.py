@@ -167,6 +167,9 @@ def validate_rubric(rubric, name, spread=True):
                 bad(where + ".checks", "keys among %s" % ", ".join(CHECKS), key)
             if not (is_finite(points) and 0 <= points <= 1e6):
                 bad("%s.checks.%s" % (where, key), "a number of points >= 0", points)
+        if "flat_checkpoint" in checks and spec.get("save") is not True:
+            bad(where + ".save", "true (flat_checkpoint reads the checkpoint of the stage's run with --save)",
+                spec.get("save"))
         if "activation_memory" in checks:
             ref = obj(where + ".no_ac_reference", spec.get("no_ac_reference"))
             if not (isinstance(ref.get("dir"), str) and ref["dir"]):

@@ -227,7 +227,14 @@ def reference_stage(rubric, stage, work, staging, runner, baselines, commands, n
         keep(vrun, os.path.join(dest, v), PLAIN, ["memory_rank*.json"] + (["trace.json"] if pipeline else []), vplots,
              VARIANT_PLOTS)
 
-    ctx = Context(rubric, stage, RunResult(run_dir, True, "", 0.0, []), staging, baselines)
+    saved = None
+    if manifest.stage(stage, rubric).save:  # the main run's twin with --save, for the checkpoint's check (not kept)
+        saved = runner.run_saving(os.path.join(run_dir, "train"), flags, run_dir,
+                                  int(stage_config(rubric, stage)["steps"]))
+        if not saved.ok:
+            fail("solutions/%s with --save: %s (see %s)" % (spec["dir"], saved.reason,
+                                                            os.path.join(saved.dir, "log.txt")))
+    ctx = Context(rubric, stage, RunResult(run_dir, True, "", 0.0, []), staging, baselines, saved=saved)
     failed = {}
     unmeasured = set(parity_metrics(rubric, stage)) - set(ctx.parity)  # noted by check_against_baseline
     for key in spec["checks"]:

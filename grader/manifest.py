@@ -125,6 +125,12 @@ class Stage:
         return bool(self.spec.get("flat"))
 
     @property
+    def save(self):
+        """The grader also runs the stage's main configuration with --save and compares the checkpoint it writes at
+        the last step with the non-sharded baseline's (rubric "save": stage 13's flat_checkpoint)."""
+        return bool(self.spec.get("save"))
+
+    @property
     def offload(self):
         return "--offload-params" in self.flags
 
@@ -493,6 +499,8 @@ def validate_stages(rubric, name="rubric.json"):
                 bad("%s.%s" % (where, key), "a string", spec.get(key))
         if not isinstance(spec.get("bonus", False), bool):
             bad(where + ".bonus", "true or false", spec.get("bonus"))
+        if not isinstance(spec.get("save", False), bool):
+            bad(where + ".save", "true or false", spec.get("save"))
         if "builds_on" in spec:
             b = spec["builds_on"]
             if not (isinstance(b, str) and b in stages_ and b < sid):

@@ -538,6 +538,98 @@ def test_grad_state_hint_names_the_first_microbatch_that_differs():
     assert grad_state_hint(HintContext(1, 4, mesh=False, got=ref, ref={r: {} for r in range(4)}, K=2), 1, 2) == ""
 
 
+# ------------------------------------------------------------ the checkpoint (rubric "save")
+
+class CheckpointContext:
+    """What flat_checkpoint reads of a Context: the run's and the baseline's checkpoints (as read_checkpoint returns
+    them), the tolerances, and one rank's DTensors dump (where a wrong element lies)."""
+
+    def __init__(self, got, want, pieces=None):
+        self.got, self.want, self.pieces = got, want, pieces or {}
+        self.tol, self.cuda = dict(RUBRIC["tolerances"]), False
+
+    def checkpoint(self):
+        return self.got
+
+    def baseline_checkpoint(self):
+        return self.want
+
+    def ranks(self):
+        return sorted(self.pieces)
+
+    def dtensors(self, rank):
+        return {"params": [{"name": n, "row_offset": lo, "local_rows": hi - lo} for n, (lo, hi) in
+                           self.pieces[rank].items()]}
+
+
+def test_flat_checkpoint_names_what_is_wrong():
+    """flat_checkpoint on made-up checkpoints: equal ones pass; each failure names the first wrong entry and what
+    is wrong: the step, a missing name (no AdamW state at all said as such), an extra one, the dtype, the shape,
+    values off at an element (with the rank whose piece holds every wrong one, and whose values they are)."""
+    import array
+    from gradelib.context import Tensor
+    from gradelib.util import CheckFailed
+
+    def f32(shape, values):
+        return Tensor("F32", shape, array.array("f", values))
+
+    def ckpt(step="6", **over):
+        t = {"w": f32([2, 3], [1, 2, 3, 4, 5, 6]), "optim.w.exp_avg": f32([2, 3], [0.5] * 6),
+             "optim.w.exp_avg_sq": f32([2, 3], [0.25] * 6)}
+        t.update(over)
+        return {"format": "pt", "step": step}, {k: v for k, v in t.items() if v is not None}
+
+    def fails(got, pieces=None):
+        with pytest.raises(CheckFailed) as e:
+            CHECKS["flat_checkpoint"](CheckpointContext(got, ckpt(), pieces))
+        return str(e.value)
+
+    near = [1, 2, 3, 4, 5, 6 * (1 + 0.5 * RUBRIC["tolerances"]["checkpoint_rel"])]
+    assert "3 tensors at step 6" in CHECKS["flat_checkpoint"](CheckpointContext(ckpt(w=f32([2, 3], near)), ckpt()))
+    assert "says step 5, the baseline's (saved at the same step) 6" in fails(ckpt(step="5"))
+    assert "holds no AdamW state (2 entries" in fails(ckpt(**{"optim.w.exp_avg": None, "optim.w.exp_avg_sq": None}))
+    assert fails(ckpt(w=None)).startswith("the checkpoint has no w (1 of the baseline's 3 entries missing)")
+    assert "holds \"x\", which the baseline's does not" in fails(ckpt(x=f32([1], [0])))
+    assert fails(ckpt(w=Tensor("BF16", [2, 3], None))) == "w is BF16 in the checkpoint, F32 in the baseline's"
+    assert fails(ckpt(w=f32([6], [1, 2, 3, 4, 5, 6]))).startswith("w has shape [6] in the checkpoint, [2, 3] in")
+    why = fails(ckpt(w=f32([2, 3], [1, 2, 3, 4, 5, 7])), pieces={0: {"w": (0, 4)}, 1: {"w": (4, 6)}})
+    assert why.startswith("w: 1 of its 6 values differ from the baseline's by more than 7e-05 of its largest |value| 6, "
+                          "the first at element 5 (row 1, column 2), in rank 1's piece [4, 6) of the 6 elements (every "
+                          "wrong element lies in it): 7, the baseline's 6: --save gathers each rank's piece from "
+                          "DTensor.local"), why
+    why = fails(ckpt(**{"optim.w.exp_avg_sq": f32([2, 3], [0.5] * 6)}))
+    assert "its values are the baseline's optim.w.exp_avg: --save gathers each rank's AdamW state" in why, why
+    nan = fails(ckpt(**{"optim.w.exp_avg": f32([2, 3], [0.5] * 5 + [float("nan")])}))
+    assert nan.startswith("optim.w.exp_avg: 1 of its 6 values differ") and ": nan, the baseline's 0.5" in nan, nan
+
+
+def test_baseline_with_save_is_one_more_run(tmp_path):
+    """Baselines.get: a run with --save serves the calls without it too; a call with save after one without runs
+    the baseline again, with --save into its own dir."""
+    from gradelib.runner import CHECKPOINT, Baselines, RunResult
+
+    class Runner:
+        def __init__(self):
+            self.runs = []
+
+        def build(self, src, out, log):
+            return True, "", 0.0
+
+        def run(self, binary, flags, run_dir, log, steps):
+            self.runs.append(flags)
+            return RunResult(run_dir, True, "", 0.0, [binary] + flags)
+
+    for first in (False, True):
+        runner = Runner()
+        b = Baselines(runner, str(tmp_path / str(first)))
+        b._build = lambda: (True, "", "train")
+        flags = ["--steps", "6"]
+        runs = [b.get(flags, 6, save=first), b.get(flags, 6, save=True), b.get(flags, 6)]
+        assert len(runner.runs) == (1 if first else 2), runner.runs
+        assert runner.runs[-1][-2:] == ["--save", os.path.join(runs[1].dir, CHECKPOINT)], runner.runs
+        assert runs[2] is runs[1] and runs[1].dir.endswith("-save")
+
+
 # ------------------------------------------------------------ resource limits
 
 def rubric_with_limits(tmp_path, **limits):

@@ -17,6 +17,7 @@ import json
 import os
 import random
 import shutil
+import struct
 import subprocess
 import sys
 import traceback
@@ -28,8 +29,8 @@ from helpers import ROOT, manifest
 
 from gradelib.checks import CHECKS, run_check
 from gradelib.context import PARTIAL_FILE, Context
-from gradelib.rubric import RUBRIC_PATH, baseline_flags, load_rubric, parse_stage, stage_flags
-from gradelib.runner import RunResult, last_completed_step
+from gradelib.rubric import RUBRIC_PATH, baseline_flags, load_rubric, parse_stage, stage_config, stage_flags
+from gradelib.runner import CHECKPOINT, SAVED_DIR, RunResult, last_completed_step
 from gradelib.util import CheckFailed, UsageError, is_int, one_line
 from trace_names import COLLECTIVE, COMPUTE
 
@@ -53,8 +54,30 @@ class FakeBaselines:
     def __init__(self, run_dir):
         self.run_dir = run_dir
 
-    def get(self, flags, steps):
+    def get(self, flags, steps, save=False):
         return RunResult(self.run_dir, True, "", 0.0, [])
+
+
+def write_checkpoint(path, params, step):
+    """A safetensors file as the driver's --save writes it (checkpoint.c) for params [(name, shape)] from a DTensors
+    dump: each weight and its optim.<name>.exp_avg / exp_avg_sq in float32, made-up values (the same for the run's
+    and the baseline's: the check compares the two), the step in the metadata."""
+    header, blobs, off = {}, [], 0
+    for kind in ("", ".exp_avg", ".exp_avg_sq"):
+        for name, shape in params:
+            n = 1
+            for d in shape:
+                n *= d
+            data = struct.pack("<%df" % n, *((i % 97) * 0.01 - 0.4 for i in range(n)))
+            header[("optim." + name + kind) if kind else name] = {"dtype": "F32", "shape": shape,
+                                                                  "data_offsets": [off, off + len(data)]}
+            blobs.append(data)
+            off += len(data)
+    header["__metadata__"] = {"format": "pt", "step": str(step)}
+    text = json.dumps(header, separators=(",", ":")).encode()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as fh:
+        fh.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
 
 
 def _step_of(e):
@@ -99,6 +122,12 @@ class World:
             self.runs[stage] = run
             os.makedirs(os.path.join(root, "baseline", stage))
             shutil.copy(os.path.join(src, "metrics.jsonl"), os.path.join(root, "baseline", stage))
+            if manifest.stage(stage, self.rubric).save:  # the run's twin with --save and the baseline's checkpoints
+                with open(os.path.join(src, "dtensors_rank0.json")) as fh:
+                    params = [(p["name"], p["global_shape"]) for p in json.load(fh)["params"]]
+                step = stage_config(self.rubric, stage)["steps"]
+                write_checkpoint(os.path.join(run, SAVED_DIR, CHECKPOINT), params, step)
+                write_checkpoint(os.path.join(root, "baseline", stage, CHECKPOINT), params, step)
         # every file's bytes, and each stage's loaded files (shared by all contexts: checks only read them)
         self.pristine_bytes = {}
         for d, _, files in os.walk(root):
@@ -320,6 +349,18 @@ def mutate_bytes(rng, data):
     return "bytes: " + "+".join(ops), data
 
 
+def mutate_checkpoint(rng, raw):
+    """(description, new bytes) of a safetensors file: its bytes, or one node of its JSON header (the length in
+    front rewritten, or now and then left as it was)."""
+    if rng.random() < 0.4:
+        return mutate_bytes(rng, raw)
+    n = struct.unpack("<Q", raw[:8])[0]
+    doc, what, subs = mutate_value(rng, json.loads(raw[8:8 + n]), bias_events=False)
+    text = dumps(doc, subs)
+    length = n if rng.random() < 0.1 else len(text)
+    return "header: " + what, struct.pack("<Q", length) + text + raw[8 + n:]
+
+
 def mutate_file(rng, raw, jsonl):
     """(description, new bytes) for a file's pristine bytes."""
     if rng.random() < 0.3:
@@ -368,6 +409,7 @@ def checks_reading(world, stage, reader):
         "memory": {"freed_after_forward", "freed_after_backward", "grads_freed", "zero2_params_kept",
                    "peak_memory", "dtensors"},
         "trace": {"ag_overlap", "rs_overlap", "prefetch_bound", "recompute", "zero2_no_backward_all_gather"},
+        "checkpoint": {"flat_checkpoint"},
     }[reader]
     return [k for k in keys if k in reads]
 
@@ -402,7 +444,7 @@ def test_pristine_partial_records_pass(world):
 
 
 @pytest.mark.parametrize("reader", ["metrics", "reference_metrics", "run_json", "own_run_json", "baseline_metrics",
-                                    "dtensors", "memory", "trace", "partial"])
+                                    "dtensors", "memory", "trace", "partial", "checkpoint"])
 def test_mutated_artifacts_fail_checks_cleanly(world, reader):
     rng = random.Random(SEED + zlib.crc32(reader.encode()))
     failures = []
@@ -430,9 +472,12 @@ def test_mutated_artifacts_fail_checks_cleanly(world, reader):
             path, drop = os.path.join(world.runs[stage], "memory_rank%d.json" % rank), (("mem", rank),)
         elif reader == "partial":
             path = os.path.join(world.runs[stage], PARTIAL_FILE % 0)
+        elif reader == "checkpoint":
+            path, drop = os.path.join(world.runs[stage], SAVED_DIR, CHECKPOINT), ("checkpoint",)
         else:
             path, drop = os.path.join(world.runs[stage], "trace_rank%d.json" % rank), (("trace", rank),)
-        what, data = mutate_file(rng, world.pristine_bytes[path], path.endswith(".jsonl"))
+        what, data = (mutate_checkpoint(rng, world.pristine_bytes[path]) if reader == "checkpoint" else
+                      mutate_file(rng, world.pristine_bytes[path], path.endswith(".jsonl")))
         what = "#%d %s stage %s %s: %s" % (n, reader, stage, os.path.relpath(path, world.root), what)
         with open(path, "wb") as fh:
             fh.write(data)

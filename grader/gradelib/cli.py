@@ -71,6 +71,7 @@ def grade_stage(rubric, stage, src, out_root, ref_root, runner, baselines):
 
     t0 = time.monotonic()
     extra = {}
+    saved = None  # the run with --save (rubric "save"), after the main run and its variants
     try:
         if not os.path.exists(src):
             run = RunResult(run_dir, False, "no such file: %s" % relpath(src), 0.0, [])
@@ -85,6 +86,9 @@ def grade_stage(rubric, stage, src, out_root, ref_root, runner, baselines):
                     os.makedirs(vdir)
                     extra[v] = runner.run(binary, stage_flags(rubric, stage, v), vdir, os.path.join(vdir, "log.txt"),
                                           int(stage_config(rubric, stage, v)["steps"]), one_stream)
+                if run.ok and manifest.stage(stage, rubric).save:
+                    saved = runner.run_saving(binary, stage_flags(rubric, stage), run_dir,
+                                              int(stage_config(rubric, stage)["steps"]), one_stream)
             else:
                 run = RunResult(run_dir, False, reason, build_s, [])
     except (OSError, subprocess.SubprocessError) as e:  # make or the binary could not even be started
@@ -104,7 +108,7 @@ def grade_stage(rubric, stage, src, out_root, ref_root, runner, baselines):
         if not r.ok:
             runs_said.append("    " + r.reason)
 
-    ctx = Context(rubric, stage, run, ref_root, baselines, cuda=runner.cuda)
+    ctx = Context(rubric, stage, run, ref_root, baselines, cuda=runner.cuda, saved=saved)
     vctx = {v: Context(rubric, stage, r, ref_root, baselines, cuda=runner.cuda, variant=v) for v, r in extra.items()}
     checks = []
     # the checks a failed run leaves ungraded, per run (None: the main run): said in one line after the others,

@@ -5,14 +5,18 @@ so that a malformed file (a crash mid-write, a student's stray write) fails the 
 sentence naming the file and the entry, never a KeyError or a traceback
 (tests/test_grader_fuzz.py mutates every file to hold the loaders to that).
 """
+import array
 import gzip
 import json
 import math
 import os
+import struct
+import sys
 
 import manifest
 from trace_names import COLLECTIVE
 
+from .runner import CHECKPOINT, SAVED_DIR
 from .rubric import (MAIN_RUN, REMEASURE, baseline_flags, parity_tolerances, stage_config, stage_only_flags,
                      tolerances, variant_label)
 from .trace_model import Trace, TraceError, by_rank, checked_slices, group_kinds, group_of, runtime_groups
@@ -58,6 +62,85 @@ def check_peak_lists(rows, name, world):
                               % (name, i + 1, short(peaks), world))
 
 
+class Tensor:
+    """One tensor of a safetensors file: dtype ("F32"), shape, numel, and its float32 values (read_checkpoint)."""
+
+    def __init__(self, dtype, shape, values):
+        self.dtype, self.shape, self.values = dtype, shape, values
+        self.numel = math.prod(shape)
+
+
+CHECKPOINT_MAX_BYTES = 1 << 31  # far above the grading model's (tiny: 1.6 MB with the AdamW state)
+
+
+def read_checkpoint(path, what="your run's checkpoint"):
+    """(metadata, {name: Tensor} in the file's order) of a safetensors file as the driver's --save writes it
+    (checkpoint.c): an 8-byte little-endian header length N, N bytes of a JSON object (name -> {dtype, shape,
+    data_offsets} and "__metadata__": strings), then the data. Each entry checked: a known dtype, a shape of
+    dimensions, offsets in the data that hold exactly numel elements; F32 values decoded (other dtypes: values
+    None, the check says the dtype). CheckFailed naming the file and the entry otherwise."""
+    name = relpath(path)
+    try:
+        size = os.path.getsize(path)
+        if size > CHECKPOINT_MAX_BYTES:
+            raise CheckFailed("%s is %d bytes, more than a checkpoint of the grading model can be (%s)"
+                              % (name, size, what))
+        with open(path, "rb") as fh:
+            raw = fh.read()
+    except FileNotFoundError:
+        raise CheckFailed("%s is missing (%s)" % (name, what))
+    except OSError as e:
+        raise CheckFailed("%s cannot be read (%s)" % (name, e.strerror or e))
+    if len(raw) < 8:
+        raise CheckFailed("%s is %d bytes: not a safetensors file (%s)" % (name, len(raw), what))
+    n = struct.unpack("<Q", raw[:8])[0]
+    if n > len(raw) - 8:
+        raise CheckFailed("%s: its header says %d bytes of JSON, the file holds %d after the length (%s)"
+                          % (name, n, len(raw) - 8, what))
+    try:
+        header = json.loads(raw[8:8 + n].decode("utf-8"))
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+        raise CheckFailed("%s: its header is not valid JSON (%s)" % (name, one_line(str(e))))
+    if not isinstance(header, dict):
+        raise CheckFailed("%s: its header is not a JSON object (%s)" % (name, what))
+    meta = header.get("__metadata__", {})
+    if not (isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values())):
+        raise CheckFailed("%s: __metadata__ is %s, not an object of strings" % (name, short(meta)))
+    data = memoryview(raw)[8 + n:]
+    tensors = {}
+    for key, e in header.items():
+        if key == "__metadata__":
+            continue
+        where = "%s: %s" % (name, short(key, 80))
+        if not isinstance(e, dict):
+            raise CheckFailed("%s is %s, not a JSON object" % (where, short(e)))
+        dtype, shape, offsets = e.get("dtype"), e.get("shape"), e.get("data_offsets")
+        if not (isinstance(dtype, str) and dtype in DTYPE_BYTES):
+            raise CheckFailed("%s: dtype is %s, not one of %s" % (where, short(dtype), ", ".join(DTYPE_BYTES)))
+        if not (isinstance(shape, list) and len(shape) <= 8 and all(is_int(d) and 0 <= d < 2 ** 40 for d in shape)):
+            raise CheckFailed("%s: shape is %s, not a list of dimensions" % (where, short(shape)))
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(is_int(o) for o in offsets) and
+                0 <= offsets[0] <= offsets[1] <= len(data)):
+            raise CheckFailed("%s: data_offsets is %s, not [begin, end] inside the file's %d bytes of data"
+                              % (where, short(offsets), len(data)))
+        numel = math.prod(shape)
+        if offsets[1] - offsets[0] != numel * DTYPE_BYTES[dtype]:
+            raise CheckFailed("%s: data_offsets %s hold %d bytes, its shape %s in %s takes %d" % (
+                where, offsets, offsets[1] - offsets[0], shape, dtype, numel * DTYPE_BYTES[dtype]))
+        values = None
+        if dtype == "F32":
+            values = array.array("f")
+            values.frombytes(data[offsets[0]:offsets[1]])
+            if sys.byteorder != "little":
+                values.byteswap()
+        tensors[key] = Tensor(dtype, shape, values)
+    return meta, tensors
+
+
+# safetensors' dtypes and their sizes in bytes
+DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+
+
 def _shape_ok(v):
     return isinstance(v, list) and 1 <= len(v) <= 8 and all(is_int(d) and 0 <= d < 2 ** 40 for d in v)
 
@@ -92,9 +175,9 @@ class Context:
     partial: the run stopped at a runtime error, and trace(r) and memory(r) read the partial record it left
     (PARTIAL_FILE) for the ranks that have one (ranks()); only the checks registered partial=True read it."""
 
-    def __init__(self, rubric, stage, run, ref_root, baselines, cuda=False, variant=None, partial=False):
+    def __init__(self, rubric, stage, run, ref_root, baselines, cuda=False, variant=None, partial=False, saved=None):
         self.rubric, self.stage, self.run, self.ref_root, self.baselines = rubric, stage, run, ref_root, baselines
-        self.cuda, self.variant, self.partial = cuda, variant, partial
+        self.cuda, self.variant, self.partial, self.saved = cuda, variant, partial, saved
         self.label = variant_label(rubric, variant, stage)
         self.cfg = stage_config(rubric, stage, variant)
         self.world, self.steps = int(self.cfg["world"]), int(self.cfg["steps"])
@@ -134,7 +217,7 @@ class Context:
         if self.run.ok or not any(os.path.isfile(self.path(PARTIAL_FILE % r)) for r in range(self.world)):
             return None
         return Context(self.rubric, self.stage, self.run, self.ref_root, self.baselines, cuda=self.cuda,
-                       variant=self.variant, partial=True)
+                       variant=self.variant, partial=True, saved=self.saved)
 
     def ranks(self):
         """The ranks whose record the checks read: every rank, or on a partial record the ones that left one."""
@@ -418,9 +501,15 @@ class Context:
         check_peak_lists(rows, relpath(os.path.join(d, "metrics.jsonl")), self.world)
         return rows
 
+    def saves(self):
+        """The stage's main run has a twin with --save (rubric "save": Runner.run_saving), whose checkpoint the
+        checks compare with the baseline's; the baseline then runs with --save too (one run serves both)."""
+        return self.variant is None and manifest.Stage(self.stage, self.rubric["stages"][self.stage]).save
+
     def baseline_metrics(self):
         def load():
-            run = self.baselines.get(baseline_flags(self.rubric, self.stage, self.variant), self.steps)
+            run = self.baselines.get(baseline_flags(self.rubric, self.stage, self.variant), self.steps,
+                                     save=self.saves())
             if not run.ok:
                 raise CheckFailed("the non-sharded baseline run failed (%s): see %s"
                                   % (run.reason, relpath(os.path.join(run.dir, "log.txt"))))
@@ -429,6 +518,29 @@ class Context:
                 raise CheckFailed("the baseline run has %d steps, not %d" % (len(rows), self.steps))
             return rows
         return self._memo("baseline", load)
+
+    def checkpoint(self):
+        """(metadata, {name: Tensor}) of the checkpoint the main run's twin with --save wrote at its last step
+        (Runner.run_saving: SAVED_DIR/CHECKPOINT in the run's dir)."""
+        def load():
+            if self.saved is not None and not self.saved.ok:
+                log = relpath(os.path.join(self.saved.dir, "log.txt"))
+                raise CheckFailed("the run with --save (the grading configuration once more, writing its checkpoint "
+                                  "at step %d) failed: %s (log: %s)" % (self.steps, one_line(self.saved.reason), log))
+            return read_checkpoint(self.path(os.path.join(SAVED_DIR, CHECKPOINT)),
+                                   "the checkpoint --save writes at step %d" % self.steps)
+        return self._memo("checkpoint", load)
+
+    def baseline_checkpoint(self):
+        """(metadata, {name: Tensor}) of the non-sharded baseline's checkpoint at the same step (its run with --save,
+        Baselines.get)."""
+        def load():
+            run = self.baselines.get(baseline_flags(self.rubric, self.stage, self.variant), self.steps, save=True)
+            if not run.ok:
+                raise CheckFailed("the non-sharded baseline run with --save failed (%s): see %s"
+                                  % (run.reason, relpath(os.path.join(run.dir, "log.txt"))))
+            return read_checkpoint(os.path.join(run.dir, CHECKPOINT), "the baseline's checkpoint")
+        return self._memo("baseline_checkpoint", load)
 
     def peaks(self, rows):
         """Per rank, the peak over all steps (rows from read_metrics with world: the lists are checked)."""

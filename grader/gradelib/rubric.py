@@ -27,7 +27,7 @@ LIMIT_KEYS = {"build_timeout_s": 1e7, "run_timeout_s": 1e7, "run_cpu_s": 1e7, "r
 TOLERANCE_KEYS = ["cuda_loss_rel", "cuda_grad_norm_rel", "peak_mem_band_rel", "overlap_share_min",
                   "prefetch_extra_unsharded_modules", "prefetch_max_modules_ahead",
                   "recompute_all_gathers_per_module_step", "activation_memory_max_ratio", "hook_memory_slack_rel",
-                  "hook_memory_slack_min_bytes", "pp_bubble_slack"]
+                  "hook_memory_slack_min_bytes", "pp_bubble_slack", "checkpoint_rel", "cuda_checkpoint_rel"]
 
 # Loss and grad norm parity: the tolerances come from the spread measured between correct implementations
 # (tools/parity_spread.py, grader/figures/parity_spread.json), per stage, run and metric.
@@ -167,6 +167,9 @@ def validate_rubric(rubric, name, spread=True):
                 bad(where + ".checks", "keys among %s" % ", ".join(CHECKS), key)
             if not (is_finite(points) and 0 <= points <= 1e6):
                 bad("%s.checks.%s" % (where, key), "a number of points >= 0", points)
+        if "flat_checkpoint" in checks and spec.get("save") is not True:
+            bad(where + ".save", "true (flat_checkpoint reads the checkpoint of the stage's run with --save)",
+                spec.get("save"))
         if "activation_memory" in checks:
             ref = obj(where + ".no_ac_reference", spec.get("no_ac_reference"))
             if not (isinstance(ref.get("dir"), str) and ref["dir"]):

@@ -35,6 +35,9 @@ from .util import ROOT, is_int, relpath
 # (common/train_main.c)
 EXIT_FATAL, EXIT_TODO, EXIT_NAN = 2, 3, 4
 RUNTIME_ERROR = "runtime error: "  # how a run's reason opens when the runtime stopped it with a diagnosis
+# a stage whose rubric entry says "save": its main configuration runs once more into <run dir>/SAVED_DIR with
+# --save, writing CHECKPOINT at the last step (the baseline's run with --save writes it into its own dir)
+SAVED_DIR, CHECKPOINT = "checkpoint", "checkpoint.safetensors"
 
 SIGNAL_HINTS = {
     "SIGSEGV": "a bad pointer: a Param.data/grad used after it was freed or set to NULL, or a copy out of bounds",
@@ -105,6 +108,17 @@ class Runner:
         ok, reason = classify_run(rc, log_path, run_dir, self.timeout_s, steps, self.limits, one_stream)
         return RunResult(run_dir, ok, reason, seconds, cmd)
 
+    def run_saving(self, binary, flags, run_dir, steps, one_stream=False):
+        """The main run's configuration once more, with --save: its checkpoint at the last step lands in
+        run_dir/SAVED_DIR/CHECKPOINT (a run of its own, so the main run's trace and snapshots, which the other
+        checks compare with the reference's, hold no checkpoint gather, and a checkpoint the runtime refuses
+        fails only the checkpoint's check). A RunResult of that run."""
+        d = os.path.join(run_dir, SAVED_DIR)
+        shutil.rmtree(d, ignore_errors=True)
+        os.makedirs(d)
+        return self.run(binary, list(flags) + ["--save", os.path.join(d, CHECKPOINT)], d, os.path.join(d, "log.txt"),
+                        steps, one_stream)
+
 
 class Baselines:
     """The non-sharded baseline, run once per distinct configuration per grader invocation."""
@@ -125,19 +139,24 @@ class Baselines:
             self.built = (ok, reason, os.path.join(d, "train"))
         return self.built
 
-    def get(self, flags, steps):
+    def get(self, flags, steps, save=False):
+        """The baseline's run with `flags`, run once and cached. save: a run that also wrote its checkpoint at the
+        last step into its dir (--save <dir>/CHECKPOINT); such a run serves the calls without save too (the same
+        flags, the same numbers), and a call with save after one without runs the baseline again with it."""
         key = tuple(flags)
-        if key not in self.cache:
+        if key not in self.cache or (save and not self.cache[key][1]):
             ok, reason, binary = self._build()
             tag = hashlib.sha1(" ".join(flags).encode()).hexdigest()[:10]
-            run_dir = os.path.join(self.out_root, "baseline-" + tag)
+            run_dir = os.path.join(self.out_root, "baseline-" + tag + ("-save" if save else ""))
             if not ok:
-                self.cache[key] = RunResult(run_dir, False, "the baseline did not build: " + reason, 0.0, [])
+                self.cache[key] = (RunResult(run_dir, False, "the baseline did not build: " + reason, 0.0, []), save)
             else:
                 shutil.rmtree(run_dir, ignore_errors=True)
                 os.makedirs(run_dir)
-                self.cache[key] = self.runner.run(binary, flags, run_dir, os.path.join(run_dir, "log.txt"), steps)
-        return self.cache[key]
+                extra = ["--save", os.path.join(run_dir, CHECKPOINT)] if save else []
+                self.cache[key] = (self.runner.run(binary, list(flags) + extra, run_dir,
+                                                   os.path.join(run_dir, "log.txt"), steps), save)
+        return self.cache[key][0]
 
 
 def limits_for_backend(limits, cuda):

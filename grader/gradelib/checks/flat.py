@@ -1,10 +1,13 @@
 """Flat parameters (stage 13): FSDP1's FlatParameter. A unit's params are views into the buffer its all-gather
 writes, so the unshard hooks launch no copy of the params (no copy-in, no copy-out), and each unit's shards
-(DTensor.local) are views into one [S] allocation (dtensors_rank<r>.json's flat_units).
+(DTensor.local) are views into one [S] allocation (dtensors_rank<r>.json's flat_units); the backward writes into
+views of the unit's flat gradient, which the reduce-scatter reads as is, formed once per step under --grad-sync last
+(flat_grads); a unit's collectives are one each, as many units as --bucket-mb implies (bucket_collectives).
 """
+import manifest
 from trace_names import (ALL_GATHER, COMPUTE, COPY, PHASE_BACKWARD, PHASE_POST_BACKWARD, PHASE_PRE_BACKWARD,
                          PHASE_PRE_FORWARD, PHASE_RECOMPUTE_PRE_FORWARD, REDUCE_SCATTER, TAG_UNSHARDED_GRAD,
-                         label_and_kind)
+                         FORWARD_PHASES, label_and_kind)
 
 from ..util import CheckFailed, short
 from .common import Accum
@@ -149,7 +152,8 @@ def check_bucket_collectives(ctx):
     from --bucket-mb (run.json's flat_units: consecutive modules until they hold at least B MiB; one unit per module
     without it), each labelled with its unit's first module, as many as the flags imply: a reduce-scatter per unit and
     syncing microbatch; an all-gather per unit in each microbatch's forward (none when the previous microbatch kept
-    the params: --reshard-after-backward=false) and in its backward (none under --reshard-after-forward=false)."""
+    the params: --reshard-after-backward=false) and one in its backward (none under --reshard-after-forward=false;
+    the recompute of --ac reads the backward's)."""
     want_units = ctx.run_json().get("flat_units")
     if not (isinstance(want_units, list) and want_units and all(
             isinstance(u, list) and u and all(isinstance(m, str) for m in u) for u in want_units)):
@@ -157,32 +161,37 @@ def check_bucket_collectives(ctx):
                           "fsdp_init (device.h, PLACEMENT_FLAT)" % short(want_units))
     a = Accum(ctx.flags, ctx)
     labels = [u[0] for u in want_units]
-    syncs = sum(1 for k in range(a.K) if a.syncs(k))
-    gathers = sum((0 if k > 0 and not a.reshards(k - 1) else 1) + (1 if a.raf else 0) for k in range(a.K))
-    want = {REDUCE_SCATTER: syncs, ALL_GATHER: gathers}
-    counts = {}  # (rank, step, kind) -> {label: n}
+    fwd = sum(0 if k > 0 and not a.reshards(k - 1) else 1 for k in range(a.K))
+    want = {(REDUCE_SCATTER, "the backward"): sum(1 for k in range(a.K) if a.syncs(k)),
+            (ALL_GATHER, "the forward"): fwd, (ALL_GATHER, "the backward"): a.K if a.raf else 0}
+    counts = {}  # (rank, step, kind, pass) -> {label: n}
     for kind in (ALL_GATHER, REDUCE_SCATTER):
         for r, e in ctx.collectives(kind):
             label, _ = label_and_kind(e["name"])
             if label not in a.unsharded:  # the grad norm's all-reduce and the like
                 continue
-            c = counts.setdefault((r, e["args"]["step"], kind), {})
+            when = "the forward" if e["args"].get("phase") in FORWARD_PHASES else "the backward"
+            c = counts.setdefault((r, e["args"]["step"], kind, when), {})
             c[label] = c.get(label, 0) + 1
     steps = sorted({k[1] for k in counts if k[1] >= 0})
     if not steps:
         raise CheckFailed("no collectives of the modules in the trace")
+    bucket = manifest.flag_value(ctx.flags, "--bucket-mb")
     for s in steps:
         for r in ctx.ranks():
-            for kind in (ALL_GATHER, REDUCE_SCATTER):
-                got = counts.get((r, s, kind), {})
-                total = sum(got.values())
+            for (kind, when), n in want.items():
+                got = counts.get((r, s, kind, when), {})
                 what = kind.replace("_", "-") + "s"
-                if total != want[kind] * len(labels) or set(got) != set(labels):
+                if sum(got.values()) != n * len(labels) or any(got.get(l, 0) != n for l in labels):
                     raise CheckFailed(
-                        "%d %s in step %d (rank %d), labelled %s; the units of %s are %s: %d %s (%d per unit: %s)"
-                        % (total, what, s + 1, r, ", ".join("%s x%d" % kv for kv in sorted(got.items())) or "none",
-                           "--bucket-mb %s" % ctx.run_json().get("bucket_mb") if ctx.run_json().get("bucket_mb")
-                           else "no --bucket-mb", " ".join("[%s]" % ", ".join(u) for u in want_units),
-                           want[kind] * len(labels), what, want[kind], a.describe()))
+                        "%s in %s of step %d (rank %d): %s; %s gives the units %s, so %d per unit (%s), labelled with "
+                        "the unit's first module%s"
+                        % (what, when, s + 1, r, ", ".join("%s x%d" % kv for kv in sorted(got.items())) or "none",
+                           "--bucket-mb %s" % bucket if bucket else "no --bucket-mb (a unit per module)",
+                           " ".join("[%s]" % ", ".join(u) for u in want_units), n, a.describe(),
+                           "" if kind == REDUCE_SCATTER else ": a unit's flat buffer is gathered once and serves "
+                           "all its modules until the last of them reshards it"))
+    per = {k: n * len(labels) for (k, _), n in want.items()}
     return "%d units: %d all-gathers and %d reduce-scatters per step" % (
-        len(labels), gathers * len(labels), syncs * len(labels))
+        len(labels), sum(n for (k, _), n in want.items() if k == ALL_GATHER) * len(labels),
+        per[REDUCE_SCATTER])

@@ -5,9 +5,9 @@ views of the unit's flat gradient, which the reduce-scatter reads as is, formed 
 (flat_grads); a unit's collectives are one each, as many units as --bucket-mb implies (bucket_collectives).
 """
 import manifest
-from trace_names import (ALL_GATHER, COMPUTE, COPY, PHASE_BACKWARD, PHASE_POST_BACKWARD, PHASE_PRE_BACKWARD,
-                         PHASE_PRE_FORWARD, PHASE_RECOMPUTE_PRE_FORWARD, REDUCE_SCATTER, TAG_UNSHARDED_GRAD,
-                         FORWARD_PHASES, label_and_kind)
+from trace_names import (ALL_GATHER, COMPUTE, COPY, FORWARD_PHASES, PHASE_BACKWARD, PHASE_FINISH_BACKWARD,
+                         PHASE_POST_BACKWARD, PHASE_PRE_BACKWARD, PHASE_PRE_FORWARD, PHASE_RECOMPUTE_PRE_FORWARD,
+                         REDUCE_SCATTER, TAG_UNSHARDED_GRAD, label_and_kind)
 
 from ..util import CheckFailed, short
 from .common import Accum
@@ -116,7 +116,11 @@ def check_flat_grads(ctx):
         # the runtime's per-param grads: allocated in the backward (phase "backward") when Param.grad was NULL
         n_params = _params_per_module(ctx)
         allocs = {}  # (step, module) -> count
+        recorded = set()  # the steps whose backward the snapshot holds to its end (finish_backward's record)
         for e in ctx.memory(r).get("events", []):
+            if e.get("kind") == "hook_memory" and e.get("hook") == PHASE_FINISH_BACKWARD and isinstance(e.get("step"),
+                                                                                                        int):
+                recorded.add(e["step"])
             if e.get("action") == "alloc" and e.get("tag") == TAG_UNSHARDED_GRAD and e.get("phase") == PHASE_BACKWARD \
                     and isinstance(e.get("step"), int) and e["step"] >= 0:
                 allocs[(e["step"], e.get("module"))] = allocs.get((e["step"], e.get("module")), 0) + 1
@@ -125,7 +129,7 @@ def check_flat_grads(ctx):
         if not steps:
             raise CheckFailed("trace_rank%d.json holds no step" % r)
         for s in steps:
-            for mod in a.order:
+            for mod in a.order if s in recorded else []:
                 got = allocs.get((s, mod), 0)
                 want = n_params[mod] if cat_per_step else 0
                 if got != want:
@@ -139,8 +143,8 @@ def check_flat_grads(ctx):
             if cat_per_step:
                 missing = [u[0] for u in units if (s, u[0]) not in cats]
                 if missing:
-                    raise CheckFailed("no grad_cat for flat unit %s in step %d (rank %d): the per-param grads kept from "
-                                      "the earlier microbatches go into the flat gradient in one batched copy"
+                    raise CheckFailed("no grad_cat for flat unit %s in step %d (rank %d): the per-param grads kept "
+                                      "from the earlier microbatches go into the flat gradient in one batched copy"
                                       % (missing[0], s + 1, r))
     return ("one grad_cat per unit and step, on the last microbatch" if cat_per_step
             else "the backward writes into the flat gradients' views: no copy")

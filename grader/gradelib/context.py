@@ -461,6 +461,45 @@ class Context:
             return order, size
         return self._memo("modules", load)
 
+    def flat(self):
+        """The stage lays its params out flat (rubric "flat": stage 13's PLACEMENT_FLAT units)."""
+        return bool(self.rubric["stages"][self.stage].get("flat"))
+
+    def units(self):
+        """The FSDP units in forward order, [(label, [modules], unsharded bytes)]: on a flat stage each unit's
+        modules share one flat buffer of W x S floats (label: its first module, which names its collectives; the
+        units as rank 0's DTensor dump groups them by flat_unit, S its flat_shard_numel); else one unit per
+        module, its bytes the module's params'."""
+        def load():
+            order, size = self.module_order()
+            if not self.flat():
+                return [(m, [m], size[m]) for m in order]
+            first, S = {}, {}  # module -> its unit's first module index; flat_unit -> S
+            for p in self.dtensors(0)["params"]:
+                fu, s = p.get("flat_unit"), p.get("flat_shard_numel")
+                if p["placement"] != "Flat" or not (is_int(fu) and is_int(s) and 0 <= fu < len(order) and s >= 0):
+                    raise CheckFailed("dtensors_rank0.json: %s is not a Flat piece with a flat_unit and a "
+                                      "flat_shard_numel (placement %s): the units cannot be read (DTensors says more)"
+                                      % (p["name"], short(p["placement"])))
+                if first.setdefault(p["module"], fu) != fu or S.setdefault(fu, s) != s:
+                    raise CheckFailed("dtensors_rank0.json: %s's flat_unit or flat_shard_numel differs from its "
+                                      "module's or unit's other params (DTensors says more)" % p["name"])
+            units = []
+            for m in order:
+                if units and first[m] == first[units[-1][1][0]]:
+                    units[-1][1].append(m)
+                    continue
+                if order[first[m]] != m or any(first[m] == first[u[1][0]] for u in units):
+                    raise CheckFailed("dtensors_rank0.json: %s's flat_unit %d is not a run of consecutive modules "
+                                      "that starts at it (DTensors says more)" % (m, first[m]))
+                units.append((m, [m], 4 * self.world * S[first[m]]))
+            return units
+        return self._memo("units", load)
+
+    def unit_of(self, module):
+        """(label, [modules], bytes) of the unit holding module (Context.units)."""
+        return next(u for u in self.units() if module in u[1])
+
     def collectives(self, kind):
         """[(rank, event)] for collectives named '<label>.<kind>', all ranks (those of a partial record)."""
         out = []

@@ -29,7 +29,7 @@ def check_accum_collectives(ctx):
         for r, e in ctx.collectives(kind):
             args = e["args"]
             label, _ = label_and_kind(e["name"])
-            if label not in a.unsharded:
+            if label not in a.unsharded:  # grad_norm's all-reduce, a pipeline's p2p
                 continue
             if not is_int(args.get("microbatch")):
                 raise CheckFailed("%s %s (step %d, rank %d) has no microbatch in the trace: were the collectives "
@@ -45,6 +45,16 @@ def check_accum_collectives(ctx):
                 for mod in a.order:
                     rs = seen.get((r, s, k, mod, REDUCE_SCATTER), [])
                     where = "step %d, microbatch %d of %d, rank %d" % (s + 1, k, a.K, r)
+                    if a.flat and not any(u[0] == mod for u in a.units):  # a flat unit's later module: none
+                        extra = rs + seen.get((r, s, k, mod, ALL_GATHER), [])
+                        if extra:
+                            unit = next(u for u in a.units if mod in u[1])
+                            raise CheckFailed("%s: %d collectives labelled %s in %s (issued in %s), expected none: it "
+                                              "belongs to flat unit %s, whose all-gathers and reduce-scatters are "
+                                              "the unit's, one each, labelled with its first module %s"
+                                              % (mod, len(extra), mod, where, ", ".join(extra), "+".join(unit[1]),
+                                                 unit[0]))
+                        continue
                     if a.syncs(k) and len(rs) != 1:
                         raise CheckFailed(
                             "%s: %d reduce-scatters in %s, expected 1 (requires_gradient_sync was 1): %s"
@@ -69,7 +79,7 @@ def check_accum_collectives(ctx):
                                                           "none: ZeRO-2 kept them from the forward"))
                         raise CheckFailed("%s: %d all-gathers in %s (issued in %s), expected %d: %s"
                                           % (mod, len(ag), where, ", ".join(ag) or "none", fwd + bwd, "; ".join(why)))
-    per_step = len(a.order) * sum(1 for k in range(a.K) if a.syncs(k))
+    per_step = len(a.units) * sum(1 for k in range(a.K) if a.syncs(k))
     return "%d reduce-scatters per step (%s)" % (per_step, a.describe())
 
 
@@ -103,7 +113,7 @@ def check_accum_grads(ctx):
             raise CheckFailed("rank %d: no post_backward notes with a microbatch in memory_rank%d.json: was the run "
                               "made with --grad-accum?" % (rank, rank))
         total_unsharded = sum(a.unsharded.values())
-        total_shards = sum(a.shard_bytes(rank, m) for m in a.order)
+        total_shards = a.total_shard_bytes(rank)
         for (s, k), n in sorted(_finish_notes(ctx, rank).items()):
             if k < 0 or k == a.K - 1:
                 continue
@@ -136,12 +146,17 @@ def check_accum_reshard(ctx):
     microbatch's forward needs no all-gather); between microbatches the unsharded params live are all the
     modules' or none."""
     a = _accum(ctx)
-    total = sum(a.unsharded.values())
+    total = a.total_unsharded()
     for rank in range(ctx.world):
         for n in ctx.notes(rank):
             if n.get("hook") != PHASE_POST_BACKWARD or "unsharded_param_live_bytes" not in n or "microbatch" not in n:
                 continue
             live, want = int(n["unsharded_param_live_bytes"]), a.unsharded[n["module"]]
+            if a.flat:  # views into the unit's flat buffer: kept unless the unit's last backward module reshards it
+                unit = next(u for u in a.units if n["module"] in u[1])
+                if n.get("reshard_after_backward") == 1 and n["module"] != unit[0]:
+                    continue  # the unit's other modules keep it for the unit's rest (freed_after_backward's rule)
+                want = unit[2]
             if n.get("reshard_after_backward") == 0 and live != want:
                 raise CheckFailed("%s's post_backward (%s) freed its params although reshard_after_backward was 0: "
                                   "keep Param.data unsharded for the next microbatch's forward"

@@ -57,6 +57,9 @@ class Accum:
         self.ctx = ctx
         if ctx is not None:
             self.order, self.unsharded = ctx.module_order()
+            # the units a module's collectives and buffers belong to (Context.units: one per module unless flat)
+            self.flat = ctx.flat()
+            self.units = ctx.units() if self.flat else [(m, [m], self.unsharded[m]) for m in self.order]
 
     def syncs(self, k):
         return self.sync_every or k == self.K - 1
@@ -67,6 +70,16 @@ class Accum:
     def shard_bytes(self, rank, module):
         return sum(4 * p["padded_rows"] * p["row_numel"] for p in self.ctx.dtensors(rank)["params"]
                    if p["module"] == module)
+
+    def total_shard_bytes(self, rank):
+        """A rank's grad shards: its padded rows of every param, or with flat units S floats per unit."""
+        if self.flat:
+            return sum(size // self.ctx.world for _, _, size in self.units)
+        return sum(self.shard_bytes(rank, m) for m in self.order)
+
+    def total_unsharded(self):
+        """The unsharded params of the whole model: the modules' bytes, or with flat units W x S floats each."""
+        return sum(size for _, _, size in self.units)
 
     def describe(self):
         return "--grad-accum %d --grad-sync %s%s%s" % (self.K, "every" if self.sync_every else "last",

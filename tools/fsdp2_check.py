@@ -148,7 +148,9 @@ from fsdp2.compare import (compare_collectives, compare_issue_points, compare_la
 from fsdp2.read import (c_backward_gathers, c_p2p_groups, c_pass_orders, group_name, group_size, parse_p2p,
                         torch_backward_gathers, torch_collectives, torch_pipeline, without_single_rank_groups)
 from fsdp2.report import table, write_logs
-from fsdp2.runner import (BUILD, DEBUGMODEL, ensure_torch, Failure, MIN_TORCH, pipeline_job, pipeline_of,
+from fsdp2.flat import (compare_flat_init, compare_units, coverage_failures, flat_pieces, flattened, fsdp1_gaps,
+                        unflatten)
+from fsdp2.runner import (BUILD, choose_references, DEBUGMODEL, ensure_torch, Failure, MIN_TORCH, pipeline_job, pipeline_of,
                           plan, READY, shown, suitable, usage_error, venv_python,
                           without_pipeline_flags)
 
@@ -160,7 +162,9 @@ __all__ = ["compare_collectives", "compare_issue_points", "compare_layouts", "co
            "compare_steps", "compare_values", "counts_and_sizes", "groups_judged", "issue_points_compared",
            "spell_passes", "TOLERANCES", "tolerances", "c_backward_gathers", "c_p2p_groups", "c_pass_orders",
            "group_name", "group_size", "parse_p2p", "torch_backward_gathers", "torch_collectives", "torch_pipeline",
-           "without_single_rank_groups", "table", "write_logs", "BUILD", "DEBUGMODEL", "ensure_torch", "Failure",
+           "without_single_rank_groups", "table", "write_logs", "BUILD", "DEBUGMODEL", "choose_references",
+           "compare_flat_init", "compare_units", "coverage_failures", "flat_pieces", "flattened", "fsdp1_gaps",
+           "unflatten", "ensure_torch", "Failure",
            "MIN_TORCH", "pipeline_job", "pipeline_of", "plan", "READY", "shown", "suitable",
            "usage_error", "venv_python", "without_pipeline_flags", "load_rubric"]
 
@@ -197,10 +201,14 @@ def main(argv):
         if not args.install_only and not os.access(run.binary, os.X_OK):
             usage_error("%s is not built (run make)" % shown(run.binary))
     ensure_torch(args, argv)
+    note = choose_references(runs)  # a flat stage (13) against FSDP1, or FSDP2 when this torch has no FSDP1
+    if note:
+        print(note, flush=True)
 
     records = []
     for run in runs:
-        print("fsdp2-check: %s: %s %s" % (run.name, run.solution, " ".join(run.flags)), flush=True)
+        print("fsdp2-check: %s: %s %s%s" % (run.name, run.solution, " ".join(run.flags),
+                                             " (against FSDP1)" if run.reference == "fsdp1" else ""), flush=True)
         try:
             rec = compare_run(run, args)
         except Failure as e:
@@ -217,6 +225,10 @@ def main(argv):
         "tolerances: loss rel %g, grad norm rel %g, trained values %g lr (per stage: tools/fsdp2/compare.py)" % (
             TOLERANCES["default"]["loss_rel"], TOLERANCES["default"]["grad_norm_rel"],
             TOLERANCES["default"]["values_lr"]))
+    if any(r.reference == "fsdp1" for r in runs):
+        meta += "; the flat stage (13) against FSDP1 (FullyShardedDataParallel, use_orig_params=False)"
+    elif note:
+        meta += "; " + note[len("fsdp2-check: "):]
     print("\n" + meta + "\n\n" + text)
     every = sorted(rubric["stages"])
     order = [r.name for r in plan(rubric, every, False, DEBUGMODEL["stage"] in every)]

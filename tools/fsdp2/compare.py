@@ -189,12 +189,13 @@ def compare_layouts(c_params, t_params, rank):
     return diffs
 
 
-def compare_norm_definition(t_rows, limit):
+def compare_norm_definition(t_rows, limit, key="grad_norm_dtensor"):
     """torch's own float32 total norm of the DTensor grads against the float64 norm FSDP2's run is compared by,
-    every step: (largest relative difference or None, failures)."""
+    every step: (largest relative difference or None, failures). key: the row's torch norm (FSDP1's
+    clip_grad_norm_ on a flat stage: grad_norm_torch)."""
     worst, fails = None, []
     for t in t_rows:
-        a, b = t["grad_norm"], t.get("grad_norm_dtensor")
+        a, b = t["grad_norm"], t.get(key)
         if a is None or b is None:
             continue
         d = rel(a, b)
@@ -433,6 +434,13 @@ def compare_run(run, args):
     ranks = run_torch(job)
     rec.update({"world": job["world"], "steps": job["steps"], "torch": ranks[0]["torch"],
                 "mixed_precision": {"param_dtype": job["param_dtype"], "reduce_dtype": job["reduce_dtype"]}})
+    if run.flat:  # stage 13: FSDP1 (or FSDP2 when the torch has no FSDP1), tools/fsdp2/flat.py
+        from .flat import compare_flat_run
+        fails = compare_flat_run(rec, run, cdir, init, final, job, ranks, tol)
+        rec["failures"] = fails
+        rec["pass"] = not fails
+        rec["seconds"] = round(time.time() - t0, 1)
+        return rec
     if job["pipeline"]:
         rec["c_init_command"] = " ".join(shown(c) if os.path.isabs(c) else c for c in
                                          [run.binary] + without_pipeline_flags(run.flags) + ["--save-init", init])

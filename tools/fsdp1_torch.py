@@ -213,7 +213,7 @@ def run_rank(rank, job):
                   "schedule": {"reference": "FSDP1 (FullyShardedDataParallel, use_orig_params=False)",
                                "sharding_strategy": strategy,
                                "no_sync": None if job["grad_accum"] == 1 or job["grad_sync_every"]
-                               else "microbatches 0..%d" % (job["grad_accum"] - 2),
+                               else "microbatches 0..K-2 of K = %d" % job["grad_accum"],
                                "gradient_predivide_factor": root._gradient_predivide_factor,
                                "gradient_postdivide_factor": root._gradient_postdivide_factor}}
         with open(os.path.join(job["out"], "rank%d.json" % rank), "w") as fh:

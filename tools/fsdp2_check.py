@@ -148,10 +148,10 @@ from fsdp2.compare import (compare_collectives, compare_issue_points, compare_la
 from fsdp2.read import (c_backward_gathers, c_p2p_groups, c_pass_orders, group_name, group_size, parse_p2p,
                         torch_backward_gathers, torch_collectives, torch_pipeline, without_single_rank_groups)
 from fsdp2.report import table, write_logs
-from fsdp2.flat import (compare_flat_init, compare_units, coverage_failures, flat_pieces, flattened, fsdp1_gaps,
-                        unflatten)
-from fsdp2.runner import (BUILD, choose_references, DEBUGMODEL, ensure_torch, Failure, MIN_TORCH, pipeline_job, pipeline_of,
-                          plan, READY, shown, suitable, usage_error, venv_python,
+from fsdp2.flat import (c_flat_dump_failures, compare_flat_init, compare_units, coverage_failures, flat_pieces,
+                        flattened, fsdp1_gaps, unflatten)
+from fsdp2.runner import (BUILD, choose_references, DEBUGMODEL, ensure_torch, Failure, MIN_TORCH, pipeline_job,
+                          pipeline_of, plan, READY, shown, suitable, torch_job, usage_error, venv_python,
                           without_pipeline_flags)
 
 # The tool is three modules of tools/fsdp2/ (runner.py: the venv and the runs; read.py and compare.py: what is
@@ -163,7 +163,7 @@ __all__ = ["compare_collectives", "compare_issue_points", "compare_layouts", "co
            "spell_passes", "TOLERANCES", "tolerances", "c_backward_gathers", "c_p2p_groups", "c_pass_orders",
            "group_name", "group_size", "parse_p2p", "torch_backward_gathers", "torch_collectives", "torch_pipeline",
            "without_single_rank_groups", "table", "write_logs", "BUILD", "DEBUGMODEL", "choose_references",
-           "compare_flat_init", "compare_units", "coverage_failures", "flat_pieces", "flattened", "fsdp1_gaps",
+           "c_flat_dump_failures", "torch_job", "compare_flat_init", "compare_units", "coverage_failures", "flat_pieces", "flattened", "fsdp1_gaps",
            "unflatten", "ensure_torch", "Failure",
            "MIN_TORCH", "pipeline_job", "pipeline_of", "plan", "READY", "shown", "suitable",
            "usage_error", "venv_python", "without_pipeline_flags", "load_rubric"]

@@ -237,6 +237,10 @@ def compare_flat_run(rec, run, cdir, init, final, job, ranks, tol):
     """A flat stage's comparisons into rec (the module doc); the failures."""
     fsdp1 = job.get("reference") == "fsdp1"
     rec["reference"] = "FSDP1" if fsdp1 else "FSDP2"
+    if fsdp1:  # FSDP1's default reduction (DefaultState): pre- and post-divide around a SUM, no ReduceOp.AVG
+        sch = ranks[0].get("schedule") or {}
+        rec["reduction"] = "SUM, the flat gradient divided by %s before and the shard by %s after (FSDP1's default)" % (
+            sch.get("gradient_predivide_factor"), sch.get("gradient_postdivide_factor"))
     fails = []
     rows, max_l, max_g, f = compare_steps(read_jsonl(os.path.join(cdir, "metrics.jsonl")), ranks[0]["steps"], tol)
     rec.update({"per_step": rows, "max_loss_rel": max_l, "max_grad_norm_rel": max_g})

@@ -1060,8 +1060,9 @@ def test_fsdp1_job_and_table(tmp_path):
                                                "values": {"bitwise_identical": 5, "shards": 33, "exact": False,
                                                           "max_abs_over_lr": 8.6e-4}},
                 "collectives": {"identical": True if layout else None}, "pass": layout is not False}
-    rows = [l.split() for l in fc.table([rec("stage13", True, "FSDP1"), rec("stage13-bucket", None, "FSDP1"),
-                                         rec("stage13-x", False, "FSDP1"), rec("stage13", None, "FSDP2")]).splitlines()[2:]]
+    recs = [rec("stage13", True, "FSDP1"), rec("stage13-bucket", None, "FSDP1"), rec("stage13-x", False, "FSDP1"),
+            rec("stage13", None, "FSDP2")]
+    rows = [l.split() for l in fc.table(recs).splitlines()[2:]]
     assert rows[0][5:8] == ["S", "same", "(FSDP1)"] and rows[0][-3:] == ["equal", "-", "PASS"]
     assert rows[1][5:7] == ["-", "(FSDP1)"] and rows[1][-3:] == ["-", "-", "PASS"]
     assert rows[2][5:8] == ["S", "DIFFER", "(FSDP1)"] and rows[2][-1] == "FAIL"

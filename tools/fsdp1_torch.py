@@ -20,10 +20,11 @@ per-microbatch --reshard-after-backward: after a backward without sync it frees 
 parameter under FULL_SHARD and keeps it under SHARD_GRAD_OP (_should_free_in_backward); the
 comparison (tools/fsdp2/compare.py, fsdp1_gaps) says which runs FSDP1 reproduces.
 
-Reduce-scatter: FSDP1's default divides the unsharded flat gradient by a predivide factor (the
-largest power of 2 f with W/f > f... see DefaultState._get_gradient_predivide_factor: 2 at W = 3, 4,
-5), reduce-scatters with SUM and divides the shard by W / f: at W = 4 the same float32 numbers as a
-sum then a divide by 4 (powers of 2), at W = 3, 5, 10 one more rounding.
+Reduce-scatter: FSDP1's default divides the unsharded flat gradient by a predivide factor f
+(DefaultState._get_gradient_predivide_factor: doubled from 1 while the current f divides W and
+W / f > f; 2 at W = 3, 4, 5, 4 at W = 10), reduce-scatters with SUM and divides the shard by W / f:
+at W = 4 the same float32 numbers as a sum then a divide by 4 (scaling by powers of 2 is exact), at
+W = 3, 5, 10 one more rounding.
 
 Grad norm: FSDP1's own total norm, root.clip_grad_norm_(inf) (float32; its all-reduce of one float,
 the sum of squares, is the grad norm's collective counted below; a factor of exactly 1.0 leaves the

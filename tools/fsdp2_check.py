@@ -125,6 +125,16 @@ same at any world), and the pipeline run starts from its own init. Compared:
      there is nothing to compare;
    - not compared for a pipeline: the trained values (no --save), the DTensor layouts.
 
+Stage 13 (flat units, rubric "flat") is FSDP1's design, so its reference is FSDP1 when the venv's
+torch still has torch.distributed.fsdp.FullyShardedDataParallel (detected, fsdp2/runner.py
+choose_references): tools/fsdp1_torch.py wraps each module in FSDP with use_orig_params=False
+(one FlatParameter per unit), and tools/fsdp2/flat.py compares the loss, the grad norm, S and the
+flat size per unit, the flat shards by parameter name (FSDP1's _fqns / _shard_param_infos: its
+registration order is not the C module order) and the collectives with their bytes; a run FSDP1
+cannot express (--bucket-mb units, --reshard-after-backward unlike FSDP1's rule) on its numbers
+only, saying why. Without FSDP1 one line says so and stage 13 is compared with FSDP2 (stage 07's
+per-parameter sharding): loss, grad norm, trained values by name, collective counts.
+
 torch: run by any python, the tool uses the current interpreter when it has torch >= 2.6 with
 fully_shard; else build/fsdp2-venv (made once by pip, several GB of CUDA wheels, unless
 --no-install), and runs itself again with that python.
@@ -226,7 +236,8 @@ def main(argv):
             TOLERANCES["default"]["loss_rel"], TOLERANCES["default"]["grad_norm_rel"],
             TOLERANCES["default"]["values_lr"]))
     if any(r.reference == "fsdp1" for r in runs):
-        meta += "; the flat stage (13) against FSDP1 (FullyShardedDataParallel, use_orig_params=False)"
+        meta += ("; the flat stage (13) against FSDP1 (FullyShardedDataParallel, use_orig_params=False; its "
+                 "reduce-scatter SUM between its pre- and post-divide)")
     elif note:
         meta += "; " + note[len("fsdp2-check: "):]
     print("\n" + meta + "\n\n" + text)

@@ -151,7 +151,8 @@ def compare_flat_init(init, shards, layout, padding, rank):
     flat = flattened(init)
     for p in layout:
         want = flat[p["name"]][p["row_offset"]:p["row_offset"] + p["local_rows"]]
-        if not np.array_equal(np.asarray(shards[p["name"]]).view(np.uint32), np.ascontiguousarray(want).view(np.uint32)):
+        got = np.ascontiguousarray(shards[p["name"]])
+        if not np.array_equal(got.view(np.uint32), np.ascontiguousarray(want).view(np.uint32)):
             fails.append("rank %d: FSDP1's initial piece of %s (elements %d..%d) is not the initial weights'"
                          % (rank, p["name"], p["row_offset"], p["row_offset"] + p["local_rows"] - 1))
     for module, pad in padding.items():

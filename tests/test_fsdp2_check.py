@@ -1013,9 +1013,9 @@ def test_what_fsdp1_runs():
     keep = fc.fsdp1_gaps(flat_job(reshard_after_backward=False))                  # keep_params
     assert keep["units"] is None and "FULL_SHARD, --grad-sync last) frees it" in keep["collectives"]
     assert fc.fsdp1_gaps(flat_job(reshard_after_backward=False, grad_sync_every=True))["collectives"]
-    zero2 = fc.fsdp1_gaps(flat_job(reshard_after_forward=False))                  # accum_zero2_ac
+    zero2 = fc.fsdp1_gaps(flat_job(reshard_after_forward=False))  # bucket_zero2_ac's flags without its buckets
     assert zero2["units"] is None and "(SHARD_GRAD_OP, --grad-sync last) keeps it" in zero2["collectives"]
-    assert fc.fsdp1_gaps(flat_job(reshard_after_forward=False, reshard_after_backward=False)) == none
+    assert fc.fsdp1_gaps(flat_job(reshard_after_forward=False, reshard_after_backward=False)) == none  # accum_zero2_ac
     bucket = fc.fsdp1_gaps(flat_job(flat_units=[["embedding", "block0"], ["block1", "head"]]))
     assert bucket["units"] == bucket["collectives"] and "unit embedding+block0 holds 2 modules" in bucket["units"]
 

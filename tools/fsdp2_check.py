@@ -125,6 +125,16 @@ same at any world), and the pipeline run starts from its own init. Compared:
      there is nothing to compare;
    - not compared for a pipeline: the trained values (no --save), the DTensor layouts.
 
+Stage 13 (flat units, rubric "flat") is FSDP1's design, so its reference is FSDP1 when the venv's
+torch still has torch.distributed.fsdp.FullyShardedDataParallel (detected, fsdp2/runner.py
+choose_references): tools/fsdp1_torch.py wraps each module in FSDP with use_orig_params=False
+(one FlatParameter per unit), and tools/fsdp2/flat.py compares the loss, the grad norm, S and the
+flat size per unit, the flat shards by parameter name (FSDP1's _fqns / _shard_param_infos: its
+registration order is not the C module order) and the collectives with their bytes; a run FSDP1
+cannot express (--bucket-mb units, --reshard-after-backward unlike FSDP1's rule) on its numbers
+only, saying why. Without FSDP1 one line says so and stage 13 is compared with FSDP2 (stage 07's
+per-parameter sharding): loss, grad norm, trained values by name, collective counts.
+
 torch: run by any python, the tool uses the current interpreter when it has torch >= 2.6 with
 fully_shard; else build/fsdp2-venv (made once by pip, several GB of CUDA wheels, unless
 --no-install), and runs itself again with that python.
@@ -148,8 +158,10 @@ from fsdp2.compare import (compare_collectives, compare_issue_points, compare_la
 from fsdp2.read import (c_backward_gathers, c_p2p_groups, c_pass_orders, group_name, group_size, parse_p2p,
                         torch_backward_gathers, torch_collectives, torch_pipeline, without_single_rank_groups)
 from fsdp2.report import table, write_logs
-from fsdp2.runner import (BUILD, DEBUGMODEL, ensure_torch, Failure, MIN_TORCH, pipeline_job, pipeline_of,
-                          plan, READY, shown, suitable, usage_error, venv_python,
+from fsdp2.flat import (c_flat_dump_failures, compare_flat_init, compare_units, coverage_failures, flat_pieces,
+                        flattened, fsdp1_gaps, unflatten)
+from fsdp2.runner import (BUILD, choose_references, DEBUGMODEL, ensure_torch, Failure, MIN_TORCH, pipeline_job,
+                          pipeline_of, plan, READY, shown, suitable, torch_job, usage_error, venv_python,
                           without_pipeline_flags)
 
 # The tool is three modules of tools/fsdp2/ (runner.py: the venv and the runs; read.py and compare.py: what is
@@ -160,7 +172,9 @@ __all__ = ["compare_collectives", "compare_issue_points", "compare_layouts", "co
            "compare_steps", "compare_values", "counts_and_sizes", "groups_judged", "issue_points_compared",
            "spell_passes", "TOLERANCES", "tolerances", "c_backward_gathers", "c_p2p_groups", "c_pass_orders",
            "group_name", "group_size", "parse_p2p", "torch_backward_gathers", "torch_collectives", "torch_pipeline",
-           "without_single_rank_groups", "table", "write_logs", "BUILD", "DEBUGMODEL", "ensure_torch", "Failure",
+           "without_single_rank_groups", "table", "write_logs", "BUILD", "DEBUGMODEL", "choose_references",
+           "c_flat_dump_failures", "torch_job", "compare_flat_init", "compare_units", "coverage_failures", "flat_pieces", "flattened", "fsdp1_gaps",
+           "unflatten", "ensure_torch", "Failure",
            "MIN_TORCH", "pipeline_job", "pipeline_of", "plan", "READY", "shown", "suitable",
            "usage_error", "venv_python", "without_pipeline_flags", "load_rubric"]
 
@@ -197,10 +211,14 @@ def main(argv):
         if not args.install_only and not os.access(run.binary, os.X_OK):
             usage_error("%s is not built (run make)" % shown(run.binary))
     ensure_torch(args, argv)
+    note = choose_references(runs)  # a flat stage (13) against FSDP1, or FSDP2 when this torch has no FSDP1
+    if note:
+        print(note, flush=True)
 
     records = []
     for run in runs:
-        print("fsdp2-check: %s: %s %s" % (run.name, run.solution, " ".join(run.flags)), flush=True)
+        print("fsdp2-check: %s: %s %s%s" % (run.name, run.solution, " ".join(run.flags),
+                                             " (against FSDP1)" if run.reference == "fsdp1" else ""), flush=True)
         try:
             rec = compare_run(run, args)
         except Failure as e:
@@ -217,6 +235,11 @@ def main(argv):
         "tolerances: loss rel %g, grad norm rel %g, trained values %g lr (per stage: tools/fsdp2/compare.py)" % (
             TOLERANCES["default"]["loss_rel"], TOLERANCES["default"]["grad_norm_rel"],
             TOLERANCES["default"]["values_lr"]))
+    if any(r.reference == "fsdp1" for r in runs):
+        meta += ("; the flat stage (13) against FSDP1 (FullyShardedDataParallel, use_orig_params=False; its "
+                 "reduce-scatter SUM between its pre- and post-divide)")
+    elif note:
+        meta += "; " + note[len("fsdp2-check: "):]
     print("\n" + meta + "\n\n" + text)
     every = sorted(rubric["stages"])
     order = [r.name for r in plan(rubric, every, False, DEBUGMODEL["stage"] in every)]

@@ -172,8 +172,17 @@ class CollectiveLog:
         self.backward_gathers = Counter()  # (step, microbatch, module gathered, hook module, hook phase)
 
     def install(self):
-        from torch.distributed import _functional_collectives as funcol
         from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+        self.install_collectives()
+        for method in ("unshard", "post_backward"):
+            setattr(FSDPParamGroup, method, self._labelling(getattr(FSDPParamGroup, method)))
+        for method in ("pre_backward", "post_backward"):
+            setattr(FSDPParamGroup, method, self._hooking(getattr(FSDPParamGroup, method), method))
+
+    def install_collectives(self):
+        """Wrap torch.distributed's collectives and DTensor's functional all-reduce (FSDP1's and FSDP2's alike;
+        the module each one belongs to comes from the caller's labelling: install, or tools/fsdp1_torch.py)."""
+        from torch.distributed import _functional_collectives as funcol
         wrapped = 0
         for name, kind in COLLECTIVE_FUNCTIONS.items():
             if hasattr(dist, name):
@@ -183,10 +192,6 @@ class CollectiveLog:
             raise RuntimeError("torch.distributed has none of %s" % ", ".join(COLLECTIVE_FUNCTIONS))
         # DTensor's Partial placements reduce through funcol.all_reduce(tensor, reduceOp, group=(mesh, dim))
         funcol.all_reduce = self._counting(funcol.all_reduce, ALL_REDUCE, self._funcol_ranks(funcol))
-        for method in ("unshard", "post_backward"):
-            setattr(FSDPParamGroup, method, self._labelling(getattr(FSDPParamGroup, method)))
-        for method in ("pre_backward", "post_backward"):
-            setattr(FSDPParamGroup, method, self._hooking(getattr(FSDPParamGroup, method), method))
 
     @staticmethod
     def _funcol_ranks(funcol):
@@ -211,12 +216,18 @@ class CollectiveLog:
                     bound = sig.bind_partial(*args, **kwargs).arguments
                     step, micro, phase = self.where or (-1, -1, "outside")
                     out = args[0] if args else next(iter(bound.values()), None)
+                    # the list form (dist.all_gather, FSDP1's on CPU): its chunks, their dtype, the bytes of all
+                    parts = out if isinstance(out, (list, tuple)) else None
+                    if parts:
+                        out = parts[0]
                     dtype = TRACE_DTYPES.get(getattr(out, "dtype", None), str(getattr(out, "dtype", "?")))
                     group = ",".join(str(r) for r in ranks_of(bound.get("group")))
                     # the bytes the C trace gives: an all-gather's output, a reduce-scatter's input (the
                     # group's segments), an all-reduce's tensor
                     moved = bound.get("input", bound.get("input_tensor")) if kind == REDUCE_SCATTER else out
                     nbytes = moved.numel() * moved.element_size() if hasattr(moved, "numel") else -1
+                    if parts and kind != REDUCE_SCATTER:
+                        nbytes = sum(t.numel() * t.element_size() for t in parts)
                     self.counts[(step, micro, self.module or "?", kind, phase, group, dtype, nbytes)] += 1
                     if kind == ALL_GATHER and phase == "backward":
                         hook = self.hook or ("?", "?")

@@ -23,6 +23,9 @@ def table(records):
             vals = ("bitwise" if v["bitwise_identical"] == v["shards"] else "NOT bitwise" if v.get("exact")
                     else fmt(v["max_abs_over_lr"]))
             layout = "identical" if dt["layout_identical"] else "DIFFER"
+            if dt.get("flat"):  # a flat stage: the units (S per unit) against FSDP1, or nothing against FSDP2
+                layout = {True: "S same", False: "S DIFFER", None: "-"}[dt["layout_identical"]] + " (%s)" % (
+                    r.get("reference") or "?")
         else:
             vals = layout = "-"
         pl = r.get("pipeline")

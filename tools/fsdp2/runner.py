@@ -120,8 +120,10 @@ class Run:
     """One comparison: a stage's binary on one command line, and FSDP2 on the same configuration.
     The binary is the stage's solution; in a student tree (no solutions/) the student's stage."""
 
-    def __init__(self, name, stage, variant, stage_dir, flags):
+    def __init__(self, name, stage, variant, stage_dir, flags, flat=False):
         self.name, self.stage, self.variant, self.flags = name, stage, variant, flags
+        self.flat = flat            # a flat stage (rubric "flat": 13): compared with FSDP1 (choose_references)
+        self.reference = "fsdp2"    # the torch side: fsdp2 (tools/fsdp2_torch.py) or fsdp1 (tools/fsdp1_torch.py)
         tree = "solutions" if os.path.exists(os.path.join(ROOT, "solutions", stage_dir, "hw_fsdp.c")) else "stages"
         self.binary = os.path.join(BUILD, tree, stage_dir, "train")
         self.solution = "%s/%s/hw_fsdp.c" % (tree, stage_dir)
@@ -131,14 +133,41 @@ def plan(rubric, stages, main_only, debugmodel):
     runs = []
     for stage in stages:
         sdir = rubric["stages"][stage]["dir"]
-        runs.append(Run("stage" + stage, stage, None, sdir, stage_flags(rubric, stage)))
+        flat = bool(rubric["stages"][stage].get("flat"))
+        runs.append(Run("stage" + stage, stage, None, sdir, stage_flags(rubric, stage), flat))
         for v in ([] if main_only else stage_variants(rubric, stage)):
-            runs.append(Run("stage%s-%s" % (stage, v), stage, v, sdir, stage_flags(rubric, stage, v)))
+            runs.append(Run("stage%s-%s" % (stage, v), stage, v, sdir, stage_flags(rubric, stage, v), flat))
     if debugmodel:
         s = DEBUGMODEL["stage"]
         runs.append(Run(DEBUGMODEL["name"], s, None, rubric["stages"][s]["dir"],
                         list(DEBUGMODEL["flags"]) + list(rubric["stages"][s].get("flags", []))))
     return runs
+
+
+def fsdp1_available():
+    """Whether this interpreter's torch ships FSDP1 (FullyShardedDataParallel): detected, not assumed."""
+    try:
+        import fsdp1_torch  # torch: only in the venv's python
+    except ImportError:
+        return False
+    return fsdp1_torch.has_fsdp1()
+
+
+def choose_references(runs, detect=None):
+    """Set each flat run's reference: FSDP1 when the torch has it, else FSDP2 (stage 07's per-parameter
+    sharding) on the same configuration; the line that says so (None when nothing falls back or no run is flat).
+    detect: the FSDP1 detection (fsdp1_available; a test fakes it)."""
+    flat = [r for r in runs if r.flat]
+    if not flat:
+        return None
+    has = (detect or fsdp1_available)()
+    for r in flat:
+        r.reference = "fsdp1" if has else "fsdp2"
+    if has:
+        return None
+    return ("fsdp2-check: this torch has no torch.distributed.fsdp.FullyShardedDataParallel (FSDP1): stage%s %s "
+            "compared with FSDP2's per-parameter sharding (stage 07's reference) instead"
+            % ("s" if len({r.stage for r in flat}) > 1 else "", " ".join(sorted({r.stage for r in flat}))))
 
 
 def run_c(run, work):
@@ -195,17 +224,22 @@ def torch_job(run, cdir, init, out, args):
             "param_dtype": param_dtype, "reduce_dtype": reduce_dtype,
             "mesh": r.get("mesh"), "backward_prefetch": r.get("backward_prefetch", "pre"),
             "offload": bool(r.get("offload_params", False)), "force_sum_reduction": args.force_sum_reduction, "threads": 1, "port": free_port(),
-            "timeout_s": TORCH_TIMEOUT_S, "out": out, "pipeline": pipeline_job(r)}
+            "timeout_s": TORCH_TIMEOUT_S, "out": out, "pipeline": pipeline_job(r),
+            "reference": run.reference, "flat_units": r.get("flat_units")}
 
 
 def run_torch(job):
-    import fsdp2_torch  # torch: only in the venv's python
+    if job.get("reference") == "fsdp1":
+        import fsdp1_torch as side  # torch: only in the venv's python
+    else:
+        import fsdp2_torch as side
     shutil.rmtree(job["out"], ignore_errors=True)
     try:
-        fsdp2_torch.run(job)
+        side.run(job)
     except Exception as e:  # a rank's traceback is in the exception's text: keep its last line
         lines = [l for l in str(e).strip().splitlines() if l.strip()]
-        raise Failure("the FSDP2 run failed: %s" % (lines[-1] if lines else type(e).__name__))
+        raise Failure("the %s run failed: %s" % ("FSDP1" if job.get("reference") == "fsdp1" else "FSDP2",
+                                                 lines[-1] if lines else type(e).__name__))
     out = []
     for r in range(job["world"]):
         with open(os.path.join(job["out"], "rank%d.json" % r)) as fh:

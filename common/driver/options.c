@@ -688,6 +688,17 @@ const char *backward_prefetch_name(BackwardPrefetch p) {
 /* -------------------------------------------------------------- run.json */
 
 /* A flag's value in run.json, in its kind's format. */
+
+/* The fewest significant digits, at least 6, that read back as v: run.json states the value that ran (a
+ * --bucket-mb of 0.251220703125 is not 0.251221, whose 2^20 x B bytes would draw another unit boundary). */
+static int round_trip_digits(double v) {
+    char buf[40];
+    for (int p = 6; p < 17; p++) {
+        snprintf(buf, sizeof buf, "%.*g", p, v);
+        if (strtod(buf, NULL) == v) return p;
+    }
+    return 17;
+}
 static void flag_json(Json *j, const Flag *f, const Options *o) {
     if (f->json_value) {
         f->json_value(j, o);
@@ -701,7 +712,7 @@ static void flag_json(Json *j, const Flag *f, const Options *o) {
     case FLAG_INT: json_int(j, *(const int *)v); break;
     case FLAG_SIZE: json_uint(j, *(const size_t *)v); break;
     case FLAG_U64: json_uint(j, *(const uint64_t *)v); break;
-    case FLAG_DOUBLE: json_g(j, *(const double *)v, 6); break;
+    case FLAG_DOUBLE: json_g(j, *(const double *)v, round_trip_digits(*(const double *)v)); break;
     case FLAG_FLOAT: json_g(j, (double)*(const float *)v, 6); break;
     case FLAG_STRING: json_string(j, *(const char *const *)v); break;
     case FLAG_ENUM: {

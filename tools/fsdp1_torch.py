@@ -225,6 +225,5 @@ def run_rank(rank, job):
 
 
 def run(job):
-    import torch.multiprocessing as mp
-    os.makedirs(job["out"], exist_ok=True)
-    mp.spawn(run_rank, args=(job,), nprocs=job["world"], join=True)
+    """Train `job` against FSDP1 on job["world"] processes (fsdp2_torch's launcher, this module's ranks)."""
+    f2.run(job, run_rank)

@@ -793,8 +793,10 @@ def run_pipeline_rank(rank, job):
         dist.destroy_process_group()
 
 
-def run(job):
-    """Train `job` on job["world"] processes; raises if a rank fails (its message is in the exception)."""
+def run(job, rank_fn=None):
+    """Train `job` on job["world"] processes, each running rank_fn(rank, job) (by default this module's FSDP2 or
+    pipeline rank); raises if a rank fails (its message is in the exception)."""
     import torch.multiprocessing as mp
     os.makedirs(job["out"], exist_ok=True)
-    mp.spawn(run_pipeline_rank if job.get("pipeline") else run_rank, args=(job,), nprocs=job["world"], join=True)
+    fn = rank_fn or (run_pipeline_rank if job.get("pipeline") else run_rank)
+    mp.spawn(fn, args=(job,), nprocs=job["world"], join=True)

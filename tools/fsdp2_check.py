@@ -158,8 +158,8 @@ from fsdp2.compare import (compare_collectives, compare_issue_points, compare_la
 from fsdp2.read import (c_backward_gathers, c_p2p_groups, c_pass_orders, group_name, group_size, parse_p2p,
                         torch_backward_gathers, torch_collectives, torch_pipeline, without_single_rank_groups)
 from fsdp2.report import table, write_logs
-from fsdp2.flat import (c_flat_dump_failures, compare_flat_init, compare_units, coverage_failures, flat_pieces,
-                        flattened, fsdp1_gaps, unflatten)
+from fsdp2.flat import (c_flat_dump_failures, compare_flat_init, compare_flat_run, compare_units, coverage_failures,
+                        flat_pieces, flattened, fsdp1_gaps, unflatten)
 from fsdp2.runner import (BUILD, choose_references, DEBUGMODEL, ensure_torch, Failure, MIN_TORCH, pipeline_job,
                           pipeline_of, plan, READY, shown, suitable, torch_job, usage_error, venv_python,
                           without_pipeline_flags)
@@ -173,8 +173,8 @@ __all__ = ["compare_collectives", "compare_issue_points", "compare_layouts", "co
            "spell_passes", "TOLERANCES", "tolerances", "c_backward_gathers", "c_p2p_groups", "c_pass_orders",
            "group_name", "group_size", "parse_p2p", "torch_backward_gathers", "torch_collectives", "torch_pipeline",
            "without_single_rank_groups", "table", "write_logs", "BUILD", "DEBUGMODEL", "choose_references",
-           "c_flat_dump_failures", "torch_job", "compare_flat_init", "compare_units", "coverage_failures", "flat_pieces", "flattened", "fsdp1_gaps",
-           "unflatten", "ensure_torch", "Failure",
+           "c_flat_dump_failures", "torch_job", "compare_flat_init", "compare_flat_run", "compare_units",
+           "coverage_failures", "flat_pieces", "flattened", "fsdp1_gaps", "unflatten", "ensure_torch", "Failure",
            "MIN_TORCH", "pipeline_job", "pipeline_of", "plan", "READY", "shown", "suitable",
            "usage_error", "venv_python", "without_pipeline_flags", "load_rubric"]
 
@@ -220,7 +220,7 @@ def main(argv):
         print("fsdp2-check: %s: %s %s%s" % (run.name, run.solution, " ".join(run.flags),
                                              " (against FSDP1)" if run.reference == "fsdp1" else ""), flush=True)
         try:
-            rec = compare_run(run, args)
+            rec = compare_run(run, args, flat_run=compare_flat_run)
         except Failure as e:
             rec = {"run": run.name, "stage": run.stage, "variant": run.variant, "error": str(e), "pass": False}
         for f in rec.get("failures", [rec.get("error")])[:3]:

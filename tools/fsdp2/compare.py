@@ -17,7 +17,7 @@ from trace_names import ALL_GATHER, REDUCE_SCATTER
 from .read import (c_backward_gathers, c_collectives, c_p2p_groups, c_pass_orders, GRAD_NORM, read_jsonl,
                    read_safetensors, read_trace_events, torch_backward_gathers, torch_collectives, torch_pipeline,
                    without_single_rank_groups)
-from .runner import run_c, run_torch, shown, torch_job, without_pipeline_flags
+from .runner import Failure, run_c, run_torch, shown, torch_job, without_pipeline_flags
 
 
 # Per-stage tolerances (stage id -> overrides of "default"). values_lr: the largest difference of a
@@ -430,8 +430,9 @@ def compare_pipeline_run(rec, cdir, job, ranks, tol):
     return fails
 
 
-def compare_run(run, args):
-    """Run both sides and compare; the run's record (what logs/fsdp2/<run>.json holds)."""
+def compare_run(run, args, flat_run=None):
+    """Run both sides and compare; the run's record (what logs/fsdp2/<run>.json holds). flat_run compares a flat
+    stage's run (fsdp2.flat.compare_flat_run, passed in by the caller: that module builds on this one)."""
     work = os.path.join(os.path.abspath(args.work), run.name)
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
@@ -446,8 +447,9 @@ def compare_run(run, args):
     rec.update({"world": job["world"], "steps": job["steps"], "torch": ranks[0]["torch"],
                 "mixed_precision": {"param_dtype": job["param_dtype"], "reduce_dtype": job["reduce_dtype"]}})
     if run.flat:  # stage 13: FSDP1 (or FSDP2 when the torch has no FSDP1), tools/fsdp2/flat.py
-        from .flat import compare_flat_run
-        fails = compare_flat_run(rec, run, cdir, init, final, job, ranks, tol)
+        if flat_run is None:
+            raise Failure("%s is a flat stage's run: compare_run needs fsdp2.flat.compare_flat_run" % run.name)
+        fails = flat_run(rec, run, cdir, init, final, job, ranks, tol)
         rec["failures"] = fails
         rec["pass"] = not fails
         rec["seconds"] = round(time.time() - t0, 1)

@@ -131,15 +131,17 @@ def safetensors(path):
 def test_flat_params_agree_with_their_base(runs, stage, world):
     """A flat stage against the per-parameter stage it builds on, same flags (07's accumulation): the same math
     but for the grad norm's summation order (a sum over flat shards that cut across params, not one per param).
-    Measured at worlds 3 and 4 over 10 steps: the logged losses equal, grad norms 1.2e-7 apart; the clip
-    coefficient then moves the weights by a few ulps (at most 2.7e-7 of a tensor's largest value). The checkpoint
+    Measured at worlds 3 and 4 over 10 steps: grad norms 1.2e-7 apart; the clip coefficient then moves the weights
+    by a few ulps (at most 2.7e-7 of a tensor's largest value), so the logged losses are equal under one OpenBLAS
+    kernel and 1e-8 apart under another (make blas-check): within 1e-6 here, the parity band's order. The checkpoint
     holds the base stage's names, shapes and step, and its values within that rounding."""
     base = manifest.stage(stage).builds_on
     flags = TINY + ["--world", str(world)] + STAGE_FLAGS[stage]
     flat, per = runs(solution_bin(stage), *flags, save=True), runs(solution_bin(base), *flags, save=True)
     got, want = metrics(flat), metrics(per)
-    assert [m["loss"] for m in got] == [m["loss"] for m in want]
+    assert [m["step"] for m in got] == [m["step"] for m in want]
     for g, w in zip(got, want):
+        assert rel(g["loss"], w["loss"]) < 1e-6, (g["step"], g["loss"], w["loss"])
         assert rel(g["grad_norm"], w["grad_norm"]) < 1e-6, (g["step"], g["grad_norm"], w["grad_norm"])
     meta_f, flat_t = safetensors(flat / "final.safetensors")
     meta_p, per_t = safetensors(per / "final.safetensors")

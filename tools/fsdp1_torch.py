@@ -175,12 +175,7 @@ def train(root, units, job, log, rank):
         torch_norm = float(root.clip_grad_norm_(math.inf))  # FSDP1's norm; a factor of 1.0
         log.where, log.module = None, None
         norm = grad_norm_f64(units)
-        coef = torch_llama.clip_coefficient(norm, job["max_norm"])
-        if coef is not None:
-            with torch.no_grad():
-                for p in root.parameters():
-                    if p.grad is not None:
-                        p.grad.mul_(coef)
+        f2.clip(root, norm, job["max_norm"])
         row = {"step": s + 1, "loss": f2.mean_over_ranks(sum(losses) / K), "grad_norm": norm,
                "grad_norm_torch": torch_norm, "lr": opt.param_groups[0]["lr"]}
         opt.step()

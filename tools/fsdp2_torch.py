@@ -423,14 +423,15 @@ def grad_norm_dtensor(model):
 
 
 def clip(model, norm, max_norm):
-    """torch's clip_grad_norm_ factor on the exact norm, applied to every grad's local shard."""
+    """torch's clip_grad_norm_ factor on the exact norm, applied to every grad's local shard (a DTensor's under
+    FSDP2; FSDP1's flat parameter's grad is its shard already)."""
     coef = torch_llama.clip_coefficient(norm, max_norm)
     if coef is None:
         return
     with torch.no_grad():
         for p in model.parameters():
             if p.grad is not None:
-                p.grad.to_local().mul_(coef)
+                (p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad).mul_(coef)
 
 
 def mean_over_ranks(value):
